@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, the tests, the demo and the benchmarks need.
+# Idempotent: returns quickly when everything is already installed.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java bazel-platforms
+  g++ libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler
+  libgloo-dev libspdlog-dev libfmt-dev libyaml-cpp-dev catch2 libabsl-dev libcli11-dev
+  libhiredis-dev nlohmann-json3-dev
+  python3 python3-dev python3-pybind11 pybind11-dev python3-torch python3-zmq python3-protobuf
+  python3-numpy python3-matplotlib python3-pytest
+  spin redis-server iproute2 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "[install_deps] installing: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,65 @@
+#ifndef ODB_GROUPING_BUDGET_H_
+#define ODB_GROUPING_BUDGET_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "src/common/sample.h"
+
+namespace odb::grouping {
+
+// How a group's size is charged against the token budget.
+enum class CostModel {
+  kPadded,  // group size x longest (effective) length <= max_tokens
+  kPacked,  // sum of (effective) lengths <= max_tokens
+};
+
+// The budget every group must respect. A zero limit means "no limit".
+struct Budget {
+  CostModel model = CostModel::kPadded;
+  // L_max: padded or packed tokens per group. Default 4096.
+  uint64_t max_tokens = 4096;
+  // Quadratic attention term: effective length = len + len*len/q. 0 disables it.
+  // Use it when long samples cost more than their length (attention is O(len^2)).
+  double quadratic_q = 0.0;
+  // Most samples in one group; 0 = unbounded.
+  uint32_t max_group_size = 0;
+  // Per-modality budgets on the group's sum; 0 = unbounded.
+  uint64_t max_vision_patches = 0;
+  uint64_t max_audio_frames = 0;
+};
+
+// Step-time model used as the grouping objective and by the simulator:
+// cost(step) = per_step + per_padded_token * padded_tokens + per_len_sq * sum(len^2).
+struct StepTimeModel {
+  double per_step = 512.0;  // fixed cost of a step, in units of one padded token
+  double per_padded_token = 1.0;
+  double per_len_sq = 0.0;
+};
+
+// Effective length of one sample under the budget's quadratic term.
+double EffectiveLength(const Budget& budget, uint32_t tokens);
+
+// Budget-charged size of a group (padded: n * max eff. length; packed: sum).
+double GroupBudgetCost(const Budget& budget, std::span<const SampleLengths> members);
+
+// Tokens the trainer computes on for the group: padded -> n * max(len), packed -> sum(len).
+uint64_t PaddedTokens(CostModel model, std::span<const SampleLengths> members);
+
+// True when the group respects every limit of the budget.
+bool FitsBudget(const Budget& budget, std::span<const SampleLengths> members);
+
+// True when the sample alone fits; a sample that does not is "over budget".
+bool FitsAlone(const Budget& budget, const SampleLengths& sample);
+
+// Step time of one group under the model.
+double StepTime(const StepTimeModel& model, CostModel cost_model,
+                std::span<const SampleLengths> members);
+
+// "max_tokens=4096 model=padded ..." for logs and error messages.
+std::string DescribeBudget(const Budget& budget);
+
+}  // namespace odb::grouping
+
+#endif  // ODB_GROUPING_BUDGET_H_
