@@ -1,0 +1,81 @@
+#include "src/buffer/sample_buffer.h"
+
+#include <algorithm>
+
+namespace odb::buffer {
+
+std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
+  Epoch& epoch = epochs_[sample.epoch];
+  const uint64_t id = sample.meta.id;
+  if (!epoch.seen.insert(id).second) {
+    wire::Rejection r;
+    r.set_code(wire::DUPLICATE_ID);
+    r.set_sample_id(id);
+    r.set_has_sample_id(true);
+    r.set_producer_id(sample.producer_id);
+    r.set_message("sample id " + std::to_string(id) + " from producer '" + sample.producer_id +
+                  "' was already received in epoch " + std::to_string(sample.epoch) +
+                  "; ids must be unique per epoch");
+    return r;
+  }
+  bytes_ += sample.meta.payload_bytes;
+  ++count_;
+  epoch.order.push_back(id);
+  epoch.samples.emplace(id, std::move(sample));
+  return std::nullopt;
+}
+
+uint64_t SampleBuffer::CountInEpoch(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.samples.size();
+}
+
+std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch) const {
+  std::vector<SampleMeta> out;
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return out;
+  out.reserve(it->second.samples.size());
+  for (uint64_t id : it->second.order) {
+    auto s = it->second.samples.find(id);
+    if (s != it->second.samples.end()) out.push_back(s->second.meta);
+  }
+  return out;
+}
+
+std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_t>& ids) {
+  std::vector<Sample> out;
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return out;
+  Epoch& e = it->second;
+  for (uint64_t id : ids) {
+    auto s = e.samples.find(id);
+    if (s == e.samples.end()) continue;
+    bytes_ -= s->second.meta.payload_bytes;
+    --count_;
+    out.push_back(std::move(s->second));
+    e.samples.erase(s);
+  }
+  // Compact the arrival order once it is mostly stale.
+  if (e.order.size() > 2 * e.samples.size() + 64) {
+    std::erase_if(e.order, [&](uint64_t id) { return !e.samples.count(id); });
+  }
+  return out;
+}
+
+std::vector<Sample> SampleBuffer::CloseEpoch(uint32_t epoch) {
+  std::vector<Sample> rest;
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return rest;
+  for (uint64_t id : it->second.order) {
+    auto s = it->second.samples.find(id);
+    if (s == it->second.samples.end()) continue;
+    bytes_ -= s->second.meta.payload_bytes;
+    --count_;
+    rest.push_back(std::move(s->second));
+    it->second.samples.erase(s);
+  }
+  epochs_.erase(it);
+  return rest;
+}
+
+}  // namespace odb::buffer

@@ -1,0 +1,66 @@
+#ifndef ODB_BUFFER_SAMPLE_BUFFER_H_
+#define ODB_BUFFER_SAMPLE_BUFFER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "proto/odb.pb.h"
+#include "src/common/sample.h"
+
+namespace odb::buffer {
+
+// Samples waiting to be planned into steps, per epoch, bounded by payload
+// bytes and by count. The bound is enforced by the caller checking Full()
+// before reading more input (so back-pressure reaches producers through ZMQ);
+// one message in flight may overshoot it by its own size. Nothing is evicted:
+// samples leave only through Take(). Not thread-safe; the daemon guards it.
+class SampleBuffer {
+ public:
+  SampleBuffer(uint64_t max_bytes, uint64_t max_samples)
+      : max_bytes_(max_bytes), max_samples_(max_samples) {}
+  SampleBuffer(const SampleBuffer&) = delete;
+  SampleBuffer& operator=(const SampleBuffer&) = delete;
+
+  // Adds the sample; a duplicate id within its epoch is rejected (DUPLICATE_ID).
+  std::optional<wire::Rejection> Add(Sample&& sample);
+
+  bool Full() const { return bytes_ >= max_bytes_ || count_ >= max_samples_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t count() const { return count_; }
+  uint64_t CountInEpoch(uint32_t epoch) const;
+
+  // Metadata of every buffered sample of the epoch, in arrival order.
+  std::vector<SampleMeta> Pending(uint32_t epoch) const;
+
+  // Removes and returns the samples with these ids (in the given order).
+  // Ids not present are skipped; the caller checks the size.
+  std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& ids);
+
+  // Forgets the epoch's duplicate-detection set; remaining samples are returned.
+  std::vector<Sample> CloseEpoch(uint32_t epoch);
+
+  // Fixed bytes of bookkeeping per buffered sample (excluding payload and tensor
+  // descriptors), for the memory report.
+  static constexpr size_t kOverheadPerSampleEstimate = sizeof(Sample) + 64;
+
+ private:
+  struct Epoch {
+    std::vector<uint64_t> order;  // arrival order (may hold taken ids; skipped)
+    std::unordered_map<uint64_t, Sample> samples;
+    std::unordered_set<uint64_t> seen;  // every id of the epoch, for duplicates
+  };
+
+  uint64_t max_bytes_;
+  uint64_t max_samples_;
+  uint64_t bytes_ = 0;
+  uint64_t count_ = 0;
+  std::map<uint32_t, Epoch> epochs_;
+};
+
+}  // namespace odb::buffer
+
+#endif  // ODB_BUFFER_SAMPLE_BUFFER_H_

@@ -1,0 +1,114 @@
+#ifndef ODB_DAEMON_CONFIG_H_
+#define ODB_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/collate/collator.h"
+#include "src/grouping/budget.h"
+
+namespace odb {
+
+// What happens to a sample that fits no budget on its own.
+enum class OverBudgetPolicy {
+  kIsolate,  // emitted alone in its own step, flagged over_budget in the header
+  kReject,   // rejected with OVER_BUDGET (reported like any bad input)
+};
+
+// What the trainer client does with rejected inputs. Nothing is ever dropped
+// silently: both policies report every rejection with its sample id.
+enum class BadInputPolicy {
+  kError,          // the client raises on the first step that carries a rejection
+  kSkipAndReport,  // the client logs it; the epoch summary lists it
+};
+
+enum class AlignMode {
+  kJoin,     // every sample of the epoch is emitted exactly once
+  kNonJoin,  // the epoch ends when the first rank runs dry; the rest is reported
+};
+
+enum class StoreKind { kFile, kRedis };
+
+// The daemon's whole configuration: parsed once from YAML, validated at start
+// with an error naming the field. Defaults are the values below.
+struct DaemonConfig {
+  // --- identity (-1: from RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, else 0 / 1)
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int local_world_size = -1;
+
+  // --- sockets; "{rank}" is replaced by the rank, "{run}" by run_dir.
+  // Producers PUSH samples here (several endpoints allowed: ipc:// and tcp://).
+  std::vector<std::string> ingest_endpoints = {"ipc://{run}/odb-{rank}-in.sock"};
+  // The trainer connects here (DEALER); steps go out, credits come in.
+  std::string trainer_endpoint = "ipc://{run}/odb-{rank}-out.sock";
+  // Directory for ipc sockets and the FileStore; created if missing.
+  std::string run_dir = "/tmp/odb";
+  // ZMQ receive high-water mark on the ingest socket (messages). Lower = less
+  // memory held in ZMQ queues when the buffer is full; higher = smoother bursts.
+  int ingest_hwm = 1000;
+
+  // --- buffer: bounded by both; when full, ingest stops reading (back-pressure).
+  uint64_t buffer_max_bytes = 1ull << 30;  // 1 GiB of payload
+  uint64_t buffer_max_samples = 65536;
+
+  // --- grouping
+  grouping::Budget budget;               // cost_model, max_tokens (4096), ...
+  grouping::StepTimeModel step_time;     // objective for the grouper
+  // Samples per rank gathered before a round is planned. Larger windows group
+  // better (less padding) but add latency and memory.
+  uint32_t window = 256;
+  OverBudgetPolicy over_budget = OverBudgetPolicy::kIsolate;
+
+  // --- alignment across ranks
+  AlignMode mode = AlignMode::kJoin;
+  uint64_t seed = 0;  // shared by all ranks: group order is a seeded shuffle
+  // How long a rank with fewer than `window` samples (and an open stream) waits
+  // before planning a round anyway.
+  uint32_t max_wait_ms = 200;
+  StoreKind store = StoreKind::kFile;
+  std::string store_dir = "{run}/store";  // FileStore directory (shared by all ranks)
+  std::string redis_host = "127.0.0.1";
+  int redis_port = 6379;
+  std::string job_id = "odb";  // key prefix in the store: use a new one per job
+  std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo listens on
+  uint32_t connect_timeout_ms = 30000;
+  uint32_t collective_timeout_ms = 120000;  // a dead peer is an error after this
+
+  // --- emit
+  uint32_t outstanding_depth = 4;  // D: steps sent ahead of the trainer's consumption
+  // Producers an epoch waits for (the trainer's StartEpoch may override it).
+  uint32_t expected_producers = 1;
+  // A producer that said hello and then sends nothing for this long while its
+  // stream is open is reported dead (0 = never).
+  uint32_t producer_timeout_ms = 0;
+
+  // --- collation
+  collate::CollateOptions collate;
+
+  BadInputPolicy bad_input = BadInputPolicy::kError;
+  std::string log_level = "info";
+};
+
+// Parses YAML text. Unknown keys are errors (a typo must not be ignored).
+absl::StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text);
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Fills rank/world from the environment where unset, expands {rank}/{run} and
+// checks every field. Returns an error naming the field.
+absl::Status FinalizeConfig(DaemonConfig& config,
+                            const std::map<std::string, std::string>& env);
+
+// The process environment as a map (for FinalizeConfig).
+std::map<std::string, std::string> ProcessEnvironment();
+
+// One line per field, for the startup log.
+std::string DescribeConfig(const DaemonConfig& config);
+
+}  // namespace odb
+
+#endif  // ODB_DAEMON_CONFIG_H_

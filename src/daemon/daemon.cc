@@ -1,0 +1,474 @@
+#include "src/daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <unordered_map>
+
+#include "src/collate/collator.h"
+#include "src/emit/step_encoder.h"
+#include "src/grouping/budget.h"
+
+namespace odb {
+namespace {
+
+constexpr char kWakeEndpoint[] = "inproc://odb-planner-wake";
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+// Makes the directory of an ipc:// endpoint so bind() does not fail on a fresh machine.
+void EnsureIpcDirectory(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return;
+  std::filesystem::path path(endpoint.substr(6));
+  std::error_code ignored;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
+}
+
+std::string LastEndpoint(zmq::socket_t& socket) {
+  return socket.get(zmq::sockopt::last_endpoint);
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
+    : config_(std::move(config)),
+      runner_(std::move(runner)),
+      context_(1),
+      trainer_(context_, zmq::socket_type::dealer),
+      wake_rx_(context_, zmq::socket_type::pull),
+      buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
+      expected_producers_(config_.expected_producers) {}
+
+Daemon::~Daemon() {
+  stop_.store(true);
+  cv_.notify_all();
+  if (planner_.joinable()) planner_.join();
+}
+
+absl::Status Daemon::Bind() {
+  try {
+    for (const auto& endpoint : config_.ingest_endpoints) {
+      EnsureIpcDirectory(endpoint);
+      zmq::socket_t socket(context_, zmq::socket_type::pull);
+      socket.set(zmq::sockopt::linger, 0);
+      socket.set(zmq::sockopt::rcvhwm, config_.ingest_hwm);
+      socket.bind(endpoint);
+      bound_ingest_.push_back(LastEndpoint(socket));
+      ingest_.push_back(std::move(socket));
+    }
+    EnsureIpcDirectory(config_.trainer_endpoint);
+    trainer_.set(zmq::sockopt::linger, 1000);
+    trainer_.set(zmq::sockopt::sndhwm, static_cast<int>(config_.outstanding_depth) + 16);
+    trainer_.bind(config_.trainer_endpoint);
+    bound_trainer_ = LastEndpoint(trainer_);
+    wake_rx_.set(zmq::sockopt::linger, 0);
+    wake_rx_.bind(kWakeEndpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(std::string("cannot bind a socket (") + e.what() +
+                                  "); is another odbd using the same endpoint or run_dir?");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Run() {
+  planner_ = std::thread([this] { PlannerLoop(); });
+  std::vector<zmq::pollitem_t> items;
+  while (!stop_.load() && !failed_.load()) {
+    bool buffer_full;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      buffer_full = buffer_.Full();
+      uint64_t bytes = buffer_.bytes();
+      if (bytes > metrics_.peak_buffer_bytes.load()) metrics_.peak_buffer_bytes.store(bytes);
+    }
+    items.clear();
+    items.push_back({static_cast<void*>(trainer_), 0, ZMQ_POLLIN, 0});
+    items.push_back({static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0});
+    if (!buffer_full) {
+      for (auto& socket : ingest_) items.push_back({static_cast<void*>(socket), 0, ZMQ_POLLIN, 0});
+    } else {
+      metrics_.buffer_full_stalls.fetch_add(1);
+    }
+    try {
+      zmq::poll(items.data(), items.size(), kPollInterval);
+      if (items[0].revents & ZMQ_POLLIN) HandleTrainer();
+      if (items[1].revents & ZMQ_POLLIN) {
+        zmq::message_t drain;
+        while (wake_rx_.recv(drain, zmq::recv_flags::dontwait)) {
+        }
+      }
+      for (size_t i = 2; i < items.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 2]);
+      }
+      FlushOutput();
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      stop_.store(true);
+      cv_.notify_all();
+      if (planner_.joinable()) planner_.join();
+      return absl::InternalError(std::string("socket error in the I/O loop: ") + e.what());
+    }
+  }
+  cv_.notify_all();
+  if (failed_.load()) {
+    // Give the fatal message a moment to reach the trainer (linger is set).
+    FlushOutput();
+  }
+  stop_.store(true);
+  if (planner_.joinable()) planner_.join();
+  if (failed_.load()) return fatal_status_;
+  return absl::OkStatus();
+}
+
+void Daemon::HandleIngest(zmq::socket_t& socket) {
+  // Bounded batch per wake-up so the trainer socket is never starved.
+  for (int n = 0; n < 256; ++n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (buffer_.Full()) return;
+    }
+    std::vector<zmq::message_t> parts;
+    zmq::message_t part;
+    if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
+    parts.push_back(std::move(part));
+    while (parts.back().more()) {
+      zmq::message_t next;
+      (void)socket.recv(next);  // the rest of a multipart message is already here
+      parts.push_back(std::move(next));
+    }
+    HandleEvent(ingest::DecodeProducerMessage(std::move(parts)));
+  }
+}
+
+void Daemon::HandleEvent(ingest::IngestEvent&& event) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto* hello = std::get_if<ingest::HelloEvent>(&event)) {
+    tracker_.OnHello(hello->producer_id);
+    spdlog::debug("producer '{}' connected (rank {})", hello->producer_id, hello->rank);
+    if (hello->rank >= 0 && hello->rank != config_.rank) {
+      spdlog::warn("producer '{}' says it feeds rank {} but this is rank {}", hello->producer_id,
+                   hello->rank, config_.rank);
+    }
+  } else if (std::get_if<ingest::StartEpochEvent>(&event)) {
+    // Producers announce epochs for logging only; the trainer decides the order.
+  } else if (auto* end = std::get_if<ingest::EndStreamEvent>(&event)) {
+    if (auto r = tracker_.OnEndStream(end->producer_id, end->epoch, end->samples_sent)) {
+      lock.unlock();
+      RecordRejection(std::move(*r), end->epoch, false);
+      lock.lock();
+    }
+    spdlog::debug("producer '{}' ended epoch {} after {} samples", end->producer_id, end->epoch,
+                  end->samples_sent);
+  } else if (auto* reject = std::get_if<ingest::RejectEvent>(&event)) {
+    std::optional<uint32_t> epoch;
+    if (reject->has_epoch) epoch = reject->epoch;
+    const bool is_sample = reject->rejection.has_sample_id();
+    if (is_sample && reject->has_epoch) {
+      // Count it against the producer's stream so end_stream totals still match.
+      tracker_.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
+    }
+    lock.unlock();
+    RecordRejection(std::move(reject->rejection), epoch, is_sample);
+    return;
+  } else if (auto* s = std::get_if<ingest::SampleEvent>(&event)) {
+    Sample& sample = s->sample;
+    const uint32_t epoch = sample.epoch;
+    if (auto r = tracker_.OnSample(sample.producer_id, epoch, sample.meta.id)) {
+      lock.unlock();
+      RecordRejection(std::move(*r), epoch, true);
+      return;
+    }
+    sample.meta.owner_rank = config_.rank;
+    if (config_.over_budget == OverBudgetPolicy::kReject &&
+        !grouping::FitsAlone(config_.budget, sample.meta.lengths)) {
+      wire::Rejection r;
+      r.set_code(wire::OVER_BUDGET);
+      r.set_sample_id(sample.meta.id);
+      r.set_has_sample_id(true);
+      r.set_producer_id(sample.producer_id);
+      r.set_message("sample " + std::to_string(sample.meta.id) + " (tokens=" +
+                    std::to_string(sample.meta.lengths.tokens) + ", vision=" +
+                    std::to_string(sample.meta.lengths.vision_patches) + ", audio=" +
+                    std::to_string(sample.meta.lengths.audio_frames) + ") fits no budget (" +
+                    grouping::DescribeBudget(config_.budget) +
+                    "); raise the budget or set grouping.over_budget: isolate");
+      lock.unlock();
+      RecordRejection(std::move(r), epoch, true);
+      return;
+    }
+    if (auto r = buffer_.Add(std::move(sample))) {
+      lock.unlock();
+      RecordRejection(std::move(*r), epoch, true);
+      return;
+    }
+    ++epoch_received_[epoch];
+    metrics_.samples_received.fetch_add(1);
+  }
+  cv_.notify_all();
+}
+
+void Daemon::RecordRejection(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
+  spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (is_sample) {
+    metrics_.samples_rejected.fetch_add(1);
+    metrics_.samples_received.fetch_add(1);
+  }
+  uint32_t e = epoch.value_or(current_epoch_.value_or(0));
+  if (is_sample) ++epoch_received_[e];
+  epoch_rejections_[e].push_back(rejection);
+  unreported_.push_back(std::move(rejection));
+  cv_.notify_all();
+}
+
+void Daemon::HandleTrainer() {
+  for (int n = 0; n < 64; ++n) {
+    zmq::message_t frame;
+    if (!trainer_.recv(frame, zmq::recv_flags::dontwait)) return;
+    while (frame.more()) {
+      zmq::message_t extra;
+      (void)trainer_.recv(extra);
+    }
+    wire::TrainerMessage msg;
+    if (!msg.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) {
+      spdlog::warn("trainer sent an unreadable message ({} bytes); ignored", frame.size());
+      continue;
+    }
+    if (msg.version() != wire::PROTOCOL_VERSION_CURRENT) {
+      QueueFatal(wire::VERSION_MISMATCH,
+                 "trainer client speaks protocol version " + std::to_string(msg.version()) +
+                     ", daemon speaks " + std::to_string(wire::PROTOCOL_VERSION_CURRENT));
+      continue;
+    }
+    if (msg.has_credit()) {
+      credits_ += msg.credit().steps;
+    } else if (msg.has_start_epoch()) {
+      if (!trainer_seen_) {
+        trainer_seen_ = true;
+        credits_ = config_.outstanding_depth;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint32_t epoch = msg.start_epoch().epoch();
+      if (msg.start_epoch().expected_producers() > 0) {
+        expected_producers_ = msg.start_epoch().expected_producers();
+      }
+      if (tracker_.IsClosed(epoch) ||
+          std::find(requested_epochs_.begin(), requested_epochs_.end(), epoch) != requested_epochs_.end() ||
+          current_epoch_ == epoch) {
+        spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+      } else {
+        requested_epochs_.push_back(epoch);
+        spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, expected_producers_);
+      }
+      cv_.notify_all();
+    }
+  }
+}
+
+void Daemon::FlushOutput() {
+  while (true) {
+    OutMessage message;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (out_.empty()) return;
+      if (out_.front().is_step && credits_ == 0) return;
+      message = std::move(out_.front());
+      out_.pop_front();
+      if (message.is_step) --queued_steps_;
+    }
+    if (message.is_step) --credits_;
+    const size_t n = message.parts.size();
+    for (size_t i = 0; i < n; ++i) {
+      auto flags = i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      // Blocking send: credits bound what is in flight, so this does not stall.
+      (void)trainer_.send(message.parts[i], flags);
+    }
+    cv_.notify_all();
+  }
+}
+
+bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
+  if (!current_epoch_) return false;
+  if (queued_steps_ >= config_.outstanding_depth) return false;  // trainer is behind: wait
+  const uint32_t epoch = *current_epoch_;
+  if (tracker_.StreamFinished(epoch, expected_producers_)) return true;
+  if (buffer_.CountInEpoch(epoch) >= config_.window) return true;
+  if (buffer_.Full()) return true;
+  const bool waited = std::chrono::steady_clock::now() - last_round >=
+                      std::chrono::milliseconds(config_.max_wait_ms);
+  if (!waited) return false;
+  return runner_->HasPeers() || buffer_.CountInEpoch(epoch) > 0;
+}
+
+void Daemon::PlannerLoop() {
+  zmq::socket_t wake_tx(context_, zmq::socket_type::push);
+  wake_tx.set(zmq::sockopt::linger, 0);
+  wake_tx.set(zmq::sockopt::sndhwm, 1);
+  wake_tx.connect(kWakeEndpoint);
+  auto last_round = std::chrono::steady_clock::now();
+  while (!stop_.load()) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!current_epoch_ && !requested_epochs_.empty()) {
+        current_epoch_ = requested_epochs_.front();
+        requested_epochs_.pop_front();
+        runner_->StartEpoch(*current_epoch_);
+        last_round = std::chrono::steady_clock::now();
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+      if (!RoundDue(last_round)) continue;
+    }
+    absl::Status status = RunOneRound();
+    last_round = std::chrono::steady_clock::now();
+    if (!status.ok()) {
+      spdlog::error("rank {}: {}", config_.rank, status.message());
+      QueueFatal(wire::PEER_FAILURE, std::string(status.message()));
+      fatal_status_ = status;
+      failed_.store(true);
+    }
+    try {
+      (void)wake_tx.send(zmq::buffer("w", 1), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+    }
+    if (failed_.load()) return;
+  }
+}
+
+absl::Status Daemon::RunOneRound() {
+  RoundRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.epoch = *current_epoch_;
+    request.pending = buffer_.Pending(request.epoch);
+    request.free_slots = config_.outstanding_depth > queued_steps_
+                             ? static_cast<uint32_t>(config_.outstanding_depth - queued_steps_)
+                             : 0;
+    request.stream_finished = tracker_.StreamFinished(request.epoch, expected_producers_);
+  }
+  auto outcome = runner_->Run(request);
+  if (!outcome.ok()) return outcome.status();
+  metrics_.rounds.fetch_add(1);
+  for (const StepPlan& plan : outcome->steps) {
+    std::vector<Sample> samples;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      samples = buffer_.Take(request.epoch, plan.sample_ids);
+    }
+    if (samples.size() != plan.sample_ids.size()) {
+      return absl::InternalError("planner returned sample ids that are not buffered on rank " +
+                                 std::to_string(config_.rank));
+    }
+    EmitPlannedStep(request.epoch, plan, std::move(samples));
+  }
+  if (outcome->epoch_finished) FinishEpoch(request.epoch, *outcome);
+  return absl::OkStatus();
+}
+
+void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples) {
+  wire::Step step;
+  step.set_epoch(epoch);
+  step.set_step_index(plan.step_index);
+  step.set_idle(plan.idle);
+  step.set_real_tokens(plan.real_tokens);
+  step.set_padded_tokens(plan.padded_tokens);
+  step.set_global_real_tokens(plan.global_real_tokens);
+  step.set_loss_weight(plan.loss_weight);
+  step.set_over_budget(plan.over_budget);
+  step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
+  std::vector<const Sample*> group;
+  for (const Sample& s : samples) {
+    step.add_sample_ids(s.meta.id);
+    step.add_lengths(s.meta.lengths.tokens);
+    step.add_owner_ranks(s.meta.owner_rank);
+    group.push_back(&s);
+  }
+  std::vector<collate::BatchTensor> tensors;
+  if (!group.empty()) {
+    auto collated = collate::Collate(group, config_.collate);
+    if (collated.ok()) {
+      tensors = std::move(*collated);
+    } else {
+      // The samples cannot be batched together: report every one of them and
+      // keep the step (as IDLE) so alignment with the other ranks holds.
+      for (const Sample& s : samples) {
+        wire::Rejection r;
+        r.set_code(wire::COLLATE_FAILED);
+        r.set_sample_id(s.meta.id);
+        r.set_has_sample_id(true);
+        r.set_producer_id(s.producer_id);
+        r.set_message(std::string(collated.status().message()));
+        RecordRejection(std::move(r), epoch, false);
+      }
+      step.clear_sample_ids();
+      step.clear_lengths();
+      step.clear_owner_ranks();
+      step.set_idle(true);
+      step.set_loss_weight(0.0);
+      step.set_real_tokens(0);
+      step.set_padded_tokens(0);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& r : unreported_) *step.add_rejections() = std::move(r);
+  unreported_.clear();
+  wire::EpochSummary& totals = epoch_totals_[epoch];
+  totals.set_steps(totals.steps() + 1);
+  if (step.idle()) totals.set_idle_steps(totals.idle_steps() + 1);
+  totals.set_emitted(totals.emitted() + step.sample_ids_size());
+  totals.set_real_tokens(totals.real_tokens() + step.real_tokens());
+  totals.set_padded_tokens(totals.padded_tokens() + step.padded_tokens());
+  metrics_.steps_emitted.fetch_add(1);
+  if (step.idle()) metrics_.idle_steps.fetch_add(1);
+  metrics_.samples_emitted.fetch_add(step.sample_ids_size());
+  out_.push_back({emit::EncodeStep(std::move(step), std::move(tensors)), true});
+  ++queued_steps_;
+}
+
+void Daemon::FinishEpoch(uint32_t epoch, const RoundOutcome& outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wire::EpochSummary summary = epoch_totals_[epoch];
+  summary.set_epoch(epoch);
+  summary.set_received(epoch_received_[epoch]);
+  summary.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
+  for (const auto& r : epoch_rejections_[epoch]) *summary.add_rejections() = r;
+  summary.set_rejected(epoch_rejections_[epoch].size());
+  std::vector<uint64_t> not_emitted = outcome.not_emitted;
+  for (Sample& s : buffer_.CloseEpoch(epoch)) {
+    if (std::find(not_emitted.begin(), not_emitted.end(), s.meta.id) == not_emitted.end()) {
+      not_emitted.push_back(s.meta.id);
+    }
+  }
+  std::sort(not_emitted.begin(), not_emitted.end());
+  for (uint64_t id : not_emitted) summary.add_not_emitted_ids(id);
+  tracker_.CloseEpoch(epoch);
+  epoch_rejections_.erase(epoch);
+  epoch_received_.erase(epoch);
+  epoch_totals_.erase(epoch);
+  spdlog::info(
+      "rank {} epoch {} done: received={} emitted={} rejected={} not_emitted={} steps={} idle={} "
+      "padding={:.1f}%",
+      config_.rank, epoch, summary.received(), summary.emitted(), summary.rejected(),
+      summary.not_emitted_ids_size(), summary.steps(), summary.idle_steps(),
+      summary.padded_tokens() ? 100.0 * (1.0 - double(summary.real_tokens()) / double(summary.padded_tokens()))
+                              : 0.0);
+  wire::DaemonMessage message;
+  message.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  *message.mutable_epoch_end() = std::move(summary);
+  out_.push_back({emit::EncodeControl(message), false});
+  current_epoch_.reset();
+  cv_.notify_all();
+}
+
+void Daemon::QueueFatal(wire::ErrorCode code, const std::string& text) {
+  wire::DaemonMessage message;
+  message.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  message.mutable_fatal()->set_code(code);
+  message.mutable_fatal()->set_message(text);
+  message.mutable_fatal()->set_rank(config_.rank);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Ahead of queued steps: a fatal error must not wait for credits.
+  out_.push_front({emit::EncodeControl(message), false});
+}
+
+}  // namespace odb

@@ -1,0 +1,52 @@
+#ifndef ODB_DAEMON_ROUND_RUNNER_H_
+#define ODB_DAEMON_ROUND_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/common/sample.h"
+
+namespace odb {
+
+// What a rank brings to a planning round.
+struct RoundRequest {
+  uint32_t epoch = 0;
+  std::vector<SampleMeta> pending;  // buffered, not yet planned, this epoch
+  uint32_t free_slots = 0;          // steps the emitter can still queue
+  bool stream_finished = false;     // every producer ended its stream this epoch
+};
+
+// One step this rank emits.
+struct StepPlan {
+  uint64_t step_index = 0;
+  bool idle = false;
+  std::vector<uint64_t> sample_ids;  // this rank's samples, in batch order
+  uint64_t real_tokens = 0;
+  uint64_t padded_tokens = 0;
+  uint64_t global_real_tokens = 0;  // T_tok over all ranks
+  double loss_weight = 0.0;
+  bool over_budget = false;
+};
+
+struct RoundOutcome {
+  std::vector<StepPlan> steps;
+  bool epoch_finished = false;
+  std::vector<uint64_t> not_emitted;  // Non-Join: this rank's ids left out at epoch end
+};
+
+// The seam between the daemon and the alignment layer: one collective round
+// (every rank calls Run the same number of times). Implemented over
+// align::Aligner; tests may substitute their own.
+class RoundRunner {
+ public:
+  virtual ~RoundRunner() = default;
+  virtual void StartEpoch(uint32_t epoch) = 0;
+  virtual absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) = 0;
+  // True when a round must run even with nothing pending (other ranks wait on us).
+  virtual bool HasPeers() const = 0;
+};
+
+}  // namespace odb
+
+#endif  // ODB_DAEMON_ROUND_RUNNER_H_

@@ -1,0 +1,135 @@
+#include "src/ingest/decoder.h"
+
+#include <catch2/catch.hpp>
+
+namespace odb::ingest {
+namespace {
+
+zmq::message_t Header(const wire::ProducerMessage& m) {
+  std::string bytes = m.SerializeAsString();
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+wire::ProducerMessage SampleMessage(uint64_t id, uint32_t tokens) {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  auto* s = m.mutable_sample();
+  s->set_producer_id("p0");
+  s->set_sample_id(id);
+  s->set_epoch(3);
+  s->set_tokens(tokens);
+  auto* t = s->add_tensors();
+  t->set_name("input_ids");
+  t->set_dtype(wire::INT64);
+  t->add_shape(tokens);
+  t->set_frame(1);
+  return m;
+}
+
+std::vector<zmq::message_t> Parts(const wire::ProducerMessage& m, std::vector<size_t> frame_sizes) {
+  std::vector<zmq::message_t> parts;
+  parts.push_back(Header(m));
+  for (size_t size : frame_sizes) {
+    zmq::message_t f(size);
+    for (size_t i = 0; i < size; ++i) static_cast<uint8_t*>(f.data())[i] = static_cast<uint8_t>(i * 7);
+    parts.push_back(std::move(f));
+  }
+  return parts;
+}
+
+wire::Rejection Rejected(const IngestEvent& e) {
+  REQUIRE(std::holds_alternative<RejectEvent>(e));
+  return std::get<RejectEvent>(e).rejection;
+}
+
+TEST_CASE("a valid sample decodes without copying its frame") {
+  auto parts = Parts(SampleMessage(42, 5), {40});
+  const void* frame_data = parts[1].data();
+  IngestEvent e = DecodeProducerMessage(std::move(parts));
+  REQUIRE(std::holds_alternative<SampleEvent>(e));
+  const Sample& s = std::get<SampleEvent>(e).sample;
+  CHECK(s.meta.id == 42);
+  CHECK(s.epoch == 3);
+  CHECK(s.meta.lengths.tokens == 5);
+  CHECK(s.meta.payload_bytes == 40);
+  REQUIRE(s.tensors.size() == 1);
+  CHECK(s.tensors[0].data == frame_data);  // same bytes, no copy
+  CHECK(s.tensors[0].shape == std::vector<int64_t>{5});
+  CHECK(s.tensors[0].data[3] == 21);
+}
+
+TEST_CASE("bad input gets a specific error naming the sample") {
+  SECTION("not a header") {
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back("\xff\xff\xff garbage", 12);
+    const auto r = Rejected(DecodeProducerMessage(std::move(parts)));
+    CHECK(r.code() == wire::MALFORMED_HEADER);
+    CHECK_THAT(r.message(), Catch::Contains("not a ProducerMessage"));
+  }
+  SECTION("version mismatch") {
+    auto m = SampleMessage(7, 5);
+    m.set_version(99);
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40})));
+    CHECK(r.code() == wire::VERSION_MISMATCH);
+    CHECK(r.sample_id() == 7);
+    CHECK_THAT(r.message(), Catch::Contains("version 99"));
+  }
+  SECTION("length 0") {
+    auto m = SampleMessage(8, 0);
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {0})));
+    CHECK(r.code() == wire::ZERO_LENGTH);
+    CHECK(r.sample_id() == 8);
+  }
+  SECTION("unknown dtype") {
+    auto m = SampleMessage(9, 5);
+    m.mutable_sample()->mutable_tensors(0)->set_dtype(static_cast<wire::DType>(77));
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40})));
+    CHECK(r.code() == wire::UNKNOWN_DTYPE);
+    CHECK_THAT(r.message(), Catch::Contains("input_ids") && Catch::Contains("77"));
+  }
+  SECTION("frame missing") {
+    const auto r = Rejected(DecodeProducerMessage(Parts(SampleMessage(10, 5), {})));
+    CHECK(r.code() == wire::FRAME_COUNT_MISMATCH);
+    CHECK(r.sample_id() == 10);
+  }
+  SECTION("extra frame") {
+    const auto r = Rejected(DecodeProducerMessage(Parts(SampleMessage(11, 5), {40, 8})));
+    CHECK(r.code() == wire::FRAME_COUNT_MISMATCH);
+  }
+  SECTION("shape and size disagree") {
+    const auto r = Rejected(DecodeProducerMessage(Parts(SampleMessage(12, 5), {41})));
+    CHECK(r.code() == wire::SHAPE_SIZE_MISMATCH);
+    CHECK_THAT(r.message(), Catch::Contains("40 bytes") && Catch::Contains("41 bytes"));
+  }
+  SECTION("frame index out of range") {
+    auto m = SampleMessage(13, 5);
+    m.mutable_sample()->mutable_tensors(0)->set_frame(4);
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40})));
+    CHECK(r.code() == wire::FRAME_COUNT_MISMATCH);
+  }
+}
+
+TEST_CASE("control messages decode") {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_hello()->set_producer_id("w1");
+  m.mutable_hello()->set_rank(2);
+  std::vector<zmq::message_t> parts;
+  parts.push_back(Header(m));
+  IngestEvent e = DecodeProducerMessage(std::move(parts));
+  REQUIRE(std::holds_alternative<HelloEvent>(e));
+  CHECK(std::get<HelloEvent>(e).rank == 2);
+
+  wire::ProducerMessage end;
+  end.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  end.mutable_end_stream()->set_producer_id("w1");
+  end.mutable_end_stream()->set_samples_sent(17);
+  std::vector<zmq::message_t> parts2;
+  parts2.push_back(Header(end));
+  IngestEvent e2 = DecodeProducerMessage(std::move(parts2));
+  REQUIRE(std::holds_alternative<EndStreamEvent>(e2));
+  CHECK(std::get<EndStreamEvent>(e2).samples_sent == 17);
+}
+
+}  // namespace
+}  // namespace odb::ingest

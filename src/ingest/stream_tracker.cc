@@ -1,0 +1,94 @@
+#include "src/ingest/stream_tracker.h"
+
+namespace odb::ingest {
+namespace {
+
+wire::Rejection Reject(wire::ErrorCode code, const std::string& producer, const std::string& message,
+                       const uint64_t* sample_id) {
+  wire::Rejection r;
+  r.set_code(code);
+  r.set_producer_id(producer);
+  r.set_message(message);
+  if (sample_id != nullptr) {
+    r.set_sample_id(*sample_id);
+    r.set_has_sample_id(true);
+  }
+  return r;
+}
+
+}  // namespace
+
+void StreamTracker::OnHello(const std::string& producer_id) { producers_.insert(producer_id); }
+
+std::optional<wire::Rejection> StreamTracker::OnSample(const std::string& producer_id, uint32_t epoch,
+                                                       uint64_t sample_id) {
+  if (!producers_.count(producer_id)) {
+    return Reject(wire::UNKNOWN_PRODUCER, producer_id,
+                  "sample " + std::to_string(sample_id) + " comes from producer '" + producer_id +
+                      "', which never sent hello; call Producer::Connect before sending",
+                  &sample_id);
+  }
+  if (closed_.count(epoch)) {
+    return Reject(wire::WRONG_EPOCH, producer_id,
+                  "sample " + std::to_string(sample_id) + " from producer '" + producer_id +
+                      "' belongs to epoch " + std::to_string(epoch) + ", which has already ended",
+                  &sample_id);
+  }
+  EpochStream& stream = epochs_[epoch];
+  if (stream.ended.count(producer_id)) {
+    return Reject(wire::WRONG_EPOCH, producer_id,
+                  "sample " + std::to_string(sample_id) + " arrived after producer '" + producer_id +
+                      "' ended its stream for epoch " + std::to_string(epoch),
+                  &sample_id);
+  }
+  ++stream.received_by_producer[producer_id];
+  ++stream.received;
+  return std::nullopt;
+}
+
+std::optional<wire::Rejection> StreamTracker::OnEndStream(const std::string& producer_id, uint32_t epoch,
+                                                          uint64_t samples_sent) {
+  if (!producers_.count(producer_id)) {
+    return Reject(wire::UNKNOWN_PRODUCER, producer_id,
+                  "end_stream from producer '" + producer_id + "', which never sent hello", nullptr);
+  }
+  if (closed_.count(epoch)) {
+    return Reject(wire::WRONG_EPOCH, producer_id,
+                  "end_stream from producer '" + producer_id + "' for epoch " + std::to_string(epoch) +
+                      ", which has already ended",
+                  nullptr);
+  }
+  EpochStream& stream = epochs_[epoch];
+  if (!stream.ended.insert(producer_id).second) {
+    return Reject(wire::MALFORMED_HEADER, producer_id,
+                  "producer '" + producer_id + "' ended its stream for epoch " + std::to_string(epoch) +
+                      " twice",
+                  nullptr);
+  }
+  const uint64_t arrived = stream.received_by_producer[producer_id];
+  if (arrived != samples_sent) {
+    return Reject(wire::COUNT_MISMATCH, producer_id,
+                  "producer '" + producer_id + "' reports " + std::to_string(samples_sent) +
+                      " samples sent for epoch " + std::to_string(epoch) + " but " +
+                      std::to_string(arrived) + " arrived",
+                  nullptr);
+  }
+  return std::nullopt;
+}
+
+bool StreamTracker::StreamFinished(uint32_t epoch, uint32_t expected_producers) const {
+  auto it = epochs_.find(epoch);
+  return it != epochs_.end() && it->second.ended.size() >= expected_producers;
+}
+
+uint64_t StreamTracker::Received(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.received;
+}
+
+void StreamTracker::CloseEpoch(uint32_t epoch) {
+  closed_.insert(epoch);
+  epochs_.erase(epoch);
+}
+
+}  // namespace odb::ingest

@@ -1,0 +1,59 @@
+#ifndef ODB_INGEST_STREAM_TRACKER_H_
+#define ODB_INGEST_STREAM_TRACKER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "proto/odb.pb.h"
+
+namespace odb::ingest {
+
+// Knows which producers exist and where each one's stream stands per epoch.
+// It decides when an epoch's input is complete (every expected producer sent
+// end_stream) and rejects input that the stateless decoder cannot judge:
+// samples from producers that never said hello, and samples for epochs that
+// are already closed. Not thread-safe; owned by the ingest loop.
+class StreamTracker {
+ public:
+  StreamTracker() = default;
+  StreamTracker(const StreamTracker&) = delete;
+  StreamTracker& operator=(const StreamTracker&) = delete;
+
+  void OnHello(const std::string& producer_id);
+
+  // Counts a sample (accepted or rejected later) against its producer's
+  // stream. Returns a rejection when the producer is unknown or the epoch closed.
+  std::optional<wire::Rejection> OnSample(const std::string& producer_id, uint32_t epoch,
+                                          uint64_t sample_id);
+
+  // Records the end of a producer's stream. Returns a rejection when the
+  // producer is unknown, ended twice, or its count disagrees with what arrived.
+  std::optional<wire::Rejection> OnEndStream(const std::string& producer_id, uint32_t epoch,
+                                             uint64_t samples_sent);
+
+  // True once `expected_producers` distinct producers ended their stream for `epoch`.
+  bool StreamFinished(uint32_t epoch, uint32_t expected_producers) const;
+
+  uint64_t Received(uint32_t epoch) const;
+  void CloseEpoch(uint32_t epoch);
+  bool IsClosed(uint32_t epoch) const { return closed_.count(epoch) > 0; }
+  size_t ProducerCount() const { return producers_.size(); }
+
+ private:
+  struct EpochStream {
+    std::map<std::string, uint64_t> received_by_producer;
+    std::set<std::string> ended;
+    uint64_t received = 0;
+  };
+
+  std::set<std::string> producers_;
+  std::map<uint32_t, EpochStream> epochs_;
+  std::set<uint32_t> closed_;
+};
+
+}  // namespace odb::ingest
+
+#endif  // ODB_INGEST_STREAM_TRACKER_H_

@@ -1,0 +1,43 @@
+#include "src/ingest/stream_tracker.h"
+
+#include <catch2/catch.hpp>
+
+namespace odb::ingest {
+namespace {
+
+TEST_CASE("stream ends when every expected producer ended with matching counts") {
+  StreamTracker t;
+  t.OnHello("a");
+  t.OnHello("b");
+  CHECK_FALSE(t.OnSample("a", 0, 1).has_value());
+  CHECK_FALSE(t.OnSample("b", 0, 2).has_value());
+  CHECK_FALSE(t.OnEndStream("a", 0, 1).has_value());
+  CHECK_FALSE(t.StreamFinished(0, 2));
+  CHECK_FALSE(t.OnEndStream("b", 0, 1).has_value());
+  CHECK(t.StreamFinished(0, 2));
+  CHECK(t.Received(0) == 2);
+}
+
+TEST_CASE("tracker rejects unknown producers, closed epochs and bad counts") {
+  StreamTracker t;
+  auto r = t.OnSample("ghost", 0, 5);
+  REQUIRE(r.has_value());
+  CHECK(r->code() == wire::UNKNOWN_PRODUCER);
+  CHECK(r->sample_id() == 5);
+  t.OnHello("a");
+  CHECK_FALSE(t.OnSample("a", 0, 1).has_value());
+  auto count = t.OnEndStream("a", 0, 3);
+  REQUIRE(count.has_value());
+  CHECK(count->code() == wire::COUNT_MISMATCH);
+  auto late = t.OnSample("a", 0, 9);
+  REQUIRE(late.has_value());
+  CHECK(late->code() == wire::WRONG_EPOCH);
+  t.CloseEpoch(0);
+  auto closed = t.OnSample("a", 0, 10);
+  REQUIRE(closed.has_value());
+  CHECK(closed->code() == wire::WRONG_EPOCH);
+  CHECK_FALSE(t.OnSample("a", 1, 10).has_value());
+}
+
+}  // namespace
+}  // namespace odb::ingest
