@@ -55,6 +55,33 @@ struct BatchTensor {
 // must carry the same set of tensor names with matching dtypes; errors name
 // the field and the sample id. Deterministic output order: fields sorted by
 // name, then the derived tensors (offsets, attention_mask, cu_seqlens, position_ids).
+//
+// Output order, exactly: every field in name order (std::string `<`), each
+// kConcat field immediately followed by its "<name>_offsets"; then
+// "attention_mask" (padded mode with options.attention_mask), or
+// "cu_seqlens" then "position_ids" (packed mode).
+//
+// Contract details:
+// - kPad: shapes [L_i, d1, ...] with equal trailing dims -> [B, Lmax, d1, ...];
+//   `pad_value` is converted to the field dtype (integers: must be an integer
+//   in range; float16/bfloat16/float32: round to nearest even, a finite value
+//   that overflows is an error, inf/nan are kept; bool: 0 or 1). Scalars
+//   (shape []) cannot be padded: use kStack.
+// - kStack: identical shapes (rank 0 included) -> [B, ...].
+// - kConcat: equal trailing dims -> [sum N_i, d1, ...] plus
+//   "<name>_offsets" int64 [B+1] (prefix sums of N_i, starting at 0).
+// - Packed mode: kPad fields become [1, sum L_i, d1, ...]; each must have the
+//   same dim 0 as `length_field` in every sample (cu_seqlens indexes them all).
+//   cu_seqlens int32 [B+1]; position_ids int64 [1, sum L_i] restart at 0 for
+//   each sample.
+// - attention_mask int64 [B, Lmax]: Lmax and lengths from `length_field`'s
+//   dim 0, the pad side from its FieldSpec (right when not listed).
+// - `length_field` must be present (rank >= 1) when packed or attention_mask.
+// - FieldSpecs naming a tensor the group does not carry are ignored; a name
+//   listed twice is an error. A field whose name equals a derived tensor's
+//   name ("attention_mask", "x_offsets", ...) is an error.
+// - Every tensor's size_bytes must equal numel x dtype size.
+// Errors are absl::InvalidArgumentError; on error nothing is returned.
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
                                                  const CollateOptions& options);
 

@@ -1,0 +1,106 @@
+#ifndef ODB_CLIENT_CONSUMER_H_
+#define ODB_CLIENT_CONSUMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "odb/types.h"
+
+namespace odb::client {
+
+// A batch tensor as a view over the received frame (no copy). Valid while the
+// Delivery that holds it is alive.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kInt64;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t size_bytes = 0;
+};
+
+struct Rejection {
+  std::string code;  // e.g. "ZERO_LENGTH"
+  bool has_sample_id = false;
+  uint64_t sample_id = 0;
+  std::string producer_id;
+  std::string message;
+};
+
+struct StepInfo {
+  uint32_t epoch = 0;
+  uint64_t step_index = 0;
+  bool idle = false;
+  std::vector<uint64_t> sample_ids;
+  std::vector<uint32_t> lengths;
+  std::vector<int32_t> owner_ranks;
+  uint64_t real_tokens = 0;
+  uint64_t padded_tokens = 0;
+  uint64_t global_real_tokens = 0;
+  double loss_weight = 0.0;
+  bool over_budget = false;
+  std::vector<Rejection> rejections;
+  bool rejections_are_errors = false;
+};
+
+struct EpochSummary {
+  uint32_t epoch = 0;
+  uint64_t received = 0;
+  uint64_t emitted = 0;
+  uint64_t rejected = 0;
+  uint64_t steps = 0;
+  uint64_t idle_steps = 0;
+  uint64_t real_tokens = 0;
+  uint64_t padded_tokens = 0;
+  std::vector<Rejection> rejections;
+  std::vector<uint64_t> not_emitted_ids;
+  bool rejections_are_errors = false;
+};
+
+// What Next() returns: a step (with tensors) or the end of the epoch.
+struct Delivery {
+  enum class Kind { kStep, kEpochEnd };
+  Kind kind = Kind::kStep;
+  StepInfo step;
+  EpochSummary summary;
+  std::vector<TensorView> tensors;
+  // Owns the received frames the views point into.
+  std::shared_ptr<void> frames;
+
+  const TensorView* Find(const std::string& name) const;
+};
+
+struct ConsumerOptions {
+  std::string endpoint;  // the daemon's trainer endpoint
+  // Next() waiting longer than this fails with DeadlineExceeded naming the
+  // endpoint (dead or unreachable daemon): an error, never a hang.
+  int receive_timeout_ms = 120000;
+};
+
+// Receives aligned steps from one daemon and grants credits. Not thread-safe.
+class Consumer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Consumer>> Connect(const ConsumerOptions& options);
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // Asks the daemon for an epoch; expected_producers = 0 keeps the daemon's config.
+  absl::Status StartEpoch(uint32_t epoch, uint32_t expected_producers = 0);
+  // The next step or end of epoch. Each call (after the first step) returns one
+  // credit to the daemon for the step delivered before. A fatal daemon error
+  // (dead peer, version mismatch) comes back as an error Status with its text.
+  absl::StatusOr<Delivery> Next();
+
+ private:
+  struct Impl;
+  explicit Consumer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace odb::client
+
+#endif  // ODB_CLIENT_CONSUMER_H_

@@ -1,0 +1,53 @@
+#ifndef ODB_CLIENT_PRODUCER_H_
+#define ODB_CLIENT_PRODUCER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "odb/types.h"
+
+namespace odb::client {
+
+struct ProducerOptions {
+  std::string endpoint;     // the daemon's ingest endpoint (ipc://... or tcp://...)
+  std::string producer_id;  // unique per producer process (e.g. "rank0-worker3")
+  int rank = -1;            // the rank this producer feeds, -1 = unknown
+  int send_hwm = 64;        // messages queued in ZMQ before Send blocks (back-pressure)
+  // A Send blocked this long by back-pressure fails with DeadlineExceeded
+  // naming the endpoint (a daemon that is gone or stuck is an error, not a hang).
+  int send_timeout_ms = 120000;
+};
+
+// Sends samples to one daemon. Not thread-safe; one per worker process.
+// Create it after fork (it owns a ZeroMQ context).
+class Producer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Producer>> Connect(const ProducerOptions& options);
+  ~Producer();
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  absl::Status StartEpoch(uint32_t epoch);
+  // Copies each tensor's bytes into one frame (the only copy on the way in).
+  absl::Status Send(uint64_t sample_id, uint32_t epoch, const Lengths& lengths,
+                    const std::vector<TensorInput>& tensors);
+  // Ends this producer's stream for the epoch, reporting how many samples it sent.
+  absl::Status EndStream(uint32_t epoch);
+  // Sends frames as given (tests of bad input).
+  absl::Status SendRawFrames(const std::vector<std::string>& frames);
+
+  uint64_t sent(uint32_t epoch) const;
+
+ private:
+  struct Impl;
+  explicit Producer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace odb::client
+
+#endif  // ODB_CLIENT_PRODUCER_H_

@@ -1,0 +1,221 @@
+// odb_synth: a synthetic producer and a verifying consumer built on the C++
+// client. Used by the integration tests, the demo and the benchmarks.
+//
+//   odb_synth produce --endpoint E --producer-id P --count N [--seed S] ...
+//   odb_synth consume --endpoint E [--epochs 1] [--max-tokens 4096] ...
+//
+// Sample content is a pure function of (id, position) so the consumer checks
+// every byte without sharing state with the producers.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "odb/consumer.h"
+#include "odb/producer.h"
+
+namespace {
+
+int64_t TokenValue(uint64_t id, int64_t position) {
+  return static_cast<int64_t>((id * 1000003ull + static_cast<uint64_t>(position) * 7919ull) % 50257ull);
+}
+
+struct ProduceArgs {
+  std::string endpoint, producer_id;
+  uint64_t count = 1000, seed = 1, id_offset = 0;
+  uint32_t epoch = 0, min_len = 1, max_len = 1024, payload_bytes = 0;
+  int rank = -1;
+  std::string distribution = "lognormal";
+  bool no_end = false;
+};
+
+int Produce(const ProduceArgs& a) {
+  odb::client::ProducerOptions options;
+  options.endpoint = a.endpoint;
+  options.producer_id = a.producer_id;
+  options.rank = a.rank;
+  auto producer = odb::client::Producer::Connect(options);
+  if (!producer.ok()) {
+    std::fprintf(stderr, "odb_synth produce: %s\n", std::string(producer.status().message()).c_str());
+    return 1;
+  }
+  std::mt19937_64 rng(a.seed);
+  std::lognormal_distribution<double> lognormal(std::log(std::max<double>(a.max_len / 8.0, 1.0)), 0.9);
+  std::uniform_int_distribution<uint32_t> uniform(a.min_len, a.max_len);
+  std::vector<int64_t> tokens;
+  std::vector<uint8_t> extra(a.payload_bytes);
+  for (uint64_t i = 0; i < a.count; ++i) {
+    const uint64_t id = a.id_offset + i;
+    uint32_t len;
+    if (a.distribution == "uniform") {
+      len = uniform(rng);
+    } else {
+      len = static_cast<uint32_t>(std::clamp<double>(lognormal(rng), a.min_len, a.max_len));
+    }
+    tokens.resize(len);
+    for (uint32_t j = 0; j < len; ++j) tokens[j] = TokenValue(id, j);
+    std::vector<odb::client::TensorInput> tensors = {
+        {"input_ids", odb::client::DType::kInt64, {len}, tokens.data(), len * sizeof(int64_t)}};
+    if (a.payload_bytes > 0) {
+      for (size_t k = 0; k < extra.size(); ++k) extra[k] = static_cast<uint8_t>(id + k);
+      tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, extra.data(), extra.size()});
+    }
+    if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0}, tensors); !s.ok()) {
+      std::fprintf(stderr, "odb_synth produce: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  if (!a.no_end) {
+    if (auto s = (*producer)->EndStream(a.epoch); !s.ok()) {
+      std::fprintf(stderr, "odb_synth produce: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+struct ConsumeArgs {
+  std::string endpoint;
+  uint32_t epochs = 1, first_epoch = 0, expected_producers = 0;
+  uint64_t max_tokens = 4096;
+  int slow_ms = 0, timeout_ms = 60000;
+  bool packed = false, quiet = false;
+};
+
+// Prints one JSON object per epoch on stdout; returns non-zero on any check failure.
+int Consume(const ConsumeArgs& a) {
+  odb::client::ConsumerOptions options;
+  options.endpoint = a.endpoint;
+  options.receive_timeout_ms = a.timeout_ms;
+  auto consumer = odb::client::Consumer::Connect(options);
+  if (!consumer.ok()) {
+    std::fprintf(stderr, "odb_synth consume: %s\n", std::string(consumer.status().message()).c_str());
+    return 1;
+  }
+  int failures = 0;
+  auto fail = [&](const std::string& what) {
+    if (failures++ < 20) std::fprintf(stderr, "odb_synth consume: CHECK FAILED: %s\n", what.c_str());
+  };
+  for (uint32_t e = a.first_epoch; e < a.first_epoch + a.epochs; ++e) {
+    if (auto s = (*consumer)->StartEpoch(e, a.expected_producers); !s.ok()) {
+      std::fprintf(stderr, "odb_synth consume: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    std::map<uint64_t, int> seen;
+    uint64_t steps = 0, idle = 0, real = 0, padded = 0, bytes = 0, rejections = 0;
+    double weight_sum = 0;
+    auto start = std::chrono::steady_clock::now();
+    while (true) {
+      auto d = (*consumer)->Next();
+      if (!d.ok()) {
+        std::fprintf(stderr, "odb_synth consume: %s\n", std::string(d.status().message()).c_str());
+        return 3;
+      }
+      if (d->kind == odb::client::Delivery::Kind::kEpochEnd) {
+        const auto& s = d->summary;
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        uint64_t dup = 0;
+        for (auto& [id, n] : seen) dup += n > 1;
+        if (s.emitted != seen.size()) fail("summary emitted " + std::to_string(s.emitted) + " != received " + std::to_string(seen.size()));
+        if (s.steps != steps) fail("summary steps mismatch");
+        std::printf(
+            "{\"epoch\": %u, \"unique_ids\": %zu, \"duplicates\": %lu, \"steps\": %lu, \"idle_steps\": %lu, "
+            "\"real_tokens\": %lu, \"padded_tokens\": %lu, \"bytes\": %lu, \"seconds\": %.4f, "
+            "\"summary_received\": %lu, \"summary_emitted\": %lu, \"summary_rejected\": %lu, "
+            "\"not_emitted\": %zu, \"step_rejections\": %lu, \"weight_sum\": %.6f, \"failures\": %d, \"rejection_codes\": [",
+            e, seen.size(), dup, steps, idle, real, padded, bytes, secs, s.received, s.emitted, s.rejected,
+            s.not_emitted_ids.size(), rejections, weight_sum, failures);
+        for (size_t i = 0; i < s.rejections.size(); ++i) {
+          std::printf("%s[\"%s\", %lu]", i ? ", " : "", s.rejections[i].code.c_str(),
+                      s.rejections[i].has_sample_id ? s.rejections[i].sample_id : 0ul);
+        }
+        std::printf("], \"ids\": [");
+        bool first = true;
+        for (auto& [id, n] : seen) {
+          std::printf("%s%lu", first ? "" : ",", id);
+          first = false;
+        }
+        std::printf("]}\n");
+        std::fflush(stdout);
+        break;
+      }
+      ++steps;
+      const auto& st = d->step;
+      rejections += st.rejections.size();
+      weight_sum += st.loss_weight;
+      if (st.idle) {
+        ++idle;
+        if (st.loss_weight != 0.0) fail("IDLE step with non-zero weight");
+        continue;
+      }
+      real += st.real_tokens;
+      padded += st.padded_tokens;
+      if (!st.over_budget && st.padded_tokens > a.max_tokens) {
+        fail("step " + std::to_string(st.step_index) + " has " + std::to_string(st.padded_tokens) +
+             " padded tokens > budget " + std::to_string(a.max_tokens));
+      }
+      const odb::client::TensorView* ids = d->Find("input_ids");
+      if (ids == nullptr) {
+        fail("step without input_ids");
+        continue;
+      }
+      bytes += ids->size_bytes;
+      const int64_t* v = reinterpret_cast<const int64_t*>(ids->data);
+      int64_t offset = 0;
+      for (size_t i = 0; i < st.sample_ids.size(); ++i) {
+        const uint64_t id = st.sample_ids[i];
+        ++seen[id];
+        const int64_t len = st.lengths[i];
+        const int64_t* row = a.packed ? v + offset : v + i * ids->shape[1];
+        offset += len;
+        for (int64_t j = 0; j < len; ++j) {
+          if (row[j] != TokenValue(id, j)) {
+            fail("sample " + std::to_string(id) + " token " + std::to_string(j) + " corrupted");
+            break;
+          }
+        }
+      }
+      if (a.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.slow_ms));
+    }
+  }
+  return failures == 0 ? 0 : 4;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"odb_synth: synthetic producer / verifying consumer"};
+  app.require_subcommand(1);
+  ProduceArgs p;
+  auto* produce = app.add_subcommand("produce", "send synthetic samples");
+  produce->add_option("--endpoint", p.endpoint)->required();
+  produce->add_option("--producer-id", p.producer_id)->required();
+  produce->add_option("--count", p.count);
+  produce->add_option("--seed", p.seed);
+  produce->add_option("--id-offset", p.id_offset);
+  produce->add_option("--epoch", p.epoch);
+  produce->add_option("--min-len", p.min_len);
+  produce->add_option("--max-len", p.max_len);
+  produce->add_option("--payload-bytes", p.payload_bytes, "extra uint8 tensor per sample");
+  produce->add_option("--rank", p.rank);
+  produce->add_option("--distribution", p.distribution, "lognormal|uniform");
+  produce->add_flag("--no-end", p.no_end, "do not end the stream");
+  ConsumeArgs c;
+  auto* consume = app.add_subcommand("consume", "receive and verify steps");
+  consume->add_option("--endpoint", c.endpoint)->required();
+  consume->add_option("--epochs", c.epochs);
+  consume->add_option("--first-epoch", c.first_epoch);
+  consume->add_option("--expected-producers", c.expected_producers);
+  consume->add_option("--max-tokens", c.max_tokens);
+  consume->add_option("--slow-ms", c.slow_ms);
+  consume->add_option("--timeout-ms", c.timeout_ms);
+  consume->add_flag("--packed", c.packed);
+  CLI11_PARSE(app, argc, argv);
+  if (produce->parsed()) return Produce(p);
+  return Consume(c);
+}

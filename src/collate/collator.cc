@@ -1,0 +1,667 @@
+#include "src/collate/collator.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/status/status.h"
+
+namespace odb::collate {
+namespace {
+
+using ::absl::InvalidArgumentError;
+
+// Message builder for errors. (Debian's absl has its own string_view, which
+// absl::StrCat does not take from std::string_view; errors are off the hot
+// path, so a stream is fine.)
+template <typename... Args>
+std::string StrCat(const Args&... args) {
+  std::ostringstream out;
+  out.precision(15);  // exact for integers, short for 0.1
+  (out << ... << args);
+  return out.str();
+}
+
+constexpr std::string_view kAttentionMask = "attention_mask";
+constexpr std::string_view kCuSeqlens = "cu_seqlens";
+constexpr std::string_view kPositionIds = "position_ids";
+constexpr std::string_view kOffsetsSuffix = "_offsets";
+
+std::string_view RuleName(FieldRule rule) {
+  switch (rule) {
+    case FieldRule::kPad:
+      return "pad";
+    case FieldRule::kStack:
+      return "stack";
+    case FieldRule::kConcat:
+      return "concat";
+  }
+  return "unknown";
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+// "field 'x' of sample 42": the prefix of every per-sample error.
+std::string Where(const std::string& field, const Sample& sample) {
+  return StrCat("collate: field '", field, "' of sample ", sample.meta.id);
+}
+
+// Encodes `value` as an IEEE-754 binary float with the given exponent and
+// mantissa widths, rounding to nearest, ties to even (the rounding every
+// framework uses for float16/bfloat16 casts). Rounding straight from double
+// avoids the double rounding of going through float32 first.
+// Returns false when a finite `value` overflows the format.
+bool EncodeFloatBits(double value, int exp_bits, int mant_bits, uint64_t* bits) {
+  const uint64_t sign = std::signbit(value) ? (uint64_t{1} << (exp_bits + mant_bits)) : 0;
+  const uint64_t exp_all_ones = (uint64_t{1} << exp_bits) - 1;
+  if (std::isnan(value)) {
+    *bits = sign | (exp_all_ones << mant_bits) | (uint64_t{1} << (mant_bits - 1));
+    return true;
+  }
+  if (std::isinf(value)) {
+    *bits = sign | (exp_all_ones << mant_bits);
+    return true;
+  }
+  const double a = std::fabs(value);
+  if (a == 0.0) {
+    *bits = sign;
+    return true;
+  }
+  const int bias = (1 << (exp_bits - 1)) - 1;
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int unbiased = e - 1;
+  uint64_t magnitude = 0;
+  if (unbiased >= 1 - bias) {
+    // Normal: scale the significand to an integer in [2^mant, 2^(mant+1)).
+    // ldexp is exact here and nearbyint rounds ties to even. A carry out of
+    // the mantissa lands in the exponent field, which is the right encoding.
+    const auto q = static_cast<uint64_t>(std::nearbyint(std::ldexp(a, mant_bits - unbiased)));
+    magnitude = (static_cast<uint64_t>(unbiased + bias) << mant_bits) + (q - (uint64_t{1} << mant_bits));
+  } else {
+    // Subnormal: units of 2^(1 - bias - mant); q == 2^mant is the smallest normal.
+    magnitude =
+        static_cast<uint64_t>(std::nearbyint(std::ldexp(a, mant_bits - (1 - bias))));
+  }
+  if ((magnitude >> mant_bits) >= exp_all_ones) return false;
+  *bits = sign | magnitude;
+  return true;
+}
+
+template <typename T>
+void StoreBytes(T value, std::array<uint8_t, 8>* out) {
+  static_assert(sizeof(T) <= 8);
+  std::memcpy(out->data(), &value, sizeof(T));
+}
+
+template <typename T>
+absl::Status EncodeInteger(double value, const std::string& field, DType dtype,
+                           std::array<uint8_t, 8>* out) {
+  // max() + 1.0 is exact (a power of two) for every integer type, also int64
+  // where max() itself rounds up to 2^63 as a double.
+  const double lo = static_cast<double>(std::numeric_limits<T>::min());
+  const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
+  if (!std::isfinite(value) || value != std::trunc(value) || value < lo || value >= hi) {
+    return InvalidArgumentError(StrCat("collate: pad_value ", value, " of field '", field,
+                                       "' is not representable as ", DTypeName(dtype),
+                                       "; use an integer in range for the field's dtype"));
+  }
+  StoreBytes(static_cast<T>(value), out);
+  return absl::OkStatus();
+}
+
+// The pad value as one element of `dtype`, in host byte order (tensor frames
+// carry host-order elements).
+absl::StatusOr<std::array<uint8_t, 8>> EncodePadValue(double value, DType dtype,
+                                                       const std::string& field) {
+  std::array<uint8_t, 8> out{};
+  absl::Status status;
+  uint64_t bits = 0;
+  auto encode_float = [&](int exp_bits, int mant_bits) -> absl::Status {
+    if (!EncodeFloatBits(value, exp_bits, mant_bits, &bits)) {
+      return InvalidArgumentError(StrCat("collate: pad_value ", value, " of field '", field,
+                                         "' overflows ", DTypeName(dtype),
+                                         "; use a value within the dtype's finite range (or inf)"));
+    }
+    return absl::OkStatus();
+  };
+  switch (dtype) {
+    case DType::kUInt8:
+      status = EncodeInteger<uint8_t>(value, field, dtype, &out);
+      break;
+    case DType::kInt8:
+      status = EncodeInteger<int8_t>(value, field, dtype, &out);
+      break;
+    case DType::kInt16:
+      status = EncodeInteger<int16_t>(value, field, dtype, &out);
+      break;
+    case DType::kInt32:
+      status = EncodeInteger<int32_t>(value, field, dtype, &out);
+      break;
+    case DType::kInt64:
+      status = EncodeInteger<int64_t>(value, field, dtype, &out);
+      break;
+    case DType::kFloat16:
+      status = encode_float(5, 10);
+      StoreBytes(static_cast<uint16_t>(bits), &out);
+      break;
+    case DType::kBFloat16:
+      status = encode_float(8, 7);
+      StoreBytes(static_cast<uint16_t>(bits), &out);
+      break;
+    case DType::kFloat32:
+      status = encode_float(8, 23);
+      StoreBytes(static_cast<uint32_t>(bits), &out);
+      break;
+    case DType::kFloat64:
+      StoreBytes(value, &out);
+      break;
+    case DType::kBool:
+      if (value != 0.0 && value != 1.0) {
+        return InvalidArgumentError(StrCat("collate: pad_value ", value, " of bool field '", field,
+                                           "' must be 0 or 1"));
+      }
+      out[0] = value == 1.0 ? 1 : 0;
+      break;
+    default:
+      return InvalidArgumentError(
+          StrCat("collate: field '", field, "' has unsupported dtype ", DTypeName(dtype)));
+  }
+  if (!status.ok()) return status;
+  return out;
+}
+
+// Fills padding by copying a pre-built block of repeated elements (or one
+// memset when all bytes of the element are equal), so padding costs the same
+// as a memcpy whatever the dtype.
+class PatternFill {
+ public:
+  PatternFill(const std::array<uint8_t, 8>& element, size_t element_size) {
+    uniform_ = std::all_of(element.begin(), element.begin() + element_size,
+                           [&](uint8_t b) { return b == element[0]; });
+    byte_ = element[0];
+    for (size_t i = 0; i < block_.size(); ++i) block_[i] = element[i % element_size];
+  }
+
+  // Appends `n` bytes of the pattern; `n` must be a multiple of the element
+  // size (the block size is a multiple of every element size).
+  void Append(size_t n, std::vector<uint8_t>* out) const {
+    if (uniform_) {
+      out->insert(out->end(), n, byte_);
+      return;
+    }
+    while (n > 0) {
+      const size_t chunk = std::min(n, block_.size());
+      out->insert(out->end(), block_.data(), block_.data() + chunk);
+      n -= chunk;
+    }
+  }
+
+ private:
+  bool uniform_ = true;
+  uint8_t byte_ = 0;
+  std::array<uint8_t, 1024> block_{};
+};
+
+// Appends without zero-initialising first: with reserved capacity this is a
+// single memcpy, so every output byte is written exactly once.
+void AppendBytes(const uint8_t* data, size_t n, std::vector<uint8_t>* out) {
+  if (n > 0) out->insert(out->end(), data, data + n);
+}
+
+template <typename T>
+void AppendValue(T value, std::vector<uint8_t>* out) {
+  uint8_t raw[sizeof(T)];
+  std::memcpy(raw, &value, sizeof(T));
+  out->insert(out->end(), raw, raw + sizeof(T));
+}
+
+// One field of the group: its rule and the view of every sample, in order.
+struct Field {
+  std::string name;
+  const FieldSpec* spec = nullptr;  // null: default rule, pad value 0, right side
+  FieldRule rule = FieldRule::kPad;
+  DType dtype = DType::kUnspecified;
+  std::vector<const TensorView*> views;  // one per sample
+  size_t row_bytes = 0;  // bytes of one dim-0 row (whole tensor for rank 0)
+
+  PadSide pad_side() const { return spec != nullptr ? spec->pad_side : PadSide::kRight; }
+  double pad_value() const { return spec != nullptr ? spec->pad_value : 0.0; }
+  int64_t Rows(size_t i) const { return views[i]->shape[0]; }
+};
+
+absl::Status ValidateView(const TensorView& view, const Sample& sample) {
+  const size_t elem = DTypeSize(view.dtype);
+  if (elem == 0) {
+    return InvalidArgumentError(StrCat(Where(view.name, sample), ": invalid dtype ",
+                                       static_cast<int>(view.dtype)));
+  }
+  uint64_t numel = 1;
+  for (int64_t d : view.shape) {
+    if (d < 0) {
+      return InvalidArgumentError(StrCat(Where(view.name, sample), ": negative dimension in shape ",
+                                         ShapeString(view.shape)));
+    }
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
+      return InvalidArgumentError(
+          StrCat(Where(view.name, sample), ": shape ", ShapeString(view.shape), " overflows"));
+    }
+  }
+  uint64_t expected = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(elem), &expected) ||
+      expected != view.size_bytes) {
+    return InvalidArgumentError(StrCat(Where(view.name, sample), ": size_bytes ", view.size_bytes,
+                                       " != ", numel, " elements x ", elem, " bytes (",
+                                       DTypeName(view.dtype), ", shape ", ShapeString(view.shape),
+                                       ")"));
+  }
+  if (view.size_bytes > 0 && view.data == nullptr) {
+    return InvalidArgumentError(
+        StrCat(Where(view.name, sample), ": data is null but size_bytes is ", view.size_bytes));
+  }
+  return absl::OkStatus();
+}
+
+bool SameTrailingDims(const TensorView& a, const TensorView& b) {
+  return a.shape.size() == b.shape.size() &&
+         std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1);
+}
+
+// Checks the per-rule shape contract of one field across the group and
+// computes its row size.
+absl::Status ValidateFieldShapes(const std::vector<const Sample*>& group, Field* field) {
+  const TensorView& first = *field->views[0];
+  const Sample& first_sample = *group[0];
+  const size_t elem = DTypeSize(field->dtype);
+  if (field->rule == FieldRule::kStack) {
+    for (size_t i = 1; i < group.size(); ++i) {
+      if (field->views[i]->shape != first.shape) {
+        return InvalidArgumentError(
+            StrCat(Where(field->name, *group[i]), ": shape ", ShapeString(field->views[i]->shape),
+                   " differs from ", ShapeString(first.shape), " of sample ", first_sample.meta.id,
+                   "; rule stack needs identical shapes (use pad or concat for variable dim 0)"));
+      }
+    }
+    field->row_bytes = first.size_bytes;
+    return absl::OkStatus();
+  }
+  // kPad and kConcat work along dim 0.
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (field->views[i]->shape.empty()) {
+      return InvalidArgumentError(StrCat(Where(field->name, *group[i]),
+                                         " is a scalar (shape []); rule ", RuleName(field->rule),
+                                         " needs at least one dimension (use stack for scalars)"));
+    }
+  }
+  for (size_t i = 1; i < group.size(); ++i) {
+    if (!SameTrailingDims(*field->views[i], first)) {
+      return InvalidArgumentError(
+          StrCat(Where(field->name, *group[i]), ": shape ", ShapeString(field->views[i]->shape),
+                 " does not match ", ShapeString(first.shape), " of sample ", first_sample.meta.id,
+                 " beyond dim 0; rule ", RuleName(field->rule),
+                 " needs equal rank and trailing dims"));
+    }
+  }
+  size_t row = elem;
+  for (size_t d = 1; d < first.shape.size(); ++d) row *= static_cast<size_t>(first.shape[d]);
+  field->row_bytes = row;
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> TrailingDims(const TensorView& view) {
+  return std::vector<int64_t>(view.shape.begin() + 1, view.shape.end());
+}
+
+absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch) {
+  auto pad_element = EncodePadValue(field.pad_value(), field.dtype, field.name);
+  if (!pad_element.ok()) return pad_element.status();
+  const PatternFill fill(*pad_element, DTypeSize(field.dtype));
+
+  int64_t max_rows = 0;
+  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, field.Rows(i));
+
+  BatchTensor out;
+  out.name = field.name;
+  out.dtype = field.dtype;
+  out.shape = {static_cast<int64_t>(batch), max_rows};
+  for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
+  out.bytes.reserve(batch * static_cast<size_t>(max_rows) * field.row_bytes);
+  const bool left = field.pad_side() == PadSide::kLeft;
+  for (size_t i = 0; i < batch; ++i) {
+    const TensorView& v = *field.views[i];
+    const size_t pad_bytes = static_cast<size_t>(max_rows - field.Rows(i)) * field.row_bytes;
+    if (left) fill.Append(pad_bytes, &out.bytes);
+    AppendBytes(v.data, v.size_bytes, &out.bytes);
+    if (!left) fill.Append(pad_bytes, &out.bytes);
+  }
+  return out;
+}
+
+// Concatenation along dim 0 (kConcat, and kPad in packed mode).
+BatchTensor ConcatField(const Field& field, size_t batch, bool as_packed_row) {
+  int64_t total_rows = 0;
+  size_t total_bytes = 0;
+  for (size_t i = 0; i < batch; ++i) {
+    total_rows += field.Rows(i);
+    total_bytes += field.views[i]->size_bytes;
+  }
+  BatchTensor out;
+  out.name = field.name;
+  out.dtype = field.dtype;
+  if (as_packed_row) out.shape.push_back(1);
+  out.shape.push_back(total_rows);
+  for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
+  out.bytes.reserve(total_bytes);
+  for (size_t i = 0; i < batch; ++i) {
+    AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
+  }
+  return out;
+}
+
+BatchTensor StackField(const Field& field, size_t batch) {
+  BatchTensor out;
+  out.name = field.name;
+  out.dtype = field.dtype;
+  out.shape.push_back(static_cast<int64_t>(batch));
+  for (int64_t d : field.views[0]->shape) out.shape.push_back(d);
+  out.bytes.reserve(batch * field.row_bytes);
+  for (size_t i = 0; i < batch; ++i) {
+    AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
+  }
+  return out;
+}
+
+BatchTensor Offsets(const Field& field, size_t batch) {
+  BatchTensor out;
+  out.name = field.name + std::string(kOffsetsSuffix);
+  out.dtype = DType::kInt64;
+  out.shape = {static_cast<int64_t>(batch) + 1};
+  out.bytes.reserve((batch + 1) * sizeof(int64_t));
+  int64_t offset = 0;
+  AppendValue(offset, &out.bytes);
+  for (size_t i = 0; i < batch; ++i) {
+    offset += field.Rows(i);
+    AppendValue(offset, &out.bytes);
+  }
+  return out;
+}
+
+BatchTensor AttentionMask(const Field& length_field, size_t batch) {
+  int64_t max_rows = 0;
+  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
+  std::array<uint8_t, 8> one{};
+  StoreBytes(int64_t{1}, &one);
+  const PatternFill ones(one, sizeof(int64_t));
+  const PatternFill zeros(std::array<uint8_t, 8>{}, sizeof(int64_t));
+
+  BatchTensor out;
+  out.name = std::string(kAttentionMask);
+  out.dtype = DType::kInt64;
+  out.shape = {static_cast<int64_t>(batch), max_rows};
+  out.bytes.reserve(batch * static_cast<size_t>(max_rows) * sizeof(int64_t));
+  const bool left = length_field.pad_side() == PadSide::kLeft;
+  for (size_t i = 0; i < batch; ++i) {
+    const size_t real = static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t);
+    const size_t pad = static_cast<size_t>(max_rows) * sizeof(int64_t) - real;
+    if (left) zeros.Append(pad, &out.bytes);
+    ones.Append(real, &out.bytes);
+    if (!left) zeros.Append(pad, &out.bytes);
+  }
+  return out;
+}
+
+absl::Status AppendPackedIndex(const Field& length_field, size_t batch,
+                               std::vector<BatchTensor>* outputs) {
+  int64_t total = 0;
+  for (size_t i = 0; i < batch; ++i) total += length_field.Rows(i);
+  if (total > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgumentError(StrCat("collate: packed group has ", total, " rows of '",
+                                       length_field.name,
+                                       "', more than int32 cu_seqlens can index; lower the budget"));
+  }
+  BatchTensor cu;
+  cu.name = std::string(kCuSeqlens);
+  cu.dtype = DType::kInt32;
+  cu.shape = {static_cast<int64_t>(batch) + 1};
+  cu.bytes.reserve((batch + 1) * sizeof(int32_t));
+  int32_t acc = 0;
+  AppendValue(acc, &cu.bytes);
+  for (size_t i = 0; i < batch; ++i) {
+    acc += static_cast<int32_t>(length_field.Rows(i));
+    AppendValue(acc, &cu.bytes);
+  }
+
+  BatchTensor pos;
+  pos.name = std::string(kPositionIds);
+  pos.dtype = DType::kInt64;
+  pos.shape = {1, total};
+  // Every sample's positions are a prefix of one ramp 0..Lmax-1: build it
+  // once and copy slices, so position_ids cost a memcpy per sample.
+  int64_t max_rows = 0;
+  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
+  std::vector<int64_t> ramp(static_cast<size_t>(max_rows));
+  for (int64_t j = 0; j < max_rows; ++j) ramp[static_cast<size_t>(j)] = j;
+  const auto* ramp_bytes = reinterpret_cast<const uint8_t*>(ramp.data());
+  pos.bytes.reserve(static_cast<size_t>(total) * sizeof(int64_t));
+  for (size_t i = 0; i < batch; ++i) {
+    AppendBytes(ramp_bytes, static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t),
+                &pos.bytes);
+  }
+  outputs->push_back(std::move(cu));
+  outputs->push_back(std::move(pos));
+  return absl::OkStatus();
+}
+
+// Gathers every sample's view of every field, checking that all samples carry
+// exactly the first sample's set of names with its dtypes. Fields come back
+// sorted by name.
+absl::StatusOr<std::vector<Field>> GatherFields(const std::vector<const Sample*>& group) {
+  const Sample& first = *group[0];
+  std::vector<Field> fields;
+  fields.reserve(first.tensors.size());
+  for (const TensorView& t : first.tensors) {
+    Field f;
+    f.name = t.name;
+    f.dtype = t.dtype;
+    f.views.assign(group.size(), nullptr);
+    fields.push_back(std::move(f));
+  }
+  std::sort(fields.begin(), fields.end(),
+            [](const Field& a, const Field& b) { return a.name < b.name; });
+  std::unordered_map<std::string_view, size_t> index;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (!index.emplace(fields[f].name, f).second) {
+      return InvalidArgumentError(
+          StrCat(Where(fields[f].name, first), " appears twice; tensor names must be unique"));
+    }
+  }
+
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Sample& sample = *group[i];
+    for (const TensorView& t : sample.tensors) {
+      auto it = index.find(t.name);
+      if (it == index.end()) {
+        return InvalidArgumentError(StrCat(Where(t.name, sample), " is not in sample ",
+                                           first.meta.id,
+                                           " (first of the group); all samples of a group must "
+                                           "carry the same tensor names"));
+      }
+      Field& field = fields[it->second];
+      if (field.views[i] != nullptr) {
+        return InvalidArgumentError(
+            StrCat(Where(t.name, sample), " appears twice; tensor names must be unique"));
+      }
+      absl::Status status = ValidateView(t, sample);
+      if (!status.ok()) return status;
+      if (t.dtype != field.dtype) {
+        return InvalidArgumentError(StrCat(Where(t.name, sample), ": dtype ", DTypeName(t.dtype),
+                                           " does not match ", DTypeName(field.dtype),
+                                           " of sample ", first.meta.id));
+      }
+      field.views[i] = &t;
+    }
+    for (const Field& field : fields) {
+      if (field.views[i] == nullptr) {
+        return InvalidArgumentError(StrCat(Where(field.name, sample), " is missing; sample ",
+                                           first.meta.id,
+                                           " (first of the group) has it and all samples of a "
+                                           "group must carry the same tensor names"));
+      }
+    }
+  }
+  return fields;
+}
+
+absl::Status CheckOptions(const CollateOptions& options) {
+  for (size_t i = 0; i < options.fields.size(); ++i) {
+    for (size_t j = i + 1; j < options.fields.size(); ++j) {
+      if (options.fields[i].name == options.fields[j].name) {
+        return InvalidArgumentError(StrCat("collate: field '", options.fields[i].name,
+                                           "' is listed twice in CollateOptions::fields"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+const FieldSpec* FindSpec(const CollateOptions& options, const std::string& name) {
+  for (const FieldSpec& spec : options.fields) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+// Derived tensors share the namespace of fields; a clash would make the
+// trainer read the wrong tensor, so it is an error rather than a silent
+// overwrite.
+absl::Status CheckNameClashes(const std::vector<Field>& fields, const CollateOptions& options,
+                              const Sample& first) {
+  std::vector<std::string> derived;
+  for (const Field& f : fields) {
+    if (f.rule == FieldRule::kConcat) derived.push_back(StrCat(f.name, kOffsetsSuffix));
+  }
+  if (options.packed) {
+    derived.emplace_back(kCuSeqlens);
+    derived.emplace_back(kPositionIds);
+  } else if (options.attention_mask) {
+    derived.emplace_back(kAttentionMask);
+  }
+  for (const std::string& name : derived) {
+    if (first.FindTensor(name) != nullptr) {
+      return InvalidArgumentError(StrCat(Where(name, first),
+                                         " clashes with the derived tensor of the same name; "
+                                         "rename the field or change the collate options"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
+                                                 const CollateOptions& options) {
+  if (group.empty()) {
+    return InvalidArgumentError("collate: empty group; a group needs at least one sample");
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] == nullptr) {
+      return InvalidArgumentError(StrCat("collate: group entry ", i, " is a null sample"));
+    }
+  }
+  absl::Status status = CheckOptions(options);
+  if (!status.ok()) return status;
+
+  auto gathered = GatherFields(group);
+  if (!gathered.ok()) return gathered.status();
+  std::vector<Field>& fields = *gathered;
+  const size_t batch = group.size();
+
+  for (Field& field : fields) {
+    field.spec = FindSpec(options, field.name);
+    field.rule = field.spec != nullptr ? field.spec->rule : options.default_rule;
+    status = ValidateFieldShapes(group, &field);
+    if (!status.ok()) return status;
+  }
+  status = CheckNameClashes(fields, options, *group[0]);
+  if (!status.ok()) return status;
+
+  const Field* length_field = nullptr;
+  if (options.packed || options.attention_mask) {
+    const std::string_view why = options.packed ? "packed mode (cu_seqlens, position_ids)"
+                                                : "attention_mask";
+    for (const Field& f : fields) {
+      if (f.name == options.length_field) length_field = &f;
+    }
+    if (length_field == nullptr) {
+      return InvalidArgumentError(StrCat(
+          Where(options.length_field, *group[0]), " (length_field) is missing; ", why,
+          " needs it: set CollateOptions::length_field to a tensor the samples carry"));
+    }
+    if (length_field->views[0]->shape.empty()) {
+      return InvalidArgumentError(StrCat(Where(length_field->name, *group[0]),
+                                         " (length_field) is a scalar; ", why,
+                                         " needs its dim 0 as the sequence length"));
+    }
+  }
+  if (options.packed) {
+    // Packed rows share one cu_seqlens, so every packed field must have the
+    // length field's row count in every sample.
+    for (const Field& f : fields) {
+      if (f.rule != FieldRule::kPad) continue;
+      for (size_t i = 0; i < batch; ++i) {
+        if (f.Rows(i) != length_field->Rows(i)) {
+          return InvalidArgumentError(StrCat(
+              Where(f.name, *group[i]), ": ", f.Rows(i), " rows but length_field '",
+              length_field->name, "' has ", length_field->Rows(i),
+              "; packed fields must match the length field (use concat for fields with their own "
+              "length)"));
+        }
+      }
+    }
+  }
+
+  std::vector<BatchTensor> outputs;
+  outputs.reserve(fields.size() * 2 + 2);
+  for (const Field& field : fields) {
+    switch (field.rule) {
+      case FieldRule::kPad:
+        if (options.packed) {
+          outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/true));
+        } else {
+          auto padded = PadField(field, batch);
+          if (!padded.ok()) return padded.status();
+          outputs.push_back(std::move(*padded));
+        }
+        break;
+      case FieldRule::kStack:
+        outputs.push_back(StackField(field, batch));
+        break;
+      case FieldRule::kConcat:
+        outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/false));
+        outputs.push_back(Offsets(field, batch));
+        break;
+    }
+  }
+  if (options.packed) {
+    status = AppendPackedIndex(*length_field, batch, &outputs);
+    if (!status.ok()) return status;
+  } else if (options.attention_mask) {
+    outputs.push_back(AttentionMask(*length_field, batch));
+  }
+  return outputs;
+}
+
+}  // namespace odb::collate
