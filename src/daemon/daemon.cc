@@ -242,7 +242,7 @@ void Daemon::HandleTrainer() {
       continue;
     }
     if (msg.has_credit()) {
-      credits_ += msg.credit().steps;
+      credits_ += msg.credit().steps();
     } else if (msg.has_start_epoch()) {
       if (!trainer_seen_) {
         trainer_seen_ = true;
@@ -322,7 +322,7 @@ void Daemon::PlannerLoop() {
     absl::Status status = RunOneRound();
     last_round = std::chrono::steady_clock::now();
     if (!status.ok()) {
-      spdlog::error("rank {}: {}", config_.rank, status.message());
+      spdlog::error("rank {}: {}", config_.rank, std::string(status.message()));
       QueueFatal(wire::PEER_FAILURE, std::string(status.message()));
       fatal_status_ = status;
       failed_.store(true);

@@ -1,0 +1,35 @@
+#ifndef ODB_DAEMON_ALIGNED_ROUND_RUNNER_H_
+#define ODB_DAEMON_ALIGNED_ROUND_RUNNER_H_
+
+#include <memory>
+
+#include "src/align/aligner.h"
+#include "src/align/peer_group.h"
+#include "src/daemon/config.h"
+#include "src/daemon/round_runner.h"
+
+namespace odb {
+
+// The daemon's RoundRunner over the alignment layer: one Aligner round per
+// Run, translated into this rank's steps (with the all-rank token total of
+// each step, read off the round's full plan, so no second exchange is needed).
+class AlignedRoundRunner final : public RoundRunner {
+ public:
+  AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, const DaemonConfig& config);
+
+  void StartEpoch(uint32_t epoch) override;
+  absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) override;
+  bool HasPeers() const override { return peers_->Size() > 1; }
+
+ private:
+  std::unique_ptr<align::PeerGroup> peers_;
+  align::Aligner aligner_;
+  absl::Status start_status_;
+};
+
+// The planner configuration every rank must share, derived from the daemon config.
+align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config);
+
+}  // namespace odb
+
+#endif  // ODB_DAEMON_ALIGNED_ROUND_RUNNER_H_

@@ -1,0 +1,104 @@
+// odbd: the per-rank collation daemon. Parses the config, builds the
+// components, installs the signal handlers and runs.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+
+#include "src/daemon/aligned_round_runner.h"
+#include "src/daemon/config.h"
+#include "src/daemon/daemon.h"
+#include "src/daemon/peers.h"
+
+namespace {
+
+std::atomic<odb::Daemon*> g_daemon{nullptr};
+std::atomic<int> g_signal{0};
+
+void OnSignal(int signo) {
+  g_signal.store(signo);
+  if (odb::Daemon* d = g_daemon.load()) d->Stop();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"odbd: online dynamic batching daemon (one per training rank)"};
+  std::string config_path;
+  int rank = -1, world_size = -1;
+  std::string run_dir, job_id, log_level, ingest, trainer;
+  bool print_config = false;
+  app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
+  app.add_option("--rank", rank, "this rank (default: $RANK or the config)");
+  app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)");
+  app.add_option("--run-dir", run_dir, "directory for ipc sockets and the FileStore");
+  app.add_option("--job-id", job_id, "rendezvous key prefix, unique per job");
+  app.add_option("--ingest", ingest, "producer endpoint (replaces ingest_endpoints)");
+  app.add_option("--trainer", trainer, "trainer endpoint");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_flag("--print-config", print_config, "print the effective config and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  auto config = config_path.empty() ? odb::ParseConfig("") : odb::LoadConfigFile(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "odbd: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  if (rank >= 0) config->rank = rank;
+  if (world_size >= 0) config->world_size = world_size;
+  if (!run_dir.empty()) config->run_dir = run_dir;
+  if (!job_id.empty()) config->job_id = job_id;
+  if (!log_level.empty()) config->log_level = log_level;
+  if (!ingest.empty()) config->ingest_endpoints = {ingest};
+  if (!trainer.empty()) config->trainer_endpoint = trainer;
+  if (absl::Status s = odb::FinalizeConfig(*config, odb::ProcessEnvironment()); !s.ok()) {
+    std::fprintf(stderr, "odbd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(config->log_level));
+  spdlog::set_pattern("[%H:%M:%S.%e] [odbd " + std::to_string(config->rank) + "] [%l] %v");
+  if (print_config) {
+    std::printf("%s\n", odb::DescribeConfig(*config).c_str());
+    return 0;
+  }
+  spdlog::info("starting: {}", odb::DescribeConfig(*config));
+
+  auto peers = odb::ConnectPeers(*config);
+  if (!peers.ok()) {
+    spdlog::error("cannot join the peer group: {}", std::string(peers.status().message()));
+    return 3;
+  }
+  odb::Daemon daemon(*config, std::make_unique<odb::AlignedRoundRunner>(std::move(*peers), *config));
+  if (absl::Status s = daemon.Bind(); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 3;
+  }
+  for (const auto& e : daemon.IngestEndpoints()) spdlog::info("ingest listening on {}", e);
+  spdlog::info("trainer endpoint {}", daemon.TrainerEndpoint());
+
+  g_daemon.store(&daemon);
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::Status result = daemon.Run();
+  g_daemon.store(nullptr);
+  const auto& m = daemon.metrics();
+  if (g_signal.load() != 0) {
+    spdlog::info("received signal {} ({}); shutting down", g_signal.load(),
+                 g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
+  spdlog::info("exit: received={} rejected={} emitted={} steps={} idle={} rounds={}",
+               m.samples_received.load(), m.samples_rejected.load(), m.samples_emitted.load(),
+               m.steps_emitted.load(), m.idle_steps.load(), m.rounds.load());
+  if (!result.ok()) {
+    spdlog::error("stopped on error: {}", std::string(result.message()));
+    return 1;
+  }
+  return 0;
+}
