@@ -60,6 +60,52 @@ double StepTime(const StepTimeModel& model, CostModel cost_model,
 // "max_tokens=4096 model=padded ..." for logs and error messages.
 std::string DescribeBudget(const Budget& budget);
 
+// --- Additions beyond the original contract -------------------------------
+//
+// Every budget check in the project goes through the two cost functions below,
+// computed from exact integer aggregates, so that a group's verdict does not
+// depend on the order its members are summed in (the grouper builds groups
+// incrementally, FitsBudget re-checks them from scratch: both must agree to the
+// last bit).
+
+// Padded budget cost of `group_size` samples whose longest has `longest_tokens`.
+double PaddedBudgetCost(const Budget& budget, uint64_t group_size, uint32_t longest_tokens);
+
+// Packed budget cost from sum(len) and sum(len^2) (the latter saturating at
+// UINT64_MAX; such a group never fits any realistic budget anyway).
+double PackedBudgetCost(const Budget& budget, uint64_t sum_tokens, uint64_t sum_tokens_sq);
+
+// Running aggregates of a group, to test "does this group still fit if I add
+// that sample" in O(1). FitsBudget is defined as "a tally of the members fits".
+class GroupTally {
+ public:
+  explicit GroupTally(const Budget& budget) : budget_(&budget) {}
+
+  void Add(const SampleLengths& sample);
+  // Would the group still fit every limit with `sample` added?
+  bool CanAdd(const SampleLengths& sample) const;
+  bool Fits() const { return FitsTokens() && FitsSize() && FitsModalities(); }
+
+  // The individual limits, for callers that prune differently per limit.
+  bool FitsTokens() const;
+  bool FitsSize() const;
+  bool FitsModalities() const;
+  double BudgetCost() const;
+
+  uint64_t size() const { return size_; }
+  uint32_t longest_tokens() const { return longest_tokens_; }
+  uint64_t sum_tokens() const { return sum_tokens_; }
+
+ private:
+  const Budget* budget_;  // not owned; outlives the tally
+  uint64_t size_ = 0;
+  uint32_t longest_tokens_ = 0;
+  uint64_t sum_tokens_ = 0;
+  uint64_t sum_tokens_sq_ = 0;  // saturating
+  uint64_t sum_vision_ = 0;
+  uint64_t sum_audio_ = 0;
+};
+
 }  // namespace odb::grouping
 
 #endif  // ODB_GROUPING_BUDGET_H_
