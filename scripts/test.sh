@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, builds, runs the Catch2/spin
+# tests through Bazel and the multi-process integration tests through pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install_deps.sh
+./scripts/build.sh
+
+echo "== bazel test //..."
+bazel test //... --test_tag_filters=-benchmark 2>&1 | grep -vE "linux-sandbox" | tail -n 60
+bazel_rc=${PIPESTATUS[0]}
+
+echo "== pytest tests/"
+set +e
+/usr/bin/python3 -m pytest tests -q -p no:cacheprovider
+py_rc=$?
+set -e
+
+if [ "$bazel_rc" -ne 0 ] || [ "$py_rc" -ne 0 ]; then
+  echo "FAILED: bazel rc=$bazel_rc pytest rc=$py_rc"
+  exit 1
+fi
+echo "all tests passed"
