@@ -47,6 +47,7 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
                 steps += 1
                 dummies += step.dummy
                 trained += step.sample_ids
+        loader.wait_epoch_end()  # the trailing IDLE steps drain in the background
     else:
         for step in loader:
             train_step(step)

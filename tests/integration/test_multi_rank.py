@@ -1,0 +1,127 @@
+"""W = 4 odbd processes on loopback aligning over real Gloo (FileStore and RedisStore)."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from odbtest import Daemon, consume, epochs, finish, produce
+
+W = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_job(tmp_path, config: str, counts: list[int], mode_join: bool = True):
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    daemons = [Daemon(tmp_path, rank=r, world=W, config=config, job_id=job) for r in range(W)]
+    try:
+        for d in daemons:
+            d.wait_ready(timeout=60)
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        producers = [produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
+                             id_offset=d.rank * 1_000_000, extra=["--max-len", "1024"])
+                     if counts[d.rank] > 0 else None for d in daemons]
+        # A rank with no data still ends its (empty) stream.
+        for d, p in zip(daemons, producers):
+            if p is None:
+                p = produce(d.ingest, f"r{d.rank}", 0, seed=0)
+            rc, _, err = finish(p)
+            assert rc == 0, err
+        results = []
+        for d, c in zip(daemons, consumers):
+            rc, out, err = finish(c, timeout=120)
+            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
+            (e,) = epochs(out)
+            results.append(e)
+        return daemons, results
+    finally:
+        for d in daemons:
+            d.stop()
+
+
+def _check_aligned_coverage(results, counts):
+    steps = {e["steps"] for e in results}
+    assert len(steps) == 1, [e["steps"] for e in results]  # every rank ran the same number of steps
+    all_ids = sorted(i for e in results for i in e["ids"])
+    expected = sorted(r * 1_000_000 + k for r in range(W) for k in range(counts[r]))
+    assert all_ids == expected  # Join: every sample exactly once, globally
+    for e in results:
+        assert e["failures"] == 0 and e["duplicates"] == 0
+    # Sum of loss weights over ranks = W on every step => sum over the epoch = W * steps.
+    total_weight = sum(e["weight_sum"] for e in results)
+    # (every aligned step has at least one rank with samples, so no step sums to 0)
+    assert total_weight == pytest.approx(W * results[0]["steps"], rel=1e-6)
+
+
+def test_four_ranks_filestore_skewed(tmp_path):
+    counts = [1200, 300, 0, 700]  # skewed, one rank with no data at all
+    daemons, results = _run_job(tmp_path, "grouping: {window: 64}\n", counts)
+    _check_aligned_coverage(results, counts)
+    assert results[2]["idle_steps"] == results[2]["steps"]  # the empty rank only idles
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_four_ranks_redisstore(tmp_path):
+    port = _free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        counts = [500, 800, 200, 400]
+        config = f"alignment: {{store: redis, redis_port: {port}}}\ngrouping: {{window: 64}}\n"
+        _, results = _run_job(tmp_path, config, counts)
+        _check_aligned_coverage(results, counts)
+    finally:
+        redis.terminate()
+        redis.wait(10)
+
+
+def test_killed_peer_is_a_clear_error_on_every_other_rank(tmp_path):
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    config = "alignment: {collective_timeout_ms: 5000}\ngrouping: {window: 32}\n"
+    daemons = [Daemon(tmp_path, rank=r, world=W, config=config, job_id=job) for r in range(W)]
+    try:
+        for d in daemons:
+            d.wait_ready(timeout=60)
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        producers = [produce(d.ingest, f"r{d.rank}", 200000, seed=d.rank, id_offset=d.rank * 10**7,
+                             extra=["--no-end", "--max-len", "256"]) for d in daemons]
+        time.sleep(2.0)
+        daemons[2].proc.kill()  # rank 2 dies mid-epoch
+        start = time.time()
+        for d, c in zip(daemons, consumers):
+            if d.rank == 2:
+                c.kill()
+                continue
+            rc, out, err = finish(c, timeout=60)
+            assert rc != 0
+            assert "failed" in err and "rank" in err, err
+            assert d.proc.wait(timeout=30) != 0
+        elapsed = time.time() - start
+        assert elapsed < 30, elapsed  # bounded by the configured timeout, not a hang
+        for d in daemons:
+            if d.rank != 2:
+                errors = [l for l in d.read_log().splitlines() if "[error]" in l]
+                assert any("rank 2" in l for l in errors), errors
+        for p in producers:
+            p.kill()
+            p.wait()
+    finally:
+        for d in daemons:
+            d.stop()
