@@ -1,0 +1,192 @@
+#include "src/align/aligner.h"
+
+#include <algorithm>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "src/align/meta_codec.h"
+
+namespace odb::align {
+
+namespace {
+
+std::string Prefix(int rank) { return "aligner rank " + std::to_string(rank) + ": "; }
+
+struct KeyHash {
+  size_t operator()(const SampleKey& k) const {
+    return static_cast<size_t>(MixSeed(static_cast<uint64_t>(k.owner_rank), k.id));
+  }
+};
+
+// Every sample this rank owns must be accounted for exactly once by the plan:
+// emitted (on any rank), kept pending, or reported not emitted.
+absl::Status CheckAccounting(const RoundPlan& plan, int me, const std::vector<SampleMeta>& pending) {
+  std::unordered_set<SampleKey, KeyHash> seen;
+  size_t count = 0;
+  auto note = [&](const SampleKey& k) -> bool {
+    if (k.owner_rank != me) return true;
+    ++count;
+    return seen.insert(k).second;
+  };
+  for (const RankPlan& rp : plan.ranks) {
+    for (const PlannedStep& s : rp.steps) {
+      for (const SampleMeta& m : s.samples) {
+        if (!note(KeyOf(m))) return absl::InternalError("planner placed sample " + std::to_string(m.id) + " twice");
+      }
+    }
+  }
+  for (const SampleKey& k : plan.ranks[me].keep_pending) {
+    if (!note(k)) return absl::InternalError("planner kept sample " + std::to_string(k.id) + " twice");
+  }
+  for (const SampleKey& k : plan.ranks[me].not_emitted) {
+    if (!note(k)) return absl::InternalError("planner reported sample " + std::to_string(k.id) + " twice");
+  }
+  if (count != pending.size()) {
+    return absl::InternalError("planner accounted for " + std::to_string(count) + " of " +
+                               std::to_string(pending.size()) + " pending samples");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Aligner::Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options)
+    : peers_(peers), planner_(std::move(planner)), options_(std::move(options)) {
+  if (!options_.now) options_.now = [] { return std::chrono::steady_clock::now(); };
+}
+
+absl::Status Aligner::StartEpoch(uint32_t epoch) {
+  if (epoch_ && !epoch_finished_) {
+    return absl::FailedPreconditionError(Prefix(peers_->Rank()) + "StartEpoch(" + std::to_string(epoch) +
+                                         ") while epoch " + std::to_string(*epoch_) + " is still running");
+  }
+  epoch_ = epoch;
+  epoch_finished_ = false;
+  round_ = 0;
+  next_step_ = 0;
+  wait_rounds_ = 0;
+  wait_since_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
+  const int me = peers_->Rank();
+  const int world = peers_->Size();
+  if (!epoch_ || epoch_finished_) {
+    return absl::FailedPreconditionError(Prefix(me) + "RunRound outside a running epoch; call StartEpoch first");
+  }
+  if (local.epoch != *epoch_) {
+    return absl::InvalidArgumentError(Prefix(me) + "round input is for epoch " + std::to_string(local.epoch) +
+                                      " but epoch " + std::to_string(*epoch_) + " is running");
+  }
+  for (const SampleMeta& m : local.pending) {
+    if (m.owner_rank != me) {
+      return absl::InvalidArgumentError(Prefix(me) + "pending sample " + std::to_string(m.id) + " has owner_rank " +
+                                        std::to_string(m.owner_rank));
+    }
+    if (m.lengths.tokens == 0) {
+      return absl::InvalidArgumentError(Prefix(me) + "pending sample " + std::to_string(m.id) +
+                                        " has 0 tokens; length-0 samples must be rejected at ingest");
+    }
+  }
+
+  RankRoundMessage msg;
+  msg.epoch = *epoch_;
+  msg.round = round_;
+  msg.rank = me;
+  msg.data.pending = local.pending;
+  msg.data.free_slots = local.free_slots;
+  msg.data.stream_finished = local.stream_finished;
+  msg.data.wait_rounds = wait_rounds_;
+  msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= options_.max_wait;
+
+  auto gathered = peers_->AllGather(EncodeRankRound(msg));
+  if (!gathered.ok()) {
+    return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
+                                                      std::to_string(round_) + ": " +
+                                                      std::string(gathered.status().message()));
+  }
+  if (static_cast<int>(gathered->size()) != world) {
+    return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
+                               " entries for " + std::to_string(world) + " ranks");
+  }
+  RoundState state;
+  state.epoch = *epoch_;
+  state.round = round_;
+  state.first_step = next_step_;
+  state.ranks.resize(world);
+  for (int r = 0; r < world; ++r) {
+    auto decoded = DecodeRankRound((*gathered)[r]);
+    if (!decoded.ok()) {
+      return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
+                                                       std::string(decoded.status().message()));
+    }
+    if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
+      return absl::FailedPreconditionError(
+          Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
+          std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
+          std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
+          std::to_string(round_));
+    }
+    state.ranks[r] = std::move(decoded->data);
+  }
+
+  RoundPlan plan = planner_->Plan(state);
+  if (static_cast<int>(plan.ranks.size()) != world) {
+    return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +
+                               " ranks");
+  }
+  for (const RankPlan& rp : plan.ranks) {
+    if (rp.steps.size() != plan.num_steps) {
+      return absl::InternalError(Prefix(me) + "planner gave a rank " + std::to_string(rp.steps.size()) +
+                                 " steps instead of " + std::to_string(plan.num_steps));
+    }
+  }
+  if (absl::Status s = CheckAccounting(plan, me, local.pending); !s.ok()) {
+    return absl::Status(s.code(), Prefix(me) + std::string(s.message()));
+  }
+
+  RoundResult result;
+  result.epoch = *epoch_;
+  result.round = round_;
+  result.epoch_finished = plan.epoch_finished;
+  result.waiting = plan.waiting;
+  result.reason = plan.reason;
+  RankPlan& mine = plan.ranks[me];
+  result.steps.reserve(plan.num_steps);
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    const PlannedStep& ps = mine.steps[k];
+    Step s;
+    s.step_index = next_step_ + k;
+    s.idle = ps.idle;
+    s.samples = ps.samples;
+    s.real_tokens = ps.real_tokens;
+    s.padded_tokens = ps.padded_tokens;
+    s.loss_weight = ps.loss_weight;
+    s.over_budget = ps.over_budget;
+    result.steps.push_back(std::move(s));
+  }
+  result.keep_pending = mine.keep_pending;
+  result.not_emitted = mine.not_emitted;
+  result.not_emitted_by_rank.resize(world);
+  for (int r = 0; r < world; ++r) result.not_emitted_by_rank[r] = plan.ranks[r].not_emitted;
+
+  // The wait budget counts consecutive waiting rounds of the whole job (the
+  // same number on every rank), so a run of waiting rounds never exceeds
+  // max_wait_rounds however the ranks take turns asking.
+  if (plan.waiting) {
+    ++wait_rounds_;
+    if (!wait_since_) wait_since_ = options_.now();
+  } else {
+    wait_rounds_ = 0;
+    wait_since_.reset();
+  }
+  next_step_ += plan.num_steps;
+  ++round_;
+  if (plan.epoch_finished) epoch_finished_ = true;
+  last_plan_ = std::move(plan);
+  return result;
+}
+
+}  // namespace odb::align

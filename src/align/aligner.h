@@ -1,0 +1,107 @@
+#ifndef ODB_ALIGN_ALIGNER_H_
+#define ODB_ALIGN_ALIGNER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/align/peer_group.h"
+#include "src/align/planner.h"
+#include "src/common/sample.h"
+
+namespace odb::align {
+
+struct AlignerOptions {
+  // Wall-clock bound on asking rounds to wait for more samples: once this
+  // rank has been waiting this long it takes part anyway (in addition to the
+  // planner's max_wait_rounds). Default 2 s.
+  std::chrono::milliseconds max_wait{2000};
+  // Clock, injectable for tests. Default steady_clock::now.
+  std::function<std::chrono::steady_clock::time_point()> now;
+};
+
+// What the daemon hands in each round.
+struct RoundInput {
+  uint32_t epoch = 0;
+  // Every sample of the epoch this rank holds and has not emitted, in a stable
+  // order (arrival). owner_rank must be this rank; tokens > 0 (the daemon
+  // rejects length-0 samples at ingest); ids unique.
+  std::vector<SampleMeta> pending;
+  // Steps the emitter can accept right now (credit window minus queued).
+  uint32_t free_slots = 0;
+  // No further sample of this epoch will arrive at this rank.
+  bool stream_finished = false;
+};
+
+// One step this rank emits.
+struct Step {
+  uint64_t step_index = 0;  // epoch step index, identical on every rank
+  bool idle = true;         // emit a zero-weight IDLE step
+  std::vector<SampleMeta> samples;  // owner_rank says whose daemon holds each payload
+  uint64_t real_tokens = 0;
+  uint64_t padded_tokens = 0;
+  double loss_weight = 0.0;  // W * t_r / T_tok; 0 for IDLE; sums to W over ranks
+  bool over_budget = false;  // a lone sample that fits no budget
+};
+
+struct RoundResult {
+  uint32_t epoch = 0;
+  uint64_t round = 0;
+  std::vector<Step> steps;  // same count on every rank (may be 0)
+  bool epoch_finished = false;  // after these steps; call StartEpoch next
+  bool waiting = false;         // no steps because a rank waits for samples
+  std::string reason;           // why the round has its step count (for logs)
+  // Samples of this rank that stay pending: offer them again next round.
+  std::vector<SampleKey> keep_pending;
+  // Non-Join closing round: this rank's samples the epoch never emits, and
+  // the same report for every rank (index = rank). Samples of this epoch that
+  // arrive after the closing round are also not emitted: the daemon reports
+  // them itself.
+  std::vector<SampleKey> not_emitted;
+  std::vector<std::vector<SampleKey>> not_emitted_by_rank;
+};
+
+// The DGAP stage: once per round, all-gathers every rank's pending metadata
+// over the PeerGroup, runs the deterministic Planner on the identical gathered
+// state, and returns this rank's share of the plan. RunRound is collective:
+// every rank calls it the same number of times per epoch (one call = one
+// round), so the daemon must call it at a steady pace even with nothing to do
+// (e.g. whenever a slot frees or a tick passes). Not thread-safe; one caller.
+class Aligner {
+ public:
+  Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options = {});
+  Aligner(const Aligner&) = delete;
+  Aligner& operator=(const Aligner&) = delete;
+
+  // Begins `epoch` (rounds and step indices restart at 0). Fails if the
+  // previous epoch was started and has not finished.
+  absl::Status StartEpoch(uint32_t epoch);
+
+  absl::StatusOr<RoundResult> RunRound(const RoundInput& local);
+
+  // The full plan of the last round (every rank's steps), for diagnostics.
+  const RoundPlan& last_plan() const { return last_plan_; }
+  const Planner& planner() const { return *planner_; }
+  PeerGroup& peers() { return *peers_; }
+
+ private:
+  PeerGroup* peers_;
+  std::unique_ptr<Planner> planner_;
+  AlignerOptions options_;
+  std::optional<uint32_t> epoch_;
+  bool epoch_finished_ = false;
+  uint64_t round_ = 0;
+  uint64_t next_step_ = 0;
+  uint32_t wait_rounds_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> wait_since_;
+  RoundPlan last_plan_;
+};
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_ALIGNER_H_

@@ -1,0 +1,180 @@
+// The Aligner through real threads over FakePeerGroup: lockstep rounds,
+// coverage, exact weights, and faults turning into errors (never hangs).
+#include "src/align/aligner.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "src/align/fake_peer_group.h"
+#include "src/align/test_scenario.h"
+
+namespace odb::align {
+namespace {
+
+using testing::FakeEmitter;
+using testing::MakeScenario;
+using testing::Scenario;
+
+struct RankLog {
+  absl::Status status;
+  std::vector<size_t> steps_per_round;
+  std::map<uint64_t, double> weight_by_step;
+  std::set<SampleKey> emitted;
+  std::set<SampleKey> not_emitted;
+  std::set<SampleKey> late;
+  bool finished = false;
+};
+
+RankLog RunRank(const Scenario& sc, PeerGroup* peers) {
+  const int r = peers->Rank();
+  RankLog log;
+  Aligner aligner(peers, std::make_unique<LocalPlanner>(sc.config));
+  log.status = aligner.StartEpoch(1);
+  if (!log.status.ok()) return log;
+  std::vector<SampleMeta> pending;
+  size_t next = 0;
+  FakeEmitter emitter(sc.depth, sc.seed * 100 + r);
+  for (uint64_t round = 0; round < 5000; ++round) {
+    while (next < sc.arrivals[r].size() && sc.arrivals[r][next].round <= round) {
+      pending.push_back(sc.arrivals[r][next++].meta);
+    }
+    RoundInput in{1, pending, emitter.FreeSlots(), round >= sc.finish_round[r]};
+    auto res = aligner.RunRound(in);
+    if (!res.ok()) {
+      log.status = res.status();
+      return log;
+    }
+    log.steps_per_round.push_back(res->steps.size());
+    for (const Step& s : res->steps) {
+      log.weight_by_step[s.step_index] = s.loss_weight;
+      for (const SampleMeta& m : s.samples) log.emitted.insert(KeyOf(m));
+    }
+    for (const SampleKey& k : res->not_emitted) log.not_emitted.insert(k);
+    std::set<SampleKey> keep(res->keep_pending.begin(), res->keep_pending.end());
+    std::erase_if(pending, [&](const SampleMeta& m) { return !keep.count(KeyOf(m)); });
+    emitter.Push(static_cast<uint32_t>(res->steps.size()));
+    emitter.Drain();
+    if (res->epoch_finished) {
+      log.finished = true;
+      for (size_t i = next; i < sc.arrivals[r].size(); ++i) log.late.insert(KeyOf(sc.arrivals[r][i].meta));
+      return log;
+    }
+  }
+  return log;
+}
+
+TEST_CASE("threaded scenarios over FakePeerGroup", "[aligner]") {
+  int scenarios = 0;
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (uint64_t i = 0; i < 16; ++i) {
+      const uint64_t seed = 77000 + world * 1000 + i;
+      const EpochMode mode = i % 2 ? EpochMode::kNonJoin : EpochMode::kJoin;
+      const Scenario sc = MakeScenario(seed, world, mode);
+      FakeWorld fake(world);
+      std::vector<RankLog> logs(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { logs[r] = RunRank(sc, fake.Rank(r)); });
+      for (auto& t : threads) t.join();
+      INFO("seed " << seed << " W=" << world);
+      std::set<SampleKey> all, covered;
+      for (int r = 0; r < world; ++r) {
+        INFO(logs[r].status.ToString());
+        REQUIRE(logs[r].status.ok());
+        REQUIRE(logs[r].finished);
+        REQUIRE(logs[r].steps_per_round == logs[0].steps_per_round);  // lockstep
+        for (const auto& a : sc.arrivals[r]) all.insert(KeyOf(a.meta));
+        for (const auto* part : {&logs[r].emitted, &logs[r].not_emitted, &logs[r].late}) {
+          for (const auto& k : *part) REQUIRE(covered.insert(k).second);  // exactly once
+        }
+        if (mode == EpochMode::kJoin) REQUIRE(logs[r].not_emitted.empty());
+      }
+      REQUIRE(covered == all);
+      for (const auto& [step, w0] : logs[0].weight_by_step) {
+        double sum = 0;
+        for (int r = 0; r < world; ++r) sum += logs[r].weight_by_step.at(step);
+        REQUIRE(std::abs(sum - world) < 1e-9);
+      }
+      ++scenarios;
+    }
+  }
+  REQUIRE(scenarios == 80);
+}
+
+TEST_CASE("SoloPeerGroup runs a W=1 join epoch", "[aligner]") {
+  SoloPeerGroup solo;
+  const Scenario sc = MakeScenario(4242, 1, EpochMode::kJoin);
+  RankLog log = RunRank(sc, &solo);
+  REQUIRE(log.status.ok());
+  REQUIRE(log.emitted.size() == sc.arrivals[0].size());
+  for (const auto& [step, w] : log.weight_by_step) REQUIRE(w == Approx(1.0));
+}
+
+TEST_CASE("a dying peer is an error naming it on every other rank", "[aligner][fault]") {
+  constexpr int kWorld = 4;
+  FakeWorld fake(kWorld);
+  fake.KillAt(1, 5);
+  const Scenario sc = MakeScenario(99, kWorld, EpochMode::kJoin);
+  std::vector<RankLog> logs(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back([&, r] { logs[r] = RunRank(sc, fake.Rank(r)); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    REQUIRE(logs[r].status.code() == absl::StatusCode::kUnavailable);
+    REQUIRE(std::string(logs[r].status.message()).find("peer rank 1 died") != std::string::npos);
+  }
+}
+
+TEST_CASE("a silent peer is a deadline error naming it, not a hang", "[aligner][fault]") {
+  constexpr int kWorld = 3;
+  FakeWorld fake(kWorld, std::chrono::milliseconds(200));
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      Aligner aligner(fake.Rank(r), std::make_unique<LocalPlanner>(PlannerConfig{}));
+      REQUIRE(aligner.StartEpoch(0).ok());
+      for (int round = 0; round < 10; ++round) {
+        if (r == 2 && round == 3) return;  // rank 2 goes silent
+        auto res = aligner.RunRound(RoundInput{0, {}, 2, false});
+        if (!res.ok()) {
+          status[r] = res.status();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(status[r].code() == absl::StatusCode::kDeadlineExceeded);
+    REQUIRE(std::string(status[r].message()).find("peer rank(s) 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("misuse and bad input are rejected locally", "[aligner]") {
+  SoloPeerGroup solo;
+  Aligner aligner(&solo, std::make_unique<LocalPlanner>(PlannerConfig{}));
+  REQUIRE(aligner.RunRound(RoundInput{}).status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(aligner.StartEpoch(0).ok());
+  REQUIRE(aligner.StartEpoch(1).code() == absl::StatusCode::kFailedPrecondition);
+  RoundInput in;
+  in.free_slots = 2;
+  SampleMeta m;
+  m.id = 42;
+  in.pending = {m};  // 0 tokens
+  auto s = aligner.RunRound(in).status();
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(s.message()).find("sample 42 has 0 tokens") != std::string::npos);
+  in.pending[0].lengths.tokens = 5;
+  in.pending[0].owner_rank = 3;
+  REQUIRE(aligner.RunRound(in).status().code() == absl::StatusCode::kInvalidArgument);
+  in.epoch = 7;
+  in.pending[0].owner_rank = 0;
+  REQUIRE(aligner.RunRound(in).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace odb::align

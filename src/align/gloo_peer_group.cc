@@ -1,0 +1,240 @@
+#include "src/align/gloo_peer_group.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+// Debian installs hiredis under <hiredis/hiredis.h>.
+#ifndef HIREDIS_NESTED_INCLUDE
+#define HIREDIS_NESTED_INCLUDE
+#endif
+#include <gloo/rendezvous/redis_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <utility>
+
+namespace odb::align {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bounded TCP reachability check: hiredis' connect has no timeout of its own.
+absl::Status ProbeTcp(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string where = host + ":" + std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return absl::UnavailableError("redis store " + where + ": cannot resolve host: " + gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) continue;
+    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      rc = poll(&p, 1, static_cast<int>(timeout.count()));
+      if (rc == 0) {
+        last = "connect timed out after " + std::to_string(timeout.count()) + " ms";
+        close(fd);
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc == 0) {
+      close(fd);
+      freeaddrinfo(res);
+      return absl::OkStatus();
+    }
+    last = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return absl::UnavailableError("redis store " + where + " unreachable: " + last);
+}
+
+}  // namespace
+
+GlooPeerGroup::GlooPeerGroup(GlooPeerGroupOptions options) : options_(std::move(options)) {}
+GlooPeerGroup::~GlooPeerGroup() = default;
+
+std::string GlooPeerGroup::Describe() const {
+  const std::string prefix = options_.job_id + "/" + std::to_string(options_.generation);
+  if (options_.store == GlooPeerGroupOptions::StoreKind::kRedis) {
+    return "redis:" + options_.redis_host + ":" + std::to_string(options_.redis_port) + " " + prefix;
+  }
+  return "file:" + options_.file_store_dir + " " + prefix;
+}
+
+absl::StatusOr<std::unique_ptr<GlooPeerGroup>> GlooPeerGroup::Connect(const GlooPeerGroupOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError("gloo peer group: rank " + std::to_string(options.rank) +
+                                      " out of range for world_size " + std::to_string(options.world_size));
+  }
+  if (options.job_id.empty() || options.job_id.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError("gloo peer group: job_id must be non-empty and contain no '/'");
+  }
+  std::unique_ptr<GlooPeerGroup> group(new GlooPeerGroup(options));
+  absl::Status s = group->ConnectImpl();
+  if (!s.ok()) return s;
+  return group;
+}
+
+absl::Status GlooPeerGroup::ConnectImpl() {
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  auto left = [&deadline]() {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  const std::string me = "gloo peer group rank " + std::to_string(options_.rank) + "/" +
+                         std::to_string(options_.world_size) + " (" + Describe() + "): ";
+  const std::string prefix = options_.job_id + "/" + std::to_string(options_.generation);
+  std::string stage = "creating the rendezvous store";
+  try {
+    if (options_.store == GlooPeerGroupOptions::StoreKind::kFile) {
+      std::error_code ec;
+      if (options_.file_store_dir.empty() || !std::filesystem::is_directory(options_.file_store_dir, ec)) {
+        return absl::FailedPreconditionError(me + "rendezvous directory '" + options_.file_store_dir +
+                                             "' does not exist (create it on a filesystem all ranks share)");
+      }
+      // PrefixStore joins with '/', which FileStore maps to subdirectories.
+      std::filesystem::create_directories(std::filesystem::path(options_.file_store_dir) / prefix, ec);
+      if (ec) {
+        return absl::FailedPreconditionError(me + "cannot create " + prefix + " under the rendezvous directory: " +
+                                             ec.message());
+      }
+      store_ = std::make_unique<gloo::rendezvous::FileStore>(options_.file_store_dir);
+    } else {
+      if (absl::Status s = ProbeTcp(options_.redis_host, options_.redis_port, left()); !s.ok()) {
+        return absl::UnavailableError(me + std::string(s.message()));
+      }
+      store_ = std::make_unique<gloo::rendezvous::RedisStore>(options_.redis_host, options_.redis_port);
+    }
+    prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
+
+    // Our own join barrier first, so a missing rank is named.
+    stage = "announcing this rank in the store";
+    const std::string self_key = "odb_join_" + std::to_string(options_.rank);
+    prefix_store_->set(self_key, std::vector<char>{'1'});
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r == options_.rank) continue;
+      stage = "waiting for rank " + std::to_string(r) + " to join";
+      try {
+        prefix_store_->wait({"odb_join_" + std::to_string(r)}, left());
+      } catch (const std::exception& e) {
+        return absl::DeadlineExceededError(me + "peer rank " + std::to_string(r) +
+                                           " did not reach the rendezvous within " +
+                                           std::to_string(options_.connect_timeout.count()) +
+                                           " ms (is it running, with the same job_id and generation?): " + e.what());
+      }
+    }
+
+    stage = "creating the TCP device";
+    gloo::transport::tcp::attr attr;
+    if (!options_.iface.empty()) {
+      attr.iface = options_.iface;
+    } else if (!options_.hostname.empty()) {
+      attr.hostname = options_.hostname;
+    }
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+
+    stage = "connecting the full mesh";
+    context_ = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.world_size);
+    context_->setTimeout(left());
+    context_->connectFullMesh(*prefix_store_, device);
+    context_->setTimeout(options_.collective_timeout);
+  } catch (const gloo::IoException& e) {
+    context_.reset();
+    return absl::UnavailableError(me + stage + " failed (I/O): " + e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    context_.reset();
+    return absl::UnavailableError(me + stage + " failed (gloo check): " + e.what());
+  } catch (const std::exception& e) {
+    context_.reset();
+    return absl::UnavailableError(me + stage + " failed: " + e.what());
+  }
+
+  // Hello under the connect deadline.
+  const auto collective = options_.collective_timeout;
+  context_->setTimeout(left());
+  absl::Status hello = ExchangeHello(*this, options_.hello);
+  if (context_) context_->setTimeout(collective);
+  if (!hello.ok()) return absl::Status(hello.code(), me + std::string(hello.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
+  if (!broken_.ok()) return broken_;
+  const int world = options_.world_size;
+  const uint64_t op = ops_++;
+  try {
+    std::vector<int64_t> sizes(world, 0);
+    int64_t mine = static_cast<int64_t>(bytes.size());
+    {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(&mine, 1);
+      opts.setOutput(sizes.data(), sizes.size());
+      opts.setTag(next_tag_++);
+      gloo::allgather(opts);
+    }
+    std::vector<size_t> counts(world);
+    size_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      if (sizes[r] < 0) {
+        broken_ = absl::DataLossError("gloo peer group: rank " + std::to_string(r) + " announced a negative size");
+        return broken_;
+      }
+      counts[r] = static_cast<size_t>(sizes[r]);
+      total += counts[r];
+    }
+    std::vector<char> out(total);
+    if (total > 0) {
+      std::string in(bytes);
+      gloo::AllgathervOptions opts(context_);
+      opts.setInput(in.data(), in.size());
+      opts.setOutput(out.data(), counts);
+      opts.setTag(next_tag_++);
+      gloo::allgatherv(opts);
+    }
+    std::vector<std::string> result;
+    result.reserve(world);
+    size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      result.emplace_back(out.data() + off, counts[r]);
+      off += counts[r];
+    }
+    return result;
+  } catch (const gloo::IoException& e) {
+    broken_ = absl::UnavailableError("gloo all-gather #" + std::to_string(op) + " on rank " +
+                                     std::to_string(options_.rank) + " failed: a peer daemon died, hung or is "
+                                     "unreachable (timeout " + std::to_string(options_.collective_timeout.count()) +
+                                     " ms; gloo: " + e.what() + ")");
+  } catch (const gloo::EnforceNotMet& e) {
+    broken_ = absl::InternalError("gloo all-gather #" + std::to_string(op) + " on rank " +
+                                  std::to_string(options_.rank) + " failed a gloo check: " + e.what());
+  } catch (const std::exception& e) {
+    broken_ = absl::UnavailableError("gloo all-gather #" + std::to_string(op) + " on rank " +
+                                     std::to_string(options_.rank) + " failed: " + e.what());
+  }
+  return broken_;
+}
+
+}  // namespace odb::align

@@ -1,0 +1,89 @@
+#ifndef ODB_ALIGN_GLOO_PEER_GROUP_H_
+#define ODB_ALIGN_GLOO_PEER_GROUP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/align/hello.h"
+#include "src/align/peer_group.h"
+
+namespace gloo::rendezvous {
+class Context;
+class Store;
+}  // namespace gloo::rendezvous
+
+namespace odb::align {
+
+struct GlooPeerGroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Keys live under "<job_id>/<generation>" in the store, so a restarted job
+  // (bump generation) never reads a previous run's keys.
+  std::string job_id = "odb";
+  uint64_t generation = 0;
+
+  enum class StoreKind { kFile, kRedis };
+  StoreKind store = StoreKind::kFile;  // default: FileStore (single host, shared dir)
+  std::string file_store_dir;          // must exist; shared by all ranks
+  std::string redis_host = "127.0.0.1";
+  int redis_port = 6379;
+
+  // TCP transport: `iface` (e.g. "eth0", "lo") wins over `hostname`; with
+  // neither, Gloo resolves this host's name.
+  std::string iface;
+  std::string hostname;
+
+  // Rendezvous + full-mesh connect + hello, end to end. Default 60 s.
+  std::chrono::milliseconds connect_timeout{60000};
+  // Each all-gather. Default 30 s.
+  std::chrono::milliseconds collective_timeout{30000};
+
+  // Checked at connect on every rank (see hello.h); empty = only the protocol
+  // version and world size are compared.
+  HelloFields hello;
+};
+
+// PeerGroup over a dedicated Gloo context (TCP transport), never the
+// trainer's NCCL group. Every Gloo exception is caught here and becomes a
+// Status; after the first failure the group stays failed.
+class GlooPeerGroup final : public PeerGroup {
+ public:
+  // Rendezvous, connect and hello. Fails (never hangs) within
+  // connect_timeout when the store is unreachable, a rank does not show up,
+  // or a rank's hello mismatches (the error names the rank and field).
+  static absl::StatusOr<std::unique_ptr<GlooPeerGroup>> Connect(const GlooPeerGroupOptions& options);
+
+  ~GlooPeerGroup() override;
+  GlooPeerGroup(const GlooPeerGroup&) = delete;
+  GlooPeerGroup& operator=(const GlooPeerGroup&) = delete;
+
+  int Rank() const override { return options_.rank; }
+  int Size() const override { return options_.world_size; }
+  // Two collectives: all-gather of the int64 sizes, then gloo::allgatherv.
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override;
+
+  // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
+  std::string Describe() const;
+
+ private:
+  explicit GlooPeerGroup(GlooPeerGroupOptions options);
+  absl::Status ConnectImpl();
+
+  GlooPeerGroupOptions options_;
+  std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::unique_ptr<gloo::rendezvous::Store> prefix_store_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 1;
+  uint64_t ops_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_GLOO_PEER_GROUP_H_

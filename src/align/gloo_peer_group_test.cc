@@ -1,0 +1,334 @@
+// Real Gloo, real TCP on 127.0.0.1: W = 3 ranks as threads in one process.
+#include "src/align/gloo_peer_group.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/align/aligner.h"
+#include "src/align/hello.h"
+#include "src/align/planner.h"
+
+namespace odb::align {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::string TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "odb_gloo_XXXXXX").string();
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
+}
+
+GlooPeerGroupOptions Opts(int rank, int world, const std::string& dir, const std::string& job) {
+  GlooPeerGroupOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.job_id = job;
+  o.file_store_dir = dir;
+  o.hostname = "127.0.0.1";
+  o.connect_timeout = milliseconds(10000);
+  o.collective_timeout = milliseconds(5000);
+  o.hello = AlignmentHelloFields(LocalPlanner(PlannerConfig{}), world);
+  return o;
+}
+
+// Runs fn(rank) on W threads and joins them.
+void OnRanks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+void CheckAllGather(const std::function<GlooPeerGroupOptions(int)>& make) {
+  constexpr int kWorld = 3;
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<std::vector<std::string>>> got(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    auto g = GlooPeerGroup::Connect(make(r));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    for (int round = 0; round < 20; ++round) {
+      // Variable sizes, including an empty contribution.
+      const size_t n = (r == 1 && round % 4 == 0) ? 0 : static_cast<size_t>((r + 1) * 37 * (round + 1));
+      std::string mine(n, static_cast<char>('a' + r));
+      if (!mine.empty()) mine[0] = static_cast<char>(round);
+      auto out = (*g)->AllGather(mine);
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+      got[r].push_back(*out);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO(status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(got[r].size() == 20);
+    for (int round = 0; round < 20; ++round) {
+      REQUIRE(got[r][round].size() == kWorld);
+      for (int p = 0; p < kWorld; ++p) {
+        const size_t n = (p == 1 && round % 4 == 0) ? 0 : static_cast<size_t>((p + 1) * 37 * (round + 1));
+        const std::string& s = got[r][round][p];
+        REQUIRE(s.size() == n);
+        if (n > 0) {
+          REQUIRE(s[0] == static_cast<char>(round));
+          REQUIRE(s.back() == static_cast<char>('a' + p));
+        }
+      }
+    }
+  }
+}
+
+void CheckMismatch(const std::function<GlooPeerGroupOptions(int)>& make) {
+  constexpr int kWorld = 3;
+  std::vector<absl::Status> status(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    GlooPeerGroupOptions o = make(r);
+    if (r == 2) {
+      PlannerConfig cfg;
+      cfg.budget.max_tokens = 8192;
+      o.hello = AlignmentHelloFields(LocalPlanner(cfg), kWorld);
+    }
+    status[r] = GlooPeerGroup::Connect(o).status();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].code() == absl::StatusCode::kFailedPrecondition);
+    const std::string msg(status[r].message());
+    REQUIRE(msg.find("rank 2 has budget.max_tokens=8192 but rank 0 has budget.max_tokens=4096") != std::string::npos);
+  }
+}
+
+TEST_CASE("gloo over FileStore: variable-size all-gather on 3 ranks", "[gloo]") {
+  const std::string dir = TempDir();
+  CheckAllGather([&](int r) { return Opts(r, 3, dir, "allgather"); });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo over FileStore: a config mismatch is refused on every rank", "[gloo]") {
+  const std::string dir = TempDir();
+  CheckMismatch([&](int r) { return Opts(r, 3, dir, "mismatch"); });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo over FileStore: an absent peer fails within the connect timeout", "[gloo]") {
+  const std::string dir = TempDir();
+  std::vector<absl::Status> status(2);
+  std::vector<double> seconds(2);
+  OnRanks(2, [&](int r) {  // rank 2 of 3 never starts
+    GlooPeerGroupOptions o = Opts(r, 3, dir, "absent");
+    o.connect_timeout = milliseconds(1500);
+    const auto t0 = Clock::now();
+    status[r] = GlooPeerGroup::Connect(o).status();
+    seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(status[r].ToString());
+    REQUIRE(status[r].code() == absl::StatusCode::kDeadlineExceeded);
+    REQUIRE(std::string(status[r].message()).find("peer rank 2 did not reach the rendezvous") != std::string::npos);
+    REQUIRE(seconds[r] < 5.0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo over FileStore: a peer that dies mid-run turns into an error on the others", "[gloo]") {
+  const std::string dir = TempDir();
+  std::vector<absl::Status> status(3);
+  std::vector<double> seconds(3);
+  OnRanks(3, [&](int r) {
+    GlooPeerGroupOptions o = Opts(r, 3, dir, "dies");
+    o.collective_timeout = milliseconds(2000);
+    auto g = GlooPeerGroup::Connect(o);
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    REQUIRE((*g)->AllGather("x").ok());
+    if (r == 2) return;  // "dies": its context is destroyed, sockets close
+    const auto t0 = Clock::now();
+    absl::Status s;
+    for (int i = 0; i < 3 && s.ok(); ++i) s = (*g)->AllGather("y").status();
+    status[r] = s;
+    seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+    // A failed group stays failed.
+    REQUIRE_FALSE((*g)->AllGather("z").ok());
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(status[r].ToString());
+    REQUIRE_FALSE(status[r].ok());
+    REQUIRE(seconds[r] < 8.0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo: unreachable stores fail fast with a clear error", "[gloo]") {
+  GlooPeerGroupOptions o = Opts(0, 2, "/nonexistent/odb/rendezvous", "nostore");
+  absl::Status s = GlooPeerGroup::Connect(o).status();
+  REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(std::string(s.message()).find("does not exist") != std::string::npos);
+
+  o.store = GlooPeerGroupOptions::StoreKind::kRedis;
+  o.redis_host = "127.0.0.1";
+  o.redis_port = 1;  // nothing listens on port 1
+  o.connect_timeout = milliseconds(1000);
+  const auto t0 = Clock::now();
+  s = GlooPeerGroup::Connect(o).status();
+  REQUIRE(s.code() == absl::StatusCode::kUnavailable);
+  REQUIRE(std::string(s.message()).find("unreachable") != std::string::npos);
+  REQUIRE(std::chrono::duration<double>(Clock::now() - t0).count() < 3.0);
+}
+
+TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 3;
+  std::vector<std::vector<size_t>> steps_per_round(kWorld);
+  std::vector<size_t> emitted(kWorld, 0);
+  std::vector<absl::Status> status(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    PlannerConfig cfg;
+    cfg.max_wait_rounds = 0;
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "aligner"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    Aligner aligner(g->get(), std::make_unique<LocalPlanner>(cfg));
+    REQUIRE(aligner.StartEpoch(0).ok());
+    std::vector<SampleMeta> pending;
+    for (uint64_t i = 0; i < 20u * (r + 1); ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths.tokens = static_cast<uint32_t>(1 + (i * 97 + r * 13) % 900);
+      pending.push_back(m);
+    }
+    for (int round = 0; round < 1000; ++round) {
+      RoundInput in{0, pending, 4, true};
+      auto res = aligner.RunRound(in);
+      if (!res.ok()) {
+        status[r] = res.status();
+        return;
+      }
+      steps_per_round[r].push_back(res->steps.size());
+      for (const Step& s : res->steps) emitted[r] += s.samples.size();
+      std::erase_if(pending, [&](const SampleMeta& m) {
+        for (const SampleKey& k : res->keep_pending) {
+          if (k.id == m.id) return false;
+        }
+        return true;
+      });
+      if (res->epoch_finished) return;
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO(status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(steps_per_round[r] == steps_per_round[0]);
+    REQUIRE(emitted[r] == 20u * (r + 1));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// ---- RedisStore: the test runs its own redis-server on a free port. ----
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  p += ":/usr/bin:/usr/sbin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    std::filesystem::path candidate = std::filesystem::path(p.substr(start, end - start)) / name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    start = end + 1;
+  }
+  return "";
+}
+
+class RedisServer {
+ public:
+  explicit RedisServer(const std::string& binary) : port_(FreePort()) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string port = std::to_string(port_);
+      execl(binary.c_str(), binary.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Ready when it accepts connections.
+    for (int i = 0; i < 100; ++i) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(port_));
+      const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      close(fd);
+      if (ok) return;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    FAIL("redis-server did not start on port " << port_);
+  }
+  ~RedisServer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+TEST_CASE("gloo over RedisStore: all-gather and mismatch refusal", "[gloo][redis]") {
+  const std::string binary = FindOnPath("redis-server");
+  if (binary.empty()) {
+    WARN("SKIPPED: redis-server is not on PATH (Debian package redis-server); RedisStore not tested");
+    return;
+  }
+  RedisServer server(binary);
+  auto make = [&](int r, const std::string& job) {
+    GlooPeerGroupOptions o = Opts(r, 3, "", job);
+    o.store = GlooPeerGroupOptions::StoreKind::kRedis;
+    o.redis_host = "127.0.0.1";
+    o.redis_port = server.port();
+    return o;
+  };
+  CheckAllGather([&](int r) { return make(r, "redis_allgather"); });
+  CheckMismatch([&](int r) { return make(r, "redis_mismatch"); });
+}
+
+}  // namespace
+}  // namespace odb::align

@@ -1,0 +1,204 @@
+#include "src/align/hello.h"
+
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+namespace odb::align {
+namespace {
+
+constexpr char kMagic[4] = {'O', 'D', 'B', 'H'};
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+struct Hello {
+  uint32_t version = 0;
+  uint32_t rank = 0;
+  uint32_t world = 0;
+  uint64_t fingerprint = 0;
+  HelloFields fields;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& b) : b_(b) {}
+  bool U32(uint32_t& v) {
+    if (b_.size() - pos_ < 4) return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
+    pos_ += 4;
+    return true;
+  }
+  bool U64(uint64_t& v) {
+    uint32_t lo, hi;
+    if (!U32(lo) || !U32(hi)) return false;
+    v = lo | (static_cast<uint64_t>(hi) << 32);
+    return true;
+  }
+  bool Str(std::string& s) {
+    uint32_t n;
+    if (!U32(n) || b_.size() - pos_ < n) return false;
+    s = b_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool Magic() {
+    if (b_.size() < 4 || std::memcmp(b_.data(), kMagic, 4) != 0) return false;
+    pos_ = 4;
+    return true;
+  }
+  bool AtEnd() const { return pos_ == b_.size(); }
+
+ private:
+  const std::string& b_;
+  size_t pos_ = 0;
+};
+
+std::string Str(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+HelloFields AlignmentHelloFields(const Planner& planner, int world_size) {
+  const PlannerConfig& c = planner.config();
+  return {
+      {"planner", planner.Name()},
+      {"world_size", std::to_string(world_size)},
+      {"mode", EpochModeName(c.mode)},
+      {"seed", std::to_string(c.seed)},
+      {"window", std::to_string(c.window)},
+      {"max_wait_rounds", std::to_string(c.max_wait_rounds)},
+      {"budget.model", c.budget.model == grouping::CostModel::kPadded ? "padded" : "packed"},
+      {"budget.max_tokens", std::to_string(c.budget.max_tokens)},
+      {"budget.quadratic_q", Str(c.budget.quadratic_q)},
+      {"budget.max_group_size", std::to_string(c.budget.max_group_size)},
+      {"budget.max_vision_patches", std::to_string(c.budget.max_vision_patches)},
+      {"budget.max_audio_frames", std::to_string(c.budget.max_audio_frames)},
+      {"step_model.per_step", Str(c.step_model.per_step)},
+      {"step_model.per_padded_token", Str(c.step_model.per_padded_token)},
+      {"step_model.per_len_sq", Str(c.step_model.per_len_sq)},
+  };
+}
+
+uint64_t HelloFingerprint(const HelloFields& fields) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;  // separator
+  };
+  for (const auto& [k, v] : fields) {
+    mix(k);
+    mix(v);
+  }
+  return h;
+}
+
+std::string EncodeHello(int rank, int world_size, const HelloFields& fields) {
+  std::string out(kMagic, 4);
+  PutU32(out, kAlignProtocolVersion);
+  PutU32(out, static_cast<uint32_t>(rank));
+  PutU32(out, static_cast<uint32_t>(world_size));
+  PutU64(out, HelloFingerprint(fields));
+  PutU32(out, static_cast<uint32_t>(fields.size()));
+  for (const auto& [k, v] : fields) {
+    PutU32(out, static_cast<uint32_t>(k.size()));
+    out += k;
+    PutU32(out, static_cast<uint32_t>(v.size()));
+    out += v;
+  }
+  return out;
+}
+
+absl::Status CheckHellos(const std::vector<std::string>& hellos) {
+  std::vector<std::optional<Hello>> parsed(hellos.size());
+  std::string problems;
+  auto add = [&problems](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+  for (size_t r = 0; r < hellos.size(); ++r) {
+    Reader rd(hellos[r]);
+    Hello h;
+    if (!rd.Magic()) {
+      add("rank " + std::to_string(r) + " sent no odb hello (wrong program on that port?)");
+      continue;
+    }
+    if (!rd.U32(h.version)) {
+      add("rank " + std::to_string(r) + " sent a truncated hello");
+      continue;
+    }
+    if (h.version != kAlignProtocolVersion) {
+      add("rank " + std::to_string(r) + " speaks alignment protocol " + std::to_string(h.version) +
+          ", expected " + std::to_string(kAlignProtocolVersion));
+      continue;
+    }
+    uint32_t n = 0;
+    bool ok = rd.U32(h.rank) && rd.U32(h.world) && rd.U64(h.fingerprint) && rd.U32(n);
+    for (uint32_t i = 0; ok && i < n; ++i) {
+      std::string k, v;
+      ok = rd.Str(k) && rd.Str(v);
+      h.fields.emplace_back(std::move(k), std::move(v));
+    }
+    if (!ok || !rd.AtEnd()) {
+      add("rank " + std::to_string(r) + " sent a malformed hello");
+      continue;
+    }
+    if (h.rank != r) add("slot " + std::to_string(r) + " holds a hello from rank " + std::to_string(h.rank));
+    if (h.world != hellos.size()) {
+      add("rank " + std::to_string(r) + " has world_size=" + std::to_string(h.world) + " but " +
+          std::to_string(hellos.size()) + " ranks joined");
+    }
+    parsed[r] = std::move(h);
+  }
+  if (!parsed.empty() && parsed[0]) {
+    const Hello& ref = *parsed[0];
+    for (size_t r = 1; r < parsed.size(); ++r) {
+      if (!parsed[r] || parsed[r]->fingerprint == ref.fingerprint) continue;
+      const Hello& h = *parsed[r];
+      bool named = false;
+      for (const auto& [k, v] : h.fields) {
+        std::optional<std::string> refv;
+        for (const auto& [rk, rv] : ref.fields) {
+          if (rk == k) refv = rv;
+        }
+        if (!refv) {
+          add("rank " + std::to_string(r) + " has field " + k + "=" + v + " that rank 0 lacks");
+          named = true;
+        } else if (*refv != v) {
+          add("rank " + std::to_string(r) + " has " + k + "=" + v + " but rank 0 has " + k + "=" + *refv);
+          named = true;
+        }
+      }
+      for (const auto& [rk, rv] : ref.fields) {
+        bool found = false;
+        for (const auto& kv : h.fields) found = found || kv.first == rk;
+        if (!found) {
+          add("rank " + std::to_string(r) + " lacks field " + rk + " (rank 0 has " + rk + "=" + rv + ")");
+          named = true;
+        }
+      }
+      if (!named) add("rank " + std::to_string(r) + " has a different field order than rank 0");
+    }
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError("alignment config mismatch between daemons (fix the config so all ranks "
+                                       "agree): " + problems);
+}
+
+absl::Status ExchangeHello(PeerGroup& peers, const HelloFields& fields) {
+  auto gathered = peers.AllGather(EncodeHello(peers.Rank(), peers.Size(), fields));
+  if (!gathered.ok()) return gathered.status();
+  absl::Status s = CheckHellos(*gathered);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError("rank " + std::to_string(peers.Rank()) + ": " + std::string(s.message()));
+  }
+  return s;
+}
+
+}  // namespace odb::align

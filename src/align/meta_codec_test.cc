@@ -1,0 +1,95 @@
+#include "src/align/meta_codec.h"
+
+#include <catch2/catch.hpp>
+
+namespace odb::align {
+namespace {
+
+RankRoundMessage Sample() {
+  RankRoundMessage msg;
+  msg.epoch = 7;
+  msg.round = 123456;
+  msg.rank = 5;
+  msg.data.free_slots = 3;
+  msg.data.stream_finished = true;
+  msg.data.wait_rounds = 2;
+  for (uint64_t id : {10ull, 3ull, 1ull << 40, 11ull}) {
+    SampleMeta m;
+    m.id = id;
+    m.owner_rank = 5;
+    m.lengths = {static_cast<uint32_t>(id % 1000 + 1), 7, 0};
+    m.payload_bytes = 4096;
+    msg.data.pending.push_back(m);
+  }
+  return msg;
+}
+
+TEST_CASE("round trip keeps every field and the order", "[codec]") {
+  const RankRoundMessage msg = Sample();
+  const std::string bytes = EncodeRankRound(msg);
+  auto got = DecodeRankRound(bytes);
+  REQUIRE(got.ok());
+  REQUIRE(got->epoch == 7);
+  REQUIRE(got->round == 123456);
+  REQUIRE(got->rank == 5);
+  REQUIRE(got->data.free_slots == 3);
+  REQUIRE(got->data.stream_finished);
+  REQUIRE_FALSE(got->data.wait_expired);
+  REQUIRE(got->data.wait_rounds == 2);
+  REQUIRE(got->data.pending.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    REQUIRE(got->data.pending[i].id == msg.data.pending[i].id);
+    REQUIRE(got->data.pending[i].owner_rank == 5);
+    REQUIRE(got->data.pending[i].lengths.tokens == msg.data.pending[i].lengths.tokens);
+    REQUIRE(got->data.pending[i].lengths.vision_patches == 7);
+    REQUIRE(got->data.pending[i].payload_bytes == 4096);
+  }
+}
+
+TEST_CASE("compact: a few bytes per sample", "[codec]") {
+  RankRoundMessage msg;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    SampleMeta m;
+    m.id = 5000 + i;
+    m.lengths.tokens = 100 + static_cast<uint32_t>(i % 4000);
+    m.payload_bytes = 2 * m.lengths.tokens;
+    msg.data.pending.push_back(m);
+  }
+  REQUIRE(EncodeRankRound(msg).size() < 1000 * 9);
+}
+
+TEST_CASE("decode rejects corrupt input with a specific error", "[codec]") {
+  const std::string good = EncodeRankRound(Sample());
+  SECTION("version") {
+    std::string b = good;
+    b[0] = 9;
+    auto s = DecodeRankRound(b).status();
+    REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE(std::string(s.message()).find("version 9") != std::string::npos);
+  }
+  SECTION("every truncation") {
+    for (size_t n = 0; n < good.size(); ++n) REQUIRE_FALSE(DecodeRankRound(good.substr(0, n)).ok());
+  }
+  SECTION("trailing bytes") { REQUIRE_FALSE(DecodeRankRound(good + "x").ok()); }
+  SECTION("length 0") {
+    RankRoundMessage msg = Sample();
+    msg.data.pending[1].lengths.tokens = 0;
+    auto s = DecodeRankRound(EncodeRankRound(msg)).status();
+    REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(s.message()).find("sample id 3") != std::string::npos);
+  }
+  SECTION("duplicate ids") {
+    RankRoundMessage msg = Sample();
+    msg.data.pending[3].id = 10;
+    auto s = DecodeRankRound(EncodeRankRound(msg)).status();
+    REQUIRE(std::string(s.message()).find("duplicate sample id 10") != std::string::npos);
+  }
+  SECTION("absurd count") {
+    std::string b = good.substr(0, 9);  // version + header, then a huge count
+    b += std::string("\xff\xff\xff\xff\x0f", 5);
+    REQUIRE_FALSE(DecodeRankRound(b).ok());
+  }
+}
+
+}  // namespace
+}  // namespace odb::align

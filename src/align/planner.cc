@@ -1,0 +1,281 @@
+#include "src/align/planner.h"
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+
+#include "src/grouping/grouper.h"
+
+namespace odb::align {
+
+const char* EpochModeName(EpochMode mode) {
+  switch (mode) {
+    case EpochMode::kJoin:
+      return "join";
+    case EpochMode::kNonJoin:
+      return "non_join";
+  }
+  return "unknown";
+}
+
+uint64_t MixSeed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void AssignLossWeights(RoundPlan& plan) {
+  const size_t world = plan.ranks.size();
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    uint64_t total = 0;
+    for (const RankPlan& rp : plan.ranks) total += rp.steps[k].real_tokens;
+    for (RankPlan& rp : plan.ranks) {
+      PlannedStep& s = rp.steps[k];
+      s.loss_weight = (total == 0 || s.idle)
+                          ? 0.0
+                          : static_cast<double>(world) * static_cast<double>(s.real_tokens) /
+                                static_cast<double>(total);
+    }
+  }
+}
+
+namespace {
+
+// A group under construction: indices into the rank's window.
+struct WorkGroup {
+  std::vector<size_t> members;
+  bool over_budget = false;
+};
+
+uint64_t PaddedOf(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
+                  const std::vector<size_t>& members) {
+  std::vector<SampleLengths> lens;
+  lens.reserve(members.size());
+  for (size_t i : members) lens.push_back(window[i].lengths);
+  return grouping::PaddedTokens(cfg.budget.model, lens);
+}
+
+// Smallest key of a group: a total tie-break so sorting never depends on the
+// library's handling of equal elements.
+SampleKey MinKey(const std::vector<SampleMeta>& window, const std::vector<size_t>& members) {
+  SampleKey best{std::numeric_limits<int32_t>::max(), std::numeric_limits<uint64_t>::max()};
+  for (size_t i : members) best = std::min(best, KeyOf(window[i]));
+  return best;
+}
+
+// Orders groups "most worth emitting first": more samples, then more padded
+// tokens (fuller), then smallest key.
+void SortByFill(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
+                std::vector<WorkGroup>& groups) {
+  struct Keyed {
+    size_t n;
+    uint64_t padded;
+    SampleKey key;
+    WorkGroup g;
+  };
+  std::vector<Keyed> keyed;
+  keyed.reserve(groups.size());
+  for (auto& g : groups) {
+    keyed.push_back({g.members.size(), PaddedOf(cfg, window, g.members), MinKey(window, g.members),
+                     std::move(g)});
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    if (a.n != b.n) return a.n > b.n;
+    if (a.padded != b.padded) return a.padded > b.padded;
+    return a.key < b.key;
+  });
+  groups.clear();
+  for (auto& k : keyed) groups.push_back(std::move(k.g));
+}
+
+// Splits the largest group in two (shorter half / longer half, which keeps
+// the budget: any subset of a fitting group fits). Precondition: some group
+// has >= 2 members.
+void SplitLargest(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
+                  std::vector<WorkGroup>& groups) {
+  size_t best = groups.size();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].members.size() < 2) continue;
+    if (best == groups.size()) {
+      best = i;
+      continue;
+    }
+    const auto& a = groups[i].members;
+    const auto& b = groups[best].members;
+    if (a.size() != b.size()) {
+      if (a.size() > b.size()) best = i;
+      continue;
+    }
+    const uint64_t pa = PaddedOf(cfg, window, a), pb = PaddedOf(cfg, window, b);
+    if (pa != pb) {
+      if (pa > pb) best = i;
+      continue;
+    }
+    if (MinKey(window, a) < MinKey(window, b)) best = i;
+  }
+  assert(best < groups.size() && "SplitLargest needs a group of >= 2 samples");
+  std::vector<size_t> m = std::move(groups[best].members);
+  std::sort(m.begin(), m.end(), [&](size_t x, size_t y) {
+    const uint32_t lx = window[x].lengths.tokens, ly = window[y].lengths.tokens;
+    if (lx != ly) return lx < ly;
+    return KeyOf(window[x]) < KeyOf(window[y]);
+  });
+  const size_t half = m.size() / 2;
+  groups[best].members.assign(m.begin(), m.begin() + half);
+  groups[best].over_budget = false;
+  groups.push_back(WorkGroup{std::vector<size_t>(m.begin() + half, m.end()), false});
+}
+
+PlannedStep MakeStep(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
+                     const WorkGroup& g) {
+  PlannedStep s;
+  s.idle = false;
+  s.over_budget = g.over_budget;
+  s.samples.reserve(g.members.size());
+  for (size_t i : g.members) {
+    s.samples.push_back(window[i]);
+    s.real_tokens += window[i].lengths.tokens;
+  }
+  s.padded_tokens = PaddedOf(cfg, window, g.members);
+  return s;
+}
+
+void KeepEverything(const RoundState& state, RoundPlan& plan) {
+  for (size_t r = 0; r < state.ranks.size(); ++r) {
+    for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].keep_pending.push_back(KeyOf(m));
+  }
+}
+
+}  // namespace
+
+RoundPlan LocalPlanner::Plan(const RoundState& state) const {
+  const size_t world = state.ranks.size();
+  RoundPlan plan;
+  plan.ranks.resize(world);
+
+  // End of epoch.
+  size_t drained_count = 0;
+  int first_drained = -1;
+  for (size_t r = 0; r < world; ++r) {
+    const RankRound& rr = state.ranks[r];
+    if (rr.stream_finished && rr.pending.empty()) {
+      ++drained_count;
+      if (first_drained < 0) first_drained = static_cast<int>(r);
+    }
+  }
+  if (config_.mode == EpochMode::kNonJoin && drained_count > 0) {
+    plan.epoch_finished = true;
+    plan.reason = "non-join closure: rank " + std::to_string(first_drained) +
+                  " finished its stream and holds nothing";
+    for (size_t r = 0; r < world; ++r) {
+      for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].not_emitted.push_back(KeyOf(m));
+    }
+    return plan;
+  }
+  if (drained_count == world) {
+    plan.epoch_finished = true;
+    plan.reason = "join: every rank finished and nothing is pending";
+    return plan;
+  }
+
+  // Bounded wait: a rank with a thin window and an open stream may hold the
+  // round back, at most max_wait_rounds consecutive rounds.
+  const size_t window_cap = config_.window == 0 ? std::numeric_limits<size_t>::max() : config_.window;
+  for (size_t r = 0; r < world; ++r) {
+    const RankRound& rr = state.ranks[r];
+    const bool asks = config_.max_wait_rounds > 0 && !rr.stream_finished &&
+                      rr.pending.size() < window_cap && rr.wait_rounds < config_.max_wait_rounds &&
+                      !rr.wait_expired;
+    if (asks) {
+      plan.ranks[r].waited = true;
+      plan.waiting = true;
+    }
+  }
+  if (plan.waiting) {
+    plan.reason = "waiting for samples:";
+    for (size_t r = 0; r < world; ++r) {
+      if (plan.ranks[r].waited) plan.reason += " rank " + std::to_string(r);
+    }
+    KeepEverything(state, plan);
+    return plan;
+  }
+
+  uint32_t min_free = std::numeric_limits<uint32_t>::max();
+  size_t min_free_rank = 0;
+  for (size_t r = 0; r < world; ++r) {
+    if (state.ranks[r].free_slots < min_free) {
+      min_free = state.ranks[r].free_slots;
+      min_free_rank = r;
+    }
+  }
+  if (min_free == 0) {
+    plan.reason = "rank " + std::to_string(min_free_rank) + " has no free output slot";
+    KeepEverything(state, plan);
+    return plan;
+  }
+
+  // Local grouping on each rank's window.
+  std::vector<std::vector<SampleMeta>> windows(world);
+  std::vector<std::vector<WorkGroup>> groups(world);
+  size_t max_groups = 0, min_samples = std::numeric_limits<size_t>::max();
+  for (size_t r = 0; r < world; ++r) {
+    const auto& pending = state.ranks[r].pending;
+    const size_t n = std::min(pending.size(), window_cap);
+    windows[r].assign(pending.begin(), pending.begin() + n);
+    if (n == 0) continue;
+    std::vector<SampleLengths> lens;
+    lens.reserve(n);
+    for (const SampleMeta& m : windows[r]) {
+      assert(m.lengths.tokens > 0 && "length-0 samples must be rejected before alignment");
+      lens.push_back(m.lengths);
+    }
+    for (grouping::Group& g : grouping::FormGroups(lens, config_.budget, config_.step_model)) {
+      groups[r].push_back(WorkGroup{std::move(g.members), g.over_budget});
+    }
+    max_groups = std::max(max_groups, groups[r].size());
+    min_samples = std::min(min_samples, n);
+  }
+  if (max_groups == 0) {
+    plan.reason = "no rank has pending samples";
+    KeepEverything(state, plan);
+    return plan;
+  }
+  const size_t t = std::min<size_t>({min_free, max_groups, min_samples});
+  plan.num_steps = static_cast<uint32_t>(t);
+  plan.reason = "T=min(free=" + std::to_string(min_free) + ", max groups=" + std::to_string(max_groups) +
+                ", min samples=" + std::to_string(min_samples) + ")";
+
+  for (size_t r = 0; r < world; ++r) {
+    RankPlan& rp = plan.ranks[r];
+    const auto& window = windows[r];
+    auto& gs = groups[r];
+    std::vector<bool> emitted(window.size(), false);
+    if (gs.size() > t) {
+      SortByFill(config_, window, gs);
+      gs.resize(t);
+    }
+    while (!gs.empty() && gs.size() < t) SplitLargest(config_, window, gs);
+    std::vector<grouping::Group> order;
+    order.reserve(gs.size());
+    for (auto& g : gs) order.push_back(grouping::Group{std::move(g.members), g.over_budget});
+    grouping::ShuffleGroups(order, MixSeed(MixSeed(config_.seed, state.epoch), MixSeed(state.round, r)));
+    for (const grouping::Group& g : order) {
+      rp.steps.push_back(MakeStep(config_, window, WorkGroup{g.members, g.over_budget}));
+      for (size_t i : g.members) emitted[i] = true;
+    }
+    rp.steps.resize(t);  // IDLE fill (default PlannedStep is idle)
+    for (size_t i = 0; i < window.size(); ++i) {
+      if (!emitted[i]) rp.keep_pending.push_back(KeyOf(window[i]));
+    }
+    const auto& pending = state.ranks[r].pending;
+    for (size_t i = window.size(); i < pending.size(); ++i) rp.keep_pending.push_back(KeyOf(pending[i]));
+  }
+  AssignLossWeights(plan);
+  return plan;
+}
+
+}  // namespace odb::align

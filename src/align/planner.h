@@ -1,0 +1,155 @@
+#ifndef ODB_ALIGN_PLANNER_H_
+#define ODB_ALIGN_PLANNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/sample.h"
+#include "src/grouping/budget.h"
+
+namespace odb::align {
+
+// A sample's identity across the job: ids are unique per owner, not globally.
+struct SampleKey {
+  int32_t owner_rank = 0;
+  uint64_t id = 0;
+
+  friend bool operator==(const SampleKey&, const SampleKey&) = default;
+  friend auto operator<=>(const SampleKey&, const SampleKey&) = default;
+};
+
+inline SampleKey KeyOf(const SampleMeta& m) { return SampleKey{m.owner_rank, m.id}; }
+
+// How an epoch ends (docs/alignment.md, "End of epoch").
+enum class EpochMode : uint8_t {
+  // Identity coverage: every sample received in the epoch is emitted exactly
+  // once; the epoch ends when every rank's stream finished and nothing is
+  // pending anywhere.
+  kJoin = 0,
+  // Shortest-rank closure: the epoch ends at the first round in which some
+  // rank's stream has finished and that rank holds nothing; everything still
+  // pending elsewhere is reported as not emitted.
+  kNonJoin = 1,
+};
+
+const char* EpochModeName(EpochMode mode);
+
+// What every rank contributes to a round; the planner sees all W of them.
+struct RankRound {
+  // Samples this rank holds for the epoch that were never emitted, in the
+  // daemon's stable order (arrival order). ALL of them, not a window: the
+  // planner needs the full set for Join coverage and the Non-Join report.
+  // Every entry has owner_rank == this rank and tokens > 0.
+  std::vector<SampleMeta> pending;
+  // Steps this rank's emitter can still accept (credit window minus queued).
+  uint32_t free_slots = 0;
+  // No sample of this epoch will arrive at this rank after this round.
+  bool stream_finished = false;
+  // Consecutive previous rounds of this epoch that were waiting rounds (kept
+  // by every rank's Aligner; the same on all ranks). A rank stops asking to
+  // wait once it reaches max_wait_rounds, which bounds any run of waiting
+  // rounds to max_wait_rounds.
+  uint32_t wait_rounds = 0;
+  // The rank's wall-clock wait bound has passed: it no longer asks to wait.
+  bool wait_expired = false;
+};
+
+// Everything a planner decides from: identical on every rank after the
+// all-gather, so every rank computes the identical plan.
+struct RoundState {
+  uint32_t epoch = 0;
+  uint64_t round = 0;       // 0-based round within the epoch
+  uint64_t first_step = 0;  // epoch step index of this round's first step
+  std::vector<RankRound> ranks;  // index = rank
+};
+
+// One step of one rank.
+struct PlannedStep {
+  bool idle = true;                  // no samples; the trainer runs a zero-weight step
+  std::vector<SampleMeta> samples;   // empty iff idle; owner_rank may differ from the rank
+  uint64_t real_tokens = 0;          // sum of token lengths
+  uint64_t padded_tokens = 0;        // what the trainer computes on (cost model)
+  double loss_weight = 0.0;          // W * real_tokens / (all ranks' real_tokens at this step)
+  bool over_budget = false;          // a lone sample that fits no budget
+};
+
+struct RankPlan {
+  std::vector<PlannedStep> steps;  // exactly RoundPlan::num_steps entries
+  // Samples owned by this rank that stay pending (offered again next round).
+  std::vector<SampleKey> keep_pending;
+  // Non-Join closing round only: samples owned by this rank that the epoch
+  // will never emit.
+  std::vector<SampleKey> not_emitted;
+  // This rank asked the round to wait (for more samples) and was granted it.
+  bool waited = false;
+};
+
+struct RoundPlan {
+  uint32_t num_steps = 0;       // T: identical for all ranks by construction
+  bool epoch_finished = false;  // the epoch ends with this round (after its steps)
+  bool waiting = false;         // T = 0 because at least one rank waits
+  std::string reason;           // why T has its value, for logs
+  std::vector<RankPlan> ranks;  // index = rank
+};
+
+// Knobs that change the plan; every rank must use the same values (they are
+// part of the connect-time fingerprint, see hello.h).
+struct PlannerConfig {
+  grouping::Budget budget;
+  grouping::StepTimeModel step_model;
+  EpochMode mode = EpochMode::kJoin;
+  // Shared seed of the group-order shuffle; mixed with epoch, round and rank.
+  uint64_t seed = 0;
+  // Most pending samples of one rank grouped per round (the first `window` in
+  // pending order). Also the wait threshold: a rank with fewer pending
+  // samples and an unfinished stream may ask the round to wait.
+  uint32_t window = 256;
+  // Consecutive rounds a rank may hold a round back by waiting; 0 = never wait.
+  uint32_t max_wait_rounds = 2;
+};
+
+// The contract of a plan, independent of how it was made: `Plan` is a pure
+// function of (config, state) — the same on every rank, no clock, no
+// randomness beyond the seeded shuffle. Implementations: LocalPlanner (each
+// rank groups its own samples); a later global planner (cross-rank grouping,
+// OrchMLLM post-balancing) emits steps whose samples have other owners and
+// plugs in behind the same interface.
+class Planner {
+ public:
+  virtual ~Planner() = default;
+  virtual RoundPlan Plan(const RoundState& state) const = 0;
+  virtual const PlannerConfig& config() const = 0;
+  virtual std::string Name() const = 0;
+};
+
+// Local grouping (FormGroups on each rank's own window) then alignment:
+//   T = 0 when some rank waits or some rank has no free slot; else
+//   T = min(min_r free_r, max_r G_r, min_{r: N_r>0} N_r), where N_r is the
+//   rank's window size and G_r its group count. Ranks with G_r > T hold back
+//   their least-filled groups; ranks with G_r < T split their largest groups
+//   (each split adds one step and keeps the budget); ranks with N_r = 0 get
+//   IDLE steps. See docs/alignment.md for the proofs.
+class LocalPlanner final : public Planner {
+ public:
+  explicit LocalPlanner(PlannerConfig config) : config_(std::move(config)) {}
+  RoundPlan Plan(const RoundState& state) const override;
+  const PlannerConfig& config() const override { return config_; }
+  std::string Name() const override { return "local"; }
+
+ private:
+  PlannerConfig config_;
+};
+
+// Fills loss weights of a plan from its real token counts: for every step k,
+// w_r = W * t_r / sum_r t_r (0 for IDLE). Shared by every planner.
+void AssignLossWeights(RoundPlan& plan);
+
+// Deterministic 64-bit mix (splitmix64) used for shuffle seeds.
+uint64_t MixSeed(uint64_t a, uint64_t b);
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_PLANNER_H_
