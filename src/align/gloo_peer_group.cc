@@ -181,6 +181,39 @@ absl::Status GlooPeerGroup::ConnectImpl() {
   return absl::OkStatus();
 }
 
+std::string GlooPeerGroup::LostPeersText() {
+  // Gloo names addresses, not ranks. Every survivor leaves a mark in the store
+  // and then drops its connections, so peers still blocked on it fail at once
+  // and leave theirs; a rank that leaves no mark within the window is lost.
+  const auto mark = [](int r) { return "odb_failed_" + std::to_string(r); };
+  try {
+    prefix_store_->set(mark(options_.rank), std::vector<char>{'1'});
+  } catch (const std::exception&) {
+    return "a peer daemon died, hung or is unreachable (the store is unreachable too)";
+  }
+  context_.reset();
+  const auto window = std::min<std::chrono::milliseconds>(options_.collective_timeout,
+                                                          std::chrono::milliseconds(3000));
+  const auto deadline = std::chrono::steady_clock::now() + window;
+  std::vector<int> missing;
+  do {
+    missing.clear();
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r == options_.rank) continue;
+      try {
+        prefix_store_->wait({mark(r)}, std::chrono::milliseconds(20));
+      } catch (const std::exception&) {
+        missing.push_back(r);
+      }
+    }
+  } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
+  if (missing.empty()) return "every peer reported a failure too (a network problem, not a dead daemon)";
+  std::string ranks;
+  for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return "lost peer rank " + ranks + " (its daemon died or hangs: it left no failure report within " +
+         std::to_string(window.count()) + " ms)";
+}
+
 absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
   if (!broken_.ok()) return broken_;
   const int world = options_.world_size;
@@ -224,8 +257,8 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     return result;
   } catch (const gloo::IoException& e) {
     broken_ = absl::UnavailableError("gloo all-gather #" + std::to_string(op) + " on rank " +
-                                     std::to_string(options_.rank) + " failed: a peer daemon died, hung or is "
-                                     "unreachable (timeout " + std::to_string(options_.collective_timeout.count()) +
+                                     std::to_string(options_.rank) + " failed: " + LostPeersText() +
+                                     " (timeout " + std::to_string(options_.collective_timeout.count()) +
                                      " ms; gloo: " + e.what() + ")");
   } catch (const gloo::EnforceNotMet& e) {
     broken_ = absl::InternalError("gloo all-gather #" + std::to_string(op) + " on rank " +

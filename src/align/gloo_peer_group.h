@@ -74,6 +74,8 @@ class GlooPeerGroup final : public PeerGroup {
  private:
   explicit GlooPeerGroup(GlooPeerGroupOptions options);
   absl::Status ConnectImpl();
+  // After a failed collective: which peers are gone, as text for the error.
+  std::string LostPeersText();
 
   GlooPeerGroupOptions options_;
   std::unique_ptr<gloo::rendezvous::Store> store_;

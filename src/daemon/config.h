@@ -83,9 +83,13 @@ struct DaemonConfig {
   uint32_t outstanding_depth = 4;  // D: steps sent ahead of the trainer's consumption
   // Producers an epoch waits for (the trainer's StartEpoch may override it).
   uint32_t expected_producers = 1;
-  // A producer that said hello and then sends nothing for this long while its
-  // stream is open is reported dead (0 = never).
-  uint32_t producer_timeout_ms = 0;
+  // While an epoch's input is incomplete and the buffer has room, no message
+  // from any producer for this long is a fatal PRODUCER_TIMEOUT naming the
+  // producers whose streams are still open (0 = never).
+  uint32_t producer_timeout_ms = 600000;
+  // The trainer disconnecting mid-epoch and not coming back within this long
+  // is fatal: the daemon exits so its peers learn it (0 = never).
+  uint32_t trainer_timeout_ms = 30000;
 
   // --- collation
   collate::CollateOptions collate;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
@@ -15,6 +16,7 @@ namespace odb {
 namespace {
 
 constexpr char kWakeEndpoint[] = "inproc://odb-planner-wake";
+constexpr char kMonitorEndpoint[] = "inproc://odb-trainer-monitor";
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
 // Makes the directory of an ipc:// endpoint so bind() does not fail on a fresh machine.
@@ -37,6 +39,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
       context_(1),
       trainer_(context_, zmq::socket_type::dealer),
       wake_rx_(context_, zmq::socket_type::pull),
+      monitor_(context_, zmq::socket_type::pair),
       buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
       expected_producers_(config_.expected_producers) {}
 
@@ -64,6 +67,13 @@ absl::Status Daemon::Bind() {
     bound_trainer_ = LastEndpoint(trainer_);
     wake_rx_.set(zmq::sockopt::linger, 0);
     wake_rx_.bind(kWakeEndpoint);
+    // Trainer liveness: ZMQ reports when the trainer's connection comes and goes.
+    if (zmq_socket_monitor(trainer_.handle(), kMonitorEndpoint,
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      return absl::InternalError("cannot monitor the trainer socket");
+    }
+    monitor_.set(zmq::sockopt::linger, 0);
+    monitor_.connect(kMonitorEndpoint);
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(std::string("cannot bind a socket (") + e.what() +
                                   "); is another odbd using the same endpoint or run_dir?");
@@ -85,10 +95,12 @@ absl::Status Daemon::Run() {
     items.clear();
     items.push_back({static_cast<void*>(trainer_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0});
+    items.push_back({static_cast<void*>(monitor_), 0, ZMQ_POLLIN, 0});
     if (!buffer_full) {
       for (auto& socket : ingest_) items.push_back({static_cast<void*>(socket), 0, ZMQ_POLLIN, 0});
     } else {
       metrics_.buffer_full_stalls.fetch_add(1);
+      last_ingest_ = std::chrono::steady_clock::now();  // silence under back-pressure is not death
     }
     try {
       zmq::poll(items.data(), items.size(), kPollInterval);
@@ -98,10 +110,12 @@ absl::Status Daemon::Run() {
         while (wake_rx_.recv(drain, zmq::recv_flags::dontwait)) {
         }
       }
-      for (size_t i = 2; i < items.size(); ++i) {
-        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 2]);
+      if (items[2].revents & ZMQ_POLLIN) HandleMonitor();
+      for (size_t i = 3; i < items.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 3]);
       }
       FlushOutput();
+      CheckTimeouts();
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       stop_.store(true);
@@ -131,6 +145,7 @@ void Daemon::HandleIngest(zmq::socket_t& socket) {
     std::vector<zmq::message_t> parts;
     zmq::message_t part;
     if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
+    last_ingest_ = std::chrono::steady_clock::now();
     parts.push_back(std::move(part));
     while (parts.back().more()) {
       zmq::message_t next;
@@ -248,6 +263,7 @@ void Daemon::HandleTrainer() {
         trainer_seen_ = true;
         credits_ = config_.outstanding_depth;
       }
+      last_ingest_ = std::chrono::steady_clock::now();  // producer silence counts from here
       std::lock_guard<std::mutex> lock(mu_);
       const uint32_t epoch = msg.start_epoch().epoch();
       if (msg.start_epoch().expected_producers() > 0) {
@@ -266,6 +282,65 @@ void Daemon::HandleTrainer() {
   }
 }
 
+void Daemon::HandleMonitor() {
+  while (true) {
+    zmq::message_t event, address;
+    if (!monitor_.recv(event, zmq::recv_flags::dontwait)) return;
+    if (event.more()) (void)monitor_.recv(address);
+    uint16_t id = 0;
+    std::memcpy(&id, event.data(), sizeof(id));
+    if (id == ZMQ_EVENT_ACCEPTED) {
+      ++trainer_connections_;
+      trainer_lost_since_.reset();
+    } else if (id == ZMQ_EVENT_DISCONNECTED) {
+      trainer_connections_ = std::max(0, trainer_connections_ - 1);
+      if (trainer_connections_ == 0) trainer_lost_since_ = std::chrono::steady_clock::now();
+      spdlog::info("trainer disconnected");
+    }
+  }
+}
+
+void Daemon::CheckTimeouts() {
+  const auto now = std::chrono::steady_clock::now();
+  bool epoch_open;
+  std::vector<std::string> open_producers;
+  bool waiting_for_input = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_open = current_epoch_.has_value() || !requested_epochs_.empty();
+    if (current_epoch_ && !tracker_.StreamFinished(*current_epoch_, expected_producers_)) {
+      waiting_for_input = true;
+      open_producers = tracker_.OpenProducers(*current_epoch_);
+    }
+  }
+  if (config_.trainer_timeout_ms > 0 && trainer_lost_since_ && epoch_open &&
+      now - *trainer_lost_since_ > std::chrono::milliseconds(config_.trainer_timeout_ms)) {
+    Fail(wire::INTERNAL, "the trainer disconnected mid-epoch and did not come back within " +
+                             std::to_string(config_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms)");
+    return;
+  }
+  if (config_.producer_timeout_ms > 0 && waiting_for_input &&
+      now - last_ingest_ > std::chrono::milliseconds(config_.producer_timeout_ms)) {
+    std::string names;
+    for (const auto& p : open_producers) names += (names.empty() ? "" : ", ") + p;
+    Fail(wire::PRODUCER_TIMEOUT,
+         "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
+             " ms while the epoch's input is incomplete (streams still open: " +
+             (names.empty() ? std::string("none connected yet") : names) +
+             "); a data worker probably died (emit.producer_timeout_ms)");
+  }
+}
+
+void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
+  spdlog::error("rank {}: {}", config_.rank, message);
+  QueueFatal(code, message);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fatal_status_.ok()) fatal_status_ = absl::UnavailableError(message);
+  }
+  failed_.store(true);
+}
+
 void Daemon::FlushOutput() {
   while (true) {
     OutMessage message;
@@ -277,13 +352,21 @@ void Daemon::FlushOutput() {
       out_.pop_front();
       if (message.is_step) --queued_steps_;
     }
-    if (message.is_step) --credits_;
     const size_t n = message.parts.size();
-    for (size_t i = 0; i < n; ++i) {
-      auto flags = i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none;
-      // Blocking send: credits bound what is in flight, so this does not stall.
-      (void)trainer_.send(message.parts[i], flags);
+    // The first frame goes non-blocking: with no trainer connected, DEALER
+    // would block, and the loop must keep polling (liveness, SIGTERM). Once
+    // the first frame is accepted ZMQ takes the rest of the message atomically.
+    auto first = n > 1 ? zmq::send_flags::sndmore | zmq::send_flags::dontwait : zmq::send_flags::dontwait;
+    if (!trainer_.send(message.parts[0], first)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (message.is_step) ++queued_steps_;
+      out_.push_front(std::move(message));
+      return;
     }
+    for (size_t i = 1; i < n; ++i) {
+      (void)trainer_.send(message.parts[i], i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+    if (message.is_step) --credits_;
     cv_.notify_all();
   }
 }
@@ -324,7 +407,10 @@ void Daemon::PlannerLoop() {
     if (!status.ok()) {
       spdlog::error("rank {}: {}", config_.rank, std::string(status.message()));
       QueueFatal(wire::PEER_FAILURE, std::string(status.message()));
-      fatal_status_ = status;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (fatal_status_.ok()) fatal_status_ = status;
+      }
       failed_.store(true);
     }
     try {

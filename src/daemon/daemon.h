@@ -2,6 +2,7 @@
 #define ODB_DAEMON_DAEMON_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -82,6 +83,9 @@ class Daemon {
   void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples);
   void FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
   void QueueFatal(wire::ErrorCode code, const std::string& message);
+  void HandleMonitor();
+  void CheckTimeouts();
+  void Fail(wire::ErrorCode code, const std::string& message);
 
   DaemonConfig config_;
   std::unique_ptr<RoundRunner> runner_;
@@ -94,6 +98,7 @@ class Daemon {
   std::vector<zmq::socket_t> ingest_;
   zmq::socket_t trainer_;
   zmq::socket_t wake_rx_;  // inproc: planner -> I/O loop "output queued"
+  zmq::socket_t monitor_;  // inproc: connect/disconnect events of trainer_
   std::vector<std::string> bound_ingest_;
   std::string bound_trainer_;
   std::thread planner_;
@@ -113,6 +118,9 @@ class Daemon {
   std::map<uint32_t, wire::EpochSummary> epoch_totals_;  // guarded by mu_
   uint64_t credits_ = 0;  // I/O loop only
   bool trainer_seen_ = false;  // I/O loop only
+  int trainer_connections_ = 0;  // I/O loop only
+  std::optional<std::chrono::steady_clock::time_point> trainer_lost_since_;  // I/O loop only
+  std::chrono::steady_clock::time_point last_ingest_ = std::chrono::steady_clock::now();  // I/O loop only
 };
 
 }  // namespace odb

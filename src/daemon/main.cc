@@ -93,9 +93,9 @@ int main(int argc, char** argv) {
     spdlog::info("received signal {} ({}); shutting down", g_signal.load(),
                  g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT");
   }
-  spdlog::info("exit: received={} rejected={} emitted={} steps={} idle={} rounds={}",
+  spdlog::info("exit: received={} rejected={} emitted={} steps={} idle={} rounds={} peak_buffer_bytes={}",
                m.samples_received.load(), m.samples_rejected.load(), m.samples_emitted.load(),
-               m.steps_emitted.load(), m.idle_steps.load(), m.rounds.load());
+               m.steps_emitted.load(), m.idle_steps.load(), m.rounds.load(), m.peak_buffer_bytes.load());
   if (!result.ok()) {
     spdlog::error("stopped on error: {}", std::string(result.message()));
     return 1;

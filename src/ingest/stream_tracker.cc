@@ -86,6 +86,15 @@ uint64_t StreamTracker::Received(uint32_t epoch) const {
   return it == epochs_.end() ? 0 : it->second.received;
 }
 
+std::vector<std::string> StreamTracker::OpenProducers(uint32_t epoch) const {
+  std::vector<std::string> open;
+  auto it = epochs_.find(epoch);
+  for (const auto& p : producers_) {
+    if (it == epochs_.end() || !it->second.ended.count(p)) open.push_back(p);
+  }
+  return open;
+}
+
 void StreamTracker::CloseEpoch(uint32_t epoch) {
   closed_.insert(epoch);
   epochs_.erase(epoch);

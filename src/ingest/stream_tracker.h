@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "proto/odb.pb.h"
 
@@ -38,6 +39,8 @@ class StreamTracker {
   bool StreamFinished(uint32_t epoch, uint32_t expected_producers) const;
 
   uint64_t Received(uint32_t epoch) const;
+  // Producers that said hello but have not ended their stream for `epoch`.
+  std::vector<std::string> OpenProducers(uint32_t epoch) const;
   void CloseEpoch(uint32_t epoch);
   bool IsClosed(uint32_t epoch) const { return closed_.count(epoch) > 0; }
   size_t ProducerCount() const { return producers_.size(); }

@@ -1,0 +1,108 @@
+"""Zero copy, and failures that must raise a clear exception instead of hanging:
+a wrong daemon address, a daemon dying mid-epoch, a worker raising in preprocessing."""
+from __future__ import annotations
+
+import gc
+import signal
+import time
+
+import pytest
+import torch
+
+import odb
+import tiny_lm
+
+
+class SlowCorpus(tiny_lm.SyntheticCorpus):
+    def __getitem__(self, i: int):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+def test_batch_tensors_are_views_of_the_received_frames(run_dir, job_id) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(256))
+    try:
+        ds = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(40, seed=2, max_len=100))
+        loader = odb.OdbDataLoader(ds, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=20)
+        kept, steps = [], 0
+        for step in loader:
+            steps += 1
+            for name, t in step.batch.items():
+                assert t.data_ptr() == step.frame_address(name), name  # same buffer: no copy
+            kept.append((step.batch["input_ids"], step.sample_ids, step.lengths))
+        assert steps >= 2
+        del step
+        gc.collect()
+        # The frames outlive the Step: the tensors keep the delivery alive.
+        for ids, sample_ids, lengths in kept:
+            for row, (i, n) in enumerate(zip(sample_ids, lengths)):
+                assert torch.equal(ids[row, :n], ds[i]["input_ids"])
+    finally:
+        daemon.stop()
+
+
+def test_wrong_daemon_address_raises_at_once(run_dir) -> None:
+    loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus([5, 6]), rank=0, world_size=1,
+                               run_dir=str(run_dir / "nowhere"), timeout_s=5)
+    start = time.monotonic()
+    with pytest.raises(odb.OdbError, match="no odbd listens at"):
+        next(iter(loader))
+    assert time.monotonic() - start < 2
+
+
+def test_missing_binary_says_to_build(run_dir) -> None:
+    with pytest.raises(FileNotFoundError, match="build"):
+        odb.spawn_daemon(0, 1, run_dir, odbd=run_dir / "no-odbd")
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_daemon_dying_mid_epoch_raises(run_dir, job_id, registered) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(128))
+    if not registered:  # a daemon started by someone else: only the timeout can tell
+        odb.daemon._SPAWNED.pop(daemon.trainer)
+    try:
+        ds = SlowCorpus(tiny_lm.long_tail_lengths(400, seed=3, max_len=60))
+        loader = odb.OdbDataLoader(ds, num_workers=1, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=8)
+        start = None
+        with pytest.raises(odb.OdbError) as info:
+            for i, step in enumerate(loader):
+                if i == 1:
+                    daemon.proc.send_signal(signal.SIGKILL)
+                    start = time.monotonic()
+        assert start is not None, f"raised before the daemon was killed: {info.value!r}"
+        assert time.monotonic() - start < 25
+        if registered:
+            assert "exited" in str(info.value)
+        else:
+            assert isinstance(info.value, odb.OdbTimeout) and "no step from odbd" in str(info.value)
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_worker_exception_reaches_the_trainer(run_dir, job_id, num_workers) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(256))
+    try:
+        ds = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(60, seed=4, max_len=60), fail_on=30)
+        loader = odb.OdbDataLoader(ds, num_workers=num_workers, rank=0, world_size=1, run_dir=str(run_dir),
+                                   timeout_s=20)
+        start = time.monotonic()
+        with pytest.raises(odb.OdbWorkerError, match="corrupt record 30"):
+            for _ in loader:
+                pass
+        assert time.monotonic() - start < 25
+    finally:
+        daemon.stop()
+
+
+def test_native_producer_rejects_bad_buffers(run_dir, job_id) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id)
+    try:
+        p = odb.Producer(daemon.ingest, "p-bad", 0)
+        x = torch.arange(10, dtype=torch.int64).numpy()
+        with pytest.raises(ValueError, match="bytes"):
+            p.send(1, 0, 10, 0, 0, [("input_ids", 5, (11,), x)])
+        with pytest.raises(ValueError, match="contiguous"):
+            p.send(1, 0, 5, 0, 0, [("input_ids", 5, (5,), x[::2])])
+    finally:
+        daemon.stop()
