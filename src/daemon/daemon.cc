@@ -373,15 +373,19 @@ void Daemon::FlushOutput() {
 
 bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
   if (!current_epoch_) return false;
-  if (queued_steps_ >= config_.outstanding_depth) return false;  // trainer is behind: wait
   const uint32_t epoch = *current_epoch_;
-  if (tracker_.StreamFinished(epoch, expected_producers_)) return true;
-  if (buffer_.CountInEpoch(epoch) >= config_.window) return true;
-  if (buffer_.Full()) return true;
+  const bool has_slots = queued_steps_ < config_.outstanding_depth;
+  if (has_slots && (tracker_.StreamFinished(epoch, expected_producers_) ||
+                    buffer_.CountInEpoch(epoch) >= config_.window || buffer_.Full())) {
+    return true;
+  }
   const bool waited = std::chrono::steady_clock::now() - last_round >=
                       std::chrono::milliseconds(config_.max_wait_ms);
   if (!waited) return false;
-  return runner_->HasPeers() || buffer_.CountInEpoch(epoch) > 0;
+  // Rounds are collective: with peers, take part at a steady pace even with
+  // nothing to offer or no free slot (the planner then plans 0 steps), so no
+  // peer waits on this rank longer than max_wait_ms.
+  return runner_->HasPeers() || (has_slots && buffer_.CountInEpoch(epoch) > 0);
 }
 
 void Daemon::PlannerLoop() {

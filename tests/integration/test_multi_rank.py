@@ -125,3 +125,33 @@ def test_killed_peer_is_a_clear_error_on_every_other_rank(tmp_path):
     finally:
         for d in daemons:
             d.stop()
+
+
+def test_two_ranks_non_join_quota_closure(tmp_path):
+    """Non-Join: the epoch ends on both ranks at the same step; what was not emitted is reported."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    config = "alignment: {mode: non_join}\ngrouping: {window: 32}\n"
+    daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
+    counts = [60, 2000]
+    try:
+        for d in daemons:
+            d.wait_ready(timeout=60)
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        for d in daemons:
+            rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
+                                        id_offset=d.rank * 1_000_000, extra=["--max-len", "512"]))
+            assert rc == 0, err
+        results = []
+        for d, c in zip(daemons, consumers):
+            rc, out, err = finish(c, timeout=120)
+            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
+            results.append(epochs(out)[0])
+    finally:
+        for d in daemons:
+            d.stop()
+    assert results[0]["steps"] == results[1]["steps"]
+    assert results[0]["not_emitted"] == 0  # the short rank ran dry: it emitted everything
+    assert results[1]["not_emitted"] > 0   # the long rank's rest is reported, not lost
+    for r, e in enumerate(results):
+        assert len(e["ids"]) + e["not_emitted"] + e["summary_rejected"] == counts[r]
+        assert e["summary_received"] == counts[r]
