@@ -52,13 +52,28 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
     step.padded_tokens = s.padded_tokens;
     step.loss_weight = s.loss_weight;
     step.over_budget = s.over_budget;
-    for (const auto& meta : s.samples) step.sample_ids.push_back(meta.id);
+    for (const auto& meta : s.samples) {
+      step.sample_ids.push_back(meta.id);
+      step.sample_owners.push_back(meta.owner_rank);
+    }
     for (const auto& rank_plan : plan.ranks) {
       if (k < rank_plan.steps.size()) step.global_real_tokens += rank_plan.steps[k].real_tokens;
     }
     outcome.steps.push_back(std::move(step));
   }
   for (const auto& key : result->not_emitted) outcome.not_emitted.push_back(key.id);
+  // Payloads this rank holds that other ranks emit (a global planner moves samples).
+  const int me = peers_->Rank();
+  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
+    if (r == me) continue;
+    std::vector<uint64_t> ids;
+    for (const auto& step : plan.ranks[r].steps) {
+      for (const auto& meta : step.samples) {
+        if (meta.owner_rank == me) ids.push_back(meta.id);
+      }
+    }
+    if (!ids.empty()) outcome.outgoing.emplace_back(r, std::move(ids));
+  }
   return outcome;
 }
 

@@ -20,6 +20,10 @@ class AlignedRoundRunner final : public RoundRunner {
   void StartEpoch(uint32_t epoch) override;
   absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) override;
   bool HasPeers() const override { return peers_->Size() > 1; }
+  int Rank() const override { return peers_->Rank(); }
+  absl::StatusOr<std::vector<std::string>> ExchangeEndpoints(const std::string& mine) override {
+    return peers_->AllGather(mine);
+  }
 
  private:
   std::unique_ptr<align::PeerGroup> peers_;

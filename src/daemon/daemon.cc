@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "src/collate/collator.h"
+#include "src/common/status_macros.h"
 #include "src/emit/step_encoder.h"
 #include "src/grouping/budget.h"
 
@@ -40,6 +41,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
       trainer_(context_, zmq::socket_type::dealer),
       wake_rx_(context_, zmq::socket_type::pull),
       monitor_(context_, zmq::socket_type::pair),
+      peer_rx_(context_, zmq::socket_type::router),
       buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
       expected_producers_(config_.expected_producers) {}
 
@@ -74,6 +76,13 @@ absl::Status Daemon::Bind() {
     }
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(kMonitorEndpoint);
+    if (runner_->HasPeers()) {
+      // Payload exchange for samples a global plan moves between daemons.
+      peer_rx_.set(zmq::sockopt::linger, 0);
+      peer_rx_.set(zmq::sockopt::rcvhwm, 0);
+      peer_rx_.bind("tcp://" + config_.gloo_hostname + ":*");
+      bound_peer_ = LastEndpoint(peer_rx_);
+    }
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(std::string("cannot bind a socket (") + e.what() +
                                   "); is another odbd using the same endpoint or run_dir?");
@@ -96,6 +105,7 @@ absl::Status Daemon::Run() {
     items.push_back({static_cast<void*>(trainer_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(monitor_), 0, ZMQ_POLLIN, 0});
+    items.push_back({static_cast<void*>(peer_rx_), 0, ZMQ_POLLIN, 0});
     if (!buffer_full) {
       for (auto& socket : ingest_) items.push_back({static_cast<void*>(socket), 0, ZMQ_POLLIN, 0});
     } else {
@@ -111,8 +121,9 @@ absl::Status Daemon::Run() {
         }
       }
       if (items[2].revents & ZMQ_POLLIN) HandleMonitor();
-      for (size_t i = 3; i < items.size(); ++i) {
-        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 3]);
+      if (items[3].revents & ZMQ_POLLIN) HandlePeerPayloads();
+      for (size_t i = 4; i < items.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 4]);
       }
       FlushOutput();
       CheckTimeouts();
@@ -393,6 +404,13 @@ void Daemon::PlannerLoop() {
   wake_tx.set(zmq::sockopt::linger, 0);
   wake_tx.set(zmq::sockopt::sndhwm, 1);
   wake_tx.connect(kWakeEndpoint);
+  std::vector<zmq::socket_t> senders;
+  if (runner_->HasPeers()) {
+    if (absl::Status s = ConnectPeerSenders(senders); !s.ok()) {
+      Fail(wire::PEER_FAILURE, std::string(s.message()));
+      return;
+    }
+  }
   auto last_round = std::chrono::steady_clock::now();
   while (!stop_.load()) {
     {
@@ -406,7 +424,7 @@ void Daemon::PlannerLoop() {
       cv_.wait_for(lock, std::chrono::milliseconds(20));
       if (!RoundDue(last_round)) continue;
     }
-    absl::Status status = RunOneRound();
+    absl::Status status = RunOneRound(senders);
     last_round = std::chrono::steady_clock::now();
     if (!status.ok()) {
       spdlog::error("rank {}: {}", config_.rank, std::string(status.message()));
@@ -425,7 +443,7 @@ void Daemon::PlannerLoop() {
   }
 }
 
-absl::Status Daemon::RunOneRound() {
+absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
   RoundRequest request;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -439,20 +457,141 @@ absl::Status Daemon::RunOneRound() {
   auto outcome = runner_->Run(request);
   if (!outcome.ok()) return outcome.status();
   metrics_.rounds.fetch_add(1);
+  if (!outcome->outgoing.empty()) ODB_RETURN_IF_ERROR(SendOutgoing(request.epoch, *outcome, senders));
   for (const StepPlan& plan : outcome->steps) {
-    std::vector<Sample> samples;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      samples = buffer_.Take(request.epoch, plan.sample_ids);
-    }
-    if (samples.size() != plan.sample_ids.size()) {
-      return absl::InternalError("planner returned sample ids that are not buffered on rank " +
-                                 std::to_string(config_.rank));
-    }
+    ODB_ASSIGN_OR_RETURN(std::vector<Sample> samples, GatherStepSamples(request.epoch, plan));
     EmitPlannedStep(request.epoch, plan, std::move(samples));
   }
   if (outcome->epoch_finished) FinishEpoch(request.epoch, *outcome);
   return absl::OkStatus();
+}
+
+absl::Status Daemon::ConnectPeerSenders(std::vector<zmq::socket_t>& senders) {
+  auto endpoints = runner_->ExchangeEndpoints(bound_peer_);
+  if (!endpoints.ok()) return endpoints.status();
+  for (size_t r = 0; r < endpoints->size(); ++r) {
+    zmq::socket_t socket(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::sndhwm, 0);  // bounded by the plan, never dropped
+    socket.set(zmq::sockopt::routing_id, std::to_string(config_.rank));
+    if (static_cast<int>(r) != config_.rank) socket.connect((*endpoints)[r]);
+    senders.push_back(std::move(socket));
+  }
+  spdlog::info("payload exchange ready: {} peers", endpoints->size() - 1);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
+                                  std::vector<zmq::socket_t>& senders) {
+  for (const auto& [dest, ids] : outcome.outgoing) {
+    std::vector<Sample> samples;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      samples = buffer_.Take(epoch, ids);
+    }
+    if (samples.size() != ids.size()) {
+      return absl::InternalError("the plan moves samples rank " + std::to_string(config_.rank) +
+                                 " does not hold");
+    }
+    for (const Sample& sample : samples) {
+      wire::ProducerMessage m;
+      m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+      wire::SampleHeader* h = m.mutable_sample();
+      h->set_producer_id(sample.producer_id);
+      h->set_sample_id(sample.meta.id);
+      h->set_epoch(epoch);
+      h->set_tokens(sample.meta.lengths.tokens);
+      h->set_vision_patches(sample.meta.lengths.vision_patches);
+      h->set_audio_frames(sample.meta.lengths.audio_frames);
+      for (size_t i = 0; i < sample.tensors.size(); ++i) {
+        const TensorView& t = sample.tensors[i];
+        wire::TensorDesc* d = h->add_tensors();
+        d->set_name(t.name);
+        d->set_dtype(static_cast<wire::DType>(t.dtype));
+        for (int64_t dim : t.shape) d->add_shape(dim);
+        d->set_frame(static_cast<uint32_t>(i + 1));
+      }
+      try {
+        std::string header = m.SerializeAsString();
+        auto& socket = senders.at(static_cast<size_t>(dest));
+        const size_t n = sample.tensors.size();
+        socket.send(zmq::buffer(header), n > 0 ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        for (size_t i = 0; i < n; ++i) {
+          socket.send(zmq::const_buffer(sample.tensors[i].data, sample.tensors[i].size_bytes),
+                      i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      } catch (const zmq::error_t& e) {
+        return absl::UnavailableError("sending sample " + std::to_string(sample.meta.id) + " to rank " +
+                                      std::to_string(dest) + " failed: " + e.what());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::HandlePeerPayloads() {
+  for (int n = 0; n < 256; ++n) {
+    zmq::message_t identity;
+    if (!peer_rx_.recv(identity, zmq::recv_flags::dontwait)) return;
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t part;
+      (void)peer_rx_.recv(part);
+      const bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) break;
+    }
+    const int32_t owner = std::atoi(identity.to_string().c_str());
+    auto event = ingest::DecodeProducerMessage(std::move(parts));
+    auto* s = std::get_if<ingest::SampleEvent>(&event);
+    if (s == nullptr) {
+      Fail(wire::INTERNAL, "rank " + std::to_string(owner) + " sent an unreadable sample payload");
+      return;
+    }
+    s->sample.meta.owner_rank = owner;
+    std::lock_guard<std::mutex> lock(mu_);
+    foreign_.emplace(std::make_pair(owner, s->sample.meta.id), std::move(s->sample));
+    cv_.notify_all();
+  }
+}
+
+absl::StatusOr<std::vector<Sample>> Daemon::GatherStepSamples(uint32_t epoch, const StepPlan& plan) {
+  std::vector<uint64_t> own;
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
+    if (i >= plan.sample_owners.size() || plan.sample_owners[i] == config_.rank) own.push_back(plan.sample_ids[i]);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<Sample> taken = buffer_.Take(epoch, own);
+  if (taken.size() != own.size()) {
+    return absl::InternalError("planner returned sample ids that are not buffered on rank " +
+                               std::to_string(config_.rank));
+  }
+  std::vector<Sample> samples;
+  samples.reserve(plan.sample_ids.size());
+  size_t next_own = 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
+    const int32_t owner = i < plan.sample_owners.size() ? plan.sample_owners[i] : config_.rank;
+    if (owner == config_.rank) {
+      samples.push_back(std::move(taken[next_own++]));
+      continue;
+    }
+    const auto key = std::make_pair(owner, plan.sample_ids[i]);
+    // Payloads move while earlier steps are emitted; wait only for this one.
+    while (!foreign_.count(key)) {
+      if (stop_.load() || failed_.load()) return absl::CancelledError("daemon stopping");
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !foreign_.count(key)) {
+        return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
+                                           std::to_string(owner) + " did not arrive within " +
+                                           std::to_string(config_.collective_timeout_ms) + " ms");
+      }
+    }
+    auto it = foreign_.find(key);
+    samples.push_back(std::move(it->second));
+    foreign_.erase(it);
+  }
+  return samples;
 }
 
 void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples) {

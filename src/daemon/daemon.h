@@ -79,11 +79,16 @@ class Daemon {
   void RecordRejection(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires mu_
-  absl::Status RunOneRound();
+  absl::Status RunOneRound(std::vector<zmq::socket_t>& senders);
   void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples);
   void FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
   void QueueFatal(wire::ErrorCode code, const std::string& message);
   void HandleMonitor();
+  void HandlePeerPayloads();
+  absl::Status ConnectPeerSenders(std::vector<zmq::socket_t>& senders);
+  absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
+                            std::vector<zmq::socket_t>& senders);
+  absl::StatusOr<std::vector<Sample>> GatherStepSamples(uint32_t epoch, const StepPlan& plan);
   void CheckTimeouts();
   void Fail(wire::ErrorCode code, const std::string& message);
 
@@ -99,6 +104,8 @@ class Daemon {
   zmq::socket_t trainer_;
   zmq::socket_t wake_rx_;  // inproc: planner -> I/O loop "output queued"
   zmq::socket_t monitor_;  // inproc: connect/disconnect events of trainer_
+  zmq::socket_t peer_rx_;  // ROUTER: sample payloads other daemons send us (W > 1)
+  std::string bound_peer_;
   std::vector<std::string> bound_ingest_;
   std::string bound_trainer_;
   std::thread planner_;
@@ -116,6 +123,8 @@ class Daemon {
   std::map<uint32_t, std::vector<wire::Rejection>> epoch_rejections_;  // guarded by mu_
   std::map<uint32_t, uint64_t> epoch_received_;        // guarded by mu_
   std::map<uint32_t, wire::EpochSummary> epoch_totals_;  // guarded by mu_
+  // Payloads received from the daemon that holds them, keyed (owner rank, id).
+  std::map<std::pair<int32_t, uint64_t>, Sample> foreign_;  // guarded by mu_
   uint64_t credits_ = 0;  // I/O loop only
   bool trainer_seen_ = false;  // I/O loop only
   int trainer_connections_ = 0;  // I/O loop only

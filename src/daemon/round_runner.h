@@ -2,6 +2,8 @@
 #define ODB_DAEMON_ROUND_RUNNER_H_
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,7 +23,8 @@ struct RoundRequest {
 struct StepPlan {
   uint64_t step_index = 0;
   bool idle = false;
-  std::vector<uint64_t> sample_ids;  // this rank's samples, in batch order
+  std::vector<uint64_t> sample_ids;  // in batch order
+  std::vector<int32_t> sample_owners;  // rank holding each sample's payload (parallel to sample_ids)
   uint64_t real_tokens = 0;
   uint64_t padded_tokens = 0;
   uint64_t global_real_tokens = 0;  // T_tok over all ranks
@@ -33,6 +36,8 @@ struct RoundOutcome {
   std::vector<StepPlan> steps;
   bool epoch_finished = false;
   std::vector<uint64_t> not_emitted;  // Non-Join: this rank's ids left out at epoch end
+  // Samples held here that another rank emits this round: destination rank -> ids.
+  std::vector<std::pair<int, std::vector<uint64_t>>> outgoing;
 };
 
 // The seam between the daemon and the alignment layer: one collective round
@@ -45,6 +50,10 @@ class RoundRunner {
   virtual absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) = 0;
   // True when a round must run even with nothing pending (other ranks wait on us).
   virtual bool HasPeers() const = 0;
+  virtual int Rank() const = 0;
+  // One all-gather of a short string before the first round (the daemons'
+  // payload-exchange endpoints). Collective, like Run.
+  virtual absl::StatusOr<std::vector<std::string>> ExchangeEndpoints(const std::string& mine) = 0;
 };
 
 }  // namespace odb
