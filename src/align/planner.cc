@@ -259,15 +259,33 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       gs.resize(t);
     }
     while (!gs.empty() && gs.size() < t) SplitLargest(config_, window, gs);
-    std::vector<grouping::Group> order;
-    order.reserve(gs.size());
-    for (auto& g : gs) order.push_back(grouping::Group{std::move(g.members), g.over_budget});
-    grouping::ShuffleGroups(order, MixSeed(MixSeed(config_.seed, state.epoch), MixSeed(state.round, r)));
-    for (const grouping::Group& g : order) {
-      rp.steps.push_back(MakeStep(config_, window, WorkGroup{g.members, g.over_budget}));
+    // Every rank's groups sorted by step time, then placed through the SAME
+    // seeded permutation of step slots: the k-th costliest group of every rank
+    // lands in one step, so the ranks of a step cost alike (a step costs its
+    // slowest rank), while the order of steps is still a seeded shuffle, never
+    // length order. Ranks with fewer groups idle in the cheapest positions.
+    std::vector<std::pair<double, size_t>> by_cost;
+    by_cost.reserve(gs.size());
+    for (size_t g = 0; g < gs.size(); ++g) {
+      std::vector<SampleLengths> lens;
+      for (size_t i : gs[g].members) lens.push_back(window[i].lengths);
+      by_cost.emplace_back(grouping::StepTime(config_.step_model, config_.budget.model, lens), g);
+    }
+    std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
+      if (a.first != b.first) return a.first > b.first;
+      return KeyOf(window[gs[a.second].members.front()]) < KeyOf(window[gs[b.second].members.front()]);
+    });
+    std::vector<grouping::Group> slots(t);
+    for (size_t k = 0; k < t; ++k) slots[k].members = {k};
+    grouping::ShuffleGroups(slots, MixSeed(MixSeed(config_.seed, state.epoch), state.round));
+    rp.steps.assign(t, PlannedStep{});  // IDLE unless filled below
+    for (size_t k = 0; k < t; ++k) {
+      const size_t position = slots[k].members.front();
+      if (position >= by_cost.size()) continue;
+      const WorkGroup& g = gs[by_cost[position].second];
+      rp.steps[k] = MakeStep(config_, window, g);
       for (size_t i : g.members) emitted[i] = true;
     }
-    rp.steps.resize(t);  // IDLE fill (default PlannedStep is idle)
     for (size_t i = 0; i < window.size(); ++i) {
       if (!emitted[i]) rp.keep_pending.push_back(KeyOf(window[i]));
     }

@@ -30,12 +30,13 @@ uint64_t SampleBuffer::CountInEpoch(uint32_t epoch) const {
   return it == epochs_.end() ? 0 : it->second.samples.size();
 }
 
-std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch) const {
+std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) const {
   std::vector<SampleMeta> out;
   auto it = epochs_.find(epoch);
   if (it == epochs_.end()) return out;
-  out.reserve(it->second.samples.size());
+  out.reserve(std::min(limit, it->second.samples.size()));
   for (uint64_t id : it->second.order) {
+    if (out.size() >= limit) break;
     auto s = it->second.samples.find(id);
     if (s != it->second.samples.end()) out.push_back(s->second.meta);
   }

@@ -2,6 +2,7 @@
 #define ODB_BUFFER_SAMPLE_BUFFER_H_
 
 #include <cstdint>
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -33,8 +34,8 @@ class SampleBuffer {
   uint64_t count() const { return count_; }
   uint64_t CountInEpoch(uint32_t epoch) const;
 
-  // Metadata of every buffered sample of the epoch, in arrival order.
-  std::vector<SampleMeta> Pending(uint32_t epoch) const;
+  // Metadata of the epoch's buffered samples in arrival order, at most `limit`.
+  std::vector<SampleMeta> Pending(uint32_t epoch, size_t limit = SIZE_MAX) const;
 
   // Removes and returns the samples with these ids (in the given order).
   // Ids not present are skipped; the caller checks the size.

@@ -59,3 +59,19 @@ TEST_CASE("pending keeps arrival order and close returns what is left") {
 
 }  // namespace
 }  // namespace odb::buffer
+
+namespace odb::buffer {
+namespace {
+
+TEST_CASE("pending can be limited to a prefix in arrival order") {
+  SampleBuffer b(1000, 100);
+  for (uint64_t id = 0; id < 10; ++id) b.Add(Make(id, 0, 1));
+  auto head = b.Pending(0, 3);
+  REQUIRE(head.size() == 3);
+  CHECK(head[0].id == 0);
+  CHECK(head[2].id == 2);
+  CHECK(b.Pending(0).size() == 10);
+}
+
+}  // namespace
+}  // namespace odb::buffer

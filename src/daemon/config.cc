@@ -188,6 +188,7 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
 
   ODB_ASSIGN_OR_RETURN(Section emit, s.Child("emit"));
   ODB_RETURN_IF_ERROR(emit.Get("outstanding_depth", c.outstanding_depth));
+  ODB_RETURN_IF_ERROR(emit.Get("queue_steps", c.queue_steps));
   ODB_RETURN_IF_ERROR(emit.Get("expected_producers", c.expected_producers));
   ODB_RETURN_IF_ERROR(emit.Get("producer_timeout_ms", c.producer_timeout_ms));
   ODB_RETURN_IF_ERROR(emit.Get("trainer_timeout_ms", c.trainer_timeout_ms));
@@ -299,6 +300,7 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
     return Invalid("grouping.step_time", "coefficients must be >= 0");
   }
   if (c.outstanding_depth == 0) return Invalid("emit.outstanding_depth", "must be >= 1");
+  if (c.queue_steps == 0) return Invalid("emit.queue_steps", "must be >= 1");
   if (c.expected_producers == 0) return Invalid("emit.expected_producers", "must be >= 1");
   if (c.redis_port <= 0 || c.redis_port > 65535) return Invalid("alignment.redis_port", "out of range");
   if (c.job_id.empty()) return Invalid("alignment.job_id", "must not be empty");

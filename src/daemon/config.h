@@ -81,6 +81,10 @@ struct DaemonConfig {
 
   // --- emit
   uint32_t outstanding_depth = 4;  // D: steps sent ahead of the trainer's consumption
+  // Collated steps the daemon may hold ready beyond those in flight. Rounds
+  // plan at most this many steps: deeper = better cross-rank pairing and
+  // smoother delivery, at the memory of that many batches.
+  uint32_t queue_steps = 32;
   // Producers an epoch waits for (the trainer's StartEpoch may override it).
   uint32_t expected_producers = 1;
   // While an epoch's input is incomplete and the buffer has room, no message

@@ -385,7 +385,7 @@ void Daemon::FlushOutput() {
 bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
   if (!current_epoch_) return false;
   const uint32_t epoch = *current_epoch_;
-  const bool has_slots = queued_steps_ < config_.outstanding_depth;
+  const bool has_slots = queued_steps_ < config_.queue_steps;
   if (has_slots && (tracker_.StreamFinished(epoch, expected_producers_) ||
                     buffer_.CountInEpoch(epoch) >= config_.window || buffer_.Full())) {
     return true;
@@ -448,9 +448,12 @@ absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.epoch = *current_epoch_;
-    request.pending = buffer_.Pending(request.epoch);
-    request.free_slots = config_.outstanding_depth > queued_steps_
-                             ? static_cast<uint32_t>(config_.outstanding_depth - queued_steps_)
+    // The planner groups at most `window` samples per rank per round; offering
+    // a bounded prefix keeps a round O(window) however deep the backlog. The
+    // rest stays buffered (and is reported by FinishEpoch in Non-Join mode).
+    request.pending = buffer_.Pending(request.epoch, 2 * static_cast<size_t>(config_.window));
+    request.free_slots = config_.queue_steps > queued_steps_
+                             ? static_cast<uint32_t>(config_.queue_steps - queued_steps_)
                              : 0;
     request.stream_finished = tracker_.StreamFinished(request.epoch, expected_producers_);
   }

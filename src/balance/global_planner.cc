@@ -1,0 +1,520 @@
+#include "src/balance/global_planner.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "src/balance/assignment.h"
+#include "src/grouping/budget.h"
+#include "src/grouping/grouper.h"
+
+namespace odb::balance {
+
+using align::KeyOf;
+using align::PlannedStep;
+using align::RankPlan;
+using align::RankRound;
+using align::RoundPlan;
+using align::RoundState;
+using align::SampleKey;
+
+BytesMoved& BytesMoved::operator+=(const BytesMoved& o) {
+  stay_bytes += o.stay_bytes;
+  intra_node_bytes += o.intra_node_bytes;
+  inter_node_bytes += o.inter_node_bytes;
+  stay_samples += o.stay_samples;
+  intra_node_samples += o.intra_node_samples;
+  inter_node_samples += o.inter_node_samples;
+  return *this;
+}
+
+BytesMoved ComputeBytesMoved(const RoundPlan& plan, uint32_t local_world_size) {
+  BytesMoved out;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const int32_t rank = static_cast<int32_t>(r);
+    for (const PlannedStep& s : plan.ranks[r].steps) {
+      for (const SampleMeta& m : s.samples) {
+        if (m.owner_rank == rank) {
+          out.stay_bytes += m.payload_bytes;
+          ++out.stay_samples;
+        } else if (NodeOf(m.owner_rank, local_world_size) == NodeOf(rank, local_world_size)) {
+          out.intra_node_bytes += m.payload_bytes;
+          ++out.intra_node_samples;
+        } else {
+          out.inter_node_bytes += m.payload_bytes;
+          ++out.inter_node_samples;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Inter-node bytes count this many times intra-node bytes in the assignment
+// objective (intra-node links are about an order of magnitude faster).
+constexpr int64_t kNodeWeight = 8;
+
+// One (step, rank) group under construction: indices into the pool, with
+// running aggregates so that "cost if I add s" is O(1).
+class Bin {
+ public:
+  explicit Bin(const grouping::Budget& budget) : tally_(budget) {}
+
+  void Add(size_t idx, const SampleLengths& s) {
+    members_.push_back(idx);
+    tally_.Add(s);
+    longest_ = std::max(longest_, s.tokens);
+    sum_ += s.tokens;
+    sum_sq_ += static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
+  }
+  bool CanAdd(const SampleLengths& s) const { return members_.empty() || tally_.CanAdd(s); }
+  double Cost(const align::PlannerConfig& cfg) const {
+    return CostWith(cfg, members_.size(), longest_, sum_, sum_sq_);
+  }
+  double CostIfAdded(const align::PlannerConfig& cfg, const SampleLengths& s) const {
+    return CostWith(cfg, members_.size() + 1, std::max(longest_, s.tokens), sum_ + s.tokens,
+                    sum_sq_ + static_cast<double>(s.tokens) * static_cast<double>(s.tokens));
+  }
+  const std::vector<size_t>& members() const { return members_; }
+  bool empty() const { return members_.empty(); }
+
+ private:
+  // grouping::StepTime from aggregates (up to float summation order).
+  static double CostWith(const align::PlannerConfig& cfg, uint64_t n, uint32_t longest, uint64_t sum,
+                         double sum_sq) {
+    if (n == 0) return 0.0;
+    const uint64_t padded =
+        cfg.budget.model == grouping::CostModel::kPadded ? static_cast<uint64_t>(longest) * n : sum;
+    return cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
+           cfg.step_model.per_len_sq * sum_sq;
+  }
+
+  std::vector<size_t> members_;
+  grouping::GroupTally tally_;
+  uint32_t longest_ = 0;
+  uint64_t sum_ = 0;
+  double sum_sq_ = 0.0;
+};
+
+// The round's pool: the union of the W windows, in rank order then pending order.
+struct Pool {
+  std::vector<SampleMeta> metas;
+  std::vector<SampleLengths> lens;
+};
+
+// Groups as member index lists into the pool.
+using Members = std::vector<size_t>;
+
+SampleKey MinKey(const Pool& pool, const Members& g) {
+  SampleKey best{std::numeric_limits<int32_t>::max(), std::numeric_limits<uint64_t>::max()};
+  for (size_t i : g) best = std::min(best, KeyOf(pool.metas[i]));
+  return best;
+}
+
+std::vector<SampleLengths> LensOf(const Pool& pool, const Members& g) {
+  std::vector<SampleLengths> lens;
+  lens.reserve(g.size());
+  for (size_t i : g) lens.push_back(pool.lens[i]);
+  return lens;
+}
+
+double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
+  const auto lens = LensOf(pool, g);
+  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens);
+}
+
+// "Most worth emitting first" (as LocalPlanner): more samples, more padded
+// tokens, smallest key. Held-back groups are regrouped with later arrivals.
+void SortByFill(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups) {
+  struct Keyed {
+    size_t n;
+    uint64_t padded;
+    SampleKey key;
+    Members g;
+  };
+  std::vector<Keyed> keyed;
+  keyed.reserve(groups.size());
+  for (auto& g : groups) {
+    const auto lens = LensOf(pool, g);
+    keyed.push_back({g.size(), grouping::PaddedTokens(cfg.budget.model, lens), MinKey(pool, g), std::move(g)});
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    if (a.n != b.n) return a.n > b.n;
+    if (a.padded != b.padded) return a.padded > b.padded;
+    return a.key < b.key;
+  });
+  groups.clear();
+  for (auto& k : keyed) groups.push_back(std::move(k.g));
+}
+
+// Splits the most expensive group of >= 2 samples into its shorter and longer
+// half (a subset of a fitting group fits). Returns false when none can split.
+bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups) {
+  size_t best = groups.size();
+  double best_cost = -1.0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].size() < 2) continue;
+    const double c = CostOf(cfg, pool, groups[i]);
+    if (best == groups.size() || c > best_cost ||
+        (c == best_cost && MinKey(pool, groups[i]) < MinKey(pool, groups[best]))) {
+      best = i;
+      best_cost = c;
+    }
+  }
+  if (best == groups.size()) return false;
+  Members m = std::move(groups[best]);
+  std::sort(m.begin(), m.end(), [&](size_t x, size_t y) {
+    if (pool.lens[x].tokens != pool.lens[y].tokens) return pool.lens[x].tokens < pool.lens[y].tokens;
+    return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]);
+  });
+  const size_t half = m.size() / 2;
+  groups[best].assign(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(half));
+  groups.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(half), m.end());
+  return true;
+}
+
+// Assignment weights of one step: gain of giving slot group g to rank r =
+// units kept on r + kNodeWeight * units kept on r's node, where a sample's
+// units are payload_bytes + 1 (so metadata-only tests still prefer locality).
+// Maximising it minimises intra_bytes + (kNodeWeight + 1) * inter_bytes.
+std::vector<std::vector<int64_t>> LocalityWeights(const Pool& pool, const std::vector<const Members*>& slots,
+                                                  int world, uint32_t lws) {
+  const int nodes = lws == 0 ? 1 : (world + static_cast<int>(lws) - 1) / static_cast<int>(lws);
+  std::vector<std::vector<int64_t>> w(world, std::vector<int64_t>(world, 0));
+  std::vector<int64_t> on_rank(world), on_node(nodes);
+  for (int g = 0; g < world; ++g) {
+    if (slots[g] == nullptr) continue;
+    std::fill(on_rank.begin(), on_rank.end(), 0);
+    std::fill(on_node.begin(), on_node.end(), 0);
+    for (size_t i : *slots[g]) {
+      const SampleMeta& m = pool.metas[i];
+      const int64_t units = static_cast<int64_t>(m.payload_bytes) + 1;
+      on_rank[m.owner_rank] += units;
+      on_node[NodeOf(m.owner_rank, lws)] += units;
+    }
+    for (int r = 0; r < world; ++r) w[g][r] = on_rank[r] + kNodeWeight * on_node[NodeOf(r, lws)];
+  }
+  return w;
+}
+
+int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
+                     std::vector<int>* rank_of_bin) {
+  std::vector<const Members*> slots(world, nullptr);
+  for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  const auto w = LocalityWeights(pool, slots, world, lws);
+  std::vector<int> assign = MaxWeightAssignment(w);
+  const int64_t gain = AssignmentWeight(w, assign);
+  if (rank_of_bin != nullptr) *rank_of_bin = std::move(assign);
+  return gain;
+}
+
+double MaxCost(const align::PlannerConfig& cfg, const Pool& pool, const std::vector<Members>& bins) {
+  double mx = 0.0;
+  for (const Members& b : bins) mx = std::max(mx, CostOf(cfg, pool, b));
+  return mx;
+}
+
+// Dispatches the samples of one step into W non-empty bins whose cost stays
+// within `capacity` and whose budget holds; longest first. Without
+// `rank_of_bin` each sample goes to the least-loaded feasible bin (LPT); with
+// it, to its owner's bin, else a bin on its owner's node, else the least
+// loaded. nullopt when the greedy finds no feasible bin for some sample.
+std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, const Pool& pool,
+                                             const std::vector<size_t>& desc, size_t num_bins,
+                                             double capacity, const std::vector<int>* rank_of_bin,
+                                             uint32_t lws) {
+  std::vector<Bin> bins(num_bins, Bin(cfg.budget));
+  size_t empty = num_bins;
+  for (size_t k = 0; k < desc.size(); ++k) {
+    const size_t idx = desc[k];
+    const SampleLengths& s = pool.lens[idx];
+    const bool only_empty = empty == desc.size() - k;
+    size_t best = num_bins;
+    int best_class = 3;
+    double best_load = 0.0;
+    for (size_t b = 0; b < num_bins; ++b) {
+      if (only_empty && !bins[b].empty()) continue;
+      if (!bins[b].CanAdd(s)) continue;
+      if (!bins[b].empty() && bins[b].CostIfAdded(cfg, s) > capacity) continue;
+      int cls = 0;
+      if (rank_of_bin != nullptr) {
+        const int32_t owner = pool.metas[idx].owner_rank;
+        const int32_t rank = (*rank_of_bin)[b];
+        cls = rank == owner ? 0 : NodeOf(rank, lws) == NodeOf(owner, lws) ? 1 : 2;
+      }
+      const double load = bins[b].Cost(cfg);
+      if (best == num_bins || cls < best_class || (cls == best_class && load < best_load)) {
+        best = b;
+        best_class = cls;
+        best_load = load;
+      }
+    }
+    if (best == num_bins) return std::nullopt;
+    if (bins[best].empty()) --empty;
+    bins[best].Add(idx, s);
+  }
+  std::vector<Members> out;
+  out.reserve(num_bins);
+  for (const Bin& b : bins) out.push_back(b.members());
+  return out;
+}
+
+// Post-balancing of one full step (W groups): binary search on the capacity
+// with the LPT dispatcher, then the locality pass within C* / (1 - locality).
+// Returns the step's groups in rank order (index = rank).
+std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& pool, std::vector<Members> bins,
+                                 int world) {
+  const align::PlannerConfig& cfg = gcfg.base;
+  const uint32_t lws = gcfg.local_world_size;
+  std::vector<size_t> desc;
+  for (const Members& b : bins) desc.insert(desc.end(), b.begin(), b.end());
+  std::sort(desc.begin(), desc.end(), [&](size_t x, size_t y) {
+    if (pool.lens[x].tokens != pool.lens[y].tokens) return pool.lens[x].tokens > pool.lens[y].tokens;
+    return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]);
+  });
+  double lo = 0.0;
+  for (size_t i : desc) lo = std::max(lo, CostOf(cfg, pool, Members{i}));
+  double hi = MaxCost(cfg, pool, bins);
+  if (lo < hi) {
+    std::optional<std::vector<Members>> best;
+    for (uint32_t it = 0; it <= gcfg.capacity_search_iters && lo < hi; ++it) {
+      const double mid = it == 0 ? hi : lo + (hi - lo) / 2;
+      auto got = Dispatch(cfg, pool, desc, bins.size(), mid, nullptr, lws);
+      if (got) {
+        const double mx = MaxCost(cfg, pool, *got);
+        if (mx < hi || !best) best = std::move(got);
+        hi = std::min(hi, mx);
+      } else {
+        if (it == 0) break;  // the greedy cannot even match the dealt groups
+        lo = mid;
+      }
+    }
+    if (best && MaxCost(cfg, pool, *best) < MaxCost(cfg, pool, bins)) bins = std::move(*best);
+  }
+  const double c_star = MaxCost(cfg, pool, bins);
+  std::vector<int> rank_of_bin;
+  int64_t gain = LocalityGain(pool, bins, world, lws, &rank_of_bin);
+  // Locality pass: keep samples home where the relaxed capacity allows.
+  const double capacity = c_star / (1.0 - std::clamp(gcfg.locality, 0.0, 0.999));
+  if (auto home = Dispatch(cfg, pool, desc, bins.size(), capacity, &rank_of_bin, lws)) {
+    std::vector<int> home_ranks;
+    const int64_t home_gain = LocalityGain(pool, *home, world, lws, &home_ranks);
+    if (home_gain > gain) {
+      bins = std::move(*home);
+      rank_of_bin = std::move(home_ranks);
+      gain = home_gain;
+    }
+  }
+  std::vector<Members> by_rank(world);
+  for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
+  return by_rank;
+}
+
+// A partial (end-of-epoch) step: fewer groups than ranks; only the permutation.
+std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool, std::vector<Members> bins,
+                               int world) {
+  std::vector<int> rank_of_bin;
+  LocalityGain(pool, bins, world, gcfg.local_world_size, &rank_of_bin);
+  std::vector<Members> by_rank(world);
+  for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
+  return by_rank;
+}
+
+PlannedStep MakeStep(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
+  PlannedStep s;
+  if (g.empty()) return s;  // IDLE
+  s.idle = false;
+  Members sorted = g;
+  std::sort(sorted.begin(), sorted.end(),
+            [&](size_t x, size_t y) { return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]); });
+  for (size_t i : sorted) {
+    s.samples.push_back(pool.metas[i]);
+    s.real_tokens += pool.lens[i].tokens;
+  }
+  const auto lens = LensOf(pool, sorted);
+  s.padded_tokens = grouping::PaddedTokens(cfg.budget.model, lens);
+  s.over_budget = lens.size() == 1 && !grouping::FitsAlone(cfg.budget, lens[0]);
+  return s;
+}
+
+void KeepEverything(const RoundState& state, RoundPlan& plan) {
+  for (size_t r = 0; r < state.ranks.size(); ++r) {
+    for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].keep_pending.push_back(KeyOf(m));
+  }
+}
+
+std::string FormatLocality(double l) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", l);
+  return buf;
+}
+
+}  // namespace
+
+GlobalPlanner::GlobalPlanner(GlobalPlannerConfig config) : config_(std::move(config)), local_(config_.base) {}
+
+std::string GlobalPlanner::Name() const {
+  return "global(locality=" + FormatLocality(config_.locality) +
+         ",local_world_size=" + std::to_string(config_.local_world_size) + ")";
+}
+
+RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
+  if (config_.locality >= 1.0) return local_.Plan(state);
+  const align::PlannerConfig& cfg = config_.base;
+  const size_t world = state.ranks.size();
+  RoundPlan plan;
+  plan.ranks.resize(world);
+
+  // End of epoch, waits and credit: exactly LocalPlanner's rules.
+  size_t drained_count = 0, finished_count = 0;
+  int first_drained = -1;
+  for (size_t r = 0; r < world; ++r) {
+    const RankRound& rr = state.ranks[r];
+    if (rr.stream_finished) ++finished_count;
+    if (rr.stream_finished && rr.pending.empty()) {
+      ++drained_count;
+      if (first_drained < 0) first_drained = static_cast<int>(r);
+    }
+  }
+  if (cfg.mode == align::EpochMode::kNonJoin && drained_count > 0) {
+    plan.epoch_finished = true;
+    plan.reason = "non-join closure: rank " + std::to_string(first_drained) +
+                  " finished its stream and holds nothing";
+    for (size_t r = 0; r < world; ++r) {
+      for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].not_emitted.push_back(KeyOf(m));
+    }
+    return plan;
+  }
+  if (drained_count == world) {
+    plan.epoch_finished = true;
+    plan.reason = "join: every rank finished and nothing is pending";
+    return plan;
+  }
+  const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
+  for (size_t r = 0; r < world; ++r) {
+    const RankRound& rr = state.ranks[r];
+    if (cfg.max_wait_rounds > 0 && !rr.stream_finished && rr.pending.size() < window_cap &&
+        rr.wait_rounds < cfg.max_wait_rounds && !rr.wait_expired) {
+      plan.ranks[r].waited = true;
+      plan.waiting = true;
+    }
+  }
+  if (plan.waiting) {
+    plan.reason = "waiting for samples:";
+    for (size_t r = 0; r < world; ++r) {
+      if (plan.ranks[r].waited) plan.reason += " rank " + std::to_string(r);
+    }
+    KeepEverything(state, plan);
+    return plan;
+  }
+  uint32_t min_free = std::numeric_limits<uint32_t>::max();
+  size_t min_free_rank = 0;
+  for (size_t r = 0; r < world; ++r) {
+    if (state.ranks[r].free_slots < min_free) {
+      min_free = state.ranks[r].free_slots;
+      min_free_rank = r;
+    }
+  }
+  if (min_free == 0) {
+    plan.reason = "rank " + std::to_string(min_free_rank) + " has no free output slot";
+    KeepEverything(state, plan);
+    return plan;
+  }
+
+  // The pool: the union of the windows. Samples past a window stay pending.
+  Pool pool;
+  for (size_t r = 0; r < world; ++r) {
+    const auto& pending = state.ranks[r].pending;
+    const size_t n = std::min(pending.size(), window_cap);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (i < n) {
+        assert(pending[i].lengths.tokens > 0 && "length-0 samples must be rejected before alignment");
+        pool.metas.push_back(pending[i]);
+        pool.lens.push_back(pending[i].lengths);
+      } else {
+        plan.ranks[r].keep_pending.push_back(KeyOf(pending[i]));
+      }
+    }
+  }
+  std::vector<Members> groups;
+  for (grouping::Group& g : grouping::FormGroups(pool.lens, cfg.budget, cfg.step_model)) {
+    groups.push_back(std::move(g.members));
+  }
+  if (groups.empty()) {
+    plan.reason = "no rank has pending samples";
+    plan.ranks.assign(world, RankPlan{});
+    KeepEverything(state, plan);
+    return plan;
+  }
+
+  // T: whole steps only, except once every stream has finished (then the last
+  // step may have IDLE slots and groups are split to fill slots).
+  const bool all_finished = finished_count == world;
+  const size_t g_count = groups.size();
+  const size_t t = std::min<size_t>(min_free, all_finished ? (g_count + world - 1) / world : g_count / world);
+  if (t == 0) {
+    plan.reason = "holding back: " + std::to_string(g_count) + " groups do not fill a step of " +
+                  std::to_string(world) + " ranks and some stream is open";
+    plan.ranks.assign(world, RankPlan{});
+    KeepEverything(state, plan);
+    return plan;
+  }
+  plan.num_steps = static_cast<uint32_t>(t);
+  plan.reason = "T=min(free=" + std::to_string(min_free) + ", " + (all_finished ? "ceil" : "floor") +
+                "(groups=" + std::to_string(g_count) + " / W=" + std::to_string(world) + "))";
+  const size_t slots = t * world;
+  if (groups.size() > slots) {
+    SortByFill(cfg, pool, groups);
+    for (size_t i = slots; i < groups.size(); ++i) {
+      for (size_t idx : groups[i]) {
+        const SampleMeta& m = pool.metas[idx];
+        plan.ranks[m.owner_rank].keep_pending.push_back(KeyOf(m));
+      }
+    }
+    groups.resize(slots);
+  }
+  while (groups.size() < slots && SplitCostliest(cfg, pool, groups)) {
+  }
+
+  // Deal: most expensive first, W per step. For fixed groups and one group per
+  // (step, rank), sorted chunking minimises sum_k max_r cost.
+  std::vector<std::pair<double, size_t>> by_cost;
+  by_cost.reserve(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) by_cost.emplace_back(CostOf(cfg, pool, groups[i]), i);
+  std::vector<SampleKey> min_keys(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool, groups[i]);
+  std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return min_keys[a.second] < min_keys[b.second];
+  });
+  std::vector<std::vector<Members>> steps(t);  // steps[k][rank]
+  for (size_t k = 0; k < t; ++k) {
+    std::vector<Members> bins;
+    for (size_t j = k * world; j < std::min((k + 1) * world, by_cost.size()); ++j) {
+      bins.push_back(std::move(groups[by_cost[j].second]));
+    }
+    steps[k] = bins.size() == world ? BalanceStep(config_, pool, std::move(bins), static_cast<int>(world))
+                                    : PlaceStep(config_, pool, std::move(bins), static_cast<int>(world));
+  }
+
+  // Step order: shuffled, never cost (= length) order.
+  std::vector<grouping::Group> order(t);
+  for (size_t k = 0; k < t; ++k) order[k].members = {k};
+  grouping::ShuffleGroups(order, align::MixSeed(align::MixSeed(cfg.seed, state.epoch),
+                                                align::MixSeed(state.round, 0x9106a1ULL)));
+  for (size_t r = 0; r < world; ++r) {
+    RankPlan& rp = plan.ranks[r];
+    rp.steps.reserve(t);
+    for (size_t k = 0; k < t; ++k) rp.steps.push_back(MakeStep(cfg, pool, steps[order[k].members[0]][r]));
+  }
+  align::AssignLossWeights(plan);
+  return plan;
+}
+
+}  // namespace odb::balance

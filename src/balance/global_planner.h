@@ -1,0 +1,84 @@
+#ifndef ODB_BALANCE_GLOBAL_PLANNER_H_
+#define ODB_BALANCE_GLOBAL_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "src/align/planner.h"
+
+namespace odb::balance {
+
+// Knobs of the global planner. Every rank must use the same values: Name()
+// encodes the two balance fields, so the connect-time hello (which carries the
+// planner name) refuses a mismatch.
+struct GlobalPlannerConfig {
+  // Budget, step-time model, epoch mode, seed, window and wait rules: the same
+  // meaning as for LocalPlanner (window applies per rank; the pool is the
+  // union of the W windows).
+  align::PlannerConfig base;
+  // Ranks per node: node(r) = r / local_world_size. 0 means "all ranks on one
+  // node". Only steers which moves the planner prefers (intra- over inter-node).
+  uint32_t local_world_size = 1;
+  // Balance vs bytes moved, in [0, 1]. 0: fully global, every step is balanced
+  // to the smallest capacity the dispatcher finds (C*), then groups are
+  // permuted across ranks to keep as many bytes local as possible (free: it
+  // does not change any rank's cost). In (0, 1): a step may cost up to
+  // C* / (1 - locality) so that samples can stay on their owner rank (then
+  // node). 1: exactly LocalPlanner (zero bytes moved). Default 0.
+  double locality = 0.0;
+  // Iterations of the binary search on a step's capacity. Default 14.
+  uint32_t capacity_search_iters = 14;
+};
+
+// Cross-rank grouping + OrchMLLM-style post-balancing behind align::Planner.
+//
+// A pure function of (config, RoundState): the union of every rank's window
+// is grouped once (grouping::FormGroups), the groups are dealt to (step, rank)
+// slots minimising sum_k max_r StepTime (sorted chunking, optimal for fixed
+// groups), each step is then re-dispatched by a longest-processing-time greedy
+// under a binary-searched capacity, and finally the W groups of each step are
+// permuted across ranks by an exact assignment (Hungarian) that maximises
+// bytes kept on their owner rank, then node. Protocol rules (end of epoch,
+// bounded waits, credit, equal T, Join coverage, Non-Join closure) are those
+// of LocalPlanner; see docs/balancing.md for T and the termination bound.
+class GlobalPlanner final : public align::Planner {
+ public:
+  explicit GlobalPlanner(GlobalPlannerConfig config);
+  align::RoundPlan Plan(const align::RoundState& state) const override;
+  const align::PlannerConfig& config() const override { return config_.base; }
+  // "global(locality=<l>,local_world_size=<n>)".
+  std::string Name() const override;
+  const GlobalPlannerConfig& global_config() const { return config_; }
+
+ private:
+  GlobalPlannerConfig config_;
+  align::LocalPlanner local_;  // locality >= 1
+};
+
+// Payload bytes a plan moves between daemons: a sample assigned to rank r with
+// owner o != r moves payload_bytes from o to r, intra-node when
+// node(o) == node(r). `stay` counts what is emitted on its owner.
+struct BytesMoved {
+  uint64_t stay_bytes = 0;
+  uint64_t intra_node_bytes = 0;
+  uint64_t inter_node_bytes = 0;
+  uint64_t stay_samples = 0;
+  uint64_t intra_node_samples = 0;
+  uint64_t inter_node_samples = 0;
+
+  uint64_t moved_bytes() const { return intra_node_bytes + inter_node_bytes; }
+  uint64_t samples() const { return stay_samples + intra_node_samples + inter_node_samples; }
+  BytesMoved& operator+=(const BytesMoved& o);
+};
+
+// local_world_size 0 = one node.
+BytesMoved ComputeBytesMoved(const align::RoundPlan& plan, uint32_t local_world_size);
+
+// Node of a rank under local_world_size (0 = one node).
+inline int32_t NodeOf(int32_t rank, uint32_t local_world_size) {
+  return local_world_size == 0 ? 0 : rank / static_cast<int32_t>(local_world_size);
+}
+
+}  // namespace odb::balance
+
+#endif  // ODB_BALANCE_GLOBAL_PLANNER_H_

@@ -1,0 +1,464 @@
+// Randomized epochs driven through GlobalPlanner (the pure function every
+// rank runs after the all-gather), plus balance, locality and targeted cases.
+#include "src/balance/global_planner.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "src/align/test_scenario.h"
+#include "src/grouping/budget.h"
+
+namespace odb::balance {
+namespace {
+
+using align::EpochMode;
+using align::KeyOf;
+using align::PlannedStep;
+using align::RoundPlan;
+using align::RoundState;
+using align::SampleKey;
+using align::testing::FakeEmitter;
+using align::testing::MakeScenario;
+using align::testing::Scenario;
+
+struct Outcome {
+  uint64_t steps = 0;
+  std::set<SampleKey> emitted;
+  std::set<SampleKey> not_emitted;
+  std::set<SampleKey> late;
+  BytesMoved moved;
+};
+
+void RequireSamePlan(const RoundPlan& a, const RoundPlan& b) {
+  REQUIRE(a.num_steps == b.num_steps);
+  REQUIRE(a.epoch_finished == b.epoch_finished);
+  REQUIRE(a.ranks.size() == b.ranks.size());
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    REQUIRE(a.ranks[r].keep_pending == b.ranks[r].keep_pending);
+    for (uint32_t k = 0; k < a.num_steps; ++k) {
+      const auto& x = a.ranks[r].steps[k].samples;
+      const auto& y = b.ranks[r].steps[k].samples;
+      REQUIRE(x.size() == y.size());
+      for (size_t i = 0; i < x.size(); ++i) REQUIRE(KeyOf(x[i]) == KeyOf(y[i]));
+    }
+  }
+}
+
+// Runs one epoch; every invariant is checked with REQUIRE.
+Outcome RunScenario(const Scenario& sc, const GlobalPlannerConfig& gcfg) {
+  GlobalPlanner planner(gcfg);
+  const int w = sc.world;
+  std::vector<std::vector<SampleMeta>> pending(w);
+  std::vector<size_t> next_arrival(w, 0);
+  std::vector<FakeEmitter> emitters;
+  for (int r = 0; r < w; ++r) emitters.emplace_back(sc.depth, sc.seed * 100 + r);
+  Outcome out;
+  uint32_t wait_rounds = 0;
+  const uint64_t all_finished_round = *std::max_element(sc.finish_round.begin(), sc.finish_round.end());
+  uint64_t eligible_after_finish = 0;
+  uint64_t bound = 0;
+  const uint64_t window = sc.config.window == 0 ? UINT64_MAX : sc.config.window;
+  bool finished = false;
+  for (uint64_t round = 0; !finished; ++round) {
+    INFO("seed " << sc.seed << " W=" << w << " mode=" << align::EpochModeName(sc.config.mode) << " locality "
+                 << gcfg.locality << " round " << round);
+    REQUIRE(round < 5000);
+    RoundState state;
+    state.epoch = 3;
+    state.round = round;
+    state.first_step = out.steps;
+    state.ranks.resize(w);
+    bool some_drained = false;
+    for (int r = 0; r < w; ++r) {
+      while (next_arrival[r] < sc.arrivals[r].size() && sc.arrivals[r][next_arrival[r]].round <= round) {
+        pending[r].push_back(sc.arrivals[r][next_arrival[r]++].meta);
+      }
+      align::RankRound& rr = state.ranks[r];
+      rr.pending = pending[r];
+      rr.free_slots = emitters[r].FreeSlots();
+      rr.stream_finished = round >= sc.finish_round[r];
+      rr.wait_rounds = wait_rounds;
+      rr.wait_expired = (sc.seed + round + r) % 17 == 0;
+      some_drained = some_drained || (rr.stream_finished && rr.pending.empty());
+    }
+    if (round == all_finished_round) {
+      // Termination bound (docs/balancing.md): ceil(P / min(W, window)) + 1
+      // rounds with credit, P = all pending samples when the last stream ends.
+      uint64_t total = 0;
+      for (int r = 0; r < w; ++r) total += pending[r].size();
+      const uint64_t per_round = std::min<uint64_t>(w, window);
+      bound = (total + per_round - 1) / per_round + 1;
+    }
+    const RoundPlan plan = planner.Plan(state);
+    if (round % 5 == 0) RequireSamePlan(plan, planner.Plan(state));  // pure function
+    REQUIRE(static_cast<int>(plan.ranks.size()) == w);
+    for (int r = 0; r < w; ++r) REQUIRE(plan.ranks[r].steps.size() == plan.num_steps);
+    if (sc.config.mode == EpochMode::kNonJoin) REQUIRE(plan.epoch_finished == some_drained);
+    if (plan.waiting) {
+      REQUIRE(plan.num_steps == 0);
+      REQUIRE(wait_rounds < sc.config.max_wait_rounds);
+      ++wait_rounds;
+    } else {
+      wait_rounds = 0;
+    }
+    if (round > all_finished_round) REQUIRE_FALSE(plan.waiting);
+    if (round >= all_finished_round) {
+      bool eligible = true;
+      for (int r = 0; r < w; ++r) eligible = eligible && state.ranks[r].free_slots > 0;
+      if (eligible) ++eligible_after_finish;
+      REQUIRE(eligible_after_finish <= bound);
+    }
+    std::set<SampleKey> round_emitted;
+    for (uint32_t k = 0; k < plan.num_steps; ++k) {
+      double wsum = 0;
+      int real = 0;
+      for (int r = 0; r < w; ++r) {
+        const PlannedStep& s = plan.ranks[r].steps[k];
+        REQUIRE(s.idle == s.samples.empty());
+        if (s.idle) REQUIRE(s.loss_weight == 0.0);
+        real += s.idle ? 0 : 1;
+        wsum += s.loss_weight;
+        uint64_t tokens = 0;
+        std::vector<SampleLengths> lens;
+        for (const SampleMeta& m : s.samples) {
+          REQUIRE(out.emitted.insert(KeyOf(m)).second);  // never twice, globally
+          round_emitted.insert(KeyOf(m));
+          tokens += m.lengths.tokens;
+          lens.push_back(m.lengths);
+        }
+        REQUIRE(s.real_tokens == tokens);
+        REQUIRE(s.padded_tokens == grouping::PaddedTokens(sc.config.budget.model, lens));
+        if (lens.size() > 1) REQUIRE(grouping::FitsBudget(sc.config.budget, lens));
+        REQUIRE(s.over_budget == (lens.size() == 1 && !grouping::FitsAlone(sc.config.budget, lens[0])));
+      }
+      REQUIRE(real > 0);
+      // IDLE slots only once every stream has finished (whole steps otherwise).
+      if (real < w) REQUIRE(round >= all_finished_round);
+      REQUIRE(std::abs(wsum - w) < 1e-9);
+    }
+    // Accounting per owner: emitted anywhere + kept + not emitted == pending.
+    for (int r = 0; r < w; ++r) {
+      std::set<SampleKey> accounted;
+      for (const SampleMeta& m : pending[r]) {
+        if (round_emitted.count(KeyOf(m))) accounted.insert(KeyOf(m));
+      }
+      for (const auto& k : plan.ranks[r].keep_pending) {
+        REQUIRE(k.owner_rank == r);
+        REQUIRE(accounted.insert(k).second);
+      }
+      for (const auto& k : plan.ranks[r].not_emitted) {
+        REQUIRE(k.owner_rank == r);
+        REQUIRE(accounted.insert(k).second);
+        out.not_emitted.insert(k);
+      }
+      REQUIRE(accounted.size() == pending[r].size());
+      std::set<SampleKey> kept(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
+      std::erase_if(pending[r], [&](const SampleMeta& m) { return !kept.count(KeyOf(m)); });
+      emitters[r].Push(plan.num_steps);
+      REQUIRE(emitters[r].FreeSlots() <= sc.depth);
+      emitters[r].Drain();
+    }
+    out.moved += ComputeBytesMoved(plan, gcfg.local_world_size);
+    out.steps += plan.num_steps;
+    finished = plan.epoch_finished;
+    if (finished && sc.config.mode == EpochMode::kJoin) {
+      for (int r = 0; r < w; ++r) REQUIRE(pending[r].empty());
+    }
+  }
+  for (int r = 0; r < w; ++r) {
+    for (size_t i = next_arrival[r]; i < sc.arrivals[r].size(); ++i) out.late.insert(KeyOf(sc.arrivals[r][i].meta));
+  }
+  return out;
+}
+
+std::set<SampleKey> AllKeys(const Scenario& sc) {
+  std::set<SampleKey> all;
+  for (const auto& rank : sc.arrivals) {
+    for (const auto& a : rank) all.insert(KeyOf(a.meta));
+  }
+  return all;
+}
+
+TEST_CASE("randomized epochs: alignment, coverage, closure, termination, weights", "[global]") {
+  int scenarios = 0;
+  uint64_t total_steps = 0;
+  BytesMoved moved;
+  for (int world : {2, 3, 4, 8}) {
+    for (uint64_t i = 0; i < 260; ++i) {
+      const uint64_t seed = world * 100000 + i;
+      const EpochMode mode = i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin;
+      const Scenario sc = MakeScenario(seed, world, mode);
+      GlobalPlannerConfig gcfg;
+      gcfg.base = sc.config;
+      gcfg.locality = std::vector<double>{0.0, 0.0, 0.3, 0.7, 1.0}[i % 5];
+      gcfg.local_world_size = static_cast<uint32_t>(1 + i % 4);
+      const Outcome out = RunScenario(sc, gcfg);
+      const std::set<SampleKey> all = AllKeys(sc);
+      INFO("seed " << seed);
+      if (mode == EpochMode::kJoin) {
+        REQUIRE(out.emitted == all);  // identity coverage, with samples moving
+        REQUIRE(out.not_emitted.empty());
+        REQUIRE(out.late.empty());
+      } else {
+        std::set<SampleKey> u = out.emitted;
+        for (const auto& k : out.not_emitted) REQUIRE(u.insert(k).second);
+        for (const auto& k : out.late) REQUIRE(u.insert(k).second);
+        REQUIRE(u == all);
+      }
+      if (gcfg.locality >= 1.0) REQUIRE(out.moved.moved_bytes() == 0);
+      moved += out.moved;
+      total_steps += out.steps;
+      ++scenarios;
+    }
+  }
+  REQUIRE(scenarios == 1040);
+  REQUIRE(total_steps > 1000);
+  // The scenarios really move samples across ranks and nodes.
+  REQUIRE(moved.intra_node_samples > 100);
+  REQUIRE(moved.inter_node_samples > 100);
+}
+
+// W ranks, each with n pending samples from `lengths`, open streams, lots of credit.
+RoundState Uniformish(int world, size_t n, uint32_t lo, uint32_t hi, uint64_t seed, uint32_t free_slots) {
+  std::mt19937_64 rng(seed);
+  RoundState st;
+  st.ranks.resize(world);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths.tokens = std::uniform_int_distribution<uint32_t>(lo, hi)(rng);
+      m.payload_bytes = 4ull * m.lengths.tokens;
+      st.ranks[r].pending.push_back(m);
+    }
+    st.ranks[r].free_slots = free_slots;
+  }
+  return st;
+}
+
+double StepCost(const align::PlannerConfig& cfg, const PlannedStep& s) {
+  std::vector<SampleLengths> lens;
+  for (const auto& m : s.samples) lens.push_back(m.lengths);
+  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens);
+}
+
+TEST_CASE("post-balancing: max/mean rank cost per step <= 1.05 on uniform-ish inputs", "[global][balance]") {
+  for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      GlobalPlannerConfig gcfg;
+      gcfg.base.budget.model = model;
+      gcfg.base.max_wait_rounds = 0;
+      const RoundState st = Uniformish(8, 256, 64, 1024, seed, 1000);
+      const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+      GlobalPlannerConfig local_cfg = gcfg;
+      local_cfg.locality = 1.0;
+      const RoundPlan local = GlobalPlanner(local_cfg).Plan(st);
+      REQUIRE(plan.num_steps >= 8);
+      double sum_max = 0, sum_mean = 0, local_sum_max = 0, local_sum_mean = 0;
+      for (uint32_t k = 0; k < plan.num_steps; ++k) {
+        double mx = 0, total = 0;
+        for (const auto& rp : plan.ranks) {
+          REQUIRE_FALSE(rp.steps[k].idle);  // every rank has a group
+          const double c = StepCost(gcfg.base, rp.steps[k]);
+          mx = std::max(mx, c);
+          total += c;
+        }
+        const double mean = total / 8;
+        INFO("model " << static_cast<int>(model) << " seed " << seed << " step " << k << " max " << mx << " mean "
+                      << mean);
+        REQUIRE(mx / mean <= 1.05);
+        sum_max += mx;
+        sum_mean += mean;
+      }
+      for (uint32_t k = 0; k < local.num_steps; ++k) {
+        double mx = 0, total = 0;
+        for (const auto& rp : local.ranks) {
+          const double c = rp.steps[k].idle ? 0.0 : StepCost(gcfg.base, rp.steps[k]);
+          mx = std::max(mx, c);
+          total += c;
+        }
+        local_sum_max += mx;
+        local_sum_mean += total / 8;
+      }
+      // Better balanced than the local plan of the same input.
+      REQUIRE(sum_max / sum_mean < local_sum_max / local_sum_mean);
+    }
+  }
+}
+
+TEST_CASE("locality: 1 moves nothing and equals LocalPlanner; bytes fall as locality grows", "[global][locality]") {
+  for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+    std::vector<uint64_t> moved_by_level;
+    std::vector<uint64_t> inter_by_level;
+    const std::vector<double> levels = {0.0, 0.2, 0.5, 0.9, 1.0};
+    for (double locality : levels) {
+      uint64_t moved = 0, inter = 0;
+      for (uint64_t seed = 1; seed <= 4; ++seed) {
+        GlobalPlannerConfig gcfg;
+        gcfg.base.budget.model = model;
+        gcfg.base.max_wait_rounds = 0;
+        gcfg.local_world_size = 4;
+        gcfg.locality = locality;
+        const RoundState st = Uniformish(8, 128, 16, 1024, seed, 16);
+        const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+        const BytesMoved b = ComputeBytesMoved(plan, gcfg.local_world_size);
+        moved += b.moved_bytes();
+        inter += b.inter_node_bytes;
+        if (locality >= 1.0) {
+          align::LocalPlanner local(gcfg.base);
+          RequireSamePlan(plan, local.Plan(st));
+        }
+      }
+      moved_by_level.push_back(moved);
+      inter_by_level.push_back(inter);
+    }
+    INFO("moved: " << moved_by_level[0] << " " << moved_by_level[1] << " " << moved_by_level[2] << " "
+                   << moved_by_level[3] << " " << moved_by_level[4]);
+    REQUIRE(moved_by_level[0] > 0);
+    REQUIRE(moved_by_level.back() == 0);
+    for (size_t i = 1; i < levels.size(); ++i) {
+      REQUIRE(moved_by_level[i] <= moved_by_level[i - 1] * 1.02);  // monotone up to 2%
+    }
+    REQUIRE(moved_by_level[3] < moved_by_level[0]);
+    // Node awareness: fewer bytes cross nodes than a node-blind deal would
+    // send (with 2 nodes, a blind deal sends about half of the moved bytes).
+    REQUIRE(inter_by_level[0] * 2 < moved_by_level[0]);
+  }
+}
+
+align::RankRound Rank(std::vector<uint32_t> lengths, int owner, uint32_t free_slots, bool finished) {
+  align::RankRound rr;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SampleMeta m;
+    m.id = i + 1;
+    m.owner_rank = owner;
+    m.lengths.tokens = lengths[i];
+    m.payload_bytes = 100;
+    rr.pending.push_back(m);
+  }
+  rr.free_slots = free_slots;
+  rr.stream_finished = finished;
+  return rr;
+}
+
+TEST_CASE("a rank with no samples gets real work from the others", "[global]") {
+  GlobalPlannerConfig gcfg;
+  gcfg.base.max_wait_rounds = 0;
+  gcfg.base.budget.max_tokens = 1000;
+  RoundState st;
+  st.ranks = {Rank({900, 900, 900, 900, 900, 900, 800, 800}, 0, 8, false), Rank({}, 1, 8, false)};
+  const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+  REQUIRE(plan.num_steps == 4);
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    REQUIRE_FALSE(plan.ranks[1].steps[k].idle);
+    REQUIRE(plan.ranks[1].steps[k].samples[0].owner_rank == 0);
+    REQUIRE(plan.ranks[0].steps[k].loss_weight + plan.ranks[1].steps[k].loss_weight == Approx(2.0));
+  }
+  const BytesMoved b = ComputeBytesMoved(plan, 1);
+  REQUIRE(b.inter_node_samples == 4);
+  REQUIRE(b.stay_samples == 4);
+}
+
+TEST_CASE("groups that do not fill a step wait for more samples; end of epoch fills with IDLE", "[global]") {
+  GlobalPlannerConfig gcfg;
+  gcfg.base.max_wait_rounds = 0;
+  gcfg.base.budget.max_tokens = 1000;
+  RoundState st;
+  // Three 900-token samples: three groups for four ranks.
+  st.ranks = {Rank({900, 900}, 0, 4, false), Rank({900}, 1, 4, false), Rank({}, 2, 4, false),
+              Rank({}, 3, 4, false)};
+  RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+  REQUIRE(plan.num_steps == 0);
+  REQUIRE_FALSE(plan.waiting);
+  REQUIRE(plan.ranks[0].keep_pending.size() == 2);
+  REQUIRE(plan.ranks[1].keep_pending.size() == 1);
+  for (auto& rr : st.ranks) rr.stream_finished = true;
+  plan = GlobalPlanner(gcfg).Plan(st);
+  REQUIRE(plan.num_steps == 1);
+  int idle = 0;
+  for (const auto& rp : plan.ranks) idle += rp.steps[0].idle ? 1 : 0;
+  REQUIRE(idle == 1);
+  // Owners keep their own samples when the slots allow it.
+  REQUIRE(ComputeBytesMoved(plan, 1).moved_bytes() == 0);
+}
+
+TEST_CASE("end of epoch splits groups instead of leaving ranks idle", "[global]") {
+  GlobalPlannerConfig gcfg;
+  gcfg.base.max_wait_rounds = 0;
+  RoundState st;
+  // One rank, 8 short samples (one group), 4 ranks: split into 4 groups.
+  st.ranks = {Rank({10, 20, 30, 40, 50, 60, 70, 80}, 0, 4, true), Rank({}, 1, 4, true), Rank({}, 2, 4, true),
+              Rank({}, 3, 4, true)};
+  const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+  REQUIRE(plan.num_steps == 1);
+  for (const auto& rp : plan.ranks) REQUIRE_FALSE(rp.steps[0].idle);
+}
+
+TEST_CASE("protocol rules match LocalPlanner: waits, credit, non-join closure", "[global]") {
+  GlobalPlannerConfig gcfg;
+  gcfg.base.window = 8;
+  gcfg.base.max_wait_rounds = 2;
+  GlobalPlanner planner(gcfg);
+  RoundState st;
+  st.ranks = {Rank({10, 20}, 0, 4, false), Rank({10, 20, 30, 40, 50, 60, 70, 80, 90}, 1, 4, false)};
+  RoundPlan plan = planner.Plan(st);
+  REQUIRE(plan.waiting);
+  REQUIRE(plan.ranks[0].waited);
+  st.ranks[0].wait_rounds = st.ranks[1].wait_rounds = 2;
+  plan = planner.Plan(st);
+  REQUIRE_FALSE(plan.waiting);
+  REQUIRE(plan.num_steps >= 1);
+  // Rank 1's ninth sample is past its window: it stays pending.
+  REQUIRE(std::count(plan.ranks[1].keep_pending.begin(), plan.ranks[1].keep_pending.end(), SampleKey{1, 9}) == 1);
+  st.ranks[0].free_slots = 0;
+  plan = planner.Plan(st);
+  REQUIRE(plan.num_steps == 0);
+  REQUIRE(plan.ranks[0].keep_pending.size() == 2);
+
+  gcfg.base.mode = EpochMode::kNonJoin;
+  st.ranks = {Rank({}, 0, 4, true), Rank({5, 6, 7}, 1, 4, false)};
+  plan = GlobalPlanner(gcfg).Plan(st);
+  REQUIRE(plan.epoch_finished);
+  REQUIRE(plan.ranks[1].not_emitted.size() == 3);
+}
+
+TEST_CASE("ComputeBytesMoved splits moves by node", "[global]") {
+  RoundPlan plan;
+  plan.num_steps = 1;
+  plan.ranks.resize(4);
+  auto meta = [](int owner, uint64_t bytes) {
+    SampleMeta m;
+    m.owner_rank = owner;
+    m.payload_bytes = bytes;
+    m.lengths.tokens = 1;
+    return m;
+  };
+  for (auto& rp : plan.ranks) rp.steps.resize(1);
+  plan.ranks[0].steps[0].samples = {meta(0, 10), meta(1, 20), meta(2, 40)};
+  plan.ranks[3].steps[0].samples = {meta(2, 80)};
+  const BytesMoved b = ComputeBytesMoved(plan, 2);  // nodes {0,1} {2,3}
+  REQUIRE(b.stay_bytes == 10);
+  REQUIRE(b.intra_node_bytes == 100);
+  REQUIRE(b.inter_node_bytes == 40);
+  REQUIRE(b.samples() == 4);
+  const BytesMoved one_node = ComputeBytesMoved(plan, 0);
+  REQUIRE(one_node.inter_node_bytes == 0);
+  REQUIRE(one_node.intra_node_bytes == 140);
+}
+
+TEST_CASE("name carries the balance knobs for the hello fingerprint", "[global]") {
+  GlobalPlannerConfig a, b;
+  b.locality = 0.5;
+  REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
+  b = a;
+  b.local_world_size = 8;
+  REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
+}
+
+}  // namespace
+}  // namespace odb::balance
