@@ -265,6 +265,94 @@ std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, co
   return out;
 }
 
+// Gain of emitting a sample owned by `owner` on `rank` (same scale as
+// LocalityWeights: 1 + kNodeWeight at home, kNodeWeight on its node).
+int64_t HomeScore(int32_t owner, int32_t rank, uint32_t lws) {
+  if (owner == rank) return 1 + kNodeWeight;
+  return NodeOf(owner, lws) == NodeOf(rank, lws) ? kNodeWeight : 0;
+}
+
+bool FitsWithin(const align::PlannerConfig& cfg, const Pool& pool, const Members& g, double capacity) {
+  const auto lens = LensOf(pool, g);
+  if (lens.size() > 1 && !grouping::FitsBudget(cfg.budget, lens)) return false;
+  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens) <= capacity;
+}
+
+// Local search over one step with ranks fixed (bin b runs on rank_of_bin[b]):
+// a sample away from home moves to its owner's bin (then a bin on its node),
+// or swaps with a sample of that bin, when the locality gain is positive and
+// both bins keep the budget and stay within `capacity` (and non-empty). A few
+// passes; returns whether anything changed.
+bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& bins,
+                   const std::vector<int>& rank_of_bin, double capacity, uint32_t lws) {
+  const size_t nb = bins.size();
+  std::vector<size_t> bin_of_rank(nb);
+  for (size_t b = 0; b < nb; ++b) bin_of_rank[rank_of_bin[b]] = b;
+  bool changed = false;
+  for (int pass = 0; pass < 2; ++pass) {
+    bool pass_changed = false;
+    for (size_t x = 0; x < nb; ++x) {
+      const int32_t p = rank_of_bin[x];
+      for (size_t ai = 0; ai < bins[x].size();) {
+        const size_t a = bins[x][ai];
+        const int32_t owner = pool.metas[a].owner_rank;
+        const int64_t here = HomeScore(owner, p, lws);
+        bool done = false;
+        if (here < 1 + kNodeWeight && static_cast<size_t>(owner) < nb) {
+          // Candidate bins: the owner's, then the others on its node.
+          std::vector<size_t> targets = {bin_of_rank[owner]};
+          if (here < kNodeWeight) {
+            for (size_t y = 0; y < nb; ++y) {
+              if (y != x && y != bin_of_rank[owner] && HomeScore(owner, rank_of_bin[y], lws) == kNodeWeight) {
+                targets.push_back(y);
+              }
+            }
+          }
+          for (size_t y : targets) {
+            if (y == x || done) continue;
+            const int32_t q = rank_of_bin[y];
+            if (bins[x].size() > 1) {  // move
+              Members ny = bins[y];
+              ny.push_back(a);
+              if (FitsWithin(cfg, pool, ny, capacity)) {
+                bins[y] = std::move(ny);
+                bins[x].erase(bins[x].begin() + static_cast<std::ptrdiff_t>(ai));
+                done = true;
+                break;
+              }
+            }
+            for (size_t bi = 0; bi < bins[y].size(); ++bi) {  // swap
+              const size_t b = bins[y][bi];
+              const int32_t b_owner = pool.metas[b].owner_rank;
+              const int64_t delta = HomeScore(owner, q, lws) + HomeScore(b_owner, p, lws) - here -
+                                    HomeScore(b_owner, q, lws);
+              if (delta <= 0) continue;
+              Members nx = bins[x], ny = bins[y];
+              nx[ai] = b;
+              ny[bi] = a;
+              if (FitsWithin(cfg, pool, nx, capacity) && FitsWithin(cfg, pool, ny, capacity)) {
+                bins[x] = std::move(nx);
+                bins[y] = std::move(ny);
+                done = true;
+                ++ai;
+                break;
+              }
+            }
+          }
+        }
+        if (done) {
+          pass_changed = true;
+        } else {
+          ++ai;
+        }
+      }
+    }
+    changed = changed || pass_changed;
+    if (!pass_changed) break;
+  }
+  return changed;
+}
+
 // Post-balancing of one full step (W groups): binary search on the capacity
 // with the LPT dispatcher, then the locality pass within C* / (1 - locality).
 // Returns the step's groups in rank order (index = rank).
@@ -299,17 +387,12 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   }
   const double c_star = MaxCost(cfg, pool, bins);
   std::vector<int> rank_of_bin;
-  int64_t gain = LocalityGain(pool, bins, world, lws, &rank_of_bin);
-  // Locality pass: keep samples home where the relaxed capacity allows.
+  LocalityGain(pool, bins, world, lws, &rank_of_bin);
+  // Locality pass: moves and swaps that bring samples home, within the budget
+  // and within the relaxed capacity C* / (1 - locality).
   const double capacity = c_star / (1.0 - std::clamp(gcfg.locality, 0.0, 0.999));
-  if (auto home = Dispatch(cfg, pool, desc, bins.size(), capacity, &rank_of_bin, lws)) {
-    std::vector<int> home_ranks;
-    const int64_t home_gain = LocalityGain(pool, *home, world, lws, &home_ranks);
-    if (home_gain > gain) {
-      bins = std::move(*home);
-      rank_of_bin = std::move(home_ranks);
-      gain = home_gain;
-    }
+  if (LocalitySwaps(cfg, pool, bins, rank_of_bin, capacity, lws)) {
+    LocalityGain(pool, bins, world, lws, &rank_of_bin);
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);

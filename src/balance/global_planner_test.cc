@@ -92,6 +92,11 @@ Outcome RunScenario(const Scenario& sc, const GlobalPlannerConfig& gcfg) {
       for (int r = 0; r < w; ++r) total += pending[r].size();
       const uint64_t per_round = std::min<uint64_t>(w, window);
       bound = (total + per_round - 1) / per_round + 1;
+      if (gcfg.locality >= 1.0) {  // LocalPlanner's bound (docs/alignment.md)
+        size_t max_pending = 0;
+        for (int r = 0; r < w; ++r) max_pending = std::max(max_pending, pending[r].size());
+        bound = max_pending + 1;
+      }
     }
     const RoundPlan plan = planner.Plan(state);
     if (round % 5 == 0) RequireSamePlan(plan, planner.Plan(state));  // pure function
@@ -137,7 +142,7 @@ Outcome RunScenario(const Scenario& sc, const GlobalPlannerConfig& gcfg) {
       }
       REQUIRE(real > 0);
       // IDLE slots only once every stream has finished (whole steps otherwise).
-      if (real < w) REQUIRE(round >= all_finished_round);
+      if (real < w && gcfg.locality < 1.0) REQUIRE(round >= all_finished_round);
       REQUIRE(std::abs(wsum - w) < 1e-9);
     }
     // Accounting per owner: emitted anywhere + kept + not emitted == pending.
@@ -326,8 +331,8 @@ TEST_CASE("locality: 1 moves nothing and equals LocalPlanner; bytes fall as loca
     }
     REQUIRE(moved_by_level[3] < moved_by_level[0]);
     // Node awareness: fewer bytes cross nodes than a node-blind deal would
-    // send (with 2 nodes, a blind deal sends about half of the moved bytes).
-    REQUIRE(inter_by_level[0] * 2 < moved_by_level[0]);
+    // send (2 nodes of 4 ranks: a blind move crosses with probability 4/7).
+    REQUIRE(inter_by_level[0] * 7 < moved_by_level[0] * 4);
   }
 }
 
@@ -383,8 +388,9 @@ TEST_CASE("groups that do not fill a step wait for more samples; end of epoch fi
   int idle = 0;
   for (const auto& rp : plan.ranks) idle += rp.steps[0].idle ? 1 : 0;
   REQUIRE(idle == 1);
-  // Owners keep their own samples when the slots allow it.
-  REQUIRE(ComputeBytesMoved(plan, 1).moved_bytes() == 0);
+  // Owners keep their own samples where the slots allow it: rank 0 owns two
+  // of the three groups of the single step, so exactly one sample moves.
+  REQUIRE(ComputeBytesMoved(plan, 1).moved_bytes() == 100);
 }
 
 TEST_CASE("end of epoch splits groups instead of leaving ranks idle", "[global]") {
@@ -403,6 +409,7 @@ TEST_CASE("protocol rules match LocalPlanner: waits, credit, non-join closure", 
   GlobalPlannerConfig gcfg;
   gcfg.base.window = 8;
   gcfg.base.max_wait_rounds = 2;
+  gcfg.base.budget.max_tokens = 100;
   GlobalPlanner planner(gcfg);
   RoundState st;
   st.ranks = {Rank({10, 20}, 0, 4, false), Rank({10, 20, 30, 40, 50, 60, 70, 80, 90}, 1, 4, false)};

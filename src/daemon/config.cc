@@ -120,6 +120,7 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("redis_port", c.redis_port));
   ODB_RETURN_IF_ERROR(s.Get("job_id", c.job_id));
   ODB_RETURN_IF_ERROR(s.Get("gloo_hostname", c.gloo_hostname));
+  ODB_RETURN_IF_ERROR(s.Get("gloo_iface", c.gloo_iface));
   ODB_RETURN_IF_ERROR(s.Get("connect_timeout_ms", c.connect_timeout_ms));
   ODB_RETURN_IF_ERROR(s.Get("collective_timeout_ms", c.collective_timeout_ms));
   return s.CheckNoUnknownKeys();

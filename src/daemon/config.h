@@ -76,6 +76,7 @@ struct DaemonConfig {
   int redis_port = 6379;
   std::string job_id = "odb";  // key prefix in the store: use a new one per job
   std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo listens on
+  std::string gloo_iface;  // network interface for Gloo (e.g. "eth0"); wins over gloo_hostname
   uint32_t connect_timeout_ms = 30000;
   uint32_t collective_timeout_ms = 120000;  // a dead peer is an error after this
 

@@ -65,6 +65,7 @@ class Daemon {
   // Endpoints actually bound (tcp://127.0.0.1:* resolved to the real port).
   std::vector<std::string> IngestEndpoints() const { return bound_ingest_; }
   std::string TrainerEndpoint() const { return bound_trainer_; }
+  std::string PeerEndpoint() const { return bound_peer_; }
 
  private:
   struct OutMessage {

@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& e : daemon.IngestEndpoints()) spdlog::info("ingest listening on {}", e);
   spdlog::info("trainer endpoint {}", daemon.TrainerEndpoint());
+  if (!daemon.PeerEndpoint().empty()) spdlog::info("peer endpoint {}", daemon.PeerEndpoint());
 
   g_daemon.store(&daemon);
   struct sigaction sa {};

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<align::PeerGroup>> ConnectPeers(const DaemonConfi
     o.redis_port = config.redis_port;
   }
   o.hostname = config.gloo_hostname;
+  o.iface = config.gloo_iface;
   o.connect_timeout = std::chrono::milliseconds(config.connect_timeout_ms);
   o.collective_timeout = std::chrono::milliseconds(config.collective_timeout_ms);
   align::LocalPlanner planner(PlannerConfigFrom(config));

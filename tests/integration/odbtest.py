@@ -27,7 +27,8 @@ class Daemon:
     """One odbd process with its own run_dir; stopped (and its log kept) by stop()."""
 
     def __init__(self, run_dir: Path, rank: int = 0, world: int = 1, config: str = "",
-                 job_id: str | None = None, log_level: str = "info", extra_env: dict | None = None):
+                 job_id: str | None = None, log_level: str = "info", extra_env: dict | None = None,
+                 prefix: list[str] | None = None):
         require_built()
         self.run_dir = run_dir
         self.rank = rank
@@ -39,7 +40,7 @@ class Daemon:
         env = dict(os.environ)
         env.update(extra_env or {})
         self.proc = subprocess.Popen(
-            [str(ODBD), "--config", str(self.config_path), "--rank", str(rank), "--world-size",
+            (prefix or []) + [str(ODBD), "--config", str(self.config_path), "--rank", str(rank), "--world-size",
              str(world), "--run-dir", str(run_dir), "--job-id", job_id or f"t-{uuid.uuid4().hex[:8]}",
              "--log-level", log_level],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)

@@ -55,7 +55,7 @@ def test_missing_binary_says_to_build(run_dir) -> None:
         odb.spawn_daemon(0, 1, run_dir, odbd=run_dir / "no-odbd")
 
 
-@pytest.mark.parametrize("registered", [True, False])
+@pytest.mark.parametrize("registered", [False, True])
 def test_daemon_dying_mid_epoch_raises(run_dir, job_id, registered) -> None:
     daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(128))
     if not registered:  # a daemon started by someone else: only the timeout can tell
@@ -104,5 +104,6 @@ def test_native_producer_rejects_bad_buffers(run_dir, job_id) -> None:
             p.send(1, 0, 10, 0, 0, [("input_ids", 5, (11,), x)])
         with pytest.raises(ValueError, match="contiguous"):
             p.send(1, 0, 5, 0, 0, [("input_ids", 5, (5,), x[::2])])
+        del p
     finally:
         daemon.stop()

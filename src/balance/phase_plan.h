@@ -1,0 +1,100 @@
+#ifndef ODB_BALANCE_PHASE_PLAN_H_
+#define ODB_BALANCE_PHASE_PLAN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "src/align/planner.h"
+
+namespace odb::balance {
+
+// Per-phase balancing for multimodal models (OrchMLLM's global orchestrator),
+// as pure functions. A step's samples go through an encoder phase (cost from
+// vision_patches) and an LLM phase (cost from tokens); each phase gets its own
+// balanced rank assignment, and the trainer moves encoder outputs straight
+// from the encoder layout to the LLM layout with ONE all-to-all whose routes
+// are the composed permutation Pi_LLM o Pi_enc^-1 (instead of going back to
+// the loader layout and out again: two exchanges).
+
+// Cost of one sample in one phase: per_sample + per_unit * u + per_unit_sq * u^2
+// (u = vision patches for the encoder, tokens for the LLM). Packed phases:
+// a rank's phase cost is the sum over its samples.
+struct PhaseCost {
+  double per_sample = 0.0;
+  double per_unit = 1.0;
+  double per_unit_sq = 0.0;
+  double Of(uint64_t units) const {
+    const double u = static_cast<double>(units);
+    return per_sample + per_unit * u + per_unit_sq * u * u;
+  }
+};
+
+// One sample of the step: where its payload is (home_rank) and its sizes.
+struct PhaseSample {
+  align::SampleKey key;
+  int32_t home_rank = 0;
+  SampleLengths lengths;
+};
+
+// A position in a phase's layout: the index-th item on `rank`.
+struct Slot {
+  int32_t rank = 0;
+  uint32_t index = 0;
+  friend bool operator==(const Slot&, const Slot&) = default;
+};
+
+// A balanced assignment of n items to W ranks.
+struct PhaseAssignment {
+  std::vector<std::vector<size_t>> order;  // per rank: item indices, in local order
+  std::vector<double> load;                // per rank: sum of item costs
+  double max_load = 0.0;
+  // Item i's slot in this layout (size n).
+  std::vector<Slot> slot_of;
+};
+
+// Minimax assignment of items (cost[i], home[i]) to `world` ranks: LPT, then a
+// binary search on the capacity C with a home-first greedy (an item stays on
+// its home rank when that keeps the rank within C, else goes to the
+// least-loaded rank). Deterministic; local order is by item index.
+// Preconditions: world >= 1, home[i] in [0, world).
+PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32_t> home, int world,
+                             uint32_t capacity_iters = 24);
+
+// Lower bound of any assignment's max load: max(max item, sum / W).
+double MinimaxLowerBound(std::span<const double> cost, int world);
+
+// route[r][i] = where the item at slot (r, i) of `from` sits in `to`: the
+// composition to o from^-1. Both assignments must cover the same n items.
+std::vector<std::vector<Slot>> ComposeRoutes(const PhaseAssignment& from, const PhaseAssignment& to);
+
+// Applies a route to per-rank data laid out as `from` (data[r][i]); returns
+// the data laid out as `to`. Reference implementation of the all-to-all.
+template <typename T>
+std::vector<std::vector<T>> ApplyRoute(const std::vector<std::vector<Slot>>& route,
+                                       const std::vector<std::vector<T>>& data, const std::vector<size_t>& to_sizes) {
+  std::vector<std::vector<T>> out(to_sizes.size());
+  for (size_t r = 0; r < to_sizes.size(); ++r) out[r].resize(to_sizes[r]);
+  for (size_t r = 0; r < route.size(); ++r) {
+    for (size_t i = 0; i < route[r].size(); ++i) out[route[r][i].rank][route[r][i].index] = data[r][i];
+  }
+  return out;
+}
+
+// The full multimodal plan of one step.
+struct MultimodalPlan {
+  PhaseAssignment encoder;  // home = the sample's home_rank (payload location)
+  PhaseAssignment llm;      // home = the sample's encoder rank (embedding location)
+  // encoder layout -> LLM layout, one all-to-all (Pi_LLM o Pi_enc^-1).
+  std::vector<std::vector<Slot>> encoder_to_llm;
+  // send_counts[src][dst]: items rank src sends to rank dst in that all-to-all.
+  std::vector<std::vector<uint32_t>> send_counts;
+};
+
+MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& encoder_cost,
+                          const PhaseCost& llm_cost);
+
+}  // namespace odb::balance
+
+#endif  // ODB_BALANCE_PHASE_PLAN_H_

@@ -1,0 +1,94 @@
+#include "src/balance/phase_plan.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <random>
+
+namespace odb::balance {
+namespace {
+
+std::vector<PhaseSample> RandomStep(uint64_t seed, int world, size_t n) {
+  std::mt19937_64 rng(seed);
+  std::vector<PhaseSample> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].key = align::SampleKey{static_cast<int32_t>(i % world), i};
+    out[i].home_rank = static_cast<int32_t>(i % world);
+    out[i].lengths.tokens = std::uniform_int_distribution<uint32_t>(16, 2048)(rng);
+    // Half the samples carry an image; image size independent of text length.
+    out[i].lengths.vision_patches = rng() % 2 ? std::uniform_int_distribution<uint32_t>(64, 1024)(rng) : 0;
+  }
+  return out;
+}
+
+TEST_CASE("composed route equals the two-exchange path and lands in the LLM layout", "[phase]") {
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    const int world = 2 + static_cast<int>(seed % 7);
+    const auto samples = RandomStep(seed, world, 8 * world + seed % 13);
+    const MultimodalPlan plan = PlanPhases(samples, world, PhaseCost{}, PhaseCost{});
+    // Data laid out as the encoder phase: item ids.
+    std::vector<std::vector<size_t>> enc_data = plan.encoder.order;
+    std::vector<size_t> llm_sizes;
+    for (const auto& o : plan.llm.order) llm_sizes.push_back(o.size());
+    const auto one_hop = ApplyRoute(plan.encoder_to_llm, enc_data, llm_sizes);
+    REQUIRE(one_hop == plan.llm.order);
+    // Two hops: encoder layout -> loader layout (one item per slot, item order)
+    // -> LLM layout; must agree with the composed route.
+    std::vector<size_t> loader(samples.size());
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < enc_data[r].size(); ++i) loader[enc_data[r][i]] = enc_data[r][i];
+    }
+    std::vector<std::vector<size_t>> two_hop(world);
+    for (int r = 0; r < world; ++r) {
+      for (size_t item : plan.llm.order[r]) two_hop[r].push_back(loader[item]);
+    }
+    REQUIRE(two_hop == one_hop);
+    // Send counts add up to the layouts.
+    for (int s = 0; s < world; ++s) {
+      uint32_t out = 0, in = 0;
+      for (int d = 0; d < world; ++d) {
+        out += plan.send_counts[s][d];
+        in += plan.send_counts[d][s];
+      }
+      REQUIRE(out == plan.encoder.order[s].size());
+      REQUIRE(in == plan.llm.order[s].size());
+    }
+  }
+}
+
+TEST_CASE("each phase is balanced on its own cost", "[phase]") {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    const int world = 8;
+    const auto samples = RandomStep(seed, world, 256);
+    const MultimodalPlan plan = PlanPhases(samples, world, PhaseCost{}, PhaseCost{});
+    std::vector<double> enc, llm;
+    for (const auto& s : samples) {
+      enc.push_back(s.lengths.vision_patches);
+      llm.push_back(s.lengths.tokens);
+    }
+    // Within 5% of the minimax lower bound (max/mean <= 1.05) for both phases.
+    REQUIRE(plan.encoder.max_load <= 1.05 * MinimaxLowerBound(enc, world));
+    REQUIRE(plan.llm.max_load <= 1.05 * MinimaxLowerBound(llm, world));
+    // The phases really differ: the encoder layout is not the LLM layout.
+    REQUIRE(plan.encoder.order != plan.llm.order);
+  }
+}
+
+TEST_CASE("BalancePhase covers every item once and prefers home when balanced", "[phase]") {
+  // Already balanced at home: nothing moves.
+  const std::vector<double> cost = {5, 5, 5, 5, 3, 3, 3, 3};
+  const std::vector<int32_t> home = {0, 1, 2, 3, 0, 1, 2, 3};
+  const PhaseAssignment a = BalancePhase(cost, home, 4);
+  REQUIRE(a.max_load == 8.0);
+  for (size_t i = 0; i < cost.size(); ++i) REQUIRE(a.slot_of[i].rank == home[i]);
+  // Everything at home on rank 0: it gets spread, each item exactly once.
+  const std::vector<int32_t> all_zero(8, 0);
+  const PhaseAssignment b = BalancePhase(cost, all_zero, 4);
+  REQUIRE(b.max_load == 8.0);
+  std::vector<size_t> seen;
+  for (const auto& o : b.order) seen.insert(seen.end(), o.begin(), o.end());
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 0; i < seen.size(); ++i) REQUIRE(seen[i] == i);
+}
+
+}  // namespace
+}  // namespace odb::balance
