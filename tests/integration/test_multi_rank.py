@@ -155,3 +155,19 @@ def test_two_ranks_non_join_quota_closure(tmp_path):
     for r, e in enumerate(results):
         assert len(e["ids"]) + e["not_emitted"] + e["summary_rejected"] == counts[r]
         assert e["summary_received"] == counts[r]
+
+
+def test_config_mismatch_is_refused_on_every_rank(tmp_path):
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    daemons = [Daemon(tmp_path, rank=r, world=2, job_id=job,
+                      config=f"grouping: {{max_tokens: {4096 if r == 0 else 8192}}}\n"
+                             "alignment: {connect_timeout_ms: 20000}\n") for r in range(2)]
+    try:
+        for d in daemons:
+            assert d.proc.wait(timeout=60) == 3
+    finally:
+        for d in daemons:
+            d.stop()
+    for d in daemons:
+        log = d.log_path.read_text()
+        assert "max_tokens" in log and "rank 1" in log, log
