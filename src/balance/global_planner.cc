@@ -267,15 +267,81 @@ std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, co
 
 // Gain of emitting a sample owned by `owner` on `rank` (same scale as
 // LocalityWeights: 1 + kNodeWeight at home, kNodeWeight on its node).
-int64_t HomeScore(int32_t owner, int32_t rank, uint32_t lws) {
+int64_t HomeScore(int32_t owner, int32_t rank, const std::vector<int32_t>& node) {
   if (owner == rank) return 1 + kNodeWeight;
-  return NodeOf(owner, lws) == NodeOf(rank, lws) ? kNodeWeight : 0;
+  return node[owner] == node[rank] ? kNodeWeight : 0;
 }
 
-bool FitsWithin(const align::PlannerConfig& cfg, const Pool& pool, const Members& g, double capacity) {
-  const auto lens = LensOf(pool, g);
-  if (lens.size() > 1 && !grouping::FitsBudget(cfg.budget, lens)) return false;
-  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens) <= capacity;
+// Exact aggregates of a group, so that "X - a + b still fits the budget and
+// stays within the capacity" is O(1): the same PaddedBudgetCost /
+// PackedBudgetCost that GroupTally (hence FitsBudget) uses.
+struct Agg {
+  uint64_t n = 0;
+  uint32_t max1 = 0, max2 = 0;  // longest, and longest after removing one longest
+  uint64_t sum = 0;
+  unsigned __int128 sum_sq = 0;
+  uint64_t vision = 0, audio = 0;
+};
+
+Agg AggOf(const Pool& pool, const Members& g) {
+  Agg a;
+  for (size_t i : g) {
+    const SampleLengths& s = pool.lens[i];
+    ++a.n;
+    if (s.tokens >= a.max1) {
+      a.max2 = a.max1;
+      a.max1 = s.tokens;
+    } else {
+      a.max2 = std::max(a.max2, s.tokens);
+    }
+    a.sum += s.tokens;
+    a.sum_sq += static_cast<unsigned __int128>(s.tokens) * s.tokens;
+    a.vision += s.vision_patches;
+    a.audio += s.audio_frames;
+  }
+  return a;
+}
+
+// Does the group `g` (aggregates) with `out` removed (optional) and `in`
+// added (optional) fit the budget (when it has > 1 member) and the capacity?
+bool FitsAfter(const align::PlannerConfig& cfg, const Agg& g, const SampleLengths* out, const SampleLengths* in,
+               double capacity) {
+  uint64_t n = g.n;
+  uint32_t longest = g.max1;
+  uint64_t sum = g.sum, vision = g.vision, audio = g.audio;
+  unsigned __int128 sum_sq = g.sum_sq;
+  if (out != nullptr) {
+    --n;
+    if (out->tokens == g.max1) longest = g.max2;
+    sum -= out->tokens;
+    sum_sq -= static_cast<unsigned __int128>(out->tokens) * out->tokens;
+    vision -= out->vision_patches;
+    audio -= out->audio_frames;
+  }
+  if (in != nullptr) {
+    ++n;
+    longest = std::max(longest, in->tokens);
+    sum += in->tokens;
+    sum_sq += static_cast<unsigned __int128>(in->tokens) * in->tokens;
+    vision += in->vision_patches;
+    audio += in->audio_frames;
+  }
+  if (n == 0) return false;
+  const grouping::Budget& b = cfg.budget;
+  if (n > 1) {
+    const uint64_t sq = sum_sq > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()
+                                                                       : static_cast<uint64_t>(sum_sq);
+    const double bc = b.model == grouping::CostModel::kPadded ? grouping::PaddedBudgetCost(b, n, longest)
+                                                               : grouping::PackedBudgetCost(b, sum, sq);
+    if (b.max_tokens != 0 && bc > static_cast<double>(b.max_tokens)) return false;
+    if (b.max_group_size != 0 && n > b.max_group_size) return false;
+    if (b.max_vision_patches != 0 && vision > b.max_vision_patches) return false;
+    if (b.max_audio_frames != 0 && audio > b.max_audio_frames) return false;
+  }
+  const uint64_t padded = b.model == grouping::CostModel::kPadded ? static_cast<uint64_t>(longest) * n : sum;
+  const double cost = cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
+                      cfg.step_model.per_len_sq * static_cast<double>(sum_sq);
+  return cost <= capacity;
 }
 
 // Local search over one step with ranks fixed (bin b runs on rank_of_bin[b]):
@@ -288,22 +354,28 @@ bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vecto
   const size_t nb = bins.size();
   std::vector<size_t> bin_of_rank(nb);
   for (size_t b = 0; b < nb; ++b) bin_of_rank[rank_of_bin[b]] = b;
+  std::vector<int32_t> node(nb);  // node of each rank, without a division per lookup
+  for (size_t r = 0; r < nb; ++r) node[r] = NodeOf(static_cast<int32_t>(r), lws);
+  std::vector<Agg> agg(nb);
+  for (size_t b = 0; b < nb; ++b) agg[b] = AggOf(pool, bins[b]);
   bool changed = false;
+  std::vector<size_t> targets;
   for (int pass = 0; pass < 2; ++pass) {
     bool pass_changed = false;
     for (size_t x = 0; x < nb; ++x) {
       const int32_t p = rank_of_bin[x];
       for (size_t ai = 0; ai < bins[x].size();) {
         const size_t a = bins[x][ai];
+        const SampleLengths& al = pool.lens[a];
         const int32_t owner = pool.metas[a].owner_rank;
-        const int64_t here = HomeScore(owner, p, lws);
+        const int64_t here = HomeScore(owner, p, node);
         bool done = false;
         if (here < 1 + kNodeWeight && static_cast<size_t>(owner) < nb) {
           // Candidate bins: the owner's, then the others on its node.
-          std::vector<size_t> targets = {bin_of_rank[owner]};
+          targets.assign(1, bin_of_rank[owner]);
           if (here < kNodeWeight) {
             for (size_t y = 0; y < nb; ++y) {
-              if (y != x && y != bin_of_rank[owner] && HomeScore(owner, rank_of_bin[y], lws) == kNodeWeight) {
+              if (y != x && y != bin_of_rank[owner] && HomeScore(owner, rank_of_bin[y], node) == kNodeWeight) {
                 targets.push_back(y);
               }
             }
@@ -311,28 +383,30 @@ bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vecto
           for (size_t y : targets) {
             if (y == x || done) continue;
             const int32_t q = rank_of_bin[y];
-            if (bins[x].size() > 1) {  // move
-              Members ny = bins[y];
-              ny.push_back(a);
-              if (FitsWithin(cfg, pool, ny, capacity)) {
-                bins[y] = std::move(ny);
-                bins[x].erase(bins[x].begin() + static_cast<std::ptrdiff_t>(ai));
-                done = true;
-                break;
-              }
+            if (bins[x].size() > 1 && FitsAfter(cfg, agg[y], nullptr, &al, capacity) &&
+                FitsAfter(cfg, agg[x], &al, nullptr, capacity)) {  // move
+              bins[y].push_back(a);
+              bins[x].erase(bins[x].begin() + static_cast<std::ptrdiff_t>(ai));
+              agg[x] = AggOf(pool, bins[x]);
+              agg[y] = AggOf(pool, bins[y]);
+              done = true;
+              break;
             }
+            // Swaps only with the owner's own bin: trying every bin of the
+            // node multiplies the search by local_world_size for little gain.
+            if (y != targets[0]) continue;
             for (size_t bi = 0; bi < bins[y].size(); ++bi) {  // swap
               const size_t b = bins[y][bi];
               const int32_t b_owner = pool.metas[b].owner_rank;
-              const int64_t delta = HomeScore(owner, q, lws) + HomeScore(b_owner, p, lws) - here -
-                                    HomeScore(b_owner, q, lws);
+              const int64_t delta = HomeScore(owner, q, node) + HomeScore(b_owner, p, node) - here -
+                                    HomeScore(b_owner, q, node);
               if (delta <= 0) continue;
-              Members nx = bins[x], ny = bins[y];
-              nx[ai] = b;
-              ny[bi] = a;
-              if (FitsWithin(cfg, pool, nx, capacity) && FitsWithin(cfg, pool, ny, capacity)) {
-                bins[x] = std::move(nx);
-                bins[y] = std::move(ny);
+              const SampleLengths& bl = pool.lens[b];
+              if (FitsAfter(cfg, agg[x], &al, &bl, capacity) && FitsAfter(cfg, agg[y], &bl, &al, capacity)) {
+                bins[x][ai] = b;
+                bins[y][bi] = a;
+                agg[x] = AggOf(pool, bins[x]);
+                agg[y] = AggOf(pool, bins[y]);
                 done = true;
                 ++ai;
                 break;

@@ -1,5 +1,6 @@
 #include "odb/consumer.h"
 
+#include <cerrno>
 #include <zmq.hpp>
 
 #include "proto/odb.pb.h"
@@ -83,7 +84,18 @@ absl::StatusOr<Delivery> Consumer::Next() {
   try {
     do {
       zmq::message_t part;
-      if (!impl_->socket.recv(part)) {
+      // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
+      // exits) interrupts recv with EINTR: that is not an error, retry.
+      zmq::recv_result_t got;
+      while (true) {
+        try {
+          got = impl_->socket.recv(part);
+          break;
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+        }
+      }
+      if (!got) {
         return absl::DeadlineExceededError(
             "no step from the daemon at " + impl_->options.endpoint + " within " +
             std::to_string(impl_->options.receive_timeout_ms) +

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <map>
 #include <zmq.hpp>
 
@@ -39,7 +40,16 @@ struct Producer::Impl {
     try {
       for (size_t i = 0; i < parts.size(); ++i) {
         auto flags = i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-        if (!socket.send(parts[i], flags)) {
+        zmq::send_result_t sent;
+        while (true) {  // EINTR (a signal, e.g. SIGCHLD in a trainer) is not an error: retry
+          try {
+            sent = socket.send(parts[i], flags);
+            break;
+          } catch (const zmq::error_t& e) {
+            if (e.num() != EINTR) throw;
+          }
+        }
+        if (!sent) {
           return absl::DeadlineExceededError(
               "producer '" + options.producer_id + "': the daemon at " + options.endpoint +
               " did not accept a message within " + std::to_string(options.send_timeout_ms) +

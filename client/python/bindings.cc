@@ -1,0 +1,360 @@
+// _odb_native: pybind11 bindings of the C++ client (odb/producer.h,
+// odb/consumer.h). The wire protocol lives only in C++; Python adds the
+// PyTorch conveniences (client/python/odb/).
+//
+// Zero copy on the way out: a received step's tensors are numpy arrays whose
+// data pointer is the received ZeroMQ frame itself. Each array's base is a
+// capsule holding a shared_ptr to the Delivery, so the frames stay alive for as
+// long as any array (or torch tensor made with torch.from_numpy) refers to them.
+//
+// Blocking calls (Connect, Send, EndStream, Next) release the GIL. Every error
+// Status becomes odb.OdbError (or OdbTimeout for DeadlineExceeded) carrying the
+// C++ message.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "odb/consumer.h"
+#include "odb/producer.h"
+#include "odb/types.h"
+
+namespace py = pybind11;
+
+namespace odb::client {
+namespace {
+
+// Python exception types, created in the module init below.
+PyObject* g_odb_error = nullptr;
+PyObject* g_odb_timeout = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  PyObject* type = status.code() == absl::StatusCode::kDeadlineExceeded ? g_odb_timeout : g_odb_error;
+  PyErr_SetString(type, std::string(status.message()).c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+// numpy dtype for a wire dtype; bfloat16 has no numpy type and travels as
+// uint16 (Python reinterprets it with torch's .view(torch.bfloat16)).
+py::dtype NumpyDType(DType dtype) {
+  switch (dtype) {
+    case DType::kUInt8: return py::dtype::of<uint8_t>();
+    case DType::kInt8: return py::dtype::of<int8_t>();
+    case DType::kInt16: return py::dtype::of<int16_t>();
+    case DType::kInt32: return py::dtype::of<int32_t>();
+    case DType::kInt64: return py::dtype::of<int64_t>();
+    case DType::kFloat16: return py::dtype("float16");
+    case DType::kBFloat16: return py::dtype::of<uint16_t>();
+    case DType::kFloat32: return py::dtype::of<float>();
+    case DType::kFloat64: return py::dtype::of<double>();
+    case DType::kBool: return py::dtype::of<bool>();
+  }
+  throw py::value_error("unknown odb dtype code " + std::to_string(static_cast<int>(dtype)));
+}
+
+py::dict RejectionDict(const Rejection& r) {
+  py::dict d;
+  d["code"] = r.code;
+  d["sample_id"] = r.has_sample_id ? py::object(py::int_(r.sample_id)) : py::object(py::none());
+  d["producer_id"] = r.producer_id;
+  d["message"] = r.message;
+  return d;
+}
+
+py::list Rejections(const std::vector<Rejection>& rs) {
+  py::list out;
+  for (const auto& r : rs) out.append(RejectionDict(r));
+  return out;
+}
+
+// One received message. Shared with every array made from it.
+class PyDelivery {
+ public:
+  explicit PyDelivery(Delivery d) : d_(std::make_shared<Delivery>(std::move(d))) {}
+
+  bool is_step() const { return d_->kind == Delivery::Kind::kStep; }
+  const Delivery& get() const { return *d_; }
+
+  const TensorView& View(const std::string& name) const {
+    const TensorView* v = d_->Find(name);
+    if (v == nullptr) throw py::key_error("the step carries no tensor '" + name + "'");
+    return *v;
+  }
+
+  // A numpy array over the frame, no copy. Writable: the frame is this
+  // delivery's own memory, nobody else reads it.
+  py::array Array(const std::string& name) const {
+    const TensorView& v = View(name);
+    py::dtype dt = NumpyDType(v.dtype);
+    const size_t item = static_cast<size_t>(dt.itemsize());
+    size_t numel = 1;
+    for (int64_t s : v.shape) numel *= static_cast<size_t>(s);
+    if (numel * item != v.size_bytes) {
+      throw py::value_error("tensor '" + name + "': frame has " + std::to_string(v.size_bytes) +
+                            " bytes, shape needs " + std::to_string(numel * item));
+    }
+    std::vector<py::ssize_t> strides(v.shape.size());
+    py::ssize_t stride = static_cast<py::ssize_t>(item);
+    for (size_t i = v.shape.size(); i-- > 0;) {
+      strides[i] = stride;
+      stride *= static_cast<py::ssize_t>(v.shape[i]);
+    }
+    auto* keep = new std::shared_ptr<Delivery>(d_);
+    py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<Delivery>*>(p); });
+    std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
+    return py::array(dt, shape, strides, const_cast<uint8_t*>(v.data), base);
+  }
+
+  py::list TensorNames() const {
+    py::list out;
+    for (const auto& t : d_->tensors) out.append(t.name);
+    return out;
+  }
+
+  py::dict Tensors() const {
+    py::dict out;
+    for (const auto& t : d_->tensors) out[py::str(t.name)] = Array(t.name);
+    return out;
+  }
+
+  int WireDType(const std::string& name) const { return static_cast<int>(View(name).dtype); }
+  uintptr_t FrameAddress(const std::string& name) const {
+    return reinterpret_cast<uintptr_t>(View(name).data);
+  }
+  size_t FrameBytes(const std::string& name) const { return View(name).size_bytes; }
+
+ private:
+  std::shared_ptr<Delivery> d_;
+};
+
+std::vector<int64_t> ToVector(const py::iterable& shape) {
+  std::vector<int64_t> out;
+  for (auto s : shape) out.push_back(s.cast<int64_t>());
+  return out;
+}
+
+class PyProducer {
+ public:
+  PyProducer(const std::string& endpoint, const std::string& producer_id, int rank, int send_hwm,
+             int send_timeout_ms) {
+    ProducerOptions o;
+    o.endpoint = endpoint;
+    o.producer_id = producer_id;
+    o.rank = rank;
+    o.send_hwm = send_hwm;
+    o.send_timeout_ms = send_timeout_ms;
+    absl::StatusOr<std::unique_ptr<Producer>> p;
+    {
+      py::gil_scoped_release release;
+      p = Producer::Connect(o);
+    }
+    if (!p.ok()) Raise(p.status());
+    producer_ = std::move(*p);
+  }
+
+  void StartEpoch(uint32_t epoch) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = producer_->StartEpoch(epoch);
+    }
+    Check(s);
+  }
+
+  // tensors: sequence of (name, dtype_code, shape, buffer). Each buffer must be
+  // C-contiguous with exactly numel * dtype bytes; it is read during the call.
+  void Send(uint64_t sample_id, uint32_t epoch, uint32_t tokens, uint32_t vision_patches,
+            uint32_t audio_frames, const py::sequence& tensors) {
+    std::vector<py::buffer_info> infos;
+    std::vector<TensorInput> inputs;
+    infos.reserve(tensors.size());
+    for (auto item : tensors) {
+      auto t = item.cast<py::tuple>();
+      if (t.size() != 4) throw py::value_error("each tensor is (name, dtype_code, shape, buffer)");
+      TensorInput in;
+      in.name = t[0].cast<std::string>();
+      in.dtype = static_cast<DType>(t[1].cast<int>());
+      in.shape = ToVector(t[2].cast<py::iterable>());
+      infos.push_back(t[3].cast<py::buffer>().request());
+      const py::buffer_info& info = infos.back();
+      if (!PyBuffer_IsContiguous(info.view(), 'C')) {
+        throw py::value_error("tensor '" + in.name + "' is not C-contiguous");
+      }
+      in.data = info.ptr;
+      in.size_bytes = static_cast<size_t>(info.size * info.itemsize);
+      size_t numel = 1;
+      for (int64_t s : in.shape) numel *= static_cast<size_t>(s);
+      if (DTypeBytes(in.dtype) == 0) {
+        throw py::value_error("tensor '" + in.name + "': unknown dtype code " +
+                              std::to_string(static_cast<int>(in.dtype)));
+      }
+      if (numel * DTypeBytes(in.dtype) != in.size_bytes) {
+        throw py::value_error("tensor '" + in.name + "': buffer has " + std::to_string(in.size_bytes) +
+                              " bytes, shape and dtype need " +
+                              std::to_string(numel * DTypeBytes(in.dtype)));
+      }
+      inputs.push_back(std::move(in));
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = producer_->Send(sample_id, epoch, {tokens, vision_patches, audio_frames}, inputs);
+    }
+    Check(s);
+  }
+
+  void EndStream(uint32_t epoch) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = producer_->EndStream(epoch);
+    }
+    Check(s);
+  }
+
+  void SendRawFrames(const std::vector<py::bytes>& frames) {
+    std::vector<std::string> f;
+    for (const auto& b : frames) f.push_back(std::string(b));
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = producer_->SendRawFrames(f);
+    }
+    Check(s);
+  }
+
+  uint64_t Sent(uint32_t epoch) const { return producer_->sent(epoch); }
+
+ private:
+  std::unique_ptr<Producer> producer_;
+};
+
+class PyConsumer {
+ public:
+  PyConsumer(const std::string& endpoint, int receive_timeout_ms) {
+    ConsumerOptions o;
+    o.endpoint = endpoint;
+    o.receive_timeout_ms = receive_timeout_ms;
+    auto c = Consumer::Connect(o);
+    if (!c.ok()) Raise(c.status());
+    consumer_ = std::move(*c);
+  }
+
+  void StartEpoch(uint32_t epoch, uint32_t expected_producers) {
+    Check(consumer_->StartEpoch(epoch, expected_producers));
+  }
+
+  PyDelivery Next() {
+    absl::StatusOr<Delivery> d;
+    {
+      py::gil_scoped_release release;
+      d = consumer_->Next();
+    }
+    if (!d.ok()) Raise(d.status());
+    return PyDelivery(std::move(*d));
+  }
+
+ private:
+  std::unique_ptr<Consumer> consumer_;
+};
+
+py::dict StepDict(const PyDelivery& pd) {
+  const StepInfo& s = pd.get().step;
+  py::dict d;
+  d["epoch"] = s.epoch;
+  d["step_index"] = s.step_index;
+  d["idle"] = s.idle;
+  d["sample_ids"] = s.sample_ids;
+  d["lengths"] = s.lengths;
+  d["owner_ranks"] = s.owner_ranks;
+  d["real_tokens"] = s.real_tokens;
+  d["padded_tokens"] = s.padded_tokens;
+  d["global_real_tokens"] = s.global_real_tokens;
+  d["loss_weight"] = s.loss_weight;
+  d["over_budget"] = s.over_budget;
+  d["rejections"] = Rejections(s.rejections);
+  d["rejections_are_errors"] = s.rejections_are_errors;
+  return d;
+}
+
+py::dict SummaryDict(const PyDelivery& pd) {
+  const EpochSummary& s = pd.get().summary;
+  py::dict d;
+  d["epoch"] = s.epoch;
+  d["received"] = s.received;
+  d["emitted"] = s.emitted;
+  d["rejected"] = s.rejected;
+  d["steps"] = s.steps;
+  d["idle_steps"] = s.idle_steps;
+  d["real_tokens"] = s.real_tokens;
+  d["padded_tokens"] = s.padded_tokens;
+  d["rejections"] = Rejections(s.rejections);
+  d["not_emitted_ids"] = s.not_emitted_ids;
+  d["rejections_are_errors"] = s.rejections_are_errors;
+  return d;
+}
+
+}  // namespace
+}  // namespace odb::client
+
+PYBIND11_MODULE(_odb_native, m) {
+  using namespace odb::client;
+  m.doc() = "odb native client (pybind11 over //client/cpp:odb_client)";
+
+  static py::exception<std::runtime_error> odb_error(m, "OdbError");
+  g_odb_error = odb_error.ptr();
+  static py::exception<std::runtime_error> odb_timeout(m, "OdbTimeout", odb_error.ptr());
+  g_odb_timeout = odb_timeout.ptr();
+
+  py::dict dtypes;
+  dtypes["uint8"] = static_cast<int>(DType::kUInt8);
+  dtypes["int8"] = static_cast<int>(DType::kInt8);
+  dtypes["int16"] = static_cast<int>(DType::kInt16);
+  dtypes["int32"] = static_cast<int>(DType::kInt32);
+  dtypes["int64"] = static_cast<int>(DType::kInt64);
+  dtypes["float16"] = static_cast<int>(DType::kFloat16);
+  dtypes["bfloat16"] = static_cast<int>(DType::kBFloat16);
+  dtypes["float32"] = static_cast<int>(DType::kFloat32);
+  dtypes["float64"] = static_cast<int>(DType::kFloat64);
+  dtypes["bool"] = static_cast<int>(DType::kBool);
+  m.attr("DTYPES") = dtypes;
+
+  py::class_<PyProducer>(m, "Producer", "Sends samples to one daemon. Create it after fork.")
+      .def(py::init<const std::string&, const std::string&, int, int, int>(), py::arg("endpoint"),
+           py::arg("producer_id"), py::arg("rank") = -1, py::arg("send_hwm") = 64,
+           py::arg("send_timeout_ms") = 120000)
+      .def("start_epoch", &PyProducer::StartEpoch, py::arg("epoch"))
+      .def("send", &PyProducer::Send, py::arg("sample_id"), py::arg("epoch"), py::arg("tokens"),
+           py::arg("vision_patches") = 0, py::arg("audio_frames") = 0, py::arg("tensors"),
+           "tensors: sequence of (name, dtype_code, shape, buffer)")
+      .def("end_stream", &PyProducer::EndStream, py::arg("epoch"))
+      .def("send_raw_frames", &PyProducer::SendRawFrames, py::arg("frames"))
+      .def("sent", &PyProducer::Sent, py::arg("epoch"));
+
+  py::class_<PyDelivery>(m, "Delivery", "A step or an epoch end, owning its received frames.")
+      .def_property_readonly("is_step", &PyDelivery::is_step)
+      .def_property_readonly("step", [](const PyDelivery& d) { return StepDict(d); })
+      .def_property_readonly("summary", [](const PyDelivery& d) { return SummaryDict(d); })
+      .def("tensor_names", &PyDelivery::TensorNames)
+      .def("array", &PyDelivery::Array, py::arg("name"),
+           "numpy view over the received frame (no copy); bfloat16 comes as uint16")
+      .def("arrays", &PyDelivery::Tensors)
+      .def("wire_dtype", &PyDelivery::WireDType, py::arg("name"))
+      .def("frame_address", &PyDelivery::FrameAddress, py::arg("name"))
+      .def("frame_bytes", &PyDelivery::FrameBytes, py::arg("name"));
+
+  py::class_<PyConsumer>(m, "Consumer", "Receives aligned steps from one daemon. Not thread-safe.")
+      .def(py::init<const std::string&, int>(), py::arg("endpoint"), py::arg("receive_timeout_ms") = 120000)
+      .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0)
+      .def("next", &PyConsumer::Next,
+           "The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a "
+           "daemon failure.");
+}

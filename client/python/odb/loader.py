@@ -1,0 +1,507 @@
+"""OdbDataLoader: a drop-in around a map-style Dataset that batches through odbd.
+
+Data path: the DataLoader workers (``num_workers`` processes, or a thread when
+0) run the user's ``dataset[i]`` preprocessing with a null collate; each worker
+owns a Producer, created lazily inside the worker process (ZeroMQ contexts do
+not survive fork), and sends every single sample to this rank's daemon. The
+daemons group samples by real length under the token budget, align the step
+count across ranks and stream steps back; the trainer iterates :class:`Step`
+objects whose batch tensors are zero-copy views of the received frames.
+
+Failure handling (never a hang): the trainer polls the daemon in short slices
+and between them checks (1) the DataLoader iterator, run by a pump thread,
+which re-raises a worker's preprocessing exception or its death; (2) a daemon
+spawned by this process (:func:`odb.spawn_daemon`) exiting; (3) an overall
+`timeout_s` without any step.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+
+from ._native import native
+from .daemon import check_reachable, endpoints, env_rank, env_world_size, spawned_daemon
+from .loss import weighted_loss
+
+IDLE_POLICIES = ("zero_step", "join")
+
+# Sample keys that carry lengths, not tensors.
+_LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames")
+
+
+class OdbWorkerError(native().OdbError):  # type: ignore[misc]
+    """A DataLoader worker failed (an exception in preprocessing, or it died)."""
+
+
+def _dtype_codes() -> Dict[str, int]:
+    return dict(native().DTYPES)
+
+
+def encode_sample(sample: Mapping[str, Any],
+                  lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, int, int]]] = None
+                  ) -> Tuple[Tuple[int, int, int], List[Tuple[str, int, Tuple[int, ...], Any]]]:
+    """Turns a sample dict into ((tokens, vision_patches, audio_frames), tensors).
+
+    Values may be torch tensors, numpy arrays or lists. "input_ids" is required
+    and its dim 0 is the token length unless `lengths_fn` or an int "tokens"
+    entry says otherwise; int "vision_patches" / "audio_frames" entries are
+    lengths, not tensors.
+    """
+    if "input_ids" not in sample:
+        raise ValueError(f"an odb sample needs 'input_ids'; got keys {sorted(sample)}")
+    codes = _dtype_codes()
+    tensors: List[Tuple[str, int, Tuple[int, ...], Any]] = []
+    meta: Dict[str, int] = {}
+    for name, value in sample.items():
+        if name in _LENGTH_KEYS and isinstance(value, (int, np.integer)):
+            meta[name] = int(value)
+            continue
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            if t.dtype == torch.bfloat16:
+                arr, code = t.view(torch.int16).numpy(), codes["bfloat16"]
+            else:
+                arr = t.numpy()
+                code = codes.get(str(arr.dtype))
+        else:
+            arr = np.ascontiguousarray(np.asarray(value))
+            code = codes.get(str(arr.dtype))
+        if code is None:
+            raise TypeError(f"sample field '{name}': dtype {arr.dtype} is not supported by odb")
+        arr = np.ascontiguousarray(arr)
+        tensors.append((name, code, tuple(arr.shape), arr))
+    if lengths_fn is not None:
+        lengths = tuple(int(x) for x in lengths_fn(sample))
+        while len(lengths) < 3:
+            lengths = lengths + (0,)
+    else:
+        ids = next(t for t in tensors if t[0] == "input_ids")
+        tokens = meta.get("tokens", ids[2][0] if ids[2] else 1)
+        lengths = (int(tokens), meta.get("vision_patches", 0), meta.get("audio_frames", 0))
+    return lengths, tensors  # type: ignore[return-value]
+
+
+class _SendStream(IterableDataset):
+    """What the DataLoader iterates: each worker preprocesses its share of the
+    indices and sends the samples to the daemon; it yields only small progress
+    counts (the null-collated "batches")."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
+                 lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
+                 stop: Optional[threading.Event]) -> None:
+        self.dataset = dataset
+        self.indices = list(indices)
+        self.epoch = epoch
+        self.rank = rank
+        self.endpoint = endpoint
+        self.lengths_fn = lengths_fn
+        self.send_timeout_ms = send_timeout_ms
+        self.progress_every = max(1, progress_every)
+        self.stop = stop
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = self.indices[worker::workers]
+        # Created here, in the worker process (after fork), never in the parent.
+        producer = native().Producer(
+            self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
+            self.rank, send_timeout_ms=self.send_timeout_ms)
+        pending = 0
+        for index in mine:
+            if self.stop is not None and self.stop.is_set():  # only when run in the trainer process
+                return
+            sample = self.dataset[index]
+            lengths, tensors = encode_sample(sample, self.lengths_fn)
+            producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors)
+            pending += 1
+            if pending >= self.progress_every:
+                yield pending
+                pending = 0
+        producer.end_stream(self.epoch)
+        del producer  # closes the socket: everything is delivered before we report the end
+        yield pending
+
+
+def _null_collate(item: Any) -> Any:
+    return item
+
+
+@dataclass
+class Step:
+    """One aligned training step of this rank.
+
+    ``batch`` maps names to torch tensors (zero-copy views of the received
+    frames: input_ids [B, Lmax], attention_mask, labels, ... or the packed
+    layout with cu_seqlens / position_ids). For an IDLE step under the
+    "zero_step" policy, ``batch`` is a small dummy batch and ``dummy`` is True:
+    run forward/backward on it anyway; its weight is 0.
+    """
+
+    epoch: int
+    step_index: int
+    batch: Dict[str, torch.Tensor]
+    loss_weight: float
+    idle: bool
+    dummy: bool
+    sample_ids: List[int]
+    lengths: List[int]
+    real_tokens: int
+    padded_tokens: int
+    global_real_tokens: int
+    rejections: List[Dict[str, Any]] = field(default_factory=list)
+    _delivery: Any = None
+
+    def weighted_loss(self, per_token_loss: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """:func:`odb.weighted_loss` with this step's weight and token count."""
+        return weighted_loss(per_token_loss, self.loss_weight, self.real_tokens, mask)
+
+    def frame_address(self, name: str) -> int:
+        """Address of the received frame behind ``batch[name]`` (zero-copy check)."""
+        if self._delivery is None:
+            raise KeyError(f"step {self.step_index} has no received frames (dummy step)")
+        return int(self._delivery.frame_address(name))
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+
+def _to_torch(delivery: Any) -> Dict[str, torch.Tensor]:
+    codes = _dtype_codes()
+    out: Dict[str, torch.Tensor] = {}
+    for name, arr in delivery.arrays().items():
+        t = torch.from_numpy(arr)
+        if delivery.wire_dtype(name) == codes["bfloat16"]:
+            t = t.view(torch.bfloat16)
+        out[name] = t
+    return out
+
+
+class OdbDataLoader:
+    """Drop-in for ``torch.utils.data.DataLoader`` that batches through odbd.
+
+    Args:
+      dataset: map-style dataset; ``dataset[i]`` returns a sample dict with
+        "input_ids" (1-D, its length = tokens) and optional extras (labels,
+        pixel_values, int vision_patches / audio_frames, ...). ``i`` becomes
+        the sample id and must be unique in the epoch across all ranks.
+      sampler: indices this rank feeds, in order. Default: all of
+        ``range(len(dataset))``, shuffled with ``seed + epoch`` when `shuffle`,
+        then this rank's share ``[rank::world_size]`` (no padding: ranks may get
+        different counts, odb aligns the steps).
+      num_workers: DataLoader worker processes (0: a thread of this process).
+      idle_policy: "zero_step" (IDLE steps come as dummy steps with weight 0:
+        run forward/backward so collectives match) or "join" (trailing IDLE
+        steps are dropped, so use DDP's ``model.join()``; an IDLE step followed
+        by a real one is still given as a dummy step, since dropping it would
+        pair this rank's later steps with other ranks' earlier ones).
+      dummy_sample: the sample used to build dummy batches; default
+        ``dataset[first index]`` (computed once, in this process).
+      rank, run_dir, ingest_endpoint, trainer_endpoint: where the daemon is
+        (default: torch.distributed / $RANK and $ODB_RUN_DIR, see
+        :func:`odb.endpoints`).
+      timeout_s: no step for this long is an error (OdbTimeout).
+      poll_ms: slice of each wait; between slices workers and daemon are checked.
+    """
+
+    def __init__(self, dataset: Dataset, *, sampler: Optional[Sampler] = None, shuffle: bool = False,
+                 num_workers: int = 0, seed: int = 0, idle_policy: str = "zero_step",
+                 dummy_sample: Optional[Mapping[str, Any]] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, run_dir: Optional[str] = None,
+                 ingest_endpoint: Optional[str] = None, trainer_endpoint: Optional[str] = None,
+                 lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, ...]]] = None,
+                 worker_init_fn: Optional[Callable[[int], None]] = None,
+                 multiprocessing_context: Any = None, timeout_s: float = 120.0, poll_ms: int = 200,
+                 send_timeout_ms: int = 120000, progress_every: int = 16,
+                 pin_memory: bool = False) -> None:
+        if idle_policy not in IDLE_POLICIES:
+            raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
+        self.dataset = dataset
+        self.sampler = sampler
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.seed = seed
+        self.idle_policy = idle_policy
+        self.rank = env_rank() if rank is None else rank
+        self.world_size = env_world_size() if world_size is None else world_size
+        eps = endpoints(self.rank, run_dir)
+        self.ingest_endpoint = ingest_endpoint or eps.ingest
+        self.trainer_endpoint = trainer_endpoint or eps.trainer
+        self.lengths_fn = lengths_fn
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.timeout_s = timeout_s
+        self.poll_ms = poll_ms
+        self.send_timeout_ms = send_timeout_ms
+        self.progress_every = progress_every
+        self.pin_memory = pin_memory
+        self.epoch = 0
+        self._dummy_sample = dummy_sample
+        self._dummy_batch: Optional[Dict[str, torch.Tensor]] = None
+        self._consumer: Any = None
+        self.last_summary: Optional[Dict[str, Any]] = None
+        self.samples_sent = 0
+        self.dropped_trailing_idle = 0
+
+    # ----- epoch and indices -------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch (and the sampler's, when it has set_epoch)."""
+        self.epoch = int(epoch)
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
+
+    def indices(self) -> List[int]:
+        """The sample indices this rank sends in the current epoch."""
+        if self.sampler is not None:
+            return [int(i) for i in self.sampler]
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        return order[self.rank::self.world_size]
+
+    # ----- iteration -----------------------------------------------------------
+    def __iter__(self) -> Iterator[Step]:
+        return self._epoch(self.epoch)
+
+    def _connect(self) -> Any:
+        check_reachable(self.ingest_endpoint)
+        check_reachable(self.trainer_endpoint)
+        if self._consumer is None:
+            self._consumer = native().Consumer(self.trainer_endpoint, self.poll_ms)
+        return self._consumer
+
+    def _epoch(self, epoch: int) -> Iterator[Step]:
+        self.wait_epoch_end()  # a join-mode drain of the previous epoch
+        consumer = self._connect()
+        indices = self.indices()
+        stop = threading.Event()
+        stream = _SendStream(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, self.lengths_fn,
+                             self.send_timeout_ms, self.progress_every, stop if self.num_workers == 0 else None)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 1000003 + epoch)
+        loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
+                            worker_init_fn=self.worker_init_fn, generator=generator,
+                            multiprocessing_context=(self.multiprocessing_context or "fork") if self.num_workers else None)
+        consumer.start_epoch(epoch, max(self.num_workers, 1))
+        pump = _Pump(loader, stop)
+        self.samples_sent = 0
+        self.last_summary = None
+        self.dropped_trailing_idle = 0
+        pending_idle: List[Any] = []
+        accounted = [0]  # this rank's samples seen back (emitted or rejected)
+
+        def rank_done() -> bool:
+            # Join policy: once every sample this rank sent came back, the
+            # remaining steps can only be IDLE (no post-balancing moves samples
+            # in): leave the loop now so DDP's join() shadows the other ranks,
+            # and drain the trailing IDLE steps in the background.
+            return self.idle_policy == "join" and pump.finished() and accounted[0] >= pump.sent
+
+        try:
+            pump.start()
+            while True:
+                delivery = self._next(consumer, pump, rank_done)
+                self.samples_sent = pump.sent
+                if delivery is None:  # join: this rank is done, the rest is IDLE
+                    self.dropped_trailing_idle = len(pending_idle)
+                    self._start_drain(consumer)
+                    return
+                if not delivery.is_step:
+                    self._finish_epoch(delivery.summary, len(pending_idle))
+                    break
+                info = delivery.step
+                self._check_rejections(info, f"step {info['step_index']}")
+                accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
+                if info["idle"]:
+                    if self.idle_policy == "zero_step":
+                        yield self._dummy_step(info, indices)
+                    else:
+                        pending_idle.append(info)
+                    continue
+                for held in pending_idle:  # a mid-epoch IDLE step: keep the steps paired
+                    yield self._dummy_step(held, indices)
+                pending_idle.clear()
+                accounted[0] += len(info["sample_ids"])
+                yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=_to_torch(delivery),
+                           loss_weight=info["loss_weight"], idle=False, dummy=False,
+                           sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),
+                           real_tokens=info["real_tokens"], padded_tokens=info["padded_tokens"],
+                           global_real_tokens=info["global_real_tokens"], rejections=info["rejections"],
+                           _delivery=delivery)
+            pump.join(timeout=self.timeout_s)
+            pump.raise_if_failed()
+        finally:
+            pump.close()
+
+    def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
+        self.dropped_trailing_idle += dropped_idle
+        self.last_summary = summary
+        self._check_rejections(summary, "epoch summary")
+
+    def _start_drain(self, consumer: Any) -> None:
+        def drain() -> None:
+            try:
+                dropped = 0
+                while True:
+                    delivery = self._next(consumer, None, None)
+                    if not delivery.is_step:
+                        self._finish_epoch(delivery.summary, dropped)
+                        return
+                    if not delivery.step["idle"]:
+                        raise native().OdbError(
+                            f"rank {self.rank}: a real step {delivery.step['step_index']} arrived after every "
+                            f"sample of this rank came back (samples moved between ranks?): use "
+                            f"idle_policy='zero_step'")
+                    dropped += 1
+            except BaseException as e:  # noqa: BLE001 - raised by wait_epoch_end
+                self._drain_error = e
+
+        self._drain_error: Optional[BaseException] = None
+        self._drain_thread = threading.Thread(target=drain, name="odb-drain", daemon=True)
+        self._drain_thread.start()
+
+    def wait_epoch_end(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        """Join policy: waits for the trailing IDLE steps to drain and returns
+        the epoch summary (also in ``last_summary``). No-op otherwise."""
+        thread = getattr(self, "_drain_thread", None)
+        if thread is not None:
+            thread.join(self.timeout_s + 5 if timeout is None else timeout)
+            if thread.is_alive():
+                raise native().OdbTimeout(f"rank {self.rank}: the epoch did not end (trailing IDLE steps)")
+            self._drain_thread = None
+            if self._drain_error is not None:
+                raise self._drain_error
+        return self.last_summary
+
+    def _next(self, consumer: Any, pump: Optional["_Pump"], done: Optional[Callable[[], bool]]) -> Any:
+        """The next delivery, polling in slices; raises instead of hanging.
+        Returns None when `done()` turns true while waiting."""
+        start = time.monotonic()
+        daemon = spawned_daemon(self.trainer_endpoint)
+        while True:
+            if pump is not None:
+                pump.raise_if_failed()
+            if done is not None and done():
+                return None
+            try:
+                return consumer.next()
+            except native().OdbTimeout:
+                pass
+            if pump is not None:
+                pump.raise_if_failed()
+            if daemon is not None and daemon.poll() is not None:
+                raise native().OdbError(
+                    f"odbd rank {daemon.rank} (pid {daemon.pid}) exited (code {daemon.poll()}) during "
+                    f"epoch {self.epoch}; log {daemon.log_path}:\n{daemon.log_tail()}")
+            if time.monotonic() - start > self.timeout_s:
+                sent = pump.sent if pump is not None else self.samples_sent
+                raise native().OdbTimeout(
+                    f"no step from odbd at {self.trainer_endpoint} for {self.timeout_s:.0f}s (rank {self.rank}, "
+                    f"epoch {self.epoch}, {sent} samples sent): is the daemon alive, and are all ranks' "
+                    f"producers sending?")
+
+    def _check_rejections(self, info: Mapping[str, Any], where: str) -> None:
+        rejections = info.get("rejections") or []
+        if not rejections:
+            return
+        text = "; ".join(f"{r['code']} sample {r['sample_id']} from {r['producer_id']}: {r['message']}"
+                         for r in rejections)
+        if info.get("rejections_are_errors", True):
+            raise native().OdbError(f"odbd rejected input ({where}): {text}")
+        import warnings
+
+        warnings.warn(f"odbd skipped input ({where}): {text}")
+
+    # ----- dummy steps ---------------------------------------------------------
+    def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int]) -> Step:
+        return Step(epoch=info["epoch"], step_index=info["step_index"], batch=self.dummy_batch(indices),
+                    loss_weight=0.0, idle=True, dummy=True, sample_ids=[], lengths=[], real_tokens=0,
+                    padded_tokens=0, global_real_tokens=info["global_real_tokens"], rejections=[])
+
+    def dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
+        """A one-sample batch for IDLE steps (same field names as real batches)."""
+        if self._dummy_batch is None:
+            sample = self._dummy_sample
+            if sample is None:
+                index = (indices[0] if indices else 0) if indices is not None else 0
+                sample = self.dataset[index]
+            batch: Dict[str, torch.Tensor] = {}
+            for name, value in sample.items():
+                if name in _LENGTH_KEYS and isinstance(value, (int, np.integer)):
+                    continue
+                t = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+                batch[name] = t.unsqueeze(0).clone()
+            if "attention_mask" not in batch and batch["input_ids"].dim() >= 2:
+                batch["attention_mask"] = torch.ones(batch["input_ids"].shape[:2], dtype=torch.int64)
+            self._dummy_batch = batch
+        return self._dummy_batch
+
+    def close(self) -> None:
+        """Drops the trainer connection (reconnects on the next epoch)."""
+        self._consumer = None
+
+
+class _Pump:
+    """Drives the DataLoader iterator in a thread so that worker exceptions and
+    worker deaths surface in the trainer (DataLoader re-raises them on next())."""
+
+    def __init__(self, loader: DataLoader, stop: threading.Event) -> None:
+        self.loader = loader
+        self.stop = stop
+        self.sent = 0
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.iterator: Any = None
+        self.thread = threading.Thread(target=self._run, name="odb-pump", daemon=True)
+
+    def start(self) -> None:
+        self.iterator = iter(self.loader)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for count in self.iterator:
+                self.sent += int(count)
+                if self.stop.is_set():
+                    return
+            self.done = True
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+            if not self.stop.is_set():
+                self.error = e
+
+    def finished(self) -> bool:
+        """True once every worker ended its stream (the iterator is exhausted)."""
+        return self.done
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            e = self.error
+            raise OdbWorkerError(f"odb data worker failed: {type(e).__name__}: {e}") from e
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def close(self) -> None:
+        self.stop.set()
+        shutdown = getattr(self.iterator, "_shutdown_workers", None)
+        if shutdown is not None and self.thread.is_alive():
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+        if self.thread.is_alive():
+            # A pump thread still inside the DataLoader queue read while the next
+            # epoch forks its workers can hand them a held lock; wait it out
+            # (the read wakes at least every 5 s: MP_STATUS_CHECK_INTERVAL).
+            self.thread.join(timeout=10.0)

@@ -1,0 +1,91 @@
+"""A small causal transformer and a variable-length synthetic corpus, shared by
+the demo (examples/train_demo.py) and the tests (tests/python/)."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+class TinyCausalLM(nn.Module):
+    """Token + position embeddings, `layers` pre-norm transformer blocks with a
+    causal mask and a key-padding mask, tied-free LM head."""
+
+    def __init__(self, vocab: int = 256, d_model: int = 128, layers: int = 2, heads: int = 4,
+                 max_len: int = 1024) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        block = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, n = input_ids.shape
+        positions = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(b, n)
+        x = self.tok(input_ids.long()) + self.pos(positions)
+        causal = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype, device=x.device), diagonal=1)
+        x = self.blocks(x, mask=causal, src_key_padding_mask=attention_mask == 0)
+        return self.head(self.norm(x))
+
+
+def long_tail_lengths(n: int, seed: int, min_len: int = 8, max_len: int = 512, median: float = 48.0,
+                      sigma: float = 0.9) -> List[int]:
+    """Log-normal lengths clipped to [min_len, max_len] (a long tail, like chat data)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.lognormal(math.log(median), sigma, size=n)
+    return [int(x) for x in np.clip(raw, min_len, max_len)]
+
+
+class SyntheticCorpus(torch.utils.data.Dataset):
+    """Sample i: an arithmetic token sequence (learnable) of length lengths[i] + 1,
+    pre-shifted so every input position has a target: input_ids = seq[:-1],
+    labels = seq[1:] (tokens = len(input_ids))."""
+
+    def __init__(self, lengths: List[int], vocab: int = 256, fail_on: int = -1) -> None:
+        self.lengths = lengths
+        self.vocab = vocab
+        self.fail_on = fail_on
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        if i == self.fail_on:
+            raise ValueError(f"corrupt record {i} (deliberate preprocessing failure)")
+        n = self.lengths[i]
+        start, stride = (i * 7919) % self.vocab, 1 + (i % 5)
+        seq = (start + stride * torch.arange(n + 1, dtype=torch.int64)) % self.vocab
+        return {"input_ids": seq[:-1].clone(), "labels": seq[1:].clone()}
+
+
+def pad_collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """The "Standard" collate: right-pad to the batch's longest sample."""
+    n = max(s["input_ids"].numel() for s in samples)
+    ids = torch.zeros(len(samples), n, dtype=torch.int64)
+    labels = torch.full((len(samples), n), -100, dtype=torch.int64)
+    mask = torch.zeros(len(samples), n, dtype=torch.int64)
+    for r, s in enumerate(samples):
+        k = s["input_ids"].numel()
+        ids[r, :k] = s["input_ids"]
+        labels[r, :k] = s["labels"]
+        mask[r, :k] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+# The daemon config the demo and the tests use: labels padded with -100 so
+# padding never contributes to the loss.
+def daemon_config(max_tokens: int, seed: int = 1, **extra) -> dict:
+    config = {
+        "grouping": {"max_tokens": max_tokens},
+        "alignment": {"seed": seed},
+        "collate": {"fields": [{"name": "labels", "pad_value": -100}]},
+    }
+    for key, value in extra.items():
+        config.setdefault(key, {}).update(value) if isinstance(value, dict) else config.__setitem__(key, value)
+    return config

@@ -1,0 +1,173 @@
+"""Standard vs odb on a small causal transformer, 2 ranks, DDP (gloo, CPU).
+
+Both runs train the same model from the same initialisation on the same
+long-tail data for one epoch:
+  Standard: random order, fixed batch size B = max_tokens // max_len (fits the
+            longest sample under the token budget), padded to the batch max.
+  odb:      OdbDataLoader -> one odbd per rank, batches by real length under
+            max_tokens (padded cost), steps aligned across ranks.
+Prints samples/s, real tokens/s, padding fraction, steps, idle steps and the
+odb/Standard throughput ratio (--json: one JSON object instead).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "client/python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import tiny_lm  # noqa: E402
+
+
+def log(rank: int, quiet: bool, text: str, end: str = "\n") -> None:
+    if rank == 0 and not quiet:
+        print(text, end=end, file=sys.stderr, flush=True)
+
+
+def train_epoch(name, rank, world, model, ddp, opt, steps_iter, quiet) -> dict:
+    """Runs one epoch; returns global counters (all ranks summed) and wall time."""
+    dist.barrier()
+    start = time.perf_counter()
+    real = padded = samples = steps = idle = 0
+    loss_sum = 0.0
+    for step in steps_iter:
+        b = step["batch"]
+        logits = ddp(b["input_ids"], b["attention_mask"])
+        loss = step["loss_fn"](logits, b["labels"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        steps += 1
+        idle += step["idle"]
+        real += step["real"]
+        padded += step["padded"]
+        samples += step["samples"]
+        loss_sum += step["loss_tokens_sum"](logits, b["labels"]) if steps % 10 == 0 else 0.0
+        if steps % 5 == 0:
+            elapsed = time.perf_counter() - start
+            log(rank, quiet, f"\r[{name}] rank0 step {steps:4d}  loss {loss.item():7.4f}  "
+                             f"{real / max(elapsed, 1e-9):8.0f} real tok/s (rank 0)", end="")
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    log(rank, quiet, "")
+    totals = torch.tensor([real, padded, samples, steps, idle], dtype=torch.float64)
+    dist.all_reduce(totals)
+    steps_per_rank = torch.tensor([steps], dtype=torch.float64)
+    dist.all_reduce(steps_per_rank, op=dist.ReduceOp.MAX)
+    real, padded, samples, _, idle = totals.tolist()
+    return {"seconds": seconds, "real_tokens": int(real), "padded_tokens": int(padded),
+            "samples": int(samples), "steps": int(steps_per_rank.item()), "idle_steps": int(idle),
+            "samples_per_s": samples / seconds, "real_tokens_per_s": real / seconds,
+            "padding_fraction": 1.0 - real / max(padded, 1)}
+
+
+def ce_sum(logits, labels):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world)
+    import odb
+
+    daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
+                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed))
+    lengths = tiny_lm.long_tail_lengths(args.samples, seed=args.seed, max_len=args.max_len)
+    dataset = tiny_lm.SyntheticCorpus(lengths, vocab=args.vocab)
+    results = {}
+    try:
+        daemon.wait_ready(60)
+        for run in ("standard", "odb"):
+            torch.manual_seed(args.seed)
+            model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=128, layers=args.layers, heads=4,
+                                         max_len=args.max_len + 1)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+            if run == "standard":
+                batch = max(1, args.max_tokens // args.max_len)
+                sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
+                loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler,
+                                                     num_workers=args.workers, collate_fn=tiny_lm.pad_collate)
+
+                def steps_iter():
+                    for b in loader:
+                        real = int(b["attention_mask"].sum())
+                        yield {"batch": b, "idle": False, "real": real, "padded": b["input_ids"].numel(),
+                               "samples": b["input_ids"].shape[0],
+                               "loss_fn": lambda lg, lb, n=real: ce_sum(lg, lb) / n,
+                               "loss_tokens_sum": lambda lg, lb: 0.0}
+            else:
+                oloader = odb.OdbDataLoader(dataset, shuffle=True, seed=args.seed, num_workers=args.workers,
+                                            idle_policy="zero_step", timeout_s=120)
+
+                def steps_iter():
+                    for s in oloader:
+                        yield {"batch": s.batch, "idle": s.idle, "real": s.real_tokens,
+                               "padded": s.padded_tokens, "samples": len(s.sample_ids),
+                               "loss_fn": lambda lg, lb, s=s: odb.weighted_cross_entropy(
+                                   lg, lb, s.loss_weight, s.real_tokens),
+                               "loss_tokens_sum": lambda lg, lb: 0.0}
+            results[run] = train_epoch(run, rank, world, model, ddp, opt, steps_iter(), args.quiet)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results))
+    finally:
+        dist.barrier()
+        daemon.stop()
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=400, help="dataset size (both ranks together)")
+    p.add_argument("--max-len", type=int, default=256, help="longest sample (tokens)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="token budget per step and rank")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args()
+    run_dir = tempfile.mkdtemp(prefix="odbdemo-")
+    out = os.path.join(run_dir, "result.json")
+    job_id = f"demo-{uuid.uuid4().hex[:10]}"
+    mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out), nprocs=args.world_size, join=True)
+    r = json.loads(Path(out).read_text())
+    s, o = r["standard"], r["odb"]
+    summary = {
+        "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len,
+        "max_tokens": args.max_tokens, "standard": s, "odb": o,
+        "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
+        "ratio_samples_per_s": o["samples_per_s"] / s["samples_per_s"],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"\n== odb demo: {args.samples} long-tail samples (max {args.max_len} tokens), "
+          f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank")
+    print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}")
+    for name, x in (("Standard", s), ("odb", o)):
+        print(f"{name:10s}{x['steps']:7d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
+              f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}")
+    print(f"odb / Standard: real tokens/s x{summary['ratio_real_tokens_per_s']:.2f}, "
+          f"samples/s x{summary['ratio_samples_per_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

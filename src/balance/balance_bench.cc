@@ -1,0 +1,222 @@
+// Simulated cost of GlobalPlanner vs LocalPlanner vs an offline oracle, balance,
+// bytes moved vs locality, and planner time at W = 64 x 1024.
+//   bazel run -c opt //src/balance:balance_bench
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "src/balance/global_planner.h"
+#include "src/grouping/budget.h"
+#include "src/grouping/grouper.h"
+#include "src/grouping/synthetic_lengths.h"
+
+namespace odb::balance {
+namespace {
+
+constexpr int kWorld = 8;
+constexpr size_t kWindow = 256;
+constexpr size_t kPerRank = 2048;  // samples per rank in the trace
+
+struct SimResult {
+  double total = 0;     // sum over steps of max_r StepTime
+  double sum_mean = 0;  // sum over steps of mean_r StepTime
+  uint64_t steps = 0;
+  BytesMoved moved;
+};
+
+double Cost(const align::PlannerConfig& cfg, const std::vector<SampleLengths>& lens) {
+  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens);
+}
+
+std::vector<std::vector<SampleMeta>> Trace(grouping::LengthDistribution dist, uint64_t seed) {
+  std::vector<std::vector<SampleMeta>> per_rank(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    const auto lens = grouping::SyntheticWindow(dist, kPerRank, 4096, seed * 1000 + r);
+    for (size_t i = 0; i < lens.size(); ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths = lens[i];
+      m.payload_bytes = 4ull * lens[i].tokens;  // int32 token ids
+      per_rank[r].push_back(m);
+    }
+  }
+  return per_rank;
+}
+
+// Streams every rank's trace in chunks of kWindow per round; the trainer
+// consumes everything between rounds.
+SimResult Simulate(const align::Planner& planner, const std::vector<std::vector<SampleMeta>>& trace,
+                   uint32_t lws) {
+  SimResult out;
+  const align::PlannerConfig& cfg = planner.config();
+  std::vector<std::vector<SampleMeta>> pending(kWorld);
+  std::vector<size_t> next(kWorld, 0);
+  for (uint64_t round = 0; round < 100000; ++round) {
+    align::RoundState st;
+    st.round = round;
+    st.ranks.resize(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      const size_t take = std::min(kWindow, trace[r].size() - next[r]);
+      pending[r].insert(pending[r].end(), trace[r].begin() + next[r], trace[r].begin() + next[r] + take);
+      next[r] += take;
+      st.ranks[r].pending = pending[r];
+      st.ranks[r].free_slots = 64;
+      st.ranks[r].stream_finished = next[r] == trace[r].size();
+    }
+    const align::RoundPlan plan = planner.Plan(st);
+    for (uint32_t k = 0; k < plan.num_steps; ++k) {
+      double mx = 0, sum = 0;
+      for (const auto& rp : plan.ranks) {
+        std::vector<SampleLengths> lens;
+        for (const auto& m : rp.steps[k].samples) lens.push_back(m.lengths);
+        const double c = Cost(cfg, lens);
+        mx = std::max(mx, c);
+        sum += c;
+      }
+      out.total += mx;
+      out.sum_mean += sum / kWorld;
+    }
+    out.steps += plan.num_steps;
+    out.moved += ComputeBytesMoved(plan, lws);
+    for (int r = 0; r < kWorld; ++r) {
+      std::vector<SampleMeta> kept;
+      for (const auto& key : plan.ranks[r].keep_pending) {
+        for (const auto& m : pending[r]) {
+          if (m.id == key.id) {
+            kept.push_back(m);
+            break;
+          }
+        }
+      }
+      pending[r] = std::move(kept);
+    }
+    if (plan.epoch_finished) break;
+  }
+  return out;
+}
+
+// Offline oracle: FormGroups over the whole trace (full knowledge of all
+// lengths), groups sorted by cost and dealt W per step.
+double Oracle(const align::PlannerConfig& cfg, const std::vector<std::vector<SampleMeta>>& trace) {
+  std::vector<SampleLengths> all;
+  for (const auto& r : trace) {
+    for (const auto& m : r) all.push_back(m.lengths);
+  }
+  std::vector<double> costs;
+  for (const auto& g : grouping::FormGroups(all, cfg.budget, cfg.step_model)) {
+    std::vector<SampleLengths> lens;
+    for (size_t i : g.members) lens.push_back(all[i]);
+    costs.push_back(Cost(cfg, lens));
+  }
+  std::sort(costs.begin(), costs.end(), std::greater<>());
+  double total = 0;
+  for (size_t i = 0; i < costs.size(); i += kWorld) total += costs[i];
+  return total;
+}
+
+void CostTable() {
+  std::printf("== simulated cost, W=%d, window=%zu/rank, %zu samples/rank, budget 4096, lws=4 ==\n", kWorld, kWindow,
+              kPerRank);
+  std::printf("%-10s %-7s %-14s %12s %9s %9s %13s %13s\n", "dist", "model", "planner", "cost", "/oracle",
+              "max/mean", "moved B/smp", "inter B/smp");
+  for (auto dist : {grouping::LengthDistribution::kUniform, grouping::LengthDistribution::kLogNormal,
+                    grouping::LengthDistribution::kBimodal}) {
+    const auto trace = Trace(dist, 7);
+    for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+      align::PlannerConfig base;
+      base.budget.model = model;
+      base.window = kWindow;
+      base.max_wait_rounds = 0;
+      const double oracle = Oracle(base, trace);
+      for (double locality : {1.0, 0.5, 0.0}) {
+        GlobalPlannerConfig g;
+        g.base = base;
+        g.local_world_size = 4;
+        g.locality = locality;
+        GlobalPlanner planner(g);
+        const SimResult s = Simulate(planner, trace, g.local_world_size);
+        const double n = static_cast<double>(s.moved.samples());
+        std::printf("%-10s %-7s %-14s %12.0f %9.4f %9.4f %13.1f %13.1f\n", grouping::DistributionName(dist),
+                    model == grouping::CostModel::kPadded ? "padded" : "packed",
+                    locality >= 1.0 ? "local(l=1)" : locality > 0 ? "global l=0.5" : "global l=0", s.total,
+                    s.total / oracle, s.total / s.sum_mean, s.moved.moved_bytes() / n,
+                    s.moved.inter_node_bytes / n);
+      }
+    }
+  }
+}
+
+void LocalitySweep() {
+  std::printf("\n== bytes moved per sample vs locality (lognormal, padded, W=8, lws=4) ==\n");
+  std::printf("%-9s %12s %12s %12s %9s\n", "locality", "moved B/smp", "intra B/smp", "inter B/smp", "max/mean");
+  const auto trace = Trace(grouping::LengthDistribution::kLogNormal, 11);
+  for (double locality : {0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0}) {
+    GlobalPlannerConfig g;
+    g.base.window = kWindow;
+    g.base.max_wait_rounds = 0;
+    g.local_world_size = 4;
+    g.locality = locality;
+    const SimResult s = Simulate(GlobalPlanner(g), trace, 4);
+    const double n = static_cast<double>(s.moved.samples());
+    std::printf("%-9.2f %12.1f %12.1f %12.1f %9.4f\n", locality, s.moved.moved_bytes() / n,
+                s.moved.intra_node_bytes / n, s.moved.inter_node_bytes / n, s.total / s.sum_mean);
+  }
+}
+
+void PlannerTime() {
+  std::printf("\n== planner time, W=64 x 1024 pending/rank, window 1024, free 8 ==\n");
+  for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+    const int world = 64;
+    align::RoundState st;
+    st.ranks.resize(world);
+    for (int r = 0; r < world; ++r) {
+      const auto lens = grouping::SyntheticWindow(grouping::LengthDistribution::kLogNormal, 1024, 4096, 99 + r);
+      for (size_t i = 0; i < lens.size(); ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.owner_rank = r;
+        m.lengths = lens[i];
+        m.payload_bytes = 4ull * lens[i].tokens;
+        st.ranks[r].pending.push_back(m);
+      }
+      st.ranks[r].free_slots = 8;
+    }
+    GlobalPlannerConfig g;
+    g.base.budget.model = model;
+    g.base.window = 1024;
+    g.base.max_wait_rounds = 0;
+    g.local_world_size = 8;
+    GlobalPlanner planner(g);
+    std::vector<double> ms;
+    uint32_t steps = 0;
+    for (int i = 0; i < 15; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const align::RoundPlan plan = planner.Plan(st);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      steps = plan.num_steps;
+    }
+    std::sort(ms.begin(), ms.end());
+    std::vector<SampleLengths> all;
+    for (const auto& rr : st.ranks) {
+      for (const auto& m : rr.pending) all.push_back(m.lengths);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto groups = grouping::FormGroups(all, g.base.budget, g.base.step_model);
+    const double fg = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%-7s p50 %.2f ms, min %.2f ms (T=%u; of which FormGroups(65536) %.2f ms, %zu groups)\n",
+                model == grouping::CostModel::kPadded ? "padded" : "packed", ms[ms.size() / 2], ms[0], steps, fg,
+                groups.size());
+  }
+}
+
+}  // namespace
+}  // namespace odb::balance
+
+int main() {
+  odb::balance::CostTable();
+  odb::balance::LocalitySweep();
+  odb::balance::PlannerTime();
+  return 0;
+}
