@@ -1,5 +1,7 @@
 #include "src/daemon/aligned_round_runner.h"
 
+#include "src/balance/global_planner.h"
+
 namespace odb {
 
 align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
@@ -10,6 +12,17 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.seed = config.seed;
   p.window = config.window;
   return p;
+}
+
+std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
+  if (config.planner == PlannerKind::kLocal) {
+    return std::make_unique<align::LocalPlanner>(PlannerConfigFrom(config));
+  }
+  balance::GlobalPlannerConfig g;
+  g.base = PlannerConfigFrom(config);
+  g.local_world_size = static_cast<uint32_t>(config.local_world_size);
+  g.locality = config.locality;
+  return std::make_unique<balance::GlobalPlanner>(g);
 }
 
 namespace {
@@ -25,8 +38,7 @@ align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
 AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers,
                                        const DaemonConfig& config)
     : peers_(std::move(peers)),
-      aligner_(peers_.get(), std::make_unique<align::LocalPlanner>(PlannerConfigFrom(config)),
-               AlignerOptionsFrom(config)) {}
+      aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config)) {}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch) { start_status_ = aligner_.StartEpoch(epoch); }
 

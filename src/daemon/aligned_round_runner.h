@@ -34,6 +34,9 @@ class AlignedRoundRunner final : public RoundRunner {
 // The planner configuration every rank must share, derived from the daemon config.
 align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config);
 
+// The configured planner (local or global); every rank builds the same one.
+std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config);
+
 }  // namespace odb
 
 #endif  // ODB_DAEMON_ALIGNED_ROUND_RUNNER_H_

@@ -112,6 +112,9 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum<AlignMode>(
       "mode", {{"join", AlignMode::kJoin}, {"non_join", AlignMode::kNonJoin}}, c.mode));
   ODB_RETURN_IF_ERROR(s.Get("seed", c.seed));
+  ODB_RETURN_IF_ERROR(s.GetEnum<PlannerKind>(
+      "planner", {{"local", PlannerKind::kLocal}, {"global", PlannerKind::kGlobal}}, c.planner));
+  ODB_RETURN_IF_ERROR(s.Get("locality", c.locality));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.GetEnum<StoreKind>(
       "store", {{"file", StoreKind::kFile}, {"redis", StoreKind::kRedis}}, c.store));
@@ -305,6 +308,7 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
   if (c.expected_producers == 0) return Invalid("emit.expected_producers", "must be >= 1");
   if (c.redis_port <= 0 || c.redis_port > 65535) return Invalid("alignment.redis_port", "out of range");
   if (c.job_id.empty()) return Invalid("alignment.job_id", "must not be empty");
+  if (!(c.locality >= 0.0 && c.locality <= 1.0)) return Invalid("alignment.locality", "must be in [0, 1]");
   if (c.connect_timeout_ms == 0) return Invalid("alignment.connect_timeout_ms", "must be > 0");
   if (c.collective_timeout_ms == 0) return Invalid("alignment.collective_timeout_ms", "must be > 0");
   static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};

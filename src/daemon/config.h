@@ -32,6 +32,8 @@ enum class AlignMode {
 
 enum class StoreKind { kFile, kRedis };
 
+enum class PlannerKind { kLocal, kGlobal };
+
 // The daemon's whole configuration: parsed once from YAML, validated at start
 // with an error naming the field. Defaults are the values below.
 struct DaemonConfig {
@@ -67,6 +69,12 @@ struct DaemonConfig {
   // --- alignment across ranks
   AlignMode mode = AlignMode::kJoin;
   uint64_t seed = 0;  // shared by all ranks: group order is a seeded shuffle
+  // local: each rank groups its own samples (ODB). global: groups across all
+  // ranks and moves samples between daemons so every rank of a step costs
+  // alike (OrchMLLM post-balancing; see docs/balancing.md).
+  PlannerKind planner = PlannerKind::kLocal;
+  // global only: 0 = balance first, 1 = keep every sample on its rank.
+  double locality = 0.0;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;

@@ -32,8 +32,7 @@ absl::StatusOr<std::unique_ptr<align::PeerGroup>> ConnectPeers(const DaemonConfi
   o.iface = config.gloo_iface;
   o.connect_timeout = std::chrono::milliseconds(config.connect_timeout_ms);
   o.collective_timeout = std::chrono::milliseconds(config.collective_timeout_ms);
-  align::LocalPlanner planner(PlannerConfigFrom(config));
-  o.hello = align::AlignmentHelloFields(planner, config.world_size);
+  o.hello = align::AlignmentHelloFields(*MakePlanner(config), config.world_size);
   auto group = align::GlooPeerGroup::Connect(o);
   if (!group.ok()) return group.status();
   return std::unique_ptr<align::PeerGroup>(std::move(*group));

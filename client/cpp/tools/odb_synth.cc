@@ -85,6 +85,7 @@ struct ConsumeArgs {
   uint64_t max_tokens = 4096;
   int slow_ms = 0, timeout_ms = 60000;
   bool packed = false, quiet = false;
+  int rank = -1;  // when set, count samples whose payload came from another rank
 };
 
 // Prints one JSON object per epoch on stdout; returns non-zero on any check failure.
@@ -107,7 +108,7 @@ int Consume(const ConsumeArgs& a) {
       return 1;
     }
     std::map<uint64_t, int> seen;
-    uint64_t steps = 0, idle = 0, real = 0, padded = 0, bytes = 0, rejections = 0;
+    uint64_t steps = 0, idle = 0, real = 0, padded = 0, bytes = 0, rejections = 0, moved_in = 0;
     double weight_sum = 0;
     auto start = std::chrono::steady_clock::now();
     while (true) {
@@ -127,9 +128,10 @@ int Consume(const ConsumeArgs& a) {
             "{\"epoch\": %u, \"unique_ids\": %zu, \"duplicates\": %lu, \"steps\": %lu, \"idle_steps\": %lu, "
             "\"real_tokens\": %lu, \"padded_tokens\": %lu, \"bytes\": %lu, \"seconds\": %.4f, "
             "\"summary_received\": %lu, \"summary_emitted\": %lu, \"summary_rejected\": %lu, "
-            "\"not_emitted\": %zu, \"step_rejections\": %lu, \"weight_sum\": %.6f, \"failures\": %d, \"rejection_codes\": [",
+            "\"not_emitted\": %zu, \"step_rejections\": %lu, \"weight_sum\": %.6f, \"failures\": %d, "
+            "\"moved_in\": %lu, \"rejection_codes\": [",
             e, seen.size(), dup, steps, idle, real, padded, bytes, secs, s.received, s.emitted, s.rejected,
-            s.not_emitted_ids.size(), rejections, weight_sum, failures);
+            s.not_emitted_ids.size(), rejections, weight_sum, failures, moved_in);
         for (size_t i = 0; i < s.rejections.size(); ++i) {
           std::printf("%s[\"%s\", %lu]", i ? ", " : "", s.rejections[i].code.c_str(),
                       s.rejections[i].has_sample_id ? s.rejections[i].sample_id : 0ul);
@@ -170,6 +172,7 @@ int Consume(const ConsumeArgs& a) {
       for (size_t i = 0; i < st.sample_ids.size(); ++i) {
         const uint64_t id = st.sample_ids[i];
         ++seen[id];
+        if (a.rank >= 0 && i < st.owner_ranks.size() && st.owner_ranks[i] != a.rank) ++moved_in;
         const int64_t len = st.lengths[i];
         const int64_t* row = a.packed ? v + offset : v + i * ids->shape[1];
         offset += len;
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
   consume->add_option("--slow-ms", c.slow_ms);
   consume->add_option("--timeout-ms", c.timeout_ms);
   consume->add_flag("--packed", c.packed);
+  consume->add_option("--rank", c.rank, "this consumer's rank (reports moved_in)");
   CLI11_PARSE(app, argc, argv);
   if (produce->parsed()) return Produce(p);
   return Consume(c);

@@ -292,7 +292,7 @@ class OdbDataLoader:
         generator.manual_seed(self.seed * 1000003 + epoch)
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
                             worker_init_fn=self.worker_init_fn, generator=generator,
-                            multiprocessing_context=(self.multiprocessing_context or "fork") if self.num_workers else None)
+                            multiprocessing_context=(self.multiprocessing_context or "forkserver") if self.num_workers else None)
         consumer.start_epoch(epoch, max(self.num_workers, 1))
         pump = _Pump(loader, stop)
         self.samples_sent = 0
