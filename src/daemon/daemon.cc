@@ -673,7 +673,7 @@ void Daemon::FinishEpoch(uint32_t epoch, const RoundOutcome& outcome) {
   }
   std::sort(not_emitted.begin(), not_emitted.end());
   for (uint64_t id : not_emitted) summary.add_not_emitted_ids(id);
-  tracker_.CloseEpoch(epoch);
+  tracker_.CloseEpoch(epoch, config_.mode == AlignMode::kNonJoin);
   epoch_rejections_.erase(epoch);
   epoch_received_.erase(epoch);
   epoch_totals_.erase(epoch);

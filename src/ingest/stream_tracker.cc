@@ -28,6 +28,13 @@ std::optional<wire::Rejection> StreamTracker::OnSample(const std::string& produc
                       "', which never sent hello; call Producer::Connect before sending",
                   &sample_id);
   }
+  if (quota_closed_.count(epoch)) {
+    return Reject(wire::LATE_FOR_CLOSED_EPOCH, producer_id,
+                  "sample " + std::to_string(sample_id) + " from producer '" + producer_id +
+                      "' arrived after Non-Join epoch " + std::to_string(epoch) +
+                      " closed; it was not emitted",
+                  &sample_id);
+  }
   if (closed_.count(epoch)) {
     return Reject(wire::WRONG_EPOCH, producer_id,
                   "sample " + std::to_string(sample_id) + " from producer '" + producer_id +
@@ -52,6 +59,7 @@ std::optional<wire::Rejection> StreamTracker::OnEndStream(const std::string& pro
     return Reject(wire::UNKNOWN_PRODUCER, producer_id,
                   "end_stream from producer '" + producer_id + "', which never sent hello", nullptr);
   }
+  if (quota_closed_.count(epoch)) return std::nullopt;  // the stream ran past quota closure
   if (closed_.count(epoch)) {
     return Reject(wire::WRONG_EPOCH, producer_id,
                   "end_stream from producer '" + producer_id + "' for epoch " + std::to_string(epoch) +
@@ -95,8 +103,9 @@ std::vector<std::string> StreamTracker::OpenProducers(uint32_t epoch) const {
   return open;
 }
 
-void StreamTracker::CloseEpoch(uint32_t epoch) {
+void StreamTracker::CloseEpoch(uint32_t epoch, bool quota_closed) {
   closed_.insert(epoch);
+  if (quota_closed) quota_closed_.insert(epoch);
   epochs_.erase(epoch);
 }
 

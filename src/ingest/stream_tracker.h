@@ -41,7 +41,9 @@ class StreamTracker {
   uint64_t Received(uint32_t epoch) const;
   // Producers that said hello but have not ended their stream for `epoch`.
   std::vector<std::string> OpenProducers(uint32_t epoch) const;
-  void CloseEpoch(uint32_t epoch);
+  // `quota_closed`: the epoch ended by Non-Join quota closure, so samples that
+  // still arrive for it are LATE_FOR_CLOSED_EPOCH, not WRONG_EPOCH.
+  void CloseEpoch(uint32_t epoch, bool quota_closed = false);
   bool IsClosed(uint32_t epoch) const { return closed_.count(epoch) > 0; }
   size_t ProducerCount() const { return producers_.size(); }
 
@@ -55,6 +57,7 @@ class StreamTracker {
   std::set<std::string> producers_;
   std::map<uint32_t, EpochStream> epochs_;
   std::set<uint32_t> closed_;
+  std::set<uint32_t> quota_closed_;
 };
 
 }  // namespace odb::ingest

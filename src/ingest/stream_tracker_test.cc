@@ -41,3 +41,21 @@ TEST_CASE("tracker rejects unknown producers, closed epochs and bad counts") {
 
 }  // namespace
 }  // namespace odb::ingest
+
+namespace odb::ingest {
+namespace {
+
+TEST_CASE("after a Non-Join quota closure late samples are reported as late, not as errors") {
+  StreamTracker t;
+  t.OnHello("a");
+  CHECK_FALSE(t.OnSample("a", 0, 1).has_value());
+  t.CloseEpoch(0, /*quota_closed=*/true);
+  auto late = t.OnSample("a", 0, 2);
+  REQUIRE(late.has_value());
+  CHECK(late->code() == wire::LATE_FOR_CLOSED_EPOCH);
+  CHECK(late->sample_id() == 2);
+  CHECK_FALSE(t.OnEndStream("a", 0, 2).has_value());
+}
+
+}  // namespace
+}  // namespace odb::ingest

@@ -136,11 +136,14 @@ def test_two_ranks_non_join_quota_closure(tmp_path):
     try:
         for d in daemons:
             d.wait_ready(timeout=60)
-        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        # Everything is buffered before the trainers start the epoch, so the
+        # closure's accounting is exact (later arrivals would be reported as
+        # LATE_FOR_CLOSED_EPOCH with the next step instead).
         for d in daemons:
             rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
                                         id_offset=d.rank * 1_000_000, extra=["--max-len", "512"]))
             assert rc == 0, err
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
         results = []
         for d, c in zip(daemons, consumers):
             rc, out, err = finish(c, timeout=120)

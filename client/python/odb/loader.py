@@ -248,6 +248,7 @@ class OdbDataLoader:
         self._consumer: Any = None
         self.last_summary: Optional[Dict[str, Any]] = None
         self.samples_sent = 0
+        self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
 
     # ----- epoch and indices -------------------------------------------------
@@ -413,6 +414,10 @@ class OdbDataLoader:
 
     def _check_rejections(self, info: Mapping[str, Any], where: str) -> None:
         rejections = info.get("rejections") or []
+        late = [r for r in rejections if r["code"] == "LATE_FOR_CLOSED_EPOCH"]
+        if late:  # Non-Join quota closure: reported, never an error
+            self.late_for_closed_epoch += len(late)
+            rejections = [r for r in rejections if r["code"] != "LATE_FOR_CLOSED_EPOCH"]
         if not rejections:
             return
         text = "; ".join(f"{r['code']} sample {r['sample_id']} from {r['producer_id']}: {r['message']}"
