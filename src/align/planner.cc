@@ -1,6 +1,7 @@
 #include "src/align/planner.h"
 
 #include <algorithm>
+#include <optional>
 #include <cassert>
 #include <limits>
 #include <numeric>
@@ -144,19 +145,19 @@ PlannedStep MakeStep(const PlannerConfig& cfg, const std::vector<SampleMeta>& wi
   return s;
 }
 
+}  // namespace
+
 void KeepEverything(const RoundState& state, RoundPlan& plan) {
   for (size_t r = 0; r < state.ranks.size(); ++r) {
     for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].keep_pending.push_back(KeyOf(m));
   }
 }
 
-}  // namespace
-
-RoundPlan LocalPlanner::Plan(const RoundState& state) const {
+std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const RoundState& state,
+                                         uint32_t& min_free) {
   const size_t world = state.ranks.size();
   RoundPlan plan;
   plan.ranks.resize(world);
-
   // End of epoch.
   size_t drained_count = 0;
   int first_drained = -1;
@@ -167,28 +168,28 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       if (first_drained < 0) first_drained = static_cast<int>(r);
     }
   }
-  if (config_.mode == EpochMode::kNonJoin && drained_count > 0) {
+  if (config.mode == EpochMode::kNonJoin && drained_count > 0) {
     plan.epoch_finished = true;
     plan.reason = "non-join closure: rank " + std::to_string(first_drained) +
                   " finished its stream and holds nothing";
     for (size_t r = 0; r < world; ++r) {
       for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].not_emitted.push_back(KeyOf(m));
     }
-    return plan;
+    return std::optional<RoundPlan>(std::move(plan));
   }
   if (drained_count == world) {
     plan.epoch_finished = true;
     plan.reason = "join: every rank finished and nothing is pending";
-    return plan;
+    return std::optional<RoundPlan>(std::move(plan));
   }
 
   // Bounded wait: a rank with a thin window and an open stream may hold the
   // round back, at most max_wait_rounds consecutive rounds.
-  const size_t window_cap = config_.window == 0 ? std::numeric_limits<size_t>::max() : config_.window;
+  const size_t window_cap = config.window == 0 ? std::numeric_limits<size_t>::max() : config.window;
   for (size_t r = 0; r < world; ++r) {
     const RankRound& rr = state.ranks[r];
-    const bool asks = config_.max_wait_rounds > 0 && !rr.stream_finished &&
-                      rr.pending.size() < window_cap && rr.wait_rounds < config_.max_wait_rounds &&
+    const bool asks = config.max_wait_rounds > 0 && !rr.stream_finished &&
+                      rr.pending.size() < window_cap && rr.wait_rounds < config.max_wait_rounds &&
                       !rr.wait_expired;
     if (asks) {
       plan.ranks[r].waited = true;
@@ -201,10 +202,10 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       if (plan.ranks[r].waited) plan.reason += " rank " + std::to_string(r);
     }
     KeepEverything(state, plan);
-    return plan;
+    return std::optional<RoundPlan>(std::move(plan));
   }
 
-  uint32_t min_free = std::numeric_limits<uint32_t>::max();
+  min_free = std::numeric_limits<uint32_t>::max();
   size_t min_free_rank = 0;
   for (size_t r = 0; r < world; ++r) {
     if (state.ranks[r].free_slots < min_free) {
@@ -215,8 +216,20 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
   if (min_free == 0) {
     plan.reason = "rank " + std::to_string(min_free_rank) + " has no free output slot";
     KeepEverything(state, plan);
-    return plan;
+    return std::optional<RoundPlan>(std::move(plan));
   }
+
+  return std::nullopt;
+}
+
+RoundPlan LocalPlanner::Plan(const RoundState& state) const {
+  const size_t world = state.ranks.size();
+  RoundPlan plan;
+  plan.ranks.resize(world);
+
+  uint32_t min_free = 0;
+  if (auto gated = ApplyRoundGates(config_, state, min_free)) return std::move(*gated);
+  const size_t window_cap = config_.window == 0 ? std::numeric_limits<size_t>::max() : config_.window;
 
   // Local grouping on each rank's window.
   std::vector<std::vector<SampleMeta>> windows(world);

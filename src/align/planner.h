@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,6 +143,16 @@ class LocalPlanner final : public Planner {
  private:
   PlannerConfig config_;
 };
+
+// The round gates every planner applies first, in this order (docs/alignment.md):
+// Non-Join closure, Join end, bounded wait, credit. Returns the decided plan
+// (no steps) when a gate stops the round; otherwise nullopt, with `min_free`
+// set to the smallest free-slot count of all ranks (>= 1).
+std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const RoundState& state,
+                                         uint32_t& min_free);
+
+// Puts every pending sample of every rank back to pending.
+void KeepEverything(const RoundState& state, RoundPlan& plan);
 
 // Fills loss weights of a plan from its real token counts: for every step k,
 // w_r = W * t_r / sum_r t_r (0 for IDLE). Shared by every planner.

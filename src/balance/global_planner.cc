@@ -500,12 +500,6 @@ PlannedStep MakeStep(const align::PlannerConfig& cfg, const Pool& pool, const Me
   return s;
 }
 
-void KeepEverything(const RoundState& state, RoundPlan& plan) {
-  for (size_t r = 0; r < state.ranks.size(); ++r) {
-    for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].keep_pending.push_back(KeyOf(m));
-  }
-}
-
 std::string FormatLocality(double l) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g", l);
@@ -528,61 +522,12 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   RoundPlan plan;
   plan.ranks.resize(world);
 
-  // End of epoch, waits and credit: exactly LocalPlanner's rules.
-  size_t drained_count = 0, finished_count = 0;
-  int first_drained = -1;
-  for (size_t r = 0; r < world; ++r) {
-    const RankRound& rr = state.ranks[r];
-    if (rr.stream_finished) ++finished_count;
-    if (rr.stream_finished && rr.pending.empty()) {
-      ++drained_count;
-      if (first_drained < 0) first_drained = static_cast<int>(r);
-    }
-  }
-  if (cfg.mode == align::EpochMode::kNonJoin && drained_count > 0) {
-    plan.epoch_finished = true;
-    plan.reason = "non-join closure: rank " + std::to_string(first_drained) +
-                  " finished its stream and holds nothing";
-    for (size_t r = 0; r < world; ++r) {
-      for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].not_emitted.push_back(KeyOf(m));
-    }
-    return plan;
-  }
-  if (drained_count == world) {
-    plan.epoch_finished = true;
-    plan.reason = "join: every rank finished and nothing is pending";
-    return plan;
-  }
+  // End of epoch, waits and credit: the rules every planner shares.
+  uint32_t min_free = 0;
+  if (auto gated = align::ApplyRoundGates(cfg, state, min_free)) return std::move(*gated);
+  size_t finished_count = 0;
+  for (const RankRound& rr : state.ranks) finished_count += rr.stream_finished ? 1 : 0;
   const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
-  for (size_t r = 0; r < world; ++r) {
-    const RankRound& rr = state.ranks[r];
-    if (cfg.max_wait_rounds > 0 && !rr.stream_finished && rr.pending.size() < window_cap &&
-        rr.wait_rounds < cfg.max_wait_rounds && !rr.wait_expired) {
-      plan.ranks[r].waited = true;
-      plan.waiting = true;
-    }
-  }
-  if (plan.waiting) {
-    plan.reason = "waiting for samples:";
-    for (size_t r = 0; r < world; ++r) {
-      if (plan.ranks[r].waited) plan.reason += " rank " + std::to_string(r);
-    }
-    KeepEverything(state, plan);
-    return plan;
-  }
-  uint32_t min_free = std::numeric_limits<uint32_t>::max();
-  size_t min_free_rank = 0;
-  for (size_t r = 0; r < world; ++r) {
-    if (state.ranks[r].free_slots < min_free) {
-      min_free = state.ranks[r].free_slots;
-      min_free_rank = r;
-    }
-  }
-  if (min_free == 0) {
-    plan.reason = "rank " + std::to_string(min_free_rank) + " has no free output slot";
-    KeepEverything(state, plan);
-    return plan;
-  }
 
   // The pool: the union of the windows. Samples past a window stay pending.
   Pool pool;
@@ -606,7 +551,7 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   if (groups.empty()) {
     plan.reason = "no rank has pending samples";
     plan.ranks.assign(world, RankPlan{});
-    KeepEverything(state, plan);
+    align::KeepEverything(state, plan);
     return plan;
   }
 
@@ -619,7 +564,7 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
     plan.reason = "holding back: " + std::to_string(g_count) + " groups do not fill a step of " +
                   std::to_string(world) + " ranks and some stream is open";
     plan.ranks.assign(world, RankPlan{});
-    KeepEverything(state, plan);
+    align::KeepEverything(state, plan);
     return plan;
   }
   plan.num_steps = static_cast<uint32_t>(t);
