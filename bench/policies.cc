@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <span>
 
 #include "absl/status/status.h"
 #include "src/align/planner.h"
+#include "src/balance/global_planner.h"
 #include "src/grouping/grouper.h"
 
 namespace odb::bench {
@@ -189,19 +191,15 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
   return schedule;
 }
 
-// odb itself: W ranks driven through align::LocalPlanner exactly as the
+// odb itself: W ranks driven through the daemon's planner (align::LocalPlanner,
+// or balance::GlobalPlanner for `alignment.planner: global`) exactly as the
 // daemon drives it (src/daemon/daemon.cc RunOneRound + align::Aligner): each
 // rank's pending list in arrival order, topped up to the window before each
 // round (a producer at least as fast as the trainer), `free_slots` credits,
 // stream_finished once a rank's share has fully arrived, the consecutive
 // waiting-round counter the Aligner keeps; Join mode.
-//
-// `pair_by_cost` is a diagnostic, not the daemon: it re-orders each rank's
-// steps within a round by their cost (longest first), which DGAP allows (only
-// the step count must match), so that step k pairs like-sized groups across
-// ranks. It shows how much of odb's gap is cross-rank pairing.
 absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const SimConfig& cfg,
-                                bool pair_by_cost = false) {
+                                bool global = false) {
   const int world = cfg.world;
   align::PlannerConfig pc;
   pc.budget = cfg.budget;
@@ -209,7 +207,15 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   pc.mode = align::EpochMode::kJoin;
   pc.seed = cfg.seed;
   pc.window = cfg.window;
-  align::LocalPlanner planner(pc);
+  std::unique_ptr<align::Planner> planner;
+  if (global) {
+    balance::GlobalPlannerConfig g;
+    g.base = pc;
+    g.locality = 0.0;
+    planner = std::make_unique<balance::GlobalPlanner>(g);
+  } else {
+    planner = std::make_unique<align::LocalPlanner>(pc);
+  }
   std::vector<std::vector<SampleMeta>> shares(world);
   for (size_t i = 0; i < arrival.size(); ++i) {
     const int r = static_cast<int>(i % world);
@@ -238,19 +244,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       rr.stream_finished = next[r] == shares[r].size();
       rr.wait_rounds = wait_rounds;
     }
-    align::RoundPlan plan = planner.Plan(state);
-    if (pair_by_cost) {
-      for (align::RankPlan& rp : plan.ranks) {
-        auto cost = [&](const align::PlannedStep& ps) {
-          double sq = 0.0;
-          for (const SampleMeta& m : ps.samples) sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
-          return ps.idle ? -1.0
-                         : cfg.model.per_padded_token * static_cast<double>(ps.padded_tokens) + cfg.model.per_len_sq * sq;
-        };
-        std::stable_sort(rp.steps.begin(), rp.steps.end(),
-                         [&](const align::PlannedStep& a, const align::PlannedStep& b) { return cost(a) > cost(b); });
-      }
-    }
+    align::RoundPlan plan = planner->Plan(state);
     for (uint32_t k = 0; k < plan.num_steps; ++k) {
       std::vector<RankStep> step(world);
       for (int r = 0; r < world; ++r) {
@@ -297,7 +291,7 @@ uint32_t FixedBatchSize(const std::vector<SampleLengths>& samples, const groupin
 
 std::vector<std::string> PolicyNames() {
   return {"standard", "sorted",     "length_grouped", "packing", "reference_odb",
-          "odb",      "odb_depth4", "odb_paired",     "oracle",  "oracle_dp"};
+          "odb",      "odb_queue32", "odb_global",   "oracle",  "oracle_dp"};
 }
 
 absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<SampleLengths>& arrival,
@@ -323,10 +317,10 @@ absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<
   }
   if (policy == "reference_odb") return RunReference(arrival, cfg);
   if (policy == "odb") return RunOdb(arrival, cfg);
-  if (policy == "odb_paired") return RunOdb(arrival, cfg, /*pair_by_cost=*/true);
-  if (policy == "odb_depth4") {
+  if (policy == "odb_global") return RunOdb(arrival, cfg, /*global=*/true);
+  if (policy == "odb_queue32") {
     SimConfig c = cfg;
-    c.free_slots = 4;  // the daemon's default outstanding_depth
+    c.free_slots = 32;  // the daemon's default emit.queue_steps
     return RunOdb(arrival, c);
   }
   return absl::InvalidArgumentError("unknown policy '" + policy + "'");
