@@ -101,6 +101,8 @@ absl::Status Daemon::Run() {
       uint64_t bytes = buffer_.bytes();
       if (bytes > metrics_.peak_buffer_bytes.load()) metrics_.peak_buffer_bytes.store(bytes);
     }
+    // Fixed poll slots first (trainer, wake-up, monitor, peers), then ingest.
+    constexpr size_t kFixedItems = 4;
     items.clear();
     items.push_back({static_cast<void*>(trainer_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0});
@@ -122,8 +124,8 @@ absl::Status Daemon::Run() {
       }
       if (items[2].revents & ZMQ_POLLIN) HandleMonitor();
       if (items[3].revents & ZMQ_POLLIN) HandlePeerPayloads();
-      for (size_t i = 4; i < items.size(); ++i) {
-        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - 4]);
+      for (size_t i = kFixedItems; i < items.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - kFixedItems]);
       }
       FlushOutput();
       CheckTimeouts();
