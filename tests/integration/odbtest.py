@@ -102,3 +102,25 @@ def finish(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str, st
 
 def epochs(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def run_epoch(daemons: list[Daemon], counts: list[int], consumer_extra: list[str] | None = None,
+              max_len: int = 1024) -> list[dict]:
+    """Runs one epoch on already-started daemons: one verifying consumer and one producer per
+    rank (rank r sends counts[r] samples with ids r*1e6 + k; an empty stream still ends), and
+    returns each rank's epoch JSON. Fails with the daemon log on any error."""
+    for d in daemons:
+        d.wait_ready(timeout=60)
+    consumers = [consume(d.trainer, expected_producers=1,
+                         extra=["--rank", str(d.rank)] + (consumer_extra or [])) for d in daemons]
+    for d in daemons:
+        rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
+                                    id_offset=d.rank * 1_000_000, extra=["--max-len", str(max_len)]))
+        assert rc == 0, err
+    results = []
+    for d, c in zip(daemons, consumers):
+        rc, out, err = finish(c, timeout=120)
+        assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
+        (e,) = epochs(out)
+        results.append(e)
+    return results

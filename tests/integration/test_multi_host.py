@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from odbtest import Daemon, consume, epochs, finish, produce
+from odbtest import Daemon, run_epoch
 
 NS = ("odb-hosta", "odb-hostb")
 ADDR = ("10.213.7.1", "10.213.7.2")
@@ -50,28 +50,19 @@ def test_four_ranks_on_two_hosts(tmp_path, two_hosts):
     try:
         for rank in range(4):
             host = rank // 2
-            config = (f"local_world_size: 2\nalignment: {{gloo_hostname: {ADDR[host]}}}\n"
+            # Global planning: payloads of moved samples cross the link too.
+            config = (f"local_world_size: 2\nalignment: {{gloo_hostname: {ADDR[host]}, planner: global}}\n"
                       "grouping: {window: 64}\n")
             daemons.append(Daemon(tmp_path, rank=rank, world=4, config=config, job_id=job,
                                   prefix=["ip", "netns", "exec", NS[host]]))
-        for d in daemons:
-            d.wait_ready(timeout=60)
-        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
-        for d in daemons:
-            rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
-                                        id_offset=d.rank * 1_000_000, extra=["--max-len", "1024"]))
-            assert rc == 0, err
-        results = []
-        for d, c in zip(daemons, consumers):
-            rc, out, err = finish(c, timeout=120)
-            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
-            results.append(epochs(out)[0])
+        results = run_epoch(daemons, counts)
     finally:
         for d in daemons:
             d.stop()
     assert len({e["steps"] for e in results}) == 1
     got = sorted(i for e in results for i in e["ids"])
     assert got == sorted(r * 1_000_000 + k for r in range(4) for k in range(counts[r]))
+    assert results[3]["moved_in"] > 0  # rank 3 (host B, no data) trained samples from host A
     # Each rank listened for peers on its own host's veth address, so every
     # cross-host pair and payload went over the link between the namespaces.
     for d in daemons:

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from odbtest import Daemon, consume, epochs, finish, produce
+from odbtest import Daemon, consume, epochs, finish, produce, run_epoch
 
 W = 4
 
@@ -20,29 +20,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_job(tmp_path, config: str, counts: list[int], mode_join: bool = True):
+def _run_job(tmp_path, config: str, counts: list[int]):
     job = f"job-{uuid.uuid4().hex[:8]}"
     daemons = [Daemon(tmp_path, rank=r, world=W, config=config, job_id=job) for r in range(W)]
     try:
-        for d in daemons:
-            d.wait_ready(timeout=60)
-        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
-        producers = [produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
-                             id_offset=d.rank * 1_000_000, extra=["--max-len", "1024"])
-                     if counts[d.rank] > 0 else None for d in daemons]
-        # A rank with no data still ends its (empty) stream.
-        for d, p in zip(daemons, producers):
-            if p is None:
-                p = produce(d.ingest, f"r{d.rank}", 0, seed=0)
-            rc, _, err = finish(p)
-            assert rc == 0, err
-        results = []
-        for d, c in zip(daemons, consumers):
-            rc, out, err = finish(c, timeout=120)
-            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
-            (e,) = epochs(out)
-            results.append(e)
-        return daemons, results
+        return daemons, run_epoch(daemons, counts)
     finally:
         for d in daemons:
             d.stop()
@@ -179,27 +161,9 @@ def test_config_mismatch_is_refused_on_every_rank(tmp_path):
 def test_four_ranks_global_planner_moves_samples_intact(tmp_path):
     """Fully global planning: samples move between daemons; every byte is verified at the
     consumer (content is a function of the id), every id exactly once, steps aligned."""
-    job = f"job-{uuid.uuid4().hex[:8]}"
     config = "alignment: {planner: global, locality: 0.0}\ngrouping: {window: 64}\n"
     counts = [1500, 200, 0, 600]
-    daemons = [Daemon(tmp_path, rank=r, world=W, config=config, job_id=job) for r in range(W)]
-    try:
-        for d in daemons:
-            d.wait_ready(timeout=60)
-        consumers = [consume(d.trainer, expected_producers=1, extra=["--rank", str(d.rank)])
-                     for d in daemons]
-        for d in daemons:
-            rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
-                                        id_offset=d.rank * 1_000_000, extra=["--max-len", "1024"]))
-            assert rc == 0, err
-        results = []
-        for d, c in zip(daemons, consumers):
-            rc, out, err = finish(c, timeout=120)
-            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
-            results.append(epochs(out)[0])
-    finally:
-        for d in daemons:
-            d.stop()
+    _, results = _run_job(tmp_path, config, counts)
     _check_aligned_coverage(results, counts)
     assert results[2]["moved_in"] > 0  # the rank with no data of its own trained moved samples
     assert sum(e["moved_in"] for e in results) > 100
