@@ -18,6 +18,12 @@ std::vector<int> MaxWeightAssignment(const std::vector<std::vector<int64_t>>& we
     for (int64_t w : row) max_w = std::max(max_w, w);
   }
   const int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+  // Costs max_w - w in one contiguous row-major block (the inner loop reads
+  // a row per step; a vector of vectors costs an indirection per row).
+  std::vector<int64_t> cost(static_cast<size_t>(n) * n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) cost[static_cast<size_t>(i) * n + j] = max_w - weight[i][j];
+  }
   std::vector<int64_t> u(n + 1, 0), v(n + 1, 0), minv(n + 1);
   std::vector<int> p(n + 1, 0), way(n + 1, 0);
   std::vector<char> used(n + 1);
@@ -31,9 +37,11 @@ std::vector<int> MaxWeightAssignment(const std::vector<std::vector<int64_t>>& we
       const int i0 = p[j0];
       int64_t delta = kInf;
       int j1 = 0;
+      const int64_t* row = cost.data() + static_cast<size_t>(i0 - 1) * n - 1;  // row[j], j in 1..n
+      const int64_t ui0 = u[i0];
       for (int j = 1; j <= n; ++j) {
         if (used[j]) continue;
-        const int64_t cur = (max_w - weight[i0 - 1][j - 1]) - u[i0] - v[j];
+        const int64_t cur = row[j] - ui0 - v[j];
         if (cur < minv[j]) {
           minv[j] = cur;
           way[j] = j0;

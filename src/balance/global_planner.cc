@@ -124,9 +124,30 @@ std::vector<SampleLengths> LensOf(const Pool& pool, const Members& g) {
   return lens;
 }
 
+// grouping::StepTime of the group, without building a lengths vector (the
+// same terms summed in the same order, hence the same value).
 double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
-  const auto lens = LensOf(pool, g);
-  return grouping::StepTime(cfg.step_model, cfg.budget.model, lens);
+  if (g.empty()) return 0.0;
+  uint64_t longest = 0, sum = 0;
+  double sum_sq = 0.0;
+  for (size_t i : g) {
+    const uint64_t t = pool.lens[i].tokens;
+    longest = std::max(longest, t);
+    sum += t;
+    sum_sq += static_cast<double>(t * t);
+  }
+  const uint64_t padded = cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
+  return cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
+         cfg.step_model.per_len_sq * sum_sq;
+}
+
+uint64_t PaddedOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
+  uint64_t longest = 0, sum = 0;
+  for (size_t i : g) {
+    longest = std::max<uint64_t>(longest, pool.lens[i].tokens);
+    sum += pool.lens[i].tokens;
+  }
+  return cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
 }
 
 // "Most worth emitting first" (as LocalPlanner): more samples, more padded
@@ -136,33 +157,36 @@ void SortByFill(const align::PlannerConfig& cfg, const Pool& pool, std::vector<M
     size_t n;
     uint64_t padded;
     SampleKey key;
-    Members g;
+    size_t g;
   };
   std::vector<Keyed> keyed;
   keyed.reserve(groups.size());
-  for (auto& g : groups) {
-    const auto lens = LensOf(pool, g);
-    keyed.push_back({g.size(), grouping::PaddedTokens(cfg.budget.model, lens), MinKey(pool, g), std::move(g)});
+  for (size_t i = 0; i < groups.size(); ++i) {
+    keyed.push_back({groups[i].size(), PaddedOf(cfg, pool, groups[i]), MinKey(pool, groups[i]), i});
   }
   std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
     if (a.n != b.n) return a.n > b.n;
     if (a.padded != b.padded) return a.padded > b.padded;
     return a.key < b.key;
   });
-  groups.clear();
-  for (auto& k : keyed) groups.push_back(std::move(k.g));
+  std::vector<Members> sorted;
+  sorted.reserve(groups.size());
+  for (const Keyed& k : keyed) sorted.push_back(std::move(groups[k.g]));
+  groups = std::move(sorted);
 }
 
 // Splits the most expensive group of >= 2 samples into its shorter and longer
 // half (a subset of a fitting group fits). Returns false when none can split.
-bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups) {
+// `cost` and `key` cache CostOf and MinKey of every group (kept in step with
+// `groups`), so that a run of splits is O(G) per split, not O(n) per split.
+bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups,
+                    std::vector<double>& cost, std::vector<SampleKey>& key) {
   size_t best = groups.size();
   double best_cost = -1.0;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (groups[i].size() < 2) continue;
-    const double c = CostOf(cfg, pool, groups[i]);
-    if (best == groups.size() || c > best_cost ||
-        (c == best_cost && MinKey(pool, groups[i]) < MinKey(pool, groups[best]))) {
+    const double c = cost[i];
+    if (best == groups.size() || c > best_cost || (c == best_cost && key[i] < key[best])) {
       best = i;
       best_cost = c;
     }
@@ -176,6 +200,10 @@ bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vect
   const size_t half = m.size() / 2;
   groups[best].assign(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(half));
   groups.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(half), m.end());
+  cost[best] = CostOf(cfg, pool, groups[best]);
+  key[best] = MinKey(pool, groups[best]);
+  cost.push_back(CostOf(cfg, pool, groups.back()));
+  key.push_back(MinKey(pool, groups.back()));
   return true;
 }
 
@@ -230,15 +258,24 @@ std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, co
                                              double capacity, const std::vector<int>* rank_of_bin,
                                              uint32_t lws) {
   std::vector<Bin> bins(num_bins, Bin(cfg.budget));
+  std::vector<double> load(num_bins, 0.0);
+  // Without classes the pick is the feasible bin of least (load, index): walk
+  // the bins in that order and stop at the first feasible one, instead of
+  // testing all W bins per sample. Loads only grow, so a bin that received a
+  // sample moves right by insertion.
+  std::vector<size_t> order(num_bins);
+  for (size_t b = 0; b < num_bins; ++b) order[b] = b;
+  auto before = [&](size_t a, size_t b) { return load[a] != load[b] ? load[a] < load[b] : a < b; };
   size_t empty = num_bins;
   for (size_t k = 0; k < desc.size(); ++k) {
     const size_t idx = desc[k];
     const SampleLengths& s = pool.lens[idx];
     const bool only_empty = empty == desc.size() - k;
     size_t best = num_bins;
+    size_t best_pos = num_bins;
     int best_class = 3;
-    double best_load = 0.0;
-    for (size_t b = 0; b < num_bins; ++b) {
+    for (size_t pos = 0; pos < num_bins; ++pos) {
+      const size_t b = order[pos];
       if (only_empty && !bins[b].empty()) continue;
       if (!bins[b].CanAdd(s)) continue;
       if (!bins[b].empty() && bins[b].CostIfAdded(cfg, s) > capacity) continue;
@@ -248,16 +285,21 @@ std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, co
         const int32_t rank = (*rank_of_bin)[b];
         cls = rank == owner ? 0 : NodeOf(rank, lws) == NodeOf(owner, lws) ? 1 : 2;
       }
-      const double load = bins[b].Cost(cfg);
-      if (best == num_bins || cls < best_class || (cls == best_class && load < best_load)) {
+      if (best == num_bins || cls < best_class || (cls == best_class && before(b, best))) {
         best = b;
+        best_pos = pos;
         best_class = cls;
-        best_load = load;
       }
+      if (rank_of_bin == nullptr || cls == 0) break;  // nothing later in the order beats it
     }
     if (best == num_bins) return std::nullopt;
     if (bins[best].empty()) --empty;
     bins[best].Add(idx, s);
+    load[best] = bins[best].Cost(cfg);
+    // Binary search for the bin's new place, then one memmove.
+    const auto from = order.begin() + static_cast<std::ptrdiff_t>(best_pos);
+    const auto to = std::upper_bound(from + 1, order.end(), best, before);
+    std::rotate(from, from + 1, to);
   }
   std::vector<Members> out;
   out.reserve(num_bins);
@@ -328,20 +370,27 @@ bool FitsAfter(const align::PlannerConfig& cfg, const Agg& g, const SampleLength
   }
   if (n == 0) return false;
   const grouping::Budget& b = cfg.budget;
+  // Cheapest tests first: this runs for every candidate move and swap.
   if (n > 1) {
-    const uint64_t sq = sum_sq > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()
-                                                                       : static_cast<uint64_t>(sum_sq);
-    const double bc = b.model == grouping::CostModel::kPadded ? grouping::PaddedBudgetCost(b, n, longest)
-                                                               : grouping::PackedBudgetCost(b, sum, sq);
-    if (b.max_tokens != 0 && bc > static_cast<double>(b.max_tokens)) return false;
     if (b.max_group_size != 0 && n > b.max_group_size) return false;
     if (b.max_vision_patches != 0 && vision > b.max_vision_patches) return false;
     if (b.max_audio_frames != 0 && audio > b.max_audio_frames) return false;
   }
+  const bool sq_fits = sum_sq <= std::numeric_limits<uint64_t>::max();
+  const uint64_t sq = sq_fits ? static_cast<uint64_t>(sum_sq) : std::numeric_limits<uint64_t>::max();
+  // Same value as converting the 128-bit sum (both round correctly), without
+  // the slow 128-bit conversion in the common case.
+  const double sq_d = sq_fits ? static_cast<double>(sq) : static_cast<double>(sum_sq);
   const uint64_t padded = b.model == grouping::CostModel::kPadded ? static_cast<uint64_t>(longest) * n : sum;
   const double cost = cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
-                      cfg.step_model.per_len_sq * static_cast<double>(sum_sq);
-  return cost <= capacity;
+                      cfg.step_model.per_len_sq * sq_d;
+  if (cost > capacity) return false;
+  if (n > 1 && b.max_tokens != 0) {
+    const double bc = b.model == grouping::CostModel::kPadded ? grouping::PaddedBudgetCost(b, n, longest)
+                                                               : grouping::PackedBudgetCost(b, sum, sq);
+    if (bc > static_cast<double>(b.max_tokens)) return false;
+  }
+  return true;
 }
 
 // Local search over one step with ranks fixed (bin b runs on rank_of_bin[b]):
@@ -358,6 +407,20 @@ bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vecto
   for (size_t r = 0; r < nb; ++r) node[r] = NodeOf(static_cast<int32_t>(r), lws);
   std::vector<Agg> agg(nb);
   for (size_t b = 0; b < nb; ++b) agg[b] = AggOf(pool, bins[b]);
+  // Bins of each node, ascending: the candidate targets of a sample off its
+  // node, without a scan of all W bins per sample.
+  const int32_t num_nodes = node.empty() ? 0 : *std::max_element(node.begin(), node.end()) + 1;
+  std::vector<std::vector<size_t>> node_bins(num_nodes);
+  for (size_t y = 0; y < nb; ++y) node_bins[node[rank_of_bin[y]]].push_back(y);
+  // FitsAfter is monotone in one sample's token count when no modality limit
+  // applies and the step-time coefficients are non-negative.
+  const bool monotone = cfg.budget.max_vision_patches == 0 && cfg.budget.max_audio_frames == 0 &&
+                        cfg.budget.quadratic_q >= 0.0 && cfg.step_model.per_padded_token >= 0.0 &&
+                        cfg.step_model.per_len_sq >= 0.0;
+  // add_fails_from[y]: shortest sample that did not fit into bin y since y
+  // last changed; with `monotone`, no longer one fits either.
+  constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  std::vector<uint32_t> add_fails_from(nb, kNone);
   bool changed = false;
   std::vector<size_t> targets;
   for (int pass = 0; pass < 2; ++pass) {
@@ -374,27 +437,35 @@ bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vecto
           // Candidate bins: the owner's, then the others on its node.
           targets.assign(1, bin_of_rank[owner]);
           if (here < kNodeWeight) {
-            for (size_t y = 0; y < nb; ++y) {
-              if (y != x && y != bin_of_rank[owner] && HomeScore(owner, rank_of_bin[y], node) == kNodeWeight) {
-                targets.push_back(y);
-              }
+            for (size_t y : node_bins[node[owner]]) {
+              if (y != x && y != bin_of_rank[owner]) targets.push_back(y);
             }
           }
           for (size_t y : targets) {
             if (y == x || done) continue;
             const int32_t q = rank_of_bin[y];
-            if (bins[x].size() > 1 && FitsAfter(cfg, agg[y], nullptr, &al, capacity) &&
-                FitsAfter(cfg, agg[x], &al, nullptr, capacity)) {  // move
+            bool fits_y = false;
+            if (bins[x].size() > 1 && !(monotone && al.tokens >= add_fails_from[y])) {
+              fits_y = FitsAfter(cfg, agg[y], nullptr, &al, capacity);
+              if (!fits_y) add_fails_from[y] = std::min(add_fails_from[y], al.tokens);
+            }
+            if (fits_y && FitsAfter(cfg, agg[x], &al, nullptr, capacity)) {  // move
               bins[y].push_back(a);
               bins[x].erase(bins[x].begin() + static_cast<std::ptrdiff_t>(ai));
               agg[x] = AggOf(pool, bins[x]);
               agg[y] = AggOf(pool, bins[y]);
+              add_fails_from[x] = add_fails_from[y] = kNone;
               done = true;
               break;
             }
             // Swaps only with the owner's own bin: trying every bin of the
             // node multiplies the search by local_world_size for little gain.
             if (y != targets[0]) continue;
+            // Pruning (exact when `monotone`): x - a + b only gets heavier
+            // as b grows, y - b + a only lighter, so a failed test rules out
+            // every b at least as long (x side) or at most as long (y side).
+            uint32_t x_fails_from = std::numeric_limits<uint32_t>::max();
+            int64_t y_fails_upto = -1;
             for (size_t bi = 0; bi < bins[y].size(); ++bi) {  // swap
               const size_t b = bins[y][bi];
               const int32_t b_owner = pool.metas[b].owner_rank;
@@ -402,11 +473,23 @@ bool LocalitySwaps(const align::PlannerConfig& cfg, const Pool& pool, std::vecto
                                     HomeScore(b_owner, q, node);
               if (delta <= 0) continue;
               const SampleLengths& bl = pool.lens[b];
-              if (FitsAfter(cfg, agg[x], &al, &bl, capacity) && FitsAfter(cfg, agg[y], &bl, &al, capacity)) {
+              if (monotone && (bl.tokens >= x_fails_from || static_cast<int64_t>(bl.tokens) <= y_fails_upto)) {
+                continue;
+              }
+              if (!FitsAfter(cfg, agg[x], &al, &bl, capacity)) {
+                x_fails_from = std::min(x_fails_from, bl.tokens);
+                continue;
+              }
+              if (!FitsAfter(cfg, agg[y], &bl, &al, capacity)) {
+                y_fails_upto = std::max<int64_t>(y_fails_upto, bl.tokens);
+                continue;
+              }
+              {
                 bins[x][ai] = b;
                 bins[y][bi] = a;
                 agg[x] = AggOf(pool, bins[x]);
                 agg[y] = AggOf(pool, bins[y]);
+                add_fails_from[x] = add_fails_from[y] = kNone;
                 done = true;
                 ++ai;
                 break;
@@ -500,6 +583,54 @@ PlannedStep MakeStep(const align::PlannerConfig& cfg, const Pool& pool, const Me
   return s;
 }
 
+// Expected number of groups a sample accounts for: its share of the token
+// budget (a group rarely fills it completely, hence the margin the caller
+// adds), at least its share of the group-size cap, and 1 if it fits no budget.
+double GroupShare(const grouping::Budget& b, const SampleLengths& s) {
+  double share = 0.0;
+  if (b.max_tokens != 0) {
+    share = grouping::EffectiveLength(b, s.tokens) / static_cast<double>(b.max_tokens);
+  }
+  if (b.max_group_size != 0) share = std::max(share, 1.0 / static_cast<double>(b.max_group_size));
+  return std::min(share, 1.0);
+}
+
+// Grouping the whole pool only to hold most groups back is the dominant cost
+// of a round when credit is small against the pending work (W = 64 ranks x
+// 1024 samples, 8 free slots: ~7600 groups for 512 slots). When the pool
+// would form at least twice `target` groups (estimated from GroupShare), the
+// pool is cut to its oldest samples, taken depth by depth across the ranks
+// (the i-th pending sample of every rank before any (i+1)-th), until their
+// estimate reaches `target`. Returns whether it cut; `take[r]` is then the
+// number of rank r's first pending samples kept in the pool (it is the
+// window size on entry). Every rank keeps an equal share, and the oldest
+// samples go first, so no sample waits behind later arrivals for ever.
+bool SelectOldest(const align::PlannerConfig& cfg, const RoundState& state, double target,
+                  std::vector<size_t>& take) {
+  const grouping::Budget& b = cfg.budget;
+  if (b.max_tokens == 0 && b.max_group_size == 0) return false;  // no estimate: group everything
+  double total = 0.0;
+  size_t depth = 0;
+  for (size_t r = 0; r < take.size(); ++r) depth = std::max(depth, take[r]);
+  for (size_t r = 0; r < take.size() && total < 2.0 * target; ++r) {
+    for (size_t i = 0; i < take[r] && total < 2.0 * target; ++i) {
+      total += GroupShare(b, state.ranks[r].pending[i].lengths);
+    }
+  }
+  if (total < 2.0 * target) return false;
+  std::vector<size_t> cut(take.size(), 0);
+  double est = 0.0;
+  for (size_t i = 0; i < depth && est < target; ++i) {
+    for (size_t r = 0; r < take.size(); ++r) {
+      if (i >= take[r]) continue;
+      est += GroupShare(b, state.ranks[r].pending[i].lengths);
+      cut[r] = i + 1;
+    }
+  }
+  take = std::move(cut);
+  return true;
+}
+
 std::string FormatLocality(double l) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g", l);
@@ -530,23 +661,36 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
 
   // The pool: the union of the windows. Samples past a window stay pending.
+  // When the windows hold far more than T*W groups can carry, only the oldest
+  // part of them is grouped (see SelectOldest); the rest stays pending too.
+  std::vector<size_t> take(world, 0);
+  for (size_t r = 0; r < world; ++r) take[r] = std::min(state.ranks[r].pending.size(), window_cap);
+  const size_t max_slots = static_cast<size_t>(min_free) * world;
   Pool pool;
-  for (size_t r = 0; r < world; ++r) {
-    const auto& pending = state.ranks[r].pending;
-    const size_t n = std::min(pending.size(), window_cap);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (i < n) {
+  std::vector<Members> groups;
+  for (double target = 1.15 * static_cast<double>(max_slots) + static_cast<double>(world) / 2;; target *= 1.5) {
+    const bool subset = SelectOldest(cfg, state, target, take);
+    pool.metas.clear();
+    pool.lens.clear();
+    for (size_t r = 0; r < world; ++r) {
+      const auto& pending = state.ranks[r].pending;
+      for (size_t i = 0; i < take[r]; ++i) {
         assert(pending[i].lengths.tokens > 0 && "length-0 samples must be rejected before alignment");
         pool.metas.push_back(pending[i]);
         pool.lens.push_back(pending[i].lengths);
-      } else {
-        plan.ranks[r].keep_pending.push_back(KeyOf(pending[i]));
       }
     }
+    groups.clear();
+    for (grouping::Group& g : grouping::FormGroups(pool.lens, cfg.budget, cfg.step_model)) {
+      groups.push_back(std::move(g.members));
+    }
+    // A subset must still fill every slot; otherwise group more of the pool.
+    if (!subset || groups.size() >= max_slots) break;
+    for (size_t r = 0; r < world; ++r) take[r] = std::min(state.ranks[r].pending.size(), window_cap);
   }
-  std::vector<Members> groups;
-  for (grouping::Group& g : grouping::FormGroups(pool.lens, cfg.budget, cfg.step_model)) {
-    groups.push_back(std::move(g.members));
+  for (size_t r = 0; r < world; ++r) {
+    const auto& pending = state.ranks[r].pending;
+    for (size_t i = take[r]; i < pending.size(); ++i) plan.ranks[r].keep_pending.push_back(KeyOf(pending[i]));
   }
   if (groups.empty()) {
     plan.reason = "no rank has pending samples";
@@ -581,7 +725,15 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
     }
     groups.resize(slots);
   }
-  while (groups.size() < slots && SplitCostliest(cfg, pool, groups)) {
+  if (groups.size() < slots) {
+    std::vector<double> cost(groups.size());
+    std::vector<SampleKey> key(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      cost[i] = CostOf(cfg, pool, groups[i]);
+      key[i] = MinKey(pool, groups[i]);
+    }
+    while (groups.size() < slots && SplitCostliest(cfg, pool, groups, cost, key)) {
+    }
   }
 
   // Deal: most expensive first, W per step. For fixed groups and one group per

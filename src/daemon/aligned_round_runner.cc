@@ -1,6 +1,9 @@
 #include "src/daemon/aligned_round_runner.h"
 
+#include <set>
+
 #include "src/balance/global_planner.h"
+#include "src/balance/phase_plan.h"
 
 namespace odb {
 
@@ -25,6 +28,51 @@ std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
   return std::make_unique<balance::GlobalPlanner>(g);
 }
 
+void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome) {
+  const int world = static_cast<int>(plan.ranks.size());
+  const int me = peers_->Rank();
+  encoder_needs_.assign(world, {});
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    // The step's LLM layout is the plan's; the encoder layout is balanced on
+    // encoder cost, each sample preferring the rank that already runs its LLM
+    // part (no move) when that keeps the ranks within the minimax capacity.
+    struct Item {
+      SampleMeta meta;
+      int32_t llm_rank;
+      uint32_t llm_index;
+    };
+    std::vector<Item> items;
+    std::vector<double> cost;
+    std::vector<int32_t> home;
+    for (int r = 0; r < world; ++r) {
+      const auto& samples = plan.ranks[r].steps[k].samples;
+      for (uint32_t j = 0; j < samples.size(); ++j) {
+        items.push_back({samples[j], r, j});
+        cost.push_back(encoder_cost_per_patch_ * samples[j].lengths.vision_patches);
+        home.push_back(r);
+      }
+    }
+    if (items.empty()) continue;
+    const balance::PhaseAssignment enc = balance::BalancePhase(cost, home, world);
+    StepPlan& mine = outcome.steps[k];
+    mine.llm_src_rank.assign(mine.sample_ids.size(), me);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const int32_t encoder_rank = enc.slot_of[i].rank;
+      if (items[i].llm_rank == me) mine.llm_src_rank[items[i].llm_index] = encoder_rank;
+    }
+    for (int r = 0; r < world; ++r) {
+      for (size_t i : enc.order[r]) {
+        encoder_needs_[r].emplace_back(items[i].meta.owner_rank, items[i].meta.id);
+        if (r != me) continue;
+        mine.enc_ids.push_back(items[i].meta.id);
+        mine.enc_owners.push_back(items[i].meta.owner_rank);
+        mine.enc_dest_rank.push_back(items[i].llm_rank);
+        mine.enc_dest_index.push_back(items[i].llm_index);
+      }
+    }
+  }
+}
+
 namespace {
 
 align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
@@ -38,7 +86,9 @@ align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
 AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers,
                                        const DaemonConfig& config)
     : peers_(std::move(peers)),
-      aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config)) {}
+      aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config)),
+      phase_plans_(config.phase_plans),
+      encoder_cost_per_patch_(config.encoder_cost_per_patch) {}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch) { start_status_ = aligner_.StartEpoch(epoch); }
 
@@ -74,17 +124,25 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
     outcome.steps.push_back(std::move(step));
   }
   for (const auto& key : result->not_emitted) outcome.not_emitted.push_back(key.id);
-  // Payloads this rank holds that other ranks emit (a global planner moves samples).
+  encoder_needs_.clear();
+  if (phase_plans_) AddPhasePlans(plan, outcome);
+  // Payloads this rank holds that other ranks need: samples another rank emits
+  // (a global planner moves them) or encodes (per-phase plans).
   const int me = peers_->Rank();
   for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
     if (r == me) continue;
-    std::vector<uint64_t> ids;
+    std::set<uint64_t> ids;
     for (const auto& step : plan.ranks[r].steps) {
       for (const auto& meta : step.samples) {
-        if (meta.owner_rank == me) ids.push_back(meta.id);
+        if (meta.owner_rank == me) ids.insert(meta.id);
       }
     }
-    if (!ids.empty()) outcome.outgoing.emplace_back(r, std::move(ids));
+    if (static_cast<size_t>(r) < encoder_needs_.size()) {
+      for (const auto& [owner, id] : encoder_needs_[r]) {
+        if (owner == me) ids.insert(id);
+      }
+    }
+    if (!ids.empty()) outcome.outgoing.emplace_back(r, std::vector<uint64_t>(ids.begin(), ids.end()));
   }
   return outcome;
 }

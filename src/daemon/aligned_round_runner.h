@@ -26,9 +26,16 @@ class AlignedRoundRunner final : public RoundRunner {
   }
 
  private:
+  // Per-phase plans for the round's steps (alignment.phase_plans).
+  void AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome);
+
   std::unique_ptr<align::PeerGroup> peers_;
   align::Aligner aligner_;
   absl::Status start_status_;
+  bool phase_plans_;
+  double encoder_cost_per_patch_;
+  // Per rank: (owner, id) of the samples it encodes this round.
+  std::vector<std::vector<std::pair<int32_t, uint64_t>>> encoder_needs_;
 };
 
 // The planner configuration every rank must share, derived from the daemon config.

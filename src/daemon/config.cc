@@ -115,6 +115,8 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum<PlannerKind>(
       "planner", {{"local", PlannerKind::kLocal}, {"global", PlannerKind::kGlobal}}, c.planner));
   ODB_RETURN_IF_ERROR(s.Get("locality", c.locality));
+  ODB_RETURN_IF_ERROR(s.Get("phase_plans", c.phase_plans));
+  ODB_RETURN_IF_ERROR(s.Get("encoder_cost_per_patch", c.encoder_cost_per_patch));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.GetEnum<StoreKind>(
       "store", {{"file", StoreKind::kFile}, {"redis", StoreKind::kRedis}}, c.store));
@@ -139,6 +141,7 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("attention_mask", c.collate.attention_mask));
   ODB_RETURN_IF_ERROR(s.Get("length_field", c.collate.length_field));
   ODB_RETURN_IF_ERROR(s.GetEnum("default_rule", kRules, c.collate.default_rule));
+  ODB_RETURN_IF_ERROR(s.Get("encoder_fields", c.encoder_fields));
   s.MarkUsed("fields");
   const YAML::Node fields = s.node()["fields"];
   if (fields && !fields.IsSequence()) {
@@ -309,6 +312,10 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
   if (c.redis_port <= 0 || c.redis_port > 65535) return Invalid("alignment.redis_port", "out of range");
   if (c.job_id.empty()) return Invalid("alignment.job_id", "must not be empty");
   if (!(c.locality >= 0.0 && c.locality <= 1.0)) return Invalid("alignment.locality", "must be in [0, 1]");
+  if (c.phase_plans && c.encoder_fields.empty()) {
+    return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
+  }
+  if (c.encoder_cost_per_patch < 0) return Invalid("alignment.encoder_cost_per_patch", "must be >= 0");
   if (c.connect_timeout_ms == 0) return Invalid("alignment.connect_timeout_ms", "must be > 0");
   if (c.collective_timeout_ms == 0) return Invalid("alignment.collective_timeout_ms", "must be > 0");
   static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};

@@ -75,6 +75,12 @@ struct DaemonConfig {
   PlannerKind planner = PlannerKind::kLocal;
   // global only: 0 = balance first, 1 = keep every sample on its rank.
   double locality = 0.0;
+  // Multimodal: balance the encoder phase separately from the LLM phase and
+  // ship the route between them in each step header (docs/balancing.md). The
+  // collate.encoder_fields go to the encoder batch ("enc.<name>") of the rank
+  // chosen to encode the sample; encoder cost = encoder_cost_per_patch * patches.
+  bool phase_plans = false;
+  double encoder_cost_per_patch = 1.0;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;
@@ -106,6 +112,8 @@ struct DaemonConfig {
 
   // --- collation
   collate::CollateOptions collate;
+  // Fields that belong to the encoder phase (alignment.phase_plans).
+  std::vector<std::string> encoder_fields;
 
   BadInputPolicy bad_input = BadInputPolicy::kError;
   std::string log_level = "info";

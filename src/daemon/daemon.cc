@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <filesystem>
 #include <unordered_map>
 
@@ -464,7 +465,7 @@ absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
   metrics_.rounds.fetch_add(1);
   if (!outcome->outgoing.empty()) ODB_RETURN_IF_ERROR(SendOutgoing(request.epoch, *outcome, senders));
   for (const StepPlan& plan : outcome->steps) {
-    ODB_ASSIGN_OR_RETURN(std::vector<Sample> samples, GatherStepSamples(request.epoch, plan));
+    ODB_ASSIGN_OR_RETURN(auto samples, GatherStepSamples(request.epoch, plan));
     EmitPlannedStep(request.epoch, plan, std::move(samples));
   }
   if (outcome->epoch_finished) FinishEpoch(request.epoch, *outcome);
@@ -488,17 +489,35 @@ absl::Status Daemon::ConnectPeerSenders(std::vector<zmq::socket_t>& senders) {
 
 absl::Status Daemon::SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
                                   std::vector<zmq::socket_t>& senders) {
+  // Samples this rank also needs itself (it encodes or emits them too) stay
+  // here, parked with the payloads that arrive from peers.
+  std::set<uint64_t> needed_here;
+  for (const StepPlan& step : outcome.steps) {
+    for (size_t i = 0; i < step.sample_ids.size(); ++i) {
+      if (step.sample_owners[i] == config_.rank) needed_here.insert(step.sample_ids[i]);
+    }
+    for (size_t i = 0; i < step.enc_ids.size(); ++i) {
+      if (step.enc_owners[i] == config_.rank) needed_here.insert(step.enc_ids[i]);
+    }
+  }
+  std::map<uint64_t, Sample> taken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [dest, ids] : outcome.outgoing) {
+      for (uint64_t id : ids) {
+        if (taken.count(id)) continue;
+        auto one = buffer_.Take(epoch, {id});
+        if (one.empty()) {
+          return absl::InternalError("the plan moves sample " + std::to_string(id) + " that rank " +
+                                     std::to_string(config_.rank) + " does not hold");
+        }
+        taken.emplace(id, std::move(one.front()));
+      }
+    }
+  }
   for (const auto& [dest, ids] : outcome.outgoing) {
-    std::vector<Sample> samples;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      samples = buffer_.Take(epoch, ids);
-    }
-    if (samples.size() != ids.size()) {
-      return absl::InternalError("the plan moves samples rank " + std::to_string(config_.rank) +
-                                 " does not hold");
-    }
-    for (const Sample& sample : samples) {
+    for (uint64_t id : ids) {
+      const Sample& sample = taken.at(id);
       wire::ProducerMessage m;
       m.set_version(wire::PROTOCOL_VERSION_CURRENT);
       wire::SampleHeader* h = m.mutable_sample();
@@ -531,6 +550,10 @@ absl::Status Daemon::SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
       }
     }
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, sample] : taken) {
+    if (needed_here.count(id)) foreign_.emplace(SampleKey{config_.rank, id}, std::move(sample));
+  }
   return absl::OkStatus();
 }
 
@@ -560,46 +583,59 @@ void Daemon::HandlePeerPayloads() {
   }
 }
 
-absl::StatusOr<std::vector<Sample>> Daemon::GatherStepSamples(uint32_t epoch, const StepPlan& plan) {
-  std::vector<uint64_t> own;
-  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
-    if (i >= plan.sample_owners.size() || plan.sample_owners[i] == config_.rank) own.push_back(plan.sample_ids[i]);
-  }
+absl::StatusOr<std::map<Daemon::SampleKey, Sample>> Daemon::GatherStepSamples(uint32_t epoch,
+                                                                              const StepPlan& plan) {
+  std::set<SampleKey> keys;
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) keys.emplace(plan.sample_owners[i], plan.sample_ids[i]);
+  for (size_t i = 0; i < plan.enc_ids.size(); ++i) keys.emplace(plan.enc_owners[i], plan.enc_ids[i]);
+  std::map<SampleKey, Sample> samples;
   std::unique_lock<std::mutex> lock(mu_);
-  std::vector<Sample> taken = buffer_.Take(epoch, own);
-  if (taken.size() != own.size()) {
-    return absl::InternalError("planner returned sample ids that are not buffered on rank " +
-                               std::to_string(config_.rank));
-  }
-  std::vector<Sample> samples;
-  samples.reserve(plan.sample_ids.size());
-  size_t next_own = 0;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
-  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
-    const int32_t owner = i < plan.sample_owners.size() ? plan.sample_owners[i] : config_.rank;
-    if (owner == config_.rank) {
-      samples.push_back(std::move(taken[next_own++]));
-      continue;
+  for (const SampleKey& key : keys) {
+    if (key.first == config_.rank) {
+      auto own = buffer_.Take(epoch, {key.second});
+      if (!own.empty()) {
+        samples.emplace(key, std::move(own.front()));
+        continue;
+      }
     }
-    const auto key = std::make_pair(owner, plan.sample_ids[i]);
-    // Payloads move while earlier steps are emitted; wait only for this one.
+    // A peer's payload (or our own, parked by SendOutgoing). Payloads move
+    // while earlier steps are emitted; wait only for this one.
     while (!foreign_.count(key)) {
+      if (key.first == config_.rank) {
+        return absl::InternalError("planner returned sample " + std::to_string(key.second) +
+                                   " that is not buffered on rank " + std::to_string(config_.rank));
+      }
       if (stop_.load() || failed_.load()) return absl::CancelledError("daemon stopping");
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !foreign_.count(key)) {
         return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
-                                           std::to_string(owner) + " did not arrive within " +
+                                           std::to_string(key.first) + " did not arrive within " +
                                            std::to_string(config_.collective_timeout_ms) + " ms");
       }
     }
     auto it = foreign_.find(key);
-    samples.push_back(std::move(it->second));
+    samples.emplace(key, std::move(it->second));
     foreign_.erase(it);
   }
   return samples;
 }
 
-void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples) {
+namespace {
+
+// The sample with only (keep = true) or without (keep = false) the named
+// tensors; frames are shared, not copied.
+Sample WithFields(const Sample& sample, const std::vector<std::string>& names, bool keep) {
+  Sample out = sample;
+  std::erase_if(out.tensors, [&](const TensorView& t) {
+    return (std::find(names.begin(), names.end(), t.name) != names.end()) != keep;
+  });
+  return out;
+}
+
+}  // namespace
+
+void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<SampleKey, Sample>&& samples) {
   wire::Step step;
   step.set_epoch(epoch);
   step.set_step_index(plan.step_index);
@@ -610,38 +646,74 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<S
   step.set_loss_weight(plan.loss_weight);
   step.set_over_budget(plan.over_budget);
   step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
-  std::vector<const Sample*> group;
-  for (const Sample& s : samples) {
+  const bool phases = config_.phase_plans;
+  // With per-phase plans the encoder fields travel in the encoder batch only.
+  std::vector<Sample> llm_samples, enc_samples;
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
+    const Sample& s = samples.at({plan.sample_owners[i], plan.sample_ids[i]});
+    llm_samples.push_back(phases ? WithFields(s, config_.encoder_fields, false) : s);
     step.add_sample_ids(s.meta.id);
     step.add_lengths(s.meta.lengths.tokens);
     step.add_owner_ranks(s.meta.owner_rank);
-    group.push_back(&s);
   }
+  for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
+    enc_samples.push_back(WithFields(samples.at({plan.enc_owners[i], plan.enc_ids[i]}), config_.encoder_fields, true));
+    step.add_enc_sample_ids(plan.enc_ids[i]);
+    step.add_enc_owner_ranks(plan.enc_owners[i]);
+    step.add_enc_dest_rank(plan.enc_dest_rank[i]);
+    step.add_enc_dest_index(plan.enc_dest_index[i]);
+  }
+  for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
   std::vector<collate::BatchTensor> tensors;
-  if (!group.empty()) {
-    auto collated = collate::Collate(group, config_.collate);
-    if (collated.ok()) {
-      tensors = std::move(*collated);
-    } else {
-      // The samples cannot be batched together: report every one of them and
-      // keep the step (as IDLE) so alignment with the other ranks holds.
-      for (const Sample& s : samples) {
-        wire::Rejection r;
-        r.set_code(wire::COLLATE_FAILED);
-        r.set_sample_id(s.meta.id);
-        r.set_has_sample_id(true);
-        r.set_producer_id(s.producer_id);
-        r.set_message(std::string(collated.status().message()));
-        RecordRejection(std::move(r), epoch, false);
-      }
-      step.clear_sample_ids();
-      step.clear_lengths();
-      step.clear_owner_ranks();
-      step.set_idle(true);
-      step.set_loss_weight(0.0);
-      step.set_real_tokens(0);
-      step.set_padded_tokens(0);
+  auto collate_group = [&](const std::vector<Sample>& group, const std::string& prefix,
+                           const collate::CollateOptions& options) -> absl::Status {
+    if (group.empty()) return absl::OkStatus();
+    std::vector<const Sample*> pointers;
+    for (const Sample& s : group) pointers.push_back(&s);
+    auto collated = collate::Collate(pointers, options);
+    if (!collated.ok()) return collated.status();
+    for (auto& t : *collated) {
+      t.name = prefix + t.name;
+      tensors.push_back(std::move(t));
     }
+    return absl::OkStatus();
+  };
+  absl::Status collated = collate_group(llm_samples, "", config_.collate);
+  if (collated.ok() && !enc_samples.empty()) {
+    // The encoder batch has no tokens: no attention mask, never packed.
+    collate::CollateOptions enc_options = config_.collate;
+    enc_options.attention_mask = false;
+    enc_options.packed = false;
+    collated = collate_group(enc_samples, "enc.", enc_options);
+  }
+  if (!collated.ok() && phases) {
+    // Other ranks' routes count on this rank's encoder outputs: a step that
+    // cannot be batched breaks the plan for everyone.
+    Fail(wire::COLLATE_FAILED, "step " + std::to_string(plan.step_index) +
+                                   " cannot be collated under per-phase plans: " +
+                                   std::string(collated.message()));
+    return;
+  }
+  if (!collated.ok()) {
+    // The samples cannot be batched together: report every one of them and
+    // keep the step (as IDLE) so alignment with the other ranks holds.
+    tensors.clear();
+    for (const Sample& s : llm_samples) {
+      wire::Rejection r;
+      r.set_code(wire::COLLATE_FAILED);
+      r.set_sample_id(s.meta.id);
+      r.set_has_sample_id(true);
+      r.set_producer_id(s.producer_id);
+      r.set_message(std::string(collated.message()));
+      RecordRejection(std::move(r), epoch, false);
+    }
+    step.clear_sample_ids();
+    step.clear_lengths();
+    step.clear_owner_ranks();
+    step.set_idle(true);
+    step.set_loss_weight(0.0);
+    step.set_real_tokens(0);
+    step.set_padded_tokens(0);
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& r : unreported_) *step.add_rejections() = std::move(r);

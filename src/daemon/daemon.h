@@ -68,6 +68,8 @@ class Daemon {
   std::string PeerEndpoint() const { return bound_peer_; }
 
  private:
+  using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
+
   struct OutMessage {
     std::vector<zmq::message_t> parts;
     bool is_step = false;
@@ -81,7 +83,7 @@ class Daemon {
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires mu_
   absl::Status RunOneRound(std::vector<zmq::socket_t>& senders);
-  void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::vector<Sample>&& samples);
+  void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<SampleKey, Sample>&& samples);
   void FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
   void QueueFatal(wire::ErrorCode code, const std::string& message);
   void HandleMonitor();
@@ -89,7 +91,9 @@ class Daemon {
   absl::Status ConnectPeerSenders(std::vector<zmq::socket_t>& senders);
   absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
                             std::vector<zmq::socket_t>& senders);
-  absl::StatusOr<std::vector<Sample>> GatherStepSamples(uint32_t epoch, const StepPlan& plan);
+  // Every sample the step needs here (its LLM samples and, with per-phase
+  // plans, the samples this rank encodes), each once.
+  absl::StatusOr<std::map<SampleKey, Sample>> GatherStepSamples(uint32_t epoch, const StepPlan& plan);
   void CheckTimeouts();
   void Fail(wire::ErrorCode code, const std::string& message);
 
@@ -125,7 +129,7 @@ class Daemon {
   std::map<uint32_t, uint64_t> epoch_received_;        // guarded by mu_
   std::map<uint32_t, wire::EpochSummary> epoch_totals_;  // guarded by mu_
   // Payloads received from the daemon that holds them, keyed (owner rank, id).
-  std::map<std::pair<int32_t, uint64_t>, Sample> foreign_;  // guarded by mu_
+  std::map<SampleKey, Sample> foreign_;  // guarded by mu_
   uint64_t credits_ = 0;  // I/O loop only
   bool trainer_seen_ = false;  // I/O loop only
   int trainer_connections_ = 0;  // I/O loop only

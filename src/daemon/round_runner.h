@@ -30,6 +30,14 @@ struct StepPlan {
   uint64_t global_real_tokens = 0;  // T_tok over all ranks
   double loss_weight = 0.0;
   bool over_budget = false;
+  // Per-phase plan (alignment.phase_plans): the samples this rank encodes and
+  // where each encoder output goes (rank, index in that rank's sample_ids), and
+  // for each of this rank's samples the rank that encodes it.
+  std::vector<uint64_t> enc_ids;
+  std::vector<int32_t> enc_owners;
+  std::vector<int32_t> enc_dest_rank;
+  std::vector<uint32_t> enc_dest_index;
+  std::vector<int32_t> llm_src_rank;
 };
 
 struct RoundOutcome {
