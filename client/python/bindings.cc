@@ -282,6 +282,11 @@ py::dict StepDict(const PyDelivery& pd) {
   d["over_budget"] = s.over_budget;
   d["rejections"] = Rejections(s.rejections);
   d["rejections_are_errors"] = s.rejections_are_errors;
+  d["enc_sample_ids"] = s.enc_sample_ids;
+  d["enc_owner_ranks"] = s.enc_owner_ranks;
+  d["enc_dest_rank"] = s.enc_dest_rank;
+  d["enc_dest_index"] = s.enc_dest_index;
+  d["llm_src_rank"] = s.llm_src_rank;
   return d;
 }
 

@@ -66,26 +66,24 @@ class Bin {
  public:
   explicit Bin(const grouping::Budget& budget) : tally_(budget) {}
 
-  void Add(size_t idx, const SampleLengths& s) {
-    members_.push_back(idx);
+  void Add(const SampleLengths& s) {
+    ++n_;
     tally_.Add(s);
     longest_ = std::max(longest_, s.tokens);
     sum_ += s.tokens;
     sum_sq_ += static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
   }
-  bool CanAdd(const SampleLengths& s) const { return members_.empty() || tally_.CanAdd(s); }
-  double Cost(const align::PlannerConfig& cfg) const {
-    return CostWith(cfg, members_.size(), longest_, sum_, sum_sq_);
-  }
+  bool CanAdd(const SampleLengths& s) const { return n_ == 0 || tally_.CanAdd(s); }
+  double Cost(const align::PlannerConfig& cfg) const { return CostWith(cfg, n_, longest_, sum_, sum_sq_); }
   double CostIfAdded(const align::PlannerConfig& cfg, const SampleLengths& s) const {
-    return CostWith(cfg, members_.size() + 1, std::max(longest_, s.tokens), sum_ + s.tokens,
+    return CostWith(cfg, n_ + 1, std::max(longest_, s.tokens), sum_ + s.tokens,
                     sum_sq_ + static_cast<double>(s.tokens) * static_cast<double>(s.tokens));
   }
-  const std::vector<size_t>& members() const { return members_; }
-  bool empty() const { return members_.empty(); }
+  bool empty() const { return n_ == 0; }
 
  private:
-  // grouping::StepTime from aggregates (up to float summation order).
+  // grouping::StepTime from aggregates: the same terms summed in the same
+  // (insertion) order as CostOf over the members, hence the same value.
   static double CostWith(const align::PlannerConfig& cfg, uint64_t n, uint32_t longest, uint64_t sum,
                          double sum_sq) {
     if (n == 0) return 0.0;
@@ -95,7 +93,7 @@ class Bin {
            cfg.step_model.per_len_sq * sum_sq;
   }
 
-  std::vector<size_t> members_;
+  uint64_t n_ = 0;
   grouping::GroupTally tally_;
   uint32_t longest_ = 0;
   uint64_t sum_ = 0;
@@ -242,6 +240,31 @@ int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int wor
   return gain;
 }
 
+// Pairwise exchanges of two bins' ranks while one raises the assignment
+// weight (at most `passes` sweeps). Used after the local search instead of a
+// second Hungarian run: the swaps only brought samples to the ranks their
+// bins already hold, so the assignment is near-optimal and an O(W^2) polish
+// replaces an O(W^3) solve.
+void ImproveAssignment(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
+                       std::vector<int>& rank_of_bin, int passes) {
+  std::vector<const Members*> slots(world, nullptr);
+  for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  const auto w = LocalityWeights(pool, slots, world, lws);
+  for (int pass = 0; pass < passes; ++pass) {
+    bool improved = false;
+    for (int b1 = 0; b1 < world; ++b1) {
+      for (int b2 = b1 + 1; b2 < world; ++b2) {
+        const int r1 = rank_of_bin[b1], r2 = rank_of_bin[b2];
+        if (w[b1][r2] + w[b2][r1] > w[b1][r1] + w[b2][r2]) {
+          std::swap(rank_of_bin[b1], rank_of_bin[b2]);
+          improved = true;
+        }
+      }
+    }
+    if (!improved) break;
+  }
+}
+
 double MaxCost(const align::PlannerConfig& cfg, const Pool& pool, const std::vector<Members>& bins) {
   double mx = 0.0;
   for (const Members& b : bins) mx = std::max(mx, CostOf(cfg, pool, b));
@@ -253,10 +276,9 @@ double MaxCost(const align::PlannerConfig& cfg, const Pool& pool, const std::vec
 // `rank_of_bin` each sample goes to the least-loaded feasible bin (LPT); with
 // it, to its owner's bin, else a bin on its owner's node, else the least
 // loaded. nullopt when the greedy finds no feasible bin for some sample.
-std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, const Pool& pool,
-                                             const std::vector<size_t>& desc, size_t num_bins,
-                                             double capacity, const std::vector<int>* rank_of_bin,
-                                             uint32_t lws) {
+std::optional<double> Dispatch(const align::PlannerConfig& cfg, const Pool& pool, const std::vector<size_t>& desc,
+                               size_t num_bins, double capacity, const std::vector<int>* rank_of_bin, uint32_t lws,
+                               std::vector<uint32_t>& bin_of) {
   std::vector<Bin> bins(num_bins, Bin(cfg.budget));
   std::vector<double> load(num_bins, 0.0);
   // Without classes the pick is the feasible bin of least (load, index): walk
@@ -294,16 +316,21 @@ std::optional<std::vector<Members>> Dispatch(const align::PlannerConfig& cfg, co
     }
     if (best == num_bins) return std::nullopt;
     if (bins[best].empty()) --empty;
-    bins[best].Add(idx, s);
+    bins[best].Add(s);
+    bin_of[k] = static_cast<uint32_t>(best);
     load[best] = bins[best].Cost(cfg);
     // Binary search for the bin's new place, then one memmove.
     const auto from = order.begin() + static_cast<std::ptrdiff_t>(best_pos);
     const auto to = std::upper_bound(from + 1, order.end(), best, before);
     std::rotate(from, from + 1, to);
   }
-  std::vector<Members> out;
-  out.reserve(num_bins);
-  for (const Bin& b : bins) out.push_back(b.members());
+  return *std::max_element(load.begin(), load.end());
+}
+
+// The bins of a dispatch: members in `desc` order.
+std::vector<Members> BinsOf(const std::vector<size_t>& desc, const std::vector<uint32_t>& bin_of, size_t num_bins) {
+  std::vector<Members> out(num_bins);
+  for (size_t k = 0; k < desc.size(); ++k) out[bin_of[k]].push_back(desc[k]);
   return out;
 }
 
@@ -527,20 +554,26 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   for (size_t i : desc) lo = std::max(lo, CostOf(cfg, pool, Members{i}));
   double hi = MaxCost(cfg, pool, bins);
   if (lo < hi) {
-    std::optional<std::vector<Members>> best;
+    // Dispatches record a bin per sample (no member lists); only the best
+    // one is turned into groups.
+    std::optional<double> best;
+    std::vector<uint32_t> best_bin_of, bin_of(desc.size());
     for (uint32_t it = 0; it <= gcfg.capacity_search_iters && lo < hi; ++it) {
       const double mid = it == 0 ? hi : lo + (hi - lo) / 2;
-      auto got = Dispatch(cfg, pool, desc, bins.size(), mid, nullptr, lws);
-      if (got) {
-        const double mx = MaxCost(cfg, pool, *got);
-        if (mx < hi || !best) best = std::move(got);
-        hi = std::min(hi, mx);
+      const std::optional<double> mx = Dispatch(cfg, pool, desc, bins.size(), mid, nullptr, lws, bin_of);
+      if (mx) {
+        if (*mx < hi || !best) {
+          best = mx;
+          best_bin_of.swap(bin_of);
+          bin_of.resize(desc.size());
+        }
+        hi = std::min(hi, *mx);
       } else {
         if (it == 0) break;  // the greedy cannot even match the dealt groups
         lo = mid;
       }
     }
-    if (best && MaxCost(cfg, pool, *best) < MaxCost(cfg, pool, bins)) bins = std::move(*best);
+    if (best && *best < MaxCost(cfg, pool, bins)) bins = BinsOf(desc, best_bin_of, bins.size());
   }
   const double c_star = MaxCost(cfg, pool, bins);
   std::vector<int> rank_of_bin;
@@ -549,7 +582,7 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   // and within the relaxed capacity C* / (1 - locality).
   const double capacity = c_star / (1.0 - std::clamp(gcfg.locality, 0.0, 0.999));
   if (LocalitySwaps(cfg, pool, bins, rank_of_bin, capacity, lws)) {
-    LocalityGain(pool, bins, world, lws, &rank_of_bin);
+    ImproveAssignment(pool, bins, world, lws, rank_of_bin, 4);
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);

@@ -53,15 +53,27 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
       }
     }
     if (items.empty()) continue;
-    const balance::PhaseAssignment enc = balance::BalancePhase(cost, home, world);
+    // Only ranks with LLM work in this step encode: an IDLE rank runs no real
+    // forward pass (it may even have left the loop under the join policy).
+    std::vector<int32_t> active, index_of(world, -1);
+    for (int r = 0; r < world; ++r) {
+      if (!plan.ranks[r].steps[k].samples.empty()) {
+        index_of[r] = static_cast<int32_t>(active.size());
+        active.push_back(r);
+      }
+    }
+    for (int32_t& h : home) h = index_of[h];
+    const balance::PhaseAssignment enc =
+        balance::BalancePhase(cost, home, static_cast<int>(active.size()));
     StepPlan& mine = outcome.steps[k];
     mine.llm_src_rank.assign(mine.sample_ids.size(), me);
     for (size_t i = 0; i < items.size(); ++i) {
-      const int32_t encoder_rank = enc.slot_of[i].rank;
+      const int32_t encoder_rank = active[enc.slot_of[i].rank];
       if (items[i].llm_rank == me) mine.llm_src_rank[items[i].llm_index] = encoder_rank;
     }
-    for (int r = 0; r < world; ++r) {
-      for (size_t i : enc.order[r]) {
+    for (size_t a = 0; a < active.size(); ++a) {
+      const int r = active[a];
+      for (size_t i : enc.order[a]) {
         encoder_needs_[r].emplace_back(items[i].meta.owner_rank, items[i].meta.id);
         if (r != me) continue;
         mine.enc_ids.push_back(items[i].meta.id);

@@ -115,6 +115,8 @@ def test_phase_plans_route_encoder_outputs_to_the_llm_layout(tmp_path):
             encoded.extend(st.enc_sample_ids)
             assert "pixel_values" not in tens[r]          # LLM batch: no encoder field
             assert len(st.llm_src_rank) == len(st.sample_ids)
+            if st.enc_sample_ids:  # only ranks with LLM work in the step encode
+                assert not st.idle and len(st.sample_ids) > 0
             # Route: encoder sample i lands at (dest rank, index) naming the same sample,
             # whose llm_src_rank points back here.
             for i, sid in enumerate(st.enc_sample_ids):

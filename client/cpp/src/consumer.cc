@@ -158,6 +158,11 @@ absl::StatusOr<Delivery> Consumer::Next() {
   d.step.over_budget = st.over_budget();
   d.step.rejections_are_errors = st.rejections_are_errors();
   for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));
+  d.step.enc_sample_ids.assign(st.enc_sample_ids().begin(), st.enc_sample_ids().end());
+  d.step.enc_owner_ranks.assign(st.enc_owner_ranks().begin(), st.enc_owner_ranks().end());
+  d.step.enc_dest_rank.assign(st.enc_dest_rank().begin(), st.enc_dest_rank().end());
+  d.step.enc_dest_index.assign(st.enc_dest_index().begin(), st.enc_dest_index().end());
+  d.step.llm_src_rank.assign(st.llm_src_rank().begin(), st.llm_src_rank().end());
   for (const auto& desc : st.tensors()) {
     if (desc.frame() < 1 || desc.frame() >= frames->size()) {
       return absl::DataLossError("step " + std::to_string(st.step_index()) + ": tensor '" +

@@ -15,6 +15,7 @@ from ._native import native as _native
 from .daemon import DaemonProcess, Endpoints, check_reachable, endpoints, spawn_daemon
 from .loader import IDLE_POLICIES, OdbDataLoader, OdbWorkerError, Step, encode_sample
 from .loss import weighted_cross_entropy, weighted_loss
+from . import phases
 
 _lib = _native()
 OdbError = _lib.OdbError

@@ -44,6 +44,16 @@ struct StepInfo {
   bool over_budget = false;
   std::vector<Rejection> rejections;
   bool rejections_are_errors = false;
+  // Per-phase plan (empty unless the daemon runs alignment.phase_plans): this
+  // rank encodes enc_sample_ids (the rows of its "enc.*" tensors, received by
+  // enc_owner_ranks); encoder sample i's output goes to rank enc_dest_rank[i]
+  // as its sample number enc_dest_index[i]. llm_src_rank[j] is the rank that
+  // encodes sample_ids[j].
+  std::vector<uint64_t> enc_sample_ids;
+  std::vector<int32_t> enc_owner_ranks;
+  std::vector<int32_t> enc_dest_rank;
+  std::vector<uint32_t> enc_dest_index;
+  std::vector<int32_t> llm_src_rank;
 };
 
 struct EpochSummary {

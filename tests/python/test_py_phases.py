@@ -1,0 +1,364 @@
+"""odb.phases.route_encoder_outputs: a toy two-phase multimodal model whose
+encoder layout differs from its LLM layout gives, after ONE routed all-to-all,
+exactly the LLM inputs and the gradients of one process running the whole
+batch (float64, 2 gloo ranks and world size 1)."""
+from __future__ import annotations
+
+import datetime
+import queue
+import random
+import socket
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from odb.phases import PhasePlan, enc_rows_from_offsets, route_encoder_outputs
+
+VOCAB, DIM, IMAGE = 11, 6, (3, 2, 2)
+TOL = 1e-10
+
+
+# ----- the toy model and its data -------------------------------------------
+class ToyMLLM(torch.nn.Module):
+    """Encoder: Linear over each flattened image -> one embedding per image.
+    LLM: token embedding + the mean image embedding of the sample, linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = IMAGE[0] * IMAGE[1] * IMAGE[2]
+        self.enc = torch.nn.Linear(n, DIM)
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB)
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.enc(pixels.flatten(1)))
+
+    def llm_loss_sum(self, samples: Sequence[Dict[str, torch.Tensor]], img_rows: Sequence[int],
+                     img_feats: torch.Tensor) -> torch.Tensor:
+        """Sum of the per-token losses of `samples`; img_feats holds their
+        image embeddings concatenated, img_rows[j] of them for sample j. The
+        averaging matrix uses img_feats even when it has no rows, so the
+        backward (a collective when routed) runs on every rank."""
+        mean = torch.zeros(len(samples), img_feats.shape[0], dtype=img_feats.dtype)
+        start = 0
+        for j, r in enumerate(img_rows):
+            if r:
+                mean[j, start:start + r] = 1.0 / r
+            start += r
+        img = mean @ img_feats
+        x = [self.emb(s["tokens"]) + img[j] for j, s in enumerate(samples)]
+        if not x:
+            return img.sum()
+        logits = self.head(torch.tanh(torch.cat(x)))
+        labels = torch.cat([s["labels"] for s in samples])
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+
+
+def make_samples(seed: int, n: int) -> List[Dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(1, 7, (1,), generator=g))
+        k = int(torch.randint(0, 4, (1,), generator=g))
+        out.append({"tokens": torch.randint(0, VOCAB, (length,), generator=g),
+                    "labels": torch.randint(0, VOCAB, (length,), generator=g),
+                    "images": torch.randn((k,) + IMAGE, generator=g, dtype=torch.float64)})
+    return out
+
+
+def random_layout(rng: random.Random, n: int, world: int) -> List[List[int]]:
+    """Sample ids split over `world` ranks in a random order; a rank may get none."""
+    ids = list(range(n))
+    rng.shuffle(ids)
+    cuts = sorted(rng.randint(0, n) for _ in range(world - 1))
+    bounds = [0] + cuts + [n]
+    return [ids[bounds[r]:bounds[r + 1]] for r in range(world)]
+
+
+def headers(llm: List[List[int]], enc: List[List[int]]) -> List[Dict[str, List[int]]]:
+    """Each rank's step header fields, as the daemon computes them."""
+    llm_pos = {s: (r, j) for r, ids in enumerate(llm) for j, s in enumerate(ids)}
+    enc_rank = {s: r for r, ids in enumerate(enc) for s in ids}
+    return [{"sample_ids": llm[r],
+             "llm_src_rank": [enc_rank[s] for s in llm[r]],
+             "enc_sample_ids": enc[r],
+             "enc_owner_ranks": [0] * len(enc[r]),
+             "enc_dest_rank": [llm_pos[s][0] for s in enc[r]],
+             "enc_dest_index": [llm_pos[s][1] for s in enc[r]]} for r in range(len(llm))]
+
+
+def make_case(seed: int, world: int, n: int, llm: Optional[List[List[int]]] = None,
+              enc: Optional[List[List[int]]] = None) -> Tuple[List[Dict[str, torch.Tensor]], List[Dict]]:
+    rng = random.Random(seed)
+    llm = llm or random_layout(rng, n, world)
+    while enc is None or enc == llm:
+        enc = random_layout(rng, n, world)
+    return make_samples(seed, n), headers(llm, enc)
+
+
+def pixels_of(samples: Sequence[Dict[str, torch.Tensor]], ids: Sequence[int]) -> torch.Tensor:
+    parts = [samples[s]["images"] for s in ids]
+    return torch.cat(parts) if parts else torch.zeros((0,) + IMAGE, dtype=torch.float64)
+
+
+def reference(samples: List[Dict[str, torch.Tensor]]) -> Tuple[float, List[torch.Tensor]]:
+    """One process, the whole batch, no exchange: mean per-token loss and grads."""
+    model = new_model()
+    ids = list(range(len(samples)))
+    feats = model.encode(pixels_of(samples, ids))
+    total = sum(len(s["tokens"]) for s in samples)
+    loss = model.llm_loss_sum(samples, [len(s["images"]) for s in samples], feats) / total
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+def new_model() -> ToyMLLM:
+    torch.manual_seed(1234)
+    return ToyMLLM().double()
+
+
+def run_rank(samples: List[Dict[str, torch.Tensor]], header: Dict[str, List[int]], group: Any = None,
+             all_reduce: Optional[Callable[[torch.Tensor], None]] = None) -> Dict[str, Any]:
+    """One rank's step: encoder on its encoder samples, route, LLM on its LLM
+    samples, backward; returns how far LLM inputs and gradients are from the
+    reference (max abs error)."""
+    plan = PhasePlan.from_header(header)
+    model = new_model()
+    enc_pixels = pixels_of(samples, plan.enc_sample_ids)
+    offsets = [0]
+    for s in plan.enc_sample_ids:
+        offsets.append(offsets[-1] + len(samples[s]["images"]))
+    enc_rows = enc_rows_from_offsets(torch.tensor(offsets))
+    enc_out = model.encode(enc_pixels)
+    llm_in, llm_rows = plan.route(enc_out, enc_rows, group)
+    mine = [samples[s] for s in plan.sample_ids]
+    want_rows = [len(s["images"]) for s in mine]
+    with torch.no_grad():
+        want = model.encode(pixels_of(samples, plan.sample_ids))
+    input_err = (llm_in - want).abs().max().item() if llm_in.numel() else 0.0
+    total = sum(len(s["tokens"]) for s in samples)
+    loss = model.llm_loss_sum(mine, llm_rows, llm_in) / total  # sum over ranks: mean per-token loss
+    loss.backward()
+    # A rank without LLM samples leaves the LLM's grads unset: they are 0.
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+    loss_sum = loss.detach().clone()
+    if all_reduce is not None:
+        for g in grads:
+            all_reduce(g)
+        all_reduce(loss_sum)
+    ref_loss, ref_grads = reference(samples)
+    return {"rows_ok": llm_rows == want_rows and tuple(llm_in.shape) == (sum(want_rows), DIM),
+            "input_err": input_err, "loss_err": abs(loss_sum.item() - ref_loss),
+            "grad_err": max((g - r).abs().max().item() for g, r in zip(grads, ref_grads))}
+
+
+def assert_exact(result: Dict[str, Any], what: str) -> None:
+    assert result["rows_ok"], f"{what}: wrong LLM row counts"
+    assert result["input_err"] < TOL, f"{what}: LLM inputs differ from the reference by {result['input_err']}"
+    assert result["loss_err"] < TOL, f"{what}: loss differs from the reference by {result['loss_err']}"
+    assert result["grad_err"] < TOL, f"{what}: gradients differ from the reference by {result['grad_err']}"
+
+
+# ----- two gloo ranks ---------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scenarios(world: int) -> List[Tuple[str, List[Dict[str, torch.Tensor]], List[Dict]]]:
+    cases = [(f"seed{seed}", *make_case(seed, world, n)) for seed, n in ((0, 7), (1, 12), (2, 5), (3, 16))]
+    # Edge: rank 0 runs no LLM sample, rank 1 encodes nothing.
+    cases.append(("empty-ranks", *make_case(9, world, 6, llm=[[], [5, 3, 0, 1, 4, 2]],
+                                            enc=[[2, 4, 0, 1, 3, 5], []])))
+    return cases
+
+
+def _rank_main(rank: int, world: int, port: int, q: Any) -> None:
+    try:
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=30))
+        out: Dict[str, Any] = {}
+        for name, samples, hdrs in _scenarios(world):
+            out[name] = run_rank(samples, hdrs[rank], all_reduce=lambda t: dist.all_reduce(t))
+            out[name]["moved"] = sum(src != rank for src in hdrs[rank]["llm_src_rank"])
+        # A plan whose dest index disagrees with the receiver's llm_src_rank
+        # fails on the receiver with a message, and on no rank with a hang.
+        samples, hdrs = make_case(5, world, 6, llm=[[0, 1, 2], [3, 4, 5]], enc=[[3, 4, 5], [0, 1, 2]])
+        hdrs[0]["llm_src_rank"][0] = 0
+        plan = PhasePlan.from_header(hdrs[rank])
+        enc_out = pixels_of(samples, plan.enc_sample_ids).flatten(1)
+        try:
+            plan.route(enc_out, [len(samples[s]["images"]) for s in plan.enc_sample_ids])
+            out["bad_plan"] = None
+        except ValueError as e:
+            out["bad_plan"] = str(e)
+        dist.barrier()
+        dist.destroy_process_group()
+        q.put((rank, "ok", out))
+    except BaseException:  # reported to the parent, which fails the test
+        q.put((rank, "error", traceback.format_exc()))
+
+
+def run_two_ranks(timeout: float = 90.0) -> List[Dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results: Dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < 2:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"ranks did not finish within {timeout}s (hang); done: {sorted(results)}")
+            try:
+                rank, status, value = q.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if status != "ok":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[0], results[1]]
+
+
+def test_two_ranks_routed_step_equals_one_process() -> None:
+    results = run_two_ranks()
+    for name, _, hdrs in _scenarios(2):
+        for rank in range(2):
+            assert_exact(results[rank][name], f"{name} rank {rank}")
+        # The layouts differ, so samples really crossed ranks.
+        assert sum(results[r][name]["moved"] for r in range(2)) > 0, name
+    assert results[0]["bad_plan"] is not None and "LLM sample 0 came from rank 1" in results[0]["bad_plan"]
+    assert results[1]["bad_plan"] is None
+
+
+# ----- world size 1, no torch.distributed ----------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_world_size_one_without_distributed(seed: int) -> None:
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    samples, hdrs = make_case(seed, 1, 9)
+    assert hdrs[0]["enc_sample_ids"] != hdrs[0]["sample_ids"]
+    assert_exact(run_rank(samples, hdrs[0]), f"seed {seed}")
+
+
+def test_wrong_route_is_caught() -> None:
+    # Swapping the destinations of two encoder samples with different images
+    # is a consistent plan for the router, so only the reference comparison
+    # can see it: it must.
+    samples, hdrs = make_case(4, 1, 8)
+    h = hdrs[0]
+    k = {s: len(samples[s]["images"]) for s in h["enc_sample_ids"]}
+    a, b = next((i, j) for i in range(8) for j in range(i + 1, 8)
+                if k[h["enc_sample_ids"][i]] and k[h["enc_sample_ids"][j]])
+    h["enc_dest_index"][a], h["enc_dest_index"][b] = h["enc_dest_index"][b], h["enc_dest_index"][a]
+    result = run_rank(samples, h)
+    assert not result["rows_ok"] or result["input_err"] > 1e-3
+
+
+def test_checks_inputs() -> None:
+    x = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="sum\\(enc_rows\\)"):
+        route_encoder_outputs(x, [1, 1], [0, 0], [0, 1], [0, 0])
+    with pytest.raises(ValueError, match="outside the group"):
+        route_encoder_outputs(x, [3], [1], [0], [0])
+    with pytest.raises(ValueError, match="received no encoder output"):
+        route_encoder_outputs(x, [3], [0], [0], [0, 0])
+    with pytest.raises(ValueError, match="received twice"):
+        route_encoder_outputs(x, [1, 2], [0, 0], [0, 0], [0, 0])
+    assert enc_rows_from_offsets([0, 2, 2, 5], rows_per_item=4) == [8, 0, 12]
+    empty = PhasePlan.from_header({"sample_ids": [7]})
+    assert not empty.enabled and empty.sample_ids == [7]
+
+
+# ----- end to end: real daemons with alignment.phase_plans, OdbDataLoader --------
+E2E_IMG = (3, 2, 2)
+
+
+class _ImageTextDataset(torch.utils.data.Dataset):
+    """Sample i: text of 4..40 tokens and 0..3 images whose pixels all equal
+    i * 10 + image number (so a routed row names its sample)."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(11)
+        self.tokens = torch.randint(4, 41, (n,), generator=g).tolist()
+        # Image-heavy samples on rank 0's share (even ids), so that the encoder
+        # phase has a reason to differ from the token-balanced LLM layout.
+        self.images = [int(torch.randint(2, 4, (1,), generator=g)) if i % 2 == 0 else
+                       int(torch.randint(0, 2, (1,), generator=g)) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> Dict[str, Any]:
+        k = self.images[i]
+        pixels = torch.arange(k, dtype=torch.float32).add(i * 10).view(k, 1, 1, 1).expand((k,) + E2E_IMG)
+        return {"input_ids": torch.arange(self.tokens[i]), "pixel_values": pixels.contiguous(),
+                "vision_patches": 16 * k}
+
+
+def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
+    import odb
+
+    dataset = _ImageTextDataset(n)
+    loader = odb.OdbDataLoader(dataset, num_workers=0, idle_policy="zero_step", timeout_s=60)
+    seen, enc_seen, steps, moved, errors = [], [], 0, 0, []
+    for step in loader:
+        plan = PhasePlan.from_step(step)
+        b = step.batch
+        assert step.dummy or plan.enabled, f"step {step.step_index}: no phase plan in the header"
+        assert "pixel_values" not in b or step.dummy, "the LLM batch carries an encoder field"
+        if plan.enc_sample_ids:
+            enc_out = b["enc.pixel_values"].flatten(1)
+            enc_rows = enc_rows_from_offsets(b["enc.pixel_values_offsets"])
+        else:
+            enc_out, enc_rows = torch.zeros((0, 12)), []
+        llm_in, llm_rows = plan.route(enc_out, enc_rows)
+        steps += 1
+        moved += sum(src != rank for src in plan.llm_src_rank)
+        seen.extend(plan.sample_ids)
+        enc_seen.extend(plan.enc_sample_ids)
+        start = 0
+        for sid, rows in zip(plan.sample_ids, llm_rows):
+            want = torch.arange(dataset.images[sid], dtype=torch.float32).add(sid * 10)
+            got = llm_in[start:start + rows]
+            if rows != dataset.images[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, 12)):
+                errors.append(f"step {step.step_index} sample {sid}: {rows} rows {got[:, 0].tolist()}")
+            start += rows
+    return {"seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors}
+
+
+def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
+    from odbtest_py import run_ranks, start_daemons, stop_all
+
+    config = {"alignment": {"planner": "global", "phase_plans": True},
+              "grouping": {"max_tokens": 128, "max_vision_patches": 96},
+              "collate": {"encoder_fields": ["pixel_values"], "fields": [{"name": "pixel_values", "rule": "concat"}]}}
+    n = 60
+    daemons = start_daemons(run_dir, 2, job_id, config)
+    try:
+        results = run_ranks(_e2e_rank, 2, run_dir, timeout=90, n=n)
+    finally:
+        stop_all(daemons)
+    assert results[0]["steps"] == results[1]["steps"] > 1
+    assert results[0]["errors"] == [] and results[1]["errors"] == []
+    assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
+    assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
+    assert results[0]["moved"] + results[1]["moved"] > 0  # encoders balanced apart from the LLM layout
