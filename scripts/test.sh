@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
 ./scripts/build.sh
 
-echo "== bazel test //..."
-bazel test //... --test_tag_filters=-benchmark 2>&1 | grep -vE "linux-sandbox" | tail -n 60
+echo "== bazel test -c opt //... (same configuration as scripts/build.sh: nothing is compiled twice)"
+bazel test -c opt //... --test_tag_filters=-benchmark 2>&1 | grep -vE "linux-sandbox" | tail -n 60
 bazel_rc=${PIPESTATUS[0]}
 
 echo "== pytest tests/"
