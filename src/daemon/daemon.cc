@@ -157,6 +157,7 @@ void Daemon::HandleIngest(zmq::socket_t& socket) {
       if (buffer_.Full()) return;
     }
     std::vector<zmq::message_t> parts;
+    parts.reserve(4);
     zmq::message_t part;
     if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
     last_ingest_ = std::chrono::steady_clock::now();
@@ -647,11 +648,19 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   step.set_over_budget(plan.over_budget);
   step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
   const bool phases = config_.phase_plans;
-  // With per-phase plans the encoder fields travel in the encoder batch only.
-  std::vector<Sample> llm_samples, enc_samples;
+  // With per-phase plans the encoder fields travel in the encoder batch only
+  // (filtered views; frames are shared). Without, the samples are used as they are.
+  std::vector<Sample> filtered, enc_samples;
+  std::vector<const Sample*> llm_group;
+  filtered.reserve(phases ? plan.sample_ids.size() : 0);
   for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
     const Sample& s = samples.at({plan.sample_owners[i], plan.sample_ids[i]});
-    llm_samples.push_back(phases ? WithFields(s, config_.encoder_fields, false) : s);
+    if (phases) {
+      filtered.push_back(WithFields(s, config_.encoder_fields, false));
+      llm_group.push_back(&filtered.back());
+    } else {
+      llm_group.push_back(&s);
+    }
     step.add_sample_ids(s.meta.id);
     step.add_lengths(s.meta.lengths.tokens);
     step.add_owner_ranks(s.meta.owner_rank);
@@ -665,12 +674,10 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   }
   for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
   std::vector<collate::BatchTensor> tensors;
-  auto collate_group = [&](const std::vector<Sample>& group, const std::string& prefix,
+  auto collate_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
                            const collate::CollateOptions& options) -> absl::Status {
     if (group.empty()) return absl::OkStatus();
-    std::vector<const Sample*> pointers;
-    for (const Sample& s : group) pointers.push_back(&s);
-    auto collated = collate::Collate(pointers, options);
+    auto collated = collate::Collate(group, options);
     if (!collated.ok()) return collated.status();
     for (auto& t : *collated) {
       t.name = prefix + t.name;
@@ -678,13 +685,15 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
     }
     return absl::OkStatus();
   };
-  absl::Status collated = collate_group(llm_samples, "", config_.collate);
+  absl::Status collated = collate_group(llm_group, "", config_.collate);
   if (collated.ok() && !enc_samples.empty()) {
     // The encoder batch has no tokens: no attention mask, never packed.
     collate::CollateOptions enc_options = config_.collate;
     enc_options.attention_mask = false;
     enc_options.packed = false;
-    collated = collate_group(enc_samples, "enc.", enc_options);
+    std::vector<const Sample*> enc_group;
+    for (const Sample& s : enc_samples) enc_group.push_back(&s);
+    collated = collate_group(enc_group, "enc.", enc_options);
   }
   if (!collated.ok() && phases) {
     // Other ranks' routes count on this rank's encoder outputs: a step that
@@ -698,12 +707,12 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
     // The samples cannot be batched together: report every one of them and
     // keep the step (as IDLE) so alignment with the other ranks holds.
     tensors.clear();
-    for (const Sample& s : llm_samples) {
+    for (const Sample* s : llm_group) {
       wire::Rejection r;
       r.set_code(wire::COLLATE_FAILED);
-      r.set_sample_id(s.meta.id);
+      r.set_sample_id(s->meta.id);
       r.set_has_sample_id(true);
-      r.set_producer_id(s.producer_id);
+      r.set_producer_id(s->producer_id);
       r.set_message(std::string(collated.message()));
       RecordRejection(std::move(r), epoch, false);
     }
