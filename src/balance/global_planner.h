@@ -33,7 +33,9 @@ struct GlobalPlannerConfig {
 // Cross-rank grouping + OrchMLLM-style post-balancing behind align::Planner.
 //
 // A pure function of (config, RoundState): the union of every rank's window
-// is grouped once (grouping::FormGroups), the groups are dealt to (step, rank)
+// is grouped once (grouping::FormGroups; when it holds far more than the
+// credit can emit, only its oldest samples, taken depth by depth across the
+// ranks: docs/balancing.md, "oldest-first cut"), the groups are dealt to (step, rank)
 // slots minimising sum_k max_r StepTime (sorted chunking, optimal for fixed
 // groups), each step is then re-dispatched by a longest-processing-time greedy
 // under a binary-searched capacity, and finally the W groups of each step are
