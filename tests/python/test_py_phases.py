@@ -321,7 +321,8 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
     loader = odb.OdbDataLoader(dataset, num_workers=0, idle_policy="zero_step", timeout_s=60)
     seen, enc_seen, steps, moved, errors = [], [], 0, 0, []
     for step in loader:
-        plan = PhasePlan.from_step(step)
+        plan = step.phase_plan
+        assert plan == PhasePlan.from_step(step)
         b = step.batch
         assert step.dummy or plan.enabled, f"step {step.step_index}: no phase plan in the header"
         assert "pixel_values" not in b or step.dummy, "the LLM batch carries an encoder field"

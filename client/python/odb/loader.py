@@ -169,6 +169,14 @@ class Step:
             raise KeyError(f"step {self.step_index} has no received frames (dummy step)")
         return int(self._delivery.frame_address(name))
 
+    @property
+    def phase_plan(self) -> "Any":
+        """This step's per-phase plan (:class:`odb.phases.PhasePlan`; empty unless
+        the daemon runs with ``alignment.phase_plans``)."""
+        from .phases import PhasePlan
+
+        return PhasePlan.from_step(self)
+
     def __len__(self) -> int:
         return len(self.sample_ids)
 
