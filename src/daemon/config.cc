@@ -182,6 +182,7 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
       "bad_input", {{"error", BadInputPolicy::kError}, {"skip_and_report", BadInputPolicy::kSkipAndReport}},
       c.bad_input));
   ODB_RETURN_IF_ERROR(s.Get("log_level", c.log_level));
+  ODB_RETURN_IF_ERROR(s.Get("metrics_endpoint", c.metrics_endpoint));
 
   ODB_ASSIGN_OR_RETURN(Section buffer, s.Child("buffer"));
   ODB_RETURN_IF_ERROR(buffer.Get("max_bytes", c.buffer_max_bytes));
@@ -287,6 +288,10 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
   for (auto& e : c.ingest_endpoints) e = expand(e);
   c.trainer_endpoint = expand(c.trainer_endpoint);
   c.store_dir = expand(c.store_dir);
+  c.metrics_endpoint = expand(c.metrics_endpoint);
+  if (!c.metrics_endpoint.empty() && c.metrics_endpoint.rfind("tcp://", 0) != 0) {
+    return Invalid("metrics_endpoint", "'" + c.metrics_endpoint + "' must be tcp://host:port (or empty)");
+  }
   for (const auto& e : c.ingest_endpoints) {
     if (e.rfind("ipc://", 0) != 0 && e.rfind("tcp://", 0) != 0 && e.rfind("inproc://", 0) != 0) {
       return Invalid("ingest_endpoints", "'" + e + "' must start with ipc://, tcp:// or inproc://");

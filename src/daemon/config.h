@@ -115,6 +115,9 @@ struct DaemonConfig {
   // Fields that belong to the encoder phase (alignment.phase_plans).
   std::vector<std::string> encoder_fields;
 
+  // Prometheus text over plain HTTP, e.g. "tcp://0.0.0.0:9400"; "" = off.
+  std::string metrics_endpoint;
+
   BadInputPolicy bad_input = BadInputPolicy::kError;
   std::string log_level = "info";
 };

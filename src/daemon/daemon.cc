@@ -43,6 +43,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
       wake_rx_(context_, zmq::socket_type::pull),
       monitor_(context_, zmq::socket_type::pair),
       peer_rx_(context_, zmq::socket_type::router),
+      metrics_socket_(context_, zmq::socket_type::stream),
       buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
       expected_producers_(config_.expected_producers) {}
 
@@ -84,6 +85,11 @@ absl::Status Daemon::Bind() {
       peer_rx_.bind("tcp://" + config_.gloo_hostname + ":*");
       bound_peer_ = LastEndpoint(peer_rx_);
     }
+    if (!config_.metrics_endpoint.empty()) {
+      metrics_socket_.set(zmq::sockopt::linger, 0);
+      metrics_socket_.bind(config_.metrics_endpoint);
+      bound_metrics_ = LastEndpoint(metrics_socket_);
+    }
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(std::string("cannot bind a socket (") + e.what() +
                                   "); is another odbd using the same endpoint or run_dir?");
@@ -102,13 +108,14 @@ absl::Status Daemon::Run() {
       uint64_t bytes = buffer_.bytes();
       if (bytes > metrics_.peak_buffer_bytes.load()) metrics_.peak_buffer_bytes.store(bytes);
     }
-    // Fixed poll slots first (trainer, wake-up, monitor, peers), then ingest.
-    constexpr size_t kFixedItems = 4;
+    // Fixed poll slots first (trainer, wake-up, monitor, peers, metrics), then ingest.
+    constexpr size_t kFixedItems = 5;
     items.clear();
     items.push_back({static_cast<void*>(trainer_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(monitor_), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(peer_rx_), 0, ZMQ_POLLIN, 0});
+    items.push_back({static_cast<void*>(metrics_socket_), 0, ZMQ_POLLIN, 0});
     if (!buffer_full) {
       for (auto& socket : ingest_) items.push_back({static_cast<void*>(socket), 0, ZMQ_POLLIN, 0});
     } else {
@@ -125,6 +132,7 @@ absl::Status Daemon::Run() {
       }
       if (items[2].revents & ZMQ_POLLIN) HandleMonitor();
       if (items[3].revents & ZMQ_POLLIN) HandlePeerPayloads();
+      if (items[4].revents & ZMQ_POLLIN) HandleMetricsRequest();
       for (size_t i = kFixedItems; i < items.size(); ++i) {
         if (items[i].revents & ZMQ_POLLIN) HandleIngest(ingest_[i - kFixedItems]);
       }
@@ -294,6 +302,32 @@ void Daemon::HandleTrainer() {
       }
       cv_.notify_all();
     }
+  }
+}
+
+void Daemon::HandleMetricsRequest() {
+  // ZMQ_STREAM: every message is [connection id][bytes]; an empty payload
+  // announces a connect or a disconnect. Any request gets the metrics and the
+  // connection is closed (HTTP/1.0 style), which is all a Prometheus scrape needs.
+  for (int n = 0; n < 16; ++n) {
+    zmq::message_t id, request;
+    if (!metrics_socket_.recv(id, zmq::recv_flags::dontwait)) return;
+    (void)metrics_socket_.recv(request);
+    if (request.size() == 0) continue;
+    DaemonGauges gauges;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gauges.buffer_bytes = buffer_.bytes();
+      gauges.buffer_samples = buffer_.count();
+      gauges.queued_steps = queued_steps_;
+    }
+    const std::string body = RenderPrometheus(metrics_, gauges, config_.rank);
+    const std::string response = "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+                                 std::to_string(body.size()) + "\r\n\r\n" + body;
+    metrics_socket_.send(id, zmq::send_flags::sndmore);
+    metrics_socket_.send(zmq::buffer(response), zmq::send_flags::none);
+    metrics_socket_.send(id, zmq::send_flags::sndmore);  // empty frame: close the connection
+    metrics_socket_.send(zmq::message_t(), zmq::send_flags::none);
   }
 }
 

@@ -20,23 +20,12 @@
 #include "proto/odb.pb.h"
 #include "src/buffer/sample_buffer.h"
 #include "src/daemon/config.h"
+#include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
 #include "src/ingest/decoder.h"
 #include "src/ingest/stream_tracker.h"
 
 namespace odb {
-
-// Counters exported in logs and the epoch summary.
-struct DaemonMetrics {
-  std::atomic<uint64_t> samples_received{0};
-  std::atomic<uint64_t> samples_rejected{0};
-  std::atomic<uint64_t> samples_emitted{0};
-  std::atomic<uint64_t> steps_emitted{0};
-  std::atomic<uint64_t> idle_steps{0};
-  std::atomic<uint64_t> rounds{0};
-  std::atomic<uint64_t> buffer_full_stalls{0};
-  std::atomic<uint64_t> peak_buffer_bytes{0};
-};
 
 // One rank's collation daemon. Two threads:
 //  - the I/O loop (Run's caller) owns every ZeroMQ socket: it reads producer
@@ -66,6 +55,7 @@ class Daemon {
   std::vector<std::string> IngestEndpoints() const { return bound_ingest_; }
   std::string TrainerEndpoint() const { return bound_trainer_; }
   std::string PeerEndpoint() const { return bound_peer_; }
+  std::string MetricsEndpoint() const { return bound_metrics_; }
 
  private:
   using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
@@ -88,6 +78,7 @@ class Daemon {
   void QueueFatal(wire::ErrorCode code, const std::string& message);
   void HandleMonitor();
   void HandlePeerPayloads();
+  void HandleMetricsRequest();
   absl::Status ConnectPeerSenders(std::vector<zmq::socket_t>& senders);
   absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome,
                             std::vector<zmq::socket_t>& senders);
@@ -110,7 +101,9 @@ class Daemon {
   zmq::socket_t wake_rx_;  // inproc: planner -> I/O loop "output queued"
   zmq::socket_t monitor_;  // inproc: connect/disconnect events of trainer_
   zmq::socket_t peer_rx_;  // ROUTER: sample payloads other daemons send us (W > 1)
+  zmq::socket_t metrics_socket_;  // STREAM: plain HTTP, Prometheus text (metrics_endpoint)
   std::string bound_peer_;
+  std::string bound_metrics_;
   std::vector<std::string> bound_ingest_;
   std::string bound_trainer_;
   std::thread planner_;

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   for (const auto& e : daemon.IngestEndpoints()) spdlog::info("ingest listening on {}", e);
   spdlog::info("trainer endpoint {}", daemon.TrainerEndpoint());
   if (!daemon.PeerEndpoint().empty()) spdlog::info("peer endpoint {}", daemon.PeerEndpoint());
+  if (!daemon.MetricsEndpoint().empty()) spdlog::info("metrics endpoint {}", daemon.MetricsEndpoint());
 
   g_daemon.store(&daemon);
   struct sigaction sa {};

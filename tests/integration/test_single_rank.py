@@ -179,3 +179,25 @@ def test_bad_input_reaches_trainer_and_daemon_keeps_serving(tmp_path):
     finally:
         ctx.destroy(linger=0)
         d.stop()
+
+
+def test_metrics_endpoint_serves_prometheus_text(tmp_path):
+    import re
+    import urllib.request
+
+    d = Daemon(tmp_path, config='metrics_endpoint: "tcp://127.0.0.1:*"\n')
+    try:
+        d.wait_ready()
+        c = consume(d.trainer, expected_producers=1)
+        assert finish(produce(d.ingest, "p", 300, seed=2, extra=["--max-len", "64"]))[0] == 0
+        assert finish(c)[0] == 0
+        match = re.search(r"metrics endpoint tcp://([0-9.]+:\d+)", d.read_log())
+        assert match, d.read_log()
+        with urllib.request.urlopen(f"http://{match.group(1)}/metrics", timeout=10) as response:
+            assert response.status == 200
+            text = response.read().decode()
+        assert 'odb_samples_received_total{rank="0"} 300' in text
+        assert 'odb_samples_emitted_total{rank="0"} 300' in text
+        assert "# TYPE odb_buffer_bytes gauge" in text
+    finally:
+        d.stop()

@@ -1,0 +1,36 @@
+#ifndef ODB_DAEMON_METRICS_H_
+#define ODB_DAEMON_METRICS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace odb {
+
+// Counters of one daemon, exported on the metrics endpoint, in the exit log
+// and (per epoch) in the epoch summary.
+struct DaemonMetrics {
+  std::atomic<uint64_t> samples_received{0};
+  std::atomic<uint64_t> samples_rejected{0};
+  std::atomic<uint64_t> samples_emitted{0};
+  std::atomic<uint64_t> steps_emitted{0};
+  std::atomic<uint64_t> idle_steps{0};
+  std::atomic<uint64_t> rounds{0};
+  std::atomic<uint64_t> buffer_full_stalls{0};
+  std::atomic<uint64_t> peak_buffer_bytes{0};
+};
+
+// Point-in-time values that are not counters.
+struct DaemonGauges {
+  uint64_t buffer_bytes = 0;
+  uint64_t buffer_samples = 0;
+  uint64_t queued_steps = 0;
+};
+
+// Prometheus text exposition format (version 0.0.4), every series labelled
+// with the rank.
+std::string RenderPrometheus(const DaemonMetrics& metrics, const DaemonGauges& gauges, int rank);
+
+}  // namespace odb
+
+#endif  // ODB_DAEMON_METRICS_H_
