@@ -280,6 +280,7 @@ py::dict StepDict(const PyDelivery& pd) {
   d["global_real_tokens"] = s.global_real_tokens;
   d["loss_weight"] = s.loss_weight;
   d["over_budget"] = s.over_budget;
+  d["samples_may_move"] = s.samples_may_move;
   d["rejections"] = Rejections(s.rejections);
   d["rejections_are_errors"] = s.rejections_are_errors;
   d["enc_sample_ids"] = s.enc_sample_ids;

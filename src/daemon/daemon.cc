@@ -682,6 +682,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   step.set_over_budget(plan.over_budget);
   step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
   const bool phases = config_.phase_plans;
+  step.set_samples_may_move(phases || config_.planner == PlannerKind::kGlobal);
   // With per-phase plans the encoder fields travel in the encoder batch only
   // (filtered views; frames are shared). Without, the samples are used as they are.
   std::vector<Sample> filtered, enc_samples;

@@ -78,3 +78,20 @@ def test_skewed_ranks_cover_every_sample_once(run_dir, job_id, idle_policy) -> N
         # Trailing IDLE steps are dropped (DDP join shadows them); the rest stay paired.
         assert r0["steps"] + r0["dropped_idle"] == r0["summary"]["steps"]
         assert r0["steps"] < r1["steps"]
+
+
+@pytest.mark.parametrize("idle_policy", ["join", "zero_step"])
+def test_global_planner_balances_skewed_ranks_in_both_policies(run_dir, job_id, idle_policy) -> None:
+    """With samples moving between ranks (alignment.planner: global), rank 0 gets real work from
+    rank 1; under join it must not leave its loop early (the daemon flags samples_may_move)."""
+    config = tiny_lm.daemon_config(max_tokens=512, alignment={"planner": "global"})
+    daemons = start_daemons(run_dir, 2, job_id, config)
+    try:
+        r0, r1 = run_ranks(_rank, 2, run_dir, timeout=90, idle_policy=idle_policy)
+    finally:
+        stop_all(daemons)
+    trained = r0["trained"] + r1["trained"]
+    assert sorted(trained) == list(range(N_SHORT + N_LONG)), "a sample missing or trained twice"
+    assert r0["summary"]["steps"] == r1["summary"]["steps"]
+    # Balancing: the short rank trains some of the long rank's samples.
+    assert set(r0["trained"]) - set(range(N_SHORT))

@@ -156,6 +156,7 @@ absl::StatusOr<Delivery> Consumer::Next() {
   d.step.global_real_tokens = st.global_real_tokens();
   d.step.loss_weight = st.loss_weight();
   d.step.over_budget = st.over_budget();
+  d.step.samples_may_move = st.samples_may_move();
   d.step.rejections_are_errors = st.rejections_are_errors();
   for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));
   d.step.enc_sample_ids.assign(st.enc_sample_ids().begin(), st.enc_sample_ids().end());

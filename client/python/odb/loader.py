@@ -310,12 +310,18 @@ class OdbDataLoader:
         pending_idle: List[Any] = []
         accounted = [0]  # this rank's samples seen back (emitted or rejected)
 
+        samples_may_move = [False]
+        steps_seen = [0]  # the daemon's samples_may_move flag is known after the first step
+
         def rank_done() -> bool:
             # Join policy: once every sample this rank sent came back, the
-            # remaining steps can only be IDLE (no post-balancing moves samples
-            # in): leave the loop now so DDP's join() shadows the other ranks,
-            # and drain the trailing IDLE steps in the background.
-            return self.idle_policy == "join" and pump.finished() and accounted[0] >= pump.sent
+            # remaining steps can only be IDLE: leave the loop now so DDP's
+            # join() shadows the other ranks, and drain the trailing IDLE steps
+            # in the background. Not when the daemon's planner moves samples
+            # between ranks (then this rank may still get real steps, and the
+            # loop runs to the epoch summary).
+            return (self.idle_policy == "join" and steps_seen[0] > 0 and not samples_may_move[0]
+                    and pump.finished() and accounted[0] >= pump.sent)
 
         try:
             pump.start()
@@ -330,6 +336,8 @@ class OdbDataLoader:
                     self._finish_epoch(delivery.summary, len(pending_idle))
                     break
                 info = delivery.step
+                steps_seen[0] += 1
+                samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
                 if info["idle"]:

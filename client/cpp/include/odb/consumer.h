@@ -42,6 +42,7 @@ struct StepInfo {
   uint64_t global_real_tokens = 0;
   double loss_weight = 0.0;
   bool over_budget = false;
+  bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
   std::vector<Rejection> rejections;
   bool rejections_are_errors = false;
   // Per-phase plan (empty unless the daemon runs alignment.phase_plans): this
