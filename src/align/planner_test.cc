@@ -163,14 +163,6 @@ Outcome RunScenario(const Scenario& sc) {
   return out;
 }
 
-std::set<SampleKey> AllKeys(const Scenario& sc) {
-  std::set<SampleKey> all;
-  for (const auto& rank : sc.arrivals) {
-    for (const Arrival& a : rank) all.insert(KeyOf(a.meta));
-  }
-  return all;
-}
-
 TEST_CASE("randomized scenarios: alignment, coverage, quota, termination, weights", "[planner]") {
   int scenarios = 0;
   uint64_t total_steps = 0;

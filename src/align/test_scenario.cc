@@ -42,3 +42,15 @@ Scenario MakeScenario(uint64_t seed, int world, EpochMode mode) {
 }
 
 }  // namespace odb::align::testing
+
+namespace odb::align::testing {
+
+std::set<SampleKey> AllKeys(const Scenario& sc) {
+  std::set<SampleKey> all;
+  for (const auto& rank : sc.arrivals) {
+    for (const Arrival& a : rank) all.insert(KeyOf(a.meta));
+  }
+  return all;
+}
+
+}  // namespace odb::align::testing

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "src/align/planner.h"
@@ -27,6 +28,9 @@ struct Scenario {
 };
 
 Scenario MakeScenario(uint64_t seed, int world, EpochMode mode);
+
+// Every sample key the scenario ever delivers (all ranks, all arrival times).
+std::set<SampleKey> AllKeys(const Scenario& sc);
 
 // The emitter side of one rank: `depth` credits; the trainer consumes a
 // random number of queued steps between rounds.

@@ -180,14 +180,6 @@ Outcome RunScenario(const Scenario& sc, const GlobalPlannerConfig& gcfg) {
   return out;
 }
 
-std::set<SampleKey> AllKeys(const Scenario& sc) {
-  std::set<SampleKey> all;
-  for (const auto& rank : sc.arrivals) {
-    for (const auto& a : rank) all.insert(KeyOf(a.meta));
-  }
-  return all;
-}
-
 TEST_CASE("randomized epochs: alignment, coverage, closure, termination, weights", "[global]") {
   int scenarios = 0;
   uint64_t total_steps = 0;
