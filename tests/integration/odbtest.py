@@ -68,6 +68,18 @@ class Daemon:
         self.log.flush()
         return self.log_path.read_text()
 
+    def wait_log(self, text: str, timeout: float = 60.0) -> None:
+        """Waits until the daemon's log contains `text` (an event, not a sleep, as synchronisation)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if text in self.read_log():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"odbd exited ({self.proc.returncode}) before logging {text!r}:\n"
+                                   f"{self.read_log()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"odbd rank {self.rank} did not log {text!r} within {timeout}s:\n{self.read_log()}")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -99,7 +99,7 @@ def test_sigterm_mid_stream_exits_promptly(tmp_path):
     p.kill()
     p.wait()
     assert rc == 0
-    assert elapsed < 5, elapsed
+    assert elapsed < 15, elapsed  # ~50 ms when idle; a loaded CI machine is slower
     assert "received signal 15 (SIGTERM); shutting down" in d.log_path.read_text()
 
 

@@ -29,7 +29,7 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(lengths, vocab=64), sampler=mine, num_workers=2,
-                               idle_policy=idle_policy, timeout_s=30)
+                               idle_policy=idle_policy, timeout_s=60)
     trained, steps, dummies = [], 0, 0
 
     def train_step(step: odb.Step) -> None:
@@ -62,22 +62,29 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
 def test_skewed_ranks_cover_every_sample_once(run_dir, job_id, idle_policy) -> None:
     daemons = start_daemons(run_dir, 2, job_id, tiny_lm.daemon_config(max_tokens=512))
     try:
-        r0, r1 = run_ranks(_rank, 2, run_dir, timeout=90, idle_policy=idle_policy)
+        r0, r1 = run_ranks(_rank, 2, run_dir, timeout=300, idle_policy=idle_policy)
     finally:
         stop_all(daemons)
     trained = r0["trained"] + r1["trained"]
     assert sorted(trained) == list(range(N_SHORT + N_LONG)), "a sample missing or trained twice"
     assert set(r0["trained"]) == set(range(N_SHORT))
-    # The daemons keep the step count equal; rank 0 runs dry early.
+    # The daemons keep the step count equal; the short rank gets IDLE steps.
     assert r0["summary"]["steps"] == r1["summary"]["steps"]
     assert r0["summary"]["idle_steps"] > 0
-    if idle_policy == "zero_step":
-        assert r0["steps"] == r1["steps"] == r0["summary"]["steps"]
-        assert r0["dummies"] == r0["summary"]["idle_steps"]
-    else:
-        # Trailing IDLE steps are dropped (DDP join shadows them); the rest stay paired.
-        assert r0["steps"] + r0["dropped_idle"] == r0["summary"]["steps"]
-        assert r0["steps"] < r1["steps"]
+    # The short rank trains fewer real steps than the long one.
+    assert r0["steps"] - r0["dummies"] < r1["steps"] - r1["dummies"]
+    for r in (r0, r1):
+        if idle_policy == "zero_step":
+            assert r["steps"] == r["summary"]["steps"]
+            assert r["dummies"] == r["summary"]["idle_steps"]
+            assert r["dropped_idle"] == 0
+        else:
+            # Trailing IDLE steps are dropped (DDP join shadows them); an IDLE step followed by a
+            # real one is still run as a dummy, so the rest stay paired. Which rank ends with IDLE
+            # steps depends on arrival timing (a rank whose workers start late gets leading IDLE
+            # steps instead), so every rank is checked the same way.
+            assert r["steps"] + r["dropped_idle"] == r["summary"]["steps"]
+            assert r["dummies"] + r["dropped_idle"] == r["summary"]["idle_steps"]
 
 
 @pytest.mark.parametrize("idle_policy", ["join", "zero_step"])
@@ -87,7 +94,7 @@ def test_global_planner_balances_skewed_ranks_in_both_policies(run_dir, job_id, 
     config = tiny_lm.daemon_config(max_tokens=512, alignment={"planner": "global"})
     daemons = start_daemons(run_dir, 2, job_id, config)
     try:
-        r0, r1 = run_ranks(_rank, 2, run_dir, timeout=90, idle_policy=idle_policy)
+        r0, r1 = run_ranks(_rank, 2, run_dir, timeout=300, idle_policy=idle_policy)
     finally:
         stop_all(daemons)
     trained = r0["trained"] + r1["trained"]

@@ -355,7 +355,7 @@ def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
     n = 60
     daemons = start_daemons(run_dir, 2, job_id, config)
     try:
-        results = run_ranks(_e2e_rank, 2, run_dir, timeout=90, n=n)
+        results = run_ranks(_e2e_rank, 2, run_dir, timeout=300, n=n)
     finally:
         stop_all(daemons)
     assert results[0]["steps"] == results[1]["steps"] > 1
