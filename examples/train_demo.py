@@ -85,7 +85,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     import odb
 
     daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
-                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed))
+                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
+                                                           alignment={"planner": args.planner}))
     lengths = tiny_lm.long_tail_lengths(args.samples, seed=args.seed, max_len=args.max_len)
     dataset = tiny_lm.SyntheticCorpus(lengths, vocab=args.vocab)
     results = {}
@@ -93,7 +94,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
         daemon.wait_ready(60)
         for run in ("standard", "odb"):
             torch.manual_seed(args.seed)
-            model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=128, layers=args.layers, heads=4,
+            model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=4,
                                          max_len=args.max_len + 1)
             ddp = torch.nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
@@ -132,13 +133,16 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=400, help="dataset size (both ranks together)")
+    p.add_argument("--samples", type=int, default=2400, help="dataset size (both ranks together)")
     p.add_argument("--max-len", type=int, default=256, help="longest sample (tokens)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="token budget per step and rank")
+    p.add_argument("--max-tokens", type=int, default=512, help="token budget per step and rank")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--planner", choices=("local", "global"), default="global",
+                   help="odbd alignment.planner: global balances work across ranks (moves samples)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -98,8 +98,10 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   msg.data.pending = local.pending;
   msg.data.free_slots = local.free_slots;
   msg.data.stream_finished = local.stream_finished;
+  msg.data.stream_started = local.stream_started || local.stream_finished;
   msg.data.wait_rounds = wait_rounds_;
-  msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= options_.max_wait;
+  const auto wait_bound = msg.data.stream_started ? options_.max_wait : options_.start_wait;
+  msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= wait_bound;
 
   auto gathered = peers_->AllGather(EncodeRankRound(msg));
   if (!gathered.ok()) {

@@ -21,6 +21,11 @@ struct AlignerOptions {
   // rank has been waiting this long it takes part anyway (in addition to the
   // planner's max_wait_rounds). Default 2 s.
   std::chrono::milliseconds max_wait{2000};
+  // The same bound for a rank whose stream has not started this epoch
+  // (RoundInput::stream_started false): its workers may take seconds to
+  // start, and waiting for them costs nothing (DDP cannot run ahead of a
+  // rank anyway) while not waiting costs a burst of IDLE steps. Default 60 s.
+  std::chrono::milliseconds start_wait{60000};
   // Clock, injectable for tests. Default steady_clock::now.
   std::function<std::chrono::steady_clock::time_point()> now;
 };
@@ -36,6 +41,8 @@ struct RoundInput {
   uint32_t free_slots = 0;
   // No further sample of this epoch will arrive at this rank.
   bool stream_finished = false;
+  // A sample or the end of the stream of this epoch has reached this rank.
+  bool stream_started = true;
 };
 
 // One step this rank emits.

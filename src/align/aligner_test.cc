@@ -43,6 +43,7 @@ RankLog RunRank(const Scenario& sc, PeerGroup* peers) {
       pending.push_back(sc.arrivals[r][next++].meta);
     }
     RoundInput in{1, pending, emitter.FreeSlots(), round >= sc.finish_round[r]};
+    in.stream_started = next > 0;  // late-starting ranks wait on their start_wait
     auto res = aligner.RunRound(in);
     if (!res.ok()) {
       log.status = res.status();
@@ -152,6 +153,36 @@ TEST_CASE("a silent peer is a deadline error naming it, not a hang", "[aligner][
     REQUIRE(status[r].code() == absl::StatusCode::kDeadlineExceeded);
     REQUIRE(std::string(status[r].message()).find("peer rank(s) 2") != std::string::npos);
   }
+}
+
+TEST_CASE("a rank that has not started waits on start_wait, a started one on max_wait", "[aligner]") {
+  SoloPeerGroup solo;
+  auto now = std::chrono::steady_clock::time_point{};
+  AlignerOptions options;
+  options.max_wait = std::chrono::milliseconds(10);
+  options.start_wait = std::chrono::milliseconds(1000);
+  options.now = [&now] { return now; };
+  PlannerConfig config;
+  config.max_wait_rounds = 2;
+  Aligner aligner(&solo, std::make_unique<LocalPlanner>(config), options);
+  REQUIRE(aligner.StartEpoch(0).ok());
+  RoundInput in;
+  in.free_slots = 4;
+  in.stream_started = false;  // the data workers are still starting
+  for (int round = 0; round < 6; ++round) {  // past max_wait_rounds and max_wait
+    auto res = aligner.RunRound(in);
+    REQUIRE(res.ok());
+    REQUIRE(res->waiting);
+    now += std::chrono::milliseconds(100);
+  }
+  now += std::chrono::milliseconds(500);  // 1100 ms since the wait began
+  auto res = aligner.RunRound(in);
+  REQUIRE(res.ok());
+  REQUIRE_FALSE(res->waiting);
+  // Started: max_wait_rounds bounds the wait again.
+  in.stream_started = true;
+  for (int round = 0; round < 2; ++round) REQUIRE(aligner.RunRound(in)->waiting);
+  REQUIRE_FALSE(aligner.RunRound(in)->waiting);
 }
 
 TEST_CASE("misuse and bad input are rejected locally", "[aligner]") {

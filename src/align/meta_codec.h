@@ -14,12 +14,13 @@ namespace odb::align {
 // Hand-written and compact, a few bytes per sample:
 //   u8 version (kMetaCodecVersion)
 //   varint epoch, varint round, varint rank, varint free_slots,
-//   u8 flags (bit0 stream_finished, bit1 wait_expired), varint wait_rounds,
+//   u8 flags (bit0 stream_finished, bit1 wait_expired, bit2 stream_started),
+//   varint wait_rounds,
 //   varint count, then per sample:
 //     varint zigzag(id - previous id), varint tokens, varint vision_patches,
 //     varint audio_frames, varint payload_bytes
 // Samples carry no owner: the owner is the header's rank.
-inline constexpr uint8_t kMetaCodecVersion = 1;
+inline constexpr uint8_t kMetaCodecVersion = 2;
 
 struct RankRoundMessage {
   uint32_t epoch = 0;

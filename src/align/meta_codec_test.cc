@@ -35,6 +35,7 @@ TEST_CASE("round trip keeps every field and the order", "[codec]") {
   REQUIRE(got->data.free_slots == 3);
   REQUIRE(got->data.stream_finished);
   REQUIRE_FALSE(got->data.wait_expired);
+  REQUIRE(got->data.stream_started);
   REQUIRE(got->data.wait_rounds == 2);
   REQUIRE(got->data.pending.size() == 4);
   for (size_t i = 0; i < 4; ++i) {
@@ -43,6 +44,20 @@ TEST_CASE("round trip keeps every field and the order", "[codec]") {
     REQUIRE(got->data.pending[i].lengths.tokens == msg.data.pending[i].lengths.tokens);
     REQUIRE(got->data.pending[i].lengths.vision_patches == 7);
     REQUIRE(got->data.pending[i].payload_bytes == 4096);
+  }
+}
+
+TEST_CASE("every flag travels on its own", "[codec]") {
+  for (int bits = 0; bits < 8; ++bits) {
+    RankRoundMessage msg = Sample();
+    msg.data.stream_finished = (bits & 1) != 0;
+    msg.data.wait_expired = (bits & 2) != 0;
+    msg.data.stream_started = (bits & 4) != 0;
+    auto got = DecodeRankRound(EncodeRankRound(msg));
+    REQUIRE(got.ok());
+    REQUIRE(got->data.stream_finished == msg.data.stream_finished);
+    REQUIRE(got->data.wait_expired == msg.data.wait_expired);
+    REQUIRE(got->data.stream_started == msg.data.stream_started);
   }
 }
 

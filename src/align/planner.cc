@@ -189,8 +189,8 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
   for (size_t r = 0; r < world; ++r) {
     const RankRound& rr = state.ranks[r];
     const bool asks = config.max_wait_rounds > 0 && !rr.stream_finished &&
-                      rr.pending.size() < window_cap && rr.wait_rounds < config.max_wait_rounds &&
-                      !rr.wait_expired;
+                      rr.pending.size() < window_cap && !rr.wait_expired &&
+                      (rr.wait_rounds < config.max_wait_rounds || !rr.stream_started);
     if (asks) {
       plan.ranks[r].waited = true;
       plan.waiting = true;

@@ -49,6 +49,12 @@ struct RankRound {
   uint32_t free_slots = 0;
   // No sample of this epoch will arrive at this rank after this round.
   bool stream_finished = false;
+  // Something of this epoch reached this rank (a sample, or the end of its
+  // stream). A rank that has not started yet (its data workers are still
+  // starting) may hold rounds back beyond max_wait_rounds, until its
+  // wait_expired (the Aligner's start_wait): otherwise the other ranks would
+  // run a burst of steps with this rank IDLE, only to idle at the epoch's end.
+  bool stream_started = true;
   // Consecutive previous rounds of this epoch that were waiting rounds (kept
   // by every rank's Aligner; the same on all ranks). A rank stops asking to
   // wait once it reaches max_wait_rounds, which bounds any run of waiting
@@ -108,7 +114,9 @@ struct PlannerConfig {
   // pending order). Also the wait threshold: a rank with fewer pending
   // samples and an unfinished stream may ask the round to wait.
   uint32_t window = 256;
-  // Consecutive rounds a rank may hold a round back by waiting; 0 = never wait.
+  // Consecutive rounds a rank may hold a round back by waiting, once its
+  // stream started (before, only its wait_expired ends its wait); 0 = never
+  // wait at all.
   uint32_t max_wait_rounds = 2;
 };
 

@@ -15,180 +15,48 @@
 namespace odb::align {
 namespace {
 
-using testing::Arrival;
 using testing::FakeEmitter;
 using testing::MakeScenario;
 using testing::Scenario;
 
-struct Outcome {
-  uint64_t rounds = 0;
-  uint64_t steps = 0;
-  std::set<SampleKey> emitted;
-  std::set<SampleKey> not_emitted;  // reported by the closing round
-  std::set<SampleKey> late;         // arrived after a Non-Join closure (daemon reports them)
-};
-
-// Runs one epoch of a scenario; every invariant is checked with REQUIRE.
-Outcome RunScenario(const Scenario& sc) {
+// LocalPlanner on top of the shared epoch checks: samples never leave their
+// owner; termination within max pending + 1 rounds with credit once every
+// stream finished (docs/alignment.md).
+testing::EpochOutcome RunScenario(const Scenario& sc) {
   LocalPlanner planner(sc.config);
-  const int w = sc.world;
-  std::vector<std::vector<SampleMeta>> pending(w);
-  std::vector<size_t> next_arrival(w, 0);
-  std::vector<FakeEmitter> emitters;
-  for (int r = 0; r < w; ++r) emitters.emplace_back(sc.depth, sc.seed * 100 + r);
-  Outcome out;
-  uint32_t wait_rounds = 0;
-  const uint64_t all_finished_round = *std::max_element(sc.finish_round.begin(), sc.finish_round.end());
-  uint64_t eligible_after_finish = 0;
-  size_t max_pending_at_finish = 0;
-  bool finished = false;
-  for (uint64_t round = 0; !finished; ++round) {
-    INFO("seed " << sc.seed << " W=" << w << " mode=" << EpochModeName(sc.config.mode) << " round " << round);
-    REQUIRE(round < 5000);
-    RoundState state;
-    state.epoch = 3;
-    state.round = round;
-    state.first_step = out.steps;
-    state.ranks.resize(w);
-    bool some_drained = false;
-    for (int r = 0; r < w; ++r) {
-      while (next_arrival[r] < sc.arrivals[r].size() && sc.arrivals[r][next_arrival[r]].round <= round) {
-        pending[r].push_back(sc.arrivals[r][next_arrival[r]++].meta);
-      }
-      RankRound& rr = state.ranks[r];
-      rr.pending = pending[r];
-      rr.free_slots = emitters[r].FreeSlots();
-      rr.stream_finished = round >= sc.finish_round[r];
-      if (rr.stream_finished) REQUIRE(next_arrival[r] == sc.arrivals[r].size());
-      rr.wait_rounds = wait_rounds;
-      rr.wait_expired = (sc.seed + round + r) % 17 == 0;
-      some_drained = some_drained || (rr.stream_finished && rr.pending.empty());
-      // What travels is the encoded form: round-trip it like the Aligner does.
-      RankRoundMessage msg{3, round, r, rr};
-      auto decoded = DecodeRankRound(EncodeRankRound(msg));
-      REQUIRE(decoded.ok());
-      REQUIRE(decoded->data.pending.size() == rr.pending.size());
-      rr = decoded->data;
-    }
-    if (round == all_finished_round) {
-      for (int r = 0; r < w; ++r) max_pending_at_finish = std::max(max_pending_at_finish, pending[r].size());
-    }
-    const RoundPlan plan = planner.Plan(state);
-    if (round % 7 == 0) {  // determinism: the same input gives the same plan
-      const RoundPlan again = planner.Plan(state);
-      REQUIRE(again.num_steps == plan.num_steps);
-      for (int r = 0; r < w; ++r) {
-        for (uint32_t k = 0; k < plan.num_steps; ++k) {
-          REQUIRE(again.ranks[r].steps[k].samples.size() == plan.ranks[r].steps[k].samples.size());
-          for (size_t i = 0; i < plan.ranks[r].steps[k].samples.size(); ++i) {
-            REQUIRE(again.ranks[r].steps[k].samples[i].id == plan.ranks[r].steps[k].samples[i].id);
-          }
-        }
+  testing::EpochChecks checks;
+  checks.on_plan = [](const RoundState&, const RoundPlan& plan) {
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      for (const PlannedStep& s : plan.ranks[r].steps) {
+        for (const SampleMeta& m : s.samples) REQUIRE(m.owner_rank == static_cast<int>(r));
       }
     }
-    REQUIRE(static_cast<int>(plan.ranks.size()) == w);
-    // Alignment: the same T for every rank.
-    for (int r = 0; r < w; ++r) REQUIRE(plan.ranks[r].steps.size() == plan.num_steps);
-    // Non-Join closes at the FIRST round some rank is drained; Join never before all are.
-    if (sc.config.mode == EpochMode::kNonJoin) REQUIRE(plan.epoch_finished == some_drained);
-    // Waiting rounds are bounded.
-    if (plan.waiting) {
-      REQUIRE(plan.num_steps == 0);
-      REQUIRE(wait_rounds < sc.config.max_wait_rounds);
-      ++wait_rounds;
-    } else {
-      wait_rounds = 0;
-    }
-    if (round > all_finished_round) REQUIRE_FALSE(plan.waiting);
-    if (round >= all_finished_round) {
-      bool eligible = true;
-      for (int r = 0; r < w; ++r) eligible = eligible && state.ranks[r].free_slots > 0;
-      if (eligible) ++eligible_after_finish;
-      // Termination bound (docs/alignment.md): max pending + 1 rounds with credit.
-      REQUIRE(eligible_after_finish <= max_pending_at_finish + 1);
-    }
-    // Steps: loss weights, budgets, exactly-once.
-    for (uint32_t k = 0; k < plan.num_steps; ++k) {
-      double wsum = 0;
-      bool any_real = false;
-      for (int r = 0; r < w; ++r) {
-        const PlannedStep& s = plan.ranks[r].steps[k];
-        REQUIRE(s.idle == s.samples.empty());
-        if (s.idle) REQUIRE(s.loss_weight == 0.0);
-        any_real = any_real || !s.idle;
-        wsum += s.loss_weight;
-        uint64_t tokens = 0;
-        std::vector<SampleLengths> lens;
-        for (const SampleMeta& m : s.samples) {
-          REQUIRE(m.owner_rank == r);
-          REQUIRE(out.emitted.insert(KeyOf(m)).second);  // never twice
-          tokens += m.lengths.tokens;
-          lens.push_back(m.lengths);
-        }
-        REQUIRE(s.real_tokens == tokens);
-        if (lens.size() > 1) REQUIRE(grouping::FitsBudget(sc.config.budget, lens));
-        if (s.over_budget) REQUIRE(lens.size() == 1);
-      }
-      REQUIRE(any_real);
-      REQUIRE(std::abs(wsum - w) < 1e-9);
-    }
-    // Accounting: emitted + kept + not emitted == pending, per rank.
-    for (int r = 0; r < w; ++r) {
-      std::set<SampleKey> accounted;
-      for (const auto& s : plan.ranks[r].steps) {
-        for (const auto& m : s.samples) accounted.insert(KeyOf(m));
-      }
-      for (const auto& k : plan.ranks[r].keep_pending) REQUIRE(accounted.insert(k).second);
-      for (const auto& k : plan.ranks[r].not_emitted) {
-        REQUIRE(accounted.insert(k).second);
-        out.not_emitted.insert(k);
-      }
-      REQUIRE(accounted.size() == pending[r].size());
-      std::set<SampleKey> kept(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
-      std::erase_if(pending[r], [&](const SampleMeta& m) { return !kept.count(KeyOf(m)); });
-      emitters[r].Push(plan.num_steps);
-      REQUIRE(emitters[r].FreeSlots() <= sc.depth);
-      emitters[r].Drain();
-    }
-    out.steps += plan.num_steps;
-    out.rounds = round + 1;
-    finished = plan.epoch_finished;
-    if (finished && sc.config.mode == EpochMode::kJoin) {
-      for (int r = 0; r < w; ++r) REQUIRE(pending[r].empty());
-    }
-  }
-  for (int r = 0; r < w; ++r) {
-    for (size_t i = next_arrival[r]; i < sc.arrivals[r].size(); ++i) out.late.insert(KeyOf(sc.arrivals[r][i].meta));
-  }
-  return out;
+  };
+  checks.termination_bound = [](const std::vector<std::vector<SampleMeta>>& pending) {
+    size_t max_pending = 0;
+    for (const auto& p : pending) max_pending = std::max(max_pending, p.size());
+    return static_cast<uint64_t>(max_pending) + 1;
+  };
+  return testing::RunEpoch(sc, planner, checks);
 }
 
 TEST_CASE("randomized scenarios: alignment, coverage, quota, termination, weights", "[planner]") {
   int scenarios = 0;
-  uint64_t total_steps = 0;
+  uint64_t total_steps = 0, waited_unstarted = 0;
   for (int world : {1, 2, 3, 4, 8}) {
     for (uint64_t i = 0; i < 240; ++i) {
       const uint64_t seed = world * 100000 + i;
       const EpochMode mode = i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin;
       const Scenario sc = MakeScenario(seed, world, mode);
-      const Outcome out = RunScenario(sc);
-      const std::set<SampleKey> all = AllKeys(sc);
+      const testing::EpochOutcome out = RunScenario(sc);
       INFO("seed " << seed);
-      if (mode == EpochMode::kJoin) {
-        REQUIRE(out.emitted == all);  // identity coverage
-        REQUIRE(out.not_emitted.empty());
-        REQUIRE(out.late.empty());
-      } else {
-        // Quota closure: emitted, reported and late are disjoint and complete.
-        std::set<SampleKey> u = out.emitted;
-        for (const auto& k : out.not_emitted) REQUIRE(u.insert(k).second);
-        for (const auto& k : out.late) REQUIRE(u.insert(k).second);
-        REQUIRE(u == all);
-      }
+      testing::RequireCoverage(sc, out);
       total_steps += out.steps;
+      waited_unstarted += out.unstarted_wait_rounds;
       ++scenarios;
     }
   }
+  REQUIRE(waited_unstarted > 100);  // late-starting ranks are exercised
   REQUIRE(scenarios == 1200);
   REQUIRE(total_steps > 1000);  // the scenarios do real work
 }
@@ -257,6 +125,37 @@ TEST_CASE("wait is granted, bounded and never after the stream ends", "[planner]
   st.ranks[0].wait_expired = false;
   st.ranks[0].stream_finished = true;
   REQUIRE_FALSE(planner.Plan(st).waiting);
+}
+
+TEST_CASE("a rank whose stream has not started waits past max_wait_rounds, until it expires", "[planner]") {
+  PlannerConfig cfg;
+  cfg.window = 8;
+  cfg.max_wait_rounds = 2;
+  LocalPlanner planner(cfg);
+  RoundState st;
+  // Rank 1's workers are still starting: nothing of the epoch reached it yet.
+  st.ranks = {Rank({10, 20, 30, 40, 50, 60, 70, 80, 90}, 0, 4, false), Rank({}, 1, 4, false)};
+  st.ranks[1].stream_started = false;
+  st.ranks[0].wait_rounds = st.ranks[1].wait_rounds = 50;  // far past max_wait_rounds
+  RoundPlan plan = planner.Plan(st);
+  REQUIRE(plan.waiting);
+  REQUIRE(plan.ranks[1].waited);
+  REQUIRE_FALSE(plan.ranks[0].waited);
+  REQUIRE(plan.num_steps == 0);
+  // Its (longer) wall-clock bound ends the wait: rank 1 is IDLE for the round.
+  st.ranks[1].wait_expired = true;
+  plan = planner.Plan(st);
+  REQUIRE_FALSE(plan.waiting);
+  REQUIRE(plan.num_steps > 0);
+  for (const auto& s : plan.ranks[1].steps) REQUIRE(s.idle);
+  // Once started, max_wait_rounds bounds it again.
+  st.ranks[1].wait_expired = false;
+  st.ranks[1].stream_started = true;
+  REQUIRE_FALSE(planner.Plan(st).waiting);
+  // max_wait_rounds 0 means never wait, started or not.
+  cfg.max_wait_rounds = 0;
+  st.ranks[1].stream_started = false;
+  REQUIRE_FALSE(LocalPlanner(cfg).Plan(st).waiting);
 }
 
 TEST_CASE("non-join closes at the first drained rank and reports the rest", "[planner]") {

@@ -26,157 +26,41 @@ using align::testing::MakeScenario;
 using align::testing::Scenario;
 
 struct Outcome {
-  uint64_t steps = 0;
-  std::set<SampleKey> emitted;
-  std::set<SampleKey> not_emitted;
-  std::set<SampleKey> late;
+  align::testing::EpochOutcome epoch;
   BytesMoved moved;
 };
 
-void RequireSamePlan(const RoundPlan& a, const RoundPlan& b) {
-  REQUIRE(a.num_steps == b.num_steps);
-  REQUIRE(a.epoch_finished == b.epoch_finished);
-  REQUIRE(a.ranks.size() == b.ranks.size());
-  for (size_t r = 0; r < a.ranks.size(); ++r) {
-    REQUIRE(a.ranks[r].keep_pending == b.ranks[r].keep_pending);
-    for (uint32_t k = 0; k < a.num_steps; ++k) {
-      const auto& x = a.ranks[r].steps[k].samples;
-      const auto& y = b.ranks[r].steps[k].samples;
-      REQUIRE(x.size() == y.size());
-      for (size_t i = 0; i < x.size(); ++i) REQUIRE(KeyOf(x[i]) == KeyOf(y[i]));
-    }
-  }
-}
-
-// Runs one epoch; every invariant is checked with REQUIRE.
+// GlobalPlanner on top of the shared epoch checks (src/align/test_scenario.h):
+// IDLE slots only once every stream finished (whole steps before), bytes
+// moved, and the termination bound of docs/balancing.md.
 Outcome RunScenario(const Scenario& sc, const GlobalPlannerConfig& gcfg) {
   GlobalPlanner planner(gcfg);
-  const int w = sc.world;
-  std::vector<std::vector<SampleMeta>> pending(w);
-  std::vector<size_t> next_arrival(w, 0);
-  std::vector<FakeEmitter> emitters;
-  for (int r = 0; r < w; ++r) emitters.emplace_back(sc.depth, sc.seed * 100 + r);
-  Outcome out;
-  uint32_t wait_rounds = 0;
   const uint64_t all_finished_round = *std::max_element(sc.finish_round.begin(), sc.finish_round.end());
-  uint64_t eligible_after_finish = 0;
-  uint64_t bound = 0;
-  const uint64_t window = sc.config.window == 0 ? UINT64_MAX : sc.config.window;
-  bool finished = false;
-  for (uint64_t round = 0; !finished; ++round) {
-    INFO("seed " << sc.seed << " W=" << w << " mode=" << align::EpochModeName(sc.config.mode) << " locality "
-                 << gcfg.locality << " round " << round);
-    REQUIRE(round < 5000);
-    RoundState state;
-    state.epoch = 3;
-    state.round = round;
-    state.first_step = out.steps;
-    state.ranks.resize(w);
-    bool some_drained = false;
-    for (int r = 0; r < w; ++r) {
-      while (next_arrival[r] < sc.arrivals[r].size() && sc.arrivals[r][next_arrival[r]].round <= round) {
-        pending[r].push_back(sc.arrivals[r][next_arrival[r]++].meta);
-      }
-      align::RankRound& rr = state.ranks[r];
-      rr.pending = pending[r];
-      rr.free_slots = emitters[r].FreeSlots();
-      rr.stream_finished = round >= sc.finish_round[r];
-      rr.wait_rounds = wait_rounds;
-      rr.wait_expired = (sc.seed + round + r) % 17 == 0;
-      some_drained = some_drained || (rr.stream_finished && rr.pending.empty());
-    }
-    if (round == all_finished_round) {
-      // Termination bound (docs/balancing.md): ceil(P / min(W, window)) + 1
-      // rounds with credit, P = all pending samples when the last stream ends.
-      uint64_t total = 0;
-      for (int r = 0; r < w; ++r) total += pending[r].size();
-      const uint64_t per_round = std::min<uint64_t>(w, window);
-      bound = (total + per_round - 1) / per_round + 1;
-      if (gcfg.locality >= 1.0) {  // LocalPlanner's bound (docs/alignment.md)
-        size_t max_pending = 0;
-        for (int r = 0; r < w; ++r) max_pending = std::max(max_pending, pending[r].size());
-        bound = max_pending + 1;
-      }
-    }
-    const RoundPlan plan = planner.Plan(state);
-    if (round % 5 == 0) RequireSamePlan(plan, planner.Plan(state));  // pure function
-    REQUIRE(static_cast<int>(plan.ranks.size()) == w);
-    for (int r = 0; r < w; ++r) REQUIRE(plan.ranks[r].steps.size() == plan.num_steps);
-    if (sc.config.mode == EpochMode::kNonJoin) REQUIRE(plan.epoch_finished == some_drained);
-    if (plan.waiting) {
-      REQUIRE(plan.num_steps == 0);
-      REQUIRE(wait_rounds < sc.config.max_wait_rounds);
-      ++wait_rounds;
-    } else {
-      wait_rounds = 0;
-    }
-    if (round > all_finished_round) REQUIRE_FALSE(plan.waiting);
-    if (round >= all_finished_round) {
-      bool eligible = true;
-      for (int r = 0; r < w; ++r) eligible = eligible && state.ranks[r].free_slots > 0;
-      if (eligible) ++eligible_after_finish;
-      REQUIRE(eligible_after_finish <= bound);
-    }
-    std::set<SampleKey> round_emitted;
+  Outcome out;
+  align::testing::EpochChecks checks;
+  checks.on_plan = [&](const RoundState& state, const RoundPlan& plan) {
     for (uint32_t k = 0; k < plan.num_steps; ++k) {
-      double wsum = 0;
       int real = 0;
-      for (int r = 0; r < w; ++r) {
-        const PlannedStep& s = plan.ranks[r].steps[k];
-        REQUIRE(s.idle == s.samples.empty());
-        if (s.idle) REQUIRE(s.loss_weight == 0.0);
-        real += s.idle ? 0 : 1;
-        wsum += s.loss_weight;
-        uint64_t tokens = 0;
-        std::vector<SampleLengths> lens;
-        for (const SampleMeta& m : s.samples) {
-          REQUIRE(out.emitted.insert(KeyOf(m)).second);  // never twice, globally
-          round_emitted.insert(KeyOf(m));
-          tokens += m.lengths.tokens;
-          lens.push_back(m.lengths);
-        }
-        REQUIRE(s.real_tokens == tokens);
-        REQUIRE(s.padded_tokens == grouping::PaddedTokens(sc.config.budget.model, lens));
-        if (lens.size() > 1) REQUIRE(grouping::FitsBudget(sc.config.budget, lens));
-        REQUIRE(s.over_budget == (lens.size() == 1 && !grouping::FitsAlone(sc.config.budget, lens[0])));
-      }
-      REQUIRE(real > 0);
-      // IDLE slots only once every stream has finished (whole steps otherwise).
-      if (real < w && gcfg.locality < 1.0) REQUIRE(round >= all_finished_round);
-      REQUIRE(std::abs(wsum - w) < 1e-9);
-    }
-    // Accounting per owner: emitted anywhere + kept + not emitted == pending.
-    for (int r = 0; r < w; ++r) {
-      std::set<SampleKey> accounted;
-      for (const SampleMeta& m : pending[r]) {
-        if (round_emitted.count(KeyOf(m))) accounted.insert(KeyOf(m));
-      }
-      for (const auto& k : plan.ranks[r].keep_pending) {
-        REQUIRE(k.owner_rank == r);
-        REQUIRE(accounted.insert(k).second);
-      }
-      for (const auto& k : plan.ranks[r].not_emitted) {
-        REQUIRE(k.owner_rank == r);
-        REQUIRE(accounted.insert(k).second);
-        out.not_emitted.insert(k);
-      }
-      REQUIRE(accounted.size() == pending[r].size());
-      std::set<SampleKey> kept(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
-      std::erase_if(pending[r], [&](const SampleMeta& m) { return !kept.count(KeyOf(m)); });
-      emitters[r].Push(plan.num_steps);
-      REQUIRE(emitters[r].FreeSlots() <= sc.depth);
-      emitters[r].Drain();
+      for (const auto& rp : plan.ranks) real += rp.steps[k].idle ? 0 : 1;
+      if (real < sc.world && gcfg.locality < 1.0) REQUIRE(state.round >= all_finished_round);
     }
     out.moved += ComputeBytesMoved(plan, gcfg.local_world_size);
-    out.steps += plan.num_steps;
-    finished = plan.epoch_finished;
-    if (finished && sc.config.mode == EpochMode::kJoin) {
-      for (int r = 0; r < w; ++r) REQUIRE(pending[r].empty());
+  };
+  checks.termination_bound = [&](const std::vector<std::vector<SampleMeta>>& pending) -> uint64_t {
+    if (gcfg.locality >= 1.0) {  // LocalPlanner's bound (docs/alignment.md)
+      size_t max_pending = 0;
+      for (const auto& p : pending) max_pending = std::max(max_pending, p.size());
+      return max_pending + 1;
     }
-  }
-  for (int r = 0; r < w; ++r) {
-    for (size_t i = next_arrival[r]; i < sc.arrivals[r].size(); ++i) out.late.insert(KeyOf(sc.arrivals[r][i].meta));
-  }
+    // ceil(P / min(W, window)) + 1 rounds with credit, P = all pending samples
+    // when the last stream ends.
+    uint64_t total = 0;
+    for (const auto& p : pending) total += p.size();
+    const uint64_t window = sc.config.window == 0 ? UINT64_MAX : sc.config.window;
+    const uint64_t per_round = std::min<uint64_t>(sc.world, window);
+    return (total + per_round - 1) / per_round + 1;
+  };
+  out.epoch = align::testing::RunEpoch(sc, planner, checks);
   return out;
 }
 
@@ -194,21 +78,11 @@ TEST_CASE("randomized epochs: alignment, coverage, closure, termination, weights
       gcfg.locality = std::vector<double>{0.0, 0.0, 0.3, 0.7, 1.0}[i % 5];
       gcfg.local_world_size = static_cast<uint32_t>(1 + i % 4);
       const Outcome out = RunScenario(sc, gcfg);
-      const std::set<SampleKey> all = AllKeys(sc);
       INFO("seed " << seed);
-      if (mode == EpochMode::kJoin) {
-        REQUIRE(out.emitted == all);  // identity coverage, with samples moving
-        REQUIRE(out.not_emitted.empty());
-        REQUIRE(out.late.empty());
-      } else {
-        std::set<SampleKey> u = out.emitted;
-        for (const auto& k : out.not_emitted) REQUIRE(u.insert(k).second);
-        for (const auto& k : out.late) REQUIRE(u.insert(k).second);
-        REQUIRE(u == all);
-      }
+      align::testing::RequireCoverage(sc, out.epoch);
       if (gcfg.locality >= 1.0) REQUIRE(out.moved.moved_bytes() == 0);
       moved += out.moved;
-      total_steps += out.steps;
+      total_steps += out.epoch.steps;
       ++scenarios;
     }
   }
@@ -308,7 +182,7 @@ TEST_CASE("locality: 1 moves nothing and equals LocalPlanner; bytes fall as loca
         inter += b.inter_node_bytes;
         if (locality >= 1.0) {
           align::LocalPlanner local(gcfg.base);
-          RequireSamePlan(plan, local.Plan(st));
+          align::testing::RequireSamePlan(plan, local.Plan(st));
         }
       }
       moved_by_level.push_back(moved);
@@ -429,14 +303,7 @@ TEST_CASE("epochs with a large backlog and little credit keep every protocol rul
       gcfg.local_world_size = 2;
       const Outcome out = RunScenario(sc, gcfg);
       INFO("seed " << sc.seed);
-      if (sc.config.mode == EpochMode::kJoin) {
-        REQUIRE(out.emitted == AllKeys(sc));
-      } else {
-        std::set<SampleKey> u = out.emitted;
-        for (const auto& k : out.not_emitted) REQUIRE(u.insert(k).second);
-        for (const auto& k : out.late) REQUIRE(u.insert(k).second);
-        REQUIRE(u == AllKeys(sc));
-      }
+      align::testing::RequireCoverage(sc, out.epoch);
     }
   }
 }

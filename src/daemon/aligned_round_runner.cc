@@ -90,6 +90,8 @@ namespace {
 align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
   align::AlignerOptions options;
   options.max_wait = std::chrono::milliseconds(config.max_wait_ms);
+  options.start_wait = std::chrono::milliseconds(config.start_wait_ms == 0 ? config.max_wait_ms
+                                                                           : config.start_wait_ms);
   return options;
 }
 
@@ -111,6 +113,7 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   input.pending = request.pending;
   input.free_slots = request.free_slots;
   input.stream_finished = request.stream_finished;
+  input.stream_started = request.stream_started;
   auto result = aligner_.RunRound(input);
   if (!result.ok()) return result.status();
 

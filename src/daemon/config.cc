@@ -118,6 +118,7 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("phase_plans", c.phase_plans));
   ODB_RETURN_IF_ERROR(s.Get("encoder_cost_per_patch", c.encoder_cost_per_patch));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
+  ODB_RETURN_IF_ERROR(s.Get("start_wait_ms", c.start_wait_ms));
   ODB_RETURN_IF_ERROR(s.GetEnum<StoreKind>(
       "store", {{"file", StoreKind::kFile}, {"redis", StoreKind::kRedis}}, c.store));
   ODB_RETURN_IF_ERROR(s.Get("store_dir", c.store_dir));

@@ -84,6 +84,11 @@ struct DaemonConfig {
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;
+  // The same bound for a rank that has received nothing of the epoch yet
+  // (its data workers are starting): the other ranks wait for it rather than
+  // run a burst of steps with it IDLE (which it would repay by idling them at
+  // the epoch's end). Longer than worker start-up; 0 = use max_wait_ms.
+  uint32_t start_wait_ms = 60000;
   StoreKind store = StoreKind::kFile;
   std::string store_dir = "{run}/store";  // FileStore directory (shared by all ranks)
   std::string redis_host = "127.0.0.1";

@@ -494,6 +494,7 @@ absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
                              ? static_cast<uint32_t>(config_.queue_steps - queued_steps_)
                              : 0;
     request.stream_finished = tracker_.StreamFinished(request.epoch, expected_producers_);
+    request.stream_started = tracker_.StreamStarted(request.epoch);
   }
   auto outcome = runner_->Run(request);
   if (!outcome.ok()) return outcome.status();

@@ -17,6 +17,7 @@ struct RoundRequest {
   std::vector<SampleMeta> pending;  // buffered, not yet planned, this epoch
   uint32_t free_slots = 0;          // steps the emitter can still queue
   bool stream_finished = false;     // every producer ended its stream this epoch
+  bool stream_started = true;       // a sample or an end of stream of this epoch arrived
 };
 
 // One step this rank emits.

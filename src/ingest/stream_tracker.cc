@@ -89,6 +89,11 @@ bool StreamTracker::StreamFinished(uint32_t epoch, uint32_t expected_producers) 
   return it != epochs_.end() && it->second.ended.size() >= expected_producers;
 }
 
+bool StreamTracker::StreamStarted(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it != epochs_.end() && (it->second.received > 0 || !it->second.ended.empty());
+}
+
 uint64_t StreamTracker::Received(uint32_t epoch) const {
   auto it = epochs_.find(epoch);
   return it == epochs_.end() ? 0 : it->second.received;

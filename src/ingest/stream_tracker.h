@@ -37,6 +37,8 @@ class StreamTracker {
 
   // True once `expected_producers` distinct producers ended their stream for `epoch`.
   bool StreamFinished(uint32_t epoch, uint32_t expected_producers) const;
+  // True once anything of `epoch` arrived: a sample or an end of stream.
+  bool StreamStarted(uint32_t epoch) const;
 
   uint64_t Received(uint32_t epoch) const;
   // Producers that said hello but have not ended their stream for `epoch`.

@@ -176,3 +176,45 @@ def test_four_ranks_global_planner_moves_samples_intact(tmp_path):
     _check_aligned_coverage(results, counts)
     assert results[2]["moved_in"] > 0  # the rank with no data of its own trained moved samples
     assert sum(e["moved_in"] for e in results) > 100
+
+
+@pytest.mark.parametrize("start_wait_ms", [None, 0])
+def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
+    """Rank 1's producer starts seconds after rank 0's (DataLoader workers starting slowly). By
+    default the rounds wait for it (alignment.start_wait_ms), so neither rank gets a burst of IDLE
+    steps; with start_wait_ms 0 (the plain max_wait_ms bound) rank 1 idles through the start and
+    rank 0 repays it at the end."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    config = "grouping: {window: 32}\n"
+    if start_wait_ms is not None:
+        config += f"alignment: {{start_wait_ms: {start_wait_ms}}}\n"
+    daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
+    counts = [400, 400]
+    try:
+        for d in daemons:
+            d.wait_ready(timeout=60)
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        rc, _, err = finish(produce(daemons[0].ingest, "r0", counts[0], seed=0, extra=["--max-len", "512"]))
+        assert rc == 0, err
+        time.sleep(3.0)  # the scenario: rank 1's workers start late, rank 0's data is all there
+        rc, _, err = finish(produce(daemons[1].ingest, "r1", counts[1], seed=1, id_offset=1_000_000,
+                                    extra=["--max-len", "512"]))
+        assert rc == 0, err
+        results = []
+        for d, c in zip(daemons, consumers):
+            rc, out, err = finish(c, timeout=120)
+            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
+            (e,) = epochs(out)
+            results.append(e)
+    finally:
+        for d in daemons:
+            d.stop()
+    assert results[0]["steps"] == results[1]["steps"]
+    assert sorted(results[0]["ids"]) == list(range(counts[0]))
+    assert sorted(results[1]["ids"]) == [1_000_000 + k for k in range(counts[1])]
+    idle = [e["idle_steps"] for e in results]
+    print("steps", results[0]["steps"], "idle per rank", idle)
+    if start_wait_ms is None:
+        assert max(idle) <= 3, idle  # end-of-epoch group-count differences only
+    else:
+        assert idle[1] >= 8, idle    # the burst the start wait prevents (rounds every <= 0.4 s for 3 s)

@@ -17,7 +17,10 @@
  *    groups emits any sample count the real planner could (see EMIT);
  *  - the all-gather is a shared array plus a barrier (Gloo's all-gather gives
  *    every rank the same W contributions, or fails everywhere);
- *  - time: wait expiry and trainer consumption are nondeterministic.
+ *  - time: wait expiry and trainer consumption are nondeterministic; a rank
+ *    that has received nothing yet waits past MAXWAIT until its expiry (the
+ *    start wait), so its waits are bounded only by that nondeterministic
+ *    expiry: safety is checked here, the bound by the unit tests.
  *
  * Checked: no deadlock / invalid end state (every rank leaves the epoch at the
  * same round), the same T on every rank every round, split feasibility,
@@ -45,6 +48,7 @@ bool g_fin[W];
 byte g_free[W];
 byte g_groups[W];
 bool g_expired[W];
+bool g_started[W];   /* something of the epoch reached the rank (start wait) */
 
 /* Each rank's own decision, compared after the round. */
 byte T[W];
@@ -107,6 +111,7 @@ proctype Rank(byte r) {
      /* Contribution to the all-gather. */
      g_pend[r] = pend;
      g_fin[r] = fin;
+     g_started[r] = fin || recv[r] > 0;
      g_free[r] = DEPTH - queued;
      n = (pend < WIN -> pend : WIN);
      if
@@ -134,7 +139,7 @@ proctype Rank(byte r) {
         fi;
         allfin = allfin && g_fin[i];
         if
-        :: !g_fin[i] && g_pend[i] < WIN && wr < MAXWAIT && !g_expired[i] -> waiting = true
+        :: !g_fin[i] && g_pend[i] < WIN && (wr < MAXWAIT || !g_started[i]) && !g_expired[i] -> waiting = true
         :: else -> skip
         fi;
         if
@@ -166,7 +171,8 @@ proctype Rank(byte r) {
         fi
      fi;
      if
-     :: waiting && !fin_epoch -> wr++
+     :: waiting && !fin_epoch && wr < MAXWAIT -> wr++
+     :: waiting && !fin_epoch && wr >= MAXWAIT -> skip  /* saturates: only compared with MAXWAIT */
      :: else -> wr = 0
      fi;
      if
