@@ -638,10 +638,19 @@ double GroupShare(const grouping::Budget& b, const SampleLengths& s) {
 // number of rank r's first pending samples kept in the pool (it is the
 // window size on entry). Every rank keeps an equal share, and the oldest
 // samples go first, so no sample waits behind later arrivals for ever.
+// The cut never goes below one window of samples per rank (256 when the
+// window is unbounded) for up to 4 ranks: grouping quality comes from choice.
+// With a slow trainer (one free slot a round, W = 2) a pool cut to a few
+// groups' worth of samples cost 1.38x LocalPlanner's plan, and a one-window
+// floor still 1.09x (global_planner_test, "a slow trainer").
 bool SelectOldest(const align::PlannerConfig& cfg, const RoundState& state, double target,
                   std::vector<size_t>& take) {
   const grouping::Budget& b = cfg.budget;
   if (b.max_tokens == 0 && b.max_group_size == 0) return false;  // no estimate: group everything
+  const size_t min_pool = (cfg.window == 0 ? 256 : cfg.window) * std::min<size_t>(take.size(), 4);
+  size_t pool_size = 0;
+  for (size_t n : take) pool_size += n;
+  if (pool_size <= min_pool) return false;
   double total = 0.0;
   size_t depth = 0;
   for (size_t r = 0; r < take.size(); ++r) depth = std::max(depth, take[r]);
@@ -653,11 +662,13 @@ bool SelectOldest(const align::PlannerConfig& cfg, const RoundState& state, doub
   if (total < 2.0 * target) return false;
   std::vector<size_t> cut(take.size(), 0);
   double est = 0.0;
-  for (size_t i = 0; i < depth && est < target; ++i) {
+  size_t kept = 0;
+  for (size_t i = 0; i < depth && (est < target || kept < min_pool); ++i) {
     for (size_t r = 0; r < take.size(); ++r) {
       if (i >= take[r]) continue;
       est += GroupShare(b, state.ranks[r].pending[i].lengths);
       cut[r] = i + 1;
+      ++kept;
     }
   }
   take = std::move(cut);
