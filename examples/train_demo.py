@@ -133,7 +133,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=2400, help="dataset size (both ranks together)")
+    p.add_argument("--samples", type=int, default=3000, help="dataset size (both ranks together)")
     p.add_argument("--max-len", type=int, default=256, help="longest sample (tokens)")
     p.add_argument("--max-tokens", type=int, default=512, help="token budget per step and rank")
     p.add_argument("--world-size", type=int, default=2)
