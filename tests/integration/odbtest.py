@@ -129,6 +129,11 @@ def run_epoch(daemons: list[Daemon], counts: list[int], consumer_extra: list[str
         rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
                                     id_offset=d.rank * 1_000_000, extra=["--max-len", str(max_len)]))
         assert rc == 0, err
+    return collect_epochs(daemons, consumers)
+
+
+def collect_epochs(daemons: list[Daemon], consumers: list[subprocess.Popen]) -> list[dict]:
+    """Each rank's one epoch JSON from its consumer; fails with the daemon log on any error."""
     results = []
     for d, c in zip(daemons, consumers):
         rc, out, err = finish(c, timeout=120)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from odbtest import Daemon, consume, epochs, finish, produce, run_epoch
+from odbtest import Daemon, collect_epochs, consume, epochs, finish, produce, run_epoch
 
 W = 4
 
@@ -200,12 +200,7 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
         rc, _, err = finish(produce(daemons[1].ingest, "r1", counts[1], seed=1, id_offset=1_000_000,
                                     extra=["--max-len", "512"]))
         assert rc == 0, err
-        results = []
-        for d, c in zip(daemons, consumers):
-            rc, out, err = finish(c, timeout=120)
-            assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
-            (e,) = epochs(out)
-            results.append(e)
+        results = collect_epochs(daemons, consumers)
     finally:
         for d in daemons:
             d.stop()
