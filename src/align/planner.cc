@@ -199,7 +199,9 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
   if (plan.waiting) {
     plan.reason = "waiting for samples:";
     for (size_t r = 0; r < world; ++r) {
-      if (plan.ranks[r].waited) plan.reason += " rank " + std::to_string(r);
+      if (!plan.ranks[r].waited) continue;
+      plan.reason += " rank " + std::to_string(r);
+      if (!state.ranks[r].stream_started) plan.reason += " (nothing of the epoch arrived there yet)";
     }
     KeepEverything(state, plan);
     return std::optional<RoundPlan>(std::move(plan));

@@ -120,6 +120,8 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   const align::RoundPlan& plan = aligner_.last_plan();
   RoundOutcome outcome;
   outcome.epoch_finished = result->epoch_finished;
+  outcome.waiting = result->waiting;
+  outcome.reason = result->reason;
   for (size_t k = 0; k < result->steps.size(); ++k) {
     const align::Step& s = result->steps[k];
     StepPlan step;

@@ -499,6 +499,7 @@ absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
   auto outcome = runner_->Run(request);
   if (!outcome.ok()) return outcome.status();
   metrics_.rounds.fetch_add(1);
+  ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) ODB_RETURN_IF_ERROR(SendOutgoing(request.epoch, *outcome, senders));
   for (const StepPlan& plan : outcome->steps) {
     ODB_ASSIGN_OR_RETURN(auto samples, GatherStepSamples(request.epoch, plan));
@@ -506,6 +507,23 @@ absl::Status Daemon::RunOneRound(std::vector<zmq::socket_t>& senders) {
   }
   if (outcome->epoch_finished) FinishEpoch(request.epoch, *outcome);
   return absl::OkStatus();
+}
+
+void Daemon::ReportLongWait(uint32_t epoch, const RoundOutcome& outcome) {
+  if (!outcome.waiting) {
+    waiting_since_.reset();
+    wait_reported_ = false;
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!waiting_since_) waiting_since_ = now;
+  constexpr auto kReportAfter = std::chrono::seconds(5);
+  if (wait_reported_ || now - *waiting_since_ < kReportAfter) return;
+  wait_reported_ = true;
+  spdlog::info("epoch {}: no step for {} s, {} (bounded by alignment.start_wait_ms {} while a rank has "
+               "received nothing of the epoch, then max_wait_ms {})",
+               epoch, std::chrono::duration_cast<std::chrono::seconds>(now - *waiting_since_).count(),
+               outcome.reason, config_.start_wait_ms, config_.max_wait_ms);
 }
 
 absl::Status Daemon::ConnectPeerSenders(std::vector<zmq::socket_t>& senders) {

@@ -73,6 +73,7 @@ class Daemon {
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires mu_
   absl::Status RunOneRound(std::vector<zmq::socket_t>& senders);
+  void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
   void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<SampleKey, Sample>&& samples);
   void FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
   void QueueFatal(wire::ErrorCode code, const std::string& message);
@@ -128,6 +129,10 @@ class Daemon {
   int trainer_connections_ = 0;  // I/O loop only
   std::optional<std::chrono::steady_clock::time_point> trainer_lost_since_;  // I/O loop only
   std::chrono::steady_clock::time_point last_ingest_ = std::chrono::steady_clock::now();  // I/O loop only
+  // Start of the current run of waiting rounds, and whether it was reported
+  // (a long wait gets one log line). Planner thread only.
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;
+  bool wait_reported_ = false;
 };
 
 }  // namespace odb

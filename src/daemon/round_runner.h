@@ -47,6 +47,8 @@ struct RoundOutcome {
   std::vector<uint64_t> not_emitted;  // Non-Join: this rank's ids left out at epoch end
   // Samples held here that another rank emits this round: destination rank -> ids.
   std::vector<std::pair<int, std::vector<uint64_t>>> outgoing;
+  bool waiting = false;  // no steps: some rank waits for samples (see reason)
+  std::string reason;    // why the round has its step count (for logs)
 };
 
 // The seam between the daemon and the alignment layer: one collective round

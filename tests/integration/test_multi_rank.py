@@ -196,11 +196,12 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
         consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
         rc, _, err = finish(produce(daemons[0].ingest, "r0", counts[0], seed=0, extra=["--max-len", "512"]))
         assert rc == 0, err
-        time.sleep(3.0)  # the scenario: rank 1's workers start late, rank 0's data is all there
+        time.sleep(6.0)  # the scenario: rank 1's workers start late, rank 0's data is all there
         rc, _, err = finish(produce(daemons[1].ingest, "r1", counts[1], seed=1, id_offset=1_000_000,
                                     extra=["--max-len", "512"]))
         assert rc == 0, err
         results = collect_epochs(daemons, consumers)
+        logs = [d.read_log() for d in daemons]
     finally:
         for d in daemons:
             d.stop()
@@ -211,5 +212,8 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
     print("steps", results[0]["steps"], "idle per rank", idle)
     if start_wait_ms is None:
         assert max(idle) <= 3, idle  # end-of-epoch group-count differences only
+        # A long wait is said once, naming the rank and why (after 5 s).
+        for log in logs:
+            assert "waiting for samples: rank 1 (nothing of the epoch arrived there yet)" in log, log
     else:
-        assert idle[1] >= 8, idle    # the burst the start wait prevents (rounds every <= 0.4 s for 3 s)
+        assert idle[1] >= 8, idle    # the burst the start wait prevents (rounds every <= 0.4 s for 6 s)
