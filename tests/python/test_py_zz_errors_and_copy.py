@@ -41,6 +41,14 @@ def test_batch_tensors_are_views_of_the_received_frames(run_dir, job_id) -> None
         daemon.stop()
 
 
+def test_len_says_why_there_is_none(run_dir) -> None:
+    loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus([5, 6]), rank=0, world_size=1, run_dir=str(run_dir))
+    with pytest.raises(TypeError, match="no length before the epoch ran"):
+        len(loader)
+    assert len(loader.indices()) == 2  # what an LR schedule can count instead
+    assert loader  # truthiness does not go through len()
+
+
 def test_wrong_daemon_address_raises_at_once(run_dir) -> None:
     loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus([5, 6]), rank=0, world_size=1,
                                run_dir=str(run_dir / "nowhere"), timeout_s=5)

@@ -280,6 +280,19 @@ class OdbDataLoader:
         return order[self.rank::self.world_size]
 
     # ----- iteration -----------------------------------------------------------
+    def __len__(self) -> int:
+        # A fixed-batch DataLoader knows its length; odb's step count depends
+        # on the samples' lengths and on the other ranks. Say so, instead of
+        # Python's bare "object has no len()".
+        raise TypeError(
+            "OdbDataLoader has no length before the epoch ran: the number of steps depends on the "
+            "samples' lengths (token budget) and is agreed across ranks while the epoch runs. For an LR "
+            "schedule, count samples or tokens (len(loader.indices()), Step.real_tokens), or use the "
+            "previous epoch's loader.last_summary['steps'].")
+
+    def __bool__(self) -> bool:  # truthiness must not go through __len__
+        return True
+
     def __iter__(self) -> Iterator[Step]:
         return self._epoch(self.epoch)
 
