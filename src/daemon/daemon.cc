@@ -20,6 +20,11 @@ namespace {
 constexpr char kWakeEndpoint[] = "inproc://odb-planner-wake";
 constexpr char kMonitorEndpoint[] = "inproc://odb-trainer-monitor";
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// Batch tensors of at least this size are recycled; at most this many idle
+// buffers and bytes are kept (idle memory next to buffer.max_bytes).
+constexpr size_t kPooledBufferMinBytes = 64 << 10;
+constexpr size_t kPooledBuffersMax = 8;
+constexpr uint64_t kPooledBytesMax = uint64_t{256} << 20;
 
 // Makes the directory of an ipc:// endpoint so bind() does not fail on a fresh machine.
 void EnsureIpcDirectory(const std::string& endpoint) {
@@ -44,6 +49,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
       monitor_(context_, zmq::socket_type::pair),
       peer_rx_(context_, zmq::socket_type::router),
       metrics_socket_(context_, zmq::socket_type::stream),
+      batch_buffers_(std::make_shared<BufferPool>(kPooledBufferMinBytes, kPooledBuffersMax, kPooledBytesMax)),
       buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
       expected_producers_(config_.expected_producers) {}
 
@@ -712,7 +718,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   auto collate_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
                            const collate::CollateOptions& options) -> absl::Status {
     if (group.empty()) return absl::OkStatus();
-    auto collated = collate::Collate(group, options);
+    auto collated = collate::Collate(group, options, batch_buffers_.get());
     if (!collated.ok()) return collated.status();
     for (auto& t : *collated) {
       t.name = prefix + t.name;
@@ -771,7 +777,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   metrics_.steps_emitted.fetch_add(1);
   if (step.idle()) metrics_.idle_steps.fetch_add(1);
   metrics_.samples_emitted.fetch_add(step.sample_ids_size());
-  out_.push_back({emit::EncodeStep(std::move(step), std::move(tensors)), true});
+  out_.push_back({emit::EncodeStep(std::move(step), std::move(tensors), batch_buffers_), true});
   ++queued_steps_;
 }
 

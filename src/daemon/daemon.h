@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "proto/odb.pb.h"
 #include "src/buffer/sample_buffer.h"
+#include "src/common/buffer_pool.h"
 #include "src/daemon/config.h"
 #include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
@@ -107,6 +108,10 @@ class Daemon {
   std::vector<std::string> bound_ingest_;
   std::string bound_trainer_;
   std::thread planner_;
+  // Batch tensor buffers, recycled from ZeroMQ's free callback to the next
+  // collation (no page faults for big steps). Shared: ZeroMQ may free a frame
+  // after the daemon's other members are gone.
+  std::shared_ptr<BufferPool> batch_buffers_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // buffer or epoch state changed

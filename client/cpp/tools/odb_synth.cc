@@ -6,6 +6,8 @@
 //
 // Sample content is a pure function of (id, position) so the consumer checks
 // every byte without sharing state with the producers.
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -107,6 +109,15 @@ struct ConsumeArgs {
 
 // Prints one JSON object per epoch on stdout; returns non-zero on any check failure.
 int Consume(const ConsumeArgs& a) {
+  // Steps of big samples are tens of MiB. glibc maps every allocation over
+  // its (at most 32 MiB) mmap threshold afresh, so each received step would
+  // cost a page fault and a page clear per 4 KiB (more than the receive
+  // itself); keeping freed memory in the heap lets the next step reuse it.
+  // A trainer process can get the same with
+  // GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 1);  // ZeroMQ's I/O thread allocates too; per-thread heaps are capped at 64 MiB
   odb::client::ConsumerOptions options;
   options.endpoint = a.endpoint;
   options.receive_timeout_ms = a.timeout_ms;
