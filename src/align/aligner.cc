@@ -101,37 +101,42 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   msg.data.wait_rounds = wait_rounds_;
   msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= options_.max_wait;
 
-  auto gathered = peers_->AllGather(EncodeRankRound(msg));
-  if (!gathered.ok()) {
-    return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
-                                                      std::to_string(round_) + ": " +
-                                                      std::string(gathered.status().message()));
-  }
-  if (static_cast<int>(gathered->size()) != world) {
-    return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
-                               " entries for " + std::to_string(world) + " ranks");
-  }
   RoundState state;
   state.epoch = *epoch_;
   state.round = round_;
   state.first_step = next_step_;
   state.ranks.resize(world);
-  for (int r = 0; r < world; ++r) {
-    auto decoded = DecodeRankRound((*gathered)[r]);
-    if (!decoded.ok()) {
-      return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
-                                                       std::string(decoded.status().message()));
+  if (world == 1) {
+    // Alone: the all-gather would return our own message, so skip encoding
+    // and decoding the metadata (a large part of a round's cost for W = 1).
+    state.ranks[0] = std::move(msg.data);
+  } else {
+    auto gathered = peers_->AllGather(EncodeRankRound(msg));
+    if (!gathered.ok()) {
+      return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
+                                                        std::to_string(round_) + ": " +
+                                                        std::string(gathered.status().message()));
     }
-    if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
-      return absl::FailedPreconditionError(
-          Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
-          std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
-          std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
-          std::to_string(round_));
+    if (static_cast<int>(gathered->size()) != world) {
+      return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
+                                 " entries for " + std::to_string(world) + " ranks");
     }
-    state.ranks[r] = std::move(decoded->data);
+    for (int r = 0; r < world; ++r) {
+      auto decoded = DecodeRankRound((*gathered)[r]);
+      if (!decoded.ok()) {
+        return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
+                                                         std::string(decoded.status().message()));
+      }
+      if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
+        return absl::FailedPreconditionError(
+            Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
+            std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
+            std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
+            std::to_string(round_));
+      }
+      state.ranks[r] = std::move(decoded->data);
+    }
   }
-
   RoundPlan plan = planner_->Plan(state);
   if (static_cast<int>(plan.ranks.size()) != world) {
     return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +
