@@ -108,15 +108,18 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
     }
     sample.tensors.push_back(std::move(view));
   }
-  // Move the frames in (one holder for all of them, the header frame
-  // released); the views point into them from now on.
-  parts[0] = zmq::message_t();
-  auto holder = std::make_shared<ZmqFrames>(std::move(parts));
+  // Move the payload frames in (one holder for all of them, sized exactly:
+  // it lives as long as the sample is buffered); the views point into them
+  // from now on. Holder index i is frame i + 1.
+  std::vector<zmq::message_t> payload;
+  payload.reserve(payload_frames);
+  for (size_t f = 1; f < parts.size(); ++f) payload.push_back(std::move(parts[f]));
+  auto holder = std::make_shared<ZmqFrames>(std::move(payload));
   for (size_t t = 0; t < sample.tensors.size(); ++t) {
     const uint32_t frame = h.tensors(static_cast<int>(t)).frame();
-    sample.tensors[t].data = holder->data(frame);
-    sample.tensors[t].size_bytes = holder->size(frame);
-    sample.meta.payload_bytes += holder->size(frame);
+    sample.tensors[t].data = holder->data(frame - 1);
+    sample.tensors[t].size_bytes = holder->size(frame - 1);
+    sample.meta.payload_bytes += holder->size(frame - 1);
   }
   sample.frames.push_back(std::move(holder));
   return SampleEvent{std::move(sample)};
