@@ -3,9 +3,12 @@
 
 For each payload size (1 KiB, 64 KiB, 1 MiB) in one run:
   * odb: one `odbd` (rank 0 of 1, ipc:// sockets in a fresh run dir), one
-    `odb_synth produce --payload-bytes P` and one `odb_synth consume` (which
-    collates nothing itself but checks every token of every sample). Time =
-    from launching the producer to the consumer's end-of-epoch line.
+    `odb_synth produce --payload-bytes P` (payloads are windows of one
+    precomputed pattern: no per-sample generation) and one `odb_synth consume`
+    (which collates nothing itself; it checks every token of every sample and
+    the first and last 64 bytes of every payload, `--verify-payload edges`, so
+    the tools' own cost stays small next to the daemon's). Time = from
+    launching the producer to the consumer's end-of-epoch line.
   * raw: `zmq_raw_bench`, a PUSH/PULL pair over ipc:// moving the same number
     of P-byte messages (no header, no batching, no verification).
 Then daemon memory per buffered sample: a fresh odbd, no trainer connected,
@@ -72,7 +75,8 @@ def odb_run(bindir, tmp, payload, count):
     synth = f"{bindir}/client/cpp/odb_synth"
     try:
         consumer = subprocess.Popen([synth, "consume", "--endpoint", d.trainer, "--expected-producers", "1",
-                                     "--max-tokens", "4096", "--timeout-ms", "120000"],
+                                     "--max-tokens", "4096", "--timeout-ms", "120000",
+                                     "--verify-payload", "edges"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)  # the consumer has said StartEpoch before the first sample is sent
         t0 = time.perf_counter()

@@ -1,7 +1,6 @@
 #include "src/align/aligner.h"
 
 #include <algorithm>
-#include <unordered_set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -13,37 +12,45 @@ namespace {
 
 std::string Prefix(int rank) { return "aligner rank " + std::to_string(rank) + ": "; }
 
-struct KeyHash {
-  size_t operator()(const SampleKey& k) const {
-    return static_cast<size_t>(MixSeed(static_cast<uint64_t>(k.owner_rank), k.id));
-  }
-};
-
 // Every sample this rank owns must be accounted for exactly once by the plan:
-// emitted (on any rank), kept pending, or reported not emitted.
+// emitted (on any rank), kept pending, or reported not emitted. (Ids of one
+// owner are unique, so sorting them finds a sample placed twice; cheaper per
+// round than a hash set of keys.)
 absl::Status CheckAccounting(const RoundPlan& plan, int me, const std::vector<SampleMeta>& pending) {
-  std::unordered_set<SampleKey, KeyHash> seen;
-  size_t count = 0;
-  auto note = [&](const SampleKey& k) -> bool {
-    if (k.owner_rank != me) return true;
-    ++count;
-    return seen.insert(k).second;
-  };
+  std::vector<uint64_t> placed, kept, reported;
+  placed.reserve(pending.size());
   for (const RankPlan& rp : plan.ranks) {
     for (const PlannedStep& s : rp.steps) {
       for (const SampleMeta& m : s.samples) {
-        if (!note(KeyOf(m))) return absl::InternalError("planner placed sample " + std::to_string(m.id) + " twice");
+        if (m.owner_rank == me) placed.push_back(m.id);
       }
     }
   }
   for (const SampleKey& k : plan.ranks[me].keep_pending) {
-    if (!note(k)) return absl::InternalError("planner kept sample " + std::to_string(k.id) + " twice");
+    if (k.owner_rank == me) kept.push_back(k.id);
   }
   for (const SampleKey& k : plan.ranks[me].not_emitted) {
-    if (!note(k)) return absl::InternalError("planner reported sample " + std::to_string(k.id) + " twice");
+    if (k.owner_rank == me) reported.push_back(k.id);
   }
-  if (count != pending.size()) {
-    return absl::InternalError("planner accounted for " + std::to_string(count) + " of " +
+  // The first id seen twice, in the order placed < kept < reported (the
+  // order the checks ran in before), names the error.
+  std::vector<uint64_t> all;
+  all.reserve(placed.size() + kept.size() + reported.size());
+  all.insert(all.end(), placed.begin(), placed.end());
+  all.insert(all.end(), kept.begin(), kept.end());
+  all.insert(all.end(), reported.begin(), reported.end());
+  std::sort(all.begin(), all.end());
+  if (auto dup = std::adjacent_find(all.begin(), all.end()); dup != all.end()) {
+    auto times = [&](const std::vector<uint64_t>& ids) { return std::count(ids.begin(), ids.end(), *dup); };
+    const std::string id = std::to_string(*dup);
+    if (times(placed) > 1) return absl::InternalError("planner placed sample " + id + " twice");
+    if (times(kept) > 0 && times(placed) + times(kept) > 1) {
+      return absl::InternalError("planner kept sample " + id + " twice");
+    }
+    return absl::InternalError("planner reported sample " + id + " twice");
+  }
+  if (all.size() != pending.size()) {
+    return absl::InternalError("planner accounted for " + std::to_string(all.size()) + " of " +
                                std::to_string(pending.size()) + " pending samples");
   }
   return absl::OkStatus();
@@ -103,37 +110,42 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   const auto wait_bound = msg.data.stream_started ? options_.max_wait : options_.start_wait;
   msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= wait_bound;
 
-  auto gathered = peers_->AllGather(EncodeRankRound(msg));
-  if (!gathered.ok()) {
-    return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
-                                                      std::to_string(round_) + ": " +
-                                                      std::string(gathered.status().message()));
-  }
-  if (static_cast<int>(gathered->size()) != world) {
-    return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
-                               " entries for " + std::to_string(world) + " ranks");
-  }
   RoundState state;
   state.epoch = *epoch_;
   state.round = round_;
   state.first_step = next_step_;
   state.ranks.resize(world);
-  for (int r = 0; r < world; ++r) {
-    auto decoded = DecodeRankRound((*gathered)[r]);
-    if (!decoded.ok()) {
-      return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
-                                                       std::string(decoded.status().message()));
+  if (world == 1) {
+    // Alone: the all-gather would return our own message, so skip encoding
+    // and decoding the metadata (a large part of a round's cost for W = 1).
+    state.ranks[0] = std::move(msg.data);
+  } else {
+    auto gathered = peers_->AllGather(EncodeRankRound(msg));
+    if (!gathered.ok()) {
+      return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
+                                                        std::to_string(round_) + ": " +
+                                                        std::string(gathered.status().message()));
     }
-    if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
-      return absl::FailedPreconditionError(
-          Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
-          std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
-          std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
-          std::to_string(round_));
+    if (static_cast<int>(gathered->size()) != world) {
+      return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
+                                 " entries for " + std::to_string(world) + " ranks");
     }
-    state.ranks[r] = std::move(decoded->data);
+    for (int r = 0; r < world; ++r) {
+      auto decoded = DecodeRankRound((*gathered)[r]);
+      if (!decoded.ok()) {
+        return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
+                                                         std::string(decoded.status().message()));
+      }
+      if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
+        return absl::FailedPreconditionError(
+            Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
+            std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
+            std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
+            std::to_string(round_));
+      }
+      state.ranks[r] = std::move(decoded->data);
+    }
   }
-
   RoundPlan plan = planner_->Plan(state);
   if (static_cast<int>(plan.ranks.size()) != world) {
     return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +

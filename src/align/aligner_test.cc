@@ -209,3 +209,64 @@ TEST_CASE("misuse and bad input are rejected locally", "[aligner]") {
 
 }  // namespace
 }  // namespace odb::align
+
+namespace odb::align {
+namespace {
+
+// A planner that breaks the accounting contract on purpose.
+class CorruptPlanner final : public Planner {
+ public:
+  enum class Fault { kDuplicate, kDrop };
+  CorruptPlanner(PlannerConfig config, Fault fault) : inner_(std::move(config)), fault_(fault) {}
+  RoundPlan Plan(const RoundState& state) const override {
+    RoundPlan plan = inner_.Plan(state);
+    for (PlannedStep& step : plan.ranks[0].steps) {
+      if (step.samples.empty()) continue;
+      if (fault_ == Fault::kDuplicate) {
+        step.samples.push_back(step.samples.front());
+      } else {
+        step.samples.pop_back();
+      }
+      break;
+    }
+    return plan;
+  }
+  const PlannerConfig& config() const override { return inner_.config(); }
+  std::string Name() const override { return "corrupt"; }
+
+ private:
+  LocalPlanner inner_;
+  Fault fault_;
+};
+
+absl::Status FirstPlannedRound(CorruptPlanner::Fault fault) {
+  SoloPeerGroup solo;
+  PlannerConfig config;
+  config.budget.max_tokens = 64;
+  Aligner aligner(&solo, std::make_unique<CorruptPlanner>(config, fault));
+  if (absl::Status s = aligner.StartEpoch(0); !s.ok()) return s;
+  RoundInput input;
+  for (uint64_t id = 0; id < 8; ++id) {
+    SampleMeta m;
+    m.id = id;
+    m.lengths.tokens = 16;
+    input.pending.push_back(m);
+  }
+  input.free_slots = 4;
+  input.stream_finished = true;
+  return aligner.RunRound(input).status();
+}
+
+}  // namespace
+
+TEST_CASE("a plan that places a sample twice or loses one is an internal error", "[aligner]") {
+  absl::Status dup = FirstPlannedRound(CorruptPlanner::Fault::kDuplicate);
+  REQUIRE(dup.code() == absl::StatusCode::kInternal);
+  REQUIRE(std::string(dup.message()).find("placed sample") != std::string::npos);
+  REQUIRE(std::string(dup.message()).find("twice") != std::string::npos);
+  absl::Status lost = FirstPlannedRound(CorruptPlanner::Fault::kDrop);
+  REQUIRE(lost.code() == absl::StatusCode::kInternal);
+  REQUIRE(std::string(lost.message()).find("accounted for 7 of 8") != std::string::npos);
+}
+
+}  // namespace odb::align

@@ -52,6 +52,9 @@ struct GlooPeerGroupOptions {
 // PeerGroup over a dedicated Gloo context (TCP transport), never the
 // trainer's NCCL group. Every Gloo exception is caught here and becomes a
 // Status; after the first failure the group stays failed.
+// The process must ignore SIGPIPE (odbd's main does): Gloo's TCP transport
+// writes to the sockets of peers that may have died, and a write to a closed
+// socket otherwise kills the process instead of failing the collective.
 class GlooPeerGroup final : public PeerGroup {
  public:
   // Rendezvous, connect and hello. Fails (never hangs) within

@@ -45,20 +45,26 @@ std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) cons
 
 std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_t>& ids) {
   std::vector<Sample> out;
-  auto it = epochs_.find(epoch);
-  if (it == epochs_.end()) return out;
-  Epoch& e = it->second;
+  out.reserve(ids.size());
   for (uint64_t id : ids) {
-    auto s = e.samples.find(id);
-    if (s == e.samples.end()) continue;
-    bytes_ -= s->second.meta.payload_bytes;
-    --count_;
-    out.push_back(std::move(s->second));
-    e.samples.erase(s);
+    if (std::optional<Sample> s = TakeOne(epoch, id)) out.push_back(std::move(*s));
   }
+  return out;
+}
+
+std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t id) {
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return std::nullopt;
+  Epoch& e = it->second;
+  auto s = e.samples.find(id);
+  if (s == e.samples.end()) return std::nullopt;
+  bytes_ -= s->second.meta.payload_bytes;
+  --count_;
+  std::optional<Sample> out(std::move(s->second));
+  e.samples.erase(s);
   // Compact the arrival order once it is mostly stale.
   if (e.order.size() > 2 * e.samples.size() + 64) {
-    std::erase_if(e.order, [&](uint64_t id) { return !e.samples.count(id); });
+    std::erase_if(e.order, [&](uint64_t x) { return !e.samples.count(x); });
   }
   return out;
 }

@@ -30,6 +30,9 @@ class SampleBuffer {
   std::optional<wire::Rejection> Add(Sample&& sample);
 
   bool Full() const { return bytes_ >= max_bytes_ || count_ >= max_samples_; }
+  // What may still be added before Full(); 0 when full.
+  uint64_t RoomBytes() const { return bytes_ < max_bytes_ ? max_bytes_ - bytes_ : 0; }
+  uint64_t RoomSamples() const { return count_ < max_samples_ ? max_samples_ - count_ : 0; }
   uint64_t bytes() const { return bytes_; }
   uint64_t count() const { return count_; }
   uint64_t CountInEpoch(uint32_t epoch) const;
@@ -40,6 +43,8 @@ class SampleBuffer {
   // Removes and returns the samples with these ids (in the given order).
   // Ids not present are skipped; the caller checks the size.
   std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& ids);
+  // One sample, if buffered.
+  std::optional<Sample> TakeOne(uint32_t epoch, uint64_t id);
 
   // Forgets the epoch's duplicate-detection set; remaining samples are returned.
   std::vector<Sample> CloseEpoch(uint32_t epoch);

@@ -229,6 +229,15 @@ void AppendValue(T value, std::vector<uint8_t>* out) {
   out->insert(out->end(), raw, raw + sizeof(T));
 }
 
+// An empty output buffer with room for `bytes`: from the pool when there is
+// one (memory already mapped), else a fresh reservation.
+std::vector<uint8_t> OutputBuffer(size_t bytes, BufferPool* pool) {
+  if (pool != nullptr) return pool->Acquire(bytes);
+  std::vector<uint8_t> out;
+  out.reserve(bytes);
+  return out;
+}
+
 // One field of the group: its rule and the view of every sample, in order.
 struct Field {
   std::string name;
@@ -325,7 +334,7 @@ std::vector<int64_t> TrailingDims(const TensorView& view) {
   return std::vector<int64_t>(view.shape.begin() + 1, view.shape.end());
 }
 
-absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch) {
+absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, BufferPool* pool) {
   auto pad_element = EncodePadValue(field.pad_value(), field.dtype, field.name);
   if (!pad_element.ok()) return pad_element.status();
   const PatternFill fill(*pad_element, DTypeSize(field.dtype));
@@ -338,7 +347,7 @@ absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch) {
   out.dtype = field.dtype;
   out.shape = {static_cast<int64_t>(batch), max_rows};
   for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  out.bytes.reserve(batch * static_cast<size_t>(max_rows) * field.row_bytes);
+  out.bytes = OutputBuffer(batch * static_cast<size_t>(max_rows) * field.row_bytes, pool);
   const bool left = field.pad_side() == PadSide::kLeft;
   for (size_t i = 0; i < batch; ++i) {
     const TensorView& v = *field.views[i];
@@ -351,7 +360,7 @@ absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch) {
 }
 
 // Concatenation along dim 0 (kConcat, and kPad in packed mode).
-BatchTensor ConcatField(const Field& field, size_t batch, bool as_packed_row) {
+BatchTensor ConcatField(const Field& field, size_t batch, bool as_packed_row, BufferPool* pool) {
   int64_t total_rows = 0;
   size_t total_bytes = 0;
   for (size_t i = 0; i < batch; ++i) {
@@ -364,20 +373,20 @@ BatchTensor ConcatField(const Field& field, size_t batch, bool as_packed_row) {
   if (as_packed_row) out.shape.push_back(1);
   out.shape.push_back(total_rows);
   for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  out.bytes.reserve(total_bytes);
+  out.bytes = OutputBuffer(total_bytes, pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
   }
   return out;
 }
 
-BatchTensor StackField(const Field& field, size_t batch) {
+BatchTensor StackField(const Field& field, size_t batch, BufferPool* pool) {
   BatchTensor out;
   out.name = field.name;
   out.dtype = field.dtype;
   out.shape.push_back(static_cast<int64_t>(batch));
   for (int64_t d : field.views[0]->shape) out.shape.push_back(d);
-  out.bytes.reserve(batch * field.row_bytes);
+  out.bytes = OutputBuffer(batch * field.row_bytes, pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
   }
@@ -399,7 +408,7 @@ BatchTensor Offsets(const Field& field, size_t batch) {
   return out;
 }
 
-BatchTensor AttentionMask(const Field& length_field, size_t batch) {
+BatchTensor AttentionMask(const Field& length_field, size_t batch, BufferPool* pool) {
   int64_t max_rows = 0;
   for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
   std::array<uint8_t, 8> one{};
@@ -411,7 +420,7 @@ BatchTensor AttentionMask(const Field& length_field, size_t batch) {
   out.name = std::string(kAttentionMask);
   out.dtype = DType::kInt64;
   out.shape = {static_cast<int64_t>(batch), max_rows};
-  out.bytes.reserve(batch * static_cast<size_t>(max_rows) * sizeof(int64_t));
+  out.bytes = OutputBuffer(batch * static_cast<size_t>(max_rows) * sizeof(int64_t), pool);
   const bool left = length_field.pad_side() == PadSide::kLeft;
   for (size_t i = 0; i < batch; ++i) {
     const size_t real = static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t);
@@ -423,7 +432,7 @@ BatchTensor AttentionMask(const Field& length_field, size_t batch) {
   return out;
 }
 
-absl::Status AppendPackedIndex(const Field& length_field, size_t batch,
+absl::Status AppendPackedIndex(const Field& length_field, size_t batch, BufferPool* pool,
                                std::vector<BatchTensor>* outputs) {
   int64_t total = 0;
   for (size_t i = 0; i < batch; ++i) total += length_field.Rows(i);
@@ -455,7 +464,7 @@ absl::Status AppendPackedIndex(const Field& length_field, size_t batch,
   std::vector<int64_t> ramp(static_cast<size_t>(max_rows));
   for (int64_t j = 0; j < max_rows; ++j) ramp[static_cast<size_t>(j)] = j;
   const auto* ramp_bytes = reinterpret_cast<const uint8_t*>(ramp.data());
-  pos.bytes.reserve(static_cast<size_t>(total) * sizeof(int64_t));
+  pos.bytes = OutputBuffer(static_cast<size_t>(total) * sizeof(int64_t), pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(ramp_bytes, static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t),
                 &pos.bytes);
@@ -572,7 +581,7 @@ absl::Status CheckNameClashes(const std::vector<Field>& fields, const CollateOpt
 }  // namespace
 
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
-                                                 const CollateOptions& options) {
+                                                 const CollateOptions& options, BufferPool* buffers) {
   if (group.empty()) {
     return InvalidArgumentError("collate: empty group; a group needs at least one sample");
   }
@@ -639,27 +648,27 @@ absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*
     switch (field.rule) {
       case FieldRule::kPad:
         if (options.packed) {
-          outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/true));
+          outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/true, buffers));
         } else {
-          auto padded = PadField(field, batch);
+          auto padded = PadField(field, batch, buffers);
           if (!padded.ok()) return padded.status();
           outputs.push_back(std::move(*padded));
         }
         break;
       case FieldRule::kStack:
-        outputs.push_back(StackField(field, batch));
+        outputs.push_back(StackField(field, batch, buffers));
         break;
       case FieldRule::kConcat:
-        outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/false));
+        outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/false, buffers));
         outputs.push_back(Offsets(field, batch));
         break;
     }
   }
   if (options.packed) {
-    status = AppendPackedIndex(*length_field, batch, &outputs);
+    status = AppendPackedIndex(*length_field, batch, buffers, &outputs);
     if (!status.ok()) return status;
   } else if (options.attention_mask) {
-    outputs.push_back(AttentionMask(*length_field, batch));
+    outputs.push_back(AttentionMask(*length_field, batch, buffers));
   }
   return outputs;
 }

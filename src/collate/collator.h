@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/common/buffer_pool.h"
 #include "src/common/dtype.h"
 #include "src/common/sample.h"
 
@@ -82,8 +83,12 @@ struct BatchTensor {
 //   name ("attention_mask", "x_offsets", ...) is an error.
 // - Every tensor's size_bytes must equal numel x dtype size.
 // Errors are absl::InvalidArgumentError; on error nothing is returned.
+//
+// With `buffers`, the batch tensors are written into buffers taken from that
+// pool (give them back with BufferPool::Release once sent).
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
-                                                 const CollateOptions& options);
+                                                 const CollateOptions& options,
+                                                 BufferPool* buffers = nullptr);
 
 }  // namespace odb::collate
 

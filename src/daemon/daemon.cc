@@ -20,6 +20,11 @@ namespace {
 constexpr char kWakeEndpoint[] = "inproc://odb-planner-wake";
 constexpr char kMonitorEndpoint[] = "inproc://odb-trainer-monitor";
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// Batch tensors of at least this size are recycled; at most this many idle
+// buffers and bytes are kept (idle memory next to buffer.max_bytes).
+constexpr size_t kPooledBufferMinBytes = 64 << 10;
+constexpr size_t kPooledBuffersMax = 8;
+constexpr uint64_t kPooledBytesMax = uint64_t{256} << 20;
 
 // Makes the directory of an ipc:// endpoint so bind() does not fail on a fresh machine.
 void EnsureIpcDirectory(const std::string& endpoint) {
@@ -44,6 +49,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner)
       monitor_(context_, zmq::socket_type::pair),
       peer_rx_(context_, zmq::socket_type::router),
       metrics_socket_(context_, zmq::socket_type::stream),
+      batch_buffers_(std::make_shared<BufferPool>(kPooledBufferMinBytes, kPooledBuffersMax, kPooledBytesMax)),
       buffer_(config_.buffer_max_bytes, config_.buffer_max_samples),
       expected_producers_(config_.expected_producers) {}
 
@@ -158,29 +164,49 @@ absl::Status Daemon::Run() {
 }
 
 void Daemon::HandleIngest(zmq::socket_t& socket) {
-  // Bounded batch per wake-up so the trainer socket is never starved.
-  for (int n = 0; n < 256; ++n) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (buffer_.Full()) return;
-    }
+  // A burst of messages is received and decoded outside the lock, then
+  // applied under one lock with one wake-up of the planner. The burst is
+  // bounded (the trainer socket is never starved) and ends once it fills the
+  // buffer's free room, so the buffer overshoots its bound by at most one
+  // message, as when every message checked Full() first.
+  uint64_t room_bytes, room_samples;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (buffer_.Full()) return;
+    room_bytes = buffer_.RoomBytes();
+    room_samples = buffer_.RoomSamples();
+  }
+  constexpr size_t kBurst = 256;
+  std::vector<ingest::IngestEvent>& events = ingest_burst_;
+  uint64_t bytes = 0, samples = 0;
+  while (events.size() < kBurst && bytes < room_bytes && samples < room_samples) {
     std::vector<zmq::message_t> parts;
     parts.reserve(4);
     zmq::message_t part;
-    if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
-    last_ingest_ = std::chrono::steady_clock::now();
+    if (!socket.recv(part, zmq::recv_flags::dontwait)) break;
     parts.push_back(std::move(part));
     while (parts.back().more()) {
       zmq::message_t next;
       (void)socket.recv(next);  // the rest of a multipart message is already here
       parts.push_back(std::move(next));
     }
-    HandleEvent(ingest::DecodeProducerMessage(std::move(parts)));
+    events.push_back(ingest::DecodeProducerMessage(std::move(parts)));
+    if (const auto* s = std::get_if<ingest::SampleEvent>(&events.back())) {
+      bytes += s->sample.meta.payload_bytes;
+      ++samples;
+    }
   }
+  if (events.empty()) return;
+  last_ingest_ = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (ingest::IngestEvent& event : events) HandleEvent(std::move(event));
+  }
+  events.clear();  // what was not moved into the buffer is freed outside the lock
+  cv_.notify_all();
 }
 
 void Daemon::HandleEvent(ingest::IngestEvent&& event) {
-  std::unique_lock<std::mutex> lock(mu_);
   if (auto* hello = std::get_if<ingest::HelloEvent>(&event)) {
     tracker_.OnHello(hello->producer_id);
     spdlog::debug("producer '{}' connected (rank {})", hello->producer_id, hello->rank);
@@ -192,9 +218,7 @@ void Daemon::HandleEvent(ingest::IngestEvent&& event) {
     // Producers announce epochs for logging only; the trainer decides the order.
   } else if (auto* end = std::get_if<ingest::EndStreamEvent>(&event)) {
     if (auto r = tracker_.OnEndStream(end->producer_id, end->epoch, end->samples_sent)) {
-      lock.unlock();
-      RecordRejection(std::move(*r), end->epoch, false);
-      lock.lock();
+      RecordRejectionLocked(std::move(*r), end->epoch, false);
     }
     spdlog::debug("producer '{}' ended epoch {} after {} samples", end->producer_id, end->epoch,
                   end->samples_sent);
@@ -206,15 +230,13 @@ void Daemon::HandleEvent(ingest::IngestEvent&& event) {
       // Count it against the producer's stream so end_stream totals still match.
       tracker_.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
     }
-    lock.unlock();
-    RecordRejection(std::move(reject->rejection), epoch, is_sample);
+    RecordRejectionLocked(std::move(reject->rejection), epoch, is_sample);
     return;
   } else if (auto* s = std::get_if<ingest::SampleEvent>(&event)) {
     Sample& sample = s->sample;
     const uint32_t epoch = sample.epoch;
     if (auto r = tracker_.OnSample(sample.producer_id, epoch, sample.meta.id)) {
-      lock.unlock();
-      RecordRejection(std::move(*r), epoch, true);
+      RecordRejectionLocked(std::move(*r), epoch, true);
       return;
     }
     sample.meta.owner_rank = config_.rank;
@@ -231,24 +253,25 @@ void Daemon::HandleEvent(ingest::IngestEvent&& event) {
                     std::to_string(sample.meta.lengths.audio_frames) + ") fits no budget (" +
                     grouping::DescribeBudget(config_.budget) +
                     "); raise the budget or set grouping.over_budget: isolate");
-      lock.unlock();
-      RecordRejection(std::move(r), epoch, true);
+      RecordRejectionLocked(std::move(r), epoch, true);
       return;
     }
     if (auto r = buffer_.Add(std::move(sample))) {
-      lock.unlock();
-      RecordRejection(std::move(*r), epoch, true);
+      RecordRejectionLocked(std::move(*r), epoch, true);
       return;
     }
     ++epoch_received_[epoch];
     metrics_.samples_received.fetch_add(1);
   }
-  cv_.notify_all();
 }
 
 void Daemon::RecordRejection(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
-  spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
   std::lock_guard<std::mutex> lock(mu_);
+  RecordRejectionLocked(std::move(rejection), epoch, is_sample);
+}
+
+void Daemon::RecordRejectionLocked(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
+  spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
   if (is_sample) {
     metrics_.samples_rejected.fetch_add(1);
     metrics_.samples_received.fetch_add(1);
@@ -637,42 +660,66 @@ void Daemon::HandlePeerPayloads() {
   }
 }
 
-absl::StatusOr<std::map<Daemon::SampleKey, Sample>> Daemon::GatherStepSamples(uint32_t epoch,
-                                                                              const StepPlan& plan) {
-  std::set<SampleKey> keys;
-  for (size_t i = 0; i < plan.sample_ids.size(); ++i) keys.emplace(plan.sample_owners[i], plan.sample_ids[i]);
-  for (size_t i = 0; i < plan.enc_ids.size(); ++i) keys.emplace(plan.enc_owners[i], plan.enc_ids[i]);
-  std::map<SampleKey, Sample> samples;
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
-  for (const SampleKey& key : keys) {
-    if (key.first == config_.rank) {
-      auto own = buffer_.Take(epoch, {key.second});
-      if (!own.empty()) {
-        samples.emplace(key, std::move(own.front()));
-        continue;
-      }
-    }
-    // A peer's payload (or our own, parked by SendOutgoing). Payloads move
-    // while earlier steps are emitted; wait only for this one.
-    while (!foreign_.count(key)) {
-      if (key.first == config_.rank) {
-        return absl::InternalError("planner returned sample " + std::to_string(key.second) +
-                                   " that is not buffered on rank " + std::to_string(config_.rank));
-      }
-      if (stop_.load() || failed_.load()) return absl::CancelledError("daemon stopping");
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !foreign_.count(key)) {
-        return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
-                                           std::to_string(key.first) + " did not arrive within " +
-                                           std::to_string(config_.collective_timeout_ms) + " ms");
-      }
-    }
-    auto it = foreign_.find(key);
-    samples.emplace(key, std::move(it->second));
-    foreign_.erase(it);
+absl::StatusOr<Daemon::StepSamples> Daemon::GatherStepSamples(uint32_t epoch, const StepPlan& plan) {
+  // Keys in plan order: the LLM batch first, then encoder samples not already
+  // in it (a sample both emitted and encoded here is taken once).
+  std::vector<SampleKey> keys;
+  keys.reserve(plan.sample_ids.size() + plan.enc_ids.size());
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) keys.emplace_back(plan.sample_owners[i], plan.sample_ids[i]);
+  std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
+  for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
+  const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
+                                   [&](int32_t owner) { return owner == config_.rank; });
+  if (!all_own || !plan.enc_ids.empty()) {
+    std::map<SampleKey, size_t> index;
+    std::vector<SampleKey> unique;
+    unique.reserve(keys.size() + plan.enc_ids.size());
+    auto add = [&](const SampleKey& key) {
+      auto [it, inserted] = index.emplace(key, unique.size());
+      if (inserted) unique.push_back(key);
+      return it->second;
+    };
+    for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = add(keys[i]);
+    for (size_t i = 0; i < plan.enc_ids.size(); ++i) enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
+    keys = std::move(unique);
   }
-  return samples;
+  StepSamples out;
+  out.owned.reserve(keys.size());
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
+    for (const SampleKey& key : keys) {
+      if (key.first == config_.rank) {
+        if (std::optional<Sample> own = buffer_.TakeOne(epoch, key.second)) {
+          out.owned.push_back(std::move(*own));
+          continue;
+        }
+      }
+      // A peer's payload (or our own, parked by SendOutgoing). Payloads move
+      // while earlier steps are emitted; wait only for this one.
+      while (!foreign_.count(key)) {
+        if (key.first == config_.rank) {
+          return absl::InternalError("planner returned sample " + std::to_string(key.second) +
+                                     " that is not buffered on rank " + std::to_string(config_.rank));
+        }
+        if (stop_.load() || failed_.load()) return absl::CancelledError("daemon stopping");
+        if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !foreign_.count(key)) {
+          return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
+                                             std::to_string(key.first) + " did not arrive within " +
+                                             std::to_string(config_.collective_timeout_ms) + " ms");
+        }
+      }
+      auto it = foreign_.find(key);
+      out.owned.push_back(std::move(it->second));
+      foreign_.erase(it);
+    }
+  }
+  out.llm.reserve(llm_index.size());
+  for (size_t i : llm_index) out.llm.push_back(&out.owned[i]);
+  out.enc.reserve(enc_index.size());
+  for (size_t i : enc_index) out.enc.push_back(&out.owned[i]);
+  return out;
 }
 
 namespace {
@@ -689,7 +736,7 @@ Sample WithFields(const Sample& sample, const std::vector<std::string>& names, b
 
 }  // namespace
 
-void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<SampleKey, Sample>&& samples) {
+void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, StepSamples&& samples) {
   wire::Step step;
   step.set_epoch(epoch);
   step.set_step_index(plan.step_index);
@@ -708,7 +755,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   std::vector<const Sample*> llm_group;
   filtered.reserve(phases ? plan.sample_ids.size() : 0);
   for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
-    const Sample& s = samples.at({plan.sample_owners[i], plan.sample_ids[i]});
+    const Sample& s = *samples.llm[i];
     if (phases) {
       filtered.push_back(WithFields(s, config_.encoder_fields, false));
       llm_group.push_back(&filtered.back());
@@ -720,7 +767,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
     step.add_owner_ranks(s.meta.owner_rank);
   }
   for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
-    enc_samples.push_back(WithFields(samples.at({plan.enc_owners[i], plan.enc_ids[i]}), config_.encoder_fields, true));
+    enc_samples.push_back(WithFields(*samples.enc[i], config_.encoder_fields, true));
     step.add_enc_sample_ids(plan.enc_ids[i]);
     step.add_enc_owner_ranks(plan.enc_owners[i]);
     step.add_enc_dest_rank(plan.enc_dest_rank[i]);
@@ -731,7 +778,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   auto collate_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
                            const collate::CollateOptions& options) -> absl::Status {
     if (group.empty()) return absl::OkStatus();
-    auto collated = collate::Collate(group, options);
+    auto collated = collate::Collate(group, options, batch_buffers_.get());
     if (!collated.ok()) return collated.status();
     for (auto& t : *collated) {
       t.name = prefix + t.name;
@@ -790,7 +837,7 @@ void Daemon::EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<Samp
   metrics_.steps_emitted.fetch_add(1);
   if (step.idle()) metrics_.idle_steps.fetch_add(1);
   metrics_.samples_emitted.fetch_add(step.sample_ids_size());
-  out_.push_back({emit::EncodeStep(std::move(step), std::move(tensors)), true});
+  out_.push_back({emit::EncodeStep(std::move(step), std::move(tensors), batch_buffers_), true});
   ++queued_steps_;
 }
 

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "proto/odb.pb.h"
 #include "src/buffer/sample_buffer.h"
+#include "src/common/buffer_pool.h"
 #include "src/daemon/config.h"
 #include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
@@ -66,15 +67,24 @@ class Daemon {
   };
 
   void HandleIngest(zmq::socket_t& socket);
-  void HandleEvent(ingest::IngestEvent&& event);
+  void HandleEvent(ingest::IngestEvent&& event);  // requires mu_
   void HandleTrainer();
   void FlushOutput();
   void RecordRejection(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);
+  void RecordRejectionLocked(wire::Rejection rejection, std::optional<uint32_t> epoch,
+                             bool is_sample);  // requires mu_
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires mu_
   absl::Status RunOneRound(std::vector<zmq::socket_t>& senders);
   void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
-  void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, std::map<SampleKey, Sample>&& samples);
+  // The samples one step needs here, each taken once: `llm` parallel to the
+  // plan's sample_ids, `enc` to its enc_ids, both pointing into `owned`.
+  struct StepSamples {
+    std::vector<Sample> owned;
+    std::vector<const Sample*> llm;
+    std::vector<const Sample*> enc;
+  };
+  void EmitPlannedStep(uint32_t epoch, const StepPlan& plan, StepSamples&& samples);
   void FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
   void QueueFatal(wire::ErrorCode code, const std::string& message);
   void HandleMonitor();
@@ -85,7 +95,7 @@ class Daemon {
                             std::vector<zmq::socket_t>& senders);
   // Every sample the step needs here (its LLM samples and, with per-phase
   // plans, the samples this rank encodes), each once.
-  absl::StatusOr<std::map<SampleKey, Sample>> GatherStepSamples(uint32_t epoch, const StepPlan& plan);
+  absl::StatusOr<StepSamples> GatherStepSamples(uint32_t epoch, const StepPlan& plan);
   void CheckTimeouts();
   void Fail(wire::ErrorCode code, const std::string& message);
 
@@ -108,6 +118,10 @@ class Daemon {
   std::vector<std::string> bound_ingest_;
   std::string bound_trainer_;
   std::thread planner_;
+  // Batch tensor buffers, recycled from ZeroMQ's free callback to the next
+  // collation (no page faults for big steps). Shared: ZeroMQ may free a frame
+  // after the daemon's other members are gone.
+  std::shared_ptr<BufferPool> batch_buffers_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // buffer or epoch state changed
@@ -124,6 +138,7 @@ class Daemon {
   std::map<uint32_t, wire::EpochSummary> epoch_totals_;  // guarded by mu_
   // Payloads received from the daemon that holds them, keyed (owner rank, id).
   std::map<SampleKey, Sample> foreign_;  // guarded by mu_
+  std::vector<ingest::IngestEvent> ingest_burst_;  // I/O loop only (reused per burst)
   uint64_t credits_ = 0;  // I/O loop only
   bool trainer_seen_ = false;  // I/O loop only
   int trainer_connections_ = 0;  // I/O loop only

@@ -10,9 +10,24 @@ zmq::message_t Serialize(const wire::DaemonMessage& message) {
   return zmq::message_t(bytes.data(), bytes.size());
 }
 
+// A tensor buffer owned by ZeroMQ until its free callback runs (on ZeroMQ's
+// I/O thread, possibly after the daemon's own objects are gone: the pool is
+// shared, not borrowed).
+struct OwnedBuffer {
+  std::vector<uint8_t> bytes;
+  std::shared_ptr<BufferPool> pool;
+};
+
+void FreeOwnedBuffer(void*, void* hint) {
+  auto* owned = static_cast<OwnedBuffer*>(hint);
+  if (owned->pool != nullptr) owned->pool->Release(std::move(owned->bytes));
+  delete owned;
+}
+
 }  // namespace
 
-std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::BatchTensor>&& tensors) {
+std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::BatchTensor>&& tensors,
+                                       std::shared_ptr<BufferPool> buffers) {
   step.clear_tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     wire::TensorDesc* desc = step.add_tensors();
@@ -29,11 +44,9 @@ std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::Bat
   parts.reserve(tensors.size() + 1);
   parts.push_back(Serialize(message));
   for (auto& tensor : tensors) {
-    // Zero copy: ZeroMQ frees the vector when the frame has been sent.
-    auto* owned = new std::vector<uint8_t>(std::move(tensor.bytes));
-    parts.emplace_back(owned->data(), owned->size(),
-                       [](void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); },
-                       owned);
+    // Zero copy: ZeroMQ releases the buffer when the frame has been sent.
+    auto* owned = new OwnedBuffer{std::move(tensor.bytes), buffers};
+    parts.emplace_back(owned->bytes.data(), owned->bytes.size(), &FreeOwnedBuffer, owned);
   }
   return parts;
 }

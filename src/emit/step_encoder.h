@@ -1,19 +1,23 @@
 #ifndef ODB_EMIT_STEP_ENCODER_H_
 #define ODB_EMIT_STEP_ENCODER_H_
 
+#include <memory>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "proto/odb.pb.h"
 #include "src/collate/collator.h"
+#include "src/common/buffer_pool.h"
 
 namespace odb::emit {
 
 // Builds the multipart message [DaemonMessage{step}][tensor frame]... The
 // batch tensors' buffers are handed to ZeroMQ without a copy; the header's
-// tensor list is filled from them (frame i+1 holds tensor i).
-std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::BatchTensor>&& tensors);
+// tensor list is filled from them (frame i+1 holds tensor i). With `buffers`,
+// each tensor's buffer goes back to that pool once ZeroMQ is done with it.
+std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::BatchTensor>&& tensors,
+                                       std::shared_ptr<BufferPool> buffers = nullptr);
 
 // A single-frame message (epoch summary, fatal error).
 std::vector<zmq::message_t> EncodeControl(const wire::DaemonMessage& message);

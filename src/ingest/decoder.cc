@@ -44,41 +44,54 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
                   "header lists " + std::to_string(h.tensors_size()) + " tensors but the message has " +
                       std::to_string(payload_frames) + " payload frames");
   }
-  std::vector<bool> frame_used(parts.size(), false);
+  // Frame indices are 1..payload_frames; a message has few frames, but any
+  // count is handled (bit i of used_frames, or a vector beyond 64).
+  uint64_t used_frames = 0;
+  std::vector<bool> used_beyond_64;
+  auto frame_seen = [&](uint32_t frame) -> bool {
+    if (frame < 64) {
+      const bool seen = (used_frames >> frame) & 1;
+      used_frames |= uint64_t{1} << frame;
+      return seen;
+    }
+    if (used_beyond_64.empty()) used_beyond_64.assign(parts.size(), false);
+    const bool seen = used_beyond_64[frame];
+    used_beyond_64[frame] = true;
+    return seen;
+  };
   Sample sample;
   sample.tensors.reserve(h.tensors_size());
-  sample.frames.reserve(h.tensors_size());
   sample.meta.id = id;
   sample.meta.lengths = {h.tokens(), h.vision_patches(), h.audio_frames()};
   sample.epoch = h.epoch();
   sample.producer_id = h.producer_id();
   for (const auto& desc : h.tensors()) {
-    const std::string field = "tensor '" + desc.name() + "'";
+    auto field = [&] { return "tensor '" + desc.name() + "'"; };  // for errors only
     if (desc.name().empty()) return reject(wire::MALFORMED_HEADER, "a tensor has an empty name");
     if (sample.FindTensor(desc.name()) != nullptr) {
-      return reject(wire::MALFORMED_HEADER, field + " appears twice");
+      return reject(wire::MALFORMED_HEADER, field() + " appears twice");
     }
     if (!IsValidDType(static_cast<uint32_t>(desc.dtype()))) {
-      return reject(wire::UNKNOWN_DTYPE, field + " has unknown dtype code " +
+      return reject(wire::UNKNOWN_DTYPE, field() + " has unknown dtype code " +
                                              std::to_string(static_cast<int>(desc.dtype())));
     }
     if (desc.frame() < 1 || desc.frame() >= parts.size()) {
       return reject(wire::FRAME_COUNT_MISMATCH,
-                    field + " points at frame " + std::to_string(desc.frame()) +
+                    field() + " points at frame " + std::to_string(desc.frame()) +
                         " but frames 1.." + std::to_string(payload_frames) + " exist");
     }
-    if (frame_used[desc.frame()]) {
+    if (frame_seen(desc.frame())) {
       return reject(wire::FRAME_COUNT_MISMATCH,
-                    field + " reuses frame " + std::to_string(desc.frame()));
+                    field() + " reuses frame " + std::to_string(desc.frame()));
     }
-    frame_used[desc.frame()] = true;
     TensorView view;
     view.name = desc.name();
     view.dtype = static_cast<DType>(desc.dtype());
+    view.shape.reserve(desc.shape_size());
     int64_t numel = 1;
     for (int64_t d : desc.shape()) {
       if (d < 0 || d > (int64_t{1} << 40)) {
-        return reject(wire::SHAPE_SIZE_MISMATCH, field + " has invalid dimension " + std::to_string(d));
+        return reject(wire::SHAPE_SIZE_MISMATCH, field() + " has invalid dimension " + std::to_string(d));
       }
       numel *= d;
       view.shape.push_back(d);
@@ -89,21 +102,26 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
       std::string shape;
       for (int64_t d : view.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
       return reject(wire::SHAPE_SIZE_MISMATCH,
-                    field + " declares shape [" + shape + "] of " + std::string(DTypeName(view.dtype)) +
+                    field() + " declares shape [" + shape + "] of " + std::string(DTypeName(view.dtype)) +
                         " = " + std::to_string(expected) + " bytes, but its frame has " +
                         std::to_string(actual) + " bytes");
     }
     sample.tensors.push_back(std::move(view));
   }
-  // Move the frames in; the views point into them from now on.
+  // Move the payload frames in (one holder for all of them, sized exactly:
+  // it lives as long as the sample is buffered); the views point into them
+  // from now on. Holder index i is frame i + 1.
+  std::vector<zmq::message_t> payload;
+  payload.reserve(payload_frames);
+  for (size_t f = 1; f < parts.size(); ++f) payload.push_back(std::move(parts[f]));
+  auto holder = std::make_shared<ZmqFrames>(std::move(payload));
   for (size_t t = 0; t < sample.tensors.size(); ++t) {
     const uint32_t frame = h.tensors(static_cast<int>(t)).frame();
-    auto holder = std::make_shared<ZmqFrame>(std::move(parts[frame]));
-    sample.tensors[t].data = holder->data();
-    sample.tensors[t].size_bytes = holder->size();
-    sample.meta.payload_bytes += holder->size();
-    sample.frames.push_back(std::move(holder));
+    sample.tensors[t].data = holder->data(frame - 1);
+    sample.tensors[t].size_bytes = holder->size(frame - 1);
+    sample.meta.payload_bytes += holder->size(frame - 1);
   }
+  sample.frames.push_back(std::move(holder));
   return SampleEvent{std::move(sample)};
 }
 

@@ -50,15 +50,16 @@ using IngestEvent = std::variant<HelloEvent, StartEpochEvent, EndStreamEvent, Sa
 // Sample, never copied.
 IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts);
 
-// Holds one received zmq frame alive for the TensorViews pointing into it.
-class ZmqFrame : public FrameHolder {
+// Holds the received zmq frames of one message alive for the TensorViews
+// pointing into them (one holder per sample, not one per frame).
+class ZmqFrames : public FrameHolder {
  public:
-  explicit ZmqFrame(zmq::message_t&& msg) : msg_(std::move(msg)) {}
-  const uint8_t* data() const { return static_cast<const uint8_t*>(msg_.data()); }
-  size_t size() const { return msg_.size(); }
+  explicit ZmqFrames(std::vector<zmq::message_t>&& parts) : parts_(std::move(parts)) {}
+  const uint8_t* data(size_t i) const { return static_cast<const uint8_t*>(parts_[i].data()); }
+  size_t size(size_t i) const { return parts_[i].size(); }
 
  private:
-  zmq::message_t msg_;
+  std::vector<zmq::message_t> parts_;
 };
 
 RejectEvent MakeReject(wire::ErrorCode code, const std::string& message,

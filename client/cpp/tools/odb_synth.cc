@@ -6,9 +6,12 @@
 //
 // Sample content is a pure function of (id, position) so the consumer checks
 // every byte without sharing state with the producers.
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -24,6 +27,18 @@ namespace {
 int64_t TokenValue(uint64_t id, int64_t position) {
   return static_cast<int64_t>((id * 1000003ull + static_cast<uint64_t>(position) * 7919ull) % 50257ull);
 }
+
+// The "blob" payload of sample `id`: byte k is (id + k) mod 256. It is a
+// window of one precomputed ramp (RampPattern), so the producer sends it
+// without generating anything per sample (a benchmark measures the daemon,
+// not the tool) and the consumer compares it with memcmp.
+std::vector<uint8_t> RampPattern(size_t payload_bytes) {
+  std::vector<uint8_t> ramp(payload_bytes + 256);
+  for (size_t k = 0; k < ramp.size(); ++k) ramp[k] = static_cast<uint8_t>(k);
+  return ramp;
+}
+
+const uint8_t* BlobOf(const std::vector<uint8_t>& ramp, uint64_t id) { return ramp.data() + (id & 255); }
 
 struct ProduceArgs {
   std::string endpoint, producer_id;
@@ -48,7 +63,7 @@ int Produce(const ProduceArgs& a) {
   std::lognormal_distribution<double> lognormal(std::log(std::max<double>(a.max_len / 8.0, 1.0)), 0.9);
   std::uniform_int_distribution<uint32_t> uniform(a.min_len, a.max_len);
   std::vector<int64_t> tokens;
-  std::vector<uint8_t> extra(a.payload_bytes);
+  const std::vector<uint8_t> ramp = RampPattern(a.payload_bytes);
   for (uint64_t i = 0; i < a.count; ++i) {
     const uint64_t id = a.id_offset + i;
     uint32_t len;
@@ -62,8 +77,8 @@ int Produce(const ProduceArgs& a) {
     std::vector<odb::client::TensorInput> tensors = {
         {"input_ids", odb::client::DType::kInt64, {len}, tokens.data(), len * sizeof(int64_t)}};
     if (a.payload_bytes > 0) {
-      for (size_t k = 0; k < extra.size(); ++k) extra[k] = static_cast<uint8_t>(id + k);
-      tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, extra.data(), extra.size()});
+      tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, BlobOf(ramp, id),
+                         a.payload_bytes});
     }
     if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0}, tensors); !s.ok()) {
       std::fprintf(stderr, "odb_synth produce: %s\n", std::string(s.message()).c_str());
@@ -86,10 +101,23 @@ struct ConsumeArgs {
   int slow_ms = 0, timeout_ms = 60000;
   bool packed = false, quiet = false;
   int rank = -1;  // when set, count samples whose payload came from another rank
+  // "blob" payloads: compare every byte (full) or the first and last 64 bytes
+  // of each sample's row (edges: catches a misplaced or misrouted payload at
+  // a cost that does not grow with the payload, for benchmarks).
+  std::string verify_payload = "full";
 };
 
 // Prints one JSON object per epoch on stdout; returns non-zero on any check failure.
 int Consume(const ConsumeArgs& a) {
+  // Steps of big samples are tens of MiB. glibc maps every allocation over
+  // its (at most 32 MiB) mmap threshold afresh, so each received step would
+  // cost a page fault and a page clear per 4 KiB (more than the receive
+  // itself); keeping freed memory in the heap lets the next step reuse it.
+  // A trainer process can get the same with
+  // GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 1);  // ZeroMQ's I/O thread allocates too; per-thread heaps are capped at 64 MiB
   odb::client::ConsumerOptions options;
   options.endpoint = a.endpoint;
   options.receive_timeout_ms = a.timeout_ms;
@@ -101,6 +129,17 @@ int Consume(const ConsumeArgs& a) {
   int failures = 0;
   auto fail = [&](const std::string& what) {
     if (failures++ < 20) std::fprintf(stderr, "odb_synth consume: CHECK FAILED: %s\n", what.c_str());
+  };
+  const bool full_payload = a.verify_payload == "full";
+  std::vector<uint8_t> ramp;  // grows to the largest payload seen
+  auto check_blob = [&](uint64_t id, const uint8_t* row, size_t n) {
+    if (ramp.size() < n + 256) ramp = RampPattern(n);
+    const uint8_t* want = BlobOf(ramp, id);
+    const size_t edge = std::min<size_t>(n, 64);
+    const bool ok = full_payload ? std::memcmp(row, want, n) == 0
+                                 : std::memcmp(row, want, edge) == 0 &&
+                                       std::memcmp(row + n - edge, want + n - edge, edge) == 0;
+    if (!ok) fail("sample " + std::to_string(id) + " payload corrupted");
   };
   for (uint32_t e = a.first_epoch; e < a.first_epoch + a.epochs; ++e) {
     if (auto s = (*consumer)->StartEpoch(e, a.expected_producers); !s.ok()) {
@@ -167,6 +206,11 @@ int Consume(const ConsumeArgs& a) {
         continue;
       }
       bytes += ids->size_bytes;
+      const odb::client::TensorView* blob = d->Find("blob");
+      if (blob != nullptr && !st.sample_ids.empty()) {
+        const size_t row = blob->size_bytes / st.sample_ids.size();
+        for (size_t i = 0; i < st.sample_ids.size(); ++i) check_blob(st.sample_ids[i], blob->data + i * row, row);
+      }
       const int64_t* v = reinterpret_cast<const int64_t*>(ids->data);
       int64_t offset = 0;
       for (size_t i = 0; i < st.sample_ids.size(); ++i) {
@@ -219,6 +263,8 @@ int main(int argc, char** argv) {
   consume->add_option("--timeout-ms", c.timeout_ms);
   consume->add_flag("--packed", c.packed);
   consume->add_option("--rank", c.rank, "this consumer's rank (reports moved_in)");
+  consume->add_option("--verify-payload", c.verify_payload, "blob payload check: full|edges")
+      ->check(CLI::IsMember({"full", "edges"}));
   CLI11_PARSE(app, argc, argv);
   if (produce->parsed()) return Produce(p);
   return Consume(c);
