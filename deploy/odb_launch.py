@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Runs one odbd next to a torchrun-style training process, then the trainer.
 
-    torchrun --nproc_per_node=8 deploy/odb_launch.py [--odbd PATH] [--config odbd.yaml] -- train.py ARGS
+    torchrun --nproc_per_node=8 deploy/odb_launch.py [--odbd PATH] [--config odbd.yaml] train.py ARGS
+
+(Debian 12's torchrun needs `--redirects 1 --tee 2` or similar: its default 0
+crashes on Python 3.11; see docs/python.md.)
 
 torchrun starts this once per local rank with RANK / WORLD_SIZE / LOCAL_RANK
 (and TORCHELASTIC_RUN_ID) set. It starts odbd for that rank (rendezvous key:

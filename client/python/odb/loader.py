@@ -521,7 +521,18 @@ class _Pump:
     def raise_if_failed(self) -> None:
         if self.error is not None:
             e = self.error
-            raise OdbWorkerError(f"odb data worker failed: {type(e).__name__}: {e}") from e
+            hint = ""
+            context = self.loader.multiprocessing_context
+            method = context.get_start_method() if context is not None else "fork"
+            if "exited unexpectedly" in str(e) and method != "fork":
+                # The usual cause: a worker started by forkserver/spawn imports the
+                # training script again, and an unguarded script re-runs its training
+                # (init_process_group, ...) in the worker.
+                hint = (f" (workers start with the {method!r} method, which imports the training script "
+                        "again in each worker: put its entry point under `if __name__ == \"__main__\":`, "
+                        "or pass multiprocessing_context=\"fork\"; the worker's own error is printed "
+                        "above)")
+            raise OdbWorkerError(f"odb data worker failed: {type(e).__name__}: {e}{hint}") from e
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
