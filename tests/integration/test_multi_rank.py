@@ -211,9 +211,9 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
     idle = [e["idle_steps"] for e in results]
     print("steps", results[0]["steps"], "idle per rank", idle)
     if start_wait_ms is None:
-        assert max(idle) <= 3, idle  # end-of-epoch group-count differences only
+        assert max(idle) <= 6, idle  # end-of-epoch group-count differences only (0 / 0 measured)
         # A long wait is said once, naming the rank and why (after 5 s).
         for log in logs:
             assert "waiting for samples: rank 1 (nothing of the epoch arrived there yet)" in log, log
     else:
-        assert idle[1] >= 8, idle    # the burst the start wait prevents (rounds every <= 0.4 s for 6 s)
+        assert idle[1] >= 12, idle   # the burst the start wait prevents (21 / 23 measured)
