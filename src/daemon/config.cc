@@ -344,7 +344,11 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << " window=" << c.window << " mode=" << (c.mode == AlignMode::kJoin ? "join" : "non_join")
       << " depth=" << c.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/"
       << c.buffer_max_samples << " store=" << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
-      << " packed=" << c.collate.packed;
+      << " packed=" << c.collate.packed
+      << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
+  if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;
+  out << " seed=" << c.seed << " queue_steps=" << c.queue_steps << " max_wait_ms=" << c.max_wait_ms
+      << " start_wait_ms=" << c.start_wait_ms;
   return out.str();
 }
 

@@ -15,6 +15,7 @@ def test_shipped_config_loads(path):
                         "--print-config"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert "max_tokens=" in r.stdout
+    assert "planner=" in r.stdout and "start_wait_ms=" in r.stdout  # the alignment knobs are shown too
 
 
 @pytest.mark.parametrize("text,field", [
