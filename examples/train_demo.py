@@ -5,7 +5,9 @@ long-tail data for one epoch:
   Standard: random order, fixed batch size B = max_tokens // max_len (fits the
             longest sample under the token budget), padded to the batch max.
   odb:      OdbDataLoader -> one odbd per rank, batches by real length under
-            max_tokens (padded cost), steps aligned across ranks.
+            max_tokens (padded cost), steps aligned across ranks; with the
+            default --planner global the daemons group across ranks and
+            deal groups of similar cost into each step (moving samples).
 Prints samples/s, real tokens/s, padding fraction, steps, idle steps and the
 odb/Standard throughput ratio (--json: one JSON object instead).
 """
@@ -155,7 +157,7 @@ def main() -> int:
     s, o = r["standard"], r["odb"]
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len,
-        "max_tokens": args.max_tokens, "standard": s, "odb": o,
+        "max_tokens": args.max_tokens, "planner": args.planner, "standard": s, "odb": o,
         "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
         "ratio_samples_per_s": o["samples_per_s"] / s["samples_per_s"],
     }
@@ -163,7 +165,8 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
         return 0
     print(f"\n== odb demo: {args.samples} long-tail samples (max {args.max_len} tokens), "
-          f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank")
+          f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank, "
+          f"odbd planner {args.planner}")
     print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}")
     for name, x in (("Standard", s), ("odb", o)):
         print(f"{name:10s}{x['steps']:7d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
