@@ -1,0 +1,163 @@
+#include "src/wire/tensor_codec.h"
+
+#include <string_view>
+#include <unordered_set>
+
+#include "absl/status/status.h"
+
+namespace odb::wire {
+namespace {
+
+// Names in errors are quoted as sent, but never more than this many bytes of
+// them: a hostile name must not turn into a huge log line.
+constexpr size_t kNameInErrors = 64;
+
+std::string Quoted(const std::string& name) {
+  if (name.size() <= kNameInErrors) return "'" + name + "'";
+  return "'" + name.substr(0, kNameInErrors) + "...' (" + std::to_string(name.size()) + " bytes)";
+}
+
+// Remembers which frame indices (1..n) are taken; a message has few frames,
+// so the first 64 need no allocation.
+class FrameSet {
+ public:
+  explicit FrameSet(size_t frames) : frames_(frames) {}
+
+  // Marks `frame` taken; false when it already was.
+  bool Insert(uint32_t frame) {
+    if (frame < 64) {
+      const bool seen = (low_ >> frame) & 1;
+      low_ |= uint64_t{1} << frame;
+      return !seen;
+    }
+    if (high_.empty()) high_.assign(frames_ + 1, false);
+    const bool seen = high_[frame];
+    high_[frame] = true;
+    return !seen;
+  }
+
+ private:
+  size_t frames_;
+  uint64_t low_ = 0;
+  std::vector<bool> high_;
+};
+
+}  // namespace
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+void EncodeTensorDesc(const std::string& name, odb::DType dtype, const std::vector<int64_t>& shape,
+                      uint32_t frame, TensorDesc* out) {
+  out->set_name(name);
+  out->set_dtype(static_cast<wire::DType>(dtype));
+  out->mutable_shape()->Clear();
+  out->mutable_shape()->Reserve(static_cast<int>(shape.size()));
+  for (int64_t d : shape) out->add_shape(d);
+  out->set_frame(frame);
+}
+
+absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
+    const google::protobuf::RepeatedPtrField<TensorDesc>& descs,
+    absl::Span<const size_t> payload_frame_sizes, const TensorDescLimits& limits,
+    ErrorCode* error_code) {
+  auto fail = [&](ErrorCode code, const std::string& why) -> absl::Status {
+    if (error_code != nullptr) *error_code = code;
+    return absl::InvalidArgumentError(why);
+  };
+  const size_t frames = payload_frame_sizes.size();
+  if (static_cast<size_t>(descs.size()) != frames) {
+    return fail(FRAME_COUNT_MISMATCH, "header lists " + std::to_string(descs.size()) +
+                                          " tensors but the message has " + std::to_string(frames) +
+                                          " payload frames");
+  }
+  // Duplicate names: a linear scan for the usual handful of tensors, a set
+  // beyond that so a message with many tensors stays linear.
+  constexpr int kScanLimit = 16;
+  std::unordered_set<std::string_view> names;
+  FrameSet used_frames(frames);
+  std::vector<DecodedTensorDesc> out;
+  out.reserve(frames);
+  for (const TensorDesc& desc : descs) {
+    const std::string& name = desc.name();
+    if (name.empty()) return fail(MALFORMED_HEADER, "a tensor has an empty name");
+    if (name.size() > limits.max_name_bytes) {
+      return fail(TOO_LARGE, "tensor name " + Quoted(name) + " has " + std::to_string(name.size()) +
+                                 " bytes, over the limit of " +
+                                 std::to_string(limits.max_name_bytes));
+    }
+    const std::string field = "tensor " + Quoted(name);
+    bool duplicate = false;
+    if (descs.size() <= kScanLimit) {
+      for (const DecodedTensorDesc& seen : out) duplicate = duplicate || seen.name == name;
+    } else {
+      duplicate = !names.insert(name).second;  // views into `descs`, which outlives the set
+    }
+    if (duplicate) return fail(MALFORMED_HEADER, field + " appears twice");
+
+    const auto raw_dtype = static_cast<uint32_t>(desc.dtype());
+    if (!IsValidDType(raw_dtype)) {
+      return fail(UNKNOWN_DTYPE, field + " has unknown dtype code " +
+                                     std::to_string(static_cast<int>(desc.dtype())));
+    }
+    const uint32_t frame = desc.frame();
+    if (frame < 1 || frame > frames) {
+      return fail(FRAME_COUNT_MISMATCH, field + " points at frame " + std::to_string(frame) +
+                                            " but frames 1.." + std::to_string(frames) + " exist");
+    }
+    if (!used_frames.Insert(frame)) {
+      return fail(FRAME_COUNT_MISMATCH, field + " reuses frame " + std::to_string(frame));
+    }
+    if (static_cast<size_t>(desc.shape_size()) > limits.max_rank) {
+      return fail(TOO_LARGE, field + " has rank " + std::to_string(desc.shape_size()) +
+                                 ", over the limit of " + std::to_string(limits.max_rank));
+    }
+
+    DecodedTensorDesc d;
+    d.dtype = static_cast<odb::DType>(raw_dtype);
+    d.shape.assign(desc.shape().begin(), desc.shape().end());
+    d.frame = frame;
+    const size_t elem = DTypeSize(d.dtype);
+    const std::string declared = " declares shape " + ShapeString(d.shape) + " of " +
+                                 std::string(DTypeName(d.dtype));
+    // numel and bytes stay below 2^63 so they also fit int64 / ptrdiff_t.
+    constexpr uint64_t kMaxCount = uint64_t{1} << 63;
+    uint64_t numel = 1;
+    for (int64_t dim : d.shape) {
+      if (dim < 0 || dim > limits.max_dim) {
+        return fail(SHAPE_SIZE_MISMATCH, field + " has invalid dimension " + std::to_string(dim) +
+                                             " in shape " + ShapeString(d.shape) +
+                                             " (each must be in 0.." +
+                                             std::to_string(limits.max_dim) + ")");
+      }
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel) || numel >= kMaxCount) {
+        return fail(SHAPE_SIZE_MISMATCH,
+                    field + declared + ": its element count overflows 64 bits");
+      }
+    }
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(elem), &bytes) || bytes >= kMaxCount) {
+      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(numel) +
+                                           " elements: its byte size overflows 64 bits");
+    }
+    const size_t actual = payload_frame_sizes[frame - 1];
+    if (bytes != actual) {
+      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(bytes) +
+                                           " bytes, but its frame has " + std::to_string(actual) +
+                                           " bytes");
+    }
+    d.numel = numel;
+    d.size_bytes = bytes;
+    d.name = name;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace odb::wire
