@@ -1,10 +1,10 @@
 #include "src/ingest/decoder.h"
 
 #include <memory>
+#include <optional>
 
 #include <google/protobuf/arena.h>
 
-#include "src/common/dtype.h"
 
 namespace odb::ingest {
 
@@ -23,8 +23,33 @@ RejectEvent MakeReject(wire::ErrorCode code, const std::string& message,
 
 namespace {
 
-IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t>&& parts) {
+// A producer id over the limit is not echoed: its first bytes say whose it is.
+std::string IdPrefix(const std::string& id) {
+  constexpr size_t kShown = 32;
+  return "'" + id.substr(0, kShown) + (id.size() > kShown ? "...'" : "'");
+}
+
+// Null when `producer_id` is within the limit, else the rejection (TOO_LARGE).
+std::optional<RejectEvent> CheckProducerId(const std::string& producer_id,
+                                           const DecodeOptions& options, const std::string& what) {
+  if (producer_id.size() <= options.max_producer_id_bytes) return std::nullopt;
+  return MakeReject(wire::TOO_LARGE,
+                    what + ": producer_id " + IdPrefix(producer_id) + " has " +
+                        std::to_string(producer_id.size()) + " bytes, over the limit of " +
+                        std::to_string(options.max_producer_id_bytes) + "; use a shorter id");
+}
+
+IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t>&& parts,
+                         const DecodeOptions& options) {
   const uint64_t id = h.sample_id();
+  if (auto too_large = CheckProducerId(h.producer_id(), options,
+                                        "sample " + std::to_string(id))) {
+    too_large->rejection.set_sample_id(id);
+    too_large->rejection.set_has_sample_id(true);
+    too_large->epoch = h.epoch();
+    too_large->has_epoch = true;
+    return *too_large;
+  }
   auto reject = [&](wire::ErrorCode code, const std::string& why) -> IngestEvent {
     RejectEvent e = MakeReject(code, "sample " + std::to_string(id) + " from producer '" +
                                          h.producer_id() + "': " + why,
@@ -39,74 +64,40 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
                   "in preprocessing)");
   }
   const size_t payload_frames = parts.size() - 1;
-  if (static_cast<size_t>(h.tensors_size()) != payload_frames) {
-    return reject(wire::FRAME_COUNT_MISMATCH,
-                  "header lists " + std::to_string(h.tensors_size()) + " tensors but the message has " +
-                      std::to_string(payload_frames) + " payload frames");
-  }
-  // Frame indices are 1..payload_frames; a message has few frames, but any
-  // count is handled (bit i of used_frames, or a vector beyond 64).
-  uint64_t used_frames = 0;
-  std::vector<bool> used_beyond_64;
-  auto frame_seen = [&](uint32_t frame) -> bool {
-    if (frame < 64) {
-      const bool seen = (used_frames >> frame) & 1;
-      used_frames |= uint64_t{1} << frame;
-      return seen;
-    }
-    if (used_beyond_64.empty()) used_beyond_64.assign(parts.size(), false);
-    const bool seen = used_beyond_64[frame];
-    used_beyond_64[frame] = true;
-    return seen;
-  };
+  std::vector<size_t> frame_sizes(payload_frames);
+  for (size_t f = 0; f < payload_frames; ++f) frame_sizes[f] = parts[f + 1].size();
+  wire::ErrorCode code = wire::MALFORMED_HEADER;
+  auto descs = wire::DecodeTensorDescs(h.tensors(), frame_sizes, options.tensor_limits, &code);
+  if (!descs.ok()) return reject(code, std::string(descs.status().message()));
+
   Sample sample;
-  sample.tensors.reserve(h.tensors_size());
+  sample.tensors.reserve(descs->size());
   sample.meta.id = id;
   sample.meta.lengths = {h.tokens(), h.vision_patches(), h.audio_frames()};
   sample.epoch = h.epoch();
   sample.producer_id = h.producer_id();
-  for (const auto& desc : h.tensors()) {
-    auto field = [&] { return "tensor '" + desc.name() + "'"; };  // for errors only
-    if (desc.name().empty()) return reject(wire::MALFORMED_HEADER, "a tensor has an empty name");
-    if (sample.FindTensor(desc.name()) != nullptr) {
-      return reject(wire::MALFORMED_HEADER, field() + " appears twice");
-    }
-    if (!IsValidDType(static_cast<uint32_t>(desc.dtype()))) {
-      return reject(wire::UNKNOWN_DTYPE, field() + " has unknown dtype code " +
-                                             std::to_string(static_cast<int>(desc.dtype())));
-    }
-    if (desc.frame() < 1 || desc.frame() >= parts.size()) {
-      return reject(wire::FRAME_COUNT_MISMATCH,
-                    field() + " points at frame " + std::to_string(desc.frame()) +
-                        " but frames 1.." + std::to_string(payload_frames) + " exist");
-    }
-    if (frame_seen(desc.frame())) {
-      return reject(wire::FRAME_COUNT_MISMATCH,
-                    field() + " reuses frame " + std::to_string(desc.frame()));
-    }
+  for (wire::DecodedTensorDesc& desc : *descs) {
     TensorView view;
-    view.name = desc.name();
-    view.dtype = static_cast<DType>(desc.dtype());
-    view.shape.reserve(desc.shape_size());
-    int64_t numel = 1;
-    for (int64_t d : desc.shape()) {
-      if (d < 0 || d > (int64_t{1} << 40)) {
-        return reject(wire::SHAPE_SIZE_MISMATCH, field() + " has invalid dimension " + std::to_string(d));
-      }
-      numel *= d;
-      view.shape.push_back(d);
-    }
-    const size_t expected = static_cast<size_t>(numel) * DTypeSize(view.dtype);
-    const size_t actual = parts[desc.frame()].size();
-    if (expected != actual) {
-      std::string shape;
-      for (int64_t d : view.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-      return reject(wire::SHAPE_SIZE_MISMATCH,
-                    field() + " declares shape [" + shape + "] of " + std::string(DTypeName(view.dtype)) +
-                        " = " + std::to_string(expected) + " bytes, but its frame has " +
-                        std::to_string(actual) + " bytes");
-    }
+    view.name = std::move(desc.name);
+    view.dtype = desc.dtype;
+    view.shape = std::move(desc.shape);
     sample.tensors.push_back(std::move(view));
+  }
+  // Budgets and padding are computed from `tokens`, the batch from the
+  // length field's rows: they must agree, or a small sample could claim
+  // 1 token and make its step pad every row to its real length.
+  if (const TensorView* length = sample.FindTensor(options.length_field)) {
+    if (length->shape.empty()) {
+      return reject(wire::TOKENS_MISMATCH,
+                    "length field '" + options.length_field +
+                        "' is a scalar; its dim 0 must be the sample's token count");
+    }
+    if (length->shape[0] != static_cast<int64_t>(h.tokens())) {
+      return reject(wire::TOKENS_MISMATCH,
+                    "header says tokens " + std::to_string(h.tokens()) + " but length field '" +
+                        options.length_field + "' has " + std::to_string(length->shape[0]) +
+                        " rows (dim 0); they must be equal");
+    }
   }
   // Move the payload frames in (one holder for all of them, sized exactly:
   // it lives as long as the sample is buffered); the views point into them
@@ -116,7 +107,7 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
   for (size_t f = 1; f < parts.size(); ++f) payload.push_back(std::move(parts[f]));
   auto holder = std::make_shared<ZmqFrames>(std::move(payload));
   for (size_t t = 0; t < sample.tensors.size(); ++t) {
-    const uint32_t frame = h.tensors(static_cast<int>(t)).frame();
+    const uint32_t frame = (*descs)[t].frame;
     sample.tensors[t].data = holder->data(frame - 1);
     sample.tensors[t].size_bytes = holder->size(frame - 1);
     sample.meta.payload_bytes += holder->size(frame - 1);
@@ -127,7 +118,8 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
 
 }  // namespace
 
-IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts) {
+IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
+                                  const DecodeOptions& options) {
   if (parts.empty()) return MakeReject(wire::MALFORMED_HEADER, "empty message");
   // The header lives on a stack-backed arena: no heap allocation or per-field
   // destruction per message (they were a quarter of the daemon's ingest cost).
@@ -147,7 +139,10 @@ IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts) {
     uint64_t sample_id = 0;
     const uint64_t* id = nullptr;
     if (msg.has_sample()) {
-      producer = msg.sample().producer_id();
+      // An over-long id is not echoed (it is refused anyway once versions match).
+      if (msg.sample().producer_id().size() <= options.max_producer_id_bytes) {
+        producer = msg.sample().producer_id();
+      }
       sample_id = msg.sample().sample_id();
       id = &sample_id;
     }
@@ -162,10 +157,21 @@ IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts) {
       if (msg.hello().producer_id().empty()) {
         return MakeReject(wire::MALFORMED_HEADER, "hello without a producer_id");
       }
+      if (auto too_large = CheckProducerId(msg.hello().producer_id(), options, "hello")) {
+        return *too_large;
+      }
       return HelloEvent{msg.hello().producer_id(), msg.hello().rank()};
     case wire::ProducerMessage::kStartEpoch:
+      if (auto too_large = CheckProducerId(msg.start_epoch().producer_id(), options,
+                                           "start_epoch")) {
+        return *too_large;
+      }
       return StartEpochEvent{msg.start_epoch().producer_id(), msg.start_epoch().epoch()};
     case wire::ProducerMessage::kEndStream:
+      if (auto too_large = CheckProducerId(msg.end_stream().producer_id(), options,
+                                           "end_stream")) {
+        return *too_large;
+      }
       if (parts.size() != 1) {
         return MakeReject(wire::FRAME_COUNT_MISMATCH, "end_stream message carries extra frames",
                           msg.end_stream().producer_id());
@@ -173,7 +179,7 @@ IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts) {
       return EndStreamEvent{msg.end_stream().producer_id(), msg.end_stream().epoch(),
                             msg.end_stream().samples_sent()};
     case wire::ProducerMessage::kSample:
-      return DecodeSample(msg.sample(), std::move(parts));
+      return DecodeSample(msg.sample(), std::move(parts), options);
     default:
       return MakeReject(wire::MALFORMED_HEADER, "header has no message kind");
   }

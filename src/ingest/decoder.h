@@ -10,6 +10,7 @@
 
 #include "proto/odb.pb.h"
 #include "src/common/sample.h"
+#include "src/wire/tensor_codec.h"
 
 namespace odb::ingest {
 
@@ -43,12 +44,29 @@ struct RejectEvent {
 
 using IngestEvent = std::variant<HelloEvent, StartEpochEvent, EndStreamEvent, SampleEvent, RejectEvent>;
 
+// What the decoder checks input against; every limit here is documented to
+// producers (a violation is TOO_LARGE naming the limit).
+struct DecodeOptions {
+  // The tensor whose dim 0 is the sample's token count (collate.length_field).
+  // A sample that carries it must declare `tokens` equal to its dim 0: the
+  // budget and padding are computed from `tokens`, the batch from the rows.
+  std::string length_field = "input_ids";
+  // Producer ids are kept per producer and echoed in reports.
+  size_t max_producer_id_bytes = 256;
+  // Tensor names, ranks, dims (see wire::DecodeTensorDescs).
+  wire::TensorDescLimits tensor_limits;
+};
+
 // Decodes and validates one multipart producer message, stateless: header
-// parses, protocol version, dtypes, frame count and indices, shape x dtype =
-// frame size, length > 0. Stateful checks (duplicate ids, unknown producers,
-// epochs) belong to the StreamTracker. Payload frames are moved into the
-// Sample, never copied.
-IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts);
+// parses, protocol version, producer id size, length > 0, the tensor
+// descriptions against the frames (wire::DecodeTensorDescs: names, dtypes,
+// frame count and indices, overflow-checked shape x dtype = frame size), and
+// tokens = dim 0 of options.length_field when the sample carries it.
+// Stateful checks (duplicate ids, unknown producers, epochs, the epoch's
+// schema) belong to the StreamTracker and EpochSchema. Payload frames are
+// moved into the Sample, never copied.
+IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
+                                  const DecodeOptions& options = {});
 
 // Holds the received zmq frames of one message alive for the TensorViews
 // pointing into them (one holder per sample, not one per frame).

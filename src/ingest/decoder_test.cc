@@ -109,6 +109,124 @@ TEST_CASE("bad input gets a specific error naming the sample") {
   }
 }
 
+TEST_CASE("a huge zero-size length field is refused: its rows disagree with tokens") {
+  // Regression (bug a): input_ids [2^40, 0] with an empty frame passed, and
+  // the attention mask built from its 2^40 rows took the daemon down.
+  auto m = SampleMessage(20, 5);
+  auto* t = m.mutable_sample()->mutable_tensors(0);
+  t->set_shape(0, int64_t{1} << 40);
+  t->add_shape(0);
+  const auto r = Rejected(DecodeProducerMessage(Parts(m, {0})));
+  CHECK(r.code() == wire::TOKENS_MISMATCH);
+  CHECK(r.sample_id() == 20);
+  CHECK_THAT(r.message(), Catch::Contains("1099511627776") && Catch::Contains("5"));
+}
+
+TEST_CASE("a shape whose element count wraps to 0 is refused") {
+  // Regression (bug b): [2^40, 2^40] wrapped to 0 elements and matched a
+  // 0-byte frame.
+  auto m = SampleMessage(21, 5);
+  auto* t = m.mutable_sample()->add_tensors();
+  t->set_name("pixels");
+  t->set_dtype(wire::UINT8);
+  t->add_shape(int64_t{1} << 40);
+  t->add_shape(int64_t{1} << 40);
+  t->set_frame(2);
+  const auto r = Rejected(DecodeProducerMessage(Parts(m, {40, 0})));
+  CHECK(r.code() == wire::SHAPE_SIZE_MISMATCH);
+  CHECK(r.sample_id() == 21);
+  CHECK_THAT(r.message(), Catch::Contains("pixels") && Catch::Contains("overflows"));
+}
+
+TEST_CASE("the header's tokens must equal the length field's rows") {
+  // Regression (bug c): tokens 1 for 2^17 rows made a 1 MiB sample pad every
+  // sample of its step to 2^17 rows.
+  const uint32_t rows = 1u << 17;
+  auto m = SampleMessage(22, rows);
+  m.mutable_sample()->set_tokens(1);
+  const auto r = Rejected(DecodeProducerMessage(Parts(m, {size_t{rows} * 8})));
+  CHECK(r.code() == wire::TOKENS_MISMATCH);
+  CHECK(r.sample_id() == 22);
+  CHECK(r.producer_id() == "p0");
+  CHECK_THAT(r.message(), Catch::Contains("sample 22") && Catch::Contains("tokens 1") &&
+                              Catch::Contains("131072 rows") && Catch::Contains("input_ids"));
+}
+
+TEST_CASE("a scalar length field is refused") {
+  auto m = SampleMessage(23, 1);
+  m.mutable_sample()->mutable_tensors(0)->clear_shape();
+  const auto r = Rejected(DecodeProducerMessage(Parts(m, {8})));
+  CHECK(r.code() == wire::TOKENS_MISMATCH);
+  CHECK_THAT(r.message(), Catch::Contains("scalar"));
+}
+
+TEST_CASE("tokens are checked against the configured length field only") {
+  auto m = SampleMessage(24, 5);
+  m.mutable_sample()->set_tokens(3);
+  DecodeOptions options;
+  options.length_field = "labels";  // the sample does not carry it: nothing to compare
+  CHECK(std::holds_alternative<SampleEvent>(DecodeProducerMessage(Parts(m, {40}), options)));
+  options.length_field = "input_ids";
+  CHECK(Rejected(DecodeProducerMessage(Parts(m, {40}), options)).code() == wire::TOKENS_MISMATCH);
+}
+
+TEST_CASE("tensor descriptions are validated by the codec") {
+  SECTION("a tensor name over the limit") {
+    auto m = SampleMessage(25, 5);
+    m.mutable_sample()->mutable_tensors(0)->set_name(std::string(1000, 'x'));
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40})));
+    CHECK(r.code() == wire::TOO_LARGE);
+    CHECK(r.sample_id() == 25);
+  }
+  SECTION("a duplicate name") {
+    auto m = SampleMessage(26, 5);
+    *m.mutable_sample()->add_tensors() = m.sample().tensors(0);
+    m.mutable_sample()->mutable_tensors(1)->set_frame(2);
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40, 40})));
+    CHECK(r.code() == wire::MALFORMED_HEADER);
+    CHECK_THAT(r.message(), Catch::Contains("sample 26") && Catch::Contains("appears twice"));
+  }
+  SECTION("a reused frame") {
+    auto m = SampleMessage(27, 5);
+    auto* t = m.mutable_sample()->add_tensors();
+    *t = m.sample().tensors(0);
+    t->set_name("labels");
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, {40, 40})));
+    CHECK(r.code() == wire::FRAME_COUNT_MISMATCH);
+  }
+}
+
+TEST_CASE("producer ids over the limit are TOO_LARGE in every message kind") {
+  const std::string long_id(300, 'p');
+  DecodeOptions options;
+  auto check = [&](const wire::ProducerMessage& m, size_t frames) {
+    std::vector<size_t> sizes(frames, 40);
+    const auto r = Rejected(DecodeProducerMessage(Parts(m, sizes), options));
+    CHECK(r.code() == wire::TOO_LARGE);
+    CHECK_THAT(r.message(), Catch::Contains("300 bytes") && Catch::Contains("256"));
+    CHECK(r.message().size() < 300);  // the id is not echoed in full
+    CHECK(r.producer_id().empty());
+  };
+  wire::ProducerMessage hello;
+  hello.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  hello.mutable_hello()->set_producer_id(long_id);
+  check(hello, 0);
+  wire::ProducerMessage start;
+  start.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  start.mutable_start_epoch()->set_producer_id(long_id);
+  check(start, 0);
+  wire::ProducerMessage end;
+  end.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  end.mutable_end_stream()->set_producer_id(long_id);
+  check(end, 0);
+  auto sample = SampleMessage(28, 5);
+  sample.mutable_sample()->set_producer_id(long_id);
+  check(sample, 1);
+
+  options.max_producer_id_bytes = 300;  // at the limit: accepted
+  CHECK(std::holds_alternative<HelloEvent>(DecodeProducerMessage(Parts(hello, {}), options)));
+}
+
 TEST_CASE("control messages decode") {
   wire::ProducerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
