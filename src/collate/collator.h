@@ -26,6 +26,10 @@ struct FieldSpec {
   FieldRule rule = FieldRule::kPad;
   double pad_value = 0.0;  // converted to the field's dtype
   PadSide pad_side = PadSide::kRight;
+  // The dtype the samples carry for this field, when the config declares it
+  // (YAML `dtype:`). Lets start-up validation check `pad_value` against it; a
+  // non-integer pad_value needs a floating dtype here. nullopt: undeclared.
+  std::optional<DType> dtype;
 };
 
 // Rules for turning a group into batch tensors. Fields not listed here use

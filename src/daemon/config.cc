@@ -2,12 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "src/common/dtype.h"
 #include "src/common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -157,6 +161,18 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
     }
     ODB_RETURN_IF_ERROR(f.GetEnum("rule", kRules, spec.rule));
     ODB_RETURN_IF_ERROR(f.Get("pad_value", spec.pad_value));
+    std::string dtype_name;
+    ODB_RETURN_IF_ERROR(f.Get("dtype", dtype_name));
+    if (f.node()["dtype"]) {
+      const std::optional<DType> dtype = DTypeFromName(dtype_name);
+      if (!dtype.has_value() || *dtype == DType::kUnspecified) {
+        return absl::InvalidArgumentError(
+            "config field '" + f.Path("dtype") + "': '" + dtype_name +
+            "' is not one of: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+            "float64, bool");
+      }
+      spec.dtype = dtype;
+    }
     ODB_RETURN_IF_ERROR(f.GetEnum<collate::PadSide>(
         "pad_side", {{"right", collate::PadSide::kRight}, {"left", collate::PadSide::kLeft}},
         spec.pad_side));
@@ -238,6 +254,362 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError("config field '" + field + "': " + why);
 }
 
+// --- Start-up validation ----------------------------------------------------
+// Everything that can be known wrong from the config alone is an error here,
+// naming the field, the value and what to do, rather than a failure later
+// (every sample rejected, a planner computing with NaN, a bind that fails).
+
+// Bounds on strings a user types. Generous for real use, small enough that a
+// pasted blob or a runaway template is an error and not a 1 MB log line.
+constexpr size_t kMaxPathLength = 4095;        // PATH_MAX - 1
+constexpr size_t kMaxIpcPathLength = 107;      // sizeof(sockaddr_un::sun_path) - 1
+constexpr size_t kMaxEndpointLength = 1024;
+constexpr size_t kMaxHostLength = 253;         // DNS name limit
+constexpr size_t kMaxIfaceLength = 15;         // IFNAMSIZ - 1
+constexpr size_t kMaxJobIdLength = 128;
+constexpr size_t kMaxFieldNameLength = 255;
+constexpr size_t kMaxFields = 1024;
+constexpr size_t kMaxIngestEndpoints = 64;
+// Step-time coefficients and per-patch costs are in units of one padded token;
+// beyond this they are surely a typo, and sums over a window could overflow.
+constexpr double kMaxCostCoefficient = 1e12;
+
+// A user string in an error message: quoted, and cut if long.
+std::string Shorten(const std::string& text) {
+  constexpr size_t kShown = 64;
+  if (text.size() <= kShown) return text;
+  return text.substr(0, kShown) + "... [" + std::to_string(text.size()) + " bytes]";
+}
+
+std::string Num(double value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
+}
+std::string Num(int value) { return std::to_string(value); }
+
+// True when every byte is a printable, non-space ASCII character.
+bool IsPrintableToken(const std::string& text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](unsigned char ch) { return ch > 0x20 && ch < 0x7f; });
+}
+
+absl::Status CheckLength(const std::string& field, const std::string& value, size_t max_length,
+                         const std::string& hint) {
+  if (value.size() > max_length) {
+    return Invalid(field, "'" + Shorten(value) + "' is " + std::to_string(value.size()) +
+                              " bytes long, more than the " + std::to_string(max_length) +
+                              " allowed; " + hint);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPath(const std::string& field, const std::string& path) {
+  if (path.empty()) return Invalid(field, "must not be empty");
+  if (path.find('\0') != std::string::npos) return Invalid(field, "must not contain a NUL byte");
+  return CheckLength(field, path, kMaxPathLength, "use a shorter path");
+}
+
+// A finite double in [lo, hi] (hi may be +inf for "no upper bound").
+absl::Status CheckFinite(const std::string& field, double value, double lo, double hi,
+                         const std::string& what) {
+  if (!std::isfinite(value)) {
+    return Invalid(field, Num(value) + " is not a finite number; use " + what);
+  }
+  if (value < lo || value > hi) return Invalid(field, Num(value) + " is out of range; use " + what);
+  return absl::OkStatus();
+}
+
+// "tcp://host:port" (port a number or '*'), "ipc://path" (short enough for a
+// Unix socket address) or "inproc://name", as ZeroMQ binds them.
+absl::Status CheckEndpoint(const std::string& field, const std::string& e, bool allow_ipc_inproc) {
+  ODB_RETURN_IF_ERROR(CheckLength(field, e, kMaxEndpointLength, "use a shorter endpoint"));
+  if (!IsPrintableToken(e)) {
+    return Invalid(field, "'" + Shorten(e) + "' contains spaces or control characters");
+  }
+  const std::string kinds = allow_ipc_inproc ? "ipc://path, tcp://host:port or inproc://name"
+                                             : "tcp://host:port";
+  if (e.rfind("tcp://", 0) == 0) {
+    const std::string rest = e.substr(6);
+    const size_t colon = rest.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : rest.substr(0, colon);
+    const std::string port = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    bool port_ok = port == "*";
+    if (!port_ok && !port.empty() && port.size() <= 5 &&
+        std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      port_ok = std::stoi(port) <= 65535;
+    }
+    if (host.empty() || !port_ok) {
+      return Invalid(field, "'" + Shorten(e) + "' must be tcp://host:port with a port 0-65535 or *");
+    }
+    return absl::OkStatus();
+  }
+  if (allow_ipc_inproc && e.rfind("ipc://", 0) == 0) {
+    const std::string path = e.substr(6);
+    if (path.empty()) return Invalid(field, "'" + e + "' has no socket path");
+    if (path.size() > kMaxIpcPathLength) {
+      return Invalid(field, "'" + Shorten(e) + "': the socket path is " + std::to_string(path.size()) +
+                                " bytes, more than the " + std::to_string(kMaxIpcPathLength) +
+                                " a Unix socket allows; use a shorter run_dir or path");
+    }
+    return absl::OkStatus();
+  }
+  if (allow_ipc_inproc && e.rfind("inproc://", 0) == 0 && e.size() > 9) return absl::OkStatus();
+  return Invalid(field, "'" + Shorten(e) + "' must be " + kinds);
+}
+
+absl::Status ValidateEndpoints(const DaemonConfig& c) {
+  if (c.ingest_endpoints.empty()) return Invalid("ingest_endpoints", "needs at least one endpoint");
+  if (c.ingest_endpoints.size() > kMaxIngestEndpoints) {
+    return Invalid("ingest_endpoints", std::to_string(c.ingest_endpoints.size()) +
+                                           " endpoints; at most " +
+                                           std::to_string(kMaxIngestEndpoints) + " are allowed");
+  }
+  std::set<std::string> seen;
+  for (size_t i = 0; i < c.ingest_endpoints.size(); ++i) {
+    const std::string& e = c.ingest_endpoints[i];
+    ODB_RETURN_IF_ERROR(CheckEndpoint("ingest_endpoints[" + std::to_string(i) + "]", e, true));
+    if (!seen.insert(e).second) {
+      return Invalid("ingest_endpoints", "'" + Shorten(e) + "' is listed twice; list each endpoint once");
+    }
+  }
+  ODB_RETURN_IF_ERROR(CheckEndpoint("trainer_endpoint", c.trainer_endpoint, true));
+  if (seen.count(c.trainer_endpoint)) {
+    return Invalid("trainer_endpoint", "'" + Shorten(c.trainer_endpoint) +
+                                           "' is also an ingest endpoint; give the trainer its own");
+  }
+  if (!c.metrics_endpoint.empty()) {
+    ODB_RETURN_IF_ERROR(CheckEndpoint("metrics_endpoint", c.metrics_endpoint, false));
+    if (seen.count(c.metrics_endpoint) || c.metrics_endpoint == c.trainer_endpoint) {
+      return Invalid("metrics_endpoint", "'" + Shorten(c.metrics_endpoint) +
+                                             "' is also an ingest or trainer endpoint; use another port");
+    }
+  }
+  if (c.ingest_hwm < 1) return Invalid("ingest_hwm", Num(c.ingest_hwm) + " must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBufferAndGrouping(const DaemonConfig& c) {
+  if (c.buffer_max_bytes == 0) return Invalid("buffer.max_bytes", "must be > 0");
+  if (c.buffer_max_samples == 0) return Invalid("buffer.max_samples", "must be > 0");
+  if (c.budget.max_tokens == 0) return Invalid("grouping.max_tokens", "must be > 0");
+  // 0 disables the quadratic term. Below one token, len*len/q dwarfs len and
+  // tiny values overflow to inf: every sample would be over budget.
+  const double q = c.budget.quadratic_q;
+  if (!(q == 0.0 || (std::isfinite(q) && q >= 1.0))) {
+    return Invalid("grouping.quadratic_q",
+                   Num(q) + " must be 0 (off) or a finite number of tokens >= 1 (e.g. 2048)");
+  }
+  if (c.window == 0) return Invalid("grouping.window", "must be > 0");
+  if (c.window > c.buffer_max_samples) {
+    return Invalid("grouping.window", "(" + std::to_string(c.window) +
+                                          ") must not exceed buffer.max_samples (" +
+                                          std::to_string(c.buffer_max_samples) + ")");
+  }
+  const std::string coefficient = "a finite number >= 0 and <= 1e12 (units of one padded token)";
+  ODB_RETURN_IF_ERROR(CheckFinite("grouping.step_time.per_step", c.step_time.per_step, 0.0,
+                                  kMaxCostCoefficient, coefficient));
+  ODB_RETURN_IF_ERROR(CheckFinite("grouping.step_time.per_padded_token",
+                                  c.step_time.per_padded_token, 0.0, kMaxCostCoefficient,
+                                  coefficient));
+  ODB_RETURN_IF_ERROR(CheckFinite("grouping.step_time.per_len_sq", c.step_time.per_len_sq, 0.0,
+                                  kMaxCostCoefficient, coefficient));
+  if (c.step_time.per_step == 0 && c.step_time.per_padded_token == 0 && c.step_time.per_len_sq == 0) {
+    return Invalid("grouping.step_time",
+                   "per_step, per_padded_token and per_len_sq are all 0: every grouping would cost "
+                   "nothing; set at least one above 0 (defaults 512, 1, 0)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAlignment(const DaemonConfig& c) {
+  if (!(c.locality >= 0.0 && c.locality <= 1.0)) {
+    return Invalid("alignment.locality", Num(c.locality) + " must be a number in [0, 1]");
+  }
+  ODB_RETURN_IF_ERROR(CheckFinite("alignment.encoder_cost_per_patch", c.encoder_cost_per_patch, 0.0,
+                                  kMaxCostCoefficient,
+                                  "a finite number >= 0 and <= 1e12 (units of one padded token)"));
+  if (c.phase_plans && c.encoder_fields.empty()) {
+    return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
+  }
+  if (c.store == StoreKind::kFile) ODB_RETURN_IF_ERROR(CheckPath("alignment.store_dir", c.store_dir));
+  if (c.store == StoreKind::kRedis) {
+    if (c.redis_host.empty()) return Invalid("alignment.redis_host", "must not be empty with store: redis");
+    ODB_RETURN_IF_ERROR(CheckLength("alignment.redis_host", c.redis_host, kMaxHostLength,
+                                    "use a host name or address"));
+    if (!IsPrintableToken(c.redis_host)) {
+      return Invalid("alignment.redis_host", "'" + Shorten(c.redis_host) + "' contains spaces or control characters");
+    }
+  }
+  if (c.redis_port <= 0 || c.redis_port > 65535) {
+    return Invalid("alignment.redis_port", Num(c.redis_port) + " is out of range; use 1-65535");
+  }
+  // The job id is a key prefix in the store and a directory name in the
+  // FileStore; gloo's peer group refuses '/'.
+  if (c.job_id.empty()) return Invalid("alignment.job_id", "must not be empty");
+  ODB_RETURN_IF_ERROR(CheckLength("alignment.job_id", c.job_id, kMaxJobIdLength,
+                                  "use a short id unique per job (e.g. the scheduler's job id)"));
+  if (!IsPrintableToken(c.job_id) || c.job_id.find('/') != std::string::npos || c.job_id == "." ||
+      c.job_id == "..") {
+    return Invalid("alignment.job_id", "'" + Shorten(c.job_id) +
+                                           "' must be printable ASCII without spaces or '/' and "
+                                           "not '.' or '..' (it names a store directory)");
+  }
+  if (c.gloo_hostname.empty()) return Invalid("alignment.gloo_hostname", "must not be empty");
+  ODB_RETURN_IF_ERROR(CheckLength("alignment.gloo_hostname", c.gloo_hostname, kMaxHostLength,
+                                  "use a host name or address"));
+  if (!IsPrintableToken(c.gloo_hostname)) {
+    return Invalid("alignment.gloo_hostname", "'" + Shorten(c.gloo_hostname) + "' contains spaces or control characters");
+  }
+  ODB_RETURN_IF_ERROR(CheckLength("alignment.gloo_iface", c.gloo_iface, kMaxIfaceLength,
+                                  "use an interface name as `ip link` shows it (e.g. eth0)"));
+  if (!IsPrintableToken(c.gloo_iface)) {
+    return Invalid("alignment.gloo_iface", "'" + Shorten(c.gloo_iface) + "' contains spaces or control characters");
+  }
+  if (c.connect_timeout_ms == 0) return Invalid("alignment.connect_timeout_ms", "must be > 0");
+  if (c.collective_timeout_ms == 0) return Invalid("alignment.collective_timeout_ms", "must be > 0");
+  return absl::OkStatus();
+}
+
+// The collator's conversion rules (collate/collator.h, kPad), checked at
+// start-up: integers must be an integer in range, bool 0 or 1, float16 /
+// bfloat16 / float32 must not overflow (round to nearest even; +-inf kept).
+// NaN is refused for every dtype: padding with NaN poisons every reduction.
+// Without a declared dtype, the value must be an integer exactly representable
+// as a double (it is converted to whatever integer dtype the samples carry).
+absl::Status CheckPadValue(const collate::FieldSpec& f, const std::string& path) {
+  const std::string field = path + ".pad_value";
+  const double v = f.pad_value;
+  const std::string value = Num(v);
+  if (std::isnan(v)) {
+    return Invalid(field, "NaN is not a usable pad value for field '" + f.name +
+                              "'; use a number (0, -100, ...)");
+  }
+  if (!f.dtype.has_value()) {
+    constexpr double kExact = 9007199254740992.0;  // 2^53
+    if (!std::isfinite(v) || v != std::trunc(v)) {
+      return Invalid(field, value + " of field '" + f.name +
+                                "' is not an integer; declare the field's floating dtype "
+                                "(e.g. `dtype: float32`) or use an integer pad value");
+    }
+    if (std::fabs(v) > kExact) {
+      return Invalid(field, value + " of field '" + f.name +
+                                "' is beyond +-2^53 and not exact; declare the field's dtype "
+                                "(e.g. `dtype: int64`) and use a smaller value");
+    }
+    return absl::OkStatus();
+  }
+  const DType dtype = *f.dtype;
+  const std::string name(DTypeName(dtype));
+  auto integer_range = [&](double lo, double hi_exclusive) -> absl::Status {
+    if (!std::isfinite(v) || v != std::trunc(v) || v < lo || v >= hi_exclusive) {
+      return Invalid(field, value + " of field '" + f.name + "' is not representable as " + name +
+                                "; use an integer in [" + Num(lo) + ", " + Num(hi_exclusive - 1) +
+                                "] or declare another dtype");
+    }
+    return absl::OkStatus();
+  };
+  // Largest magnitude that does not round to inf: (2 - 2^-(mant+1)) * 2^bias.
+  auto float_range = [&](int exp_bits, int mant_bits) -> absl::Status {
+    const double limit = std::ldexp(2.0 - std::ldexp(1.0, -(mant_bits + 1)), (1 << (exp_bits - 1)) - 1);
+    if (std::isfinite(v) && std::fabs(v) >= limit) {
+      return Invalid(field, value + " of field '" + f.name + "' overflows " + name +
+                                "; use a value within its finite range (or .inf / -.inf)");
+    }
+    return absl::OkStatus();
+  };
+  switch (dtype) {
+    case DType::kUInt8: return integer_range(0.0, 256.0);
+    case DType::kInt8: return integer_range(-128.0, 128.0);
+    case DType::kInt16: return integer_range(-32768.0, 32768.0);
+    case DType::kInt32: return integer_range(-2147483648.0, 2147483648.0);
+    case DType::kInt64: return integer_range(-9223372036854775808.0, 9223372036854775808.0);
+    case DType::kFloat16: return float_range(5, 10);
+    case DType::kBFloat16: return float_range(8, 7);
+    case DType::kFloat32: return float_range(8, 23);
+    case DType::kFloat64: return absl::OkStatus();
+    case DType::kBool:
+      if (v != 0.0 && v != 1.0) {
+        return Invalid(field, value + " of bool field '" + f.name + "' must be 0 or 1");
+      }
+      return absl::OkStatus();
+    default:
+      return Invalid(path + ".dtype", "unsupported dtype " + name);
+  }
+}
+
+absl::Status CheckFieldName(const std::string& field, const std::string& name) {
+  if (name.empty()) return Invalid(field, "must not be empty");
+  ODB_RETURN_IF_ERROR(CheckLength(field, name, kMaxFieldNameLength, "use the tensor's name"));
+  if (!IsPrintableToken(name)) {
+    return Invalid(field, "'" + Shorten(name) + "' contains spaces or control characters");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCollate(const DaemonConfig& c) {
+  const collate::CollateOptions& o = c.collate;
+  const bool needs_length = o.packed || o.attention_mask;
+  if (needs_length) {
+    if (o.length_field.empty()) {
+      return Invalid("collate.length_field",
+                     std::string("must name the token tensor (e.g. input_ids): ") +
+                         (o.packed ? "packed mode" : "attention_mask") + " is built from it");
+    }
+    ODB_RETURN_IF_ERROR(CheckFieldName("collate.length_field", o.length_field));
+  }
+  if (o.fields.size() > kMaxFields) {
+    return Invalid("collate.fields", std::to_string(o.fields.size()) + " entries; at most " +
+                                         std::to_string(kMaxFields) + " are allowed");
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < o.fields.size(); ++i) {
+    const collate::FieldSpec& f = o.fields[i];
+    const std::string path = "collate.fields[" + std::to_string(i) + "]";
+    ODB_RETURN_IF_ERROR(CheckFieldName(path + ".name", f.name));
+    if (!names.insert(f.name).second) {
+      return Invalid("collate.fields", "field '" + f.name + "' listed twice; keep one entry");
+    }
+    ODB_RETURN_IF_ERROR(CheckPadValue(f, path));
+  }
+  // Names the collator derives; a configured field of the same name would
+  // make every step fail to collate.
+  std::set<std::string> derived;
+  if (o.packed) {
+    derived = {"cu_seqlens", "position_ids"};
+  } else if (o.attention_mask) {
+    derived = {"attention_mask"};
+  }
+  for (const auto& f : o.fields) {
+    if (f.rule == collate::FieldRule::kConcat) derived.insert(f.name + "_offsets");
+  }
+  for (size_t i = 0; i < o.fields.size(); ++i) {
+    if (derived.count(o.fields[i].name)) {
+      return Invalid("collate.fields[" + std::to_string(i) + "].name",
+                     "'" + o.fields[i].name +
+                         "' is also the name of a tensor the collator adds; rename the field");
+    }
+  }
+  std::set<std::string> encoder;
+  for (size_t i = 0; i < c.encoder_fields.size(); ++i) {
+    const std::string path = "collate.encoder_fields[" + std::to_string(i) + "]";
+    ODB_RETURN_IF_ERROR(CheckFieldName(path, c.encoder_fields[i]));
+    if (!encoder.insert(c.encoder_fields[i]).second) {
+      return Invalid(path, "'" + c.encoder_fields[i] + "' is listed twice; keep one entry");
+    }
+  }
+  // With phase plans, encoder fields leave the LLM batch; the LLM batch then
+  // cannot build its mask / cu_seqlens from one of them.
+  if (c.phase_plans && needs_length && encoder.count(o.length_field)) {
+    return Invalid("collate.length_field",
+                   "'" + o.length_field +
+                       "' is also in collate.encoder_fields, which phase_plans moves to the "
+                       "encoder batch; the LLM batch needs it: remove it from encoder_fields");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text) {
@@ -271,6 +643,15 @@ std::map<std::string, std::string> ProcessEnvironment() {
 }
 
 absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::string>& env) {
+  // -1 means "from the environment"; anything below is a typo, not "unset".
+  if (c.rank < -1) return Invalid("rank", Num(c.rank) + " must be >= 0 (or omit it to use $RANK)");
+  if (c.world_size < -1 || c.world_size == 0) {
+    return Invalid("world_size", Num(c.world_size) + " must be >= 1 (or omit it to use $WORLD_SIZE)");
+  }
+  if (c.local_rank < -1) return Invalid("local_rank", Num(c.local_rank) + " must be >= 0 (or omit it)");
+  if (c.local_world_size < -1 || c.local_world_size == 0) {
+    return Invalid("local_world_size", Num(c.local_world_size) + " must be >= 1 (or omit it)");
+  }
   ODB_RETURN_IF_ERROR(IntFromEnv(env, "RANK", 0, c.rank));
   ODB_RETURN_IF_ERROR(IntFromEnv(env, "WORLD_SIZE", 1, c.world_size));
   ODB_RETURN_IF_ERROR(IntFromEnv(env, "LOCAL_RANK", c.rank, c.local_rank));
@@ -281,58 +662,26 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
                                std::to_string(c.world_size));
   }
   if (c.local_world_size < 1) return Invalid("local_world_size", "must be >= 1");
-  if (c.run_dir.empty()) return Invalid("run_dir", "must not be empty");
+  ODB_RETURN_IF_ERROR(CheckPath("run_dir", c.run_dir));
   auto expand = [&](std::string s) {
     return Replace(Replace(s, "{run}", c.run_dir), "{rank}", std::to_string(c.rank));
   };
-  if (c.ingest_endpoints.empty()) return Invalid("ingest_endpoints", "needs at least one endpoint");
   for (auto& e : c.ingest_endpoints) e = expand(e);
   c.trainer_endpoint = expand(c.trainer_endpoint);
   c.store_dir = expand(c.store_dir);
   c.metrics_endpoint = expand(c.metrics_endpoint);
-  if (!c.metrics_endpoint.empty() && c.metrics_endpoint.rfind("tcp://", 0) != 0) {
-    return Invalid("metrics_endpoint", "'" + c.metrics_endpoint + "' must be tcp://host:port (or empty)");
-  }
-  for (const auto& e : c.ingest_endpoints) {
-    if (e.rfind("ipc://", 0) != 0 && e.rfind("tcp://", 0) != 0 && e.rfind("inproc://", 0) != 0) {
-      return Invalid("ingest_endpoints", "'" + e + "' must start with ipc://, tcp:// or inproc://");
-    }
-  }
-  if (c.ingest_hwm < 1) return Invalid("ingest_hwm", "must be >= 1");
-  if (c.buffer_max_bytes == 0) return Invalid("buffer.max_bytes", "must be > 0");
-  if (c.buffer_max_samples == 0) return Invalid("buffer.max_samples", "must be > 0");
-  if (c.budget.max_tokens == 0) return Invalid("grouping.max_tokens", "must be > 0");
-  if (c.budget.quadratic_q < 0) return Invalid("grouping.quadratic_q", "must be >= 0 (0 disables it)");
-  if (c.window == 0) return Invalid("grouping.window", "must be > 0");
-  if (c.window > c.buffer_max_samples) {
-    return Invalid("grouping.window", "(" + std::to_string(c.window) +
-                                          ") must not exceed buffer.max_samples (" +
-                                          std::to_string(c.buffer_max_samples) + ")");
-  }
-  if (c.step_time.per_step < 0 || c.step_time.per_padded_token < 0 || c.step_time.per_len_sq < 0) {
-    return Invalid("grouping.step_time", "coefficients must be >= 0");
-  }
+  ODB_RETURN_IF_ERROR(ValidateEndpoints(c));
+  ODB_RETURN_IF_ERROR(ValidateBufferAndGrouping(c));
+  ODB_RETURN_IF_ERROR(ValidateAlignment(c));
   if (c.outstanding_depth == 0) return Invalid("emit.outstanding_depth", "must be >= 1");
   if (c.queue_steps == 0) return Invalid("emit.queue_steps", "must be >= 1");
   if (c.expected_producers == 0) return Invalid("emit.expected_producers", "must be >= 1");
-  if (c.redis_port <= 0 || c.redis_port > 65535) return Invalid("alignment.redis_port", "out of range");
-  if (c.job_id.empty()) return Invalid("alignment.job_id", "must not be empty");
-  if (!(c.locality >= 0.0 && c.locality <= 1.0)) return Invalid("alignment.locality", "must be in [0, 1]");
-  if (c.phase_plans && c.encoder_fields.empty()) {
-    return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
-  }
-  if (c.encoder_cost_per_patch < 0) return Invalid("alignment.encoder_cost_per_patch", "must be >= 0");
-  if (c.connect_timeout_ms == 0) return Invalid("alignment.connect_timeout_ms", "must be > 0");
-  if (c.collective_timeout_ms == 0) return Invalid("alignment.collective_timeout_ms", "must be > 0");
   static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (!kLevels.count(c.log_level)) {
-    return Invalid("log_level", "'" + c.log_level + "' is not one of trace, debug, info, warn, error, critical, off");
+    return Invalid("log_level", "'" + Shorten(c.log_level) +
+                                    "' is not one of trace, debug, info, warn, error, critical, off");
   }
-  std::set<std::string> names;
-  for (const auto& f : c.collate.fields) {
-    if (!names.insert(f.name).second) return Invalid("collate.fields", "field '" + f.name + "' listed twice");
-  }
-  return absl::OkStatus();
+  return ValidateCollate(c);
 }
 
 std::string DescribeConfig(const DaemonConfig& c) {

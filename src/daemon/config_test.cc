@@ -1,6 +1,8 @@
 #include "src/daemon/config.h"
 
 #include <catch2/catch.hpp>
+#include <map>
+#include <string>
 
 namespace odb {
 namespace {
@@ -78,6 +80,167 @@ TEST_CASE("errors name the field") {
   auto bad_env = FinalizeConfig(*env, {{"RANK", "x1"}});
   REQUIRE_FALSE(bad_env.ok());
   CHECK_THAT(std::string(bad_env.message()), Catch::Contains("RANK"));
+}
+
+
+// Parses and finalizes `yaml`; returns the error message ("" when accepted).
+std::string StartupError(const std::string& yaml,
+                         const std::map<std::string, std::string>& env = {}) {
+  auto c = ParseConfig(yaml);
+  if (!c.ok()) return std::string(c.status().message());
+  absl::Status s = FinalizeConfig(*c, env);
+  return s.ok() ? "" : std::string(s.message());
+}
+
+TEST_CASE("a non-integer pad_value needs a declared floating dtype") {
+  std::string e = StartupError("collate: {fields: [{name: labels, pad_value: 1.5}]}");
+  CHECK_THAT(e, Catch::Contains("collate.fields[0].pad_value") && Catch::Contains("1.5") &&
+                    Catch::Contains("labels") && Catch::Contains("dtype: float32"));
+  e = StartupError("collate: {fields: [{name: labels, pad_value: 1.5, dtype: int64}]}");
+  CHECK_THAT(e, Catch::Contains("collate.fields[0].pad_value") &&
+                    Catch::Contains("not representable as int64"));
+  CHECK(StartupError("collate: {fields: [{name: x, pad_value: 1.5, dtype: float32}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: x, pad_value: 1.5, dtype: bfloat16}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: labels, pad_value: -100}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: labels, pad_value: -100, dtype: int64}]}").empty());
+  // +-inf is a legitimate float pad (masks); never without a floating dtype.
+  CHECK(StartupError("collate: {fields: [{name: m, pad_value: -.inf, dtype: float16}]}").empty());
+  CHECK_THAT(StartupError("collate: {fields: [{name: m, pad_value: -.inf}]}"),
+             Catch::Contains("not an integer"));
+}
+
+TEST_CASE("a declared dtype must represent the pad value") {
+  struct Case {
+    const char* yaml_field;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"{name: a, pad_value: 256, dtype: uint8}", "not representable as uint8"},
+      {"{name: a, pad_value: -1, dtype: uint8}", "not representable as uint8"},
+      {"{name: a, pad_value: 128, dtype: int8}", "not representable as int8"},
+      {"{name: a, pad_value: 32768, dtype: int16}", "not representable as int16"},
+      {"{name: a, pad_value: 2147483648, dtype: int32}", "not representable as int32"},
+      {"{name: a, pad_value: 1e19, dtype: int64}", "not representable as int64"},
+      {"{name: a, pad_value: 65520, dtype: float16}", "overflows float16"},
+      {"{name: a, pad_value: 1e39, dtype: float32}", "overflows float32"},
+      {"{name: a, pad_value: 1e39, dtype: bfloat16}", "overflows bfloat16"},
+      {"{name: a, pad_value: 2, dtype: bool}", "must be 0 or 1"},
+      {"{name: a, pad_value: .nan, dtype: float32}", "NaN"},
+      {"{name: a, pad_value: .nan}", "NaN"},
+      {"{name: a, pad_value: 1e300}", "2^53"},
+      {"{name: a, dtype: int4}", "collate.fields[0].dtype"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml_field);
+    CHECK_THAT(StartupError(std::string("collate: {fields: [") + c.yaml_field + "]}"),
+               Catch::Contains(c.expect) && Catch::Contains("collate.fields[0]"));
+  }
+  // The largest finite values still round to finite.
+  CHECK(StartupError("collate: {fields: [{name: a, pad_value: 65504, dtype: float16}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: a, pad_value: 65519, dtype: float16}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: a, pad_value: 255, dtype: uint8}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: a, pad_value: 1e300, dtype: float64}]}").empty());
+  CHECK(StartupError("collate: {fields: [{name: a, pad_value: -9.2233720368547758e18, dtype: int64}]}")
+            .empty());
+
+  auto parsed = ParseConfig("collate: {fields: [{name: a, pad_value: 1.5, dtype: float16}]}");
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->collate.fields[0].dtype.has_value());
+  CHECK(*parsed->collate.fields[0].dtype == DType::kFloat16);
+}
+
+TEST_CASE("every float of the config is finite and in range, named in the error") {
+  struct Case {
+    const char* yaml;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"grouping: {step_time: {per_step: .nan}}", "grouping.step_time.per_step"},
+      {"grouping: {step_time: {per_padded_token: .inf}}", "grouping.step_time.per_padded_token"},
+      {"grouping: {step_time: {per_len_sq: .nan}}", "grouping.step_time.per_len_sq"},
+      {"grouping: {step_time: {per_len_sq: -1}}", "grouping.step_time.per_len_sq"},
+      {"grouping: {step_time: {per_step: 1e300}}", "grouping.step_time.per_step"},
+      {"grouping: {step_time: {per_step: 0, per_padded_token: 0, per_len_sq: 0}}", "grouping.step_time"},
+      {"grouping: {quadratic_q: .nan}", "grouping.quadratic_q"},
+      {"grouping: {quadratic_q: .inf}", "grouping.quadratic_q"},
+      {"grouping: {quadratic_q: -5}", "grouping.quadratic_q"},
+      {"grouping: {quadratic_q: 1e-300}", "grouping.quadratic_q"},
+      {"alignment: {locality: .nan}", "alignment.locality"},
+      {"alignment: {locality: 1.5}", "alignment.locality"},
+      {"alignment: {encoder_cost_per_patch: .nan}", "alignment.encoder_cost_per_patch"},
+      {"alignment: {encoder_cost_per_patch: -.inf}", "alignment.encoder_cost_per_patch"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    CHECK_THAT(StartupError(c.yaml), Catch::Contains(c.field));
+  }
+  CHECK_THAT(StartupError("grouping: {quadratic_q: .nan}"), Catch::Contains("nan"));
+  CHECK(StartupError("grouping: {quadratic_q: 2048}").empty());
+  CHECK(StartupError("grouping: {quadratic_q: 0}").empty());
+  CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
+}
+
+TEST_CASE("cross-field constraints that could only fail later are start-up errors") {
+  CHECK_THAT(StartupError("collate: {length_field: ''}"), Catch::Contains("collate.length_field"));
+  CHECK(StartupError("collate: {length_field: '', attention_mask: false}").empty());
+  CHECK_THAT(StartupError("collate: {length_field: '', packed: true, attention_mask: false}"),
+             Catch::Contains("packed"));
+  // A field named like a tensor the collator adds.
+  CHECK_THAT(StartupError("collate: {fields: [{name: attention_mask}]}"),
+             Catch::Contains("collate.fields[0].name") && Catch::Contains("attention_mask"));
+  CHECK_THAT(StartupError("collate: {packed: true, fields: [{name: cu_seqlens}]}"),
+             Catch::Contains("cu_seqlens"));
+  CHECK_THAT(StartupError("collate: {fields: [{name: px, rule: concat}, {name: px_offsets}]}"),
+             Catch::Contains("collate.fields[1].name"));
+  // phase_plans moves encoder fields out of the LLM batch: not the length field.
+  CHECK_THAT(StartupError("alignment: {phase_plans: true}\ncollate: {encoder_fields: [input_ids]}"),
+             Catch::Contains("collate.length_field") && Catch::Contains("encoder_fields"));
+  CHECK(StartupError("alignment: {phase_plans: true}\ncollate: {encoder_fields: [pixel_values]}").empty());
+  CHECK_THAT(StartupError("collate: {encoder_fields: [a, a]}"), Catch::Contains("encoder_fields[1]"));
+  // The same endpoint twice would fail at bind.
+  CHECK_THAT(StartupError("ingest_endpoints: [ipc:///tmp/a.sock]\ntrainer_endpoint: ipc:///tmp/a.sock"),
+             Catch::Contains("trainer_endpoint"));
+  CHECK_THAT(StartupError("ingest_endpoints: [tcp://*:5000, tcp://*:5000]"),
+             Catch::Contains("listed twice"));
+  CHECK_THAT(StartupError("trainer_endpoint: udp://x"), Catch::Contains("trainer_endpoint"));
+  CHECK_THAT(StartupError("ingest_endpoints: [tcp://host]"), Catch::Contains("ingest_endpoints[0]"));
+  CHECK_THAT(StartupError("ingest_endpoints: ['tcp://host:99999']"), Catch::Contains("port"));
+  CHECK_THAT(StartupError("metrics_endpoint: 'tcp://0.0.0.0:x'"), Catch::Contains("metrics_endpoint"));
+  CHECK(StartupError("metrics_endpoint: 'tcp://127.0.0.1:*'").empty());
+  CHECK_THAT(StartupError("alignment: {job_id: a/b}"), Catch::Contains("alignment.job_id"));
+  CHECK_THAT(StartupError("alignment: {store: redis, redis_host: ''}"),
+             Catch::Contains("alignment.redis_host"));
+  CHECK_THAT(StartupError("alignment: {gloo_hostname: ''}"), Catch::Contains("alignment.gloo_hostname"));
+  // A negative rank is a typo, not "take it from $RANK".
+  CHECK_THAT(StartupError("rank: -2", {{"RANK", "0"}}), Catch::Contains("rank"));
+  CHECK_THAT(StartupError("world_size: 0"), Catch::Contains("world_size"));
+}
+
+TEST_CASE("string fields are bounded") {
+  const std::string long_id(129, 'j');
+  std::string e = StartupError("alignment: {job_id: " + long_id + "}");
+  CHECK_THAT(e, Catch::Contains("alignment.job_id") && Catch::Contains("129 bytes") &&
+                    Catch::Contains("128"));
+  CHECK(e.size() < 400);  // the value is cut in the message
+  CHECK(StartupError("alignment: {job_id: " + std::string(128, 'j') + "}").empty());
+
+  // A Unix socket path holds 107 bytes; a long run_dir makes bind fail.
+  const std::string run_dir = "/tmp/" + std::string(100, 'r');
+  e = StartupError("run_dir: " + run_dir);
+  CHECK_THAT(e, Catch::Contains("ingest_endpoints[0]") && Catch::Contains("shorter run_dir"));
+  CHECK_THAT(StartupError("trainer_endpoint: tcp://" + std::string(2000, 'h') + ":1"),
+             Catch::Contains("trainer_endpoint") && Catch::Contains("1024"));
+  CHECK_THAT(StartupError("alignment: {gloo_iface: " + std::string(16, 'e') + "}"),
+             Catch::Contains("alignment.gloo_iface"));
+  CHECK_THAT(StartupError("alignment: {gloo_hostname: " + std::string(254, 'h') + "}"),
+             Catch::Contains("alignment.gloo_hostname"));
+  CHECK_THAT(StartupError("run_dir: /" + std::string(5000, 'd')), Catch::Contains("run_dir"));
+  CHECK_THAT(StartupError("collate: {fields: [{name: " + std::string(256, 'f') + "}]}"),
+             Catch::Contains("collate.fields[0].name"));
+  CHECK_THAT(StartupError("collate: {length_field: 'input ids'}"),
+             Catch::Contains("collate.length_field"));
+  CHECK_THAT(StartupError("log_level: " + std::string(1000, 'x')),
+             Catch::Contains("log_level") && Catch::Contains("1000 bytes"));
 }
 
 }  // namespace
