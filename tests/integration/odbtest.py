@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,10 +101,14 @@ def produce(endpoint: str, producer_id: str, count: int, seed: int, id_offset: i
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def consume(endpoint: str, expected_producers: int, extra: list[str] | None = None) -> subprocess.Popen:
+def consume(endpoint: str, expected_producers: int, extra: list[str] | None = None,
+            step_records: bool = False) -> subprocess.Popen:
+    """A verifying odb_synth consumer; with step_records, each epoch JSON carries "steps_detail"
+    (see step_records()) for check_step_invariants."""
     return subprocess.Popen(
         [str(SYNTH), "consume", "--endpoint", endpoint, "--expected-producers",
-         str(expected_producers), "--timeout-ms", "60000"] + (extra or []),
+         str(expected_producers), "--timeout-ms", "60000"] + (["--step-records"] if step_records else [])
+        + (extra or []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -113,17 +118,95 @@ def finish(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str, st
 
 
 def epochs(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    """Each epoch's JSON; "step_records" (odb_synth --step-records) become dicts in "steps_detail"."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            e = json.loads(line)
+            if "step_records" in e:
+                e["steps_detail"] = [StepRecord(index=i, idle=idle, weight=w, real_tokens=t, global_real_tokens=g,
+                                                lengths=lengths, epoch=e["epoch"])
+                                     for i, idle, w, t, g, lengths in e.pop("step_records")]
+            out.append(e)
+    return out
+
+
+@dataclass
+class StepRecord:
+    """One step as the trainer of one rank received it (header fields only)."""
+    index: int
+    idle: bool
+    weight: float
+    real_tokens: int          # the header's real_tokens of this rank
+    global_real_tokens: int   # the header's T_tok: all ranks' real tokens of this step
+    lengths: list             # tokens of each of this rank's samples (the step's own lengths)
+    epoch: int = 0
+
+
+def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) -> None:
+    """Asserts the alignment invariants of one epoch on every step, across all ranks:
+
+    * every rank ran the same steps: step indices 0..N-1, in order, on every rank (the steps
+      carry no round index, so equal sequences stand for "the same T every round");
+    * IDLE steps have weight 0 and no samples;
+    * t_r = sum of the step's own lengths (and the header's real_tokens agrees);
+    * T_tok (global_real_tokens) is the same on every rank and equals sum_r t_r > 0;
+    * w_r = W * t_r / T_tok and sum_r w_r = W, within 1e-9 relative.
+
+    Raises AssertionError naming the step and rank; also used on hand-made lists by
+    test_step_invariants.py, which proves that it can fail."""
+    assert len(per_rank_steps) == world, f"{len(per_rank_steps)} ranks' steps for world size {world}"
+    counts = [len(steps) for steps in per_rank_steps]
+    assert len(set(counts)) == 1, f"ranks ran different numbers of steps: {counts}"
+    for r, steps in enumerate(per_rank_steps):
+        indices = [s.index for s in steps]
+        assert indices == list(range(len(steps))), \
+            f"rank {r}: step indices are not 0..{len(steps) - 1} in order: {_first_gap(indices)}"
+        assert len({s.epoch for s in steps}) <= 1, f"rank {r}: steps of several epochs {sorted({s.epoch for s in steps})}"
+    tol = 1e-9 * world
+    for k in range(counts[0] if counts else 0):
+        row = [steps[k] for steps in per_rank_steps]
+        where = f"step {k}"
+        t = []
+        for r, s in enumerate(row):
+            tr = sum(s.lengths)
+            if s.idle:
+                assert not s.lengths and s.real_tokens == 0, f"{where} rank {r}: IDLE step with samples {s.lengths}"
+                assert s.weight == 0.0, f"{where} rank {r}: IDLE step with weight {s.weight!r}"
+            else:
+                assert s.lengths and all(n > 0 for n in s.lengths), f"{where} rank {r}: real step lengths {s.lengths}"
+                assert s.real_tokens == tr, f"{where} rank {r}: real_tokens {s.real_tokens} != sum of lengths {tr}"
+            t.append(tr)
+        total = sum(t)
+        assert total > 0, f"{where}: no rank has a real token (every rank IDLE)"
+        globals_ = [s.global_real_tokens for s in row]
+        assert all(g == total for g in globals_), \
+            f"{where}: global_real_tokens per rank {globals_} != sum of the ranks' tokens {total} (t_r = {t})"
+        for r, s in enumerate(row):
+            want = world * t[r] / total
+            assert abs(s.weight - want) <= tol, \
+                f"{where} rank {r}: weight {s.weight!r} != W*t_r/T_tok = {world}*{t[r]}/{total} = {want!r}"
+        weight_sum = sum(s.weight for s in row)
+        assert abs(weight_sum - world) <= tol, \
+            f"{where}: weights {[s.weight for s in row]} sum to {weight_sum!r}, not W = {world}"
+
+
+def _first_gap(indices: list[int]) -> str:
+    for i, x in enumerate(indices):
+        if x != i:
+            return f"position {i} holds step {x}"
+    return "ok"
 
 
 def run_epoch(daemons: list[Daemon], counts: list[int], consumer_extra: list[str] | None = None,
               max_len: int = 1024) -> list[dict]:
     """Runs one epoch on already-started daemons: one verifying consumer and one producer per
     rank (rank r sends counts[r] samples with ids r*1e6 + k; an empty stream still ends), and
-    returns each rank's epoch JSON. Fails with the daemon log on any error."""
+    returns each rank's epoch JSON. Fails with the daemon log on any error; with several ranks,
+    also unless every step meets check_step_invariants."""
     for d in daemons:
         d.wait_ready(timeout=60)
-    consumers = [consume(d.trainer, expected_producers=1,
+    consumers = [consume(d.trainer, expected_producers=1, step_records=len(daemons) > 1,
                          extra=["--rank", str(d.rank)] + (consumer_extra or [])) for d in daemons]
     for d in daemons:
         rc, _, err = finish(produce(d.ingest, f"r{d.rank}", counts[d.rank], seed=d.rank,
@@ -133,11 +216,15 @@ def run_epoch(daemons: list[Daemon], counts: list[int], consumer_extra: list[str
 
 
 def collect_epochs(daemons: list[Daemon], consumers: list[subprocess.Popen]) -> list[dict]:
-    """Each rank's one epoch JSON from its consumer; fails with the daemon log on any error."""
+    """Each rank's one epoch JSON from its consumer; fails with the daemon log on any error.
+    When the consumers ran with step_records (every multi-rank test's should), every step of the
+    epoch is checked across ranks (check_step_invariants)."""
     results = []
     for d, c in zip(daemons, consumers):
         rc, out, err = finish(c, timeout=120)
         assert rc == 0, f"rank {d.rank}: {err}\n{d.read_log()}"
         (e,) = epochs(out)
         results.append(e)
+    if len(results) > 1 and all("steps_detail" in e for e in results):
+        check_step_invariants([e["steps_detail"] for e in results], len(results))
     return results

@@ -60,6 +60,7 @@ def test_four_ranks_on_two_hosts(tmp_path, two_hosts):
         for d in daemons:
             d.stop()
     assert len({e["steps"] for e in results}) == 1
+    assert all("steps_detail" in e for e in results)  # run_epoch checked every step across ranks
     got = sorted(i for e in results for i in e["ids"])
     assert got == sorted(r * 1_000_000 + k for r in range(4) for k in range(counts[r]))
     assert results[3]["moved_in"] > 0  # rank 3 (host B, no data) trained samples from host A

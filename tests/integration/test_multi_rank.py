@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from odbtest import Daemon, collect_epochs, consume, epochs, finish, produce, run_epoch
+from odbtest import Daemon, check_step_invariants, collect_epochs, consume, epochs, finish, produce, run_epoch
 
 W = 4
 
@@ -39,7 +39,10 @@ def _check_aligned_coverage(results, counts):
     assert all_ids == expected  # Join: every sample exactly once, globally
     for e in results:
         assert e["failures"] == 0 and e["duplicates"] == 0
-    # Sum of loss weights over ranks = W on every step => sum over the epoch = W * steps.
+    # Every step, across ranks: same indices, sum w_r = W, w_r = W t_r / T_tok, IDLE w = 0
+    # (checked by run_epoch / collect_epochs; steps_detail shows it ran).
+    assert all(len(e["steps_detail"]) == e["steps"] for e in results)
+    # And summed over the epoch = W * steps.
     total_weight = sum(e["weight_sum"] for e in results)
     # (every aligned step has at least one rank with samples, so no step sums to 0)
     assert total_weight == pytest.approx(W * results[0]["steps"], rel=1e-6)
@@ -134,7 +137,7 @@ def test_two_ranks_non_join_quota_closure(tmp_path):
             assert rc == 0, err
         for d in daemons:  # a producer's exit is not the daemon's read: wait until it read the end
             d.wait_log(f"producer 'r{d.rank}' ended epoch 0")
-        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        consumers = [consume(d.trainer, expected_producers=1, step_records=True) for d in daemons]
         results = []
         for d, c in zip(daemons, consumers):
             rc, out, err = finish(c, timeout=120)
@@ -144,6 +147,7 @@ def test_two_ranks_non_join_quota_closure(tmp_path):
         for d in daemons:
             d.stop()
     assert results[0]["steps"] == results[1]["steps"]
+    check_step_invariants([e["steps_detail"] for e in results], 2)  # the closing round included
     assert results[0]["not_emitted"] == 0  # the short rank ran dry: it emitted everything
     assert results[1]["not_emitted"] > 0   # the long rank's rest is reported, not lost
     for r, e in enumerate(results):
@@ -193,7 +197,7 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
     try:
         for d in daemons:
             d.wait_ready(timeout=60)
-        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        consumers = [consume(d.trainer, expected_producers=1, step_records=True) for d in daemons]
         rc, _, err = finish(produce(daemons[0].ingest, "r0", counts[0], seed=0, extra=["--max-len", "512"]))
         assert rc == 0, err
         time.sleep(6.0)  # the scenario: rank 1's workers start late, rank 0's data is all there
@@ -206,6 +210,7 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
         for d in daemons:
             d.stop()
     assert results[0]["steps"] == results[1]["steps"]
+    assert all("steps_detail" in e for e in results)  # collect_epochs checked every step
     assert sorted(results[0]["ids"]) == list(range(counts[0]))
     assert sorted(results[1]["ids"]) == [1_000_000 + k for k in range(counts[1])]
     idle = [e["idle_steps"] for e in results]

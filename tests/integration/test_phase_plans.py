@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import zmq
 
-from odbtest import Daemon
+from odbtest import Daemon, StepRecord, check_step_invariants
 
 import odb_pb2
 
@@ -105,6 +105,10 @@ def test_phase_plans_route_encoder_outputs_to_the_llm_layout(tmp_path):
         for d in daemons:
             d.stop()
     assert len(results[0]) == len(results[1])
+    check_step_invariants([[StepRecord(index=st.step_index, idle=st.idle, weight=st.loss_weight,
+                                       real_tokens=st.real_tokens, global_real_tokens=st.global_real_tokens,
+                                       lengths=list(st.lengths), epoch=st.epoch) for st, _ in steps]
+                           for steps in results], W)
     emitted, encoded, moved_encoders = [], [], 0
     for k in range(len(results[0])):
         step = [results[r][k][0] for r in range(W)]

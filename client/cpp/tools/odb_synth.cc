@@ -14,6 +14,7 @@
 #include <cstring>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <random>
 #include <set>
 #include <thread>
@@ -100,6 +101,10 @@ struct ConsumeArgs {
   uint64_t max_tokens = 4096;
   int slow_ms = 0, timeout_ms = 60000;
   bool packed = false, quiet = false;
+  // Adds "step_records" to each epoch's JSON: one [step_index, idle,
+  // loss_weight, real_tokens, global_real_tokens, [lengths]] per step, in
+  // arrival order, so a test can check every step across ranks.
+  bool step_records = false;
   int rank = -1;  // when set, count samples whose payload came from another rank
   // "blob" payloads: compare every byte (full) or the first and last 64 bytes
   // of each sample's row (edges: catches a misplaced or misrouted payload at
@@ -149,6 +154,7 @@ int Consume(const ConsumeArgs& a) {
     std::map<uint64_t, int> seen;
     uint64_t steps = 0, idle = 0, real = 0, padded = 0, bytes = 0, rejections = 0, moved_in = 0;
     double weight_sum = 0;
+    std::string records;  // --step-records: JSON array elements, comma-separated
     auto start = std::chrono::steady_clock::now();
     while (true) {
       auto d = (*consumer)->Next();
@@ -175,7 +181,9 @@ int Consume(const ConsumeArgs& a) {
           std::printf("%s[\"%s\", %lu]", i ? ", " : "", s.rejections[i].code.c_str(),
                       s.rejections[i].has_sample_id ? s.rejections[i].sample_id : 0ul);
         }
-        std::printf("], \"ids\": [");
+        std::printf("]");
+        if (a.step_records) std::printf(", \"step_records\": [%s]", records.c_str());
+        std::printf(", \"ids\": [");
         bool first = true;
         for (auto& [id, n] : seen) {
           std::printf("%s%lu", first ? "" : ",", id);
@@ -189,6 +197,18 @@ int Consume(const ConsumeArgs& a) {
       const auto& st = d->step;
       rejections += st.rejections.size();
       weight_sum += st.loss_weight;
+      if (a.step_records) {
+        char head[160];
+        // %.17g: the weight round-trips exactly, so the test sees the double the daemon sent.
+        std::snprintf(head, sizeof(head), "%s[%lu, %s, %.17g, %lu, %lu, [", records.empty() ? "" : ", ",
+                      st.step_index, st.idle ? "true" : "false", st.loss_weight, st.real_tokens,
+                      st.global_real_tokens);
+        records += head;
+        for (size_t i = 0; i < st.lengths.size(); ++i) {
+          records += (i ? "," : "") + std::to_string(st.lengths[i]);
+        }
+        records += "]]";
+      }
       if (st.idle) {
         ++idle;
         if (st.loss_weight != 0.0) fail("IDLE step with non-zero weight");
@@ -262,6 +282,8 @@ int main(int argc, char** argv) {
   consume->add_option("--slow-ms", c.slow_ms);
   consume->add_option("--timeout-ms", c.timeout_ms);
   consume->add_flag("--packed", c.packed);
+  consume->add_flag("--step-records", c.step_records,
+                    "add each step's [index, idle, weight, real, global real tokens, [lengths]] to the JSON");
   consume->add_option("--rank", c.rank, "this consumer's rank (reports moved_in)");
   consume->add_option("--verify-payload", c.verify_payload, "blob payload check: full|edges")
       ->check(CLI::IsMember({"full", "edges"}));
