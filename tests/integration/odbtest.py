@@ -138,7 +138,9 @@ class StepRecord:
     idle: bool
     weight: float
     real_tokens: int          # the header's real_tokens of this rank
-    global_real_tokens: int   # the header's T_tok: all ranks' real tokens of this step
+    # The header's T_tok: all ranks' real tokens of this step. None: the trainer never saw the
+    # header (an IDLE step the Python loader drained itself under its "join" policy).
+    global_real_tokens: int | None
     lengths: list             # tokens of each of this rank's samples (the step's own lengths)
     epoch: int = 0
 
@@ -180,7 +182,7 @@ def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) ->
         total = sum(t)
         assert total > 0, f"{where}: no rank has a real token (every rank IDLE)"
         globals_ = [s.global_real_tokens for s in row]
-        assert all(g == total for g in globals_), \
+        assert all(g == total for g in globals_ if g is not None), \
             f"{where}: global_real_tokens per rank {globals_} != sum of the ranks' tokens {total} (t_r = {t})"
         for r, s in enumerate(row):
             want = world * t[r] / total

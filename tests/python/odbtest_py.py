@@ -3,13 +3,33 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import odb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from odbtest import StepRecord, check_step_invariants  # noqa: E402,F401 - one helper for every multi-rank test
+
 CTX = mp.get_context("fork")
+
+
+def step_record(step: "odb.Step") -> StepRecord:
+    """The header fields of one step the loader yielded (a dummy IDLE step included)."""
+    return StepRecord(index=step.step_index, idle=step.idle, weight=step.loss_weight, real_tokens=step.real_tokens,
+                      global_real_tokens=step.global_real_tokens, lengths=list(step.lengths), epoch=step.epoch)
+
+
+def with_dropped_idle(records: List[StepRecord], loader: "odb.OdbDataLoader") -> List[StepRecord]:
+    """records plus the trailing IDLE steps that the "join" policy drained without yielding them
+    (loader.dropped_trailing_idle, known after wait_epoch_end; the loader raises if a drained step
+    was not IDLE). They follow the last yielded step, so their indices continue from it."""
+    epoch = records[-1].epoch if records else loader.epoch
+    n, first = loader.dropped_trailing_idle, records[-1].index + 1 if records else 0
+    return records + [StepRecord(index=first + i, idle=True, weight=0.0, real_tokens=0, global_real_tokens=None,
+                                 lengths=[], epoch=epoch) for i in range(n)]
 
 
 def start_daemons(run_dir: Path, world: int, job_id: str, config: Optional[dict] = None) -> List[odb.DaemonProcess]:

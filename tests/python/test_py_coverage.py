@@ -8,7 +8,7 @@ import torch
 
 import odb
 import tiny_lm
-from odbtest_py import run_ranks, start_daemons, stop_all
+from odbtest_py import check_step_invariants, run_ranks, start_daemons, step_record, stop_all, with_dropped_idle
 
 N_SHORT, N_LONG = 12, 90
 
@@ -30,7 +30,7 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(lengths, vocab=64), sampler=mine, num_workers=2,
                                idle_policy=idle_policy, timeout_s=60)
-    trained, steps, dummies = [], 0, 0
+    trained, steps, dummies, records = [], 0, 0, []
 
     def train_step(step: odb.Step) -> None:
         b = step.batch
@@ -47,14 +47,17 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
                 steps += 1
                 dummies += step.dummy
                 trained += step.sample_ids
+                records.append(step_record(step))
         loader.wait_epoch_end()  # the trailing IDLE steps drain in the background
+        records = with_dropped_idle(records, loader)
     else:
         for step in loader:
             train_step(step)
             steps += 1
             dummies += step.dummy
             trained += step.sample_ids
-    return {"trained": trained, "steps": steps, "dummies": dummies, "summary": loader.last_summary,
+            records.append(step_record(step))
+    return {"records": records, "trained": trained, "steps": steps, "dummies": dummies, "summary": loader.last_summary,
             "dropped_idle": loader.dropped_trailing_idle}
 
 
@@ -68,6 +71,7 @@ def test_skewed_ranks_cover_every_sample_once(run_dir, job_id, idle_policy) -> N
     trained = r0["trained"] + r1["trained"]
     assert sorted(trained) == list(range(N_SHORT + N_LONG)), "a sample missing or trained twice"
     assert set(r0["trained"]) == set(range(N_SHORT))
+    check_step_invariants([r0["records"], r1["records"]], 2)  # every step, across the ranks
     # The daemons keep the step count equal; the short rank gets IDLE steps.
     assert r0["summary"]["steps"] == r1["summary"]["steps"]
     assert r0["summary"]["idle_steps"] > 0
@@ -100,5 +104,6 @@ def test_global_planner_balances_skewed_ranks_in_both_policies(run_dir, job_id, 
     trained = r0["trained"] + r1["trained"]
     assert sorted(trained) == list(range(N_SHORT + N_LONG)), "a sample missing or trained twice"
     assert r0["summary"]["steps"] == r1["summary"]["steps"]
+    check_step_invariants([r0["records"], r1["records"]], 2)
     # Balancing: the short rank trains some of the long rank's samples.
     assert set(r0["trained"]) - set(range(N_SHORT))

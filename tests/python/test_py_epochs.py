@@ -9,7 +9,7 @@ import torch
 
 import odb
 import tiny_lm
-from odbtest_py import run_ranks, start_daemons, stop_all
+from odbtest_py import check_step_invariants, run_ranks, start_daemons, step_record, stop_all, with_dropped_idle
 
 N, EPOCHS = 120, 3
 
@@ -27,7 +27,7 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
     per_epoch = []
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
-        trained, steps = [], 0
+        trained, steps, records = [], 0, []
 
         def run() -> None:
             nonlocal steps
@@ -40,14 +40,16 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
                 opt.step()
                 steps += 1
                 trained.extend(step.sample_ids)
+                records.append(step_record(step))
 
         if idle_policy == "join":
             with ddp.join():
                 run()
             loader.wait_epoch_end()
+            records = with_dropped_idle(records, loader)
         else:
             run()
-        per_epoch.append({"trained": trained, "steps": steps, "dropped_idle": loader.dropped_trailing_idle,
+        per_epoch.append({"records": records, "trained": trained, "steps": steps, "dropped_idle": loader.dropped_trailing_idle,
                           "summary": loader.last_summary, "indices": loader.indices()})
     return {"epochs": per_epoch}
 
@@ -66,6 +68,8 @@ def test_three_epochs_each_cover_every_sample_once(run_dir, job_id, idle_policy,
         assert a["summary"]["epoch"] == b["summary"]["epoch"] == e
         assert sorted(a["trained"] + b["trained"]) == list(range(N)), f"epoch {e}: a sample missing or twice"
         assert a["summary"]["steps"] == b["summary"]["steps"]
+        check_step_invariants([a["records"], b["records"]], 2)
+        assert {s.epoch for s in a["records"] + b["records"]} == {e}
         for r in (a, b):
             assert r["steps"] + r["dropped_idle"] == r["summary"]["steps"]
         orders.append(a["indices"] + b["indices"])

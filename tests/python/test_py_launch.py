@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import tiny_lm
+from odbtest_py import StepRecord, check_step_invariants
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 80
@@ -32,8 +33,10 @@ TRAIN = textwrap.dedent(f"""
         lengths = tiny_lm.long_tail_lengths({N}, seed=2, min_len=4, max_len=100, median=24)
         loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(lengths, vocab=64), shuffle=True, num_workers=1,
                                    timeout_s=60)  # finds its daemon from $ODB_RUN_DIR and $RANK
-        trained = []
+        trained, records = [], []
         for step in loader:
+            records.append([step.step_index, step.idle, step.loss_weight, step.real_tokens,
+                            step.global_real_tokens, list(step.lengths), step.epoch])
             b = step.batch
             loss = odb.weighted_cross_entropy(model(b["input_ids"], b["attention_mask"]), b["labels"],
                                               step.loss_weight, step.real_tokens)
@@ -42,7 +45,7 @@ TRAIN = textwrap.dedent(f"""
             opt.step()
             trained += step.sample_ids
         out = os.path.join(sys.argv[1], f"trained-{{dist.get_rank()}}.json")
-        json.dump({{"trained": trained, "steps": loader.last_summary["steps"]}}, open(out, "w"))
+        json.dump({{"trained": trained, "records": records, "steps": loader.last_summary["steps"]}}, open(out, "w"))
         dist.destroy_process_group()
 
 
@@ -75,6 +78,7 @@ def test_torchrun_launcher_runs_one_daemon_per_rank_and_stops_them(run_dir) -> N
     results = [json.loads((run_dir / f"trained-{r}.json").read_text()) for r in range(2)]
     assert sorted(results[0]["trained"] + results[1]["trained"]) == list(range(N))  # each sample once
     assert results[0]["steps"] == results[1]["steps"]
+    check_step_invariants([[StepRecord(*fields) for fields in r["records"]] for r in results], 2)
     # Both daemons ran (their logs are there) and are gone with their trainers.
     assert (run_dir / "odb" / "odbd-0.log").exists() and (run_dir / "odb" / "odbd-1.log").exists(), \
         sorted(p.name for p in (run_dir / "odb").iterdir())

@@ -10,7 +10,7 @@ import torch
 
 import odb
 import tiny_lm
-from odbtest_py import run_ranks, start_daemons, stop_all
+from odbtest_py import check_step_invariants, run_ranks, start_daemons, step_record, stop_all
 
 
 def test_weighted_loss_formula_matches_mean_over_all_tokens() -> None:
@@ -40,8 +40,9 @@ def _rank(rank: int, world: int, run_dir: str, lengths: list) -> dict:
     dataset = tiny_lm.SyntheticCorpus(lengths, vocab=64)
     loader = odb.OdbDataLoader(dataset, num_workers=1, shuffle=True, seed=3, idle_policy="zero_step",
                                timeout_s=60)
-    checked, max_grad_err, max_loss_err, weight_sums = 0, 0.0, 0.0, []
+    checked, max_grad_err, max_loss_err, weight_sums, records = 0, 0.0, 0.0, [], []
     for step in loader:
+        records.append(step_record(step))
         ddp.zero_grad(set_to_none=False)
         b = step.batch
         logits = ddp(b["input_ids"], b["attention_mask"])
@@ -68,7 +69,7 @@ def _rank(rank: int, world: int, run_dir: str, lengths: list) -> dict:
         # DDP averages gradients, so the matching loss is the mean of the ranks' losses.
         max_loss_err = max(max_loss_err, abs(stats[1].item() / world - ref_loss.item()))
         checked += 1
-    return {"steps": checked, "grad_err": max_grad_err, "loss_err": max_loss_err, "weight_sums": weight_sums,
+    return {"records": records, "steps": checked, "grad_err": max_grad_err, "loss_err": max_loss_err, "weight_sums": weight_sums,
             "summary": loader.last_summary}
 
 
@@ -80,6 +81,7 @@ def test_ddp_two_ranks_equals_one_reference_batch(run_dir, job_id) -> None:
     finally:
         stop_all(daemons)
     assert results[0]["steps"] == results[1]["steps"] >= 3
+    check_step_invariants([r["records"] for r in results], 2)
     for r in results:
         assert r["grad_err"] < 1e-10, r
         assert r["loss_err"] < 1e-10, r

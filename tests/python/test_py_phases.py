@@ -319,8 +319,11 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
 
     dataset = _ImageTextDataset(n)
     loader = odb.OdbDataLoader(dataset, num_workers=0, idle_policy="zero_step", timeout_s=60)
-    seen, enc_seen, steps, moved, errors = [], [], 0, 0, []
+    from odbtest_py import step_record
+
+    seen, enc_seen, steps, moved, errors, records = [], [], 0, 0, [], []
     for step in loader:
+        records.append(step_record(step))
         plan = step.phase_plan
         assert plan == PhasePlan.from_step(step)
         b = step.batch
@@ -343,11 +346,11 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
             if rows != dataset.images[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, 12)):
                 errors.append(f"step {step.step_index} sample {sid}: {rows} rows {got[:, 0].tolist()}")
             start += rows
-    return {"seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors}
+    return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors}
 
 
 def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
-    from odbtest_py import run_ranks, start_daemons, stop_all
+    from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
 
     config = {"alignment": {"planner": "global", "phase_plans": True},
               "grouping": {"max_tokens": 128, "max_vision_patches": 96},
@@ -359,6 +362,7 @@ def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
     finally:
         stop_all(daemons)
     assert results[0]["steps"] == results[1]["steps"] > 1
+    check_step_invariants([r["records"] for r in results], 2)
     assert results[0]["errors"] == [] and results[1]["errors"] == []
     assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
     assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
