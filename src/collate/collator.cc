@@ -4,7 +4,10 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -16,6 +19,7 @@ namespace odb::collate {
 namespace {
 
 using ::absl::InvalidArgumentError;
+using ::absl::ResourceExhaustedError;
 
 // Message builder for errors. (Debian's absl has its own string_view, which
 // absl::StrCat does not take from std::string_view; errors are off the hot
@@ -229,6 +233,39 @@ void AppendValue(T value, std::vector<uint8_t>* out) {
   out->insert(out->end(), raw, raw + sizeof(T));
 }
 
+// The bytes of batch tensor `tensor`, the product of `factors`: an error
+// when the product overflows or is over `cap` (checked before any
+// allocation, so a hostile shape never reaches the allocator).
+absl::StatusOr<size_t> OutputSize(std::string_view tensor, std::initializer_list<uint64_t> factors,
+                                  uint64_t cap) {
+  uint64_t bytes = 1;
+  bool overflow = false;
+  for (uint64_t f : factors) overflow = overflow || __builtin_mul_overflow(bytes, f, &bytes);
+  if (overflow || bytes > cap || bytes > std::numeric_limits<size_t>::max()) {
+    std::string product;
+    for (uint64_t f : factors) product += (product.empty() ? "" : " x ") + std::to_string(f);
+    const std::string total = overflow ? " (overflows 64 bits)" : StrCat(" = ", bytes, " bytes");
+    return ResourceExhaustedError(StrCat("collate: batch tensor '", tensor, "' would need ", product,
+                                         total, ", over the limit of ", cap,
+                                         " (CollateOptions::max_batch_tensor_bytes); lower the "
+                                         "budget or check the samples' shapes"));
+  }
+  return static_cast<size_t>(bytes);
+}
+
+// Sum of dim 0 of `field` over the group, overflow-checked.
+absl::StatusOr<int64_t> TotalRows(const std::vector<const TensorView*>& views,
+                                  const std::string& field) {
+  int64_t total = 0;
+  for (const TensorView* v : views) {
+    if (__builtin_add_overflow(total, v->shape[0], &total)) {
+      return ResourceExhaustedError(
+          StrCat("collate: the rows of field '", field, "' over the group overflow int64"));
+    }
+  }
+  return total;
+}
+
 // An empty output buffer with room for `bytes`: from the pool when there is
 // one (memory already mapped), else a fresh reservation.
 std::vector<uint8_t> OutputBuffer(size_t bytes, BufferPool* pool) {
@@ -324,9 +361,15 @@ absl::Status ValidateFieldShapes(const std::vector<const Sample*>& group, Field*
                  " needs equal rank and trailing dims"));
     }
   }
-  size_t row = elem;
-  for (size_t d = 1; d < first.shape.size(); ++d) row *= static_cast<size_t>(first.shape[d]);
-  field->row_bytes = row;
+  uint64_t row = elem;
+  for (size_t d = 1; d < first.shape.size(); ++d) {
+    if (__builtin_mul_overflow(row, static_cast<uint64_t>(first.shape[d]), &row) ||
+        row > std::numeric_limits<size_t>::max()) {
+      return ResourceExhaustedError(StrCat(Where(field->name, first_sample), ": a row of shape ",
+                                           ShapeString(first.shape), " overflows 64 bits"));
+    }
+  }
+  field->row_bytes = static_cast<size_t>(row);
   return absl::OkStatus();
 }
 
@@ -334,7 +377,8 @@ std::vector<int64_t> TrailingDims(const TensorView& view) {
   return std::vector<int64_t>(view.shape.begin() + 1, view.shape.end());
 }
 
-absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, BufferPool* pool) {
+absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, uint64_t cap,
+                                     BufferPool* pool) {
   auto pad_element = EncodePadValue(field.pad_value(), field.dtype, field.name);
   if (!pad_element.ok()) return pad_element.status();
   const PatternFill fill(*pad_element, DTypeSize(field.dtype));
@@ -347,7 +391,9 @@ absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, BufferPoo
   out.dtype = field.dtype;
   out.shape = {static_cast<int64_t>(batch), max_rows};
   for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  out.bytes = OutputBuffer(batch * static_cast<size_t>(max_rows) * field.row_bytes, pool);
+  auto size = OutputSize(field.name, {batch, static_cast<uint64_t>(max_rows), field.row_bytes}, cap);
+  if (!size.ok()) return size.status();
+  out.bytes = OutputBuffer(*size, pool);
   const bool left = field.pad_side() == PadSide::kLeft;
   for (size_t i = 0; i < batch; ++i) {
     const TensorView& v = *field.views[i];
@@ -360,39 +406,44 @@ absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, BufferPoo
 }
 
 // Concatenation along dim 0 (kConcat, and kPad in packed mode).
-BatchTensor ConcatField(const Field& field, size_t batch, bool as_packed_row, BufferPool* pool) {
-  int64_t total_rows = 0;
-  size_t total_bytes = 0;
-  for (size_t i = 0; i < batch; ++i) {
-    total_rows += field.Rows(i);
-    total_bytes += field.views[i]->size_bytes;
-  }
+absl::StatusOr<BatchTensor> ConcatField(const Field& field, size_t batch, bool as_packed_row,
+                                        uint64_t cap, BufferPool* pool) {
+  auto total_rows = TotalRows(field.views, field.name);
+  if (!total_rows.ok()) return total_rows.status();
+  // Every sample's bytes are rows x row_bytes, so the total is too.
+  auto total_bytes =
+      OutputSize(field.name, {static_cast<uint64_t>(*total_rows), field.row_bytes}, cap);
+  if (!total_bytes.ok()) return total_bytes.status();
   BatchTensor out;
   out.name = field.name;
   out.dtype = field.dtype;
   if (as_packed_row) out.shape.push_back(1);
-  out.shape.push_back(total_rows);
+  out.shape.push_back(*total_rows);
   for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  out.bytes = OutputBuffer(total_bytes, pool);
+  out.bytes = OutputBuffer(*total_bytes, pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
   }
   return out;
 }
 
-BatchTensor StackField(const Field& field, size_t batch, BufferPool* pool) {
+absl::StatusOr<BatchTensor> StackField(const Field& field, size_t batch, uint64_t cap,
+                                       BufferPool* pool) {
+  auto size = OutputSize(field.name, {batch, field.row_bytes}, cap);
+  if (!size.ok()) return size.status();
   BatchTensor out;
   out.name = field.name;
   out.dtype = field.dtype;
   out.shape.push_back(static_cast<int64_t>(batch));
   for (int64_t d : field.views[0]->shape) out.shape.push_back(d);
-  out.bytes = OutputBuffer(batch * field.row_bytes, pool);
+  out.bytes = OutputBuffer(*size, pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
   }
   return out;
 }
 
+// Call after ConcatField succeeded: it checked that the rows' sum fits.
 BatchTensor Offsets(const Field& field, size_t batch) {
   BatchTensor out;
   out.name = field.name + std::string(kOffsetsSuffix);
@@ -408,7 +459,8 @@ BatchTensor Offsets(const Field& field, size_t batch) {
   return out;
 }
 
-BatchTensor AttentionMask(const Field& length_field, size_t batch, BufferPool* pool) {
+absl::StatusOr<BatchTensor> AttentionMask(const Field& length_field, size_t batch, uint64_t cap,
+                                          BufferPool* pool) {
   int64_t max_rows = 0;
   for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
   std::array<uint8_t, 8> one{};
@@ -420,7 +472,10 @@ BatchTensor AttentionMask(const Field& length_field, size_t batch, BufferPool* p
   out.name = std::string(kAttentionMask);
   out.dtype = DType::kInt64;
   out.shape = {static_cast<int64_t>(batch), max_rows};
-  out.bytes = OutputBuffer(batch * static_cast<size_t>(max_rows) * sizeof(int64_t), pool);
+  auto size = OutputSize(kAttentionMask, {batch, static_cast<uint64_t>(max_rows), sizeof(int64_t)},
+                         cap);
+  if (!size.ok()) return size.status();
+  out.bytes = OutputBuffer(*size, pool);
   const bool left = length_field.pad_side() == PadSide::kLeft;
   for (size_t i = 0; i < batch; ++i) {
     const size_t real = static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t);
@@ -432,10 +487,11 @@ BatchTensor AttentionMask(const Field& length_field, size_t batch, BufferPool* p
   return out;
 }
 
-absl::Status AppendPackedIndex(const Field& length_field, size_t batch, BufferPool* pool,
-                               std::vector<BatchTensor>* outputs) {
-  int64_t total = 0;
-  for (size_t i = 0; i < batch; ++i) total += length_field.Rows(i);
+absl::Status AppendPackedIndex(const Field& length_field, size_t batch, uint64_t cap,
+                               BufferPool* pool, std::vector<BatchTensor>* outputs) {
+  auto total_rows = TotalRows(length_field.views, length_field.name);
+  if (!total_rows.ok()) return total_rows.status();
+  const int64_t total = *total_rows;
   if (total > std::numeric_limits<int32_t>::max()) {
     return InvalidArgumentError(StrCat("collate: packed group has ", total, " rows of '",
                                        length_field.name,
@@ -457,6 +513,9 @@ absl::Status AppendPackedIndex(const Field& length_field, size_t batch, BufferPo
   pos.name = std::string(kPositionIds);
   pos.dtype = DType::kInt64;
   pos.shape = {1, total};
+  // The ramp is at most as long as position_ids, so this bounds both.
+  auto pos_size = OutputSize(kPositionIds, {static_cast<uint64_t>(total), sizeof(int64_t)}, cap);
+  if (!pos_size.ok()) return pos_size.status();
   // Every sample's positions are a prefix of one ramp 0..Lmax-1: build it
   // once and copy slices, so position_ids cost a memcpy per sample.
   int64_t max_rows = 0;
@@ -464,7 +523,7 @@ absl::Status AppendPackedIndex(const Field& length_field, size_t batch, BufferPo
   std::vector<int64_t> ramp(static_cast<size_t>(max_rows));
   for (int64_t j = 0; j < max_rows; ++j) ramp[static_cast<size_t>(j)] = j;
   const auto* ramp_bytes = reinterpret_cast<const uint8_t*>(ramp.data());
-  pos.bytes = OutputBuffer(static_cast<size_t>(total) * sizeof(int64_t), pool);
+  pos.bytes = OutputBuffer(*pos_size, pool);
   for (size_t i = 0; i < batch; ++i) {
     AppendBytes(ramp_bytes, static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t),
                 &pos.bytes);
@@ -578,10 +637,9 @@ absl::Status CheckNameClashes(const std::vector<Field>& fields, const CollateOpt
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
-                                                 const CollateOptions& options, BufferPool* buffers) {
+absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const Sample*>& group,
+                                                        const CollateOptions& options,
+                                                        BufferPool* buffers) {
   if (group.empty()) {
     return InvalidArgumentError("collate: empty group; a group needs at least one sample");
   }
@@ -642,35 +700,58 @@ absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*
     }
   }
 
+  const uint64_t cap = options.max_batch_tensor_bytes;
   std::vector<BatchTensor> outputs;
   outputs.reserve(fields.size() * 2 + 2);
   for (const Field& field : fields) {
+    absl::StatusOr<BatchTensor> out;
     switch (field.rule) {
       case FieldRule::kPad:
-        if (options.packed) {
-          outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/true, buffers));
-        } else {
-          auto padded = PadField(field, batch, buffers);
-          if (!padded.ok()) return padded.status();
-          outputs.push_back(std::move(*padded));
-        }
+        out = options.packed ? ConcatField(field, batch, /*as_packed_row=*/true, cap, buffers)
+                             : PadField(field, batch, cap, buffers);
         break;
       case FieldRule::kStack:
-        outputs.push_back(StackField(field, batch, buffers));
+        out = StackField(field, batch, cap, buffers);
         break;
       case FieldRule::kConcat:
-        outputs.push_back(ConcatField(field, batch, /*as_packed_row=*/false, buffers));
-        outputs.push_back(Offsets(field, batch));
+        out = ConcatField(field, batch, /*as_packed_row=*/false, cap, buffers);
         break;
     }
+    if (!out.ok()) return out.status();
+    outputs.push_back(std::move(*out));
+    if (field.rule == FieldRule::kConcat) outputs.push_back(Offsets(field, batch));
   }
   if (options.packed) {
-    status = AppendPackedIndex(*length_field, batch, buffers, &outputs);
+    status = AppendPackedIndex(*length_field, batch, cap, buffers, &outputs);
     if (!status.ok()) return status;
   } else if (options.attention_mask) {
-    outputs.push_back(AttentionMask(*length_field, batch, buffers));
+    auto mask = AttentionMask(*length_field, batch, cap, buffers);
+    if (!mask.ok()) return mask.status();
+    outputs.push_back(std::move(*mask));
   }
   return outputs;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
+                                                 const CollateOptions& options, BufferPool* buffers) {
+  // The size checks above keep hostile shapes from the allocator; what is
+  // left (a real step larger than the memory there is) must not take the
+  // daemon down either: it becomes an error for this step.
+  try {
+    return CollateOrThrow(group, options, buffers);
+  } catch (const std::bad_alloc& e) {
+    return ResourceExhaustedError(StrCat("collate: out of memory building a batch of ", group.size(),
+                                         " samples (", e.what(), "); lower the budget"));
+  } catch (const std::length_error& e) {
+    return ResourceExhaustedError(StrCat("collate: a batch tensor of ", group.size(),
+                                         " samples is too large (", e.what(), "); lower the budget"));
+  }
+}
+
+absl::Status CheckPadValue(double value, DType dtype, const std::string& field) {
+  return EncodePadValue(value, dtype, field).status();
 }
 
 }  // namespace odb::collate

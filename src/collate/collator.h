@@ -2,6 +2,7 @@
 #define ODB_COLLATE_COLLATOR_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ struct CollateOptions {
   // built from the lengths of `length_field`.
   bool attention_mask = true;
   std::string length_field = "input_ids";
+  // Upper bound on one batch tensor's bytes, checked before allocating: a
+  // group that would exceed it fails with ResourceExhausted instead of
+  // asking the allocator (which, with overcommit, may say yes and let the
+  // OOM killer answer later). The default is far above any real step.
+  uint64_t max_batch_tensor_bytes = uint64_t{1} << 36;
 };
 
 // An owned, contiguous batch tensor ready to be sent as one frame.
@@ -87,12 +93,22 @@ struct BatchTensor {
 //   name ("attention_mask", "x_offsets", ...) is an error.
 // - Every tensor's size_bytes must equal numel x dtype size.
 // Errors are absl::InvalidArgumentError; on error nothing is returned.
+// Collate never throws: size arithmetic is overflow-checked, and a batch
+// tensor over options.max_batch_tensor_bytes or an allocation failure is
+// absl::ResourceExhaustedError. A group whose samples all passed one
+// ingest::EpochSchema built from the same options collates without an
+// InvalidArgument error (see src/ingest/schema.h).
 //
 // With `buffers`, the batch tensors are written into buffers taken from that
 // pool (give them back with BufferPool::Release once sent).
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
                                                  const CollateOptions& options,
                                                  BufferPool* buffers = nullptr);
+
+// The pad value as `dtype` would store it: OK when `value` is representable
+// (the rules of kPad above), else the InvalidArgumentError Collate would
+// return, naming `field`. Lets a config be checked once the dtypes are known.
+absl::Status CheckPadValue(double value, DType dtype, const std::string& field);
 
 }  // namespace odb::collate
 

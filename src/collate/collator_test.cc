@@ -625,5 +625,89 @@ TEST_CASE("error: a FieldSpec listed twice") {
              {"'labels'", "twice"});
 }
 
+// Collate must return errors, never throw: the daemon calls it on its
+// serving thread, and an exception there is a crash for every producer.
+absl::StatusOr<std::vector<BatchTensor>> CollateNoThrow(const std::vector<const Sample*>& group,
+                                                        const CollateOptions& options) {
+  std::optional<absl::StatusOr<std::vector<BatchTensor>>> result;
+  REQUIRE_NOTHROW(result.emplace(Collate(group, options)));
+  return std::move(*result);
+}
+
+void CheckResourceError(const absl::StatusOr<std::vector<BatchTensor>>& result,
+                        const std::vector<std::string>& fragments) {
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string message(result.status().message());
+  INFO("message: " << message);
+  for (const std::string& fragment : fragments) {
+    CHECK(message.find(fragment) != std::string::npos);
+  }
+}
+
+TEST_CASE("a huge empty length field is an error, not an attention mask of 2^40 rows") {
+  // Regression (bug a): input_ids [2^40, 0] with no bytes passed validation
+  // and the attention mask [1, 2^40] int64 threw std::bad_alloc.
+  std::vector<Sample> s;
+  s.push_back(SampleBuilder(7).AddRaw("input_ids", DType::kInt64, {int64_t{1} << 40, 0}, {}).Build());
+  CheckResourceError(CollateNoThrow(Ptrs(s), CollateOptions{}),
+                     {"'attention_mask'", "1099511627776", "max_batch_tensor_bytes"});
+  // The same rows padded without a mask are 0 bytes: fine.
+  auto padded = CollateNoThrow(Ptrs(s), Options({}));
+  REQUIRE(padded.ok());
+  CHECK((*padded)[0].shape == std::vector<int64_t>{1, int64_t{1} << 40, 0});
+}
+
+TEST_CASE("row sums that overflow int64 are an error") {
+  // Regression (bug b, sums in collation): concatenated rows wrapped around.
+  std::vector<Sample> s;
+  for (uint64_t id = 1; id <= 2; ++id) {
+    s.push_back(SampleBuilder(id).AddRaw("x", DType::kUInt8, {int64_t{1} << 62, 0}, {}).Build());
+  }
+  CheckResourceError(CollateNoThrow(Ptrs(s), Options({{"x", FieldRule::kConcat}})),
+                     {"'x'", "overflow"});
+  CollateOptions packed;
+  packed.packed = true;
+  packed.length_field = "x";
+  CheckResourceError(CollateNoThrow(Ptrs(s), packed), {"'x'", "overflow"});
+}
+
+TEST_CASE("a row size that overflows is an error") {
+  const int64_t big = int64_t{1} << 40;
+  std::vector<Sample> s;
+  s.push_back(SampleBuilder(1).AddRaw("x", DType::kInt64, {0, big, big}, {}).Build());
+  CheckResourceError(CollateNoThrow(Ptrs(s), Options({})), {"'x'", "overflows"});
+}
+
+TEST_CASE("a batch tensor over the byte limit is refused before allocating") {
+  std::vector<Sample> s = TwoSamples();
+  CollateOptions options = Options({});
+  options.max_batch_tensor_bytes = 31;  // input_ids and labels are [2, 2] int64 = 32 bytes
+  CheckResourceError(CollateNoThrow(Ptrs(s), options), {"32", "31"});
+  options.max_batch_tensor_bytes = 32;
+  CHECK(CollateNoThrow(Ptrs(s), options).ok());
+}
+
+TEST_CASE("an allocation failure is an error, not an exception") {
+  // 256 x 2^43 bytes of attention mask is more address space than any
+  // machine has: operator new throws whatever the overcommit policy.
+  std::vector<Sample> one;
+  one.push_back(
+      SampleBuilder(7).AddRaw("input_ids", DType::kInt64, {int64_t{1} << 40, 0}, {}).Build());
+  std::vector<const Sample*> group(256, &one[0]);
+  CollateOptions options;
+  options.max_batch_tensor_bytes = std::numeric_limits<uint64_t>::max();
+  CheckResourceError(CollateNoThrow(group, options), {"256 samples"});
+}
+
+TEST_CASE("CheckPadValue reports what Collate would") {
+  CHECK(CheckPadValue(-100, DType::kInt64, "labels").ok());
+  CHECK(CheckPadValue(1, DType::kBool, "m").ok());
+  const absl::Status s = CheckPadValue(0.5, DType::kInt32, "labels");
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("'labels'") && Catch::Contains("0.5"));
+  CHECK_FALSE(CheckPadValue(70000, DType::kFloat16, "h").ok());
+}
+
 }  // namespace
 }  // namespace odb::collate
