@@ -30,7 +30,7 @@ struct FieldSpec {
   // The dtype the samples carry for this field, when the config declares it
   // (YAML `dtype:`). Lets start-up validation check `pad_value` against it; a
   // non-integer pad_value needs a floating dtype here. nullopt: undeclared.
-  std::optional<DType> dtype;
+  std::optional<DType> dtype = std::nullopt;
 };
 
 // Rules for turning a group into batch tensors. Fields not listed here use
