@@ -19,6 +19,7 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
     return r;
   }
   bytes_ += sample.meta.payload_bytes;
+  epoch.bytes += sample.meta.payload_bytes;
   ++count_;
   epoch.order.push_back(id);
   epoch.samples.emplace(id, std::move(sample));
@@ -28,6 +29,13 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
 uint64_t SampleBuffer::CountInEpoch(uint32_t epoch) const {
   auto it = epochs_.find(epoch);
   return it == epochs_.end() ? 0 : it->second.samples.size();
+}
+
+uint64_t SampleBuffer::BytesOutsideEpoch(uint32_t epoch) const {
+  uint64_t inside = 0;
+  auto it = epochs_.find(epoch);
+  if (it != epochs_.end()) inside = it->second.bytes;
+  return bytes_ - inside;
 }
 
 std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) const {
@@ -59,6 +67,7 @@ std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t id) {
   auto s = e.samples.find(id);
   if (s == e.samples.end()) return std::nullopt;
   bytes_ -= s->second.meta.payload_bytes;
+  e.bytes -= s->second.meta.payload_bytes;
   --count_;
   std::optional<Sample> out(std::move(s->second));
   e.samples.erase(s);

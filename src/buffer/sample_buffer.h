@@ -36,6 +36,8 @@ class SampleBuffer {
   uint64_t bytes() const { return bytes_; }
   uint64_t count() const { return count_; }
   uint64_t CountInEpoch(uint32_t epoch) const;
+  // Payload bytes buffered for epochs other than `epoch`.
+  uint64_t BytesOutsideEpoch(uint32_t epoch) const;
 
   // Metadata of the epoch's buffered samples in arrival order, at most `limit`.
   std::vector<SampleMeta> Pending(uint32_t epoch, size_t limit = SIZE_MAX) const;
@@ -58,6 +60,7 @@ class SampleBuffer {
     std::vector<uint64_t> order;  // arrival order (may hold taken ids; skipped)
     std::unordered_map<uint64_t, Sample> samples;
     std::unordered_set<uint64_t> seen;  // every id of the epoch, for duplicates
+    uint64_t bytes = 0;                 // payload bytes buffered now
   };
 
   uint64_t max_bytes_;

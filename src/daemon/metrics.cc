@@ -13,6 +13,16 @@ void Series(std::ostringstream& out, const char* name, const char* type, const c
 
 }  // namespace
 
+DaemonGauges PublishedGauges(const DaemonMetrics& m) {
+  DaemonGauges g;
+  g.buffer_bytes = m.buffer_bytes.load();
+  g.buffer_samples = m.buffer_samples.load();
+  g.queued_steps = m.queued_steps.load();
+  g.ingest_credit_bytes = m.ingest_credit_bytes.load();
+  g.producer_connections = m.producer_connections.load();
+  return g;
+}
+
 std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int rank) {
   std::ostringstream out;
   Series(out, "odb_samples_received_total", "counter", "Samples received (accepted or rejected).",
@@ -23,12 +33,19 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
   Series(out, "odb_steps_emitted_total", "counter", "Steps emitted (real and IDLE).", m.steps_emitted.load(), rank);
   Series(out, "odb_idle_steps_total", "counter", "IDLE steps emitted.", m.idle_steps.load(), rank);
   Series(out, "odb_rounds_total", "counter", "Alignment rounds run.", m.rounds.load(), rank);
-  Series(out, "odb_buffer_full_polls_total", "counter", "I/O loop polls with ingest paused (buffer full).",
-         m.buffer_full_stalls.load(), rank);
+  Series(out, "odb_bad_trainer_messages_total", "counter", "Unreadable or multi-frame trainer messages ignored.",
+         m.bad_trainer_messages.load(), rank);
+  Series(out, "odb_refused_trainers_total", "counter", "Second trainers refused (one trainer per daemon).",
+         m.refused_trainers.load(), rank);
+  Series(out, "odb_metrics_scrapes_total", "counter", "Metrics requests served.", m.metrics_scrapes.load(), rank);
   Series(out, "odb_buffer_peak_bytes", "gauge", "Largest buffered payload seen.", m.peak_buffer_bytes.load(), rank);
   Series(out, "odb_buffer_bytes", "gauge", "Payload bytes buffered now.", g.buffer_bytes, rank);
   Series(out, "odb_buffer_samples", "gauge", "Samples buffered now.", g.buffer_samples, rank);
   Series(out, "odb_queued_steps", "gauge", "Collated steps waiting for trainer credit.", g.queued_steps, rank);
+  Series(out, "odb_ingest_credit_bytes", "gauge", "Payload bytes producers may still send (granted credit).",
+         g.ingest_credit_bytes, rank);
+  Series(out, "odb_producer_connections", "gauge", "Producer connections known to the ingest channel.",
+         g.producer_connections, rank);
   return out.str();
 }
 

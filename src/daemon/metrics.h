@@ -18,6 +18,16 @@ struct DaemonMetrics {
   std::atomic<uint64_t> rounds{0};
   std::atomic<uint64_t> buffer_full_stalls{0};
   std::atomic<uint64_t> peak_buffer_bytes{0};
+  std::atomic<uint64_t> bad_trainer_messages{0};  // unreadable or multi-frame, ignored
+  std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
+  std::atomic<uint64_t> metrics_scrapes{0};
+  // Gauges the I/O loop publishes each iteration (read by the metrics server
+  // thread without taking any daemon lock).
+  std::atomic<uint64_t> buffer_bytes{0};
+  std::atomic<uint64_t> buffer_samples{0};
+  std::atomic<uint64_t> queued_steps{0};
+  std::atomic<uint64_t> ingest_credit_bytes{0};
+  std::atomic<uint64_t> producer_connections{0};
 };
 
 // Point-in-time values that are not counters.
@@ -25,7 +35,12 @@ struct DaemonGauges {
   uint64_t buffer_bytes = 0;
   uint64_t buffer_samples = 0;
   uint64_t queued_steps = 0;
+  uint64_t ingest_credit_bytes = 0;
+  uint64_t producer_connections = 0;
 };
+
+// The gauges as last published in `metrics`.
+DaemonGauges PublishedGauges(const DaemonMetrics& metrics);
 
 // Prometheus text exposition format (version 0.0.4), every series labelled
 // with the rank.

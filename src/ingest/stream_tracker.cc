@@ -108,6 +108,26 @@ std::vector<std::string> StreamTracker::OpenProducers(uint32_t epoch) const {
   return open;
 }
 
+std::vector<std::string> StreamTracker::ActiveProducers(uint32_t epoch) const {
+  std::vector<std::string> active;
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return active;
+  for (const auto& [p, n] : it->second.received_by_producer) {
+    if (!it->second.ended.count(p)) active.push_back(p);
+  }
+  return active;
+}
+
+size_t StreamTracker::EndedCount(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.ended.size();
+}
+
+bool StreamTracker::HasEnded(const std::string& producer_id, uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it != epochs_.end() && it->second.ended.count(producer_id) > 0;
+}
+
 void StreamTracker::CloseEpoch(uint32_t epoch, bool quota_closed) {
   closed_.insert(epoch);
   if (quota_closed) quota_closed_.insert(epoch);

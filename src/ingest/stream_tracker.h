@@ -43,6 +43,11 @@ class StreamTracker {
   uint64_t Received(uint32_t epoch) const;
   // Producers that said hello but have not ended their stream for `epoch`.
   std::vector<std::string> OpenProducers(uint32_t epoch) const;
+  // Producers that sent a sample of `epoch` and have not ended its stream
+  // (what a timeout can truthfully blame), and how many ended it.
+  std::vector<std::string> ActiveProducers(uint32_t epoch) const;
+  size_t EndedCount(uint32_t epoch) const;
+  bool HasEnded(const std::string& producer_id, uint32_t epoch) const;
   // `quota_closed`: the epoch ended by Non-Join quota closure, so samples that
   // still arrive for it are LATE_FOR_CLOSED_EPOCH, not WRONG_EPOCH.
   void CloseEpoch(uint32_t epoch, bool quota_closed = false);

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <map>
 #include <zmq.hpp>
 
@@ -33,8 +35,18 @@ size_t DTypeBytes(DType dtype) {
 struct Producer::Impl {
   ProducerOptions options;
   zmq::context_t context{1};
-  zmq::socket_t socket{context, zmq::socket_type::push};
+  zmq::socket_t socket{context, zmq::socket_type::dealer};
   std::map<uint32_t, uint64_t> sent;
+  // Flow control (see IngestReply in proto/odb.proto): what the daemon granted
+  // and this producer has not used yet.
+  int64_t credit_samples = 0;
+  int64_t credit_bytes = 0;
+  uint64_t max_sample_bytes = 0;  // 0 until the daemon's first credit
+  uint64_t requested_bytes = 0;
+  std::map<uint32_t, wire::IngestReply> stream_replies;  // epoch -> ack or rejection
+  std::vector<wire::Rejection> rejections;
+
+  std::string Who() const { return "producer '" + options.producer_id + "'"; }
 
   absl::Status SendParts(std::vector<zmq::message_t>& parts) {
     try {
@@ -51,14 +63,12 @@ struct Producer::Impl {
         }
         if (!sent) {
           return absl::DeadlineExceededError(
-              "producer '" + options.producer_id + "': the daemon at " + options.endpoint +
-              " did not accept a message within " + std::to_string(options.send_timeout_ms) +
-              " ms (is odbd running there, and is its trainer consuming steps?)");
+              Who() + ": the daemon at " + options.endpoint + " did not accept a message within " +
+              std::to_string(options.send_timeout_ms) + " ms (is odbd running there?)");
         }
       }
     } catch (const zmq::error_t& e) {
-      return absl::UnavailableError("producer '" + options.producer_id + "': send to " +
-                                    options.endpoint + " failed: " + e.what());
+      return absl::UnavailableError(Who() + ": send to " + options.endpoint + " failed: " + e.what());
     }
     return absl::OkStatus();
   }
@@ -74,6 +84,87 @@ struct Producer::Impl {
     wire::ProducerMessage m;
     m.set_version(wire::PROTOCOL_VERSION_CURRENT);
     return m;
+  }
+
+  // Reads the daemon's replies, waiting up to `timeout_ms` for the first one.
+  // Returns false on timeout.
+  absl::StatusOr<bool> Pump(int timeout_ms) {
+    try {
+      zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0};
+      int ready = 0;
+      while (true) {
+        try {
+          ready = zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+          break;
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+        }
+      }
+      if (ready == 0) return false;
+      zmq::message_t frame;
+      while (socket.recv(frame, zmq::recv_flags::dontwait)) {
+        wire::IngestReply reply;
+        if (!reply.ParseFromArray(frame.data(), static_cast<int>(frame.size())) ||
+            reply.version() != wire::PROTOCOL_VERSION_CURRENT) {
+          return absl::FailedPreconditionError(Who() + ": unreadable reply from the daemon at " +
+                                               options.endpoint + " (protocol version mismatch?)");
+        }
+        if (reply.has_credit()) {
+          credit_samples += reply.credit().samples();
+          credit_bytes += static_cast<int64_t>(reply.credit().bytes());
+          if (reply.credit().max_sample_bytes() > 0) max_sample_bytes = reply.credit().max_sample_bytes();
+        } else if (reply.has_stream_ack()) {
+          stream_replies[reply.stream_ack().epoch()] = reply;
+        } else if (reply.has_rejection()) {
+          rejections.push_back(reply.rejection());
+          stream_replies[UINT32_MAX] = reply;
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(Who() + ": receive from " + options.endpoint + " failed: " + e.what());
+    }
+    return true;
+  }
+
+  // Blocks until the daemon has granted room for one sample of `bytes`.
+  absl::Status WaitForCredit(uint64_t bytes, uint64_t sample_id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.send_timeout_ms);
+    while (credit_samples <= 0 || credit_bytes < static_cast<int64_t>(bytes)) {
+      if (max_sample_bytes > 0 && bytes > max_sample_bytes) {
+        return absl::InvalidArgumentError(
+            Who() + ": sample " + std::to_string(sample_id) + " has " + std::to_string(bytes) +
+            " payload bytes, more than the daemon accepts for one sample (" + std::to_string(max_sample_bytes) +
+            " = half of its buffer.max_bytes); raise buffer.max_bytes or split the sample");
+      }
+      if (max_sample_bytes > 0 && credit_bytes < static_cast<int64_t>(bytes) && requested_bytes < bytes) {
+        wire::ProducerMessage request = NewMessage();
+        request.mutable_credit_request()->set_bytes(bytes);
+        if (absl::Status s = SendControl(request); !s.ok()) return s;
+        requested_bytes = bytes;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return absl::DeadlineExceededError(
+            Who() + ": the daemon at " + options.endpoint + " granted no room for sample " +
+            std::to_string(sample_id) + " within " + std::to_string(options.send_timeout_ms) +
+            " ms (is odbd running there, and is its trainer consuming steps?)");
+      }
+      auto got = Pump(static_cast<int>(std::min<int64_t>(left.count(), 100)));
+      if (!got.ok()) return got.status();
+    }
+    requested_bytes = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id) {
+    uint64_t bytes = 0;
+    for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
+    if (parts.size() > 1) {
+      if (absl::Status s = WaitForCredit(bytes, sample_id); !s.ok()) return s;
+      credit_samples -= 1;
+      credit_bytes -= static_cast<int64_t>(bytes);
+    }
+    return SendParts(parts);
   }
 };
 
@@ -94,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOption
   impl->options = options;
   try {
     impl->socket.set(zmq::sockopt::linger, 30000);  // deliver what was sent before close
+    impl->socket.set(zmq::sockopt::rcvhwm, 0);  // credits and acks are small and must not be dropped
     impl->socket.set(zmq::sockopt::sndhwm, options.send_hwm);
     impl->socket.set(zmq::sockopt::sndtimeo, options.send_timeout_ms);
     impl->socket.connect(options.endpoint);
@@ -138,7 +230,7 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   }
   std::string header = m.SerializeAsString();
   parts[0] = zmq::message_t(header.data(), header.size());
-  if (absl::Status s = impl_->SendParts(parts); !s.ok()) return s;
+  if (absl::Status s = impl_->SendSample(parts, sample_id); !s.ok()) return s;
   ++impl_->sent[epoch];
   return absl::OkStatus();
 }
@@ -148,13 +240,49 @@ absl::Status Producer::EndStream(uint32_t epoch) {
   m.mutable_end_stream()->set_producer_id(impl_->options.producer_id);
   m.mutable_end_stream()->set_epoch(epoch);
   m.mutable_end_stream()->set_samples_sent(impl_->sent[epoch]);
-  return impl_->SendControl(m);
+  if (absl::Status s = impl_->SendControl(m); !s.ok()) return s;
+  // Wait until the daemon has read the whole stream: after this returns the
+  // producer may close (or exit) without losing anything it sent.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(impl_->options.send_timeout_ms);
+  while (true) {
+    auto it = impl_->stream_replies.find(epoch);
+    if (it != impl_->stream_replies.end()) {
+      impl_->stream_replies.erase(it);
+      break;
+    }
+    auto rejected = impl_->stream_replies.find(UINT32_MAX);
+    if (rejected != impl_->stream_replies.end()) {
+      const wire::Rejection r = rejected->second.rejection();
+      impl_->stream_replies.erase(rejected);
+      if (r.code() == wire::COUNT_MISMATCH || r.code() == wire::WRONG_EPOCH ||
+          r.message().find("end_stream") != std::string::npos) {
+        return absl::DataLossError(impl_->Who() + ": the daemon refused the end of epoch " +
+                                   std::to_string(epoch) + " (" + wire::ErrorCode_Name(r.code()) + "): " +
+                                   r.message());
+      }
+      continue;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return absl::DeadlineExceededError(impl_->Who() + ": the daemon at " + impl_->options.endpoint +
+                                         " did not acknowledge the end of epoch " + std::to_string(epoch) +
+                                         " within " + std::to_string(impl_->options.send_timeout_ms) + " ms");
+    }
+    auto got = impl_->Pump(static_cast<int>(std::min<int64_t>(left.count(), 100)));
+    if (!got.ok()) return got.status();
+  }
+  // The daemon returned this stream's unused credit to its buffer.
+  impl_->credit_samples = 0;
+  impl_->credit_bytes = 0;
+  return absl::OkStatus();
 }
 
 absl::Status Producer::SendRawFrames(const std::vector<std::string>& frames) {
   std::vector<zmq::message_t> parts;
   for (const auto& f : frames) parts.emplace_back(f.data(), f.size());
-  return impl_->SendParts(parts);
+  return impl_->SendSample(parts, 0);
 }
 
 uint64_t Producer::sent(uint32_t epoch) const {

@@ -1,0 +1,240 @@
+#include "src/emit/step_builder.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+
+#include "src/collate/collator.h"
+#include "src/emit/step_encoder.h"
+
+namespace odb::emit {
+namespace {
+
+// Batch tensors of at least this size are recycled; at most this many idle
+// buffers and bytes are kept (idle memory next to buffer.max_bytes).
+constexpr size_t kPooledBufferMinBytes = 64 << 10;
+constexpr size_t kPooledBuffersMax = 8;
+constexpr uint64_t kPooledBytesMax = uint64_t{256} << 20;
+
+// The sample with only (keep = true) or without (keep = false) the named
+// tensors; frames are shared, not copied.
+Sample WithFields(const Sample& sample, const std::vector<std::string>& names, bool keep) {
+  Sample out = sample;
+  std::erase_if(out.tensors, [&](const TensorView& t) {
+    return (std::find(names.begin(), names.end(), t.name) != names.end()) != keep;
+  });
+  return out;
+}
+
+}  // namespace
+
+StepBuilder::StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics,
+                         exchange::PayloadExchange* exchange)
+    : config_(config),
+      state_(state),
+      metrics_(metrics),
+      exchange_(exchange),
+      batch_buffers_(std::make_shared<BufferPool>(kPooledBufferMinBytes, kPooledBuffersMax, kPooledBytesMax)) {}
+
+absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, const StepPlan& plan,
+                                                             const std::function<bool()>& cancelled) {
+  using SampleKey = exchange::SampleKey;
+  // Keys in plan order: the LLM batch first, then encoder samples not already
+  // in it (a sample both emitted and encoded here is taken once).
+  std::vector<SampleKey> keys;
+  keys.reserve(plan.sample_ids.size() + plan.enc_ids.size());
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) keys.emplace_back(plan.sample_owners[i], plan.sample_ids[i]);
+  std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
+  for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
+  const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
+                                   [&](int32_t owner) { return owner == config_.rank; });
+  if (!all_own || !plan.enc_ids.empty()) {
+    std::map<SampleKey, size_t> index;
+    std::vector<SampleKey> unique;
+    unique.reserve(keys.size() + plan.enc_ids.size());
+    auto add = [&](const SampleKey& key) {
+      auto [it, inserted] = index.emplace(key, unique.size());
+      if (inserted) unique.push_back(key);
+      return it->second;
+    };
+    for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = add(keys[i]);
+    for (size_t i = 0; i < plan.enc_ids.size(); ++i) enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
+    keys = std::move(unique);
+  }
+  StepSamples out;
+  out.owned.resize(keys.size());
+  std::vector<size_t> elsewhere;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      std::optional<Sample> own;
+      if (keys[k].first == config_.rank) own = state_.buffer.TakeOne(epoch, keys[k].second);
+      if (own) {
+        out.owned[k] = std::move(*own);
+      } else {
+        elsewhere.push_back(k);
+      }
+    }
+  }
+  // A peer's payload (or our own, parked by the exchange). Payloads move
+  // while earlier steps are emitted; wait only for these.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
+  for (size_t k : elsewhere) {
+    if (exchange_ == nullptr) {
+      return absl::InternalError("planner returned sample " + std::to_string(keys[k].second) +
+                                 " that is not buffered on rank " + std::to_string(config_.rank));
+    }
+    auto sample = exchange_->Take(keys[k], deadline, cancelled);
+    if (!sample.ok()) return sample.status();
+    out.owned[k] = std::move(*sample);
+  }
+  out.llm.reserve(llm_index.size());
+  for (size_t i : llm_index) out.llm.push_back(&out.owned[i]);
+  out.enc.reserve(enc_index.size());
+  for (size_t i : enc_index) out.enc.push_back(&out.owned[i]);
+  return out;
+}
+
+absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, const StepPlan& plan,
+                                                               const std::function<bool()>& cancelled) {
+  auto gathered = Gather(epoch, plan, cancelled);
+  if (!gathered.ok()) return gathered.status();
+  StepSamples& samples = *gathered;
+  wire::Step step;
+  step.set_epoch(epoch);
+  step.set_step_index(plan.step_index);
+  step.set_idle(plan.idle);
+  step.set_real_tokens(plan.real_tokens);
+  step.set_padded_tokens(plan.padded_tokens);
+  step.set_global_real_tokens(plan.global_real_tokens);
+  step.set_loss_weight(plan.loss_weight);
+  step.set_over_budget(plan.over_budget);
+  step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
+  const bool phases = config_.phase_plans;
+  step.set_samples_may_move(phases || config_.planner == PlannerKind::kGlobal);
+  // With per-phase plans the encoder fields travel in the encoder batch only
+  // (filtered views; frames are shared). Without, the samples are used as they are.
+  std::vector<Sample> filtered, enc_samples;
+  std::vector<const Sample*> llm_group;
+  filtered.reserve(phases ? plan.sample_ids.size() : 0);
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
+    const Sample& s = *samples.llm[i];
+    if (phases) {
+      filtered.push_back(WithFields(s, config_.encoder_fields, false));
+      llm_group.push_back(&filtered.back());
+    } else {
+      llm_group.push_back(&s);
+    }
+    step.add_sample_ids(s.meta.id);
+    step.add_lengths(s.meta.lengths.tokens);
+    step.add_owner_ranks(s.meta.owner_rank);
+  }
+  for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
+    enc_samples.push_back(WithFields(*samples.enc[i], config_.encoder_fields, true));
+    step.add_enc_sample_ids(plan.enc_ids[i]);
+    step.add_enc_owner_ranks(plan.enc_owners[i]);
+    step.add_enc_dest_rank(plan.enc_dest_rank[i]);
+    step.add_enc_dest_index(plan.enc_dest_index[i]);
+  }
+  for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
+  std::vector<collate::BatchTensor> tensors;
+  auto collate_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
+                           const collate::CollateOptions& options) -> absl::Status {
+    if (group.empty()) return absl::OkStatus();
+    auto collated = collate::Collate(group, options, batch_buffers_.get());
+    if (!collated.ok()) return collated.status();
+    for (auto& t : *collated) {
+      t.name = prefix + t.name;
+      tensors.push_back(std::move(t));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status collated = collate_group(llm_group, "", config_.collate);
+  if (collated.ok() && !enc_samples.empty()) {
+    // The encoder batch has no tokens: no attention mask, never packed.
+    collate::CollateOptions enc_options = config_.collate;
+    enc_options.attention_mask = false;
+    enc_options.packed = false;
+    std::vector<const Sample*> enc_group;
+    for (const Sample& s : enc_samples) enc_group.push_back(&s);
+    collated = collate_group(enc_group, "enc.", enc_options);
+  }
+  if (!collated.ok() && phases) {
+    // Other ranks' routes count on this rank's encoder outputs: a step that
+    // cannot be batched breaks the plan for everyone.
+    return absl::InternalError("step " + std::to_string(plan.step_index) +
+                               " cannot be collated under per-phase plans: " + std::string(collated.message()));
+  }
+  std::lock_guard<std::mutex> lock(state_.mu);
+  if (!collated.ok()) {
+    // Admission checks every sample against the epoch's schema, so this is
+    // not expected; if it happens the samples are reported, never dropped
+    // silently, and the step stays (as IDLE) so alignment holds.
+    tensors.clear();
+    for (const Sample* s : llm_group) {
+      wire::Rejection r;
+      r.set_code(wire::COLLATE_FAILED);
+      r.set_sample_id(s->meta.id);
+      r.set_has_sample_id(true);
+      r.set_producer_id(s->producer_id);
+      r.set_message(std::string(collated.message()));
+      spdlog::error("rank {}: {}", config_.rank, r.message());
+      state_.rejections.Record(std::move(r), epoch);
+      metrics_.samples_rejected.fetch_add(1);
+    }
+    step.clear_sample_ids();
+    step.clear_lengths();
+    step.clear_owner_ranks();
+    step.set_idle(true);
+    step.set_loss_weight(0.0);
+    step.set_real_tokens(0);
+    step.set_padded_tokens(0);
+  }
+  for (auto& r : state_.rejections.TakeUnreported()) *step.add_rejections() = std::move(r);
+  wire::EpochSummary& totals = state_.epoch_totals[epoch];
+  totals.set_steps(totals.steps() + 1);
+  if (step.idle()) totals.set_idle_steps(totals.idle_steps() + 1);
+  totals.set_emitted(totals.emitted() + step.sample_ids_size());
+  totals.set_real_tokens(totals.real_tokens() + step.real_tokens());
+  totals.set_padded_tokens(totals.padded_tokens() + step.padded_tokens());
+  metrics_.steps_emitted.fetch_add(1);
+  if (step.idle()) metrics_.idle_steps.fetch_add(1);
+  metrics_.samples_emitted.fetch_add(step.sample_ids_size());
+  return EncodeStep(std::move(step), std::move(tensors), batch_buffers_);
+}
+
+std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const RoundOutcome& outcome) {
+  std::lock_guard<std::mutex> lock(state_.mu);
+  wire::EpochSummary summary = state_.epoch_totals[epoch];
+  summary.set_epoch(epoch);
+  summary.set_received(state_.epoch_received[epoch]);
+  summary.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
+  RejectionLog::EpochRecord rejections = state_.rejections.TakeEpoch(epoch);
+  for (auto& r : rejections.kept) *summary.add_rejections() = std::move(r);
+  summary.set_rejected(rejections.count);
+  std::vector<uint64_t> not_emitted = outcome.not_emitted;
+  for (Sample& s : state_.buffer.CloseEpoch(epoch)) not_emitted.push_back(s.meta.id);
+  std::sort(not_emitted.begin(), not_emitted.end());
+  not_emitted.erase(std::unique(not_emitted.begin(), not_emitted.end()), not_emitted.end());
+  for (uint64_t id : not_emitted) summary.add_not_emitted_ids(id);
+  state_.tracker.CloseEpoch(epoch, config_.mode == AlignMode::kNonJoin);
+  state_.epoch_received.erase(epoch);
+  state_.epoch_totals.erase(epoch);
+  spdlog::info(
+      "rank {} epoch {} done: received={} emitted={} rejected={} not_emitted={} steps={} idle={} "
+      "padding={:.1f}%",
+      config_.rank, epoch, summary.received(), summary.emitted(), summary.rejected(),
+      summary.not_emitted_ids_size(), summary.steps(), summary.idle_steps(),
+      summary.padded_tokens() ? 100.0 * (1.0 - double(summary.real_tokens()) / double(summary.padded_tokens()))
+                              : 0.0);
+  wire::DaemonMessage message;
+  message.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  *message.mutable_epoch_end() = std::move(summary);
+  state_.current_epoch.reset();
+  state_.cv.notify_all();
+  return EncodeControl(message);
+}
+
+}  // namespace odb::emit

@@ -1,0 +1,61 @@
+#ifndef ODB_EMIT_STEP_BUILDER_H_
+#define ODB_EMIT_STEP_BUILDER_H_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/status/statusor.h"
+#include "src/common/buffer_pool.h"
+#include "src/daemon/config.h"
+#include "src/daemon/daemon_state.h"
+#include "src/daemon/metrics.h"
+#include "src/daemon/round_runner.h"
+#include "src/exchange/payload_exchange.h"
+
+namespace odb::emit {
+
+// Turns one planned step into the message the trainer receives: gathers the
+// step's samples (from the buffer, or parked by the payload exchange),
+// collates them (encoder fields into the encoder batch with per-phase plans),
+// attaches the rejections not yet reported and accounts the step in the
+// epoch's totals. The plan's StepPlan is the one step representation from the
+// planner up to the wire header. Planner thread only.
+class StepBuilder {
+ public:
+  StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics,
+              exchange::PayloadExchange* exchange);
+
+  // The encoded step, or an error that is fatal for the daemon (a peer's
+  // payload that never came, a step that breaks per-phase routes).
+  absl::StatusOr<std::vector<zmq::message_t>> Build(uint32_t epoch, const StepPlan& plan,
+                                                    const std::function<bool()>& cancelled);
+
+  // The epoch's summary (and the buffer's leftovers as not emitted); closes the
+  // epoch in the tracker and the buffer.
+  std::vector<zmq::message_t> FinishEpoch(uint32_t epoch, const RoundOutcome& outcome);
+
+ private:
+  struct StepSamples {
+    std::vector<Sample> owned;
+    std::vector<const Sample*> llm;
+    std::vector<const Sample*> enc;
+  };
+  absl::StatusOr<StepSamples> Gather(uint32_t epoch, const StepPlan& plan,
+                                     const std::function<bool()>& cancelled);
+
+  const DaemonConfig& config_;
+  DaemonState& state_;
+  DaemonMetrics& metrics_;
+  exchange::PayloadExchange* exchange_;  // null with one rank
+  // Batch tensor buffers, recycled from ZeroMQ's free callback to the next
+  // collation. Shared: ZeroMQ may free a frame after the daemon is gone.
+  std::shared_ptr<BufferPool> batch_buffers_;
+};
+
+}  // namespace odb::emit
+
+#endif  // ODB_EMIT_STEP_BUILDER_H_

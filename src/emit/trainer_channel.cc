@@ -1,0 +1,293 @@
+#include "src/emit/trainer_channel.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+
+#include "src/common/zmq_transfer.h"
+#include "src/emit/step_encoder.h"
+
+namespace odb::emit {
+namespace {
+
+void EnsureIpcDirectory(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return;
+  std::filesystem::path path(endpoint.substr(6));
+  std::error_code ignored;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
+}
+
+std::vector<zmq::message_t> FatalMessage(wire::ErrorCode code, const std::string& text, int rank) {
+  wire::DaemonMessage message;
+  message.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  message.mutable_fatal()->set_code(code);
+  message.mutable_fatal()->set_message(text);
+  message.mutable_fatal()->set_rank(rank);
+  return EncodeControl(message);
+}
+
+std::vector<zmq::message_t> CopyParts(std::vector<zmq::message_t>& parts) {
+  std::vector<zmq::message_t> copy;
+  copy.reserve(parts.size());
+  for (auto& p : parts) {
+    zmq::message_t c;
+    c.copy(p);  // shares the frame's bytes (reference counted), no copy of the payload
+    copy.push_back(std::move(c));
+  }
+  return copy;
+}
+
+std::string Printable(const std::string& routing_id) {
+  std::string out;
+  for (unsigned char c : routing_id) {
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%02x", c);
+      out += hex;
+    }
+  }
+  return out.substr(0, 64);
+}
+
+std::atomic<int> g_monitor_count{0};
+
+}  // namespace
+
+TrainerChannel::TrainerChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                               DaemonMetrics& metrics, const Clock& clock)
+    : context_(context),
+      config_(config),
+      state_(state),
+      metrics_(metrics),
+      clock_(clock),
+      socket_(context, zmq::socket_type::router),
+      monitor_(context, zmq::socket_type::pair) {}
+
+absl::Status TrainerChannel::Bind() {
+  try {
+    EnsureIpcDirectory(config_.trainer_endpoint);
+    socket_.set(zmq::sockopt::linger, 1000);
+    socket_.set(zmq::sockopt::sndhwm, static_cast<int>(config_.outstanding_depth) * 2 + 16);
+    socket_.set(zmq::sockopt::rcvhwm, 1000);
+    socket_.set(zmq::sockopt::router_mandatory, true);
+    socket_.set(zmq::sockopt::router_handover, true);  // the same session may reconnect
+    socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
+    socket_.bind(config_.trainer_endpoint);
+    bound_ = socket_.get(zmq::sockopt::last_endpoint);
+    monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
+    if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      return absl::InternalError("cannot monitor the trainer socket");
+    }
+    monitor_.set(zmq::sockopt::linger, 0);
+    monitor_.connect(monitor_endpoint_);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError("cannot bind the trainer endpoint " + config_.trainer_endpoint + " (" +
+                                  e.what() + "); is another odbd using it?");
+  }
+  return absl::OkStatus();
+}
+
+void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
+  spdlog::warn("trainer peer {}: {}", Printable(peer), message);
+  auto parts = FatalMessage(code, message, config_.rank);
+  Transfer t = TrySendTo(socket_, peer, parts);
+  if (!t.ok()) spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
+}
+
+bool TrainerChannel::OnReadable() {
+  bool requested = false;
+  std::vector<zmq::message_t> parts;
+  for (int n = 0; n < 64; ++n) {
+    Transfer t = TryRecvMultipart(socket_, parts);
+    if (t.code == TransferCode::kAgain) break;
+    if (t.code == TransferCode::kInterrupted) continue;
+    if (!t.ok()) {
+      spdlog::warn("trainer socket: receive failed ({})", t.error);
+      break;
+    }
+    if (parts.size() < 2) continue;
+    const std::string peer = parts[0].to_string();
+    const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
+    if (parts.size() != 2) {
+      metrics_.bad_trainer_messages.fetch_add(1);
+      spdlog::warn("trainer peer {} sent a message of {} frames; a trainer message is one frame; ignored",
+                   Printable(peer), parts.size() - 1);
+      continue;
+    }
+    wire::TrainerMessage msg;
+    if (!msg.ParseFromArray(parts[1].data(), static_cast<int>(parts[1].size()))) {
+      metrics_.bad_trainer_messages.fetch_add(1);
+      spdlog::warn("trainer peer {} sent an unreadable message ({} bytes); ignored", Printable(peer),
+                   parts[1].size());
+      continue;
+    }
+    if (msg.version() != wire::PROTOCOL_VERSION_CURRENT) {
+      Refuse(peer, wire::VERSION_MISMATCH,
+             "trainer client speaks protocol version " + std::to_string(msg.version()) + ", daemon speaks " +
+                 std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
+      continue;
+    }
+    if (session_.empty() || (peer != session_ && lost_since_)) {
+      if (!session_.empty() && delivered_in_epoch_ > 0) {
+        // The lost trainer had steps of an open epoch; nobody knows which it trained.
+        const std::string text =
+            "rank " + std::to_string(config_.rank) + ": a new trainer connected while epoch steps were " +
+            "delivered to a previous trainer session that disconnected (" + std::to_string(delivered_in_epoch_) +
+            " steps sent, " + std::to_string(in_flight_.size()) +
+            " not acknowledged); the epoch cannot continue with a new session: restart the job "
+            "(its daemons and trainers) from a checkpoint";
+        Refuse(peer, wire::EPOCH_LOST, text);
+        fatal_ = {wire::EPOCH_LOST, text};
+        return requested;
+      }
+      if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+      session_ = peer;
+      session_fd_ = fd;
+      lost_since_.reset();
+      credits_ = config_.outstanding_depth;
+      in_flight_.clear();
+      spdlog::info("trainer session {} started", Printable(peer));
+    } else if (peer != session_) {
+      metrics_.refused_trainers.fetch_add(1);
+      Refuse(peer, wire::SESSION_REFUSED,
+             "rank " + std::to_string(config_.rank) + " already serves trainer session " + Printable(session_) +
+                 "; one trainer per daemon (is a second training process pointed at the same odbd?)");
+      continue;
+    } else if (lost_since_ || fd != session_fd_) {
+      // The same session is back on a new connection: re-send what it may
+      // not have received (the client drops steps it already has).
+      lost_since_.reset();
+      session_fd_ = fd;
+      spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
+                   in_flight_.size());
+      for (auto& sent : in_flight_) {
+        auto copy = CopyParts(sent);
+        if (!TrySendTo(socket_, session_, copy).ok()) break;
+      }
+    }
+    if (msg.has_credit()) {
+      uint32_t steps = msg.credit().steps();
+      for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
+      credits_ = std::min<uint64_t>(credits_ + steps, config_.outstanding_depth);
+    } else if (msg.has_start_epoch()) {
+      std::lock_guard<std::mutex> lock(state_.mu);
+      const uint32_t epoch = msg.start_epoch().epoch();
+      if (msg.start_epoch().expected_producers() > 0) {
+        state_.expected_producers = msg.start_epoch().expected_producers();
+      }
+      const auto& req = state_.requested_epochs;
+      if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
+          state_.current_epoch == epoch) {
+        spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+      } else {
+        state_.requested_epochs.push_back(epoch);
+        requested = true;
+        spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
+      }
+      state_.cv.notify_all();
+    }
+  }
+  return requested;
+}
+
+void TrainerChannel::OnMonitor() {
+  std::vector<zmq::message_t> event;
+  while (TryRecvMultipart(monitor_, event).ok()) {
+    if (event.empty() || event[0].size() < 6) continue;
+    uint16_t id = 0;
+    int32_t value = 0;
+    std::memcpy(&id, event[0].data(), sizeof(id));
+    std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, sizeof(value));
+    if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty()) {
+      lost_since_ = clock_.Now();
+      spdlog::info("trainer session {} disconnected", Printable(session_));
+    }
+  }
+}
+
+bool TrainerChannel::SendToSession(std::vector<zmq::message_t>& parts) {
+  if (session_.empty() || lost_since_) return false;
+  Transfer t = TrySendTo(socket_, session_, parts);
+  if (t.code == TransferCode::kUnreachable) {
+    if (!lost_since_) lost_since_ = clock_.Now();
+    return false;
+  }
+  if (t.code == TransferCode::kError) spdlog::warn("send to the trainer failed: {}", t.error);
+  return t.ok();
+}
+
+void TrainerChannel::Flush() {
+  while (true) {
+    OutMessage message;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (out_.empty()) return;
+      if (out_.front().is_step && credits_ == 0) return;
+      message = std::move(out_.front());
+      out_.pop_front();
+    }
+    std::vector<zmq::message_t> kept;
+    if (message.is_step) kept = CopyParts(message.parts);
+    if (!SendToSession(message.parts)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      out_.push_front(std::move(message));
+      return;
+    }
+    if (message.is_step) {
+      --credits_;
+      ++delivered_in_epoch_;
+      in_flight_.push_back(std::move(kept));
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_steps_;
+    } else {
+      // Control messages: an epoch summary closes the epoch's deliveries.
+      delivered_in_epoch_ = 0;
+    }
+    state_.cv.notify_all();
+  }
+}
+
+std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLiveness() {
+  if (fatal_) return fatal_;
+  if (config_.trainer_timeout_ms == 0 || !lost_since_) return std::nullopt;
+  bool epoch_open;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    epoch_open = state_.current_epoch.has_value() || !state_.requested_epochs.empty();
+  }
+  if (!epoch_open) return std::nullopt;
+  if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(config_.trainer_timeout_ms)) return std::nullopt;
+  return std::make_pair(wire::INTERNAL,
+                        "the trainer disconnected mid-epoch and did not come back within " +
+                            std::to_string(config_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms); " +
+                            std::to_string(in_flight_.size()) + " step(s) sent to it were not acknowledged");
+}
+
+void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.push_back({std::move(parts), true});
+  ++queued_steps_;
+}
+
+void TrainerChannel::EnqueueControl(std::vector<zmq::message_t>&& parts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.push_back({std::move(parts), false});
+}
+
+void TrainerChannel::EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.push_front({FatalMessage(code, message, rank), false});
+}
+
+size_t TrainerChannel::QueuedSteps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_steps_;
+}
+
+}  // namespace odb::emit

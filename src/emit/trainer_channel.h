@@ -1,0 +1,106 @@
+#ifndef ODB_EMIT_TRAINER_CHANNEL_H_
+#define ODB_EMIT_TRAINER_CHANNEL_H_
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/status/status.h"
+#include "proto/odb.pb.h"
+#include "src/common/clock.h"
+#include "src/daemon/config.h"
+#include "src/daemon/daemon_state.h"
+#include "src/daemon/metrics.h"
+
+namespace odb::emit {
+
+// The trainer's side of the daemon: owns the trainer socket (ROUTER), the
+// queue of encoded steps, the credit window and the trainer session.
+//
+// Session rules (docs/protocol.md):
+//  - One trainer per daemon. The first peer that talks becomes the session;
+//    any other peer gets a SESSION_REFUSED fatal message and nothing else.
+//  - Steps sent and not yet acknowledged by a credit are kept (zero-copy
+//    references). If the same session reconnects (the client keeps its routing
+//    id), they are sent again and the client drops the ones it already has.
+//  - If the session is lost (its connection closed) after steps of an open
+//    epoch were delivered, a new trainer cannot continue that epoch: it gets
+//    EPOCH_LOST, and the daemon stops with the same error (what was delivered
+//    to the lost trainer is unknown). Between epochs a new trainer is welcome.
+//  - A lost session that does not come back within emit.trainer_timeout_ms
+//    while an epoch is open is fatal (CheckLiveness).
+// Malformed trainer messages (unreadable, multi-frame) are logged, counted
+// and ignored: they never block the loop.
+//
+// OnReadable/Flush/CheckLiveness run on the I/O thread; Enqueue* and
+// QueuedSteps may be called from the planner thread.
+class TrainerChannel {
+ public:
+  TrainerChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                 DaemonMetrics& metrics, const Clock& clock);
+  TrainerChannel(const TrainerChannel&) = delete;
+  TrainerChannel& operator=(const TrainerChannel&) = delete;
+
+  absl::Status Bind();
+  const std::string& endpoint() const { return bound_; }
+  zmq::socket_t& socket() { return socket_; }
+  zmq::socket_t& monitor() { return monitor_; }
+
+  // Trainer messages: credits, start_epoch. Returns true when an epoch was requested.
+  bool OnReadable();
+  // Connection events of the trainer socket (liveness of the session).
+  void OnMonitor();
+  // Sends queued messages while credits last.
+  void Flush();
+  // A fatal message when the session is lost past trainer_timeout_ms with an
+  // epoch open, or when a new trainer asked to continue a lost epoch.
+  std::optional<std::pair<wire::ErrorCode, std::string>> CheckLiveness();
+
+  void EnqueueStep(std::vector<zmq::message_t>&& parts);
+  void EnqueueControl(std::vector<zmq::message_t>&& parts);
+  // Ahead of every queued step: a fatal error does not wait for credits.
+  void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank);
+  size_t QueuedSteps() const;
+  // Steps of the open epoch handed to the trainer (for the summary's truth).
+  bool HasSession() const { return !session_.empty(); }
+
+ private:
+  struct OutMessage {
+    std::vector<zmq::message_t> parts;
+    bool is_step = false;
+  };
+  void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
+  bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
+
+  zmq::context_t& context_;
+  const DaemonConfig& config_;
+  DaemonState& state_;
+  DaemonMetrics& metrics_;
+  const Clock& clock_;
+  zmq::socket_t socket_;
+  zmq::socket_t monitor_;
+  std::string bound_;
+  std::string monitor_endpoint_;
+
+  mutable std::mutex mu_;
+  std::deque<OutMessage> out_;  // guarded by mu_
+  size_t queued_steps_ = 0;     // guarded by mu_
+
+  // I/O thread only.
+  std::string session_;                    // routing id of the trainer; empty = none yet
+  int session_fd_ = -1;                    // its connection (from ZMQ_SRCFD)
+  std::optional<Clock::TimePoint> lost_since_;
+  uint64_t credits_ = 0;
+  std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
+  uint64_t delivered_in_epoch_ = 0;  // steps sent since the last epoch end
+  std::optional<std::pair<wire::ErrorCode, std::string>> fatal_;
+};
+
+}  // namespace odb::emit
+
+#endif  // ODB_EMIT_TRAINER_CHANNEL_H_

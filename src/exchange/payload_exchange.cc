@@ -1,0 +1,161 @@
+#include "src/exchange/payload_exchange.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "src/common/zmq_transfer.h"
+#include "src/ingest/decoder.h"
+
+namespace odb::exchange {
+
+PayloadExchange::PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state)
+    : context_(context), config_(config), state_(state), rx_(context, zmq::socket_type::router) {}
+
+absl::Status PayloadExchange::Bind() {
+  try {
+    rx_.set(zmq::sockopt::linger, 0);
+    rx_.set(zmq::sockopt::rcvhwm, 0);  // bounded by the plan (samples already buffered on a peer)
+    rx_.bind("tcp://" + config_.gloo_hostname + ":*");
+    bound_ = rx_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError("cannot bind the payload exchange on " + config_.gloo_hostname + " (" +
+                                  e.what() + ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PayloadExchange::OnReadable() {
+  std::vector<zmq::message_t> parts;
+  for (int n = 0; n < 256; ++n) {
+    Transfer t = TryRecvMultipart(rx_, parts);
+    if (t.code == TransferCode::kAgain) return absl::OkStatus();
+    if (t.code == TransferCode::kInterrupted) continue;
+    if (!t.ok()) return absl::UnavailableError("payload exchange receive failed: " + t.error);
+    if (parts.size() < 2) continue;
+    const std::string identity = parts[0].to_string();
+    const int32_t owner = std::atoi(identity.c_str());
+    std::vector<zmq::message_t> body(std::make_move_iterator(parts.begin() + 1),
+                                     std::make_move_iterator(parts.end()));
+    auto event = ingest::DecodeProducerMessage(std::move(body));
+    auto* s = std::get_if<ingest::SampleEvent>(&event);
+    if (s == nullptr) {
+      return absl::InternalError("rank " + std::to_string(owner) + " sent an unreadable sample payload");
+    }
+    s->sample.meta.owner_rank = owner;
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.emplace(SampleKey{owner, s->sample.meta.id}, std::move(s->sample));
+    cv_.notify_all();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PayloadExchange::Connect(const std::vector<std::string>& endpoints) {
+  try {
+    for (size_t r = 0; r < endpoints.size(); ++r) {
+      zmq::socket_t socket(context_, zmq::socket_type::dealer);
+      socket.set(zmq::sockopt::linger, 0);
+      socket.set(zmq::sockopt::sndhwm, 0);  // bounded by the plan, never dropped
+      socket.set(zmq::sockopt::routing_id, std::to_string(config_.rank));
+      if (static_cast<int>(r) != config_.rank) socket.connect(endpoints[r]);
+      senders_.push_back(std::move(socket));
+    }
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(std::string("cannot connect the payload exchange: ") + e.what());
+  }
+  spdlog::info("payload exchange ready: {} peers", endpoints.size() - 1);
+  return absl::OkStatus();
+}
+
+absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& outcome) {
+  // Samples this rank also needs itself (it encodes or emits them too) stay
+  // here, parked with the payloads that arrive from peers.
+  std::set<uint64_t> needed_here;
+  for (const StepPlan& step : outcome.steps) {
+    for (size_t i = 0; i < step.sample_ids.size(); ++i) {
+      if (step.sample_owners[i] == config_.rank) needed_here.insert(step.sample_ids[i]);
+    }
+    for (size_t i = 0; i < step.enc_ids.size(); ++i) {
+      if (step.enc_owners[i] == config_.rank) needed_here.insert(step.enc_ids[i]);
+    }
+  }
+  std::map<uint64_t, Sample> taken;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    for (const auto& [dest, ids] : outcome.outgoing) {
+      for (uint64_t id : ids) {
+        if (taken.count(id)) continue;
+        std::optional<Sample> one = state_.buffer.TakeOne(epoch, id);
+        if (!one) {
+          return absl::InternalError("the plan moves sample " + std::to_string(id) + " that rank " +
+                                     std::to_string(config_.rank) + " does not hold");
+        }
+        taken.emplace(id, std::move(*one));
+      }
+    }
+  }
+  for (const auto& [dest, ids] : outcome.outgoing) {
+    for (uint64_t id : ids) {
+      const Sample& sample = taken.at(id);
+      wire::ProducerMessage m;
+      m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+      wire::SampleHeader* h = m.mutable_sample();
+      h->set_producer_id(sample.producer_id);
+      h->set_sample_id(sample.meta.id);
+      h->set_epoch(epoch);
+      h->set_tokens(sample.meta.lengths.tokens);
+      h->set_vision_patches(sample.meta.lengths.vision_patches);
+      h->set_audio_frames(sample.meta.lengths.audio_frames);
+      for (size_t i = 0; i < sample.tensors.size(); ++i) {
+        const TensorView& t = sample.tensors[i];
+        wire::TensorDesc* d = h->add_tensors();
+        d->set_name(t.name);
+        d->set_dtype(static_cast<wire::DType>(t.dtype));
+        for (int64_t dim : t.shape) d->add_shape(dim);
+        d->set_frame(static_cast<uint32_t>(i + 1));
+      }
+      std::vector<zmq::message_t> parts;
+      const std::string header = m.SerializeAsString();
+      parts.emplace_back(header.data(), header.size());
+      for (const TensorView& t : sample.tensors) parts.emplace_back(t.data, t.size_bytes);
+      Transfer sent = TrySendMultipart(senders_.at(static_cast<size_t>(dest)), parts);
+      if (!sent.ok()) {
+        // sndhwm is 0 (unbounded): only a broken socket fails here.
+        return absl::UnavailableError("sending sample " + std::to_string(sample.meta.id) + " to rank " +
+                                      std::to_string(dest) + " failed (" + TransferCodeName(sent.code) + " " +
+                                      sent.error + ")");
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, sample] : taken) {
+    if (needed_here.count(id)) parked_.emplace(SampleKey{config_.rank, id}, std::move(sample));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, std::chrono::steady_clock::time_point deadline,
+                                             const std::function<bool()>& cancelled) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!parked_.count(key)) {
+    if (key.first == config_.rank) {
+      return absl::InternalError("planner returned sample " + std::to_string(key.second) +
+                                 " that is not buffered on rank " + std::to_string(config_.rank));
+    }
+    if (cancelled()) return absl::CancelledError("daemon stopping");
+    if (cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100))) ==
+            std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= deadline && !parked_.count(key)) {
+      return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
+                                         std::to_string(key.first) + " did not arrive within " +
+                                         std::to_string(config_.collective_timeout_ms) + " ms");
+    }
+  }
+  auto it = parked_.find(key);
+  Sample out = std::move(it->second);
+  parked_.erase(it);
+  return out;
+}
+
+}  // namespace odb::exchange

@@ -1,0 +1,71 @@
+#ifndef ODB_EXCHANGE_PAYLOAD_EXCHANGE_H_
+#define ODB_EXCHANGE_PAYLOAD_EXCHANGE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/status/statusor.h"
+#include "src/common/sample.h"
+#include "src/daemon/config.h"
+#include "src/daemon/daemon_state.h"
+#include "src/daemon/round_runner.h"
+
+namespace odb::exchange {
+
+using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
+
+// Moves sample payloads between daemons when a global plan emits a sample on
+// another rank than the one that received it (Ray keeps object transfer out
+// of its node manager in the same way). Owns the receiving ROUTER (polled by
+// the I/O loop) and one DEALER per peer (used by the planner thread).
+// Payloads that arrive, and this rank's own samples that a step here still
+// needs after sending them away, are parked until the step builder takes them.
+class PayloadExchange {
+ public:
+  PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state);
+  PayloadExchange(const PayloadExchange&) = delete;
+  PayloadExchange& operator=(const PayloadExchange&) = delete;
+
+  absl::Status Bind();
+  const std::string& endpoint() const { return bound_; }
+  zmq::socket_t& socket() { return rx_; }
+
+  // I/O thread: parks the payloads that arrived. An unreadable payload from a
+  // peer is an error (the peers' plan is broken), returned for the daemon to fail.
+  absl::Status OnReadable();
+
+  // Planner thread: connects to every peer's endpoint (index = rank).
+  absl::Status Connect(const std::vector<std::string>& endpoints);
+  // Planner thread: sends the samples this round moves away.
+  absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome);
+  // Planner thread: the parked payload of `key`, waiting until `deadline`
+  // (or until `cancelled` says stop).
+  absl::StatusOr<Sample> Take(const SampleKey& key, std::chrono::steady_clock::time_point deadline,
+                              const std::function<bool()>& cancelled);
+  void WakeAll() { cv_.notify_all(); }
+
+ private:
+  zmq::context_t& context_;
+  const DaemonConfig& config_;
+  DaemonState& state_;
+  zmq::socket_t rx_;
+  std::string bound_;
+  std::vector<zmq::socket_t> senders_;  // planner thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<SampleKey, Sample> parked_;  // guarded by mu_
+};
+
+}  // namespace odb::exchange
+
+#endif  // ODB_EXCHANGE_PAYLOAD_EXCHANGE_H_

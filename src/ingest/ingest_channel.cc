@@ -1,0 +1,392 @@
+#include "src/ingest/ingest_channel.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "src/common/zmq_transfer.h"
+#include "src/grouping/budget.h"
+
+namespace odb::ingest {
+namespace {
+
+constexpr size_t kBurst = 256;              // messages per OnReadable (the trainer is never starved)
+constexpr size_t kMaxConnections = 4096;    // producer connections tracked at once
+constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than this is refused by ZeroMQ
+
+void EnsureIpcDirectory(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return;
+  std::filesystem::path path(endpoint.substr(6));
+  std::error_code ignored;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
+}
+
+wire::IngestReply NewReply() {
+  wire::IngestReply r;
+  r.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  return r;
+}
+
+}  // namespace
+
+IngestChannel::IngestChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                             DaemonMetrics& metrics, const Clock& clock)
+    : context_(context), config_(config), state_(state), metrics_(metrics), clock_(clock) {
+  decode_options_.length_field = config.collate.length_field;
+  // A sample may take at most half the buffer: once the buffer drains it
+  // always fits, and ahead-of-epoch producers (half the buffer) never block it.
+  max_sample_bytes_ = std::max<uint64_t>(1, config.buffer_max_bytes / 2);
+  window_samples_ = std::clamp<uint64_t>(config.buffer_max_samples / 4, 1, 1024);
+  last_message_ = clock_.Now();
+}
+
+absl::Status IngestChannel::Bind() {
+  for (const auto& endpoint : config_.ingest_endpoints) {
+    try {
+      EnsureIpcDirectory(endpoint);
+      zmq::socket_t socket(context_, zmq::socket_type::router);
+      socket.set(zmq::sockopt::linger, 0);
+      socket.set(zmq::sockopt::rcvhwm, config_.ingest_hwm);
+      socket.set(zmq::sockopt::sndhwm, 10000);
+      socket.set(zmq::sockopt::router_mandatory, true);
+      // A frame larger than any admissible sample (or header) is a protocol
+      // violation: ZeroMQ drops that connection instead of allocating it.
+      socket.set(zmq::sockopt::maxmsgsize,
+                 static_cast<int64_t>(std::max<uint64_t>(max_sample_bytes_, kMaxHeaderBytes)));
+      socket.bind(endpoint);
+      bound_.push_back(socket.get(zmq::sockopt::last_endpoint));
+      sockets_.push_back(std::move(socket));
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError("cannot bind the ingest endpoint " + endpoint + " (" + e.what() +
+                                    "); is another odbd using it?");
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool IngestChannel::ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes) {
+  if (!is_sample) return true;
+  if (conn.credit_samples <= 0 || conn.credit_bytes < static_cast<int64_t>(bytes)) return false;
+  conn.credit_samples -= 1;
+  conn.credit_bytes -= static_cast<int64_t>(bytes);
+  outstanding_samples_ -= 1;
+  outstanding_bytes_ -= static_cast<int64_t>(bytes);
+  return true;
+}
+
+void IngestChannel::OnReadable(size_t i) {
+  struct Received {
+    Conn* conn;
+    IngestEvent event;
+    uint64_t bytes;
+  };
+  std::vector<Received> burst;
+  for (size_t n = 0; n < kBurst; ++n) {
+    Transfer t = TryRecvMultipart(sockets_[i], parts_);
+    if (t.code == TransferCode::kAgain) break;
+    if (t.code == TransferCode::kInterrupted) continue;
+    if (!t.ok()) {
+      spdlog::warn("ingest socket {}: receive failed ({}); continuing", bound_[i], t.error);
+      break;
+    }
+    if (parts_.size() < 2) continue;  // a routing frame with no message: nothing to account
+    ConnKey key{i, parts_[0].to_string()};
+    auto it = conns_.find(key);
+    if (it == conns_.end()) {
+      if (conns_.size() >= kMaxConnections) {
+        std::lock_guard<std::mutex> lock(state_.mu);
+        wire::Rejection r = MakeReject(wire::TOO_LARGE,
+                                       "more than " + std::to_string(kMaxConnections) +
+                                           " producer connections; message of a new one refused")
+                                .rejection;
+        Reject(std::move(r), std::nullopt, false);
+        continue;
+      }
+      Conn fresh;
+      fresh.socket = i;
+      fresh.routing_id = key.second;
+      it = conns_.emplace(key, std::move(fresh)).first;
+    }
+    Conn& conn = it->second;
+    conn.last_heard = clock_.Now();
+    if (parts_.size() == 2) {
+      // A control message; a credit request is the channel's own business.
+      wire::ProducerMessage control;
+      if (control.ParseFromArray(parts_[1].data(), static_cast<int>(parts_[1].size())) &&
+          control.has_credit_request()) {
+        conn.wanted_bytes = std::min<uint64_t>(control.credit_request().bytes(), max_sample_bytes_);
+        continue;
+      }
+    }
+    std::vector<zmq::message_t> body;
+    body.reserve(parts_.size() - 1);
+    uint64_t payload = 0;
+    for (size_t p = 1; p < parts_.size(); ++p) {
+      if (p >= 2) payload += parts_[p].size();
+      body.push_back(std::move(parts_[p]));
+    }
+    const bool is_sample = body.size() > 1;
+    IngestEvent event;
+    if (is_sample && payload > max_sample_bytes_) {
+      event = MakeReject(wire::TOO_LARGE,
+                         "a sample of " + std::to_string(payload) + " payload bytes from producer '" +
+                             conn.producer_id + "' exceeds the largest admissible sample (" +
+                             std::to_string(max_sample_bytes_) +
+                             " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
+                         conn.producer_id);
+      ChargeCredit(conn, true, std::min<uint64_t>(payload, std::max<int64_t>(conn.credit_bytes, 0)));
+    } else if (!ChargeCredit(conn, is_sample, payload)) {
+      event = MakeReject(wire::CREDIT_EXCEEDED,
+                         "producer '" + conn.producer_id + "' sent a " + std::to_string(payload) +
+                             "-byte sample without credit (held " + std::to_string(conn.credit_samples) +
+                             " samples / " + std::to_string(conn.credit_bytes) +
+                             " bytes); producers must wait for the daemon's credit (use the odb client)",
+                         conn.producer_id);
+    } else {
+      event = DecodeProducerMessage(std::move(body), decode_options_);
+    }
+    burst.push_back({&conn, std::move(event), payload});
+  }
+  if (burst.empty()) return;
+  last_message_ = clock_.Now();
+  std::vector<std::pair<Conn*, wire::IngestReply>> replies;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    for (Received& r : burst) Admit(*r.conn, std::move(r.event), r.bytes, replies);
+  }
+  burst.clear();  // what was not admitted is freed outside the lock
+  state_.cv.notify_all();
+  std::vector<ConnKey> gone;
+  for (auto& [conn, reply] : replies) {
+    if (!Reply(*conn, reply)) gone.push_back({conn->socket, conn->routing_id});
+  }
+  for (const ConnKey& key : gone) conns_.erase(key);
+  GrantCredits();
+}
+
+void IngestChannel::Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
+  RejectionLog::Truncate(rejection);
+  spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
+  if (is_sample) {
+    metrics_.samples_rejected.fetch_add(1);
+    metrics_.samples_received.fetch_add(1);
+  }
+  const uint32_t e = epoch.value_or(state_.current_epoch.value_or(0));
+  if (is_sample) ++state_.epoch_received[e];
+  state_.rejections.Record(std::move(rejection), e);
+}
+
+void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
+                          std::vector<std::pair<Conn*, wire::IngestReply>>& replies) {
+  if (auto* hello = std::get_if<HelloEvent>(&event)) {
+    if (!conn.producer_id.empty() && conn.producer_id != hello->producer_id) {
+      Reject(MakeReject(wire::MALFORMED_HEADER,
+                        "a connection that said hello as '" + conn.producer_id + "' said hello again as '" +
+                            hello->producer_id + "'; one producer id per connection",
+                        conn.producer_id)
+                 .rejection,
+             std::nullopt, false);
+      return;
+    }
+    conn.producer_id = hello->producer_id;
+    state_.tracker.OnHello(hello->producer_id);
+    spdlog::debug("producer '{}' connected (rank {})", hello->producer_id, hello->rank);
+    if (hello->rank >= 0 && hello->rank != config_.rank) {
+      spdlog::warn("producer '{}' says it feeds rank {} but this is rank {}", hello->producer_id,
+                   hello->rank, config_.rank);
+    }
+  } else if (std::get_if<StartEpochEvent>(&event)) {
+    // Producers announce epochs for logging only; the trainer decides the order.
+  } else if (auto* end = std::get_if<EndStreamEvent>(&event)) {
+    auto r = state_.tracker.OnEndStream(end->producer_id, end->epoch, end->samples_sent);
+    wire::IngestReply reply = NewReply();
+    if (r) {
+      *reply.mutable_rejection() = *r;
+      Reject(std::move(*r), end->epoch, false);
+    } else {
+      reply.mutable_stream_ack()->set_epoch(end->epoch);
+      reply.mutable_stream_ack()->set_samples_received(end->samples_sent);
+    }
+    // The stream is over: its unused credit returns to the buffer (the client
+    // drops its own when the acknowledgement arrives; it waits for it).
+    outstanding_bytes_ -= std::max<int64_t>(conn.credit_bytes, 0);
+    outstanding_samples_ -= std::max<int64_t>(conn.credit_samples, 0);
+    conn.credit_bytes = 0;
+    conn.credit_samples = 0;
+    conn.ahead = state_.current_epoch.has_value() && end->epoch >= *state_.current_epoch;
+    replies.emplace_back(&conn, std::move(reply));
+    spdlog::debug("producer '{}' ended epoch {} after {} samples", end->producer_id, end->epoch,
+                  end->samples_sent);
+  } else if (auto* reject = std::get_if<RejectEvent>(&event)) {
+    std::optional<uint32_t> epoch;
+    if (reject->has_epoch) epoch = reject->epoch;
+    const bool is_sample = reject->rejection.has_sample_id() || charged_bytes > 0;
+    if (reject->rejection.has_sample_id() && reject->has_epoch) {
+      // Count it against the producer's stream so end_stream totals still match.
+      state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
+    }
+    Reject(std::move(reject->rejection), epoch, is_sample);
+  } else if (auto* s = std::get_if<SampleEvent>(&event)) {
+    Sample& sample = s->sample;
+    const uint32_t epoch = sample.epoch;
+    if (sample.producer_id != conn.producer_id) {
+      const uint64_t id = sample.meta.id;
+      Reject(MakeReject(wire::UNKNOWN_PRODUCER,
+                        "sample " + std::to_string(id) + " names producer '" + sample.producer_id +
+                            "' but its connection said hello as '" + conn.producer_id +
+                            "'; send hello first and keep one producer id per connection",
+                        sample.producer_id, &id)
+                 .rejection,
+             epoch, true);
+      return;
+    }
+    if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
+      Reject(std::move(*r), epoch, true);
+      return;
+    }
+    conn.ahead = state_.current_epoch.has_value() && epoch > *state_.current_epoch;
+    sample.meta.owner_rank = config_.rank;
+    if (config_.over_budget == OverBudgetPolicy::kReject &&
+        !grouping::FitsAlone(config_.budget, sample.meta.lengths)) {
+      const uint64_t id = sample.meta.id;
+      Reject(MakeReject(wire::OVER_BUDGET,
+                        "sample " + std::to_string(id) + " (tokens=" + std::to_string(sample.meta.lengths.tokens) +
+                            ", vision=" + std::to_string(sample.meta.lengths.vision_patches) +
+                            ", audio=" + std::to_string(sample.meta.lengths.audio_frames) +
+                            ") fits no budget (" + grouping::DescribeBudget(config_.budget) +
+                            "); raise the budget or set grouping.over_budget: isolate",
+                        sample.producer_id, &id)
+                 .rejection,
+             epoch, true);
+      return;
+    }
+    if (auto r = state_.buffer.Add(std::move(sample))) {
+      Reject(std::move(*r), epoch, true);
+      return;
+    }
+    ++state_.epoch_received[epoch];
+    metrics_.samples_received.fetch_add(1);
+  }
+}
+
+bool IngestChannel::Reply(Conn& conn, const wire::IngestReply& reply) {
+  std::vector<zmq::message_t> parts;
+  const std::string bytes = reply.SerializeAsString();
+  parts.emplace_back(bytes.data(), bytes.size());
+  Transfer t = TrySendTo(sockets_[conn.socket], conn.routing_id, parts);
+  if (t.code == TransferCode::kUnreachable) {
+    // The producer is gone: its credit returns to the buffer.
+    outstanding_bytes_ -= std::max<int64_t>(conn.credit_bytes, 0);
+    outstanding_samples_ -= std::max<int64_t>(conn.credit_samples, 0);
+    conn.credit_bytes = 0;
+    conn.credit_samples = 0;
+    return false;
+  }
+  if (!t.ok()) {
+    spdlog::warn("reply to producer '{}' not sent ({})", conn.producer_id, TransferCodeName(t.code));
+  }
+  return true;
+}
+
+uint64_t IngestChannel::WindowBytes() const {
+  // Room shared among the producers that said hello; a producer whose next
+  // sample is larger asks for it (CreditRequest) and gets it when room allows.
+  size_t producers = 0;
+  for (const auto& [key, conn] : conns_) producers += conn.producer_id.empty() ? 0 : 1;
+  const uint64_t share = config_.buffer_max_bytes / (2 * std::max<size_t>(producers, 1));
+  return std::clamp<uint64_t>(share, std::min<uint64_t>(64 << 10, max_sample_bytes_), max_sample_bytes_);
+}
+
+void IngestChannel::GrantCredits() {
+  int64_t free_bytes, free_samples, ahead_room;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    free_bytes = static_cast<int64_t>(state_.buffer.RoomBytes()) - outstanding_bytes_;
+    free_samples = static_cast<int64_t>(state_.buffer.RoomSamples()) - outstanding_samples_;
+    const uint64_t outside = state_.current_epoch ? state_.buffer.BytesOutsideEpoch(*state_.current_epoch) : 0;
+    ahead_room = static_cast<int64_t>(config_.buffer_max_bytes / 2) - static_cast<int64_t>(outside);
+  }
+  for (const auto& [key, conn] : conns_) {
+    if (conn.ahead) ahead_room -= std::max<int64_t>(conn.credit_bytes, 0);
+  }
+  const uint64_t window = WindowBytes();
+  const auto now = clock_.Now();
+  // Producers that went away without ending their stream hold credit; an
+  // empty grant to each connection quiet for a second finds them (ROUTER
+  // answers EHOSTUNREACH) so their credit returns to the buffer.
+  const bool probe = now - last_probe_ > std::chrono::seconds(1);
+  if (probe) last_probe_ = now;
+  std::vector<ConnKey> gone;
+  for (auto& [key, conn] : conns_) {
+    if (conn.producer_id.empty()) continue;
+    const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
+    const int64_t need_bytes = target - conn.credit_bytes;
+    const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;
+    if (need_bytes <= 0 && need_samples <= 0) {
+      if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
+        wire::IngestReply ping = NewReply();
+        ping.mutable_credit();
+        if (!Reply(conn, ping)) gone.push_back(key);
+      }
+      continue;
+    }
+    const int64_t grant_bytes = std::max<int64_t>(need_bytes, 0);
+    const int64_t grant_samples = std::max<int64_t>(need_samples, 0);
+    if (grant_bytes > free_bytes || grant_samples > free_samples) continue;  // wait for room
+    if (conn.ahead && grant_bytes > ahead_room) continue;
+    wire::IngestReply reply = NewReply();
+    reply.mutable_credit()->set_bytes(static_cast<uint64_t>(grant_bytes));
+    reply.mutable_credit()->set_samples(static_cast<uint32_t>(grant_samples));
+    reply.mutable_credit()->set_max_sample_bytes(max_sample_bytes_);
+    conn.credit_bytes += grant_bytes;
+    conn.credit_samples += grant_samples;
+    outstanding_bytes_ += grant_bytes;
+    outstanding_samples_ += grant_samples;
+    free_bytes -= grant_bytes;
+    free_samples -= grant_samples;
+    if (conn.ahead) ahead_room -= grant_bytes;
+    if (conn.credit_bytes >= static_cast<int64_t>(conn.wanted_bytes)) conn.wanted_bytes = 0;
+    if (!Reply(conn, reply)) gone.push_back(key);
+  }
+  for (const ConnKey& key : gone) conns_.erase(key);
+}
+
+void IngestChannel::NoteEpochRequested() { last_message_ = clock_.Now(); }
+
+std::optional<std::string> IngestChannel::CheckSilence() {
+  if (config_.producer_timeout_ms == 0) return std::nullopt;
+  const auto now = clock_.Now();
+  std::lock_guard<std::mutex> lock(state_.mu);
+  if (!state_.current_epoch) {
+    last_message_ = now;
+    return std::nullopt;
+  }
+  const uint32_t epoch = *state_.current_epoch;
+  if (state_.tracker.StreamFinished(epoch, state_.expected_producers)) return std::nullopt;
+  // Silence is the producers' only while some producer may send: with every
+  // credit used up, the daemon itself is holding them back.
+  bool someone_may_send = conns_.empty();
+  for (const auto& [key, conn] : conns_) {
+    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0) someone_may_send = true;
+  }
+  if (!someone_may_send) {
+    last_message_ = now;
+    return std::nullopt;
+  }
+  if (now - last_message_ <= std::chrono::milliseconds(config_.producer_timeout_ms)) return std::nullopt;
+  const auto active = state_.tracker.ActiveProducers(epoch);
+  const size_t ended = state_.tracker.EndedCount(epoch);
+  std::string open;
+  for (const auto& p : active) open += (open.empty() ? "" : ", ") + p;
+  const size_t expected = state_.expected_producers;
+  const size_t silent = expected > ended + active.size() ? expected - ended - active.size() : 0;
+  return "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
+         " ms while epoch " + std::to_string(epoch) + "'s input is incomplete: " + std::to_string(ended) +
+         " of " + std::to_string(expected) + " expected producer(s) ended their stream; " +
+         (open.empty() ? std::string("no stream is open") : "open streams (samples sent, no end_stream): " + open) +
+         "; " + std::to_string(silent) + " expected producer(s) sent nothing of epoch " + std::to_string(epoch) +
+         " yet. A data worker probably died or hangs (emit.producer_timeout_ms)";
+}
+
+}  // namespace odb::ingest

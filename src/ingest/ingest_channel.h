@@ -1,0 +1,116 @@
+#ifndef ODB_INGEST_INGEST_CHANNEL_H_
+#define ODB_INGEST_INGEST_CHANNEL_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/status/status.h"
+#include "src/common/clock.h"
+#include "src/daemon/config.h"
+#include "src/daemon/daemon_state.h"
+#include "src/daemon/metrics.h"
+#include "src/ingest/decoder.h"
+
+namespace odb::ingest {
+
+// The producers' side of the daemon: owns the ingest sockets (ROUTER, one per
+// endpoint), decodes what arrives, admits samples into the buffer and tells
+// each producer how much more it may send.
+//
+// Flow control is by credit, in samples and payload bytes, per producer
+// connection. A producer sends a sample only while it holds credit, so
+// nothing waits inside ZeroMQ that the buffer cannot take: the channel reads
+// its sockets at all times (even with a full buffer), and a producer that
+// closes its socket right after its last message loses nothing. (With the old
+// PUSH/PULL scheme the daemon stopped reading when the buffer was full; when
+// a producer then closed, ZeroMQ dropped what was still in the kernel's socket
+// buffer: the last samples and end_stream of each producer.) The memory held
+// for ingest is bounded in bytes: buffer.max_bytes covers buffered samples
+// and every credit granted, and no sample is larger than MaxSampleBytes().
+//
+// Credit for producers that are ahead of the epoch being planned (they ended
+// its stream, or send a later epoch) comes from at most half of the buffer,
+// so a future epoch can never starve the current one.
+//
+// Every end_stream is acknowledged once its samples are all read
+// (StreamAck); the client's EndStream returns only then.
+//
+// Runs on the daemon's I/O thread; takes DaemonState::mu to admit.
+class IngestChannel {
+ public:
+  IngestChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                DaemonMetrics& metrics, const Clock& clock);
+  IngestChannel(const IngestChannel&) = delete;
+  IngestChannel& operator=(const IngestChannel&) = delete;
+
+  // Binds every ingest endpoint. Errors name the endpoint.
+  absl::Status Bind();
+  const std::vector<std::string>& endpoints() const { return bound_; }
+  size_t socket_count() const { return sockets_.size(); }
+  zmq::socket_t& socket(size_t i) { return sockets_[i]; }
+
+  // Reads a bounded burst of messages from socket `i` and admits them.
+  void OnReadable(size_t i);
+  // Grants credit where the buffer has room (call whenever it may have shrunk).
+  void GrantCredits();
+
+  // The trainer started an epoch: producer silence counts from now.
+  void NoteEpochRequested();
+  // A fatal message when the epoch's input is incomplete and no producer that
+  // holds credit has sent anything for producer_timeout_ms; names the
+  // producers whose streams are open.
+  std::optional<std::string> CheckSilence();
+
+  // The largest sample a producer may send: half the buffer at most, so a
+  // sample always fits once the buffer drains.
+  uint64_t MaxSampleBytes() const { return max_sample_bytes_; }
+  uint64_t OutstandingBytes() const { return outstanding_bytes_; }
+  size_t ConnectionCount() const { return conns_.size(); }
+
+ private:
+  struct Conn {
+    size_t socket = 0;
+    std::string routing_id;
+    std::string producer_id;  // empty until hello
+    int64_t credit_samples = 0;  // granted and not yet used
+    int64_t credit_bytes = 0;
+    bool ahead = false;  // sends an epoch after the one being planned
+    uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
+    Clock::TimePoint last_heard;
+  };
+  using ConnKey = std::pair<size_t, std::string>;
+
+  void Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
+             std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
+  void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);  // requires mu
+  // False when the producer is gone (its credit then returns to the buffer).
+  bool Reply(Conn& conn, const wire::IngestReply& reply);
+  uint64_t WindowBytes() const;
+  bool ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes);
+
+  zmq::context_t& context_;
+  const DaemonConfig& config_;
+  DaemonState& state_;
+  DaemonMetrics& metrics_;
+  const Clock& clock_;
+  DecodeOptions decode_options_;
+  std::vector<zmq::socket_t> sockets_;
+  std::vector<std::string> bound_;
+  std::map<ConnKey, Conn> conns_;
+  uint64_t max_sample_bytes_ = 0;
+  uint64_t window_samples_ = 0;
+  int64_t outstanding_bytes_ = 0;    // Σ positive credit_bytes
+  int64_t outstanding_samples_ = 0;  // Σ positive credit_samples
+  Clock::TimePoint last_message_;
+  Clock::TimePoint last_probe_;
+  std::vector<zmq::message_t> parts_;  // reused per message
+};
+
+}  // namespace odb::ingest
+
+#endif  // ODB_INGEST_INGEST_CHANNEL_H_
