@@ -2,6 +2,8 @@
 
 #include <memory>
 
+#include "src/wire/tensor_codec.h"
+
 namespace odb::emit {
 namespace {
 
@@ -30,11 +32,8 @@ std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::Bat
                                        std::shared_ptr<BufferPool> buffers) {
   step.clear_tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    wire::TensorDesc* desc = step.add_tensors();
-    desc->set_name(tensors[i].name);
-    desc->set_dtype(static_cast<wire::DType>(tensors[i].dtype));
-    for (int64_t d : tensors[i].shape) desc->add_shape(d);
-    desc->set_frame(static_cast<uint32_t>(i + 1));
+    wire::EncodeTensorDesc(tensors[i].name, tensors[i].dtype, tensors[i].shape,
+                           static_cast<uint32_t>(i + 1), step.add_tensors());
   }
   wire::DaemonMessage message;
   message.set_version(wire::PROTOCOL_VERSION_CURRENT);

@@ -1,0 +1,150 @@
+#include "client/cpp/src/delivery_decoder.h"
+
+#include <catch2/catch.hpp>
+
+#include "proto/odb.pb.h"
+#include "src/wire/tensor_codec.h"
+
+namespace odb::client {
+namespace {
+
+using Frames = std::shared_ptr<std::vector<zmq::message_t>>;
+
+Frames Message(const wire::DaemonMessage& m, const std::vector<size_t>& frame_sizes) {
+  auto frames = std::make_shared<std::vector<zmq::message_t>>();
+  const std::string bytes = m.SerializeAsString();
+  frames->emplace_back(bytes.data(), bytes.size());
+  for (size_t size : frame_sizes) {
+    zmq::message_t f(size);
+    for (size_t i = 0; i < size; ++i) static_cast<uint8_t*>(f.data())[i] = static_cast<uint8_t>(i);
+    frames->push_back(std::move(f));
+  }
+  return frames;
+}
+
+wire::DaemonMessage Step() {
+  wire::DaemonMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  wire::Step* st = m.mutable_step();
+  st->set_epoch(2);
+  st->set_step_index(9);
+  st->add_sample_ids(5);
+  st->add_sample_ids(6);
+  st->set_loss_weight(0.5);
+  wire::Rejection* r = st->add_rejections();
+  r->set_code(wire::TOKENS_MISMATCH);
+  r->set_sample_id(7);
+  r->set_has_sample_id(true);
+  wire::EncodeTensorDesc("input_ids", odb::DType::kInt64, {2, 3}, 1, st->add_tensors());
+  wire::EncodeTensorDesc("attention_mask", odb::DType::kInt64, {2, 3}, 2, st->add_tensors());
+  return m;
+}
+
+TEST_CASE("a step decodes into views over its frames") {
+  Frames frames = Message(Step(), {48, 48});
+  const void* data = (*frames)[1].data();
+  auto d = DecodeDelivery(frames, "ipc:///x");
+  REQUIRE(d.ok());
+  CHECK(d->kind == Delivery::Kind::kStep);
+  CHECK(d->step.epoch == 2);
+  CHECK(d->step.step_index == 9);
+  CHECK(d->step.sample_ids == std::vector<uint64_t>{5, 6});
+  CHECK(d->step.loss_weight == 0.5);
+  REQUIRE(d->step.rejections.size() == 1);
+  CHECK(d->step.rejections[0].code == "TOKENS_MISMATCH");
+  CHECK(d->step.rejections[0].sample_id == 7);
+  REQUIRE(d->tensors.size() == 2);
+  CHECK(d->tensors[0].data == data);  // no copy
+  CHECK(d->tensors[0].dtype == DType::kInt64);
+  CHECK(d->tensors[0].shape == std::vector<int64_t>{2, 3});
+  CHECK(d->tensors[0].size_bytes == 48);
+  REQUIRE(d->Find("attention_mask") != nullptr);
+  CHECK(d->Find("attention_mask")->data[5] == 5);
+  CHECK(d->frames != nullptr);
+}
+
+TEST_CASE("a step tensor whose shape does not match its frame is refused") {
+  // Regression: the shape was handed to the trainer as is; torch read
+  // 48 bytes out of a 40-byte frame.
+  auto d = DecodeDelivery(Message(Step(), {40, 48}), "ipc:///x");
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(d.status().message()),
+             Catch::Contains("step 9") && Catch::Contains("ipc:///x") &&
+                 Catch::Contains("'input_ids'") && Catch::Contains("48 bytes") &&
+                 Catch::Contains("40 bytes"));
+}
+
+TEST_CASE("malformed step tensors are refused") {
+  SECTION("an overflowing shape") {
+    wire::DaemonMessage m = Step();
+    m.mutable_step()->mutable_tensors(0)->set_shape(0, int64_t{1} << 40);
+    m.mutable_step()->mutable_tensors(0)->set_shape(1, int64_t{1} << 40);
+    auto d = DecodeDelivery(Message(m, {0, 48}), "e");
+    CHECK(d.status().code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("a missing frame") {
+    auto d = DecodeDelivery(Message(Step(), {48}), "e");
+    CHECK(d.status().code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("a frame used twice") {
+    wire::DaemonMessage m = Step();
+    m.mutable_step()->mutable_tensors(1)->set_frame(1);
+    auto d = DecodeDelivery(Message(m, {48, 48}), "e");
+    CHECK(d.status().code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("an unknown dtype") {
+    wire::DaemonMessage m = Step();
+    m.mutable_step()->mutable_tensors(1)->set_dtype(static_cast<wire::DType>(40));
+    auto d = DecodeDelivery(Message(m, {48, 48}), "e");
+    CHECK(d.status().code() == absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST_CASE("control messages and protocol errors") {
+  SECTION("epoch end") {
+    wire::DaemonMessage m;
+    m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    m.mutable_epoch_end()->set_epoch(3);
+    m.mutable_epoch_end()->set_emitted(10);
+    m.mutable_epoch_end()->add_not_emitted_ids(4);
+    auto d = DecodeDelivery(Message(m, {}), "e");
+    REQUIRE(d.ok());
+    CHECK(d->kind == Delivery::Kind::kEpochEnd);
+    CHECK(d->summary.epoch == 3);
+    CHECK(d->summary.emitted == 10);
+    CHECK(d->summary.not_emitted_ids == std::vector<uint64_t>{4});
+  }
+  SECTION("fatal") {
+    wire::DaemonMessage m;
+    m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    m.mutable_fatal()->set_rank(1);
+    m.mutable_fatal()->set_code(wire::CONFIG_MISMATCH);
+    m.mutable_fatal()->set_message("collate.length_field: ...");
+    auto d = DecodeDelivery(Message(m, {}), "e");
+    CHECK(d.status().code() == absl::StatusCode::kAborted);
+    CHECK_THAT(std::string(d.status().message()),
+               Catch::Contains("rank 1") && Catch::Contains("CONFIG_MISMATCH"));
+  }
+  SECTION("version") {
+    wire::DaemonMessage m = Step();
+    m.set_version(7);
+    auto d = DecodeDelivery(Message(m, {48, 48}), "tcp://h:1");
+    CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(d.status().message()), Catch::Contains("tcp://h:1"));
+  }
+  SECTION("garbage and empty") {
+    auto frames = std::make_shared<std::vector<zmq::message_t>>();
+    CHECK(DecodeDelivery(frames, "e").status().code() == absl::StatusCode::kDataLoss);
+    frames->emplace_back("\xff\xff\xff", 3);
+    CHECK(DecodeDelivery(frames, "e").status().code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("neither step nor epoch end") {
+    wire::DaemonMessage m;
+    m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    CHECK(DecodeDelivery(Message(m, {}), "e").status().code() == absl::StatusCode::kDataLoss);
+  }
+}
+
+}  // namespace
+}  // namespace odb::client

@@ -1,0 +1,115 @@
+#include "client/cpp/src/delivery_decoder.h"
+
+#include "proto/odb.pb.h"
+#include "src/wire/tensor_codec.h"
+
+namespace odb::client {
+namespace {
+
+Rejection FromWire(const wire::Rejection& r) {
+  Rejection out;
+  out.code = wire::ErrorCode_Name(r.code());
+  out.has_sample_id = r.has_sample_id();
+  out.sample_id = r.sample_id();
+  out.producer_id = r.producer_id();
+  out.message = r.message();
+  return out;
+}
+
+}  // namespace
+
+const TensorView* Delivery::Find(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message_t>> frames,
+                                        const std::string& endpoint_for_errors) {
+  if (frames == nullptr || frames->empty()) {
+    return absl::DataLossError("empty message from the daemon at " + endpoint_for_errors);
+  }
+  wire::DaemonMessage message;
+  const zmq::message_t& head = frames->front();
+  if (!message.ParseFromArray(head.data(), static_cast<int>(head.size()))) {
+    return absl::DataLossError("unreadable message from the daemon at " + endpoint_for_errors);
+  }
+  if (message.version() != wire::PROTOCOL_VERSION_CURRENT) {
+    return absl::FailedPreconditionError(
+        "daemon at " + endpoint_for_errors + " speaks protocol version " +
+        std::to_string(message.version()) + ", this client speaks " +
+        std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
+  }
+  Delivery d;
+  if (message.has_fatal()) {
+    return absl::AbortedError("odbd rank " + std::to_string(message.fatal().rank()) + " failed (" +
+                              wire::ErrorCode_Name(message.fatal().code()) +
+                              "): " + message.fatal().message());
+  }
+  if (message.has_epoch_end()) {
+    const wire::EpochSummary& s = message.epoch_end();
+    d.kind = Delivery::Kind::kEpochEnd;
+    d.summary.epoch = s.epoch();
+    d.summary.received = s.received();
+    d.summary.emitted = s.emitted();
+    d.summary.rejected = s.rejected();
+    d.summary.steps = s.steps();
+    d.summary.idle_steps = s.idle_steps();
+    d.summary.real_tokens = s.real_tokens();
+    d.summary.padded_tokens = s.padded_tokens();
+    d.summary.rejections_are_errors = s.rejections_are_errors();
+    for (const auto& r : s.rejections()) d.summary.rejections.push_back(FromWire(r));
+    d.summary.not_emitted_ids.assign(s.not_emitted_ids().begin(), s.not_emitted_ids().end());
+    return d;
+  }
+  if (!message.has_step()) {
+    return absl::DataLossError("message from the daemon carries neither a step nor an epoch end");
+  }
+  const wire::Step& st = message.step();
+  d.kind = Delivery::Kind::kStep;
+  d.step.epoch = st.epoch();
+  d.step.step_index = st.step_index();
+  d.step.idle = st.idle();
+  d.step.sample_ids.assign(st.sample_ids().begin(), st.sample_ids().end());
+  d.step.lengths.assign(st.lengths().begin(), st.lengths().end());
+  d.step.owner_ranks.assign(st.owner_ranks().begin(), st.owner_ranks().end());
+  d.step.real_tokens = st.real_tokens();
+  d.step.padded_tokens = st.padded_tokens();
+  d.step.global_real_tokens = st.global_real_tokens();
+  d.step.loss_weight = st.loss_weight();
+  d.step.over_budget = st.over_budget();
+  d.step.samples_may_move = st.samples_may_move();
+  d.step.rejections_are_errors = st.rejections_are_errors();
+  for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));
+  d.step.enc_sample_ids.assign(st.enc_sample_ids().begin(), st.enc_sample_ids().end());
+  d.step.enc_owner_ranks.assign(st.enc_owner_ranks().begin(), st.enc_owner_ranks().end());
+  d.step.enc_dest_rank.assign(st.enc_dest_rank().begin(), st.enc_dest_rank().end());
+  d.step.enc_dest_index.assign(st.enc_dest_index().begin(), st.enc_dest_index().end());
+  d.step.llm_src_rank.assign(st.llm_src_rank().begin(), st.llm_src_rank().end());
+
+  std::vector<size_t> frame_sizes;
+  frame_sizes.reserve(frames->size() - 1);
+  for (size_t f = 1; f < frames->size(); ++f) frame_sizes.push_back((*frames)[f].size());
+  auto descs = wire::DecodeTensorDescs(st.tensors(), frame_sizes);
+  if (!descs.ok()) {
+    return absl::DataLossError("step " + std::to_string(st.step_index()) + " of epoch " +
+                               std::to_string(st.epoch()) + " from the daemon at " +
+                               endpoint_for_errors + ": " + std::string(descs.status().message()));
+  }
+  d.tensors.reserve(descs->size());
+  for (wire::DecodedTensorDesc& desc : *descs) {
+    const zmq::message_t& f = (*frames)[desc.frame];
+    TensorView v;
+    v.name = std::move(desc.name);
+    v.dtype = static_cast<DType>(desc.dtype);  // same codes as the wire
+    v.shape = std::move(desc.shape);
+    v.data = static_cast<const uint8_t*>(f.data());
+    v.size_bytes = f.size();
+    d.tensors.push_back(std::move(v));
+  }
+  d.frames = std::move(frames);
+  return d;
+}
+
+}  // namespace odb::client
