@@ -7,9 +7,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/common/error.h>
@@ -71,9 +80,105 @@ absl::Status ProbeTcp(const std::string& host, int port, std::chrono::millisecon
   return absl::UnavailableError("redis store " + where + " unreachable: " + last);
 }
 
+std::string Seconds(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+// A rank's failure report in the store: "<timeout|error> <ms this process did
+// not run, 0 unless that explains the failure>".
+struct FailureReport {
+  bool timed_out = false;
+  std::chrono::milliseconds stopped{0};
+};
+
+std::string EncodeReport(const FailureReport& r) {
+  return std::string(r.timed_out ? "timeout" : "error") + " " + std::to_string(r.stopped.count());
+}
+
+FailureReport DecodeReport(const std::vector<char>& bytes) {
+  const std::string text(bytes.begin(), bytes.end());
+  FailureReport r;
+  r.timed_out = text.rfind("timeout", 0) == 0;
+  const size_t space = text.find(' ');
+  if (space != std::string::npos) r.stopped = std::chrono::milliseconds(std::atoll(text.c_str() + space + 1));
+  return r;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  return text;
+}
+
 }  // namespace
 
-GlooPeerGroup::GlooPeerGroup(GlooPeerGroupOptions options) : options_(std::move(options)) {}
+// Notices stretches in which this process did not run at all: a thread wakes
+// every kTick; when it wakes much later than that, no thread of the process
+// ran in between (SIGSTOP, a debugger, a paused VM: the steady clock keeps
+// running, the process does not). Scheduling delays on a loaded machine are
+// far below the thresholds that matter (half the collective timeout).
+class GlooPeerGroup::RunGapWatch {
+ public:
+  RunGapWatch() : last_tick_(Clock::now()), thread_([this] { Loop(); }) {}
+  ~RunGapWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  RunGapWatch(const RunGapWatch&) = delete;
+  RunGapWatch& operator=(const RunGapWatch&) = delete;
+
+  // The longest stretch without running that ended after `since`, including
+  // one that is only ending now (the thread has not woken up yet).
+  std::chrono::milliseconds LongestSince(Clock::time_point since) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    std::chrono::milliseconds longest{0};
+    if (now - last_tick_ > kTick + kMinGap) {
+      longest = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick_);
+    }
+    for (const Gap& g : gaps_) {
+      if (g.end > since) longest = std::max(longest, g.length);
+    }
+    return longest;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kTick{100};
+  static constexpr std::chrono::milliseconds kMinGap{250};  // later than this is recorded
+  struct Gap {
+    Clock::time_point end;
+    std::chrono::milliseconds length;
+  };
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, kTick);
+      const auto now = Clock::now();
+      if (now - last_tick_ > kTick + kMinGap) {
+        gaps_.push_back({now, std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick_)});
+        if (gaps_.size() > 16) gaps_.pop_front();
+      }
+      last_tick_ = now;
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;             // guarded by mu_
+  Clock::time_point last_tick_;   // guarded by mu_
+  std::deque<Gap> gaps_;          // guarded by mu_: the latest ones
+  std::thread thread_;            // last: starts once the rest is initialized
+};
+
+GlooPeerGroup::GlooPeerGroup(GlooPeerGroupOptions options)
+    : options_(std::move(options)), run_gaps_(std::make_unique<RunGapWatch>()), last_ok_start_(Clock::now()) {}
 GlooPeerGroup::~GlooPeerGroup() = default;
 
 std::string GlooPeerGroup::Describe() const {
@@ -181,43 +286,104 @@ absl::Status GlooPeerGroup::ConnectImpl() {
   return absl::OkStatus();
 }
 
-std::string GlooPeerGroup::LostPeersText() {
-  // Gloo names addresses, not ranks. Every survivor leaves a mark in the store
-  // and then drops its connections, so peers still blocked on it fail at once
-  // and leave theirs; a rank that leaves no mark within the window is lost.
+std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
+  // Gloo names addresses, not ranks. Every failing rank leaves a report in the
+  // store and then drops its connections, so peers still blocked on it fail at
+  // once and leave theirs; a rank that leaves none within the window is lost.
+  const int me = options_.rank;
+  const std::string timeout_ms = std::to_string(options_.collective_timeout.count());
+  FailureReport mine;
+  mine.timed_out = timed_out;
+  // A stop of this process long enough to make peers give up on it: half the
+  // collective timeout (a wait that long is already beyond any scheduling
+  // delay), and at least 500 ms.
+  const auto stopped = run_gaps_->LongestSince(last_ok_start_);
+  const bool was_stopped =
+      stopped >= std::max<std::chrono::milliseconds>(std::chrono::milliseconds(500), options_.collective_timeout / 2);
+  if (was_stopped) mine.stopped = stopped;
+  const std::string stopped_text = "this process did not run for " + Seconds(stopped) +
+                                   " (stopped or suspended? SIGSTOP, a debugger, a paused VM)";
   const auto mark = [](int r) { return "odb_failed_" + std::to_string(r); };
   try {
-    prefix_store_->set(mark(options_.rank), std::vector<char>{'1'});
+    const std::string report = EncodeReport(mine);
+    prefix_store_->set(mark(me), std::vector<char>(report.begin(), report.end()));
   } catch (const std::exception&) {
+    if (was_stopped) return stopped_text + "; the rendezvous store is unreachable too";
     return "a peer daemon died, hung or is unreachable (the store is unreachable too)";
   }
   context_.reset();
   const auto window = std::min<std::chrono::milliseconds>(options_.collective_timeout,
                                                           std::chrono::milliseconds(3000));
-  const auto deadline = std::chrono::steady_clock::now() + window;
+  const auto deadline = Clock::now() + window;
+  std::map<int, FailureReport> reports;
   std::vector<int> missing;
   do {
     missing.clear();
     for (int r = 0; r < options_.world_size; ++r) {
-      if (r == options_.rank) continue;
+      if (r == me || reports.count(r)) continue;
       try {
         prefix_store_->wait({mark(r)}, std::chrono::milliseconds(20));
+        reports[r] = DecodeReport(prefix_store_->get(mark(r)));
       } catch (const std::exception&) {
         missing.push_back(r);
       }
     }
-  } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
-  if (missing.empty()) return "every peer reported a failure too (a network problem, not a dead daemon)";
-  std::string ranks;
-  for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  return "lost peer rank " + ranks + " (its daemon died or hangs: it left no failure report within " +
-         std::to_string(window.count()) + " ms)";
+  } while (!missing.empty() && Clock::now() < deadline);
+
+  std::vector<int> timed_out_peers, stopped_peers;
+  for (const auto& [r, report] : reports) {
+    if (report.timed_out) timed_out_peers.push_back(r);
+    if (report.stopped.count() > 0) stopped_peers.push_back(r);
+  }
+  if (was_stopped) {
+    // The peers' side of the story, when they left it.
+    if (!timed_out_peers.empty()) {
+      return stopped_text + "; peers timed out waiting for rank " + std::to_string(me) + " (rank " +
+             RankList(timed_out_peers) + " reported no answer within collective_timeout_ms = " + timeout_ms + ")";
+    }
+    if (!reports.empty()) {
+      std::vector<int> reported;
+      for (const auto& [r, report] : reports) reported.push_back(r);
+      return stopped_text + "; the collective failed when it resumed (rank " + RankList(reported) +
+             " reported a failure too)";
+    }
+    return stopped_text + "; no peer left a failure report within " + std::to_string(window.count()) +
+           " ms (they may have exited already)";
+  }
+  if (!missing.empty()) {
+    const std::string no_report = "left no failure report within " + std::to_string(window.count()) + " ms";
+    if (timed_out) {
+      return "timed out waiting for rank " + RankList(missing) + ": " + (missing.size() == 1 ? "it" : "they") +
+             " did not answer within collective_timeout_ms = " + timeout_ms + " and " + no_report +
+             " (alive but unresponsive: stopped, hung or starved; or dead)";
+    }
+    return "lost peer rank " + RankList(missing) + " (its daemon died or hangs: it " + no_report + ")";
+  }
+  if (!stopped_peers.empty()) {
+    std::string text = "rank " + RankList(stopped_peers) + " did not answer within collective_timeout_ms = " +
+                       timeout_ms + ": its process did not run for";
+    for (size_t i = 0; i < stopped_peers.size(); ++i) {
+      text += (i ? ", " : " ") + Seconds(reports[stopped_peers[i]].stopped);
+    }
+    return text + " (stopped or suspended; it said so when it resumed)";
+  }
+  if (timed_out) {
+    return "timed out after collective_timeout_ms = " + timeout_ms +
+           ", but every peer is running and reported a failure too (a slow or broken network between the ranks?)";
+  }
+  return "every peer reported a failure too (a network problem, not a dead daemon)";
 }
 
 absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
   if (!broken_.ok()) return broken_;
   const int world = options_.world_size;
   const uint64_t op = ops_++;
+  const auto op_start = Clock::now();
+  // Gloo says "Timed out waiting ..." / "Read timeout ..."; the elapsed time covers any other wording.
+  const auto is_timeout = [&](const std::string& what) {
+    return what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos ||
+           Clock::now() - op_start >= options_.collective_timeout;
+  };
   try {
     std::vector<int64_t> sizes(world, 0);
     int64_t mine = static_cast<int64_t>(bytes.size());
@@ -254,12 +420,12 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       result.emplace_back(out.data() + off, counts[r]);
       off += counts[r];
     }
+    last_ok_start_ = op_start;
     return result;
   } catch (const gloo::IoException& e) {
     broken_ = absl::UnavailableError("gloo all-gather #" + std::to_string(op) + " on rank " +
-                                     std::to_string(options_.rank) + " failed: " + LostPeersText() +
-                                     " (timeout " + std::to_string(options_.collective_timeout.count()) +
-                                     " ms; gloo: " + e.what() + ")");
+                                     std::to_string(options_.rank) + " failed: " + DiagnoseFailure(is_timeout(e.what())) +
+                                     " (gloo: " + e.what() + ")");
   } catch (const gloo::EnforceNotMet& e) {
     broken_ = absl::InternalError("gloo all-gather #" + std::to_string(op) + " on rank " +
                                   std::to_string(options_.rank) + " failed a gloo check: " + e.what());

@@ -52,6 +52,17 @@ struct GlooPeerGroupOptions {
 // PeerGroup over a dedicated Gloo context (TCP transport), never the
 // trainer's NCCL group. Every Gloo exception is caught here and becomes a
 // Status; after the first failure the group stays failed.
+//
+// A failed collective's error says what happened, as far as the ranks can
+// tell together: every rank that fails leaves a report in the store (did it
+// time out, and did its own process stop running), then waits briefly for the
+// others'. So a rank that timed out names the rank it was waiting for — the
+// one that left no report (alive but unresponsive, or dead), or the one that
+// reports it was not running — and a rank whose whole process was stopped
+// (SIGSTOP, a debugger, a paused VM) says so when it resumes, instead of
+// blaming the network. A background thread notices such stops: it wakes every
+// 100 ms, and a wake-up seconds late means no thread of the process ran (the
+// steady clock keeps running while the process is stopped).
 // The process must ignore SIGPIPE (odbd's main does): Gloo's TCP transport
 // writes to the sockets of peers that may have died, and a write to a closed
 // socket otherwise kills the process instead of failing the collective.
@@ -75,12 +86,21 @@ class GlooPeerGroup final : public PeerGroup {
   std::string Describe() const;
 
  private:
+  class RunGapWatch;
+
   explicit GlooPeerGroup(GlooPeerGroupOptions options);
   absl::Status ConnectImpl();
-  // After a failed collective: which peers are gone, as text for the error.
-  std::string LostPeersText();
+  // After a failed collective: what happened (this process stopped, a peer
+  // that did not answer or is gone, or every rank failed), as text for the
+  // error. `timed_out`: this rank's collective ran out of collective_timeout.
+  // Leaves this rank's report in the store and drops the connections.
+  std::string DiagnoseFailure(bool timed_out);
 
   GlooPeerGroupOptions options_;
+  std::unique_ptr<RunGapWatch> run_gaps_;
+  // Start of the last collective that succeeded (or of Connect): a stop of
+  // this process since then can explain the failure of the current one.
+  std::chrono::steady_clock::time_point last_ok_start_;
   std::unique_ptr<gloo::rendezvous::Store> store_;
   std::unique_ptr<gloo::rendezvous::Store> prefix_store_;
   std::shared_ptr<gloo::rendezvous::Context> context_;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -179,6 +180,101 @@ TEST_CASE("gloo over FileStore: a peer that dies mid-run turns into an error on 
     REQUIRE(seconds[r] < 20.0);
   }
   std::filesystem::remove_all(dir);
+}
+
+// ---- A peer process stopped (SIGSTOP) past the collective timeout. ----
+// Rank 1 runs in a child process (this binary again, running the hidden test
+// below), so that stopping it stops every thread of that rank and nothing else.
+
+constexpr char kStoppedChild[] = "gloo: rank 1 of the SIGSTOP test (run by it)";
+
+GlooPeerGroupOptions StopOpts(int rank, const std::string& dir) {
+  GlooPeerGroupOptions o = Opts(rank, 2, dir, "stopped");
+  o.collective_timeout = milliseconds(1000);
+  return o;
+}
+
+TEST_CASE(kStoppedChild, "[.]") {
+  const char* dir = std::getenv("ODB_STOP_TEST_DIR");
+  if (dir == nullptr) return;  // only meaningful when started by the test below
+  std::string message = "no failure";
+  auto g = GlooPeerGroup::Connect(StopOpts(1, dir));
+  if (!g.ok()) {
+    message = "connect: " + g.status().ToString();
+  } else {
+    for (int i = 0; i < 100; ++i) {  // the parent stops this process in the second all-gather
+      auto out = (*g)->AllGather("child");
+      if (!out.ok()) {
+        message = std::string(out.status().message());
+        break;
+      }
+    }
+  }
+  const std::string tmp = std::string(dir) + "/child.tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs(message.c_str(), f);
+  std::fclose(f);
+  std::filesystem::rename(tmp, std::string(dir) + "/child.txt");
+}
+
+TEST_CASE("gloo: a peer stopped past the timeout is named; once resumed, it says it was stopped", "[gloo]") {
+  const std::string dir = TempDir();
+  const std::string env = "ODB_STOP_TEST_DIR=" + dir;
+  char* const envp[] = {const_cast<char*>(env.c_str()), nullptr};
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    execle("/proc/self/exe", "gloo_peer_group_test", kStoppedChild, static_cast<char*>(nullptr), envp);
+    _exit(127);
+  }
+  auto g = GlooPeerGroup::Connect(StopOpts(0, dir));
+  if (!g.ok()) kill(child, SIGKILL);
+  REQUIRE(g.ok());
+  REQUIRE((*g)->AllGather("parent").ok());
+  // The child is now in (or on its way to) its second all-gather, waiting for this rank.
+  REQUIRE(kill(child, SIGSTOP) == 0);
+  int wstatus = 0;
+  REQUIRE(waitpid(child, &wstatus, WUNTRACED) == child);
+  REQUIRE(WIFSTOPPED(wstatus));
+  const auto t0 = Clock::now();
+  const absl::Status waited = (*g)->AllGather("parent").status();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  REQUIRE(kill(child, SIGCONT) == 0);
+  // The child fails on resuming (this rank dropped the connections) and writes its error.
+  pid_t done = 0;
+  for (int i = 0; i < 600 && done == 0; ++i) {  // 30 s
+    done = waitpid(child, &wstatus, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(milliseconds(50));
+  }
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &wstatus, 0);
+  }
+  REQUIRE(done == child);
+  REQUIRE(WIFEXITED(wstatus));
+  std::string stopped;
+  if (FILE* f = std::fopen((dir + "/child.txt").c_str(), "r")) {
+    char buf[4096];
+    stopped.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+    std::fclose(f);
+  }
+  std::filesystem::remove_all(dir);
+
+  const std::string timed_out(waited.message());
+  INFO("rank 0 (waited): " << timed_out);
+  INFO("rank 1 (stopped): " << stopped);
+  REQUIRE(waited.code() == absl::StatusCode::kUnavailable);
+  REQUIRE(timed_out.find("timed out waiting for rank 1: it did not answer within collective_timeout_ms = 1000") !=
+          std::string::npos);
+  REQUIRE(timed_out.find("alive but unresponsive") != std::string::npos);
+  REQUIRE(timed_out.find("network") == std::string::npos);
+  REQUIRE(seconds < 15.0);  // the timeout plus the report window, not a hang
+  REQUIRE(stopped.find("this process did not run for ") != std::string::npos);
+  REQUIRE(stopped.find("(stopped or suspended?") != std::string::npos);
+  REQUIRE(stopped.find("peers timed out waiting for rank 1 (rank 0 reported no answer within "
+                       "collective_timeout_ms = 1000)") != std::string::npos);
+  REQUIRE(stopped.find("network") == std::string::npos);
 }
 
 TEST_CASE("gloo: unreachable stores fail fast with a clear error", "[gloo]") {

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / ".build"
+# ODB_TEST_BIN: another tree laid out as .build/ (e.g. a private build while .build/ is shared).
+BIN = Path(os.environ.get("ODB_TEST_BIN", ROOT / ".build"))
 ODBD = BIN / "src/daemon/odbd"
 SYNTH = BIN / "client/cpp/odb_synth"
 sys.path.insert(0, str(BIN / "proto"))
