@@ -137,12 +137,32 @@ void IngestChannel::OnReadable(size_t i) {
                          conn.producer_id);
       ChargeCredit(conn, true, std::min<uint64_t>(payload, std::max<int64_t>(conn.credit_bytes, 0)));
     } else if (!ChargeCredit(conn, is_sample, payload)) {
-      event = MakeReject(wire::CREDIT_EXCEEDED,
-                         "producer '" + conn.producer_id + "' sent a " + std::to_string(payload) +
-                             "-byte sample without credit (held " + std::to_string(conn.credit_samples) +
-                             " samples / " + std::to_string(conn.credit_bytes) +
-                             " bytes); producers must wait for the daemon's credit (use the odb client)",
-                         conn.producer_id);
+      // Decoded anyway, so the report names the sample and it counts against
+      // its producer's stream (end_stream totals still match).
+      event = DecodeProducerMessage(std::move(body), decode_options_);
+      RejectEvent reject;
+      if (auto* s = std::get_if<SampleEvent>(&event)) {
+        const uint64_t id = s->sample.meta.id;
+        reject = conn.producer_id.empty()
+                     ? MakeReject(wire::UNKNOWN_PRODUCER,
+                                  "sample " + std::to_string(id) + " from producer '" + s->sample.producer_id +
+                                      "' arrived on a connection that never sent hello; call "
+                                      "Producer::Connect before sending",
+                                  s->sample.producer_id, &id)
+                     : MakeReject(wire::CREDIT_EXCEEDED,
+                                  "sample " + std::to_string(id) + " (" + std::to_string(payload) +
+                                      " bytes) from producer '" + conn.producer_id +
+                                      "' was sent without credit (held " + std::to_string(conn.credit_samples) +
+                                      " samples / " + std::to_string(conn.credit_bytes) +
+                                      " bytes); producers must wait for the daemon's credit (the odb "
+                                      "clients do)",
+                                  conn.producer_id, &id);
+        reject.epoch = s->sample.epoch;
+        reject.has_epoch = true;
+        event = std::move(reject);
+      } else if (std::get_if<RejectEvent>(&event) == nullptr) {
+        event = MakeReject(wire::MALFORMED_HEADER, "a multi-frame message that is not a sample", conn.producer_id);
+      }
     } else {
       event = DecodeProducerMessage(std::move(body), decode_options_);
     }

@@ -15,6 +15,7 @@ import numpy as np
 import zmq
 
 from odbtest import Daemon, StepRecord, check_step_invariants
+from rawproducer import RawProducer
 
 import odb_pb2
 
@@ -23,13 +24,9 @@ IMG = (3, 4, 4)
 
 
 def _send_samples(ctx, d: Daemon, rank: int, n: int, rng) -> dict:
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 10000)
-    sock.connect(d.ingest)
+    sock = RawProducer(ctx, d.ingest)
     pid = f"mm{rank}"
-    hello = odb_pb2.ProducerMessage(version=1)
-    hello.hello.producer_id = pid
-    sock.send(hello.SerializeToString())
+    sock.hello(pid)
     images = {}
     for k in range(n):
         sid = rank * 100000 + k
@@ -45,11 +42,8 @@ def _send_samples(ctx, d: Daemon, rank: int, n: int, rng) -> dict:
         p.shape.extend([nimg, *IMG])
         pixels = np.concatenate([np.full((1, *IMG), sid * 10 + j, np.float32) for j in range(nimg)]) \
             if nimg else np.zeros((0, *IMG), np.float32)
-        sock.send_multipart([m.SerializeToString(), np.arange(tokens, dtype=np.int64).tobytes(),
-                             pixels.tobytes()])
-    end = odb_pb2.ProducerMessage(version=1)
-    end.end_stream.producer_id, end.end_stream.samples_sent = pid, n
-    sock.send(end.SerializeToString())
+        sock.send(m, [np.arange(tokens, dtype=np.int64).tobytes(), pixels.tobytes()])
+    sock.end_stream(pid, n)
     sock.close()
     return images
 

@@ -1,6 +1,9 @@
 #include "odb/consumer.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <map>
+#include <random>
 #include <zmq.hpp>
 
 #include "client/cpp/src/delivery_decoder.h"
@@ -12,6 +15,11 @@ struct Consumer::Impl {
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
   bool owe_credit = false;
+  // The session's routing id: the daemon serves one trainer session and, if
+  // this one reconnects, re-sends the steps it had not acknowledged.
+  std::string session;
+  // The last step delivered per epoch: re-sent steps already delivered are dropped.
+  std::map<uint32_t, uint64_t> next_step;
 
   absl::Status SendTrainer(const wire::TrainerMessage& m) {
     std::string bytes = m.SerializeAsString();
@@ -37,10 +45,21 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
     impl->socket.set(zmq::sockopt::linger, 0);
     impl->socket.set(zmq::sockopt::rcvtimeo, options.receive_timeout_ms);
     impl->socket.set(zmq::sockopt::sndhwm, 1000);
+    std::random_device random;
+    char id[32];
+    std::snprintf(id, sizeof(id), "trainer-%08x%08x", random(), random());
+    impl->session = id;
+    impl->socket.set(zmq::sockopt::routing_id, impl->session);
     impl->socket.connect(options.endpoint);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError("cannot connect to '" + options.endpoint + "': " + e.what());
   }
+  // Announce the session (a credit of 0 steps): a daemon that already serves
+  // another trainer answers SESSION_REFUSED at once.
+  wire::TrainerMessage hello;
+  hello.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  hello.mutable_credit()->set_steps(0);
+  if (absl::Status s = impl->SendTrainer(hello); !s.ok()) return s;
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }
 
