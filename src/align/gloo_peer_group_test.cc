@@ -228,8 +228,18 @@ TEST_CASE("gloo: a peer stopped past the timeout is named; once resumed, it says
     execle("/proc/self/exe", "gloo_peer_group_test", kStoppedChild, static_cast<char*>(nullptr), envp);
     _exit(127);
   }
+  // A failed REQUIRE below must not leave a stopped child behind.
+  struct Reaper {
+    pid_t pid;
+    bool reaped = false;
+    ~Reaper() {
+      if (!reaped) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{child};
   auto g = GlooPeerGroup::Connect(StopOpts(0, dir));
-  if (!g.ok()) kill(child, SIGKILL);
   REQUIRE(g.ok());
   REQUIRE((*g)->AllGather("parent").ok());
   // The child is now in (or on its way to) its second all-gather, waiting for this rank.
@@ -247,11 +257,8 @@ TEST_CASE("gloo: a peer stopped past the timeout is named; once resumed, it says
     done = waitpid(child, &wstatus, WNOHANG);
     if (done == 0) std::this_thread::sleep_for(milliseconds(50));
   }
-  if (done == 0) {
-    kill(child, SIGKILL);
-    waitpid(child, &wstatus, 0);
-  }
   REQUIRE(done == child);
+  reaper.reaped = true;
   REQUIRE(WIFEXITED(wstatus));
   std::string stopped;
   if (FILE* f = std::fopen((dir + "/child.txt").c_str(), "r")) {
