@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
