@@ -17,7 +17,7 @@ CXX="${CXX:-clang++-14}"
 mkdir -p "$OUT/obj" "$OUT/gen/proto"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -I"$OUT/gen" -DSPDLOG_FMT_EXTERNAL $SAN)
+CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -Iclient/cpp/include -I"$OUT/gen" -DSPDLOG_FMT_EXTERNAL $SAN)
 ABSL=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_internal
       -labsl_cordz_functions -labsl_cordz_handle -labsl_exponential_biased -labsl_synchronization
       -labsl_graphcycles_internal -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal

@@ -15,6 +15,7 @@
 #include <zmq.hpp>
 
 #include "fuzz/fuzz_util.h"
+#include "fuzz/protobuf_quiet.h"
 #include "src/common/dtype.h"
 #include "src/ingest/decoder.h"
 
@@ -50,6 +51,10 @@ void CheckSample(const odb::Sample& s, const odb::ingest::DecodeOptions& options
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // libprotobuf logs every invalid UTF-8 string it parses; silence it here
+  // (it costs most of the time otherwise; see docs/fuzzing.md).
+  static const bool quiet = odb::fuzz::SilenceProtobufLogs();
+  (void)quiet;
   const std::vector<std::string_view> frames = odb::fuzz::SplitFrames(data, size);
   std::vector<zmq::message_t> parts;
   parts.reserve(frames.size());

@@ -142,6 +142,74 @@ void HelloSeeds(const fs::path& dir) {
   Write(dir, "small_fields", EncodeFrames({odb::align::EncodeHello(0, 1, {{"k", "v"}})}));
 }
 
+std::string Daemon(const odb::wire::DaemonMessage& m) {
+  std::string out;
+  m.SerializeToString(&out);
+  return out;
+}
+
+void DeliverySeeds(const fs::path& dir, const fs::path& regressions) {
+  odb::wire::DaemonMessage step;
+  step.set_version(odb::wire::PROTOCOL_VERSION_CURRENT);
+  auto* st = step.mutable_step();
+  st->set_epoch(1);
+  st->set_step_index(4);
+  st->set_loss_weight(1.0);
+  st->set_real_tokens(7);
+  st->set_padded_tokens(8);
+  for (uint64_t id : {11, 12}) st->add_sample_ids(id);
+  for (uint32_t len : {3, 4}) st->add_lengths(len);
+  for (int32_t r : {0, 1}) st->add_owner_ranks(r);
+  odb::wire::EncodeTensorDesc("input_ids", odb::DType::kInt64, {2, 4}, 1, st->add_tensors());
+  odb::wire::EncodeTensorDesc("attention_mask", odb::DType::kInt64, {2, 4}, 2, st->add_tensors());
+  odb::wire::EncodeTensorDesc("pixel_values", odb::DType::kBFloat16, {3, 2}, 3, st->add_tensors());
+  auto* rej = st->add_rejections();
+  rej->set_code(odb::wire::ZERO_LENGTH);
+  rej->set_sample_id(9);
+  rej->set_has_sample_id(true);
+  rej->set_message("sample 9: token length is 0");
+  Write(dir, "step", EncodeFrames({Daemon(step), std::string(64, '\1'), std::string(64, '\0'),
+                                   std::string(12, '\2')}));
+  auto phases = step;
+  auto* ph = phases.mutable_step();
+  ph->add_enc_sample_ids(11);
+  ph->add_enc_owner_ranks(0);
+  ph->add_enc_dest_rank(1);
+  ph->add_enc_dest_index(0);
+  ph->add_llm_src_rank(0);
+  ph->add_llm_src_rank(1);
+  ph->set_samples_may_move(true);
+  Write(dir, "step_phase_plans", EncodeFrames({Daemon(phases), std::string(64, '\1'),
+                                               std::string(64, '\0'), std::string(12, '\2')}));
+  odb::wire::DaemonMessage idle;
+  idle.set_version(odb::wire::PROTOCOL_VERSION_CURRENT);
+  idle.mutable_step()->set_idle(true);
+  Write(dir, "step_idle", EncodeFrames({Daemon(idle)}));
+  odb::wire::DaemonMessage end;
+  end.set_version(odb::wire::PROTOCOL_VERSION_CURRENT);
+  end.mutable_epoch_end()->set_epoch(1);
+  end.mutable_epoch_end()->set_received(10);
+  end.mutable_epoch_end()->add_not_emitted_ids(3);
+  *end.mutable_epoch_end()->add_rejections() = *rej;
+  Write(dir, "epoch_end", EncodeFrames({Daemon(end)}));
+  odb::wire::DaemonMessage fatal;
+  fatal.set_version(odb::wire::PROTOCOL_VERSION_CURRENT);
+  fatal.mutable_fatal()->set_message("peer 2 died");
+  fatal.mutable_fatal()->set_rank(2);
+  Write(dir, "fatal", EncodeFrames({Daemon(fatal)}));
+  Write(dir, "short_frame", EncodeFrames({Daemon(step), std::string(63, '\1'), std::string(64, '\0'),
+                                          std::string(12, '\2')}));
+
+  // Accepted today: 2 sample_ids but 1 length and 3 owner ranks. Consumers
+  // index these arrays in parallel (odb_synth reads lengths[i] for every
+  // sample id); see docs/fuzzing.md, finding 1. Fails with ODB_FUZZ_STRICT=1.
+  auto skew = step;
+  skew.mutable_step()->mutable_lengths()->RemoveLast();
+  skew.mutable_step()->add_owner_ranks(5);
+  Write(regressions, "parallel_arrays_differ_in_length",
+        EncodeFrames({Daemon(skew), std::string(64, '\1'), std::string(64, '\0'), std::string(12, '\2')}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +217,7 @@ int main(int argc, char** argv) {
   DecoderSeeds(root / "decoder");
   MetaCodecSeeds(root / "meta_codec");
   HelloSeeds(root / "hello");
+  DeliverySeeds(root / "delivery_decoder", root.parent_path() / "regressions" / "delivery_decoder");
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }
