@@ -7,6 +7,7 @@
 
 #include "src/common/zmq_transfer.h"
 #include "src/ingest/decoder.h"
+#include "src/wire/tensor_codec.h"
 
 namespace odb::exchange {
 
@@ -109,11 +110,7 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
       h->set_audio_frames(sample.meta.lengths.audio_frames);
       for (size_t i = 0; i < sample.tensors.size(); ++i) {
         const TensorView& t = sample.tensors[i];
-        wire::TensorDesc* d = h->add_tensors();
-        d->set_name(t.name);
-        d->set_dtype(static_cast<wire::DType>(t.dtype));
-        for (int64_t dim : t.shape) d->add_shape(dim);
-        d->set_frame(static_cast<uint32_t>(i + 1));
+        wire::EncodeTensorDesc(t.name, t.dtype, t.shape, static_cast<uint32_t>(i + 1), h->add_tensors());
       }
       std::vector<zmq::message_t> parts;
       const std::string header = m.SerializeAsString();

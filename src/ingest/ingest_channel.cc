@@ -14,6 +14,9 @@ namespace {
 constexpr size_t kBurst = 256;              // messages per OnReadable (the trainer is never starved)
 constexpr size_t kMaxConnections = 4096;    // producer connections tracked at once
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than this is refused by ZeroMQ
+// Samples are buffered for at most this many epochs past the first open one;
+// a later epoch is refused (each buffered epoch costs bookkeeping).
+constexpr uint32_t kEpochHorizon = 4;
 
 void EnsureIpcDirectory(const std::string& endpoint) {
   if (endpoint.rfind("ipc://", 0) != 0) return;
@@ -234,7 +237,7 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     outstanding_samples_ -= std::max<int64_t>(conn.credit_samples, 0);
     conn.credit_bytes = 0;
     conn.credit_samples = 0;
-    conn.ahead = state_.current_epoch.has_value() && end->epoch >= *state_.current_epoch;
+    conn.ahead = end->epoch >= state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
     replies.emplace_back(&conn, std::move(reply));
     spdlog::debug("producer '{}' ended epoch {} after {} samples", end->producer_id, end->epoch,
                   end->samples_sent);
@@ -261,11 +264,41 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
              epoch, true);
       return;
     }
+    const uint32_t first_open = state_.tracker.FirstOpenEpoch();
+    if (epoch > first_open + kEpochHorizon) {
+      const uint64_t id = sample.meta.id;
+      Reject(MakeReject(wire::WRONG_EPOCH,
+                        "sample " + std::to_string(id) + " from producer '" + sample.producer_id +
+                            "' belongs to epoch " + std::to_string(epoch) + ", more than " +
+                            std::to_string(kEpochHorizon) + " epochs after the first open one (" +
+                            std::to_string(first_open) + "); send epochs in order",
+                        sample.producer_id, &id)
+                 .rejection,
+             epoch, true);
+      return;
+    }
     if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
       Reject(std::move(*r), epoch, true);
       return;
     }
-    conn.ahead = state_.current_epoch.has_value() && epoch > *state_.current_epoch;
+    auto schema = schemas_.find(epoch);
+    if (schema == schemas_.end()) {
+      std::erase_if(schemas_, [&](const auto& entry) { return entry.first < first_open; });
+      collate::CollateOptions options = config_.collate;
+      // Per-phase plans batch the encoder fields apart (never packed).
+      if (config_.phase_plans) options.packed = false;
+      schema = schemas_.emplace(epoch, std::make_unique<EpochSchema>(std::move(options))).first;
+    }
+    if (auto r = schema->second->Check(sample)) {
+      if (r->code() == wire::CONFIG_MISMATCH) {
+        spdlog::error("the config does not fit the data: {} (every such sample is rejected)", r->message());
+      }
+      Reject(std::move(*r), epoch, true);
+      return;
+    }
+    // Ahead: a later epoch than the one being planned (or, before the
+    // trainer starts one, than the first open epoch).
+    conn.ahead = epoch > state_.current_epoch.value_or(first_open);
     sample.meta.owner_rank = config_.rank;
     if (config_.over_budget == OverBudgetPolicy::kReject &&
         !grouping::FitsAlone(config_.budget, sample.meta.lengths)) {
@@ -324,7 +357,8 @@ void IngestChannel::GrantCredits() {
     std::lock_guard<std::mutex> lock(state_.mu);
     free_bytes = static_cast<int64_t>(state_.buffer.RoomBytes()) - outstanding_bytes_;
     free_samples = static_cast<int64_t>(state_.buffer.RoomSamples()) - outstanding_samples_;
-    const uint64_t outside = state_.current_epoch ? state_.buffer.BytesOutsideEpoch(*state_.current_epoch) : 0;
+    const uint32_t base = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
+    const uint64_t outside = state_.buffer.BytesOutsideEpoch(base);
     ahead_room = static_cast<int64_t>(config_.buffer_max_bytes / 2) - static_cast<int64_t>(outside);
   }
   for (const auto& [key, conn] : conns_) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
 #include "src/ingest/decoder.h"
+#include "src/ingest/schema.h"
 
 namespace odb::ingest {
 
@@ -102,6 +104,9 @@ class IngestChannel {
   std::vector<zmq::socket_t> sockets_;
   std::vector<std::string> bound_;
   std::map<ConnKey, Conn> conns_;
+  // Each open epoch's schema, fixed by its first admitted sample: a sample
+  // that could not be collated with the others is rejected at the door.
+  std::map<uint32_t, std::unique_ptr<EpochSchema>> schemas_;
   uint64_t max_sample_bytes_ = 0;
   uint64_t window_samples_ = 0;
   int64_t outstanding_bytes_ = 0;    // Σ positive credit_bytes

@@ -52,6 +52,8 @@ class StreamTracker {
   // still arrive for it are LATE_FOR_CLOSED_EPOCH, not WRONG_EPOCH.
   void CloseEpoch(uint32_t epoch, bool quota_closed = false);
   bool IsClosed(uint32_t epoch) const { return closed_.count(epoch) > 0; }
+  // The epoch after the last closed one (0 before any closed).
+  uint32_t FirstOpenEpoch() const { return closed_.empty() ? 0 : *closed_.rbegin() + 1; }
   size_t ProducerCount() const { return producers_.size(); }
 
  private:

@@ -79,6 +79,7 @@ absl::StatusOr<Delivery> Consumer::Next() {
     if (absl::Status s = impl_->SendTrainer(credit); !s.ok()) return s;
     impl_->owe_credit = false;
   }
+  while (true) {
   auto frames = std::make_shared<std::vector<zmq::message_t>>();
   try {
     do {
@@ -107,8 +108,16 @@ absl::StatusOr<Delivery> Consumer::Next() {
                                   " failed: " + e.what());
   }
   absl::StatusOr<Delivery> d = DecodeDelivery(std::move(frames), impl_->options.endpoint);
-  if (d.ok() && d->kind == Delivery::Kind::kStep) impl_->owe_credit = true;
+  if (d.ok() && d->kind == Delivery::Kind::kStep) {
+    // After a reconnect the daemon re-sends the steps it had no credit for;
+    // the ones delivered already are dropped here (steps arrive in order).
+    uint64_t& next = impl_->next_step[d->step.epoch];
+    if (d->step.step_index < next) continue;
+    next = d->step.step_index + 1;
+    impl_->owe_credit = true;
+  }
   return d;
+  }
 }
 
 }  // namespace odb::client

@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "proto/odb.pb.h"
+#include "src/wire/tensor_codec.h"
 
 namespace odb::client {
 
@@ -221,11 +222,8 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   parts.emplace_back();  // header, filled below
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInput& t = tensors[i];
-    wire::TensorDesc* d = h->add_tensors();
-    d->set_name(t.name);
-    d->set_dtype(static_cast<wire::DType>(t.dtype));
-    for (int64_t dim : t.shape) d->add_shape(dim);
-    d->set_frame(static_cast<uint32_t>(i + 1));
+    wire::EncodeTensorDesc(t.name, static_cast<odb::DType>(t.dtype), t.shape, static_cast<uint32_t>(i + 1),
+                           h->add_tensors());
     parts.emplace_back(t.data, t.size_bytes);
   }
   std::string header = m.SerializeAsString();
