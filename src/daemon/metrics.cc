@@ -37,6 +37,8 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          m.bad_trainer_messages.load(), rank);
   Series(out, "odb_refused_trainers_total", "counter", "Second trainers refused (one trainer per daemon).",
          m.refused_trainers.load(), rank);
+  Series(out, "odb_trainer_disconnects_total", "counter", "Times the trainer session's connection closed.",
+         m.trainer_disconnects.load(), rank);
   Series(out, "odb_metrics_scrapes_total", "counter", "Metrics requests served.", m.metrics_scrapes.load(), rank);
   Series(out, "odb_buffer_peak_bytes", "gauge", "Largest buffered payload seen.", m.peak_buffer_bytes.load(), rank);
   Series(out, "odb_buffer_bytes", "gauge", "Payload bytes buffered now.", g.buffer_bytes, rank);

@@ -21,6 +21,7 @@ struct DaemonMetrics {
   std::atomic<uint64_t> bad_trainer_messages{0};  // unreadable or multi-frame, ignored
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
   std::atomic<uint64_t> metrics_scrapes{0};
+  std::atomic<uint64_t> trainer_disconnects{0};  // the session's connection closed
   // Gauges the I/O loop publishes each iteration (read by the metrics server
   // thread without taking any daemon lock).
   std::atomic<uint64_t> buffer_bytes{0};

@@ -206,6 +206,7 @@ void TrainerChannel::OnMonitor() {
     std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, sizeof(value));
     if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty()) {
       lost_since_ = clock_.Now();
+      metrics_.trainer_disconnects.fetch_add(1);
       spdlog::info("trainer session {} disconnected", Printable(session_));
     }
   }
