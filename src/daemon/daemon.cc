@@ -192,7 +192,8 @@ void Daemon::PlannerLoop() {
     absl::Status status = RunOneRound();
     last_round = std::chrono::steady_clock::now();
     if (!status.ok() && !Stopping()) {
-      Fail(wire::PEER_FAILURE, std::string(status.message()));
+      Fail(status.code() == absl::StatusCode::kAborted ? wire::COLLATE_FAILED : wire::PEER_FAILURE,
+           std::string(status.message()));
       return;
     }
     Wake();  // steps are queued: the I/O loop sends them

@@ -167,31 +167,18 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
     return absl::InternalError("step " + std::to_string(plan.step_index) +
                                " cannot be collated under per-phase plans: " + std::string(collated.message()));
   }
-  std::lock_guard<std::mutex> lock(state_.mu);
   if (!collated.ok()) {
-    // Admission checks every sample against the epoch's schema, so this is
-    // not expected; if it happens the samples are reported, never dropped
-    // silently, and the step stays (as IDLE) so alignment holds.
-    tensors.clear();
-    for (const Sample* s : llm_group) {
-      wire::Rejection r;
-      r.set_code(wire::COLLATE_FAILED);
-      r.set_sample_id(s->meta.id);
-      r.set_has_sample_id(true);
-      r.set_producer_id(s->producer_id);
-      r.set_message(std::string(collated.message()));
-      spdlog::error("rank {}: {}", config_.rank, r.message());
-      state_.rejections.Record(std::move(r), epoch);
-      metrics_.samples_rejected.fetch_add(1);
-    }
-    step.clear_sample_ids();
-    step.clear_lengths();
-    step.clear_owner_ranks();
-    step.set_idle(true);
-    step.set_loss_weight(0.0);
-    step.set_real_tokens(0);
-    step.set_padded_tokens(0);
+    // Admission checks every sample against the epoch's schema, so only a
+    // resource limit gets here. The step cannot be replaced by an IDLE one:
+    // the other ranks' loss weights already count this rank's tokens, and
+    // Σ_r w_r would fall below W. The job stops with the reason instead.
+    std::string ids;
+    for (const Sample* s : llm_group) ids += (ids.empty() ? "" : ", ") + std::to_string(s->meta.id);
+    return absl::AbortedError("step " + std::to_string(plan.step_index) + " of epoch " + std::to_string(epoch) +
+                              " cannot be collated (" + std::string(collated.message()) + "; samples " + ids +
+                              "); its loss weights would no longer sum to W, so the job stops");
   }
+  std::lock_guard<std::mutex> lock(state_.mu);
   for (auto& r : state_.rejections.TakeUnreported()) *step.add_rejections() = std::move(r);
   wire::EpochSummary& totals = state_.epoch_totals[epoch];
   totals.set_steps(totals.steps() + 1);
