@@ -16,7 +16,6 @@ struct DaemonMetrics {
   std::atomic<uint64_t> steps_emitted{0};
   std::atomic<uint64_t> idle_steps{0};
   std::atomic<uint64_t> rounds{0};
-  std::atomic<uint64_t> buffer_full_stalls{0};
   std::atomic<uint64_t> peak_buffer_bytes{0};
   std::atomic<uint64_t> bad_trainer_messages{0};  // unreadable or multi-frame, ignored
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
