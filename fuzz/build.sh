@@ -47,7 +47,7 @@ declare -A TARGET_SRCS=(
   [decoder]="src/ingest/decoder.cc"
   [meta_codec]="src/align/meta_codec.cc"
   [hello]="src/align/hello.cc src/align/planner.cc src/grouping/budget.cc src/grouping/grouper.cc"
-  [config]="src/daemon/config.cc src/grouping/budget.cc"
+  [config]="src/daemon/config.cc src/grouping/budget.cc src/collate/collator.cc src/common/buffer_pool.cc"
   [delivery_decoder]="client/cpp/src/delivery_decoder.cc"
 )
 targets=(decoder meta_codec hello config)

@@ -472,10 +472,10 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   return absl::OkStatus();
 }
 
-// The collator's conversion rules (collate/collator.h, kPad), checked at
-// start-up: integers must be an integer in range, bool 0 or 1, float16 /
-// bfloat16 / float32 must not overflow (round to nearest even; +-inf kept).
-// NaN is refused for every dtype: padding with NaN poisons every reduction.
+// With a declared dtype, the collator's conversion rule (collate::CheckPadValue:
+// integers an integer in range, bool 0 or 1, float16 / bfloat16 / float32 no
+// finite overflow, +-inf kept). NaN is refused for every dtype: padding with
+// NaN poisons every reduction.
 // Without a declared dtype, the value must be an integer exactly representable
 // as a double (it is converted to whatever integer dtype the samples carry).
 absl::Status CheckPadValue(const collate::FieldSpec& f, const std::string& path) {
@@ -500,43 +500,11 @@ absl::Status CheckPadValue(const collate::FieldSpec& f, const std::string& path)
     }
     return absl::OkStatus();
   }
-  const DType dtype = *f.dtype;
-  const std::string name(DTypeName(dtype));
-  auto integer_range = [&](double lo, double hi_exclusive) -> absl::Status {
-    if (!std::isfinite(v) || v != std::trunc(v) || v < lo || v >= hi_exclusive) {
-      return Invalid(field, value + " of field '" + f.name + "' is not representable as " + name +
-                                "; use an integer in [" + Num(lo) + ", " + Num(hi_exclusive - 1) +
-                                "] or declare another dtype");
-    }
-    return absl::OkStatus();
-  };
-  // Largest magnitude that does not round to inf: (2 - 2^-(mant+1)) * 2^bias.
-  auto float_range = [&](int exp_bits, int mant_bits) -> absl::Status {
-    const double limit = std::ldexp(2.0 - std::ldexp(1.0, -(mant_bits + 1)), (1 << (exp_bits - 1)) - 1);
-    if (std::isfinite(v) && std::fabs(v) >= limit) {
-      return Invalid(field, value + " of field '" + f.name + "' overflows " + name +
-                                "; use a value within its finite range (or .inf / -.inf)");
-    }
-    return absl::OkStatus();
-  };
-  switch (dtype) {
-    case DType::kUInt8: return integer_range(0.0, 256.0);
-    case DType::kInt8: return integer_range(-128.0, 128.0);
-    case DType::kInt16: return integer_range(-32768.0, 32768.0);
-    case DType::kInt32: return integer_range(-2147483648.0, 2147483648.0);
-    case DType::kInt64: return integer_range(-9223372036854775808.0, 9223372036854775808.0);
-    case DType::kFloat16: return float_range(5, 10);
-    case DType::kBFloat16: return float_range(8, 7);
-    case DType::kFloat32: return float_range(8, 23);
-    case DType::kFloat64: return absl::OkStatus();
-    case DType::kBool:
-      if (v != 0.0 && v != 1.0) {
-        return Invalid(field, value + " of bool field '" + f.name + "' must be 0 or 1");
-      }
-      return absl::OkStatus();
-    default:
-      return Invalid(path + ".dtype", "unsupported dtype " + name);
-  }
+  // The collator's own rule for the declared dtype (the same check Collate
+  // makes once it sees the samples' dtype).
+  const absl::Status s = collate::CheckPadValue(v, *f.dtype, f.name);
+  if (!s.ok()) return Invalid(field, std::string(s.message()) + " (or declare another dtype)");
+  return absl::OkStatus();
 }
 
 absl::Status CheckFieldName(const std::string& field, const std::string& name) {
