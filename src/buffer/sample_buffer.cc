@@ -1,5 +1,7 @@
 #include "src/buffer/sample_buffer.h"
 
+#include "src/wire/tensor_codec.h"
+
 #include <algorithm>
 
 namespace odb::buffer {
@@ -18,8 +20,8 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
                   "; ids must be unique per epoch");
     return r;
   }
-  bytes_ += sample.meta.payload_bytes;
-  epoch.bytes += sample.meta.payload_bytes;
+  bytes_ += ChargedBytes(sample);
+  epoch.bytes += ChargedBytes(sample);
   ++count_;
   epoch.order.push_back(id);
   epoch.samples.emplace(id, std::move(sample));
@@ -29,6 +31,10 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
 uint64_t SampleBuffer::CountInEpoch(uint32_t epoch) const {
   auto it = epochs_.find(epoch);
   return it == epochs_.end() ? 0 : it->second.samples.size();
+}
+
+uint64_t SampleBuffer::ChargedBytes(const Sample& sample) {
+  return sample.meta.payload_bytes + wire::kBookkeepingBytesPerTensor * sample.tensors.size();
 }
 
 uint64_t SampleBuffer::BytesOutsideEpoch(uint32_t epoch) const {
@@ -66,8 +72,8 @@ std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t id) {
   Epoch& e = it->second;
   auto s = e.samples.find(id);
   if (s == e.samples.end()) return std::nullopt;
-  bytes_ -= s->second.meta.payload_bytes;
-  e.bytes -= s->second.meta.payload_bytes;
+  bytes_ -= ChargedBytes(s->second);
+  e.bytes -= ChargedBytes(s->second);
   --count_;
   std::optional<Sample> out(std::move(s->second));
   e.samples.erase(s);
@@ -85,7 +91,7 @@ std::vector<Sample> SampleBuffer::CloseEpoch(uint32_t epoch) {
   for (uint64_t id : it->second.order) {
     auto s = it->second.samples.find(id);
     if (s == it->second.samples.end()) continue;
-    bytes_ -= s->second.meta.payload_bytes;
+    bytes_ -= ChargedBytes(s->second);
     --count_;
     rest.push_back(std::move(s->second));
     it->second.samples.erase(s);

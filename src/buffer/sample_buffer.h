@@ -51,6 +51,11 @@ class SampleBuffer {
   // Forgets the epoch's duplicate-detection set; remaining samples are returned.
   std::vector<Sample> CloseEpoch(uint32_t epoch);
 
+  // What a buffered sample counts against max_bytes: its payload plus
+  // kBookkeepingBytesPerTensor per tensor (names, shapes, frame holders), so
+  // samples of many empty tensors cannot escape the bound.
+  static uint64_t ChargedBytes(const Sample& sample);
+
   // Fixed bytes of bookkeeping per buffered sample (excluding payload and tensor
   // descriptors), for the memory report.
   static constexpr size_t kOverheadPerSampleEstimate = sizeof(Sample) + 64;

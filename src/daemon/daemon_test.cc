@@ -85,13 +85,14 @@ struct RawProducer {
     return r;
   }
   void Send(uint64_t sample_id, uint32_t tokens) {
-    while (credit_samples < 1 || credit_bytes < 8 * tokens) {
+    const int64_t charge = 8 * tokens + 512;  // payload + bookkeeping per tensor
+    while (credit_samples < 1 || credit_bytes < charge) {
       wire::IngestReply r = Reply();
       credit_samples += r.credit().samples();
       credit_bytes += static_cast<int64_t>(r.credit().bytes());
     }
     --credit_samples;
-    credit_bytes -= 8 * tokens;
+    credit_bytes -= charge;
     wire::ProducerMessage m;
     m.set_version(wire::PROTOCOL_VERSION_CURRENT);
     auto* h = m.mutable_sample();

@@ -182,9 +182,14 @@ bool TrainerChannel::OnReadable() {
         state_.expected_producers = msg.start_epoch().expected_producers();
       }
       const auto& req = state_.requested_epochs;
+      constexpr size_t kMaxRequestedEpochs = 16;
       if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
           state_.current_epoch == epoch) {
         spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+      } else if (req.size() >= kMaxRequestedEpochs) {
+        metrics_.bad_trainer_messages.fetch_add(1);
+        spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
+                     req.size(), kMaxRequestedEpochs);
       } else {
         state_.requested_epochs.push_back(epoch);
         requested = true;

@@ -7,6 +7,7 @@
 
 #include "src/common/zmq_transfer.h"
 #include "src/grouping/budget.h"
+#include "src/wire/tensor_codec.h"
 
 namespace odb::ingest {
 namespace {
@@ -126,7 +127,7 @@ void IngestChannel::OnReadable(size_t i) {
     body.reserve(parts_.size() - 1);
     uint64_t payload = 0;
     for (size_t p = 1; p < parts_.size(); ++p) {
-      if (p >= 2) payload += parts_[p].size();
+      if (p >= 2) payload += parts_[p].size() + wire::kBookkeepingBytesPerTensor;
       body.push_back(std::move(parts_[p]));
     }
     const bool is_sample = body.size() > 1;
@@ -373,7 +374,11 @@ void IngestChannel::GrantCredits() {
   if (probe) last_probe_ = now;
   std::vector<ConnKey> gone;
   for (auto& [key, conn] : conns_) {
-    if (conn.producer_id.empty()) continue;
+    if (conn.producer_id.empty()) {
+      // Never said hello, holds no credit: forgotten once quiet.
+      if (probe && now - conn.last_heard > std::chrono::seconds(1)) gone.push_back(key);
+      continue;
+    }
     const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
     const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;

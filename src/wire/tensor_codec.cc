@@ -72,6 +72,10 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
     return absl::InvalidArgumentError(why);
   };
   const size_t frames = payload_frame_sizes.size();
+  if (static_cast<size_t>(descs.size()) > limits.max_tensors) {
+    return fail(TOO_LARGE, "header lists " + std::to_string(descs.size()) + " tensors, over the limit of " +
+                               std::to_string(limits.max_tensors) + " per sample");
+  }
   if (static_cast<size_t>(descs.size()) != frames) {
     return fail(FRAME_COUNT_MISMATCH, "header lists " + std::to_string(descs.size()) +
                                           " tensors but the message has " + std::to_string(frames) +

@@ -25,7 +25,14 @@ namespace odb::wire {
 // Bounds on what a description may declare. Generous for real data; they
 // exist so that hostile headers cannot make a reader allocate or loop on
 // numbers it only read.
+// Memory a buffered tensor costs besides its bytes (view, name, shape, frame
+// holder), charged against buffer.max_bytes and the producer's credit alike.
+inline constexpr uint64_t kBookkeepingBytesPerTensor = 512;
+
 struct TensorDescLimits {
+  // Tensors per message: each costs bookkeeping beyond its bytes (see
+  // kBookkeepingBytesPerTensor), so their number is bounded too.
+  size_t max_tensors = 64;
   size_t max_name_bytes = 256;
   size_t max_rank = 8;
   // Per dimension. Also keeps sums of dims over a batch far from int64 overflow.

@@ -133,9 +133,17 @@ TEST_CASE("each malformed description gets a specific error") {
       for (uint32_t i = 1; i <= 80; ++i) {
         *descs.Add() = Desc("t" + std::to_string(i), odb::DType::kUInt8, {1}, i == 80 ? reused : i);
       }
-      CHECK_THAT(Fails(descs, sizes, FRAME_COUNT_MISMATCH),
+      TensorDescLimits many;
+      many.max_tensors = 128;
+      CHECK_THAT(Fails(descs, sizes, FRAME_COUNT_MISMATCH, many),
                  Catch::Contains("reuses frame " + std::to_string(reused)));
     }
+  }
+  SECTION("more tensors than the limit: each costs bookkeeping beyond its bytes") {
+    Descs descs;
+    std::vector<size_t> sizes(65, 0);
+    for (uint32_t i = 1; i <= 65; ++i) *descs.Add() = Desc("t" + std::to_string(i), odb::DType::kUInt8, {0}, i);
+    CHECK_THAT(Fails(descs, sizes, TOO_LARGE), Catch::Contains("65 tensors, over the limit of 64"));
   }
   SECTION("rank over the limit") {
     CHECK_THAT(Fails(One(Desc("x", odb::DType::kUInt8, std::vector<int64_t>(9, 1), 1)), {1},

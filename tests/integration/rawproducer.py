@@ -48,7 +48,9 @@ class RawProducer:
     def send(self, header: odb_pb2.ProducerMessage | bytes, frames: list[bytes], force: bool = False,
              timeout: float = 60.0) -> None:
         head = header if isinstance(header, bytes) else header.SerializeToString()
-        size = sum(len(f) for f in frames)
+        # Charged as the daemon does: payload plus 512 bytes of bookkeeping per
+        # tensor (wire::kBookkeepingBytesPerTensor).
+        size = sum(len(f) + 512 for f in frames)
         if frames and not force:
             deadline = time.monotonic() + timeout
             while self.credit_samples < 1 or self.credit_bytes < size:

@@ -159,7 +159,8 @@ struct Producer::Impl {
 
   absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id) {
     uint64_t bytes = 0;
-    for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size();
+    // The daemon charges each tensor's bookkeeping too (the same constant).
+    for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size() + wire::kBookkeepingBytesPerTensor;
     if (parts.size() > 1) {
       if (absl::Status s = WaitForCredit(bytes, sample_id); !s.ok()) return s;
       credit_samples -= 1;
