@@ -32,6 +32,36 @@ from .loss import weighted_loss
 
 IDLE_POLICIES = ("zero_step", "join")
 
+# The loader's checkpoint state (docs/resume.md). Bump on any change that an
+# older reader would misread; load_state_dict refuses other versions.
+STATE_FORMAT = "odb.OdbDataLoader"
+STATE_VERSION = 1
+
+
+def compress_ints(values: Any) -> Dict[str, Any]:
+    """A set of non-negative ints as {"cursor": c, "extra": [...]}: every value
+    below c, plus the sorted extras at or above it. Consumed positions of an
+    epoch are nearly a prefix (steps take samples roughly in arrival order),
+    so the state stays small however far the epoch got."""
+    arr = np.unique(np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64))
+    if arr.size and arr[0] < 0:
+        raise ValueError("compress_ints: negative value")
+    gaps = np.nonzero(arr != np.arange(arr.size, dtype=np.int64))[0]
+    cursor = int(gaps[0]) if gaps.size else int(arr.size)
+    return {"cursor": cursor, "extra": [int(v) for v in arr[cursor:]]}
+
+
+def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
+    """The inverse of compress_ints; raises ValueError on a malformed value."""
+    try:
+        cursor = int(packed["cursor"])
+        extra = np.asarray(packed["extra"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"odb loader state: malformed consumed set ({e!r})") from None
+    if cursor < 0 or extra.ndim != 1 or (extra.size and (extra.min() < cursor or np.any(np.diff(extra) <= 0))):
+        raise ValueError("odb loader state: malformed consumed set (cursor/extra out of order)")
+    return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
+
 # Sample keys that carry lengths, not tensors.
 _LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames")
 
@@ -258,6 +288,13 @@ class OdbDataLoader:
         self.samples_sent = 0
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
+        # Resume (docs/resume.md): sample ids of the current epoch's steps
+        # yielded so far, and what a loaded state says was consumed before
+        # (keys: positions in the epoch's order, or ids with a custom sampler).
+        self._consumed_ids: List[int] = []
+        self._consumed_epoch: Optional[int] = None
+        self._resume_epoch: Optional[int] = None
+        self._resume_keys: np.ndarray = np.zeros(0, dtype=np.int64)
 
     # ----- epoch and indices -------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -266,18 +303,110 @@ class OdbDataLoader:
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
 
-    def indices(self) -> List[int]:
-        """The sample indices this rank sends in the current epoch."""
-        if self.sampler is not None:
-            return [int(i) for i in self.sampler]
+    def _global_order(self) -> np.ndarray:
+        """Every index of the epoch in its (seeded) order, before the rank split."""
         n = len(self.dataset)  # type: ignore[arg-type]
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
+            return torch.randperm(n, generator=g).numpy().astype(np.int64)
+        return np.arange(n, dtype=np.int64)
+
+    def indices(self) -> List[int]:
+        """The sample indices this rank sends in the current epoch (after a
+        resume: those no rank had consumed, split over the current ranks)."""
+        resuming = self._resume_epoch == self.epoch
+        if self.sampler is not None:
+            mine = [int(i) for i in self.sampler]
+            if resuming:
+                consumed = set(self._resume_keys.tolist())
+                mine = [i for i in mine if i not in consumed]
+            return mine
+        order = self._global_order()
+        if resuming:
+            keep = np.ones(order.size, dtype=bool)
+            keep[self._resume_keys[self._resume_keys < order.size]] = False
+            order = order[keep]
+        return order[self.rank::self.world_size].tolist()
+
+    # ----- checkpoint state (torch.utils.data Stateful protocol) ---------------
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint needs to resume this epoch without replaying it:
+        the samples of every step yielded so far (all ranks', when
+        torch.distributed is initialized: call it on every rank at the same
+        step, as DDP checkpoints are taken), never tensors. See docs/resume.md."""
+        epoch = self.epoch if self._consumed_epoch is None else self._consumed_epoch
+        ids = np.asarray(self._consumed_ids, dtype=np.int64)
+        if self.sampler is None:
+            order = self._global_order() if epoch == self.epoch else None
+            if order is None:
+                raise RuntimeError("odb: state_dict() after set_epoch() moved to another epoch; take it "
+                                   "before set_epoch()")
+            position = np.empty(order.size, dtype=np.int64)
+            position[order] = np.arange(order.size, dtype=np.int64)
+            keys = position[ids] if ids.size else ids
         else:
-            order = list(range(n))
-        return order[self.rank::self.world_size]
+            keys = ids
+        if self._resume_epoch == epoch:
+            keys = np.concatenate([keys, self._resume_keys])
+        world = self.world_size
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: List[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, keys.tolist())
+            keys = np.concatenate([np.asarray(g, dtype=np.int64) for g in gathered])
+            scope = "all_ranks"
+        else:
+            scope = "all_ranks" if world == 1 else "this_rank"
+        complete = self.last_summary is not None and self.last_summary.get("epoch") == epoch
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(epoch),
+                "epoch_complete": bool(complete), "seed": int(self.seed), "shuffle": bool(self.shuffle),
+                "custom_sampler": self.sampler is not None, "dataset_len": len(self.dataset),  # type: ignore[arg-type]
+                "world_size": int(world), "scope": scope,
+                "consumed": compress_ints(keys), "key": "id" if self.sampler is not None else "position"}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes from state_dict(): the next iteration of that epoch sends
+        only the samples no rank had consumed (also at another world size),
+        so each is trained exactly once across the interruption. A state
+        that is not one (corrupt, truncated, another version, another
+        dataset or order) is an error, never a silent wrong resume."""
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
+                             f"expected {STATE_FORMAT!r})")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
+                             f"(it reads version {STATE_VERSION}); resume with the odb that wrote it")
+        required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
+                    "scope", "consumed", "key")
+        missing = [k for k in required if k not in state]
+        if missing:
+            raise ValueError(f"odb loader state is truncated: missing {missing}")
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if int(state["dataset_len"]) != n:
+            raise ValueError(f"odb loader state is for a dataset of {state['dataset_len']} samples, this one has {n}")
+        if bool(state["custom_sampler"]) != (self.sampler is not None):
+            raise ValueError("odb loader state was taken with" + ("" if state["custom_sampler"] else "out") +
+                             " a custom sampler; resume with the same kind of sampler")
+        if self.sampler is None and (int(state["seed"]) != self.seed or bool(state["shuffle"]) != self.shuffle):
+            raise ValueError(f"odb loader state has seed={state['seed']} shuffle={state['shuffle']}, this loader "
+                             f"seed={self.seed} shuffle={self.shuffle}: the epoch's order would differ")
+        if state["scope"] != "all_ranks":
+            raise ValueError("odb loader state holds one rank's samples only (torch.distributed was not "
+                             "initialized when it was taken): it cannot say what the other ranks consumed")
+        keys = expand_ints(state["consumed"])
+        if self.sampler is None and keys.size and int(keys.max()) >= n:
+            raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
+        epoch = int(state["epoch"])
+        if bool(state["epoch_complete"]):
+            self.set_epoch(epoch + 1)
+            self._resume_epoch = None
+            self._resume_keys = np.zeros(0, dtype=np.int64)
+        else:
+            self.set_epoch(epoch)
+            self._resume_epoch = epoch
+            self._resume_keys = keys
+        self._consumed_ids = []
+        self._consumed_epoch = None
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
@@ -320,6 +449,8 @@ class OdbDataLoader:
         self.samples_sent = 0
         self.last_summary = None
         self.dropped_trailing_idle = 0
+        self._consumed_ids = []
+        self._consumed_epoch = epoch
         pending_idle: List[Any] = []
         accounted = [0]  # this rank's samples seen back (emitted or rejected)
 
@@ -363,6 +494,7 @@ class OdbDataLoader:
                     yield self._dummy_step(held, indices)
                 pending_idle.clear()
                 accounted[0] += len(info["sample_ids"])
+                self._consumed_ids.extend(int(i) for i in info["sample_ids"])
                 yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=_to_torch(delivery),
                            loss_weight=info["loss_weight"], idle=False, dummy=False,
                            sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),
