@@ -140,7 +140,7 @@ def test_state_is_compact_and_round_trips() -> None:
     assert packed == {"cursor": 4, "extra": [7, 9]}
     assert expand_ints(packed).tolist() == [0, 1, 2, 3, 7, 9]
     loader = _loader(shuffle=True, seed=3)
-    loader._consumed_ids = loader.indices()[:50]
+    loader._consumed_ids = [loader.indices()[:50]]
     loader._consumed_epoch = 0
     state = loader.state_dict()
     assert state["consumed"] == {"cursor": 50, "extra": []}  # positions in the epoch's order: a prefix
@@ -170,7 +170,7 @@ def test_state_is_compact_and_round_trips() -> None:
 ])
 def test_a_corrupt_truncated_or_foreign_state_is_a_clear_error(damage, message) -> None:
     loader = _loader(shuffle=True, seed=3)
-    loader._consumed_ids = loader.indices()[:10]
+    loader._consumed_ids = [loader.indices()[:10]]
     loader._consumed_epoch = 0
     state = loader.state_dict()
     damage(state)

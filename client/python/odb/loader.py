@@ -51,6 +51,13 @@ def compress_ints(values: Any) -> Dict[str, Any]:
     return {"cursor": cursor, "extra": [int(v) for v in arr[cursor:]]}
 
 
+def compress_mask(consumed: np.ndarray) -> Dict[str, Any]:
+    """compress_ints for a boolean mask over 0..n-1 (O(n) vector ops, no sort)."""
+    missing = np.flatnonzero(~consumed)
+    cursor = int(missing[0]) if missing.size else int(consumed.size)
+    return {"cursor": cursor, "extra": [int(v) for v in np.flatnonzero(consumed[cursor:]) + cursor]}
+
+
 def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
     """The inverse of compress_ints; raises ValueError on a malformed value."""
     try:
@@ -291,8 +298,9 @@ class OdbDataLoader:
         # Resume (docs/resume.md): sample ids of the current epoch's steps
         # yielded so far, and what a loaded state says was consumed before
         # (keys: positions in the epoch's order, or ids with a custom sampler).
-        self._consumed_ids: List[int] = []
+        self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
         self._consumed_epoch: Optional[int] = None
+        self._position_cache: Optional[Tuple[int, np.ndarray]] = None  # (epoch, id -> position)
         self._resume_epoch: Optional[int] = None
         self._resume_keys: np.ndarray = np.zeros(0, dtype=np.int64)
 
@@ -336,14 +344,18 @@ class OdbDataLoader:
         torch.distributed is initialized: call it on every rank at the same
         step, as DDP checkpoints are taken), never tensors. See docs/resume.md."""
         epoch = self.epoch if self._consumed_epoch is None else self._consumed_epoch
-        ids = np.asarray(self._consumed_ids, dtype=np.int64)
+        ids = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_ids])
+               if self._consumed_ids else np.zeros(0, dtype=np.int64))
         if self.sampler is None:
-            order = self._global_order() if epoch == self.epoch else None
-            if order is None:
+            if epoch != self.epoch:
                 raise RuntimeError("odb: state_dict() after set_epoch() moved to another epoch; take it "
                                    "before set_epoch()")
-            position = np.empty(order.size, dtype=np.int64)
-            position[order] = np.arange(order.size, dtype=np.int64)
+            if self._position_cache is None or self._position_cache[0] != epoch:
+                order = self._global_order()
+                position = np.empty(order.size, dtype=np.int64)
+                position[order] = np.arange(order.size, dtype=np.int64)
+                self._position_cache = (epoch, position)  # one O(n) pass per epoch, reused by later checkpoints
+            position = self._position_cache[1]
             keys = position[ids] if ids.size else ids
         else:
             keys = ids
@@ -358,11 +370,17 @@ class OdbDataLoader:
         else:
             scope = "all_ranks" if world == 1 else "this_rank"
         complete = self.last_summary is not None and self.last_summary.get("epoch") == epoch
+        if self.sampler is None:
+            mask = np.zeros(len(self.dataset), dtype=bool)  # type: ignore[arg-type]
+            mask[keys] = True
+            consumed = compress_mask(mask)
+        else:
+            consumed = compress_ints(keys)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(epoch),
                 "epoch_complete": bool(complete), "seed": int(self.seed), "shuffle": bool(self.shuffle),
                 "custom_sampler": self.sampler is not None, "dataset_len": len(self.dataset),  # type: ignore[arg-type]
                 "world_size": int(world), "scope": scope,
-                "consumed": compress_ints(keys), "key": "id" if self.sampler is not None else "position"}
+                "consumed": consumed, "key": "id" if self.sampler is not None else "position"}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from state_dict(): the next iteration of that epoch sends
@@ -494,7 +512,7 @@ class OdbDataLoader:
                     yield self._dummy_step(held, indices)
                 pending_idle.clear()
                 accounted[0] += len(info["sample_ids"])
-                self._consumed_ids.extend(int(i) for i in info["sample_ids"])
+                self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
                 yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=_to_torch(delivery),
                            loss_weight=info["loss_weight"], idle=False, dummy=False,
                            sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),
