@@ -10,12 +10,18 @@ long-tail data for one epoch:
             deal groups of similar cost into each step (moving samples).
 Prints samples/s, real tokens/s, padding fraction, steps, idle steps and the
 odb/Standard throughput ratio (--json: one JSON object instead).
+
+Preemption and resume (docs/resume.md): `--checkpoint-every K --kill-at-step S`
+checkpoints model, optimizer and loader state every K steps and SIGKILLs every
+trainer and daemon after step S; `--resume PATH` restarts the odb run from the
+checkpoint with new daemons and trains only the samples not trained before.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -94,12 +100,16 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     results = {}
     try:
         daemon.wait_ready(60)
-        for run in ("standard", "odb"):
+        for run in (("odb",) if args.resume else ("standard", "odb")):
             torch.manual_seed(args.seed)
             model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=4,
                                          max_len=args.max_len + 1)
             ddp = torch.nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+            checkpoint = torch.load(args.resume) if (args.resume and run == "odb") else None
+            if checkpoint is not None:
+                model.load_state_dict(checkpoint["model"])
+                opt.load_state_dict(checkpoint["opt"])
             if run == "standard":
                 batch = max(1, args.max_tokens // args.max_len)
                 sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
@@ -116,14 +126,33 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
             else:
                 oloader = odb.OdbDataLoader(dataset, shuffle=True, seed=args.seed, num_workers=args.workers,
                                             idle_policy="zero_step", timeout_s=120)
+                start_step = 0
+                if checkpoint is not None:
+                    oloader.load_state_dict(checkpoint["loader"])  # skips what was trained before
+                    start_step = checkpoint["step"]
+                    log(rank, args.quiet, f"[odb] resumed from {args.resume} at step {start_step}")
 
                 def steps_iter():
+                    done = start_step
                     for s in oloader:
                         yield {"batch": s.batch, "idle": s.idle, "real": s.real_tokens,
                                "padded": s.padded_tokens, "samples": len(s.sample_ids),
                                "loss_fn": lambda lg, lb, s=s: odb.weighted_cross_entropy(
                                    lg, lb, s.loss_weight, s.real_tokens),
                                "loss_tokens_sum": lambda lg, lb: 0.0}
+                        done += 1  # the step above is trained once the loop asks for the next one
+                        if args.checkpoint_every and done % args.checkpoint_every == 0:
+                            state = oloader.state_dict()  # collective: every rank, same step
+                            if rank == 0:
+                                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                                            "loader": state, "step": done}, args.checkpoint + ".tmp")
+                                os.replace(args.checkpoint + ".tmp", args.checkpoint)
+                            dist.barrier()
+                        if args.kill_at_step and done == args.kill_at_step:
+                            log(rank, args.quiet, f"\n[odb] simulated preemption at step {done}: SIGKILL to "
+                                                  f"trainers and daemons; resume with --resume {args.checkpoint}")
+                            daemon.proc.kill()
+                            os.kill(os.getpid(), signal.SIGKILL)
             results[run] = train_epoch(run, rank, world, model, ddp, opt, steps_iter(), args.quiet)
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
@@ -148,12 +177,44 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                   help="odb run: save model, optimizer and loader state every K steps (docs/resume.md)")
+    p.add_argument("--checkpoint", default="/tmp/odb-demo-checkpoint.pt", help="where --checkpoint-every saves")
+    p.add_argument("--kill-at-step", type=int, default=0, metavar="S",
+                   help="odb run: SIGKILL every trainer and daemon after step S (a preemption)")
+    p.add_argument("--resume", default="", metavar="PATH",
+                   help="resume the odb run from this checkpoint (new daemons; only the untrained samples)")
     args = p.parse_args()
     run_dir = tempfile.mkdtemp(prefix="odbdemo-")
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
-    mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out), nprocs=args.world_size, join=True)
+    try:
+        mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out), nprocs=args.world_size, join=True)
+    except mp.ProcessExitedException:
+        if not args.kill_at_step:
+            raise
+        keep, skip = [], False
+        for a in sys.argv[1:]:  # the same job, minus the preemption
+            if skip:
+                skip = False
+            elif a in ("--kill-at-step", "--checkpoint-every"):
+                skip = True
+            elif not a.startswith(("--kill-at-step=", "--checkpoint-every=")):
+                keep.append(a)
+        print(f"\n== the job was killed at step {args.kill_at_step} (simulated preemption). Resume with:\n"
+              f"   /usr/bin/python3 examples/train_demo.py {' '.join(keep)} --resume {args.checkpoint}")
+        return 0
     r = json.loads(Path(out).read_text())
+    if args.resume:
+        o = r["odb"]
+        consumed = torch.load(args.resume)["loader"]["consumed"]
+        before = consumed["cursor"] + len(consumed["extra"])
+        print(f"\n== odb resumed from {args.resume}: {before} samples trained before the checkpoint + "
+              f"{o['samples']} after the resume = {before + o['samples']} of {args.samples} "
+              f"(in {o['steps']} steps, {o['idle_steps']} idle, {o['real_tokens_per_s']:.0f} real tok/s)")
+        if args.json:
+            print(json.dumps({"resumed": o}, indent=1))
+        return 0
     s, o = r["standard"], r["odb"]
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len,
