@@ -12,6 +12,14 @@ the run id, so every rank of the job agrees), exports ODB_RUN_DIR for the
 trainer (odb.OdbDataLoader finds its daemon there), runs the script with the
 same interpreter and environment, and stops the daemon when it exits (or on
 SIGTERM/SIGINT). The exit code is the trainer's.
+
+Restarts: with `torchrun --max-restarts N`, a failed rank makes torchrun
+restart every rank's launcher; each starts a fresh odbd whose rendezvous key
+carries the restart count (TORCHELASTIC_RESTART_COUNT), so the new daemons
+never meet the old ones' store entries, and exports ODB_RESTART_COUNT to the
+trainer. The trainer resumes from its last checkpoint (model, optimizer and
+`OdbDataLoader.state_dict()`, see docs/resume.md): every sample of the epoch
+is trained exactly once across the restart.
 """
 from __future__ import annotations
 
@@ -37,12 +45,14 @@ def main() -> int:
     a = p.parse_args()
     if not a.job_id:
         p.error("--job-id is required outside torchrun/Slurm (the same for every rank of the job)")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    job_id = a.job_id if restart == "0" else f"{a.job_id}-restart{restart}"
     import odb
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    daemon = odb.spawn_daemon(rank, world, a.run_dir, job_id=a.job_id, config=a.config, odbd=a.odbd,
+    daemon = odb.spawn_daemon(rank, world, a.run_dir, job_id=job_id, config=a.config, odbd=a.odbd,
                               log_level=a.log_level, wait=False)
-    env = dict(os.environ, ODB_RUN_DIR=a.run_dir)
+    env = dict(os.environ, ODB_RUN_DIR=a.run_dir, ODB_RESTART_COUNT=restart)
     trainer = None
 
     def forward(sig, _frame):
