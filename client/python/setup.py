@@ -1,0 +1,263 @@
+"""Builds the `odb` package with a self-contained `odb._odb_native` extension.
+
+    pip install --no-build-isolation ./client/python      # offline, from a source checkout
+
+The extension is compiled for the interpreter that runs pip from
+client/python/bindings.cc, the C++ client (client/cpp/src/*.cc), the tensor
+codec (src/wire, src/common/dtype.cc) and the protobuf code that the system
+`protoc` generates from proto/odb.proto into the build directory.
+
+Self-contained, but not statically linked: Debian 12's static archives cannot
+go into a shared object. libzmq.a is position-dependent (PIE) code
+(`relocation R_X86_64_PC32 against symbol stderr ... recompile with -fPIC`), and
+libprotobuf.a, libprotobuf-lite.a, libabsl_*.a and libsodium.a use local-exec
+thread-locals (`relocation R_X86_64_TPOFF32 ... can not be used when making a
+shared object`); Debian ships no libgssapi_krb5.a at all (libzmq needs it). So
+the extension links the shared libraries, and the build copies every one it
+needs beyond glibc and the GCC runtime (libzmq and what it pulls in: libsodium,
+OpenPGM, NORM, libbsd/libmd, Kerberos' GSSAPI; libprotobuf, libz, abseil) into
+odb/.libs/, which the extension finds through its DT_RPATH $ORIGIN/.libs
+(auditwheel's approach). The installed package or wheel runs where Python (and
+torch) are installed but libzmq/libprotobuf are not; `ldd` resolves those
+libraries inside the package.
+
+Environment:
+  ODB_SOURCE_ROOT   the odb checkout (default: two levels above this file)
+  ODB_BUILD_DIR     setuptools' build and egg-info folder (default: <root>/.build/pip,
+                    ignored by git, so a build never leaves files in the source tree)
+  ODB_BUILD_JOBS    parallel C++ compiles (default: CPU count)
+  PROTOC            protoc binary (default: `protoc` on PATH); it must match
+                    the protobuf headers and libprotobuf (Debian: protobuf-compiler)
+
+Without the `wheel` package (a venv made by `python -m venv` offline has only pip and
+setuptools) a minimal bdist_wheel below builds the wheel, so that both
+`pip install --no-build-isolation` and `pip wheel --no-build-isolation` work offline.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict
+
+from setuptools import Command, Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+ROOT = Path(os.environ.get("ODB_SOURCE_ROOT") or HERE.parents[1]).resolve()
+BUILD_DIR = Path(os.environ.get("ODB_BUILD_DIR") or ROOT / ".build" / "pip").resolve()
+
+CXX_SOURCES = [
+    "client/python/bindings.cc",
+    "client/cpp/src/consumer.cc",
+    "client/cpp/src/delivery_decoder.cc",
+    "client/cpp/src/producer.cc",
+    "src/wire/tensor_codec.cc",
+    "src/common/dtype.cc",
+]
+
+# What the C++ client links (as //client/cpp:odb_client does through //third_party).
+LIBS = ["zmq", "protobuf", "absl_statusor", "absl_status", "absl_cord", "absl_cordz_info", "absl_cord_internal",
+        "absl_cordz_functions", "absl_cordz_handle", "absl_exponential_biased", "absl_synchronization",
+        "absl_graphcycles_internal", "absl_stacktrace", "absl_symbolize", "absl_debugging_internal",
+        "absl_demangle_internal", "absl_malloc_internal", "absl_time", "absl_civil_time", "absl_time_zone",
+        "absl_str_format_internal", "absl_strings", "absl_strings_internal", "absl_int128", "absl_throw_delegate",
+        "absl_raw_logging_internal", "absl_base", "absl_spinlock_wait", "absl_log_severity"]
+
+# Libraries every Linux with Python has (glibc, the GCC runtime): never bundled.
+SYSTEM_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libdl.so", "librt.so", "libpthread.so",
+               "libresolv.so", "libutil.so", "libstdc++.so", "libgcc_s.so")
+
+
+def _pybind11_include() -> str:
+    try:
+        import pybind11  # noqa: PLC0415 - optional at build time
+
+        return pybind11.get_include()
+    except ImportError:
+        if Path("/usr/include/pybind11/pybind11.h").exists():
+            return "/usr/include"  # Debian's pybind11-dev
+        raise SystemExit("odb: pybind11 headers not found: pip install pybind11, or apt install pybind11-dev")
+
+
+def _check_sources() -> None:
+    missing = [s for s in CXX_SOURCES + ["proto/odb.proto"] if not (ROOT / s).exists()]
+    if missing:
+        raise SystemExit(
+            f"odb: C++ sources not found under {ROOT} ({', '.join(missing)}): build from an odb source "
+            "checkout (`pip install --no-build-isolation ./client/python`; pip >= 21.3 builds in place) "
+            "or set ODB_SOURCE_ROOT to the checkout")
+
+
+class BuildExt(build_ext):
+    """Generates the protobuf C++ code, compiles in parallel, bundles the shared libraries."""
+
+    def build_extension(self, ext: Extension) -> None:
+        gen = Path(self.build_temp).resolve() / "gen"
+        (gen / "proto").mkdir(parents=True, exist_ok=True)
+        proto = ROOT / "proto" / "odb.proto"
+        pb_cc = gen / "proto" / "odb.pb.cc"
+        if not pb_cc.exists() or pb_cc.stat().st_mtime < proto.stat().st_mtime:
+            protoc = os.environ.get("PROTOC") or shutil.which("protoc") or "/usr/bin/protoc"
+            if not Path(protoc).exists():
+                raise SystemExit("odb: protoc not found: apt install protobuf-compiler, or set PROTOC")
+            subprocess.check_call([protoc, f"--proto_path={proto.parent}", f"--cpp_out={gen / 'proto'}", str(proto)])
+        if str(pb_cc) not in ext.sources:
+            ext.sources.append(str(pb_cc))
+        if str(gen) not in ext.include_dirs:
+            ext.include_dirs.insert(0, str(gen))  # "proto/odb.pb.h"
+        self.compiler.compile = _parallel_compile.__get__(self.compiler)  # type: ignore[method-assign]
+        super().build_extension(ext)
+        _bundle_shared_libs(Path(self.get_ext_fullpath(ext.name)))
+
+
+def _bundle_shared_libs(ext_path: Path) -> None:
+    """Copies the extension's non-system shared libraries (ldd's full closure) to <package>/.libs/."""
+    out = subprocess.run(["ldd", str(ext_path)], check=True, capture_output=True, text=True).stdout
+    libs = ext_path.parent / ".libs"
+    libs.mkdir(exist_ok=True)
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or parts[1] != "=>" or parts[0].startswith(SYSTEM_LIBS):
+            continue
+        soname, path = parts[0], parts[2]
+        if path == "not":
+            raise SystemExit(f"odb: {ext_path.name} needs {soname}, which is not installed:\n{out}")
+        if Path(path).resolve().parent == libs.resolve():
+            continue
+        shutil.copyfile(path, libs / soname)  # the real file under its soname (no symlinks in wheels)
+        os.chmod(libs / soname, 0o755)
+
+
+def _parallel_compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,  # type: ignore[no-untyped-def]
+                      extra_preargs=None, extra_postargs=None, depends=None):
+    """distutils' CCompiler.compile, one thread per source (the compiler does the work)."""
+    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+    jobs = int(os.environ.get("ODB_BUILD_JOBS") or os.cpu_count() or 1)
+
+    def one(obj: str) -> None:
+        src, ext = build[obj]
+        self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(one, objects))
+    return objects
+
+
+def _wheel_tag() -> str:
+    """cpXY-cpXY-<platform> of the running CPython (what pip accepts for this interpreter)."""
+    if sys.implementation.name != "cpython":
+        raise SystemExit("odb: the minimal bdist_wheel only knows CPython tags; pip install wheel")
+    py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    soabi = sysconfig.get_config_var("SOABI") or ""
+    abi = "cp" + soabi.split("-")[1] if soabi.startswith("cpython-") else py
+    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"{py}-{abi}-{plat}"
+
+
+class MinimalBdistWheel(Command):
+    """bdist_wheel for when the `wheel` package is missing (offline venvs).
+
+    Writes <name>-<version>-<tag>.whl from the build tree: the package, the
+    extension, a .dist-info with METADATA (setuptools' PKG-INFO), WHEEL and RECORD.
+    `egg2dist` is what setuptools' dist_info (pip's metadata step) calls.
+    """
+
+    description = "build a wheel (minimal; used when the 'wheel' package is not installed)"
+    user_options = [("dist-dir=", "d", "directory for the wheel"), ("bdist-dir=", "b", "staging directory"),
+                    ("keep-temp", "k", "keep the staging directory")]
+    boolean_options = ["keep-temp"]
+
+    def initialize_options(self) -> None:
+        self.dist_dir = None
+        self.bdist_dir = None
+        self.keep_temp = False
+
+    def finalize_options(self) -> None:
+        self.dist_dir = self.dist_dir or "dist"
+        if self.bdist_dir is None:
+            self.bdist_dir = os.path.join(self.get_finalized_command("bdist").bdist_base, "odb-wheel")
+
+    def egg2dist(self, egg_info_dir: str, dist_info_dir: str) -> None:
+        os.makedirs(dist_info_dir, exist_ok=True)
+        shutil.copyfile(os.path.join(egg_info_dir, "PKG-INFO"), os.path.join(dist_info_dir, "METADATA"))
+        for name in ("entry_points.txt", "top_level.txt"):
+            if os.path.exists(os.path.join(egg_info_dir, name)):
+                shutil.copyfile(os.path.join(egg_info_dir, name), os.path.join(dist_info_dir, name))
+        shutil.rmtree(egg_info_dir)
+
+    def run(self) -> None:
+        self.run_command("build")
+        build_lib = self.get_finalized_command("build").build_lib
+        stage = Path(self.bdist_dir)
+        shutil.rmtree(stage, ignore_errors=True)
+        shutil.copytree(build_lib, stage)
+        name, version = self.distribution.get_name(), self.distribution.get_version()
+        dist_info = stage / f"{name}-{version}.dist-info"
+        egg_info = self.reinitialize_command("egg_info")
+        egg_info.egg_base = str(stage)
+        self.run_command("egg_info")
+        self.egg2dist(egg_info.egg_info, str(dist_info))
+        tag = _wheel_tag()
+        (dist_info / "WHEEL").write_text(
+            f"Wheel-Version: 1.0\nGenerator: odb setup.py (minimal bdist_wheel)\nRoot-Is-Purelib: false\nTag: {tag}\n")
+        records = []
+        for path in sorted(p for p in stage.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append((path.relative_to(stage).as_posix(), f"sha256={digest}", str(len(data))))
+        record = dist_info / "RECORD"
+        records.append((record.relative_to(stage).as_posix(), "", ""))
+        with open(record, "w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows(records)
+        os.makedirs(self.dist_dir, exist_ok=True)
+        wheel_path = Path(self.dist_dir) / f"{name}-{version}-{tag}.whl"
+        with zipfile.ZipFile(wheel_path, "w", zipfile.ZIP_DEFLATED) as zf:
+            for rel, _, _ in records:
+                zf.write(stage / rel, rel)
+        if not self.keep_temp:
+            shutil.rmtree(stage, ignore_errors=True)
+        print(f"odb: wrote {wheel_path}")
+
+
+def _cmdclass() -> Dict[str, type]:
+    cmds: Dict[str, type] = {"build_ext": BuildExt}
+    try:
+        import wheel.bdist_wheel  # noqa: F401 - the real one when available
+    except ImportError:
+        cmds["bdist_wheel"] = MinimalBdistWheel
+    return cmds
+
+
+def _extension() -> Extension:
+    _check_sources()
+    # DT_RPATH (not RUNPATH): it also serves the bundled libraries' own dependencies
+    # (libzmq.so.5 -> libsodium.so.23), which RUNPATH would not.
+    link = ["-Wl,--disable-new-dtags", "-Wl,-rpath,$ORIGIN/.libs", "-Wl,--as-needed",
+            *[f"-l{name}" for name in LIBS], "-lpthread"]
+    return Extension(
+        "odb._odb_native",
+        sources=[str(ROOT / s) for s in CXX_SOURCES],
+        include_dirs=[str(ROOT), str(ROOT / "client/cpp/include"), _pybind11_include()],
+        language="c++",
+        extra_compile_args=["-std=c++20", "-O2", "-g0", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                            "-Wno-unused-parameter"],
+        extra_link_args=link,
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass=_cmdclass(),
+    options={"build": {"build_base": str(BUILD_DIR / "build")}, "egg_info": {"egg_base": str(BUILD_DIR)}},
+)
