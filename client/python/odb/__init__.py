@@ -7,15 +7,20 @@
         loss = odb.weighted_cross_entropy(out, step.batch["labels"], step.loss_weight, step.real_tokens)
         loss.backward()
 
+`import odb`, `odb.Producer`, `odb.Consumer`, the errors and the daemon helpers
+(`spawn_daemon`, `endpoints`, `find_odbd`) need neither torch nor numpy. The
+PyTorch parts (`OdbDataLoader`, `Step`, the loss helpers, `odb.phases`) are
+imported on first use and raise ImportError naming torch when it is missing.
 See docs/python.md.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any, Dict, List
+
+from ._native import find_odbd
 from ._native import native as _native
 from .daemon import DaemonProcess, Endpoints, check_reachable, endpoints, spawn_daemon
-from .loader import IDLE_POLICIES, OdbDataLoader, OdbWorkerError, Step, encode_sample
-from .loss import weighted_cross_entropy, weighted_loss
-from . import phases
 
 _lib = _native()
 OdbError = _lib.OdbError
@@ -23,8 +28,38 @@ OdbTimeout = _lib.OdbTimeout
 Producer = _lib.Producer
 Consumer = _lib.Consumer
 
+# Attribute -> submodule, imported on first access (they import torch).
+_LAZY: Dict[str, str] = {
+    "IDLE_POLICIES": "loader", "OdbDataLoader": "loader", "OdbWorkerError": "loader", "Step": "loader",
+    "encode_sample": "loader", "weighted_cross_entropy": "loss", "weighted_loss": "loss",
+}
+_LAZY_MODULES = ("loader", "loss", "phases")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY and name not in _LAZY_MODULES:
+        raise AttributeError(f"module 'odb' has no attribute {name!r}")
+    module_name = _LAZY.get(name, name)
+    try:
+        module = importlib.import_module(f".{module_name}", __name__)
+    except ImportError as e:
+        if e.name not in ("torch", "numpy") and not (e.name or "").startswith(("torch.", "numpy.")):
+            raise
+        raise ImportError(
+            f"odb.{name} needs PyTorch (and numpy), which this interpreter cannot import ({e}). Install torch "
+            f"(Debian: apt install python3-torch; pip: pip install torch numpy). odb.Producer, odb.Consumer and "
+            f"the daemon helpers work without it.", name=e.name) from e
+    value = module if name in _LAZY_MODULES else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
+
+
 __all__ = [
     "Consumer", "DaemonProcess", "Endpoints", "IDLE_POLICIES", "OdbDataLoader", "OdbError", "OdbTimeout",
-    "OdbWorkerError", "Producer", "Step", "check_reachable", "encode_sample", "endpoints", "spawn_daemon",
-    "weighted_cross_entropy", "weighted_loss",
+    "OdbWorkerError", "Producer", "Step", "check_reachable", "encode_sample", "endpoints", "find_odbd",
+    "spawn_daemon", "weighted_cross_entropy", "weighted_loss",
 ]

@@ -1,34 +1,49 @@
-"""Finds and loads the pybind11 extension `_odb_native.so` built by Bazel.
+"""Finds and loads the pybind11 extension `_odb_native`, and the `odbd` binary.
 
-$ODB_NATIVE_LIB wins when set. Otherwise the newest of
-<repo>/.build/client/python/_odb_native.so (where scripts/build.sh copies its
--c opt outputs), <repo>/bazel-bin/client/python/_odb_native.so and the
-per-configuration folders <repo>/bazel-out/*/bin/... (bazel-bin follows
-whichever configuration was built last, so it may point at a stale one).
-The daemon binary is found the same way ($ODB_ODBD, then src/daemon/odbd).
+The extension, in this order:
+  1. $ODB_NATIVE_LIB (a path to a `_odb_native*.so`);
+  2. `odb._odb_native`, the extension a `pip install ./client/python` builds into
+     the package (with its shared libraries in odb/.libs);
+  3. in a source checkout, <repo>/.build/client/python/_odb_native.so (where
+     scripts/build.sh copies Bazel's -c opt output). Not bazel-bin/ or bazel-out/:
+     bazel-bin follows whichever configuration or output base built last (an
+     ASan build, fastbuild), so it may hold an extension that cannot load here.
+
+The daemon: :func:`find_odbd`.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import List, Optional
 
+# The checkout this package runs from, if it does (client/python/odb -> the repo).
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _MODULE: Optional[ModuleType] = None
 
 
+def source_checkout() -> Optional[Path]:
+    """The odb repository when the package is imported from client/python of a checkout."""
+    if (REPO_ROOT / "proto" / "odb.proto").exists() and (REPO_ROOT / "client" / "python" / "odb").is_dir():
+        return REPO_ROOT
+    return None
+
+
 def _candidates(relative: str) -> List[Path]:
-    out = [REPO_ROOT / ".build" / relative, REPO_ROOT / "bazel-bin" / relative]
-    for config in ("k8-fastbuild", "k8-opt", "k8-dbg"):
-        out.append(REPO_ROOT / "bazel-out" / config / "bin" / relative)
-    return out
+    repo = source_checkout()
+    return [repo / ".build" / relative] if repo else []
 
 
 def find_built(relative: str, env_var: str) -> Path:
-    """Path of a Bazel output (e.g. "src/daemon/odbd"), or a clear error."""
+    """Path of a build output of the checkout (e.g. "src/daemon/odbd"), or a clear error.
+
+    $env_var wins; else <repo>/.build/<relative> (scripts/build.sh).
+    """
     override = os.environ.get(env_var)
     if override:
         path = Path(override)
@@ -37,24 +52,64 @@ def find_built(relative: str, env_var: str) -> Path:
         return path
     found = [p for p in _candidates(relative) if p.exists()]
     if found:
-        return max(found, key=lambda p: p.stat().st_mtime)
+        return found[0]
+    where = ", ".join(str(p) for p in _candidates(relative)) or "no source checkout"
+    raise FileNotFoundError(f"{relative} is not built (looked at ${env_var} and {where}): "
+                            f"run ./scripts/build.sh first")
+
+
+def find_odbd() -> Path:
+    """The odbd binary: $ODBD, then `odbd` on PATH, then <repo>/.build/src/daemon/odbd.
+
+    The last one only when this package runs from a source checkout (after
+    ./scripts/build.sh). $ODB_ODBD, the older name of $ODBD, is honoured too.
+    Raises FileNotFoundError saying what to do when none is found.
+    """
+    for var in ("ODBD", "ODB_ODBD"):
+        value = os.environ.get(var)
+        if value:
+            path = Path(value)
+            if not path.is_file() or not os.access(path, os.X_OK):
+                raise FileNotFoundError(f"${var}={value} is not an executable file")
+            return path
+    on_path = shutil.which("odbd")
+    if on_path:
+        return Path(on_path)
+    repo = source_checkout()
+    if repo and (repo / ".build" / "src" / "daemon" / "odbd").exists():
+        return repo / ".build" / "src" / "daemon" / "odbd"
+    checkout = (f"; in this checkout ({repo}) run ./scripts/build.sh to build .build/src/daemon/odbd"
+                if repo else "")
     raise FileNotFoundError(
-        f"{relative} is not built (looked in {', '.join(str(p) for p in _candidates(relative))} "
-        f"and ${env_var}): run ./scripts/build.sh first")
+        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (it is built from the odb "
+        f"repository by ./scripts/build.sh into .build/src/daemon/odbd){checkout}")
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_odb_native", str(path))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def native() -> ModuleType:
     """The loaded `_odb_native` module (loaded once per process)."""
     global _MODULE
     if _MODULE is None:
-        if "_odb_native" in sys.modules:
-            _MODULE = sys.modules["_odb_native"]
-            return _MODULE
-        path = find_built("client/python/_odb_native.so", "ODB_NATIVE_LIB")
-        spec = importlib.util.spec_from_file_location("_odb_native", str(path))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules["_odb_native"] = module
+        module = sys.modules.get("_odb_native")
+        if module is None:
+            if os.environ.get("ODB_NATIVE_LIB"):
+                module = _load(find_built("client/python/_odb_native.so", "ODB_NATIVE_LIB"))
+            elif importlib.util.find_spec(f"{__package__}._odb_native") is not None:
+                module = importlib.import_module(f"{__package__}._odb_native")
+            else:
+                try:
+                    module = _load(find_built("client/python/_odb_native.so", "ODB_NATIVE_LIB"))
+                except FileNotFoundError as e:
+                    raise FileNotFoundError(
+                        f"the odb native extension is missing: install the package "
+                        f"(pip install --no-build-isolation ./client/python) or, in a checkout, {e}") from None
+            sys.modules["_odb_native"] = module
         _MODULE = module
     return _MODULE

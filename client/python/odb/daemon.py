@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-from ._native import find_built, native
+from ._native import find_odbd, native
 
 # Daemons this process spawned, by trainer endpoint: the loader watches them so
 # that a daemon dying mid-epoch is reported at once, not after a timeout.
@@ -180,7 +180,8 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
       job_id: rendezvous key prefix, fresh per job (default: random). All ranks
         of one job must pass the same id.
       config: a dict (written as JSON, which is YAML), YAML text, or a path.
-      odbd: the binary (default $ODB_ODBD, else bazel-bin/src/daemon/odbd).
+      odbd: the binary (default :func:`odb.find_odbd`: $ODBD, `odbd` on PATH, the checkout's
+        .build/src/daemon/odbd).
       wait: block until its sockets exist (not possible for W > 1 before every
         rank is started if the daemon waits for the rendezvous first).
     """
@@ -188,9 +189,9 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
     world_size = env_world_size() if world_size is None else world_size
     run_dir = Path(run_dir or default_run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
-    binary = Path(odbd) if odbd else find_built("src/daemon/odbd", "ODB_ODBD")
+    binary = Path(odbd) if odbd else find_odbd()
     if not binary.exists():
-        raise FileNotFoundError(f"odbd binary {binary} does not exist: run ./scripts/build.sh")
+        raise FileNotFoundError(f"odbd binary {binary} does not exist (see odb.find_odbd)")
     job_id = job_id or f"odb-{uuid.uuid4().hex[:12]}"
     args = [str(binary), "--rank", str(rank), "--world-size", str(world_size), "--run-dir", str(run_dir),
             "--job-id", job_id, "--log-level", log_level]
