@@ -191,7 +191,8 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
     run_dir.mkdir(parents=True, exist_ok=True)
     binary = Path(odbd) if odbd else find_odbd()
     if not binary.exists():
-        raise FileNotFoundError(f"odbd binary {binary} does not exist: build it (./scripts/build.sh) or see odb.find_odbd")
+        raise FileNotFoundError(
+            f"odbd binary {binary} does not exist: build it (./scripts/build.sh) or see odb.find_odbd")
     job_id = job_id or f"odb-{uuid.uuid4().hex[:12]}"
     args = [str(binary), "--rank", str(rank), "--world-size", str(world_size), "--run-dir", str(run_dir),
             "--job-id", job_id, "--log-level", log_level]
