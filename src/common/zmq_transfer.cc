@@ -1,7 +1,6 @@
 #include "src/common/zmq_transfer.h"
 
 #include <cerrno>
-
 #include <zmq_addon.hpp>
 
 namespace odb {
@@ -44,8 +43,7 @@ Transfer TrySendMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>& pa
   return {};
 }
 
-Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id,
-                   std::vector<zmq::message_t>& parts) {
+Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id, std::vector<zmq::message_t>& parts) {
   // The routing frame is a copy; `parts` stay the caller's on failure. Only
   // the first part may fail with EAGAIN/EHOSTUNREACH: once it is queued
   // ZeroMQ takes the rest of the message atomically.

@@ -3,7 +3,6 @@
 
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 namespace odb {
@@ -34,8 +33,7 @@ Transfer TryRecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>& pa
 Transfer TrySendMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>& parts);
 
 // As TrySendMultipart, with a routing-id frame first (ROUTER sockets).
-Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id,
-                   std::vector<zmq::message_t>& parts);
+Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id, std::vector<zmq::message_t>& parts);
 
 // Name of a code, for logs.
 const char* TransferCodeName(TransferCode code);

@@ -125,7 +125,8 @@ absl::Status Daemon::Run() {
     }
     if (items[2].revents & ZMQ_POLLIN) trainer_.OnMonitor();
     if (exchange_ && (items[3].revents & ZMQ_POLLIN)) {
-      if (absl::Status s = exchange_->OnReadable(); !s.ok()) Fail(wire::PEER_FAILURE, std::string(s.message()));
+      if (absl::Status s = exchange_->OnReadable(); !s.ok())
+        Fail(wire::PEER_FAILURE, std::string(s.message()));
     }
     for (size_t i = fixed; i < items.size(); ++i) {
       if (items[i].revents & ZMQ_POLLIN) ingest_.OnReadable(i - fixed);
@@ -209,7 +210,8 @@ absl::Status Daemon::RunOneRound() {
     // a bounded prefix keeps a round O(window) however deep the backlog.
     request.pending = state_.buffer.Pending(request.epoch, 2 * static_cast<size_t>(config_.window));
     const size_t queued = trainer_.QueuedSteps();
-    request.free_slots = config_.queue_steps > queued ? static_cast<uint32_t>(config_.queue_steps - queued) : 0;
+    request.free_slots =
+        config_.queue_steps > queued ? static_cast<uint32_t>(config_.queue_steps - queued) : 0;
     request.stream_finished = state_.tracker.StreamFinished(request.epoch, state_.expected_producers);
     request.stream_started = state_.tracker.StreamStarted(request.epoch);
   }
@@ -242,10 +244,11 @@ void Daemon::ReportLongWait(uint32_t epoch, const RoundOutcome& outcome) {
   constexpr auto kReportAfter = std::chrono::seconds(5);
   if (wait_reported_ || now - *waiting_since_ < kReportAfter) return;
   wait_reported_ = true;
-  spdlog::info("epoch {}: no step for {} s, {} (bounded by alignment.start_wait_ms {} while a rank has "
-               "received nothing of the epoch, then max_wait_ms {})",
-               epoch, std::chrono::duration_cast<std::chrono::seconds>(now - *waiting_since_).count(),
-               outcome.reason, config_.start_wait_ms, config_.max_wait_ms);
+  spdlog::info(
+      "epoch {}: no step for {} s, {} (bounded by alignment.start_wait_ms {} while a rank has "
+      "received nothing of the epoch, then max_wait_ms {})",
+      epoch, std::chrono::duration_cast<std::chrono::seconds>(now - *waiting_since_).count(), outcome.reason,
+      config_.start_wait_ms, config_.max_wait_ms);
 }
 
 }  // namespace odb

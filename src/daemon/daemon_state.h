@@ -25,14 +25,14 @@ struct DaemonState {
 
   std::mutex mu;
   std::condition_variable cv;
-  buffer::SampleBuffer buffer;        // guarded by mu
-  ingest::StreamTracker tracker;      // guarded by mu
-  RejectionLog rejections;            // guarded by mu
-  std::deque<uint32_t> requested_epochs;  // guarded by mu: the trainer's StartEpoch, in order
-  std::optional<uint32_t> current_epoch;  // guarded by mu: the epoch being planned
-  uint32_t expected_producers;            // guarded by mu
-  std::map<uint32_t, uint64_t> epoch_received;           // guarded by mu: samples incl. rejected
-  std::map<uint32_t, wire::EpochSummary> epoch_totals;   // guarded by mu: steps emitted so far
+  buffer::SampleBuffer buffer;                          // guarded by mu
+  ingest::StreamTracker tracker;                        // guarded by mu
+  RejectionLog rejections;                              // guarded by mu
+  std::deque<uint32_t> requested_epochs;                // guarded by mu: the trainer's StartEpoch, in order
+  std::optional<uint32_t> current_epoch;                // guarded by mu: the epoch being planned
+  uint32_t expected_producers;                          // guarded by mu
+  std::map<uint32_t, uint64_t> epoch_received;          // guarded by mu: samples incl. rejected
+  std::map<uint32_t, wire::EpochSummary> epoch_totals;  // guarded by mu: steps emitted so far
 };
 
 }  // namespace odb

@@ -30,8 +30,10 @@ bool Eventually(F done) {
 }
 
 struct Harness {
-  explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0, uint32_t trainer_timeout_ms = 0) {
-    dir = std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
+  explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0,
+                   uint32_t trainer_timeout_ms = 0) {
+    dir =
+        std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
     config.rank = 0;
     config.world_size = 1;

@@ -9,7 +9,8 @@ namespace odb {
 namespace {
 
 TEST_CASE("a second holder of the same rank and socket paths is refused, naming the first") {
-  const std::string dir = std::filesystem::temp_directory_path() / ("odb-lock-test-" + std::to_string(getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("odb-lock-test-" + std::to_string(getpid()));
   auto paths = EndpointLock::PathsFor(dir, 3, {"ipc://" + dir + "/in.sock", "tcp://127.0.0.1:5555"});
   REQUIRE(paths.size() == 2);
   EndpointLock first;
@@ -27,7 +28,8 @@ TEST_CASE("a second holder of the same rank and socket paths is refused, naming 
 }
 
 TEST_CASE("the lock is released with its holder") {
-  const std::string dir = std::filesystem::temp_directory_path() / ("odb-lock-test2-" + std::to_string(getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("odb-lock-test2-" + std::to_string(getpid()));
   auto paths = EndpointLock::PathsFor(dir, 0, {});
   {
     EndpointLock first;

@@ -35,7 +35,8 @@ StepBuilder::StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonM
       state_(state),
       metrics_(metrics),
       exchange_(exchange),
-      batch_buffers_(std::make_shared<BufferPool>(kPooledBufferMinBytes, kPooledBuffersMax, kPooledBytesMax)) {}
+      batch_buffers_(
+          std::make_shared<BufferPool>(kPooledBufferMinBytes, kPooledBuffersMax, kPooledBytesMax)) {}
 
 absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, const StepPlan& plan,
                                                              const std::function<bool()>& cancelled) {
@@ -44,7 +45,8 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   // in it (a sample both emitted and encoded here is taken once).
   std::vector<SampleKey> keys;
   keys.reserve(plan.sample_ids.size() + plan.enc_ids.size());
-  for (size_t i = 0; i < plan.sample_ids.size(); ++i) keys.emplace_back(plan.sample_owners[i], plan.sample_ids[i]);
+  for (size_t i = 0; i < plan.sample_ids.size(); ++i)
+    keys.emplace_back(plan.sample_owners[i], plan.sample_ids[i]);
   std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
   for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
   const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
@@ -59,7 +61,8 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
       return it->second;
     };
     for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = add(keys[i]);
-    for (size_t i = 0; i < plan.enc_ids.size(); ++i) enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
+    for (size_t i = 0; i < plan.enc_ids.size(); ++i)
+      enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
     keys = std::move(unique);
   }
   StepSamples out;
@@ -164,8 +167,9 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
   if (!collated.ok() && phases) {
     // Other ranks' routes count on this rank's encoder outputs: a step that
     // cannot be batched breaks the plan for everyone.
-    return absl::InternalError("step " + std::to_string(plan.step_index) +
-                               " cannot be collated under per-phase plans: " + std::string(collated.message()));
+    return absl::InternalError(
+        "step " + std::to_string(plan.step_index) +
+        " cannot be collated under per-phase plans: " + std::string(collated.message()));
   }
   if (!collated.ok()) {
     // Admission checks every sample against the epoch's schema, so only a
@@ -174,8 +178,9 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
     // Σ_r w_r would fall below W. The job stops with the reason instead.
     std::string ids;
     for (const Sample* s : llm_group) ids += (ids.empty() ? "" : ", ") + std::to_string(s->meta.id);
-    return absl::AbortedError("step " + std::to_string(plan.step_index) + " of epoch " + std::to_string(epoch) +
-                              " cannot be collated (" + std::string(collated.message()) + "; samples " + ids +
+    return absl::AbortedError("step " + std::to_string(plan.step_index) + " of epoch " +
+                              std::to_string(epoch) + " cannot be collated (" +
+                              std::string(collated.message()) + "; samples " + ids +
                               "); its loss weights would no longer sum to W, so the job stops");
   }
   std::lock_guard<std::mutex> lock(state_.mu);
@@ -214,8 +219,9 @@ std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const Round
       "padding={:.1f}%",
       config_.rank, epoch, summary.received(), summary.emitted(), summary.rejected(),
       summary.not_emitted_ids_size(), summary.steps(), summary.idle_steps(),
-      summary.padded_tokens() ? 100.0 * (1.0 - double(summary.real_tokens()) / double(summary.padded_tokens()))
-                              : 0.0);
+      summary.padded_tokens()
+          ? 100.0 * (1.0 - double(summary.real_tokens()) / double(summary.padded_tokens()))
+          : 0.0);
   wire::DaemonMessage message;
   message.set_version(wire::PROTOCOL_VERSION_CURRENT);
   *message.mutable_epoch_end() = std::move(summary);

@@ -5,7 +5,6 @@
 #include <functional>
 #include <memory>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "absl/status/statusor.h"

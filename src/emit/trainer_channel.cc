@@ -75,7 +75,7 @@ absl::Status TrainerChannel::Bind() {
     socket_.set(zmq::sockopt::sndhwm, static_cast<int>(config_.outstanding_depth) * 2 + 16);
     socket_.set(zmq::sockopt::rcvhwm, 1000);
     socket_.set(zmq::sockopt::router_mandatory, true);
-    socket_.set(zmq::sockopt::router_handover, true);  // the same session may reconnect
+    socket_.set(zmq::sockopt::router_handover, true);         // the same session may reconnect
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
     socket_.bind(config_.trainer_endpoint);
     bound_ = socket_.get(zmq::sockopt::last_endpoint);
@@ -138,8 +138,8 @@ bool TrainerChannel::OnReadable() {
         // The lost trainer had steps of an open epoch; nobody knows which it trained.
         const std::string text =
             "rank " + std::to_string(config_.rank) + ": a new trainer connected while epoch steps were " +
-            "delivered to a previous trainer session that disconnected (" + std::to_string(delivered_in_epoch_) +
-            " steps sent, " + std::to_string(in_flight_.size()) +
+            "delivered to a previous trainer session that disconnected (" +
+            std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(in_flight_.size()) +
             " not acknowledged); the epoch cannot continue with a new session: restart the job "
             "(its daemons and trainers) from a checkpoint";
         Refuse(peer, wire::EPOCH_LOST, text);
@@ -156,7 +156,8 @@ bool TrainerChannel::OnReadable() {
     } else if (peer != session_) {
       metrics_.refused_trainers.fetch_add(1);
       Refuse(peer, wire::SESSION_REFUSED,
-             "rank " + std::to_string(config_.rank) + " already serves trainer session " + Printable(session_) +
+             "rank " + std::to_string(config_.rank) + " already serves trainer session " +
+                 Printable(session_) +
                  "; one trainer per daemon (is a second training process pointed at the same odbd?)");
       continue;
     } else if (lost_since_ || fd != session_fd_) {
@@ -268,7 +269,8 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
     epoch_open = state_.current_epoch.has_value() || !state_.requested_epochs.empty();
   }
   if (!epoch_open) return std::nullopt;
-  if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(config_.trainer_timeout_ms)) return std::nullopt;
+  if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(config_.trainer_timeout_ms))
+    return std::nullopt;
   return std::make_pair(wire::INTERNAL,
                         "the trainer disconnected mid-epoch and did not come back within " +
                             std::to_string(config_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms); " +

@@ -7,7 +7,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "absl/status/status.h"
@@ -92,12 +91,12 @@ class TrainerChannel {
   size_t queued_steps_ = 0;     // guarded by mu_
 
   // I/O thread only.
-  std::string session_;                    // routing id of the trainer; empty = none yet
-  int session_fd_ = -1;                    // its connection (from ZMQ_SRCFD)
+  std::string session_;  // routing id of the trainer; empty = none yet
+  int session_fd_ = -1;  // its connection (from ZMQ_SRCFD)
   std::optional<Clock::TimePoint> lost_since_;
   uint64_t credits_ = 0;
   std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
-  uint64_t delivered_in_epoch_ = 0;  // steps sent since the last epoch end
+  uint64_t delivered_in_epoch_ = 0;                    // steps sent since the last epoch end
   std::optional<std::pair<wire::ErrorCode, std::string>> fatal_;
 };
 

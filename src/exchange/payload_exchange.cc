@@ -132,7 +132,8 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
   return absl::OkStatus();
 }
 
-absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, std::chrono::steady_clock::time_point deadline,
+absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
+                                             std::chrono::steady_clock::time_point deadline,
                                              const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!parked_.count(key)) {
@@ -141,7 +142,8 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, std::chrono::
                                  " that is not buffered on rank " + std::to_string(config_.rank));
     }
     if (cancelled()) return absl::CancelledError("daemon stopping");
-    if (cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100))) ==
+    if (cv_.wait_until(
+            lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100))) ==
             std::cv_status::timeout &&
         std::chrono::steady_clock::now() >= deadline && !parked_.count(key)) {
       return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +

@@ -10,7 +10,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "absl/status/statusor.h"

@@ -12,8 +12,8 @@
 namespace odb::ingest {
 namespace {
 
-constexpr size_t kBurst = 256;              // messages per OnReadable (the trainer is never starved)
-constexpr size_t kMaxConnections = 4096;    // producer connections tracked at once
+constexpr size_t kBurst = 256;                 // messages per OnReadable (the trainer is never starved)
+constexpr size_t kMaxConnections = 4096;       // producer connections tracked at once
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than this is refused by ZeroMQ
 // Samples are buffered for at most this many epochs past the first open one;
 // a later epoch is refused (each buffered epoch costs bookkeeping).
@@ -100,10 +100,10 @@ void IngestChannel::OnReadable(size_t i) {
     if (it == conns_.end()) {
       if (conns_.size() >= kMaxConnections) {
         std::lock_guard<std::mutex> lock(state_.mu);
-        wire::Rejection r = MakeReject(wire::TOO_LARGE,
-                                       "more than " + std::to_string(kMaxConnections) +
-                                           " producer connections; message of a new one refused")
-                                .rejection;
+        wire::Rejection r =
+            MakeReject(wire::TOO_LARGE, "more than " + std::to_string(kMaxConnections) +
+                                            " producer connections; message of a new one refused")
+                .rejection;
         Reject(std::move(r), std::nullopt, false);
         continue;
       }
@@ -147,25 +147,27 @@ void IngestChannel::OnReadable(size_t i) {
       RejectEvent reject;
       if (auto* s = std::get_if<SampleEvent>(&event)) {
         const uint64_t id = s->sample.meta.id;
-        reject = conn.producer_id.empty()
-                     ? MakeReject(wire::UNKNOWN_PRODUCER,
-                                  "sample " + std::to_string(id) + " from producer '" + s->sample.producer_id +
-                                      "' arrived on a connection that never sent hello; call "
-                                      "Producer::Connect before sending",
-                                  s->sample.producer_id, &id)
-                     : MakeReject(wire::CREDIT_EXCEEDED,
-                                  "sample " + std::to_string(id) + " (" + std::to_string(payload) +
-                                      " bytes) from producer '" + conn.producer_id +
-                                      "' was sent without credit (held " + std::to_string(conn.credit_samples) +
-                                      " samples / " + std::to_string(conn.credit_bytes) +
-                                      " bytes); producers must wait for the daemon's credit (the odb "
-                                      "clients do)",
-                                  conn.producer_id, &id);
+        reject =
+            conn.producer_id.empty()
+                ? MakeReject(wire::UNKNOWN_PRODUCER,
+                             "sample " + std::to_string(id) + " from producer '" + s->sample.producer_id +
+                                 "' arrived on a connection that never sent hello; call "
+                                 "Producer::Connect before sending",
+                             s->sample.producer_id, &id)
+                : MakeReject(wire::CREDIT_EXCEEDED,
+                             "sample " + std::to_string(id) + " (" + std::to_string(payload) +
+                                 " bytes) from producer '" + conn.producer_id +
+                                 "' was sent without credit (held " + std::to_string(conn.credit_samples) +
+                                 " samples / " + std::to_string(conn.credit_bytes) +
+                                 " bytes); producers must wait for the daemon's credit (the odb "
+                                 "clients do)",
+                             conn.producer_id, &id);
         reject.epoch = s->sample.epoch;
         reject.has_epoch = true;
         event = std::move(reject);
       } else if (std::get_if<RejectEvent>(&event) == nullptr) {
-        event = MakeReject(wire::MALFORMED_HEADER, "a multi-frame message that is not a sample", conn.producer_id);
+        event = MakeReject(wire::MALFORMED_HEADER, "a multi-frame message that is not a sample",
+                           conn.producer_id);
       }
     } else {
       event = DecodeProducerMessage(std::move(body), decode_options_);
@@ -191,12 +193,21 @@ void IngestChannel::OnReadable(size_t i) {
 
 void IngestChannel::Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
   RejectionLog::Truncate(rejection);
-  spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
+  const uint32_t e = epoch.value_or(state_.current_epoch.value_or(0));
+  // A flood of bad input must not flood the log either: the first ones are
+  // logged, the rest counted (all of them are in the summary's count).
+  constexpr uint64_t kLoggedPerEpoch = 100;
+  const uint64_t seen = state_.rejections.Count(e);
+  if (seen < kLoggedPerEpoch) {
+    spdlog::warn("rejected input: {} ({})", rejection.message(), wire::ErrorCode_Name(rejection.code()));
+  } else if (seen == kLoggedPerEpoch) {
+    spdlog::warn("epoch {}: more than {} rejections; further ones are counted, not logged", e,
+                 kLoggedPerEpoch);
+  }
   if (is_sample) {
     metrics_.samples_rejected.fetch_add(1);
     metrics_.samples_received.fetch_add(1);
   }
-  const uint32_t e = epoch.value_or(state_.current_epoch.value_or(0));
   if (is_sample) ++state_.epoch_received[e];
   state_.rejections.Record(std::move(rejection), e);
 }
@@ -217,8 +228,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     state_.tracker.OnHello(hello->producer_id);
     spdlog::debug("producer '{}' connected (rank {})", hello->producer_id, hello->rank);
     if (hello->rank >= 0 && hello->rank != config_.rank) {
-      spdlog::warn("producer '{}' says it feeds rank {} but this is rank {}", hello->producer_id,
-                   hello->rank, config_.rank);
+      spdlog::warn("producer '{}' says it feeds rank {} but this is rank {}", hello->producer_id, hello->rank,
+                   config_.rank);
     }
   } else if (std::get_if<StartEpochEvent>(&event)) {
     // Producers announce epochs for logging only; the trainer decides the order.
@@ -305,7 +316,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
         !grouping::FitsAlone(config_.budget, sample.meta.lengths)) {
       const uint64_t id = sample.meta.id;
       Reject(MakeReject(wire::OVER_BUDGET,
-                        "sample " + std::to_string(id) + " (tokens=" + std::to_string(sample.meta.lengths.tokens) +
+                        "sample " + std::to_string(id) +
+                            " (tokens=" + std::to_string(sample.meta.lengths.tokens) +
                             ", vision=" + std::to_string(sample.meta.lengths.vision_patches) +
                             ", audio=" + std::to_string(sample.meta.lengths.audio_frames) +
                             ") fits no budget (" + grouping::DescribeBudget(config_.budget) +
@@ -427,7 +439,8 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   // credit used up, the daemon itself is holding them back.
   bool someone_may_send = conns_.empty();
   for (const auto& [key, conn] : conns_) {
-    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0) someone_may_send = true;
+    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0)
+      someone_may_send = true;
   }
   if (!someone_may_send) {
     last_message_ = now;
@@ -443,9 +456,10 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   return "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
          " ms while epoch " + std::to_string(epoch) + "'s input is incomplete: " + std::to_string(ended) +
          " of " + std::to_string(expected) + " expected producer(s) ended their stream; " +
-         (open.empty() ? std::string("no stream is open") : "open streams (samples sent, no end_stream): " + open) +
-         "; " + std::to_string(silent) + " expected producer(s) sent nothing of epoch " + std::to_string(epoch) +
-         " yet. A data worker probably died or hangs (emit.producer_timeout_ms)";
+         (open.empty() ? std::string("no stream is open")
+                       : "open streams (samples sent, no end_stream): " + open) +
+         "; " + std::to_string(silent) + " expected producer(s) sent nothing of epoch " +
+         std::to_string(epoch) + " yet. A data worker probably died or hangs (emit.producer_timeout_ms)";
 }
 
 }  // namespace odb::ingest

@@ -7,7 +7,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "absl/status/status.h"
@@ -78,10 +77,10 @@ class IngestChannel {
   struct Conn {
     size_t socket = 0;
     std::string routing_id;
-    std::string producer_id;  // empty until hello
+    std::string producer_id;     // empty until hello
     int64_t credit_samples = 0;  // granted and not yet used
     int64_t credit_bytes = 0;
-    bool ahead = false;  // sends an epoch after the one being planned
+    bool ahead = false;         // sends an epoch after the one being planned
     uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
     Clock::TimePoint last_heard;
   };
