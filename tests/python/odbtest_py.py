@@ -45,7 +45,21 @@ def stop_all(daemons: List[odb.DaemonProcess]) -> None:
         d.stop(timeout=5)
 
 
+def _forget_parent_forkserver() -> None:
+    """A forked rank inherits the parent's multiprocessing forkserver state
+    (when an earlier test in this pytest process started one), but that server
+    is not its child: DataLoader workers would fail with ChildProcessError.
+    The rank starts its own instead."""
+    import multiprocessing.forkserver as forkserver
+
+    server = forkserver._forkserver  # noqa: SLF001 - test helper, stdlib state after fork
+    server._forkserver_pid = None
+    server._forkserver_address = None
+    server._forkserver_alive_fd = None
+
+
 def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str, Any], q: Any) -> None:
+    _forget_parent_forkserver()
     try:
         import torch
         import torch.distributed as dist

@@ -89,7 +89,11 @@ def _spawn_until_killed(world: int, run_dir: Path, timeout: float, **args) -> No
         if p.is_alive():
             p.kill()
             raise AssertionError("a rank did not reach its kill point (hang)")
-        assert p.exitcode == -signal.SIGKILL, f"rank exited with {p.exitcode} instead of being killed"
+        if p.exitcode != -signal.SIGKILL:
+            reports = []
+            while not q.empty():
+                reports.append(q.get())
+            raise AssertionError(f"rank exited with {p.exitcode} instead of being killed: {reports}")
 
 
 @pytest.mark.parametrize("idle_policy,planner,world_before,world_after", [
