@@ -1,6 +1,7 @@
 #include "src/common/zmq_transfer.h"
 
 #include <cerrno>
+#include <filesystem>
 #include <zmq_addon.hpp>
 
 namespace odb {
@@ -58,6 +59,13 @@ Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id, std::ve
     return FromError(e);
   }
   return {};
+}
+
+void EnsureIpcDirectory(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return;
+  std::filesystem::path path(endpoint.substr(6));
+  std::error_code ignored;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
 }
 
 const char* TransferCodeName(TransferCode code) {

@@ -35,6 +35,10 @@ Transfer TrySendMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>& pa
 // As TrySendMultipart, with a routing-id frame first (ROUTER sockets).
 Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id, std::vector<zmq::message_t>& parts);
 
+// Makes the directory of an ipc:// endpoint, so bind() works on a fresh
+// machine; other endpoints are left alone.
+void EnsureIpcDirectory(const std::string& endpoint);
+
 // Name of a code, for logs.
 const char* TransferCodeName(TransferCode code);
 

@@ -5,20 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 
 #include "src/common/zmq_transfer.h"
 #include "src/emit/step_encoder.h"
 
 namespace odb::emit {
 namespace {
-
-void EnsureIpcDirectory(const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) != 0) return;
-  std::filesystem::path path(endpoint.substr(6));
-  std::error_code ignored;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
-}
 
 std::vector<zmq::message_t> FatalMessage(wire::ErrorCode code, const std::string& text, int rank) {
   wire::DaemonMessage message;

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <filesystem>
 
 #include "src/common/zmq_transfer.h"
 #include "src/grouping/budget.h"
@@ -18,13 +17,6 @@ constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than thi
 // Samples are buffered for at most this many epochs past the first open one;
 // a later epoch is refused (each buffered epoch costs bookkeeping).
 constexpr uint32_t kEpochHorizon = 4;
-
-void EnsureIpcDirectory(const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) != 0) return;
-  std::filesystem::path path(endpoint.substr(6));
-  std::error_code ignored;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
-}
 
 wire::IngestReply NewReply() {
   wire::IngestReply r;
