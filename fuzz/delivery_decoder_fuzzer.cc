@@ -6,13 +6,12 @@
 // Checks: no crash or sanitizer report; every tensor of an accepted step lies
 // inside a frame the Delivery owns and has numel x dtype size bytes (touched
 // byte by byte, so ASan sees a view past its frame).
-// With ODB_FUZZ_STRICT=1 it also checks that the per-sample arrays of a step
-// agree in length (sample_ids, lengths, owner_ranks, llm_src_rank; the enc_*
-// arrays among themselves), which consumers index in parallel; see
-// docs/fuzzing.md for why that is not on by default.
+// It also checks that the per-sample arrays of a step agree in length
+// (sample_ids, lengths, owner_ranks, llm_src_rank; the enc_* arrays among
+// themselves), which consumers index in parallel (finding 1, now refused by
+// DecodeDelivery).
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +53,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (it costs most of the time otherwise; see docs/fuzzing.md).
   static const bool quiet = odb::fuzz::SilenceProtobufLogs();
   (void)quiet;
-  static const bool strict = std::getenv("ODB_FUZZ_STRICT") != nullptr;
   const std::vector<std::string_view> split = odb::fuzz::SplitFrames(data, size);
   if (split.empty()) return 0;  // DecodeDelivery requires the header frame
   auto frames = std::make_shared<std::vector<zmq::message_t>>();
@@ -69,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (delivery->kind != odb::client::Delivery::Kind::kStep) return 0;
-  if (strict) CheckParallelArrays(delivery->step);
+  CheckParallelArrays(delivery->step);  // DecodeDelivery refuses lists that disagree (finding 1)
   for (const odb::client::TensorView& t : delivery->tensors) {
     const size_t elem = ElementSize(t.dtype);
     FUZZ_CHECK(elem > 0, "tensor '" + t.name + "' has an unknown dtype");

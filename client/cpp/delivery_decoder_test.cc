@@ -30,6 +30,10 @@ wire::DaemonMessage Step() {
   st->set_step_index(9);
   st->add_sample_ids(5);
   st->add_sample_ids(6);
+  st->add_lengths(3);
+  st->add_lengths(2);
+  st->add_owner_ranks(0);
+  st->add_owner_ranks(1);
   st->set_loss_weight(0.5);
   wire::Rejection* r = st->add_rejections();
   r->set_code(wire::TOKENS_MISMATCH);
@@ -99,6 +103,18 @@ TEST_CASE("malformed step tensors are refused") {
     auto d = DecodeDelivery(Message(m, {48, 48}), "e");
     CHECK(d.status().code() == absl::StatusCode::kDataLoss);
   }
+}
+
+TEST_CASE("a step whose per-sample lists disagree in length is refused (consumers index them in parallel)") {
+  // Found by the delivery_decoder fuzzer (fuzz/regressions/delivery_decoder/).
+  wire::DaemonMessage m = Step();
+  m.mutable_step()->add_lengths(9);  // three lengths for two samples
+  auto d = DecodeDelivery(Message(m, {48, 48}), "e");
+  REQUIRE(d.status().code() == absl::StatusCode::kDataLoss);
+  REQUIRE(std::string(d.status().message()).find("lengths 3") != std::string::npos);
+  wire::DaemonMessage enc = Step();
+  enc.mutable_step()->add_enc_sample_ids(5);  // an encoder sample without its route
+  REQUIRE(DecodeDelivery(Message(enc, {48, 48}), "e").status().code() == absl::StatusCode::kDataLoss);
 }
 
 TEST_CASE("control messages and protocol errors") {

@@ -5,7 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+
+#include <google/protobuf/stubs/logging.h>
 
 #include "src/daemon/aligned_round_runner.h"
 #include "src/daemon/config.h"
@@ -16,6 +19,22 @@ namespace {
 
 std::atomic<odb::Daemon*> g_daemon{nullptr};
 std::atomic<int> g_signal{0};
+
+// libprotobuf logs some parse problems of producer input (e.g. invalid UTF-8
+// in a string field) straight to stderr: a bad producer could flood the log
+// at message rate. Its lines go through spdlog, at most a few a second; the
+// input itself is rejected and counted by the ingest channel.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  static std::atomic<int64_t> window{0};
+  static std::atomic<int> in_window{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (window.exchange(now) != now) in_window.store(0);
+  if (in_window.fetch_add(1) >= 5) return;
+  spdlog::log(level >= google::protobuf::LOGLEVEL_ERROR ? spdlog::level::err : spdlog::level::warn,
+              "protobuf ({}:{}): {}", file, line, message);
+}
 
 void OnSignal(int signo) {
   g_signal.store(signo);
@@ -40,6 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   CLI11_PARSE(app, argc, argv);
+  google::protobuf::SetLogHandler(&ProtobufLog);
 
   auto config = config_path.empty() ? odb::ParseConfig("") : odb::LoadConfigFile(config_path);
   if (!config.ok()) {

@@ -87,6 +87,20 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   d.step.enc_dest_rank.assign(st.enc_dest_rank().begin(), st.enc_dest_rank().end());
   d.step.enc_dest_index.assign(st.enc_dest_index().begin(), st.enc_dest_index().end());
   d.step.llm_src_rank.assign(st.llm_src_rank().begin(), st.llm_src_rank().end());
+  // Consumers index these lists in parallel: they must agree in length.
+  const int n = st.sample_ids_size(), e = st.enc_sample_ids_size();
+  if (st.lengths_size() != n || st.owner_ranks_size() != n ||
+      (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) || st.enc_owner_ranks_size() != e ||
+      st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e) {
+    return absl::DataLossError(
+        "step " + std::to_string(st.step_index()) + " from the daemon at " + endpoint_for_errors +
+        ": per-sample lists disagree in length (sample_ids " + std::to_string(n) + ", lengths " +
+        std::to_string(st.lengths_size()) + ", owner_ranks " + std::to_string(st.owner_ranks_size()) +
+        ", llm_src_rank " + std::to_string(st.llm_src_rank_size()) + ", enc_sample_ids " + std::to_string(e) +
+        ", enc_owner_ranks " + std::to_string(st.enc_owner_ranks_size()) + ", enc_dest_rank " +
+        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " + std::to_string(st.enc_dest_index_size()) +
+        ")");
+  }
 
   std::vector<size_t> frame_sizes;
   frame_sizes.reserve(frames->size() - 1);
