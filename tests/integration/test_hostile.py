@@ -436,3 +436,33 @@ def test_producer_timeout_names_only_producers_open_in_this_epoch(tmp_path):
         finish(c, timeout=60)
     finally:
         d.stop()
+
+
+def test_a_producer_that_ignores_credit_is_rejected_in_bounded_memory(tmp_path):
+    """A raw DEALER that blasts 4 MiB samples without waiting for credit (the
+    odb clients never do this): every sample is rejected CREDIT_EXCEEDED and
+    counted, the daemon's memory stays bounded (it reads and drops as fast as
+    they come), and a well-behaved producer is served afterwards."""
+    ctx = zmq.Context()
+    d = Daemon(tmp_path, config=f"buffer:\n  max_bytes: {16 << 20}\n")
+    try:
+        d.wait_ready()
+        baseline = vm_hwm_kib(d.proc.pid)
+        flood = RawProducer(ctx, d.ingest)
+        flood.sock.setsockopt(zmq.SNDHWM, 0)
+        flood.hello("flood")
+        payload = {"blob": blob(0, 4 << 20)}
+        sent, deadline = 0, time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            flood.send(*sample("flood", sent, 8, epoch=3, extra=payload), force=True)  # not the checked epoch
+            sent += 1
+        flood.close()
+        d.wait_log("CREDIT_EXCEEDED")
+        assert sent > 50  # far more than the 16 MiB buffer could hold
+        peak = vm_hwm_kib(d.proc.pid)
+        assert peak - baseline < 160 * 1024, (baseline, peak, sent)
+        assert d.proc.poll() is None
+        valid_epoch_after(d, 0)
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
