@@ -266,31 +266,6 @@ class PyConsumer {
   std::unique_ptr<Consumer> consumer_;
 };
 
-py::dict StepDict(const PyDelivery& pd) {
-  const StepInfo& s = pd.get().step;
-  py::dict d;
-  d["epoch"] = s.epoch;
-  d["step_index"] = s.step_index;
-  d["idle"] = s.idle;
-  d["sample_ids"] = s.sample_ids;
-  d["lengths"] = s.lengths;
-  d["owner_ranks"] = s.owner_ranks;
-  d["real_tokens"] = s.real_tokens;
-  d["padded_tokens"] = s.padded_tokens;
-  d["global_real_tokens"] = s.global_real_tokens;
-  d["loss_weight"] = s.loss_weight;
-  d["over_budget"] = s.over_budget;
-  d["samples_may_move"] = s.samples_may_move;
-  d["rejections"] = Rejections(s.rejections);
-  d["rejections_are_errors"] = s.rejections_are_errors;
-  d["enc_sample_ids"] = s.enc_sample_ids;
-  d["enc_owner_ranks"] = s.enc_owner_ranks;
-  d["enc_dest_rank"] = s.enc_dest_rank;
-  d["enc_dest_index"] = s.enc_dest_index;
-  d["llm_src_rank"] = s.llm_src_rank;
-  return d;
-}
-
 py::dict SummaryDict(const PyDelivery& pd) {
   const EpochSummary& s = pd.get().summary;
   py::dict d;
@@ -345,9 +320,62 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("send_raw_frames", &PyProducer::SendRawFrames, py::arg("frames"))
       .def("sent", &PyProducer::Sent, py::arg("epoch"));
 
+  // The daemon's step header as a typed class (attributes with docstrings);
+  // `info["name"]` and `info.get("name")` still work for code written against
+  // the earlier dict.
+  auto dict_like = [](auto& cls) {
+    cls.def("__getitem__",
+            [](py::object self, const std::string& key) {
+              if (key.empty() || key[0] == '_' || !py::hasattr(self, key.c_str())) throw py::key_error(key);
+              return self.attr(key.c_str());
+            })
+        .def(
+            "get",
+            [](py::object self, const std::string& key, py::object fallback) {
+              if (key.empty() || key[0] == '_' || !py::hasattr(self, key.c_str())) return fallback;
+              return py::object(self.attr(key.c_str()));
+            },
+            py::arg("key"), py::arg("default") = py::none());
+  };
+  py::class_<Rejection> rejection(m, "Rejection", "An input the daemon refused, with the reason.");
+  rejection.def_readonly("code", &Rejection::code, "error code name, e.g. \"TOKENS_MISMATCH\"")
+      .def_property_readonly(
+          "sample_id",
+          [](const Rejection& r) { return r.has_sample_id ? py::object(py::int_(r.sample_id)) : py::object(py::none()); },
+          "the sample's id, or None when the input was not a readable sample")
+      .def_readonly("producer_id", &Rejection::producer_id)
+      .def_readonly("message", &Rejection::message, "what was wrong and what to do")
+      .def("__repr__", [](const Rejection& r) { return "Rejection(" + r.code + ": " + r.message + ")"; });
+  dict_like(rejection);
+  py::class_<StepInfo> step_info(m, "StepInfo", "One step's header, as the daemon sent it (see docs/protocol.md).");
+  step_info.def_readonly("epoch", &StepInfo::epoch)
+      .def_readonly("step_index", &StepInfo::step_index, "identical on every rank")
+      .def_readonly("idle", &StepInfo::idle, "no samples; weight 0")
+      .def_readonly("sample_ids", &StepInfo::sample_ids)
+      .def_readonly("lengths", &StepInfo::lengths, "LLM tokens per sample, same order as sample_ids")
+      .def_readonly("owner_ranks", &StepInfo::owner_ranks, "rank that received each sample")
+      .def_readonly("real_tokens", &StepInfo::real_tokens)
+      .def_readonly("padded_tokens", &StepInfo::padded_tokens)
+      .def_readonly("global_real_tokens", &StepInfo::global_real_tokens, "T_tok: all ranks' real tokens")
+      .def_readonly("loss_weight", &StepInfo::loss_weight, "W * t_r / T_tok; 0 when idle")
+      .def_readonly("over_budget", &StepInfo::over_budget)
+      .def_readonly("samples_may_move", &StepInfo::samples_may_move)
+      .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
+      .def_readonly("rejections_are_errors", &StepInfo::rejections_are_errors)
+      .def_readonly("enc_sample_ids", &StepInfo::enc_sample_ids)
+      .def_readonly("enc_owner_ranks", &StepInfo::enc_owner_ranks)
+      .def_readonly("enc_dest_rank", &StepInfo::enc_dest_rank)
+      .def_readonly("enc_dest_index", &StepInfo::enc_dest_index)
+      .def_readonly("llm_src_rank", &StepInfo::llm_src_rank)
+      .def("__repr__", [](const StepInfo& s) {
+        return "StepInfo(epoch=" + std::to_string(s.epoch) + ", step_index=" + std::to_string(s.step_index) +
+               ", idle=" + (s.idle ? "True" : "False") + ", samples=" + std::to_string(s.sample_ids.size()) + ")";
+      });
+  dict_like(step_info);
+
   py::class_<PyDelivery>(m, "Delivery", "A step or an epoch end, owning its received frames.")
       .def_property_readonly("is_step", &PyDelivery::is_step)
-      .def_property_readonly("step", [](const PyDelivery& d) { return StepDict(d); })
+      .def_property_readonly("step", [](const PyDelivery& d) { return d.get().step; }, "the step header (StepInfo)")
       .def_property_readonly("summary", [](const PyDelivery& d) { return SummaryDict(d); })
       .def("tensor_names", &PyDelivery::TensorNames)
       .def("array", &PyDelivery::Array, py::arg("name"),

@@ -193,7 +193,9 @@ class Step:
     real_tokens: int
     padded_tokens: int
     global_real_tokens: int
-    rejections: List[Dict[str, Any]] = field(default_factory=list)
+    # native Rejection objects: r.code, r.sample_id (None when unknown),
+    # r.producer_id, r.message (r["code"] works too)
+    rejections: List[Any] = field(default_factory=list)
     _delivery: Any = None
 
     def weighted_loss(self, per_token_loss: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
