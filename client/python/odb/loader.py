@@ -125,6 +125,66 @@ def encode_sample(sample: Mapping[str, Any],
     return lengths, tensors  # type: ignore[return-value]
 
 
+class Progress:
+    """A progress line for one epoch of this rank: samples trained of the
+    epoch's share (ETA by samples), steps, idle steps, real tokens/s and
+    padding. Uses tqdm when it is installed, else a line on stderr at most
+    every `every_s` seconds."""
+
+    def __init__(self, rank: int, epoch: int, total_samples: int, every_s: float = 5.0,
+                 stream: Any = None) -> None:
+        import sys
+
+        self.rank, self.epoch, self.total = rank, epoch, total_samples
+        self.every_s = every_s
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.samples = self.steps = self.idle = self.real = self.padded = 0
+        self.bar: Any = None
+        try:
+            from tqdm import tqdm  # type: ignore[import-not-found]
+
+            if stream is None:
+                self.bar = tqdm(total=total_samples, unit="sample", desc=f"odb rank {rank} epoch {epoch}")
+        except ImportError:
+            pass
+
+    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool) -> None:
+        self.steps += 1
+        self.idle += int(idle)
+        self.samples += samples
+        self.real += real_tokens
+        self.padded += padded_tokens
+        if self.bar is not None:
+            self.bar.update(samples)
+            self.bar.set_postfix_str(self.text(short=True), refresh=False)
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            print(self.text(), file=self.stream, flush=True)
+
+    def text(self, short: bool = False) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = self.samples / elapsed
+        left = max(self.total - self.samples, 0)
+        eta = f"{left / rate:.0f}s" if rate > 0 else "?"
+        padding = 100.0 * (1 - self.real / self.padded) if self.padded else 0.0
+        body = (f"steps {self.steps} (idle {self.idle}), {self.real / elapsed:.0f} real tok/s, "
+                f"padding {padding:.1f}%")
+        if short:
+            return body
+        return (f"[odb rank {self.rank} epoch {self.epoch}] samples {self.samples}/{self.total}, {body}, "
+                f"ETA {eta}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.steps:
+            print(self.text() + " (epoch done)", file=self.stream, flush=True)
+
+
 class _SendStream(IterableDataset):
     """What the DataLoader iterates: each worker preprocesses its share of the
     indices and sends the samples to the daemon; it yields only small progress
@@ -256,6 +316,9 @@ class OdbDataLoader:
         :func:`odb.endpoints`).
       timeout_s: no step for this long is an error (OdbTimeout).
       poll_ms: slice of each wait; between slices workers and daemon are checked.
+      progress: a progress line per epoch (samples, steps, idle, tokens/s,
+        padding, ETA by samples; tqdm when installed). Default: on when
+        stderr is a terminal, off otherwise (batch jobs, CI).
     """
 
     def __init__(self, dataset: Dataset, *, sampler: Optional[Sampler] = None, shuffle: bool = False,
@@ -267,7 +330,7 @@ class OdbDataLoader:
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  multiprocessing_context: Any = None, timeout_s: float = 120.0, poll_ms: int = 200,
                  send_timeout_ms: int = 120000, progress_every: int = 16,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, progress: Optional[bool] = None) -> None:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
         self.dataset = dataset
@@ -289,6 +352,12 @@ class OdbDataLoader:
         self.send_timeout_ms = send_timeout_ms
         self.progress_every = progress_every
         self.pin_memory = pin_memory
+        if progress is None:
+            import sys
+
+            progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self.progress = progress
+        self.progress_stream: Any = None  # where the lines go (None: stderr, or tqdm)
         self.epoch = 0
         self._dummy_sample = dummy_sample
         self._dummy_batch: Optional[Dict[str, torch.Tensor]] = None
@@ -473,6 +542,7 @@ class OdbDataLoader:
         self._consumed_epoch = epoch
         pending_idle: List[Any] = []
         accounted = [0]  # this rank's samples seen back (emitted or rejected)
+        progress = Progress(self.rank, epoch, len(indices), stream=self.progress_stream) if self.progress else None
 
         samples_may_move = [False]
         steps_seen = [0]  # the daemon's samples_may_move flag is known after the first step
@@ -501,6 +571,8 @@ class OdbDataLoader:
                     break
                 info = delivery.step
                 steps_seen[0] += 1
+                if progress is not None:
+                    progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"])
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
@@ -525,6 +597,8 @@ class OdbDataLoader:
             pump.raise_if_failed()
         finally:
             pump.close()
+            if progress is not None:
+                progress.close()
 
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
