@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "src/common/status_macros.h"
@@ -26,7 +27,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       state_(config_.buffer_max_bytes, config_.buffer_max_samples, config_.expected_producers),
       ingest_(context_, config_, state_, metrics_, clock_),
       trainer_(context_, config_, state_, metrics_, clock_),
-      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(context_, config_, state_)
+      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(context_, config_, state_, metrics_)
                                     : nullptr),
       steps_(config_, state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {
@@ -215,9 +216,11 @@ absl::Status Daemon::RunOneRound() {
     request.stream_finished = state_.tracker.StreamFinished(request.epoch, state_.expected_producers);
     request.stream_started = state_.tracker.StreamStarted(request.epoch);
   }
+  const auto round_start = std::chrono::steady_clock::now();
   auto outcome = runner_->Run(request);
   if (!outcome.ok()) return outcome.status();
   metrics_.rounds.fetch_add(1);
+  RecordRoundTime(std::chrono::steady_clock::now() - round_start);
   ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) {
     if (!exchange_) return absl::InternalError("a single-rank plan moves samples");
@@ -231,6 +234,20 @@ absl::Status Daemon::RunOneRound() {
   }
   if (outcome->epoch_finished) trainer_.EnqueueControl(steps_.FinishEpoch(request.epoch, *outcome));
   return absl::OkStatus();
+}
+
+void Daemon::RecordRoundTime(std::chrono::steady_clock::duration took) {
+  const auto us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count());
+  if (round_times_.size() < kRoundTimesKept) {
+    round_times_.push_back(us);
+  } else {
+    round_times_[round_time_next_] = us;
+  }
+  round_time_next_ = (round_time_next_ + 1) % kRoundTimesKept;
+  std::vector<uint64_t> sorted = round_times_;
+  std::sort(sorted.begin(), sorted.end());
+  metrics_.round_p50_us.store(sorted[sorted.size() / 2]);
+  metrics_.round_p99_us.store(sorted[std::min(sorted.size() - 1, sorted.size() * 99 / 100)]);
 }
 
 void Daemon::ReportLongWait(uint32_t epoch, const RoundOutcome& outcome) {

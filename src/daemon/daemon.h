@@ -2,6 +2,7 @@
 #define ODB_DAEMON_DAEMON_H_
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,7 @@ class Daemon {
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires state_.mu
   absl::Status RunOneRound();
   void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
+  void RecordRoundTime(std::chrono::steady_clock::duration took);  // planner thread
   void Fail(wire::ErrorCode code, const std::string& message);
   void Wake();
   void PublishGauges();
@@ -96,6 +98,10 @@ class Daemon {
   // (a long wait gets one log line). Planner thread only.
   std::optional<Clock::TimePoint> waiting_since_;
   bool wait_reported_ = false;
+  // The last rounds' durations (planner thread only), for the p50/p99 gauges.
+  static constexpr size_t kRoundTimesKept = 256;
+  std::vector<uint64_t> round_times_;
+  size_t round_time_next_ = 0;
 };
 
 }  // namespace odb

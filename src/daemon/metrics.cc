@@ -39,6 +39,15 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          m.refused_trainers.load(), rank);
   Series(out, "odb_trainer_disconnects_total", "counter", "Times the trainer session's connection closed.",
          m.trainer_disconnects.load(), rank);
+  Series(out, "odb_real_tokens_total", "counter", "Tokens of the samples emitted.", m.real_tokens.load(), rank);
+  Series(out, "odb_padded_tokens_total", "counter", "Tokens the trainer computes on (padding included).",
+         m.padded_tokens.load(), rank);
+  Series(out, "odb_exchange_bytes_sent_total", "counter", "Payload bytes sent to other daemons (global plans).",
+         m.exchange_bytes_sent.load(), rank);
+  Series(out, "odb_round_p50_microseconds", "gauge", "Median alignment round time, last 256 rounds.",
+         m.round_p50_us.load(), rank);
+  Series(out, "odb_round_p99_microseconds", "gauge", "99th percentile alignment round time, last 256 rounds.",
+         m.round_p99_us.load(), rank);
   Series(out, "odb_metrics_scrapes_total", "counter", "Metrics requests served.", m.metrics_scrapes.load(), rank);
   Series(out, "odb_buffer_peak_bytes", "gauge", "Largest buffered payload seen.", m.peak_buffer_bytes.load(), rank);
   Series(out, "odb_buffer_bytes", "gauge", "Payload bytes buffered now.", g.buffer_bytes, rank);

@@ -21,6 +21,12 @@ struct DaemonMetrics {
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
   std::atomic<uint64_t> metrics_scrapes{0};
   std::atomic<uint64_t> trainer_disconnects{0};  // the session's connection closed
+  std::atomic<uint64_t> real_tokens{0};           // tokens of the samples emitted
+  std::atomic<uint64_t> padded_tokens{0};         // tokens the trainer computes on (cost model)
+  std::atomic<uint64_t> exchange_bytes_sent{0};   // payload bytes sent to other daemons
+  // Alignment round time (the collective) over the last 256 rounds, microseconds.
+  std::atomic<uint64_t> round_p50_us{0};
+  std::atomic<uint64_t> round_p99_us{0};
   // Gauges the I/O loop publishes each iteration (read by the metrics server
   // thread without taking any daemon lock).
   std::atomic<uint64_t> buffer_bytes{0};

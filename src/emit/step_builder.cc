@@ -194,6 +194,8 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
   metrics_.steps_emitted.fetch_add(1);
   if (step.idle()) metrics_.idle_steps.fetch_add(1);
   metrics_.samples_emitted.fetch_add(step.sample_ids_size());
+  metrics_.real_tokens.fetch_add(step.real_tokens());
+  metrics_.padded_tokens.fetch_add(step.padded_tokens());
   return EncodeStep(std::move(step), std::move(tensors), batch_buffers_);
 }
 

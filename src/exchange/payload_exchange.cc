@@ -11,8 +11,9 @@
 
 namespace odb::exchange {
 
-PayloadExchange::PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state)
-    : context_(context), config_(config), state_(state), rx_(context, zmq::socket_type::router) {}
+PayloadExchange::PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                                 DaemonMetrics& metrics)
+    : context_(context), config_(config), state_(state), metrics_(metrics), rx_(context, zmq::socket_type::router) {}
 
 absl::Status PayloadExchange::Bind() {
   try {
@@ -117,6 +118,7 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
       parts.emplace_back(header.data(), header.size());
       for (const TensorView& t : sample.tensors) parts.emplace_back(t.data, t.size_bytes);
       Transfer sent = TrySendMultipart(senders_.at(static_cast<size_t>(dest)), parts);
+      if (sent.ok()) metrics_.exchange_bytes_sent.fetch_add(sample.meta.payload_bytes);
       if (!sent.ok()) {
         // sndhwm is 0 (unbounded): only a broken socket fails here.
         return absl::UnavailableError("sending sample " + std::to_string(sample.meta.id) + " to rank " +

@@ -16,6 +16,7 @@
 #include "src/common/sample.h"
 #include "src/daemon/config.h"
 #include "src/daemon/daemon_state.h"
+#include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
 
 namespace odb::exchange {
@@ -30,7 +31,8 @@ using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
 // needs after sending them away, are parked until the step builder takes them.
 class PayloadExchange {
  public:
-  PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state);
+  PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+                  DaemonMetrics& metrics);
   PayloadExchange(const PayloadExchange&) = delete;
   PayloadExchange& operator=(const PayloadExchange&) = delete;
 
@@ -56,6 +58,7 @@ class PayloadExchange {
   zmq::context_t& context_;
   const DaemonConfig& config_;
   DaemonState& state_;
+  DaemonMetrics& metrics_;
   zmq::socket_t rx_;
   std::string bound_;
   std::vector<zmq::socket_t> senders_;  // planner thread only
