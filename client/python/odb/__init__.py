@@ -32,8 +32,9 @@ Consumer = _lib.Consumer
 _LAZY: Dict[str, str] = {
     "IDLE_POLICIES": "loader", "OdbDataLoader": "loader", "OdbWorkerError": "loader", "Step": "loader",
     "encode_sample": "loader", "weighted_cross_entropy": "loss", "weighted_loss": "loss",
+    "report": "epoch_report",
 }
-_LAZY_MODULES = ("loader", "loss", "phases")
+_LAZY_MODULES = ("loader", "loss", "phases", "top")
 
 
 def __getattr__(name: str) -> Any:
@@ -49,7 +50,7 @@ def __getattr__(name: str) -> Any:
             f"odb.{name} needs PyTorch (and numpy), which this interpreter cannot import ({e}). Install torch "
             f"(Debian: apt install python3-torch; pip: pip install torch numpy). odb.Producer, odb.Consumer and "
             f"the daemon helpers work without it.", name=e.name) from e
-    value = module if name in _LAZY_MODULES else getattr(module, name)
+    value = getattr(module, name) if name in _LAZY else module
     globals()[name] = value
     return value
 

@@ -316,6 +316,9 @@ class OdbDataLoader:
         :func:`odb.endpoints`).
       timeout_s: no step for this long is an error (OdbTimeout).
       poll_ms: slice of each wait; between slices workers and daemon are checked.
+      summary_dir: when set, one JSON line per step of this rank is appended to
+        ``<summary_dir>/rank<r>-epoch<e>.jsonl`` (step, idle, real and padded
+        tokens, lengths) for :func:`odb.report` (PNG plots after the epoch).
       progress: a progress line per epoch (samples, steps, idle, tokens/s,
         padding, ETA by samples; tqdm when installed). Default: on when
         stderr is a terminal, off otherwise (batch jobs, CI).
@@ -330,7 +333,8 @@ class OdbDataLoader:
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  multiprocessing_context: Any = None, timeout_s: float = 120.0, poll_ms: int = 200,
                  send_timeout_ms: int = 120000, progress_every: int = 16,
-                 pin_memory: bool = False, progress: Optional[bool] = None) -> None:
+                 pin_memory: bool = False, progress: Optional[bool] = None,
+                 summary_dir: Optional[str] = None) -> None:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
         self.dataset = dataset
@@ -358,6 +362,7 @@ class OdbDataLoader:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
         self.progress = progress
         self.progress_stream: Any = None  # where the lines go (None: stderr, or tqdm)
+        self.summary_dir = summary_dir
         self.epoch = 0
         self._dummy_sample = dummy_sample
         self._dummy_batch: Optional[Dict[str, torch.Tensor]] = None
@@ -571,6 +576,7 @@ class OdbDataLoader:
                     break
                 info = delivery.step
                 steps_seen[0] += 1
+                self._record(epoch, info)
                 if progress is not None:
                     progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"])
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
@@ -600,6 +606,19 @@ class OdbDataLoader:
             if progress is not None:
                 progress.close()
 
+    def _record(self, epoch: int, info: Any) -> None:
+        """One step record for odb.report (summary_dir set)."""
+        if self.summary_dir is None:
+            return
+        import json
+
+        os.makedirs(self.summary_dir, exist_ok=True)
+        record = {"epoch": epoch, "rank": self.rank, "step": int(info["step_index"]), "idle": bool(info["idle"]),
+                  "real": int(info["real_tokens"]), "padded": int(info["padded_tokens"]),
+                  "lengths": [int(n) for n in info["lengths"]]}
+        with open(os.path.join(self.summary_dir, f"rank{self.rank}-epoch{epoch}.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
         self.last_summary = summary
@@ -614,6 +633,7 @@ class OdbDataLoader:
                     if not delivery.is_step:
                         self._finish_epoch(delivery.summary, dropped)
                         return
+                    self._record(delivery.step["epoch"], delivery.step)
                     if not delivery.step["idle"]:
                         raise native().OdbError(
                             f"rank {self.rank}: a real step {delivery.step['step_index']} arrived after every "
