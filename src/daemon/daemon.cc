@@ -121,10 +121,13 @@ absl::Status Daemon::Run() {
       while (read(wake_pipe_[0], drain, sizeof(drain)) > 0) {
       }
     }
+    // Connection events first: a trainer that reconnects is then judged
+    // against the session's current state.
+    if (items[2].revents & ZMQ_POLLIN) trainer_.OnMonitor();
     if (items[1].revents & ZMQ_POLLIN) {
       if (trainer_.OnReadable()) ingest_.NoteEpochRequested();
     }
-    if (items[2].revents & ZMQ_POLLIN) trainer_.OnMonitor();
+    if (trainer_.SettleContender()) ingest_.NoteEpochRequested();
     if (exchange_ && (items[3].revents & ZMQ_POLLIN)) {
       if (absl::Status s = exchange_->OnReadable(); !s.ok())
         Fail(wire::PEER_FAILURE, std::string(s.message()));

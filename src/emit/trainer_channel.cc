@@ -125,71 +125,109 @@ bool TrainerChannel::OnReadable() {
                  std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
       continue;
     }
-    if (session_.empty() || (peer != session_ && lost_since_)) {
-      if (!session_.empty() && delivered_in_epoch_ > 0) {
-        // The lost trainer had steps of an open epoch; nobody knows which it trained.
-        const std::string text =
-            "rank " + std::to_string(config_.rank) + ": a new trainer connected while epoch steps were " +
-            "delivered to a previous trainer session that disconnected (" +
-            std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(in_flight_.size()) +
-            " not acknowledged); the epoch cannot continue with a new session: restart the job "
-            "(its daemons and trainers) from a checkpoint";
-        Refuse(peer, wire::EPOCH_LOST, text);
-        fatal_ = {wire::EPOCH_LOST, text};
-        return requested;
-      }
-      if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
-      session_ = peer;
-      session_fd_ = fd;
-      lost_since_.reset();
-      credits_ = config_.outstanding_depth;
-      in_flight_.clear();
-      spdlog::info("trainer session {} started", Printable(peer));
-    } else if (peer != session_) {
-      metrics_.refused_trainers.fetch_add(1);
-      Refuse(peer, wire::SESSION_REFUSED,
-             "rank " + std::to_string(config_.rank) + " already serves trainer session " +
-                 Printable(session_) +
-                 "; one trainer per daemon (is a second training process pointed at the same odbd?)");
-      continue;
-    } else if (lost_since_ || fd != session_fd_) {
-      // The same session is back on a new connection: re-send what it may
-      // not have received (the client drops steps it already has).
-      lost_since_.reset();
-      session_fd_ = fd;
-      spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
-                   in_flight_.size());
-      for (auto& sent : in_flight_) {
-        auto copy = CopyParts(sent);
-        if (!TrySendTo(socket_, session_, copy).ok()) break;
+    if (!session_.empty() && peer != session_ && !lost_since_) {
+      OnMonitor();  // the session's close may be waiting there
+      if (!lost_since_) {
+        if (!contender_ || contender_->peer != peer) {
+          if (contender_) {  // a third peer: only one may wait
+            metrics_.refused_trainers.fetch_add(1);
+            Refuse(peer, wire::SESSION_REFUSED,
+                   "rank " + std::to_string(config_.rank) + " already serves trainer session " +
+                       Printable(session_) + "; one trainer per daemon");
+            continue;
+          }
+          contender_ = Contender{peer, fd, std::chrono::steady_clock::now(), {}};
+        }
+        if (contender_->waiting.size() < kContenderMessages) contender_->waiting.push_back(std::move(msg));
+        continue;
       }
     }
-    if (msg.has_credit()) {
-      uint32_t steps = msg.credit().steps();
-      for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
-      credits_ = std::min<uint64_t>(credits_ + steps, config_.outstanding_depth);
-    } else if (msg.has_start_epoch()) {
-      std::lock_guard<std::mutex> lock(state_.mu);
-      const uint32_t epoch = msg.start_epoch().epoch();
-      if (msg.start_epoch().expected_producers() > 0) {
-        state_.expected_producers = msg.start_epoch().expected_producers();
-      }
-      const auto& req = state_.requested_epochs;
-      constexpr size_t kMaxRequestedEpochs = 16;
-      if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
-          state_.current_epoch == epoch) {
-        spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
-      } else if (req.size() >= kMaxRequestedEpochs) {
-        metrics_.bad_trainer_messages.fetch_add(1);
-        spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                     req.size(), kMaxRequestedEpochs);
-      } else {
-        state_.requested_epochs.push_back(epoch);
-        requested = true;
-        spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
-      }
-      state_.cv.notify_all();
+    requested |= Handle(peer, fd, msg);
+  }
+  requested |= SettleContender();
+  return requested;
+}
+
+bool TrainerChannel::SettleContender() {
+  if (!contender_) return false;
+  if (!lost_since_ && std::chrono::steady_clock::now() - contender_->since < kContenderGrace) return false;
+  Contender c = std::move(*contender_);
+  contender_.reset();
+  if (!lost_since_) {
+    metrics_.refused_trainers.fetch_add(1);
+    Refuse(c.peer, wire::SESSION_REFUSED,
+           "rank " + std::to_string(config_.rank) + " already serves trainer session " + Printable(session_) +
+               "; one trainer per daemon (is a second training process pointed at the same odbd?)");
+    return false;
+  }
+  bool requested = false;
+  for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, m);
+  return requested;
+}
+
+bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg) {
+  bool requested = false;
+  if (session_.empty() || (peer != session_ && lost_since_)) {
+    if (!session_.empty() && delivered_in_epoch_ > 0) {
+      // The lost trainer had steps of an open epoch; nobody knows which it trained.
+      const std::string text =
+          "rank " + std::to_string(config_.rank) + ": a new trainer connected while epoch steps were " +
+          "delivered to a previous trainer session that disconnected (" +
+          std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(in_flight_.size()) +
+          " not acknowledged); the epoch cannot continue with a new session: restart the job "
+          "(its daemons and trainers) from a checkpoint";
+      Refuse(peer, wire::EPOCH_LOST, text);
+      fatal_ = {wire::EPOCH_LOST, text};
+      return false;
     }
+    if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+    session_ = peer;
+    session_fd_ = fd;
+    lost_since_.reset();
+    reaccepted_ = false;
+    credits_ = config_.outstanding_depth;
+    in_flight_.clear();
+    spdlog::info("trainer session {} started", Printable(peer));
+  } else if (fd != session_fd_ || reaccepted_) {
+    // The same session is back on a new connection: re-send what it may
+    // not have received (the client drops steps it already has). A message
+    // of the closed connection that was still queued (same fd, no new
+    // connection accepted since) does not revive the session.
+    lost_since_.reset();
+    reaccepted_ = false;
+    session_fd_ = fd;
+    spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
+                 in_flight_.size());
+    for (auto& sent : in_flight_) {
+      auto copy = CopyParts(sent);
+      if (!TrySendTo(socket_, session_, copy).ok()) break;
+    }
+  }
+  if (msg.has_credit()) {
+    uint32_t steps = msg.credit().steps();
+    for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
+    credits_ = std::min<uint64_t>(credits_ + steps, config_.outstanding_depth);
+  } else if (msg.has_start_epoch()) {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    const uint32_t epoch = msg.start_epoch().epoch();
+    if (msg.start_epoch().expected_producers() > 0) {
+      state_.expected_producers = msg.start_epoch().expected_producers();
+    }
+    const auto& req = state_.requested_epochs;
+    constexpr size_t kMaxRequestedEpochs = 16;
+    if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
+        state_.current_epoch == epoch) {
+      spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+    } else if (req.size() >= kMaxRequestedEpochs) {
+      metrics_.bad_trainer_messages.fetch_add(1);
+      spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
+                   req.size(), kMaxRequestedEpochs);
+    } else {
+      state_.requested_epochs.push_back(epoch);
+      requested = true;
+      spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
+    }
+    state_.cv.notify_all();
   }
   return requested;
 }
@@ -202,7 +240,8 @@ void TrainerChannel::OnMonitor() {
     int32_t value = 0;
     std::memcpy(&id, event[0].data(), sizeof(id));
     std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, sizeof(value));
-    if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty()) {
+    if (id == ZMQ_EVENT_ACCEPTED && lost_since_ && value == session_fd_) reaccepted_ = true;  // fd reused
+    if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty() && !lost_since_) {
       lost_since_ = clock_.Now();
       metrics_.trainer_disconnects.fetch_add(1);
       spdlog::info("trainer session {} disconnected", Printable(session_));

@@ -2,6 +2,7 @@
 #define ODB_EMIT_TRAINER_CHANNEL_H_
 
 #include <cstdint>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -23,7 +24,10 @@ namespace odb::emit {
 //
 // Session rules (docs/protocol.md):
 //  - One trainer per daemon. The first peer that talks becomes the session;
-//    any other peer gets a SESSION_REFUSED fatal message and nothing else.
+//    any other peer gets a SESSION_REFUSED fatal message and nothing else —
+//    after a grace of kContenderGrace, since a trainer that replaces its
+//    loader between epochs connects anew while the old connection's close may
+//    still be on its way (its messages wait meanwhile, at most 16).
 //  - Steps sent and not yet acknowledged by a credit are kept (zero-copy
 //    references). If the same session reconnects (the client keeps its routing
 //    id), they are sent again and the client drops the ones it already has.
@@ -54,6 +58,10 @@ class TrainerChannel {
   bool OnReadable();
   // Connection events of the trainer socket (liveness of the session).
   void OnMonitor();
+  // A second peer waits while the session may be closing, then takes over
+  // (the session is gone) or is refused. Returns true when an epoch was
+  // requested. Call once per loop.
+  bool SettleContender();
   // Sends queued messages while credits last.
   void Flush();
   // A fatal message when the session is lost past trainer_timeout_ms with an
@@ -74,6 +82,9 @@ class TrainerChannel {
     bool is_step = false;
   };
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
+  // One trainer message from `peer` (a frame that parsed, current version).
+  bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
+
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
 
   zmq::context_t& context_;
@@ -94,10 +105,20 @@ class TrainerChannel {
   std::string session_;  // routing id of the trainer; empty = none yet
   int session_fd_ = -1;  // its connection (from ZMQ_SRCFD)
   std::optional<Clock::TimePoint> lost_since_;
+  bool reaccepted_ = false;  // since the loss, a connection was accepted on the session's fd number
   uint64_t credits_ = 0;
   std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
   uint64_t delivered_in_epoch_ = 0;                    // steps sent since the last epoch end
   std::optional<std::pair<wire::ErrorCode, std::string>> fatal_;
+  struct Contender {
+    std::string peer;
+    int fd = -1;
+    std::chrono::steady_clock::time_point since;
+    std::vector<wire::TrainerMessage> waiting;  // at most kContenderMessages
+  };
+  std::optional<Contender> contender_;
+  static constexpr auto kContenderGrace = std::chrono::seconds(2);
+  static constexpr size_t kContenderMessages = 16;
 };
 
 }  // namespace odb::emit

@@ -466,3 +466,34 @@ def test_a_producer_that_ignores_credit_is_rejected_in_bounded_memory(tmp_path):
     finally:
         ctx.destroy(linger=0)
         d.stop()
+
+
+def test_a_trainer_that_replaces_its_consumer_between_epochs_is_served(tmp_path):
+    """A loader per epoch: the old consumer closes and the new one talks at
+    once, while the daemon may not have seen the old connection close yet. The
+    new one waits out that race (a short grace) and becomes the session; it is
+    not refused."""
+    ctx = zmq.Context()
+    d = Daemon(tmp_path)
+    try:
+        d.wait_ready()
+        for epoch in range(3):
+            t = _trainer(ctx, d)
+            t.send(_trainer_msg(credit=0))
+            t.send(_trainer_msg(start=epoch))
+            p = produce(d.ingest, f"p{epoch}", 50, seed=epoch, extra=["--epoch", str(epoch)])
+            ids = []
+            while True:
+                m = _next(t)
+                assert not m.HasField("fatal"), m.fatal.message
+                if m.HasField("epoch_end"):
+                    break
+                ids.extend(m.step.sample_ids)
+                t.send(_trainer_msg(credit=1))
+            assert finish(p)[0] == 0
+            assert sorted(ids) == list(range(50))
+            t.close()  # and the next epoch's consumer connects right away
+        assert d.proc.poll() is None
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
