@@ -184,17 +184,22 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     session_ = peer;
     session_fd_ = fd;
     lost_since_.reset();
-    reaccepted_ = false;
     credits_ = config_.outstanding_depth;
     in_flight_.clear();
     spdlog::info("trainer session {} started", Printable(peer));
-  } else if (fd != session_fd_ || reaccepted_) {
-    // The same session is back on a new connection: re-send what it may
-    // not have received (the client drops steps it already has). A message
-    // of the closed connection that was still queued (same fd, no new
-    // connection accepted since) does not revive the session.
+  } else if (lost_since_ || fd != session_fd_) {
+    // The session's id again, after its connection closed or on another
+    // one: either the same session is back on a new connection, or this is
+    // a message its closed connection had left queued. Only a connected
+    // peer can be sent to (ROUTER_MANDATORY), so an acknowledgement tells.
+    wire::DaemonMessage ack;
+    ack.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    ack.mutable_session_ack();
+    auto parts = EncodeControl(ack);
+    if (!TrySendTo(socket_, session_, parts).ok()) return false;  // a late message: still lost
+    // Back: re-send what it may not have received (the client drops the
+    // steps it already has).
     lost_since_.reset();
-    reaccepted_ = false;
     session_fd_ = fd;
     spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
                  in_flight_.size());
@@ -240,7 +245,6 @@ void TrainerChannel::OnMonitor() {
     int32_t value = 0;
     std::memcpy(&id, event[0].data(), sizeof(id));
     std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, sizeof(value));
-    if (id == ZMQ_EVENT_ACCEPTED && lost_since_ && value == session_fd_) reaccepted_ = true;  // fd reused
     if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty() && !lost_since_) {
       lost_since_ = clock_.Now();
       metrics_.trainer_disconnects.fetch_add(1);

@@ -105,7 +105,6 @@ class TrainerChannel {
   std::string session_;  // routing id of the trainer; empty = none yet
   int session_fd_ = -1;  // its connection (from ZMQ_SRCFD)
   std::optional<Clock::TimePoint> lost_since_;
-  bool reaccepted_ = false;  // since the loss, a connection was accepted on the session's fd number
   uint64_t credits_ = 0;
   std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
   uint64_t delivered_in_epoch_ = 0;                    // steps sent since the last epoch end

@@ -108,6 +108,7 @@ absl::StatusOr<Delivery> Consumer::Next() {
                                   " failed: " + e.what());
   }
   absl::StatusOr<Delivery> d = DecodeDelivery(std::move(frames), impl_->options.endpoint);
+  if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
   if (d.ok() && d->kind == Delivery::Kind::kStep) {
     // After a reconnect the daemon re-sends the steps it had no credit for;
     // the ones delivered already are dropped here (steps arrive in order).

@@ -63,6 +63,10 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
     d.summary.not_emitted_ids.assign(s.not_emitted_ids().begin(), s.not_emitted_ids().end());
     return d;
   }
+  if (message.has_session_ack()) {
+    d.kind = Delivery::Kind::kSessionAck;
+    return d;
+  }
   if (!message.has_step()) {
     return absl::DataLossError("message from the daemon carries neither a step nor an epoch end");
   }

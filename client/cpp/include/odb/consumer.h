@@ -73,7 +73,7 @@ struct EpochSummary {
 
 // What Next() returns: a step (with tensors) or the end of the epoch.
 struct Delivery {
-  enum class Kind { kStep, kEpochEnd };
+  enum class Kind { kStep, kEpochEnd, kSessionAck };  // kSessionAck: skipped by Consumer::Next
   Kind kind = Kind::kStep;
   StepInfo step;
   EpochSummary summary;
