@@ -151,15 +151,17 @@ struct RawTrainer {
     Send(m);
   }
   wire::DaemonMessage Next() {
-    std::vector<zmq::message_t> parts;
-    zmq::message_t part;
-    do {
-      REQUIRE(socket.recv(part));
-      parts.push_back(std::move(part));
-    } while (parts.back().more());
-    wire::DaemonMessage m;
-    REQUIRE(m.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size())));
-    return m;
+    while (true) {
+      std::vector<zmq::message_t> parts;
+      zmq::message_t part;
+      do {
+        REQUIRE(socket.recv(part));
+        parts.push_back(std::move(part));
+      } while (parts.back().more());
+      wire::DaemonMessage m;
+      REQUIRE(m.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size())));
+      if (!m.has_session_ack()) return m;  // the daemon checking a new session: skipped, as clients do
+    }
   }
   zmq::socket_t socket;
 };

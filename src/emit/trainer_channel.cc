@@ -142,6 +142,13 @@ bool TrainerChannel::OnReadable() {
         continue;
       }
     }
+    if (contender_ && contender_->peer == peer) {
+      // The waiting peer is through (the session closed): its held messages
+      // first, in order.
+      Contender c = std::move(*contender_);
+      contender_.reset();
+      for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, m);
+    }
     requested |= Handle(peer, fd, msg);
   }
   requested |= SettleContender();
@@ -168,6 +175,9 @@ bool TrainerChannel::SettleContender() {
 bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg) {
   bool requested = false;
   if (session_.empty() || (peer != session_ && lost_since_)) {
+    // A message a closed connection left queued must not open a session:
+    // only a connected peer can receive this acknowledgement.
+    if (!Acknowledge(peer)) return false;
     if (!session_.empty() && delivered_in_epoch_ > 0) {
       // The lost trainer had steps of an open epoch; nobody knows which it trained.
       const std::string text =
@@ -192,11 +202,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     // one: either the same session is back on a new connection, or this is
     // a message its closed connection had left queued. Only a connected
     // peer can be sent to (ROUTER_MANDATORY), so an acknowledgement tells.
-    wire::DaemonMessage ack;
-    ack.set_version(wire::PROTOCOL_VERSION_CURRENT);
-    ack.mutable_session_ack();
-    auto parts = EncodeControl(ack);
-    if (!TrySendTo(socket_, session_, parts).ok()) return false;  // a late message: still lost
+    if (!Acknowledge(session_)) return false;  // a late message: still lost
     // Back: re-send what it may not have received (the client drops the
     // steps it already has).
     lost_since_.reset();
@@ -235,6 +241,14 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     state_.cv.notify_all();
   }
   return requested;
+}
+
+bool TrainerChannel::Acknowledge(const std::string& peer) {
+  wire::DaemonMessage ack;
+  ack.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  ack.mutable_session_ack();
+  auto parts = EncodeControl(ack);
+  return TrySendTo(socket_, peer, parts).ok();
 }
 
 void TrainerChannel::OnMonitor() {

@@ -86,6 +86,8 @@ class TrainerChannel {
   bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
 
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
+  // Sends session_ack to `peer`; false when no such peer is connected.
+  bool Acknowledge(const std::string& peer);
 
   zmq::context_t& context_;
   const DaemonConfig& config_;

@@ -487,7 +487,7 @@ def test_a_trainer_that_replaces_its_consumer_between_epochs_is_served(tmp_path)
             ids = []
             while True:
                 m = _next(t)
-                assert not m.HasField("fatal"), m.fatal.message
+                assert not m.HasField("fatal"), m.fatal.message + "\n" + d.read_log()
                 if m.HasField("epoch_end"):
                     break
                 ids.extend(m.step.sample_ids)

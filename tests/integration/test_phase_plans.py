@@ -61,6 +61,8 @@ def _consume(ctx, d: Daemon) -> list[tuple[odb_pb2.Step, dict]]:
         frames = sock.recv_multipart()
         msg = odb_pb2.DaemonMessage()
         msg.ParseFromString(frames[0])
+        if msg.HasField("session_ack"):  # the daemon checking this new session: skipped, as clients do
+            continue
         assert not msg.HasField("fatal"), msg.fatal.message
         if msg.HasField("epoch_end"):
             return steps
