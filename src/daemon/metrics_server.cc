@@ -4,7 +4,7 @@
 
 namespace odb {
 
-MetricsServer::MetricsServer(const DaemonMetrics& metrics, int rank)
+MetricsServer::MetricsServer(DaemonMetrics& metrics, int rank)
     : metrics_(metrics), rank_(rank), server_(std::make_unique<httplib::Server>()) {}
 
 MetricsServer::~MetricsServer() { Stop(); }
@@ -36,7 +36,7 @@ absl::StatusOr<std::string> MetricsServer::Start(const std::string& endpoint) {
   server_->set_payload_max_length(64 << 10);
   server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
   auto handler = [this](const httplib::Request&, httplib::Response& res) {
-    const_cast<DaemonMetrics&>(metrics_).metrics_scrapes.fetch_add(1);
+    metrics_.metrics_scrapes.fetch_add(1);
     res.set_content(RenderPrometheus(metrics_, PublishedGauges(metrics_), rank_),
                     "text/plain; version=0.0.4");
   };

@@ -21,7 +21,7 @@ namespace odb {
 // daemon. Reads only atomics that the stages publish.
 class MetricsServer {
  public:
-  MetricsServer(const DaemonMetrics& metrics, int rank);
+  MetricsServer(DaemonMetrics& metrics, int rank);
   ~MetricsServer();  // stops and joins
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -32,7 +32,7 @@ class MetricsServer {
   void Stop();
 
  private:
-  const DaemonMetrics& metrics_;
+  DaemonMetrics& metrics_;  // reads the published values; counts scrapes
   int rank_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;

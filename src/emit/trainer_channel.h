@@ -73,8 +73,6 @@ class TrainerChannel {
   // Ahead of every queued step: a fatal error does not wait for credits.
   void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank);
   size_t QueuedSteps() const;
-  // Steps of the open epoch handed to the trainer (for the summary's truth).
-  bool HasSession() const { return !session_.empty(); }
 
  private:
   struct OutMessage {
