@@ -1,9 +1,9 @@
 // batching_sim: batching-policy simulator. Runs every policy of
 // bench/policies.h on length traces (generated presets and trace files) for W
 // data-parallel ranks under a step-time model, and prints per trace x policy
-// the simulated samples/s, the ratio to Standard and to the offline oracle,
-// padding, steps, IDLE rank-steps and the max/mean rank cost. See
-// docs/benchmarks.md.
+// the simulated samples/s, the ratio to Standard, the fraction of the lower
+// bounds (bench/bound.h: no schedule beats them), padding, steps, IDLE and
+// over-budget rank-steps and the max/mean rank cost. See docs/benchmarks.md.
 //
 //   bazel build -c opt //bench:batching_sim
 //   bazel-bin/bench/batching_sim --model cpu_calibrated --world 8
@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -49,19 +50,44 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
-absl::StatusOr<grouping::StepTimeModel> LoadModel(const std::string& path, const std::string& name) {
+absl::StatusOr<StepModel> LoadModel(const std::string& path, const std::string& name) {
   try {
     YAML::Node root = YAML::LoadFile(path);
     YAML::Node node = root[name];
     if (!node) return absl::NotFoundError("step model '" + name + "' not in " + path);
-    grouping::StepTimeModel m;
-    m.per_step = node["a"].as<double>();
-    m.per_padded_token = node["b"].as<double>();
-    m.per_len_sq = node["c"].as<double>();
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      if (key != "a" && key != "b" && key != "c" && key != "k" && key != "m") {
+        return absl::InvalidArgumentError(path + ": model '" + name + "': unknown key '" + key + "'");
+      }
+    }
+    StepModel m;
+    m.a = node["a"].as<double>();
+    m.b = node["b"].as<double>();
+    m.c = node["c"].as<double>();
+    m.k = node["k"] ? node["k"].as<double>() : 0.0;
+    m.m = node["m"] ? node["m"].as<double>() : 0.0;
+    for (double v : {m.a, m.b, m.c, m.k, m.m}) {
+      // The bounds need a non-negative, non-decreasing, convex cost.
+      if (!(v >= 0.0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(path + ": model '" + name + "': a, b, c, k, m must be finite and >= 0");
+      }
+    }
     return m;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(path + ": " + e.what());
   }
+}
+
+std::string Describe(const StepModel& m) {
+  std::ostringstream out;
+  out << "cost(rank step) = " << m.a << " + ";
+  if (m.m > 0) out << "max(" << m.m << ", ";
+  out << m.b << " * " << (m.k > 0 ? "(padded_tokens + " : "padded_tokens");
+  if (m.k > 0) out << m.k << ")";
+  if (m.m > 0) out << ")";
+  out << " + " << m.c << " * sum(len^2)";
+  return out.str();
 }
 
 int Main(const Options& o) {
@@ -76,27 +102,40 @@ int Main(const Options& o) {
   cfg.model = *model;
   cfg.window = o.window;
   cfg.seed = o.seed;
-  const std::vector<std::string> policies = o.policies.empty() ? PolicyNames() : Split(o.policies);
+  std::vector<std::string> policies;
+  for (const std::string& p : o.policies.empty() ? PolicyNames(o.window) : Split(o.policies)) {
+    absl::StatusOr<PolicySpec> spec = ParsePolicy(p);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "batching_sim: %s\n", std::string(spec.status().message()).c_str());
+      return 2;
+    }
+    policies.push_back(spec->Name(cfg));
+  }
 
   std::FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
   std::FILE* steps_csv = o.steps_csv.empty() ? nullptr : std::fopen(o.steps_csv.c_str(), "w");
   std::FILE* stats_csv = o.stats_csv.empty() ? nullptr : std::fopen(o.stats_csv.c_str(), "w");
   if (csv) {
     std::fprintf(csv,
-                 "trace,policy,world,model,samples,steps,idle_rank_steps,padding_fraction,sim_seconds,samples_per_s,"
-                 "vs_standard,vs_oracle,max_over_mean\n");
+                 "trace,policy,world,model,samples,steps,idle_rank_steps,over_budget_rank_steps,padding_fraction,"
+                 "sim_seconds,samples_per_s,vs_standard,of_bound,of_padded_bound,max_over_mean,bound_seconds,"
+                 "padded_bound_seconds,batch_size,p99_batch_size\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (stats_csv) std::fprintf(stats_csv, "trace,n,mean,cv,p50,p90,p99,max,short_fraction,vision_fraction,truncated,source\n");
 
   std::ostringstream md;
-  md << "Model `" << o.model << "`: cost(rank step) = " << cfg.model.per_step << " + " << cfg.model.per_padded_token
-     << " * padded_tokens + " << cfg.model.per_len_sq << " * sum(len^2); W = " << o.world << " ranks, L_max = "
-     << o.max_tokens << " (padded budget), odb window = " << o.window << ", seed " << o.seed << ".\n\n";
+  md << "Model `" << o.model << "`: " << Describe(cfg.model) << "; IDLE rank step = " << cfg.model.a
+     << "; W = " << o.world << " ranks, L_max = " << o.max_tokens << " (padded budget), window = " << o.window
+     << ", seed " << o.seed << ".\n\n"
+     << "`of bound` = bound / time, the bound no schedule beats (any layout); `of padded bound` = the exact "
+        "single-rank padded optimum / W over time, which no padded schedule beats (n/a: packing computes on "
+        "rows, and a schedule over budget is outside both bounds). docs/benchmarks.md has the proofs.\n\n";
   std::ostringstream stats_md;
   stats_md << "| trace | samples | mean | CV | p50 | p90 | p99 | max | short (<" << o.max_tokens / 16
            << ") | with image | truncated | source |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::ostringstream tables;
+  int violations = 0;
 
   for (size_t ti = 0; ti < Split(o.traces).size(); ++ti) {
     const std::string spec = Split(o.traces)[ti];
@@ -113,7 +152,7 @@ int Main(const Options& o) {
     std::vector<SampleLengths> arrival = trace->samples;
     std::shuffle(arrival.begin(), arrival.end(), std::mt19937_64(o.seed * 7919 + ti));
     const TraceStats st = MeasureTrace(*trace, o.max_tokens / 16);
-    char line[512];
+    char line[768];
     std::snprintf(line, sizeof line, "| %s | %zu | %.0f | %.2f | %u | %u | %u | %u | %.1f%% | %.0f%% | %zu | %s |\n",
                   trace->name.c_str(), st.n, st.mean, st.cv, st.p50, st.p90, st.p99, st.max,
                   100 * st.short_fraction, 100 * st.vision_fraction, trace->truncated, trace->source.c_str());
@@ -125,6 +164,7 @@ int Main(const Options& o) {
     }
     std::fprintf(stderr, "batching_sim: %s: %zu samples, mean %.0f, CV %.2f, max %u\n", trace->name.c_str(), st.n,
                  st.mean, st.cv, st.max);
+    const Bounds bounds = LowerBounds(arrival, cfg.budget, cfg.model, cfg.world);
 
     std::map<std::string, Metrics> results;
     for (const std::string& p : policies) {
@@ -134,7 +174,7 @@ int Main(const Options& o) {
                      std::string(schedule.status().message()).c_str());
         return 3;
       }
-      Metrics m = Evaluate(*schedule, cfg.model);
+      Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
       if (m.samples != arrival.size()) {
         std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(), trace->name.c_str(),
                      static_cast<unsigned long>(m.samples), arrival.size());
@@ -143,25 +183,49 @@ int Main(const Options& o) {
       results[p] = std::move(m);
     }
     const double standard = results.count("standard") ? results["standard"].samples_per_s() : 0.0;
-    const double oracle = results.count("oracle") ? results["oracle"].samples_per_s() : 0.0;
-    tables << "\n#### " << trace->name << " (fixed batch size for standard/sorted/length_grouped: "
-           << FixedBatchSize(arrival, cfg.budget) << ")\n\n"
-           << "| policy | samples/s | vs standard | vs oracle | padding | steps | idle rank-steps | max/mean rank cost |\n"
-           << "|---|---|---|---|---|---|---|---|\n";
+    const uint32_t batch = FixedBatchSize(arrival, cfg.budget);
+    const uint32_t p99_batch = P99BatchSize(arrival, cfg.budget);
+    tables << "\n#### " << trace->name << "\n\n"
+           << "Batch size of standard/sorted/length_grouped: " << batch << " (the largest that fits the longest sample, "
+           << st.max << " tokens); standard_p99: " << p99_batch << " (fits the 99th percentile, " << st.p99
+           << " tokens). Bound: " << bounds.any_layout << " (at least " << bounds.min_rank_steps
+           << " rank steps); padded bound: " << bounds.padded << " (" << bounds.padded_groups << " groups).\n\n"
+           << "| policy | samples/s | vs standard | of bound | of padded bound | padding | steps | idle rank-steps | "
+              "over-budget rank-steps | max/mean rank cost |\n"
+           << "|---|---|---|---|---|---|---|---|---|---|\n";
     for (const std::string& p : policies) {
       const Metrics& m = results[p];
       const double sps = m.samples_per_s();
       const double vs_std = standard > 0 ? sps / standard : 0.0;
-      const double vs_orc = oracle > 0 ? sps / oracle : 0.0;
-      std::snprintf(line, sizeof line, "| %s | %.2f | %.3f | %.3f | %.1f%% | %lu | %lu | %.3f |\n", p.c_str(), sps,
-                    vs_std, vs_orc, 100 * m.padding_fraction(), static_cast<unsigned long>(m.steps),
-                    static_cast<unsigned long>(m.idle_rank_steps), m.max_over_mean());
+      const double of_bound = m.time > 0 ? bounds.any_layout / m.time : 0.0;
+      const bool padded_policy = p != "packing" && m.over_budget_rank_steps == 0;
+      const double of_padded = padded_policy && m.time > 0 ? bounds.padded / m.time : 0.0;
+      // The bounds hold for every schedule within the budget: a fraction above
+      // 1 is a bug in a bound or in a policy, never a result.
+      const double slack = 1e-9;
+      if (m.over_budget_rank_steps == 0 && (of_bound > 1 + slack || of_padded > 1 + slack)) {
+        std::fprintf(stderr, "batching_sim: BOUND VIOLATED: %s on %s: time %.9g, bound %.9g, padded bound %.9g\n",
+                     p.c_str(), trace->name.c_str(), m.time, bounds.any_layout, bounds.padded);
+        ++violations;
+      }
+      char padded_cell[32];
+      if (padded_policy) {
+        std::snprintf(padded_cell, sizeof padded_cell, "%.3f", of_padded);
+      } else {
+        std::snprintf(padded_cell, sizeof padded_cell, "n/a");
+      }
+      std::snprintf(line, sizeof line, "| %s | %.4g | %.3f | %.3f | %s | %.1f%% | %lu | %lu | %lu | %.3f |\n", p.c_str(),
+                    sps, vs_std, of_bound, padded_cell, 100 * m.padding_fraction(), static_cast<unsigned long>(m.steps),
+                    static_cast<unsigned long>(m.idle_rank_steps), static_cast<unsigned long>(m.over_budget_rank_steps),
+                    m.max_over_mean());
       tables << line;
       if (csv) {
-        std::fprintf(csv, "%s,%s,%d,%s,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%.6f\n", trace->name.c_str(), p.c_str(),
-                     o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
+        std::fprintf(csv, "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u\n",
+                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
                      static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
-                     m.padding_fraction(), m.time, sps, vs_std, vs_orc, m.max_over_mean());
+                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
+                     of_bound, padded_policy ? std::to_string(of_padded).c_str() : "", m.max_over_mean(),
+                     bounds.any_layout, bounds.padded, batch, p99_batch);
       }
       if (steps_csv) {
         for (size_t k = 0; k < m.step_costs.size(); ++k) {
@@ -176,7 +240,7 @@ int Main(const Options& o) {
   for (std::FILE* f : {csv, steps_csv, stats_csv}) {
     if (f) std::fclose(f);
   }
-  return 0;
+  return violations ? 5 : 0;
 }
 
 }  // namespace
@@ -186,11 +250,11 @@ int main(int argc, char** argv) {
   odb::bench::Options o;
   CLI::App app{"batching_sim: batching policies on length traces under a step-time model"};
   app.add_option("--traces", o.traces, "comma list of presets and/or trace files");
-  app.add_option("--policies", o.policies, "comma list (default: all)");
+  app.add_option("--policies", o.policies, "comma list of policy specs (default: all; see bench/policies.h)");
   app.add_option("--samples", o.samples, "samples per generated trace");
   app.add_option("--world", o.world, "data-parallel ranks W");
   app.add_option("--max-tokens", o.max_tokens, "L_max: padded tokens per rank step");
-  app.add_option("--window", o.window, "odb/reference window per rank");
+  app.add_option("--window", o.window, "odb/reference window per rank (specs without :wN)");
   app.add_option("--models-file", o.models_file, "step-time models (YAML)");
   app.add_option("--model", o.model, "model name in --models-file");
   app.add_option("--seed", o.seed);

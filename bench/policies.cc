@@ -55,6 +55,14 @@ std::vector<Batch> Chunks(const std::vector<SampleLengths>& samples, size_t size
 
 bool ByTokens(const SampleLengths& a, const SampleLengths& b) { return a.tokens < b.tokens; }
 
+// Length order, so the W batches of a step are alike (best case for balance).
+void SortLongestFirst(std::vector<Batch>& batches) {
+  std::stable_sort(batches.begin(), batches.end(), [](const Batch& a, const Batch& b) {
+    return std::max_element(a.begin(), a.end(), ByTokens)->tokens >
+           std::max_element(b.begin(), b.end(), ByTokens)->tokens;
+  });
+}
+
 std::vector<Batch> BatchesOf(const std::vector<SampleLengths>& samples, std::vector<grouping::Group> groups) {
   std::vector<Batch> batches;
   batches.reserve(groups.size());
@@ -63,11 +71,7 @@ std::vector<Batch> BatchesOf(const std::vector<SampleLengths>& samples, std::vec
     for (size_t i : g.members) b.push_back(samples[i]);
     batches.push_back(std::move(b));
   }
-  // Length order, so the W batches of a step are alike (best case for balance).
-  std::stable_sort(batches.begin(), batches.end(), [](const Batch& a, const Batch& b) {
-    return std::max_element(a.begin(), a.end(), ByTokens)->tokens >
-           std::max_element(b.begin(), b.end(), ByTokens)->tokens;
-  });
+  SortLongestFirst(batches);
   return batches;
 }
 
@@ -117,7 +121,7 @@ std::vector<std::vector<SampleLengths>> Shares(const std::vector<SampleLengths>&
 // to its buffer; a rank with G_r < T splits its longest-sample multi-sample
 // group one sample at a time into singletons; same-seed shuffle of group
 // order on every rank; ranks without groups run IDLE steps.
-Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig& cfg) {
+Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig& cfg, uint32_t window) {
   const int world = cfg.world;
   const auto shares = Shares(arrival, world);
   std::vector<size_t> next(world, 0);
@@ -126,7 +130,7 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
   for (uint64_t round = 0;; ++round) {
     bool anything = false;
     for (int r = 0; r < world; ++r) {
-      while (pending[r].size() < cfg.window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      while (pending[r].size() < window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
       anything |= !pending[r].empty();
     }
     if (!anything) break;
@@ -195,20 +199,24 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
 // or balance::GlobalPlanner for `alignment.planner: global`) exactly as the
 // daemon drives it (src/daemon/daemon.cc RunOneRound + align::Aligner): each
 // rank's pending list in arrival order, topped up to the window before each
-// round (a producer at least as fast as the trainer), `free_slots` credits,
+// round (a producer at least as fast as the trainer), free slots from
+// emit.queue_steps (all of them every round, or paced: see PolicySpec),
 // stream_finished once a rank's share has fully arrived, the consecutive
-// waiting-round counter the Aligner keeps; Join mode.
+// waiting-round counter the Aligner keeps; Join mode. The planner is given
+// the model's linear part (StepModel::PlannerModel), as a user would set
+// grouping.step_time.
 absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const SimConfig& cfg,
-                                bool global = false) {
+                                const PolicySpec& spec) {
   const int world = cfg.world;
+  const uint32_t window = spec.window ? spec.window : cfg.window;
   align::PlannerConfig pc;
   pc.budget = cfg.budget;
-  pc.step_model = cfg.model;
+  pc.step_model = cfg.model.PlannerModel();
   pc.mode = align::EpochMode::kJoin;
   pc.seed = cfg.seed;
-  pc.window = cfg.window;
+  pc.window = window;
   std::unique_ptr<align::Planner> planner;
-  if (global) {
+  if (spec.global) {
     balance::GlobalPlannerConfig g;
     g.base = pc;
     g.locality = 0.0;
@@ -216,6 +224,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   } else {
     planner = std::make_unique<align::LocalPlanner>(pc);
   }
+  const uint32_t queue = spec.queue_steps == 0 ? (1u << 20) : spec.queue_steps;
+  uint32_t free_slots = queue;
   std::vector<std::vector<SampleMeta>> shares(world);
   for (size_t i = 0; i < arrival.size(); ++i) {
     const int r = static_cast<int>(i % world);
@@ -237,10 +247,10 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     state.first_step = first_step;
     state.ranks.resize(world);
     for (int r = 0; r < world; ++r) {
-      while (pending[r].size() < cfg.window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      while (pending[r].size() < window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
       align::RankRound& rr = state.ranks[r];
       rr.pending = pending[r];
-      rr.free_slots = cfg.free_slots;
+      rr.free_slots = free_slots;
       rr.stream_finished = next[r] == shares[r].size();
       rr.wait_rounds = wait_rounds;
     }
@@ -261,6 +271,14 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     }
     first_step += plan.num_steps;
     if (plan.epoch_finished) break;
+    if (spec.paced > 0 && spec.queue_steps != 0) {
+      // The round queued num_steps. The next round fires as soon as `paced`
+      // slots are free (Daemon::RoundDue: one); until then the trainer takes
+      // steps off the queue, one at a time.
+      const uint32_t queued = std::min(queue, queue - free_slots + plan.num_steps);
+      const uint32_t fire_at = queue - std::min(queue, spec.paced);  // queued steps at which a round fires
+      free_slots = queue - std::min(queued, fire_at);
+    }
     // The daemon's buffer keeps arrival order; emitted samples leave it.
     for (int r = 0; r < world; ++r) {
       const auto& keep = plan.ranks[r].keep_pending;
@@ -289,50 +307,131 @@ uint32_t FixedBatchSize(const std::vector<SampleLengths>& samples, const groupin
   return static_cast<uint32_t>(std::max<uint64_t>(1, budget.max_tokens / longest));
 }
 
-std::vector<std::string> PolicyNames() {
-  return {"standard", "sorted",     "length_grouped", "packing", "reference_odb",
-          "odb",      "odb_queue32", "odb_global",   "oracle",  "oracle_dp"};
+uint32_t P99BatchSize(const std::vector<SampleLengths>& samples, const grouping::Budget& budget) {
+  if (samples.empty()) return 1;
+  std::vector<uint32_t> lens;
+  lens.reserve(samples.size());
+  for (const SampleLengths& s : samples) lens.push_back(s.tokens);
+  std::sort(lens.begin(), lens.end());
+  // The same percentile as MeasureTrace (bench/trace.cc).
+  const uint32_t p99 = std::max<uint32_t>(1, lens[std::min(lens.size() - 1, static_cast<size_t>(0.99 * lens.size()))]);
+  return static_cast<uint32_t>(std::max<uint64_t>(1, budget.max_tokens / p99));
+}
+
+std::string PolicySpec::Name(const SimConfig& config) const {
+  if (base == "reference_odb") return base + ":w" + std::to_string(window ? window : config.window);
+  if (base != "odb") return base;
+  return std::string("odb:") + (global ? "global" : "local") + ":q" +
+         (queue_steps == 0 ? std::string("inf") : std::to_string(queue_steps)) + ":w" +
+         std::to_string(window ? window : config.window) +
+         (paced == 0 ? "" : paced == 1 ? ":paced" : ":paced" + std::to_string(paced));
+}
+
+absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
+  PolicySpec spec;
+  std::vector<std::string> parts;
+  size_t from = 0;
+  while (true) {
+    const size_t colon = text.find(':', from);
+    parts.push_back(text.substr(from, colon == std::string::npos ? std::string::npos : colon - from));
+    if (colon == std::string::npos) break;
+    from = colon + 1;
+  }
+  spec.base = parts[0];
+  static const char* kPlain[] = {"standard", "standard_p99", "sorted",    "length_grouped",
+                                 "packing",  "sorted_greedy", "offline_dp"};
+  const bool plain = std::find(std::begin(kPlain), std::end(kPlain), spec.base) != std::end(kPlain);
+  if (!plain && spec.base != "odb" && spec.base != "reference_odb") {
+    return absl::InvalidArgumentError("unknown policy '" + text + "'");
+  }
+  auto number = [](const std::string& digits, uint32_t& out) {
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    out = static_cast<uint32_t>(std::stoul(digits));
+    return out > 0;
+  };
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& opt = parts[i];
+    bool ok = false;
+    if (!plain && opt.size() > 1 && opt[0] == 'w') ok = number(opt.substr(1), spec.window);
+    if (spec.base == "odb") {
+      if (opt == "local" || opt == "global") {
+        spec.global = opt == "global";
+        ok = true;
+      } else if (opt == "qinf") {
+        spec.queue_steps = 0;
+        ok = true;
+      } else if (opt == "paced") {
+        spec.paced = 1;
+        ok = true;
+      } else if (opt.rfind("paced", 0) == 0) {
+        ok = number(opt.substr(5), spec.paced);
+      } else if (opt.size() > 1 && opt[0] == 'q') {
+        ok = number(opt.substr(1), spec.queue_steps);
+      }
+    }
+    if (!ok) return absl::InvalidArgumentError("policy '" + text + "': bad option '" + opt + "'");
+  }
+  return spec;
+}
+
+std::vector<std::string> PolicyNames(uint32_t window) {
+  const std::string w = ":w" + std::to_string(window);
+  return {"standard",
+          "standard_p99",
+          "sorted",
+          "length_grouped",
+          "packing",
+          "reference_odb:w16",
+          "reference_odb" + w,
+          "odb:local:q32" + w,
+          "odb:local:q32" + w + ":paced",
+          "odb:local:qinf" + w,
+          "odb:global:q32" + w,
+          "odb:global:q32" + w + ":paced",
+          "odb:global:qinf" + w,
+          "sorted_greedy",
+          "offline_dp"};
 }
 
 absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<SampleLengths>& arrival,
                                    const SimConfig& cfg) {
+  absl::StatusOr<PolicySpec> spec = ParsePolicy(policy);
+  if (!spec.ok()) return spec.status();
+  const std::string& base = spec->base;
   const grouping::CostModel cm = cfg.budget.model;
   const uint32_t b = FixedBatchSize(arrival, cfg.budget);
-  if (policy == "standard") return FromBatches(Chunks(arrival, b), cfg.world, cm);
-  if (policy == "sorted") {
+  if (base == "standard") return FromBatches(Chunks(arrival, b), cfg.world, cm);
+  if (base == "standard_p99") return FromBatches(Chunks(arrival, P99BatchSize(arrival, cfg.budget)), cfg.world, cm);
+  if (base == "sorted") {
     std::vector<SampleLengths> sorted = arrival;
     std::stable_sort(sorted.begin(), sorted.end(), ByTokens);
     return FromBatches(Chunks(sorted, b), cfg.world, cm);
   }
-  if (policy == "length_grouped") return FromBatches(LengthGrouped(arrival, b), cfg.world, cm);
-  if (policy == "packing") {
+  if (base == "length_grouped") return FromBatches(LengthGrouped(arrival, b), cfg.world, cm);
+  if (base == "packing") {
     return FromBatches(FirstFitRows(arrival, cfg.budget.max_tokens), cfg.world, grouping::CostModel::kPacked,
                        cfg.budget.max_tokens);
   }
-  if (policy == "oracle") {
+  if (base == "sorted_greedy") {
     return FromBatches(BatchesOf(arrival, grouping::GreedyFewestSteps(arrival, cfg.budget)), cfg.world, cm);
   }
-  if (policy == "oracle_dp") {
-    return FromBatches(BatchesOf(arrival, grouping::FormGroups(arrival, cfg.budget, cfg.model)), cfg.world, cm);
+  if (base == "offline_dp") {
+    std::vector<Batch> batches = OptimalPaddedGroups(arrival, cfg.budget, cfg.model);
+    SortLongestFirst(batches);
+    return FromBatches(batches, cfg.world, cm);
   }
-  if (policy == "reference_odb") return RunReference(arrival, cfg);
-  if (policy == "odb") return RunOdb(arrival, cfg);
-  if (policy == "odb_global") return RunOdb(arrival, cfg, /*global=*/true);
-  if (policy == "odb_queue32") {
-    SimConfig c = cfg;
-    c.free_slots = 32;  // the daemon's default emit.queue_steps
-    return RunOdb(arrival, c);
-  }
-  return absl::InvalidArgumentError("unknown policy '" + policy + "'");
+  if (base == "reference_odb") return RunReference(arrival, cfg, spec->window ? spec->window : cfg.window);
+  return RunOdb(arrival, cfg, *spec);
 }
 
-double RankCost(const grouping::StepTimeModel& model, const RankStep& step) {
-  if (step.idle) return model.per_step;
-  return model.per_step + model.per_padded_token * static_cast<double>(step.padded_tokens) +
-         model.per_len_sq * step.sum_len_sq;
+double RankCost(const StepModel& model, const RankStep& step) {
+  if (step.idle) return model.a;
+  return model.Step(static_cast<double>(step.padded_tokens), step.sum_len_sq);
 }
 
-Metrics Evaluate(const Schedule& schedule, const grouping::StepTimeModel& model) {
+Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens) {
   Metrics m;
   m.steps = schedule.size();
   m.step_costs.reserve(schedule.size());
@@ -346,6 +445,7 @@ Metrics Evaluate(const Schedule& schedule, const grouping::StepTimeModel& model)
       m.samples += s.samples;
       m.real_tokens += s.real_tokens;
       if (!s.idle) m.padded_tokens += s.padded_tokens;
+      if (!s.idle && max_tokens != 0 && s.padded_tokens > max_tokens) ++m.over_budget_rank_steps;
     }
     m.time += worst;
     m.mean_rank_time += step.empty() ? 0.0 : sum / step.size();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/bound.h"
 #include "src/common/sample.h"
 #include "src/grouping/budget.h"
 
@@ -26,28 +27,64 @@ using Schedule = std::vector<std::vector<RankStep>>;
 
 struct SimConfig {
   int world = 8;
-  grouping::Budget budget;           // padded, L_max = 4096 unless changed
-  grouping::StepTimeModel model;     // the simulator's step-time model
-  uint32_t window = 256;             // odb and reference: samples per rank per round
-  uint32_t free_slots = 1u << 20;    // odb: emitter credit seen by the planner
+  grouping::Budget budget;  // padded, L_max = 4096 unless changed
+  StepModel model;          // the simulator's step-time model (bench/bound.h)
+  uint32_t window = 256;    // odb and reference specs without ":wN": samples per rank per round
   uint64_t seed = 1;
 };
 
+// A policy is named by a spec: a base name, then options separated by ':'.
+//   standard, standard_p99, sorted, length_grouped, packing,
+//   sorted_greedy, offline_dp                     (no options)
+//   reference_odb[:wN]                            window N per rank
+//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN]   the daemon's planners
+// odb options: planner (alignment.planner, default local), qN = emit.queue_steps
+// (free output slots a round sees; qinf = unbounded; default 32), wN =
+// grouping.window (default SimConfig::window). Pacing: without it every round
+// sees all N slots free (a trainer faster than the daemon drains the queue).
+// :paced models a trainer slower than the daemon (any real accelerator job):
+// the first round sees N free slots, and a round fires as soon as one slot is
+// free (Daemon::RoundDue), so in steady state every round plans one step.
+// :pacedR is the same with rounds held until R slots are free (a daemon change
+// this simulator evaluates; the daemon has no such knob).
+struct PolicySpec {
+  std::string base;
+  bool global = false;
+  uint32_t queue_steps = 32;  // 0 = unbounded
+  uint32_t window = 0;        // 0 = SimConfig::window
+  uint32_t paced = 0;         // 0 = not paced; R = a round fires once R slots are free
+  // Canonical spelling, every option explicit for odb and reference_odb
+  // (e.g. "odb:local:q32:w256").
+  std::string Name(const SimConfig& config) const;
+};
+absl::StatusOr<PolicySpec> ParsePolicy(const std::string& spec);
+
+// The default policy list for a window W0: the baselines, the reference rule
+// at its published default window 16 and at W0, odb with the daemon's
+// defaults (local, queue 32) drained and paced, with an unbounded queue, and
+// the same three for the global planner, then the offline policies.
+std::vector<std::string> PolicyNames(uint32_t window = 256);
+
 // The policies. `arrival` is the trace in arrival order (already shuffled).
-// Batch-list policies (standard, sorted, length_grouped, oracle, oracle_dp,
-// packing) form one global list of batches; step k gives batches
-// k*W .. k*W+W-1 to ranks 0..W-1 (the last step may leave ranks IDLE).
-std::vector<std::string> PolicyNames();
+// Batch-list policies (standard, standard_p99, sorted, length_grouped,
+// packing, sorted_greedy, offline_dp) form one global list of batches; step k
+// gives batches k*W .. k*W+W-1 to ranks 0..W-1 (the last step may leave ranks
+// IDLE).
 absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<SampleLengths>& arrival,
                                    const SimConfig& config);
 
-// Standard/sorted fixed batch size: the largest that fits the longest sample.
+// Standard/sorted fixed batch size: the largest that fits the longest sample
+// (never over budget).
 uint32_t FixedBatchSize(const std::vector<SampleLengths>& samples, const grouping::Budget& budget);
+// The batch size a user would pick for the 99th-percentile length:
+// floor(L_max / p99) (batches holding a longer sample exceed the budget).
+uint32_t P99BatchSize(const std::vector<SampleLengths>& samples, const grouping::Budget& budget);
 
 struct Metrics {
   uint64_t samples = 0;
   uint64_t steps = 0;
   uint64_t idle_rank_steps = 0;
+  uint64_t over_budget_rank_steps = 0;  // padded tokens above L_max (an OOM on a real accelerator)
   uint64_t real_tokens = 0;
   uint64_t padded_tokens = 0;
   double time = 0.0;          // sum over steps of the slowest rank's cost
@@ -60,9 +97,10 @@ struct Metrics {
   std::vector<double> step_costs;  // slowest rank's cost per step
 };
 
-// Step cost of one rank: a + b * padded + c * sum(len^2); an IDLE step costs a.
-double RankCost(const grouping::StepTimeModel& model, const RankStep& step);
-Metrics Evaluate(const Schedule& schedule, const grouping::StepTimeModel& model);
+// Step cost of one rank under the model; an IDLE step costs a.
+double RankCost(const StepModel& model, const RankStep& step);
+// `max_tokens` (0 = none) only counts over-budget rank steps.
+Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens = 0);
 
 }  // namespace odb::bench
 

@@ -1,0 +1,82 @@
+#ifndef ODB_BENCH_BOUND_H_
+#define ODB_BENCH_BOUND_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "src/common/sample.h"
+#include "src/grouping/budget.h"
+
+namespace odb::bench {
+
+// The simulator's step-time model (bench/step_models.yaml), per rank and step:
+//
+//   cost(rank step) = a + max(m, b * (padded + k)) + c * sum(len^2)
+//   cost(IDLE rank step) = a
+//
+// a: per-step cost that compute cannot hide (optimizer, exposed collectives);
+// b: compute time per token at full utilization; k: utilization half-point in
+// tokens per step (compute runs at efficiency eff(p) = p / (p + k), so it takes
+// b * p / eff(p) = b * (p + k)); m: a floor under the compute part (the
+// communication overlapped with compute, or the weights' HBM traffic: a step
+// never finishes before it); c: attention, per squared real sample length.
+// g(p) = max(m, b * (p + k)) is non-decreasing and convex in p, which is all
+// the bounds below rely on. With k = m = 0 this is the original
+// a + b * padded + c * sum(len^2).
+struct StepModel {
+  double a = 512.0;
+  double b = 1.0;
+  double c = 0.0;
+  double k = 0.0;
+  double m = 0.0;
+
+  // The compute part g(p) for p tokens computed on.
+  double Compute(double padded_tokens) const;
+  // Cost of a non-idle rank step.
+  double Step(double padded_tokens, double sum_len_sq) const {
+    return a + Compute(padded_tokens) + c * sum_len_sq;
+  }
+  // The linear model the daemon's planner is given (grouping.step_time): the
+  // efficiency curve folded into the per-step term, the floor m left out
+  // (a + b * (p + k) = (a + b * k) + b * p exactly; the floor only binds for
+  // steps far below the budget).
+  grouping::StepTimeModel PlannerModel() const;
+};
+
+// Lower bounds on the simulated time (sum over steps of the slowest rank's
+// cost) of ANY schedule of `samples` on `world` ranks whose rank steps respect
+// the token budget L = budget.max_tokens. docs/benchmarks.md, "The bound",
+// has the proofs.
+struct Bounds {
+  // Exact minimum over all partitions of the samples into padded groups
+  // (n * longest <= L, and max_group_size when set) of sum over groups of
+  // a + g(n * longest) + c * sum(len^2), divided by W. No schedule of padded
+  // batches beats it (standard, sorted, length-grouped, reference ODB, odb,
+  // the offline policies).
+  double padded = 0.0;
+  uint64_t padded_groups = 0;  // groups of that optimum
+  // Relaxation over every layout that computes on at least the real tokens of
+  // a rank step holding at most L of them (padded, packed rows, varlen): with
+  // G >= G_min rank steps (G_min: Martello-Toth L2 bin-packing bound),
+  // min_G [G * a + G * g(total / G)] + c * sum(len^2), divided by W. No
+  // schedule at all beats it, packing included. Always <= padded.
+  double any_layout = 0.0;
+  uint64_t min_rank_steps = 0;  // G_min
+};
+
+Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
+                   const StepModel& model, int world);
+
+// The groups of the exact padded optimum (samples by value, each group a run
+// of the samples sorted by length), for the `offline_dp` policy.
+std::vector<std::vector<SampleLengths>> OptimalPaddedGroups(const std::vector<SampleLengths>& samples,
+                                                            const grouping::Budget& budget,
+                                                            const StepModel& model);
+
+// Martello-Toth L2 lower bound on the number of bins of capacity `capacity`
+// holding items of the given sizes (each <= capacity).
+uint64_t BinPackingLowerBound(std::vector<uint64_t> sizes, uint64_t capacity);
+
+}  // namespace odb::bench
+
+#endif  // ODB_BENCH_BOUND_H_
