@@ -80,8 +80,8 @@ std::string FdTarget(int fd) {
 
 absl::Status CheckLiveness(const ArenaHeader& h, const std::string& name) {
   if (!IsProcessAlive(h.creator_pid, h.creator_start_ticks)) {
-    return absl::FailedPreconditionError(name + ": stale arena: its creator pid " + std::to_string(h.creator_pid) +
-                                         " is no longer running");
+    return absl::FailedPreconditionError(name + ": stale arena: its creator pid " +
+                                         std::to_string(h.creator_pid) + " is no longer running");
   }
   return absl::OkStatus();
 }
@@ -143,13 +143,14 @@ absl::Status ValidateArenaHeader(const ArenaHeader& h, uint64_t file_size, uid_t
                                       std::to_string(kArenaHeaderBytes) + ")");
   }
   if (h.magic == 0) {
-    return absl::FailedPreconditionError(name +
-                                         ": not initialised (magic 0): its creator is still building it or died "
-                                         "doing so");
+    return absl::FailedPreconditionError(
+        name +
+        ": not initialised (magic 0): its creator is still building it or died "
+        "doing so");
   }
   if (h.magic != kArenaMagic) {
-    return absl::InvalidArgumentError(name + ": not an odb arena (magic 0x" + Hex16(h.magic) + ", expected 0x" +
-                                      Hex16(kArenaMagic) + ")");
+    return absl::InvalidArgumentError(name + ": not an odb arena (magic 0x" + Hex16(h.magic) +
+                                      ", expected 0x" + Hex16(kArenaMagic) + ")");
   }
   if (h.layout_version != kArenaLayoutVersion) {
     return absl::InvalidArgumentError(name + ": arena layout version " + std::to_string(h.layout_version) +
@@ -161,21 +162,24 @@ absl::Status ValidateArenaHeader(const ArenaHeader& h, uint64_t file_size, uid_t
                                        ": not our segment, refused");
   }
   if (h.total_bytes != file_size) {
-    return absl::InvalidArgumentError(name + ": size mismatch: the header says " + std::to_string(h.total_bytes) +
-                                      " bytes, the file has " + std::to_string(file_size));
+    return absl::InvalidArgumentError(name + ": size mismatch: the header says " +
+                                      std::to_string(h.total_bytes) + " bytes, the file has " +
+                                      std::to_string(file_size));
   }
   const uint64_t cap = h.cq_capacity;
-  const bool layout_ok = h.header_bytes == kArenaHeaderBytes && h.block_alignment == kBlockAlignment && cap != 0 &&
-                         (cap & (cap - 1)) == 0 && h.cq_offset >= kArenaHeaderBytes &&
-                         h.data_offset >= h.cq_offset && h.data_offset - h.cq_offset >= cap * sizeof(CompletionEntry) &&
-                         h.data_offset % kBlockAlignment == 0 && h.cq_offset % alignof(CompletionEntry) == 0 &&
-                         h.data_offset <= h.total_bytes && h.data_bytes == h.total_bytes - h.data_offset &&
-                         h.data_bytes % kBlockAlignment == 0 && h.creator_pid > 0 && h.generation != 0;
+  const bool layout_ok =
+      h.header_bytes == kArenaHeaderBytes && h.block_alignment == kBlockAlignment && cap != 0 &&
+      (cap & (cap - 1)) == 0 && h.cq_offset >= kArenaHeaderBytes && h.data_offset >= h.cq_offset &&
+      h.data_offset - h.cq_offset >= cap * sizeof(CompletionEntry) && h.data_offset % kBlockAlignment == 0 &&
+      h.cq_offset % alignof(CompletionEntry) == 0 && h.data_offset <= h.total_bytes &&
+      h.data_bytes == h.total_bytes - h.data_offset && h.data_bytes % kBlockAlignment == 0 &&
+      h.creator_pid > 0 && h.generation != 0;
   if (!layout_ok) {
     return absl::InvalidArgumentError(
-        name + ": corrupt arena layout (header " + std::to_string(h.header_bytes) + " bytes, completion queue " +
-        std::to_string(cap) + " entries at " + std::to_string(h.cq_offset) + ", data " + std::to_string(h.data_bytes) +
-        " bytes at " + std::to_string(h.data_offset) + ", total " + std::to_string(h.total_bytes) + ")");
+        name + ": corrupt arena layout (header " + std::to_string(h.header_bytes) +
+        " bytes, completion queue " + std::to_string(cap) + " entries at " + std::to_string(h.cq_offset) +
+        ", data " + std::to_string(h.data_bytes) + " bytes at " + std::to_string(h.data_offset) + ", total " +
+        std::to_string(h.total_bytes) + ")");
   }
   if (options.expected_generation != 0 && h.generation != options.expected_generation) {
     return absl::InvalidArgumentError(name + ": generation 0x" + Hex16(h.generation) + ", expected 0x" +
@@ -200,8 +204,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   const uint64_t cq_offset = RoundUp(kArenaHeaderBytes, page);
   const uint64_t data_offset = cq_offset + RoundUp(uint64_t{cq_capacity} * sizeof(CompletionEntry), page);
   if (options.capacity_bytes > (uint64_t{1} << 46)) {
-    return absl::InvalidArgumentError("Arena::Create: capacity_bytes " + std::to_string(options.capacity_bytes) +
-                                      " is beyond 64 TiB");
+    return absl::InvalidArgumentError("Arena::Create: capacity_bytes " +
+                                      std::to_string(options.capacity_bytes) + " is beyond 64 TiB");
   }
   const uint64_t data_bytes = RoundUp(options.capacity_bytes, page);
   const uint64_t total = data_offset + data_bytes;
@@ -258,7 +262,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   }
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(arena->name_ + ": mmap of " + std::to_string(total) + " bytes: " + Errno(errno));
+    return absl::ResourceExhaustedError(arena->name_ + ": mmap of " + std::to_string(total) +
+                                        " bytes: " + Errno(errno));
   }
   arena->base_ = static_cast<std::byte*>(base);
   arena->total_bytes_ = total;
@@ -295,7 +300,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Attach(const std::string& path, co
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::AttachFd(int fd, const AttachOptions& options) {
   const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return absl::InvalidArgumentError("fd " + std::to_string(fd) + ": cannot duplicate: " + Errno(errno));
+  if (dup < 0)
+    return absl::InvalidArgumentError("fd " + std::to_string(fd) + ": cannot duplicate: " + Errno(errno));
   const std::string target = FdTarget(dup);
   const std::string name = "fd " + std::to_string(fd) + (target.empty() ? "" : " (" + target + ")");
   // A memfd is ours to map only if its creator can no longer shrink it under
@@ -316,8 +322,10 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::MapValidated(UniqueFd fd, std::str
   if (::fstat(fd.get(), &st) != 0) return absl::InvalidArgumentError(name + ": fstat: " + Errno(errno));
   if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(name + ": not a regular file, refused");
   ArenaHeader h;
-  if (!ReadHeader(fd.get(), &h)) return absl::InvalidArgumentError(name + ": cannot read its header: " + Errno(errno));
-  if (absl::Status s = ValidateArenaHeader(h, static_cast<uint64_t>(st.st_size), st.st_uid, st.st_mode, name, options);
+  if (!ReadHeader(fd.get(), &h))
+    return absl::InvalidArgumentError(name + ": cannot read its header: " + Errno(errno));
+  if (absl::Status s =
+          ValidateArenaHeader(h, static_cast<uint64_t>(st.st_size), st.st_uid, st.st_mode, name, options);
       !s.ok()) {
     return s;
   }
@@ -328,7 +336,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::MapValidated(UniqueFd fd, std::str
   }
   void* base = ::mmap(nullptr, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(name + ": mmap of " + std::to_string(h.total_bytes) + " bytes: " + Errno(errno));
+    return absl::ResourceExhaustedError(name + ": mmap of " + std::to_string(h.total_bytes) +
+                                        " bytes: " + Errno(errno));
   }
   auto arena = std::unique_ptr<Arena>(new Arena());
   arena->fd_ = std::move(fd);
@@ -442,14 +451,15 @@ absl::StatusOr<SweepReport> SweepStale(const std::string& dir) {
         continue;
       }
     } else {
-      if (absl::Status s = ValidateArenaHeader(h, static_cast<uint64_t>(st.st_size), st.st_uid, st.st_mode, path, {});
+      if (absl::Status s =
+              ValidateArenaHeader(h, static_cast<uint64_t>(st.st_size), st.st_uid, st.st_mode, path, {});
           !s.ok()) {
         keep(std::string(s.message()));
         continue;
       }
       if (h.creator_pid != name_pid || h.generation != name_nonce) {
-        keep("its header (creator pid " + std::to_string(h.creator_pid) + ", generation 0x" + Hex16(h.generation) +
-             ") does not match its name");
+        keep("its header (creator pid " + std::to_string(h.creator_pid) + ", generation 0x" +
+             Hex16(h.generation) + ") does not match its name");
         continue;
       }
       const bool closed = h.writer_state == kWriterClosed;

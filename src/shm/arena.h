@@ -65,7 +65,8 @@ struct AttachOptions {
 class Arena {
  public:
   static absl::StatusOr<std::unique_ptr<Arena>> Create(const ArenaOptions& options);
-  static absl::StatusOr<std::unique_ptr<Arena>> Attach(const std::string& path, const AttachOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<Arena>> Attach(const std::string& path,
+                                                       const AttachOptions& options = {});
   // Maps the segment behind `fd` (e.g. received with RecvFd). The fd is
   // duplicated: the caller keeps its own.
   static absl::StatusOr<std::unique_ptr<Arena>> AttachFd(int fd, const AttachOptions& options = {});
@@ -90,7 +91,9 @@ class Arena {
   pid_t creator_pid() const { return header()->creator_pid; }
   uint64_t data_offset() const { return header()->data_offset; }
   uint64_t capacity_bytes() const { return header()->data_bytes; }
-  CompletionEntry* cq_entries() const { return reinterpret_cast<CompletionEntry*>(base_ + header()->cq_offset); }
+  CompletionEntry* cq_entries() const {
+    return reinterpret_cast<CompletionEntry*>(base_ + header()->cq_offset);
+  }
   uint32_t cq_capacity() const { return header()->cq_capacity; }
 
   // OK while the creator runs and has not closed the segment; otherwise
@@ -119,15 +122,15 @@ class Arena {
 // Checks an arena header against the file's metadata (`st_size`, `st_uid`,
 // `st_mode`) and the options: the validation Attach and SweepStale share,
 // without the creator-liveness test. `name` goes into the messages.
-absl::Status ValidateArenaHeader(const ArenaHeader& header, uint64_t file_size, uid_t file_uid, mode_t file_mode,
-                                 const std::string& name, const AttachOptions& options);
+absl::Status ValidateArenaHeader(const ArenaHeader& header, uint64_t file_size, uid_t file_uid,
+                                 mode_t file_mode, const std::string& name, const AttachOptions& options);
 
 // Whether `filename` (no directory) has the shape of an arena created by `uid`:
 // odb-shm-<uid>-<pid>-<16 hex digits>. Fills pid and nonce when it has.
 bool ParseArenaFileName(const std::string& filename, uid_t uid, pid_t* pid, uint64_t* nonce);
 
 struct SweepReport {
-  std::vector<std::string> removed;                        // stale segments of dead creators
+  std::vector<std::string> removed;                       // stale segments of dead creators
   std::vector<std::pair<std::string, std::string>> kept;  // (path, why): live, foreign, unreadable
 };
 

@@ -79,10 +79,10 @@ absl::StatusOr<Block> ArenaWriter::TryAllocate(uint64_t length) {
   }
   const std::optional<uint64_t> offset = allocator_.Allocate(length);
   if (!offset) {
-    return absl::ResourceExhaustedError(std::string(kWouldBlock) + "no free range of " +
-                                        std::to_string(allocator_.RoundUp(length)) + " bytes in arena " +
-                                        arena_->name() + " (" + std::to_string(allocator_.free_bytes()) +
-                                        " bytes free, largest " + std::to_string(allocator_.largest_free()) + ")");
+    return absl::ResourceExhaustedError(
+        std::string(kWouldBlock) + "no free range of " + std::to_string(allocator_.RoundUp(length)) +
+        " bytes in arena " + arena_->name() + " (" + std::to_string(allocator_.free_bytes()) +
+        " bytes free, largest " + std::to_string(allocator_.largest_free()) + ")");
   }
   outstanding_.emplace(*offset, length);
   outstanding_bytes_ += allocator_.RoundUp(length);
@@ -102,9 +102,9 @@ absl::StatusOr<Block> ArenaWriter::Allocate(uint64_t length, absl::Duration time
     }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError("no room for a block of " + std::to_string(length) + " bytes in arena " +
-                                         arena_->name() + " within " + absl::FormatDuration(timeout) + " (" +
-                                         std::string(block.status().message()) + ")");
+      return absl::DeadlineExceededError(
+          "no room for a block of " + std::to_string(length) + " bytes in arena " + arena_->name() +
+          " within " + absl::FormatDuration(timeout) + " (" + std::string(block.status().message()) + ")");
     }
     ++stats_.waits;
     cq_.WaitForEntries(std::min(left, kLivenessSlice));
@@ -132,7 +132,9 @@ ArenaWriter::ReaderState ArenaWriter::reader_state() const {
   return IsProcessAlive(pid, start) ? ReaderState::kAlive : ReaderState::kDead;
 }
 
-pid_t ArenaWriter::reader_pid() const { return Atomic(arena_->header()->reader_pid).load(std::memory_order_acquire); }
+pid_t ArenaWriter::reader_pid() const {
+  return Atomic(arena_->header()->reader_pid).load(std::memory_order_acquire);
+}
 
 void ArenaWriter::Reset() {
   ArenaHeader* h = arena_->header();

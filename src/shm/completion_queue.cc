@@ -17,7 +17,9 @@ void FutexWait(uint32_t* word, uint32_t expected, absl::Duration timeout) {
   (void)syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-void FutexWakeAll(uint32_t* word) { (void)syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+void FutexWakeAll(uint32_t* word) {
+  (void)syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 }  // namespace
 

@@ -39,7 +39,8 @@ absl::Status SendFds(int sock, std::span<const int> fds, std::string_view payloa
   do {
     n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return absl::UnavailableError("SendFds: sendmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
+  if (n < 0)
+    return absl::UnavailableError("SendFds: sendmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
   if (static_cast<size_t>(n) != iov.iov_len) {
     // The descriptors went with the first byte; a short write of a stream
     // socket would split the payload, which the receiver cannot reassemble.
@@ -63,7 +64,8 @@ absl::StatusOr<ReceivedFds> RecvFds(int sock, size_t max_payload) {
   do {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return absl::UnavailableError("RecvFds: recvmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
+  if (n < 0)
+    return absl::UnavailableError("RecvFds: recvmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
   // Take ownership of whatever arrived before judging the message.
   for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
     if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
@@ -78,11 +80,13 @@ absl::StatusOr<ReceivedFds> RecvFds(int sock, size_t max_payload) {
     return absl::UnavailableError("RecvFds: the peer closed socket " + std::to_string(sock));
   }
   if (msg.msg_flags & MSG_CTRUNC) {
-    return absl::DataLossError("RecvFds: more than " + std::to_string(kMaxFdsPerMessage) +
-                               " descriptors in one message (control data truncated); the extra ones are lost");
+    return absl::DataLossError(
+        "RecvFds: more than " + std::to_string(kMaxFdsPerMessage) +
+        " descriptors in one message (control data truncated); the extra ones are lost");
   }
   if ((msg.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > max_payload) {
-    return absl::InvalidArgumentError("RecvFds: payload longer than " + std::to_string(max_payload) + " bytes");
+    return absl::InvalidArgumentError("RecvFds: payload longer than " + std::to_string(max_payload) +
+                                      " bytes");
   }
   buf.resize(static_cast<size_t>(n));
   if (buf.size() == 1 && buf[0] == '\0') buf.clear();
@@ -105,7 +109,8 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return absl::FailedPreconditionError("SO_PEERCRED on socket " + std::to_string(sock) + ": " + Errno(errno));
+    return absl::FailedPreconditionError("SO_PEERCRED on socket " + std::to_string(sock) + ": " +
+                                         Errno(errno));
   }
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }

@@ -76,7 +76,8 @@ static_assert(std::is_standard_layout_v<ArenaHeader> && std::is_trivially_copyab
 static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(offsetof(ArenaHeader, reserved0) + sizeof(ArenaHeader::reserved0) == 128);
 static_assert(offsetof(ArenaHeader, writer_state) == 128);
-static_assert(std::atomic_ref<uint64_t>::is_always_lock_free && std::atomic_ref<uint32_t>::is_always_lock_free,
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
+                  std::atomic_ref<uint32_t>::is_always_lock_free,
               "cross-process atomics must be lock-free (address-free)");
 
 template <typename T>

@@ -12,8 +12,8 @@ namespace odb::shm {
 namespace {
 
 struct StatFields {
-  bool found = false;     // /proc/<pid>/stat exists
-  bool proc_ok = true;    // /proc is usable at all
+  bool found = false;   // /proc/<pid>/stat exists
+  bool proc_ok = true;  // /proc is usable at all
   char state = '?';
   uint64_t start_ticks = 0;
 };

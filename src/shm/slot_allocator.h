@@ -54,7 +54,7 @@ class SlotAllocator {
   const uint64_t size_;
   const uint64_t alignment_;
   uint64_t free_bytes_ = 0;
-  std::map<uint64_t, uint64_t> by_offset_;          // offset -> length
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset)
 };
 
