@@ -94,7 +94,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
 
     daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
                               config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
-                                                           alignment={"planner": args.planner}))
+                                                           alignment={"planner": args.planner,
+                                                                      "deterministic": args.deterministic}))
     lengths = tiny_lm.long_tail_lengths(args.samples, seed=args.seed, max_len=args.max_len)
     dataset = tiny_lm.SyntheticCorpus(lengths, vocab=args.vocab)
     results = {}
@@ -175,6 +176,8 @@ def main() -> int:
     p.add_argument("--planner", choices=("local", "global"), default="global",
                    help="odbd alignment.planner: global balances work across ranks (moves samples)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
@@ -218,7 +221,8 @@ def main() -> int:
     s, o = r["standard"], r["odb"]
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len,
-        "max_tokens": args.max_tokens, "planner": args.planner, "standard": s, "odb": o,
+        "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
+        "standard": s, "odb": o,
         "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
         "ratio_samples_per_s": o["samples_per_s"] / s["samples_per_s"],
     }

@@ -172,7 +172,7 @@ class PyProducer {
   // tensors: sequence of (name, dtype_code, shape, buffer). Each buffer must be
   // C-contiguous with exactly numel * dtype bytes; it is read during the call.
   void Send(uint64_t sample_id, uint32_t epoch, uint32_t tokens, uint32_t vision_patches,
-            uint32_t audio_frames, const py::sequence& tensors) {
+            uint32_t audio_frames, const py::sequence& tensors, std::optional<uint64_t> seq) {
     std::vector<py::buffer_info> infos;
     std::vector<TensorInput> inputs;
     infos.reserve(tensors.size());
@@ -206,7 +206,7 @@ class PyProducer {
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = producer_->Send(sample_id, epoch, {tokens, vision_patches, audio_frames}, inputs);
+      s = producer_->Send(sample_id, epoch, {tokens, vision_patches, audio_frames}, inputs, seq);
     }
     Check(s);
   }
@@ -248,8 +248,8 @@ class PyConsumer {
     consumer_ = std::move(*c);
   }
 
-  void StartEpoch(uint32_t epoch, uint32_t expected_producers) {
-    Check(consumer_->StartEpoch(epoch, expected_producers));
+  void StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round, uint64_t first_step) {
+    Check(consumer_->StartEpoch(epoch, expected_producers, first_round, first_step));
   }
 
   PyDelivery Next() {
@@ -315,7 +315,9 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("start_epoch", &PyProducer::StartEpoch, py::arg("epoch"))
       .def("send", &PyProducer::Send, py::arg("sample_id"), py::arg("epoch"), py::arg("tokens"),
            py::arg("vision_patches") = 0, py::arg("audio_frames") = 0, py::arg("tensors"),
-           "tensors: sequence of (name, dtype_code, shape, buffer)")
+           py::arg("seq") = py::none(),
+           "tensors: sequence of (name, dtype_code, shape, buffer); seq: the sample's position in this "
+           "rank's list for the epoch (required by alignment.deterministic)")
       .def("end_stream", &PyProducer::EndStream, py::arg("epoch"))
       .def("send_raw_frames", &PyProducer::SendRawFrames, py::arg("frames"))
       .def("sent", &PyProducer::Sent, py::arg("epoch"));
@@ -360,6 +362,10 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_readonly("loss_weight", &StepInfo::loss_weight, "W * t_r / T_tok; 0 when idle")
       .def_readonly("over_budget", &StepInfo::over_budget)
       .def_readonly("samples_may_move", &StepInfo::samples_may_move)
+      .def_readonly("round", &StepInfo::round, "the planning round of this step")
+      .def_readonly("round_first_step", &StepInfo::round_first_step, "that round's first step index")
+      .def_readonly("round_steps", &StepInfo::round_steps, "that round's step count")
+      .def_readonly("deterministic", &StepInfo::deterministic, "the daemon runs alignment.deterministic")
       .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
       .def_readonly("rejections_are_errors", &StepInfo::rejections_are_errors)
       .def_readonly("enc_sample_ids", &StepInfo::enc_sample_ids)
@@ -387,7 +393,9 @@ PYBIND11_MODULE(_odb_native, m) {
 
   py::class_<PyConsumer>(m, "Consumer", "Receives aligned steps from one daemon. Not thread-safe.")
       .def(py::init<const std::string&, int>(), py::arg("endpoint"), py::arg("receive_timeout_ms") = 120000)
-      .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0)
+      .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0,
+           py::arg("first_round") = 0, py::arg("first_step") = 0,
+           "first_round/first_step: resume a deterministic epoch at that round (docs/resume.md)")
       .def("next", &PyConsumer::Next,
            "The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a "
            "daemon failure.");

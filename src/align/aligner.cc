@@ -63,7 +63,7 @@ Aligner::Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOpti
   if (!options_.now) options_.now = [] { return std::chrono::steady_clock::now(); };
 }
 
-absl::Status Aligner::StartEpoch(uint32_t epoch) {
+absl::Status Aligner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {
   if (epoch_ && !epoch_finished_) {
     return absl::FailedPreconditionError(Prefix(peers_->Rank()) + "StartEpoch(" + std::to_string(epoch) +
                                          ") while epoch " + std::to_string(*epoch_) + " is still running");
@@ -71,7 +71,8 @@ absl::Status Aligner::StartEpoch(uint32_t epoch) {
   epoch_ = epoch;
   epoch_finished_ = false;
   round_ = 0;
-  next_step_ = 0;
+  plan_round_ = first_round;
+  next_step_ = first_step;
   wait_rounds_ = 0;
   wait_since_.reset();
   return absl::OkStatus();
@@ -98,21 +99,36 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     }
   }
 
+  const PlannerConfig& config = planner_->config();
   RankRoundMessage msg;
   msg.epoch = *epoch_;
   msg.round = round_;
   msg.rank = me;
-  msg.data.pending = local.pending;
   msg.data.free_slots = local.free_slots;
-  msg.data.stream_finished = local.stream_finished;
-  msg.data.stream_started = local.stream_started || local.stream_finished;
-  msg.data.wait_rounds = wait_rounds_;
-  const auto wait_bound = msg.data.stream_started ? options_.max_wait : options_.start_wait;
-  msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= wait_bound;
+  // Deterministic: offer only what does not depend on timing (PlannerConfig::
+  // deterministic). The first window+1 samples in list order are the same in
+  // every run once the rank stops waiting; the rest stays here.
+  size_t offered = local.pending.size();
+  if (config.deterministic) {
+    const size_t cap = static_cast<size_t>(config.window) + 1;
+    offered = std::min(offered, cap);
+    msg.data.pending.assign(local.pending.begin(), local.pending.begin() + offered);
+    msg.data.stream_finished = local.stream_finished && offered <= config.window;
+    msg.data.stream_started = true;
+    msg.data.wait_rounds = 0;
+    msg.data.wait_expired = false;
+  } else {
+    msg.data.pending = local.pending;
+    msg.data.stream_finished = local.stream_finished;
+    msg.data.stream_started = local.stream_started || local.stream_finished;
+    msg.data.wait_rounds = wait_rounds_;
+    const auto wait_bound = msg.data.stream_started ? options_.max_wait : options_.start_wait;
+    msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= wait_bound;
+  }
 
   RoundState state;
   state.epoch = *epoch_;
-  state.round = round_;
+  state.round = config.deterministic ? plan_round_ : round_;
   state.first_step = next_step_;
   state.ranks.resize(world);
   if (world == 1) {
@@ -157,6 +173,10 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
                                  " steps instead of " + std::to_string(plan.num_steps));
     }
   }
+  // What was not offered stays pending here.
+  for (size_t i = offered; i < local.pending.size(); ++i) {
+    plan.ranks[me].keep_pending.push_back(KeyOf(local.pending[i]));
+  }
   if (absl::Status s = CheckAccounting(plan, me, local.pending); !s.ok()) {
     return absl::Status(s.code(), Prefix(me) + std::string(s.message()));
   }
@@ -169,6 +189,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   result.reason = plan.reason;
   RankPlan& mine = plan.ranks[me];
   result.steps.reserve(plan.num_steps);
+  const uint64_t round_label = config.deterministic ? plan_round_ : round_;
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     const PlannedStep& ps = mine.steps[k];
     Step s;
@@ -179,6 +200,9 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     s.padded_tokens = ps.padded_tokens;
     s.loss_weight = ps.loss_weight;
     s.over_budget = ps.over_budget;
+    s.round = round_label;
+    s.round_first_step = next_step_;
+    s.round_steps = plan.num_steps;
     result.steps.push_back(std::move(s));
   }
   result.keep_pending = mine.keep_pending;
@@ -198,6 +222,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   }
   next_step_ += plan.num_steps;
   ++round_;
+  if (plan.num_steps > 0) ++plan_round_;
   if (plan.epoch_finished) epoch_finished_ = true;
   last_plan_ = std::move(plan);
   return result;

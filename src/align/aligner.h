@@ -54,6 +54,11 @@ struct Step {
   uint64_t padded_tokens = 0;
   double loss_weight = 0.0;  // W * t_r / T_tok; 0 for IDLE; sums to W over ranks
   bool over_budget = false;  // a lone sample that fits no budget
+  // The planning round of the step (deterministic: counted over rounds that
+  // planned steps, from StartEpoch's first_round), its first step, its size.
+  uint64_t round = 0;
+  uint64_t round_first_step = 0;
+  uint32_t round_steps = 0;
 };
 
 struct RoundResult {
@@ -85,9 +90,11 @@ class Aligner {
   Aligner(const Aligner&) = delete;
   Aligner& operator=(const Aligner&) = delete;
 
-  // Begins `epoch` (rounds and step indices restart at 0). Fails if the
-  // previous epoch was started and has not finished.
-  absl::Status StartEpoch(uint32_t epoch);
+  // Begins `epoch` (rounds and step indices restart at 0, or at first_round
+  // and first_step: a deterministic epoch resumed at one of its rounds, see
+  // docs/resume.md). Fails if the previous epoch was started and has not
+  // finished.
+  absl::Status StartEpoch(uint32_t epoch, uint64_t first_round = 0, uint64_t first_step = 0);
 
   absl::StatusOr<RoundResult> RunRound(const RoundInput& local);
 
@@ -102,7 +109,8 @@ class Aligner {
   AlignerOptions options_;
   std::optional<uint32_t> epoch_;
   bool epoch_finished_ = false;
-  uint64_t round_ = 0;
+  uint64_t round_ = 0;       // every round (the lockstep check)
+  uint64_t plan_round_ = 0;  // rounds that planned steps, from first_round (deterministic seeds)
   uint64_t next_step_ = 0;
   uint32_t wait_rounds_ = 0;
   std::optional<std::chrono::steady_clock::time_point> wait_since_;

@@ -77,6 +77,7 @@ HelloFields AlignmentHelloFields(const Planner& planner, int world_size) {
       {"seed", std::to_string(c.seed)},
       {"window", std::to_string(c.window)},
       {"max_wait_rounds", std::to_string(c.max_wait_rounds)},
+      {"deterministic", c.deterministic ? "1" : "0"},
       {"budget.model", c.budget.model == grouping::CostModel::kPadded ? "padded" : "packed"},
       {"budget.max_tokens", std::to_string(c.budget.max_tokens)},
       {"budget.quadratic_q", Str(c.budget.quadratic_q)},

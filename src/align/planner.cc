@@ -188,9 +188,13 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
   const size_t window_cap = config.window == 0 ? std::numeric_limits<size_t>::max() : config.window;
   for (size_t r = 0; r < world; ++r) {
     const RankRound& rr = state.ranks[r];
-    const bool asks = config.max_wait_rounds > 0 && !rr.stream_finished &&
-                      rr.pending.size() < window_cap && !rr.wait_expired &&
-                      (rr.wait_rounds < config.max_wait_rounds || !rr.stream_started);
+    // Deterministic: wait, however long, until the window is full and one
+    // more sample shows it is not the remainder (or the stream finished).
+    const bool asks = config.deterministic
+                          ? !rr.stream_finished && rr.pending.size() <= window_cap
+                          : config.max_wait_rounds > 0 && !rr.stream_finished &&
+                                rr.pending.size() < window_cap && !rr.wait_expired &&
+                                (rr.wait_rounds < config.max_wait_rounds || !rr.stream_started);
     if (asks) {
       plan.ranks[r].waited = true;
       plan.waiting = true;
@@ -220,6 +224,9 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
     KeepEverything(state, plan);
     return std::optional<RoundPlan>(std::move(plan));
   }
+  // Deterministic: the credit only delays a round; how many steps it plans
+  // must not depend on how far the trainer got.
+  if (config.deterministic) min_free = static_cast<uint32_t>(std::min<size_t>(window_cap, UINT32_MAX));
 
   return std::nullopt;
 }

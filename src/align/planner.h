@@ -118,6 +118,14 @@ struct PlannerConfig {
   // stream started (before, only its wait_expired ends its wait); 0 = never
   // wait at all.
   uint32_t max_wait_rounds = 2;
+  // Reproducible rounds (alignment.deterministic). The Aligner hands the
+  // planner only what does not depend on timing: each rank's first window+1
+  // pending samples in list order, stream_finished only once the window holds
+  // the rank's whole remainder, no wait budget, and state.round counts the
+  // rounds that planned steps. The gates then wait while any rank holds at
+  // most `window` samples of an open stream, and plan with a constant
+  // `window` free slots once every rank has a free slot.
+  bool deterministic = false;
 };
 
 // The contract of a plan, independent of how it was made: `Plan` is a pure

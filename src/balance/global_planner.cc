@@ -823,7 +823,10 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   // step may have IDLE slots and groups are split to fill slots).
   const bool all_finished = finished_count == world;
   const size_t g_count = groups.size();
-  const size_t t = std::min<size_t>(min_free, all_finished ? (g_count + world - 1) / world : g_count / world);
+  size_t t = std::min<size_t>(min_free, all_finished ? (g_count + world - 1) / world : g_count / world);
+  // Deterministic rounds see a fixed window, so holding back would wait for
+  // ever: fill the step (some slots IDLE) instead.
+  if (t == 0 && cfg.deterministic) t = std::min<size_t>(min_free, (g_count + world - 1) / world);
   if (t == 0) {
     plan.reason = "holding back: " + std::to_string(g_count) + " groups do not fill a step of " +
                   std::to_string(world) + " ranks and some stream is open";

@@ -20,6 +20,10 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
                   "; ids must be unique per epoch");
     return r;
   }
+  if (sample.seq) {
+    NoteSeq(sample.epoch, *sample.seq);  // the caller checked it is new
+    epoch.by_seq[*sample.seq] = id;
+  }
   bytes_ += ChargedBytes(sample);
   epoch.bytes += ChargedBytes(sample);
   ++count_;
@@ -57,6 +61,33 @@ std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) cons
   return out;
 }
 
+bool SampleBuffer::NoteSeq(uint32_t epoch, uint64_t seq) {
+  Epoch& e = epochs_[epoch];
+  if (seq < e.frontier || !e.seq_ahead.insert(seq).second) return false;
+  while (!e.seq_ahead.empty() && *e.seq_ahead.begin() == e.frontier) {
+    e.seq_ahead.erase(e.seq_ahead.begin());
+    ++e.frontier;
+  }
+  return true;
+}
+
+uint64_t SampleBuffer::Frontier(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.frontier;
+}
+
+std::vector<SampleMeta> SampleBuffer::PendingInOrder(uint32_t epoch, size_t limit, bool all_arrived) const {
+  std::vector<SampleMeta> out;
+  auto it = epochs_.find(epoch);
+  if (it == epochs_.end()) return out;
+  const Epoch& e = it->second;
+  for (const auto& [seq, id] : e.by_seq) {
+    if (out.size() >= limit || (!all_arrived && seq >= e.frontier)) break;
+    out.push_back(e.samples.at(id).meta);
+  }
+  return out;
+}
+
 std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_t>& ids) {
   std::vector<Sample> out;
   out.reserve(ids.size());
@@ -75,6 +106,7 @@ std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t id) {
   bytes_ -= ChargedBytes(s->second);
   e.bytes -= ChargedBytes(s->second);
   --count_;
+  if (s->second.seq) e.by_seq.erase(*s->second.seq);
   std::optional<Sample> out(std::move(s->second));
   e.samples.erase(s);
   // Compact the arrival order once it is mostly stale.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -42,6 +43,17 @@ class SampleBuffer {
   // Metadata of the epoch's buffered samples in arrival order, at most `limit`.
   std::vector<SampleMeta> Pending(uint32_t epoch, size_t limit = SIZE_MAX) const;
 
+  // alignment.deterministic: samples carry `seq`, their position in the
+  // rank's list. NoteSeq records that `seq` arrived (admitted or rejected);
+  // false if it had already. Add notes it too. The frontier is the first seq
+  // that has not arrived.
+  bool NoteSeq(uint32_t epoch, uint64_t seq);
+  uint64_t Frontier(uint32_t epoch) const;
+  // Buffered samples in seq order: those below the frontier (an unbroken
+  // prefix of the list), or all of them when `all_arrived` (the stream
+  // finished: a gap is a sample that never came). At most `limit`.
+  std::vector<SampleMeta> PendingInOrder(uint32_t epoch, size_t limit, bool all_arrived) const;
+
   // Removes and returns the samples with these ids (in the given order).
   // Ids not present are skipped; the caller checks the size.
   std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& ids);
@@ -66,6 +78,9 @@ class SampleBuffer {
     std::unordered_map<uint64_t, Sample> samples;
     std::unordered_set<uint64_t> seen;  // every id of the epoch, for duplicates
     uint64_t bytes = 0;                 // payload bytes buffered now
+    std::map<uint64_t, uint64_t> by_seq;  // seq -> id of buffered samples that have one
+    std::set<uint64_t> seq_ahead;         // arrived seqs past the frontier
+    uint64_t frontier = 0;                // every seq below it arrived
   };
 
   uint64_t max_bytes_;

@@ -73,5 +73,33 @@ TEST_CASE("pending can be limited to a prefix in arrival order") {
   CHECK(b.Pending(0).size() == 10);
 }
 
+TEST_CASE("deterministic order: an unbroken prefix of seqs, a gap holds later samples back") {
+  SampleBuffer b(1000, 100);
+  auto with_seq = [](uint64_t id, uint64_t seq) {
+    Sample s = Make(id, 0, 1);
+    s.seq = seq;
+    return s;
+  };
+  CHECK_FALSE(b.Add(with_seq(50, 2)).has_value());
+  CHECK_FALSE(b.Add(with_seq(40, 0)).has_value());
+  CHECK(b.Frontier(0) == 1);  // seq 1 has not arrived
+  auto ids = [](const std::vector<SampleMeta>& v) {
+    std::vector<uint64_t> out;
+    for (const auto& m : v) out.push_back(m.id);
+    return out;
+  };
+  CHECK(ids(b.PendingInOrder(0, 10, false)) == std::vector<uint64_t>{40});
+  CHECK(ids(b.PendingInOrder(0, 10, true)) == std::vector<uint64_t>{40, 50});  // the stream ended: a gap
+  CHECK(b.NoteSeq(0, 1));  // seq 1 was rejected: its place is taken, nothing waits for it
+  CHECK_FALSE(b.NoteSeq(0, 1));
+  CHECK_FALSE(b.NoteSeq(0, 2));
+  CHECK(b.Frontier(0) == 3);
+  CHECK(ids(b.PendingInOrder(0, 10, false)) == std::vector<uint64_t>{40, 50});
+  CHECK(ids(b.PendingInOrder(0, 1, false)) == std::vector<uint64_t>{40});
+  b.Take(0, {40});
+  CHECK(ids(b.PendingInOrder(0, 10, false)) == std::vector<uint64_t>{50});
+  CHECK(b.Frontier(0) == 3);  // taking does not move the frontier back
+}
+
 }  // namespace
 }  // namespace odb::buffer

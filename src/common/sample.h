@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct Sample {
   SampleMeta meta;
   uint32_t epoch = 0;
   std::string producer_id;
+  // Position in its rank's list for the epoch, when the producer sent one
+  // (alignment.deterministic plans in this order).
+  std::optional<uint64_t> seq;
   std::vector<TensorView> tensors;
   std::vector<std::shared_ptr<FrameHolder>> frames;  // keep `tensors[i].data` valid
 

@@ -14,6 +14,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.mode = config.mode == AlignMode::kJoin ? align::EpochMode::kJoin : align::EpochMode::kNonJoin;
   p.seed = config.seed;
   p.window = config.window;
+  p.deterministic = config.deterministic;
   return p;
 }
 
@@ -104,7 +105,9 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers,
       phase_plans_(config.phase_plans),
       encoder_cost_per_patch_(config.encoder_cost_per_patch) {}
 
-void AlignedRoundRunner::StartEpoch(uint32_t epoch) { start_status_ = aligner_.StartEpoch(epoch); }
+void AlignedRoundRunner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {
+  start_status_ = aligner_.StartEpoch(epoch, first_round, first_step);
+}
 
 absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request) {
   if (!start_status_.ok()) return start_status_;
@@ -131,6 +134,9 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
     step.padded_tokens = s.padded_tokens;
     step.loss_weight = s.loss_weight;
     step.over_budget = s.over_budget;
+    step.round = s.round;
+    step.round_first_step = s.round_first_step;
+    step.round_steps = s.round_steps;
     for (const auto& meta : s.samples) {
       step.sample_ids.push_back(meta.id);
       step.sample_owners.push_back(meta.owner_rank);

@@ -17,7 +17,7 @@ class AlignedRoundRunner final : public RoundRunner {
  public:
   AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, const DaemonConfig& config);
 
-  void StartEpoch(uint32_t epoch) override;
+  void StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) override;
   absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) override;
   bool HasPeers() const override { return peers_->Size() > 1; }
   int Rank() const override { return peers_->Rank(); }

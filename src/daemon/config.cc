@@ -121,6 +121,7 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("locality", c.locality));
   ODB_RETURN_IF_ERROR(s.Get("phase_plans", c.phase_plans));
   ODB_RETURN_IF_ERROR(s.Get("encoder_cost_per_patch", c.encoder_cost_per_patch));
+  ODB_RETURN_IF_ERROR(s.Get("deterministic", c.deterministic));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.Get("start_wait_ms", c.start_wait_ms));
   ODB_RETURN_IF_ERROR(s.GetEnum<StoreKind>(
@@ -407,6 +408,13 @@ absl::Status ValidateBufferAndGrouping(const DaemonConfig& c) {
                                           ") must not exceed buffer.max_samples (" +
                                           std::to_string(c.buffer_max_samples) + ")");
   }
+  if (c.deterministic && c.buffer_max_samples < 4ull * c.window) {
+    return Invalid("buffer.max_samples",
+                   "(" + std::to_string(c.buffer_max_samples) + ") must be at least 4 x grouping.window (" +
+                       std::to_string(4ull * c.window) +
+                       ") with alignment.deterministic: a rank holds one window in order, up to one "
+                       "window of later samples, and the producers' credit");
+  }
   const std::string coefficient = "a finite number >= 0 and <= 1e12 (units of one padded token)";
   ODB_RETURN_IF_ERROR(CheckFinite("grouping.step_time.per_step", c.step_time.per_step, 0.0,
                                   kMaxCostCoefficient, coefficient));
@@ -664,6 +672,7 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << " packed=" << c.collate.packed
       << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
   if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;
+  if (c.deterministic) out << " deterministic=1";
   out << " seed=" << c.seed << " queue_steps=" << c.queue_steps << " max_wait_ms=" << c.max_wait_ms
       << " start_wait_ms=" << c.start_wait_ms;
   return out.str();

@@ -81,6 +81,13 @@ struct DaemonConfig {
   // chosen to encode the sample; encoder cost = encoder_cost_per_patch * patches.
   bool phase_plans = false;
   double encoder_cost_per_patch = 1.0;
+  // Reproducible epochs (docs/resume.md): the step sequence depends only on
+  // the seed and the samples, never on timing. Each rank plans from the next
+  // `window` samples of its list in list order (every sample carries its
+  // position, `seq`), waits for them however long it takes (max_wait_ms does
+  // not apply), and rounds plan as many steps as the window gives (the
+  // trainer's credit only delays them). Costs some throughput (see README).
+  bool deterministic = false;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;

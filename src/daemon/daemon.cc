@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "src/common/status_macros.h"
 
@@ -140,6 +141,7 @@ absl::Status Daemon::Run() {
     PublishGauges();
     if (auto lost = trainer_.CheckLiveness()) Fail(lost->first, lost->second);
     if (auto silent = ingest_.CheckSilence()) Fail(wire::PRODUCER_TIMEOUT, *silent);
+    if (auto stalled = ingest_.CheckStall()) Fail(wire::STALLED, *stalled);
   }
   stop_.store(true);
   state_.cv.notify_all();
@@ -188,7 +190,12 @@ void Daemon::PlannerLoop() {
       if (!state_.current_epoch && !state_.requested_epochs.empty()) {
         state_.current_epoch = state_.requested_epochs.front();
         state_.requested_epochs.pop_front();
-        runner_->StartEpoch(*state_.current_epoch);
+        uint64_t first_round = 0, first_step = 0;
+        if (auto it = state_.resume_points.find(*state_.current_epoch); it != state_.resume_points.end()) {
+          std::tie(first_round, first_step) = it->second;
+          state_.resume_points.erase(it);
+        }
+        runner_->StartEpoch(*state_.current_epoch, first_round, first_step);
         last_round = std::chrono::steady_clock::now();
       }
       state_.cv.wait_for(lock, std::chrono::milliseconds(20));
@@ -212,12 +219,19 @@ absl::Status Daemon::RunOneRound() {
     request.epoch = *state_.current_epoch;
     // The planner groups at most `window` samples per rank per round; offering
     // a bounded prefix keeps a round O(window) however deep the backlog.
-    request.pending = state_.buffer.Pending(request.epoch, 2 * static_cast<size_t>(config_.window));
     const size_t queued = trainer_.QueuedSteps();
     request.free_slots =
         config_.queue_steps > queued ? static_cast<uint32_t>(config_.queue_steps - queued) : 0;
     request.stream_finished = state_.tracker.StreamFinished(request.epoch, state_.expected_producers);
     request.stream_started = state_.tracker.StreamStarted(request.epoch);
+    if (config_.deterministic) {
+      // The unbroken prefix of the rank's list, in list order (the planner
+      // looks at window + 1 of them, see PlannerConfig::deterministic).
+      request.pending = state_.buffer.PendingInOrder(request.epoch, static_cast<size_t>(config_.window) + 1,
+                                                     request.stream_finished);
+    } else {
+      request.pending = state_.buffer.Pending(request.epoch, 2 * static_cast<size_t>(config_.window));
+    }
   }
   const auto round_start = std::chrono::steady_clock::now();
   auto outcome = runner_->Run(request);

@@ -29,6 +29,9 @@ struct DaemonState {
   ingest::StreamTracker tracker;                        // guarded by mu
   RejectionLog rejections;                              // guarded by mu
   std::deque<uint32_t> requested_epochs;                // guarded by mu: the trainer's StartEpoch, in order
+  // guarded by mu: a requested epoch's (first_round, first_step) when the
+  // trainer resumes a deterministic epoch mid-way
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> resume_points;
   std::optional<uint32_t> current_epoch;                // guarded by mu: the epoch being planned
   uint32_t expected_producers;                          // guarded by mu
   std::map<uint32_t, uint64_t> epoch_received;          // guarded by mu: samples incl. rejected

@@ -31,6 +31,9 @@ struct StepPlan {
   uint64_t global_real_tokens = 0;  // T_tok over all ranks
   double loss_weight = 0.0;
   bool over_budget = false;
+  uint64_t round = 0;             // planning round (see align::Step)
+  uint64_t round_first_step = 0;  // its first step index
+  uint32_t round_steps = 0;       // its step count
   // Per-phase plan (alignment.phase_plans): the samples this rank encodes and
   // where each encoder output goes (rank, index in that rank's sample_ids), and
   // for each of this rank's samples the rank that encodes it.
@@ -57,7 +60,9 @@ struct RoundOutcome {
 class RoundRunner {
  public:
   virtual ~RoundRunner() = default;
-  virtual void StartEpoch(uint32_t epoch) = 0;
+  // Rounds and steps count from first_round / first_step (a resumed
+  // deterministic epoch; 0 otherwise).
+  virtual void StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) = 0;
   virtual absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) = 0;
   // True when a round must run even with nothing pending (other ranks wait on us).
   virtual bool HasPeers() const = 0;

@@ -114,6 +114,10 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
   step.set_global_real_tokens(plan.global_real_tokens);
   step.set_loss_weight(plan.loss_weight);
   step.set_over_budget(plan.over_budget);
+  step.set_round(plan.round);
+  step.set_round_first_step(plan.round_first_step);
+  step.set_round_steps(plan.round_steps);
+  step.set_deterministic(config_.deterministic);
   step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
   const bool phases = config_.phase_plans;
   step.set_samples_may_move(phases || config_.planner == PlannerKind::kGlobal);

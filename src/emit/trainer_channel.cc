@@ -235,6 +235,11 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
                    req.size(), kMaxRequestedEpochs);
     } else {
       state_.requested_epochs.push_back(epoch);
+      if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
+        state_.resume_points[epoch] = {msg.start_epoch().first_round(), msg.start_epoch().first_step()};
+        spdlog::info("trainer resumes epoch {} at round {}, step {}", epoch, msg.start_epoch().first_round(),
+                     msg.start_epoch().first_step());
+      }
       requested = true;
       spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
     }

@@ -56,6 +56,7 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
                                h.producer_id(), &id);
     e.epoch = h.epoch();
     e.has_epoch = true;
+    if (h.has_seq()) e.seq = h.seq();
     return e;
   };
   if (h.tokens() == 0) {
@@ -76,6 +77,7 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
   sample.meta.lengths = {h.tokens(), h.vision_patches(), h.audio_frames()};
   sample.epoch = h.epoch();
   sample.producer_id = h.producer_id();
+  if (h.has_seq()) sample.seq = h.seq();
   for (wire::DecodedTensorDesc& desc : *descs) {
     TensorView view;
     view.name = std::move(desc.name);

@@ -2,6 +2,7 @@
 #define ODB_INGEST_DECODER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -40,6 +41,7 @@ struct RejectEvent {
   wire::Rejection rejection;
   uint32_t epoch = 0;
   bool has_epoch = false;
+  std::optional<uint64_t> seq;  // the sample's seq, when its header had one
 };
 
 using IngestEvent = std::variant<HelloEvent, StartEpochEvent, EndStreamEvent, SampleEvent, RejectEvent>;

@@ -111,7 +111,12 @@ void IngestChannel::OnReadable(size_t i) {
       wire::ProducerMessage control;
       if (control.ParseFromArray(parts_[1].data(), static_cast<int>(parts_[1].size())) &&
           control.has_credit_request()) {
-        conn.wanted_bytes = std::min<uint64_t>(control.credit_request().bytes(), max_sample_bytes_);
+        const wire::CreditRequest& request = control.credit_request();
+        if (request.bytes() > 0) conn.wanted_bytes = std::min<uint64_t>(request.bytes(), max_sample_bytes_);
+        if (request.has_seq()) {
+          conn.wanted_seq = request.seq();
+          conn.wanted_seq_epoch = request.epoch();
+        }
         continue;
       }
     }
@@ -156,6 +161,7 @@ void IngestChannel::OnReadable(size_t i) {
                              conn.producer_id, &id);
         reject.epoch = s->sample.epoch;
         reject.has_epoch = true;
+        reject.seq = s->sample.seq;
         event = std::move(reject);
       } else if (std::get_if<RejectEvent>(&event) == nullptr) {
         event = MakeReject(wire::MALFORMED_HEADER, "a multi-frame message that is not a sample",
@@ -252,6 +258,11 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     if (reject->rejection.has_sample_id() && reject->has_epoch) {
       // Count it against the producer's stream so end_stream totals still match.
       state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
+      // Its place in the order is taken: a deterministic rank does not wait for it.
+      if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
+          reject->epoch <= state_.tracker.FirstOpenEpoch() + kEpochHorizon) {
+        state_.buffer.NoteSeq(reject->epoch, *reject->seq);
+      }
     }
     Reject(std::move(reject->rejection), epoch, is_sample);
   } else if (auto* s = std::get_if<SampleEvent>(&event)) {
@@ -280,6 +291,33 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
                  .rejection,
              epoch, true);
       return;
+    }
+    if (config_.deterministic && !state_.tracker.IsClosed(epoch)) {
+      const uint64_t id = sample.meta.id;
+      if (!sample.seq) {
+        state_.tracker.OnSample(sample.producer_id, epoch, id);
+        Reject(MakeReject(wire::MALFORMED_HEADER,
+                          "sample " + std::to_string(id) + " from producer '" + sample.producer_id +
+                              "' has no seq; alignment.deterministic needs every sample's position in "
+                              "its rank's list (Producer.send(..., seq=i); OdbDataLoader sends it)",
+                          sample.producer_id, &id)
+                   .rejection,
+               epoch, true);
+        return;
+      }
+      if (!state_.buffer.NoteSeq(epoch, *sample.seq)) {
+        state_.tracker.OnSample(sample.producer_id, epoch, id);
+        Reject(MakeReject(wire::DUPLICATE_ID,
+                          "sample " + std::to_string(id) + " from producer '" + sample.producer_id + "' has seq " +
+                              std::to_string(*sample.seq) + ", which another sample of epoch " +
+                              std::to_string(epoch) + " already had; seq must be unique per rank and epoch",
+                          sample.producer_id, &id)
+                   .rejection,
+               epoch, true);
+        return;
+      }
+    } else if (!config_.deterministic) {
+      sample.seq.reset();  // ignored: planning goes by arrival
     }
     if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
       Reject(std::move(*r), epoch, true);
@@ -371,6 +409,23 @@ void IngestChannel::GrantCredits() {
   }
   const uint64_t window = WindowBytes();
   const auto now = clock_.Now();
+  // alignment.deterministic: a producer may send seq < frontier + window of
+  // its epoch (ProducerCredit.seq_limit). A producer whose next sample is at
+  // the limit asked for more (wanted_seq); it gets it once the frontier moved.
+  std::map<uint32_t, uint64_t> seq_limits;
+  uint32_t base_epoch = 0;
+  if (config_.deterministic) {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
+    seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + config_.window;
+    for (const auto& [key, conn] : conns_) {
+      if (conn.wanted_seq) seq_limits[conn.wanted_seq_epoch] = state_.buffer.Frontier(conn.wanted_seq_epoch) + config_.window;
+    }
+  }
+  auto set_limit = [&](wire::ProducerCredit& credit, uint32_t epoch) {
+    credit.set_seq_limit(seq_limits[epoch]);
+    credit.set_seq_epoch(epoch);
+  };
   // Producers that went away without ending their stream hold credit; an
   // empty grant to each connection quiet for a second finds them (ROUTER
   // answers EHOSTUNREACH) so their credit returns to the buffer.
@@ -382,6 +437,15 @@ void IngestChannel::GrantCredits() {
       // Never said hello, holds no credit: forgotten once quiet.
       if (probe && now - conn.last_heard > std::chrono::seconds(1)) gone.push_back(key);
       continue;
+    }
+    if (conn.wanted_seq && seq_limits[conn.wanted_seq_epoch] > *conn.wanted_seq) {
+      wire::IngestReply raise = NewReply();
+      set_limit(*raise.mutable_credit(), conn.wanted_seq_epoch);
+      conn.wanted_seq.reset();
+      if (!Reply(conn, raise)) {
+        gone.push_back(key);
+        continue;
+      }
     }
     const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
@@ -402,6 +466,7 @@ void IngestChannel::GrantCredits() {
     reply.mutable_credit()->set_bytes(static_cast<uint64_t>(grant_bytes));
     reply.mutable_credit()->set_samples(static_cast<uint32_t>(grant_samples));
     reply.mutable_credit()->set_max_sample_bytes(max_sample_bytes_);
+    if (config_.deterministic) set_limit(*reply.mutable_credit(), base_epoch);
     conn.credit_bytes += grant_bytes;
     conn.credit_samples += grant_samples;
     outstanding_bytes_ += grant_bytes;
@@ -417,6 +482,45 @@ void IngestChannel::GrantCredits() {
 
 void IngestChannel::NoteEpochRequested() { last_message_ = clock_.Now(); }
 
+std::optional<std::string> IngestChannel::CheckStall() {
+  if (!config_.deterministic) return std::nullopt;
+  const auto now = clock_.Now();
+  std::lock_guard<std::mutex> lock(state_.mu);
+  bool stalled = state_.current_epoch.has_value();
+  uint32_t epoch = 0;
+  size_t in_order = 0;
+  if (stalled) {
+    epoch = *state_.current_epoch;
+    const size_t known = state_.tracker.ActiveProducers(epoch).size() + state_.tracker.EndedCount(epoch);
+    in_order = state_.buffer.PendingInOrder(epoch, static_cast<size_t>(config_.window) + 1, false).size();
+    // Waiting for samples in order, every expected producer is there, and
+    // none of them may send: each is out of credit (the buffer has no room
+    // for it) or holds its next sample back at the seq limit.
+    stalled = !state_.tracker.StreamFinished(epoch, state_.expected_producers) && in_order <= config_.window &&
+              known >= state_.expected_producers && !conns_.empty();
+    for (const auto& [key, conn] : conns_) {
+      if (!stalled) break;
+      const bool has_credit = conn.credit_samples > 0 && conn.credit_bytes > 0;
+      if (!conn.producer_id.empty() && has_credit && !conn.wanted_seq) stalled = false;
+    }
+  }
+  if (!stalled) {
+    stall_since_.reset();
+    return std::nullopt;
+  }
+  if (!stall_since_) stall_since_ = now;
+  if (now - *stall_since_ < std::chrono::seconds(2)) return std::nullopt;
+  return "alignment.deterministic: rank " + std::to_string(config_.rank) + " waits for epoch " +
+         std::to_string(epoch) + "'s sample seq " + std::to_string(state_.buffer.Frontier(epoch)) +
+         " (it has " + std::to_string(in_order) + " samples in order and needs " +
+         std::to_string(config_.window + 1) + ") but no producer can send it: the buffer holds " +
+         std::to_string(state_.buffer.count()) + " samples / " + std::to_string(state_.buffer.bytes()) +
+         " bytes of its limits (buffer.max_samples " + std::to_string(config_.buffer_max_samples) +
+         ", buffer.max_bytes " + std::to_string(config_.buffer_max_bytes) +
+         "). Raise buffer.max_bytes or lower grouping.window (a rank buffers up to two windows of samples "
+         "in order), or check that the producer of that seq is alive";
+}
+
 std::optional<std::string> IngestChannel::CheckSilence() {
   if (config_.producer_timeout_ms == 0) return std::nullopt;
   const auto now = clock_.Now();
@@ -431,7 +535,7 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   // credit used up, the daemon itself is holding them back.
   bool someone_may_send = conns_.empty();
   for (const auto& [key, conn] : conns_) {
-    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0)
+    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0 && !conn.wanted_seq)
       someone_may_send = true;
   }
   if (!someone_may_send) {

@@ -66,6 +66,11 @@ class IngestChannel {
   // holds credit has sent anything for producer_timeout_ms; names the
   // producers whose streams are open.
   std::optional<std::string> CheckSilence();
+  // alignment.deterministic: a fatal message when the rank has waited 2 s
+  // for its next sample in order while no producer may send anything (no
+  // credit left, or held at the seq limit): the buffer is too small for
+  // the window, and waiting longer cannot help.
+  std::optional<std::string> CheckStall();
 
   // The largest sample a producer may send: half the buffer at most, so a
   // sample always fits once the buffer drains.
@@ -82,6 +87,8 @@ class IngestChannel {
     int64_t credit_bytes = 0;
     bool ahead = false;         // sends an epoch after the one being planned
     uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
+    std::optional<uint64_t> wanted_seq;  // its next sample's seq, held at the seq limit
+    uint32_t wanted_seq_epoch = 0;
     Clock::TimePoint last_heard;
   };
   using ConnKey = std::pair<size_t, std::string>;
@@ -112,6 +119,7 @@ class IngestChannel {
   int64_t outstanding_samples_ = 0;  // Σ positive credit_samples
   Clock::TimePoint last_message_;
   Clock::TimePoint last_probe_;
+  std::optional<Clock::TimePoint> stall_since_;
   std::vector<zmq::message_t> parts_;  // reused per message
 };
 

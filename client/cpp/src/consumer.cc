@@ -63,11 +63,14 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }
 
-absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers) {
+absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
+                                  uint64_t first_step) {
   wire::TrainerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
   m.mutable_start_epoch()->set_epoch(epoch);
   m.mutable_start_epoch()->set_expected_producers(expected_producers);
+  m.mutable_start_epoch()->set_first_round(first_round);
+  m.mutable_start_epoch()->set_first_step(first_step);
   return impl_->SendTrainer(m);
 }
 

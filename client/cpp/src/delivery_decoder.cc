@@ -84,6 +84,10 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   d.step.loss_weight = st.loss_weight();
   d.step.over_budget = st.over_budget();
   d.step.samples_may_move = st.samples_may_move();
+  d.step.round = st.round();
+  d.step.round_first_step = st.round_first_step();
+  d.step.round_steps = st.round_steps();
+  d.step.deterministic = st.deterministic();
   d.step.rejections_are_errors = st.rejections_are_errors();
   for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));
   d.step.enc_sample_ids.assign(st.enc_sample_ids().begin(), st.enc_sample_ids().end());

@@ -44,6 +44,10 @@ struct Producer::Impl {
   int64_t credit_bytes = 0;
   uint64_t max_sample_bytes = 0;  // 0 until the daemon's first credit
   uint64_t requested_bytes = 0;
+  // alignment.deterministic (the daemon sends seq limits): epoch -> samples
+  // with seq below it may be sent.
+  bool seq_gated = false;
+  std::map<uint32_t, uint64_t> seq_limits;
   std::map<uint32_t, wire::IngestReply> stream_replies;  // epoch -> ack or rejection
   std::vector<wire::Rejection> rejections;
 
@@ -114,6 +118,11 @@ struct Producer::Impl {
           credit_samples += reply.credit().samples();
           credit_bytes += static_cast<int64_t>(reply.credit().bytes());
           if (reply.credit().max_sample_bytes() > 0) max_sample_bytes = reply.credit().max_sample_bytes();
+          if (reply.credit().has_seq_limit()) {
+            seq_gated = true;
+            uint64_t& limit = seq_limits[reply.credit().seq_epoch()];
+            limit = std::max(limit, reply.credit().seq_limit());
+          }
         } else if (reply.has_stream_ack()) {
           stream_replies[reply.stream_ack().epoch()] = reply;
         } else if (reply.has_rejection()) {
@@ -157,7 +166,42 @@ struct Producer::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id) {
+  // alignment.deterministic: blocks until the daemon lets samples of `epoch`
+  // with this seq in (its in-order frontier moved close enough).
+  absl::Status WaitForSeq(uint32_t epoch, uint64_t seq, uint64_t sample_id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.send_timeout_ms);
+    bool asked = false;
+    while (seq_gated && seq_limits[epoch] <= seq) {
+      if (!asked) {
+        wire::ProducerMessage request = NewMessage();
+        request.mutable_credit_request()->set_seq(seq);
+        request.mutable_credit_request()->set_epoch(epoch);
+        if (absl::Status s = SendControl(request); !s.ok()) return s;
+        asked = true;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return absl::DeadlineExceededError(
+            Who() + ": sample " + std::to_string(sample_id) + " (seq " + std::to_string(seq) +
+            ") waited " + std::to_string(options.send_timeout_ms) + " ms for the daemon at " + options.endpoint +
+            " to receive the samples before it in order (alignment.deterministic; limit " +
+            std::to_string(seq_limits[epoch]) + "): is the producer of the earlier samples alive?");
+      }
+      auto got = Pump(static_cast<int>(std::min<int64_t>(left.count(), 100)));
+      if (!got.ok()) return got.status();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id, uint32_t epoch,
+                          std::optional<uint64_t> seq) {
+    if (seq && parts.size() > 1) {
+      // The first credit says whether the daemon limits seqs: wait for it.
+      if (max_sample_bytes == 0) {
+        if (absl::Status s = WaitForCredit(0, sample_id); !s.ok()) return s;
+      }
+      if (absl::Status s = WaitForSeq(epoch, *seq, sample_id); !s.ok()) return s;
+    }
     uint64_t bytes = 0;
     // The daemon charges each tensor's bookkeeping too (the same constant).
     for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size() + wire::kBookkeepingBytesPerTensor;
@@ -209,7 +253,7 @@ absl::Status Producer::StartEpoch(uint32_t epoch) {
 }
 
 absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& lengths,
-                            const std::vector<TensorInput>& tensors) {
+                            const std::vector<TensorInput>& tensors, std::optional<uint64_t> seq) {
   wire::ProducerMessage m = impl_->NewMessage();
   wire::SampleHeader* h = m.mutable_sample();
   h->set_producer_id(impl_->options.producer_id);
@@ -218,6 +262,7 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   h->set_tokens(lengths.tokens);
   h->set_vision_patches(lengths.vision_patches);
   h->set_audio_frames(lengths.audio_frames);
+  if (seq) h->set_seq(*seq);
   std::vector<zmq::message_t> parts;
   parts.reserve(tensors.size() + 1);
   parts.emplace_back();  // header, filled below
@@ -229,7 +274,7 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   }
   std::string header = m.SerializeAsString();
   parts[0] = zmq::message_t(header.data(), header.size());
-  if (absl::Status s = impl_->SendSample(parts, sample_id); !s.ok()) return s;
+  if (absl::Status s = impl_->SendSample(parts, sample_id, epoch, seq); !s.ok()) return s;
   ++impl_->sent[epoch];
   return absl::OkStatus();
 }
@@ -281,7 +326,7 @@ absl::Status Producer::EndStream(uint32_t epoch) {
 absl::Status Producer::SendRawFrames(const std::vector<std::string>& frames) {
   std::vector<zmq::message_t> parts;
   for (const auto& f : frames) parts.emplace_back(f.data(), f.size());
-  return impl_->SendSample(parts, 0);
+  return impl_->SendSample(parts, 0, 0, std::nullopt);
 }
 
 uint64_t Producer::sent(uint32_t epoch) const {

@@ -35,7 +35,7 @@ IDLE_POLICIES = ("zero_step", "join")
 # The loader's checkpoint state (docs/resume.md). Bump on any change that an
 # older reader would misread; load_state_dict refuses other versions.
 STATE_FORMAT = "odb.OdbDataLoader"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2 adds "replay" (alignment.deterministic); version 1 states still load
 
 
 def compress_ints(values: Any) -> Dict[str, Any]:
@@ -206,18 +206,21 @@ class _SendStream(IterableDataset):
     def __iter__(self) -> Iterator[int]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        mine = self.indices[worker::workers]
+        # A sample's seq is its position in this rank's list: a deterministic
+        # daemon plans in that order, whichever worker delivers first.
+        positions = range(worker, len(self.indices), workers)
         # Created here, in the worker process (after fork), never in the parent.
         producer = native().Producer(
             self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
             self.rank, send_timeout_ms=self.send_timeout_ms)
         pending = 0
-        for index in mine:
+        for position in positions:
             if self.stop is not None and self.stop.is_set():  # only when run in the trainer process
                 return
+            index = self.indices[position]
             sample = self.dataset[index]
             lengths, tensors = encode_sample(sample, self.lengths_fn)
-            producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors)
+            producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position)
             pending += 1
             if pending >= self.progress_every:
                 yield pending
@@ -375,7 +378,13 @@ class OdbDataLoader:
         # yielded so far, and what a loaded state says was consumed before
         # (keys: positions in the epoch's order, or ids with a custom sampler).
         self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
+        self._consumed_steps: List[int] = []  # the step index of each _consumed_ids entry
         self._consumed_epoch: Optional[int] = None
+        # The last step yielded (any kind): (step_index, round, round_first_step,
+        # round_steps, deterministic), for a deterministic checkpoint.
+        self._last_step: Optional[Tuple[int, int, int, int, bool]] = None
+        # A loaded deterministic state: where the resumed epoch replays from.
+        self._replay: Optional[Dict[str, Any]] = None
         self._position_cache: Optional[Tuple[int, np.ndarray]] = None  # (epoch, id -> position)
         self._resume_epoch: Optional[int] = None
         self._resume_keys: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -396,10 +405,30 @@ class OdbDataLoader:
             return torch.randperm(n, generator=g).numpy().astype(np.int64)
         return np.arange(n, dtype=np.int64)
 
+    def _replaying(self) -> bool:
+        """A deterministic state is loaded for this epoch at the same world size:
+        the epoch resumes at the round of its checkpoint, step for step."""
+        return (self._resume_epoch == self.epoch and self._replay is not None
+                and int(self._replay["world_size"]) == self.world_size)
+
     def indices(self) -> List[int]:
         """The sample indices this rank sends in the current epoch (after a
-        resume: those no rank had consumed, split over the current ranks)."""
+        resume: those no rank had consumed, split over the current ranks; a
+        deterministic resume at the same world size keeps each rank's list of
+        the uninterrupted run, less what the rounds before the checkpoint's
+        round took)."""
         resuming = self._resume_epoch == self.epoch
+        if self._replaying():
+            assert self._replay is not None
+            done = self._replay["before_round"]  # keys consumed in rounds before the replayed one
+            if self.sampler is not None:
+                taken = set(done.tolist())
+                return [int(i) for i in self.sampler if int(i) not in taken]
+            order = self._global_order()
+            positions = np.arange(order.size, dtype=np.int64)[self.rank::self.world_size]
+            gone = np.zeros(order.size, dtype=bool)
+            gone[done[done < order.size]] = True
+            return order[positions[~gone[positions]]].tolist()
         if self.sampler is not None:
             mine = [int(i) for i in self.sampler]
             if resuming:
@@ -435,13 +464,34 @@ class OdbDataLoader:
             keys = position[ids] if ids.size else ids
         else:
             keys = ids
+        # Deterministic epochs replay from the round of the last step: the keys
+        # of that round's steps so far are kept apart (they are trained, and
+        # the resumed daemons plan them again into the same steps, skipped).
+        replay: Optional[Dict[str, Any]] = None
+        round_keys = np.zeros(0, dtype=np.int64)
+        last = self._last_step if self._consumed_epoch == epoch else None
+        if last is not None and last[4]:
+            step, rnd, first, count, _ = last
+            if step + 1 >= first + count:  # the round is complete: resume at the next one
+                replay = {"round": rnd + 1, "first_step": step + 1, "next_step": step + 1}
+            else:
+                replay = {"round": rnd, "first_step": first, "next_step": step + 1}
+                in_round = [i for i, s in enumerate(self._consumed_steps) if s >= first]
+                if in_round:
+                    ids_in_round = np.concatenate([np.asarray(self._consumed_ids[i], dtype=np.int64) for i in in_round])
+                    round_keys = (self._position_cache[1][ids_in_round]  # type: ignore[index]
+                                  if self.sampler is None else ids_in_round)
+                loaded = self._replay
+                if (loaded is not None and self._resume_epoch == epoch and int(loaded["round"]) == rnd):
+                    round_keys = np.concatenate([round_keys, loaded["in_round"]])  # skipped at the resume
         if self._resume_epoch == epoch:
             keys = np.concatenate([keys, self._resume_keys])
         world = self.world_size
         if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, keys.tolist())
-            keys = np.concatenate([np.asarray(g, dtype=np.int64) for g in gathered])
+            torch.distributed.all_gather_object(gathered, (keys.tolist(), round_keys.tolist()))
+            keys = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
+            round_keys = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
             scope = "all_ranks"
         else:
             scope = "all_ranks" if world == 1 else "this_rank"
@@ -456,7 +506,9 @@ class OdbDataLoader:
                 "epoch_complete": bool(complete), "seed": int(self.seed), "shuffle": bool(self.shuffle),
                 "custom_sampler": self.sampler is not None, "dataset_len": len(self.dataset),  # type: ignore[arg-type]
                 "world_size": int(world), "scope": scope,
-                "consumed": consumed, "key": "id" if self.sampler is not None else "position"}
+                "consumed": consumed, "key": "id" if self.sampler is not None else "position",
+                "replay": (None if replay is None or complete else
+                           dict(replay, world_size=int(world), round_consumed=compress_ints(round_keys)))}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from state_dict(): the next iteration of that epoch sends
@@ -467,7 +519,7 @@ class OdbDataLoader:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                              f"expected {STATE_FORMAT!r})")
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
                              f"(it reads version {STATE_VERSION}); resume with the odb that wrote it")
         required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
@@ -490,17 +542,37 @@ class OdbDataLoader:
         keys = expand_ints(state["consumed"])
         if self.sampler is None and keys.size and int(keys.max()) >= n:
             raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
+        replay = state.get("replay")
+        loaded_replay: Optional[Dict[str, Any]] = None
+        if replay is not None:
+            try:
+                loaded_replay = {k: int(replay[k]) for k in ("round", "first_step", "next_step", "world_size")}
+                in_round = expand_ints(replay["round_consumed"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"odb loader state: malformed replay entry ({e!r})") from None
+            if (min(loaded_replay.values()) < 0 or loaded_replay["next_step"] < loaded_replay["first_step"]
+                    or loaded_replay["world_size"] < 1):
+                raise ValueError(f"odb loader state: replay entry out of range {loaded_replay}")
+            consumed_set = np.zeros(0, dtype=np.int64) if not keys.size else np.unique(keys)
+            if in_round.size and not np.isin(in_round, consumed_set).all():
+                raise ValueError("odb loader state: the replayed round's samples are not all in the consumed set")
+            loaded_replay["in_round"] = in_round
+            loaded_replay["before_round"] = np.setdiff1d(consumed_set, in_round)
         epoch = int(state["epoch"])
         if bool(state["epoch_complete"]):
             self.set_epoch(epoch + 1)
             self._resume_epoch = None
             self._resume_keys = np.zeros(0, dtype=np.int64)
+            self._replay = None
         else:
             self.set_epoch(epoch)
             self._resume_epoch = epoch
             self._resume_keys = keys
+            self._replay = loaded_replay
         self._consumed_ids = []
+        self._consumed_steps = []
         self._consumed_epoch = None
+        self._last_step = None
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
@@ -538,14 +610,27 @@ class OdbDataLoader:
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
                             worker_init_fn=self.worker_init_fn, generator=generator,
                             multiprocessing_context=(self.multiprocessing_context or "forkserver") if self.num_workers else None)
-        consumer.start_epoch(epoch, max(self.num_workers, 1))
+        replay = self._replay if self._replaying() else None
+        if replay is not None:
+            consumer.start_epoch(epoch, max(self.num_workers, 1), first_round=int(replay["round"]),
+                                 first_step=int(replay["first_step"]))
+        else:
+            consumer.start_epoch(epoch, max(self.num_workers, 1))
+        skip_below = int(replay["next_step"]) if replay is not None else 0  # trained before the checkpoint
         pump = _Pump(loader, stop)
         self.samples_sent = 0
         self.last_summary = None
         self.dropped_trailing_idle = 0
         self._consumed_ids = []
+        self._consumed_steps = []
         self._consumed_epoch = epoch
+        self._last_step = None
         pending_idle: List[Any] = []
+
+        def remember(info: Any) -> None:
+            self._last_step = (int(info["step_index"]), int(info["round"]), int(info["round_first_step"]),
+                               int(info["round_steps"]), bool(info["deterministic"]))
+
         accounted = [0]  # this rank's samples seen back (emitted or rejected)
         progress = Progress(self.rank, epoch, len(indices), stream=self.progress_stream) if self.progress else None
 
@@ -582,17 +667,32 @@ class OdbDataLoader:
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
+                if info["step_index"] < skip_below:
+                    # Replayed round of a deterministic resume: this step was
+                    # trained before the checkpoint (its samples are in the state).
+                    if not info["deterministic"]:
+                        raise native().OdbError(
+                            "odb: the loaded state resumes a reproducible epoch (alignment.deterministic) but "
+                            "the daemon does not run alignment.deterministic: start odbd with the config the "
+                            "checkpoint was taken with")
+                    accounted[0] += len(info["sample_ids"])
+                    remember(info)
+                    continue
                 if info["idle"]:
                     if self.idle_policy == "zero_step":
+                        remember(info)
                         yield self._dummy_step(info, indices)
                     else:
                         pending_idle.append(info)
                     continue
                 for held in pending_idle:  # a mid-epoch IDLE step: keep the steps paired
+                    remember(held)
                     yield self._dummy_step(held, indices)
                 pending_idle.clear()
                 accounted[0] += len(info["sample_ids"])
                 self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
+                self._consumed_steps.append(int(info["step_index"]))
+                remember(info)
                 yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=_to_torch(delivery),
                            loss_weight=info["loss_weight"], idle=False, dummy=False,
                            sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),

@@ -43,6 +43,10 @@ struct StepInfo {
   double loss_weight = 0.0;
   bool over_budget = false;
   bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
+  uint64_t round = 0;             // the planning round of this step
+  uint64_t round_first_step = 0;  // that round's first step index
+  uint32_t round_steps = 0;       // that round's step count
+  bool deterministic = false;     // the daemon runs alignment.deterministic
   std::vector<Rejection> rejections;
   bool rejections_are_errors = false;
   // Per-phase plan (empty unless the daemon runs alignment.phase_plans): this
@@ -100,7 +104,10 @@ class Consumer {
   Consumer& operator=(const Consumer&) = delete;
 
   // Asks the daemon for an epoch; expected_producers = 0 keeps the daemon's config.
-  absl::Status StartEpoch(uint32_t epoch, uint32_t expected_producers = 0);
+  // first_round / first_step: resume a deterministic epoch at that round
+  // (docs/resume.md); 0 = from its start.
+  absl::Status StartEpoch(uint32_t epoch, uint32_t expected_producers = 0, uint64_t first_round = 0,
+                          uint64_t first_step = 0);
   // The next step or end of epoch. Each call (after the first step) returns one
   // credit to the daemon for the step delivered before. A fatal daemon error
   // (dead peer, version mismatch) comes back as an error Status with its text.

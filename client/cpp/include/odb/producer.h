@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,12 @@ class Producer {
 
   absl::Status StartEpoch(uint32_t epoch);
   // Copies each tensor's bytes into one frame (the only copy on the way in).
+  // `seq`: the sample's position in its rank's list for the epoch (0, 1, ...
+  // over all producers of the rank); required by a daemon running
+  // alignment.deterministic, which then also holds a sample back until the
+  // samples well before it in the list have arrived.
   absl::Status Send(uint64_t sample_id, uint32_t epoch, const Lengths& lengths,
-                    const std::vector<TensorInput>& tensors);
+                    const std::vector<TensorInput>& tensors, std::optional<uint64_t> seq = std::nullopt);
   // Ends this producer's stream for the epoch, reporting how many samples it sent.
   absl::Status EndStream(uint32_t epoch);
   // Sends frames as given (tests of bad input).
