@@ -23,12 +23,12 @@ from odbtest_py import CTX, _rank_main, run_ranks, start_daemons, stop_all
 N = 160
 
 
-def _corpus() -> "tiny_lm.SyntheticCorpus":
-    return tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(N, seed=4, min_len=4, max_len=120, median=30), vocab=64)
+def _corpus(n: int = N) -> "tiny_lm.SyntheticCorpus":
+    return tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(n, seed=4, min_len=4, max_len=120, median=30), vocab=64)
 
 
 def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | None, checkpoint_at: int | None,
-           then: int, out: str) -> dict:
+           then: int, out: str, n: int = N) -> dict:
     """Trains the epoch; with `checkpoint_at`, saves the loader state after that step, trains `then`
     more steps (lost with the job) and kills itself (SIGKILL) like a preempted trainer."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -37,7 +37,7 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
     model = tiny_lm.TinyCausalLM(vocab=64, d_model=16, layers=1, heads=2, max_len=128)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    corpus = _corpus()
+    corpus = _corpus(n)
     loader = odb.OdbDataLoader(corpus, shuffle=True, seed=7, num_workers=1, idle_policy=idle_policy, timeout_s=90)
     if state is not None:
         loader.load_state_dict(state)
