@@ -260,7 +260,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   if (options.dir.empty() && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return absl::InternalError(arena->name_ + ": sealing the memfd: " + Errno(errno));
   }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd, 0);
   if (base == MAP_FAILED) {
     return absl::ResourceExhaustedError(arena->name_ + ": mmap of " + std::to_string(total) +
                                         " bytes: " + Errno(errno));
@@ -334,7 +335,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::MapValidated(UniqueFd fd, std::str
     return absl::FailedPreconditionError(name + ": stale arena: closed by its creator (pid " +
                                          std::to_string(h.creator_pid) + ")");
   }
-  void* base = ::mmap(nullptr, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* base = ::mmap(nullptr, h.total_bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd.get(), 0);
   if (base == MAP_FAILED) {
     return absl::ResourceExhaustedError(name + ": mmap of " + std::to_string(h.total_bytes) +
                                         " bytes: " + Errno(errno));

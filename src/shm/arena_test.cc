@@ -82,6 +82,7 @@ TEST_CASE("a file arena: collision-free name, mode 0600, header, attach by path"
 TEST_CASE("a memfd arena is sealed and attaches by fd") {
   ArenaOptions options;
   options.capacity_bytes = 256 << 10;
+  options.populate = true;
   auto writer = ArenaWriter::Create(options);
   REQUIRE(writer.ok());
   const Arena& arena = (*writer)->arena();
@@ -94,6 +95,7 @@ TEST_CASE("a memfd arena is sealed and attaches by fd") {
   AttachOptions expect;
   expect.expected_generation = arena.generation();
   expect.expected_capacity_bytes = 256 << 10;
+  expect.populate = true;
   auto reader = ArenaReader::AttachFd(arena.fd(), expect);
   REQUIRE(reader.ok());
   expect.expected_generation = arena.generation() ^ 1;
