@@ -115,3 +115,85 @@ def test_unguarded_script_gets_a_hint_not_just_worker_exited(run_dir, job_id) ->
     assert proc.returncode == 3, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "exited unexpectedly" in proc.stdout
     assert 'if __name__ == "__main__":' in proc.stdout, proc.stdout
+
+
+RESTARTING = textwrap.dedent(f"""
+    import json, os, signal, sys
+    sys.path[:0] = [{str(ROOT / 'client/python')!r}, {str(ROOT / 'examples')!r}]
+    import torch, torch.distributed as dist
+    import odb, tiny_lm
+
+    CHECKPOINT_AT = 3
+
+
+    def main():
+        out = sys.argv[1]
+        dist.init_process_group("gloo")
+        rank, restart = dist.get_rank(), int(os.environ["ODB_RESTART_COUNT"])
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(
+            tiny_lm.TinyCausalLM(vocab=64, d_model=16, layers=1, heads=2, max_len=128))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        lengths = tiny_lm.long_tail_lengths({N}, seed=2, min_len=4, max_len=100, median=24)
+        loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(lengths, vocab=64), shuffle=True, num_workers=1,
+                                   timeout_s=60)
+        path = os.path.join(out, "checkpoint.pt")
+        if os.path.exists(path):  # restarted by torchrun: resume from the last checkpoint
+            ckpt = torch.load(path)
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["opt"])
+            loader.load_state_dict(ckpt["loader"])
+        trained = []
+        for count, step in enumerate(loader):
+            b = step.batch
+            loss = odb.weighted_cross_entropy(model(b["input_ids"], b["attention_mask"]), b["labels"],
+                                              step.loss_weight, step.real_tokens)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            trained += step.sample_ids
+            if restart == 0 and count == CHECKPOINT_AT:
+                state = loader.state_dict()  # collective, on every rank
+                everyone = [None] * dist.get_world_size()
+                dist.all_gather_object(everyone, trained)
+                if rank == 0:
+                    torch.save({{"model": model.state_dict(), "opt": opt.state_dict(), "loader": state,
+                                "trained": [i for t in everyone for i in t]}}, path + ".tmp")
+                    os.replace(path + ".tmp", path)
+                dist.barrier()
+            if restart == 0 and count == CHECKPOINT_AT + 2 and rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # a preempted rank: torchrun restarts the job
+        json.dump({{"trained": trained, "restart": restart}}, open(os.path.join(out, f"final-{{rank}}.json"), "w"))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_torchrun_restarts_the_job_and_it_resumes_from_the_checkpoint(run_dir) -> None:
+    """A rank is SIGKILLed after a checkpoint; torchrun --max-restarts restarts every launcher, which
+    start fresh daemons (a new rendezvous key per restart); the trainers load the checkpoint and
+    finish the epoch: each sample trained exactly once over the two attempts."""
+    script = run_dir / "train.py"
+    script.write_text(RESTARTING)
+    config = run_dir / "odbd.yaml"
+    config.write_text(json.dumps(tiny_lm.daemon_config(max_tokens=128)))
+    before = _odbd_pids()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "client/python"))
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "--max_restarts", "1", "--redirects", "1", "--tee", "2", "--log_dir", str(run_dir / "torchrun"),
+         str(ROOT / "deploy/odb_launch.py"), "--run-dir", str(run_dir / "odb"), "--config", str(config),
+         "--job-id", f"restart-{uuid.uuid4().hex[:8]}", "--log-level", "warn", str(script), str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    import torch
+
+    before_kill = torch.load(run_dir / "checkpoint.pt")["trained"]
+    finals = [json.loads((run_dir / f"final-{r}.json").read_text()) for r in range(2)]
+    assert [f["restart"] for f in finals] == [1, 1], "the job finished without being restarted"
+    after = [i for f in finals for i in f["trained"]]
+    assert sorted(before_kill + after) == list(range(N)), "a sample missing or trained twice across the restart"
+    assert not (_odbd_pids() - before), "a daemon outlived its launcher"
