@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Figures for bench/results/REPORT.md from batching_sim's CSV files.
 
-    /usr/bin/python3 bench/plot.py --sim-csv bench/results/sim_cpu_calibrated.csv \
-        --steps-csv bench/results/steps_cpu_calibrated.csv --out bench/results
+    /usr/bin/python3 bench/plot.py --sim-csv bench/results/sim_gpu_7b_h100.csv \
+        --steps-csv bench/results/steps_gpu_7b_h100.csv --out bench/results
 
-Writes throughput_ratio.png (samples/s relative to Standard, per policy per
-trace), padding.png (padding fraction per policy per trace) and
+Writes bound_fraction.png (fraction of the lower bound no schedule beats, per
+policy per trace), padding.png (padding fraction per policy per trace) and
 step_cost.png (distribution of the slowest rank's cost per step).
 """
 import argparse
@@ -29,7 +29,7 @@ def grouped_bars(rows, field, ylabel, title, out, scale=1.0, hline=None):
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     value = {(r["trace"], r["policy"]): float(r[field]) * scale for r in rows}
     width = 0.8 / len(policies)
-    fig, ax = plt.subplots(figsize=(max(8, 1.8 * len(traces)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(10, 2.4 * len(traces)), 5))
     for i, p in enumerate(policies):
         xs = [t + (i - len(policies) / 2 + 0.5) * width for t in range(len(traces))]
         ax.bar(xs, [value.get((t, p), 0.0) for t in traces], width, label=p)
@@ -39,7 +39,7 @@ def grouped_bars(rows, field, ylabel, title, out, scale=1.0, hline=None):
     ax.set_xticklabels(traces)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=6, ncol=4)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -77,8 +77,8 @@ def main():
     rows = read(args.sim_csv)
     model, world = rows[0]["model"], rows[0]["world"]
     tag = f"model {model}, W={world}" + (f"\n{args.command}" if args.command else "")
-    grouped_bars(rows, "vs_standard", "samples/s relative to Standard", "Throughput ratio; " + tag,
-                 out / "throughput_ratio.png", hline=1.0)
+    grouped_bars(rows, "of_bound", "fraction of the bound (1.0 = no schedule can do better)",
+                 "Fraction of the lower bound; " + tag, out / "bound_fraction.png", hline=1.0)
     grouped_bars(rows, "padding_fraction", "padding (% of computed tokens)", "Padding; " + tag,
                  out / "padding.png", scale=100.0)
     if args.steps_csv:

@@ -385,11 +385,11 @@ std::vector<std::string> PolicyNames(uint32_t window) {
           "packing",
           "reference_odb:w16",
           "reference_odb" + w,
-          "odb:local:q32" + w,
           "odb:local:q32" + w + ":paced",
+          "odb:local:q32" + w,
           "odb:local:qinf" + w,
-          "odb:global:q32" + w,
           "odb:global:q32" + w + ":paced",
+          "odb:global:q32" + w,
           "odb:global:qinf" + w,
           "sorted_greedy",
           "offline_dp"};

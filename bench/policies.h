@@ -61,8 +61,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& spec);
 
 // The default policy list for a window W0: the baselines, the reference rule
 // at its published default window 16 and at W0, odb with the daemon's
-// defaults (local, queue 32) drained and paced, with an unbounded queue, and
-// the same three for the global planner, then the offline policies.
+// defaults (local, queue 32) paced (what a trainer-bound job gets) and
+// drained, with an unbounded queue, the same three for the global planner,
+// then the offline policies.
 std::vector<std::string> PolicyNames(uint32_t window = 256);
 
 // The policies. `arrival` is the trace in arrival order (already shuffled).
