@@ -42,9 +42,12 @@ static_assert(sizeof(CompletionEntry) == 32);
 // Fields above `writer_state` are written once by the creator before it
 // publishes `magic` (release) and are read-only afterwards. The fields below
 // are atomics in the mapping (accessed with std::atomic_ref), each group on its
-// own cache line so the two processes do not false-share.
+// own cache line so the two processes do not false-share. The lines are placed
+// by explicit padding, not alignas, so a copy of the header on the stack or in
+// a buffer (pread before mapping) needs no more than 8-byte alignment; in the
+// mapping it starts on a page.
 struct ArenaHeader {
-  // --- identity, immutable once magic is set ---
+  // --- identity, immutable once magic is set (cache lines 0 and 1) ---
   uint64_t magic;           // kArenaMagic, stored last (release) when the segment is ready
   uint32_t layout_version;  // kArenaLayoutVersion
   uint32_t header_bytes;    // kArenaHeaderBytes
@@ -58,24 +61,28 @@ struct ArenaHeader {
   uint32_t block_alignment;
   uint64_t data_offset;  // page aligned
   uint64_t data_bytes;
-  uint8_t reserved0[48];  // pads the identity fields to two cache lines
-  // --- liveness and the reader claim (cache line 2) ---
-  alignas(64) uint32_t writer_state;  // kWriterLive, then kWriterClosed
-  int32_t reader_pid;                 // 0: no reader; CAS-claimed by ArenaReader
+  uint8_t reserved0[48];
+  // --- liveness and the reader claim (cache line 2, offset 128) ---
+  uint32_t writer_state;  // kWriterLive, then kWriterClosed
+  int32_t reader_pid;     // 0: no reader; CAS-claimed by ArenaReader
   uint64_t reader_start_ticks;
   uint32_t reader_epoch;  // bumped by the writer's Reset; a reader's returns carry its epoch
-  uint32_t reserved1;
-  // --- completion queue consumer side, written by the writer (cache line 3) ---
-  alignas(64) uint64_t cq_head;
+  uint8_t reserved1[44];
+  // --- completion queue consumer side, written by the writer (cache line 3, offset 192) ---
+  uint64_t cq_head;
   uint32_t writer_waiting;  // 1 while the writer may sleep on cq_seq
-  // --- completion queue producer side, written by the reader (cache line 4) ---
-  alignas(64) uint64_t cq_tail;
+  uint8_t reserved2[52];
+  // --- completion queue producer side, written by the reader (cache line 4, offset 256) ---
+  uint64_t cq_tail;
   uint32_t cq_seq;  // futex word: bumped after every push
+  uint8_t reserved3[52];
 };
 static_assert(std::is_standard_layout_v<ArenaHeader> && std::is_trivially_copyable_v<ArenaHeader>);
-static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
-static_assert(offsetof(ArenaHeader, reserved0) + sizeof(ArenaHeader::reserved0) == 128);
+static_assert(sizeof(ArenaHeader) == 320 && sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(offsetof(ArenaHeader, writer_state) == 128);
+static_assert(offsetof(ArenaHeader, cq_head) == 192);
+static_assert(offsetof(ArenaHeader, cq_tail) == 256);
+static_assert(offsetof(ArenaHeader, reader_start_ticks) % 8 == 0 && offsetof(ArenaHeader, cq_seq) % 4 == 0);
 static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
                   std::atomic_ref<uint32_t>::is_always_lock_free,
               "cross-process atomics must be lock-free (address-free)");
