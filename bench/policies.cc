@@ -215,6 +215,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   pc.mode = align::EpochMode::kJoin;
   pc.seed = cfg.seed;
   pc.window = window;
+  pc.deterministic = spec.deterministic;
   std::unique_ptr<align::Planner> planner;
   if (spec.global) {
     balance::GlobalPlannerConfig g;
@@ -247,11 +248,14 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     state.first_step = first_step;
     state.ranks.resize(world);
     for (int r = 0; r < world; ++r) {
-      while (pending[r].size() < window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      // Deterministic mode plans from the first window+1 samples and calls a
+      // stream finished once the window holds its whole remainder (Aligner).
+      const size_t fill = spec.deterministic ? window + 1 : window;
+      while (pending[r].size() < fill && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
       align::RankRound& rr = state.ranks[r];
       rr.pending = pending[r];
       rr.free_slots = free_slots;
-      rr.stream_finished = next[r] == shares[r].size();
+      rr.stream_finished = next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
       rr.wait_rounds = wait_rounds;
     }
     align::RoundPlan plan = planner->Plan(state);
@@ -324,7 +328,7 @@ std::string PolicySpec::Name(const SimConfig& config) const {
   return std::string("odb:") + (global ? "global" : "local") + ":q" +
          (queue_steps == 0 ? std::string("inf") : std::to_string(queue_steps)) + ":w" +
          std::to_string(window ? window : config.window) +
-         (paced == 0 ? "" : paced == 1 ? ":paced" : ":paced" + std::to_string(paced));
+         (paced == 0 ? "" : paced == 1 ? ":paced" : ":paced" + std::to_string(paced)) + (deterministic ? ":det" : "");
 }
 
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
@@ -361,6 +365,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
         ok = true;
       } else if (opt == "qinf") {
         spec.queue_steps = 0;
+        ok = true;
+      } else if (opt == "det") {
+        spec.deterministic = true;
         ok = true;
       } else if (opt == "paced") {
         spec.paced = 1;

@@ -37,7 +37,7 @@ struct SimConfig {
 //   standard, standard_p99, sorted, length_grouped, packing,
 //   sorted_greedy, offline_dp                     (no options)
 //   reference_odb[:wN]                            window N per rank
-//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN]   the daemon's planners
+//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN][:det]   the daemon's planners
 // odb options: planner (alignment.planner, default local), qN = emit.queue_steps
 // (free output slots a round sees; qinf = unbounded; default 32), wN =
 // grouping.window (default SimConfig::window). Pacing: without it every round
@@ -46,13 +46,16 @@ struct SimConfig {
 // the first round sees N free slots, and a round fires as soon as one slot is
 // free (Daemon::RoundDue), so in steady state every round plans one step.
 // :pacedR is the same with rounds held until R slots are free (a daemon change
-// this simulator evaluates; the daemon has no such knob).
+// this simulator evaluates; the daemon has no such knob). :det runs the
+// planner with alignment.deterministic (credit only delays a round; T is not
+// limited by it).
 struct PolicySpec {
   std::string base;
   bool global = false;
   uint32_t queue_steps = 32;  // 0 = unbounded
   uint32_t window = 0;        // 0 = SimConfig::window
   uint32_t paced = 0;         // 0 = not paced; R = a round fires once R slots are free
+  bool deterministic = false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;

@@ -27,6 +27,8 @@ TEST_CASE("every policy covers every sample once and keeps the budget", "[polici
   std::vector<std::string> policies = PolicyNames(64);
   policies.push_back("odb:local:q32:w64:paced16");
   policies.push_back("odb:global:q8:w128:paced4");
+  policies.push_back("odb:local:q32:w64:paced:det");
+  policies.push_back("odb:global:q32:w64:paced:det");
   for (const std::string& p : policies) {
     INFO(p);
     auto schedule = RunPolicy(p, arrival, cfg);
@@ -76,6 +78,7 @@ TEST_CASE("policy specs parse to canonical names", "[policies]") {
   CHECK(name("odb:global:qinf:w64") == "odb:global:qinf:w64");
   CHECK(name("odb:q8:paced") == "odb:local:q8:w128:paced");
   CHECK(name("odb:paced16") == "odb:local:q32:w128:paced16");
+  CHECK(name("odb:global:det:paced") == "odb:global:q32:w128:paced:det");
   CHECK(name("reference_odb") == "reference_odb:w128");
   CHECK(name("reference_odb:w16") == "reference_odb:w16");
   CHECK(name("packing") == "packing");
@@ -282,6 +285,7 @@ TEST_CASE("no policy beats the bounds on random small traces", "[bound]") {
     std::vector<std::string> policies = PolicyNames(cfg.window);
     policies.push_back("odb:local:q4:paced");
     policies.push_back("odb:global:q16:paced8");
+    policies.push_back("odb:global:paced:det");
     for (const std::string& p : policies) {
       INFO("trial " << trial << ", W " << cfg.world << ", " << p);
       auto schedule = RunPolicy(p, trace->samples, cfg);

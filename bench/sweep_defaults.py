@@ -16,7 +16,9 @@ configuration the worst trace x model figures:
 
 A configuration passes when it is ahead of both reference rows in every cell
 and within 3% of the padded bound in every cell. Writes sweep_defaults.csv
-(every cell) and sweep_defaults.md (one row per configuration).
+(every cell) and sweep_defaults.md (one row per configuration). Then, as the
+epoch grows (20k, 50k, 100k samples; --quick: 5k, 10k, 20k), the fraction of
+the padded bound of the shipped defaults and the candidates: sweep_scale.md.
 """
 import argparse
 import csv
@@ -29,30 +31,64 @@ REFERENCES = ["reference_odb:w16", "reference_odb:w256"]
 
 
 def candidates(quick):
-    """(spec, what it needs) pairs: the shipped defaults first."""
+    """Configuration specs, the shipped defaults (local, queue 32, window 256) among them."""
     out = []
-    queues = [32, 64] if quick else [32, 64, 128]
-    windows = [256, 512] if quick else [256, 512, 1024]
     for planner in ("local", "global"):
-        for q in queues:
-            for w in windows:
-                for pacing in ("", ":paced", f":paced{q // 2}"):
-                    out.append(f"odb:{planner}:q{q}:w{w}{pacing}")
+        for w in ([256, 512] if quick else [256, 512, 1024]):
+            out += [f"odb:{planner}:q32:w{w}", f"odb:{planner}:q32:w{w}:paced", f"odb:{planner}:q32:w{w}:paced:det",
+                    f"odb:{planner}:q32:w{w}:paced16", f"odb:{planner}:q64:w{w}:paced32"]
     return out
+
+
+# Epoch length: the shipped defaults next to the candidates, on longer traces.
+SCALE_POLICIES = ["reference_odb:w16", "reference_odb:w256", "odb:local:q32:w256:paced", "odb:local:q32:w256",
+                  "odb:global:q32:w256:paced", "odb:global:q32:w256:paced:det", "odb:global:q32:w512:paced:det",
+                  "odb:global:q64:w1024:paced32", "offline_dp"]
+SCALE_MODELS = ["gpu_7b_h100", "cpu_calibrated"]
+SCALE_TRACES = "chat_longtail,high_variance,production_mix"
 
 
 def describe(spec):
     parts = spec.split(":")
     planner, q, w = parts[1], parts[2][1:], parts[3][1:]
-    pacing = parts[4] if len(parts) > 4 else ""
+    opts = parts[4:]
     text = f"planner: {planner}, queue_steps: {q}, window: {w}"
-    if pacing == "paced":
+    if "det" in opts:
+        text += ", deterministic: true; trainer-paced"
+    elif "paced" in opts:
         text += "; trainer-paced, a round per free slot (the daemon today)"
-    elif pacing.startswith("paced"):
-        text += f"; trainer-paced, rounds held until {pacing[5:]} slots are free (needs a daemon change)"
+    elif any(o.startswith("paced") for o in opts):
+        r = next(o for o in opts if o.startswith("paced"))[5:]
+        text += f"; trainer-paced, rounds held until {r} slots are free (needs a daemon change)"
     else:
         text += "; every round sees the whole queue free (trainer faster than the daemon)"
     return text
+
+
+def run_sim(binary, model, samples, traces, policies, csv_path):
+    subprocess.run([f"{binary}/bench/batching_sim", "--model", model, "--world", "8", "--samples", str(samples),
+                    "--traces", traces, "--policies", ",".join(policies), "--csv", str(csv_path)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    csv_path.unlink()
+    return rows
+
+
+def scale(binary, out, sizes):
+    """Fraction of the padded bound as the epoch grows (per rank: samples / 8)."""
+    lines = ["| model | trace | configuration | " + " | ".join(f"{n} samples" for n in sizes) + " |",
+             "|---|---|---|" + "---|" * len(sizes)]
+    for model in SCALE_MODELS:
+        table = {}
+        for n in sizes:
+            for r in run_sim(binary, model, n, SCALE_TRACES, SCALE_POLICIES, out / f"scale_{model}_{n}.csv"):
+                table[(r["trace"], r["policy"], n)] = float(r["of_padded_bound"])
+        for trace in SCALE_TRACES.split(","):
+            for p in SCALE_POLICIES:
+                lines.append(f"| `{model}` | {trace} | `{p}` | " +
+                             " | ".join(f"{table[(trace, p, n)]:.3f}" for n in sizes) + " |")
+    (out / "sweep_scale.md").write_text("\n".join(lines) + "\n")
 
 
 def main():
@@ -66,13 +102,7 @@ def main():
     specs = candidates(args.quick)
     cells = []
     for model in MODELS:
-        csv_path = out / f"sweep_{model}.csv"
-        subprocess.run([f"{args.bin}/bench/batching_sim", "--model", model, "--world", "8", "--samples",
-                        str(args.samples), "--traces", TRACES, "--policies", ",".join(REFERENCES + specs),
-                        "--csv", str(csv_path)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(csv_path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        csv_path.unlink()
+        rows = run_sim(args.bin, model, args.samples, TRACES, REFERENCES + specs, out / f"sweep_{model}.csv")
         by = {(r["trace"], r["policy"]): r for r in rows}
         for trace in dict.fromkeys(r["trace"] for r in rows):
             ref = max(float(by[(trace, p)]["samples_per_s"]) for p in REFERENCES)
@@ -100,6 +130,9 @@ def main():
                      f"{ahead}/{len(mine)} | {'**yes**' if passes else 'no'} |")
     (out / "sweep_defaults.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'sweep_defaults.md'} ({len(specs)} configurations x {n} cells)")
+    sizes = [5000, 10000, 20000] if args.quick else [20000, 50000, 100000]
+    scale(args.bin, out, sizes)
+    print(f"wrote {out / 'sweep_scale.md'} (epochs of {sizes} samples)")
 
 
 if __name__ == "__main__":
