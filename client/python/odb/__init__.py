@@ -16,17 +16,19 @@ See docs/python.md.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from ._native import find_odbd
 from ._native import native as _native
 from .daemon import DaemonProcess, Endpoints, check_reachable, endpoints, spawn_daemon
 
-_lib = _native()
-OdbError = _lib.OdbError
-OdbTimeout = _lib.OdbTimeout
-Producer = _lib.Producer
-Consumer = _lib.Consumer
+if TYPE_CHECKING:  # typed by the extension's stubs, odb/_odb_native.pyi
+    from ._odb_native import Consumer, Delivery, OdbError, OdbTimeout, Producer, Rejection, StepInfo
+else:
+    _lib = _native()
+    OdbError, OdbTimeout = _lib.OdbError, _lib.OdbTimeout
+    Producer, Consumer = _lib.Producer, _lib.Consumer
+    Delivery, StepInfo, Rejection = _lib.Delivery, _lib.StepInfo, _lib.Rejection
 
 # Attribute -> submodule, imported on first access (they import torch).
 _LAZY: Dict[str, str] = {
@@ -34,7 +36,7 @@ _LAZY: Dict[str, str] = {
     "encode_sample": "loader", "weighted_cross_entropy": "loss", "weighted_loss": "loss",
     "report": "epoch_report",
 }
-_LAZY_MODULES = ("loader", "loss", "phases", "top")
+_LAZY_MODULES = ("loader", "loss", "phases", "top", "cli")
 
 
 def __getattr__(name: str) -> Any:
@@ -60,7 +62,7 @@ def __dir__() -> List[str]:
 
 
 __all__ = [
-    "Consumer", "DaemonProcess", "Endpoints", "IDLE_POLICIES", "OdbDataLoader", "OdbError", "OdbTimeout",
-    "OdbWorkerError", "Producer", "Step", "check_reachable", "encode_sample", "endpoints", "find_odbd",
-    "spawn_daemon", "weighted_cross_entropy", "weighted_loss",
+    "Consumer", "DaemonProcess", "Delivery", "Endpoints", "IDLE_POLICIES", "OdbDataLoader", "OdbError", "OdbTimeout",
+    "OdbWorkerError", "Producer", "Rejection", "Step", "StepInfo", "check_reachable", "encode_sample", "endpoints",
+    "find_odbd", "spawn_daemon", "weighted_cross_entropy", "weighted_loss",
 ]

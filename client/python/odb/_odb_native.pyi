@@ -1,0 +1,172 @@
+"""Type stubs of `odb._odb_native`, the pybind11 extension (client/python/bindings.cc).
+
+Kept in step with the bindings by tests/python/test_py_stubs.py: every name,
+method and attribute here exists in the built module and the other way round,
+and mypy --strict accepts a program using the API through these stubs.
+"""
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypedDict, Union, overload
+
+from _typeshed import ReadableBuffer
+from numpy.typing import NDArray
+
+# A tensor's bytes for Producer.send: any C-contiguous buffer (bytes, bytearray,
+# memoryview, a numpy array, array.array) of exactly numel * dtype size bytes.
+_Buffer = Union[ReadableBuffer, NDArray[Any]]
+# (name, dtype code from DTYPES, shape, buffer)
+_TensorInput = Tuple[str, int, Iterable[int], _Buffer]
+
+DTYPES: Dict[str, int]
+"""Wire dtype codes by name: uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool."""
+
+class OdbError(Exception):
+    """A daemon or client failure, with the C++ client's message."""
+
+class OdbTimeout(OdbError):
+    """A blocking call ran past its deadline (e.g. Consumer.next after receive_timeout_ms)."""
+
+class Rejection:
+    """An input the daemon refused, with the reason."""
+
+    @property
+    def code(self) -> str:
+        """Error code name, e.g. "TOKENS_MISMATCH"."""
+    @property
+    def sample_id(self) -> Optional[int]:
+        """The sample's id, or None when the input was not a readable sample."""
+    @property
+    def producer_id(self) -> str: ...
+    @property
+    def message(self) -> str:
+        """What was wrong and what to do."""
+    def __getitem__(self, key: str) -> Any: ...
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+class StepInfo:
+    """One step's header, as the daemon sent it (docs/protocol.md)."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def step_index(self) -> int:
+        """Identical on every rank."""
+    @property
+    def idle(self) -> bool:
+        """No samples; weight 0."""
+    @property
+    def sample_ids(self) -> List[int]: ...
+    @property
+    def lengths(self) -> List[int]:
+        """LLM tokens per sample, same order as sample_ids."""
+    @property
+    def owner_ranks(self) -> List[int]:
+        """Rank that received each sample."""
+    @property
+    def real_tokens(self) -> int: ...
+    @property
+    def padded_tokens(self) -> int: ...
+    @property
+    def global_real_tokens(self) -> int:
+        """T_tok: all ranks' real tokens."""
+    @property
+    def loss_weight(self) -> float:
+        """W * t_r / T_tok; 0 when idle."""
+    @property
+    def over_budget(self) -> bool: ...
+    @property
+    def samples_may_move(self) -> bool: ...
+    @property
+    def rejections(self) -> List[Rejection]:
+        """Inputs refused since the previous step."""
+    @property
+    def rejections_are_errors(self) -> bool: ...
+    @property
+    def round(self) -> int:
+        """The planning round of this step."""
+    @property
+    def round_first_step(self) -> int:
+        """That round's first step index."""
+    @property
+    def round_steps(self) -> int:
+        """That round's step count."""
+    @property
+    def deterministic(self) -> bool:
+        """The daemon runs alignment.deterministic."""
+    @property
+    def enc_sample_ids(self) -> List[int]: ...
+    @property
+    def enc_owner_ranks(self) -> List[int]: ...
+    @property
+    def enc_dest_rank(self) -> List[int]: ...
+    @property
+    def enc_dest_index(self) -> List[int]: ...
+    @property
+    def llm_src_rank(self) -> List[int]: ...
+    def __getitem__(self, key: str) -> Any: ...
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+class _RejectionDict(TypedDict):
+    code: str
+    sample_id: Optional[int]
+    producer_id: str
+    message: str
+
+class _EpochSummary(TypedDict):
+    """Delivery.summary: the daemon's account of an epoch (a dict at run time)."""
+
+    epoch: int
+    received: int
+    emitted: int
+    rejected: int
+    steps: int
+    idle_steps: int
+    real_tokens: int
+    padded_tokens: int
+    rejections: List[_RejectionDict]
+    not_emitted_ids: List[int]
+    rejections_are_errors: bool
+
+class Delivery:
+    """A step or an epoch end, owning its received frames."""
+
+    @property
+    def is_step(self) -> bool: ...
+    @property
+    def step(self) -> StepInfo:
+        """The step header (StepInfo)."""
+    @property
+    def summary(self) -> _EpochSummary: ...
+    def tensor_names(self) -> List[str]: ...
+    def array(self, name: str) -> NDArray[Any]:
+        """Numpy view over the received frame (no copy); bfloat16 comes as uint16."""
+    def arrays(self) -> Dict[str, NDArray[Any]]: ...
+    def wire_dtype(self, name: str) -> int: ...
+    def frame_address(self, name: str) -> int: ...
+    def frame_bytes(self, name: str) -> int: ...
+
+class Producer:
+    """Sends samples to one daemon. Create it after fork."""
+
+    def __init__(self, endpoint: str, producer_id: str, rank: int = -1, send_hwm: int = 64,
+                 send_timeout_ms: int = 120000) -> None: ...
+    def start_epoch(self, epoch: int) -> None: ...
+    # In the extension `tensors` follows the two defaulted counts: pass all six
+    # positionally, or the counts and `tensors` by keyword. seq: the sample's
+    # position in this rank's list for the epoch (required by alignment.deterministic).
+    @overload
+    def send(self, sample_id: int, epoch: int, tokens: int, vision_patches: int, audio_frames: int,
+             tensors: Sequence[_TensorInput], seq: Optional[int] = None) -> None: ...
+    @overload
+    def send(self, sample_id: int, epoch: int, tokens: int, *, vision_patches: int = 0, audio_frames: int = 0,
+             tensors: Sequence[_TensorInput], seq: Optional[int] = None) -> None: ...
+    def end_stream(self, epoch: int) -> None: ...
+    def send_raw_frames(self, frames: Sequence[bytes]) -> None: ...
+    def sent(self, epoch: int) -> int: ...
+
+class Consumer:
+    """Receives aligned steps from one daemon. Not thread-safe."""
+
+    def __init__(self, endpoint: str, receive_timeout_ms: int = 120000) -> None: ...
+    def start_epoch(self, epoch: int, expected_producers: int = 0, first_round: int = 0, first_step: int = 0) -> None:
+        """first_round / first_step: resume a deterministic epoch at that round (docs/resume.md)."""
+    def next(self) -> Delivery:
+        """The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a daemon failure."""

@@ -1,0 +1,233 @@
+"""`odbctl`: the command line of the odb Python package (installed as a console script).
+
+    odbctl top URL [URL ...] [--interval S] [--once]   live per-rank view of a job (odb.top)
+    odbctl demo [--ranks 2] [--samples 400]            a local job with a live view of it
+    odbctl report SUMMARY_DIR [--out DIR]               end-of-epoch PNG plots (odb.report)
+    odbctl find-odbd                                    where the odbd binary is (odb.find_odbd)
+
+`python -m odb.cli ...` is the same. Nothing here needs torch; `report` needs
+matplotlib. Exit status: 0 on success, 1 on an error (said on stderr), 2 on a
+usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+PROG = "odbctl"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # Python < 3.8
+        return "unknown"
+    try:
+        return version("odb")
+    except PackageNotFoundError:
+        return "source checkout"
+
+
+def _cmd_top(a: argparse.Namespace) -> int:
+    from . import top
+
+    args = [*a.endpoints, "--interval", str(a.interval)] + (["--once"] if a.once else [])
+    return top.main(args)
+
+
+def _cmd_report(a: argparse.Namespace) -> int:
+    try:
+        from .epoch_report import report
+        paths = report(a.summary_dir, a.out)
+    except ImportError as e:
+        print(f"{PROG} report: needs matplotlib ({e}): apt install python3-matplotlib, or "
+              f"pip install matplotlib", file=sys.stderr)
+        return 1
+    except FileNotFoundError as e:
+        print(f"{PROG} report: {e}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _cmd_find_odbd(a: argparse.Namespace) -> int:
+    from ._native import find_odbd
+
+    try:
+        print(find_odbd())
+    except FileNotFoundError as e:
+        print(f"{PROG} find-odbd: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _metrics_url(log_path: Path, timeout: float = 30.0, alive: Optional[Callable[[], bool]] = None) -> str:
+    """The http:// address of a daemon's metrics endpoint, from its start-up log line."""
+    deadline = time.monotonic() + timeout
+    pattern = re.compile(r"metrics endpoint tcp://([0-9.]+:\d+)")
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        m = pattern.search(text)
+        if m:
+            return f"http://{m.group(1)}"
+        if alive is not None and not alive():
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"no metrics endpoint in {log_path} after {timeout:g}s:\n{text[-2000:]}")
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    """W local daemons (one job), a producer and a consumer per rank, and the live view."""
+    from . import top
+    from ._native import native
+    from .daemon import spawn_daemon
+
+    lib = native()
+    int64 = lib.DTYPES["int64"]
+    run_dir = Path(tempfile.mkdtemp(prefix="odbctl-demo-"))
+    job = f"demo-{uuid.uuid4().hex[:8]}"
+    config: Dict[str, Any] = {"metrics_endpoint": "tcp://127.0.0.1:*", "grouping": {"max_tokens": a.max_tokens},
+                              "alignment": {"planner": a.planner}}
+    daemons = [spawn_daemon(r, a.ranks, run_dir, job_id=job, config=config, log_level="info",
+                            wait=False, odbd=a.odbd) for r in range(a.ranks)]
+    errors: List[str] = []
+    steps = [0] * a.ranks
+    try:
+        for d in daemons:
+            d.wait_ready(60)
+        urls = [_metrics_url(d.log_path, alive=lambda d=d: d.poll() is None) for d in daemons]  # type: ignore[misc]
+        rng = random.Random(a.seed)
+        # Rank r gets more and longer samples the higher r is: the view shows the daemons evening it out.
+        plans = [[rng.randint(8, 64 * (r + 1)) for _ in range(a.samples * (r + 1) // a.ranks + 1)]
+                 for r in range(a.ranks)]
+
+        def produce(rank: int) -> None:
+            try:
+                p = lib.Producer(daemons[rank].ingest, f"demo-r{rank}", rank)
+                p.start_epoch(0)
+                for i, n in enumerate(plans[rank]):
+                    ids = struct.pack(f"<{n}q", *range(n))
+                    p.send(rank * 1_000_000 + i, 0, n, 0, 0, [("input_ids", int64, (n,), ids)])
+                    if a.delay:
+                        time.sleep(a.delay)
+                p.end_stream(0)
+            except Exception as e:  # reported after the run
+                errors.append(f"producer rank {rank}: {e!r}")
+
+        def consume(rank: int) -> None:
+            try:
+                c = lib.Consumer(daemons[rank].trainer, 60000)
+                c.start_epoch(0, 1)
+                while c.next().is_step:
+                    steps[rank] += 1
+            except Exception as e:  # reported after the run
+                errors.append(f"consumer rank {rank}: {e!r}")
+
+        threads = [threading.Thread(target=f, args=(r,), daemon=True) for r in range(a.ranks) for f in (consume, produce)]
+        for t in threads:
+            t.start()
+        live = not a.plain and sys.stdout.isatty()
+        while any(t.is_alive() for t in threads):
+            if live:
+                text = top.table([_scrape(u) for u in urls], urls)
+                sys.stdout.write("\x1b[H\x1b[2J" + time.strftime(f"%H:%M:%S odbctl demo ({a.ranks} ranks)\n") + text +
+                                 "\n")
+                sys.stdout.flush()
+            time.sleep(a.interval)
+        final = top.table([_scrape(u) for u in urls], urls)
+        print(("\x1b[H\x1b[2J" if live else "") + f"odbctl demo ({a.ranks} ranks): epoch 0 done\n" + final)
+        print(f"job {job}: steps per rank {steps}; run dir {run_dir}")
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for d in daemons:
+            d.stop()
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def _scrape(url: str) -> Optional[Dict[str, float]]:
+    from . import top
+
+    try:
+        return top.scrape(url)
+    except OSError:
+        return None
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `odbctl` (one sub-command per task)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    t = sub.add_parser("top", help="live per-rank view of a running job, from the daemons' metrics endpoints",
+                       description="One row per rank: samples in/out/rejected, steps, idle steps, padding, "
+                                   "buffered MiB, queued steps, MiB moved, round time p50/p99, real tokens "
+                                   "against the mean of the ranks. Exit 1 with --once when an endpoint is "
+                                   "unreachable.")
+    t.add_argument("endpoints", nargs="+", metavar="URL",
+                   help="a daemon's metrics endpoint (odbd's metrics_endpoint), one per rank: http://host:port")
+    t.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    t.add_argument("--once", action="store_true", help="print the table once and exit")
+    t.set_defaults(func=_cmd_top)
+
+    d = sub.add_parser("demo", help="run a small local job (W daemons, synthetic samples) and show its live view",
+                       description="Starts --ranks odbd daemons of one job (metrics on 127.0.0.1), one producer "
+                                   "and one consumer per rank sending synthetic samples (rank r: more and longer "
+                                   "ones the higher r), and shows the `odbctl top` view until the epoch ends. "
+                                   "Needs odbd (see `odbctl find-odbd`).")
+    d.add_argument("--ranks", type=int, default=2, help="ranks (daemons) of the job (default 2)")
+    d.add_argument("--samples", type=int, default=400, help="about how many samples in all (default 400)")
+    d.add_argument("--max-tokens", type=int, default=512, help="token budget of a step (default 512)")
+    d.add_argument("--planner", default="global", choices=["global", "local"],
+                   help="alignment.planner of the daemons (default global)")
+    d.add_argument("--delay", type=float, default=0.005, help="seconds between two samples of a producer")
+    d.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (default 0.5)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the sample lengths")
+    d.add_argument("--plain", action="store_true", help="no live refresh: print the final table only")
+    d.add_argument("--odbd", help="the odbd binary (default: odb.find_odbd())")
+    d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("report", help="end-of-epoch PNG plots from an OdbDataLoader's summary_dir",
+                       description="Writes one PNG per epoch (rank cost max vs mean per step, padding, idle "
+                                   "steps per rank, length histogram) from the step records that "
+                                   "OdbDataLoader(summary_dir=...) wrote, and prints their paths. Needs matplotlib.")
+    r.add_argument("summary_dir", help="the directory of rank*-epoch*.jsonl step records")
+    r.add_argument("--out", help="where to write the PNGs (default: summary_dir)")
+    r.set_defaults(func=_cmd_report)
+
+    f = sub.add_parser("find-odbd", help="print the odbd binary odb would start ($ODBD, PATH, the checkout)",
+                       description="Prints the path odb.find_odbd() returns: $ODBD, else `odbd` on PATH, else "
+                                   "the source checkout's .build/src/daemon/odbd; exit 1 saying what to do "
+                                   "when there is none.")
+    f.set_defaults(func=_cmd_find_odbd)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `odbctl` console script; returns the exit status."""
+    a = parser().parse_args(list(argv) if argv is not None else None)
+    if getattr(a, "ranks", 1) < 1 or getattr(a, "samples", 1) < 1:
+        parser().error("--ranks and --samples must be at least 1")
+    func: Callable[[argparse.Namespace], int] = a.func
+    return func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
