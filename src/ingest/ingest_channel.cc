@@ -480,6 +480,15 @@ void IngestChannel::GrantCredits() {
   for (const ConnKey& key : gone) conns_.erase(key);
 }
 
+bool IngestChannel::MaySend(const Conn& conn) {
+  // Credit for a sample, and not waiting for more: a producer that asked for
+  // bytes (its next sample is larger) or for a higher seq limit is held back
+  // by the daemon.
+  return conn.credit_samples > 0 && conn.credit_bytes > 0 &&
+         (conn.wanted_bytes == 0 || conn.credit_bytes >= static_cast<int64_t>(conn.wanted_bytes)) &&
+         !conn.wanted_seq;
+}
+
 void IngestChannel::NoteEpochRequested() { last_message_ = clock_.Now(); }
 
 std::optional<std::string> IngestChannel::CheckStall() {
@@ -491,7 +500,10 @@ std::optional<std::string> IngestChannel::CheckStall() {
   size_t in_order = 0;
   if (stalled) {
     epoch = *state_.current_epoch;
-    const size_t known = state_.tracker.ActiveProducers(epoch).size() + state_.tracker.EndedCount(epoch);
+    size_t connected = 0;
+    for (const auto& [key, conn] : conns_) connected += conn.producer_id.empty() ? 0 : 1;
+    const size_t known =
+        std::max(connected, state_.tracker.ActiveProducers(epoch).size() + state_.tracker.EndedCount(epoch));
     in_order = state_.buffer.PendingInOrder(epoch, static_cast<size_t>(config_.window) + 1, false).size();
     // Waiting for samples in order, every expected producer is there, and
     // none of them may send: each is out of credit (the buffer has no room
@@ -500,8 +512,7 @@ std::optional<std::string> IngestChannel::CheckStall() {
               known >= state_.expected_producers && !conns_.empty();
     for (const auto& [key, conn] : conns_) {
       if (!stalled) break;
-      const bool has_credit = conn.credit_samples > 0 && conn.credit_bytes > 0;
-      if (!conn.producer_id.empty() && has_credit && !conn.wanted_seq) stalled = false;
+      if (!conn.producer_id.empty() && MaySend(conn)) stalled = false;
     }
   }
   if (!stalled) {
@@ -535,8 +546,7 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   // credit used up, the daemon itself is holding them back.
   bool someone_may_send = conns_.empty();
   for (const auto& [key, conn] : conns_) {
-    if (!conn.producer_id.empty() && conn.credit_samples > 0 && conn.credit_bytes > 0 && !conn.wanted_seq)
-      someone_may_send = true;
+    if (!conn.producer_id.empty() && MaySend(conn)) someone_may_send = true;
   }
   if (!someone_may_send) {
     last_message_ = now;

@@ -100,6 +100,7 @@ class IngestChannel {
   bool Reply(Conn& conn, const wire::IngestReply& reply);
   uint64_t WindowBytes() const;
   bool ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes);
+  static bool MaySend(const Conn& conn);
 
   zmq::context_t& context_;
   const DaemonConfig& config_;

@@ -183,3 +183,36 @@ def test_a_sample_without_seq_is_refused_by_a_deterministic_daemon(run_dir, job_
         del producer
     finally:
         daemon.stop()
+
+
+class BigSamples(torch.utils.data.Dataset):
+    """Samples of 8 KiB of payload each (a 1024-row int64 input_ids)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        ids = torch.full((1024,), i % 50 + 1, dtype=torch.int64)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def test_a_buffer_too_small_for_the_window_is_a_clear_error_not_a_hang(run_dir, job_id) -> None:
+    # One window in order (17 samples x 8 KiB) cannot fit a 64 KiB buffer: the rank
+    # can never plan. The daemon must say so (STALLED) instead of waiting for ever.
+    config = tiny_lm.daemon_config(max_tokens=4096, grouping={"window": 16},
+                                   buffer={"max_bytes": 64 << 10, "max_samples": 256},
+                                   alignment={"deterministic": True})
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=config, log_level="warn")
+    try:
+        loader = odb.OdbDataLoader(BigSamples(), rank=0, world_size=1, run_dir=str(run_dir), num_workers=2,
+                                   timeout_s=60)
+        started = time.monotonic()
+        with pytest.raises(odb.OdbError) as info:
+            for _ in loader:
+                pass
+        message = str(info.value)
+        assert "STALLED" in message or "deterministic" in message, message
+        assert "buffer.max_bytes" in message and "grouping.window" in message, message
+        assert time.monotonic() - started < 50, "the stall took as long as the loader's own timeout"
+    finally:
+        daemon.stop()
