@@ -359,8 +359,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::MapValidated(UniqueFd fd, std::str
 }
 
 Arena::~Arena() {
-  if (is_creator_ && base_ != nullptr) MarkClosed();
-  if (is_creator_) Unlink();
+  // Only the creating process closes and removes the segment: a child that
+  // inherited this object through fork() (a DataLoader worker) and destroys
+  // its copy must not pull the segment from under its parent.
+  if (is_creator_ && base_ != nullptr && getpid() == header()->creator_pid) {
+    MarkClosed();
+    Unlink();
+  } else if (is_creator_ && base_ == nullptr) {
+    Unlink();  // Create failed half-way, in this process
+  }
   if (base_ != nullptr) ::munmap(base_, total_bytes_);
 }
 

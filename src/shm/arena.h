@@ -78,8 +78,9 @@ class Arena {
 
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
-  // Unmaps. A creator's arena also removes its file (the peer's mapping stays
-  // valid: it holds the pages until it unmaps).
+  // Unmaps. In the creating process it also marks the segment closed and
+  // removes its file (the peer's mapping stays valid: it holds the pages until
+  // it unmaps); a fork()ed child's copy only unmaps.
   ~Arena();
 
   // The file's path; empty for a memfd.

@@ -307,6 +307,29 @@ TEST_CASE("a reader killed with blocks outstanding: the writer sees it, Reset re
   REQUIRE(ArenaReader::Attach(path).ok());
 }
 
+TEST_CASE("a fork()ed child destroying its inherited copies leaves the segment and the claim alone") {
+  TempDir dir("fork-copy");
+  ArenaOptions options;
+  options.dir = dir.path();
+  options.capacity_bytes = 1 << 20;
+  absl::StatusOr<std::unique_ptr<ArenaWriter>> writer = ArenaWriter::Create(options);
+  REQUIRE(writer.ok());
+  const std::string path = (*writer)->arena().path();
+  absl::StatusOr<std::unique_ptr<ArenaReader>> reader = ArenaReader::Attach(path);
+  REQUIRE(reader.ok());
+  // Like a DataLoader worker forked from a process that holds both.
+  const pid_t child = ForkChild([&] {
+    writer->reset();
+    reader->reset();
+    return 0;
+  });
+  REQUIRE(WaitChild(child) == 0);
+  REQUIRE(std::filesystem::exists(path));
+  REQUIRE((*reader)->CheckWriter().ok());
+  REQUIRE((*writer)->reader_state() == ArenaWriter::ReaderState::kAlive);
+  REQUIRE((*writer)->reader_pid() == getpid());
+}
+
 // Writes a copy of `source` under `name` in `dir` with the header patched by
 // `patch`, with `mode`; returns its path.
 std::string WriteVariant(const std::string& dir, const std::string& name, const std::vector<char>& source,

@@ -50,8 +50,9 @@ ArenaReader::ArenaReader(std::unique_ptr<Arena> arena, uint32_t epoch)
 
 ArenaReader::~ArenaReader() {
   ArenaHeader* h = arena_->header();
-  // Only our own claim, and only if the writer has not reset it already.
-  if (Atomic(h->reader_epoch).load(std::memory_order_acquire) == epoch_ &&
+  // Only our own claim (not in a fork()ed child that inherited this object),
+  // and only if the writer has not reset it already.
+  if (getpid() == pid_ && Atomic(h->reader_epoch).load(std::memory_order_acquire) == epoch_ &&
       Atomic(h->reader_pid).load(std::memory_order_acquire) == pid_) {
     Atomic(h->reader_start_ticks).store(0, std::memory_order_relaxed);
     int32_t expected = pid_;
