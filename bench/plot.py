@@ -29,17 +29,18 @@ def grouped_bars(rows, field, ylabel, title, out, scale=1.0, hline=None):
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     value = {(r["trace"], r["policy"]): float(r[field]) * scale for r in rows}
     width = 0.8 / len(policies)
-    fig, ax = plt.subplots(figsize=(max(10, 2.4 * len(traces)), 5))
+    fig, ax = plt.subplots(figsize=(max(10, 2.4 * len(traces)), 6.5))
+    colors = plt.cm.tab20.colors
     for i, p in enumerate(policies):
         xs = [t + (i - len(policies) / 2 + 0.5) * width for t in range(len(traces))]
-        ax.bar(xs, [value.get((t, p), 0.0) for t in traces], width, label=p)
+        ax.bar(xs, [value.get((t, p), 0.0) for t in traces], width, label=p, color=colors[i % len(colors)])
     if hline is not None:
         ax.axhline(hline, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(traces)))
     ax.set_xticklabels(traces)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6, ncol=4)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
