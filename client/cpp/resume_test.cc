@@ -56,5 +56,22 @@ TEST_CASE("a corrupt, truncated or other-version state is an error, never a wron
               .find("not sorted") != std::string::npos);
 }
 
+TEST_CASE("the replay point: mid-round replays the round, a round's last step moves to the next") {
+  StepInfo step;
+  step.step_index = 12;
+  step.round = 4;
+  step.round_first_step = 10;
+  step.round_steps = 5;
+  CHECK_FALSE(ReplayPoint::After(step).has_value());  // not a deterministic daemon
+  step.deterministic = true;
+  auto mid = ReplayPoint::After(step);
+  REQUIRE(mid.has_value());
+  CHECK((mid->round == 4 && mid->first_step == 10 && mid->next_step == 13));
+  step.step_index = 14;
+  auto end = ReplayPoint::After(step);
+  REQUIRE(end.has_value());
+  CHECK((end->round == 5 && end->first_step == 15 && end->next_step == 15));
+}
+
 }  // namespace
 }  // namespace odb::client

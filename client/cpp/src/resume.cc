@@ -4,6 +4,20 @@
 
 namespace odb::client {
 
+std::optional<ReplayPoint> ReplayPoint::After(const StepInfo& last) {
+  if (!last.deterministic) return std::nullopt;
+  ReplayPoint p;
+  p.next_step = last.step_index + 1;
+  if (p.next_step >= last.round_first_step + last.round_steps) {
+    p.round = last.round + 1;  // its round is complete: the next one starts fresh
+    p.first_step = p.next_step;
+  } else {
+    p.round = last.round;
+    p.first_step = last.round_first_step;
+  }
+  return p;
+}
+
 void ConsumedSet::Add(uint64_t id) {
   if (id < cursor_) return;
   extra_.insert(id);

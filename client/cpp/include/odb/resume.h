@@ -2,6 +2,7 @@
 #define ODB_CLIENT_RESUME_H_
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -39,6 +40,25 @@ class ConsumedSet {
   void Compact();
   uint64_t cursor_ = 0;        // every id below is consumed
   std::set<uint64_t> extra_;  // consumed ids at or above cursor_
+};
+
+// alignment.deterministic: where a resumed epoch replays from, step for step
+// (docs/resume.md, the `replay` entry of OdbDataLoader's state). A C++
+// trainer checkpoints it next to its ConsumedSet sets: the samples of the
+// steps before `first_step` (they leave the rank lists) and those from
+// `first_step` on (they stay in the lists: the replayed round plans them
+// again into the same steps). After the restart it calls
+// Consumer::StartEpoch(epoch, producers, round, first_step), its producers
+// send each rank's uninterrupted list less the first set (with seq = the
+// position in the shortened list), and it drops the steps below `next_step`.
+struct ReplayPoint {
+  uint64_t round = 0;       // the planning round to replay
+  uint64_t first_step = 0;  // its first step index
+  uint64_t next_step = 0;   // the first step not trained yet
+
+  // The replay point after `last`, the last step trained (of any kind), or
+  // nullopt when the daemon does not run alignment.deterministic.
+  static std::optional<ReplayPoint> After(const StepInfo& last);
 };
 
 struct ConsumedSet::Parsed {
