@@ -97,7 +97,7 @@ def _spawn_until_killed(world: int, run_dir: Path, timeout: float, **args) -> No
 
 
 @pytest.mark.parametrize("idle_policy,planner,world_before,world_after", [
-    ("zero_step", "local", 2, 2),
+    ("zero_step", "local", 4, 2),
     ("join", "local", 2, 3),
     ("zero_step", "global", 2, 2),
     ("join", "global", 3, 2),
