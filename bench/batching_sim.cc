@@ -8,9 +8,9 @@
 //   bazel build -c opt //bench:batching_sim
 //   bazel-bin/bench/batching_sim --model cpu_calibrated --world 8
 //       --traces chat_longtail,image_text,high_variance,production_mix,bench/traces/debian_docs.txt
-#include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -70,7 +70,8 @@ absl::StatusOr<StepModel> LoadModel(const std::string& path, const std::string& 
     for (double v : {m.a, m.b, m.c, m.k, m.m}) {
       // The bounds need a non-negative, non-decreasing, convex cost.
       if (!(v >= 0.0) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(path + ": model '" + name + "': a, b, c, k, m must be finite and >= 0");
+        return absl::InvalidArgumentError(path + ": model '" + name +
+                                          "': a, b, c, k, m must be finite and >= 0");
       }
     }
     return m;
@@ -116,13 +117,16 @@ int Main(const Options& o) {
   std::FILE* steps_csv = o.steps_csv.empty() ? nullptr : std::fopen(o.steps_csv.c_str(), "w");
   std::FILE* stats_csv = o.stats_csv.empty() ? nullptr : std::fopen(o.stats_csv.c_str(), "w");
   if (csv) {
-    std::fprintf(csv,
-                 "trace,policy,world,model,samples,steps,idle_rank_steps,over_budget_rank_steps,padding_fraction,"
-                 "sim_seconds,samples_per_s,vs_standard,of_bound,of_padded_bound,max_over_mean,bound_seconds,"
-                 "padded_bound_seconds,batch_size,p99_batch_size\n");
+    std::fprintf(
+        csv,
+        "trace,policy,world,model,samples,steps,idle_rank_steps,over_budget_rank_steps,padding_fraction,"
+        "sim_seconds,samples_per_s,vs_standard,of_bound,of_padded_bound,max_over_mean,bound_seconds,"
+        "padded_bound_seconds,batch_size,p99_batch_size\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
-  if (stats_csv) std::fprintf(stats_csv, "trace,n,mean,cv,p50,p90,p99,max,short_fraction,vision_fraction,truncated,source\n");
+  if (stats_csv)
+    std::fprintf(stats_csv,
+                 "trace,n,mean,cv,p50,p90,p99,max,short_fraction,vision_fraction,truncated,source\n");
 
   std::ostringstream md;
   md << "Model `" << o.model << "`: " << Describe(cfg.model) << "; IDLE rank step = " << cfg.model.a
@@ -153,17 +157,18 @@ int Main(const Options& o) {
     std::shuffle(arrival.begin(), arrival.end(), std::mt19937_64(o.seed * 7919 + ti));
     const TraceStats st = MeasureTrace(*trace, o.max_tokens / 16);
     char line[768];
-    std::snprintf(line, sizeof line, "| %s | %zu | %.0f | %.2f | %u | %u | %u | %u | %.1f%% | %.0f%% | %zu | %s |\n",
+    std::snprintf(line, sizeof line,
+                  "| %s | %zu | %.0f | %.2f | %u | %u | %u | %u | %.1f%% | %.0f%% | %zu | %s |\n",
                   trace->name.c_str(), st.n, st.mean, st.cv, st.p50, st.p90, st.p99, st.max,
                   100 * st.short_fraction, 100 * st.vision_fraction, trace->truncated, trace->source.c_str());
     stats_md << line;
     if (stats_csv) {
-      std::fprintf(stats_csv, "%s,%zu,%.2f,%.4f,%u,%u,%u,%u,%.4f,%.4f,%zu,\"%s\"\n", trace->name.c_str(), st.n, st.mean,
-                   st.cv, st.p50, st.p90, st.p99, st.max, st.short_fraction, st.vision_fraction, trace->truncated,
-                   trace->source.c_str());
+      std::fprintf(stats_csv, "%s,%zu,%.2f,%.4f,%u,%u,%u,%u,%.4f,%.4f,%zu,\"%s\"\n", trace->name.c_str(),
+                   st.n, st.mean, st.cv, st.p50, st.p90, st.p99, st.max, st.short_fraction,
+                   st.vision_fraction, trace->truncated, trace->source.c_str());
     }
-    std::fprintf(stderr, "batching_sim: %s: %zu samples, mean %.0f, CV %.2f, max %u\n", trace->name.c_str(), st.n,
-                 st.mean, st.cv, st.max);
+    std::fprintf(stderr, "batching_sim: %s: %zu samples, mean %.0f, CV %.2f, max %u\n", trace->name.c_str(),
+                 st.n, st.mean, st.cv, st.max);
     const Bounds bounds = LowerBounds(arrival, cfg.budget, cfg.model, cfg.world);
 
     std::map<std::string, Metrics> results;
@@ -176,8 +181,8 @@ int Main(const Options& o) {
       }
       Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
       if (m.samples != arrival.size()) {
-        std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(), trace->name.c_str(),
-                     static_cast<unsigned long>(m.samples), arrival.size());
+        std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(),
+                     trace->name.c_str(), static_cast<unsigned long>(m.samples), arrival.size());
         return 4;
       }
       results[p] = std::move(m);
@@ -186,11 +191,14 @@ int Main(const Options& o) {
     const uint32_t batch = FixedBatchSize(arrival, cfg.budget);
     const uint32_t p99_batch = P99BatchSize(arrival, cfg.budget);
     tables << "\n#### " << trace->name << "\n\n"
-           << "Batch size of standard/sorted/length_grouped: " << batch << " (the largest that fits the longest sample, "
-           << st.max << " tokens); standard_p99: " << p99_batch << " (fits the 99th percentile, " << st.p99
+           << "Batch size of standard/sorted/length_grouped: " << batch
+           << " (the largest that fits the longest sample, " << st.max
+           << " tokens); standard_p99: " << p99_batch << " (fits the 99th percentile, " << st.p99
            << " tokens). Bound: " << bounds.any_layout << " (at least " << bounds.min_rank_steps
-           << " rank steps); padded bound: " << bounds.padded << " (" << bounds.padded_groups << " groups).\n\n"
-           << "| policy | samples/s | vs standard | of bound | of padded bound | padding | steps | idle rank-steps | "
+           << " rank steps); padded bound: " << bounds.padded << " (" << bounds.padded_groups
+           << " groups).\n\n"
+           << "| policy | samples/s | vs standard | of bound | of padded bound | padding | steps | idle "
+              "rank-steps | "
               "over-budget rank-steps | max/mean rank cost |\n"
            << "|---|---|---|---|---|---|---|---|---|---|\n";
     for (const std::string& p : policies) {
@@ -204,7 +212,8 @@ int Main(const Options& o) {
       // 1 is a bug in a bound or in a policy, never a result.
       const double slack = 1e-9;
       if (m.over_budget_rank_steps == 0 && (of_bound > 1 + slack || of_padded > 1 + slack)) {
-        std::fprintf(stderr, "batching_sim: BOUND VIOLATED: %s on %s: time %.9g, bound %.9g, padded bound %.9g\n",
+        std::fprintf(stderr,
+                     "batching_sim: BOUND VIOLATED: %s on %s: time %.9g, bound %.9g, padded bound %.9g\n",
                      p.c_str(), trace->name.c_str(), m.time, bounds.any_layout, bounds.padded);
         ++violations;
       }
@@ -214,18 +223,19 @@ int Main(const Options& o) {
       } else {
         std::snprintf(padded_cell, sizeof padded_cell, "n/a");
       }
-      std::snprintf(line, sizeof line, "| %s | %.4g | %.3f | %.3f | %s | %.1f%% | %lu | %lu | %lu | %.3f |\n", p.c_str(),
-                    sps, vs_std, of_bound, padded_cell, 100 * m.padding_fraction(), static_cast<unsigned long>(m.steps),
-                    static_cast<unsigned long>(m.idle_rank_steps), static_cast<unsigned long>(m.over_budget_rank_steps),
-                    m.max_over_mean());
+      std::snprintf(line, sizeof line, "| %s | %.4g | %.3f | %.3f | %s | %.1f%% | %lu | %lu | %lu | %.3f |\n",
+                    p.c_str(), sps, vs_std, of_bound, padded_cell, 100 * m.padding_fraction(),
+                    static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
+                    static_cast<unsigned long>(m.over_budget_rank_steps), m.max_over_mean());
       tables << line;
       if (csv) {
         std::fprintf(csv, "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u\n",
-                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
-                     static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
-                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
-                     of_bound, padded_policy ? std::to_string(of_padded).c_str() : "", m.max_over_mean(),
-                     bounds.any_layout, bounds.padded, batch, p99_batch);
+                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(),
+                     static_cast<unsigned long>(m.samples), static_cast<unsigned long>(m.steps),
+                     static_cast<unsigned long>(m.idle_rank_steps),
+                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps,
+                     vs_std, of_bound, padded_policy ? std::to_string(of_padded).c_str() : "",
+                     m.max_over_mean(), bounds.any_layout, bounds.padded, batch, p99_batch);
       }
       if (steps_csv) {
         for (size_t k = 0; k < m.step_costs.size(); ++k) {

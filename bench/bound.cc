@@ -81,7 +81,9 @@ uint64_t BinPackingLowerBound(std::vector<uint64_t> sizes, uint64_t capacity) {
   std::vector<uint64_t> prefix(n + 1, 0);  // prefix[i] = sum of the i smallest
   for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + sizes[i];
   // Index of the first item with size > x (upper_bound) / >= x (lower_bound).
-  auto above = [&](uint64_t x) { return static_cast<size_t>(std::upper_bound(sizes.begin(), sizes.end(), x) - sizes.begin()); };
+  auto above = [&](uint64_t x) {
+    return static_cast<size_t>(std::upper_bound(sizes.begin(), sizes.end(), x) - sizes.begin());
+  };
   auto at_least = [&](uint64_t x) {
     return static_cast<size_t>(std::lower_bound(sizes.begin(), sizes.end(), x) - sizes.begin());
   };

@@ -83,9 +83,8 @@ std::vector<Batch> LengthGrouped(const std::vector<SampleLengths>& arrival, uint
   std::vector<Batch> batches;
   for (size_t i = 0; i < arrival.size(); i += mega) {
     std::vector<SampleLengths> m(arrival.begin() + i, arrival.begin() + std::min(arrival.size(), i + mega));
-    std::stable_sort(m.begin(), m.end(), [](const SampleLengths& a, const SampleLengths& b) {
-      return a.tokens > b.tokens;
-    });
+    std::stable_sort(m.begin(), m.end(),
+                     [](const SampleLengths& a, const SampleLengths& b) { return a.tokens > b.tokens; });
     for (Batch& b : Chunks(m, batch_size)) batches.push_back(std::move(b));
   }
   return batches;
@@ -130,7 +129,8 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
   for (uint64_t round = 0;; ++round) {
     bool anything = false;
     for (int r = 0; r < world; ++r) {
-      while (pending[r].size() < window && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      while (pending[r].size() < window && next[r] < shares[r].size())
+        pending[r].push_back(shares[r][next[r]++]);
       anything |= !pending[r].empty();
     }
     if (!anything) break;
@@ -156,7 +156,8 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
       };
       if (gs.empty()) continue;  // IDLE for the whole round
       if (gs.size() > t) {
-        std::stable_sort(gs.begin(), gs.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+        std::stable_sort(gs.begin(), gs.end(),
+                         [](const auto& a, const auto& b) { return a.size() > b.size(); });
         gs.resize(t);
       }
       while (gs.size() < t) {
@@ -166,12 +167,14 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
         }
         if (pick == gs.size()) break;  // cannot happen: T <= N_r
         auto& g = gs[pick];
-        auto it = std::max_element(g.begin(), g.end(), [&](size_t a, size_t b) { return win[a].tokens < win[b].tokens; });
+        auto it = std::max_element(g.begin(), g.end(),
+                                   [&](size_t a, size_t b) { return win[a].tokens < win[b].tokens; });
         const size_t lone = *it;
         g.erase(it);
         gs.push_back({lone});
       }
-      std::stable_sort(gs.begin(), gs.end(), [&](const auto& a, const auto& b) { return longest(a) > longest(b); });
+      std::stable_sort(gs.begin(), gs.end(),
+                       [&](const auto& a, const auto& b) { return longest(a) > longest(b); });
       std::vector<grouping::Group> order;
       for (auto& g : gs) order.push_back(grouping::Group{g, false});
       grouping::ShuffleGroups(order, align::MixSeed(cfg.seed, round));  // same seed on every rank
@@ -251,11 +254,13 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       // Deterministic mode plans from the first window+1 samples and calls a
       // stream finished once the window holds its whole remainder (Aligner).
       const size_t fill = spec.deterministic ? window + 1 : window;
-      while (pending[r].size() < fill && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      while (pending[r].size() < fill && next[r] < shares[r].size())
+        pending[r].push_back(shares[r][next[r]++]);
       align::RankRound& rr = state.ranks[r];
       rr.pending = pending[r];
       rr.free_slots = free_slots;
-      rr.stream_finished = next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
+      rr.stream_finished =
+          next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
       rr.wait_rounds = wait_rounds;
     }
     align::RoundPlan plan = planner->Plan(state);
@@ -269,7 +274,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
         s.samples = static_cast<uint32_t>(ps.samples.size());
         s.real_tokens = ps.real_tokens;
         s.padded_tokens = ps.padded_tokens;
-        for (const SampleMeta& m : ps.samples) s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
+        for (const SampleMeta& m : ps.samples)
+          s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
       }
       schedule.push_back(std::move(step));
     }
@@ -318,7 +324,8 @@ uint32_t P99BatchSize(const std::vector<SampleLengths>& samples, const grouping:
   for (const SampleLengths& s : samples) lens.push_back(s.tokens);
   std::sort(lens.begin(), lens.end());
   // The same percentile as MeasureTrace (bench/trace.cc).
-  const uint32_t p99 = std::max<uint32_t>(1, lens[std::min(lens.size() - 1, static_cast<size_t>(0.99 * lens.size()))]);
+  const uint32_t p99 =
+      std::max<uint32_t>(1, lens[std::min(lens.size() - 1, static_cast<size_t>(0.99 * lens.size()))]);
   return static_cast<uint32_t>(std::max<uint64_t>(1, budget.max_tokens / p99));
 }
 
@@ -328,7 +335,10 @@ std::string PolicySpec::Name(const SimConfig& config) const {
   return std::string("odb:") + (global ? "global" : "local") + ":q" +
          (queue_steps == 0 ? std::string("inf") : std::to_string(queue_steps)) + ":w" +
          std::to_string(window ? window : config.window) +
-         (paced == 0 ? "" : paced == 1 ? ":paced" : ":paced" + std::to_string(paced)) + (deterministic ? ":det" : "");
+         (paced == 0   ? ""
+          : paced == 1 ? ":paced"
+                       : ":paced" + std::to_string(paced)) +
+         (deterministic ? ":det" : "");
 }
 
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
@@ -342,7 +352,7 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
     from = colon + 1;
   }
   spec.base = parts[0];
-  static const char* kPlain[] = {"standard", "standard_p99", "sorted",    "length_grouped",
+  static const char* kPlain[] = {"standard", "standard_p99",  "sorted",    "length_grouped",
                                  "packing",  "sorted_greedy", "offline_dp"};
   const bool plain = std::find(std::begin(kPlain), std::end(kPlain), spec.base) != std::end(kPlain);
   if (!plain && spec.base != "odb" && spec.base != "reference_odb") {
@@ -410,7 +420,8 @@ absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<
   const grouping::CostModel cm = cfg.budget.model;
   const uint32_t b = FixedBatchSize(arrival, cfg.budget);
   if (base == "standard") return FromBatches(Chunks(arrival, b), cfg.world, cm);
-  if (base == "standard_p99") return FromBatches(Chunks(arrival, P99BatchSize(arrival, cfg.budget)), cfg.world, cm);
+  if (base == "standard_p99")
+    return FromBatches(Chunks(arrival, P99BatchSize(arrival, cfg.budget)), cfg.world, cm);
   if (base == "sorted") {
     std::vector<SampleLengths> sorted = arrival;
     std::stable_sort(sorted.begin(), sorted.end(), ByTokens);

@@ -55,7 +55,8 @@ struct PolicySpec {
   uint32_t queue_steps = 32;  // 0 = unbounded
   uint32_t window = 0;        // 0 = SimConfig::window
   uint32_t paced = 0;         // 0 = not paced; R = a round fires once R slots are free
-  bool deterministic = false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
+  bool deterministic =
+      false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;

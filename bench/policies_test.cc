@@ -1,8 +1,7 @@
 #include "bench/policies.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <functional>
 #include <limits>
 #include <random>
@@ -95,8 +94,8 @@ TEST_CASE("the step model: efficiency curve, floor, planner's linear part", "[po
   m.c = 0.25;
   m.k = 10.0;
   m.m = 20.0;
-  CHECK(m.Compute(30.0) == Approx(20.0));        // 0.5 * 40 = 20: at the floor
-  CHECK(m.Compute(100.0) == Approx(55.0));       // 0.5 * (100 + 10)
+  CHECK(m.Compute(30.0) == Approx(20.0));   // 0.5 * 40 = 20: at the floor
+  CHECK(m.Compute(100.0) == Approx(55.0));  // 0.5 * (100 + 10)
   CHECK(m.Step(100.0, 4.0) == Approx(2 + 55 + 1));
   const grouping::StepTimeModel p = m.PlannerModel();
   CHECK(p.per_step == Approx(7.0));
@@ -139,7 +138,6 @@ TEST_CASE("generated presets match their documented statistics", "[trace]") {
   CHECK_FALSE(GenerateTrace("nope", 10, 4096, 1).ok());
 }
 
-
 // --- Lower bounds ------------------------------------------------------------
 
 // Every partition of `lens` into blocks (restricted growth strings).
@@ -163,12 +161,13 @@ void ForEachPartition(size_t n, const std::function<void(const std::vector<std::
 }
 
 struct BruteForce {
-  double padded = std::numeric_limits<double>::infinity();  // exact padded optimum (W = 1)
+  double padded = std::numeric_limits<double>::infinity();   // exact padded optimum (W = 1)
   double relaxed = std::numeric_limits<double>::infinity();  // any layout computing on sum(len) <= L
   uint64_t bins = std::numeric_limits<uint64_t>::max();      // fewest blocks with sum(len) <= L
 };
 
-BruteForce Solve(const std::vector<SampleLengths>& s, const grouping::Budget& budget, const StepModel& model) {
+BruteForce Solve(const std::vector<SampleLengths>& s, const grouping::Budget& budget,
+                 const StepModel& model) {
   BruteForce best;
   double attention = 0.0;
   for (const SampleLengths& x : s) attention += model.c * x.tokens * static_cast<double>(x.tokens);
@@ -279,7 +278,8 @@ TEST_CASE("no policy beats the bounds on random small traces", "[bound]") {
     cfg.window = 16 + static_cast<uint32_t>(rng() % 64);
     cfg.model = RandomModel(rng);
     cfg.budget.max_tokens = std::vector<uint64_t>{1024, 4096}[rng() % 2];
-    auto trace = GenerateTrace(presets[rng() % presets.size()], 100 + rng() % 400, cfg.budget.max_tokens, rng());
+    auto trace =
+        GenerateTrace(presets[rng() % presets.size()], 100 + rng() % 400, cfg.budget.max_tokens, rng());
     REQUIRE(trace.ok());
     const Bounds bounds = LowerBounds(trace->samples, cfg.budget, cfg.model, cfg.world);
     std::vector<std::string> policies = PolicyNames(cfg.window);
