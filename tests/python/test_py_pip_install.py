@@ -9,7 +9,16 @@ in a temporary folder (the C++ compile takes a minute or two on 2 cores), then:
   (odb/.libs) apart from glibc and the GCC runtime: no system libzmq/libprotobuf;
 * a script in the venv imports odb without torch, finds odbd through $ODBD, and
   sends samples with odb.Producer that come back intact through odb.Consumer;
-* `pip wheel` makes a wheel holding the extension and its libraries.
+* `pip wheel` makes a wheel holding the extension and its libraries;
+* the same script runs with the system's libzmq, libprotobuf, libsodium and
+  abseil made unreadable (bind-mounted over with /dev/null in a private mount
+  namespace, where unshare is allowed): the package needs none of them;
+* the `odbctl` console script works from the venv: --help, find-odbd, a live
+  2-rank demo against real daemons, top, report;
+* with ODB_STATIC_DEPS (ZeroMQ, protobuf-lite and abseil rebuilt as PIC archives
+  from Debian's source packages, kept in .build/static-deps) the extension links
+  them statically: `ldd` shows only libc/libm/libstdc++/libgcc_s, no odb/.libs.
+  It skips only when the Debian source packages cannot be fetched (no network).
 """
 from __future__ import annotations
 
@@ -17,10 +26,12 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import textwrap
+import uuid
 import zipfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -39,12 +50,12 @@ def _clean_env(**extra: str) -> Dict[str, str]:
 
 def _run(args: list, **kw) -> subprocess.CompletedProcess:
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
-    assert p.returncode == 0, f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    assert p.returncode == 0, f"{' '.join(map(str, args))[:500]} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     return p
 
 
-@pytest.fixture(scope="session")
-def pip_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+def _other_python() -> str:
+    """The `python3` on PATH, when it is not Debian's (else the test skips)."""
     interp = shutil.which("python3")
     if interp is None:
         pytest.skip("no python3 on PATH")
@@ -53,6 +64,17 @@ def pip_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     if real and os.path.exists("/usr/bin/python3") and os.path.samefile(real, "/usr/bin/python3"):
         pytest.skip(f"python3 on PATH ({interp}) is Debian's /usr/bin/python3: this test needs a second, "
                     f"non-Debian interpreter (e.g. pyenv) to show that the package installs outside Debian's")
+    return interp
+
+
+def _site(py: Path) -> Path:
+    return Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                     env=_clean_env()).stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def pip_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    interp = _other_python()
     tmp = tmp_path_factory.mktemp("pip")
     venv, build, wheels = tmp / "venv", tmp / "build", tmp / "wheels"
     _run([interp, "-m", "venv", venv], env=_clean_env())
@@ -62,9 +84,57 @@ def pip_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     # Same build folder: the extension is not compiled again.
     _run([py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels, ROOT / "client/python"],
          env=env, cwd=tmp)
-    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
-                     env=_clean_env()).stdout.strip())
-    return {"python": py, "tmp": tmp, "package": site / "odb", "wheels": wheels}
+    return {"python": py, "tmp": tmp, "package": _site(py) / "odb", "wheels": wheels, "bin": venv / "bin"}
+
+
+# Where the position-independent archives are built once and kept (git ignores .build/).
+STATIC_DEPS = ROOT / ".build" / "static-deps"
+
+
+@pytest.fixture(scope="session")
+def static_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    """A second venv whose extension links ZeroMQ, protobuf-lite and abseil statically (ODB_STATIC_DEPS)."""
+    interp = _other_python()
+    tmp = tmp_path_factory.mktemp("pip-static")
+    venv = tmp / "venv"
+    _run([interp, "-m", "venv", venv], env=_clean_env())
+    py = venv / "bin" / "python"
+    env = _clean_env(ODB_BUILD_DIR=str(tmp / "build"), ODB_STATIC_DEPS=str(STATIC_DEPS), ODB_STATIC_REQUIRED="1")
+    p = subprocess.run([str(py), "-m", "pip", "install", "-v", "--no-build-isolation", str(ROOT / "client/python")],
+                       capture_output=True, text=True, env=env, cwd=tmp, timeout=3000)
+    if p.returncode != 0 and "cannot fetch Debian source packages" in p.stdout + p.stderr:
+        pytest.skip("the static build needs Debian's source packages once (apt-get source), and they cannot be "
+                    "fetched here:\n" + (p.stdout + p.stderr)[-1500:])
+    assert p.returncode == 0, f"static pip install failed:\n{p.stdout[-6000:]}\n{p.stderr[-3000:]}"
+    return {"python": py, "tmp": tmp, "package": _site(py) / "odb", "bin": venv / "bin"}
+
+
+def _ldd(ext: Path) -> Dict[str, str]:
+    resolved = {}
+    for line in _run(["ldd", ext]).stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>":
+            resolved[parts[0]] = parts[2]
+    return resolved
+
+
+# System libraries the package must not need: hidden from a run where the kernel lets us.
+HIDDEN = ("libzmq.so", "libprotobuf.so", "libprotobuf-lite.so", "libsodium.so", "libpgm-", "libnorm.so",
+          "libabsl_", "libgssapi_krb5.so")
+
+
+def _without_system_libs(cmd: List[str], tmp: Path) -> Optional[List[str]]:
+    """`cmd` run in a private mount namespace where the system's libzmq, libprotobuf, libsodium, abseil...
+    are /dev/null (as on a machine without them); None where unshare is not allowed (not root)."""
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    files = sorted({str(Path(p).resolve()) for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu",
+                                                       "/usr/lib64", "/usr/local/lib") if os.path.isdir(d)
+                    for p in Path(d).iterdir() if p.name.startswith(HIDDEN) and ".so" in p.name})
+    script = tmp / "hide_system_libs.sh"
+    script.write_text("set -e\n" + "".join(f"mount --bind /dev/null {f}\n" for f in files) + 'exec "$@"\n')
+    return ["unshare", "-m", "--propagation", "private", "sh", str(script), *map(str, cmd)]
 
 
 def test_installed_extension_needs_no_system_zmq_or_protobuf(pip_venv: Dict[str, Path]) -> None:
@@ -95,6 +165,9 @@ def test_wheel_holds_the_extension_and_its_libraries(pip_venv: Dict[str, Path]) 
     assert any(n.startswith("odb/_odb_native") and n.endswith(".so") for n in names), names
     assert "odb/.libs/libzmq.so.5" in names and any(n.startswith("odb/.libs/libprotobuf.so") for n in names), names
     assert any(n.endswith(".dist-info/RECORD") for n in names) and "odb/py.typed" in names
+    assert "odb/_odb_native.pyi" in names and "odb/cli.py" in names, names
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "odbctl = odb.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 END_TO_END = textwrap.dedent(r'''
@@ -115,8 +188,13 @@ END_TO_END = textwrap.dedent(r'''
     odbd = odb.find_odbd()
     assert str(odbd) == os.environ["ODBD"], odbd
     run_dir = tempfile.mkdtemp(prefix="odbpip-")
-    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}",
-                              config={"grouping": {"max_tokens": 64}}, log_level="warn")
+    if os.environ.get("ODB_E2E_TRAINER"):  # a daemon the test started (outside a namespace hiding its libraries)
+        class daemon:
+            ingest, trainer = os.environ["ODB_E2E_INGEST"], os.environ["ODB_E2E_TRAINER"]
+            stop = staticmethod(lambda: None)
+    else:
+        daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}",
+                                  config={"grouping": {"max_tokens": 64}}, log_level="warn")
     from odb._native import native
     n, int64 = 40, native().DTYPES["int64"]
     lengths = {i: 1 + (i * 7) % 13 for i in range(n)}
@@ -160,23 +238,58 @@ END_TO_END = textwrap.dedent(r'''
         t.join(30)
     finally:
         daemon.stop()
+    with open("/proc/self/maps") as f:
+        mapped = sorted({line.split()[-1] for line in f if ".so" in line.split()[-1]})
     print(json.dumps({"errors": errors, "seen": len(seen), "steps": steps, "summary": summary,
-                      "loader_error": loader_error, "odbd": str(odbd)}))
+                      "loader_error": loader_error, "odbd": str(odbd), "mapped": mapped,
+                      "package": os.path.dirname(odb.__file__)}))
 ''')
 
 
-def test_producer_to_consumer_through_a_real_odbd_without_torch(pip_venv: Dict[str, Path]) -> None:
+def _end_to_end(venv: Dict[str, Path], hide_system_libs: bool = False) -> dict:
     odbd = ROOT / ".build/src/daemon/odbd"
     assert odbd.exists(), "run ./scripts/build.sh"
-    script = pip_venv["tmp"] / "end_to_end.py"
+    script = venv["tmp"] / "end_to_end.py"
     script.write_text(END_TO_END)
-    out = _run([pip_venv["python"], script], env=_clean_env(ODBD=str(odbd)), cwd=pip_venv["tmp"], timeout=120)
+    cmd: Optional[List[str]] = [str(venv["python"]), str(script)]
+    env = _clean_env(ODBD=str(odbd))
+    daemon = None
+    if hide_system_libs:
+        cmd = _without_system_libs(cmd, venv["tmp"])  # type: ignore[arg-type]
+        if cmd is None:
+            pytest.skip("unshare -m is not allowed here (needs root): the ldd and /proc/self/maps checks stand")
+        # odbd itself links the system's libraries: it runs outside the namespace, the client inside.
+        import odb  # the checkout's package (conftest), in this test's own interpreter
+
+        run_dir = Path(tempfile.mkdtemp(prefix="odbpip-"))
+        daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}", odbd=odbd,
+                                  config={"grouping": {"max_tokens": 64}}, log_level="warn")
+        env.update(ODB_E2E_INGEST=daemon.ingest, ODB_E2E_TRAINER=daemon.trainer)
+    try:
+        out = _run(cmd, env=env, cwd=venv["tmp"], timeout=120)
+    finally:
+        if daemon is not None:
+            daemon.stop()
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["errors"] == [], result
     assert result["seen"] == 40 and result["steps"] >= 2, result
     assert result["summary"]["received"] == 40 and result["summary"]["emitted"] == 40, result
     assert result["summary"]["rejected"] == 0, result
     assert "torch" in result["loader_error"], result
+    return result
+
+
+def test_producer_to_consumer_through_a_real_odbd_without_torch(pip_venv: Dict[str, Path]) -> None:
+    result = _end_to_end(pip_venv)
+    # What the process really loaded (not only what ldd says): libzmq and libprotobuf from odb/.libs.
+    libs = (pip_venv["package"] / ".libs").resolve()
+    ours = [m for m in result["mapped"] if Path(m).name.startswith(("libzmq", "libprotobuf"))]
+    assert len(ours) >= 2 and all(Path(m).resolve().parent == libs for m in ours), result["mapped"]
+
+
+def test_runs_where_the_system_has_no_libzmq_or_libprotobuf(pip_venv: Dict[str, Path]) -> None:
+    result = _end_to_end(pip_venv, hide_system_libs=True)
+    assert any(Path(m).name.startswith("libzmq") for m in result["mapped"]), result["mapped"]
 
 
 def test_find_odbd_order_and_error(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
@@ -199,3 +312,78 @@ def test_find_odbd_order_and_error(pip_venv: Dict[str, Path], tmp_path: Path) ->
                     env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{path}", ODBD=str(ROOT / ".build/src/daemon/odbd")),
                     cwd=tmp_path).stdout.strip()
     assert env_wins == str(ROOT / ".build/src/daemon/odbd"), env_wins
+
+
+def _odbctl(venv: Dict[str, Path], *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
+    """The installed console script (venv/bin/odbctl), as a user runs it."""
+    cmd = [str(venv["bin"] / "odbctl"), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(**env), cwd=venv["tmp"], timeout=180)
+    if check:
+        assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def test_odbctl_console_script(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
+    odbd = str(ROOT / ".build/src/daemon/odbd")
+    assert (pip_venv["bin"] / "odbctl").exists(), list(pip_venv["bin"].iterdir())
+    usage = _odbctl(pip_venv, "--help").stdout
+    for command in ("top", "demo", "report", "find-odbd"):
+        assert command in usage, usage
+    assert _odbctl(pip_venv, "--version").stdout.strip() == "odbctl 0.1.0"
+    assert "metrics endpoint" in _odbctl(pip_venv, "top", "--help").stdout
+    assert _odbctl(pip_venv, "find-odbd", ODBD=odbd).stdout.strip() == odbd
+    gone = _odbctl(pip_venv, "find-odbd", check=False, ODBD=str(tmp_path / "none"))
+    assert gone.returncode == 1 and "odbctl find-odbd:" in gone.stderr, gone
+    bad = _odbctl(pip_venv, "frobnicate", check=False)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr, bad
+    # The live view of a 2-rank job: two real daemons (global planner), a producer and consumer per rank.
+    demo = _odbctl(pip_venv, "demo", "--plain", "--samples", "150", "--delay", "0", ODBD=odbd).stdout
+    rows = {int(line.split()[0]): line.split() for line in demo.splitlines() if line[:4].strip().isdigit()}
+    assert sorted(rows) == [0, 1], demo
+    sent = [len(range(150 * (r + 1) // 2 + 1)) for r in range(2)]
+    assert [int(rows[r][1]) for r in range(2)] == sent, demo              # samples in, per rank
+    assert int(rows[0][2]) + int(rows[1][2]) == sum(sent), demo           # all emitted
+    assert rows[0][4] == rows[1][4] and int(rows[0][4]) >= 2, demo        # same step count on both ranks
+    assert "max/mean" in demo and "steps per rank" in demo, demo
+    unreachable = _odbctl(pip_venv, "top", "--once", "http://127.0.0.1:9", check=False)
+    assert unreachable.returncode == 1 and "unreachable: http://127.0.0.1:9" in unreachable.stdout, unreachable
+    # No matplotlib in the venv: report says what to install; a folder without records says so.
+    (tmp_path / "rank0-epoch0.jsonl").write_text(json.dumps(
+        {"epoch": 0, "rank": 0, "step": 0, "real": 5, "padded": 8, "idle": False, "lengths": [5]}) + "\n")
+    report = _odbctl(pip_venv, "report", str(tmp_path), check=False)
+    assert report.returncode == 1 and "matplotlib" in report.stderr, report
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _odbctl(pip_venv, "report", str(empty), check=False).returncode == 1
+
+
+def test_odbctl_report_writes_pngs_with_debian_python(tmp_path: Path) -> None:
+    """The same entry point in Debian's interpreter (matplotlib installed) writes the epoch's PNG."""
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}-epoch0.jsonl", "w") as f:
+            for step in range(4):
+                f.write(json.dumps({"epoch": 0, "rank": rank, "step": step, "real": 10 + rank + step,
+                                    "padded": 16, "idle": rank == 1 and step == 3, "lengths": [4, 6 + step]}) + "\n")
+    out = _run(["/usr/bin/python3", "-c", "import sys, odb.cli; sys.exit(odb.cli.main(sys.argv[1:]))",
+                "report", tmp_path, "--out", tmp_path / "png"],
+               env=_clean_env(PYTHONPATH=str(ROOT / "client/python")), cwd=tmp_path, timeout=120).stdout
+    (png,) = [Path(line) for line in out.split()]
+    assert png.parent == tmp_path / "png" and png.suffix == ".png" and png.read_bytes()[:4] == b"\x89PNG", out
+
+
+def test_static_extension_links_no_zmq_protobuf_or_abseil(static_venv: Dict[str, Path]) -> None:
+    package = static_venv["package"]
+    (ext,) = package.glob("_odb_native*.so")
+    resolved = _ldd(ext)
+    assert set(resolved) <= {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6"}, resolved
+    assert not (package / ".libs").exists(), list((package / ".libs").iterdir())
+    exported = _run(["nm", "-D", "--defined-only", ext]).stdout
+    assert "PyInit__odb_native" in exported
+    assert not [line for line in exported.splitlines() if "zmq_" in line or "google" in line or "absl" in line]
+
+
+def test_static_extension_end_to_end_without_system_libs(static_venv: Dict[str, Path]) -> None:
+    result = _end_to_end(static_venv)
+    assert not [m for m in result["mapped"] if Path(m).name.startswith(HIDDEN)], result["mapped"]
+    _end_to_end(static_venv, hide_system_libs=True)
+    assert _odbctl(static_venv, "find-odbd", ODBD=str(ROOT / ".build/src/daemon/odbd")).returncode == 0
