@@ -211,6 +211,8 @@ class PyProducer {
     Check(s);
   }
 
+  void Cancel() { producer_->Cancel(); }
+
   void EndStream(uint32_t epoch) {
     absl::Status s;
     {
@@ -319,6 +321,8 @@ PYBIND11_MODULE(_odb_native, m) {
            "tensors: sequence of (name, dtype_code, shape, buffer); seq: the sample's position in this "
            "rank's list for the epoch (required by alignment.deterministic)")
       .def("end_stream", &PyProducer::EndStream, py::arg("epoch"))
+      .def("cancel", &PyProducer::Cancel,
+           "Makes a blocked send/end_stream raise within ~100 ms (callable from another thread)")
       .def("send_raw_frames", &PyProducer::SendRawFrames, py::arg("frames"))
       .def("sent", &PyProducer::Sent, py::arg("epoch"));
 

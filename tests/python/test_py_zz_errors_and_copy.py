@@ -116,3 +116,29 @@ def test_native_producer_rejects_bad_buffers(run_dir, job_id) -> None:
         del p
     finally:
         daemon.stop()
+
+
+def test_leaving_an_epoch_early_stops_the_workers_blocked_on_the_daemon(run_dir, job_id) -> None:
+    """A trainer that leaves its loop (an exception, a break) while the data workers wait for
+    credit (the buffer is full: nobody consumes) must not leave them blocked: the loader cancels
+    their sends (Producer.cancel) instead of calling DataLoader's private _shutdown_workers."""
+    import multiprocessing
+
+    config = tiny_lm.daemon_config(256, buffer={"max_bytes": 65536})
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=config)
+    try:
+        ds = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(2000, seed=4, max_len=60))
+        loader = odb.OdbDataLoader(ds, num_workers=2, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        before = {p.pid for p in multiprocessing.active_children()}  # earlier tests' leftovers
+        for count, _ in enumerate(loader):
+            if count == 2:
+                workers = [p for p in multiprocessing.active_children() if p.pid not in before]
+                break
+        assert len(workers) == 2
+        gc.collect()
+        for w in workers:
+            w.join(30)  # well below the workers' send timeout (120 s)
+        # Ended on their own (exit code 0), not terminated by DataLoader's teardown (-SIGTERM).
+        assert [w.exitcode for w in workers] == [0, 0], "data workers were still blocked when the trainer left"
+    finally:
+        daemon.stop()

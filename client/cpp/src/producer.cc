@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -46,12 +47,18 @@ struct Producer::Impl {
   uint64_t requested_bytes = 0;
   // alignment.deterministic (the daemon sends seq limits): epoch -> samples
   // with seq below it may be sent.
+  std::atomic<bool> cancelled{false};
   bool seq_gated = false;
   std::map<uint32_t, uint64_t> seq_limits;
   std::map<uint32_t, wire::IngestReply> stream_replies;  // epoch -> ack or rejection
   std::vector<wire::Rejection> rejections;
 
   std::string Who() const { return "producer '" + options.producer_id + "'"; }
+
+  absl::Status CheckCancelled() const {
+    if (!cancelled.load()) return absl::OkStatus();
+    return absl::CancelledError(Who() + ": cancelled (its loader is shutting down)");
+  }
 
   absl::Status SendParts(std::vector<zmq::message_t>& parts) {
     try {
@@ -140,6 +147,7 @@ struct Producer::Impl {
   absl::Status WaitForCredit(uint64_t bytes, uint64_t sample_id) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.send_timeout_ms);
     while (credit_samples <= 0 || credit_bytes < static_cast<int64_t>(bytes)) {
+      if (absl::Status s = CheckCancelled(); !s.ok()) return s;
       if (max_sample_bytes > 0 && bytes > max_sample_bytes) {
         return absl::InvalidArgumentError(
             Who() + ": sample " + std::to_string(sample_id) + " has " + std::to_string(bytes) +
@@ -172,6 +180,7 @@ struct Producer::Impl {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.send_timeout_ms);
     bool asked = false;
     while (seq_gated && seq_limits[epoch] <= seq) {
+      if (absl::Status s = CheckCancelled(); !s.ok()) return s;
       if (!asked) {
         wire::ProducerMessage request = NewMessage();
         request.mutable_credit_request()->set_seq(seq);
@@ -254,6 +263,7 @@ absl::Status Producer::StartEpoch(uint32_t epoch) {
 
 absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& lengths,
                             const std::vector<TensorInput>& tensors, std::optional<uint64_t> seq) {
+  if (absl::Status s = impl_->CheckCancelled(); !s.ok()) return s;
   wire::ProducerMessage m = impl_->NewMessage();
   wire::SampleHeader* h = m.mutable_sample();
   h->set_producer_id(impl_->options.producer_id);
@@ -279,6 +289,8 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   return absl::OkStatus();
 }
 
+void Producer::Cancel() { impl_->cancelled.store(true); }
+
 absl::Status Producer::EndStream(uint32_t epoch) {
   wire::ProducerMessage m = impl_->NewMessage();
   m.mutable_end_stream()->set_producer_id(impl_->options.producer_id);
@@ -290,6 +302,7 @@ absl::Status Producer::EndStream(uint32_t epoch) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(impl_->options.send_timeout_ms);
   while (true) {
+    if (absl::Status s = impl_->CheckCancelled(); !s.ok()) return s;
     auto it = impl_->stream_replies.find(epoch);
     if (it != impl_->stream_replies.end()) {
       impl_->stream_replies.erase(it);

@@ -16,6 +16,7 @@ spawned by this process (:func:`odb.spawn_daemon`) exiting; (3) an overall
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -192,7 +193,7 @@ class _SendStream(IterableDataset):
 
     def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
                  lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
-                 stop: Optional[threading.Event]) -> None:
+                 stop: Any) -> None:
         self.dataset = dataset
         self.indices = list(indices)
         self.epoch = epoch
@@ -213,14 +214,38 @@ class _SendStream(IterableDataset):
         producer = native().Producer(
             self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
             self.rank, send_timeout_ms=self.send_timeout_ms)
+        # The trainer signals `stop` when it leaves the epoch: a send blocked on
+        # the daemon (no credit: nobody consumes) is cancelled and the worker
+        # ends (no private DataLoader API needed to shut it down). In a worker
+        # process `stop` is the read end of a pipe (a multiprocessing.Event
+        # would hang the trainer's set() once a waiting worker has exited).
+        stopped = threading.Event()
+
+        def watch() -> None:
+            if isinstance(self.stop, threading.Event):
+                self.stop.wait()
+            else:
+                try:
+                    self.stop.poll(None)
+                except (EOFError, OSError):
+                    pass
+            stopped.set()
+            producer.cancel()
+
+        threading.Thread(target=watch, daemon=True, name="odb-stop-watch").start()
         pending = 0
         for position in positions:
-            if self.stop is not None and self.stop.is_set():  # only when run in the trainer process
+            if stopped.is_set():
                 return
             index = self.indices[position]
             sample = self.dataset[index]
             lengths, tensors = encode_sample(sample, self.lengths_fn)
-            producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position)
+            try:
+                producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position)
+            except native().OdbError:
+                if stopped.is_set():
+                    return
+                raise
             pending += 1
             if pending >= self.progress_every:
                 yield pending
@@ -602,9 +627,18 @@ class OdbDataLoader:
         self.wait_epoch_end()  # a join-mode drain of the previous epoch
         consumer = self._connect()
         indices = self.indices()
+        # Workers see the stop flag too: an Event of their start method's context
+        # (handed to them with the dataset when they start).
         stop = threading.Event()
+        wake_workers = None
+        worker_stop: Any = stop
+        if self.num_workers:
+            context = self.multiprocessing_context or "forkserver"
+            if isinstance(context, str):
+                context = multiprocessing.get_context(context)
+            worker_stop, wake_workers = context.Pipe(duplex=False)
         stream = _SendStream(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, self.lengths_fn,
-                             self.send_timeout_ms, self.progress_every, stop if self.num_workers == 0 else None)
+                             self.send_timeout_ms, self.progress_every, worker_stop)
         generator = torch.Generator()
         generator.manual_seed(self.seed * 1000003 + epoch)
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
@@ -617,7 +651,7 @@ class OdbDataLoader:
         else:
             consumer.start_epoch(epoch, max(self.num_workers, 1))
         skip_below = int(replay["next_step"]) if replay is not None else 0  # trained before the checkpoint
-        pump = _Pump(loader, stop)
+        pump = _Pump(loader, stop, wake_workers)
         self.samples_sent = 0
         self.last_summary = None
         self.dropped_trailing_idle = 0
@@ -836,9 +870,10 @@ class _Pump:
     """Drives the DataLoader iterator in a thread so that worker exceptions and
     worker deaths surface in the trainer (DataLoader re-raises them on next())."""
 
-    def __init__(self, loader: DataLoader, stop: threading.Event) -> None:
+    def __init__(self, loader: DataLoader, stop: threading.Event, wake_workers: Any = None) -> None:
         self.loader = loader
         self.stop = stop
+        self.wake_workers = wake_workers  # write end of the workers' stop pipe
         self.sent = 0
         self.error: Optional[BaseException] = None
         self.done = False
@@ -885,12 +920,13 @@ class _Pump:
 
     def close(self) -> None:
         self.stop.set()
-        shutdown = getattr(self.iterator, "_shutdown_workers", None)
-        if shutdown is not None and self.thread.is_alive():
+        if self.wake_workers is not None:  # the workers cancel their sends and end their streams
             try:
-                shutdown()
-            except Exception:  # noqa: BLE001 - best effort at teardown
+                self.wake_workers.send_bytes(b"stop")
+                self.wake_workers.close()
+            except OSError:
                 pass
+            self.wake_workers = None
         if self.thread.is_alive():
             # A pump thread still inside the DataLoader queue read while the next
             # epoch forks its workers can hand them a held lock; wait it out

@@ -42,6 +42,11 @@ class Producer {
                     const std::vector<TensorInput>& tensors, std::optional<uint64_t> seq = std::nullopt);
   // Ends this producer's stream for the epoch, reporting how many samples it sent.
   absl::Status EndStream(uint32_t epoch);
+  // Makes a Send or EndStream that waits for the daemon (credit, seq limit,
+  // acknowledgement) return CancelledError within ~100 ms, and every later
+  // one at once. The one call that may come from another thread (e.g. a
+  // watcher that stops a data worker).
+  void Cancel();
   // Sends frames as given (tests of bad input).
   absl::Status SendRawFrames(const std::vector<std::string>& frames);
 
