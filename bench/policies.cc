@@ -219,6 +219,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   pc.seed = cfg.seed;
   pc.window = window;
   pc.deterministic = spec.deterministic;
+  pc.full_rounds = spec.full_rounds;
   std::unique_ptr<align::Planner> planner;
   if (spec.global) {
     balance::GlobalPlannerConfig g;
@@ -338,7 +339,7 @@ std::string PolicySpec::Name(const SimConfig& config) const {
          (paced == 0   ? ""
           : paced == 1 ? ":paced"
                        : ":paced" + std::to_string(paced)) +
-         (deterministic ? ":det" : "");
+         (deterministic ? ":det" : "") + (full_rounds ? ":full" : "");
 }
 
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
@@ -379,6 +380,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
       } else if (opt == "det") {
         spec.deterministic = true;
         ok = true;
+      } else if (opt == "full") {
+        spec.full_rounds = true;
+        ok = true;
       } else if (opt == "paced") {
         spec.paced = 1;
         ok = true;
@@ -408,6 +412,7 @@ std::vector<std::string> PolicyNames(uint32_t window) {
           "odb:global:q32" + w + ":paced",
           "odb:global:q32" + w,
           "odb:global:qinf" + w,
+          "odb:global:q32" + w + ":paced16:full",
           "sorted_greedy",
           "offline_dp"};
 }

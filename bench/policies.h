@@ -48,7 +48,8 @@ struct SimConfig {
 // :pacedR is the same with rounds held until R slots are free (a daemon change
 // this simulator evaluates; the daemon has no such knob). :det runs the
 // planner with alignment.deterministic (credit only delays a round; T is not
-// limited by it).
+// limited by it). :full plans every group of the windows in each round
+// (PlannerConfig::full_rounds, the daemon's default) without the in-order wait.
 struct PolicySpec {
   std::string base;
   bool global = false;
@@ -57,6 +58,7 @@ struct PolicySpec {
   uint32_t paced = 0;         // 0 = not paced; R = a round fires once R slots are free
   bool deterministic =
       false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
+  bool full_rounds = false;  // :full = a round plans every group of its windows (PlannerConfig::full_rounds)
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;

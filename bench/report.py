@@ -39,15 +39,18 @@ def short_bin(cmd):
 
 
 MODELS = ("gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200", "cpu_calibrated", "default_tokens", "attention_heavy")
-SHIPPED = "odb:local:q32:w256:paced"  # the daemon's defaults in a trainer-bound job
-RECOMMENDED = "odb:global:q32:w512:paced:det"
+# The daemon's defaults in a trainer-bound job: global planner, window 512, a
+# round waits for half of queue_steps (32) to be free and then plans every
+# group of the windows (PlannerConfig::min_free_slots, full_rounds).
+SHIPPED = "odb:global:q32:w512:paced16:full"
+DETERMINISTIC = "odb:global:q32:w512:paced16:det"  # the same with alignment.deterministic
+PREVIOUS = "odb:local:q32:w256:paced"  # the defaults before (local, window 256, a round per freed slot)
 COLUMNS = [  # (policy, header)
     ("reference_odb:w16", "reference, window 16 (published default)"),
     ("reference_odb:w256", "reference, window 256"),
-    (SHIPPED, "odb shipped defaults (local, queue 32, window 256), trainer-paced"),
-    ("odb:local:q32:w256", "odb shipped defaults, queue drained every round"),
-    ("odb:global:q32:w512:paced:det", "odb recommended: global, deterministic, window 512, trainer-paced"),
-    ("odb:global:q64:w1024:paced32", "odb global, queue 64, window 1024, rounds at 32 free slots (daemon change)"),
+    (SHIPPED, "odb defaults (global, window 512, rounds at half the queue, full rounds), trainer-paced"),
+    (DETERMINISTIC, "odb defaults + alignment.deterministic, trainer-paced"),
+    (PREVIOUS, "previous defaults (local, window 256, a round per freed slot), trainer-paced"),
     ("offline_dp", "offline DP groups"),
 ]
 
@@ -64,7 +67,7 @@ def summary(rows):
     head = ["trace", "Standard batch size (max / p99)", "padded bound / bound"] + [h for _, h in cols] + [
         "packing (of bound)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    tally = {SHIPPED: [0, 0], RECOMMENDED: [0, 0]}
+    tally = {SHIPPED: [0, 0], DETERMINISTIC: [0, 0]}
     for t in traces:
         any_row = by[(t, "standard")]
         pb, b = f(any_row, "padded_bound_seconds"), f(any_row, "bound_seconds")
@@ -123,8 +126,9 @@ def main():
            "W (no padded policy, odb included, can reach more than 1.000 of it); the *bound* is a relaxation "
            "that also covers packing and every other layout. `padded bound / bound` says how far the best "
            "padded schedule can at most be from the best layout of any kind. *Trainer-paced*: the trainer is "
-           "slower than the daemon (any accelerator job), so once the queue is full the daemon runs a round "
-           "each time one slot frees (Daemon::RoundDue), and each round plans one step; *drained*: every round "
+           "slower than the daemon (any accelerator job): the daemon runs a round once half of its queue is free "
+           "(Daemon::RoundDue) and plans every group of the windows (`:paced16:full`); the previous defaults ran "
+           "a round each time one slot freed and planned one step per round (`:paced`); *drained*: every round "
            "sees the whole queue free. The reference rule is simulated with an unbounded queue (its best case).",
            ""]
     all_rows = []

@@ -36,13 +36,15 @@ def candidates(quick):
     for planner in ("local", "global"):
         for w in ([256, 512] if quick else [256, 512, 1024]):
             out += [f"odb:{planner}:q32:w{w}", f"odb:{planner}:q32:w{w}:paced", f"odb:{planner}:q32:w{w}:paced:det",
-                    f"odb:{planner}:q32:w{w}:paced16", f"odb:{planner}:q64:w{w}:paced32"]
+                    f"odb:{planner}:q32:w{w}:paced16", f"odb:{planner}:q32:w{w}:paced16:full",
+                    f"odb:{planner}:q64:w{w}:paced32"]
     return out
 
 
 # Epoch length: the shipped defaults next to the candidates, on longer traces.
 SCALE_POLICIES = ["reference_odb:w16", "reference_odb:w256", "odb:local:q32:w256:paced", "odb:local:q32:w256",
                   "odb:global:q32:w256:paced", "odb:global:q32:w256:paced:det", "odb:global:q32:w512:paced:det",
+                  "odb:global:q32:w512:paced16:full",
                   "odb:global:q64:w1024:paced32", "offline_dp"]
 SCALE_MODELS = ["gpu_7b_h100", "cpu_calibrated"]
 SCALE_TRACES = "chat_longtail,high_variance,production_mix"

@@ -78,6 +78,8 @@ HelloFields AlignmentHelloFields(const Planner& planner, int world_size) {
       {"window", std::to_string(c.window)},
       {"max_wait_rounds", std::to_string(c.max_wait_rounds)},
       {"deterministic", c.deterministic ? "1" : "0"},
+      {"min_free_slots", std::to_string(c.min_free_slots)},
+      {"full_rounds", c.full_rounds ? "1" : "0"},
       {"budget.model", c.budget.model == grouping::CostModel::kPadded ? "padded" : "packed"},
       {"budget.max_tokens", std::to_string(c.budget.max_tokens)},
       {"budget.quadratic_q", Str(c.budget.quadratic_q)},

@@ -219,14 +219,18 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
       min_free_rank = r;
     }
   }
-  if (min_free == 0) {
-    plan.reason = "rank " + std::to_string(min_free_rank) + " has no free output slot";
+  if (min_free < std::max<uint32_t>(config.min_free_slots, 1)) {
+    plan.reason = "rank " + std::to_string(min_free_rank) + " has " + std::to_string(min_free) +
+                  " free output slots (a round waits for " + std::to_string(std::max<uint32_t>(config.min_free_slots, 1)) +
+                  ")";
     KeepEverything(state, plan);
     return std::optional<RoundPlan>(std::move(plan));
   }
   // Deterministic: the credit only delays a round; how many steps it plans
   // must not depend on how far the trainer got.
-  if (config.deterministic) min_free = static_cast<uint32_t>(std::min<size_t>(window_cap, UINT32_MAX));
+  if (config.deterministic || config.full_rounds) {
+    min_free = static_cast<uint32_t>(std::min<size_t>(window_cap, UINT32_MAX));
+  }
 
   return std::nullopt;
 }

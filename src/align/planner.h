@@ -118,6 +118,18 @@ struct PlannerConfig {
   // stream started (before, only its wait_expired ends its wait); 0 = never
   // wait at all.
   uint32_t max_wait_rounds = 2;
+  // A round plans only once every rank has at least this many free output
+  // slots (>= 1). With a trainer slower than the daemon, planning whenever
+  // one slot frees would make every round a one-step round that groups one
+  // step's worth of samples; waiting for half the queue lets a round group
+  // many steps at once (bench: the `paced` vs `pacedR` rows).
+  uint32_t min_free_slots = 1;
+  // A round that passes the gates plans every group its windows give, not
+  // just as many steps as there are free slots: free slots only decide when
+  // a round runs (the output queue may exceed its size by one round's steps,
+  // bounded by the window). Holding groups back round after round piles the
+  // worst-filled ones up in the window (bench: `:full`).
+  bool full_rounds = false;
   // Reproducible rounds (alignment.deterministic). The Aligner hands the
   // planner only what does not depend on timing: each rank's first window+1
   // pending samples in list order, stream_finished only once the window holds

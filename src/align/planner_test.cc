@@ -186,5 +186,26 @@ TEST_CASE("no free slot on one rank stops the round for all", "[planner]") {
   REQUIRE(plan.ranks[0].keep_pending.size() == 3);
 }
 
+TEST_CASE("rounds wait for min_free_slots, and full rounds plan every group whatever the credit", "[planner]") {
+  PlannerConfig cfg;
+  cfg.max_wait_rounds = 0;
+  cfg.budget.max_tokens = 10;      // each 6-token sample is a group of its own
+  cfg.budget.max_group_size = 1;
+  cfg.min_free_slots = 3;
+  RoundState st;
+  st.ranks = {Rank({6, 6, 6, 6, 6}, 0, 2, false), Rank({6, 6, 6, 6, 6}, 1, 4, false)};
+  RoundPlan plan = LocalPlanner(cfg).Plan(st);
+  REQUIRE(plan.num_steps == 0);  // rank 0 has 2 < 3 free slots: the round waits
+  REQUIRE(plan.reason.find("waits for 3") != std::string::npos);
+  st.ranks[0].free_slots = 3;
+  plan = LocalPlanner(cfg).Plan(st);
+  REQUIRE(plan.num_steps == 3);  // T = the smallest free-slot count
+  REQUIRE(plan.ranks[0].keep_pending.size() == 2);
+  cfg.full_rounds = true;
+  plan = LocalPlanner(cfg).Plan(st);
+  REQUIRE(plan.num_steps == 5);  // every group of the windows, the credit only gated the round
+  REQUIRE(plan.ranks[0].keep_pending.empty());
+}
+
 }  // namespace
 }  // namespace odb::align

@@ -15,6 +15,9 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.seed = config.seed;
   p.window = config.window;
   p.deterministic = config.deterministic;
+  // Rounds wait for half the output queue (docs/config.md, emit.queue_steps).
+  p.min_free_slots = std::max<uint32_t>(1, config.queue_steps / 2);
+  p.full_rounds = true;  // ... then plan every group the windows give (bench: `paced16:full`)
   return p;
 }
 

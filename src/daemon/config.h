@@ -63,7 +63,7 @@ struct DaemonConfig {
   grouping::StepTimeModel step_time;     // objective for the grouper
   // Samples per rank gathered before a round is planned. Larger windows group
   // better (less padding) but add latency and memory.
-  uint32_t window = 256;
+  uint32_t window = 512;
   OverBudgetPolicy over_budget = OverBudgetPolicy::kIsolate;
 
   // --- alignment across ranks
@@ -72,7 +72,7 @@ struct DaemonConfig {
   // local: each rank groups its own samples (ODB). global: groups across all
   // ranks and moves samples between daemons so every rank of a step costs
   // alike (OrchMLLM post-balancing; see docs/balancing.md).
-  PlannerKind planner = PlannerKind::kLocal;
+  PlannerKind planner = PlannerKind::kGlobal;
   // global only: 0 = balance first, 1 = keep every sample on its rank.
   double locality = 0.0;
   // Multimodal: balance the encoder phase separately from the LLM phase and

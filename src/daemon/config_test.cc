@@ -11,7 +11,8 @@ TEST_CASE("empty config gives documented defaults") {
   auto c = ParseConfig("");
   REQUIRE(c.ok());
   CHECK(c->budget.max_tokens == 4096);
-  CHECK(c->window == 256);
+  CHECK(c->window == 512);
+  CHECK(c->planner == PlannerKind::kGlobal);
   CHECK(c->outstanding_depth == 4);
   CHECK(c->bad_input == BadInputPolicy::kError);
   REQUIRE(FinalizeConfig(*c, {}).ok());

@@ -157,7 +157,9 @@ absl::Status Daemon::Run() {
 bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
   if (!state_.current_epoch) return false;
   const uint32_t epoch = *state_.current_epoch;
-  const bool has_slots = trainer_.QueuedSteps() < config_.queue_steps;
+  // A round waits for half the output queue to be free (PlannerConfig::
+  // min_free_slots): many steps grouped at once, not one per freed slot.
+  const bool has_slots = trainer_.QueuedSteps() + std::max<uint32_t>(1, config_.queue_steps / 2) <= config_.queue_steps;
   // The buffer is as full as credit lets it get once less than one largest
   // sample of room is left.
   const bool buffer_full = state_.buffer.Full() || state_.buffer.RoomBytes() < ingest_.MaxSampleBytes();

@@ -55,7 +55,8 @@ def test_a_stopped_peer_is_named_and_says_it_was_stopped_when_resumed(tmp_path):
     the timeout; rank 1, once resumed, says its own process did not run and its peer timed out
     waiting for it. Both trainers get the same text."""
     job = f"job-{uuid.uuid4().hex[:8]}"
-    config = "alignment: {collective_timeout_ms: 1500}\ngrouping: {window: 32}\n"
+    # The local planner: a stopped peer is met in the collective (no payload exchange to time out first).
+    config = "alignment: {collective_timeout_ms: 1500, planner: local}\ngrouping: {window: 32}\n"
     daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
     consumers, producers = [], []
     try:

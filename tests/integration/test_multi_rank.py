@@ -50,7 +50,8 @@ def _check_aligned_coverage(results, counts):
 
 def test_four_ranks_filestore_skewed(tmp_path):
     counts = [1200, 300, 0, 700]  # skewed, one rank with no data at all
-    daemons, results = _run_job(tmp_path, "grouping: {window: 64}\n", counts)
+    # Samples stay home (the local planner): the empty rank can only idle.
+    daemons, results = _run_job(tmp_path, "grouping: {window: 64}\nalignment: {planner: local}\n", counts)
     _check_aligned_coverage(results, counts)
     assert results[2]["idle_steps"] == results[2]["steps"]  # the empty rank only idles
 
@@ -123,7 +124,7 @@ def test_killed_peer_is_a_clear_error_on_every_other_rank(tmp_path):
 def test_two_ranks_non_join_quota_closure(tmp_path):
     """Non-Join: the epoch ends on both ranks at the same step; what was not emitted is reported."""
     job = f"job-{uuid.uuid4().hex[:8]}"
-    config = "alignment: {mode: non_join}\ngrouping: {window: 32}\n"
+    config = "alignment: {mode: non_join, planner: local}\ngrouping: {window: 32}\n"  # samples stay home
     daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job, log_level="debug")
                for r in range(2)]
     counts = [60, 2000]
@@ -191,9 +192,10 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
     steps; with start_wait_ms 0 (the plain max_wait_ms bound) rank 1 idles through the start and
     rank 0 repays it at the end."""
     job = f"job-{uuid.uuid4().hex[:8]}"
-    config = "grouping: {window: 32}\n"
+    alignment = "planner: local"  # samples stay home
     if start_wait_ms is not None:
-        config += f"alignment: {{start_wait_ms: {start_wait_ms}}}\n"
+        alignment += f", start_wait_ms: {start_wait_ms}"
+    config = f"grouping: {{window: 32}}\nalignment: {{{alignment}}}\n"
     daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
     counts = [400, 400]
     try:

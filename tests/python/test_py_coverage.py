@@ -63,7 +63,8 @@ def _rank(rank: int, world: int, run_dir: str, idle_policy: str) -> dict:
 
 @pytest.mark.parametrize("idle_policy", ["join", "zero_step"])
 def test_skewed_ranks_cover_every_sample_once(run_dir, job_id, idle_policy) -> None:
-    daemons = start_daemons(run_dir, 2, job_id, tiny_lm.daemon_config(max_tokens=512))
+    # Samples stay home (the local planner): each rank trains what its own workers sent.
+    daemons = start_daemons(run_dir, 2, job_id, tiny_lm.daemon_config(max_tokens=512, alignment={"planner": "local"}))
     try:
         r0, r1 = run_ranks(_rank, 2, run_dir, timeout=300, idle_policy=idle_policy)
     finally:
