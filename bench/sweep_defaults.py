@@ -58,10 +58,12 @@ def describe(spec):
     if "det" in opts:
         text += ", deterministic: true; trainer-paced"
     elif "paced" in opts:
-        text += "; trainer-paced, a round per free slot (the daemon today)"
+        text += "; trainer-paced, a round per free slot (the daemon before)"
     elif any(o.startswith("paced") for o in opts):
         r = next(o for o in opts if o.startswith("paced"))[5:]
-        text += f"; trainer-paced, rounds held until {r} slots are free (needs a daemon change)"
+        text += f"; trainer-paced, rounds held until {r} slots are free"
+        if "full" in opts:
+            text += ", then every group of the windows planned (the daemon's defaults when r = queue_steps / 2)"
     else:
         text += "; every round sees the whole queue free (trainer faster than the daemon)"
     return text

@@ -44,14 +44,29 @@ def log(rank: int, quiet: bool, text: str, end: str = "\n") -> None:
         print(text, end=end, file=sys.stderr, flush=True)
 
 
-def train_epoch(name, rank, world, model, ddp, opt, steps_iter, quiet) -> dict:
+def sync(device: torch.device) -> None:
+    """Waits for the GPU's queued work, so that wall-clock readings mean what they say."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A batch on the training device: pinned host memory and a non-blocking copy on a GPU
+    (the copy overlaps with the work already queued), as a GPU job would do it."""
+    if device.type != "cuda":
+        return batch
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train_epoch(name, rank, world, model, ddp, opt, steps_iter, quiet, device=torch.device("cpu")) -> dict:
     """Runs one epoch; returns global counters (all ranks summed) and wall time."""
     dist.barrier()
+    sync(device)
     start = time.perf_counter()
     real = padded = samples = steps = idle = 0
     loss_sum = 0.0
     for step in steps_iter:
-        b = step["batch"]
+        b = to_device(step["batch"], device)
         logits = ddp(b["input_ids"], b["attention_mask"])
         loss = step["loss_fn"](logits, b["labels"])
         opt.zero_grad(set_to_none=True)
@@ -67,6 +82,7 @@ def train_epoch(name, rank, world, model, ddp, opt, steps_iter, quiet) -> dict:
             elapsed = time.perf_counter() - start
             log(rank, quiet, f"\r[{name}] rank0 step {steps:4d}  loss {loss.item():7.4f}  "
                              f"{real / max(elapsed, 1e-9):8.0f} real tok/s (rank 0)", end="")
+    sync(device)
     dist.barrier()
     seconds = time.perf_counter() - start
     log(rank, quiet, "")
@@ -89,6 +105,11 @@ def ce_sum(logits, labels):
 def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        # Ranks share the GPUs round-robin (gloo also works with 2 ranks on one GPU).
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world)
     import odb
 
@@ -104,17 +125,19 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
         for run in (("odb",) if args.resume else ("standard", "odb")):
             torch.manual_seed(args.seed)
             model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=4,
-                                         max_len=args.max_len + 1)
-            ddp = torch.nn.parallel.DistributedDataParallel(model)
+                                         max_len=args.max_len + 1).to(device)
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
             opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
             checkpoint = torch.load(args.resume) if (args.resume and run == "odb") else None
             if checkpoint is not None:
-                model.load_state_dict(checkpoint["model"])
+                model.load_state_dict(checkpoint["model"])  # (saved from the same device kind)
                 opt.load_state_dict(checkpoint["opt"])
             if run == "standard":
                 batch = max(1, args.max_tokens // args.max_len)
                 sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
                 loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler,
+                                                     pin_memory=device.type == "cuda",
                                                      num_workers=args.workers, collate_fn=tiny_lm.pad_collate)
 
                 def steps_iter():
@@ -154,7 +177,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                                   f"trainers and daemons; resume with --resume {args.checkpoint}")
                             daemon.proc.kill()
                             os.kill(os.getpid(), signal.SIGKILL)
-            results[run] = train_epoch(run, rank, world, model, ddp, opt, steps_iter(), args.quiet)
+            results[run] = train_epoch(run, rank, world, model, ddp, opt, steps_iter(), args.quiet, device)
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
     finally:
@@ -176,6 +199,9 @@ def main() -> int:
     p.add_argument("--planner", choices=("local", "global"), default="global",
                    help="odbd alignment.planner: global balances work across ranks (moves samples)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: model on the GPU(s), batches copied from pinned memory with non_blocking, "
+                        "timings synchronised (bench/gpu_run.sh)")
     p.add_argument("--deterministic", action="store_true",
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
@@ -220,7 +246,7 @@ def main() -> int:
         return 0
     s, o = r["standard"], r["odb"]
     summary = {
-        "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len,
+        "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
         "standard": s, "odb": o,
         "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
