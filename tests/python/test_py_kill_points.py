@@ -22,7 +22,7 @@ from odbtest_py import run_ranks, start_daemons, stop_all
 from test_py_resume import _spawn_until_killed, _train
 
 KILL_POINTS = int(os.environ.get("ODB_KILL_POINTS", "20"))
-N = 480  # enough steps for KILL_POINTS segments of 1-3 steps each
+N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the epoch's tail
 
 
 @pytest.mark.parametrize("idle_policy,planner,deterministic", [

@@ -59,22 +59,27 @@ def _odbd_pids() -> set:
     return {int(p) for p in out.split()}
 
 
-def test_torchrun_launcher_runs_one_daemon_per_rank_and_stops_them(run_dir) -> None:
+def _torchrun(run_dir: Path, script_text: str, max_tokens: int, extra: list, timeout: float) -> None:
+    """torchrun (2 local ranks) -> deploy/odb_launch.py -> the script; asserts it exits 0."""
     script = run_dir / "train.py"
-    script.write_text(TRAIN)
+    script.write_text(script_text)
     config = run_dir / "odbd.yaml"
-    config.write_text(json.dumps(tiny_lm.daemon_config(max_tokens=256)))
-    before = _odbd_pids()
+    config.write_text(json.dumps(tiny_lm.daemon_config(max_tokens=max_tokens)))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "client/python"))
     proc = subprocess.run(
-        ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra,
          # Debian 12's torch 1.13 on Python 3.11: the default "--redirects 0 --tee 0" crashes
          # torchrun (Flag members 0 and 3 are not iterated any more); 1 and 2 work.
          "--redirects", "1", "--tee", "2", "--log_dir", str(run_dir / "torchrun"),
          str(ROOT / "deploy/odb_launch.py"), "--run-dir", str(run_dir / "odb"), "--config", str(config),
          "--job-id", f"launch-{uuid.uuid4().hex[:8]}", "--log-level", "warn", str(script), str(run_dir)],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+
+
+def test_torchrun_launcher_runs_one_daemon_per_rank_and_stops_them(run_dir) -> None:
+    before = _odbd_pids()
+    _torchrun(run_dir, TRAIN, 256, [], 300)
     results = [json.loads((run_dir / f"trained-{r}.json").read_text()) for r in range(2)]
     assert sorted(results[0]["trained"] + results[1]["trained"]) == list(range(N))  # each sample once
     assert results[0]["steps"] == results[1]["steps"]
@@ -176,19 +181,8 @@ def test_torchrun_restarts_the_job_and_it_resumes_from_the_checkpoint(run_dir) -
     """A rank is SIGKILLed after a checkpoint; torchrun --max-restarts restarts every launcher, which
     start fresh daemons (a new rendezvous key per restart); the trainers load the checkpoint and
     finish the epoch: each sample trained exactly once over the two attempts."""
-    script = run_dir / "train.py"
-    script.write_text(RESTARTING)
-    config = run_dir / "odbd.yaml"
-    config.write_text(json.dumps(tiny_lm.daemon_config(max_tokens=128)))
     before = _odbd_pids()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "client/python"))
-    proc = subprocess.run(
-        ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "--max_restarts", "1", "--redirects", "1", "--tee", "2", "--log_dir", str(run_dir / "torchrun"),
-         str(ROOT / "deploy/odb_launch.py"), "--run-dir", str(run_dir / "odb"), "--config", str(config),
-         "--job-id", f"restart-{uuid.uuid4().hex[:8]}", "--log-level", "warn", str(script), str(run_dir)],
-        env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    _torchrun(run_dir, RESTARTING, 128, ["--max_restarts", "1"], 400)
     import torch
 
     before_kill = torch.load(run_dir / "checkpoint.pt")["trained"]

@@ -70,11 +70,13 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
     if idle_policy == "join":
         with ddp.join():
             run()
-        loader.wait_epoch_end()
+        if checkpoint_at is None:
+            loader.wait_epoch_end()
     else:
         run()
-    if checkpoint_at is not None and saved is None:  # the epoch ended before the checkpoint step
-        Path(out.format(rank=rank)).write_text(json.dumps({"state": None, "trained": trained}))
+    if checkpoint_at is not None:  # a run to be killed whose loop ended first (join: this rank's samples are done)
+        if saved is None:  # the epoch ended before the checkpoint step
+            Path(out.format(rank=rank)).write_text(json.dumps({"state": None, "trained": trained}))
         os.kill(os.getpid(), signal.SIGKILL)
     return {"trained": trained}
 

@@ -220,6 +220,7 @@ class _SendStream(IterableDataset):
         # process `stop` is the read end of a pipe (a multiprocessing.Event
         # would hang the trainer's set() once a waiting worker has exited).
         stopped = threading.Event()
+        live = {"producer": producer}  # emptied when the stream ends: nothing left to cancel
 
         def watch() -> None:
             if isinstance(self.stop, threading.Event):
@@ -230,7 +231,9 @@ class _SendStream(IterableDataset):
                 except (EOFError, OSError):
                     pass
             stopped.set()
-            producer.cancel()
+            p = live.get("producer")
+            if p is not None:
+                p.cancel()
 
         threading.Thread(target=watch, daemon=True, name="odb-stop-watch").start()
         pending = 0
@@ -251,6 +254,7 @@ class _SendStream(IterableDataset):
                 yield pending
                 pending = 0
         producer.end_stream(self.epoch)
+        live.clear()
         del producer  # closes the socket: everything is delivered before we report the end
         yield pending
 
