@@ -59,6 +59,10 @@ def _forget_parent_forkserver() -> None:
 
 
 def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str, Any], q: Any) -> None:
+    # A process group of its own: a rank that is SIGKILLed as a preempted job (kill_rank) takes
+    # its forkserver, resource tracker and DataLoader workers with it. Killing the rank alone
+    # left them running (each ~120 MB with torch imported): 100 kill points filled the memory.
+    os.setpgrp()
     _forget_parent_forkserver()
     try:
         import torch
@@ -71,6 +75,13 @@ def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str
         q.put((rank, "ok", fn(rank, world, run_dir, **args)))
     except BaseException as e:  # noqa: BLE001 - reported to the test
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def kill_rank() -> None:
+    """SIGKILLs this rank and everything it started (its process group, see _rank_main)."""
+    import signal
+
+    os.killpg(0, signal.SIGKILL)
 
 
 def run_ranks(fn: Callable, world: int, run_dir: Path, timeout: float = 60.0, **args: Any) -> List[Any]:

@@ -21,7 +21,7 @@ import torch
 
 import odb
 import tiny_lm
-from odbtest_py import CTX, _rank_main, run_ranks, start_daemons, stop_all
+from odbtest_py import CTX, _rank_main, kill_rank, run_ranks, start_daemons, stop_all
 
 N = 160
 
@@ -80,7 +80,7 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
             saved = {"state": loader.state_dict(), "steps": list(steps)}  # a collective: every rank
             Path(out.format(rank=rank)).write_text(json.dumps(saved))
         if checkpoint_at is not None and count >= checkpoint_at + then:
-            os.kill(os.getpid(), signal.SIGKILL)  # preempted: nothing after this is kept
+            kill_rank()  # preempted: nothing after this is kept
     return {"steps": steps}
 
 

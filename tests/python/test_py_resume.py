@@ -18,7 +18,7 @@ import torch
 import odb
 import tiny_lm
 from odb.loader import compress_ints, expand_ints
-from odbtest_py import CTX, _rank_main, run_ranks, start_daemons, stop_all
+from odbtest_py import CTX, _rank_main, kill_rank, run_ranks, start_daemons, stop_all
 
 N = 160
 
@@ -65,7 +65,7 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
                 Path(out.format(rank=rank)).write_text(json.dumps(saved))
             steps += 1
             if checkpoint_at is not None and steps > checkpoint_at + then:
-                os.kill(os.getpid(), signal.SIGKILL)  # preempted: nothing after this is kept
+                kill_rank()  # preempted: nothing after this is kept
 
     if idle_policy == "join":
         with ddp.join():
@@ -77,7 +77,7 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
     if checkpoint_at is not None:  # a run to be killed whose loop ended first (join: this rank's samples are done)
         if saved is None:  # the epoch ended before the checkpoint step
             Path(out.format(rank=rank)).write_text(json.dumps({"state": None, "trained": trained}))
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_rank()
     return {"trained": trained}
 
 
