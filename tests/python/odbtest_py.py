@@ -64,6 +64,11 @@ def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str
     # left them running (each ~120 MB with torch imported): 100 kill points filled the memory.
     os.setpgrp()
     _forget_parent_forkserver()
+    hang_after = args.pop("_dump_stacks_after", None)
+    if hang_after:  # a rank still running then is hung: its threads' stacks go to the test's output
+        import faulthandler
+
+        faulthandler.dump_traceback_later(hang_after, exit=False)
     try:
         import torch
         import torch.distributed as dist

@@ -31,6 +31,7 @@ N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the
 @pytest.mark.parametrize("idle_policy,planner,deterministic", [
     ("zero_step", "local", False),
     ("zero_step", "global", False),
+    ("join", "local", False),
     ("join", "global", False),
     ("zero_step", "global", True),
 ])

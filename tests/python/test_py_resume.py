@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -83,21 +84,33 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
 
 def _spawn_until_killed(world: int, run_dir: Path, timeout: float, **args) -> None:
     q = CTX.Queue()
+    args = dict(args, _dump_stacks_after=timeout - 15)
     procs = [CTX.Process(target=_rank_main, args=(_train, r, world, str(run_dir), args, q)) for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout)
+    deadline = time.monotonic() + timeout
+
+    def reports() -> list:
+        got = []
+        while not q.empty():
+            got.append(q.get())
+        return got
+
+    for rank, p in enumerate(procs):
+        p.join(max(1.0, deadline - time.monotonic()))
         if p.is_alive():
-            p.kill()
-            raise AssertionError("a rank did not reach its kill point (hang)")
+            for other in procs:  # each rank leads its process group (odbtest_py._rank_main)
+                try:
+                    os.killpg(other.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                other.join(5)
+            raise AssertionError(f"rank {rank} did not reach its kill point (hang; its threads' stacks are in the "
+                                 f"captured stderr); exit codes {[o.exitcode for o in procs]}, reports {reports()}")
         # SIGKILL at its kill point, or SIGABRT: its peer was killed first while this rank was in
         # a gloo collective, and gloo aborts the process (the same preemption, seen from the peer).
         if p.exitcode not in (-signal.SIGKILL, -signal.SIGABRT):
-            reports = []
-            while not q.empty():
-                reports.append(q.get())
-            raise AssertionError(f"rank exited with {p.exitcode} instead of being killed: {reports}")
+            raise AssertionError(f"rank {rank} exited with {p.exitcode} instead of being killed: {reports()}")
 
 
 @pytest.mark.parametrize("idle_policy,planner,world_before,world_after", [

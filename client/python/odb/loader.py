@@ -337,10 +337,12 @@ class OdbDataLoader:
         different counts, odb aligns the steps).
       num_workers: DataLoader worker processes (0: a thread of this process).
       idle_policy: "zero_step" (IDLE steps come as dummy steps with weight 0:
-        run forward/backward so collectives match) or "join" (trailing IDLE
-        steps are dropped, so use DDP's ``model.join()``; an IDLE step followed
-        by a real one is still given as a dummy step, since dropping it would
-        pair this rank's later steps with other ranks' earlier ones).
+        run forward/backward so collectives match) or "join" (use DDP's
+        ``model.join()``: once every sample this rank sent has come back, the
+        loop ends and the epoch's remaining IDLE steps are dropped; IDLE steps
+        before that still come as dummy steps, since the other ranks' real
+        steps need this rank. With a planner that moves samples between ranks
+        a rank is never done before the epoch ends, so join drops nothing).
       dummy_sample: the sample used to build dummy batches; default
         ``dataset[first index]`` (computed once, in this process).
       rank, run_dir, ingest_endpoint, trainer_endpoint: where the daemon is
@@ -663,7 +665,6 @@ class OdbDataLoader:
         self._consumed_steps = []
         self._consumed_epoch = epoch
         self._last_step = None
-        pending_idle: List[Any] = []
 
         def remember(info: Any) -> None:
             self._last_step = (int(info["step_index"]), int(info["round"]), int(info["round_first_step"]),
@@ -691,11 +692,10 @@ class OdbDataLoader:
                 delivery = self._next(consumer, pump, rank_done)
                 self.samples_sent = pump.sent
                 if delivery is None:  # join: this rank is done, the rest is IDLE
-                    self.dropped_trailing_idle = len(pending_idle)
                     self._start_drain(consumer)
                     return
                 if not delivery.is_step:
-                    self._finish_epoch(delivery.summary, len(pending_idle))
+                    self._finish_epoch(delivery.summary, 0)
                     break
                 info = delivery.step
                 steps_seen[0] += 1
@@ -717,16 +717,15 @@ class OdbDataLoader:
                     remember(info)
                     continue
                 if info["idle"]:
-                    if self.idle_policy == "zero_step":
-                        remember(info)
-                        yield self._dummy_step(info, indices)
-                    else:
-                        pending_idle.append(info)
+                    # Both policies yield it: a rank still in its loop cannot tell a
+                    # mid-epoch IDLE step from a trailing one, and holding it back
+                    # would hang the job (the peers' real step is a DDP collective
+                    # that needs this rank, and their daemons' queues fill while
+                    # they wait). Join drops only what arrives after this rank is
+                    # done (rank_done: the loop is left, the drain thread reads on).
+                    remember(info)
+                    yield self._dummy_step(info, indices)
                     continue
-                for held in pending_idle:  # a mid-epoch IDLE step: keep the steps paired
-                    remember(held)
-                    yield self._dummy_step(held, indices)
-                pending_idle.clear()
                 accounted[0] += len(info["sample_ids"])
                 self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
                 self._consumed_steps.append(int(info["step_index"]))
