@@ -25,9 +25,6 @@ KILL_POINTS = int(os.environ.get("ODB_KILL_POINTS", "20"))
 N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the epoch's tail
 
 
-# join + local is left out: in two full-suite runs a segment of it hung (a rank SIGABRTed by gloo
-# when its peer was killed first, then a rank that never exited); it is covered by one kill point
-# in test_py_resume.py until that is understood (see the session notes).
 @pytest.mark.parametrize("idle_policy,planner,deterministic", [
     ("zero_step", "local", False),
     ("zero_step", "global", False),
