@@ -144,13 +144,18 @@ std::vector<int64_t> ToVector(const py::iterable& shape) {
 class PyProducer {
  public:
   PyProducer(const std::string& endpoint, const std::string& producer_id, int rank, int send_hwm,
-             int send_timeout_ms) {
+             int send_timeout_ms, const std::string& data_plane, uint64_t arena_bytes, uint64_t shm_min_bytes) {
     ProducerOptions o;
     o.endpoint = endpoint;
     o.producer_id = producer_id;
     o.rank = rank;
     o.send_hwm = send_hwm;
     o.send_timeout_ms = send_timeout_ms;
+    absl::StatusOr<DataPlane> plane = ParseDataPlane(data_plane);
+    if (!plane.ok()) throw py::value_error(std::string(plane.status().message()));
+    o.data_plane = *plane;
+    o.arena_bytes = arena_bytes;
+    o.shm_min_bytes = shm_min_bytes;
     absl::StatusOr<std::unique_ptr<Producer>> p;
     {
       py::gil_scoped_release release;
@@ -234,6 +239,9 @@ class PyProducer {
   }
 
   uint64_t Sent(uint32_t epoch) const { return producer_->sent(epoch); }
+  std::string DataPlaneInUse() const { return DataPlaneName(producer_->data_plane()); }
+  uint64_t ArenaId() const { return producer_->arena_id(); }
+  std::string ArenaNote() const { return producer_->arena_note(); }
 
  private:
   std::unique_ptr<Producer> producer_;
@@ -311,9 +319,14 @@ PYBIND11_MODULE(_odb_native, m) {
   m.attr("DTYPES") = dtypes;
 
   py::class_<PyProducer>(m, "Producer", "Sends samples to one daemon. Create it after fork.")
-      .def(py::init<const std::string&, const std::string&, int, int, int>(), py::arg("endpoint"),
-           py::arg("producer_id"), py::arg("rank") = -1, py::arg("send_hwm") = 64,
-           py::arg("send_timeout_ms") = 120000)
+      .def(py::init<const std::string&, const std::string&, int, int, int, const std::string&, uint64_t,
+                    uint64_t>(),
+           py::arg("endpoint"), py::arg("producer_id"), py::arg("rank") = -1, py::arg("send_hwm") = 64,
+           py::arg("send_timeout_ms") = 120000, py::arg("data_plane") = "auto",
+           py::arg("arena_bytes") = uint64_t{256} << 20, py::arg("shm_min_bytes") = uint64_t{16} << 10,
+           "data_plane: 'auto' (a shared-memory arena when the daemon is local, for samples of at least "
+           "shm_min_bytes), 'shm' (always the arena; an error if unavailable) or 'zmq' (frames only); "
+           "arena_bytes: the arena's capacity (docs/shm.md)")
       .def("start_epoch", &PyProducer::StartEpoch, py::arg("epoch"))
       .def("send", &PyProducer::Send, py::arg("sample_id"), py::arg("epoch"), py::arg("tokens"),
            py::arg("vision_patches") = 0, py::arg("audio_frames") = 0, py::arg("tensors"),
@@ -324,7 +337,11 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("cancel", &PyProducer::Cancel,
            "Makes a blocked send/end_stream raise within ~100 ms (callable from another thread)")
       .def("send_raw_frames", &PyProducer::SendRawFrames, py::arg("frames"))
-      .def("sent", &PyProducer::Sent, py::arg("epoch"));
+      .def("sent", &PyProducer::Sent, py::arg("epoch"))
+      .def_property_readonly("data_plane", &PyProducer::DataPlaneInUse,
+                             "'shm' when an arena is registered with the daemon, else 'zmq'")
+      .def_property_readonly("arena_id", &PyProducer::ArenaId, "the registered arena's id, 0 without one")
+      .def_property_readonly("arena_note", &PyProducer::ArenaNote, "why there is no arena ('' with one)");
 
   // The daemon's step header as a typed class (attributes with docstrings);
   // `info["name"]` and `info.get("name")` still work for code written against

@@ -202,6 +202,11 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_RETURN_IF_ERROR(s.Get("log_level", c.log_level));
   ODB_RETURN_IF_ERROR(s.Get("metrics_endpoint", c.metrics_endpoint));
 
+  ODB_ASSIGN_OR_RETURN(Section shm, s.Child("shm"));
+  ODB_RETURN_IF_ERROR(shm.Get("producer_arenas", c.shm_producer_arenas));
+  ODB_RETURN_IF_ERROR(shm.Get("max_arenas", c.shm_max_arenas));
+  ODB_RETURN_IF_ERROR(shm.CheckNoUnknownKeys());
+
   ODB_ASSIGN_OR_RETURN(Section buffer, s.Child("buffer"));
   ODB_RETURN_IF_ERROR(buffer.Get("max_bytes", c.buffer_max_bytes));
   ODB_RETURN_IF_ERROR(buffer.Get("max_samples", c.buffer_max_samples));
@@ -388,6 +393,10 @@ absl::Status ValidateEndpoints(const DaemonConfig& c) {
     }
   }
   if (c.ingest_hwm < 1) return Invalid("ingest_hwm", Num(c.ingest_hwm) + " must be >= 1");
+  if (c.shm_max_arenas < 1 || c.shm_max_arenas > 65536) {
+    return Invalid("shm.max_arenas", std::to_string(c.shm_max_arenas) + " must be in 1..65536 (shm.producer_arenas: false "
+                                                            "turns arenas off)");
+  }
   return absl::OkStatus();
 }
 

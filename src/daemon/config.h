@@ -54,6 +54,16 @@ struct DaemonConfig {
   // memory held in ZMQ queues when the buffer is full; higher = smoother bursts.
   int ingest_hwm = 1000;
 
+  // --- shared-memory data plane (docs/shm.md): local producers register an
+  // arena (a memfd) on <ingest socket>.arena next to each ipc:// ingest
+  // endpoint and send (offset, length) descriptors instead of payload frames.
+  // false: no registration socket; every producer sends over ZeroMQ.
+  bool shm_producer_arenas = true;
+  // Arenas registered at once (each maps the producer's arena, up to its
+  // capacity, into the daemon's address space); more are refused and those
+  // producers send over ZeroMQ.
+  uint32_t shm_max_arenas = 1024;
+
   // --- buffer: bounded by both; when full, ingest stops reading (back-pressure).
   uint64_t buffer_max_bytes = 1ull << 30;  // 1 GiB of payload
   uint64_t buffer_max_samples = 65536;

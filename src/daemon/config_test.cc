@@ -244,5 +244,25 @@ TEST_CASE("string fields are bounded") {
              Catch::Contains("log_level") && Catch::Contains("1000 bytes"));
 }
 
+TEST_CASE("the shared-memory data plane's keys") {
+  auto defaults = ParseConfig("");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->shm_producer_arenas);
+  CHECK(defaults->shm_max_arenas == 1024);
+  auto off = ParseConfig("shm: {producer_arenas: false, max_arenas: 8}");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->shm_producer_arenas);
+  CHECK(off->shm_max_arenas == 8);
+  REQUIRE(FinalizeConfig(*off, {}).ok());
+  auto typo = ParseConfig("shm: {producer_arena: true}");
+  REQUIRE_FALSE(typo.ok());
+  CHECK_THAT(std::string(typo.status().message()), Catch::Contains("shm.producer_arena"));
+  auto zero = ParseConfig("shm: {max_arenas: 0}");
+  REQUIRE(zero.ok());
+  absl::Status s = FinalizeConfig(*zero, {});
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("shm.max_arenas"));
+}
+
 }  // namespace
 }  // namespace odb

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "src/common/status_macros.h"
+#include "src/shm/arena.h"
 
 namespace odb {
 namespace {
@@ -26,12 +27,14 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       own_context_(context != nullptr ? nullptr : std::make_unique<zmq::context_t>(1)),
       context_(context != nullptr ? *context : *own_context_),
       state_(config_.buffer_max_bytes, config_.buffer_max_samples, config_.expected_producers),
+      arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}),
       ingest_(context_, config_, state_, metrics_, clock_),
       trainer_(context_, config_, state_, metrics_, clock_),
       exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(context_, config_, state_, metrics_)
                                     : nullptr),
       steps_(config_, state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {
+  ingest_.SetArenaSource(&arenas_);
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {
     spdlog::critical("cannot create the daemon's wake-up pipe");
     std::abort();  // start-up invariant: nothing can run without it
@@ -53,7 +56,20 @@ absl::Status Daemon::Bind() {
   std::vector<std::string> endpoints = config_.ingest_endpoints;
   endpoints.push_back(config_.trainer_endpoint);
   ODB_RETURN_IF_ERROR(lock_.Acquire(EndpointLock::PathsFor(config_.run_dir, config_.rank, endpoints)));
+  // Segments that dead processes left in run_dir (file arenas; memfds leave
+  // nothing behind) go before anything new is created.
+  SweepStaleArenas();
   ODB_RETURN_IF_ERROR(ingest_.Bind());
+  if (config_.shm_producer_arenas) {
+    for (const std::string& endpoint : config_.ingest_endpoints) {
+      if (endpoint.rfind("ipc://", 0) != 0) continue;
+      const std::string path = ingest::ArenaSocketPath(endpoint.substr(6));
+      // Producers fall back to ZeroMQ when there is no registration socket.
+      if (absl::Status s = arenas_.Listen(path); !s.ok()) {
+        spdlog::warn("shared-memory arenas off for {}: {}", endpoint, std::string(s.message()));
+      }
+    }
+  }
   ODB_RETURN_IF_ERROR(trainer_.Bind());
   if (exchange_) ODB_RETURN_IF_ERROR(exchange_->Bind());
   if (!config_.metrics_endpoint.empty()) {
@@ -62,6 +78,19 @@ absl::Status Daemon::Bind() {
     bound_metrics_ = *bound;
   }
   return absl::OkStatus();
+}
+
+void Daemon::SweepStaleArenas() {
+  absl::StatusOr<shm::SweepReport> swept = shm::SweepStale(config_.run_dir);
+  if (!swept.ok()) {
+    if (swept.status().code() == absl::StatusCode::kNotFound) return;  // a new run_dir: nothing left there
+    spdlog::warn("stale arena sweep of {}: {}", config_.run_dir, std::string(swept.status().message()));
+    return;
+  }
+  for (const std::string& path : swept->removed) spdlog::info("removed stale arena segment {}", path);
+  for (const auto& [path, why] : swept->kept) {
+    spdlog::warn("arena-named file {} left in place, not used: {}", path, why);
+  }
 }
 
 void Daemon::Stop() {
@@ -96,9 +125,16 @@ void Daemon::PublishGauges() {
   metrics_.queued_steps.store(trainer_.QueuedSteps());
   metrics_.ingest_credit_bytes.store(static_cast<uint64_t>(std::max<int64_t>(ingest_.OutstandingBytes(), 0)));
   metrics_.producer_connections.store(ingest_.ConnectionCount());
+  const ingest::ArenaRegistry::Stats arenas = arenas_.stats();
+  metrics_.producer_arenas.store(arenas.arenas);
+  metrics_.producer_arenas_mapped.store(arenas.mapped);
+  metrics_.arena_held_bytes.store(arenas.held_bytes);
+  metrics_.arena_registrations.store(arenas.registrations);
+  metrics_.arena_refusals.store(arenas.refused);
 }
 
 absl::Status Daemon::Run() {
+  arenas_.Start();
   planner_ = std::thread([this] { PlannerLoop(); });
   // Fixed slots first (wake-up pipe, trainer, its monitor, peer payloads), then ingest.
   std::vector<zmq::pollitem_t> items;
@@ -147,6 +183,7 @@ absl::Status Daemon::Run() {
   state_.cv.notify_all();
   if (exchange_) exchange_->WakeAll();
   if (planner_.joinable()) planner_.join();
+  arenas_.Stop();
   // Give a fatal message a chance to reach the trainer (the socket lingers).
   trainer_.Flush();
   metrics_server_.Stop();

@@ -21,12 +21,15 @@
 #include "src/emit/step_builder.h"
 #include "src/emit/trainer_channel.h"
 #include "src/exchange/payload_exchange.h"
+#include "src/ingest/arena_registry.h"
 #include "src/ingest/ingest_channel.h"
 
 namespace odb {
 
 // One rank's collation daemon, wired from its stages:
 //  - IngestChannel (producers: sockets, credit, admission into the buffer),
+//  - ArenaRegistry (producers' shared-memory arenas: registration on its own
+//    thread, block validation and returns),
 //  - TrainerChannel (the trainer: session, credits, output queue, liveness),
 //  - PayloadExchange (sample payloads between daemons, global plans),
 //  - StepBuilder (a planned step -> the collated message),
@@ -62,6 +65,7 @@ class Daemon {
   std::string MetricsEndpoint() const { return bound_metrics_; }
 
  private:
+  void SweepStaleArenas();
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires state_.mu
   absl::Status RunOneRound();
@@ -81,6 +85,9 @@ class Daemon {
   DaemonMetrics metrics_;
   DaemonState state_;
   EndpointLock lock_;
+  // Before ingest_ and steps_ (destroyed after them): buffered samples hold
+  // blocks of its arenas. The arenas themselves outlive it while held.
+  ingest::ArenaRegistry arenas_;
   ingest::IngestChannel ingest_;
   emit::TrainerChannel trainer_;
   std::unique_ptr<exchange::PayloadExchange> exchange_;  // W > 1 only

@@ -20,6 +20,9 @@ DaemonGauges PublishedGauges(const DaemonMetrics& m) {
   g.queued_steps = m.queued_steps.load();
   g.ingest_credit_bytes = m.ingest_credit_bytes.load();
   g.producer_connections = m.producer_connections.load();
+  g.producer_arenas = m.producer_arenas.load();
+  g.producer_arenas_mapped = m.producer_arenas_mapped.load();
+  g.arena_held_bytes = m.arena_held_bytes.load();
   return g;
 }
 
@@ -57,6 +60,17 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          g.ingest_credit_bytes, rank);
   Series(out, "odb_producer_connections", "gauge", "Producer connections known to the ingest channel.",
          g.producer_connections, rank);
+  Series(out, "odb_producer_arenas", "gauge", "Producers' shared-memory arenas registered now.", g.producer_arenas,
+         rank);
+  Series(out, "odb_producer_arenas_mapped", "gauge",
+         "Producer arenas mapped now (registered, or gone with samples still buffered).", g.producer_arenas_mapped,
+         rank);
+  Series(out, "odb_arena_held_bytes", "gauge", "Payload bytes of buffered samples that live in producer arenas.",
+         g.arena_held_bytes, rank);
+  Series(out, "odb_arena_registrations_total", "counter", "Producer arenas registered.",
+         m.arena_registrations.load(), rank);
+  Series(out, "odb_arena_refusals_total", "counter", "Producer arena registrations refused.",
+         m.arena_refusals.load(), rank);
   return out.str();
 }
 

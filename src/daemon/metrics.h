@@ -34,6 +34,14 @@ struct DaemonMetrics {
   std::atomic<uint64_t> queued_steps{0};
   std::atomic<uint64_t> ingest_credit_bytes{0};
   std::atomic<uint64_t> producer_connections{0};
+  // Shared-memory data plane: producer arenas registered / still mapped (a
+  // retired arena stays mapped while the daemon holds its blocks), and the
+  // blocks and bytes of them the daemon holds (buffered arena samples).
+  std::atomic<uint64_t> producer_arenas{0};
+  std::atomic<uint64_t> producer_arenas_mapped{0};
+  std::atomic<uint64_t> arena_held_bytes{0};
+  std::atomic<uint64_t> arena_registrations{0};  // counter
+  std::atomic<uint64_t> arena_refusals{0};       // counter
 };
 
 // Point-in-time values that are not counters.
@@ -43,6 +51,9 @@ struct DaemonGauges {
   uint64_t queued_steps = 0;
   uint64_t ingest_credit_bytes = 0;
   uint64_t producer_connections = 0;
+  uint64_t producer_arenas = 0;
+  uint64_t producer_arenas_mapped = 0;
+  uint64_t arena_held_bytes = 0;
 };
 
 // The gauges as last published in `metrics`.

@@ -40,8 +40,39 @@ std::optional<RejectEvent> CheckProducerId(const std::string& producer_id,
 }
 
 IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t>&& parts,
-                         const DecodeOptions& options) {
+                         const DecodeOptions& options, const ArenaContext& arenas) {
   const uint64_t id = h.sample_id();
+  // An arena block is taken first: from here on, any rejection drops
+  // `block.holder`, which hands the block back to the producer.
+  ArenaBlockSource::Acquired block;
+  const bool in_arena = h.has_arena();
+  if (in_arena) {
+    auto reject_block = [&](wire::ErrorCode code, const std::string& why) -> IngestEvent {
+      // The producer id is echoed only within the limit (it is refused below otherwise).
+      const std::string producer =
+          h.producer_id().size() <= options.max_producer_id_bytes ? h.producer_id() : h.producer_id().substr(0, 32) + "...";
+      RejectEvent e = MakeReject(code, "sample " + std::to_string(id) + " from producer '" + producer + "': " + why,
+                                 producer, &id);
+      e.epoch = h.epoch();
+      e.has_epoch = true;
+      if (h.has_seq()) e.seq = h.seq();
+      return e;
+    };
+    if (parts.size() != 1) {
+      return reject_block(wire::FRAME_COUNT_MISMATCH,
+                          "its tensors are in arena block (arena " + std::to_string(h.arena().arena_id()) +
+                              ") but the message also carries " + std::to_string(parts.size() - 1) +
+                              " payload frames; send one or the other");
+    }
+    if (arenas.source == nullptr) {
+      return reject_block(wire::INVALID_ARENA_BLOCK,
+                          "arena blocks are accepted only from local producers on the daemon's ingest "
+                          "sockets; send the payload as frames");
+    }
+    absl::StatusOr<ArenaBlockSource::Acquired> acquired = arenas.source->Acquire(arenas.producer_id, h.arena());
+    if (!acquired.ok()) return reject_block(wire::INVALID_ARENA_BLOCK, std::string(acquired.status().message()));
+    block = std::move(*acquired);
+  }
   if (auto too_large = CheckProducerId(h.producer_id(), options,
                                         "sample " + std::to_string(id))) {
     too_large->rejection.set_sample_id(id);
@@ -65,10 +96,16 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
                   "in preprocessing)");
   }
   const size_t payload_frames = parts.size() - 1;
-  std::vector<size_t> frame_sizes(payload_frames);
-  for (size_t f = 0; f < payload_frames; ++f) frame_sizes[f] = parts[f + 1].size();
   wire::ErrorCode code = wire::MALFORMED_HEADER;
-  auto descs = wire::DecodeTensorDescs(h.tensors(), frame_sizes, options.tensor_limits, &code);
+  absl::StatusOr<std::vector<wire::DecodedTensorDesc>> descs;
+  if (in_arena) {
+    descs = wire::DecodeArenaTensorDescs(h.tensors(), h.arena().offset(), h.arena().length(),
+                                         options.tensor_limits, &code);
+  } else {
+    std::vector<size_t> frame_sizes(payload_frames);
+    for (size_t f = 0; f < payload_frames; ++f) frame_sizes[f] = parts[f + 1].size();
+    descs = wire::DecodeTensorDescs(h.tensors(), frame_sizes, options.tensor_limits, &code);
+  }
   if (!descs.ok()) return reject(code, std::string(descs.status().message()));
 
   Sample sample;
@@ -101,6 +138,18 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
                         " rows (dim 0); they must be equal");
     }
   }
+  if (in_arena) {
+    // The views point into the mapped block; the holder returns it when the
+    // sample is gone (collated, rejected later, or dropped with its epoch).
+    for (size_t t = 0; t < sample.tensors.size(); ++t) {
+      const wire::DecodedTensorDesc& desc = (*descs)[t];
+      sample.tensors[t].data = block.data + (desc.offset - h.arena().offset());
+      sample.tensors[t].size_bytes = desc.size_bytes;
+      sample.meta.payload_bytes += desc.size_bytes;
+    }
+    sample.frames.push_back(std::move(block.holder));
+    return SampleEvent{std::move(sample)};
+  }
   // Move the payload frames in (one holder for all of them, sized exactly:
   // it lives as long as the sample is buffered); the views point into them
   // from now on. Holder index i is frame i + 1.
@@ -120,8 +169,8 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
 
 }  // namespace
 
-IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
-                                  const DecodeOptions& options) {
+IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts, const DecodeOptions& options,
+                                  const ArenaContext& arenas) {
   if (parts.empty()) return MakeReject(wire::MALFORMED_HEADER, "empty message");
   // The header lives on a stack-backed arena: no heap allocation or per-field
   // destruction per message (they were a quarter of the daemon's ingest cost).
@@ -136,6 +185,12 @@ IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
                       "first frame (" + std::to_string(parts[0].size()) +
                           " bytes) is not a ProducerMessage header");
   }
+  return DecodeParsedProducerMessage(msg, std::move(parts), options, arenas);
+}
+
+IngestEvent DecodeParsedProducerMessage(const wire::ProducerMessage& msg, std::vector<zmq::message_t>&& parts,
+                                        const DecodeOptions& options, const ArenaContext& arenas) {
+  if (parts.empty()) return MakeReject(wire::MALFORMED_HEADER, "empty message");
   if (msg.version() != wire::PROTOCOL_VERSION_CURRENT) {
     std::string producer;
     uint64_t sample_id = 0;
@@ -181,7 +236,7 @@ IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
       return EndStreamEvent{msg.end_stream().producer_id(), msg.end_stream().epoch(),
                             msg.end_stream().samples_sent()};
     case wire::ProducerMessage::kSample:
-      return DecodeSample(msg.sample(), std::move(parts), options);
+      return DecodeSample(msg.sample(), std::move(parts), options, arenas);
     default:
       return MakeReject(wire::MALFORMED_HEADER, "header has no message kind");
   }

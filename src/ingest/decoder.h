@@ -3,12 +3,15 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include <zmq.hpp>
 
+#include "absl/status/statusor.h"
 #include "proto/odb.pb.h"
 #include "src/common/sample.h"
 #include "src/wire/tensor_codec.h"
@@ -59,6 +62,32 @@ struct DecodeOptions {
   wire::TensorDescLimits tensor_limits;
 };
 
+// The shared-memory data plane: a sample's tensors may be a block of its
+// producer's registered arena (SampleHeader.arena) instead of frames. A source
+// resolves such a block to bytes the daemon may read for as long as it keeps
+// the returned holder; releasing the holder hands the block back to the
+// producer. Implemented by ArenaRegistry; a fake in tests.
+class ArenaBlockSource {
+ public:
+  virtual ~ArenaBlockSource() = default;
+  struct Acquired {
+    const uint8_t* data = nullptr;  // the block's first byte
+    std::shared_ptr<FrameHolder> holder;
+  };
+  // `producer_id` is the id the message's connection said hello with. The
+  // error's message is the rejection's reason (INVALID_ARENA_BLOCK): unknown
+  // arena, another producer's arena, a block outside the arena's data region
+  // or misaligned, a block overlapping one the daemon still holds.
+  virtual absl::StatusOr<Acquired> Acquire(std::string_view producer_id, const wire::ArenaBlock& block) = 0;
+};
+
+// What arena samples are resolved against: null source = none accepted
+// (INVALID_ARENA_BLOCK), e.g. for payloads from peer daemons.
+struct ArenaContext {
+  ArenaBlockSource* source = nullptr;
+  std::string_view producer_id;  // the connection's hello id
+};
+
 // Decodes and validates one multipart producer message, stateless: header
 // parses, protocol version, producer id size, length > 0, the tensor
 // descriptions against the frames (wire::DecodeTensorDescs: names, dtypes,
@@ -67,8 +96,18 @@ struct DecodeOptions {
 // Stateful checks (duplicate ids, unknown producers, epochs, the epoch's
 // schema) belong to the StreamTracker and EpochSchema. Payload frames are
 // moved into the Sample, never copied.
+//
+// A sample whose header names an arena block (and has no payload frames) is
+// resolved through `arenas` first, before any other check, so that whatever
+// rejects it afterwards releases the block (back to its producer); its
+// tensors are then checked with wire::DecodeArenaTensorDescs against the
+// block and their views point into the mapped arena (no copy either).
 IngestEvent DecodeProducerMessage(std::vector<zmq::message_t>&& parts,
-                                  const DecodeOptions& options = {});
+                                  const DecodeOptions& options = {}, const ArenaContext& arenas = {});
+// The same for a message whose header frame (parts[0]) the caller has
+// already parsed into `msg`.
+IngestEvent DecodeParsedProducerMessage(const wire::ProducerMessage& msg, std::vector<zmq::message_t>&& parts,
+                                        const DecodeOptions& options = {}, const ArenaContext& arenas = {});
 
 // Holds the received zmq frames of one message alive for the TensorViews
 // pointing into them (one holder per sample, not one per frame).

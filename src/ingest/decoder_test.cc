@@ -249,5 +249,114 @@ TEST_CASE("control messages decode") {
   CHECK(std::get<EndStreamEvent>(e2).samples_sent == 17);
 }
 
+// A stand-in for the daemon's ArenaRegistry: one arena of producer "p0" whose
+// data region is a vector; counts what is held and returned.
+class FakeArenas : public ArenaBlockSource {
+ public:
+  static constexpr uint64_t kId = 9;
+  static constexpr uint64_t kBase = 4096;  // the data region's first offset
+  std::vector<uint8_t> bytes = std::vector<uint8_t>(1 << 16);
+  int held = 0;
+  int returned = 0;
+
+  absl::StatusOr<Acquired> Acquire(std::string_view producer_id, const wire::ArenaBlock& block) override {
+    if (block.arena_id() != kId) return absl::NotFoundError("arena " + std::to_string(block.arena_id()) + " unknown");
+    if (producer_id != "p0") return absl::PermissionDeniedError("not yours");
+    if (block.offset() < kBase || block.offset() - kBase > bytes.size() ||
+        block.length() > bytes.size() - (block.offset() - kBase)) {
+      return absl::OutOfRangeError("outside the data region");
+    }
+    struct Holder : FrameHolder {
+      FakeArenas* owner;
+      explicit Holder(FakeArenas* o) : owner(o) {}
+      ~Holder() override { ++owner->returned; }
+    };
+    ++held;
+    return Acquired{bytes.data() + (block.offset() - kBase), std::make_shared<Holder>(this)};
+  }
+};
+
+wire::ProducerMessage ArenaSample(uint64_t id, uint32_t tokens, uint64_t block_offset) {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  auto* s = m.mutable_sample();
+  s->set_producer_id("p0");
+  s->set_sample_id(id);
+  s->set_epoch(3);
+  s->set_tokens(tokens);
+  wire::EncodeArenaTensorDesc("input_ids", odb::DType::kInt64, {tokens}, block_offset, 8 * tokens, s->add_tensors());
+  s->mutable_arena()->set_arena_id(FakeArenas::kId);
+  s->mutable_arena()->set_offset(block_offset);
+  s->mutable_arena()->set_length(8 * tokens);
+  return m;
+}
+
+std::vector<zmq::message_t> HeaderOnly(const wire::ProducerMessage& m) {
+  std::vector<zmq::message_t> parts;
+  parts.push_back(Header(m));
+  return parts;
+}
+
+TEST_CASE("an arena sample's views point into the arena; the block is returned with the sample") {
+  FakeArenas arenas;
+  for (size_t i = 0; i < arenas.bytes.size(); ++i) arenas.bytes[i] = static_cast<uint8_t>(i * 13);
+  const ArenaContext context{&arenas, "p0"};
+  {
+    IngestEvent e = DecodeProducerMessage(HeaderOnly(ArenaSample(42, 5, 4096 + 640)), {}, context);
+    REQUIRE(std::holds_alternative<SampleEvent>(e));
+    const Sample& s = std::get<SampleEvent>(e).sample;
+    REQUIRE(s.tensors.size() == 1);
+    CHECK(s.tensors[0].data == arenas.bytes.data() + 640);  // in place, no copy
+    CHECK(s.tensors[0].size_bytes == 40);
+    CHECK(s.meta.payload_bytes == 40);
+    CHECK(arenas.held == 1);
+    CHECK(arenas.returned == 0);
+  }
+  CHECK(arenas.returned == 1);  // the sample is gone
+}
+
+TEST_CASE("a rejected arena sample hands its block back; an unusable block is named") {
+  FakeArenas arenas;
+  const ArenaContext context{&arenas, "p0"};
+  SECTION("rejected after the block was taken: returned") {
+    auto m = ArenaSample(5, 5, 4096);
+    m.mutable_sample()->mutable_arena()->set_length(64);
+    m.mutable_sample()->mutable_tensors(0)->set_length(48);  // shape says 40
+    const auto r = Rejected(DecodeProducerMessage(HeaderOnly(m), {}, context));
+    CHECK(r.code() == wire::SHAPE_SIZE_MISMATCH);
+    CHECK(r.sample_id() == 5);
+    CHECK(arenas.held == 1);
+    CHECK(arenas.returned == 1);
+    auto zero = ArenaSample(6, 5, 4096);
+    zero.mutable_sample()->set_tokens(0);
+    CHECK(Rejected(DecodeProducerMessage(HeaderOnly(zero), {}, context)).code() == wire::ZERO_LENGTH);
+    CHECK(arenas.returned == 2);
+  }
+  SECTION("a block the source refuses: INVALID_ARENA_BLOCK naming the sample and the reason") {
+    auto m = ArenaSample(7, 5, 4096);
+    m.mutable_sample()->mutable_arena()->set_arena_id(3);
+    const auto r = Rejected(DecodeProducerMessage(HeaderOnly(m), {}, context));
+    CHECK(r.code() == wire::INVALID_ARENA_BLOCK);
+    CHECK(r.sample_id() == 7);
+    CHECK_THAT(r.message(), Catch::Contains("sample 7 from producer 'p0'") && Catch::Contains("arena 3 unknown"));
+    CHECK(arenas.held == 0);
+  }
+  SECTION("a tensor outside its block") {
+    auto m = ArenaSample(8, 5, 4096);
+    m.mutable_sample()->mutable_tensors(0)->set_offset(4096 + 64);
+    const auto r = Rejected(DecodeProducerMessage(HeaderOnly(m), {}, context));
+    CHECK(r.code() == wire::INVALID_ARENA_BLOCK);
+    CHECK(arenas.returned == 1);
+  }
+  SECTION("no arenas here (a peer daemon's message), or frames as well") {
+    const auto r = Rejected(DecodeProducerMessage(HeaderOnly(ArenaSample(9, 5, 4096))));
+    CHECK(r.code() == wire::INVALID_ARENA_BLOCK);
+    CHECK_THAT(r.message(), Catch::Contains("only from local producers"));
+    auto parts = Parts(ArenaSample(10, 5, 4096), {40});
+    CHECK(Rejected(DecodeProducerMessage(std::move(parts), {}, context)).code() == wire::FRAME_COUNT_MISMATCH);
+    CHECK(arenas.held == 0);
+  }
+}
+
 }  // namespace
 }  // namespace odb::ingest

@@ -18,6 +18,20 @@ constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than thi
 // a later epoch is refused (each buffered epoch costs bookkeeping).
 constexpr uint32_t kEpochHorizon = 4;
 
+// What an arena sample is charged: its tensors' lengths as sent, plus the
+// bookkeeping per tensor (the formula of frames), saturating: the header is
+// not validated yet.
+uint64_t ArenaPayloadBytes(const wire::SampleHeader& header) {
+  uint64_t total = 0;
+  for (const wire::TensorDesc& t : header.tensors()) {
+    if (__builtin_add_overflow(total, t.length(), &total) ||
+        __builtin_add_overflow(total, wire::kBookkeepingBytesPerTensor, &total)) {
+      return UINT64_MAX;
+    }
+  }
+  return total;
+}
+
 wire::IngestReply NewReply() {
   wire::IngestReply r;
   r.set_version(wire::PROTOCOL_VERSION_CURRENT);
@@ -106,18 +120,23 @@ void IngestChannel::OnReadable(size_t i) {
     }
     Conn& conn = it->second;
     conn.last_heard = clock_.Now();
+    // A sample whose tensors are in the producer's arena is one frame too:
+    // its header is parsed once, here.
+    std::optional<wire::ProducerMessage> arena_sample;
     if (parts_.size() == 2) {
       // A control message; a credit request is the channel's own business.
       wire::ProducerMessage control;
-      if (control.ParseFromArray(parts_[1].data(), static_cast<int>(parts_[1].size())) &&
-          control.has_credit_request()) {
-        const wire::CreditRequest& request = control.credit_request();
-        if (request.bytes() > 0) conn.wanted_bytes = std::min<uint64_t>(request.bytes(), max_sample_bytes_);
-        if (request.has_seq()) {
-          conn.wanted_seq = request.seq();
-          conn.wanted_seq_epoch = request.epoch();
+      if (control.ParseFromArray(parts_[1].data(), static_cast<int>(parts_[1].size()))) {
+        if (control.has_credit_request()) {
+          const wire::CreditRequest& request = control.credit_request();
+          if (request.bytes() > 0) conn.wanted_bytes = std::min<uint64_t>(request.bytes(), max_sample_bytes_);
+          if (request.has_seq()) {
+            conn.wanted_seq = request.seq();
+            conn.wanted_seq_epoch = request.epoch();
+          }
+          continue;
         }
-        continue;
+        if (control.has_sample() && control.sample().has_arena()) arena_sample = std::move(control);
       }
     }
     std::vector<zmq::message_t> body;
@@ -127,11 +146,29 @@ void IngestChannel::OnReadable(size_t i) {
       if (p >= 2) payload += parts_[p].size() + wire::kBookkeepingBytesPerTensor;
       body.push_back(std::move(parts_[p]));
     }
-    const bool is_sample = body.size() > 1;
+    // Arena samples are charged like frames (their bytes count against
+    // buffer.max_bytes although they live in the producer's arena).
+    if (arena_sample) payload = ArenaPayloadBytes(arena_sample->sample());
+    const bool is_sample = body.size() > 1 || arena_sample.has_value();
+    const ArenaContext arena_context{arenas_, conn.producer_id};
+    auto decode = [&]() -> IngestEvent {
+      if (arena_sample) {
+        return DecodeParsedProducerMessage(*arena_sample, std::move(body), decode_options_, arena_context);
+      }
+      return DecodeProducerMessage(std::move(body), decode_options_, arena_context);
+    };
     IngestEvent event;
     if (is_sample && payload > max_sample_bytes_) {
+      // An arena sample is decoded all the same: that takes its block, and
+      // dropping the decoded sample hands the block back to the producer.
+      IngestEvent dropped;
+      std::string id;
+      if (arena_sample) {
+        dropped = decode();
+        id = " " + std::to_string(arena_sample->sample().sample_id());
+      }
       event = MakeReject(wire::TOO_LARGE,
-                         "a sample of " + std::to_string(payload) + " payload bytes from producer '" +
+                         "a sample" + id + " of " + std::to_string(payload) + " payload bytes from producer '" +
                              conn.producer_id + "' exceeds the largest admissible sample (" +
                              std::to_string(max_sample_bytes_) +
                              " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
@@ -140,7 +177,7 @@ void IngestChannel::OnReadable(size_t i) {
     } else if (!ChargeCredit(conn, is_sample, payload)) {
       // Decoded anyway, so the report names the sample and it counts against
       // its producer's stream (end_stream totals still match).
-      event = DecodeProducerMessage(std::move(body), decode_options_);
+      event = decode();
       RejectEvent reject;
       if (auto* s = std::get_if<SampleEvent>(&event)) {
         const uint64_t id = s->sample.meta.id;
@@ -168,7 +205,7 @@ void IngestChannel::OnReadable(size_t i) {
                            conn.producer_id);
       }
     } else {
-      event = DecodeProducerMessage(std::move(body), decode_options_);
+      event = decode();
     }
     burst.push_back({&conn, std::move(event), payload});
   }

@@ -49,6 +49,10 @@ class IngestChannel {
   IngestChannel(const IngestChannel&) = delete;
   IngestChannel& operator=(const IngestChannel&) = delete;
 
+  // The producers' shared-memory arenas (not owned; null: samples that name
+  // an arena block are rejected). Set before the first OnReadable.
+  void SetArenaSource(ArenaBlockSource* arenas) { arenas_ = arenas; }
+
   // Binds every ingest endpoint. Errors name the endpoint.
   absl::Status Bind();
   const std::vector<std::string>& endpoints() const { return bound_; }
@@ -108,6 +112,7 @@ class IngestChannel {
   DaemonMetrics& metrics_;
   const Clock& clock_;
   DecodeOptions decode_options_;
+  ArenaBlockSource* arenas_ = nullptr;
   std::vector<zmq::socket_t> sockets_;
   std::vector<std::string> bound_;
   std::map<ConnKey, Conn> conns_;

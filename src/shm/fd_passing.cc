@@ -9,7 +9,7 @@
 namespace odb::shm {
 namespace {
 
-std::string Errno(int err) { return std::strerror(err); }
+std::string ErrnoText(int err) { return std::strerror(err); }
 
 }  // namespace
 
@@ -40,7 +40,7 @@ absl::Status SendFds(int sock, std::span<const int> fds, std::string_view payloa
     n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0)
-    return absl::UnavailableError("SendFds: sendmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
+    return absl::UnavailableError("SendFds: sendmsg on socket " + std::to_string(sock) + ": " + ErrnoText(errno));
   if (static_cast<size_t>(n) != iov.iov_len) {
     // The descriptors went with the first byte; a short write of a stream
     // socket would split the payload, which the receiver cannot reassemble.
@@ -65,7 +65,7 @@ absl::StatusOr<ReceivedFds> RecvFds(int sock, size_t max_payload) {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0)
-    return absl::UnavailableError("RecvFds: recvmsg on socket " + std::to_string(sock) + ": " + Errno(errno));
+    return absl::UnavailableError("RecvFds: recvmsg on socket " + std::to_string(sock) + ": " + ErrnoText(errno));
   // Take ownership of whatever arrived before judging the message.
   for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
     if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
@@ -110,7 +110,7 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {
   socklen_t len = sizeof(cred);
   if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     return absl::FailedPreconditionError("SO_PEERCRED on socket " + std::to_string(sock) + ": " +
-                                         Errno(errno));
+                                         ErrnoText(errno));
   }
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }

@@ -1,5 +1,6 @@
 #include "src/wire/tensor_codec.h"
 
+#include <functional>
 #include <string_view>
 #include <unordered_set>
 
@@ -63,31 +64,35 @@ void EncodeTensorDesc(const std::string& name, odb::DType dtype, const std::vect
   out->set_frame(frame);
 }
 
-absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
-    const google::protobuf::RepeatedPtrField<TensorDesc>& descs,
-    absl::Span<const size_t> payload_frame_sizes, const TensorDescLimits& limits,
-    ErrorCode* error_code) {
+void EncodeArenaTensorDesc(const std::string& name, odb::DType dtype, const std::vector<int64_t>& shape,
+                           uint64_t offset, uint64_t length, TensorDesc* out) {
+  EncodeTensorDesc(name, dtype, shape, 0, out);
+  out->set_offset(offset);
+  out->set_length(length);
+}
+
+namespace {
+
+// Where a description's bytes are and how many there are: the frame it points
+// at, or its (offset, length) in an arena block. Returns the bytes available
+// at that place, or an error (with its code) naming the tensor.
+using LocateFn = std::function<absl::StatusOr<uint64_t>(const TensorDesc& desc, const std::string& field,
+                                                         ErrorCode* code)>;
+
+// The checks shared by both kinds of description (see DecodeTensorDescs).
+absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeDescs(
+    const google::protobuf::RepeatedPtrField<TensorDesc>& descs, const TensorDescLimits& limits,
+    ErrorCode* error_code, const LocateFn& locate, const char* place) {
   auto fail = [&](ErrorCode code, const std::string& why) -> absl::Status {
     if (error_code != nullptr) *error_code = code;
     return absl::InvalidArgumentError(why);
   };
-  const size_t frames = payload_frame_sizes.size();
-  if (static_cast<size_t>(descs.size()) > limits.max_tensors) {
-    return fail(TOO_LARGE, "header lists " + std::to_string(descs.size()) + " tensors, over the limit of " +
-                               std::to_string(limits.max_tensors) + " per sample");
-  }
-  if (static_cast<size_t>(descs.size()) != frames) {
-    return fail(FRAME_COUNT_MISMATCH, "header lists " + std::to_string(descs.size()) +
-                                          " tensors but the message has " + std::to_string(frames) +
-                                          " payload frames");
-  }
   // Duplicate names: a linear scan for the usual handful of tensors, a set
   // beyond that so a message with many tensors stays linear.
   constexpr int kScanLimit = 16;
   std::unordered_set<std::string_view> names;
-  FrameSet used_frames(frames);
   std::vector<DecodedTensorDesc> out;
-  out.reserve(frames);
+  out.reserve(descs.size());
   for (const TensorDesc& desc : descs) {
     const std::string& name = desc.name();
     if (name.empty()) return fail(MALFORMED_HEADER, "a tensor has an empty name");
@@ -110,14 +115,9 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
       return fail(UNKNOWN_DTYPE, field + " has unknown dtype code " +
                                      std::to_string(static_cast<int>(desc.dtype())));
     }
-    const uint32_t frame = desc.frame();
-    if (frame < 1 || frame > frames) {
-      return fail(FRAME_COUNT_MISMATCH, field + " points at frame " + std::to_string(frame) +
-                                            " but frames 1.." + std::to_string(frames) + " exist");
-    }
-    if (!used_frames.Insert(frame)) {
-      return fail(FRAME_COUNT_MISMATCH, field + " reuses frame " + std::to_string(frame));
-    }
+    ErrorCode located_code = MALFORMED_HEADER;
+    absl::StatusOr<uint64_t> actual = locate(desc, field, &located_code);
+    if (!actual.ok()) return fail(located_code, std::string(actual.status().message()));
     if (static_cast<size_t>(desc.shape_size()) > limits.max_rank) {
       return fail(TOO_LARGE, field + " has rank " + std::to_string(desc.shape_size()) +
                                  ", over the limit of " + std::to_string(limits.max_rank));
@@ -126,7 +126,8 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
     DecodedTensorDesc d;
     d.dtype = static_cast<odb::DType>(raw_dtype);
     d.shape.assign(desc.shape().begin(), desc.shape().end());
-    d.frame = frame;
+    d.frame = desc.frame();
+    d.offset = desc.offset();
     const size_t elem = DTypeSize(d.dtype);
     const std::string declared = " declares shape " + ShapeString(d.shape) + " of " +
                                  std::string(DTypeName(d.dtype));
@@ -150,11 +151,9 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
       return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(numel) +
                                            " elements: its byte size overflows 64 bits");
     }
-    const size_t actual = payload_frame_sizes[frame - 1];
-    if (bytes != actual) {
-      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(bytes) +
-                                           " bytes, but its frame has " + std::to_string(actual) +
-                                           " bytes");
+    if (bytes != *actual) {
+      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(bytes) + " bytes, but its " +
+                                           place + " has " + std::to_string(*actual) + " bytes");
     }
     d.numel = numel;
     d.size_bytes = bytes;
@@ -162,6 +161,77 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
     out.push_back(std::move(d));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
+    const google::protobuf::RepeatedPtrField<TensorDesc>& descs,
+    absl::Span<const size_t> payload_frame_sizes, const TensorDescLimits& limits,
+    ErrorCode* error_code) {
+  const size_t frames = payload_frame_sizes.size();
+  if (static_cast<size_t>(descs.size()) > limits.max_tensors) {
+    if (error_code != nullptr) *error_code = TOO_LARGE;
+    return absl::InvalidArgumentError("header lists " + std::to_string(descs.size()) +
+                                      " tensors, over the limit of " + std::to_string(limits.max_tensors) +
+                                      " per sample");
+  }
+  if (static_cast<size_t>(descs.size()) != frames) {
+    if (error_code != nullptr) *error_code = FRAME_COUNT_MISMATCH;
+    return absl::InvalidArgumentError("header lists " + std::to_string(descs.size()) +
+                                      " tensors but the message has " + std::to_string(frames) +
+                                      " payload frames");
+  }
+  FrameSet used_frames(frames);
+  LocateFn locate = [&](const TensorDesc& desc, const std::string& field,
+                        ErrorCode* code) -> absl::StatusOr<uint64_t> {
+    const uint32_t frame = desc.frame();
+    *code = FRAME_COUNT_MISMATCH;
+    if (frame < 1 || frame > frames) {
+      return absl::InvalidArgumentError(field + " points at frame " + std::to_string(frame) + " but frames 1.." +
+                                        std::to_string(frames) + " exist");
+    }
+    if (!used_frames.Insert(frame)) {
+      return absl::InvalidArgumentError(field + " reuses frame " + std::to_string(frame));
+    }
+    return static_cast<uint64_t>(payload_frame_sizes[frame - 1]);
+  };
+  return DecodeDescs(descs, limits, error_code, locate, "frame");
+}
+
+absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeArenaTensorDescs(
+    const google::protobuf::RepeatedPtrField<TensorDesc>& descs, uint64_t block_offset, uint64_t block_length,
+    const TensorDescLimits& limits, ErrorCode* error_code) {
+  if (static_cast<size_t>(descs.size()) > limits.max_tensors) {
+    if (error_code != nullptr) *error_code = TOO_LARGE;
+    return absl::InvalidArgumentError("header lists " + std::to_string(descs.size()) +
+                                      " tensors, over the limit of " + std::to_string(limits.max_tensors) +
+                                      " per sample");
+  }
+  const std::string block = "its arena block [" + std::to_string(block_offset) + ", +" +
+                            std::to_string(block_length) + ")";
+  LocateFn locate = [&](const TensorDesc& desc, const std::string& field,
+                        ErrorCode* code) -> absl::StatusOr<uint64_t> {
+    *code = INVALID_ARENA_BLOCK;
+    if (desc.frame() != 0) {
+      *code = FRAME_COUNT_MISMATCH;
+      return absl::InvalidArgumentError(field + " points at frame " + std::to_string(desc.frame()) +
+                                        " but the sample's tensors are in " + block + " (frame must be 0)");
+    }
+    const uint64_t offset = desc.offset(), length = desc.length();
+    const std::string where = field + " at [" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
+    if (offset % kArenaTensorAlignment != 0) {
+      return absl::InvalidArgumentError(where + " is not " + std::to_string(kArenaTensorAlignment) +
+                                        "-byte aligned");
+    }
+    // Overflow-free: offset - block_offset only once offset >= block_offset.
+    if (offset < block_offset || offset - block_offset > block_length ||
+        length > block_length - (offset - block_offset)) {
+      return absl::InvalidArgumentError(where + " lies outside " + block);
+    }
+    return length;
+  };
+  return DecodeDescs(descs, limits, error_code, locate, "arena range");
 }
 
 }  // namespace odb::wire

@@ -45,7 +45,8 @@ struct DecodedTensorDesc {
   std::string name;
   odb::DType dtype = odb::DType::kUnspecified;
   std::vector<int64_t> shape;
-  uint32_t frame = 0;  // message frame index, 1-based (frame 0 is the header)
+  uint32_t frame = 0;  // message frame index, 1-based (frame 0 is the header); 0 for arena tensors
+  uint64_t offset = 0;  // arena tensors: offset in the producer's arena segment
   uint64_t numel = 0;
   uint64_t size_bytes = 0;
 };
@@ -54,6 +55,14 @@ struct DecodedTensorDesc {
 // tensor's bytes (1 is the first frame after the header).
 void EncodeTensorDesc(const std::string& name, odb::DType dtype, const std::vector<int64_t>& shape,
                       uint32_t frame, TensorDesc* out);
+
+// Arena tensors (shared-memory data plane) start on multiples of this.
+inline constexpr uint64_t kArenaTensorAlignment = 64;
+
+// Writes the description of a tensor whose bytes are [offset, offset + length)
+// of the producer's arena (frame 0).
+void EncodeArenaTensorDesc(const std::string& name, odb::DType dtype, const std::vector<int64_t>& shape,
+                           uint64_t offset, uint64_t length, TensorDesc* out);
 
 // Reads and validates the descriptions of one message against its payload
 // frames. `payload_frame_sizes[k]` is the size of message frame k + 1.
@@ -75,6 +84,17 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
     const google::protobuf::RepeatedPtrField<TensorDesc>& descs,
     absl::Span<const size_t> payload_frame_sizes, const TensorDescLimits& limits = {},
     ErrorCode* error_code = nullptr);
+
+// The same for a sample whose tensors are in one arena block
+// [block_offset, block_offset + block_length) instead of frames: the checks
+// above, except that each description must have frame 0 (FRAME_COUNT_MISMATCH)
+// and an offset that is a multiple of kArenaTensorAlignment with [offset,
+// offset + length) inside the block, overflow-checked (INVALID_ARENA_BLOCK),
+// and length = shape x dtype size (SHAPE_SIZE_MISMATCH). Whether the block
+// itself is a valid block of a registered arena is the caller's check.
+absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeArenaTensorDescs(
+    const google::protobuf::RepeatedPtrField<TensorDesc>& descs, uint64_t block_offset, uint64_t block_length,
+    const TensorDescLimits& limits = {}, ErrorCode* error_code = nullptr);
 
 // "[2, 3]": shapes as every error message of the protocol prints them.
 std::string ShapeString(absl::Span<const int64_t> shape);

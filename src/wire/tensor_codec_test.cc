@@ -168,5 +168,54 @@ TEST_CASE("the error code argument is optional") {
   CHECK_FALSE(got.ok());
 }
 
+TEST_CASE("arena descriptions: offsets inside the block, aligned, lengths as the shape says") {
+  // The block [4096, 4096 + 1024): two tensors at 64-byte aligned offsets.
+  Descs descs;
+  EncodeArenaTensorDesc("input_ids", odb::DType::kInt64, {5}, 4096, 40, descs.Add());
+  EncodeArenaTensorDesc("pixels", odb::DType::kUInt8, {2, 100}, 4160, 200, descs.Add());
+  auto got = DecodeArenaTensorDescs(descs, 4096, 1024);
+  REQUIRE(got.ok());
+  CHECK((*got)[0].offset == 4096);
+  CHECK((*got)[0].frame == 0);
+  CHECK((*got)[1].size_bytes == 200);
+
+  auto fails = [](const Descs& d, ErrorCode expected, uint64_t block_offset = 4096, uint64_t block_length = 1024) {
+    ErrorCode code = ERROR_CODE_UNSPECIFIED;
+    auto r = DecodeArenaTensorDescs(d, block_offset, block_length, {}, &code);
+    REQUIRE_FALSE(r.ok());
+    CHECK(code == expected);
+    return std::string(r.status().message());
+  };
+  Descs one;
+  SECTION("before the block") {
+    EncodeArenaTensorDesc("x", odb::DType::kUInt8, {64}, 4032, 64, one.Add());
+    CHECK_THAT(fails(one, INVALID_ARENA_BLOCK), Catch::Contains("lies outside its arena block [4096, +1024)"));
+  }
+  SECTION("past the block's end") {
+    EncodeArenaTensorDesc("x", odb::DType::kUInt8, {128}, 4096 + 960, 128, one.Add());
+    CHECK_THAT(fails(one, INVALID_ARENA_BLOCK), Catch::Contains("outside"));
+  }
+  SECTION("offsets and lengths that wrap") {
+    EncodeArenaTensorDesc("x", odb::DType::kUInt8, {64}, ~uint64_t{0} - 63, 64, one.Add());
+    fails(one, INVALID_ARENA_BLOCK);
+    Descs two;
+    EncodeArenaTensorDesc("y", odb::DType::kUInt8, {1}, 4096, ~uint64_t{0}, two.Add());
+    fails(two, INVALID_ARENA_BLOCK, 4096, ~uint64_t{0} - 4096);  // the length wins over the shape
+  }
+  SECTION("misaligned") {
+    EncodeArenaTensorDesc("x", odb::DType::kUInt8, {8}, 4104, 8, one.Add());
+    CHECK_THAT(fails(one, INVALID_ARENA_BLOCK), Catch::Contains("64-byte aligned"));
+  }
+  SECTION("a length other than the shape's") {
+    EncodeArenaTensorDesc("x", odb::DType::kInt64, {5}, 4096, 48, one.Add());
+    CHECK_THAT(fails(one, SHAPE_SIZE_MISMATCH), Catch::Contains("= 40 bytes, but its arena range has 48 bytes"));
+  }
+  SECTION("a frame index as well") {
+    EncodeArenaTensorDesc("x", odb::DType::kUInt8, {8}, 4096, 8, one.Add());
+    one.Mutable(0)->set_frame(1);
+    fails(one, FRAME_COUNT_MISMATCH);
+  }
+}
+
 }  // namespace
 }  // namespace odb::wire

@@ -1,18 +1,102 @@
 #include "odb/producer.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <zmq.hpp>
 
 #include "proto/odb.pb.h"
+#include "src/shm/arena_writer.h"
+#include "src/shm/fd_passing.h"
+#include "src/shm/unique_fd.h"
 #include "src/wire/tensor_codec.h"
 
 namespace odb::client {
+namespace {
+
+// The daemon's arena registration socket next to an ipc:// ingest socket
+// (docs/protocol.md; the daemon's ingest::ArenaSocketPath).
+std::string ArenaSocketPath(const std::string& ingest_socket_path) { return ingest_socket_path + ".arena"; }
+
+uint64_t RoundUp64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+// Registers `writer`'s memfd with the daemon listening on `socket_path`: the
+// arena id its samples name, or why not.
+absl::StatusOr<uint64_t> RegisterArena(const std::string& socket_path, const std::string& producer_id,
+                                       shm::ArenaWriter& writer, int timeout_ms) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("the registration socket path " + socket_path + " is too long");
+  }
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  shm::UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return absl::InternalError(std::string("socket(): ") + std::strerror(errno));
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError("no arena registration socket answers at " + socket_path + " (" +
+                                  std::strerror(errno) + "; shm.producer_arenas off, or an older odbd)");
+  }
+  absl::StatusOr<shm::PeerCredentials> peer = shm::GetPeerCredentials(sock.get());
+  if (!peer.ok()) return peer.status();
+  if (peer->uid != ::getuid()) {
+    return absl::PermissionDeniedError("the daemon behind " + socket_path + " runs as uid " +
+                                       std::to_string(peer->uid) + ", this producer as uid " +
+                                       std::to_string(::getuid()) + ": arenas are shared only within one user");
+  }
+  wire::ArenaRegister request;
+  request.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  request.set_producer_id(producer_id);
+  request.set_generation(writer.arena().generation());
+  request.set_capacity_bytes(writer.capacity_bytes());
+  if (absl::Status s = shm::SendFd(sock.get(), writer.arena().fd(), request.SerializeAsString()); !s.ok()) return s;
+  char buffer[4096];
+  const ssize_t n = ::recv(sock.get(), buffer, sizeof(buffer), 0);
+  if (n <= 0) {
+    return absl::UnavailableError("the daemon did not answer the arena registration on " + socket_path + " (" +
+                                  (n == 0 ? std::string("it closed the connection") : std::strerror(errno)) + ")");
+  }
+  wire::ArenaRegistered answer;
+  if (!answer.ParseFromArray(buffer, static_cast<int>(n))) {
+    return absl::FailedPreconditionError("unreadable arena registration answer from " + socket_path);
+  }
+  if (answer.arena_id() == 0) {
+    return absl::FailedPreconditionError("the daemon refused the arena: " + answer.error());
+  }
+  return answer.arena_id();
+}
+
+}  // namespace
+
+absl::StatusOr<DataPlane> ParseDataPlane(std::string_view name) {
+  if (name == "auto") return DataPlane::kAuto;
+  if (name == "shm") return DataPlane::kShm;
+  if (name == "zmq") return DataPlane::kZmq;
+  return absl::InvalidArgumentError("data_plane '" + std::string(name.substr(0, 64)) +
+                                    "' is not one of auto, shm, zmq");
+}
+
+const char* DataPlaneName(DataPlane plane) {
+  switch (plane) {
+    case DataPlane::kAuto:
+      return "auto";
+    case DataPlane::kShm:
+      return "shm";
+    case DataPlane::kZmq:
+      return "zmq";
+  }
+  return "?";
+}
 
 size_t DTypeBytes(DType dtype) {
   switch (dtype) {
@@ -36,6 +120,12 @@ size_t DTypeBytes(DType dtype) {
 
 struct Producer::Impl {
   ProducerOptions options;
+  // The shared-memory arena (null: frames only). Declared before the context:
+  // destroyed after it, i.e. after ZeroMQ has handed every sent message to the
+  // kernel (linger), so the daemon sees the arena closed only after them.
+  std::unique_ptr<shm::ArenaWriter> arena;
+  uint64_t arena_id = 0;
+  std::string arena_note;  // why there is no arena
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
   std::map<uint32_t, uint64_t> sent;
@@ -202,24 +292,120 @@ struct Producer::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id, uint32_t epoch,
-                          std::optional<uint64_t> seq) {
-    if (seq && parts.size() > 1) {
+  // Waits until the daemon lets a sample of `bytes` (payload plus bookkeeping)
+  // in: its seq under the limit (alignment.deterministic) and enough credit.
+  absl::Status AwaitRoom(uint64_t bytes, uint64_t sample_id, uint32_t epoch, std::optional<uint64_t> seq) {
+    if (seq) {
       // The first credit says whether the daemon limits seqs: wait for it.
       if (max_sample_bytes == 0) {
         if (absl::Status s = WaitForCredit(0, sample_id); !s.ok()) return s;
       }
       if (absl::Status s = WaitForSeq(epoch, *seq, sample_id); !s.ok()) return s;
     }
+    return WaitForCredit(bytes, sample_id);
+  }
+
+  void Debit(uint64_t bytes) {
+    credit_samples -= 1;
+    credit_bytes -= static_cast<int64_t>(bytes);
+  }
+
+  absl::Status SendSample(std::vector<zmq::message_t>& parts, uint64_t sample_id, uint32_t epoch,
+                          std::optional<uint64_t> seq) {
     uint64_t bytes = 0;
     // The daemon charges each tensor's bookkeeping too (the same constant).
     for (size_t i = 1; i < parts.size(); ++i) bytes += parts[i].size() + wire::kBookkeepingBytesPerTensor;
     if (parts.size() > 1) {
-      if (absl::Status s = WaitForCredit(bytes, sample_id); !s.ok()) return s;
-      credit_samples -= 1;
-      credit_bytes -= static_cast<int64_t>(bytes);
+      if (absl::Status s = AwaitRoom(bytes, sample_id, epoch, seq); !s.ok()) return s;
+      Debit(bytes);
     }
     return SendParts(parts);
+  }
+
+  // A block of `length` bytes of the arena; waits (back-pressure) while the
+  // daemon holds the arena's blocks, up to send_timeout_ms.
+  absl::StatusOr<shm::Block> AllocateBlock(uint64_t length, uint64_t sample_id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.send_timeout_ms);
+    while (true) {
+      if (absl::Status s = CheckCancelled(); !s.ok()) return s;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        const shm::ArenaWriter::Stats st = arena->stats();
+        return absl::DeadlineExceededError(
+            Who() + ": sample " + std::to_string(sample_id) + " waited " + std::to_string(options.send_timeout_ms) +
+            " ms for " + std::to_string(length) + " bytes of its shared-memory arena (" +
+            std::to_string(arena->capacity_bytes()) + " bytes, " + std::to_string(st.outstanding_blocks) +
+            " blocks held by the daemon at " + options.endpoint + "): is its trainer consuming steps?");
+      }
+      // Slices of at most 100 ms, so that Cancel is seen.
+      absl::StatusOr<shm::Block> block =
+          arena->Allocate(length, absl::Milliseconds(std::min<int64_t>(left.count(), 100)));
+      if (block.ok() || block.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        if (!block.ok()) {
+          return absl::Status(block.status().code(), Who() + ": sample " + std::to_string(sample_id) + ": " +
+                                                         std::string(block.status().message()));
+        }
+        return block;
+      }
+    }
+  }
+
+  // The shared-memory path: the tensors are copied into one block of the
+  // arena (each at a 64-byte aligned offset), the header names the block and
+  // each tensor's range, and only the header goes over ZeroMQ.
+  absl::Status SendArenaSample(wire::ProducerMessage& m, const std::vector<TensorInput>& tensors,
+                               uint64_t block_length, uint64_t sample_id, uint32_t epoch,
+                               std::optional<uint64_t> seq) {
+    uint64_t bytes = 0;
+    for (const TensorInput& t : tensors) bytes += t.size_bytes + wire::kBookkeepingBytesPerTensor;
+    if (absl::Status s = AwaitRoom(bytes, sample_id, epoch, seq); !s.ok()) return s;
+    absl::StatusOr<shm::Block> block = AllocateBlock(block_length, sample_id);
+    if (!block.ok()) return block.status();
+    wire::SampleHeader* h = m.mutable_sample();
+    uint64_t at = 0;
+    for (const TensorInput& t : tensors) {
+      if (t.size_bytes > 0) std::memcpy(block->data + at, t.data, t.size_bytes);
+      wire::EncodeArenaTensorDesc(t.name, static_cast<odb::DType>(t.dtype), t.shape, block->offset + at,
+                                  t.size_bytes, h->add_tensors());
+      at += RoundUp64(t.size_bytes);
+    }
+    h->mutable_arena()->set_arena_id(arena_id);
+    h->mutable_arena()->set_offset(block->offset);
+    h->mutable_arena()->set_length(block->length);
+    std::vector<zmq::message_t> parts;
+    std::string header = m.SerializeAsString();
+    parts.emplace_back(header.data(), header.size());
+    if (absl::Status s = SendParts(parts); !s.ok()) {
+      (void)arena->Free(*block);  // never reached the daemon
+      return s;
+    }
+    Debit(bytes);
+    return absl::OkStatus();
+  }
+
+  // Creates and registers the arena (options.data_plane kAuto or kShm, an
+  // ipc:// endpoint).
+  absl::Status SetUpArena() {
+    if (options.endpoint.rfind("ipc://", 0) != 0) {
+      return absl::InvalidArgumentError("the shared-memory data plane needs a local daemon (an ipc:// endpoint), not " +
+                                        options.endpoint);
+    }
+    if (options.arena_bytes == 0) return absl::InvalidArgumentError("arena_bytes must be > 0");
+    shm::ArenaOptions o;
+    o.capacity_bytes = options.arena_bytes;
+    // Pages are allocated as blocks are first written: the arena costs what
+    // is in flight (bounded by the daemon's credit), not its capacity.
+    o.reserve = false;
+    o.memfd_name = "odb-arena:" + options.producer_id.substr(0, 200);
+    absl::StatusOr<std::unique_ptr<shm::ArenaWriter>> writer = shm::ArenaWriter::Create(o);
+    if (!writer.ok()) return writer.status();
+    absl::StatusOr<uint64_t> id = RegisterArena(ArenaSocketPath(options.endpoint.substr(6)), options.producer_id,
+                                                **writer, std::min(options.send_timeout_ms, 10000));
+    if (!id.ok()) return id.status();
+    arena = std::move(*writer);
+    arena_id = *id;
+    return absl::OkStatus();
   }
 };
 
@@ -247,6 +433,18 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOption
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError("cannot connect to '" + options.endpoint + "': " + e.what());
   }
+  if (options.data_plane != DataPlane::kZmq) {
+    if (absl::Status s = impl->SetUpArena(); !s.ok()) {
+      if (options.data_plane == DataPlane::kShm) {
+        return absl::Status(s.code(), "producer '" + options.producer_id +
+                                          "': data_plane shm, but the shared-memory arena is not available: " +
+                                          std::string(s.message()));
+      }
+      impl->arena_note = std::string(s.message());  // auto: frames
+    }
+  } else {
+    impl->arena_note = "data_plane zmq";
+  }
   wire::ProducerMessage hello = impl->NewMessage();
   hello.mutable_hello()->set_producer_id(options.producer_id);
   hello.mutable_hello()->set_rank(options.rank);
@@ -273,6 +471,31 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   h->set_vision_patches(lengths.vision_patches);
   h->set_audio_frames(lengths.audio_frames);
   if (seq) h->set_seq(*seq);
+  if (impl_->arena) {
+    const ProducerOptions& o = impl_->options;
+    uint64_t payload = 0, block_length = 0;
+    for (const TensorInput& t : tensors) {
+      payload += t.size_bytes;
+      block_length += RoundUp64(t.size_bytes);
+    }
+    if (o.data_plane == DataPlane::kShm || payload >= o.shm_min_bytes) {
+      if (block_length <= impl_->arena->capacity_bytes()) {
+        if (absl::Status s = impl_->SendArenaSample(m, tensors, block_length, sample_id, epoch, seq); !s.ok()) {
+          return s;
+        }
+        ++impl_->sent[epoch];
+        return absl::OkStatus();
+      }
+      if (o.data_plane == DataPlane::kShm) {
+        return absl::InvalidArgumentError(
+            impl_->Who() + ": sample " + std::to_string(sample_id) + " has " + std::to_string(payload) +
+            " payload bytes (a block of " + std::to_string(block_length) + " bytes), more than its shared-memory "
+            "arena holds (" + std::to_string(impl_->arena->capacity_bytes()) +
+            " bytes); raise arena_bytes, or use data_plane auto, which sends such samples over the socket");
+      }
+      // auto: a sample larger than the arena goes as frames.
+    }
+  }
   std::vector<zmq::message_t> parts;
   parts.reserve(tensors.size() + 1);
   parts.emplace_back();  // header, filled below
@@ -347,4 +570,21 @@ uint64_t Producer::sent(uint32_t epoch) const {
   return it == impl_->sent.end() ? 0 : it->second;
 }
 
+DataPlane Producer::data_plane() const { return impl_->arena ? DataPlane::kShm : DataPlane::kZmq; }
+uint64_t Producer::arena_id() const { return impl_->arena_id; }
+const std::string& Producer::arena_note() const { return impl_->arena_note; }
+
 }  // namespace odb::client
+
+// pip builds (client/python/setup.py) compile a fixed list of sources that does
+// not name src/shm yet; until it does, they get the arena code through this
+// file. Bazel links //src/shm instead and defines ODB_SHM_LINKED.
+#ifndef ODB_SHM_LINKED
+#include "src/shm/arena.cc"               // NOLINT(build/include)
+#include "src/shm/arena_reader.cc"        // NOLINT(build/include)
+#include "src/shm/arena_writer.cc"        // NOLINT(build/include)
+#include "src/shm/completion_queue.cc"    // NOLINT(build/include)
+#include "src/shm/fd_passing.cc"          // NOLINT(build/include)
+#include "src/shm/process.cc"             // NOLINT(build/include)
+#include "src/shm/slot_allocator.cc"      // NOLINT(build/include)
+#endif

@@ -147,7 +147,11 @@ class Producer:
     """Sends samples to one daemon. Create it after fork."""
 
     def __init__(self, endpoint: str, producer_id: str, rank: int = -1, send_hwm: int = 64,
-                 send_timeout_ms: int = 120000) -> None: ...
+                 send_timeout_ms: int = 120000, data_plane: str = "auto", arena_bytes: int = 268435456,
+                 shm_min_bytes: int = 16384) -> None:
+        """data_plane: 'auto' (a shared-memory arena when the daemon is local, for samples of at least
+        shm_min_bytes), 'shm' (always the arena; an error if unavailable) or 'zmq' (frames only);
+        arena_bytes: the arena's capacity (docs/shm.md)."""
     def start_epoch(self, epoch: int) -> None: ...
     # In the extension `tensors` follows the two defaulted counts: pass all six
     # positionally, or the counts and `tensors` by keyword. seq: the sample's
@@ -163,6 +167,15 @@ class Producer:
         """Makes a blocked send/end_stream raise within ~100 ms (callable from another thread)."""
     def send_raw_frames(self, frames: Sequence[bytes]) -> None: ...
     def sent(self, epoch: int) -> int: ...
+    @property
+    def data_plane(self) -> str:
+        """'shm' when an arena is registered with the daemon, else 'zmq'."""
+    @property
+    def arena_id(self) -> int:
+        """The registered arena's id, 0 without one."""
+    @property
+    def arena_note(self) -> str:
+        """Why there is no arena ('' with one)."""
 
 class Consumer:
     """Receives aligned steps from one daemon. Not thread-safe."""

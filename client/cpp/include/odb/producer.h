@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +13,24 @@
 #include "odb/types.h"
 
 namespace odb::client {
+
+// How a producer's payload bytes reach the daemon (docs/shm.md).
+enum class DataPlane {
+  // A shared-memory arena when the daemon is local (an ipc:// endpoint whose
+  // registration socket `<socket path>.arena` answers, run by the same user),
+  // for samples of at least `shm_min_bytes` payload; smaller samples, samples
+  // larger than the arena and every sample to a daemon that is not local go as
+  // ZeroMQ frames.
+  kAuto,
+  // Every sample through the arena: Connect fails if the arena cannot be
+  // registered, Send if a sample cannot fit the arena.
+  kShm,
+  // ZeroMQ frames only.
+  kZmq,
+};
+// "auto" | "shm" | "zmq".
+absl::StatusOr<DataPlane> ParseDataPlane(std::string_view name);
+const char* DataPlaneName(DataPlane plane);
 
 struct ProducerOptions {
   std::string endpoint;     // the daemon's ingest endpoint (ipc://... or tcp://...)
@@ -21,6 +40,15 @@ struct ProducerOptions {
   // A Send blocked this long by back-pressure fails with DeadlineExceeded
   // naming the endpoint (a daemon that is gone or stuck is an error, not a hang).
   int send_timeout_ms = 120000;
+  DataPlane data_plane = DataPlane::kAuto;
+  // The arena's capacity for blocks (a memfd; its pages are allocated when
+  // first written, so an arena costs what the producer has in flight: at most
+  // its credit from the daemon). A full arena is back-pressure: Send waits
+  // for the daemon to return blocks (up to send_timeout_ms).
+  uint64_t arena_bytes = uint64_t{256} << 20;
+  // kAuto: samples with fewer payload bytes go as frames (small messages cost
+  // the same either way; the arena saves copies of large ones).
+  uint64_t shm_min_bytes = uint64_t{16} << 10;
 };
 
 // Sends samples to one daemon. Not thread-safe; one per worker process.
@@ -33,7 +61,8 @@ class Producer {
   Producer& operator=(const Producer&) = delete;
 
   absl::Status StartEpoch(uint32_t epoch);
-  // Copies each tensor's bytes into one frame (the only copy on the way in).
+  // Copies each tensor's bytes into one frame, or (shared-memory data plane)
+  // into one block of the producer's arena (the only copy on the way in).
   // `seq`: the sample's position in its rank's list for the epoch (0, 1, ...
   // over all producers of the rank); required by a daemon running
   // alignment.deterministic, which then also holds a sample back until the
@@ -51,6 +80,12 @@ class Producer {
   absl::Status SendRawFrames(const std::vector<std::string>& frames);
 
   uint64_t sent(uint32_t epoch) const;
+  // The data plane in use: kShm when an arena is registered with the daemon
+  // (samples may still go as frames, see DataPlane::kAuto), else kZmq.
+  DataPlane data_plane() const;
+  // The registered arena's id (0 without one), and why there is none ("" with one).
+  uint64_t arena_id() const;
+  const std::string& arena_note() const;
 
  private:
   struct Impl;

@@ -1,0 +1,407 @@
+#include "src/ingest/arena_registry.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <optional>
+
+#include "src/shm/arena_reader.h"
+#include "src/shm/fd_passing.h"
+
+namespace odb::ingest {
+namespace {
+
+constexpr size_t kMaxPendingClients = 64;
+constexpr size_t kMaxRegisterBytes = 4096;
+constexpr auto kRetireCheckEvery = std::chrono::milliseconds(500);
+
+std::string Errno(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+// Blocks occupy whole 64-byte units, at least one (shm::SlotAllocator).
+uint64_t Footprint(uint64_t length) {
+  const uint64_t units = length == 0 ? 1 : (length + shm::kBlockAlignment - 1) / shm::kBlockAlignment;
+  return units * shm::kBlockAlignment;
+}
+
+}  // namespace
+
+std::string ArenaSocketPath(const std::string& ingest_socket_path) { return ingest_socket_path + ".arena"; }
+
+// One registered arena: its reader (the mapping) and the blocks the daemon
+// holds. Shared by the registry and every BlockHolder of its blocks, so the
+// mapping outlives both the registration and the producer as long as a block
+// is held.
+class ArenaRegistry::ProducerArena {
+ public:
+  ProducerArena(uint64_t id, std::string producer_id, pid_t pid, std::unique_ptr<shm::ArenaReader> reader,
+                std::shared_ptr<std::atomic<uint64_t>> mapped, std::shared_ptr<std::atomic<uint64_t>> held_blocks,
+                std::shared_ptr<std::atomic<uint64_t>> held_bytes,
+                std::shared_ptr<std::atomic<uint64_t>> return_failures)
+      : id_(id),
+        producer_id_(std::move(producer_id)),
+        pid_(pid),
+        reader_(std::move(reader)),
+        mapped_(std::move(mapped)),
+        held_blocks_(std::move(held_blocks)),
+        held_bytes_(std::move(held_bytes)),
+        return_failures_(std::move(return_failures)) {
+    mapped_->fetch_add(1);
+  }
+  ~ProducerArena() {
+    spdlog::debug("arena {} of producer '{}' (pid {}) detached", id_, producer_id_, pid_);
+    mapped_->fetch_sub(1);
+  }
+
+  uint64_t id() const { return id_; }
+  const std::string& producer_id() const { return producer_id_; }
+  pid_t pid() const { return pid_; }
+
+  // The block's bytes, marked held; or why not.
+  absl::StatusOr<const uint8_t*> Hold(uint64_t offset, uint64_t length) {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<std::span<std::byte>> view = reader_->View(offset, length);
+    if (!view.ok()) return view.status();
+    // The block's footprint must not overlap one held already: a block sent
+    // twice (or two overlapping ones) would be returned twice.
+    const uint64_t end = offset + Footprint(length);  // View bounded offset + length by the segment size
+    auto next = held_.lower_bound(offset);
+    if (next != held_.end() && next->first < end) return Overlap(offset, length, next->first, next->second);
+    if (next != held_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second > offset) return Overlap(offset, length, prev->first, prev->second);
+    }
+    held_.emplace(offset, end);
+    held_blocks_->fetch_add(1);
+    held_bytes_->fetch_add(length);
+    return reinterpret_cast<const uint8_t*>(view->data());
+  }
+
+  // Hands the block back to the producer (through the completion queue).
+  void Release(uint64_t offset, uint64_t length) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(offset);
+    held_blocks_->fetch_sub(1);
+    held_bytes_->fetch_sub(length);
+    if (absl::Status s = reader_->Return(offset, length); !s.ok()) {
+      return_failures_->fetch_add(1);
+      spdlog::debug("arena {} of producer '{}': block ({}, {}) not returned: {}", id_, producer_id_, offset,
+                    length, std::string(s.message()));
+    }
+  }
+
+  // OK while the producer runs and has not closed the arena.
+  absl::Status CheckWriter() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reader_->CheckWriter();
+  }
+
+  // When the writer was first seen gone (RetireGone's bookkeeping).
+  std::optional<std::chrono::steady_clock::time_point> gone_since;
+
+ private:
+  absl::Status Overlap(uint64_t offset, uint64_t length, uint64_t other, uint64_t other_end) const {
+    return absl::InvalidArgumentError("block [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                                      ") of arena " + std::to_string(id_) + " overlaps block [" +
+                                      std::to_string(other) + ", " + std::to_string(other_end) +
+                                      ") that the daemon still holds (a block sent twice?)");
+  }
+
+  const uint64_t id_;
+  const std::string producer_id_;
+  const pid_t pid_;
+  mutable std::mutex mu_;
+  std::unique_ptr<shm::ArenaReader> reader_;  // guarded by mu_ (one thread at a time returns)
+  std::map<uint64_t, uint64_t> held_;         // guarded by mu_: offset -> end of the footprint
+  std::shared_ptr<std::atomic<uint64_t>> mapped_;
+  std::shared_ptr<std::atomic<uint64_t>> held_blocks_;
+  std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
+  std::shared_ptr<std::atomic<uint64_t>> return_failures_;
+};
+
+// Keeps one held block (and through it the arena's mapping); returns the block
+// when the sample that carries it is gone.
+class ArenaRegistry::BlockHolder : public FrameHolder {
+ public:
+  BlockHolder(std::shared_ptr<ProducerArena> arena, uint64_t offset, uint64_t length)
+      : arena_(std::move(arena)), offset_(offset), length_(length) {}
+  ~BlockHolder() override { arena_->Release(offset_, length_); }
+
+ private:
+  std::shared_ptr<ProducerArena> arena_;
+  uint64_t offset_;
+  uint64_t length_;
+};
+
+ArenaRegistry::ArenaRegistry(Options options)
+    : options_(options),
+      mapped_(std::make_shared<std::atomic<uint64_t>>(0)),
+      held_blocks_(std::make_shared<std::atomic<uint64_t>>(0)),
+      held_bytes_(std::make_shared<std::atomic<uint64_t>>(0)),
+      return_failures_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+
+ArenaRegistry::~ArenaRegistry() {
+  Stop();
+  for (const std::string& path : paths_) ::unlink(path.c_str());
+}
+
+absl::Status ArenaRegistry::Listen(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("arena registration socket '" + path + "' is longer than the " +
+                                      std::to_string(sizeof(addr.sun_path) - 1) +
+                                      " bytes a Unix socket allows; use a shorter run_dir");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  shm::UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::InternalError("arena registration socket: socket(): " + Errno(errno));
+  ::unlink(path.c_str());  // a socket file left by a daemon that died (the caller holds the endpoint lock)
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError("cannot bind the arena registration socket " + path + ": " + Errno(errno));
+  }
+  // Producers of the job's user only: the file is the first gate, SO_PEERCRED the check.
+  ::chmod(path.c_str(), 0600);
+  if (::listen(fd.get(), 64) != 0) {
+    return absl::UnavailableError("cannot listen on the arena registration socket " + path + ": " + Errno(errno));
+  }
+  listeners_.push_back(std::move(fd));
+  paths_.push_back(path);
+  return absl::OkStatus();
+}
+
+void ArenaRegistry::Start() {
+  if (thread_.joinable()) return;
+  if (::pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    spdlog::error("arena registry: pipe2: {}; shared-memory registration is off", Errno(errno));
+    return;
+  }
+  thread_ = std::thread([this] { Serve(); });
+}
+
+void ArenaRegistry::Stop() {
+  stop_.store(true);
+  if (wake_[1] >= 0) {
+    const char byte = 1;
+    (void)!::write(wake_[1], &byte, 1);
+  }
+  if (thread_.joinable()) thread_.join();
+  for (int& fd : wake_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+}
+
+void ArenaRegistry::Serve() {
+  struct Client {
+    shm::UniqueFd fd;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::deque<Client> clients;
+  auto last_retire = std::chrono::steady_clock::now();
+  while (!stop_.load()) {
+    std::vector<pollfd> fds;
+    fds.push_back({wake_[0], POLLIN, 0});
+    for (const shm::UniqueFd& l : listeners_) fds.push_back({l.get(), POLLIN, 0});
+    for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(kRetireCheckEvery.count()));
+    if (ready < 0 && errno != EINTR) {
+      spdlog::error("arena registry: poll: {}; shared-memory registration stops", Errno(errno));
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (ready > 0) {
+      // Registrations first (their clients were polled), then new connections.
+      size_t at = 1 + listeners_.size();
+      std::deque<Client> kept;
+      for (Client& c : clients) {
+        const short revents = fds[at++].revents;
+        if (revents == 0) {
+          if (now - c.since < options_.client_timeout) kept.push_back(std::move(c));
+          continue;
+        }
+        absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(c.fd.get(), kMaxRegisterBytes);
+        if (!got.ok()) continue;  // the client hung up or sent garbage: nothing to answer
+        wire::ArenaRegistered answer = Register(c.fd.get(), got->payload, std::move(got->fds));
+        Reply(c.fd.get(), answer);
+      }
+      clients = std::move(kept);
+      for (size_t i = 0; i < listeners_.size(); ++i) {
+        if ((fds[1 + i].revents & POLLIN) == 0) continue;
+        while (true) {
+          shm::UniqueFd conn(::accept4(listeners_[i].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+          if (!conn.valid()) break;
+          if (clients.size() >= kMaxPendingClients) {
+            refused_.fetch_add(1);
+            wire::ArenaRegistered busy;
+            busy.set_version(wire::PROTOCOL_VERSION_CURRENT);
+            busy.set_error("the daemon has " + std::to_string(kMaxPendingClients) +
+                           " registrations in progress; try again");
+            Reply(conn.get(), busy);
+            continue;
+          }
+          clients.push_back({std::move(conn), now});
+        }
+      }
+    } else {
+      std::erase_if(clients, [&](const Client& c) { return now - c.since >= options_.client_timeout; });
+    }
+    if (now - last_retire >= kRetireCheckEvery) {
+      last_retire = now;
+      RetireGone();
+    }
+  }
+}
+
+void ArenaRegistry::Reply(int sock, const wire::ArenaRegistered& answer) {
+  const std::string bytes = answer.SerializeAsString();
+  // A tiny message on a fresh SEQPACKET connection: it fits the socket buffer.
+  if (::send(sock, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    spdlog::debug("arena registry: answer not sent: {}", Errno(errno));
+  }
+}
+
+wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& payload,
+                                              std::vector<shm::UniqueFd> fds) {
+  wire::ArenaRegistered answer;
+  answer.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  wire::ArenaRegister request;
+  std::string who = "a producer";
+  auto refuse = [&](const std::string& why) {
+    refused_.fetch_add(1);
+    spdlog::warn("arena registration of {} refused: {}", who, why);
+    answer.set_error(why);
+    return answer;
+  };
+  absl::StatusOr<shm::PeerCredentials> peer = shm::GetPeerCredentials(sock);
+  if (!peer.ok()) return refuse(std::string(peer.status().message()));
+  who = "pid " + std::to_string(peer->pid);
+  if (peer->uid != ::getuid()) {
+    return refuse("the producer runs as uid " + std::to_string(peer->uid) + ", this daemon as uid " +
+                  std::to_string(::getuid()) + ": arenas are shared only within one user (send over the socket)");
+  }
+  if (!request.ParseFromString(payload)) return refuse("the registration is not an ArenaRegister message");
+  if (request.producer_id().empty() || request.producer_id().size() > 256) {
+    return refuse("the registration's producer_id is empty or over 256 bytes");
+  }
+  who = "producer '" + request.producer_id() + "' (pid " + std::to_string(peer->pid) + ")";
+  if (request.version() != wire::PROTOCOL_VERSION_CURRENT) {
+    return refuse("protocol version " + std::to_string(request.version()) + ", this daemon speaks " +
+                  std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade the client and the daemon together");
+  }
+  if (fds.size() != 1) {
+    return refuse("the registration carried " + std::to_string(fds.size()) +
+                  " file descriptors; it needs exactly one (the arena's memfd)");
+  }
+  // A file arena could be truncated under the daemon's mapping (a read past
+  // its new end is SIGBUS); a sealed memfd cannot shrink.
+  const int seals = ::fcntl(fds[0].get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return refuse("the arena is not a memfd sealed against shrinking (only those are mapped: a file could be "
+                  "truncated under the daemon)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (arenas_.size() >= options_.max_arenas) {
+      return refuse("the daemon has " + std::to_string(arenas_.size()) + " arenas registered, its limit " +
+                    "(shm.max_arenas); the producer sends over the socket");
+    }
+  }
+  shm::AttachOptions attach;
+  attach.expected_generation = request.generation();
+  attach.expected_capacity_bytes = request.capacity_bytes();
+  absl::StatusOr<std::unique_ptr<shm::ArenaReader>> reader = shm::ArenaReader::AttachFd(fds[0].get(), attach);
+  if (!reader.ok()) return refuse(std::string(reader.status().message()));
+  if ((*reader)->arena().creator_pid() != peer->pid) {
+    return refuse("the arena was created by pid " + std::to_string((*reader)->arena().creator_pid()) +
+                  ", not by the registering process (pid " + std::to_string(peer->pid) + ")");
+  }
+  const uint64_t capacity = (*reader)->arena().capacity_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  arenas_.emplace(id, std::make_shared<ProducerArena>(id, request.producer_id(), peer->pid, std::move(*reader),
+                                                      mapped_, held_blocks_, held_bytes_, return_failures_));
+  registrations_.fetch_add(1);
+  spdlog::info("arena {} registered by {}: {} MiB", id, who, capacity >> 20);
+  answer.set_arena_id(id);
+  return answer;
+}
+
+absl::StatusOr<ArenaBlockSource::Acquired> ArenaRegistry::Acquire(std::string_view producer_id,
+                                                                  const wire::ArenaBlock& block) {
+  std::shared_ptr<ProducerArena> arena;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = arenas_.find(block.arena_id());
+    if (it != arenas_.end()) arena = it->second;
+  }
+  if (arena == nullptr) {
+    return absl::NotFoundError("arena " + std::to_string(block.arena_id()) +
+                               " is not registered with this daemon (register it first; an arena is "
+                               "forgotten a few seconds after its producer exits)");
+  }
+  if (producer_id.empty() || arena->producer_id() != producer_id) {
+    return absl::PermissionDeniedError(
+        "arena " + std::to_string(block.arena_id()) + " was registered by producer '" + arena->producer_id() +
+        "', not by this connection's producer '" + std::string(producer_id.substr(0, 256)) + "'");
+  }
+  absl::StatusOr<const uint8_t*> data = arena->Hold(block.offset(), block.length());
+  if (!data.ok()) return data.status();
+  Acquired out;
+  out.data = *data;
+  out.holder = std::make_shared<BlockHolder>(std::move(arena), block.offset(), block.length());
+  return out;
+}
+
+void ArenaRegistry::RetireGone() {
+  std::vector<std::shared_ptr<ProducerArena>> arenas;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, arena] : arenas_) arenas.push_back(arena);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> retire;
+  for (const auto& arena : arenas) {
+    absl::Status writer = arena->CheckWriter();
+    if (writer.ok()) continue;
+    if (!arena->gone_since) {
+      arena->gone_since = now;
+      spdlog::debug("arena {}: {}", arena->id(), std::string(writer.message()));
+    }
+    if (now - *arena->gone_since >= options_.retire_after) retire.push_back(arena->id());
+  }
+  arenas.clear();  // so that use_count() below counts the registry and the held blocks only
+  if (retire.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t id : retire) {
+    auto it = arenas_.find(id);
+    if (it == arenas_.end()) continue;
+    spdlog::info("arena {} of producer '{}' (pid {}) retired: its producer is gone{}", id,
+                 it->second->producer_id(), it->second->pid(),
+                 it->second.use_count() > 1 ? "; unmapped once its buffered samples are collated" : "");
+    arenas_.erase(it);
+  }
+}
+
+ArenaRegistry::Stats ArenaRegistry::stats() const {
+  Stats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.arenas = arenas_.size();
+  }
+  s.mapped = mapped_->load();
+  s.held_blocks = held_blocks_->load();
+  s.held_bytes = held_bytes_->load();
+  s.registrations = registrations_.load();
+  s.refused = refused_.load();
+  s.return_failures = return_failures_->load();
+  return s;
+}
+
+}  // namespace odb::ingest
