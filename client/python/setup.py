@@ -44,6 +44,10 @@ Environment:
   ODB_BUILD_JOBS    parallel C++ compiles (default: CPU count)
   PROTOC            protoc binary (default: `protoc` on PATH); it must match
                     the protobuf headers and libprotobuf (Debian: protobuf-compiler)
+  ODB_PROTO_GENERATED  a folder with code protoc generated elsewhere, used instead of
+                    running protoc: DIR/gen-lite/proto/odb.pb.{h,cc} for the static build,
+                    DIR/gen/proto/... for the bundled one, and DIR/odb.proto, the proto it
+                    was made from (checked against proto/odb.proto); bench/gpu_bundle.sh
   ODB_STATIC_DEPS   a folder for (or with) the position-independent static archives:
                     link ZeroMQ, protobuf-lite and abseil statically (see above)
   ODB_STATIC_REQUIRED=1  fail instead of falling back to bundling
@@ -275,7 +279,9 @@ class BuildExt(build_ext):
         (gen / "proto").mkdir(parents=True, exist_ok=True)
         proto = ROOT / "proto" / "odb.proto"
         pb_cc = gen / "proto" / "odb.pb.cc"
-        if not pb_cc.exists() or pb_cc.stat().st_mtime < proto.stat().st_mtime:
+        if os.environ.get("ODB_PROTO_GENERATED"):
+            _copy_pregenerated(Path(os.environ["ODB_PROTO_GENERATED"]), gen, proto)
+        elif not pb_cc.exists() or pb_cc.stat().st_mtime < proto.stat().st_mtime:
             protoc = os.environ.get("PROTOC") or shutil.which("protoc") or "/usr/bin/protoc"
             if not Path(protoc).exists():
                 raise SystemExit("odb: protoc not found: apt install protobuf-compiler, or set PROTOC")
@@ -301,6 +307,25 @@ class BuildExt(build_ext):
         super().build_extension(ext)
         if static is None:
             _bundle_shared_libs(ext_path)
+
+
+def _copy_pregenerated(pregen: Path, gen: Path, proto: Path) -> None:
+    """ODB_PROTO_GENERATED=DIR: DIR/<gen-lite|gen>/proto/odb.pb.{h,cc}, made elsewhere by the protoc that
+    matches the protobuf headers and library (bench/gpu_bundle.sh), for a machine without protoc. DIR/odb.proto,
+    when present, is the proto they were made from: a different proto/odb.proto is an error."""
+    src = pregen.expanduser().resolve() / gen.name / "proto"
+    missing = [name for name in ("odb.pb.h", "odb.pb.cc") if not (src / name).is_file()]
+    if missing:
+        raise SystemExit(f"odb: ODB_PROTO_GENERATED={pregen}: no {', '.join(missing)} in {src} "
+                         f"(this build needs the {'lite' if gen.name == 'gen-lite' else 'full'} runtime's code)")
+    made_from = pregen.expanduser().resolve() / "odb.proto"
+    if made_from.is_file() and made_from.read_bytes() != proto.read_bytes():
+        raise SystemExit(f"odb: ODB_PROTO_GENERATED={pregen} was generated from another odb.proto than {proto}: "
+                         "generate it again (bench/gpu_bundle.sh)")
+    for name in ("odb.pb.h", "odb.pb.cc"):
+        target = gen / "proto" / name
+        if not target.exists() or target.read_bytes() != (src / name).read_bytes():
+            shutil.copyfile(src / name, target)
 
 
 def _bundle_shared_libs(ext_path: Path) -> None:
