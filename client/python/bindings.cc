@@ -242,6 +242,18 @@ class PyProducer {
   std::string DataPlaneInUse() const { return DataPlaneName(producer_->data_plane()); }
   uint64_t ArenaId() const { return producer_->arena_id(); }
   std::string ArenaNote() const { return producer_->arena_note(); }
+  py::object ArenaStatsDict() const {
+    const std::optional<ArenaStats> s = producer_->arena_stats();
+    if (!s) return py::none();
+    py::dict d;
+    d["capacity_bytes"] = s->capacity_bytes;
+    d["allocations"] = s->allocations;
+    d["returns"] = s->returns;
+    d["waits"] = s->waits;
+    d["outstanding_blocks"] = s->outstanding_blocks;
+    d["outstanding_bytes"] = s->outstanding_bytes;
+    return d;
+  }
 
  private:
   std::unique_ptr<Producer> producer_;
@@ -341,7 +353,10 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_property_readonly("data_plane", &PyProducer::DataPlaneInUse,
                              "'shm' when an arena is registered with the daemon, else 'zmq'")
       .def_property_readonly("arena_id", &PyProducer::ArenaId, "the registered arena's id, 0 without one")
-      .def_property_readonly("arena_note", &PyProducer::ArenaNote, "why there is no arena ('' with one)");
+      .def_property_readonly("arena_note", &PyProducer::ArenaNote, "why there is no arena ('' with one)")
+      .def("arena_stats", &PyProducer::ArenaStatsDict,
+           "the arena's counters (capacity_bytes, allocations, returns, waits, outstanding_blocks, "
+           "outstanding_bytes), or None without an arena");
 
   // The daemon's step header as a typed class (attributes with docstrings);
   // `info["name"]` and `info.get("name")` still work for code written against

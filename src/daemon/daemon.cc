@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "src/common/status_macros.h"
+#include "src/common/zmq_transfer.h"
 #include "src/shm/arena.h"
 
 namespace odb {
@@ -59,10 +60,12 @@ absl::Status Daemon::Bind() {
   // Segments that dead processes left in run_dir (file arenas; memfds leave
   // nothing behind) go before anything new is created.
   SweepStaleArenas();
-  ODB_RETURN_IF_ERROR(ingest_.Bind());
+  // The registration sockets first: a producer that finds the ingest socket
+  // finds them too (otherwise it would send over ZeroMQ).
   if (config_.shm_producer_arenas) {
     for (const std::string& endpoint : config_.ingest_endpoints) {
       if (endpoint.rfind("ipc://", 0) != 0) continue;
+      EnsureIpcDirectory(endpoint);
       const std::string path = ingest::ArenaSocketPath(endpoint.substr(6));
       // Producers fall back to ZeroMQ when there is no registration socket.
       if (absl::Status s = arenas_.Listen(path); !s.ok()) {
@@ -70,6 +73,7 @@ absl::Status Daemon::Bind() {
       }
     }
   }
+  ODB_RETURN_IF_ERROR(ingest_.Bind());
   ODB_RETURN_IF_ERROR(trainer_.Bind());
   if (exchange_) ODB_RETURN_IF_ERROR(exchange_->Bind());
   if (!config_.metrics_endpoint.empty()) {
@@ -129,6 +133,7 @@ void Daemon::PublishGauges() {
   metrics_.producer_arenas.store(arenas.arenas);
   metrics_.producer_arenas_mapped.store(arenas.mapped);
   metrics_.arena_held_bytes.store(arenas.held_bytes);
+  metrics_.arena_writers_waiting.store(arenas.writers_waiting);
   metrics_.arena_registrations.store(arenas.registrations);
   metrics_.arena_refusals.store(arenas.refused);
 }

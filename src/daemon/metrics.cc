@@ -23,6 +23,7 @@ DaemonGauges PublishedGauges(const DaemonMetrics& m) {
   g.producer_arenas = m.producer_arenas.load();
   g.producer_arenas_mapped = m.producer_arenas_mapped.load();
   g.arena_held_bytes = m.arena_held_bytes.load();
+  g.arena_writers_waiting = m.arena_writers_waiting.load();
   return g;
 }
 
@@ -67,6 +68,9 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          rank);
   Series(out, "odb_arena_held_bytes", "gauge", "Payload bytes of buffered samples that live in producer arenas.",
          g.arena_held_bytes, rank);
+  Series(out, "odb_arena_writers_waiting", "gauge",
+         "Producers waiting for a block of their full arena (the daemon holds its blocks).",
+         g.arena_writers_waiting, rank);
   Series(out, "odb_arena_registrations_total", "counter", "Producer arenas registered.",
          m.arena_registrations.load(), rank);
   Series(out, "odb_arena_refusals_total", "counter", "Producer arena registrations refused.",

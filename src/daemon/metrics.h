@@ -40,6 +40,7 @@ struct DaemonMetrics {
   std::atomic<uint64_t> producer_arenas{0};
   std::atomic<uint64_t> producer_arenas_mapped{0};
   std::atomic<uint64_t> arena_held_bytes{0};
+  std::atomic<uint64_t> arena_writers_waiting{0};  // producers waiting for a block (their arena is full)
   std::atomic<uint64_t> arena_registrations{0};  // counter
   std::atomic<uint64_t> arena_refusals{0};       // counter
 };
@@ -54,6 +55,7 @@ struct DaemonGauges {
   uint64_t producer_arenas = 0;
   uint64_t producer_arenas_mapped = 0;
   uint64_t arena_held_bytes = 0;
+  uint64_t arena_writers_waiting = 0;
 };
 
 // The gauges as last published in `metrics`.

@@ -102,6 +102,11 @@ class ArenaRegistry::ProducerArena {
     return reader_->CheckWriter();
   }
 
+  bool writer_waiting() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reader_->writer_waiting();
+  }
+
   // When the writer was first seen gone (RetireGone's bookkeeping).
   std::optional<std::chrono::steady_clock::time_point> gone_since;
 
@@ -394,6 +399,7 @@ ArenaRegistry::Stats ArenaRegistry::stats() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.arenas = arenas_.size();
+    for (const auto& [id, arena] : arenas_) s.writers_waiting += arena->writer_waiting() ? 1 : 0;
   }
   s.mapped = mapped_->load();
   s.held_blocks = held_blocks_->load();

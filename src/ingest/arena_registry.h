@@ -95,6 +95,7 @@ class ArenaRegistry : public ArenaBlockSource {
     uint64_t registrations = 0;    // accepted since start
     uint64_t refused = 0;          // registrations refused
     uint64_t return_failures = 0;  // Returns the arena refused (its writer reset it)
+    uint64_t writers_waiting = 0;  // registered arenas whose producer waits for a block (arena full)
   };
   Stats stats() const;
 

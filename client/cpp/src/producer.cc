@@ -220,11 +220,18 @@ struct Producer::Impl {
             uint64_t& limit = seq_limits[reply.credit().seq_epoch()];
             limit = std::max(limit, reply.credit().seq_limit());
           }
-        } else if (reply.has_stream_ack()) {
-          stream_replies[reply.stream_ack().epoch()] = reply;
-        } else if (reply.has_rejection()) {
-          rejections.push_back(reply.rejection());
-          stream_replies[UINT32_MAX] = reply;
+        } else if (reply.has_stream_ack() || reply.has_rejection()) {
+          // The daemon answers an end_stream (ack, or a rejection) after taking
+          // back the stream's unused credit; credit it grants afterwards (it
+          // may arrive in this same read) is new and kept.
+          credit_samples = 0;
+          credit_bytes = 0;
+          if (reply.has_stream_ack()) {
+            stream_replies[reply.stream_ack().epoch()] = reply;
+          } else {
+            rejections.push_back(reply.rejection());
+            stream_replies[UINT32_MAX] = reply;
+          }
         }
       }
     } catch (const zmq::error_t& e) {
@@ -553,9 +560,6 @@ absl::Status Producer::EndStream(uint32_t epoch) {
     auto got = impl_->Pump(static_cast<int>(std::min<int64_t>(left.count(), 100)));
     if (!got.ok()) return got.status();
   }
-  // The daemon returned this stream's unused credit to its buffer.
-  impl_->credit_samples = 0;
-  impl_->credit_bytes = 0;
   return absl::OkStatus();
 }
 
@@ -573,6 +577,20 @@ uint64_t Producer::sent(uint32_t epoch) const {
 DataPlane Producer::data_plane() const { return impl_->arena ? DataPlane::kShm : DataPlane::kZmq; }
 uint64_t Producer::arena_id() const { return impl_->arena_id; }
 const std::string& Producer::arena_note() const { return impl_->arena_note; }
+
+std::optional<ArenaStats> Producer::arena_stats() const {
+  if (!impl_->arena) return std::nullopt;
+  impl_->arena->Reclaim();  // count what the daemon returned by now
+  const shm::ArenaWriter::Stats s = impl_->arena->stats();
+  ArenaStats out;
+  out.capacity_bytes = impl_->arena->capacity_bytes();
+  out.allocations = s.allocations;
+  out.returns = s.returns;
+  out.waits = s.waits;
+  out.outstanding_blocks = s.outstanding_blocks;
+  out.outstanding_bytes = s.outstanding_bytes;
+  return out;
+}
 
 }  // namespace odb::client
 

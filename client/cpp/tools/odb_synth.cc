@@ -48,6 +48,8 @@ struct ProduceArgs {
   int rank = -1;
   std::string distribution = "lognormal";
   bool no_end = false;
+  std::string data_plane = "auto";
+  uint64_t arena_mib = 256;
 };
 
 int Produce(const ProduceArgs& a) {
@@ -55,6 +57,8 @@ int Produce(const ProduceArgs& a) {
   options.endpoint = a.endpoint;
   options.producer_id = a.producer_id;
   options.rank = a.rank;
+  options.data_plane = *odb::client::ParseDataPlane(a.data_plane);  // checked by the option's validator
+  options.arena_bytes = a.arena_mib << 20;
   auto producer = odb::client::Producer::Connect(options);
   if (!producer.ok()) {
     std::fprintf(stderr, "odb_synth produce: %s\n", std::string(producer.status().message()).c_str());
@@ -272,6 +276,9 @@ int main(int argc, char** argv) {
   produce->add_option("--rank", p.rank);
   produce->add_option("--distribution", p.distribution, "lognormal|uniform");
   produce->add_flag("--no-end", p.no_end, "do not end the stream");
+  produce->add_option("--data-plane", p.data_plane, "auto|shm|zmq (docs/shm.md)")
+      ->check(CLI::IsMember({"auto", "shm", "zmq"}));
+  produce->add_option("--arena-mib", p.arena_mib, "the shared-memory arena's capacity");
   ConsumeArgs c;
   auto* consume = app.add_subcommand("consume", "receive and verify steps");
   consume->add_option("--endpoint", c.endpoint)->required();

@@ -176,6 +176,9 @@ class Producer:
     @property
     def arena_note(self) -> str:
         """Why there is no arena ('' with one)."""
+    def arena_stats(self) -> Optional[Dict[str, int]]:
+        """The arena's counters (capacity_bytes, allocations, returns, waits, outstanding_blocks,
+        outstanding_bytes), or None without an arena."""
 
 class Consumer:
     """Receives aligned steps from one daemon. Not thread-safe."""

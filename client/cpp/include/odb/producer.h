@@ -32,6 +32,16 @@ enum class DataPlane {
 absl::StatusOr<DataPlane> ParseDataPlane(std::string_view name);
 const char* DataPlaneName(DataPlane plane);
 
+// The producer's side of its arena (what Producer::arena_stats reports).
+struct ArenaStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t allocations = 0;         // blocks written (one per sample sent through the arena)
+  uint64_t returns = 0;             // blocks the daemon gave back
+  uint64_t waits = 0;               // times Send waited for the daemon to return blocks (arena full)
+  uint64_t outstanding_blocks = 0;  // held by the daemon now
+  uint64_t outstanding_bytes = 0;
+};
+
 struct ProducerOptions {
   std::string endpoint;     // the daemon's ingest endpoint (ipc://... or tcp://...)
   std::string producer_id;  // unique per producer process (e.g. "rank0-worker3")
@@ -86,6 +96,8 @@ class Producer {
   // The registered arena's id (0 without one), and why there is none ("" with one).
   uint64_t arena_id() const;
   const std::string& arena_note() const;
+  // Null without an arena.
+  std::optional<ArenaStats> arena_stats() const;
 
  private:
   struct Impl;
