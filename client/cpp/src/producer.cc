@@ -405,6 +405,11 @@ struct Producer::Impl {
     // is in flight (bounded by the daemon's credit), not its capacity.
     o.reserve = false;
     o.memfd_name = "odb-arena:" + options.producer_id.substr(0, 200);
+    // Blocks outstanding at once (one per sample the daemon holds): as many as
+    // the daemon buffers by default (buffer.max_samples), so that small
+    // samples are bounded by credit, not by the block count (a 2 MiB
+    // completion queue, touched only as far as it is used).
+    o.max_blocks = 65536;
     absl::StatusOr<std::unique_ptr<shm::ArenaWriter>> writer = shm::ArenaWriter::Create(o);
     if (!writer.ok()) return writer.status();
     absl::StatusOr<uint64_t> id = RegisterArena(ArenaSocketPath(options.endpoint.substr(6)), options.producer_id,
