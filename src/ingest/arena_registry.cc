@@ -394,6 +394,14 @@ void ArenaRegistry::RetireGone() {
   }
 }
 
+bool ArenaRegistry::AnyWriterWaiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, arena] : arenas_) {
+    if (arena->writer_waiting()) return true;
+  }
+  return false;
+}
+
 ArenaRegistry::Stats ArenaRegistry::stats() const {
   Stats s;
   {

@@ -98,6 +98,10 @@ class ArenaRegistry : public ArenaBlockSource {
     uint64_t writers_waiting = 0;  // registered arenas whose producer waits for a block (arena full)
   };
   Stats stats() const;
+  // Whether a producer waits for a block of its full arena: its arena is as
+  // full as the buffer could get from it (the planner then plans a round, as
+  // for a full buffer, instead of waiting for more samples that cannot come).
+  bool AnyWriterWaiting() const;
 
  private:
   class ProducerArena;

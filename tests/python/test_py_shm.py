@@ -267,7 +267,18 @@ def test_producer_killed_with_buffered_samples_they_arrive_intact_and_its_arena_
     assert _consume(consumer, {500 + i: 40000 for i in range(5)}, epoch=1)["received"] == 5
 
 
-def test_full_arena_blocks_the_producer_until_blocks_return_nothing_lost(daemon: odb.DaemonProcess) -> None:
+def test_full_arena_blocks_the_producer_until_blocks_return_nothing_lost(run_dir: Path, job_id: str) -> None:
+    # Rounds wait for a window (64 samples; only 4 fit the arena) or a full buffer, never for time: the
+    # daemon must see that the producer waits on its full arena to plan at all.
+    config = dict(CONFIG, alignment={"planner": "local", "max_wait_ms": 600000})
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=config)
+    try:
+        _full_arena(daemon)
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail(40)
+
+
+def _full_arena(daemon: odb.DaemonProcess) -> None:
     metrics = Metrics(daemon)
     arena = 1 << 20
     plan = [(i, 250000) for i in range(160)]  # 40 MB through a 1 MiB arena: 4 samples fit at a time
@@ -339,10 +350,10 @@ def test_crafted_descriptors_are_rejected_naming_the_sample_and_the_daemon_keeps
         901: _header("evil", 901, evil.arena_id, capacity * 4, 64),      # past the end
         902: _header("evil", 902, evil.arena_id, 0, 4096),                                   # the header
         903: _header("evil", 903, evil.arena_id, (1 << 64) - 64, 64),                        # wraps
-        904: _header("evil", 904, evil.arena_id, 64 * 1000 + 8, 64),                         # misaligned
-        905: _header("evil", 905, good.arena_id, 1 << 20, 64),                               # not its arena
-        906: _header("plain", 906, 4242, 1 << 20, 64),                                       # never registered
-        907: _header("evil", 907, evil.arena_id, 1 << 20, 64, tensor_offset=(1 << 20) + 128),  # tensor outside
+        904: _header("evil", 904, evil.arena_id, (8 << 20) + 8, 64),                         # misaligned
+        905: _header("evil", 905, good.arena_id, 8 << 20, 64),                               # not its arena
+        906: _header("plain", 906, 4242, 8 << 20, 64),                                       # never registered
+        907: _header("evil", 907, evil.arena_id, 8 << 20, 64, tensor_offset=(8 << 20) + 128),  # tensor outside
     }
     for sid, header in crafted.items():
         (plain if sid == 906 else evil).send_raw_frames([header])
