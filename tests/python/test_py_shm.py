@@ -14,6 +14,8 @@
   the daemon keeps serving.
 * Stale and foreign arena segments in run_dir are found at start: the stale
   one removed, the foreign one left alone and reported.
+* OdbDataLoader's workers use the arena by default (loader.py passes no
+  data-plane option: odb.Producer's default, auto, does it).
 
 Synchronisation is by what the daemon reports (metrics, rejections, steps) and
 by pipes to the producer processes: no sleeps stand in for an event.
@@ -411,3 +413,36 @@ def test_stale_and_foreign_segments_in_run_dir_are_found_at_start(run_dir: Path,
         assert _consume(consumer, {1: 100000})["received"] == 1
     finally:
         assert d.stop() == 0
+
+
+class _PixelDataset:
+    """Samples with a 100 KB image each: over the arena threshold, so the loader's workers use the arena."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> Dict[str, Any]:
+        tokens, tensors = _sample(i, 100000)
+        return {"input_ids": tensors[0][3], "pixels": tensors[1][3]}
+
+
+def test_the_dataloader_drop_in_uses_the_arena_by_default(run_dir: Path, job_id: str) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=CONFIG)
+    try:
+        metrics = Metrics(daemon)
+        loader = odb.OdbDataLoader(_PixelDataset(), rank=0, world_size=1, run_dir=str(run_dir), num_workers=2)
+        seen = set()
+        for step in loader:
+            if step.idle:
+                continue
+            pixels, offsets = step.batch["pixels"].numpy(), step.batch["pixels_offsets"].numpy()
+            for row, sid in enumerate(step.sample_ids):
+                expected = _sample(sid, 100000)[1][1][3]
+                assert np.array_equal(pixels[int(offsets[row]):int(offsets[row + 1])], expected), sid
+                seen.add(sid)
+        assert seen == set(range(48))
+        # One arena per worker (each worker's Producer registered one); nothing refused.
+        m = metrics.get()
+        assert m["odb_arena_registrations_total"] == 2 and m["odb_arena_refusals_total"] == 0, m
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail(40)
