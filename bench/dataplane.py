@@ -21,13 +21,15 @@ For each payload size (1 KiB, 64 KiB, 1 MiB, 16 MiB) in one run:
     copying blocks through an arena, no daemon), both from `shm_bench`.
   * CPU per sample of the producer, the daemon and the consumer (user + system
     time of each process over the run, divided by the samples).
+Each of raw, odb-zmq and odb-shm runs --repeat times (default 3, interleaved);
+the median run is reported (every run's MB/s is in the JSON).
 Then daemon memory per buffered sample: a fresh odbd, no trainer connected,
 N samples pushed with --no-end (over ZeroMQ); VmRSS of the daemon before and
 after, divided by N, next to the bytes each sample carries.
 
 Writes bench/results/dataplane.{json,md,png} (the PNG when matplotlib is there).
 
-    /usr/bin/python3 bench/dataplane.py --bin "$(bazel info -c opt bazel-bin)" --out bench/results [--quick]
+    /usr/bin/python3 bench/dataplane.py --bin "$(bazel info -c opt bazel-bin)" --out bench/results [--quick] [--repeat N]
 """
 import argparse
 import json
@@ -136,6 +138,10 @@ def odb_run(bindir, tmp, payload, count, plane="zmq"):
         d.stop()
 
 
+def median_run(runs):
+    return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
+
+
 def shm_bench_run(bindir, payload, count):
     """memcpy and the arena's ceiling for P-byte blocks (bench/shm_bench, median of 3)."""
     total_mib = max(64, min(1024, count * payload * 2 >> 20))
@@ -182,6 +188,7 @@ def main():
     parser.add_argument("--bin", required=True, help="bazel-bin of a -c opt build")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (the median is reported)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="payload sizes (bytes), comma-separated")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -197,8 +204,16 @@ def main():
         for payload in sizes:
             count = COUNTS.get(payload, (max(100, (1 << 30) // payload), max(30, (1 << 28) // payload)))[
                 1 if args.quick else 0]
-            raw = raw_run(args.bin, tmp, payload, count)
-            runs = {plane: odb_run(args.bin, tmp, payload, count, plane) for plane in PLANES}
+            # Interleaved repeats, the median run of each (by time): load from other jobs hits all alike.
+            trials = {"raw": [], "zmq": [], "shm": []}
+            for _ in range(args.repeat):
+                trials["raw"].append(raw_run(args.bin, tmp, payload, count))
+                for plane in PLANES:
+                    trials[plane].append(odb_run(args.bin, tmp, payload, count, plane))
+            raw = median_run(trials["raw"])
+            runs = {plane: median_run(trials[plane]) for plane in PLANES}
+            for name, t in trials.items():
+                (raw if name == "raw" else runs[name])["mb_per_s_all_runs"] = sorted(x["mb_per_s"] for x in t)
             for r in runs.values():
                 r["samples_per_s_startup_corrected"] = count / max(r["seconds"] - startup, 1e-9)
             copy = shm_bench_run(args.bin, payload, count)
@@ -220,7 +235,10 @@ def main():
     def size(b):
         return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
-    lines = [f"odb start-up cost (1-sample epoch, subtracted in the corrected columns): {startup * 1000:.0f} ms", "",
+    load = open("/proc/loadavg").read().split()[:3]
+    lines = [f"odb start-up cost (1-sample epoch, subtracted in the corrected columns): {startup * 1000:.0f} ms; "
+             f"median of {args.repeat} interleaved runs per cell; load average at the end {' '.join(load)} "
+             f"on {os.cpu_count()} CPUs", "",
              "Throughput (MB/s of payload; odb-zmq: payload frames over ZeroMQ, odb-shm: the producer's "
              "shared-memory arena; both deliver steps to the consumer over ZeroMQ):", "",
              "| payload | samples | odb-zmq MB/s | odb-shm MB/s | raw ZMQ MB/s | memcpy MB/s | arena alone MB/s | "
