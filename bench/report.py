@@ -100,6 +100,52 @@ def bound_check(all_rows):
             f"budget ever beats a bound.")
 
 
+def loss_at_time_section(out, cmd):
+    """Section 5: time to a target held-out loss, Standard vs odb at their best LRs (bench/loss_at_time.py)."""
+    import json
+
+    md = ["## 5. Loss at equal time: time to a target held-out loss (bench/loss_at_time.py)", ""]
+    path = out / "loss_at_time.json"
+    try:
+        result = json.loads(path.read_text())
+        a, cfg = result["analysis"], result["config"]
+    except (OSError, ValueError, KeyError) as e:
+        text = path.read_text().strip() if path.exists() else ""
+        return md + [f"not available ({text or type(e).__name__})", ""]
+    md += [f"Command: `{cmd or result['command']}`", "",
+           f"Same model, initialisation, samples and objective (token-level mean cross-entropy) for both; "
+           f"AdamW with a {cfg['warmup_steps']}-step warmup; each method at its best LR of the grid "
+           f"{', '.join(cfg['lrs'])} (lowest final held-out loss); {cfg['samples']} samples x {cfg['epochs']} "
+           f"epochs, {cfg['heldout']} held-out samples, {cfg['world_size']} ranks, {cfg['device']}. Time = the "
+           f"training clock, evaluation excluded. **Target {a['target']:.3f}** = (1 + {a['margin']:g}) x "
+           f"{a['reference_loss']:.3f}, the higher of the two best final held-out losses. Load average "
+           f"{result['loadavg_min']:.1f}-{result['loadavg_max']:.1f}. Method: docs/benchmarks.md section 5.", "",
+           "| method | best LR | final held-out loss | time to target (s) | tokens to target | steps to target "
+           "| real tokens/s |", "|---|---|---|---|---|---|---|"]
+
+    def g(x, spec):
+        return "not reached" if x is None else format(x, spec)
+
+    for key, name in (("standard", "Standard"), ("odb", "odb")):
+        m = a["methods"][key]
+        md.append(f"| {name} | {m['lr']:g} | {m['final_heldout_loss']:.3f} | {g(m['seconds_to_target'], '.1f')} | "
+                  f"{g(m['tokens_to_target'], ',.0f')} | {g(m['steps_to_target'], '.0f')} | "
+                  f"{m['real_tokens_per_s']:.0f} |")
+    sp, tr = a.get("time_to_target_speedup"), a.get("tokens_to_target_ratio")
+    md += ["", f"odb speed-up in time to target (Standard's time / odb's): **x{g(sp, '.2f')}**; tokens to "
+               f"target odb / Standard x{g(tr, '.2f')}; real tokens/s odb / Standard "
+               f"x{a['ratio_real_tokens_per_s']:.2f}. Checks: from where each curve stays below the target "
+               f"x{g(a.get('time_to_stay_below_target_speedup'), '.2f')}; tokens to target over each method's median "
+               f"real tokens/s of the grid (load-robust) x{g(a.get('time_to_target_speedup_at_median_rate'), '.2f')}. "
+               f"Every run of the grid and looser targets: "
+               f"[loss_at_time.md](loss_at_time.md).", ""]
+    if (out / "loss_at_time.png").exists():
+        md += ["![Held-out loss vs training clock and vs tokens, both methods at their best LR](loss_at_time.png)",
+               "", f"*Held-out loss vs the training clock (left) and vs real tokens (right); dashed: the target; "
+                   f"`{cmd or result['command']}`.*", ""]
+    return md
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
@@ -187,6 +233,7 @@ def main():
         md += [f"Command: `{cmds['train_demo']}`", ""]
     md += ["```", (out / "train_demo.json").read_text().strip() if (out / "train_demo.json").exists() else "", "```",
            ""]
+    md += loss_at_time_section(out, cmds.get("loss_at_time"))
     (out / "REPORT.md").write_text("\n".join(md))
     print(f"wrote {out / 'REPORT.md'}")
 

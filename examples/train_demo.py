@@ -1,15 +1,31 @@
 """Standard vs odb on a small causal transformer, 2 ranks, DDP (gloo, CPU).
 
 Both runs train the same model from the same initialisation on the same
-long-tail data for one epoch:
+long-tail data (`--epochs`, default 1) with AdamW (`--lr`, a linear warmup of
+`--warmup-steps` optimizer steps, then constant) and the same objective: the
+mean cross-entropy over every real token of the step on all ranks (token-level
+loss weights; padding never counts):
   Standard: random order, fixed batch size B = max_tokens // max_len (fits the
             longest sample under the token budget), padded to the batch max.
   odb:      OdbDataLoader -> one odbd per rank, batches by real length under
             max_tokens (padded cost), steps aligned across ranks; with the
             default --planner global the daemons group across ranks and
             deal groups of similar cost into each step (moving samples).
-Prints samples/s, real tokens/s, padding fraction, steps, idle steps and the
-odb/Standard throughput ratio (--json: one JSON object instead).
+Prints samples/s, real tokens/s, padding fraction, steps, idle steps, the final
+held-out loss and the odb/Standard throughput ratio (--json: one JSON object
+instead, with each method's loss curve).
+
+Held-out loss: `--heldout` samples of the same distribution (ids drawn with the
+seed from all `--samples + --heldout`) are never trained; every `--eval-every`
+optimizer steps (or `--eval-every-tokens` real tokens), at the start and at the
+end, the weights are copied to host memory (the clock paused meanwhile); after
+training every snapshot is evaluated, each rank its share, and the token-level
+mean cross-entropy over the held-out tokens is all-reduced. Each method's
+`curve` holds (seconds, tokens, steps, heldout_loss, train_loss) points:
+`seconds` is the training clock since the first step, evaluation excluded;
+`seconds`, `samples_per_s` and `real_tokens_per_s` of the summary use the same
+clock, `wall_seconds` includes evaluation (`eval_seconds`).
+bench/loss_at_time.py runs this over an LR grid (time to a target held-out loss).
 
 Preemption and resume (docs/resume.md): `--checkpoint-every K --kill-at-step S`
 checkpoints model, optimizer and loader state every K steps and SIGKILLs every
@@ -58,48 +74,208 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train_epoch(name, rank, world, model, ddp, opt, steps_iter, quiet, device=torch.device("cpu")) -> dict:
-    """Runs one epoch; returns global counters (all ranks summed) and wall time."""
+def ce_sum(logits, labels):
+    """Cross-entropy summed over the real tokens (labels -100, the padding, are skipped)."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+class ShardSampler:
+    """This rank's share of `ids`, reshuffled each epoch with seed + epoch (as
+    DistributedSampler, over a subset of the dataset's indices). pad: repeat the
+    first ids so every rank gets as many (a fixed-batch DataLoader needs it to
+    run the same number of steps on every rank; odb aligns the steps itself)."""
+
+    def __init__(self, ids, rank: int, world: int, seed: int, pad: bool) -> None:
+        self.ids, self.rank, self.world, self.seed, self.pad = list(ids), rank, world, seed, pad
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _mine(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = [self.ids[i] for i in torch.randperm(len(self.ids), generator=g).tolist()]
+        if self.pad and len(order) % self.world:
+            order += order[:self.world - len(order) % self.world]
+        return order[self.rank::self.world]
+
+    def __iter__(self):
+        return iter(self._mine())
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+
+class WithIds(torch.utils.data.Dataset):
+    """Standard's view of the corpus: (id, sample), so that the trained ids can be checked."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return i, self.dataset[i]
+
+
+def collate_with_ids(items):
+    return [i for i, _ in items], tiny_lm.pad_collate([s for _, s in items])
+
+
+def split_ids(samples: int, heldout: int, seed: int):
+    """(train ids, held-out ids) of a corpus of samples + heldout: the held-out ids
+    are drawn with the seed (a stream of their own), the rest are trained."""
+    import numpy as np
+
+    total = samples + heldout
+    held = sorted(np.random.default_rng([seed, 0x4E1D]).choice(total, size=heldout, replace=False).tolist())
+    gone = set(held)
+    return [i for i in range(total) if i not in gone], held
+
+
+class HeldOut:
+    """This rank's share of the held-out samples, collated once into padded batches of
+    about `budget` padded tokens (sorted by length), kept on the device."""
+
+    def __init__(self, dataset, ids, rank: int, world: int, budget: int, device) -> None:
+        mine = sorted(ids[rank::world], key=lambda i: dataset.lengths[i])
+        self.batches, group = [], []
+        for i in mine:
+            if group and (len(group) + 1) * dataset.lengths[i] > budget:
+                self.batches.append(tiny_lm.pad_collate([dataset[j] for j in group]))
+                group = []
+            group.append(i)
+        if group:
+            self.batches.append(tiny_lm.pad_collate([dataset[j] for j in group]))
+        self.batches = [{k: v.to(device) for k, v in b.items()} for b in self.batches]
+
+    @torch.no_grad()
+    def sums(self, model, device) -> tuple:
+        """(cross-entropy summed over this rank's held-out tokens, their number): local, no collective."""
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        tokens = 0
+        for b in self.batches:
+            total += ce_sum(model(b["input_ids"], b["attention_mask"]), b["labels"]).double()
+            tokens += int((b["labels"] != -100).sum())
+        model.train(was_training)
+        return float(total), tokens
+
+
+def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args, heldout,
+              device=torch.device("cpu")) -> dict:
+    """Trains epochs (a list of epoch numbers; epoch_steps(e) iterates epoch e's steps).
+    Returns global counters (all ranks summed), the training clock, the wall time and the
+    held-out loss curve.
+
+    Evaluation is deferred: at each point the clock is paused while the model's weights are
+    copied to host memory (a snapshot), and every snapshot is evaluated after training. The
+    training clock therefore excludes evaluation entirely, and the data pipeline (odbd and
+    its workers, or the DataLoader's) never gets untimed evaluation pauses to work ahead in."""
     dist.barrier()
     sync(device)
     start = time.perf_counter()
-    real = padded = samples = steps = idle = 0
-    loss_sum = 0.0
-    for step in steps_iter:
-        b = to_device(step["batch"], device)
-        logits = ddp(b["input_ids"], b["attention_mask"])
-        loss = step["loss_fn"](logits, b["labels"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        steps += 1
-        idle += step["idle"]
-        real += step["real"]
-        padded += step["padded"]
-        samples += step["samples"]
-        loss_sum += step["loss_tokens_sum"](logits, b["labels"]) if steps % 10 == 0 else 0.0
-        if steps % 5 == 0:
-            elapsed = time.perf_counter() - start
-            log(rank, quiet, f"\r[{name}] rank0 step {steps:4d}  loss {loss.item():7.4f}  "
-                             f"{real / max(elapsed, 1e-9):8.0f} real tok/s (rank 0)", end="")
-    sync(device)
-    dist.barrier()
-    seconds = time.perf_counter() - start
-    log(rank, quiet, "")
+    resumed, train_s, pause_s = start, 0.0, 0.0
+    real = padded = samples = steps = idle = global_tokens = evals_by_tokens = 0
+    since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
+    since_tokens = 0
+    points, snapshots, trained_ids = [], [], []
+
+    def point() -> None:
+        """Pauses the clock, snapshots the weights and this rank's counters, resumes."""
+        nonlocal resumed, train_s, pause_s, since_ce, since_tokens
+        sync(device)
+        dist.barrier()
+        paused = time.perf_counter()
+        train_s += paused - resumed
+        snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+        points.append((train_s, steps, real, samples, float(since_ce), since_tokens))
+        since_ce, since_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
+        resumed = time.perf_counter()
+        pause_s += resumed - paused
+
+    point()
+    for epoch in epochs:
+        for step in epoch_steps(epoch):
+            b = to_device(step["batch"], device)
+            logits = ddp(b["input_ids"], b["attention_mask"])
+            ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
+            loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            steps += 1
+            idle += step["idle"]
+            real += step["real"]
+            padded += step["padded"]
+            samples += step["samples"]
+            if step["real"]:
+                since_ce += ce.detach().double()
+                since_tokens += step["real"]
+            if args.record_ids:
+                trained_ids.extend(step["ids"])
+            if steps % 5 == 0:
+                elapsed = train_s + time.perf_counter() - resumed
+                log(rank, args.quiet, f"\r[{name}] rank0 epoch {epoch} step {steps:4d}  loss {loss.item():7.4f}  "
+                                      f"{real / max(elapsed, 1e-9):8.0f} real tok/s (rank 0)", end="")
+            global_tokens += step["global_real"]  # the same on every rank: safe to decide a collective on
+            if ((args.eval_every and steps % args.eval_every == 0) or
+                    (args.eval_every_tokens and global_tokens // args.eval_every_tokens > evals_by_tokens)):
+                evals_by_tokens = global_tokens // args.eval_every_tokens if args.eval_every_tokens else 0
+                point()
+    if points[-1][1] != steps:
+        point()  # the final point; the clock stops at the end of training
+        seconds = train_s
+    else:
+        sync(device)
+        dist.barrier()
+        seconds = train_s + time.perf_counter() - resumed
+    log(rank, args.quiet, "")
     totals = torch.tensor([real, padded, samples, steps, idle], dtype=torch.float64)
     dist.all_reduce(totals)
     steps_per_rank = torch.tensor([steps], dtype=torch.float64)
     dist.all_reduce(steps_per_rank, op=dist.ReduceOp.MAX)
-    real, padded, samples, _, idle = totals.tolist()
-    return {"seconds": seconds, "real_tokens": int(real), "padded_tokens": int(padded),
-            "samples": int(samples), "steps": int(steps_per_rank.item()), "idle_steps": int(idle),
-            "samples_per_s": samples / seconds, "real_tokens_per_s": real / seconds,
-            "padding_fraction": 1.0 - real / max(padded, 1)}
+    g_real, g_padded, g_samples, _, g_idle = totals.tolist()
+    if int(g_real) != global_tokens or int(steps_per_rank.item()) != steps:  # every rank's view must agree
+        raise RuntimeError(f"[{name}] rank {rank}: {steps} steps and {global_tokens} step tokens, but all ranks "
+                           f"trained {int(g_real)} tokens in up to {int(steps_per_rank.item())} steps")
 
-
-def ce_sum(logits, labels):
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                             ignore_index=-100, reduction="sum")
+    # The held-out loss of every snapshot: each rank its share, one all-reduce for all points.
+    eval_start = time.perf_counter()
+    rows = []
+    for snapshot, (_, _, p_real, p_samples, t_ce, t_tok) in zip(snapshots, points):
+        model.load_state_dict(snapshot)  # the last snapshot is the final model: it stays loaded
+        ce, tokens = heldout.sums(model, device) if heldout is not None else (0.0, 0)
+        rows.append([ce, tokens, t_ce, t_tok, p_real, p_samples])
+    sums = torch.tensor(rows, dtype=torch.float64)
+    dist.all_reduce(sums)
+    sync(device)
+    eval_s = pause_s + time.perf_counter() - eval_start
+    per_epoch = g_samples / max(len(epochs), 1)
+    curve = []
+    for (p_seconds, p_steps, *_), (h_ce, h_tok, t_ce, t_tok, p_real, p_samples) in zip(points, sums.tolist()):
+        curve.append({"seconds": p_seconds, "tokens": int(p_real), "samples": int(p_samples), "steps": p_steps,
+                      # epochs trained at this point, by samples
+                      "epoch": (epochs[0] if epochs else 0) + (p_samples / per_epoch if per_epoch else 0.0),
+                      "heldout_loss": h_ce / h_tok if h_tok else None,
+                      "train_loss": t_ce / t_tok if t_tok else None})  # mean since the previous point
+    wall = time.perf_counter() - start
+    result = {"seconds": seconds, "real_tokens": int(g_real), "padded_tokens": int(g_padded),
+              "samples": int(g_samples), "steps": int(steps_per_rank.item()), "idle_steps": int(g_idle),
+              "samples_per_s": g_samples / seconds, "real_tokens_per_s": g_real / seconds,
+              "padding_fraction": 1.0 - g_real / max(g_padded, 1), "epochs": len(epochs),
+              "eval_seconds": eval_s, "wall_seconds": wall, "lr": args.lr, "warmup_steps": args.warmup_steps,
+              "final_heldout_loss": curve[-1]["heldout_loss"], "curve": curve}
+    if args.record_ids:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, trained_ids)
+        result["trained_ids"] = sorted(i for g in gathered for i in g)
+    return result
 
 
 def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
@@ -117,9 +293,12 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                               config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
                                                            alignment={"planner": args.planner,
                                                                       "deterministic": args.deterministic}))
-    lengths = tiny_lm.long_tail_lengths(args.samples, seed=args.seed, max_len=args.max_len)
+    lengths = tiny_lm.long_tail_lengths(args.samples + args.heldout, seed=args.seed, max_len=args.max_len)
     dataset = tiny_lm.SyntheticCorpus(lengths, vocab=args.vocab)
-    results = {}
+    train_ids, heldout_ids = split_ids(args.samples, args.heldout, args.seed)
+    heldout = (HeldOut(dataset, heldout_ids, rank, world, budget=4 * args.max_tokens, device=device)
+               if heldout_ids else None)
+    results = {"heldout_ids": heldout_ids}
     try:
         daemon.wait_ready(60)
         for run in (("odb",) if args.resume else ("standard", "odb")):
@@ -128,48 +307,64 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                          max_len=args.max_len + 1).to(device)
             ddp = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
-            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+            opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+            warmup = max(1, args.warmup_steps)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / warmup))
             checkpoint = torch.load(args.resume) if (args.resume and run == "odb") else None
             if checkpoint is not None:
                 model.load_state_dict(checkpoint["model"])  # (saved from the same device kind)
                 opt.load_state_dict(checkpoint["opt"])
+                if "sched" in checkpoint:
+                    sched.load_state_dict(checkpoint["sched"])
+            epochs = list(range(args.epochs))
             if run == "standard":
                 batch = max(1, args.max_tokens // args.max_len)
-                sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
-                loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler,
+                sampler = ShardSampler(train_ids, rank, world, args.seed, pad=True)
+                loader = torch.utils.data.DataLoader(WithIds(dataset), batch_size=batch, sampler=sampler,
                                                      pin_memory=device.type == "cuda",
-                                                     num_workers=args.workers, collate_fn=tiny_lm.pad_collate)
+                                                     num_workers=args.workers, collate_fn=collate_with_ids)
 
-                def steps_iter():
-                    for b in loader:
+                def epoch_steps(epoch):
+                    sampler.set_epoch(epoch)
+                    for ids, b in loader:
                         real = int(b["attention_mask"].sum())
-                        yield {"batch": b, "idle": False, "real": real, "padded": b["input_ids"].numel(),
-                               "samples": b["input_ids"].shape[0],
-                               "loss_fn": lambda lg, lb, n=real: ce_sum(lg, lb) / n,
-                               "loss_tokens_sum": lambda lg, lb: 0.0}
+                        # Token-level weights, as odb's: this rank's summed loss over all ranks' real
+                        # tokens, times W (DDP averages the W gradients), so every step minimises the
+                        # mean cross-entropy over the step's real tokens.
+                        tokens = torch.tensor([real], dtype=torch.float64)
+                        dist.all_reduce(tokens)
+                        yield {"batch": b, "idle": False, "real": real, "global_real": int(tokens.item()),
+                               "padded": b["input_ids"].numel(),
+                               "samples": b["input_ids"].shape[0], "ids": ids,
+                               "loss_fn": lambda ce, total=float(tokens): ce * (world / total)}
             else:
-                oloader = odb.OdbDataLoader(dataset, shuffle=True, seed=args.seed, num_workers=args.workers,
-                                            idle_policy="zero_step", timeout_s=120)
+                oloader = odb.OdbDataLoader(dataset, sampler=ShardSampler(train_ids, rank, world, args.seed,
+                                                                          pad=False),
+                                            num_workers=args.workers, idle_policy="zero_step", timeout_s=120)
                 start_step = 0
                 if checkpoint is not None:
                     oloader.load_state_dict(checkpoint["loader"])  # skips what was trained before
                     start_step = checkpoint["step"]
+                    epochs = list(range(oloader.epoch, args.epochs))
                     log(rank, args.quiet, f"[odb] resumed from {args.resume} at step {start_step}")
+                done = start_step
 
-                def steps_iter():
-                    done = start_step
+                def epoch_steps(epoch):
+                    nonlocal done
+                    oloader.set_epoch(epoch)
                     for s in oloader:
                         yield {"batch": s.batch, "idle": s.idle, "real": s.real_tokens,
-                               "padded": s.padded_tokens, "samples": len(s.sample_ids),
-                               "loss_fn": lambda lg, lb, s=s: odb.weighted_cross_entropy(
-                                   lg, lb, s.loss_weight, s.real_tokens),
-                               "loss_tokens_sum": lambda lg, lb: 0.0}
+                               "global_real": s.global_real_tokens,
+                               "padded": s.padded_tokens, "samples": len(s.sample_ids), "ids": s.sample_ids,
+                               # w_r * (summed loss) / t_r: the mean over all ranks' real tokens (odb.loss)
+                               "loss_fn": lambda ce, s=s: odb.weighted_loss(ce, s.loss_weight, s.real_tokens)}
                         done += 1  # the step above is trained once the loop asks for the next one
                         if args.checkpoint_every and done % args.checkpoint_every == 0:
                             state = oloader.state_dict()  # collective: every rank, same step
                             if rank == 0:
                                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                                            "loader": state, "step": done}, args.checkpoint + ".tmp")
+                                            "sched": sched.state_dict(), "loader": state, "step": done},
+                                           args.checkpoint + ".tmp")
                                 os.replace(args.checkpoint + ".tmp", args.checkpoint)
                             dist.barrier()
                         if args.kill_at_step and done == args.kill_at_step:
@@ -177,7 +372,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                                   f"trainers and daemons; resume with --resume {args.checkpoint}")
                             daemon.proc.kill()
                             os.kill(os.getpid(), signal.SIGKILL)
-            results[run] = train_epoch(run, rank, world, model, ddp, opt, steps_iter(), args.quiet, device)
+            results[run] = train_run(run, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args,
+                                     heldout, device)
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
     finally:
@@ -188,7 +384,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=3000, help="dataset size (both ranks together)")
+    p.add_argument("--samples", type=int, default=3000, help="training samples per epoch (both ranks together)")
     p.add_argument("--max-len", type=int, default=256, help="longest sample (tokens)")
     p.add_argument("--max-tokens", type=int, default=512, help="token budget per step and rank")
     p.add_argument("--world-size", type=int, default=2)
@@ -204,6 +400,20 @@ def main() -> int:
                         "timings synchronised (bench/gpu_run.sh)")
     p.add_argument("--deterministic", action="store_true",
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per method (the clock runs across them)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (both methods)")
+    p.add_argument("--warmup-steps", type=int, default=10,
+                   help="linear LR warmup over this many optimizer steps, then constant")
+    p.add_argument("--heldout", type=int, default=200,
+                   help="held-out samples (same distribution, never trained), on top of --samples")
+    p.add_argument("--eval-every", type=int, default=50, metavar="N",
+                   help="held-out loss every N optimizer steps (0: only at the start and the end); "
+                        "evaluation time is excluded from the training clock")
+    p.add_argument("--eval-every-tokens", type=int, default=0, metavar="T",
+                   help="also each time the real tokens trained (all ranks) pass a multiple of T: the same "
+                        "spacing in tokens for both methods (bench/loss_at_time.py)")
+    p.add_argument("--record-ids", action="store_true",
+                   help="--json: list every trained sample id per method (trained_ids) next to heldout_ids")
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
@@ -236,10 +446,13 @@ def main() -> int:
     r = json.loads(Path(out).read_text())
     if args.resume:
         o = r["odb"]
-        consumed = torch.load(args.resume)["loader"]["consumed"]
-        before = consumed["cursor"] + len(consumed["extra"])
+        state = torch.load(args.resume)["loader"]
+        consumed = state["consumed"]
+        # samples of the epochs before the checkpoint's, plus what its epoch had consumed
+        before = (state["epoch"] + (1 if state["epoch_complete"] else 0)) * args.samples + (
+            0 if state["epoch_complete"] else consumed["cursor"] + len(consumed["extra"]))
         print(f"\n== odb resumed from {args.resume}: {before} samples trained before the checkpoint + "
-              f"{o['samples']} after the resume = {before + o['samples']} of {args.samples} "
+              f"{o['samples']} after the resume = {before + o['samples']} of {args.samples * args.epochs} "
               f"(in {o['steps']} steps, {o['idle_steps']} idle, {o['real_tokens_per_s']:.0f} real tok/s)")
         if args.json:
             print(json.dumps({"resumed": o}, indent=1))
@@ -248,20 +461,30 @@ def main() -> int:
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
+        "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
+        "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model, "layers": args.layers, "vocab": args.vocab,
         "standard": s, "odb": o,
         "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
         "ratio_samples_per_s": o["samples_per_s"] / s["samples_per_s"],
     }
+    if args.record_ids:
+        summary["heldout_ids"] = r["heldout_ids"]
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
     print(f"\n== odb demo: {args.samples} long-tail samples (max {args.max_len} tokens), "
           f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank, "
-          f"odbd planner {args.planner}")
-    print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}")
+          f"odbd planner {args.planner}; {args.epochs} epoch(s), AdamW lr {args.lr:g}, "
+          f"{args.heldout} held-out samples")
+    print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}"
+          f"{'held-out loss':>15s}")
     for name, x in (("Standard", s), ("odb", o)):
+        held = x["final_heldout_loss"]
         print(f"{name:10s}{x['steps']:7d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
-              f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}")
+              f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
+              f"{held if held is not None else float('nan'):15.3f}")
+    print("(seconds: the training clock, evaluation excluded; held-out loss: token-level mean cross-entropy "
+          "after training; loss at equal time: bench/loss_at_time.py)")
     print(f"odb / Standard: real tokens/s x{summary['ratio_real_tokens_per_s']:.2f}, "
           f"samples/s x{summary['ratio_samples_per_s']:.2f}")
     return 0
