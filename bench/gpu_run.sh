@@ -52,31 +52,48 @@ DEADLINE=${ODB_GPU_DEADLINE_S:-420}
 OUT=${OUT:-}
 BENCH_LIST=${ODB_GPU_BENCHES:-}
 DIR=${OUT:-$RESULTS}   # where the files are written as they are made (copied to RESULTS at the end)
+DIR_OUT=$DIR
 
 # Model and data of the demo, per device (environment overrides).
 if [ "$DEVICE" = cuda ]; then
-  SAMPLES=${SAMPLES:-6000}; MAX_LEN=${MAX_LEN:-1024}; MAX_TOKENS=${MAX_TOKENS:-8192}
+  SAMPLES=${SAMPLES:-4000}; MAX_LEN=${MAX_LEN:-1024}; MAX_TOKENS=${MAX_TOKENS:-8192}
   D_MODEL=${D_MODEL:-512}; LAYERS=${LAYERS:-6}; VOCAB=${VOCAB:-4096}; WORKERS=${WORKERS:-2}
+  LOSS_SAMPLES=${LOSS_SAMPLES:-3000}; LOSS_MAX_LEN=${LOSS_MAX_LEN:-512}; LOSS_MAX_TOKENS=${LOSS_MAX_TOKENS:-2048}
+  LOSS_D_MODEL=${LOSS_D_MODEL:-256}; LOSS_LAYERS=${LOSS_LAYERS:-4}; LOSS_LRS=${LOSS_LRS:-1e-3,3e-3,1e-2}
+  LOSS_EVAL_TOKENS=${LOSS_EVAL_TOKENS:-50000}
 else
   SAMPLES=${SAMPLES:-200}; MAX_LEN=${MAX_LEN:-128}; MAX_TOKENS=${MAX_TOKENS:-512}
   D_MODEL=${D_MODEL:-32}; LAYERS=${LAYERS:-1}; VOCAB=${VOCAB:-256}; WORKERS=${WORKERS:-1}
+  LOSS_SAMPLES=${LOSS_SAMPLES:-200}; LOSS_MAX_LEN=${LOSS_MAX_LEN:-128}; LOSS_MAX_TOKENS=${LOSS_MAX_TOKENS:-512}
+  LOSS_D_MODEL=${LOSS_D_MODEL:-32}; LOSS_LAYERS=${LOSS_LAYERS:-1}; LOSS_LRS=${LOSS_LRS:-3e-3,3e-2}
+  LOSS_EVAL_TOKENS=${LOSS_EVAL_TOKENS:-5000}
 fi
+export DIR_OUT  # where BENCH_loss copies its PNG
 
 # --- The benchmarks ------------------------------------------------------------------------------
 # A benchmark NAME is the array BENCH_NAME (its command, run in the repository root with odb
 # importable and odbd found: PYTHONPATH, ODB_NATIVE_LIB, ODBD, PATH are set), TIMEOUT_NAME
 # (seconds; the deadline cuts it further) and its name in BENCHES, in running order. Its stdout
 # goes to gpu_NAME.json, its stderr to gpu_NAME.log. To add one:
-#   BENCH_loss=("$PY" bench/loss_at_time.py --device "$DEVICE" ...); TIMEOUT_loss=200; BENCHES+=(loss)
+#   BENCH_x=("$PY" bench/x.py --device "$DEVICE" ...); TIMEOUT_x=200; BENCHES+=(x)
 # At most 8 files come back from $OUT: gpu_run.log, gpu_build.log, gpu_odbd_logs.tar.gz and two
-# per benchmark, so up to 2 benchmarks there.
+# per benchmark (loss: three, with its PNG), so these two benchmarks fill it.
 # shellcheck disable=SC2034  # (used through namerefs in run_bench)
 define_benches() {
   BENCH_demo=("$PY" examples/train_demo.py --device "$DEVICE" --world-size 2 --samples "$SAMPLES"
               --max-len "$MAX_LEN" --max-tokens "$MAX_TOKENS" --d-model "$D_MODEL" --layers "$LAYERS"
               --vocab "$VOCAB" --workers "$WORKERS" --json)
-  TIMEOUT_demo=360
-  BENCHES=(demo)
+  TIMEOUT_demo=${TIMEOUT_DEMO:-170}
+  # Held-out loss against time and tokens, Standard and odb each at its best LR of the grid
+  # (bench/loss_at_time.py): its PNG comes back as gpu_loss.png, its JSON on stdout.
+  local loss_dir=$WORK/loss
+  BENCH_loss=(bash -c 'set -e; py=$0; out=$1; shift; "$py" bench/loss_at_time.py --out "$out" "$@" >&2;
+              cp "$out/loss_at_time.png" "$DIR_OUT/gpu_loss.png"; cat "$out/loss_at_time.json"' "$PY" "$loss_dir" --device "$DEVICE" --samples "$LOSS_SAMPLES"
+              --epochs 2 --max-len "$LOSS_MAX_LEN" --max-tokens "$LOSS_MAX_TOKENS" --d-model "$LOSS_D_MODEL"
+              --layers "$LOSS_LAYERS" --vocab 256 --workers "$WORKERS" --lrs "$LOSS_LRS"
+              --eval-every-tokens "$LOSS_EVAL_TOKENS" --timeout 120)
+  TIMEOUT_loss=${TIMEOUT_LOSS:-260}
+  BENCHES=(demo loss)
 }
 
 # --- Helpers -------------------------------------------------------------------------------------
