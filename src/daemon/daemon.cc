@@ -72,6 +72,7 @@ absl::Status Daemon::Bind() {
         spdlog::warn("shared-memory arenas off for {}: {}", endpoint, std::string(s.message()));
       }
     }
+    arenas_.Start();  // a producer that connects from now on is answered
   }
   ODB_RETURN_IF_ERROR(ingest_.Bind());
   ODB_RETURN_IF_ERROR(trainer_.Bind());
@@ -139,7 +140,6 @@ void Daemon::PublishGauges() {
 }
 
 absl::Status Daemon::Run() {
-  arenas_.Start();
   planner_ = std::thread([this] { PlannerLoop(); });
   // Fixed slots first (wake-up pipe, trainer, its monitor, peer payloads), then ingest.
   std::vector<zmq::pollitem_t> items;

@@ -182,7 +182,7 @@ absl::Status ArenaRegistry::Listen(const std::string& path) {
 }
 
 void ArenaRegistry::Start() {
-  if (thread_.joinable()) return;
+  if (thread_.joinable() || listeners_.empty()) return;  // nothing to serve: no arena can be registered
   if (::pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
     spdlog::error("arena registry: pipe2: {}; shared-memory registration is off", Errno(errno));
     return;

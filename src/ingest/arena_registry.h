@@ -72,7 +72,8 @@ class ArenaRegistry : public ArenaBlockSource {
   // the endpoint lock). Call before Start. Errors name the path.
   absl::Status Listen(const std::string& path);
   const std::vector<std::string>& paths() const { return paths_; }
-  // Serves registrations on the registry's thread until Stop (or destruction).
+  // Serves registrations on the registry's thread until Stop (or destruction);
+  // no thread when nothing listens.
   void Start();
   void Stop();
 
