@@ -144,6 +144,8 @@ def median_run(runs):
 
 def shm_bench_run(bindir, payload, count):
     """memcpy and the arena's ceiling for P-byte blocks (bench/shm_bench, median of 3)."""
+    if not os.path.exists(f"{bindir}/bench/shm_bench"):
+        raise SystemExit(f"{bindir}/bench/shm_bench is not built: bazel build -c opt //bench:shm_bench")
     total_mib = max(64, min(1024, count * payload * 2 >> 20))
     out = subprocess.run([f"{bindir}/bench/shm_bench", "--sizes", str(payload), "--total-mib", str(total_mib),
                           "--repeat", "3", "--json"], capture_output=True, text=True, timeout=600, check=True).stdout
