@@ -64,6 +64,8 @@ def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str
     # left them running (each ~120 MB with torch imported): 100 kill points filled the memory.
     os.setpgrp()
     _forget_parent_forkserver()
+    global _REPORTS, _RANK
+    _REPORTS, _RANK = q, rank
     hang_after = args.pop("_dump_stacks_after", None)
     if hang_after:  # a rank still running then is hung: its threads' stacks go to the test's output
         import faulthandler
@@ -82,11 +84,78 @@ def _rank_main(fn: Callable, rank: int, world: int, run_dir: str, args: Dict[str
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def kill_rank() -> None:
-    """SIGKILLs this rank and everything it started (its process group, see _rank_main)."""
-    import signal
+_REPORTS: Any = None  # the test's queue, in a rank started by _rank_main
+_RANK = -1
 
-    os.killpg(0, signal.SIGKILL)
+
+def report(what: str) -> None:
+    """Tells the test that this rank reached a point (run_until_preempted waits for them)."""
+    if _REPORTS is not None:
+        _REPORTS.put((_RANK, what, None))
+
+
+def kill_rank() -> None:
+    """This rank is preempted here: nothing it does after this point is kept. Under
+    run_until_preempted it reports and waits; the test SIGKILLs every rank's process group
+    (trainer, DataLoader workers, forkserver) and the daemons together once every rank has
+    saved its checkpoint and one has reached its kill point. A rank that killed itself alone
+    would break whatever collective a peer was still in with it (gloo aborts the peer, raises,
+    or leaves it waiting), and that race is not what the kill-point tests are about. Elsewhere
+    it SIGKILLs its own process group at once."""
+    import signal
+    import threading
+
+    if _REPORTS is None:
+        os.killpg(0, signal.SIGKILL)
+    report("preempted")
+    threading.Event().wait()  # until the test's SIGKILL
+
+
+def run_until_preempted(fn: Callable, world: int, run_dir: Path, timeout: float, **args: Any) -> None:
+    """Runs fn in `world` ranks (as run_ranks) that each call report("checkpointed") once their
+    checkpoint is written and kill_rank() at their kill point; SIGKILLs every rank's process
+    group once all have checkpointed and one is preempted. A rank that fails, exits or is still
+    short of that after `timeout` s fails the test (its threads' stacks are in the captured
+    stderr: faulthandler, 15 s before the timeout)."""
+    import queue
+    import signal
+    import time
+
+    q = CTX.Queue()
+    args = dict(args, _dump_stacks_after=max(5.0, timeout - 15))
+    procs = [CTX.Process(target=_rank_main, args=(fn, r, world, str(run_dir), args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    checkpointed: set = set()
+    preempted: set = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while not (len(checkpointed) == world and preempted):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"hang: after {timeout:.0f}s ranks {sorted(checkpointed)} checkpointed and "
+                                     f"{sorted(preempted)} reached their kill point, of {world} (stacks in stderr)")
+            try:
+                rank, what, value = q.get(timeout=min(left, 1.0))
+            except queue.Empty:  # between events: a rank that died without a word is an error
+                for rank, p in enumerate(procs):
+                    if not p.is_alive():
+                        raise AssertionError(f"rank {rank} exited with {p.exitcode} before its kill point")
+                continue
+            if what == "checkpointed":
+                checkpointed.add(rank)
+            elif what == "preempted":
+                preempted.add(rank)
+            else:
+                raise AssertionError(f"rank {rank} {what} instead of reaching its kill point: {value}")
+    finally:
+        for p in procs:  # the preemption: each rank with everything it started
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.join(30)
 
 
 def run_ranks(fn: Callable, world: int, run_dir: Path, timeout: float = 60.0, **args: Any) -> List[Any]:

@@ -10,7 +10,6 @@ workers' speed is varied by a seeded random preprocessing delay per sample
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import time
@@ -21,7 +20,7 @@ import torch
 
 import odb
 import tiny_lm
-from odbtest_py import CTX, _rank_main, kill_rank, run_ranks, start_daemons, stop_all
+from odbtest_py import kill_rank, report, run_ranks, run_until_preempted, start_daemons, stop_all
 
 N = 160
 
@@ -79,6 +78,7 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
         if checkpoint_at is not None and count == checkpoint_at:
             saved = {"state": loader.state_dict(), "steps": list(steps)}  # a collective: every rank
             Path(out.format(rank=rank)).write_text(json.dumps(saved))
+            report("checkpointed")
         if checkpoint_at is not None and count >= checkpoint_at + then:
             kill_rank()  # preempted: nothing after this is kept
     return {"steps": steps}
@@ -98,21 +98,9 @@ def _kill_after_checkpoint(tmp: Path, job_id: str, planner: str, world: int, che
                            delay_seed: int) -> list:
     run_dir = tmp / "killed"
     daemons = start_daemons(run_dir, world, job_id + "k", _config(planner))
-    q = CTX.Queue()
-    args = dict(delay_seed=delay_seed, state=None, checkpoint_at=checkpoint_at, then=then,
-                out=str(tmp / "ckpt-{rank}.json"))
-    procs = [CTX.Process(target=_rank_main, args=(_train, r, world, str(run_dir), args, q)) for r in range(world)]
     try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(240)
-            if p.is_alive():
-                p.kill()
-                raise AssertionError("a rank did not reach its kill point (hang)")
-            # SIGABRT: its peer died first while it was in a gloo collective (the same preemption).
-            assert p.exitcode in (-signal.SIGKILL, -signal.SIGABRT), \
-                f"rank exited with {p.exitcode}: {q.get() if not q.empty() else ''}"
+        run_until_preempted(_train, world, run_dir, 240, delay_seed=delay_seed, state=None,
+                            checkpoint_at=checkpoint_at, then=then, out=str(tmp / "ckpt-{rank}.json"))
     finally:
         for d in daemons:  # the daemons die with the job
             d.proc.send_signal(signal.SIGKILL)

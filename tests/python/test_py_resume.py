@@ -7,10 +7,8 @@ with payload bytes intact."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 import odb
 import tiny_lm
 from odb.loader import compress_ints, expand_ints
-from odbtest_py import CTX, _rank_main, kill_rank, run_ranks, start_daemons, stop_all
+from odbtest_py import kill_rank, report, run_ranks, run_until_preempted, start_daemons, stop_all
 
 N = 160
 
@@ -64,6 +62,7 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
             if checkpoint_at is not None and steps == checkpoint_at:
                 saved = {"state": loader.state_dict(), "trained": list(trained)}  # a collective: every rank
                 Path(out.format(rank=rank)).write_text(json.dumps(saved))
+                report("checkpointed")
             steps += 1
             if checkpoint_at is not None and steps > checkpoint_at + then:
                 kill_rank()  # preempted: nothing after this is kept
@@ -78,39 +77,13 @@ def _train(rank: int, world: int, run_dir: str, idle_policy: str, state: dict | 
     if checkpoint_at is not None:  # a run to be killed whose loop ended first (join: this rank's samples are done)
         if saved is None:  # the epoch ended before the checkpoint step
             Path(out.format(rank=rank)).write_text(json.dumps({"state": None, "trained": trained}))
+            report("checkpointed")
         kill_rank()
     return {"trained": trained}
 
 
 def _spawn_until_killed(world: int, run_dir: Path, timeout: float, **args) -> None:
-    q = CTX.Queue()
-    args = dict(args, _dump_stacks_after=timeout - 15)
-    procs = [CTX.Process(target=_rank_main, args=(_train, r, world, str(run_dir), args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-
-    def reports() -> list:
-        got = []
-        while not q.empty():
-            got.append(q.get())
-        return got
-
-    for rank, p in enumerate(procs):
-        p.join(max(1.0, deadline - time.monotonic()))
-        if p.is_alive():
-            for other in procs:  # each rank leads its process group (odbtest_py._rank_main)
-                try:
-                    os.killpg(other.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                other.join(5)
-            raise AssertionError(f"rank {rank} did not reach its kill point (hang; its threads' stacks are in the "
-                                 f"captured stderr); exit codes {[o.exitcode for o in procs]}, reports {reports()}")
-        # SIGKILL at its kill point, or SIGABRT: its peer was killed first while this rank was in
-        # a gloo collective, and gloo aborts the process (the same preemption, seen from the peer).
-        if p.exitcode not in (-signal.SIGKILL, -signal.SIGABRT):
-            raise AssertionError(f"rank {rank} exited with {p.exitcode} instead of being killed: {reports()}")
+    run_until_preempted(_train, world, run_dir, timeout, **args)
 
 
 @pytest.mark.parametrize("idle_policy,planner,world_before,world_after", [
