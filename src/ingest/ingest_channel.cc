@@ -207,6 +207,13 @@ void IngestChannel::OnReadable(size_t i) {
     } else {
       event = decode();
     }
+    // The connection's producer is known from its hello on, in message order:
+    // a sample right behind its hello in the same burst is decoded as that
+    // producer's (its arena blocks are checked against it). Admit() still
+    // refuses a second hello under another id.
+    if (const auto* hello = std::get_if<HelloEvent>(&event); hello != nullptr && conn.producer_id.empty()) {
+      conn.producer_id = hello->producer_id;
+    }
     burst.push_back({&conn, std::move(event), payload});
   }
   if (burst.empty()) return;
