@@ -142,3 +142,56 @@ def test_leaving_an_epoch_early_stops_the_workers_blocked_on_the_daemon(run_dir,
         assert [w.exitcode for w in workers] == [0, 0], "data workers were still blocked when the trainer left"
     finally:
         daemon.stop()
+
+
+def _drop_inherited_clients(loader, consumer, producer, q) -> None:
+    """In a fork of a trainer: the loader, Consumer and Producer are copies of the parent's."""
+    import gc
+
+    errors = []
+    for what, call in (("Consumer.next", consumer.next), ("Consumer.start_epoch", lambda: consumer.start_epoch(1)),
+                       ("Producer.end_stream", lambda: producer.end_stream(0))):
+        try:
+            call()
+            errors.append(f"{what} worked in a fork")
+        except odb.OdbError as e:
+            if "fork" not in str(e):
+                errors.append(f"{what}: {e}")
+    del loader, consumer, producer
+    gc.collect()  # the parent's Consumer inside the loader is freed here, in the child
+    q.put(errors)
+
+
+def test_a_forked_child_of_a_trainer_drops_its_inherited_clients_without_hanging(run_dir, job_id) -> None:
+    """ZeroMQ contexts do not survive fork: a Consumer freed in a forked child (a fork-context
+    DataLoader worker, a forked rank garbage-collecting an earlier test's loader) spun forever in
+    zmq_ctx_term. The copy refuses every call naming fork, and freeing it returns at once."""
+    import multiprocessing
+
+    import zmq
+
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(256))
+    other = zmq.Context().socket(zmq.ROUTER)  # where the extra clients connect (not the daemon)
+    try:
+        other.bind(f"ipc://{run_dir}/other.sock")
+        corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(64, seed=1, max_len=64), vocab=64)
+        loader = odb.OdbDataLoader(corpus, num_workers=1, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=30)
+        it = iter(loader)
+        next(it)  # the loader's Consumer is connected and its ZeroMQ threads run
+        consumer = odb.Consumer(f"ipc://{run_dir}/other.sock", 1000)
+        producer = odb.Producer(f"ipc://{run_dir}/other.sock", "forked-copy", 0)
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        child = ctx.Process(target=_drop_inherited_clients, args=(loader, consumer, producer, q))
+        child.start()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            pytest.fail("the forked child hung freeing its copies of the trainer's odb clients")
+        assert child.exitcode == 0
+        assert q.get(timeout=5) == []
+        for _ in it:  # the parent's loader is untouched
+            pass
+    finally:
+        other.close(0)
+        daemon.stop()

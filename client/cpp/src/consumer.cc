@@ -7,11 +7,13 @@
 #include <zmq.hpp>
 
 #include "client/cpp/src/delivery_decoder.h"
+#include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
 
 namespace odb::client {
 struct Consumer::Impl {
   ConsumerOptions options;
+  ForkGuard owner;  // see fork_guard.h
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
   bool owe_credit = false;
@@ -36,7 +38,10 @@ struct Consumer::Impl {
 };
 
 Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Consumer::~Consumer() = default;
+Consumer::~Consumer() {
+  // A forked copy must not touch the context (zmq_ctx_term would wait forever).
+  if (impl_ && impl_->owner.forked()) (void)impl_.release();
+}
 
 absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOptions& options) {
   auto impl = std::make_unique<Impl>();
@@ -65,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
 
 absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
                                   uint64_t first_step) {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
   wire::TrainerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
   m.mutable_start_epoch()->set_epoch(epoch);
@@ -75,6 +81,7 @@ absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, u
 }
 
 absl::StatusOr<Delivery> Consumer::Next() {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
   if (impl_->owe_credit) {
     wire::TrainerMessage credit;
     credit.set_version(wire::PROTOCOL_VERSION_CURRENT);

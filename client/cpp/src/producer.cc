@@ -13,6 +13,7 @@
 #include <map>
 #include <zmq.hpp>
 
+#include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
 #include "src/shm/arena_writer.h"
 #include "src/shm/fd_passing.h"
@@ -120,6 +121,7 @@ size_t DTypeBytes(DType dtype) {
 
 struct Producer::Impl {
   ProducerOptions options;
+  ForkGuard owner;  // see fork_guard.h
   // The shared-memory arena (null: frames only). Declared before the context:
   // destroyed after it, i.e. after ZeroMQ has handed every sent message to the
   // kernel (linger), so the daemon sees the arena closed only after them.
@@ -146,6 +148,7 @@ struct Producer::Impl {
   std::string Who() const { return "producer '" + options.producer_id + "'"; }
 
   absl::Status CheckCancelled() const {
+    if (absl::Status s = owner.Check(Who()); !s.ok()) return s;
     if (!cancelled.load()) return absl::OkStatus();
     return absl::CancelledError(Who() + ": cancelled (its loader is shutting down)");
   }
@@ -422,7 +425,10 @@ struct Producer::Impl {
 };
 
 Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Producer::~Producer() = default;
+Producer::~Producer() {
+  // A forked copy must not touch the context (zmq_ctx_term would wait forever).
+  if (impl_ && impl_->owner.forked()) (void)impl_.release();
+}
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOptions& options) {
   if (options.producer_id.empty()) return absl::InvalidArgumentError("producer_id must not be empty");
@@ -465,6 +471,7 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOption
 }
 
 absl::Status Producer::StartEpoch(uint32_t epoch) {
+  if (absl::Status s = impl_->CheckCancelled(); !s.ok()) return s;
   wire::ProducerMessage m = impl_->NewMessage();
   m.mutable_start_epoch()->set_producer_id(impl_->options.producer_id);
   m.mutable_start_epoch()->set_epoch(epoch);
@@ -527,6 +534,7 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
 void Producer::Cancel() { impl_->cancelled.store(true); }
 
 absl::Status Producer::EndStream(uint32_t epoch) {
+  if (absl::Status s = impl_->CheckCancelled(); !s.ok()) return s;
   wire::ProducerMessage m = impl_->NewMessage();
   m.mutable_end_stream()->set_producer_id(impl_->options.producer_id);
   m.mutable_end_stream()->set_epoch(epoch);
@@ -569,6 +577,7 @@ absl::Status Producer::EndStream(uint32_t epoch) {
 }
 
 absl::Status Producer::SendRawFrames(const std::vector<std::string>& frames) {
+  if (absl::Status s = impl_->CheckCancelled(); !s.ok()) return s;
   std::vector<zmq::message_t> parts;
   for (const auto& f : frames) parts.emplace_back(f.data(), f.size());
   return impl_->SendSample(parts, 0, 0, std::nullopt);

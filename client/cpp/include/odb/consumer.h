@@ -96,6 +96,8 @@ struct ConsumerOptions {
 };
 
 // Receives aligned steps from one daemon and grants credits. Not thread-safe.
+// Like Producer, it belongs to the process that created it: in a forked child
+// its calls fail with FailedPrecondition and its destruction is a no-op.
 class Consumer {
  public:
   static absl::StatusOr<std::unique_ptr<Consumer>> Connect(const ConsumerOptions& options);

@@ -62,7 +62,9 @@ struct ProducerOptions {
 };
 
 // Sends samples to one daemon. Not thread-safe; one per worker process.
-// Create it after fork (it owns a ZeroMQ context).
+// Create it after fork (it owns a ZeroMQ context): a copy inherited by a
+// forked child fails every call with FailedPrecondition, and destroying it
+// there leaves the parent's sockets alone (never a hang in zmq_ctx_term).
 class Producer {
  public:
   static absl::StatusOr<std::unique_ptr<Producer>> Connect(const ProducerOptions& options);
