@@ -25,15 +25,11 @@ KILL_POINTS = int(os.environ.get("ODB_KILL_POINTS", "20"))
 N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the epoch's tail
 
 
-# The join policy is left out for now: with ranks that stop at their kill point until the whole
-# job is killed (run_until_preempted), both join modes hung at the same segment (15) in full-suite
-# runs, one rank in the checkpoint's all_gather (state_dict, a collective) while the other was not
-# in it, most likely already joined (its samples done) and so only shadowing DDP's all-reduces.
-# A rank that has joined cannot take part in state_dict; see docs/resume.md and the session notes
-# (issue 10). test_py_resume.py keeps one join kill point per planner.
 @pytest.mark.parametrize("idle_policy,planner,deterministic", [
     ("zero_step", "local", False),
     ("zero_step", "global", False),
+    ("join", "local", False),
+    ("join", "global", False),
     ("zero_step", "global", True),
 ])
 def test_every_sample_exactly_once_across_many_kill_points(tmp_path, job_id, idle_policy, planner,
