@@ -1,0 +1,85 @@
+// The ingest channel driven by hand over inproc sockets: an inproc send is in
+// the channel's queue when it returns, so what one OnReadable burst holds is
+// decided by the test, not by timing.
+#include "src/ingest/ingest_channel.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+namespace odb::ingest {
+namespace {
+
+// Refuses every block, naming the producer the channel attributed it to.
+class NamingArenaSource : public ArenaBlockSource {
+ public:
+  absl::StatusOr<Acquired> Acquire(std::string_view producer_id, const wire::ArenaBlock& block) override {
+    seen.emplace_back(producer_id);
+    return absl::InvalidArgumentError("block of arena " + std::to_string(block.arena_id()) +
+                                      " attributed to producer '" + std::string(producer_id) + "'");
+  }
+  std::vector<std::string> seen;
+};
+
+std::string Serialize(const wire::ProducerMessage& m) { return m.SerializeAsString(); }
+
+wire::ProducerMessage Hello(const std::string& id) {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_hello()->set_producer_id(id);
+  return m;
+}
+
+wire::ProducerMessage ArenaSample(const std::string& id, uint64_t sample_id) {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  wire::SampleHeader* s = m.mutable_sample();
+  s->set_producer_id(id);
+  s->set_sample_id(sample_id);
+  s->set_tokens(8);
+  wire::TensorDesc* t = s->add_tensors();
+  t->set_name("input_ids");
+  t->set_dtype(wire::INT64);
+  t->add_shape(8);
+  t->set_offset(1 << 20);
+  t->set_length(64);
+  s->mutable_arena()->set_arena_id(7);
+  s->mutable_arena()->set_offset(1 << 20);
+  s->mutable_arena()->set_length(64);
+  return m;
+}
+
+TEST_CASE("a sample right behind its hello in one burst is decoded as that connection's producer") {
+  zmq::context_t context;
+  DaemonConfig config;
+  config.ingest_endpoints = {"inproc://ingest-channel-test"};
+  config.buffer_max_bytes = 64 << 20;
+  config.buffer_max_samples = 1024;
+  DaemonState state(config.buffer_max_bytes, config.buffer_max_samples, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  IngestChannel channel(context, config, state, metrics, clock);
+  NamingArenaSource arenas;
+  channel.SetArenaSource(&arenas);
+  REQUIRE(channel.Bind().ok());
+
+  zmq::socket_t producer(context, zmq::socket_type::dealer);
+  producer.set(zmq::sockopt::linger, 0);
+  producer.connect("inproc://ingest-channel-test");
+  REQUIRE(producer.send(zmq::buffer(Serialize(Hello("p")))));
+  REQUIRE(producer.send(zmq::buffer(Serialize(ArenaSample("p", 41)))));
+  channel.OnReadable(0);  // both messages in one burst
+
+  REQUIRE(arenas.seen == std::vector<std::string>{"p"});
+  std::vector<wire::Rejection> rejections;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    rejections = state.rejections.TakeUnreported();
+  }
+  REQUIRE(rejections.size() == 1);
+  CHECK(rejections[0].code() == wire::INVALID_ARENA_BLOCK);
+  CHECK(rejections[0].message().find("attributed to producer 'p'") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace odb::ingest
