@@ -85,13 +85,17 @@ define_benches() {
               --vocab "$VOCAB" --workers "$WORKERS" --json)
   TIMEOUT_demo=${TIMEOUT_DEMO:-170}
   # Held-out loss against time and tokens, Standard and odb each at its best LR of the grid
-  # (bench/loss_at_time.py): its PNG comes back as gpu_loss.png, its JSON on stdout.
+  # (bench/loss_at_time.py): its PNG comes back as gpu_loss.png, its JSON on stdout. No budget
+  # grid by default (the 10-minute limit); LOSS_STANDARD_BUDGETS / LOSS_ODB_BUDGETS (comma-separated
+  # max_tokens, odb's at least LOSS_MAX_LEN) and LOSS_BUDGET_LRS add one.
   local loss_dir=$WORK/loss
   BENCH_loss=(bash -c 'set -e; py=$0; out=$1; shift; "$py" bench/loss_at_time.py --out "$out" "$@" >&2;
               cp "$out/loss_at_time.png" "$DIR_OUT/gpu_loss.png"; cat "$out/loss_at_time.json"' "$PY" "$loss_dir" --device "$DEVICE" --samples "$LOSS_SAMPLES"
               --epochs 2 --max-len "$LOSS_MAX_LEN" --max-tokens "$LOSS_MAX_TOKENS" --d-model "$LOSS_D_MODEL"
               --layers "$LOSS_LAYERS" --vocab 256 --workers "$WORKERS" --lrs "$LOSS_LRS"
-              --eval-every-tokens "$LOSS_EVAL_TOKENS" --timeout 120)
+              --eval-every-tokens "$LOSS_EVAL_TOKENS" --timeout 120
+              --standard-budgets "${LOSS_STANDARD_BUDGETS:-}" --odb-budgets "${LOSS_ODB_BUDGETS:-}"
+              --budget-lrs "${LOSS_BUDGET_LRS:-$LOSS_LRS}")
   TIMEOUT_loss=${TIMEOUT_LOSS:-260}
   BENCHES=(demo loss)
 }

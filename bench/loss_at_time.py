@@ -16,15 +16,29 @@ against real tokens trained. Then:
     the crossing; tokens and optimizer steps to target the same way;
   * real tokens/s: real tokens trained / the training clock, at the best LR.
 
+Budget grid (optimizer-step granularity): a bigger token budget means fewer,
+larger optimizer steps per epoch, which can cost loss per token. So each method
+also runs alone at other budgets (--standard-budgets: Standard's batch size is
+max_tokens // max_len; --odb-budgets, at least --max-len), each over the LR grid
+--budget-lrs. Per (method, budget) configuration: its best LR (same rule), time
+to the same target, real tokens per optimizer step and rank; per method the
+fastest configuration ("best of the grid for each"); and matched pairs: each
+Standard configuration against the odb configuration with the nearest real tokens
+per step (the same step granularity). Empty --standard-budgets and --odb-budgets
+skip the grid.
+
 Writes <out>/loss_at_time.json (every run's curves and the figures),
 <out>/loss_at_time.md (tables) and <out>/loss_at_time.png (held-out loss vs
-training clock and vs tokens, both methods at their best LR); the demo's progress
-goes to <out>/loss_at_time.log. The defaults (4 demo runs) take ~10-15 minutes on
+training clock and vs tokens, both methods at their best LR; every configuration
+of the budget grid and its time to target); the demo's progress goes to
+<out>/loss_at_time.log. The defaults (3 joint runs at budget 512, 6 single-method
+runs: Standard at 1024 and 2048, odb at 256, two LRs each) take ~18-22 minutes on
 a 2-core CPU (longer while other jobs share it). On a GPU, e.g.:
 
   /usr/bin/python3 bench/loss_at_time.py --device cuda --samples 6000 --max-len 1024 \\
       --max-tokens 8192 --d-model 512 --layers 6 --vocab 4096 --workers 2 \\
-      --eval-every-tokens 40000 --lrs 3e-4,1e-3,3e-3,1e-2 --out bench/results/gpu
+      --eval-every-tokens 40000 --lrs 3e-4,1e-3,3e-3,1e-2 --standard-budgets 16384,32768 \\
+      --odb-budgets 2048,4096 --budget-lrs 1e-3,3e-3 --out bench/results/gpu
 
 Method and caveats: docs/benchmarks.md, section 5.
 """
@@ -145,6 +159,128 @@ def analyse(runs: dict, margin: float, extra_factors=(1.5, 2.0, 4.0)) -> dict:
     return out
 
 
+def config_key(method: str, budget: int) -> str:
+    return f"{method}:{int(budget)}"
+
+
+def config_label(method: str, budget: int, max_len: int) -> str:
+    name = dict(METHODS)[method]
+    if method == "standard":
+        return f"{name}, batch {max(1, int(budget) // max_len)} ({int(budget)} tokens)"
+    return f"{name}, budget {int(budget)}"
+
+
+def analyse_budgets(runs: dict, budget_runs: dict, main_budget: int, target: float, world: int,
+                    max_len: int) -> dict:
+    """The budget grid: every (method, budget) configuration, the main budget's from the joint runs
+    (`runs`: {lr: {standard, odb}}), the others from `budget_runs` ({"method:budget": {lr: run}}).
+    Per configuration: its best LR (lowest final held-out loss, the main comparison's rule), the time,
+    tokens and steps to the main comparison's target at that LR, throughput and step granularity
+    (real tokens per optimizer step and rank). Per method: the fastest configuration to the target.
+    Matched pairs: for each Standard configuration, the odb configuration whose real tokens per step
+    is nearest (in ratio) -- the comparison at (about) the same optimizer-step granularity."""
+    configs = {}
+    for key, _ in METHODS:
+        configs[config_key(key, main_budget)] = {lr: r[key] for lr, r in runs.items()}
+    for ck, by_lr in budget_runs.items():
+        configs[ck] = dict(by_lr)
+    rows = {}
+    for ck, by_lr in configs.items():
+        method, budget = ck.split(":")
+        budget = int(budget)
+        lr = min(by_lr, key=lambda r: final_loss(by_lr[r]))
+        run = by_lr[lr]
+        rows[ck] = {
+            "method": method, "budget": budget, "label": config_label(method, budget, max_len),
+            "main": budget == main_budget, "lr": float(lr), "lr_key": lr, "lrs": sorted(float(x) for x in by_lr),
+            "final_heldout_loss": final_loss(run),
+            "seconds_to_target": crossing(run["curve"], target, "seconds"),
+            "tokens_to_target": crossing(run["curve"], target, "tokens"),
+            "steps_to_target": crossing(run["curve"], target, "steps"),
+            "real_tokens_per_s": run["real_tokens_per_s"],
+            "real_tokens_per_s_median": statistics.median(r["real_tokens_per_s"] for r in by_lr.values()),
+            "steps": run["steps"], "train_seconds": run["seconds"], "padding_fraction": run["padding_fraction"],
+            "real_tokens_per_step_rank": run["real_tokens"] / max(1, run["steps"]) / world,
+            "grid": {x: {"final_heldout_loss": final_loss(r), "seconds_to_target": crossing(r["curve"], target, "seconds"),
+                         "real_tokens_per_s": r["real_tokens_per_s"], "steps": r["steps"]} for x, r in by_lr.items()},
+        }
+    fastest = {}
+    for key, _ in METHODS:
+        reached = [ck for ck, r in rows.items() if r["method"] == key and r["seconds_to_target"] is not None]
+        fastest[key] = min(reached, key=lambda ck: rows[ck]["seconds_to_target"]) if reached else None
+    fs, fo = fastest["standard"], fastest["odb"]
+    pairs = []
+    odbs = [ck for ck, r in rows.items() if r["method"] == "odb"]
+    for ck, r in rows.items():
+        if r["method"] != "standard" or not odbs:
+            continue
+        near = min(odbs, key=lambda o: abs(math.log(rows[o]["real_tokens_per_step_rank"] / r["real_tokens_per_step_rank"])))
+        st, ot = r["seconds_to_target"], rows[near]["seconds_to_target"]
+        pairs.append({"standard": ck, "odb": near,
+                      "granularity_ratio": rows[near]["real_tokens_per_step_rank"] / r["real_tokens_per_step_rank"],
+                      "speedup": st / ot if st and ot else None,
+                      "ratio_real_tokens_per_s": rows[near]["real_tokens_per_s"] / r["real_tokens_per_s"]})
+    return {"target": target, "configs": rows, "fastest": fastest, "matched": pairs,
+            "best_vs_best_speedup": (rows[fs]["seconds_to_target"] / rows[fo]["seconds_to_target"]
+                                     if fs and fo else None),
+            "best_vs_best_ratio_real_tokens_per_s": (rows[fo]["real_tokens_per_s"] / rows[fs]["real_tokens_per_s"]
+                                                     if fs and fo else None)}
+
+
+def budget_markdown(result: dict) -> list:
+    """The budget-grid tables (empty when the run had no grid)."""
+    b = result["analysis"].get("budgets")
+    if not b or len(b["configs"]) <= 2:
+        return []
+    cfg = result["config"]
+    rows = b["configs"]
+    order = sorted(rows, key=lambda ck: (ck.split(":")[0] != "standard", int(ck.split(":")[1])))
+    lines = ["", f"**Budget grid** (optimizer-step granularity): the same target {b['target']:.3f}; each configuration "
+                 f"at its best LR (lowest final held-out loss) of its grid (budget {cfg['max_tokens']}: "
+                 f"{', '.join(cfg['lrs'])}, the joint runs above; other budgets: "
+                 f"{', '.join(cfg.get('budget_lrs_list', []))}, one method per run). Real tokens/s of runs made at "
+                 f"different times compare less well than those of one joint run (the machine's load varies).", "",
+             "| configuration | real tokens / step / rank | best LR | final held-out loss | time to target (s) "
+             "| tokens to target | steps to target | steps, total | real tokens/s | padding |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for ck in order:
+        r = rows[ck]
+        edge = " (grid edge)" if len(r["lrs"]) > 1 and r["lr"] in (r["lrs"][0], r["lrs"][-1]) else ""
+        mark = " *" if ck in b["fastest"].values() else ""
+        lines.append(f"| {r['label']}{mark} | {r['real_tokens_per_step_rank']:.0f} | {r['lr']:g}{edge} | "
+                     f"{r['final_heldout_loss']:.3f} | {fmt(r['seconds_to_target'], '.1f')} | "
+                     f"{fmt(r['tokens_to_target'], ',.0f')} | {fmt(r['steps_to_target'], '.0f')} | {r['steps']} | "
+                     f"{r['real_tokens_per_s']:.0f} | {r['padding_fraction'] * 100:.1f}% |")
+    fs, fo = b["fastest"]["standard"], b["fastest"]["odb"]
+    lines += ["", "\\* the fastest configuration of each method to the target.", ""]
+    if fs and fo:
+        lines.append(f"Best of the grid for each: {rows[fs]['label']} {rows[fs]['seconds_to_target']:.1f} s vs "
+                     f"{rows[fo]['label']} {rows[fo]['seconds_to_target']:.1f} s: **odb speed-up "
+                     f"x{b['best_vs_best_speedup']:.2f}** (real tokens/s x{b['best_vs_best_ratio_real_tokens_per_s']:.2f}).")
+    else:
+        lines.append(f"Best of the grid: Standard {rows[fs]['label'] if fs else 'never reaches the target'}, "
+                     f"odb {rows[fo]['label'] if fo else 'never reaches the target'}.")
+    lines += ["", "Matched granularity (for each Standard configuration, the odb configuration with the nearest real "
+                  "tokens per optimizer step and rank):", "",
+              "| Standard | odb | odb / Standard real tokens per step | time to target: Standard / odb (s) "
+              "| odb speed-up | real tokens/s odb / Standard |", "|---|---|---|---|---|---|"]
+    for m in b["matched"]:
+        s, o = rows[m["standard"]], rows[m["odb"]]
+        lines.append(f"| {s['label']} | {o['label']} | x{m['granularity_ratio']:.2f} | "
+                     f"{fmt(s['seconds_to_target'], '.1f')} / {fmt(o['seconds_to_target'], '.1f')} | "
+                     f"x{fmt(m['speedup'], '.2f', 'n/a')} | x{m['ratio_real_tokens_per_s']:.2f} |")
+    lines += ["", "Every run of the budget grid:", "",
+              "| configuration | LR | final held-out loss | time to target (s) | real tokens/s | steps |",
+              "|---|---|---|---|---|---|"]
+    for ck in order:
+        if rows[ck]["main"]:
+            continue
+        for lr, g in sorted(rows[ck]["grid"].items(), key=lambda kv: float(kv[0])):
+            lines.append(f"| {rows[ck]['label']} | {float(lr):g} | {g['final_heldout_loss']:.3f} | "
+                         f"{fmt(g['seconds_to_target'], '.1f')} | {g['real_tokens_per_s']:.0f} | {g['steps']} |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     a, cfg = result["analysis"], result["config"]
     s, o = a["methods"]["standard"], a["methods"]["odb"]
@@ -200,6 +336,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {float(lr):g} | {g['final_heldout_loss']:.3f} | "
                          f"{fmt(g['seconds_to_target'], '.1f')} | {fmt(g['tokens_to_target'], ',.0f')} | "
                          f"{g['real_tokens_per_s']:.0f} | {g['steps']} |")
+    lines += budget_markdown(result)
     return "\n".join(lines) + "\n"
 
 
@@ -211,7 +348,10 @@ def plot(result: dict, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     a = result["analysis"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    b = a.get("budgets")
+    grid = bool(b) and len(b["configs"]) > 2
+    fig, axes2 = plt.subplots(2 if grid else 1, 2, figsize=(13, 9.5 if grid else 4.5), squeeze=False)
+    axes = axes2[0]
     colors = {"standard": "tab:blue", "odb": "tab:orange"}
     for key, name in METHODS:
         lr = a["methods"][key]["lr"]
@@ -222,21 +362,67 @@ def plot(result: dict, path: Path) -> None:
             hit = a["methods"][key][f"{x}_to_target"]
             if hit is not None:
                 ax.axvline(hit * scale, color=colors[key], ls=":", lw=1)
-    for ax, xlabel in ((axes[0], "training clock (s), evaluation excluded"), (axes[1], "real tokens trained (k)")):
-        ax.axhline(a["target"], color="gray", ls="--", lw=1, label=f"target {a['target']:.3f}")
+
+    def log_y(ax):
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_minor_locator(LogLocator(subs="all"))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+    for ax, xlabel in ((axes[0], "training clock (s), evaluation excluded"), (axes[1], "real tokens trained (k)")):
+        ax.axhline(a["target"], color="gray", ls="--", lw=1, label=f"target {a['target']:.3f}")
+        log_y(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out loss (token-level cross-entropy)")
         ax.grid(alpha=0.3)
         ax.legend()
     sp = a["time_to_target_speedup"]
-    axes[0].set_title(f"Held-out loss vs time (time-to-target speed-up of odb: x{fmt(sp, '.2f', 'n/a')})")
-    axes[1].set_title("Held-out loss vs tokens")
     cfg = result["config"]
+    axes[0].set_title(f"Budget {cfg['max_tokens']}: held-out loss vs time (odb speed-up x{fmt(sp, '.2f', 'n/a')})",
+                      fontsize=10)
+    axes[1].set_title(f"Budget {cfg['max_tokens']}: held-out loss vs tokens", fontsize=10)
+    if grid:
+        rows = b["configs"]
+        order = sorted(rows, key=lambda ck: (ck.split(":")[0] != "standard", int(ck.split(":")[1])))
+        shades = {"standard": plt.get_cmap("Blues"), "odb": plt.get_cmap("Oranges")}
+        count = {k: sum(1 for ck in order if rows[ck]["method"] == k) for k, _ in METHODS}
+        seen = {k: 0 for k, _ in METHODS}
+        ax = axes2[1][0]
+        bars = []
+        for ck in order:
+            r = rows[ck]
+            m = r["method"]
+            seen[m] += 1
+            color = shades[m](0.45 + 0.5 * seen[m] / max(1, count[m]))
+            runs = result["runs"] if r["main"] else result["budget_runs"][ck]
+            curve = (runs[r["lr_key"]][m] if r["main"] else runs[r["lr_key"]])["curve"]
+            ax.plot([c["seconds"] for c in curve], [c["heldout_loss"] for c in curve], "-o", ms=2, color=color,
+                    ls="-" if m == "odb" else "--", label=f"{r['label']}, LR {r['lr']:g}")
+            bars.append((f"{r['label']}\n{r['real_tokens_per_step_rank']:.0f} real tok/step/rank, LR {r['lr']:g}",
+                         r["seconds_to_target"], r["train_seconds"], color))
+        ax.axhline(a["target"], color="gray", ls="--", lw=1, label=f"target {a['target']:.3f}")
+        log_y(ax)
+        ax.set_xlabel("training clock (s), evaluation excluded")
+        ax.set_ylabel("held-out loss")
+        ax.set_title("Budget grid: every configuration at its best LR", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax = axes2[1][1]
+        ys = list(range(len(bars)))[::-1]
+        for y, (label, t, total, color) in zip(ys, bars):
+            if t is None:
+                ax.barh(y, total, color="white", edgecolor=color, hatch="//")
+                ax.text(total, y, " not reached", va="center", fontsize=8)
+            else:
+                ax.barh(y, t, color=color)
+                ax.text(t, y, f" {t:.0f} s", va="center", fontsize=8)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([x[0] for x in bars], fontsize=7)
+        ax.set_xlabel(f"time to held-out loss {a['target']:.3f} (s); hatched: not reached in the whole run")
+        sp2 = b.get("best_vs_best_speedup")
+        ax.set_title(f"Time to target per configuration (best of each: odb x{fmt(sp2, '.2f', 'n/a')})", fontsize=10)
+        ax.grid(alpha=0.3, axis="x")
     fig.suptitle(f"Standard vs odb, each at its best LR; {cfg['world_size']} ranks, {cfg['device']}, "
                  f"{cfg['samples']} samples x {cfg['epochs']} epochs", fontsize=10)
     fig.tight_layout()
@@ -258,7 +444,13 @@ def main() -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--planner", choices=("local", "global"), default="global")
-    p.add_argument("--lrs", default="3e-3,1e-2,3e-2,1e-1", help="the LR grid (comma-separated)")
+    p.add_argument("--lrs", default="3e-3,1e-2,3e-2", help="the LR grid of the main budget (comma-separated)")
+    p.add_argument("--standard-budgets", default="1024,2048",
+                   help="budget grid: more max_tokens for Standard alone (batch = max_tokens // max_len), each "
+                        "over --budget-lrs; empty: none")
+    p.add_argument("--odb-budgets", default="256",
+                   help="budget grid: more max_tokens for odb alone (at least --max-len), each over --budget-lrs")
+    p.add_argument("--budget-lrs", default="1e-2,3e-2", help="the LR grid of the budget grid's runs")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--eval-every-tokens", type=int, default=20000,
                    help="held-out loss each time this many more real tokens are trained (both methods)")
@@ -276,53 +468,82 @@ def main() -> int:
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
         result["analysis"] = analyse(result["runs"], result["config"]["margin"])
+        add_budgets(result)
         write(result, out)
         return 0
     lrs = [x.strip() for x in args.lrs.split(",") if x.strip()]
+    budget_lrs = [x.strip() for x in args.budget_lrs.split(",") if x.strip()]
+    extra = [(m, int(x)) for m, spec in (("standard", args.standard_budgets), ("odb", args.odb_budgets))
+             for x in spec.split(",") if x.strip() and int(x) != args.max_tokens]
+    if any(b < args.max_len for m, b in extra if m == "odb"):
+        p.error("--odb-budgets: a budget below --max-len cannot hold the longest sample")
     common = ["--json", "--quiet", "--device", args.device, "--samples", str(args.samples), "--heldout",
               str(args.heldout), "--epochs", str(args.epochs), "--max-len", str(args.max_len), "--max-tokens",
               str(args.max_tokens), "--d-model", str(args.d_model), "--layers", str(args.layers), "--vocab",
               str(args.vocab), "--world-size", str(args.world_size), "--workers", str(args.workers), "--planner",
               args.planner, "--warmup-steps", str(args.warmup_steps), "--eval-every", "0",
               "--eval-every-tokens", str(args.eval_every_tokens), "--seed", str(args.seed)]
+
+    def demo(cmd, label, log):
+        """One demo run (one retry: the shared build tree can be rebuilt under a run); its summary or None."""
+        for attempt in (1, 2):
+            loads.append(os.getloadavg()[0])
+            print(f"[loss_at_time] {label} (attempt {attempt}): {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
+            log.write(f"== {label} attempt {attempt}: {shlex.join(cmd)}\n")
+            log.flush()
+            t0 = time.time()
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                  timeout=args.timeout)
+            loads.append(os.getloadavg()[0])
+            if proc.returncode == 0:
+                summary = json.loads(proc.stdout)
+                summary["loadavg_before_after"] = loads[-2:]
+                summary["run_seconds"] = time.time() - t0
+                print(f"[loss_at_time] {label}: {time.time() - t0:.0f} s; " + "; ".join(
+                    f"{name}: final held-out loss {summary[k]['final_heldout_loss']:.3f}, real tokens/s "
+                    f"{summary[k]['real_tokens_per_s']:.0f}" for k, name in METHODS if k in summary),
+                    file=sys.stderr, flush=True)
+                return summary
+            log.write(proc.stdout)
+            print(f"[loss_at_time] {label}: the demo failed (rc {proc.returncode}); see {out / 'loss_at_time.log'}",
+                  file=sys.stderr, flush=True)
+        return None
+
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    runs, loads, started = {}, [], time.time()
+    runs, budget_runs, loads, started = {}, {}, [], time.time()
     with open(out / "loss_at_time.log", "w") as log:
         for lr in lrs:
             cmd = [args.python, str(ROOT / "examples/train_demo.py"), *common, "--lr", lr]
-            for attempt in (1, 2):  # one retry: the shared build tree can be rebuilt under a run
-                loads.append(os.getloadavg()[0])
-                print(f"[loss_at_time] lr {lr} (attempt {attempt}): {shlex.join(cmd[1:])}", file=sys.stderr,
-                      flush=True)
-                log.write(f"== lr {lr} attempt {attempt}: {shlex.join(cmd)}\n")
-                log.flush()
-                t0 = time.time()
-                proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                                      timeout=args.timeout)
-                loads.append(os.getloadavg()[0])
-                if proc.returncode == 0:
-                    runs[lr] = json.loads(proc.stdout)
-                    runs[lr]["loadavg_before_after"] = loads[-2:]
-                    runs[lr]["run_seconds"] = time.time() - t0
-                    s, o = runs[lr]["standard"], runs[lr]["odb"]
-                    print(f"[loss_at_time] lr {lr}: {time.time() - t0:.0f} s; final held-out loss Standard "
-                          f"{s['final_heldout_loss']:.3f}, odb {o['final_heldout_loss']:.3f}; real tokens/s "
-                          f"{s['real_tokens_per_s']:.0f} vs {o['real_tokens_per_s']:.0f}", file=sys.stderr, flush=True)
-                    break
-                log.write(proc.stdout)
-                print(f"[loss_at_time] lr {lr}: the demo failed (rc {proc.returncode}); see {out / 'loss_at_time.log'}",
-                      file=sys.stderr, flush=True)
-            else:
+            runs[lr] = demo(cmd, f"budget {args.max_tokens}, lr {lr}", log)
+            if runs[lr] is None:
                 return 1
+        for method, budget in extra:
+            by_lr = budget_runs.setdefault(config_key(method, budget), {})
+            for lr in budget_lrs:
+                cmd = [args.python, str(ROOT / "examples/train_demo.py"), *common, "--methods", method,
+                       "--max-tokens", str(budget), "--lr", lr]  # the later --max-tokens wins
+                summary = demo(cmd, f"{method} alone, budget {budget}, lr {lr}", log)
+                if summary is None:
+                    return 1
+                by_lr[lr] = dict(summary[method], loadavg_before_after=summary["loadavg_before_after"],
+                                 run_seconds=summary["run_seconds"])
     analysis = analyse(runs, args.margin)
     command = "/usr/bin/python3 bench/loss_at_time.py" + "".join(
         f" {a}" for a in sys.argv[1:])
-    result = {"command": command, "config": dict(vars(args), lrs=lrs), "elapsed_s": time.time() - started,
+    result = {"command": command, "config": dict(vars(args), lrs=lrs, budget_lrs_list=budget_lrs),
+              "elapsed_s": time.time() - started, "budget_runs": budget_runs,
               "cpus": os.cpu_count(),
               "loadavg_min": min(loads), "loadavg_max": max(loads), "lr_keys": {str(float(lr)): lr for lr in lrs},
               "analysis": analysis, "runs": runs}
+    add_budgets(result)
     write(result, out)
     return 0
+
+
+def add_budgets(result: dict) -> None:
+    cfg = result["config"]
+    result["analysis"]["budgets"] = analyse_budgets(result["runs"], result.get("budget_runs", {}), cfg["max_tokens"],
+                                                    result["analysis"]["target"], cfg["world_size"], cfg["max_len"])
 
 
 def write(result: dict, out: Path) -> None:

@@ -301,7 +301,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     results = {"heldout_ids": heldout_ids}
     try:
         daemon.wait_ready(60)
-        for run in (("odb",) if args.resume else ("standard", "odb")):
+        for run in (("odb",) if args.resume else args.methods):
             torch.manual_seed(args.seed)
             model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=4,
                                          max_len=args.max_len + 1).to(device)
@@ -401,6 +401,9 @@ def main() -> int:
     p.add_argument("--deterministic", action="store_true",
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--epochs", type=int, default=1, help="epochs per method (the clock runs across them)")
+    p.add_argument("--methods", default="standard,odb",
+                   help="which methods to train, comma-separated (standard, odb): one alone for a budget grid "
+                        "(bench/loss_at_time.py), where each method's budget differs")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (both methods)")
     p.add_argument("--warmup-steps", type=int, default=10,
                    help="linear LR warmup over this many optimizer steps, then constant")
@@ -424,6 +427,11 @@ def main() -> int:
     p.add_argument("--resume", default="", metavar="PATH",
                    help="resume the odb run from this checkpoint (new daemons; only the untrained samples)")
     args = p.parse_args()
+    args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not args.methods or any(m not in ("standard", "odb") for m in args.methods) or len(set(args.methods)) != len(
+            args.methods):
+        p.error(f"--methods: a comma-separated subset of standard,odb, got {args.methods!r}")
+    args.methods = tuple(m for m in ("standard", "odb") if m in args.methods)  # always Standard first
     run_dir = tempfile.mkdtemp(prefix="odbdemo-")
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
@@ -457,16 +465,18 @@ def main() -> int:
         if args.json:
             print(json.dumps({"resumed": o}, indent=1))
         return 0
-    s, o = r["standard"], r["odb"]
+    s, o = r.get("standard"), r.get("odb")
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
         "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model, "layers": args.layers, "vocab": args.vocab,
-        "standard": s, "odb": o,
-        "ratio_real_tokens_per_s": o["real_tokens_per_s"] / s["real_tokens_per_s"],
-        "ratio_samples_per_s": o["samples_per_s"] / s["samples_per_s"],
+        "methods": list(args.methods),
+        **{m: r[m] for m in args.methods},
     }
+    if s is not None and o is not None:
+        summary["ratio_real_tokens_per_s"] = o["real_tokens_per_s"] / s["real_tokens_per_s"]
+        summary["ratio_samples_per_s"] = o["samples_per_s"] / s["samples_per_s"]
     if args.record_ids:
         summary["heldout_ids"] = r["heldout_ids"]
     if args.json:
@@ -479,14 +489,17 @@ def main() -> int:
     print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}"
           f"{'held-out loss':>15s}")
     for name, x in (("Standard", s), ("odb", o)):
+        if x is None:
+            continue
         held = x["final_heldout_loss"]
         print(f"{name:10s}{x['steps']:7d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
               f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
               f"{held if held is not None else float('nan'):15.3f}")
     print("(seconds: the training clock, evaluation excluded; held-out loss: token-level mean cross-entropy "
           "after training; loss at equal time: bench/loss_at_time.py)")
-    print(f"odb / Standard: real tokens/s x{summary['ratio_real_tokens_per_s']:.2f}, "
-          f"samples/s x{summary['ratio_samples_per_s']:.2f}")
+    if "ratio_real_tokens_per_s" in summary:
+        print(f"odb / Standard: real tokens/s x{summary['ratio_real_tokens_per_s']:.2f}, "
+              f"samples/s x{summary['ratio_samples_per_s']:.2f}")
     return 0
 
 

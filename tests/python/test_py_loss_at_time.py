@@ -163,3 +163,70 @@ def test_stays_below_target() -> None:
     assert loss_at_time.settled(curve, 2.0, "seconds") == pytest.approx(25.0)  # below for good from here
     assert loss_at_time.settled(curve, 0.5, "seconds") is None
     assert loss_at_time.settled(curve, 5.0, "seconds") == 0.0
+
+
+def _run(final: float, tps: float, steps: int, real: int, reach_at: float) -> dict:
+    """A run whose held-out loss falls linearly from 5.0 at 0 s to `final` at `reach_at` s."""
+    curve = [{"heldout_loss": 5.0, "seconds": 0.0, "tokens": 0, "steps": 0},
+             {"heldout_loss": final, "seconds": reach_at, "tokens": real, "steps": steps}]
+    return {"final_heldout_loss": final, "curve": curve, "real_tokens_per_s": tps, "samples_per_s": 1.0,
+            "seconds": reach_at, "steps": steps, "real_tokens": real, "padding_fraction": 0.0}
+
+
+def test_budget_grid_best_config_and_matched_pairs() -> None:
+    import loss_at_time
+
+    # Main budget 512, joint runs: Standard 1000 steps (132 real tokens/step/rank), odb 250 (528).
+    runs = {"1e-2": {"standard": _run(1.0, 100.0, 1000, 264000, 100.0), "odb": _run(1.5, 200.0, 250, 264000, 50.0)},
+            "3e-2": {"standard": _run(2.0, 100.0, 1000, 264000, 100.0), "odb": _run(1.0, 200.0, 250, 264000, 40.0)}}
+    budget_runs = {
+        # Standard batch 8: 250 steps (528 real tokens/step/rank), its best LR 3e-2 reaches 2.0 at 30 s.
+        "standard:2048": {"1e-2": _run(3.0, 300.0, 250, 264000, 30.0), "3e-2": _run(1.0, 300.0, 250, 264000, 30.0)},
+        # odb budget 256: 500 steps (264), never below 3.0: does not reach the target.
+        "odb:256": {"1e-2": _run(3.0, 150.0, 500, 264000, 60.0)},
+    }
+    a = loss_at_time.analyse(runs, margin=0.0)
+    assert a["target"] == pytest.approx(1.0)
+    b = loss_at_time.analyse_budgets(runs, budget_runs, 512, a["target"], world=2, max_len=256)
+    c = b["configs"]
+    assert set(c) == {"standard:512", "odb:512", "standard:2048", "odb:256"}
+    assert c["standard:512"]["lr"] == 1e-2 and c["odb:512"]["lr"] == 3e-2 and c["standard:2048"]["lr"] == 3e-2
+    assert c["standard:512"]["real_tokens_per_step_rank"] == pytest.approx(132.0)
+    assert c["odb:256"]["real_tokens_per_step_rank"] == pytest.approx(264.0)
+    assert c["odb:256"]["seconds_to_target"] is None
+    assert c["standard:2048"]["label"] == "Standard, batch 8 (2048 tokens)"
+    # Each method's fastest configuration to the target; Standard's bigger batch wins here, so odb loses.
+    assert b["fastest"] == {"standard": "standard:2048", "odb": "odb:512"}
+    assert b["best_vs_best_speedup"] == pytest.approx(30.0 / 40.0)
+    assert b["best_vs_best_ratio_real_tokens_per_s"] == pytest.approx(200.0 / 300.0)
+    # Matched granularity: batch 2 (132) pairs with odb 256 (264), batch 8 (528) with odb 512 (528).
+    pairs = {m["standard"]: m for m in b["matched"]}
+    assert pairs["standard:512"]["odb"] == "odb:256" and pairs["standard:512"]["speedup"] is None
+    assert pairs["standard:2048"]["odb"] == "odb:512"
+    assert pairs["standard:2048"]["granularity_ratio"] == pytest.approx(1.0)
+    assert pairs["standard:2048"]["speedup"] == pytest.approx(0.75)
+    result = {"analysis": dict(a, budgets=b), "config": {"max_tokens": 512, "lrs": ["1e-2", "3e-2"],
+                                                         "budget_lrs_list": ["1e-2"]}}
+    text = "\n".join(loss_at_time.budget_markdown(result))
+    assert "odb speed-up x0.75" in text and "not reached" in text
+
+
+def test_demo_methods_option() -> None:
+    bad = subprocess.run([sys.executable, str(ROOT / "examples/train_demo.py"), "--methods", "standard,bogus"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--methods" in bad.stderr
+    cmd = [sys.executable, str(ROOT / "examples/train_demo.py"), "--json", "--quiet", "--methods", "odb",
+           "--samples", "24", "--heldout", "4", "--epochs", "1", "--eval-every", "0", "--max-len", "32",
+           "--max-tokens", "64", "--d-model", "16", "--layers", "1", "--vocab", "32", "--workers", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=600)  # a hang guard, not a timing check
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the demo hung")
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads(out)
+    assert summary["methods"] == ["odb"] and "standard" not in summary and "ratio_real_tokens_per_s" not in summary
+    assert summary["odb"]["samples"] == 24 and len(summary["odb"]["curve"]) == 2
