@@ -139,9 +139,25 @@ def loss_at_time_section(out, cmd):
                f"real tokens/s of the grid (load-robust) x{g(a.get('time_to_target_speedup_at_median_rate'), '.2f')}. "
                f"Every run of the grid and looser targets: "
                f"[loss_at_time.md](loss_at_time.md).", ""]
+    try:  # the budget grid (optimizer-step granularity), from the same JSON
+        import sys
+
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        import loss_at_time
+
+        if "budgets" not in a:
+            loss_at_time.add_budgets(result)
+        grid = loss_at_time.budget_markdown(result)
+    except (ImportError, KeyError, ValueError, ZeroDivisionError) as e:
+        grid = ["", f"(budget grid: not available, {type(e).__name__}: {e})"]
+    if grid:
+        md += grid[1:] + [""]
     if (out / "loss_at_time.png").exists():
-        md += ["![Held-out loss vs training clock and vs tokens, both methods at their best LR](loss_at_time.png)",
-               "", f"*Held-out loss vs the training clock (left) and vs real tokens (right); dashed: the target; "
+        md += ["![Held-out loss vs training clock and vs tokens, both methods at their best LR; the budget grid]"
+               "(loss_at_time.png)",
+               "", f"*Top: held-out loss vs the training clock (left) and vs real tokens (right) at budget "
+                   f"{cfg['max_tokens']}; dashed: the target. Bottom (when the budget grid ran): every (method, "
+                   f"budget) configuration at its best LR, and its time to the target; "
                    f"`{cmd or result['command']}`.*", ""]
     return md
 
