@@ -64,14 +64,18 @@ def summary(rows):
     by = {(r["trace"], r["policy"]): r for r in rows}
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     cols = [(p, h) for p, h in COLUMNS if any(r["policy"] == p for r in rows)]
-    head = ["trace", "Standard batch size (max / p99)", "padded bound / bound"] + [h for _, h in cols] + [
-        "packing (of bound)"]
+    head = ["trace", "Standard batch size (max / p99)", "padded bound / bound",
+            "Standard, never over budget", "Standard at the p99 batch size (of bound; over-budget rank steps)"] + [
+        h for _, h in cols] + ["packing (of bound)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tally = {SHIPPED: [0, 0], DETERMINISTIC: [0, 0]}
     for t in traces:
         any_row = by[(t, "standard")]
         pb, b = f(any_row, "padded_bound_seconds"), f(any_row, "bound_seconds")
-        cells = [t, f"{any_row['batch_size']} / {any_row['p99_batch_size']}", f"{b / pb:.3f}"]
+        cells = [t, f"{any_row['batch_size']} / {any_row['p99_batch_size']}", f"{b / pb:.3f}",
+                 f"{f(any_row, 'of_padded_bound'):.3f}"]
+        p99 = by.get((t, "standard_p99"))
+        cells.append(f"{f(p99, 'of_bound'):.3f} ({p99['over_budget_rank_steps']})" if p99 else "")
         for p, _ in cols:
             cells.append(f"{f(by[(t, p)], 'of_padded_bound'):.3f}")
         cells.append(f"{f(by[(t, 'packing')], 'of_bound'):.3f}" if (t, "packing") in by else "")
