@@ -205,6 +205,10 @@ def test_budget_grid_best_config_and_matched_pairs() -> None:
     assert pairs["standard:2048"]["odb"] == "odb:512"
     assert pairs["standard:2048"]["granularity_ratio"] == pytest.approx(1.0)
     assert pairs["standard:2048"]["speedup"] == pytest.approx(0.75)
+    assert b["grid_target"] is None  # no main reference loss given: no tighter target
+    tight = loss_at_time.analyse_budgets(runs, budget_runs, 512, 1.1, world=2, max_len=256, main_worse=1.0)
+    assert tight["grid_target"] == pytest.approx(1.1)  # 1.1 x max(best final: Standard 1.0, odb 1.0)
+    assert tight["fastest_to_grid_target"] == {"standard": "standard:2048", "odb": "odb:512"}
     result = {"analysis": dict(a, budgets=b), "config": {"max_tokens": 512, "lrs": ["1e-2", "3e-2"],
                                                          "budget_lrs_list": ["1e-2"]}}
     text = "\n".join(loss_at_time.budget_markdown(result))
