@@ -166,6 +166,52 @@ def loss_at_time_section(out, cmd):
     return md
 
 
+def gpu_section(out):
+    """Section 6: the GPU runs committed under <out>/gpu_h200/ (bench/gpu_run.sh on a GPU machine; bench/run
+    cannot make them on a CPU, so it only reassembles them here)."""
+    import json
+
+    root = out / "gpu_h200"
+    runs = sorted(p for p in root.glob("run*") if p.is_dir()) if root.is_dir() else []
+    md = ["## 6. On a GPU (bench/gpu_run.sh, one H200; files under bench/results/gpu_h200/)", ""]
+    if not runs:
+        return md + ["not available (no bench/results/gpu_h200/run*/)", ""]
+    md += ["Not produced by `bench/run` (no GPU here): the committed output of `bench/gpu_run.sh` on one H200, "
+           "each run's `gpu_run.log` holds the machine, the build and every command; the per-run environment is in "
+           "docs/benchmarks.md, \"Measured on an H200\".", "",
+           "| run | demo: model, budget | demo real tokens/s Standard / odb (steps) | odb / Standard | loss: budget, "
+           "target | time to target Standard / odb (best LR) | odb speed-up | loss command |",
+           "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        cells = [run.name]
+        try:
+            d = json.loads((run / "gpu_demo.json").read_text())
+            s, o = d["standard"], d["odb"]
+            cells += [f"d{d['d_model']} x {d['layers']}, {d['max_tokens']}",
+                      f"{s['real_tokens_per_s']:,.0f} ({s['steps']}) / {o['real_tokens_per_s']:,.0f} ({o['steps']})",
+                      f"x{d['ratio_real_tokens_per_s']:.2f}"]
+        except (OSError, ValueError, KeyError):
+            cells += ["(no demo in this run)", "", ""]
+        try:
+            r = json.loads((run / "loss_at_time.json").read_text())
+            a = r["analysis"]
+            s, o = a["methods"]["standard"], a["methods"]["odb"]
+
+            def t(m):
+                return "not reached" if m["seconds_to_target"] is None else f"{m['seconds_to_target']:.1f} s"
+
+            sp = a.get("time_to_target_speedup")
+            cells += [f"{r['config']['max_tokens']}, {a['target']:.3f}",
+                      f"{t(s)} ({s['lr']:g}) / {t(o)} ({o['lr']:g})",
+                      "n/a" if sp is None else f"x{sp:.2f}", f"`{r['command']}`"]
+        except (OSError, ValueError, KeyError):
+            cells += ["(no loss run)", "", "", ""]
+        md.append("| " + " | ".join(cells) + " |")
+    return md + ["", "Below 1: odb slower to the target (budget 8192: odb's steps carry ~7x Standard's real tokens, "
+                     "54-59 optimizer steps in 2 epochs). These runs have no budget grid (section 5's matched-"
+                     "granularity comparison is CPU-only so far); the command for one is in docs/benchmarks.md.", ""]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
@@ -254,6 +300,7 @@ def main():
     md += ["```", (out / "train_demo.json").read_text().strip() if (out / "train_demo.json").exists() else "", "```",
            ""]
     md += loss_at_time_section(out, cmds.get("loss_at_time"))
+    md += gpu_section(out)
     (out / "REPORT.md").write_text("\n".join(md))
     print(f"wrote {out / 'REPORT.md'}")
 
