@@ -309,11 +309,13 @@ absl::Status Daemon::RunOneRound() {
       if (!placed.ok()) return placed.status();
       if (placed->second) {
         trainer_.EnqueueStep(std::move(placed->first), std::move(arena));
+        Wake();  // sent while the next step is built, not after the round
         continue;
       }
       *step = std::move(placed->first);
     }
     trainer_.EnqueueStep(std::move(*step));
+    Wake();
   }
   if (outcome->epoch_finished) trainer_.EnqueueControl(steps_.FinishEpoch(request.epoch, *outcome));
   return absl::OkStatus();
