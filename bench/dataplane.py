@@ -2,7 +2,8 @@
 """Data-plane benchmark: producer -> odbd -> consumer over both data planes, next to a raw ZMQ pair and memcpy.
 
 For each payload size (1 KiB, 64 KiB, 1 MiB, 16 MiB) in one run:
-  * odb-zmq: one `odbd` (rank 0 of 1, ipc:// sockets in a fresh run dir), one
+  * odb-zmq: one `odbd` (rank 0 of 1, ipc:// sockets in a fresh run dir,
+    `shm.trainer_data_plane: zmq`: steps go to the consumer as ZeroMQ frames), one
     `odb_synth produce --data-plane zmq --payload-bytes P` (payloads are
     windows of one precomputed pattern: no per-sample generation) and one
     `odb_synth consume` (which collates nothing itself; it checks every token
@@ -10,10 +11,14 @@ For each payload size (1 KiB, 64 KiB, 1 MiB, 16 MiB) in one run:
     `--verify-payload edges`, so the tools' own cost stays small next to the
     daemon's). Time = from launching the producer to the consumer's
     end-of-epoch line.
-  * odb-shm: the same with `--data-plane shm`: the producer writes each sample
-    into its shared-memory arena (256 MiB memfd) and sends (offset, length)
-    descriptors; the daemon collates from the mapped arena (docs/shm.md). The
-    steps still reach the consumer over ZeroMQ (the step arena is not built).
+  * odb-shm: the same with `--data-plane shm` and the daemon's default
+    `shm.trainer_data_plane: auto`: the producer writes each sample into its
+    shared-memory arena (256 MiB memfd) and sends (offset, length)
+    descriptors; the daemon collates from the mapped arena and places each
+    step in the consumer's step arena (a memfd the consumer maps; only
+    descriptors go over ZeroMQ; the consumer reads the tensors in place and
+    returns the block): docs/shm.md. The consumer's JSON must say
+    "data_plane": "shm" (and "zmq" for odb-zmq), or the run fails.
   * raw: `zmq_raw_bench`, a PUSH/PULL pair over ipc:// moving the same number
     of P-byte messages (no header, no batching, no verification).
   * memcpy: single-thread memcpy of P-byte blocks between two 256 MiB working
@@ -90,13 +95,16 @@ class Odbd:
         self.log.close()
 
 
-def config_for(payload):
+def config_for(payload, plane="zmq"):
     """The daemon's config for a payload size: steps of at most ~64 MiB (16 MiB samples: 4 per step, and a
-    shorter output queue) so that queued steps stay within a few GiB."""
+    shorter output queue) so that queued steps stay within a few GiB. odb-zmq sends steps as frames; odb-shm
+    through the step arena (the default, 1 GiB of address space: a full arena holds the planner back)."""
     group = 0 if payload <= (1 << 20) else max(1, (64 << 20) // payload)
     queue = 32 if payload <= (1 << 20) else 8
+    trainer = "zmq" if plane == "zmq" else "auto"
     return (f"grouping: {{max_tokens: 4096, window: 256, max_group_size: {group}}}\n"
-            f"buffer: {{max_bytes: 2147483648, max_samples: 100000}}\nemit: {{queue_steps: {queue}}}\n")
+            f"buffer: {{max_bytes: 2147483648, max_samples: 100000}}\nemit: {{queue_steps: {queue}}}\n"
+            f"shm: {{trainer_data_plane: {trainer}}}\n")
 
 
 def children_cpu():
@@ -105,12 +113,12 @@ def children_cpu():
 
 
 def odb_run(bindir, tmp, payload, count, plane="zmq"):
-    d = Odbd(f"{bindir}/src/daemon/odbd", f"{tmp}/odb-{plane}-{payload}", config_for(payload))
+    d = Odbd(f"{bindir}/src/daemon/odbd", f"{tmp}/odb-{plane}-{payload}", config_for(payload, plane))
     synth = f"{bindir}/client/cpp/odb_synth"
     try:
         consumer = subprocess.Popen([synth, "consume", "--endpoint", d.trainer, "--expected-producers", "1",
                                      "--max-tokens", "4096", "--timeout-ms", "120000",
-                                     "--verify-payload", "edges"],
+                                     "--verify-payload", "edges", "--data-plane", plane],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)  # the consumer has said StartEpoch before the first sample is sent
         daemon_cpu0, cpu0 = d.cpu_seconds(), children_cpu()
@@ -128,6 +136,8 @@ def odb_run(bindir, tmp, payload, count, plane="zmq"):
         summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
         if summary["unique_ids"] != count or summary["failures"] != 0:
             raise RuntimeError(f"odb {plane} run lost samples or failed checks: {summary}")
+        if summary.get("data_plane") != plane:
+            raise RuntimeError(f"odb {plane} run: the consumer received steps over {summary.get('data_plane')}")
         # The consumer ran (and started) before t0: its CPU is all of it, start-up included (small).
         return {"data_plane": plane, "seconds": secs, "samples_per_s": count / secs,
                 "mb_per_s": count * payload / secs / 1e6, "steps": summary["steps"],
@@ -241,8 +251,8 @@ def main():
     lines = [f"odb start-up cost (1-sample epoch, subtracted in the corrected columns): {startup * 1000:.0f} ms; "
              f"median of {args.repeat} interleaved runs per cell; load average at the end {' '.join(load)} "
              f"on {os.cpu_count()} CPUs", "",
-             "Throughput (MB/s of payload; odb-zmq: payload frames over ZeroMQ, odb-shm: the producer's "
-             "shared-memory arena; both deliver steps to the consumer over ZeroMQ):", "",
+             "Throughput (MB/s of payload; odb-zmq: payload frames and steps over ZeroMQ, odb-shm: the producer's "
+             "shared-memory arena in, the consumer's step arena out):", "",
              "| payload | samples | odb-zmq MB/s | odb-shm MB/s | raw ZMQ MB/s | memcpy MB/s | arena alone MB/s | "
              "zmq / raw | shm / raw | shm / memcpy | shm / raw (corrected) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -287,8 +297,8 @@ def plot(rows, path):
         return None
     sizes = [r["payload_bytes"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = [("odb-shm (producer arena)", [r["shm"]["mb_per_s"] for r in rows], "o-"),
-              ("odb-zmq (payload frames)", [r["odb"]["mb_per_s"] for r in rows], "s-"),
+    series = [("odb-shm (producer arena + step arena)", [r["shm"]["mb_per_s"] for r in rows], "o-"),
+              ("odb-zmq (frames both ways)", [r["odb"]["mb_per_s"] for r in rows], "s-"),
               ("raw ZeroMQ PUSH/PULL", [r["raw"]["mb_per_s"] for r in rows], "^--"),
               ("memcpy, one thread", [r["memcpy"]["memcpy_mb_per_s"] for r in rows], "k:"),
               ("arena alone, 2 processes (shm_bench)", [r["memcpy"]["arena_copy_mb_per_s"] for r in rows], "x:")]

@@ -3,7 +3,11 @@
 // PyTorch conveniences (client/python/odb/).
 //
 // Zero copy on the way out: a received step's tensors are numpy arrays whose
-// data pointer is the received ZeroMQ frame itself. Each array's base is a
+// data pointer is the received ZeroMQ frame itself, or, with the step arena,
+// the step's block in the daemon's shared memory (64-byte aligned). When the
+// last array of a step (and the Delivery) is gone, its block goes back to the
+// daemon: the capsule's destructor may run on any thread, the return is
+// locked in the client. Each array's base is a
 // capsule holding a shared_ptr to the Delivery, so the frames stay alive for as
 // long as any array (or torch tensor made with torch.from_numpy) refers to them.
 //
@@ -261,10 +265,11 @@ class PyProducer {
 
 class PyConsumer {
  public:
-  PyConsumer(const std::string& endpoint, int receive_timeout_ms) {
+  PyConsumer(const std::string& endpoint, int receive_timeout_ms, const std::string& data_plane) {
     ConsumerOptions o;
     o.endpoint = endpoint;
     o.receive_timeout_ms = receive_timeout_ms;
+    o.data_plane = data_plane;
     auto c = Consumer::Connect(o);
     if (!c.ok()) Raise(c.status());
     consumer_ = std::move(*c);
@@ -282,6 +287,20 @@ class PyConsumer {
     }
     if (!d.ok()) Raise(d.status());
     return PyDelivery(std::move(*d));
+  }
+
+  std::string DataPlaneInUse() const { return consumer_->data_plane(); }
+  std::string ArenaNote() const { return consumer_->arena_note(); }
+  py::object StepArenaStatsDict() const {
+    const std::optional<StepArenaStats> s = consumer_->step_arena_stats();
+    if (!s) return py::none();
+    py::dict d;
+    d["generation"] = s->generation;
+    d["capacity_bytes"] = s->capacity_bytes;
+    d["held_steps"] = s->held_steps;
+    d["returned_steps"] = s->returned_steps;
+    d["return_failures"] = s->return_failures;
+    return d;
   }
 
  private:
@@ -428,7 +447,15 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("frame_bytes", &PyDelivery::FrameBytes, py::arg("name"));
 
   py::class_<PyConsumer>(m, "Consumer", "Receives aligned steps from one daemon. Not thread-safe.")
-      .def(py::init<const std::string&, int>(), py::arg("endpoint"), py::arg("receive_timeout_ms") = 120000)
+      .def(py::init<const std::string&, int, const std::string&>(), py::arg("endpoint"),
+           py::arg("receive_timeout_ms") = 120000, py::arg("data_plane") = "auto",
+           "data_plane: 'auto' (the daemon's shared-memory step arena when it offers one and it maps; "
+           "frames otherwise), 'shm' (an arena that cannot be mapped is an error) or 'zmq' (frames only)")
+      .def_property_readonly("data_plane", &PyConsumer::DataPlaneInUse,
+                             "'shm' once the step arena is mapped (steps are views of it), else 'zmq'")
+      .def_property_readonly("arena_note", &PyConsumer::ArenaNote, "why an offered step arena is not used")
+      .def("step_arena_stats", &PyConsumer::StepArenaStatsDict,
+           "the mapped step arena's counters (held_steps, returned_steps, ...), or None")
       .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0,
            py::arg("first_round") = 0, py::arg("first_step") = 0,
            "first_round/first_step: resume a deterministic epoch at that round (docs/resume.md)")

@@ -86,6 +86,14 @@ CXX_SOURCES = [
     "client/cpp/src/producer.cc",
     "src/wire/tensor_codec.cc",
     "src/common/dtype.cc",
+    # The shared-memory arenas (producer arenas, the step arena): //src/shm in Bazel.
+    "src/shm/arena.cc",
+    "src/shm/arena_reader.cc",
+    "src/shm/arena_writer.cc",
+    "src/shm/completion_queue.cc",
+    "src/shm/fd_passing.cc",
+    "src/shm/process.cc",
+    "src/shm/slot_allocator.cc",
 ]
 
 # What the C++ client links (as //client/cpp:odb_client does through //third_party).
@@ -459,6 +467,8 @@ def _extension() -> Extension:
         sources=[str(ROOT / s) for s in CXX_SOURCES],
         include_dirs=[str(ROOT), str(ROOT / "client/cpp/include"), _pybind11_include()],
         language="c++",
+        # The arena code is compiled from src/shm above, as Bazel links //src/shm (see BUILD).
+        define_macros=[("ODB_SHM_LINKED", "1")],
         extra_compile_args=["-std=c++20", "-O2", "-g0", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
                             "-Wno-unused-parameter"],
         extra_link_args=link,

@@ -205,6 +205,11 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_ASSIGN_OR_RETURN(Section shm, s.Child("shm"));
   ODB_RETURN_IF_ERROR(shm.Get("producer_arenas", c.shm_producer_arenas));
   ODB_RETURN_IF_ERROR(shm.Get("max_arenas", c.shm_max_arenas));
+  ODB_RETURN_IF_ERROR(shm.GetEnum<StepArenaMode>(
+      "trainer_data_plane", {{"auto", StepArenaMode::kAuto}, {"shm", StepArenaMode::kOn}, {"zmq", StepArenaMode::kOff}},
+      c.shm_step_arena));
+  ODB_RETURN_IF_ERROR(shm.Get("step_arena_bytes", c.shm_step_arena_bytes));
+  ODB_RETURN_IF_ERROR(shm.Get("step_arena_wait_ms", c.shm_step_arena_wait_ms));
   ODB_RETURN_IF_ERROR(shm.CheckNoUnknownKeys());
 
   ODB_ASSIGN_OR_RETURN(Section buffer, s.Child("buffer"));
@@ -396,6 +401,15 @@ absl::Status ValidateEndpoints(const DaemonConfig& c) {
   if (c.shm_max_arenas < 1 || c.shm_max_arenas > 65536) {
     return Invalid("shm.max_arenas", std::to_string(c.shm_max_arenas) + " must be in 1..65536 (shm.producer_arenas: false "
                                                             "turns arenas off)");
+  }
+  if (c.shm_step_arena_bytes < (uint64_t{1} << 20) || c.shm_step_arena_bytes > (uint64_t{1} << 40)) {
+    return Invalid("shm.step_arena_bytes", std::to_string(c.shm_step_arena_bytes) +
+                                               " must be in 1 MiB..1 TiB (shm.trainer_data_plane: zmq turns the arena off)");
+  }
+  if (c.shm_step_arena_wait_ms == 0) return Invalid("shm.step_arena_wait_ms", "must be > 0");
+  if (c.shm_step_arena == StepArenaMode::kOn && c.trainer_endpoint.rfind("ipc://", 0) != 0) {
+    return Invalid("shm.trainer_data_plane", "'shm' needs an ipc:// trainer_endpoint (a local trainer), not '" +
+                                         c.trainer_endpoint + "'; use auto or zmq");
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,13 @@ enum class StoreKind { kFile, kRedis };
 
 enum class PlannerKind { kLocal, kGlobal };
 
+// shm.trainer_data_plane (auto|shm|zmq): how steps reach the trainer (docs/shm.md, "Step arena").
+//  kAuto: through a shared-memory step arena when the trainer endpoint is
+//         ipc:// and the trainer maps it; frames over ZeroMQ otherwise.
+//  kOn:   the same, but a trainer endpoint that is not ipc:// is a config error.
+//  kOff:  frames over ZeroMQ only.
+enum class StepArenaMode { kAuto, kOn, kOff };
+
 // The daemon's whole configuration: parsed once from YAML, validated at start
 // with an error naming the field. Defaults are the values below.
 struct DaemonConfig {
@@ -63,6 +70,17 @@ struct DaemonConfig {
   // capacity, into the daemon's address space); more are refused and those
   // producers send over ZeroMQ.
   uint32_t shm_max_arenas = 1024;
+  // Step arena (daemon -> trainer over shared memory), per trainer session.
+  StepArenaMode shm_step_arena = StepArenaMode::kAuto;
+  // Its capacity: a memfd whose pages are allocated as first written, so this
+  // is an upper bound, not a reservation. It must hold the steps queued in
+  // the daemon, in flight and held by the trainer; a step larger than it
+  // goes as frames.
+  uint64_t shm_step_arena_bytes = uint64_t{1} << 30;
+  // A full arena makes the planner wait for the trainer to release steps;
+  // after this long the daemon fails naming the cause (the trainer keeps
+  // steps' tensors alive).
+  uint32_t shm_step_arena_wait_ms = 120000;
 
   // --- buffer: bounded by both; when full, ingest stops reading (back-pressure).
   uint64_t buffer_max_bytes = 1ull << 30;  // 1 GiB of payload

@@ -264,5 +264,31 @@ TEST_CASE("the shared-memory data plane's keys") {
   CHECK_THAT(std::string(s.message()), Catch::Contains("shm.max_arenas"));
 }
 
+TEST_CASE("the step arena's keys") {
+  auto defaults = ParseConfig("");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->shm_step_arena == StepArenaMode::kAuto);
+  CHECK(defaults->shm_step_arena_bytes == (uint64_t{1} << 30));
+  auto zmq = ParseConfig("shm: {trainer_data_plane: zmq, step_arena_bytes: 4194304, step_arena_wait_ms: 500}");
+  REQUIRE(zmq.ok());
+  CHECK(zmq->shm_step_arena == StepArenaMode::kOff);
+  CHECK(zmq->shm_step_arena_bytes == 4194304);
+  CHECK(zmq->shm_step_arena_wait_ms == 500);
+  REQUIRE(FinalizeConfig(*zmq, {}).ok());
+  auto bad = ParseConfig("shm: {trainer_data_plane: off}");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("trainer_data_plane"));
+  auto remote = ParseConfig("trainer_endpoint: tcp://127.0.0.1:5999\nshm: {trainer_data_plane: shm}");
+  REQUIRE(remote.ok());
+  absl::Status s = FinalizeConfig(*remote, {});
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("ipc://"));
+  auto tiny = ParseConfig("shm: {step_arena_bytes: 4096}");
+  REQUIRE(tiny.ok());
+  s = FinalizeConfig(*tiny, {});
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("shm.step_arena_bytes"));
+}
+
 }  // namespace
 }  // namespace odb

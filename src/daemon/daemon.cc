@@ -137,6 +137,12 @@ void Daemon::PublishGauges() {
   metrics_.arena_writers_waiting.store(arenas.writers_waiting);
   metrics_.arena_registrations.store(arenas.registrations);
   metrics_.arena_refusals.store(arenas.refused);
+  if (std::shared_ptr<emit::StepArena> step_arena = trainer_.ActiveArena()) {
+    const emit::StepArena::Stats s = step_arena->stats();
+    metrics_.step_arena_held_steps.store(s.outstanding_blocks);
+    metrics_.step_arena_held_bytes.store(s.outstanding_bytes);
+    metrics_.step_arena_returns.store(s.returns);
+  }
 }
 
 absl::Status Daemon::Run() {
@@ -189,6 +195,7 @@ absl::Status Daemon::Run() {
   if (exchange_) exchange_->WakeAll();
   if (planner_.joinable()) planner_.join();
   arenas_.Stop();
+  trainer_.StopArenaServer();
   // Give a fatal message a chance to reach the trainer (the socket lingers).
   trainer_.Flush();
   metrics_server_.Stop();
@@ -251,8 +258,10 @@ void Daemon::PlannerLoop() {
     absl::Status status = RunOneRound();
     last_round = std::chrono::steady_clock::now();
     if (!status.ok() && !Stopping()) {
-      Fail(status.code() == absl::StatusCode::kAborted ? wire::COLLATE_FAILED : wire::PEER_FAILURE,
-           std::string(status.message()));
+      const wire::ErrorCode code = status.code() == absl::StatusCode::kAborted            ? wire::COLLATE_FAILED
+                                 : status.code() == absl::StatusCode::kResourceExhausted ? wire::INTERNAL
+                                                                                         : wire::PEER_FAILURE;
+    Fail(code, std::string(status.message()));
       return;
     }
     Wake();  // steps are queued: the I/O loop sends them
@@ -294,10 +303,58 @@ absl::Status Daemon::RunOneRound() {
   for (const StepPlan& plan : outcome->steps) {
     auto step = steps_.Build(request.epoch, plan, cancelled);
     if (!step.ok()) return step.status();
+    std::shared_ptr<emit::StepArena> arena = trainer_.ArenaForNextStep();
+    if (arena != nullptr) {
+      auto placed = PlaceInStepArena(std::move(*step), *arena);
+      if (!placed.ok()) return placed.status();
+      if (placed->second) {
+        trainer_.EnqueueStep(std::move(placed->first), std::move(arena));
+        Wake();  // sent while the next step is built, not after the round
+        continue;
+      }
+      *step = std::move(placed->first);
+    }
     trainer_.EnqueueStep(std::move(*step));
+    Wake();
   }
   if (outcome->epoch_finished) trainer_.EnqueueControl(steps_.FinishEpoch(request.epoch, *outcome));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::vector<zmq::message_t>, bool>> Daemon::PlaceInStepArena(
+    std::vector<zmq::message_t>&& parts, emit::StepArena& arena) {
+  if (parts.size() < 2) return std::make_pair(std::move(parts), false);  // idle: no tensors
+  // PlaceStepInArena consumes the frames only once it has a block; on a
+  // refusal the step goes as frames, so it keeps a second reference.
+  std::vector<zmq::message_t> frames;
+  for (auto& p : parts) {
+    zmq::message_t c;
+    c.copy(p);  // reference counted, no copy of the bytes
+    frames.push_back(std::move(c));
+  }
+  auto placed = emit::PlaceStepInArena(std::move(parts), arena,
+                                       std::chrono::milliseconds(config_.shm_step_arena_wait_ms),
+                                       [this] { return Stopping(); });
+  if (placed.ok()) {
+    metrics_.step_arena_steps.fetch_add(1);
+    return std::make_pair(std::move(*placed), true);
+  }
+  const absl::StatusCode code = placed.status().code();
+  if (code == absl::StatusCode::kDeadlineExceeded) {
+    // Back-pressure that did not clear: the trainer keeps every block. Stop with the cause.
+    return absl::ResourceExhaustedError("rank " + std::to_string(config_.rank) + ": " +
+                                        std::string(placed.status().message()));
+  }
+  if (code == absl::StatusCode::kCancelled) return placed.status();
+  // A step larger than the arena, or a trainer that died holding the arena:
+  // this step goes as frames (nothing is lost), and the reason is logged.
+  metrics_.step_arena_frame_fallbacks.fetch_add(1);
+  if (!step_arena_fallback_logged_) {
+    step_arena_fallback_logged_ = true;
+    spdlog::warn("a step goes to the trainer as frames instead of the step arena: {} (logged once)",
+                 std::string(placed.status().message()));
+  }
+  return std::make_pair(std::move(frames), false);
 }
 
 void Daemon::RecordRoundTime(std::chrono::steady_clock::duration took) {

@@ -160,6 +160,16 @@ struct RawTrainer {
       } while (parts.back().more());
       wire::DaemonMessage m;
       REQUIRE(m.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size())));
+      if (m.has_step_arena()) {
+        // A step arena offer: this wire-level trainer reads frames only, and says so.
+        wire::TrainerMessage reply;
+        reply.set_version(wire::PROTOCOL_VERSION_CURRENT);
+        reply.mutable_step_arena_reply()->set_generation(m.step_arena().generation());
+        reply.mutable_step_arena_reply()->set_attached(false);
+        reply.mutable_step_arena_reply()->set_error("a raw test trainer reads frames");
+        Send(reply);
+        continue;
+      }
       if (!m.has_session_ack()) return m;  // the daemon checking a new session: skipped, as clients do
     }
   }

@@ -75,6 +75,18 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          m.arena_registrations.load(), rank);
   Series(out, "odb_arena_refusals_total", "counter", "Producer arena registrations refused.",
          m.arena_refusals.load(), rank);
+  Series(out, "odb_step_arena_steps_total", "counter", "Steps sent to the trainer through the step arena.",
+         m.step_arena_steps.load(), rank);
+  Series(out, "odb_step_arena_frame_fallbacks_total", "counter",
+         "Steps sent as frames although the session has a step arena (too large for it, reader gone).",
+         m.step_arena_frame_fallbacks.load(), rank);
+  Series(out, "odb_step_arena_held_steps", "gauge",
+         "Step arena blocks not returned yet (queued, in flight, held by the trainer).",
+         m.step_arena_held_steps.load(), rank);
+  Series(out, "odb_step_arena_held_bytes", "gauge", "Bytes of the step arena blocks not returned yet.",
+         m.step_arena_held_bytes.load(), rank);
+  Series(out, "odb_step_arena_returns", "gauge", "Step arena blocks the current trainer session returned.",
+         m.step_arena_returns.load(), rank);
   return out.str();
 }
 

@@ -43,6 +43,15 @@ struct DaemonMetrics {
   std::atomic<uint64_t> arena_writers_waiting{0};  // producers waiting for a block (their arena is full)
   std::atomic<uint64_t> arena_registrations{0};  // counter
   std::atomic<uint64_t> arena_refusals{0};       // counter
+  // Step arena (daemon -> trainer): steps sent through it, steps that went as
+  // frames although the session has one (larger than the arena, a dead
+  // reader), and the blocks / bytes of it not yet returned (steps queued
+  // here, in flight and held by the trainer).
+  std::atomic<uint64_t> step_arena_steps{0};            // counter
+  std::atomic<uint64_t> step_arena_frame_fallbacks{0};  // counter
+  std::atomic<uint64_t> step_arena_held_steps{0};       // gauge
+  std::atomic<uint64_t> step_arena_held_bytes{0};       // gauge
+  std::atomic<uint64_t> step_arena_returns{0};          // blocks the current session's trainer returned
 };
 
 // Point-in-time values that are not counters.

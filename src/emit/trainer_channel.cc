@@ -82,7 +82,95 @@ absl::Status TrainerChannel::Bind() {
     return absl::UnavailableError("cannot bind the trainer endpoint " + config_.trainer_endpoint + " (" +
                                   e.what() + "); is another odbd using it?");
   }
+  // The step arena: only a local trainer (ipc://) can map the daemon's memory.
+  if (config_.shm_step_arena != StepArenaMode::kOff && bound_.rfind("ipc://", 0) == 0) {
+    absl::Status s = arena_server_.Listen(StepArenaSocketPath(bound_.substr(6)));
+    if (!s.ok()) {
+      if (config_.shm_step_arena == StepArenaMode::kOn) return s;
+      spdlog::warn("step arena off, steps go to the trainer as frames: {}", std::string(s.message()));
+    }
+    arena_server_.Start();
+  }
   return absl::OkStatus();
+}
+
+void TrainerChannel::OfferStepArena(const std::string& peer) {
+  SetArenaState(nullptr, false);  // steps of the new session go as frames until it has mapped its arena
+  offered_arena_.reset();
+  arena_server_.Publish(nullptr);
+  if (!arena_server_.listening()) return;
+  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(config_.shm_step_arena_bytes);
+  if (!arena.ok()) {
+    const std::string text = "cannot create a step arena of " + std::to_string(config_.shm_step_arena_bytes) +
+                             " bytes (shm.step_arena_bytes): " + std::string(arena.status().message());
+    if (config_.shm_step_arena == StepArenaMode::kOn) {
+      fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
+    } else {
+      spdlog::warn("{}; steps go to the trainer as frames", text);
+    }
+    return;
+  }
+  offered_arena_ = *arena;
+  arena_server_.Publish(offered_arena_);
+  wire::DaemonMessage offer;
+  offer.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  offer.mutable_step_arena()->set_generation(offered_arena_->generation());
+  offer.mutable_step_arena()->set_capacity_bytes(offered_arena_->capacity_bytes());
+  offer.mutable_step_arena()->set_socket_path(arena_server_.path());
+  auto parts = EncodeControl(offer);
+  if (!TrySendTo(socket_, peer, parts).ok()) {
+    spdlog::warn("step arena offer not delivered; steps go as frames");
+    return;
+  }
+  SetArenaState(nullptr, true);
+}
+
+void TrainerChannel::SetArenaState(std::shared_ptr<StepArena> active, bool pending) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_arena_ = std::move(active);
+    offer_pending_ = pending;
+  }
+  offer_cv_.notify_all();
+}
+
+std::shared_ptr<StepArena> TrainerChannel::ArenaForNextStep() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (offer_pending_ && !offer_cv_.wait_for(lock, kOfferWait, [this] { return !offer_pending_; })) {
+    offer_pending_ = false;
+    spdlog::warn("the trainer has not answered its step arena offer within {} s (is it calling Next()?); "
+                 "its steps go as frames until it does",
+                 std::chrono::duration_cast<std::chrono::seconds>(kOfferWait).count());
+  }
+  return active_arena_;
+}
+
+void TrainerChannel::OnStepArenaReply(const wire::StepArenaReply& reply) {
+  if (offered_arena_ == nullptr || reply.generation() != offered_arena_->generation()) {
+    spdlog::warn("trainer answered a step arena offer of generation {} that is not this session's; ignored",
+                 reply.generation());
+    return;
+  }
+  if (!reply.attached()) {
+    const std::string text = "the trainer did not map the step arena: " + reply.error();
+    if (config_.shm_step_arena == StepArenaMode::kOn) {
+      fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
+    } else {
+      spdlog::info("{}; steps go as frames", text);
+    }
+    offered_arena_.reset();
+    arena_server_.Publish(nullptr);
+    SetArenaState(nullptr, false);
+    return;
+  }
+  spdlog::info("trainer session {} mapped the step arena ({} bytes); steps go through shared memory",
+               Printable(session_), offered_arena_->capacity_bytes());
+  SetArenaState(offered_arena_, false);
+}
+
+std::shared_ptr<StepArena> TrainerChannel::ActiveArena() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_arena_;
 }
 
 void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
@@ -197,6 +285,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     credits_ = config_.outstanding_depth;
     in_flight_.clear();
     spdlog::info("trainer session {} started", Printable(peer));
+    OfferStepArena(peer);
   } else if (lost_since_ || fd != session_fd_) {
     // The session's id again, after its connection closed or on another
     // one: either the same session is back on a new connection, or this is
@@ -214,7 +303,9 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
       if (!TrySendTo(socket_, session_, copy).ok()) break;
     }
   }
-  if (msg.has_credit()) {
+  if (msg.has_step_arena_reply()) {
+    OnStepArenaReply(msg.step_arena_reply());
+  } else if (msg.has_credit()) {
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, config_.outstanding_depth);
@@ -293,6 +384,12 @@ void TrainerChannel::Flush() {
       message = std::move(out_.front());
       out_.pop_front();
     }
+    if (message.arena != nullptr && message.arena != ActiveArena()) {
+      // Placed in an arena the session no longer reads (a new session, or
+      // it declined): its bytes are still mapped here, they go as frames.
+      message.parts = StepToFrames(message.parts, *message.arena);
+      message.arena.reset();
+    }
     std::vector<zmq::message_t> kept;
     if (message.is_step) kept = CopyParts(message.parts);
     if (!SendToSession(message.parts)) {
@@ -331,20 +428,20 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
                             std::to_string(in_flight_.size()) + " step(s) sent to it were not acknowledged");
 }
 
-void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts) {
+void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {
   std::lock_guard<std::mutex> lock(mu_);
-  out_.push_back({std::move(parts), true});
+  out_.push_back({std::move(parts), true, std::move(arena)});
   ++queued_steps_;
 }
 
 void TrainerChannel::EnqueueControl(std::vector<zmq::message_t>&& parts) {
   std::lock_guard<std::mutex> lock(mu_);
-  out_.push_back({std::move(parts), false});
+  out_.push_back({std::move(parts), false, nullptr});
 }
 
 void TrainerChannel::EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  out_.push_front({FatalMessage(code, message, rank), false});
+  out_.push_front({FatalMessage(code, message, rank), false, nullptr});
 }
 
 size_t TrainerChannel::QueuedSteps() const {

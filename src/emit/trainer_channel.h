@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "src/daemon/config.h"
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
+#include "src/emit/step_arena.h"
 
 namespace odb::emit {
 
@@ -68,17 +71,38 @@ class TrainerChannel {
   // epoch open, or when a new trainer asked to continue a lost epoch.
   std::optional<std::pair<wire::ErrorCode, std::string>> CheckLiveness();
 
-  void EnqueueStep(std::vector<zmq::message_t>&& parts);
+  // `arena`: the step arena the step was placed in (PlaceStepInArena), or
+  // null for frames. A step whose arena is not the session's by the time it
+  // is sent goes as frames (StepToFrames).
+  void EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena = nullptr);
   void EnqueueControl(std::vector<zmq::message_t>&& parts);
   // Ahead of every queued step: a fatal error does not wait for credits.
   void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank);
   size_t QueuedSteps() const;
+  // The session's step arena once the trainer has mapped it; null while steps
+  // go as frames (no session yet, a remote trainer, shm.trainer_data_plane:
+  // zmq, the trainer declined). Any thread.
+  std::shared_ptr<StepArena> ActiveArena() const;
+  // The same for the planner about to place a step: while the session has
+  // not answered its arena offer yet, waits for the answer (at most
+  // kOfferWait, then the session's steps go as frames), so that a session's
+  // steps do not start as frames merely because the trainer had not called
+  // Next() yet.
+  std::shared_ptr<StepArena> ArenaForNextStep();
+  // Stops handing out arena fds (before the daemon's threads end).
+  void StopArenaServer() { arena_server_.Stop(); }
 
  private:
   struct OutMessage {
     std::vector<zmq::message_t> parts;
     bool is_step = false;
+    std::shared_ptr<StepArena> arena;  // the step's bytes are in this arena's block
   };
+  // A new session gets a step arena of its own (the previous one is retired:
+  // its blocks stay mapped by whoever holds them) and is offered it.
+  void OfferStepArena(const std::string& peer);
+  void OnStepArenaReply(const wire::StepArenaReply& reply);
+  void SetArenaState(std::shared_ptr<StepArena> active, bool pending);
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
   // One trainer message from `peer` (a frame that parsed, current version).
   bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
@@ -100,6 +124,13 @@ class TrainerChannel {
   mutable std::mutex mu_;
   std::deque<OutMessage> out_;  // guarded by mu_
   size_t queued_steps_ = 0;     // guarded by mu_
+  std::shared_ptr<StepArena> active_arena_;  // guarded by mu_
+  bool offer_pending_ = false;               // guarded by mu_
+  std::condition_variable offer_cv_;
+  static constexpr auto kOfferWait = std::chrono::seconds(5);
+
+  StepArenaServer arena_server_;
+  std::shared_ptr<StepArena> offered_arena_;  // I/O thread: offered to the session, not yet answered
 
   // I/O thread only.
   std::string session_;  // routing id of the trainer; empty = none yet

@@ -221,6 +221,12 @@ def _next(s: zmq.Socket) -> odb_pb2.DaemonMessage:
         frames = s.recv_multipart()
         m = odb_pb2.DaemonMessage()
         m.ParseFromString(frames[0])
+        if m.HasField("step_arena"):  # a step arena offer: this raw trainer reads frames, and says so
+            reply = odb_pb2.TrainerMessage(version=1)
+            reply.step_arena_reply.generation = m.step_arena.generation
+            reply.step_arena_reply.error = "a raw test trainer reads frames"
+            s.send(reply.SerializeToString())
+            continue
         if not m.HasField("session_ack"):  # the daemon checking a returning session: skipped, as clients do
             return m
 

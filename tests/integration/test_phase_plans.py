@@ -63,6 +63,12 @@ def _consume(ctx, d: Daemon) -> list[tuple[odb_pb2.Step, dict]]:
         msg.ParseFromString(frames[0])
         if msg.HasField("session_ack"):  # the daemon checking this new session: skipped, as clients do
             continue
+        if msg.HasField("step_arena"):  # a step arena offer: this raw trainer reads frames, and says so
+            reply = odb_pb2.TrainerMessage(version=1)
+            reply.step_arena_reply.generation = msg.step_arena.generation
+            reply.step_arena_reply.error = "a raw test trainer reads frames"
+            sock.send(reply.SerializeToString())
+            continue
         assert not msg.HasField("fatal"), msg.fatal.message
         if msg.HasField("epoch_end"):
             return steps

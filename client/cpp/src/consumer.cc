@@ -1,16 +1,99 @@
 #include "odb/consumer.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
+#include <span>
 #include <zmq.hpp>
 
 #include "client/cpp/src/delivery_decoder.h"
 #include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
+#include "src/shm/arena_reader.h"
+#include "src/shm/fd_passing.h"
+#include "src/shm/unique_fd.h"
 
 namespace odb::client {
+namespace {
+
+// The session's mapping of the daemon's step arena (docs/shm.md). Blocks are
+// returned from whichever thread drops a step's last tensor (a Python
+// finalizer runs on any thread), and the completion queue is single-producer:
+// every Return holds mu.
+struct StepArenaMapping {
+  std::mutex mu;
+  std::unique_ptr<shm::ArenaReader> reader;  // Return under mu; View is const
+  uint64_t generation = 0;
+  std::atomic<uint64_t> held{0};
+  std::atomic<uint64_t> returned{0};
+  std::atomic<uint64_t> return_failures{0};
+};
+
+// Returns one step's block when the last view of the step goes. A re-sent
+// copy of a step this client already has is disarmed (the block belongs to
+// the first copy). A fork()ed child's copy returns nothing: the block is the
+// parent's.
+struct StepBlockHolder {
+  std::shared_ptr<StepArenaMapping> arena;
+  uint64_t offset = 0, length = 0;
+  pid_t owner = ::getpid();
+  bool armed = true;
+  ~StepBlockHolder() {
+    if (!armed || ::getpid() != owner) return;
+    std::lock_guard<std::mutex> lock(arena->mu);
+    // Fails only when the daemon reset or closed the arena (it gave this
+    // session up): nothing is left to hand back.
+    if (arena->reader->Return(offset, length).ok()) {
+      arena->returned.fetch_add(1);
+    } else {
+      arena->return_failures.fetch_add(1);
+    }
+    arena->held.fetch_sub(1);
+  }
+};
+
+// Fetches the step arena's fd from the daemon's socket (request: the
+// generation as text; answer: the fd, or no fd and the reason).
+absl::StatusOr<shm::UniqueFd> FetchStepArenaFd(const wire::StepArenaOffer& offer, int timeout_ms) {
+  const std::string& path = offer.socket_path();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("the step arena socket path '" + path + "' is empty or too long");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  shm::UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return absl::InternalError(std::string("socket(): ") + std::strerror(errno));
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError("cannot connect to the step arena socket " + path + ": " + std::strerror(errno) +
+                                  " (is the daemon on another host or in another mount namespace?)");
+  }
+  const std::string request = std::to_string(offer.generation());
+  if (::send(sock.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+    return absl::UnavailableError("step arena socket " + path + ": send: " + std::strerror(errno));
+  }
+  absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(sock.get());
+  if (!got.ok()) return got.status();
+  if (got->fds.size() != 1) {
+    return absl::FailedPreconditionError("the daemon refused the step arena: " +
+                                         (got->payload.empty() ? std::string("no reason given") : got->payload));
+  }
+  return std::move(got->fds[0]);
+}
+
+}  // namespace
+
 struct Consumer::Impl {
   ConsumerOptions options;
   ForkGuard owner;  // see fork_guard.h
@@ -22,6 +105,67 @@ struct Consumer::Impl {
   std::string session;
   // The last step delivered per epoch: re-sent steps already delivered are dropped.
   std::map<uint32_t, uint64_t> next_step;
+  // The session's step arena once mapped (null: steps come as frames), and
+  // the holder DecodeDelivery made for the last arena step (to disarm it
+  // when the step is a re-sent duplicate).
+  std::shared_ptr<StepArenaMapping> arena;
+  StepBlockHolder* last_holder = nullptr;
+  std::string arena_note;  // why the session has no arena, when it was offered one
+
+  // Maps the offered arena, answers the daemon. An error only when it
+  // cannot be mapped and data_plane is "shm".
+  absl::Status AcceptStepArena(const wire::StepArenaOffer& offer) {
+    wire::TrainerMessage reply;
+    reply.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    reply.mutable_step_arena_reply()->set_generation(offer.generation());
+    absl::Status mapped = options.data_plane == "zmq"
+                              ? absl::FailedPreconditionError("the trainer's data_plane is zmq")
+                              : MapStepArena(offer);
+    reply.mutable_step_arena_reply()->set_attached(mapped.ok());
+    if (!mapped.ok()) {
+      arena_note = std::string(mapped.message());
+      reply.mutable_step_arena_reply()->set_error(arena_note);
+    }
+    if (absl::Status s = SendTrainer(reply); !s.ok()) return s;
+    if (!mapped.ok() && options.data_plane == "shm") {
+      return absl::FailedPreconditionError("data_plane shm: cannot map the daemon's step arena (" +
+                                           offer.socket_path() + "): " + std::string(mapped.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MapStepArena(const wire::StepArenaOffer& offer) {
+    absl::StatusOr<shm::UniqueFd> fd = FetchStepArenaFd(offer, 5000);
+    if (!fd.ok()) return fd.status();
+    shm::AttachOptions o;
+    o.expected_generation = offer.generation();
+    o.expected_capacity_bytes = offer.capacity_bytes();
+    auto reader = shm::ArenaReader::AttachFd(fd->get(), o);
+    if (!reader.ok()) return reader.status();
+    auto mapping = std::make_shared<StepArenaMapping>();
+    mapping->reader = std::move(*reader);
+    mapping->generation = offer.generation();
+    arena = std::move(mapping);  // a previous session's mapping stays while its steps are held
+    arena_note.clear();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ResolvedBlock> ResolveBlock(uint64_t generation, uint64_t offset, uint64_t length) {
+    if (arena == nullptr || arena->generation != generation) {
+      return absl::DataLossError("its block is in step arena generation " + std::to_string(generation) +
+                                 ", this client mapped " +
+                                 (arena ? "generation " + std::to_string(arena->generation) : "none"));
+    }
+    absl::StatusOr<std::span<std::byte>> bytes = arena->reader->View(offset, length);
+    if (!bytes.ok()) return bytes.status();
+    auto holder = std::make_shared<StepBlockHolder>();
+    holder->arena = arena;
+    holder->offset = offset;
+    holder->length = length;
+    arena->held.fetch_add(1);
+    last_holder = holder.get();
+    return ResolvedBlock{reinterpret_cast<const uint8_t*>(bytes->data()), std::move(holder)};
+  }
 
   absl::Status SendTrainer(const wire::TrainerMessage& m) {
     std::string bytes = m.SerializeAsString();
@@ -44,6 +188,13 @@ Consumer::~Consumer() {
 }
 
 absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOptions& options) {
+  if (options.data_plane != "auto" && options.data_plane != "shm" && options.data_plane != "zmq") {
+    return absl::InvalidArgumentError("data_plane '" + options.data_plane + "' is not one of auto, shm, zmq");
+  }
+  if (options.data_plane == "shm" && options.endpoint.rfind("ipc://", 0) != 0) {
+    return absl::InvalidArgumentError("data_plane shm needs an ipc:// endpoint (a daemon on this host), not '" +
+                                      options.endpoint + "'");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   try {
@@ -117,18 +268,51 @@ absl::StatusOr<Delivery> Consumer::Next() {
     return absl::UnavailableError("receive from daemon at " + impl_->options.endpoint +
                                   " failed: " + e.what());
   }
-  absl::StatusOr<Delivery> d = DecodeDelivery(std::move(frames), impl_->options.endpoint);
+  if (frames->size() == 1) {
+    // A step arena offer is answered here, never delivered.
+    wire::DaemonMessage head;
+    const zmq::message_t& f = frames->front();
+    if (head.ParseFromArray(f.data(), static_cast<int>(f.size())) && head.has_step_arena() &&
+        head.version() == wire::PROTOCOL_VERSION_CURRENT) {
+      if (absl::Status s = impl_->AcceptStepArena(head.step_arena()); !s.ok()) return s;
+      continue;
+    }
+  }
+  impl_->last_holder = nullptr;
+  absl::StatusOr<Delivery> d =
+      DecodeDelivery(std::move(frames), impl_->options.endpoint,
+                     [this](uint64_t g, uint64_t o, uint64_t l) { return impl_->ResolveBlock(g, o, l); });
   if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
   if (d.ok() && d->kind == Delivery::Kind::kStep) {
     // After a reconnect the daemon re-sends the steps it had no credit for;
     // the ones delivered already are dropped here (steps arrive in order).
+    // A dropped copy's block is not returned: the first copy's holder does
+    // that (and may have done it already).
     uint64_t& next = impl_->next_step[d->step.epoch];
-    if (d->step.step_index < next) continue;
+    if (d->step.step_index < next) {
+      if (impl_->last_holder != nullptr) impl_->last_holder->armed = false;
+      continue;
+    }
     next = d->step.step_index + 1;
     impl_->owe_credit = true;
   }
   return d;
   }
+}
+
+std::string Consumer::data_plane() const { return impl_->arena ? "shm" : "zmq"; }
+
+const std::string& Consumer::arena_note() const { return impl_->arena_note; }
+
+std::optional<StepArenaStats> Consumer::step_arena_stats() const {
+  if (!impl_->arena) return std::nullopt;
+  StepArenaStats s;
+  s.generation = impl_->arena->generation;
+  s.capacity_bytes = impl_->arena->reader->arena().capacity_bytes();
+  s.held_steps = impl_->arena->held.load();
+  s.returned_steps = impl_->arena->returned.load();
+  s.return_failures = impl_->arena->return_failures.load();
+  return s;
 }
 
 }  // namespace odb::client

@@ -16,6 +16,38 @@ Rejection FromWire(const wire::Rejection& r) {
   return out;
 }
 
+// The tensors of a step whose bytes are in a block of the step arena.
+absl::StatusOr<Delivery> DecodeArenaStep(Delivery d, const wire::Step& st,
+                                         std::shared_ptr<std::vector<zmq::message_t>> frames,
+                                         const std::string& where, const BlockResolver& resolve_block) {
+  if (frames->size() != 1) {
+    return absl::DataLossError(where + ": a step in the step arena carries " + std::to_string(frames->size() - 1) +
+                               " tensor frame(s) as well");
+  }
+  if (!resolve_block) {
+    return absl::DataLossError(where + ": the step is in a step arena this client has not mapped");
+  }
+  const wire::StepArenaBlock& b = st.arena();
+  auto descs = wire::DecodeArenaTensorDescs(st.tensors(), b.offset(), b.length());
+  if (!descs.ok()) return absl::DataLossError(where + ": " + std::string(descs.status().message()));
+  absl::StatusOr<ResolvedBlock> block = resolve_block(b.generation(), b.offset(), b.length());
+  if (!block.ok()) return absl::DataLossError(where + ": " + std::string(block.status().message()));
+  d.tensors.reserve(descs->size());
+  for (wire::DecodedTensorDesc& desc : *descs) {
+    TensorView v;
+    v.name = std::move(desc.name);
+    v.dtype = static_cast<DType>(desc.dtype);
+    v.shape = std::move(desc.shape);
+    v.data = block->data + (desc.offset - b.offset());  // inside the block: checked above
+    v.size_bytes = desc.size_bytes;
+    d.tensors.push_back(std::move(v));
+  }
+  // The header frame and the block live as long as any tensor view.
+  d.frames = std::make_shared<std::pair<std::shared_ptr<std::vector<zmq::message_t>>, std::shared_ptr<void>>>(
+      std::move(frames), std::move(block->holder));
+  return d;
+}
+
 }  // namespace
 
 const TensorView* Delivery::Find(const std::string& name) const {
@@ -26,7 +58,8 @@ const TensorView* Delivery::Find(const std::string& name) const {
 }
 
 absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message_t>> frames,
-                                        const std::string& endpoint_for_errors) {
+                                        const std::string& endpoint_for_errors,
+                                        const BlockResolver& resolve_block) {
   if (frames == nullptr || frames->empty()) {
     return absl::DataLossError("empty message from the daemon at " + endpoint_for_errors);
   }
@@ -110,15 +143,14 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
         ")");
   }
 
+  const std::string where = "step " + std::to_string(st.step_index()) + " of epoch " +
+                            std::to_string(st.epoch()) + " from the daemon at " + endpoint_for_errors;
+  if (st.has_arena()) return DecodeArenaStep(std::move(d), st, std::move(frames), where, resolve_block);
   std::vector<size_t> frame_sizes;
   frame_sizes.reserve(frames->size() - 1);
   for (size_t f = 1; f < frames->size(); ++f) frame_sizes.push_back((*frames)[f].size());
   auto descs = wire::DecodeTensorDescs(st.tensors(), frame_sizes);
-  if (!descs.ok()) {
-    return absl::DataLossError("step " + std::to_string(st.step_index()) + " of epoch " +
-                               std::to_string(st.epoch()) + " from the daemon at " +
-                               endpoint_for_errors + ": " + std::string(descs.status().message()));
-  }
+  if (!descs.ok()) return absl::DataLossError(where + ": " + std::string(descs.status().message()));
   d.tensors.reserve(descs->size());
   for (wire::DecodedTensorDesc& desc : *descs) {
     const zmq::message_t& f = (*frames)[desc.frame];

@@ -1,6 +1,8 @@
 #ifndef ODB_CLIENT_SRC_DELIVERY_DECODER_H_
 #define ODB_CLIENT_SRC_DELIVERY_DECODER_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +26,22 @@ namespace odb::client {
 //  - FailedPrecondition: another protocol version;
 //  - Aborted: the daemon reports a fatal error.
 // `frames` must hold at least the header frame.
+//
+// A step in the session's step arena (Step.arena set, docs/shm.md) has no
+// tensor frames: `resolve_block` maps its block (generation, offset, length)
+// to the block's first byte and a holder that returns the block when the
+// last reference goes; the tensors are validated to lie inside the block
+// (wire::DecodeArenaTensorDescs) and the Delivery keeps the holder (and the
+// header frame). Without a resolver such a step is DataLoss.
+struct ResolvedBlock {
+  const uint8_t* data = nullptr;  // the block's first byte
+  std::shared_ptr<void> holder;
+};
+using BlockResolver =
+    std::function<absl::StatusOr<ResolvedBlock>(uint64_t generation, uint64_t offset, uint64_t length)>;
 absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message_t>> frames,
-                                        const std::string& endpoint_for_errors);
+                                        const std::string& endpoint_for_errors,
+                                        const BlockResolver& resolve_block = nullptr);
 
 }  // namespace odb::client
 

@@ -607,16 +607,3 @@ std::optional<ArenaStats> Producer::arena_stats() const {
 }
 
 }  // namespace odb::client
-
-// pip builds (client/python/setup.py) compile a fixed list of sources that does
-// not name src/shm yet; until it does, they get the arena code through this
-// file. Bazel links //src/shm instead and defines ODB_SHM_LINKED.
-#ifndef ODB_SHM_LINKED
-#include "src/shm/arena.cc"               // NOLINT(build/include)
-#include "src/shm/arena_reader.cc"        // NOLINT(build/include)
-#include "src/shm/arena_writer.cc"        // NOLINT(build/include)
-#include "src/shm/completion_queue.cc"    // NOLINT(build/include)
-#include "src/shm/fd_passing.cc"          // NOLINT(build/include)
-#include "src/shm/process.cc"             // NOLINT(build/include)
-#include "src/shm/slot_allocator.cc"      // NOLINT(build/include)
-#endif

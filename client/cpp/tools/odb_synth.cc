@@ -114,6 +114,7 @@ struct ConsumeArgs {
   // of each sample's row (edges: catches a misplaced or misrouted payload at
   // a cost that does not grow with the payload, for benchmarks).
   std::string verify_payload = "full";
+  std::string data_plane = "auto";  // ConsumerOptions::data_plane: the step arena or frames
 };
 
 // Prints one JSON object per epoch on stdout; returns non-zero on any check failure.
@@ -130,6 +131,7 @@ int Consume(const ConsumeArgs& a) {
   odb::client::ConsumerOptions options;
   options.endpoint = a.endpoint;
   options.receive_timeout_ms = a.timeout_ms;
+  options.data_plane = a.data_plane;
   auto consumer = odb::client::Consumer::Connect(options);
   if (!consumer.ok()) {
     std::fprintf(stderr, "odb_synth consume: %s\n", std::string(consumer.status().message()).c_str());
@@ -178,9 +180,10 @@ int Consume(const ConsumeArgs& a) {
             "\"real_tokens\": %lu, \"padded_tokens\": %lu, \"bytes\": %lu, \"seconds\": %.4f, "
             "\"summary_received\": %lu, \"summary_emitted\": %lu, \"summary_rejected\": %lu, "
             "\"not_emitted\": %zu, \"step_rejections\": %lu, \"weight_sum\": %.6f, \"failures\": %d, "
-            "\"moved_in\": %lu, \"rejection_codes\": [",
+            "\"moved_in\": %lu, \"data_plane\": \"%s\", \"rejection_codes\": [",
             e, seen.size(), dup, steps, idle, real, padded, bytes, secs, s.received, s.emitted, s.rejected,
-            s.not_emitted_ids.size(), rejections, weight_sum, failures, moved_in);
+            s.not_emitted_ids.size(), rejections, weight_sum, failures, moved_in,
+            (*consumer)->data_plane().c_str());
         for (size_t i = 0; i < s.rejections.size(); ++i) {
           std::printf("%s[\"%s\", %lu]", i ? ", " : "", s.rejections[i].code.c_str(),
                       s.rejections[i].has_sample_id ? s.rejections[i].sample_id : 0ul);
@@ -292,6 +295,10 @@ int main(int argc, char** argv) {
   consume->add_flag("--step-records", c.step_records,
                     "add each step's [index, idle, weight, real, global real tokens, [lengths]] to the JSON");
   consume->add_option("--rank", c.rank, "this consumer's rank (reports moved_in)");
+  consume->add_option("--data-plane", c.data_plane,
+                      "auto (the daemon's step arena when offered, else frames) | shm (an arena that cannot be "
+                      "mapped is an error) | zmq (frames)")
+      ->check(CLI::IsMember({"auto", "shm", "zmq"}));
   consume->add_option("--verify-payload", c.verify_payload, "blob payload check: full|edges")
       ->check(CLI::IsMember({"full", "edges"}));
   CLI11_PARSE(app, argc, argv);

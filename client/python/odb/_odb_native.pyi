@@ -183,8 +183,19 @@ class Producer:
 class Consumer:
     """Receives aligned steps from one daemon. Not thread-safe."""
 
-    def __init__(self, endpoint: str, receive_timeout_ms: int = 120000) -> None: ...
+    def __init__(self, endpoint: str, receive_timeout_ms: int = 120000, data_plane: str = "auto") -> None:
+        """data_plane: 'auto' (the daemon's shared-memory step arena when it offers one and it maps; frames
+        otherwise), 'shm' (an arena that cannot be mapped is an error) or 'zmq' (frames only)."""
     def start_epoch(self, epoch: int, expected_producers: int = 0, first_round: int = 0, first_step: int = 0) -> None:
         """first_round / first_step: resume a deterministic epoch at that round (docs/resume.md)."""
     def next(self) -> Delivery:
         """The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a daemon failure."""
+    @property
+    def data_plane(self) -> str:
+        """'shm' once the step arena is mapped (steps are views of it), else 'zmq'."""
+    @property
+    def arena_note(self) -> str:
+        """Why an offered step arena is not used ('' otherwise)."""
+    def step_arena_stats(self) -> Optional[Dict[str, int]]:
+        """The mapped step arena's counters (generation, capacity_bytes, held_steps, returned_steps,
+        return_failures), or None without one."""

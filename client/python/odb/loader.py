@@ -295,7 +295,10 @@ class Step:
         return weighted_loss(per_token_loss, self.loss_weight, self.real_tokens, mask)
 
     def frame_address(self, name: str) -> int:
-        """Address of the received frame behind ``batch[name]`` (zero-copy check)."""
+        """Address of the received bytes behind ``batch[name]`` (zero-copy check): the ZeroMQ frame, or with
+        the step arena (a local daemon, docs/shm.md) the tensor's place in the shared-memory mapping
+        (64-byte aligned). The step's arena block goes back to the daemon once this Step and every tensor
+        of it are released."""
         if self._delivery is None:
             raise KeyError(f"step {self.step_index} has no received frames (dummy step)")
         return int(self._delivery.frame_address(name))

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,25 @@ struct ConsumerOptions {
   // Next() waiting longer than this fails with DeadlineExceeded naming the
   // endpoint (dead or unreachable daemon): an error, never a hang.
   int receive_timeout_ms = 120000;
+  // How steps arrive (docs/shm.md, "Step arena"):
+  //  "auto": through the daemon's shared-memory step arena when it offers one
+  //          (an ipc:// endpoint, shm.trainer_data_plane not zmq) and it can
+  //          be mapped; frames over ZeroMQ otherwise;
+  //  "shm":  the same, but an offer that cannot be mapped is an error from
+  //          Next(), and the endpoint must be ipc://;
+  //  "zmq":  frames only (the offer is declined).
+  // A step's tensors are views of its arena block (64-byte aligned, no copy);
+  // the block goes back to the daemon when the Delivery (every copy of its
+  // `frames`) is destroyed, from any thread.
+  std::string data_plane = "auto";
+};
+
+struct StepArenaStats {
+  uint64_t generation = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t held_steps = 0;       // steps whose block this process still holds
+  uint64_t returned_steps = 0;   // blocks handed back
+  uint64_t return_failures = 0;  // the daemon had given the arena up
 };
 
 // Receives aligned steps from one daemon and grants credits. Not thread-safe.
@@ -114,6 +134,13 @@ class Consumer {
   // credit to the daemon for the step delivered before. A fatal daemon error
   // (dead peer, version mismatch) comes back as an error Status with its text.
   absl::StatusOr<Delivery> Next();
+
+  // "shm" once the session's step arena is mapped, else "zmq".
+  std::string data_plane() const;
+  // Why an offered step arena is not used (empty otherwise).
+  const std::string& arena_note() const;
+  // The mapped step arena's counters; nullopt without one.
+  std::optional<StepArenaStats> step_arena_stats() const;
 
  private:
   struct Impl;

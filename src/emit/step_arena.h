@@ -1,0 +1,122 @@
+#ifndef ODB_EMIT_STEP_ARENA_H_
+#define ODB_EMIT_STEP_ARENA_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/shm/arena_writer.h"
+#include "src/shm/unique_fd.h"
+
+namespace odb::emit {
+
+// One trainer session's step arena (docs/shm.md, "Step arena"): the daemon's
+// ArenaWriter over a memfd that the trainer maps. Each step is one block with
+// every tensor at a 64-byte aligned offset; the trainer returns the block
+// through the completion queue when it has released the step's tensors.
+//
+// Shared (shared_ptr): the planner thread allocates and fills blocks, the I/O
+// thread replaces the arena when a new session starts, and every queued step
+// keeps the arena it was written into alive (its bytes stay readable even
+// after the session moved on). The writer is not thread-safe, so every call
+// into it holds mu_.
+class StepArena {
+ public:
+  static absl::StatusOr<std::shared_ptr<StepArena>> Create(uint64_t capacity_bytes);
+
+  uint64_t generation() const { return generation_; }
+  uint64_t capacity_bytes() const { return capacity_; }
+  int fd() const { return fd_; }
+
+  // A block of `length` bytes. A full arena is back-pressure: waits for the
+  // trainer's returns (in slices, so `cancelled` is seen) up to `wait`, then
+  // kDeadlineExceeded naming the arena and what the trainer holds. Oversize
+  // (kInvalidArgument) and a dead reader (kUnavailable) come back at once.
+  absl::StatusOr<shm::Block> Allocate(uint64_t length, std::chrono::milliseconds wait,
+                                      const std::function<bool()>& cancelled);
+  void Free(const shm::Block& block);
+  std::byte* At(uint64_t offset) const { return base_ + offset; }
+
+  struct Stats {
+    uint64_t outstanding_blocks = 0;
+    uint64_t outstanding_bytes = 0;
+    uint64_t returns = 0;
+  };
+  // Reclaims returns first; the last figures when the planner holds the arena.
+  Stats stats() const;
+
+ private:
+  explicit StepArena(std::unique_ptr<shm::ArenaWriter> writer);
+
+  mutable std::mutex mu_;
+  std::unique_ptr<shm::ArenaWriter> writer_;  // guarded by mu_
+  mutable Stats last_stats_;                  // guarded by mu_
+  const uint64_t generation_;
+  const uint64_t capacity_;
+  const int fd_;
+  std::byte* const base_;
+};
+
+// Moves a step encoded as frames ([header][tensor]...) into one block of
+// `arena`: the result is the header alone, whose tensors name (offset, length)
+// in the block and whose Step.arena names the block. Idle steps (no tensors)
+// are left as they are. Errors: Allocate's.
+absl::StatusOr<std::vector<zmq::message_t>> PlaceStepInArena(std::vector<zmq::message_t>&& parts,
+                                                             StepArena& arena, std::chrono::milliseconds wait,
+                                                             const std::function<bool()>& cancelled);
+
+// The reverse, for a step written into an arena that is no longer the
+// session's (a new trainer session, one that declined the arena): copies the
+// tensors into frames and frees the block.
+std::vector<zmq::message_t> StepToFrames(const std::vector<zmq::message_t>& parts, StepArena& arena);
+
+// The socket path next to an ipc trainer socket where a trainer fetches its
+// step arena's fd.
+std::string StepArenaSocketPath(const std::string& trainer_socket_path);
+
+// Hands the current session's step arena fd to the trainer: a UNIX
+// SOCK_SEQPACKET socket (mode 0600) served by its own thread. A request is the
+// arena's generation as decimal text (the trainer learnt it from the
+// StepArenaOffer on its ZeroMQ session); the answer is the fd (SCM_RIGHTS,
+// empty payload) when the generation is the current arena's and the peer runs
+// as our uid, else no fd and the reason as text.
+class StepArenaServer {
+ public:
+  StepArenaServer() = default;
+  ~StepArenaServer();
+  StepArenaServer(const StepArenaServer&) = delete;
+  StepArenaServer& operator=(const StepArenaServer&) = delete;
+
+  absl::Status Listen(const std::string& path);
+  void Start();
+  void Stop();
+  bool listening() const { return listener_.valid(); }
+  const std::string& path() const { return path_; }
+  // The arena a request may fetch from now on (null: none).
+  void Publish(std::shared_ptr<StepArena> arena);
+
+ private:
+  void Serve();
+  void Answer(int conn);
+
+  shm::UniqueFd listener_;
+  std::string path_;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::shared_ptr<StepArena> current_;  // guarded by mu_
+};
+
+}  // namespace odb::emit
+
+#endif  // ODB_EMIT_STEP_ARENA_H_
