@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/time.h>
+#include <sys/un.h>
 
 #include <cerrno>
 #include <cstring>
@@ -103,6 +105,24 @@ absl::StatusOr<UniqueFd> RecvFd(int sock, std::string* payload, size_t max_paylo
   }
   if (payload != nullptr) *payload = std::move(got->payload);
   return std::move(got->fds[0]);
+}
+
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path, int timeout_ms) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("the socket path '" + path + "' is empty or too long");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return absl::InternalError(std::string("socket(): ") + std::strerror(errno));
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(std::strerror(errno));
+  }
+  return sock;
 }
 
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {

@@ -43,6 +43,12 @@ absl::StatusOr<ReceivedFds> RecvFds(int sock, size_t max_payload = 4096);
 // One descriptor exactly (more or none is an error).
 absl::StatusOr<UniqueFd> RecvFd(int sock, std::string* payload = nullptr, size_t max_payload = 4096);
 
+// A SOCK_SEQPACKET UNIX socket connected to `path`, with `timeout_ms` on its
+// sends and receives (how a client reaches a daemon's fd socket). Errors:
+// InvalidArgument for an empty or too long path, Unavailable naming
+// connect()'s errno (the caller adds what the socket is).
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path, int timeout_ms);
+
 struct PeerCredentials {
   pid_t pid;
   uid_t uid;

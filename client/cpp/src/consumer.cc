@@ -1,7 +1,6 @@
 #include "odb/consumer.h"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -64,26 +63,18 @@ struct StepBlockHolder {
 // generation as text; answer: the fd, or no fd and the reason).
 absl::StatusOr<shm::UniqueFd> FetchStepArenaFd(const wire::StepArenaOffer& offer, int timeout_ms) {
   const std::string& path = offer.socket_path();
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError("the step arena socket path '" + path + "' is empty or too long");
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  shm::UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) return absl::InternalError(std::string("socket(): ") + std::strerror(errno));
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError("cannot connect to the step arena socket " + path + ": " + std::strerror(errno) +
+  absl::StatusOr<shm::UniqueFd> sock = shm::ConnectSeqpacket(path, timeout_ms);
+  if (absl::IsUnavailable(sock.status())) {
+    return absl::UnavailableError("cannot connect to the step arena socket " + path + ": " +
+                                  std::string(sock.status().message()) +
                                   " (is the daemon on another host or in another mount namespace?)");
   }
+  if (!sock.ok()) return sock.status();
   const std::string request = std::to_string(offer.generation());
-  if (::send(sock.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+  if (::send(sock->get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) {
     return absl::UnavailableError("step arena socket " + path + ": send: " + std::strerror(errno));
   }
-  absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(sock.get());
+  absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(sock->get());
   if (!got.ok()) return got.status();
   if (got->fds.size() != 1) {
     return absl::FailedPreconditionError("the daemon refused the step arena: " +

@@ -2,7 +2,6 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,22 +32,14 @@ uint64_t RoundUp64(uint64_t n) { return (n + 63) / 64 * 64; }
 // arena id its samples name, or why not.
 absl::StatusOr<uint64_t> RegisterArena(const std::string& socket_path, const std::string& producer_id,
                                        shm::ArenaWriter& writer, int timeout_ms) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError("the registration socket path " + socket_path + " is too long");
-  }
-  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  shm::UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) return absl::InternalError(std::string("socket(): ") + std::strerror(errno));
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  absl::StatusOr<shm::UniqueFd> sock = shm::ConnectSeqpacket(socket_path, timeout_ms);
+  if (absl::IsUnavailable(sock.status())) {
     return absl::UnavailableError("no arena registration socket answers at " + socket_path + " (" +
-                                  std::strerror(errno) + "; shm.producer_arenas off, or an older odbd)");
+                                  std::string(sock.status().message()) +
+                                  "; shm.producer_arenas off, or an older odbd)");
   }
-  absl::StatusOr<shm::PeerCredentials> peer = shm::GetPeerCredentials(sock.get());
+  if (!sock.ok()) return sock.status();
+  absl::StatusOr<shm::PeerCredentials> peer = shm::GetPeerCredentials(sock->get());
   if (!peer.ok()) return peer.status();
   if (peer->uid != ::getuid()) {
     return absl::PermissionDeniedError("the daemon behind " + socket_path + " runs as uid " +
@@ -60,9 +51,9 @@ absl::StatusOr<uint64_t> RegisterArena(const std::string& socket_path, const std
   request.set_producer_id(producer_id);
   request.set_generation(writer.arena().generation());
   request.set_capacity_bytes(writer.capacity_bytes());
-  if (absl::Status s = shm::SendFd(sock.get(), writer.arena().fd(), request.SerializeAsString()); !s.ok()) return s;
+  if (absl::Status s = shm::SendFd(sock->get(), writer.arena().fd(), request.SerializeAsString()); !s.ok()) return s;
   char buffer[4096];
-  const ssize_t n = ::recv(sock.get(), buffer, sizeof(buffer), 0);
+  const ssize_t n = ::recv(sock->get(), buffer, sizeof(buffer), 0);
   if (n <= 0) {
     return absl::UnavailableError("the daemon did not answer the arena registration on " + socket_path + " (" +
                                   (n == 0 ? std::string("it closed the connection") : std::strerror(errno)) + ")");
