@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <limits>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <sstream>
 #include <string_view>
@@ -188,6 +189,38 @@ absl::StatusOr<std::array<uint8_t, 8>> EncodePadValue(double value, DType dtype,
   return out;
 }
 
+// Where collated bytes go: appended to a vector whose capacity is reserved
+// (Collate's owned tensors), or written from a pointer on (memory the caller
+// owns, CollatePlan::WriteTo). Either way every output byte is written once,
+// with no zero-initialisation first.
+class VectorSink {
+ public:
+  explicit VectorSink(std::vector<uint8_t>* out) : out_(out) {}
+  void Copy(const uint8_t* src, size_t n) {
+    if (n > 0) out_->insert(out_->end(), src, src + n);
+  }
+  void Set(uint8_t byte, size_t n) { out_->insert(out_->end(), n, byte); }
+
+ private:
+  std::vector<uint8_t>* out_;
+};
+
+class PointerSink {
+ public:
+  explicit PointerSink(uint8_t* at) : at_(at) {}
+  void Copy(const uint8_t* src, size_t n) {
+    if (n > 0) std::memcpy(at_, src, n);
+    at_ += n;
+  }
+  void Set(uint8_t byte, size_t n) {
+    if (n > 0) std::memset(at_, byte, n);
+    at_ += n;
+  }
+
+ private:
+  uint8_t* at_;
+};
+
 // Fills padding by copying a pre-built block of repeated elements (or one
 // memset when all bytes of the element are equal), so padding costs the same
 // as a memcpy whatever the dtype.
@@ -200,16 +233,17 @@ class PatternFill {
     for (size_t i = 0; i < block_.size(); ++i) block_[i] = element[i % element_size];
   }
 
-  // Appends `n` bytes of the pattern; `n` must be a multiple of the element
+  // Writes `n` bytes of the pattern; `n` must be a multiple of the element
   // size (the block size is a multiple of every element size).
-  void Append(size_t n, std::vector<uint8_t>* out) const {
+  template <typename Sink>
+  void Fill(size_t n, Sink& out) const {
     if (uniform_) {
-      out->insert(out->end(), n, byte_);
+      out.Set(byte_, n);
       return;
     }
     while (n > 0) {
       const size_t chunk = std::min(n, block_.size());
-      out->insert(out->end(), block_.data(), block_.data() + chunk);
+      out.Copy(block_.data(), chunk);
       n -= chunk;
     }
   }
@@ -220,17 +254,11 @@ class PatternFill {
   std::array<uint8_t, 1024> block_{};
 };
 
-// Appends without zero-initialising first: with reserved capacity this is a
-// single memcpy, so every output byte is written exactly once.
-void AppendBytes(const uint8_t* data, size_t n, std::vector<uint8_t>* out) {
-  if (n > 0) out->insert(out->end(), data, data + n);
-}
-
-template <typename T>
-void AppendValue(T value, std::vector<uint8_t>* out) {
+template <typename T, typename Sink>
+void WriteValue(T value, Sink& out) {
   uint8_t raw[sizeof(T)];
   std::memcpy(raw, &value, sizeof(T));
-  out->insert(out->end(), raw, raw + sizeof(T));
+  out.Copy(raw, sizeof(T));
 }
 
 // The bytes of batch tensor `tensor`, the product of `factors`: an error
@@ -278,7 +306,7 @@ std::vector<uint8_t> OutputBuffer(size_t bytes, BufferPool* pool) {
 // One field of the group: its rule and the view of every sample, in order.
 struct Field {
   std::string name;
-  const FieldSpec* spec = nullptr;  // null: default rule, pad value 0, right side
+  const FieldSpec* spec = nullptr;  // null: default rule, pad value 0, right side; planning only
   FieldRule rule = FieldRule::kPad;
   DType dtype = DType::kUnspecified;
   std::vector<const TensorView*> views;  // one per sample
@@ -287,6 +315,11 @@ struct Field {
   PadSide pad_side() const { return spec != nullptr ? spec->pad_side : PadSide::kRight; }
   double pad_value() const { return spec != nullptr ? spec->pad_value : 0.0; }
   int64_t Rows(size_t i) const { return views[i]->shape[0]; }
+  int64_t MaxRows() const {
+    int64_t max_rows = 0;
+    for (size_t i = 0; i < views.size(); ++i) max_rows = std::max(max_rows, Rows(i));
+    return max_rows;
+  }
 };
 
 absl::Status ValidateView(const TensorView& view, const Sample& sample) {
@@ -377,160 +410,86 @@ std::vector<int64_t> TrailingDims(const TensorView& view) {
   return std::vector<int64_t>(view.shape.begin() + 1, view.shape.end());
 }
 
-absl::StatusOr<BatchTensor> PadField(const Field& field, size_t batch, uint64_t cap,
-                                     BufferPool* pool) {
-  auto pad_element = EncodePadValue(field.pad_value(), field.dtype, field.name);
-  if (!pad_element.ok()) return pad_element.status();
-  const PatternFill fill(*pad_element, DTypeSize(field.dtype));
+// How one output is written (its layout is next to it in the plan).
+enum class OutputKind {
+  kPadded,         // kPad: [B, Lmax, ...], each sample padded on `left` or right
+  kSamplesInOrder, // kStack, kConcat and packed kPad: every sample's bytes, in order
+  kOffsets,        // "<name>_offsets": int64 prefix sums of dim 0
+  kAttentionMask,  // int64 [B, Lmax] of the length field
+  kCuSeqlens,      // int32 prefix sums of the length field's dim 0
+  kPositionIds,    // int64 [1, sum L]: 0..L_i-1 per sample
+};
 
-  int64_t max_rows = 0;
-  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, field.Rows(i));
+struct Output {
+  OutputKind kind = OutputKind::kSamplesInOrder;
+  size_t field = 0;  // index into the plan's fields (the length field for derived tensors)
+  bool left = false;  // kPadded, kAttentionMask: pad on the left
+  std::array<uint8_t, 8> pad_element{};  // kPadded
+  int64_t max_rows = 0;  // kPadded, kAttentionMask, kPositionIds
+};
 
-  BatchTensor out;
-  out.name = field.name;
-  out.dtype = field.dtype;
-  out.shape = {static_cast<int64_t>(batch), max_rows};
-  for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  auto size = OutputSize(field.name, {batch, static_cast<uint64_t>(max_rows), field.row_bytes}, cap);
-  if (!size.ok()) return size.status();
-  out.bytes = OutputBuffer(*size, pool);
-  const bool left = field.pad_side() == PadSide::kLeft;
-  for (size_t i = 0; i < batch; ++i) {
-    const TensorView& v = *field.views[i];
-    const size_t pad_bytes = static_cast<size_t>(max_rows - field.Rows(i)) * field.row_bytes;
-    if (left) fill.Append(pad_bytes, &out.bytes);
-    AppendBytes(v.data, v.size_bytes, &out.bytes);
-    if (!left) fill.Append(pad_bytes, &out.bytes);
+template <typename Sink>
+void WriteOutput(const Output& o, const std::vector<Field>& fields, size_t batch, Sink& out) {
+  const Field& field = fields[o.field];
+  switch (o.kind) {
+    case OutputKind::kPadded: {
+      const PatternFill fill(o.pad_element, DTypeSize(field.dtype));
+      for (size_t i = 0; i < batch; ++i) {
+        const TensorView& v = *field.views[i];
+        const size_t pad_bytes = static_cast<size_t>(o.max_rows - field.Rows(i)) * field.row_bytes;
+        if (o.left) fill.Fill(pad_bytes, out);
+        out.Copy(v.data, v.size_bytes);
+        if (!o.left) fill.Fill(pad_bytes, out);
+      }
+      return;
+    }
+    case OutputKind::kSamplesInOrder:
+      for (size_t i = 0; i < batch; ++i) out.Copy(field.views[i]->data, field.views[i]->size_bytes);
+      return;
+    case OutputKind::kOffsets: {
+      int64_t offset = 0;
+      WriteValue(offset, out);
+      for (size_t i = 0; i < batch; ++i) {
+        offset += field.Rows(i);
+        WriteValue(offset, out);
+      }
+      return;
+    }
+    case OutputKind::kAttentionMask: {
+      std::array<uint8_t, 8> one{};
+      StoreBytes(int64_t{1}, &one);
+      const PatternFill ones(one, sizeof(int64_t));
+      const PatternFill zeros(std::array<uint8_t, 8>{}, sizeof(int64_t));
+      for (size_t i = 0; i < batch; ++i) {
+        const size_t real = static_cast<size_t>(field.Rows(i)) * sizeof(int64_t);
+        const size_t pad = static_cast<size_t>(o.max_rows) * sizeof(int64_t) - real;
+        if (o.left) zeros.Fill(pad, out);
+        ones.Fill(real, out);
+        if (!o.left) zeros.Fill(pad, out);
+      }
+      return;
+    }
+    case OutputKind::kCuSeqlens: {
+      int32_t acc = 0;  // the plan checked that the total fits in int32
+      WriteValue(acc, out);
+      for (size_t i = 0; i < batch; ++i) {
+        acc += static_cast<int32_t>(field.Rows(i));
+        WriteValue(acc, out);
+      }
+      return;
+    }
+    case OutputKind::kPositionIds: {
+      // Every sample's positions are a prefix of one ramp 0..Lmax-1: build it
+      // once and copy slices, so position_ids cost a memcpy per sample.
+      std::vector<int64_t> ramp(static_cast<size_t>(o.max_rows));
+      for (int64_t j = 0; j < o.max_rows; ++j) ramp[static_cast<size_t>(j)] = j;
+      const auto* ramp_bytes = reinterpret_cast<const uint8_t*>(ramp.data());
+      for (size_t i = 0; i < batch; ++i) {
+        out.Copy(ramp_bytes, static_cast<size_t>(field.Rows(i)) * sizeof(int64_t));
+      }
+      return;
+    }
   }
-  return out;
-}
-
-// Concatenation along dim 0 (kConcat, and kPad in packed mode).
-absl::StatusOr<BatchTensor> ConcatField(const Field& field, size_t batch, bool as_packed_row,
-                                        uint64_t cap, BufferPool* pool) {
-  auto total_rows = TotalRows(field.views, field.name);
-  if (!total_rows.ok()) return total_rows.status();
-  // Every sample's bytes are rows x row_bytes, so the total is too.
-  auto total_bytes =
-      OutputSize(field.name, {static_cast<uint64_t>(*total_rows), field.row_bytes}, cap);
-  if (!total_bytes.ok()) return total_bytes.status();
-  BatchTensor out;
-  out.name = field.name;
-  out.dtype = field.dtype;
-  if (as_packed_row) out.shape.push_back(1);
-  out.shape.push_back(*total_rows);
-  for (int64_t d : TrailingDims(*field.views[0])) out.shape.push_back(d);
-  out.bytes = OutputBuffer(*total_bytes, pool);
-  for (size_t i = 0; i < batch; ++i) {
-    AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
-  }
-  return out;
-}
-
-absl::StatusOr<BatchTensor> StackField(const Field& field, size_t batch, uint64_t cap,
-                                       BufferPool* pool) {
-  auto size = OutputSize(field.name, {batch, field.row_bytes}, cap);
-  if (!size.ok()) return size.status();
-  BatchTensor out;
-  out.name = field.name;
-  out.dtype = field.dtype;
-  out.shape.push_back(static_cast<int64_t>(batch));
-  for (int64_t d : field.views[0]->shape) out.shape.push_back(d);
-  out.bytes = OutputBuffer(*size, pool);
-  for (size_t i = 0; i < batch; ++i) {
-    AppendBytes(field.views[i]->data, field.views[i]->size_bytes, &out.bytes);
-  }
-  return out;
-}
-
-// Call after ConcatField succeeded: it checked that the rows' sum fits.
-BatchTensor Offsets(const Field& field, size_t batch) {
-  BatchTensor out;
-  out.name = field.name + std::string(kOffsetsSuffix);
-  out.dtype = DType::kInt64;
-  out.shape = {static_cast<int64_t>(batch) + 1};
-  out.bytes.reserve((batch + 1) * sizeof(int64_t));
-  int64_t offset = 0;
-  AppendValue(offset, &out.bytes);
-  for (size_t i = 0; i < batch; ++i) {
-    offset += field.Rows(i);
-    AppendValue(offset, &out.bytes);
-  }
-  return out;
-}
-
-absl::StatusOr<BatchTensor> AttentionMask(const Field& length_field, size_t batch, uint64_t cap,
-                                          BufferPool* pool) {
-  int64_t max_rows = 0;
-  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
-  std::array<uint8_t, 8> one{};
-  StoreBytes(int64_t{1}, &one);
-  const PatternFill ones(one, sizeof(int64_t));
-  const PatternFill zeros(std::array<uint8_t, 8>{}, sizeof(int64_t));
-
-  BatchTensor out;
-  out.name = std::string(kAttentionMask);
-  out.dtype = DType::kInt64;
-  out.shape = {static_cast<int64_t>(batch), max_rows};
-  auto size = OutputSize(kAttentionMask, {batch, static_cast<uint64_t>(max_rows), sizeof(int64_t)},
-                         cap);
-  if (!size.ok()) return size.status();
-  out.bytes = OutputBuffer(*size, pool);
-  const bool left = length_field.pad_side() == PadSide::kLeft;
-  for (size_t i = 0; i < batch; ++i) {
-    const size_t real = static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t);
-    const size_t pad = static_cast<size_t>(max_rows) * sizeof(int64_t) - real;
-    if (left) zeros.Append(pad, &out.bytes);
-    ones.Append(real, &out.bytes);
-    if (!left) zeros.Append(pad, &out.bytes);
-  }
-  return out;
-}
-
-absl::Status AppendPackedIndex(const Field& length_field, size_t batch, uint64_t cap,
-                               BufferPool* pool, std::vector<BatchTensor>* outputs) {
-  auto total_rows = TotalRows(length_field.views, length_field.name);
-  if (!total_rows.ok()) return total_rows.status();
-  const int64_t total = *total_rows;
-  if (total > std::numeric_limits<int32_t>::max()) {
-    return InvalidArgumentError(StrCat("collate: packed group has ", total, " rows of '",
-                                       length_field.name,
-                                       "', more than int32 cu_seqlens can index; lower the budget"));
-  }
-  BatchTensor cu;
-  cu.name = std::string(kCuSeqlens);
-  cu.dtype = DType::kInt32;
-  cu.shape = {static_cast<int64_t>(batch) + 1};
-  cu.bytes.reserve((batch + 1) * sizeof(int32_t));
-  int32_t acc = 0;
-  AppendValue(acc, &cu.bytes);
-  for (size_t i = 0; i < batch; ++i) {
-    acc += static_cast<int32_t>(length_field.Rows(i));
-    AppendValue(acc, &cu.bytes);
-  }
-
-  BatchTensor pos;
-  pos.name = std::string(kPositionIds);
-  pos.dtype = DType::kInt64;
-  pos.shape = {1, total};
-  // The ramp is at most as long as position_ids, so this bounds both.
-  auto pos_size = OutputSize(kPositionIds, {static_cast<uint64_t>(total), sizeof(int64_t)}, cap);
-  if (!pos_size.ok()) return pos_size.status();
-  // Every sample's positions are a prefix of one ramp 0..Lmax-1: build it
-  // once and copy slices, so position_ids cost a memcpy per sample.
-  int64_t max_rows = 0;
-  for (size_t i = 0; i < batch; ++i) max_rows = std::max(max_rows, length_field.Rows(i));
-  std::vector<int64_t> ramp(static_cast<size_t>(max_rows));
-  for (int64_t j = 0; j < max_rows; ++j) ramp[static_cast<size_t>(j)] = j;
-  const auto* ramp_bytes = reinterpret_cast<const uint8_t*>(ramp.data());
-  pos.bytes = OutputBuffer(*pos_size, pool);
-  for (size_t i = 0; i < batch; ++i) {
-    AppendBytes(ramp_bytes, static_cast<size_t>(length_field.Rows(i)) * sizeof(int64_t),
-                &pos.bytes);
-  }
-  outputs->push_back(std::move(cu));
-  outputs->push_back(std::move(pos));
-  return absl::OkStatus();
 }
 
 // Gathers every sample's view of every field, checking that all samples carry
@@ -637,9 +596,119 @@ absl::Status CheckNameClashes(const std::vector<Field>& fields, const CollateOpt
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const Sample*>& group,
-                                                        const CollateOptions& options,
-                                                        BufferPool* buffers) {
+// A collation's outputs: what each one is and how it is written.
+struct Planned {
+  size_t batch = 0;
+  std::vector<Field> fields;
+  std::vector<Output> outputs;             // how each output is written
+  std::vector<BatchTensorLayout> layouts;  // what each output is
+};
+
+// Adds one output: its layout and how to write it.
+void AddOutput(Planned* plan, BatchTensorLayout layout, Output how) {
+  plan->layouts.push_back(std::move(layout));
+  plan->outputs.push_back(how);
+}
+
+// Layout of field `index` under its rule (and the "<name>_offsets" of a
+// concatenated one).
+absl::Status PlanField(Planned* plan, size_t index, bool packed, uint64_t cap) {
+  const Field& field = plan->fields[index];
+  const size_t batch = plan->batch;
+  const TensorView& first = *field.views[0];
+  Output how;
+  how.field = index;
+  if (field.rule == FieldRule::kPad && !packed) {
+    auto pad_element = EncodePadValue(field.pad_value(), field.dtype, field.name);
+    if (!pad_element.ok()) return pad_element.status();
+    how.kind = OutputKind::kPadded;
+    how.pad_element = *pad_element;
+    how.left = field.pad_side() == PadSide::kLeft;
+    how.max_rows = field.MaxRows();
+    auto size = OutputSize(field.name, {batch, static_cast<uint64_t>(how.max_rows), field.row_bytes}, cap);
+    if (!size.ok()) return size.status();
+    std::vector<int64_t> shape = {static_cast<int64_t>(batch), how.max_rows};
+    for (int64_t d : TrailingDims(first)) shape.push_back(d);
+    AddOutput(plan, {field.name, field.dtype, std::move(shape), *size}, how);
+    return absl::OkStatus();
+  }
+  how.kind = OutputKind::kSamplesInOrder;
+  if (field.rule == FieldRule::kStack) {
+    auto size = OutputSize(field.name, {batch, field.row_bytes}, cap);
+    if (!size.ok()) return size.status();
+    std::vector<int64_t> shape = {static_cast<int64_t>(batch)};
+    for (int64_t d : first.shape) shape.push_back(d);
+    AddOutput(plan, {field.name, field.dtype, std::move(shape), *size}, how);
+    return absl::OkStatus();
+  }
+  // Concatenation along dim 0 (kConcat, and kPad in packed mode).
+  auto total_rows = TotalRows(field.views, field.name);
+  if (!total_rows.ok()) return total_rows.status();
+  // Every sample's bytes are rows x row_bytes, so the total is too.
+  auto size = OutputSize(field.name, {static_cast<uint64_t>(*total_rows), field.row_bytes}, cap);
+  if (!size.ok()) return size.status();
+  std::vector<int64_t> shape;
+  if (field.rule == FieldRule::kPad) shape.push_back(1);  // the packed row
+  shape.push_back(*total_rows);
+  for (int64_t d : TrailingDims(first)) shape.push_back(d);
+  AddOutput(plan, {field.name, field.dtype, std::move(shape), *size}, how);
+  if (field.rule == FieldRule::kConcat) {
+    how.kind = OutputKind::kOffsets;
+    AddOutput(plan,
+              {field.name + std::string(kOffsetsSuffix), DType::kInt64, {static_cast<int64_t>(batch) + 1},
+               (batch + 1) * sizeof(int64_t)},
+              how);
+  }
+  return absl::OkStatus();
+}
+
+// "cu_seqlens" and "position_ids" of packed mode.
+absl::Status PlanPackedIndex(Planned* plan, size_t length_index, uint64_t cap) {
+  const Field& length_field = plan->fields[length_index];
+  const size_t batch = plan->batch;
+  auto total_rows = TotalRows(length_field.views, length_field.name);
+  if (!total_rows.ok()) return total_rows.status();
+  const int64_t total = *total_rows;
+  if (total > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgumentError(StrCat("collate: packed group has ", total, " rows of '",
+                                       length_field.name,
+                                       "', more than int32 cu_seqlens can index; lower the budget"));
+  }
+  // The ramp is at most as long as position_ids, so this bounds both.
+  auto pos_size = OutputSize(kPositionIds, {static_cast<uint64_t>(total), sizeof(int64_t)}, cap);
+  if (!pos_size.ok()) return pos_size.status();
+  Output how;
+  how.field = length_index;
+  how.kind = OutputKind::kCuSeqlens;
+  AddOutput(plan,
+            {std::string(kCuSeqlens), DType::kInt32, {static_cast<int64_t>(batch) + 1},
+             (batch + 1) * sizeof(int32_t)},
+            how);
+  how.kind = OutputKind::kPositionIds;
+  how.max_rows = length_field.MaxRows();
+  AddOutput(plan, {std::string(kPositionIds), DType::kInt64, {1, total}, *pos_size}, how);
+  return absl::OkStatus();
+}
+
+absl::Status PlanAttentionMask(Planned* plan, size_t length_index, uint64_t cap) {
+  const Field& length_field = plan->fields[length_index];
+  Output how;
+  how.kind = OutputKind::kAttentionMask;
+  how.field = length_index;
+  how.left = length_field.pad_side() == PadSide::kLeft;
+  how.max_rows = length_field.MaxRows();
+  auto size = OutputSize(kAttentionMask,
+                         {plan->batch, static_cast<uint64_t>(how.max_rows), sizeof(int64_t)}, cap);
+  if (!size.ok()) return size.status();
+  AddOutput(plan,
+            {std::string(kAttentionMask), DType::kInt64, {static_cast<int64_t>(plan->batch), how.max_rows},
+             *size},
+            how);
+  return absl::OkStatus();
+}
+
+absl::Status PlanOrThrow(const std::vector<const Sample*>& group, const CollateOptions& options,
+                         Planned* plan) {
   if (group.empty()) {
     return InvalidArgumentError("collate: empty group; a group needs at least one sample");
   }
@@ -653,7 +722,9 @@ absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const 
 
   auto gathered = GatherFields(group);
   if (!gathered.ok()) return gathered.status();
-  std::vector<Field>& fields = *gathered;
+  plan->fields = std::move(*gathered);
+  plan->batch = group.size();
+  std::vector<Field>& fields = plan->fields;
   const size_t batch = group.size();
 
   for (Field& field : fields) {
@@ -665,20 +736,21 @@ absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const 
   status = CheckNameClashes(fields, options, *group[0]);
   if (!status.ok()) return status;
 
-  const Field* length_field = nullptr;
+  std::optional<size_t> length_index;
   if (options.packed || options.attention_mask) {
     const std::string_view why = options.packed ? "packed mode (cu_seqlens, position_ids)"
                                                 : "attention_mask";
-    for (const Field& f : fields) {
-      if (f.name == options.length_field) length_field = &f;
+    for (size_t f = 0; f < fields.size(); ++f) {
+      if (fields[f].name == options.length_field) length_index = f;
     }
-    if (length_field == nullptr) {
+    if (!length_index) {
       return InvalidArgumentError(StrCat(
           Where(options.length_field, *group[0]), " (length_field) is missing; ", why,
           " needs it: set CollateOptions::length_field to a tensor the samples carry"));
     }
-    if (length_field->views[0]->shape.empty()) {
-      return InvalidArgumentError(StrCat(Where(length_field->name, *group[0]),
+    const Field& length_field = fields[*length_index];
+    if (length_field.views[0]->shape.empty()) {
+      return InvalidArgumentError(StrCat(Where(length_field.name, *group[0]),
                                          " (length_field) is a scalar; ", why,
                                          " needs its dim 0 as the sequence length"));
     }
@@ -686,13 +758,14 @@ absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const 
   if (options.packed) {
     // Packed rows share one cu_seqlens, so every packed field must have the
     // length field's row count in every sample.
+    const Field& length_field = fields[*length_index];
     for (const Field& f : fields) {
       if (f.rule != FieldRule::kPad) continue;
       for (size_t i = 0; i < batch; ++i) {
-        if (f.Rows(i) != length_field->Rows(i)) {
+        if (f.Rows(i) != length_field.Rows(i)) {
           return InvalidArgumentError(StrCat(
               Where(f.name, *group[i]), ": ", f.Rows(i), " rows but length_field '",
-              length_field->name, "' has ", length_field->Rows(i),
+              length_field.name, "' has ", length_field.Rows(i),
               "; packed fields must match the length field (use concat for fields with their own "
               "length)"));
         }
@@ -701,53 +774,88 @@ absl::StatusOr<std::vector<BatchTensor>> CollateOrThrow(const std::vector<const 
   }
 
   const uint64_t cap = options.max_batch_tensor_bytes;
-  std::vector<BatchTensor> outputs;
-  outputs.reserve(fields.size() * 2 + 2);
-  for (const Field& field : fields) {
-    absl::StatusOr<BatchTensor> out;
-    switch (field.rule) {
-      case FieldRule::kPad:
-        out = options.packed ? ConcatField(field, batch, /*as_packed_row=*/true, cap, buffers)
-                             : PadField(field, batch, cap, buffers);
-        break;
-      case FieldRule::kStack:
-        out = StackField(field, batch, cap, buffers);
-        break;
-      case FieldRule::kConcat:
-        out = ConcatField(field, batch, /*as_packed_row=*/false, cap, buffers);
-        break;
-    }
-    if (!out.ok()) return out.status();
-    outputs.push_back(std::move(*out));
-    if (field.rule == FieldRule::kConcat) outputs.push_back(Offsets(field, batch));
+  plan->outputs.reserve(fields.size() * 2 + 2);
+  plan->layouts.reserve(fields.size() * 2 + 2);
+  for (size_t f = 0; f < fields.size(); ++f) {
+    status = PlanField(plan, f, options.packed, cap);
+    if (!status.ok()) return status;
   }
   if (options.packed) {
-    status = AppendPackedIndex(*length_field, batch, cap, buffers, &outputs);
-    if (!status.ok()) return status;
+    status = PlanPackedIndex(plan, *length_index, cap);
   } else if (options.attention_mask) {
-    auto mask = AttentionMask(*length_field, batch, cap, buffers);
-    if (!mask.ok()) return mask.status();
-    outputs.push_back(std::move(*mask));
+    status = PlanAttentionMask(plan, *length_index, cap);
   }
-  return outputs;
+  if (!status.ok()) return status;
+  for (Field& field : fields) field.spec = nullptr;  // `options` is not kept
+  return absl::OkStatus();
+}
+
+absl::Status OutOfMemory(size_t batch, const std::exception& e, bool too_large) {
+  return too_large ? ResourceExhaustedError(StrCat("collate: a batch tensor of ", batch,
+                                                   " samples is too large (", e.what(), "); lower the budget"))
+                   : ResourceExhaustedError(StrCat("collate: out of memory building a batch of ", batch,
+                                                   " samples (", e.what(), "); lower the budget"));
 }
 
 }  // namespace
 
+struct CollatePlan::Impl : Planned {};
+
+CollatePlan::CollatePlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CollatePlan::CollatePlan(CollatePlan&&) noexcept = default;
+CollatePlan& CollatePlan::operator=(CollatePlan&&) noexcept = default;
+CollatePlan::~CollatePlan() = default;
+
+absl::StatusOr<CollatePlan> CollatePlan::Make(const std::vector<const Sample*>& group,
+                                              const CollateOptions& options) {
+  // The size checks keep hostile shapes from the allocator; what is left (a
+  // real step larger than the memory there is) must not take the daemon down
+  // either: it becomes an error for this step.
+  try {
+    auto impl = std::make_unique<Impl>();
+    absl::Status status = PlanOrThrow(group, options, impl.get());
+    if (!status.ok()) return status;
+    return CollatePlan(std::move(impl));
+  } catch (const std::bad_alloc& e) {
+    return OutOfMemory(group.size(), e, false);
+  } catch (const std::length_error& e) {
+    return OutOfMemory(group.size(), e, true);
+  }
+}
+
+const std::vector<BatchTensorLayout>& CollatePlan::outputs() const { return impl_->layouts; }
+
+void CollatePlan::WriteTo(const std::vector<uint8_t*>& destinations) const {
+  for (size_t i = 0; i < impl_->outputs.size() && i < destinations.size(); ++i) {
+    PointerSink sink(destinations[i]);
+    WriteOutput(impl_->outputs[i], impl_->fields, impl_->batch, sink);
+  }
+}
+
+absl::StatusOr<std::vector<BatchTensor>> CollatePlan::WriteToBuffers(BufferPool* buffers) const {
+  try {
+    std::vector<BatchTensor> tensors;
+    tensors.reserve(impl_->outputs.size());
+    for (size_t i = 0; i < impl_->outputs.size(); ++i) {
+      const BatchTensorLayout& layout = impl_->layouts[i];
+      BatchTensor t{layout.name, layout.dtype, layout.shape, OutputBuffer(layout.size_bytes, buffers)};
+      VectorSink sink(&t.bytes);
+      WriteOutput(impl_->outputs[i], impl_->fields, impl_->batch, sink);
+      tensors.push_back(std::move(t));
+    }
+    return tensors;
+  } catch (const std::bad_alloc& e) {
+    return OutOfMemory(impl_->batch, e, false);
+  } catch (const std::length_error& e) {
+    return OutOfMemory(impl_->batch, e, true);
+  }
+}
+
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
                                                  const CollateOptions& options, BufferPool* buffers) {
-  // The size checks above keep hostile shapes from the allocator; what is
-  // left (a real step larger than the memory there is) must not take the
-  // daemon down either: it becomes an error for this step.
-  try {
-    return CollateOrThrow(group, options, buffers);
-  } catch (const std::bad_alloc& e) {
-    return ResourceExhaustedError(StrCat("collate: out of memory building a batch of ", group.size(),
-                                         " samples (", e.what(), "); lower the budget"));
-  } catch (const std::length_error& e) {
-    return ResourceExhaustedError(StrCat("collate: a batch tensor of ", group.size(),
-                                         " samples is too large (", e.what(), "); lower the budget"));
-  }
+  auto plan = CollatePlan::Make(group, options);
+  if (!plan.ok()) return plan.status();
+  return plan->WriteToBuffers(buffers);
 }
 
 absl::Status CheckPadValue(double value, DType dtype, const std::string& field) {

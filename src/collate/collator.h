@@ -2,6 +2,7 @@
 #define ODB_COLLATE_COLLATOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,15 @@ struct BatchTensor {
   std::vector<uint8_t> bytes;
 };
 
+// One batch tensor as a collation lays it out, known before any byte is
+// written: lets the caller decide where the bytes go (CollatePlan).
+struct BatchTensorLayout {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  uint64_t size_bytes = 0;
+};
+
 // Collates the group (in the given order) into batch tensors. All samples
 // must carry the same set of tensor names with matching dtypes; errors name
 // the field and the sample id. Deterministic output order: fields sorted by
@@ -104,6 +114,35 @@ struct BatchTensor {
 absl::StatusOr<std::vector<BatchTensor>> Collate(const std::vector<const Sample*>& group,
                                                  const CollateOptions& options,
                                                  BufferPool* buffers = nullptr);
+
+// Collate in two phases, for a caller that owns the destination memory (the
+// daemon writes a step straight into the trainer's step arena): Make() does
+// every check Collate() does and lays out the outputs (same order, names,
+// dtypes, shapes and errors as Collate); WriteTo() then writes each output
+// exactly once and cannot fail. The plan points into the group's samples,
+// which must outlive it; it does not keep `options`.
+class CollatePlan {
+ public:
+  static absl::StatusOr<CollatePlan> Make(const std::vector<const Sample*>& group,
+                                          const CollateOptions& options);
+  CollatePlan(CollatePlan&&) noexcept;
+  CollatePlan& operator=(CollatePlan&&) noexcept;
+  ~CollatePlan();
+
+  const std::vector<BatchTensorLayout>& outputs() const;
+  // Writes output i at destinations[i], which has room for
+  // outputs()[i].size_bytes (any alignment). destinations.size() must equal
+  // outputs().size().
+  void WriteTo(const std::vector<uint8_t*>& destinations) const;
+  // The outputs as owned tensors, in buffers from `buffers` when given (what
+  // Collate returns); ResourceExhausted when memory runs out.
+  absl::StatusOr<std::vector<BatchTensor>> WriteToBuffers(BufferPool* buffers) const;
+
+ private:
+  struct Impl;
+  explicit CollatePlan(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 // The pad value as `dtype` would store it: OK when `value` is representable
 // (the rules of kPad above), else the InvalidArgumentError Collate would

@@ -704,6 +704,88 @@ TEST_CASE("an allocation failure is an error, not an exception") {
 }
 #endif  // !__SANITIZE_ADDRESS__
 
+TEST_CASE("CollatePlan writes into caller memory exactly what Collate returns, and nothing around it") {
+  for (uint32_t seed = 1; seed <= 200; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const size_t batch = static_cast<size_t>(uniform(1, 5));
+    const bool packed = uniform(0, 2) == 0;
+    std::vector<Sample> samples;
+    for (size_t i = 0; i < batch; ++i) {
+      const int64_t len = uniform(0, 7);
+      std::vector<int64_t> ids(static_cast<size_t>(len));
+      for (auto& v : ids) v = uniform(0, 50000);
+      std::vector<float> pixels(6);
+      for (auto& v : pixels) v = static_cast<float>(uniform(-100, 100)) / 8;
+      std::vector<int32_t> extra(static_cast<size_t>(uniform(0, 3)), static_cast<int32_t>(i));
+      std::vector<uint16_t> labels(static_cast<size_t>(len), static_cast<uint16_t>(uniform(0, 65535)));
+      samples.push_back(SampleBuilder(7 + i)
+                            .Add<int64_t>("input_ids", DType::kInt64, {len}, ids)
+                            .Add<uint16_t>("labels", DType::kFloat16, {len}, labels)
+                            .Add<float>("pixels", DType::kFloat32, {2, 3}, pixels)
+                            .Add<int32_t>("extra", DType::kInt32, {static_cast<int64_t>(extra.size())}, extra)
+                            .Build());
+    }
+    const PadSide side = uniform(0, 1) == 0 ? PadSide::kRight : PadSide::kLeft;
+    CollateOptions options = Options({{"input_ids", FieldRule::kPad, 3, side},
+                                      {"labels", FieldRule::kPad, -1.5, side},
+                                      {"pixels", FieldRule::kStack},
+                                      {"extra", FieldRule::kConcat}},
+                                     /*attention_mask=*/uniform(0, 1) == 0);
+    options.packed = packed;
+    auto want = Collate(Ptrs(samples), options);
+    REQUIRE(want.ok());
+    auto plan = CollatePlan::Make(Ptrs(samples), options);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->outputs().size() == want->size());
+    // Every output at an odd offset of one buffer, with guard bytes between.
+    constexpr uint8_t kGuard = 0xA5;
+    std::vector<size_t> at;
+    size_t cursor = 3;
+    for (const BatchTensorLayout& l : plan->outputs()) {
+      at.push_back(cursor);
+      cursor += l.size_bytes + 5;
+    }
+    std::vector<uint8_t> memory(cursor, kGuard);
+    std::vector<uint8_t*> destinations;
+    for (size_t a : at) destinations.push_back(memory.data() + a);
+    plan->WriteTo(destinations);
+    size_t written = 0;
+    for (size_t i = 0; i < want->size(); ++i) {
+      const BatchTensorLayout& l = plan->outputs()[i];
+      const BatchTensor& t = (*want)[i];
+      CHECK(l.name == t.name);
+      CHECK(l.dtype == t.dtype);
+      CHECK(l.shape == t.shape);
+      REQUIRE(l.size_bytes == t.bytes.size());
+      CHECK(std::vector<uint8_t>(memory.begin() + static_cast<long>(at[i]),
+                                 memory.begin() + static_cast<long>(at[i] + l.size_bytes)) == t.bytes);
+      written += l.size_bytes;
+    }
+    CHECK(static_cast<size_t>(std::count(memory.begin(), memory.end(), kGuard)) >= memory.size() - written);
+    for (size_t i = 0; i < at.size(); ++i) {
+      const size_t end = at[i] + plan->outputs()[i].size_bytes;
+      for (size_t g = end; g < end + 5; ++g) CHECK(memory[g] == kGuard);
+    }
+    for (size_t g = 0; g < 3; ++g) CHECK(memory[g] == kGuard);
+  }
+}
+
+TEST_CASE("CollatePlan refuses what Collate refuses, with the same error") {
+  std::vector<Sample> samples;
+  samples.push_back(SampleBuilder(1).Add<int32_t>("labels", DType::kInt32, {2}, {1, 2}).Build());
+  CollateOptions options = Options({{"labels", FieldRule::kPad, 0.5}}, /*attention_mask=*/false);
+  auto collated = Collate(Ptrs(samples), options);
+  auto plan = CollatePlan::Make(Ptrs(samples), options);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status() == collated.status());
+  options.max_batch_tensor_bytes = 4;
+  options.fields[0].pad_value = 0;
+  auto over = CollatePlan::Make(Ptrs(samples), options);
+  CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
+}
+
 TEST_CASE("CheckPadValue reports what Collate would") {
   CHECK(CheckPadValue(-100, DType::kInt64, "labels").ok());
   CHECK(CheckPadValue(1, DType::kBool, "m").ok());

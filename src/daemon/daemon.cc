@@ -301,60 +301,19 @@ absl::Status Daemon::RunOneRound() {
   }
   auto cancelled = [this] { return Stopping(); };
   for (const StepPlan& plan : outcome->steps) {
-    auto step = steps_.Build(request.epoch, plan, cancelled);
-    if (!step.ok()) return step.status();
+    // The session's step arena, if the trainer took one: the step is collated straight into it.
     std::shared_ptr<emit::StepArena> arena = trainer_.ArenaForNextStep();
-    if (arena != nullptr) {
-      auto placed = PlaceInStepArena(std::move(*step), *arena);
-      if (!placed.ok()) return placed.status();
-      if (placed->second) {
-        trainer_.EnqueueStep(std::move(placed->first), std::move(arena));
-        Wake();  // sent while the next step is built, not after the round
-        continue;
-      }
-      *step = std::move(placed->first);
+    auto step = steps_.Build(request.epoch, plan, cancelled, arena.get());
+    if (!step.ok()) return step.status();
+    if (step->in_arena) {
+      trainer_.EnqueueStep(std::move(step->parts), std::move(arena));
+    } else {
+      trainer_.EnqueueStep(std::move(step->parts));
     }
-    trainer_.EnqueueStep(std::move(*step));
-    Wake();
+    Wake();  // sent while the next step is built, not after the round
   }
   if (outcome->epoch_finished) trainer_.EnqueueControl(steps_.FinishEpoch(request.epoch, *outcome));
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::pair<std::vector<zmq::message_t>, bool>> Daemon::PlaceInStepArena(
-    std::vector<zmq::message_t>&& parts, emit::StepArena& arena) {
-  if (parts.size() < 2) return std::make_pair(std::move(parts), false);  // idle: no tensors
-  // PlaceStepInArena consumes the frames only once it has a block; on a
-  // refusal the step goes as frames, so it keeps a second reference.
-  std::vector<zmq::message_t> frames;
-  for (auto& p : parts) {
-    zmq::message_t c;
-    c.copy(p);  // reference counted, no copy of the bytes
-    frames.push_back(std::move(c));
-  }
-  auto placed = emit::PlaceStepInArena(std::move(parts), arena,
-                                       std::chrono::milliseconds(config_.shm_step_arena_wait_ms),
-                                       [this] { return Stopping(); });
-  if (placed.ok()) {
-    metrics_.step_arena_steps.fetch_add(1);
-    return std::make_pair(std::move(*placed), true);
-  }
-  const absl::StatusCode code = placed.status().code();
-  if (code == absl::StatusCode::kDeadlineExceeded) {
-    // Back-pressure that did not clear: the trainer keeps every block. Stop with the cause.
-    return absl::ResourceExhaustedError("rank " + std::to_string(config_.rank) + ": " +
-                                        std::string(placed.status().message()));
-  }
-  if (code == absl::StatusCode::kCancelled) return placed.status();
-  // A step larger than the arena, or a trainer that died holding the arena:
-  // this step goes as frames (nothing is lost), and the reason is logged.
-  metrics_.step_arena_frame_fallbacks.fetch_add(1);
-  if (!step_arena_fallback_logged_) {
-    step_arena_fallback_logged_ = true;
-    spdlog::warn("a step goes to the trainer as frames instead of the step arena: {} (logged once)",
-                 std::string(placed.status().message()));
-  }
-  return std::make_pair(std::move(frames), false);
 }
 
 void Daemon::RecordRoundTime(std::chrono::steady_clock::duration took) {

@@ -69,12 +69,6 @@ class Daemon {
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires state_.mu
   absl::Status RunOneRound();
-  // Moves an encoded step into the session's step arena: (the header-only
-  // message, true), or (the frames, false) when this step cannot use the
-  // arena (larger than it, its reader died); an error when the arena stayed
-  // full for shm.step_arena_wait_ms (fatal) or the daemon is stopping.
-  absl::StatusOr<std::pair<std::vector<zmq::message_t>, bool>> PlaceInStepArena(
-      std::vector<zmq::message_t>&& parts, emit::StepArena& arena);
   void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
   void RecordRoundTime(std::chrono::steady_clock::duration took);  // planner thread
   void Fail(wire::ErrorCode code, const std::string& message);
@@ -115,7 +109,6 @@ class Daemon {
   static constexpr size_t kRoundTimesKept = 256;
   std::vector<uint64_t> round_times_;
   size_t round_time_next_ = 0;
-  bool step_arena_fallback_logged_ = false;  // planner thread
 };
 
 }  // namespace odb

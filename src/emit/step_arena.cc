@@ -89,39 +89,23 @@ StepArena::Stats StepArena::stats() const {
   return last_stats_;
 }
 
-absl::StatusOr<std::vector<zmq::message_t>> PlaceStepInArena(std::vector<zmq::message_t>&& parts,
-                                                             StepArena& arena, std::chrono::milliseconds wait,
-                                                             const std::function<bool()>& cancelled) {
-  if (parts.size() < 2) return std::move(parts);  // an idle step: nothing to place
-  wire::DaemonMessage message;
-  if (!message.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size())) || !message.has_step() ||
-      message.step().tensors_size() != static_cast<int>(parts.size() - 1)) {
-    return absl::InternalError("step arena: an encoded step does not parse back");
-  }
-  // Layout: tensors in frame order, each at the next multiple of 64 of the block.
-  std::vector<uint64_t> at(parts.size() - 1);
+absl::StatusOr<ArenaPlacement> AllocateStepBlock(StepArena& arena, const std::vector<uint64_t>& sizes,
+                                                 std::chrono::milliseconds wait,
+                                                 const std::function<bool()>& cancelled) {
+  ArenaPlacement where;
+  where.tensor_offsets.reserve(sizes.size());
   uint64_t cursor = 0;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    at[i - 1] = cursor;
-    cursor = RoundUp(cursor + parts[i].size());
+  for (uint64_t size : sizes) {
+    where.tensor_offsets.push_back(cursor);
+    cursor = RoundUp(cursor + size);
   }
   absl::StatusOr<shm::Block> block = arena.Allocate(std::max<uint64_t>(cursor, 1), wait, cancelled);
   if (!block.ok()) return block.status();
-  wire::Step& step = *message.mutable_step();
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (parts[i].size() > 0) std::memcpy(block->data + at[i - 1], parts[i].data(), parts[i].size());
-    wire::TensorDesc& d = *step.mutable_tensors(static_cast<int>(i - 1));
-    d.set_frame(0);
-    d.set_offset(block->offset + at[i - 1]);
-    d.set_length(parts[i].size());
-  }
-  step.mutable_arena()->set_generation(arena.generation());
-  step.mutable_arena()->set_offset(block->offset);
-  step.mutable_arena()->set_length(block->length);
-  std::string bytes = message.SerializeAsString();
-  std::vector<zmq::message_t> out;
-  out.emplace_back(bytes.data(), bytes.size());
-  return out;  // the frames (pooled buffers) go back to the pool here
+  for (uint64_t& offset : where.tensor_offsets) offset += block->offset;
+  where.generation = arena.generation();
+  where.block_offset = block->offset;
+  where.block_length = block->length;
+  return where;
 }
 
 std::vector<zmq::message_t> StepToFrames(const std::vector<zmq::message_t>& parts, StepArena& arena) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/emit/step_encoder.h"
 #include "src/shm/arena_writer.h"
 #include "src/shm/unique_fd.h"
 
@@ -66,15 +67,15 @@ class StepArena {
   std::byte* const base_;
 };
 
-// Moves a step encoded as frames ([header][tensor]...) into one block of
-// `arena`: the result is the header alone, whose tensors name (offset, length)
-// in the block and whose Step.arena names the block. Idle steps (no tensors)
-// are left as they are. Errors: Allocate's.
-absl::StatusOr<std::vector<zmq::message_t>> PlaceStepInArena(std::vector<zmq::message_t>&& parts,
-                                                             StepArena& arena, std::chrono::milliseconds wait,
-                                                             const std::function<bool()>& cancelled);
+// One block of `arena` for a step whose tensors have these sizes, and where
+// each tensor goes in it: in order, each at the next multiple of 64 bytes.
+// The block is the caller's to fill (the collator writes the step straight
+// into it) and to encode with EncodeArenaStep. Errors: Allocate's.
+absl::StatusOr<ArenaPlacement> AllocateStepBlock(StepArena& arena, const std::vector<uint64_t>& sizes,
+                                                 std::chrono::milliseconds wait,
+                                                 const std::function<bool()>& cancelled);
 
-// The reverse, for a step written into an arena that is no longer the
+// A step written into an arena that is no longer the
 // session's (a new trainer session, one that declined the arena): copies the
 // tensors into frames and frees the block.
 std::vector<zmq::message_t> StepToFrames(const std::vector<zmq::message_t>& parts, StepArena& arena);

@@ -1,4 +1,4 @@
-// The daemon's step arena: a step's frames placed in one block (every tensor
+// The daemon's step arena: a step placed in one block (every tensor
 // 64-byte aligned, every byte intact as the reader sees it), the reverse for a
 // session that no longer reads the arena, back-pressure that ends in an error
 // naming the cause, and the fd socket (the current generation only).
@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "proto/odb.pb.h"
@@ -19,28 +20,34 @@
 namespace odb::emit {
 namespace {
 
-// A frames step: header + one frame per tensor of the given sizes (uint8, shape [n]).
-std::vector<zmq::message_t> FramesStep(const std::vector<size_t>& sizes, uint32_t seed) {
-  wire::DaemonMessage m;
-  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
-  m.mutable_step()->set_step_index(seed);
+// A step of uint8 tensors of the given sizes (random bytes) written into a
+// block of `arena` as the step builder does: AllocateStepBlock, the bytes at
+// the tensors' offsets, EncodeArenaStep. Returns the header message and the
+// bytes each tensor should hold.
+struct Placed {
   std::vector<zmq::message_t> parts;
+  std::vector<std::string> want;
+};
+
+absl::StatusOr<Placed> PlaceStep(StepArena& arena, const std::vector<size_t>& sizes, uint32_t seed,
+                                 std::chrono::milliseconds wait, const std::function<bool()>& cancelled) {
+  std::vector<uint64_t> lengths(sizes.begin(), sizes.end());
+  auto where = AllocateStepBlock(arena, lengths, wait, cancelled);
+  if (!where.ok()) return where.status();
   std::mt19937 rng(seed);
-  std::vector<zmq::message_t> frames;
+  Placed out;
+  std::vector<collate::BatchTensorLayout> layouts;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    wire::TensorDesc* d = m.mutable_step()->add_tensors();
-    d->set_name("t" + std::to_string(i));
-    d->set_dtype(wire::UINT8);
-    d->add_shape(static_cast<int64_t>(sizes[i]));
-    d->set_frame(static_cast<uint32_t>(i + 1));
-    zmq::message_t f(sizes[i]);
-    for (size_t b = 0; b < sizes[i]; ++b) static_cast<uint8_t*>(f.data())[b] = static_cast<uint8_t>(rng());
-    frames.push_back(std::move(f));
+    std::string bytes(sizes[i], '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    if (!bytes.empty()) std::memcpy(arena.At(where->tensor_offsets[i]), bytes.data(), bytes.size());
+    out.want.push_back(std::move(bytes));
+    layouts.push_back({"t" + std::to_string(i), DType::kUInt8, {static_cast<int64_t>(sizes[i])}, sizes[i]});
   }
-  std::string head = m.SerializeAsString();
-  parts.emplace_back(head.data(), head.size());
-  for (auto& f : frames) parts.push_back(std::move(f));
-  return parts;
+  wire::Step step;
+  step.set_step_index(seed);
+  out.parts = EncodeArenaStep(std::move(step), layouts, *where);
+  return out;
 }
 
 std::vector<std::string> Payloads(const std::vector<zmq::message_t>& parts) {
@@ -63,16 +70,15 @@ TEST_CASE("a step placed in the arena: one block, aligned tensors, every byte as
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {.expected_generation = (*arena)->generation()});
   REQUIRE(reader.ok());
   const std::vector<size_t> sizes = {0, 1, 63, 64, 65, 4096, 100003};
-  auto frames = FramesStep(sizes, 7);
-  const std::vector<std::string> want = Payloads(frames);
-  auto placed = PlaceStepInArena(std::move(frames), **arena, std::chrono::milliseconds(1000), kNever);
+  auto placed = PlaceStep(**arena, sizes, 7, std::chrono::milliseconds(1000), kNever);
   REQUIRE(placed.ok());
-  REQUIRE(placed->size() == 1);  // the header alone
-  const wire::Step step = Header((*placed)[0]);
+  REQUIRE(placed->parts.size() == 1);  // the header alone
+  const wire::Step step = Header(placed->parts[0]);
   REQUIRE(step.has_arena());
   CHECK(step.arena().generation() == (*arena)->generation());
   auto block = (*reader)->View(step.arena().offset(), step.arena().length());
   REQUIRE(block.ok());
+  REQUIRE(step.tensors_size() == static_cast<int>(sizes.size()));
   for (int i = 0; i < step.tensors_size(); ++i) {
     const wire::TensorDesc& d = step.tensors(i);
     CHECK(d.frame() == 0);
@@ -82,32 +88,21 @@ TEST_CASE("a step placed in the arena: one block, aligned tensors, every byte as
     REQUIRE(d.offset() + d.length() <= step.arena().offset() + step.arena().length());
     const std::byte* at = block->data() + (d.offset() - step.arena().offset());
     CHECK(reinterpret_cast<uintptr_t>(at) % 64 == 0);
-    CHECK(std::memcmp(at, want[i].data(), want[i].size()) == 0);
+    CHECK(std::memcmp(at, placed->want[i].data(), placed->want[i].size()) == 0);
   }
   CHECK((*arena)->stats().outstanding_blocks == 1);
   REQUIRE((*reader)->Return(step.arena().offset(), step.arena().length()).ok());
   CHECK((*arena)->stats().outstanding_blocks == 0);
 }
 
-TEST_CASE("an idle step stays as it is") {
-  auto arena = StepArena::Create(1 << 20);
-  REQUIRE(arena.ok());
-  auto placed = PlaceStepInArena(FramesStep({}, 1), **arena, std::chrono::milliseconds(100), kNever);
-  REQUIRE(placed.ok());
-  CHECK_FALSE(Header((*placed)[0]).has_arena());
-  CHECK((*arena)->stats().outstanding_blocks == 0);
-}
-
 TEST_CASE("a step whose arena the session no longer reads goes back to frames, bytes intact, block freed") {
   auto arena = StepArena::Create(1 << 20);
   REQUIRE(arena.ok());
-  auto frames = FramesStep({10, 5000, 0, 777}, 3);
-  const std::vector<std::string> want = Payloads(frames);
-  auto placed = PlaceStepInArena(std::move(frames), **arena, std::chrono::milliseconds(100), kNever);
+  auto placed = PlaceStep(**arena, {10, 5000, 0, 777}, 3, std::chrono::milliseconds(100), kNever);
   REQUIRE(placed.ok());
-  std::vector<zmq::message_t> back = StepToFrames(*placed, **arena);
+  std::vector<zmq::message_t> back = StepToFrames(placed->parts, **arena);
   REQUIRE(back.size() == 5);
-  CHECK(Payloads(back) == want);
+  CHECK(Payloads(back) == placed->want);
   const wire::Step step = Header(back[0]);
   CHECK_FALSE(step.has_arena());
   for (int i = 0; i < step.tensors_size(); ++i) CHECK(step.tensors(i).frame() == static_cast<uint32_t>(i + 1));
@@ -119,21 +114,21 @@ TEST_CASE("a full arena waits for returns, then fails naming the cause; a step l
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
   REQUIRE(reader.ok());
-  auto first = PlaceStepInArena(FramesStep({700000}, 1), **arena, std::chrono::milliseconds(100), kNever);
+  auto first = PlaceStep(**arena, {700000}, 1, std::chrono::milliseconds(100), kNever);
   REQUIRE(first.ok());
-  auto second = PlaceStepInArena(FramesStep({700000}, 2), **arena, std::chrono::milliseconds(300), kNever);
+  auto second = PlaceStep(**arena, {700000}, 2, std::chrono::milliseconds(300), kNever);
   REQUIRE(second.status().code() == absl::StatusCode::kDeadlineExceeded);
   const std::string msg(second.status().message());
   CHECK(msg.find("trainer holds 1 step(s)") != std::string::npos);
   CHECK(msg.find("shm.step_arena_bytes") != std::string::npos);
   // Cancellation is seen while waiting.
-  auto cancelled = PlaceStepInArena(FramesStep({700000}, 2), **arena, std::chrono::seconds(60), [] { return true; });
+  auto cancelled = PlaceStep(**arena, {700000}, 2, std::chrono::seconds(60), [] { return true; });
   CHECK(cancelled.status().code() == absl::StatusCode::kCancelled);
   // Once the reader returns the first block, the second fits.
-  const wire::Step step = Header((*first)[0]);
+  const wire::Step step = Header(first->parts[0]);
   REQUIRE((*reader)->Return(step.arena().offset(), step.arena().length()).ok());
-  CHECK(PlaceStepInArena(FramesStep({700000}, 2), **arena, std::chrono::milliseconds(100), kNever).ok());
-  auto huge = PlaceStepInArena(FramesStep({2 << 20}, 3), **arena, std::chrono::seconds(60), kNever);
+  CHECK(PlaceStep(**arena, {700000}, 2, std::chrono::milliseconds(100), kNever).ok());
+  auto huge = PlaceStep(**arena, {2 << 20}, 3, std::chrono::seconds(60), kNever);
   CHECK(huge.status().code() == absl::StatusCode::kInvalidArgument);
 }
 

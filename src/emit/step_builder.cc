@@ -100,8 +100,34 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   return out;
 }
 
-absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, const StepPlan& plan,
-                                                               const std::function<bool()>& cancelled) {
+absl::StatusOr<std::optional<ArenaPlacement>> StepBuilder::ReserveInArena(
+    StepArena& arena, const std::vector<uint64_t>& sizes, const std::function<bool()>& cancelled) {
+  auto placed = AllocateStepBlock(arena, sizes, std::chrono::milliseconds(config_.shm_step_arena_wait_ms), cancelled);
+  if (placed.ok()) {
+    metrics_.step_arena_steps.fetch_add(1);
+    return std::optional<ArenaPlacement>(std::move(*placed));
+  }
+  const absl::StatusCode code = placed.status().code();
+  if (code == absl::StatusCode::kDeadlineExceeded) {
+    // Back-pressure that did not clear: the trainer keeps every block. Stop with the cause.
+    return absl::ResourceExhaustedError("rank " + std::to_string(config_.rank) + ": " +
+                                        std::string(placed.status().message()));
+  }
+  if (code == absl::StatusCode::kCancelled) return placed.status();
+  // A step larger than the arena, or a trainer that died holding the arena:
+  // this step goes as frames (nothing is lost), and the reason is logged.
+  metrics_.step_arena_frame_fallbacks.fetch_add(1);
+  if (!arena_fallback_logged_) {
+    arena_fallback_logged_ = true;
+    spdlog::warn("a step goes to the trainer as frames instead of the step arena: {} (logged once)",
+                 std::string(placed.status().message()));
+  }
+  return std::optional<ArenaPlacement>();
+}
+
+absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const StepPlan& plan,
+                                                          const std::function<bool()>& cancelled,
+                                                          StepArena* arena) {
   auto gathered = Gather(epoch, plan, cancelled);
   if (!gathered.ok()) return gathered.status();
   StepSamples& samples = *gathered;
@@ -146,19 +172,24 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
     step.add_enc_dest_index(plan.enc_dest_index[i]);
   }
   for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
-  std::vector<collate::BatchTensor> tensors;
-  auto collate_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
-                           const collate::CollateOptions& options) -> absl::Status {
+  // Plan both batches first (every check), so that the step's size is known
+  // before its memory is chosen; then write each batch tensor once, into the
+  // step arena's block or into pooled buffers that become frames.
+  std::vector<collate::CollatePlan> plans;
+  std::vector<collate::BatchTensorLayout> layouts;
+  auto plan_group = [&](const std::vector<const Sample*>& group, const std::string& prefix,
+                        const collate::CollateOptions& options) -> absl::Status {
     if (group.empty()) return absl::OkStatus();
-    auto collated = collate::Collate(group, options, batch_buffers_.get());
-    if (!collated.ok()) return collated.status();
-    for (auto& t : *collated) {
-      t.name = prefix + t.name;
-      tensors.push_back(std::move(t));
+    auto collate_plan = collate::CollatePlan::Make(group, options);
+    if (!collate_plan.ok()) return collate_plan.status();
+    for (collate::BatchTensorLayout layout : collate_plan->outputs()) {
+      layout.name = prefix + layout.name;
+      layouts.push_back(std::move(layout));
     }
+    plans.push_back(std::move(*collate_plan));
     return absl::OkStatus();
   };
-  absl::Status collated = collate_group(llm_group, "", config_.collate);
+  absl::Status collated = plan_group(llm_group, "", config_.collate);
   if (collated.ok() && !enc_samples.empty()) {
     // The encoder batch has no tokens: no attention mask, never packed.
     collate::CollateOptions enc_options = config_.collate;
@@ -166,7 +197,36 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
     enc_options.packed = false;
     std::vector<const Sample*> enc_group;
     for (const Sample& s : enc_samples) enc_group.push_back(&s);
-    collated = collate_group(enc_group, "enc.", enc_options);
+    collated = plan_group(enc_group, "enc.", enc_options);
+  }
+  std::optional<ArenaPlacement> placed;
+  std::vector<collate::BatchTensor> tensors;
+  if (collated.ok() && arena != nullptr && !layouts.empty()) {
+    std::vector<uint64_t> sizes;
+    for (const auto& layout : layouts) sizes.push_back(layout.size_bytes);
+    auto reserved = ReserveInArena(*arena, sizes, cancelled);
+    if (!reserved.ok()) return reserved.status();
+    placed = std::move(*reserved);
+  }
+  if (collated.ok() && placed) {
+    size_t next = 0;
+    for (const collate::CollatePlan& p : plans) {
+      std::vector<uint8_t*> destinations;
+      for (size_t i = 0; i < p.outputs().size(); ++i) {
+        destinations.push_back(reinterpret_cast<uint8_t*>(arena->At(placed->tensor_offsets[next++])));
+      }
+      p.WriteTo(destinations);
+    }
+  } else if (collated.ok()) {
+    for (const collate::CollatePlan& p : plans) {
+      auto written = p.WriteToBuffers(batch_buffers_.get());
+      if (!written.ok()) {
+        collated = written.status();
+        break;
+      }
+      for (auto& t : *written) tensors.push_back(std::move(t));
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].name = layouts[i].name;
   }
   if (!collated.ok() && phases) {
     // Other ranks' routes count on this rank's encoder outputs: a step that
@@ -200,7 +260,8 @@ absl::StatusOr<std::vector<zmq::message_t>> StepBuilder::Build(uint32_t epoch, c
   metrics_.samples_emitted.fetch_add(step.sample_ids_size());
   metrics_.real_tokens.fetch_add(step.real_tokens());
   metrics_.padded_tokens.fetch_add(step.padded_tokens());
-  return EncodeStep(std::move(step), std::move(tensors), batch_buffers_);
+  if (placed) return BuiltStep{EncodeArenaStep(std::move(step), layouts, *placed), true};
+  return BuiltStep{EncodeStep(std::move(step), std::move(tensors), batch_buffers_), false};
 }
 
 std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const RoundOutcome& outcome) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 #include <zmq.hpp>
 
@@ -13,6 +14,8 @@
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
+#include "src/emit/step_arena.h"
+#include "src/emit/step_encoder.h"
 #include "src/exchange/payload_exchange.h"
 
 namespace odb::emit {
@@ -28,10 +31,19 @@ class StepBuilder {
   StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics,
               exchange::PayloadExchange* exchange);
 
+  struct BuiltStep {
+    std::vector<zmq::message_t> parts;
+    bool in_arena = false;  // the tensors are in the step arena given to Build
+  };
   // The encoded step, or an error that is fatal for the daemon (a peer's
-  // payload that never came, a step that breaks per-phase routes).
-  absl::StatusOr<std::vector<zmq::message_t>> Build(uint32_t epoch, const StepPlan& plan,
-                                                    const std::function<bool()>& cancelled);
+  // payload that never came, a step that breaks per-phase routes, a step
+  // arena that stayed full for shm.step_arena_wait_ms). With `arena` (the
+  // trainer session's step arena), the step is collated straight into one
+  // block of it and the message is the header alone; an idle step, a step
+  // larger than the arena or an arena whose reader died goes as frames
+  // (logged once, counted).
+  absl::StatusOr<BuiltStep> Build(uint32_t epoch, const StepPlan& plan, const std::function<bool()>& cancelled,
+                                  StepArena* arena = nullptr);
 
   // The epoch's summary (and the buffer's leftovers as not emitted); closes the
   // epoch in the tracker and the buffer.
@@ -45,6 +57,11 @@ class StepBuilder {
   };
   absl::StatusOr<StepSamples> Gather(uint32_t epoch, const StepPlan& plan,
                                      const std::function<bool()>& cancelled);
+  // A block of `arena` for tensors of these sizes; nullopt: the step goes as
+  // frames (see Build).
+  absl::StatusOr<std::optional<ArenaPlacement>> ReserveInArena(StepArena& arena,
+                                                                const std::vector<uint64_t>& sizes,
+                                                                const std::function<bool()>& cancelled);
 
   const DaemonConfig& config_;
   DaemonState& state_;
@@ -53,6 +70,7 @@ class StepBuilder {
   // Batch tensor buffers, recycled from ZeroMQ's free callback to the next
   // collation. Shared: ZeroMQ may free a frame after the daemon is gone.
   std::shared_ptr<BufferPool> batch_buffers_;
+  bool arena_fallback_logged_ = false;
 };
 
 }  // namespace odb::emit

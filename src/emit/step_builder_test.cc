@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
+#include "src/shm/arena_reader.h"
+
 namespace odb::emit {
 namespace {
 
@@ -12,8 +14,9 @@ class VectorFrame : public FrameHolder {
   std::vector<uint8_t> bytes;
 };
 
-Sample Tokens(uint64_t id, uint32_t n) {
-  std::vector<int64_t> values(n, static_cast<int64_t>(id));
+// `n` tokens, each `value` (by default the id).
+Sample Tokens(uint64_t id, uint32_t n, int64_t value = -1) {
+  std::vector<int64_t> values(n, value < 0 ? static_cast<int64_t>(id) : value);
   std::vector<uint8_t> raw(n * sizeof(int64_t));
   std::memcpy(raw.data(), values.data(), raw.size());
   auto frame = std::make_shared<VectorFrame>(std::move(raw));
@@ -48,7 +51,8 @@ TEST_CASE("a step is built from buffered samples and counted in the epoch's tota
   auto parts = builder.Build(0, PlanOf({1, 2}, 8), [] { return false; });
   REQUIRE(parts.ok());
   wire::DaemonMessage m;
-  REQUIRE(m.ParseFromArray((*parts)[0].data(), static_cast<int>((*parts)[0].size())));
+  REQUIRE_FALSE(parts->in_arena);
+  REQUIRE(m.ParseFromArray(parts->parts[0].data(), static_cast<int>(parts->parts[0].size())));
   REQUIRE(m.step().sample_ids_size() == 2);
   REQUIRE(m.step().loss_weight() == 1.0);
   REQUIRE(state.epoch_totals[0].emitted() == 2);
@@ -70,6 +74,85 @@ TEST_CASE("a step that cannot be collated stops the job instead of breaking the 
   REQUIRE(std::string(parts.status().message()).find("samples 1, 2") != std::string::npos);
   REQUIRE(std::string(parts.status().message()).find("sum to W") != std::string::npos);
   REQUIRE(state.epoch_totals[0].steps() == 0);  // no IDLE step stands in for it
+}
+
+wire::Step Header(const zmq::message_t& head) {
+  wire::DaemonMessage m;
+  REQUIRE(m.ParseFromArray(head.data(), static_cast<int>(head.size())));
+  return m.step();
+}
+
+TEST_CASE("with a step arena the step is collated straight into one block: the same tensors as frames") {
+  DaemonConfig config;
+  config.rank = 0;
+  DaemonState state(1 << 20, 100, 1);
+  DaemonMetrics metrics;
+  REQUIRE(!state.buffer.Add(Tokens(1, 7)));
+  REQUIRE(!state.buffer.Add(Tokens(2, 14)));
+  StepBuilder builder(config, state, metrics, nullptr);
+  auto frames = builder.Build(0, PlanOf({1, 2}, 21), [] { return false; });
+  REQUIRE(frames.ok());
+  REQUIRE_FALSE(frames->in_arena);
+  auto arena = StepArena::Create(1 << 20);
+  REQUIRE(arena.ok());
+  auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {.expected_generation = (*arena)->generation()});
+  REQUIRE(reader.ok());
+  // Two samples with the same tokens, built into the arena this time.
+  REQUIRE(!state.buffer.Add(Tokens(3, 7, 1)));
+  REQUIRE(!state.buffer.Add(Tokens(4, 14, 2)));
+  auto placed = builder.Build(0, PlanOf({3, 4}, 21), [] { return false; }, arena->get());
+  REQUIRE(placed.ok());
+  REQUIRE(placed->in_arena);
+  REQUIRE(placed->parts.size() == 1);  // the header alone
+  CHECK(metrics.step_arena_steps.load() == 1);
+  const wire::Step want = Header(frames->parts[0]);
+  const wire::Step got = Header(placed->parts[0]);
+  REQUIRE(got.has_arena());
+  CHECK(got.arena().generation() == (*arena)->generation());
+  REQUIRE(got.tensors_size() == want.tensors_size());
+  REQUIRE(got.tensors_size() == 2);  // input_ids, attention_mask
+  auto block = (*reader)->View(got.arena().offset(), got.arena().length());
+  REQUIRE(block.ok());
+  for (int i = 0; i < got.tensors_size(); ++i) {
+    const wire::TensorDesc& d = got.tensors(i);
+    CHECK(d.name() == want.tensors(i).name());
+    CHECK(std::vector<int64_t>(d.shape().begin(), d.shape().end()) ==
+          std::vector<int64_t>(want.tensors(i).shape().begin(), want.tensors(i).shape().end()));
+    CHECK(d.frame() == 0);
+    CHECK(d.offset() % 64 == 0);
+    REQUIRE(d.offset() >= got.arena().offset());
+    REQUIRE(d.offset() + d.length() <= got.arena().offset() + got.arena().length());
+    const zmq::message_t& frame = frames->parts[static_cast<size_t>(want.tensors(i).frame())];
+    REQUIRE(d.length() == frame.size());
+    CHECK(std::memcmp(block->data() + (d.offset() - got.arena().offset()), frame.data(), frame.size()) == 0);
+  }
+}
+
+TEST_CASE("a step larger than the step arena goes as frames; a full arena stops the job naming the cause") {
+  DaemonConfig config;
+  config.rank = 0;
+  config.shm_step_arena_wait_ms = 200;
+  DaemonState state(1 << 24, 100, 1);
+  DaemonMetrics metrics;
+  REQUIRE(!state.buffer.Add(Tokens(1, 20000)));  // 160 KB of tokens + 160 KB of mask
+  REQUIRE(!state.buffer.Add(Tokens(2, 5000)));
+  REQUIRE(!state.buffer.Add(Tokens(3, 5000)));
+  StepBuilder builder(config, state, metrics, nullptr);
+  auto arena = StepArena::Create(128 << 10);
+  REQUIRE(arena.ok());
+  auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
+  REQUIRE(reader.ok());
+  auto big = builder.Build(0, PlanOf({1}, 20000), [] { return false; }, arena->get());
+  REQUIRE(big.ok());
+  CHECK_FALSE(big->in_arena);
+  CHECK(big->parts.size() == 3);  // header, input_ids, attention_mask
+  CHECK(metrics.step_arena_frame_fallbacks.load() == 1);
+  auto first = builder.Build(0, PlanOf({2}, 5000), [] { return false; }, arena->get());
+  REQUIRE(first.ok());
+  REQUIRE(first->in_arena);  // 80 KB: the trainer holds it
+  auto second = builder.Build(0, PlanOf({3}, 5000), [] { return false; }, arena->get());
+  REQUIRE(second.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(second.status().message()).find("shm.step_arena_bytes") != std::string::npos);
 }
 
 }  // namespace

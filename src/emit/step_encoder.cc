@@ -50,6 +50,26 @@ std::vector<zmq::message_t> EncodeStep(wire::Step step, std::vector<collate::Bat
   return parts;
 }
 
+std::vector<zmq::message_t> EncodeArenaStep(wire::Step step, const std::vector<collate::BatchTensorLayout>& tensors,
+                                            const ArenaPlacement& where) {
+  step.clear_tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    wire::TensorDesc* d = step.add_tensors();
+    wire::EncodeTensorDesc(tensors[i].name, tensors[i].dtype, tensors[i].shape, /*frame=*/0, d);
+    d->set_offset(where.tensor_offsets[i]);
+    d->set_length(tensors[i].size_bytes);
+  }
+  step.mutable_arena()->set_generation(where.generation);
+  step.mutable_arena()->set_offset(where.block_offset);
+  step.mutable_arena()->set_length(where.block_length);
+  wire::DaemonMessage message;
+  message.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  *message.mutable_step() = std::move(step);
+  std::vector<zmq::message_t> parts;
+  parts.push_back(Serialize(message));
+  return parts;
+}
+
 std::vector<zmq::message_t> EncodeControl(const wire::DaemonMessage& message) {
   std::vector<zmq::message_t> parts;
   parts.push_back(Serialize(message));
