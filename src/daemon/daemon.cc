@@ -211,10 +211,10 @@ bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
   const bool has_slots = trainer_.QueuedSteps() + std::max<uint32_t>(1, config_.queue_steps / 2) <= config_.queue_steps;
   // The buffer is as full as credit lets it get once less than one largest
   // sample of room is left, or as full as a producer's shared-memory arena
-  // lets it get once that producer waits for a block (the daemon holds its
-  // arena's blocks until they are collated).
+  // lets it get once the daemon holds half of it (the daemon holds its
+  // arena's blocks until they are collated: see AnyArenaFilling).
   const bool buffer_full = state_.buffer.Full() || state_.buffer.RoomBytes() < ingest_.MaxSampleBytes() ||
-                           arenas_.AnyWriterWaiting();
+                           arenas_.AnyArenaFilling();
   if (has_slots && (state_.tracker.StreamFinished(epoch, state_.expected_producers) ||
                     state_.buffer.CountInEpoch(epoch) >= config_.window || buffer_full)) {
     return true;

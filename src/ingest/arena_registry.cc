@@ -48,6 +48,7 @@ class ArenaRegistry::ProducerArena {
         producer_id_(std::move(producer_id)),
         pid_(pid),
         reader_(std::move(reader)),
+        capacity_(reader_->arena().capacity_bytes()),  // read once, at registration
         mapped_(std::move(mapped)),
         held_blocks_(std::move(held_blocks)),
         held_bytes_(std::move(held_bytes)),
@@ -78,6 +79,7 @@ class ArenaRegistry::ProducerArena {
       if (prev->second > offset) return Overlap(offset, length, prev->first, prev->second);
     }
     held_.emplace(offset, end);
+    held_footprint_ += end - offset;
     held_blocks_->fetch_add(1);
     held_bytes_->fetch_add(length);
     return reinterpret_cast<const uint8_t*>(view->data());
@@ -86,7 +88,10 @@ class ArenaRegistry::ProducerArena {
   // Hands the block back to the producer (through the completion queue).
   void Release(uint64_t offset, uint64_t length) {
     std::lock_guard<std::mutex> lock(mu_);
-    held_.erase(offset);
+    if (auto it = held_.find(offset); it != held_.end()) {
+      held_footprint_ -= it->second - offset;
+      held_.erase(it);
+    }
     held_blocks_->fetch_sub(1);
     held_bytes_->fetch_sub(length);
     if (absl::Status s = reader_->Return(offset, length); !s.ok()) {
@@ -107,6 +112,13 @@ class ArenaRegistry::ProducerArena {
     return reader_->writer_waiting();
   }
 
+  // Whether the daemon holds at least half of the arena: its producer will
+  // soon wait for a block.
+  bool half_held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_footprint_ >= capacity_ / 2;
+  }
+
   // When the writer was first seen gone (RetireGone's bookkeeping).
   std::optional<std::chrono::steady_clock::time_point> gone_since;
 
@@ -123,7 +135,9 @@ class ArenaRegistry::ProducerArena {
   const pid_t pid_;
   mutable std::mutex mu_;
   std::unique_ptr<shm::ArenaReader> reader_;  // guarded by mu_ (one thread at a time returns)
+  const uint64_t capacity_;
   std::map<uint64_t, uint64_t> held_;         // guarded by mu_: offset -> end of the footprint
+  uint64_t held_footprint_ = 0;               // guarded by mu_: the footprints in held_
   std::shared_ptr<std::atomic<uint64_t>> mapped_;
   std::shared_ptr<std::atomic<uint64_t>> held_blocks_;
   std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
@@ -394,10 +408,10 @@ void ArenaRegistry::RetireGone() {
   }
 }
 
-bool ArenaRegistry::AnyWriterWaiting() const {
+bool ArenaRegistry::AnyArenaFilling() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, arena] : arenas_) {
-    if (arena->writer_waiting()) return true;
+    if (arena->writer_waiting() || arena->half_held()) return true;
   }
   return false;
 }

@@ -99,10 +99,12 @@ class ArenaRegistry : public ArenaBlockSource {
     uint64_t writers_waiting = 0;  // registered arenas whose producer waits for a block (arena full)
   };
   Stats stats() const;
-  // Whether a producer waits for a block of its full arena: its arena is as
-  // full as the buffer could get from it (the planner then plans a round, as
-  // for a full buffer, instead of waiting for more samples that cannot come).
-  bool AnyWriterWaiting() const;
+  // Whether a producer waits for a block of its full arena, or soon will: the
+  // daemon holds at least half of its arena. The planner then plans a round,
+  // as for a full buffer, instead of waiting for a window of samples that
+  // cannot come: the producer fills the other half while the round collates
+  // (double buffering; without it producer and planner took turns).
+  bool AnyArenaFilling() const;
 
  private:
   class ProducerArena;

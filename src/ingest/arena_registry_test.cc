@@ -140,6 +140,31 @@ TEST_CASE("a registered arena's blocks are read in place and returned when relea
   CHECK(writer->stats().outstanding_blocks == 0);
 }
 
+TEST_CASE("once the daemon holds half of a producer's arena, the arena counts as filling (a round is due)") {
+  Served s;
+  auto writer = MakeWriter();  // 1 MiB
+  wire::ArenaRegistered answer = RegisterOver(s.path, Request("p0", *writer), writer->arena().fd());
+  REQUIRE(answer.arena_id() > 0);
+  CHECK_FALSE(s.registry.AnyArenaFilling());
+  std::vector<ArenaBlockSource::Acquired> held;
+  for (int i = 0; i < 4; ++i) {  // 4 x 120 KiB: under half
+    auto block = writer->TryAllocate(120 << 10);
+    REQUIRE(block.ok());
+    auto got = s.registry.Acquire("p0", Block(answer.arena_id(), block->offset, block->length));
+    REQUIRE(got.ok());
+    held.push_back(std::move(*got));
+  }
+  CHECK_FALSE(s.registry.AnyArenaFilling());
+  auto block = writer->TryAllocate(40 << 10);  // 520 KiB held: half of the arena
+  REQUIRE(block.ok());
+  auto got = s.registry.Acquire("p0", Block(answer.arena_id(), block->offset, block->length));
+  REQUIRE(got.ok());
+  held.push_back(std::move(*got));
+  CHECK(s.registry.AnyArenaFilling());
+  held.front().holder.reset();  // a sample collated: its block goes back, under half again
+  CHECK_FALSE(s.registry.AnyArenaFilling());
+}
+
 TEST_CASE("crafted descriptors are refused with the reason and never read out of bounds") {
   Served s;
   auto writer = MakeWriter();
