@@ -30,11 +30,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
+import torch
 
 import odb
 from odb._native import native
@@ -444,5 +446,42 @@ def test_the_dataloader_drop_in_uses_the_arena_by_default(run_dir: Path, job_id:
         # One arena per worker (each worker's Producer registered one); nothing refused.
         m = metrics.get()
         assert m["odb_arena_registrations_total"] == 2 and m["odb_arena_refusals_total"] == 0, m
+    finally:
+        assert daemon.stop() == 0, daemon.log_tail(40)
+
+
+@pytest.mark.parametrize("plane", ["zmq", "shm"])
+def test_the_dataloader_takes_a_data_plane_and_says_which_one_the_trainer_got(
+        run_dir: Path, job_id: str, plane: str) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=CONFIG)
+    try:
+        metrics = Metrics(daemon)
+        with pytest.raises(ValueError, match="data_plane must be one of .* not 'tcp'"):
+            odb.OdbDataLoader(_PixelDataset(), rank=0, world_size=1, run_dir=str(run_dir), data_plane="tcp")
+        loader = odb.OdbDataLoader(_PixelDataset(), rank=0, world_size=1, run_dir=str(run_dir), num_workers=2,
+                                   data_plane=plane, pin_memory=True)
+        assert loader.data_plane_in_use is None
+        seen = set()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in loader:
+                if step.idle:
+                    continue
+                pixels, offsets = step.batch["pixels"].numpy(), step.batch["pixels_offsets"].numpy()
+                for row, sid in enumerate(step.sample_ids):
+                    assert np.array_equal(pixels[int(offsets[row]):int(offsets[row + 1])],
+                                          _sample(sid, 100000)[1][1][3]), sid
+                    seen.add(sid)
+        assert seen == set(range(48))
+        assert loader.data_plane_in_use == plane
+        m = metrics.get()
+        # zmq: the workers registered no arena and the daemon placed no step in a step arena.
+        assert m["odb_arena_registrations_total"] == (2 if plane == "shm" else 0), m
+        assert (m["odb_step_arena_steps_total"] > 0) == (plane == "shm"), m
+        pinning = [w for w in caught if "pin_memory" in str(w.message)]
+        if torch.cuda.is_available():
+            assert not pinning
+        else:  # said once, not per step
+            assert len(pinning) == 1 and "no CUDA device" in str(pinning[0].message)
     finally:
         assert daemon.stop() == 0, daemon.log_tail(40)

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -32,6 +33,10 @@ from .daemon import check_reachable, endpoints, env_rank, env_world_size, spawne
 from .loss import weighted_loss
 
 IDLE_POLICIES = ("zero_step", "join")
+# How samples reach the daemon and steps the trainer (docs/shm.md): "auto"
+# (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
+# memory or an error), "zmq" (frames always).
+DATA_PLANES = ("auto", "shm", "zmq")
 
 # The loader's checkpoint state (docs/resume.md). Bump on any change that an
 # older reader would misread; load_state_dict refuses other versions.
@@ -193,7 +198,7 @@ class _SendStream(IterableDataset):
 
     def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
                  lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
-                 stop: Any) -> None:
+                 stop: Any, data_plane: str = "auto") -> None:
         self.dataset = dataset
         self.indices = list(indices)
         self.epoch = epoch
@@ -203,6 +208,7 @@ class _SendStream(IterableDataset):
         self.send_timeout_ms = send_timeout_ms
         self.progress_every = max(1, progress_every)
         self.stop = stop
+        self.data_plane = data_plane
 
     def __iter__(self) -> Iterator[int]:
         info = get_worker_info()
@@ -213,7 +219,7 @@ class _SendStream(IterableDataset):
         # Created here, in the worker process (after fork), never in the parent.
         producer = native().Producer(
             self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
-            self.rank, send_timeout_ms=self.send_timeout_ms)
+            self.rank, send_timeout_ms=self.send_timeout_ms, data_plane=self.data_plane)
         # The trainer signals `stop` when it leaves the epoch: a send blocked on
         # the daemon (no credit: nobody consumes) is cancelled and the worker
         # ends (no private DataLoader API needed to shut it down). In a worker
@@ -353,6 +359,16 @@ class OdbDataLoader:
         :func:`odb.endpoints`).
       timeout_s: no step for this long is an error (OdbTimeout).
       poll_ms: slice of each wait; between slices workers and daemon are checked.
+      pin_memory: with a CUDA device, each batch's tensors are page-locked
+        copies (``Tensor.pin_memory()``, as torch's DataLoader does), so
+        ``.to(device, non_blocking=True)`` overlaps the copy with compute;
+        the step's received memory goes back to the daemon at once. Without
+        CUDA: a warning, and batches stay as received.
+      data_plane: "auto" (default: the workers' samples go through
+        shared-memory arenas and steps through the daemon's step arena when
+        the daemon runs on this host; ZeroMQ frames otherwise), "shm" (shared
+        memory or an error), "zmq" (frames always). See docs/shm.md;
+        ``data_plane_in_use`` says what the trainer got.
       summary_dir: when set, one JSON line per step of this rank is appended to
         ``<summary_dir>/rank<r>-epoch<e>.jsonl`` (step, idle, real and padded
         tokens, lengths) for :func:`odb.report` (PNG plots after the epoch).
@@ -371,9 +387,12 @@ class OdbDataLoader:
                  multiprocessing_context: Any = None, timeout_s: float = 120.0, poll_ms: int = 200,
                  send_timeout_ms: int = 120000, progress_every: int = 16,
                  pin_memory: bool = False, progress: Optional[bool] = None,
-                 summary_dir: Optional[str] = None) -> None:
+                 summary_dir: Optional[str] = None, data_plane: str = "auto") -> None:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
+        if data_plane not in DATA_PLANES:
+            raise ValueError(f"data_plane must be one of {DATA_PLANES}, not {data_plane!r}")
+        self.data_plane = data_plane
         self.dataset = dataset
         self.sampler = sampler
         self.shuffle = shuffle
@@ -393,6 +412,7 @@ class OdbDataLoader:
         self.send_timeout_ms = send_timeout_ms
         self.progress_every = progress_every
         self.pin_memory = pin_memory
+        self._pin_warned = False
         if progress is None:
             import sys
 
@@ -625,11 +645,29 @@ class OdbDataLoader:
     def __iter__(self) -> Iterator[Step]:
         return self._epoch(self.epoch)
 
+    def _pinning(self) -> bool:
+        """Whether batches are pinned: pin_memory and a CUDA device (else a warning, once)."""
+        if not self.pin_memory:
+            return False
+        if torch.cuda.is_available():
+            return True
+        if not self._pin_warned:
+            self._pin_warned = True
+            warnings.warn("OdbDataLoader(pin_memory=True) but no CUDA device is available: batches are not "
+                          "pinned", stacklevel=3)
+        return False
+
+    @property
+    def data_plane_in_use(self) -> Optional[str]:
+        """How steps reach this trainer: "shm" (the daemon's step arena) or "zmq"
+        (frames); None before the first epoch connects."""
+        return None if self._consumer is None else self._consumer.data_plane
+
     def _connect(self) -> Any:
         check_reachable(self.ingest_endpoint)
         check_reachable(self.trainer_endpoint)
         if self._consumer is None:
-            self._consumer = native().Consumer(self.trainer_endpoint, self.poll_ms)
+            self._consumer = native().Consumer(self.trainer_endpoint, self.poll_ms, self.data_plane)
         return self._consumer
 
     def _epoch(self, epoch: int) -> Iterator[Step]:
@@ -647,7 +685,7 @@ class OdbDataLoader:
                 context = multiprocessing.get_context(context)
             worker_stop, wake_workers = context.Pipe(duplex=False)
         stream = _SendStream(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, self.lengths_fn,
-                             self.send_timeout_ms, self.progress_every, worker_stop)
+                             self.send_timeout_ms, self.progress_every, worker_stop, self.data_plane)
         generator = torch.Generator()
         generator.manual_seed(self.seed * 1000003 + epoch)
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
@@ -733,7 +771,13 @@ class OdbDataLoader:
                 self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
                 self._consumed_steps.append(int(info["step_index"]))
                 remember(info)
-                yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=_to_torch(delivery),
+                batch = _to_torch(delivery)
+                if self._pinning():
+                    # Page-locked copies (what torch's DataLoader does with
+                    # pin_memory): the received step's memory goes back now.
+                    batch = {k: v.pin_memory() for k, v in batch.items()}
+                    delivery = None
+                yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=batch,
                            loss_weight=info["loss_weight"], idle=False, dummy=False,
                            sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),
                            real_tokens=info["real_tokens"], padded_tokens=info["padded_tokens"],
