@@ -494,7 +494,12 @@ void IngestChannel::GrantCredits() {
     const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
     const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;
-    if (need_bytes <= 0 && need_samples <= 0) {
+    // Top up once half the window is spent (or the producer asked for more,
+    // or holds none): one credit message per half window, not one per burst,
+    // which for small samples was one message per sample each way.
+    const bool low = 2 * need_bytes >= target || 2 * need_samples >= static_cast<int64_t>(window_samples_) ||
+                     conn.credit_samples <= 0 || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
+    if (!low || (need_bytes <= 0 && need_samples <= 0)) {
       if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
         wire::IngestReply ping = NewReply();
         ping.mutable_credit();

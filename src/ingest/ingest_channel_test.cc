@@ -81,5 +81,64 @@ TEST_CASE("a sample right behind its hello in one burst is decoded as that conne
   CHECK(rejections[0].message().find("attributed to producer 'p'") != std::string::npos);
 }
 
+// A frames sample: the header, and input_ids (8 int64) in frame 1.
+void SendFramesSample(zmq::socket_t& producer, const std::string& id, uint64_t sample_id) {
+  wire::ProducerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  wire::SampleHeader* s = m.mutable_sample();
+  s->set_producer_id(id);
+  s->set_sample_id(sample_id);
+  s->set_tokens(8);
+  wire::TensorDesc* t = s->add_tensors();
+  t->set_name("input_ids");
+  t->set_dtype(wire::INT64);
+  t->add_shape(8);
+  t->set_frame(1);
+  const std::vector<int64_t> tokens(8, static_cast<int64_t>(sample_id));
+  REQUIRE(producer.send(zmq::buffer(Serialize(m)), zmq::send_flags::sndmore));
+  REQUIRE(producer.send(zmq::buffer(tokens)));
+}
+
+// The credit grants waiting for the producer (samples granted in each).
+std::vector<uint32_t> CreditsReceived(zmq::socket_t& producer) {
+  std::vector<uint32_t> grants;
+  zmq::message_t msg;
+  while (producer.recv(msg, zmq::recv_flags::dontwait)) {
+    wire::IngestReply reply;
+    REQUIRE(reply.ParseFromArray(msg.data(), static_cast<int>(msg.size())));
+    if (reply.has_credit() && reply.credit().samples() > 0) grants.push_back(reply.credit().samples());
+  }
+  return grants;
+}
+
+TEST_CASE("credit is topped up once half of it is spent, not after every sample") {
+  zmq::context_t context;
+  DaemonConfig config;
+  config.ingest_endpoints = {"inproc://ingest-credit-test"};
+  config.buffer_max_bytes = 64 << 20;
+  config.buffer_max_samples = 400;  // a window of 100 samples of credit
+  DaemonState state(config.buffer_max_bytes, config.buffer_max_samples, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  IngestChannel channel(context, config, state, metrics, clock);
+  REQUIRE(channel.Bind().ok());
+  zmq::socket_t producer(context, zmq::socket_type::dealer);
+  producer.set(zmq::sockopt::linger, 0);
+  producer.connect("inproc://ingest-credit-test");
+  REQUIRE(producer.send(zmq::buffer(Serialize(Hello("p")))));
+  channel.OnReadable(0);
+  REQUIRE(CreditsReceived(producer) == std::vector<uint32_t>{100});
+  // 49 samples, one burst each: half the window is not spent yet, no credit message.
+  for (uint64_t id = 1; id <= 49; ++id) {
+    SendFramesSample(producer, "p", id);
+    channel.OnReadable(0);
+  }
+  CHECK(CreditsReceived(producer).empty());
+  // The 50th spends half: one grant brings the producer back to the full window.
+  SendFramesSample(producer, "p", 50);
+  channel.OnReadable(0);
+  CHECK(CreditsReceived(producer) == std::vector<uint32_t>{50});
+}
+
 }  // namespace
 }  // namespace odb::ingest
