@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "src/common/stream_copy.h"
 
 namespace odb::collate {
 namespace {
@@ -205,11 +206,13 @@ class VectorSink {
   std::vector<uint8_t>* out_;
 };
 
+// Caller memory is the trainer's step arena in the daemon: another process
+// reads it, so large copies bypass this core's cache (StreamCopy).
 class PointerSink {
  public:
   explicit PointerSink(uint8_t* at) : at_(at) {}
   void Copy(const uint8_t* src, size_t n) {
-    if (n > 0) std::memcpy(at_, src, n);
+    StreamCopy(at_, src, n);
     at_ += n;
   }
   void Set(uint8_t byte, size_t n) {

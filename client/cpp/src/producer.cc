@@ -14,6 +14,7 @@
 
 #include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
+#include "src/common/stream_copy.h"
 #include "src/shm/arena_writer.h"
 #include "src/shm/fd_passing.h"
 #include "src/shm/unique_fd.h"
@@ -366,7 +367,7 @@ struct Producer::Impl {
     wire::SampleHeader* h = m.mutable_sample();
     uint64_t at = 0;
     for (const TensorInput& t : tensors) {
-      if (t.size_bytes > 0) std::memcpy(block->data + at, t.data, t.size_bytes);
+      StreamCopy(block->data + at, t.data, t.size_bytes);  // the daemon reads it, not this core
       wire::EncodeArenaTensorDesc(t.name, static_cast<odb::DType>(t.dtype), t.shape, block->offset + at,
                                   t.size_bytes, h->add_tensors());
       at += RoundUp64(t.size_bytes);
