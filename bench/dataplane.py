@@ -48,8 +48,13 @@ import time
 
 SIZES = [1024, 65536, 1048576, 16777216]
 # (full, quick) sample counts per payload size; runs of >= ~1 s so that process
-# start-up (measured separately, see `startup`) is a small part.
-COUNTS = {1024: (100000, 20000), 65536: (10000, 3000), 1048576: (1000, 300), 16777216: (100, 30)}
+# start-up (measured separately, see `startup`) is a small part, and of ~4 GB
+# from 64 KiB up, so that the first pass through fresh arena pages (a page
+# fault and a page clear per 4 KiB on both sides: ~1 GB/s on a VM, against
+# ~10 GB/s for memory already mapped) is a small part of the run, as it is of
+# an epoch: a producer's 256 MiB arena and the step arena's working set are
+# touched once, then reused (best fit, lowest address first).
+COUNTS = {1024: (200000, 40000), 65536: (60000, 10000), 1048576: (4000, 600), 16777216: (256, 40)}
 MAX_LEN = 64  # tokens per sample (int64): a small input_ids tensor next to the payload
 PLANES = ("zmq", "shm")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
