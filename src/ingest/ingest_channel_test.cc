@@ -30,22 +30,29 @@ wire::ProducerMessage Hello(const std::string& id) {
   return m;
 }
 
-wire::ProducerMessage ArenaSample(const std::string& id, uint64_t sample_id) {
+// A sample of 8 int64 tokens ("input_ids"); where its bytes are is the caller's.
+wire::ProducerMessage TokensSample(const std::string& id, uint64_t sample_id, wire::TensorDesc** tokens) {
   wire::ProducerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
   wire::SampleHeader* s = m.mutable_sample();
   s->set_producer_id(id);
   s->set_sample_id(sample_id);
   s->set_tokens(8);
-  wire::TensorDesc* t = s->add_tensors();
-  t->set_name("input_ids");
-  t->set_dtype(wire::INT64);
-  t->add_shape(8);
+  *tokens = s->add_tensors();
+  (*tokens)->set_name("input_ids");
+  (*tokens)->set_dtype(wire::INT64);
+  (*tokens)->add_shape(8);
+  return m;
+}
+
+wire::ProducerMessage ArenaSample(const std::string& id, uint64_t sample_id) {
+  wire::TensorDesc* t = nullptr;
+  wire::ProducerMessage m = TokensSample(id, sample_id, &t);
   t->set_offset(1 << 20);
   t->set_length(64);
-  s->mutable_arena()->set_arena_id(7);
-  s->mutable_arena()->set_offset(1 << 20);
-  s->mutable_arena()->set_length(64);
+  m.mutable_sample()->mutable_arena()->set_arena_id(7);
+  m.mutable_sample()->mutable_arena()->set_offset(1 << 20);
+  m.mutable_sample()->mutable_arena()->set_length(64);
   return m;
 }
 
@@ -83,16 +90,8 @@ TEST_CASE("a sample right behind its hello in one burst is decoded as that conne
 
 // A frames sample: the header, and input_ids (8 int64) in frame 1.
 void SendFramesSample(zmq::socket_t& producer, const std::string& id, uint64_t sample_id) {
-  wire::ProducerMessage m;
-  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
-  wire::SampleHeader* s = m.mutable_sample();
-  s->set_producer_id(id);
-  s->set_sample_id(sample_id);
-  s->set_tokens(8);
-  wire::TensorDesc* t = s->add_tensors();
-  t->set_name("input_ids");
-  t->set_dtype(wire::INT64);
-  t->add_shape(8);
+  wire::TensorDesc* t = nullptr;
+  wire::ProducerMessage m = TokensSample(id, sample_id, &t);
   t->set_frame(1);
   const std::vector<int64_t> tokens(8, static_cast<int64_t>(sample_id));
   REQUIRE(producer.send(zmq::buffer(Serialize(m)), zmq::send_flags::sndmore));
