@@ -76,7 +76,10 @@ namespace {
 // Where a description's bytes are and how many there are: the frame it points
 // at, or its (offset, length) in an arena block. Returns the bytes available
 // at that place, or an error (with its code) naming the tensor.
-using LocateFn = std::function<absl::StatusOr<uint64_t>(const TensorDesc& desc, const std::string& field,
+// `field` names the tensor for an error message; it is built only then (this
+// runs for every tensor of every sample).
+using FieldName = std::function<std::string()>;
+using LocateFn = std::function<absl::StatusOr<uint64_t>(const TensorDesc& desc, const FieldName& field,
                                                          ErrorCode* code)>;
 
 // The checks shared by both kinds of description (see DecodeTensorDescs).
@@ -101,25 +104,25 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeDescs(
                                  " bytes, over the limit of " +
                                  std::to_string(limits.max_name_bytes));
     }
-    const std::string field = "tensor " + Quoted(name);
+    const FieldName field = [&name] { return "tensor " + Quoted(name); };
     bool duplicate = false;
     if (descs.size() <= kScanLimit) {
       for (const DecodedTensorDesc& seen : out) duplicate = duplicate || seen.name == name;
     } else {
       duplicate = !names.insert(name).second;  // views into `descs`, which outlives the set
     }
-    if (duplicate) return fail(MALFORMED_HEADER, field + " appears twice");
+    if (duplicate) return fail(MALFORMED_HEADER, field() + " appears twice");
 
     const auto raw_dtype = static_cast<uint32_t>(desc.dtype());
     if (!IsValidDType(raw_dtype)) {
-      return fail(UNKNOWN_DTYPE, field + " has unknown dtype code " +
+      return fail(UNKNOWN_DTYPE, field() + " has unknown dtype code " +
                                      std::to_string(static_cast<int>(desc.dtype())));
     }
     ErrorCode located_code = MALFORMED_HEADER;
     absl::StatusOr<uint64_t> actual = locate(desc, field, &located_code);
     if (!actual.ok()) return fail(located_code, std::string(actual.status().message()));
     if (static_cast<size_t>(desc.shape_size()) > limits.max_rank) {
-      return fail(TOO_LARGE, field + " has rank " + std::to_string(desc.shape_size()) +
+      return fail(TOO_LARGE, field() + " has rank " + std::to_string(desc.shape_size()) +
                                  ", over the limit of " + std::to_string(limits.max_rank));
     }
 
@@ -129,30 +132,29 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeDescs(
     d.frame = desc.frame();
     d.offset = desc.offset();
     const size_t elem = DTypeSize(d.dtype);
-    const std::string declared = " declares shape " + ShapeString(d.shape) + " of " +
-                                 std::string(DTypeName(d.dtype));
+    auto declared = [&d] { return " declares shape " + ShapeString(d.shape) + " of " + std::string(DTypeName(d.dtype)); };
     // numel and bytes stay below 2^63 so they also fit int64 / ptrdiff_t.
     constexpr uint64_t kMaxCount = uint64_t{1} << 63;
     uint64_t numel = 1;
     for (int64_t dim : d.shape) {
       if (dim < 0 || dim > limits.max_dim) {
-        return fail(SHAPE_SIZE_MISMATCH, field + " has invalid dimension " + std::to_string(dim) +
+        return fail(SHAPE_SIZE_MISMATCH, field() + " has invalid dimension " + std::to_string(dim) +
                                              " in shape " + ShapeString(d.shape) +
                                              " (each must be in 0.." +
                                              std::to_string(limits.max_dim) + ")");
       }
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel) || numel >= kMaxCount) {
         return fail(SHAPE_SIZE_MISMATCH,
-                    field + declared + ": its element count overflows 64 bits");
+                    field() + declared() + ": its element count overflows 64 bits");
       }
     }
     uint64_t bytes = 0;
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(elem), &bytes) || bytes >= kMaxCount) {
-      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(numel) +
+      return fail(SHAPE_SIZE_MISMATCH, field() + declared() + " = " + std::to_string(numel) +
                                            " elements: its byte size overflows 64 bits");
     }
     if (bytes != *actual) {
-      return fail(SHAPE_SIZE_MISMATCH, field + declared + " = " + std::to_string(bytes) + " bytes, but its " +
+      return fail(SHAPE_SIZE_MISMATCH, field() + declared() + " = " + std::to_string(bytes) + " bytes, but its " +
                                            place + " has " + std::to_string(*actual) + " bytes");
     }
     d.numel = numel;
@@ -183,16 +185,16 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeTensorDescs(
                                       " payload frames");
   }
   FrameSet used_frames(frames);
-  LocateFn locate = [&](const TensorDesc& desc, const std::string& field,
+  LocateFn locate = [&](const TensorDesc& desc, const FieldName& field,
                         ErrorCode* code) -> absl::StatusOr<uint64_t> {
     const uint32_t frame = desc.frame();
     *code = FRAME_COUNT_MISMATCH;
     if (frame < 1 || frame > frames) {
-      return absl::InvalidArgumentError(field + " points at frame " + std::to_string(frame) + " but frames 1.." +
+      return absl::InvalidArgumentError(field() + " points at frame " + std::to_string(frame) + " but frames 1.." +
                                         std::to_string(frames) + " exist");
     }
     if (!used_frames.Insert(frame)) {
-      return absl::InvalidArgumentError(field + " reuses frame " + std::to_string(frame));
+      return absl::InvalidArgumentError(field() + " reuses frame " + std::to_string(frame));
     }
     return static_cast<uint64_t>(payload_frame_sizes[frame - 1]);
   };
@@ -208,26 +210,27 @@ absl::StatusOr<std::vector<DecodedTensorDesc>> DecodeArenaTensorDescs(
                                       " tensors, over the limit of " + std::to_string(limits.max_tensors) +
                                       " per sample");
   }
-  const std::string block = "its arena block [" + std::to_string(block_offset) + ", +" +
-                            std::to_string(block_length) + ")";
-  LocateFn locate = [&](const TensorDesc& desc, const std::string& field,
+  auto block = [&] {
+    return "its arena block [" + std::to_string(block_offset) + ", +" + std::to_string(block_length) + ")";
+  };
+  LocateFn locate = [&](const TensorDesc& desc, const FieldName& field,
                         ErrorCode* code) -> absl::StatusOr<uint64_t> {
     *code = INVALID_ARENA_BLOCK;
     if (desc.frame() != 0) {
       *code = FRAME_COUNT_MISMATCH;
-      return absl::InvalidArgumentError(field + " points at frame " + std::to_string(desc.frame()) +
-                                        " but the sample's tensors are in " + block + " (frame must be 0)");
+      return absl::InvalidArgumentError(field() + " points at frame " + std::to_string(desc.frame()) +
+                                        " but the sample's tensors are in " + block() + " (frame must be 0)");
     }
     const uint64_t offset = desc.offset(), length = desc.length();
-    const std::string where = field + " at [" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
+    auto where = [&] { return field() + " at [" + std::to_string(offset) + ", +" + std::to_string(length) + ")"; };
     if (offset % kArenaTensorAlignment != 0) {
-      return absl::InvalidArgumentError(where + " is not " + std::to_string(kArenaTensorAlignment) +
+      return absl::InvalidArgumentError(where() + " is not " + std::to_string(kArenaTensorAlignment) +
                                         "-byte aligned");
     }
     // Overflow-free: offset - block_offset only once offset >= block_offset.
     if (offset < block_offset || offset - block_offset > block_length ||
         length > block_length - (offset - block_offset)) {
-      return absl::InvalidArgumentError(where + " lies outside " + block);
+      return absl::InvalidArgumentError(where() + " lies outside " + block());
     }
     return length;
   };
