@@ -165,27 +165,14 @@ absl::Status StepArenaServer::Listen(const std::string& path) {
 }
 
 void StepArenaServer::Start() {
-  if (thread_.joinable() || !listener_.valid()) return;
-  if (::pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
+  if (thread_.running() || !listener_.valid()) return;
+  if (!thread_.Start([this] { Serve(); })) {
     spdlog::error("step arena socket: pipe2: {}; steps go as frames", Errno(errno));
     listener_.reset();
-    return;
   }
-  thread_ = std::thread([this] { Serve(); });
 }
 
-void StepArenaServer::Stop() {
-  stop_.store(true);
-  if (wake_[1] >= 0) {
-    const char byte = 1;
-    (void)!::write(wake_[1], &byte, 1);
-  }
-  if (thread_.joinable()) thread_.join();
-  for (int& fd : wake_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-}
+void StepArenaServer::Stop() { thread_.Stop(); }
 
 void StepArenaServer::Publish(std::shared_ptr<StepArena> arena) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -193,14 +180,14 @@ void StepArenaServer::Publish(std::shared_ptr<StepArena> arena) {
 }
 
 void StepArenaServer::Serve() {
-  while (!stop_.load()) {
-    pollfd fds[2] = {{wake_[0], POLLIN, 0}, {listener_.get(), POLLIN, 0}};
+  while (!thread_.stopping()) {
+    pollfd fds[2] = {{thread_.wake_fd(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("step arena socket: poll: {}; no more step arenas are handed out", Errno(errno));
       return;
     }
-    if (fds[0].revents != 0) continue;  // stop_ is checked above
+    if (fds[0].revents != 0) continue;  // stopping() is checked above
     shm::UniqueFd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn.valid()) continue;
     Answer(conn.get());

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "src/emit/step_encoder.h"
 #include "src/shm/arena_writer.h"
+#include "src/shm/poll_thread.h"
 #include "src/shm/unique_fd.h"
 
 namespace odb::emit {
@@ -111,11 +112,9 @@ class StepArenaServer {
 
   shm::UniqueFd listener_;
   std::string path_;
-  int wake_[2] = {-1, -1};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
   std::mutex mu_;
   std::shared_ptr<StepArena> current_;  // guarded by mu_
+  shm::PollThread thread_;              // last: stopped before the members it serves go
 };
 
 }  // namespace odb::emit

@@ -196,26 +196,13 @@ absl::Status ArenaRegistry::Listen(const std::string& path) {
 }
 
 void ArenaRegistry::Start() {
-  if (thread_.joinable() || listeners_.empty()) return;  // nothing to serve: no arena can be registered
-  if (::pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
+  if (thread_.running() || listeners_.empty()) return;  // nothing to serve: no arena can be registered
+  if (!thread_.Start([this] { Serve(); })) {
     spdlog::error("arena registry: pipe2: {}; shared-memory registration is off", Errno(errno));
-    return;
   }
-  thread_ = std::thread([this] { Serve(); });
 }
 
-void ArenaRegistry::Stop() {
-  stop_.store(true);
-  if (wake_[1] >= 0) {
-    const char byte = 1;
-    (void)!::write(wake_[1], &byte, 1);
-  }
-  if (thread_.joinable()) thread_.join();
-  for (int& fd : wake_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-}
+void ArenaRegistry::Stop() { thread_.Stop(); }
 
 void ArenaRegistry::Serve() {
   struct Client {
@@ -224,9 +211,9 @@ void ArenaRegistry::Serve() {
   };
   std::deque<Client> clients;
   auto last_retire = std::chrono::steady_clock::now();
-  while (!stop_.load()) {
+  while (!thread_.stopping()) {
     std::vector<pollfd> fds;
-    fds.push_back({wake_[0], POLLIN, 0});
+    fds.push_back({thread_.wake_fd(), POLLIN, 0});
     for (const shm::UniqueFd& l : listeners_) fds.push_back({l.get(), POLLIN, 0});
     for (const Client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
     const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(kRetireCheckEvery.count()));

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "proto/odb.pb.h"
 #include "src/ingest/decoder.h"
+#include "src/shm/poll_thread.h"
 #include "src/shm/unique_fd.h"
 
 namespace odb::ingest {
@@ -116,9 +117,6 @@ class ArenaRegistry : public ArenaBlockSource {
   const Options options_;
   std::vector<shm::UniqueFd> listeners_;
   std::vector<std::string> paths_;
-  int wake_[2] = {-1, -1};
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
 
   mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<ProducerArena>> arenas_;  // guarded by mu_
@@ -129,6 +127,7 @@ class ArenaRegistry : public ArenaBlockSource {
   std::shared_ptr<std::atomic<uint64_t>> return_failures_;
   std::atomic<uint64_t> registrations_{0};
   std::atomic<uint64_t> refused_{0};
+  shm::PollThread thread_;  // last: stopped before the members it serves go
 };
 
 // `<path>.arena`: the registration socket next to an ipc:// ingest socket at
