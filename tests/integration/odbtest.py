@@ -231,3 +231,23 @@ def collect_epochs(daemons: list[Daemon], consumers: list[subprocess.Popen]) -> 
     if len(results) > 1 and all("steps_detail" in e for e in results):
         check_step_invariants([e["steps_detail"] for e in results], len(results))
     return results
+
+
+def raw_trainer_next(sock) -> tuple[list[bytes], "odb_pb2.DaemonMessage"]:
+    """The next daemon message on a raw trainer socket (a zmq DEALER), with its
+    frames, as a client sees it: a step arena offer is declined (a raw test
+    trainer reads frames, and says so) and a session check is skipped."""
+    import odb_pb2
+
+    while True:
+        frames = sock.recv_multipart()
+        m = odb_pb2.DaemonMessage()
+        m.ParseFromString(frames[0])
+        if m.HasField("step_arena"):
+            reply = odb_pb2.TrainerMessage(version=1)
+            reply.step_arena_reply.generation = m.step_arena.generation
+            reply.step_arena_reply.error = "a raw test trainer reads frames"
+            sock.send(reply.SerializeToString())
+            continue
+        if not m.HasField("session_ack"):
+            return frames, m

@@ -11,7 +11,7 @@ import urllib.request
 
 import zmq
 
-from odbtest import Daemon, consume, epochs, finish, produce
+from odbtest import Daemon, consume, epochs, finish, produce, raw_trainer_next
 from rawproducer import RawProducer
 
 import odb_pb2
@@ -217,18 +217,7 @@ def _trainer_msg(**kind) -> bytes:
 
 
 def _next(s: zmq.Socket) -> odb_pb2.DaemonMessage:
-    while True:
-        frames = s.recv_multipart()
-        m = odb_pb2.DaemonMessage()
-        m.ParseFromString(frames[0])
-        if m.HasField("step_arena"):  # a step arena offer: this raw trainer reads frames, and says so
-            reply = odb_pb2.TrainerMessage(version=1)
-            reply.step_arena_reply.generation = m.step_arena.generation
-            reply.step_arena_reply.error = "a raw test trainer reads frames"
-            s.send(reply.SerializeToString())
-            continue
-        if not m.HasField("session_ack"):  # the daemon checking a returning session: skipped, as clients do
-            return m
+    return raw_trainer_next(s)[1]
 
 
 def test_malformed_trainer_messages_are_ignored_and_a_second_trainer_is_refused(tmp_path):

@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import zmq
 
-from odbtest import Daemon, StepRecord, check_step_invariants
+from odbtest import Daemon, StepRecord, check_step_invariants, raw_trainer_next
 from rawproducer import RawProducer
 
 import odb_pb2
@@ -58,17 +58,7 @@ def _consume(ctx, d: Daemon) -> list[tuple[odb_pb2.Step, dict]]:
     sock.send(start.SerializeToString())
     steps = []
     while True:
-        frames = sock.recv_multipart()
-        msg = odb_pb2.DaemonMessage()
-        msg.ParseFromString(frames[0])
-        if msg.HasField("session_ack"):  # the daemon checking this new session: skipped, as clients do
-            continue
-        if msg.HasField("step_arena"):  # a step arena offer: this raw trainer reads frames, and says so
-            reply = odb_pb2.TrainerMessage(version=1)
-            reply.step_arena_reply.generation = msg.step_arena.generation
-            reply.step_arena_reply.error = "a raw test trainer reads frames"
-            sock.send(reply.SerializeToString())
-            continue
+        frames, msg = raw_trainer_next(sock)
         assert not msg.HasField("fatal"), msg.fatal.message
         if msg.HasField("epoch_end"):
             return steps
