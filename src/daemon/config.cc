@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -20,6 +21,17 @@ extern char** environ;
 namespace odb {
 namespace {
 
+// While ConfigFieldDefaults() runs: every field the parser reads, with the
+// value it holds before reading (its default), in parse order.
+thread_local std::vector<std::pair<std::string, std::string>>* g_field_defaults = nullptr;
+
+template <typename T>
+std::string FlowYaml(const T& value) {
+  YAML::Emitter out;
+  out << YAML::Flow << YAML::Node(value);
+  return out.c_str();
+}
+
 // Reads a YAML mapping section by section, remembering which keys were used
 // so unknown keys (typos) can be reported with their full path.
 class Section {
@@ -29,6 +41,7 @@ class Section {
   template <typename T>
   absl::Status Get(const std::string& key, T& out) {
     used_.insert(key);
+    if (g_field_defaults != nullptr) g_field_defaults->emplace_back(Path(key), FlowYaml(out));
     const YAML::Node value = node_[key];
     if (!value) return absl::OkStatus();
     try {
@@ -45,6 +58,9 @@ class Section {
   absl::Status GetEnum(const std::string& key, const std::vector<std::pair<std::string, E>>& choices,
                        E& out) {
     std::string text;
+    for (const auto& [name, value] : choices) {
+      if (value == out) text = name;  // the default, for ConfigFieldDefaults()
+    }
     bool present = static_cast<bool>(node_[key]);
     if (absl::Status s = Get(key, text); !s.ok()) return s;
     if (!present) return absl::OkStatus();
@@ -137,6 +153,9 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   return s.CheckNoUnknownKeys();
 }
 
+constexpr const char* kLabelsField = "labels";
+constexpr int kLabelsPadValue = -100;  // torch.nn.CrossEntropyLoss's ignore_index
+
 const std::vector<std::pair<std::string, collate::FieldRule>> kRules = {
     {"pad", collate::FieldRule::kPad},
     {"stack", collate::FieldRule::kStack},
@@ -149,6 +168,10 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum("default_rule", kRules, c.collate.default_rule));
   ODB_RETURN_IF_ERROR(s.Get("encoder_fields", c.encoder_fields));
   s.MarkUsed("fields");
+  if (g_field_defaults != nullptr) {
+    g_field_defaults->emplace_back(s.Path("fields"), "[{name: " + std::string(kLabelsField) +
+                                                         ", pad_value: " + std::to_string(kLabelsPadValue) + "}]");
+  }
   const YAML::Node fields = s.node()["fields"];
   if (fields && !fields.IsSequence()) {
     return absl::InvalidArgumentError("config field 'collate.fields' must be a list");
@@ -180,12 +203,25 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
     ODB_RETURN_IF_ERROR(f.CheckNoUnknownKeys());
     c.collate.fields.push_back(spec);
   }
+  // Labels pad with cross-entropy's ignore index unless the config lists
+  // them: padding with 0 would count every pad position as class 0 in the
+  // loss, silently. Listing `labels` (any pad_value) or another default rule
+  // turns this off.
+  if (c.collate.default_rule == collate::FieldRule::kPad &&
+      std::none_of(c.collate.fields.begin(), c.collate.fields.end(),
+                   [](const collate::FieldSpec& f) { return f.name == kLabelsField; })) {
+    collate::FieldSpec labels;
+    labels.name = kLabelsField;
+    labels.pad_value = kLabelsPadValue;
+    c.collate.fields.push_back(labels);
+  }
   return s.CheckNoUnknownKeys();
 }
 
 absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   DaemonConfig c;
-  if (!root || root.IsNull()) return c;
+  // An empty file is every default, the parsed ones (collate's labels) included.
+  if (!root || root.IsNull()) return ParseRoot(YAML::Node(YAML::NodeType::Map));
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a mapping");
   Section s(root, "");
   ODB_RETURN_IF_ERROR(s.Get("rank", c.rank));
@@ -620,6 +656,15 @@ absl::StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text) {
 }
 
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  // A path is only ever read as a file: a missing one or a directory is an
+  // error naming it, never an empty (all defaults) config.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError("config file '" + path + "' does not exist (check the --config path)");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError("config file '" + path + "' is a directory; give the YAML file in it");
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError("cannot open config file '" + path + "'");
   std::stringstream text;
@@ -629,6 +674,14 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
     return absl::Status(config.status().code(), path + ": " + std::string(config.status().message()));
   }
   return config;
+}
+
+std::vector<std::pair<std::string, std::string>> ConfigFieldDefaults() {
+  std::vector<std::pair<std::string, std::string>> fields;
+  g_field_defaults = &fields;
+  (void)ParseRoot(YAML::Node(YAML::NodeType::Map));
+  g_field_defaults = nullptr;
+  return fields;
 }
 
 std::map<std::string, std::string> ProcessEnvironment() {
@@ -698,6 +751,7 @@ std::string DescribeConfig(const DaemonConfig& c) {
   if (c.deterministic) out << " deterministic=1";
   out << " seed=" << c.seed << " queue_steps=" << c.queue_steps << " max_wait_ms=" << c.max_wait_ms
       << " start_wait_ms=" << c.start_wait_ms;
+  if (c.world_size > 1) out << " job_id=" << c.job_id << " gloo=" << (c.gloo_iface.empty() ? c.gloo_hostname : "iface:" + c.gloo_iface);
   return out.str();
 }
 

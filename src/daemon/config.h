@@ -171,6 +171,11 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
 absl::Status FinalizeConfig(DaemonConfig& config,
                             const std::map<std::string, std::string>& env);
 
+// Every field the parser reads ("alignment.job_id", ...) with its default as
+// flow YAML, in parse order (odbd --print-default-config; the test that keeps
+// configs/odbd.yaml complete).
+std::vector<std::pair<std::string, std::string>> ConfigFieldDefaults();
+
 // The process environment as a map (for FinalizeConfig).
 std::map<std::string, std::string> ProcessEnvironment();
 

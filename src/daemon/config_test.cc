@@ -292,3 +292,60 @@ TEST_CASE("the step arena's keys") {
 
 }  // namespace
 }  // namespace odb
+
+namespace odb {
+namespace {
+
+const collate::FieldSpec* FindField(const DaemonConfig& c, const std::string& name) {
+  for (const auto& f : c.collate.fields) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+TEST_CASE("labels pad with the ignore index -100 unless the config lists them") {
+  auto empty = ParseConfig("");
+  REQUIRE(empty.ok());
+  const collate::FieldSpec* labels = FindField(*empty, "labels");
+  REQUIRE(labels != nullptr);
+  CHECK(labels->pad_value == -100);
+  CHECK(labels->rule == collate::FieldRule::kPad);
+  // A list of other fields keeps the labels default.
+  auto others = ParseConfig("collate: {fields: [{name: pixel_values, rule: concat}]}");
+  REQUIRE(others.ok());
+  REQUIRE(FindField(*others, "labels") != nullptr);
+  CHECK(FindField(*others, "labels")->pad_value == -100);
+  // A listed labels field is the user's choice, even 0.
+  auto listed = ParseConfig("collate: {fields: [{name: labels, pad_value: 0}]}");
+  REQUIRE(listed.ok());
+  CHECK(listed->collate.fields.size() == 1);
+  CHECK(FindField(*listed, "labels")->pad_value == 0);
+  // Another default rule: nothing is added.
+  auto stacked = ParseConfig("collate: {default_rule: stack}");
+  REQUIRE(stacked.ok());
+  CHECK(FindField(*stacked, "labels") == nullptr);
+}
+
+TEST_CASE("a config path that does not exist or is a directory is an error naming it") {
+  auto missing = LoadConfigFile("/nonexistent/odbd.yaml");
+  REQUIRE(!missing.ok());
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("/nonexistent/odbd.yaml") && Catch::Contains("does not exist"));
+  auto dir = LoadConfigFile("/tmp");
+  REQUIRE(!dir.ok());
+  CHECK_THAT(std::string(dir.status().message()), Catch::Contains("'/tmp' is a directory"));
+}
+
+TEST_CASE("ConfigFieldDefaults lists every field with the parser's default") {
+  std::map<std::string, std::string> fields;
+  for (const auto& [path, value] : ConfigFieldDefaults()) fields[path] = value;
+  CHECK(fields.at("alignment.job_id") == "odb");
+  CHECK(fields.at("grouping.cost_model") == "padded");
+  CHECK(fields.at("shm.step_arena_bytes").size() > 0);
+  CHECK(fields.at("grouping.step_time.per_step") == "512");
+  CHECK(fields.at("collate.fields") == "[{name: labels, pad_value: -100}]");
+  CHECK(fields.count("ingest_endpoints") == 1);
+}
+
+}  // namespace
+}  // namespace odb

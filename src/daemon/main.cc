@@ -1,12 +1,14 @@
 // odbd: the per-rank collation daemon. Parses the config, builds the
 // components, installs the signal handlers and runs.
 #include <signal.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <tuple>
 
 #include <google/protobuf/stubs/logging.h>
 
@@ -14,6 +16,7 @@
 #include "src/daemon/config.h"
 #include "src/daemon/daemon.h"
 #include "src/daemon/peers.h"
+#include "src/daemon/store_lease.h"
 
 namespace {
 
@@ -47,8 +50,8 @@ int main(int argc, char** argv) {
   CLI::App app{"odbd: online dynamic batching daemon (one per training rank)"};
   std::string config_path;
   int rank = -1, world_size = -1;
-  std::string run_dir, job_id, log_level, ingest, trainer;
-  bool print_config = false;
+  std::string run_dir, job_id, log_level, ingest, trainer, gloo_hostname, gloo_iface;
+  bool print_config = false, print_defaults = false;
   app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
   app.add_option("--rank", rank, "this rank (default: $RANK or the config)");
   app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)");
@@ -57,9 +60,18 @@ int main(int argc, char** argv) {
   app.add_option("--ingest", ingest, "producer endpoint (replaces ingest_endpoints)");
   app.add_option("--trainer", trainer, "trainer endpoint");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--gloo-hostname", gloo_hostname,
+                 "address this rank's Gloo listens on (default: $ODB_GLOO_HOSTNAME, else the config)");
+  app.add_option("--gloo-iface", gloo_iface, "network interface for Gloo (default: $ODB_GLOO_IFACE, else the config)");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
+  app.add_flag("--print-default-config", print_defaults,
+               "print every config field the parser knows with its default (one 'path: value' line each) and exit");
   CLI11_PARSE(app, argc, argv);
   google::protobuf::SetLogHandler(&ProtobufLog);
+  if (print_defaults) {
+    for (const auto& [path, value] : odb::ConfigFieldDefaults()) std::printf("%s: %s\n", path.c_str(), value.c_str());
+    return 0;
+  }
 
   auto config = config_path.empty() ? odb::ParseConfig("") : odb::LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -73,7 +85,19 @@ int main(int argc, char** argv) {
   if (!log_level.empty()) config->log_level = log_level;
   if (!ingest.empty()) config->ingest_endpoints = {ingest};
   if (!trainer.empty()) config->trainer_endpoint = trainer;
-  if (absl::Status s = odb::FinalizeConfig(*config, odb::ProcessEnvironment()); !s.ok()) {
+  // Multi-host addresses come from the launcher's environment (the host's
+  // address is not known when a config file is written), the command line wins.
+  const auto env = odb::ProcessEnvironment();
+  for (const auto& [flag, var, field] : {std::tuple{&gloo_hostname, "ODB_GLOO_HOSTNAME", &config->gloo_hostname},
+                                         std::tuple{&gloo_iface, "ODB_GLOO_IFACE", &config->gloo_iface}}) {
+    auto it = env.find(var);
+    if (!flag->empty()) {
+      *field = *flag;
+    } else if (it != env.end() && !it->second.empty()) {
+      *field = it->second;
+    }
+  }
+  if (absl::Status s = odb::FinalizeConfig(*config, env); !s.ok()) {
     std::fprintf(stderr, "odbd: %s\n", std::string(s.message()).c_str());
     return 2;
   }
@@ -85,6 +109,21 @@ int main(int argc, char** argv) {
   }
   spdlog::info("starting: {}", odb::DescribeConfig(*config));
 
+  // The job's FileStore directory, leased for this daemon's life (stale keys
+  // of a previous run with this job id removed, a live duplicate refused).
+  std::unique_ptr<odb::StoreLease> lease;
+  if (config->world_size > 1 && config->store == odb::StoreKind::kFile) {
+    auto l = odb::StoreLease::Acquire(config->store_dir, config->job_id, config->rank);
+    if (!l.ok()) {
+      spdlog::error("cannot join the peer group: {}", std::string(l.status().message()));
+      return 3;
+    }
+    lease = std::move(*l);
+    if (lease->removed_stale()) {
+      spdlog::info("removed the rendezvous keys a previous run of job '{}' left in {}", config->job_id,
+                   odb::StoreLease::JobDir(config->store_dir, config->job_id));
+    }
+  }
   auto peers = odb::ConnectPeers(*config);
   if (!peers.ok()) {
     spdlog::error("cannot join the peer group: {}", std::string(peers.status().message()));
@@ -110,6 +149,14 @@ int main(int argc, char** argv) {
 
   absl::Status result = daemon.Run();
   g_daemon.store(nullptr);
+  // Remove this daemon's ipc:// socket files (it still holds their locks, so
+  // they are its own): a file left behind looks like a daemon to a trainer
+  // until connect() is refused.
+  std::vector<std::string> bound = daemon.IngestEndpoints();
+  bound.push_back(daemon.TrainerEndpoint());
+  for (const auto& e : bound) {
+    if (e.rfind("ipc://", 0) == 0) ::unlink(e.substr(6).c_str());
+  }
   const auto& m = daemon.metrics();
   if (g_signal.load() != 0) {
     spdlog::info("received signal {} ({}); shutting down", g_signal.load(),

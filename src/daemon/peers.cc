@@ -5,6 +5,7 @@
 #include "src/align/gloo_peer_group.h"
 #include "src/align/hello.h"
 #include "src/daemon/aligned_round_runner.h"
+#include "src/daemon/store_lease.h"
 
 namespace odb {
 
@@ -16,12 +17,14 @@ absl::StatusOr<std::unique_ptr<align::PeerGroup>> ConnectPeers(const DaemonConfi
   o.job_id = config.job_id;
   if (config.store == StoreKind::kFile) {
     o.store = align::GlooPeerGroupOptions::StoreKind::kFile;
-    o.file_store_dir = config.store_dir;
+    // One directory per job id (odbd holds a StoreLease on it, see main.cc):
+    // Gloo's FileStore keeps its keys flat, named by a hash.
+    o.file_store_dir = StoreLease::JobDir(config.store_dir, config.job_id);
     std::error_code ec;
-    std::filesystem::create_directories(config.store_dir, ec);
+    std::filesystem::create_directories(o.file_store_dir, ec);
     if (ec) {
-      return absl::FailedPreconditionError("cannot create alignment.store_dir '" + config.store_dir +
-                                           "': " + ec.message());
+      return absl::FailedPreconditionError("cannot create the rendezvous directory '" + o.file_store_dir +
+                                           "' (alignment.store_dir): " + ec.message());
     }
   } else {
     o.store = align::GlooPeerGroupOptions::StoreKind::kRedis;

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,9 @@
 
 namespace odb::client {
 namespace {
+
+// Longest single wait of a blocking ZeroMQ send: Cancel is checked between two.
+constexpr int kSendSliceMs = 100;
 
 // The daemon's arena registration socket next to an ipc:// ingest socket
 // (docs/protocol.md; the daemon's ingest::ArenaSocketPath).
@@ -150,18 +154,25 @@ struct Producer::Impl {
       for (size_t i = 0; i < parts.size(); ++i) {
         auto flags = i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
         zmq::send_result_t sent;
-        while (true) {  // EINTR (a signal, e.g. SIGCHLD in a trainer) is not an error: retry
+        // The socket's send timeout is a slice (kSendSliceMs): between slices
+        // Cancel is seen, so a loader leaving its epoch (its daemon died, say)
+        // never waits out send_timeout_ms for a send nobody will take.
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(options.send_timeout_ms, 0));
+        while (true) {
           try {
             sent = socket.send(parts[i], flags);
-            break;
           } catch (const zmq::error_t& e) {
-            if (e.num() != EINTR) throw;
+            if (e.num() != EINTR) throw;  // EINTR (a signal, e.g. SIGCHLD in a trainer): retry
+            continue;
           }
-        }
-        if (!sent) {
-          return absl::DeadlineExceededError(
-              Who() + ": the daemon at " + options.endpoint + " did not accept a message within " +
-              std::to_string(options.send_timeout_ms) + " ms (is odbd running there?)");
+          if (sent) break;
+          if (absl::Status s = CheckCancelled(); !s.ok()) return s;
+          if (options.send_timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) {
+            return absl::DeadlineExceededError(
+                Who() + ": the daemon at " + options.endpoint + " did not accept a message within " +
+                std::to_string(options.send_timeout_ms) + " ms (is odbd running there?)");
+          }
         }
       }
     } catch (const zmq::error_t& e) {
@@ -420,6 +431,14 @@ Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Producer::~Producer() {
   // A forked copy must not touch the context (zmq_ctx_term would wait forever).
   if (impl_ && impl_->owner.forked()) (void)impl_.release();
+  // A cancelled producer's unsent messages have no taker (its loader left the
+  // epoch, often because the daemon died): closing must not linger for them.
+  if (impl_ && impl_->cancelled.load()) {
+    try {
+      impl_->socket.set(zmq::sockopt::linger, 0);
+    } catch (const zmq::error_t&) {
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOptions& options) {
@@ -438,7 +457,8 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Connect(const ProducerOption
     impl->socket.set(zmq::sockopt::linger, 30000);  // deliver what was sent before close
     impl->socket.set(zmq::sockopt::rcvhwm, 0);  // credits and acks are small and must not be dropped
     impl->socket.set(zmq::sockopt::sndhwm, options.send_hwm);
-    impl->socket.set(zmq::sockopt::sndtimeo, options.send_timeout_ms);
+    impl->socket.set(zmq::sockopt::sndtimeo, options.send_timeout_ms < 0 ? kSendSliceMs
+                                                                         : std::min(options.send_timeout_ms, kSendSliceMs));
     impl->socket.connect(options.endpoint);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError("cannot connect to '" + options.endpoint + "': " + e.what());

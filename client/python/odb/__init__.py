@@ -18,14 +18,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
+from . import _native  # the submodule, so that `odb._native.native()` works (never shadowed)
 from ._native import find_odbd
-from ._native import native as _native
 from .daemon import DaemonProcess, Endpoints, check_reachable, endpoints, spawn_daemon
 
 if TYPE_CHECKING:  # typed by the extension's stubs, odb/_odb_native.pyi
     from ._odb_native import Consumer, Delivery, OdbError, OdbTimeout, Producer, Rejection, StepInfo
 else:
-    _lib = _native()
+    _lib = _native.native()
     OdbError, OdbTimeout = _lib.OdbError, _lib.OdbTimeout
     Producer, Consumer = _lib.Producer, _lib.Consumer
     Delivery, StepInfo, Rejection = _lib.Delivery, _lib.StepInfo, _lib.Rejection

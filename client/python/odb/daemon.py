@@ -8,10 +8,15 @@ One daemon serves one training rank. Its sockets are, by default,
 """
 from __future__ import annotations
 
+import atexit
+import errno
+import functools
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -71,18 +76,78 @@ def endpoints(rank: Optional[int] = None, run_dir: Optional[str] = None) -> Endp
     return Endpoints(ingest=ingest.replace("{rank}", str(rank)), trainer=trainer.replace("{rank}", str(rank)))
 
 
-def check_reachable(endpoint: str, what: str = "daemon") -> None:
-    """Raises OdbError at once when an ipc:// endpoint has no socket file.
+def _ipc_path(endpoint: str) -> Optional[str]:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
 
-    ZeroMQ connects lazily, so without this check a wrong address would only
-    show up as a receive timeout.
+
+def _connect_errno(path: str) -> int:
+    """0 when something accepts connections on the Unix socket `path`, else the errno.
+
+    A socket file stays behind when its daemon is SIGKILLed (or any daemon
+    that did not remove it): connect() then fails with ECONNREFUSED, which is
+    how "no daemon" is told apart from "a daemon" without waiting."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(1.0)
+        sock.connect(path)
+        return 0
+    except socket.timeout:
+        return errno.ETIMEDOUT
+    except OSError as e:
+        return e.errno or errno.EIO
+    finally:
+        sock.close()
+
+
+def check_reachable(endpoint: str, what: str = "daemon") -> None:
+    """Raises OdbError at once when nothing listens on an ipc:// endpoint.
+
+    ZeroMQ connects lazily, so without this check a missing daemon (no socket
+    file, or a stale one a dead daemon left) would only show up as a receive
+    timeout.
     """
-    if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
-        if not os.path.exists(path):
-            raise native().OdbError(
-                f"no odbd listens at {endpoint} (socket file {path} does not exist): start the {what} "
-                f"(odb.spawn_daemon, deploy/odb_launch.py) or fix ODB_RUN_DIR / the endpoint")
+    path = _ipc_path(endpoint)
+    if path is None:
+        return
+    fix = (f"start the {what} (odb.spawn_daemon, python -m odb.launch, systemd odbd@RANK) or fix "
+           f"ODB_RUN_DIR / the endpoint")
+    if not os.path.exists(path):
+        raise native().OdbError(f"no odbd listens at {endpoint} (socket file {path} does not exist): {fix}")
+    err = _connect_errno(path)
+    if err == errno.ECONNREFUSED:
+        raise native().OdbError(
+            f"no odbd listens at {endpoint}: the socket file {path} is stale (nothing accepts connections on "
+            f"it; the daemon that made it has exited): {fix}")
+    if err in (errno.EACCES, errno.EPERM):
+        raise native().OdbError(
+            f"cannot connect to odbd at {endpoint}: permission denied on {path} (the daemon runs as another "
+            f"user: run the trainer in the daemon's group, or the daemon as the trainer's user)")
+    if err not in (0, errno.EAGAIN, errno.ETIMEDOUT):  # a full backlog still means a live daemon
+        raise native().OdbError(f"cannot connect to odbd at {endpoint} ({path}): {os.strerror(err)}")
+
+
+def daemon_pid(endpoint: str) -> Optional[int]:
+    """The pid of the odbd that holds an ipc:// endpoint, from its lock file
+    (``<socket path>.lock``, held by the daemon for its life); None when unknown."""
+    path = _ipc_path(endpoint)
+    if path is None:
+        return None
+    try:
+        with open(path + ".lock") as f:
+            text = f.read(32).strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 class DaemonProcess:
@@ -125,19 +190,26 @@ class DaemonProcess:
             return ""
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Waits until both sockets exist; raises if the daemon exits first."""
+        """Waits until the daemon accepts connections on its ipc:// sockets;
+        raises at once if it exits first (with its log's tail).
+
+        A socket file alone proves nothing (a daemon that died leaves it
+        behind): ready means this daemon holds the endpoint's lock and
+        connect() on every socket succeeds."""
         deadline = time.monotonic() + timeout
-        paths = [e[len("ipc://"):] for e in (self.ingest, self.trainer) if e.startswith("ipc://")]
-        while time.monotonic() < deadline:
-            if all(os.path.exists(p) for p in paths):
-                return
-            if self.proc.poll() is not None:
+        paths = [p for p in (_ipc_path(self.ingest), _ipc_path(self.trainer)) if p is not None]
+        while True:
+            code = self.poll()
+            if code is not None:
                 raise native().OdbError(
-                    f"odbd rank {self.rank} exited with code {self.proc.returncode} during start-up; "
+                    f"odbd rank {self.rank} (pid {self.pid}) exited with code {code} during start-up; "
                     f"log {self.log_path}:\n{self.log_tail()}")
+            if all(daemon_pid(f"ipc://{p}") == self.pid and _connect_errno(p) == 0 for p in paths):
+                return
+            if time.monotonic() >= deadline:
+                raise native().OdbError(f"odbd rank {self.rank} (pid {self.pid}) not ready after {timeout}s; "
+                                        f"log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.02)
-        raise native().OdbError(f"odbd rank {self.rank} not ready after {timeout}s; log {self.log_path}:\n"
-                                f"{self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> Optional[int]:
         """Stops the daemon (SIGTERM, then SIGKILL after `timeout`) and returns its exit code."""
@@ -150,7 +222,8 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        _SPAWNED.pop(self.trainer, None)
+        if _SPAWNED.get(self.trainer) is self:
+            _SPAWNED.pop(self.trainer, None)
         return self.proc.returncode
 
     def __enter__(self) -> "DaemonProcess":
@@ -158,6 +231,32 @@ class DaemonProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
+        os._exit(1)
+
+
+def _is_yaml_text(text: str) -> bool:
+    """YAML text rather than a path: several lines, a flow mapping, or `key: value`."""
+    stripped = text.strip()
+    return "\n" in stripped or stripped.startswith("{") or ": " in stripped or stripped.endswith(":")
+
+
+@atexit.register
+def _stop_spawned_at_exit() -> None:
+    """A script that ends (or raises) without stopping its daemons does not leave them running."""
+    for daemon in list(_SPAWNED.values()):
+        if daemon._owner_pid == os.getpid():
+            try:
+                daemon.stop(timeout=5.0)
+            except Exception:  # pragma: no cover - best effort at exit
+                pass
 
 
 def spawned_daemon(trainer_endpoint: str) -> Optional[DaemonProcess]:
@@ -170,7 +269,8 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
                  config: Optional[Union[Mapping[str, Any], str, Path]] = None,
                  odbd: Optional[Union[str, Path]] = None, log_level: str = "info",
                  log_path: Optional[Union[str, Path]] = None, wait: bool = True,
-                 ready_timeout: float = 30.0, extra_args: Optional[List[str]] = None) -> DaemonProcess:
+                 ready_timeout: float = 30.0, extra_args: Optional[List[str]] = None,
+                 die_with_parent: bool = True) -> DaemonProcess:
     """Starts one odbd for `rank` (local runs, tests, the launcher).
 
     Args:
@@ -179,11 +279,16 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
         every rank of a job must use the same one.
       job_id: rendezvous key prefix, fresh per job (default: random). All ranks
         of one job must pass the same id.
-      config: a dict (written as JSON, which is YAML), YAML text, or a path.
+      config: a dict (written as JSON, which is YAML), YAML text (several lines, or
+        one with ``key: value``), or a path (a Path, or a str without ``": "``), which
+        must name an existing file. None: odbd's defaults (labels padded with -100).
       odbd: the binary (default :func:`odb.find_odbd`: $ODBD, `odbd` on PATH, the checkout's
         .build/src/daemon/odbd).
-      wait: block until its sockets exist (not possible for W > 1 before every
-        rank is started if the daemon waits for the rendezvous first).
+      wait: block until it accepts connections (not possible for W > 1 before
+        every rank is started: the daemon joins its peers before it binds).
+      die_with_parent: the daemon gets SIGTERM when this process dies (also on
+        SIGKILL, when spawned from the main thread); and this process stops
+        its daemons at a normal exit (atexit) either way.
     """
     rank = env_rank() if rank is None else rank
     world_size = env_world_size() if world_size is None else world_size
@@ -200,9 +305,13 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
         if isinstance(config, Mapping):
             config_path = run_dir / f"odbd-{rank}.yaml"
             config_path.write_text(json.dumps(config, indent=1))  # JSON is valid YAML
-        elif isinstance(config, Path) or (isinstance(config, str) and "\n" not in config
-                                          and os.path.exists(config)):
+        elif isinstance(config, Path) or not _is_yaml_text(str(config)):
             config_path = Path(config)
+            if not config_path.is_file():
+                raise FileNotFoundError(
+                    f"odbd config file {config_path} " +
+                    ("is a directory" if config_path.is_dir() else "does not exist") +
+                    " (pass a path to a YAML file, YAML text, or a dict)")
         else:
             config_path = run_dir / f"odbd-{rank}.yaml"
             config_path.write_text(str(config))
@@ -210,7 +319,13 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
     args += list(extra_args or [])
     log_file = Path(log_path) if log_path else run_dir / f"odbd-{rank}.log"
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # The daemon dies with the thread that spawned it (PR_SET_PDEATHSIG): a
+        # launcher or script killed with SIGKILL leaves no odbd behind. Only
+        # from the main thread, whose exit is the process's.
+        on_main = threading.current_thread() is threading.main_thread()
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=functools.partial(_die_with_parent, os.getpid())
+                                if on_main and die_with_parent else None)
     eps = Endpoints(f"ipc://{run_dir}/odb-{rank}-in.sock", f"ipc://{run_dir}/odb-{rank}-out.sock")
     daemon = DaemonProcess(proc, rank, run_dir, log_file, eps)
     _SPAWNED[daemon.trainer] = daemon

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from ._native import native
-from .daemon import check_reachable, endpoints, env_rank, env_world_size, spawned_daemon
+from .daemon import check_reachable, daemon_pid, endpoints, env_rank, env_world_size, pid_alive, spawned_daemon
 from .loss import weighted_loss
 
 IDLE_POLICIES = ("zero_step", "join")
@@ -849,6 +849,9 @@ class OdbDataLoader:
         Returns None when `done()` turns true while waiting."""
         start = time.monotonic()
         daemon = spawned_daemon(self.trainer_endpoint)
+        # A daemon another process started (odb.launch, systemd): its pid from
+        # the endpoint's lock file, so its death is seen within poll_ms too.
+        other_pid = daemon_pid(self.trainer_endpoint) if daemon is None else None
         while True:
             if pump is not None:
                 pump.raise_if_failed()
@@ -864,6 +867,10 @@ class OdbDataLoader:
                 raise native().OdbError(
                     f"odbd rank {daemon.rank} (pid {daemon.pid}) exited (code {daemon.poll()}) during "
                     f"epoch {self.epoch}; log {daemon.log_path}:\n{daemon.log_tail()}")
+            if other_pid is not None and not pid_alive(other_pid):
+                raise native().OdbError(
+                    f"odbd (pid {other_pid}) serving {self.trainer_endpoint} is gone (exited or killed) during "
+                    f"epoch {self.epoch} (rank {self.rank}): see its log (odb.launch: $ODB_RUN_DIR/odbd-<rank>.log)")
             if time.monotonic() - start > self.timeout_s:
                 sent = pump.sent if pump is not None else self.samples_sent
                 raise native().OdbTimeout(
