@@ -226,7 +226,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if getattr(a, "ranks", 1) < 1 or getattr(a, "samples", 1) < 1:
         parser().error("--ranks and --samples must be at least 1")
     func: Callable[[argparse.Namespace], int] = a.func
-    return func(a)
+    try:
+        return func(a)
+    except (FileNotFoundError, PermissionError, RuntimeError) as e:
+        # What to do fits on a line (no odbd, a daemon that did not start, ...): no traceback.
+        print(f"{PROG} {a.command}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # OdbError and friends, from the native module
+        if type(e).__name__ not in ("OdbError", "OdbTimeout"):
+            raise
+        print(f"{PROG} {a.command}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
