@@ -264,3 +264,18 @@ def test_gloo_address_from_the_environment_and_the_command_line(run_dir: Path) -
     assert "gloo=10.1.2.3" in described([], {"ODB_GLOO_HOSTNAME": "10.1.2.3"})
     assert "gloo=10.9.9.9" in described(["--gloo-hostname", "10.9.9.9"], {"ODB_GLOO_HOSTNAME": "10.1.2.3"})
     assert "gloo=iface:lo" in described([], {"ODB_GLOO_IFACE": "lo"})
+
+
+def test_launcher_job_id_and_multi_host_address_come_from_the_launchers_environment() -> None:
+    from odb import launch
+
+    assert launch.default_job_id({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}) == "77"
+    assert launch.default_job_id({"TORCHELASTIC_RUN_ID": "abc"}) == "abc"
+    assert launch.default_job_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # then --job-id is required
+    a = launch.parser().parse_args(["train.py"])
+    multi = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1"}
+    assert launch.gloo_args(a, multi) == ["--gloo-hostname", "127.0.0.1"]  # the address toward MASTER_ADDR
+    assert launch.gloo_args(a, dict(multi, ODB_GLOO_HOSTNAME="10.0.0.7")) == []  # odbd reads it itself
+    assert launch.gloo_args(a, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h"}) == []  # one host
+    a = launch.parser().parse_args(["--gloo-hostname", "10.1.1.1", "train.py"])
+    assert launch.gloo_args(a, multi) == ["--gloo-hostname", "10.1.1.1"]

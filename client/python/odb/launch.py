@@ -69,7 +69,11 @@ def gloo_args(a: argparse.Namespace, env: "os._Environ[str] | dict" = os.environ
     local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
     master = env.get("MASTER_ADDR", "")
     if world > local_world and master:
-        return ["--gloo-hostname", host_address(master, int(env.get("MASTER_PORT", "29500")))]
+        try:
+            return ["--gloo-hostname", host_address(master, int(env.get("MASTER_PORT", "29500")))]
+        except OSError as e:
+            raise SystemExit(f"odb.launch: cannot find this host's address toward MASTER_ADDR={master} ({e}): "
+                             f"pass --gloo-hostname or set ODB_GLOO_HOSTNAME / ODB_GLOO_IFACE") from None
     return []
 
 
