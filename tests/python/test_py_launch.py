@@ -1,4 +1,4 @@
-"""The way users launch odb: torchrun starts deploy/odb_launch.py once per local rank; each
+"""The way users launch odb: torchrun starts `python -m odb.launch` once per local rank; each
 starts its rank's odbd, runs the training script, and stops the daemon when the script exits.
 Real torchrun (torch.distributed.run, --standalone), real daemons, DDP over env:// gloo."""
 from __future__ import annotations
@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
+import odb
 import tiny_lm
 from odbtest_py import StepRecord, check_step_invariants
 
@@ -54,13 +56,20 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 
-def _odbd_pids() -> set:
-    out = subprocess.run(["pgrep", "-f", "src/daemon/odbd"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+def _assert_daemons_gone(run_dir: Path) -> None:
+    """The job's daemons (their pids from the sockets' lock files; pgrep would also see other
+    jobs' daemons on a shared machine) have exited and removed their sockets."""
+    pids = [int((run_dir / "odb" / f"odb-{r}-out.sock.lock").read_text()) for r in range(2)]
+    deadline = time.monotonic() + 30
+    while any(odb.daemon.pid_alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"daemons {pids} outlived their launchers"
+        time.sleep(0.05)
+    assert not [p for p in (run_dir / "odb").iterdir() if p.name.endswith(".sock")], "sockets left behind"
 
 
-def _torchrun(run_dir: Path, script_text: str, max_tokens: int, extra: list, timeout: float) -> None:
-    """torchrun (2 local ranks) -> deploy/odb_launch.py -> the script; asserts it exits 0."""
+def _torchrun(run_dir: Path, script_text: str, max_tokens: int, extra: list, timeout: float,
+             expect_ok: bool = True) -> None:
+    """torchrun (2 local ranks) -> python -m odb.launch -> the script; asserts it exits 0 (or not)."""
     script = run_dir / "train.py"
     script.write_text(script_text)
     config = run_dir / "odbd.yaml"
@@ -70,15 +79,14 @@ def _torchrun(run_dir: Path, script_text: str, max_tokens: int, extra: list, tim
         ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra,
          # Debian 12's torch 1.13 on Python 3.11: the default "--redirects 0 --tee 0" crashes
          # torchrun (Flag members 0 and 3 are not iterated any more); 1 and 2 work.
-         "--redirects", "1", "--tee", "2", "--log_dir", str(run_dir / "torchrun"),
-         str(ROOT / "deploy/odb_launch.py"), "--run-dir", str(run_dir / "odb"), "--config", str(config),
+         "--redirects", "1", "--tee", "1", "--log_dir", str(run_dir / "torchrun"),
+         "-m", "odb.launch", "--run-dir", str(run_dir / "odb"), "--config", str(config),
          "--job-id", f"launch-{uuid.uuid4().hex[:8]}", "--log-level", "warn", str(script), str(run_dir)],
         env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert (proc.returncode == 0) == expect_ok, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
 
 
 def test_torchrun_launcher_runs_one_daemon_per_rank_and_stops_them(run_dir) -> None:
-    before = _odbd_pids()
     _torchrun(run_dir, TRAIN, 256, [], 300)
     results = [json.loads((run_dir / f"trained-{r}.json").read_text()) for r in range(2)]
     assert sorted(results[0]["trained"] + results[1]["trained"]) == list(range(N))  # each sample once
@@ -87,7 +95,25 @@ def test_torchrun_launcher_runs_one_daemon_per_rank_and_stops_them(run_dir) -> N
     # Both daemons ran (their logs are there) and are gone with their trainers.
     assert (run_dir / "odb" / "odbd-0.log").exists() and (run_dir / "odb" / "odbd-1.log").exists(), \
         sorted(p.name for p in (run_dir / "odb").iterdir())
-    assert not (_odbd_pids() - before), "a daemon outlived its launcher"
+    _assert_daemons_gone(run_dir)
+
+
+CRASHES = textwrap.dedent(f"""
+    import os, sys
+    sys.path[:0] = [{str(ROOT / 'client/python')!r}]
+    import torch.distributed as dist
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise RuntimeError("the training script crashed")
+        dist.barrier()  # rank 0 waits for the crashed rank: torchrun stops it
+""")
+
+
+def test_a_crashed_training_script_leaves_no_daemon_running(run_dir) -> None:
+    _torchrun(run_dir, CRASHES, 256, [], 300, expect_ok=False)
+    _assert_daemons_gone(run_dir)
 
 
 UNGUARDED = textwrap.dedent(f"""
@@ -178,10 +204,9 @@ RESTARTING = textwrap.dedent(f"""
 
 
 def test_torchrun_restarts_the_job_and_it_resumes_from_the_checkpoint(run_dir) -> None:
-    """A rank is SIGKILLed after a checkpoint; torchrun --max-restarts restarts every launcher, which
+    """A rank is SIGKILLed after a checkpoint; torchrun --max_restarts restarts every launcher, which
     start fresh daemons (a new rendezvous key per restart); the trainers load the checkpoint and
     finish the epoch: each sample trained exactly once over the two attempts."""
-    before = _odbd_pids()
     _torchrun(run_dir, RESTARTING, 128, ["--max_restarts", "1"], 400)
     import torch
 
@@ -190,4 +215,4 @@ def test_torchrun_restarts_the_job_and_it_resumes_from_the_checkpoint(run_dir) -
     assert [f["restart"] for f in finals] == [1, 1], "the job finished without being restarted"
     after = [i for f in finals for i in f["trained"]]
     assert sorted(before_kill + after) == list(range(N)), "a sample missing or trained twice across the restart"
-    assert not (_odbd_pids() - before), "a daemon outlived its launcher"
+    _assert_daemons_gone(run_dir)
