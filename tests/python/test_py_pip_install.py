@@ -165,7 +165,7 @@ def test_wheel_holds_the_extension_and_its_libraries(pip_venv: Dict[str, Path]) 
     assert any(n.startswith("odb/_odb_native") and n.endswith(".so") for n in names), names
     assert "odb/.libs/libzmq.so.5" in names and any(n.startswith("odb/.libs/libprotobuf.so") for n in names), names
     assert any(n.endswith(".dist-info/RECORD") for n in names) and "odb/py.typed" in names
-    assert "odb/_odb_native.pyi" in names and "odb/cli.py" in names, names
+    assert "odb/_odb_native.pyi" in names and "odb/cli.py" in names and "odb/launch.py" in names, names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "odbctl = odb.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

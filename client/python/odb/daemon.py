@@ -3,7 +3,7 @@
 One daemon serves one training rank. Its sockets are, by default,
 ``ipc://{run_dir}/odb-{rank}-in.sock`` (producers) and
 ``ipc://{run_dir}/odb-{rank}-out.sock`` (trainer). A launcher
-(deploy/odb_launch.py, a Kubernetes sidecar, systemd) starts it and exports
+(`python -m odb.launch`, a Kubernetes sidecar, systemd) starts it and exports
 ``ODB_RUN_DIR``; the trainer finds it through :func:`endpoints`.
 """
 from __future__ import annotations
