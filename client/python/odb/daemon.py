@@ -233,13 +233,17 @@ class DaemonProcess:
         self.stop()
 
 
-def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+def _die_with_parent(prctl: Any, parent: int) -> None:  # runs in the child between fork and exec
+    prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
         os._exit(1)
+
+
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent (no dlopen between fork and exec)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
 
 
 def _is_yaml_text(text: str) -> bool:
@@ -324,7 +328,7 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
         # from the main thread, whose exit is the process's.
         on_main = threading.current_thread() is threading.main_thread()
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=functools.partial(_die_with_parent, os.getpid())
+                                preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid())
                                 if on_main and die_with_parent else None)
     eps = Endpoints(f"ipc://{run_dir}/odb-{rank}-in.sock", f"ipc://{run_dir}/odb-{rank}-out.sock")
     daemon = DaemonProcess(proc, rank, run_dir, log_file, eps)
