@@ -10,6 +10,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "src/common/fd_budget.h"
 #include "src/daemon/aligned_round_runner.h"
 #include "src/daemon/config.h"
 #include "src/daemon/daemon.h"
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   spdlog::info("starting: {}", odb::DescribeConfig(*config));
+  odb::SetUpDescriptorBudget();  // before anything listens
 
   auto peers = odb::ConnectPeers(*config);
   if (!peers.ok()) {
