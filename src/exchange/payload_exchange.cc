@@ -25,6 +25,7 @@ PayloadExchange::~PayloadExchange() {
   // Sockets close before the authenticator stops: a handshake in progress
   // then never waits on a handler that is gone.
   senders_.clear();
+  if (zap_) zmq_socket_monitor(rx_.handle(), nullptr, 0);
   rx_.close();
   if (zap_) zap_->Stop();
 }
@@ -42,6 +43,7 @@ absl::Status PayloadExchange::Bind() {
   zap_ = std::make_unique<ZapAuthenticator>(context_, keyring_, kZapDomain,
                                             std::chrono::milliseconds(config_.connect_timeout_ms),
                                             &metrics_.exchange_connections_refused);
+  if (absl::Status s = zap_->WatchHandshakes(rx_); !s.ok()) return s;
   if (absl::Status s = zap_->Start(); !s.ok()) return s;
   try {
     rx_.set(zmq::sockopt::linger, 0);

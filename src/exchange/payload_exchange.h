@@ -57,8 +57,8 @@ class PayloadExchange {
   // Planner thread: learns the job's keys and connects to every peer's
   // endpoint; `announcements` is the all-gather of Announcement() (index = rank).
   absl::Status Connect(const std::vector<std::string>& announcements);
-  // Connections the authenticator refused (not a peer of this job).
-  uint64_t RefusedConnections() const { return zap_ ? zap_->refused() : 0; }
+  // Connections refused (not a peer of this job: wrong key, no CURVE, garbage).
+  uint64_t RefusedConnections() const { return zap_ ? zap_->handshakes_failed() : 0; }
   // Planner thread: sends the samples this round moves away.
   absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome);
   // Planner thread: the parked payload of `key`, waiting until `deadline`

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <set>
 
 namespace odb::exchange {
@@ -10,6 +11,9 @@ namespace {
 constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";  // fixed by RFC 27
 constexpr size_t kKeyBytes = 32;
 constexpr size_t kZ85KeyChars = 40;
+constexpr char kMonitorEndpoint[] = "inproc://odb-exchange-handshakes";
+
+bool LogThis(uint64_t n) { return n <= 5 || n % 1000 == 0; }  // a flood must not flood the log
 
 std::optional<std::string> RawKey(const std::string& z85) {
   if (z85.size() != kZ85KeyChars) return std::nullopt;
@@ -107,6 +111,46 @@ ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, PeerKeyring& keyring
 
 ZapAuthenticator::~ZapAuthenticator() { Stop(); }
 
+absl::Status ZapAuthenticator::WatchHandshakes(zmq::socket_t& server) {
+  try {
+    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(server.handle(), kMonitorEndpoint, events) != 0) throw zmq::error_t();
+    monitor_.emplace(context_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(kMonitorEndpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(std::string("cannot watch the payload exchange's handshakes: ") + e.what());
+  }
+  return absl::OkStatus();
+}
+
+void ZapAuthenticator::OnMonitorEvent() {
+  std::vector<zmq::message_t> event;
+  while (true) {
+    zmq::message_t part;
+    if (!monitor_->recv(part, zmq::recv_flags::dontwait)) break;
+    const bool more = part.more();
+    event.push_back(std::move(part));
+    if (!more) break;
+  }
+  if (event.empty() || event[0].size() < 6) return;
+  uint16_t id = 0;
+  uint32_t value = 0;
+  std::memcpy(&id, event[0].data(), 2);
+  std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
+  const char* what = id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "its key is no peer's of this job"
+                     : id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "not a CURVE ZeroMQ client"
+                                                                 : "no valid handshake in time, or garbage";
+  const uint64_t n = handshakes_failed_.fetch_add(1) + 1;
+  if (refused_counter_ != nullptr) refused_counter_->fetch_add(1);
+  if (LogThis(n)) {
+    spdlog::warn("payload exchange: refused a connection: {} (code {}; {} refused so far); only this job's "
+                 "daemons may connect",
+                 what, value, n);
+  }
+}
+
 absl::Status ZapAuthenticator::Start() {
   try {
     socket_.set(zmq::sockopt::linger, 0);
@@ -123,6 +167,7 @@ void ZapAuthenticator::Stop() {
   stop_.store(true);
   keyring_.Close();
   if (thread_.joinable()) thread_.join();
+  monitor_.reset();
 }
 
 std::vector<std::string> ZapAuthenticator::Decide(const std::vector<zmq::message_t>& request) {
@@ -144,8 +189,8 @@ std::vector<std::string> ZapAuthenticator::Decide(const std::vector<zmq::message
   }
   // Rate-limited: a port scan or flood must not flood the log either.
   const uint64_t n = refused_.fetch_add(1) + 1;
-  if (refused_counter_ != nullptr) refused_counter_->fetch_add(1);
-  if (n <= 5 || n % 1000 == 0) {
+  if (refused_counter_ != nullptr && !monitor_) refused_counter_->fetch_add(1);
+  if (LogThis(n)) {
     spdlog::warn("payload exchange: refused a connection from {}: {} ({} refused so far)", address, why, n);
   }
   return {"400", why, ""};
@@ -153,10 +198,13 @@ std::vector<std::string> ZapAuthenticator::Decide(const std::vector<zmq::message
 
 void ZapAuthenticator::Loop() {
   while (!stop_.load()) {
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, 100) <= 0) continue;
+    zmq::pollitem_t items[2] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                                {monitor_ ? monitor_->handle() : nullptr, -1, static_cast<short>(monitor_ ? ZMQ_POLLIN : 0), 0}};
+    if (zmq_poll(items, 2, 100) <= 0) continue;
     std::vector<zmq::message_t> request;
     try {
+      if (items[1].revents & ZMQ_POLLIN) OnMonitorEvent();
+      if ((items[0].revents & ZMQ_POLLIN) == 0) continue;
       while (true) {
         zmq::message_t part;
         if (!socket_.recv(part, zmq::recv_flags::dontwait)) break;

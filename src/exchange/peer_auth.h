@@ -75,23 +75,31 @@ class PeerKeyring {
 // peer's, "400" for everything else (other mechanisms, domains, keys).
 class ZapAuthenticator {
  public:
-  // `refused_counter` (optional) is counted up with every refusal too.
+  // `refused_counter` (optional) is counted up with every refused connection
+  // too (every failed handshake once WatchHandshakes is on, else every ZAP refusal).
   ZapAuthenticator(zmq::context_t& context, PeerKeyring& keyring, std::string domain,
                    std::chrono::milliseconds install_wait, std::atomic<uint64_t>* refused_counter = nullptr);
   ~ZapAuthenticator();  // stops and joins
   ZapAuthenticator(const ZapAuthenticator&) = delete;
   ZapAuthenticator& operator=(const ZapAuthenticator&) = delete;
 
+  // Also counts (and logs, rate-limited) every connection to `server` whose
+  // handshake fails: not only keys ZAP refused, but clients without CURVE,
+  // garbage and silent connections (ZeroMQ drops those before asking ZAP).
+  // Call from the thread that owns `server`, before Start.
+  absl::Status WatchHandshakes(zmq::socket_t& server);
   // Binds the context's ZAP endpoint and starts answering. Must run before any
   // CURVE server socket of the context binds: without a handler libzmq would
   // let every client in.
   absl::Status Start();
   void Stop();
-  uint64_t refused() const { return refused_.load(); }
+  uint64_t refused() const { return refused_.load(); }  // keys ZAP refused
   uint64_t accepted() const { return accepted_.load(); }
+  uint64_t handshakes_failed() const { return handshakes_failed_.load(); }
 
  private:
   void Loop();
+  void OnMonitorEvent();
   // The reply to one ZAP request: {status code, status text, user id}.
   std::vector<std::string> Decide(const std::vector<zmq::message_t>& request);
 
@@ -103,7 +111,9 @@ class ZapAuthenticator {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
-  std::atomic<uint64_t>* refused_counter_;
+  std::atomic<uint64_t> handshakes_failed_{0};
+  std::atomic<uint64_t>* refused_counter_;  // counts failed handshakes when watched, else ZAP refusals
+  std::optional<zmq::socket_t> monitor_;
   std::atomic<uint64_t> accepted_{0};
   std::chrono::steady_clock::time_point started_;
 };
