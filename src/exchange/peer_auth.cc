@@ -145,7 +145,7 @@ void ZapAuthenticator::OnMonitorEvent() {
   const uint64_t n = handshakes_failed_.fetch_add(1) + 1;
   if (refused_counter_ != nullptr) refused_counter_->fetch_add(1);
   if (LogThis(n)) {
-    spdlog::warn("payload exchange: refused a connection: {} (code {}; {} refused so far); only this job's "
+    spdlog::warn("payload exchange: refused a connection: {} (code {:#x}; {} refused so far); only this job's "
                  "daemons may connect",
                  what, value, n);
   }
