@@ -240,7 +240,11 @@ void MetricsServer::Loop() {
     }
 
     if (listening && (fds[1].revents & POLLIN)) {
-      while (true) {
+      // A bounded burst: a connection accepted now is read in the next
+      // round before enough newer ones can arrive to displace it (a flood of
+      // connections waits in the backlog instead of evicting scrapers unread).
+      const size_t burst = std::max<size_t>(1, limits_.max_connections / 4);
+      for (size_t accepted = 0; accepted < burst; ++accepted) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
           if (conns.size() >= limits_.max_connections) {

@@ -19,13 +19,14 @@ namespace odb {
 // each connection has an absolute deadline (MetricsServerLimits::deadline)
 // for its whole request and response, however it trickles bytes; at most
 // max_connections are open at once, and a new connection then displaces the
-// oldest (whose deadline is nearest), so a crowd of silent or slow clients
-// delays a scraper by one deadline at most, never blinds it. Requests are
-// bounded (max_request_bytes); responses close the connection. Reads only
-// atomics that the stages publish.
+// oldest (whose deadline is nearest). Connections are accepted in bursts of a
+// quarter of that, so each is read before newer ones can displace it. A crowd
+// of silent or slow clients never blinds a scraper: the one loop serves it
+// alongside them. Requests are bounded (max_request_bytes); responses close
+// the connection. Reads only atomics that the stages publish.
 struct MetricsServerLimits {
-  std::chrono::milliseconds deadline{2000};
-  size_t max_connections = 32;
+  std::chrono::milliseconds deadline{10000};
+  size_t max_connections = 64;
   size_t max_request_bytes = 8 << 10;
 };
 
