@@ -4,12 +4,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,7 +42,8 @@ std::string ListenerName(int listen_fd) {
     const auto* un = reinterpret_cast<const sockaddr_un*>(&a);
     return std::string("ipc://") + un->sun_path;
   }
-  if (a.ss_family == AF_INET) return "tcp port " + std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port));
+  if (a.ss_family == AF_INET)
+    return "tcp port " + std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port));
   if (a.ss_family == AF_INET6) {
     return "tcp port " + std::to_string(ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port));
   }
@@ -93,7 +94,8 @@ int Guard(int listen_fd, int accepted, int saved_errno, int flags) {
       retry_errno = EAGAIN;  // nothing waiting (a blocking listener must not block here)
     } else if (g_reserve_fd >= 0) {
       close(g_reserve_fd);
-      const int fd = static_cast<int>(syscall(SYS_accept4, listen_fd, nullptr, nullptr, flags | SOCK_CLOEXEC));
+      const int fd =
+          static_cast<int>(syscall(SYS_accept4, listen_fd, nullptr, nullptr, flags | SOCK_CLOEXEC));
       retry_errno = fd >= 0 ? 0 : errno;
       if (fd >= 0) close(fd);
       g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -157,10 +159,11 @@ void SetUpDescriptorBudget() {
   }
   const DescriptorBudget budget = BudgetFor(limit->soft);
   InstallAcceptGuard(budget);
-  spdlog::info("file descriptors: limit {} (soft limit was {}, hard limit {}); up to {} connections, {} kept in "
-               "reserve; {} open now",
-               limit->soft, limit->soft_before, limit->hard, budget.max_connections, budget.reserve,
-               OpenDescriptors());
+  spdlog::info(
+      "file descriptors: limit {} (soft limit was {}, hard limit {}); up to {} connections, {} kept in "
+      "reserve; {} open now",
+      limit->soft, limit->soft_before, limit->hard, budget.max_connections, budget.reserve,
+      OpenDescriptors());
 }
 
 uint64_t MaxConnectionsByDescriptors() { return g_max_connections.load(); }

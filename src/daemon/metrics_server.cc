@@ -75,9 +75,8 @@ absl::StatusOr<std::string> MetricsServer::Start(const std::string& endpoint) {
       return absl::InvalidArgumentError("metrics_endpoint '" + endpoint + "' has an invalid port");
     }
   }
-  const std::string lookup = host.size() > 1 && host.front() == '[' && host.back() == ']'
-                                 ? host.substr(1, host.size() - 2)
-                                 : host;
+  const std::string lookup =
+      host.size() > 1 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -112,12 +111,14 @@ absl::StatusOr<std::string> MetricsServer::Start(const std::string& endpoint) {
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int bound_port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                                     : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = bound.ss_family == AF_INET6
+                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   if (pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
     close(listen_fd_);
     listen_fd_ = -1;
-    return absl::InternalError(std::string("metrics server: cannot create its wake-up pipe: ") + strerror(errno));
+    return absl::InternalError(std::string("metrics server: cannot create its wake-up pipe: ") +
+                               strerror(errno));
   }
   thread_ = std::thread([this] { Loop(); });
   return "tcp://" + host + ":" + std::to_string(bound_port);
@@ -194,7 +195,8 @@ void MetricsServer::Loop() {
         const std::string method = c.in.substr(0, c.in.find(' '));
         if (method == "GET" || method == "HEAD") {
           metrics_.metrics_scrapes.fetch_add(1);
-          c.out = Response(200, "OK", RenderPrometheus(metrics_, PublishedGauges(metrics_), rank_), method == "GET");
+          c.out = Response(200, "OK", RenderPrometheus(metrics_, PublishedGauges(metrics_), rank_),
+                           method == "GET");
           c.answered = true;
         } else if (c.in.find(' ') == std::string::npos || c.in.find("HTTP/") == std::string::npos ||
                    c.in.find("HTTP/") > end) {
@@ -264,9 +266,10 @@ void MetricsServer::Loop() {
           // Out of descriptors: give one back (the oldest connection) and
           // wait a little before accepting again, instead of spinning.
           if (logged_exhaustion++ % 1000 == 0) {
-            spdlog::warn("metrics server: cannot accept a connection ({}): file descriptors exhausted; "
-                         "closing the oldest metrics connection and pausing for 100 ms",
-                         strerror(errno));
+            spdlog::warn(
+                "metrics server: cannot accept a connection ({}): file descriptors exhausted; "
+                "closing the oldest metrics connection and pausing for 100 ms",
+                strerror(errno));
           }
           if (!conns.empty()) {
             close(conns.front().fd);

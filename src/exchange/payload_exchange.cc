@@ -53,7 +53,8 @@ absl::Status PayloadExchange::Bind() {
     rx_.set(zmq::sockopt::zap_domain, kZapDomain);
     // A connection that does not finish its handshake (a port scanner, a
     // silent client) is dropped after this long, so it holds no descriptor.
-    rx_.set(zmq::sockopt::handshake_ivl, static_cast<int>(std::max<uint32_t>(1000, config_.connect_timeout_ms)));
+    rx_.set(zmq::sockopt::handshake_ivl,
+            static_cast<int>(std::max<uint32_t>(1000, config_.connect_timeout_ms)));
     rx_.bind("tcp://" + config_.gloo_hostname + ":*");
     bound_ = rx_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {

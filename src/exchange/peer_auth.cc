@@ -145,9 +145,10 @@ void ZapAuthenticator::OnMonitorEvent() {
   const uint64_t n = handshakes_failed_.fetch_add(1) + 1;
   if (refused_counter_ != nullptr) refused_counter_->fetch_add(1);
   if (LogThis(n)) {
-    spdlog::warn("payload exchange: refused a connection: {} (code {:#x}; {} refused so far); only this job's "
-                 "daemons may connect",
-                 what, value, n);
+    spdlog::warn(
+        "payload exchange: refused a connection: {} (code {:#x}; {} refused so far); only this job's "
+        "daemons may connect",
+        what, value, n);
   }
 }
 
@@ -198,8 +199,9 @@ std::vector<std::string> ZapAuthenticator::Decide(const std::vector<zmq::message
 
 void ZapAuthenticator::Loop() {
   while (!stop_.load()) {
-    zmq::pollitem_t items[2] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
-                                {monitor_ ? monitor_->handle() : nullptr, -1, static_cast<short>(monitor_ ? ZMQ_POLLIN : 0), 0}};
+    zmq::pollitem_t items[2] = {
+        {socket_.handle(), 0, ZMQ_POLLIN, 0},
+        {monitor_ ? monitor_->handle() : nullptr, -1, static_cast<short>(monitor_ ? ZMQ_POLLIN : 0), 0}};
     if (zmq_poll(items, 2, 100) <= 0) continue;
     std::vector<zmq::message_t> request;
     try {
@@ -214,10 +216,11 @@ void ZapAuthenticator::Loop() {
       }
       if (request.empty()) continue;
       std::vector<std::string> decision = Decide(request);
-      std::vector<std::string> reply = {"1.0", request.size() > 1 ? request[1].to_string() : "",
-                                        decision[0], decision[1], decision[2], ""};
+      std::vector<std::string> reply = {
+          "1.0", request.size() > 1 ? request[1].to_string() : "", decision[0], decision[1], decision[2], ""};
       for (size_t i = 0; i < reply.size(); ++i) {
-        socket_.send(zmq::buffer(reply[i]), i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        socket_.send(zmq::buffer(reply[i]),
+                     i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;

@@ -73,7 +73,8 @@ TEST_CASE("the keyring knows the job's peers, not itself, and waits for its keys
   // Before the keys are installed, nobody is known (the deadline passes).
   CHECK(!ring.WaitRankOf(RawOf(peer->public_key), Clock::now()).has_value());
   std::optional<int> waited;
-  std::thread waiter([&] { waited = ring.WaitRankOf(RawOf(peer->public_key), Clock::now() + std::chrono::seconds(30)); });
+  std::thread waiter(
+      [&] { waited = ring.WaitRankOf(RawOf(peer->public_key), Clock::now() + std::chrono::seconds(30)); });
   REQUIRE(ring.Install({self->public_key, peer->public_key}, 0).ok());
   waiter.join();
   CHECK(waited == 1);
