@@ -180,6 +180,10 @@ uint64_t OpenDescriptors() {
   return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
 }
 
+int AcceptOutsideBudget(int listen_fd, int flags) {
+  return static_cast<int>(syscall(SYS_accept4, listen_fd, nullptr, nullptr, flags));
+}
+
 bool AcceptGuardRefuses(int fd) {
   const int64_t high = g_high_water.load(std::memory_order_relaxed);
   return high >= 0 && fd >= high;

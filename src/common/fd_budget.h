@@ -57,6 +57,13 @@ uint64_t OpenDescriptors();
 // and the budget. What odbd's main calls.
 void SetUpDescriptorBudget();
 
+// The kernel's accept4(), never refused by the guard: for a listener that
+// bounds its own connections and handles EMFILE itself (the metrics server,
+// so that the counters stay readable while producers exhaust descriptors).
+// What it takes can eat into the reserve; the guard's EMFILE path still keeps
+// every other listener from aborting.
+int AcceptOutsideBudget(int listen_fd, int flags);
+
 // Test seam: the accept guard's decision for a descriptor `fd` just accepted
 // (true: close it and refuse the connection).
 bool AcceptGuardRefuses(int fd);

@@ -15,6 +15,8 @@
 #include <deque>
 #include <vector>
 
+#include "src/common/fd_budget.h"
+
 namespace odb {
 namespace {
 
@@ -247,7 +249,9 @@ void MetricsServer::Loop() {
       // connections waits in the backlog instead of evicting scrapers unread).
       const size_t burst = std::max<size_t>(1, limits_.max_connections / 4);
       for (size_t accepted = 0; accepted < burst; ++accepted) {
-        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        // Outside the descriptor budget: at most max_connections, and
+        // readable while producers exhaust descriptors (see fd_budget.h).
+        const int fd = AcceptOutsideBudget(listen_fd_, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
           if (conns.size() >= limits_.max_connections) {
             // Full: the oldest connection has had the most of its deadline.

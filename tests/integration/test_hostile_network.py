@@ -126,9 +126,11 @@ def test_running_out_of_descriptors_refuses_connections_and_serves_the_connected
     """odbd under a limit of 256 descriptors, its trainer and a producer
     connected mid-epoch, then 600 more connections to its ingest socket: odbd
     logs the exhausted resource and refuses what it cannot hold (it used to
-    abort in libzmq's ipc listener), and serves the connected on; once the
-    flood is gone a new producer gets in, and the epoch arrives whole."""
-    d = Daemon(tmp_path, prefix=["prlimit", "--nofile=256:256", "--"], log_level="debug")
+    abort in libzmq's ipc listener), counts it in a metric that can still be
+    scraped, and serves the connected on; once the flood is gone a new
+    producer gets in, and the epoch arrives whole."""
+    d = Daemon(tmp_path, config='metrics_endpoint: "tcp://127.0.0.1:*"\n',
+               prefix=["prlimit", "--nofile=256:256", "--"], log_level="debug")
     flood: list[socket.socket] = []
     try:
         d.wait_ready()
@@ -154,6 +156,12 @@ def test_running_out_of_descriptors_refuses_connections_and_serves_the_connected
                 time.sleep(0.01)  # the backlog drains at odbd's pace
         d.wait_log(exhausted)
         assert d.proc.poll() is None, d.read_log()
+        # The counters stay readable while producers exhaust descriptors.
+        host, port = re.search(r"metrics endpoint tcp://([0-9.]+):(\d+)", d.read_log()).groups()
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        refused = re.search(r'odb_connections_refused_no_descriptors_total\{rank="0"\} (\d+)', text)
+        assert int(refused.group(1)) > 0, text
         assert finish(p)[0] == 0  # producer a, connected before the flood, ended its stream
         for s in flood:
             s.close()
