@@ -31,7 +31,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}),
       ingest_(context_, config_, state_, metrics_, clock_),
       trainer_(context_, config_, state_, metrics_, clock_),
-      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(context_, config_, state_, metrics_)
+      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(config_, state_, metrics_)
                                     : nullptr),
       steps_(config_, state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {
@@ -230,7 +230,7 @@ bool Daemon::RoundDue(std::chrono::steady_clock::time_point last_round) const {
 
 void Daemon::PlannerLoop() {
   if (exchange_) {
-    auto endpoints = runner_->ExchangeEndpoints(exchange_->endpoint());
+    auto endpoints = runner_->ExchangeEndpoints(exchange_->Announcement());
     absl::Status s = endpoints.ok() ? exchange_->Connect(*endpoints) : endpoints.status();
     if (!s.ok()) {
       Fail(wire::PEER_FAILURE, std::string(s.message()));

@@ -12,6 +12,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "src/common/fd_budget.h"
 #include "src/daemon/aligned_round_runner.h"
 #include "src/daemon/config.h"
 #include "src/daemon/daemon.h"
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   spdlog::info("starting: {}", odb::DescribeConfig(*config));
+  odb::SetUpDescriptorBudget();  // before anything listens
 
   // The job's FileStore directory, leased for this daemon's life (stale keys
   // of a previous run with this job id removed, a live duplicate refused).

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "src/common/fd_budget.h"
+
 namespace odb {
 namespace {
 
@@ -48,6 +50,15 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
          m.padded_tokens.load(), rank);
   Series(out, "odb_exchange_bytes_sent_total", "counter", "Payload bytes sent to other daemons (global plans).",
          m.exchange_bytes_sent.load(), rank);
+  Series(out, "odb_exchange_connections_refused_total", "counter",
+         "Connections to the payload exchange refused (not a peer of this job).",
+         m.exchange_connections_refused.load(), rank);
+  Series(out, "odb_metrics_connections_dropped_total", "counter",
+         "Metrics connections closed unanswered (too slow, displaced by newer ones, or not HTTP).",
+         m.metrics_connections_dropped.load(), rank);
+  Series(out, "odb_connections_refused_no_descriptors_total", "counter",
+         "Connections (any listener) refused because file descriptors ran short.",
+         ConnectionsRefusedForDescriptors(), rank);
   Series(out, "odb_round_p50_microseconds", "gauge", "Median alignment round time, last 256 rounds.",
          m.round_p50_us.load(), rank);
   Series(out, "odb_round_p99_microseconds", "gauge", "99th percentile alignment round time, last 256 rounds.",

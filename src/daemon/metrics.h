@@ -24,6 +24,10 @@ struct DaemonMetrics {
   std::atomic<uint64_t> real_tokens{0};           // tokens of the samples emitted
   std::atomic<uint64_t> padded_tokens{0};         // tokens the trainer computes on (cost model)
   std::atomic<uint64_t> exchange_bytes_sent{0};   // payload bytes sent to other daemons
+  // Connections to the payload exchange refused: no key of this job's peers.
+  std::atomic<uint64_t> exchange_connections_refused{0};
+  // Metrics connections closed unanswered (deadline, displaced, not HTTP).
+  std::atomic<uint64_t> metrics_connections_dropped{0};
   // Alignment round time (the collective) over the last 256 rounds, microseconds.
   std::atomic<uint64_t> round_p50_us{0};
   std::atomic<uint64_t> round_p99_us{0};

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 
@@ -11,14 +12,49 @@
 
 namespace odb::exchange {
 
-PayloadExchange::PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
-                                 DaemonMetrics& metrics)
-    : context_(context), config_(config), state_(state), metrics_(metrics), rx_(context, zmq::socket_type::router) {}
+namespace {
+
+constexpr char kZapDomain[] = "odb-exchange";
+
+}  // namespace
+
+PayloadExchange::PayloadExchange(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics)
+    : config_(config), state_(state), metrics_(metrics), rx_(context_, zmq::socket_type::router) {}
+
+PayloadExchange::~PayloadExchange() {
+  // Sockets close before the authenticator stops: a handshake in progress
+  // then never waits on a handler that is gone.
+  senders_.clear();
+  if (zap_) zmq_socket_monitor(rx_.handle(), nullptr, 0);
+  rx_.close();
+  if (zap_) zap_->Stop();
+}
+
+std::string PayloadExchange::Announcement() const {
+  return EncodeAnnouncement(PeerAnnouncement{bound_, keys_.public_key});
+}
 
 absl::Status PayloadExchange::Bind() {
+  auto keys = NewCurveKeypair();
+  if (!keys.ok()) return keys.status();
+  keys_ = std::move(*keys);
+  // A peer that connects before this rank has the job's keys is held until
+  // then (at most the connect timeout), not refused.
+  zap_ = std::make_unique<ZapAuthenticator>(context_, keyring_, kZapDomain,
+                                            std::chrono::milliseconds(config_.connect_timeout_ms),
+                                            &metrics_.exchange_connections_refused);
+  if (absl::Status s = zap_->WatchHandshakes(rx_); !s.ok()) return s;
+  if (absl::Status s = zap_->Start(); !s.ok()) return s;
   try {
     rx_.set(zmq::sockopt::linger, 0);
     rx_.set(zmq::sockopt::rcvhwm, 0);  // bounded by the plan (samples already buffered on a peer)
+    rx_.set(zmq::sockopt::curve_server, true);
+    rx_.set(zmq::sockopt::curve_secretkey, keys_.secret_key);
+    rx_.set(zmq::sockopt::zap_domain, kZapDomain);
+    // A connection that does not finish its handshake (a port scanner, a
+    // silent client) is dropped after this long, so it holds no descriptor.
+    rx_.set(zmq::sockopt::handshake_ivl,
+            static_cast<int>(std::max<uint32_t>(1000, config_.connect_timeout_ms)));
     rx_.bind("tcp://" + config_.gloo_hostname + ":*");
     bound_ = rx_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -36,14 +72,29 @@ absl::Status PayloadExchange::OnReadable() {
     if (t.code == TransferCode::kInterrupted) continue;
     if (!t.ok()) return absl::UnavailableError("payload exchange receive failed: " + t.error);
     if (parts.size() < 2) continue;
-    const std::string identity = parts[0].to_string();
-    const int32_t owner = std::atoi(identity.c_str());
+    // The sender's rank as the authenticator established it from its key;
+    // the routing id is the sender's own word and must agree.
+    const char* user_id = nullptr;
+    try {
+      user_id = parts.back().gets("User-Id");
+    } catch (const zmq::error_t&) {
+      user_id = nullptr;
+    }
+    if (user_id == nullptr || *user_id == '\0') {
+      return absl::InternalError("a payload-exchange message arrived without an authenticated peer");
+    }
+    const int32_t owner = std::atoi(user_id);
+    if (parts[0].to_string() != user_id) {
+      return absl::InternalError("rank " + std::to_string(owner) + " sent a payload under routing id '" +
+                                 parts[0].to_string() + "', not its rank");
+    }
     std::vector<zmq::message_t> body(std::make_move_iterator(parts.begin() + 1),
                                      std::make_move_iterator(parts.end()));
     auto event = ingest::DecodeProducerMessage(std::move(body));
     auto* s = std::get_if<ingest::SampleEvent>(&event);
     if (s == nullptr) {
-      return absl::InternalError("rank " + std::to_string(owner) + " sent an unreadable sample payload");
+      return absl::InternalError("rank " + std::to_string(owner) +
+                                 " sent an unreadable sample payload (its frames are no sample message)");
     }
     s->sample.meta.owner_rank = owner;
     std::lock_guard<std::mutex> lock(mu_);
@@ -53,20 +104,29 @@ absl::Status PayloadExchange::OnReadable() {
   return absl::OkStatus();
 }
 
-absl::Status PayloadExchange::Connect(const std::vector<std::string>& endpoints) {
+absl::Status PayloadExchange::Connect(const std::vector<std::string>& announcements) {
+  auto peers = DecodeAnnouncements(announcements);
+  if (!peers.ok()) return peers.status();
+  std::vector<std::string> keys;
+  for (const PeerAnnouncement& a : *peers) keys.push_back(a.public_key);
+  if (absl::Status s = keyring_.Install(keys, config_.rank); !s.ok()) return s;
   try {
-    for (size_t r = 0; r < endpoints.size(); ++r) {
+    for (size_t r = 0; r < peers->size(); ++r) {
       zmq::socket_t socket(context_, zmq::socket_type::dealer);
       socket.set(zmq::sockopt::linger, 0);
       socket.set(zmq::sockopt::sndhwm, 0);  // bounded by the plan, never dropped
       socket.set(zmq::sockopt::routing_id, std::to_string(config_.rank));
-      if (static_cast<int>(r) != config_.rank) socket.connect(endpoints[r]);
+      // This rank proves its key; the peer proves the key it announced.
+      socket.set(zmq::sockopt::curve_serverkey, (*peers)[r].public_key);
+      socket.set(zmq::sockopt::curve_publickey, keys_.public_key);
+      socket.set(zmq::sockopt::curve_secretkey, keys_.secret_key);
+      if (static_cast<int>(r) != config_.rank) socket.connect((*peers)[r].endpoint);
       senders_.push_back(std::move(socket));
     }
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError(std::string("cannot connect the payload exchange: ") + e.what());
   }
-  spdlog::info("payload exchange ready: {} peers", endpoints.size() - 1);
+  spdlog::info("payload exchange ready: {} peers, CURVE-authenticated", peers->size() - 1);
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
 #include "src/daemon/round_runner.h"
+#include "src/exchange/peer_auth.h"
 
 namespace odb::exchange {
 
@@ -29,23 +31,34 @@ using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
 // the I/O loop) and one DEALER per peer (used by the planner thread).
 // Payloads that arrive, and this rank's own samples that a step here still
 // needs after sending them away, are parked until the step builder takes them.
+//
+// The link belongs to the job (see peer_auth.h): the ROUTER is a CURVE server
+// that admits only the keys the job's daemons announced, on a ZeroMQ context
+// of its own (its ZAP handler then sees no other socket of the daemon).
 class PayloadExchange {
  public:
-  PayloadExchange(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
-                  DaemonMetrics& metrics);
+  PayloadExchange(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics);
+  ~PayloadExchange();
   PayloadExchange(const PayloadExchange&) = delete;
   PayloadExchange& operator=(const PayloadExchange&) = delete;
 
+  // Makes this run's keypair, starts the authenticator, binds.
   absl::Status Bind();
   const std::string& endpoint() const { return bound_; }
+  // What this rank contributes to the job's all-gather: endpoint and public key.
+  std::string Announcement() const;
   zmq::socket_t& socket() { return rx_; }
 
-  // I/O thread: parks the payloads that arrived. An unreadable payload from a
-  // peer is an error (the peers' plan is broken), returned for the daemon to fail.
+  // I/O thread: parks the payloads that arrived (only authenticated peers can
+  // send any). An unreadable payload is an error naming the peer that sent it
+  // (the peers' plan is broken), returned for the daemon to fail.
   absl::Status OnReadable();
 
-  // Planner thread: connects to every peer's endpoint (index = rank).
-  absl::Status Connect(const std::vector<std::string>& endpoints);
+  // Planner thread: learns the job's keys and connects to every peer's
+  // endpoint; `announcements` is the all-gather of Announcement() (index = rank).
+  absl::Status Connect(const std::vector<std::string>& announcements);
+  // Connections refused (not a peer of this job: wrong key, no CURVE, garbage).
+  uint64_t RefusedConnections() const { return zap_ ? zap_->handshakes_failed() : 0; }
   // Planner thread: sends the samples this round moves away.
   absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome);
   // Planner thread: the parked payload of `key`, waiting until `deadline`
@@ -55,10 +68,13 @@ class PayloadExchange {
   void WakeAll() { cv_.notify_all(); }
 
  private:
-  zmq::context_t& context_;
   const DaemonConfig& config_;
   DaemonState& state_;
   DaemonMetrics& metrics_;
+  zmq::context_t context_{1};
+  CurveKeypair keys_;
+  PeerKeyring keyring_;
+  std::unique_ptr<ZapAuthenticator> zap_;  // outlives no socket of context_: declared after it
   zmq::socket_t rx_;
   std::string bound_;
   std::vector<zmq::socket_t> senders_;  // planner thread only

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "src/common/fd_budget.h"
 #include "src/common/zmq_transfer.h"
 #include "src/grouping/budget.h"
 #include "src/wire/tensor_codec.h"
@@ -30,6 +31,11 @@ uint64_t ArenaPayloadBytes(const wire::SampleHeader& header) {
     }
   }
   return total;
+}
+
+// Producer connections tracked at once: no more than the descriptors allow.
+size_t MaxProducerConnections() {
+  return static_cast<size_t>(std::min<uint64_t>(kMaxConnections, MaxConnectionsByDescriptors()));
 }
 
 wire::IngestReply NewReply() {
@@ -104,10 +110,10 @@ void IngestChannel::OnReadable(size_t i) {
     ConnKey key{i, parts_[0].to_string()};
     auto it = conns_.find(key);
     if (it == conns_.end()) {
-      if (conns_.size() >= kMaxConnections) {
+      if (conns_.size() >= MaxProducerConnections()) {
         std::lock_guard<std::mutex> lock(state_.mu);
         wire::Rejection r =
-            MakeReject(wire::TOO_LARGE, "more than " + std::to_string(kMaxConnections) +
+            MakeReject(wire::TOO_LARGE, "more than " + std::to_string(MaxProducerConnections()) +
                                             " producer connections; message of a new one refused")
                 .rejection;
         Reject(std::move(r), std::nullopt, false);
