@@ -1,0 +1,67 @@
+#ifndef ODB_ALIGN_WINDOW_H_
+#define ODB_ALIGN_WINDOW_H_
+
+#include <cstdint>
+
+#include "src/align/planner.h"
+
+namespace odb::align {
+
+// Accumulation windows (optimizer.tokens_per_step; docs/alignment.md,
+// "Accumulation windows"): a round's aligned steps are grouped into windows of
+// about `tokens_per_step` loss tokens over all ranks; each window is one
+// optimizer step. Everything here is a pure function of the gathered plan and
+// of the window state, which every rank updates identically: every rank cuts
+// the same windows, so every rank runs the same number of micro-steps in each.
+//
+// A window closes at the step boundary nearest to its goal; when the step that
+// would cross the goal is large, that step is split (on every rank at once,
+// each rank giving the same share of its tokens) so that the first part ends
+// the window near its goal: a micro-step never grows, so each stays within the
+// memory budget. The goal is the target plus the carried error of the windows
+// before (error diffusion), clamped to [0.95, 1.05] x target: the epoch's mean
+// window stays at the target while no window exceeds it by more than what one
+// sample per rank can add beyond 5%.
+//
+// Weights are exact over the window: rank r's weight at a micro-step is
+// W * loss_tokens_r / window_loss_tokens (0 for IDLE), so the sum over the
+// window's micro-steps and ranks is W, and with DDP's average over W the
+// accumulated gradient is the mean over every loss token of the window.
+// Hence a window's steps go out only once the window is complete: the steps
+// of a window that is still open at the end of a round go back (their samples
+// stay pending and are planned again next round), unless the epoch ends with
+// this round (the window closes short and says so) or the round cannot grow
+// (every rank's stream finished, or offered at least a planner window of
+// samples): then the window closes short too.
+struct WindowState {
+  uint64_t next_window = 0;  // index in the epoch of the next window to close
+  int64_t carry = 0;         // sum over closed windows of (target - loss tokens)
+  // The open window a round handed back: its loss tokens, and how many
+  // consecutive rounds it came back without growing or closing a window.
+  uint64_t held_tokens = 0;
+  uint32_t held_rounds = 0;
+};
+
+// Rounds an open window may come back without growing before it closes short.
+inline constexpr uint32_t kMaxHeldRounds = 8;
+
+struct WindowConfig {
+  uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
+  grouping::CostModel cost_model = grouping::CostModel::kPadded;
+  uint32_t planner_window = 256;  // PlannerConfig::window
+};
+
+// A sample's loss-bearing tokens: its labels not equal to the ignore index
+// when the producer said so, else all its tokens.
+uint64_t LossTokensOf(const SampleMeta& sample);
+
+// Cuts `plan` (as the planner made it, every rank's steps) into windows:
+// splits steps that end windows, drops the steps of a window that must wait
+// for the next round (their samples go to their owners' keep_pending), and
+// sets every step's loss_tokens, loss_weight and window fields. `state` is the
+// gathered round state the plan was made from.
+void ApplyWindows(const WindowConfig& config, const RoundState& state, RoundPlan& plan, WindowState& windows);
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_WINDOW_H_
