@@ -259,5 +259,22 @@ TEST_CASE("the step that would overshoot a window is split on every rank", "[win
   REQUIRE(plan.ranks[0].steps[2].window == 1);
 }
 
+TEST_CASE("weights and windows count loss tokens when samples carry them", "[window]") {
+  RoundPlan plan = PlanOf({{{100, 100}}, {{100}}});
+  plan.ranks[0].steps[0].samples[0].loss_tokens = 10;  // a prompt-masked sample: 10 label tokens
+  plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
+  plan.epoch_finished = true;
+  WindowState ws;
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded, 256}, OpenState(2, 0), plan, ws);
+  const PlannedStep& a = plan.ranks[0].steps[0];
+  const PlannedStep& b = plan.ranks[1].steps[0];
+  REQUIRE(a.loss_tokens == 110);
+  REQUIRE(b.loss_tokens == 0);
+  REQUIRE(a.window_loss_tokens == 110);
+  REQUIRE(a.loss_weight == Approx(2.0).epsilon(1e-12));
+  REQUIRE(b.loss_weight == 0.0);
+  REQUIRE(a.real_tokens == 200);  // the memory side still counts every token
+}
+
 }  // namespace
 }  // namespace odb::align
