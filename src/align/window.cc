@@ -100,7 +100,7 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
 
 }  // namespace
 
-void ApplyWindows(const WindowConfig& config, const RoundState& state, RoundPlan& plan, WindowState& windows) {
+void ApplyWindows(const WindowConfig& config, const RoundState& /*state*/, RoundPlan& plan, WindowState& windows) {
   const size_t world = plan.ranks.size();
   if (plan.num_steps == 0 || world == 0) return;
   std::deque<GlobalStep> queue(plan.num_steps, GlobalStep(world));
@@ -175,19 +175,16 @@ void ApplyWindows(const WindowConfig& config, const RoundState& state, RoundPlan
   const bool closed_any = open > 0;
   if (open < out.size()) {
     // An open window: its weights need its total, so it waits for the next
-    // round unless nothing more can come (see window.h).
-    bool can_grow = false;
-    for (const RankRound& rank : state.ranks) {
-      if (!rank.stream_finished && rank.pending.size() < config.planner_window) can_grow = true;
-    }
+    // round unless the epoch ends or it stopped growing (see window.h).
     uint64_t tail = 0;
     for (size_t k = open; k < out.size(); ++k) tail += GlobalLoss(out[k]);
     // A tail that neither grew nor let a window close for kMaxHeldRounds
-    // rounds (e.g. a rank whose buffer is full below a planner window) closes
-    // short rather than holding the job forever.
+    // rounds cannot reach its goal (every rank's planner window is full, a
+    // buffer is full, the producers stopped): it closes short rather than
+    // holding the job.
     const bool no_growth = !closed_any && tail <= windows.held_tokens;
     const uint32_t held_rounds = no_growth ? windows.held_rounds + 1 : 0;
-    if (plan.epoch_finished || (!closed_any && !can_grow) || held_rounds >= kMaxHeldRounds) {
+    if (plan.epoch_finished || held_rounds >= kMaxHeldRounds) {
       CloseWindow(out, open, true, windows, target);
       windows.held_rounds = 0;
       windows.held_tokens = 0;

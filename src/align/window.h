@@ -29,10 +29,11 @@ namespace odb::align {
 // accumulated gradient is the mean over every loss token of the window.
 // Hence a window's steps go out only once the window is complete: the steps
 // of a window that is still open at the end of a round go back (their samples
-// stay pending and are planned again next round), unless the epoch ends with
-// this round (the window closes short and says so) or the round cannot grow
-// (every rank's stream finished, or offered at least a planner window of
-// samples): then the window closes short too.
+// stay pending and are planned again next round, with whatever arrived since),
+// unless the epoch ends with this round or the open window came back
+// kMaxHeldRounds times without growing (a planner window too small for the
+// target, full buffers, stalled producers): then it closes short and says so.
+// Held windows bound nothing new: their samples stay in the daemon's buffer.
 struct WindowState {
   uint64_t next_window = 0;  // index in the epoch of the next window to close
   int64_t carry = 0;         // sum over closed windows of (target - loss tokens)
@@ -43,12 +44,11 @@ struct WindowState {
 };
 
 // Rounds an open window may come back without growing before it closes short.
-inline constexpr uint32_t kMaxHeldRounds = 8;
+inline constexpr uint32_t kMaxHeldRounds = 4;
 
 struct WindowConfig {
   uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
   grouping::CostModel cost_model = grouping::CostModel::kPadded;
-  uint32_t planner_window = 256;  // PlannerConfig::window
 };
 
 // A sample's loss-bearing tokens: its labels not equal to the ignore index

@@ -24,7 +24,7 @@ class WindowedPlanner final : public Planner {
     auto [it, fresh] = before_.try_emplace(state.round, current_);
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
-    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model, config().window}, state, plan, ws);
+    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, state, plan, ws);
     current_ = ws;
     return plan;
   }
@@ -188,7 +188,7 @@ TEST_CASE("without a target every step is its own window with per-step weights",
 }
 
 TEST_CASE("an open window goes back to pending; the epoch's end closes it short", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked, 256};
+  const WindowConfig config{1000, grouping::CostModel::kPacked};
   WindowState ws;
   RoundPlan plan = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});  // 500 loss tokens < 1000
   ApplyWindows(config, OpenState(2, 10), plan, ws);
@@ -217,21 +217,22 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
   REQUIRE(last.ranks[0].steps[0].loss_weight == Approx(2.0 * 200 / 500).epsilon(1e-12));
 }
 
-TEST_CASE("a round that cannot grow closes its open window short; so does a stalled one", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked, 4};
+TEST_CASE("an open window that stops growing closes short; one that grows is held", "[window]") {
+  const WindowConfig config{1000, grouping::CostModel::kPacked};
   {
     WindowState ws;
-    RoundPlan plan = PlanOf({{{100}}, {{100}}});
-    ApplyWindows(config, OpenState(2, 4), plan, ws);  // every rank offered a full planner window
-    REQUIRE(plan.num_steps == 1);
-    REQUIRE(plan.ranks[0].steps[0].window_short);
+    for (uint32_t round = 1; round <= 3 * kMaxHeldRounds; ++round) {
+      RoundPlan plan = PlanOf({{std::vector<uint32_t>(round, 10)}, {{10}}});  // grows every round
+      ApplyWindows(config, OpenState(2, 4), plan, ws);
+      REQUIRE(plan.num_steps == 0);
+    }
   }
   {
     WindowState ws;
     // Handed back once, then kMaxHeldRounds more times without growing.
     for (uint32_t round = 0; round <= kMaxHeldRounds; ++round) {
       RoundPlan plan = PlanOf({{{100}}, {{100}}});
-      ApplyWindows(config, OpenState(2, 1), plan, ws);
+      ApplyWindows(config, OpenState(2, 4), plan, ws);
       INFO("round " << round);
       REQUIRE(plan.num_steps == (round < kMaxHeldRounds ? 0u : 1u));
       if (plan.num_steps > 0) REQUIRE(plan.ranks[0].steps[0].window_short);
@@ -242,7 +243,7 @@ TEST_CASE("a round that cannot grow closes its open window short; so does a stal
 TEST_CASE("the step that would overshoot a window is split on every rank", "[window]") {
   // Two micro-steps of 2 x 600 tokens; a 2000-token window: closing after the
   // second would be 20% over, before it 40% under; the split lands at 2000.
-  const WindowConfig config{2000, grouping::CostModel::kPadded, 256};
+  const WindowConfig config{2000, grouping::CostModel::kPadded};
   WindowState ws;
   std::vector<uint32_t> six(6, 100);
   RoundPlan plan = PlanOf({{six, six}, {six, six}});
@@ -265,7 +266,7 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
   plan.epoch_finished = true;
   WindowState ws;
-  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded, 256}, OpenState(2, 0), plan, ws);
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, OpenState(2, 0), plan, ws);
   const PlannedStep& a = plan.ranks[0].steps[0];
   const PlannedStep& b = plan.ranks[1].steps[0];
   REQUIRE(a.loss_tokens == 110);
