@@ -95,7 +95,6 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
     }
   }
   ++windows.next_window;
-  if (target > 0 && !is_short) windows.carry += static_cast<int64_t>(target) - static_cast<int64_t>(total);
 }
 
 }  // namespace
@@ -119,16 +118,13 @@ void ApplyWindows(const WindowConfig& config, const RoundState& /*state*/, Round
     }
     open = out.size();
   } else {
-    const int64_t lo = static_cast<int64_t>(target - target / 20);  // 0.95 x target
-    const int64_t hi = static_cast<int64_t>(target + target / 20);  // 1.05 x target
+    const uint64_t goal = target;
     const uint64_t limit = target + target / 10;                     // never more than 10% over if avoidable
     uint64_t acc = 0;
     while (!queue.empty()) {
       GlobalStep g = std::move(queue.front());
       queue.pop_front();
       const uint64_t tok = GlobalLoss(g);
-      const uint64_t goal = static_cast<uint64_t>(
-          std::max<int64_t>(1, std::clamp(static_cast<int64_t>(target) + windows.carry, lo, hi)));
       if (acc + tok < goal) {
         out.push_back(std::move(g));
         acc += tok;

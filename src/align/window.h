@@ -14,14 +14,14 @@ namespace odb::align {
 // of the window state, which every rank updates identically: every rank cuts
 // the same windows, so every rank runs the same number of micro-steps in each.
 //
-// A window closes at the step boundary nearest to its goal; when the step that
-// would cross the goal is large, that step is split (on every rank at once,
-// each rank giving the same share of its tokens) so that the first part ends
-// the window near its goal: a micro-step never grows, so each stays within the
-// memory budget. The goal is the target plus the carried error of the windows
-// before (error diffusion), clamped to [0.95, 1.05] x target: the epoch's mean
-// window stays at the target while no window exceeds it by more than what one
-// sample per rank can add beyond 5%.
+// A window closes at the step boundary nearest to the target; when the step
+// that would cross it is large, that step is split (on every rank at once,
+// each rank giving the same share of its loss tokens) so that the first part
+// ends the window near the target: a micro-step never grows, so each stays
+// within the memory budget. A boundary more than 10% over the target is taken
+// only when nothing else is possible (one sample per rank over it). Windows
+// depend on the round's plan alone (no state carried from earlier windows), so
+// a reproducible epoch resumed at a round cuts the same windows again.
 //
 // Weights are exact over the window: rank r's weight at a micro-step is
 // W * loss_tokens_r / window_loss_tokens (0 for IDLE), so the sum over the
@@ -36,7 +36,6 @@ namespace odb::align {
 // Held windows bound nothing new: their samples stay in the daemon's buffer.
 struct WindowState {
   uint64_t next_window = 0;  // index in the epoch of the next window to close
-  int64_t carry = 0;         // sum over closed windows of (target - loss tokens)
   // The open window a round handed back: its loss tokens, and how many
   // consecutive rounds it came back without growing or closing a window.
   uint64_t held_tokens = 0;
