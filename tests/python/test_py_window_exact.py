@@ -124,3 +124,35 @@ def test_window_gradient_equals_one_batch_over_the_window(run_dir, job_id, world
     assert all(t <= 1.1 * target for t in full), sorted(windows)
     check_step_invariants([r["records"] for r in results], world)
     print("idle steps inside windows:", [r["idle_inside"] for r in results], "windows:", sorted(windows))
+
+
+def test_loss_tokens_from_labels_counts_what_the_loss_sees() -> None:
+    from odb.loader import sample_loss_tokens
+
+    labels = torch.tensor([-100, -100, 5, 6, -100, 7])
+    assert sample_loss_tokens({"input_ids": labels, "labels": labels}, "labels") == 3
+    assert sample_loss_tokens({"input_ids": labels, "labels": [1, -1, -1]}, "labels", ignore_index=-1) == 1
+    assert sample_loss_tokens({"input_ids": labels, "loss_tokens": 2}, "labels") == 2  # given wins
+    assert sample_loss_tokens({"input_ids": labels}, None) is None  # every token bears loss
+    with pytest.raises(ValueError, match="loss_tokens_from='target'.*no such field"):
+        sample_loss_tokens({"input_ids": labels}, "target")
+
+
+def _mismatch_rank(rank: int, world: int, run_dir: str, lengths: list) -> str:
+    loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(lengths, vocab=VOCAB), num_workers=0, timeout_s=60,
+                               tokens_per_optimizer_step=4096)
+    try:
+        for _ in loader:
+            pass
+    except odb.OdbError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_loader_target_the_daemon_does_not_run_is_a_clear_error(run_dir, job_id) -> None:
+    daemons = start_daemons(run_dir, 1, job_id, tiny_lm.daemon_config(max_tokens=128))  # no windows
+    try:
+        (message,) = run_ranks(_mismatch_rank, 1, run_dir, timeout=120, lengths=[5] * 8)
+    finally:
+        stop_all(daemons)
+    assert "tokens_per_optimizer_step=4096" in message and "optimizer.tokens_per_step: 0" in message, message
