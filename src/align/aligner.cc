@@ -177,7 +177,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   }
   // Accumulation windows: identical on every rank (the same plan, the same
   // window state); may split steps, and hands an open window's samples back.
-  ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, state, plan, windows_);
+  ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_);
   // What was not offered stays pending here.
   for (size_t i = offered; i < local.pending.size(); ++i) {
     plan.ranks[me].keep_pending.push_back(KeyOf(local.pending[i]));

@@ -1,7 +1,7 @@
 #include "src/align/window.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <cmath>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -99,7 +99,7 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
 
 }  // namespace
 
-void ApplyWindows(const WindowConfig& config, const RoundState& /*state*/, RoundPlan& plan, WindowState& windows) {
+void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows) {
   const size_t world = plan.ranks.size();
   if (plan.num_steps == 0 || world == 0) return;
   std::deque<GlobalStep> queue(plan.num_steps, GlobalStep(world));

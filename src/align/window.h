@@ -57,9 +57,8 @@ uint64_t LossTokensOf(const SampleMeta& sample);
 // Cuts `plan` (as the planner made it, every rank's steps) into windows:
 // splits steps that end windows, drops the steps of a window that must wait
 // for the next round (their samples go to their owners' keep_pending), and
-// sets every step's loss_tokens, loss_weight and window fields. `state` is the
-// gathered round state the plan was made from.
-void ApplyWindows(const WindowConfig& config, const RoundState& state, RoundPlan& plan, WindowState& windows);
+// sets every step's loss_tokens, loss_weight and window fields.
+void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows);
 
 }  // namespace odb::align
 

@@ -24,7 +24,7 @@ class WindowedPlanner final : public Planner {
     auto [it, fresh] = before_.try_emplace(state.round, current_);
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
-    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, state, plan, ws);
+    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, plan, ws);
     current_ = ws;
     return plan;
   }
@@ -161,18 +161,11 @@ RoundPlan PlanOf(const std::vector<std::vector<std::vector<uint32_t>>>& steps_by
   return plan;
 }
 
-RoundState OpenState(size_t world, size_t pending_each) {
-  RoundState state;
-  state.ranks.resize(world);
-  for (auto& r : state.ranks) r.pending.resize(pending_each);
-  return state;
-}
-
 TEST_CASE("without a target every step is its own window with per-step weights", "[window]") {
   RoundPlan plan = PlanOf({{{10, 20}, {5}, {}}, {{30}, {}, {7, 7}}});
   const RoundPlan before = plan;
   WindowState ws;
-  ApplyWindows(WindowConfig{}, OpenState(2, 3), plan, ws);
+  ApplyWindows(WindowConfig{}, plan, ws);
   REQUIRE(plan.num_steps == 3);
   for (uint32_t k = 0; k < 3; ++k) {
     for (size_t r = 0; r < 2; ++r) {
@@ -191,7 +184,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
   const WindowConfig config{1000, grouping::CostModel::kPacked};
   WindowState ws;
   RoundPlan plan = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});  // 500 loss tokens < 1000
-  ApplyWindows(config, OpenState(2, 10), plan, ws);
+  ApplyWindows(config, plan, ws);
   REQUIRE(plan.num_steps == 0);
   REQUIRE(plan.ranks[0].keep_pending.size() == 3);
   REQUIRE(plan.ranks[1].keep_pending.size() == 3);
@@ -199,7 +192,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
 
   RoundPlan last = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});
   last.epoch_finished = true;
-  ApplyWindows(config, OpenState(2, 10), last, ws);
+  ApplyWindows(config, last, ws);
   REQUIRE(last.num_steps == 2);
   double sum = 0;
   for (const auto& rp : last.ranks) {
@@ -223,7 +216,7 @@ TEST_CASE("an open window that stops growing closes short; one that grows is hel
     WindowState ws;
     for (uint32_t round = 1; round <= 3 * kMaxHeldRounds; ++round) {
       RoundPlan plan = PlanOf({{std::vector<uint32_t>(round, 10)}, {{10}}});  // grows every round
-      ApplyWindows(config, OpenState(2, 4), plan, ws);
+      ApplyWindows(config, plan, ws);
       REQUIRE(plan.num_steps == 0);
     }
   }
@@ -232,7 +225,7 @@ TEST_CASE("an open window that stops growing closes short; one that grows is hel
     // Handed back once, then kMaxHeldRounds more times without growing.
     for (uint32_t round = 0; round <= kMaxHeldRounds; ++round) {
       RoundPlan plan = PlanOf({{{100}}, {{100}}});
-      ApplyWindows(config, OpenState(2, 4), plan, ws);
+      ApplyWindows(config, plan, ws);
       INFO("round " << round);
       REQUIRE(plan.num_steps == (round < kMaxHeldRounds ? 0u : 1u));
       if (plan.num_steps > 0) REQUIRE(plan.ranks[0].steps[0].window_short);
@@ -248,7 +241,7 @@ TEST_CASE("the step that would overshoot a window is split on every rank", "[win
   std::vector<uint32_t> six(6, 100);
   RoundPlan plan = PlanOf({{six, six}, {six, six}});
   plan.epoch_finished = true;
-  ApplyWindows(config, OpenState(2, 0), plan, ws);
+  ApplyWindows(config, plan, ws);
   REQUIRE(plan.num_steps == 3);
   const PlannedStep& a0 = plan.ranks[0].steps[1];
   const PlannedStep& a1 = plan.ranks[1].steps[1];
@@ -266,7 +259,7 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
   plan.epoch_finished = true;
   WindowState ws;
-  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, OpenState(2, 0), plan, ws);
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, plan, ws);
   const PlannedStep& a = plan.ranks[0].steps[0];
   const PlannedStep& b = plan.ranks[1].steps[0];
   REQUIRE(a.loss_tokens == 110);
