@@ -129,7 +129,10 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
     m.lengths.vision_patches = static_cast<uint32_t>(vision);
     m.lengths.audio_frames = static_cast<uint32_t>(audio);
     m.payload_bytes = payload;
-    if (loss > tokens + 1) return Corrupt("sample loss tokens over its tokens", r.pos());
+    // loss - 1 <= tokens, and never the "every token" sentinel itself (canonical).
+    if (loss > tokens + 1 || loss > kEveryTokenBearsLoss) {
+      return Corrupt("sample loss tokens over its tokens", r.pos());
+    }
     m.loss_tokens = loss == 0 ? kEveryTokenBearsLoss : static_cast<uint32_t>(loss - 1);
     if (m.lengths.tokens == 0) {
       return absl::InvalidArgumentError("alignment metadata: sample id " + std::to_string(m.id) + " of rank " +
