@@ -21,7 +21,7 @@ class WindowedPlanner final : public Planner {
  public:
   explicit WindowedPlanner(PlannerConfig config) : inner_(std::move(config)) {}
   RoundPlan Plan(const RoundState& state) const override {
-    auto [it, fresh] = before_.try_emplace(state.round, current_);
+    auto it = before_.try_emplace(state.round, current_).first;
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
     ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, plan, ws);
