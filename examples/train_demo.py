@@ -35,6 +35,7 @@ checkpoint with new daemons and trains only the samples not trained before.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -180,7 +181,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     sync(device)
     start = time.perf_counter()
     resumed, train_s, pause_s = start, 0.0, 0.0
-    real = padded = samples = steps = idle = global_tokens = evals_by_tokens = 0
+    real = padded = samples = steps = idle = global_tokens = evals_by_tokens = optimizer_steps = 0
     since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
     since_tokens = 0
     points, snapshots, trained_ids = [], [], []
@@ -205,10 +206,15 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
             logits = ddp(b["input_ids"], b["attention_mask"])
             ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
             loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+            # With --global-batch, micro-steps accumulate (no all-reduce) until the one that closes the
+            # optimizer batch; without, every step closes its own.
+            with step.get("sync", contextlib.nullcontext)():
+                loss.backward()
+            if step.get("closes", True):
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                optimizer_steps += 1
             steps += 1
             idle += step["idle"]
             real += step["real"]
@@ -267,6 +273,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     wall = time.perf_counter() - start
     result = {"seconds": seconds, "real_tokens": int(g_real), "padded_tokens": int(g_padded),
               "samples": int(g_samples), "steps": int(steps_per_rank.item()), "idle_steps": int(g_idle),
+              "optimizer_steps": optimizer_steps,
               "samples_per_s": g_samples / seconds, "real_tokens_per_s": g_real / seconds,
               "padding_fraction": 1.0 - g_real / max(g_padded, 1), "epochs": len(epochs),
               "eval_seconds": eval_s, "wall_seconds": wall, "lr": args.lr, "warmup_steps": args.warmup_steps,
@@ -289,13 +296,18 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world)
     import odb
 
-    daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
-                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
-                                                           alignment={"planner": args.planner,
-                                                                      "deterministic": args.deterministic}))
     lengths = tiny_lm.long_tail_lengths(args.samples + args.heldout, seed=args.seed, max_len=args.max_len)
     dataset = tiny_lm.SyntheticCorpus(lengths, vocab=args.vocab)
     train_ids, heldout_ids = split_ids(args.samples, args.heldout, args.seed)
+    # The same recipe for both (--global-batch G): Standard accumulates G samples per optimizer step,
+    # odb windows of the same expected loss tokens (G x the mean training sample's tokens).
+    window_tokens = (round(args.global_batch * sum(lengths[i] for i in train_ids) / len(train_ids))
+                     if args.global_batch else 0)
+    daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
+                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
+                                                           alignment={"planner": args.planner,
+                                                                      "deterministic": args.deterministic},
+                                                           optimizer={"tokens_per_step": window_tokens}))
     heldout = (HeldOut(dataset, heldout_ids, rank, world, budget=4 * args.max_tokens, device=device)
                if heldout_ids else None)
     results = {"heldout_ids": heldout_ids}
@@ -324,7 +336,38 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                                      pin_memory=device.type == "cuda",
                                                      num_workers=args.workers, collate_fn=collate_with_ids)
 
+                # Micro-batches per optimizer step and rank: G samples over W ranks of `batch` each.
+                accumulate = max(1, round(args.global_batch / (batch * world))) if args.global_batch else 0
+
+                def accumulated(epoch):
+                    """Standard with gradient accumulation: groups of `accumulate` micro-batches, the loss
+                    the mean over every real token of the group on every rank (one all-reduce per group);
+                    DDP all-reduces only on the group's last micro-batch."""
+                    sampler.set_epoch(epoch)
+                    group = []
+                    it = iter(loader)
+                    while True:
+                        group = [x for _, x in zip(range(accumulate), it)]
+                        if not group:
+                            return
+                        # every rank has as many micro-batches (the sampler pads): one all-reduce of
+                        # each micro-batch's real tokens
+                        tokens = torch.tensor([float(b["attention_mask"].sum()) for _, b in group],
+                                              dtype=torch.float64)
+                        dist.all_reduce(tokens)
+                        total = float(tokens.sum())
+                        for k, (ids, b) in enumerate(group):
+                            real = int(b["attention_mask"].sum())
+                            last = k + 1 == len(group)
+                            yield {"batch": b, "idle": False, "real": real, "global_real": int(tokens[k].item()),
+                                   "padded": b["input_ids"].numel(), "samples": b["input_ids"].shape[0], "ids": ids,
+                                   "loss_fn": lambda ce, total=total: ce * (world / total),
+                                   "closes": last, "sync": contextlib.nullcontext if last else ddp.no_sync}
+
                 def epoch_steps(epoch):
+                    if accumulate:
+                        yield from accumulated(epoch)
+                        return
                     sampler.set_epoch(epoch)
                     for ids, b in loader:
                         real = int(b["attention_mask"].sum())
@@ -356,8 +399,11 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                         yield {"batch": s.batch, "idle": s.idle, "real": s.real_tokens,
                                "global_real": s.global_real_tokens,
                                "padded": s.padded_tokens, "samples": len(s.sample_ids), "ids": s.sample_ids,
-                               # w_r * (summed loss) / t_r: the mean over all ranks' real tokens (odb.loss)
-                               "loss_fn": lambda ce, s=s: odb.weighted_loss(ce, s.loss_weight, s.real_tokens)}
+                               # w_r * (summed loss) / t_r: the mean over all ranks' loss tokens of the step,
+                               # or of its accumulation window (odb.loss)
+                               "loss_fn": lambda ce, s=s: odb.window_loss(ce, s),
+                               "closes": s.closes_window,
+                               "sync": lambda s=s: odb.window_sync(ddp, s)}
                         done += 1  # the step above is trained once the loop asks for the next one
                         if args.checkpoint_every and done % args.checkpoint_every == 0:
                             state = oloader.state_dict()  # collective: every rank, same step
@@ -405,6 +451,10 @@ def main() -> int:
                    help="which methods to train, comma-separated (standard, odb): one alone for a budget grid "
                         "(bench/loss_at_time.py), where each method's budget differs")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (both methods)")
+    p.add_argument("--global-batch", type=int, default=0, metavar="G",
+                   help="the same recipe for both methods: Standard accumulates micro-batches to G samples per "
+                        "optimizer step, odb runs accumulation windows of G x the mean sample's tokens "
+                        "(optimizer.tokens_per_step); 0: one optimizer step per step (the budget sets the batch)")
     p.add_argument("--warmup-steps", type=int, default=10,
                    help="linear LR warmup over this many optimizer steps, then constant")
     p.add_argument("--heldout", type=int, default=200,
@@ -469,6 +519,7 @@ def main() -> int:
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
+        "global_batch": args.global_batch,
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
         "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model, "layers": args.layers, "vocab": args.vocab,
         "methods": list(args.methods),
@@ -486,13 +537,16 @@ def main() -> int:
           f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank, "
           f"odbd planner {args.planner}; {args.epochs} epoch(s), AdamW lr {args.lr:g}, "
           f"{args.heldout} held-out samples")
-    print(f"{'':10s}{'steps':>7s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}{'seconds':>9s}"
-          f"{'held-out loss':>15s}")
+    if args.global_batch:
+        print(f"same recipe: {args.global_batch} samples per optimizer step (Standard: gradient accumulation; "
+              f"odb: windows of the same expected loss tokens)")
+    print(f"{'':10s}{'steps':>7s}{'opt':>6s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}"
+          f"{'seconds':>9s}{'held-out loss':>15s}")
     for name, x in (("Standard", s), ("odb", o)):
         if x is None:
             continue
         held = x["final_heldout_loss"]
-        print(f"{name:10s}{x['steps']:7d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
+        print(f"{name:10s}{x['steps']:7d}{x['optimizer_steps']:6d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
               f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
               f"{held if held is not None else float('nan'):15.3f}")
     print("(seconds: the training clock, evaluation excluded; held-out loss: token-level mean cross-entropy "

@@ -30,7 +30,7 @@ bool Same(const odb::align::RankRoundMessage& a, const odb::align::RankRoundMess
     const odb::SampleMeta& n = y.pending[i];
     if (m.id != n.id || m.owner_rank != n.owner_rank || m.payload_bytes != n.payload_bytes ||
         m.lengths.tokens != n.lengths.tokens || m.lengths.vision_patches != n.lengths.vision_patches ||
-        m.lengths.audio_frames != n.lengths.audio_frames) {
+        m.lengths.audio_frames != n.lengths.audio_frames || m.loss_tokens != n.loss_tokens) {
       return false;
     }
   }

@@ -104,7 +104,7 @@ TEST_CASE("an inherited Producer or Consumer refuses every call in a forked chil
     expect_refused(f.consumer->StartEpoch(0));
     expect_refused(f.producer->StartEpoch(0));
     int64_t token = 7;
-    expect_refused(f.producer->Send(1, 0, Lengths{1, 0, 0}, {{"input_ids", DType::kInt64, {1}, &token, 8}}));
+    expect_refused(f.producer->Send(1, 0, Lengths{1, 0, 0, std::nullopt}, {{"input_ids", DType::kInt64, {1}, &token, 8}}));
     expect_refused(f.producer->EndStream(0));
     return failures;
   });

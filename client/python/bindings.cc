@@ -181,7 +181,8 @@ class PyProducer {
   // tensors: sequence of (name, dtype_code, shape, buffer). Each buffer must be
   // C-contiguous with exactly numel * dtype bytes; it is read during the call.
   void Send(uint64_t sample_id, uint32_t epoch, uint32_t tokens, uint32_t vision_patches,
-            uint32_t audio_frames, const py::sequence& tensors, std::optional<uint64_t> seq) {
+            uint32_t audio_frames, const py::sequence& tensors, std::optional<uint64_t> seq,
+            std::optional<uint32_t> loss_tokens) {
     std::vector<py::buffer_info> infos;
     std::vector<TensorInput> inputs;
     infos.reserve(tensors.size());
@@ -215,7 +216,7 @@ class PyProducer {
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = producer_->Send(sample_id, epoch, {tokens, vision_patches, audio_frames}, inputs, seq);
+      s = producer_->Send(sample_id, epoch, {tokens, vision_patches, audio_frames, loss_tokens}, inputs, seq);
     }
     Check(s);
   }
@@ -361,9 +362,10 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("start_epoch", &PyProducer::StartEpoch, py::arg("epoch"))
       .def("send", &PyProducer::Send, py::arg("sample_id"), py::arg("epoch"), py::arg("tokens"),
            py::arg("vision_patches") = 0, py::arg("audio_frames") = 0, py::arg("tensors"),
-           py::arg("seq") = py::none(),
+           py::arg("seq") = py::none(), py::arg("loss_tokens") = py::none(),
            "tensors: sequence of (name, dtype_code, shape, buffer); seq: the sample's position in this "
-           "rank's list for the epoch (required by alignment.deterministic)")
+           "rank's list for the epoch (required by alignment.deterministic); loss_tokens: its labels not "
+           "equal to the ignore index (<= tokens; None: every token bears loss)")
       .def("end_stream", &PyProducer::EndStream, py::arg("epoch"))
       .def("cancel", &PyProducer::Cancel,
            "Makes a blocked send/end_stream raise within ~100 ms (callable from another thread)")
@@ -405,21 +407,14 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("__repr__", [](const Rejection& r) { return "Rejection(" + r.code + ": " + r.message + ")"; });
   dict_like(rejection);
   py::class_<StepInfo> step_info(m, "StepInfo", "One step's header, as the daemon sent it (see docs/protocol.md).");
+#define ODB_BIND_STEP_FIELD(type, name, dflt, doc) step_info.def_readonly(#name, &StepInfo::name, doc);
+  ODB_STEP_FIELDS(ODB_BIND_STEP_FIELD)
+#undef ODB_BIND_STEP_FIELD
   step_info.def_readonly("epoch", &StepInfo::epoch)
-      .def_readonly("step_index", &StepInfo::step_index, "identical on every rank")
-      .def_readonly("idle", &StepInfo::idle, "no samples; weight 0")
       .def_readonly("sample_ids", &StepInfo::sample_ids)
       .def_readonly("lengths", &StepInfo::lengths, "LLM tokens per sample, same order as sample_ids")
       .def_readonly("owner_ranks", &StepInfo::owner_ranks, "rank that received each sample")
-      .def_readonly("real_tokens", &StepInfo::real_tokens)
-      .def_readonly("padded_tokens", &StepInfo::padded_tokens)
-      .def_readonly("global_real_tokens", &StepInfo::global_real_tokens, "T_tok: all ranks' real tokens")
-      .def_readonly("loss_weight", &StepInfo::loss_weight, "W * t_r / T_tok; 0 when idle")
-      .def_readonly("over_budget", &StepInfo::over_budget)
       .def_readonly("samples_may_move", &StepInfo::samples_may_move)
-      .def_readonly("round", &StepInfo::round, "the planning round of this step")
-      .def_readonly("round_first_step", &StepInfo::round_first_step, "that round's first step index")
-      .def_readonly("round_steps", &StepInfo::round_steps, "that round's step count")
       .def_readonly("deterministic", &StepInfo::deterministic, "the daemon runs alignment.deterministic")
       .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
       .def_readonly("rejections_are_errors", &StepInfo::rejections_are_errors)

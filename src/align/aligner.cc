@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "src/align/meta_codec.h"
+#include "src/align/window.h"
 
 namespace odb::align {
 
@@ -75,6 +76,7 @@ absl::Status Aligner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t 
   next_step_ = first_step;
   wait_rounds_ = 0;
   wait_since_.reset();
+  windows_ = WindowState{};
   return absl::OkStatus();
 }
 
@@ -173,6 +175,9 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
                                  " steps instead of " + std::to_string(plan.num_steps));
     }
   }
+  // Accumulation windows: identical on every rank (the same plan, the same
+  // window state); may split steps, and hands an open window's samples back.
+  ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_);
   // What was not offered stays pending here.
   for (size_t i = offered; i < local.pending.size(); ++i) {
     plan.ranks[me].keep_pending.push_back(KeyOf(local.pending[i]));
@@ -191,18 +196,12 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   result.steps.reserve(plan.num_steps);
   const uint64_t round_label = config.deterministic ? plan_round_ : round_;
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
-    const PlannedStep& ps = mine.steps[k];
-    Step s;
+    PlannedStep s = mine.steps[k];
     s.step_index = next_step_ + k;
-    s.idle = ps.idle;
-    s.samples = ps.samples;
-    s.real_tokens = ps.real_tokens;
-    s.padded_tokens = ps.padded_tokens;
-    s.loss_weight = ps.loss_weight;
-    s.over_budget = ps.over_budget;
     s.round = round_label;
     s.round_first_step = next_step_;
     s.round_steps = plan.num_steps;
+    for (const RankPlan& rp : plan.ranks) s.global_real_tokens += rp.steps[k].real_tokens;
     result.steps.push_back(std::move(s));
   }
   result.keep_pending = mine.keep_pending;

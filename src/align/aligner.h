@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "src/align/peer_group.h"
 #include "src/align/planner.h"
+#include "src/align/window.h"
 #include "src/common/sample.h"
 
 namespace odb::align {
@@ -45,26 +46,10 @@ struct RoundInput {
   bool stream_started = true;
 };
 
-// One step this rank emits.
-struct Step {
-  uint64_t step_index = 0;  // epoch step index, identical on every rank
-  bool idle = true;         // emit a zero-weight IDLE step
-  std::vector<SampleMeta> samples;  // owner_rank says whose daemon holds each payload
-  uint64_t real_tokens = 0;
-  uint64_t padded_tokens = 0;
-  double loss_weight = 0.0;  // W * t_r / T_tok; 0 for IDLE; sums to W over ranks
-  bool over_budget = false;  // a lone sample that fits no budget
-  // The planning round of the step (deterministic: counted over rounds that
-  // planned steps, from StartEpoch's first_round), its first step, its size.
-  uint64_t round = 0;
-  uint64_t round_first_step = 0;
-  uint32_t round_steps = 0;
-};
-
 struct RoundResult {
   uint32_t epoch = 0;
   uint64_t round = 0;
-  std::vector<Step> steps;  // same count on every rank (may be 0)
+  std::vector<PlannedStep> steps;  // same count on every rank (may be 0), step_index and round set
   bool epoch_finished = false;  // after these steps; call StartEpoch next
   bool waiting = false;         // no steps because a rank waits for samples
   std::string reason;           // why the round has its step count (for logs)
@@ -113,6 +98,7 @@ class Aligner {
   uint64_t plan_round_ = 0;  // rounds that planned steps, from first_round (deterministic seeds)
   uint64_t next_step_ = 0;
   uint32_t wait_rounds_ = 0;
+  WindowState windows_;
   std::optional<std::chrono::steady_clock::time_point> wait_since_;
   RoundPlan last_plan_;
 };

@@ -51,7 +51,7 @@ RankLog RunRank(const Scenario& sc, PeerGroup* peers) {
       return log;
     }
     log.steps_per_round.push_back(res->steps.size());
-    for (const Step& s : res->steps) {
+    for (const PlannedStep& s : res->steps) {
       log.weight_by_step[s.step_index] = s.loss_weight;
       for (const SampleMeta& m : s.samples) log.emitted.insert(KeyOf(m));
     }
@@ -138,7 +138,7 @@ std::vector<DetStep> RunDeterministicRank(const PlannerConfig& config, const std
       if (status) *status = res.status();
       return out;
     }
-    for (const Step& s : res->steps) {
+    for (const PlannedStep& s : res->steps) {
       DetStep d{s.step_index, {}, s.loss_weight, s.round};
       for (const SampleMeta& m : s.samples) d.ids.push_back(m.id);
       out.push_back(std::move(d));

@@ -333,7 +333,7 @@ TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[g
         return;
       }
       steps_per_round[r].push_back(res->steps.size());
-      for (const Step& s : res->steps) emitted[r] += s.samples.size();
+      for (const PlannedStep& s : res->steps) emitted[r] += s.samples.size();
       std::erase_if(pending, [&](const SampleMeta& m) {
         for (const SampleKey& k : res->keep_pending) {
           if (k.id == m.id) return false;

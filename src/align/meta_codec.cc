@@ -74,6 +74,8 @@ std::string EncodeRankRound(const RankRoundMessage& msg) {
     PutVarint(out, m.lengths.vision_patches);
     PutVarint(out, m.lengths.audio_frames);
     PutVarint(out, m.payload_bytes);
+    // Loss tokens + 1; 0: every token bears loss.
+    PutVarint(out, m.loss_tokens == kEveryTokenBearsLoss ? 0 : uint64_t{m.loss_tokens} + 1);
   }
   return out;
 }
@@ -100,8 +102,8 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
     return Corrupt("header field out of range", r.pos());
   }
   if ((flags & ~7u) != 0) return Corrupt("unknown flag bits " + std::to_string(flags), r.pos());
-  // Every sample takes at least 5 bytes: reject absurd counts before allocating.
-  if (count > r.remaining() / 5) return Corrupt("sample count " + std::to_string(count) + " exceeds the bytes present", r.pos());
+  // Every sample takes at least 6 bytes: reject absurd counts before allocating.
+  if (count > r.remaining() / 6) return Corrupt("sample count " + std::to_string(count) + " exceeds the bytes present", r.pos());
   msg.epoch = static_cast<uint32_t>(epoch);
   msg.round = round;
   msg.rank = static_cast<int32_t>(rank);
@@ -113,8 +115,9 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
   msg.data.pending.resize(count);
   uint64_t prev = 0;
   for (uint64_t i = 0; i < count; ++i) {
-    uint64_t dz, tokens, vision, audio, payload;
-    if (!r.Varint(dz) || !r.Varint(tokens) || !r.Varint(vision) || !r.Varint(audio) || !r.Varint(payload)) {
+    uint64_t dz, tokens, vision, audio, payload, loss;
+    if (!r.Varint(dz) || !r.Varint(tokens) || !r.Varint(vision) || !r.Varint(audio) || !r.Varint(payload) ||
+        !r.Varint(loss)) {
       return Corrupt("truncated sample " + std::to_string(i), r.pos());
     }
     if (tokens > kU32 || vision > kU32 || audio > kU32) return Corrupt("sample length out of range", r.pos());
@@ -126,6 +129,11 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
     m.lengths.vision_patches = static_cast<uint32_t>(vision);
     m.lengths.audio_frames = static_cast<uint32_t>(audio);
     m.payload_bytes = payload;
+    // loss - 1 <= tokens, and never the "every token" sentinel itself (canonical).
+    if (loss > tokens + 1 || loss > kEveryTokenBearsLoss) {
+      return Corrupt("sample loss tokens over its tokens", r.pos());
+    }
+    m.loss_tokens = loss == 0 ? kEveryTokenBearsLoss : static_cast<uint32_t>(loss - 1);
     if (m.lengths.tokens == 0) {
       return absl::InvalidArgumentError("alignment metadata: sample id " + std::to_string(m.id) + " of rank " +
                                         std::to_string(rank) + " has 0 tokens (must be rejected at ingest)");

@@ -18,9 +18,10 @@ namespace odb::align {
 //   varint wait_rounds,
 //   varint count, then per sample:
 //     varint zigzag(id - previous id), varint tokens, varint vision_patches,
-//     varint audio_frames, varint payload_bytes
+//     varint audio_frames, varint payload_bytes,
+//     varint loss_tokens + 1 (0: every token bears loss)
 // Samples carry no owner: the owner is the header's rank.
-inline constexpr uint8_t kMetaCodecVersion = 2;
+inline constexpr uint8_t kMetaCodecVersion = 3;
 
 struct RankRoundMessage {
   uint32_t epoch = 0;

@@ -19,6 +19,7 @@ RankRoundMessage Sample() {
     m.owner_rank = 5;
     m.lengths = {static_cast<uint32_t>(id % 1000 + 1), 7, 0};
     m.payload_bytes = 4096;
+    if (id % 2 == 0) m.loss_tokens = static_cast<uint32_t>(id % 3);  // prompt-masked; the others: unknown
     msg.data.pending.push_back(m);
   }
   return msg;
@@ -44,6 +45,7 @@ TEST_CASE("round trip keeps every field and the order", "[codec]") {
     REQUIRE(got->data.pending[i].lengths.tokens == msg.data.pending[i].lengths.tokens);
     REQUIRE(got->data.pending[i].lengths.vision_patches == 7);
     REQUIRE(got->data.pending[i].payload_bytes == 4096);
+    REQUIRE(got->data.pending[i].loss_tokens == msg.data.pending[i].loss_tokens);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "src/align/planner.h"
 
+#include "src/align/window.h"
+
 #include <algorithm>
 #include <optional>
 #include <cassert>
@@ -8,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "src/align/window.h"
 #include "src/grouping/grouper.h"
 
 namespace odb::align {
@@ -33,12 +36,18 @@ void AssignLossWeights(RoundPlan& plan) {
   const size_t world = plan.ranks.size();
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     uint64_t total = 0;
-    for (const RankPlan& rp : plan.ranks) total += rp.steps[k].real_tokens;
     for (RankPlan& rp : plan.ranks) {
       PlannedStep& s = rp.steps[k];
+      s.loss_tokens = 0;
+      for (const SampleMeta& m : s.samples) s.loss_tokens += LossTokensOf(m);
+      total += s.loss_tokens;
+    }
+    for (RankPlan& rp : plan.ranks) {
+      PlannedStep& s = rp.steps[k];
+      s.window_loss_tokens = total;
       s.loss_weight = (total == 0 || s.idle)
                           ? 0.0
-                          : static_cast<double>(world) * static_cast<double>(s.real_tokens) /
+                          : static_cast<double>(world) * static_cast<double>(s.loss_tokens) /
                                 static_cast<double>(total);
     }
   }

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/step_fields.h"
 #include "src/common/sample.h"
 #include "src/grouping/budget.h"
 
@@ -73,14 +74,13 @@ struct RoundState {
   std::vector<RankRound> ranks;  // index = rank
 };
 
-// One step of one rank.
-struct PlannedStep {
-  bool idle = true;                  // no samples; the trainer runs a zero-weight step
-  std::vector<SampleMeta> samples;   // empty iff idle; owner_rank may differ from the rank
-  uint64_t real_tokens = 0;          // sum of token lengths
-  uint64_t padded_tokens = 0;        // what the trainer computes on (cost model)
-  double loss_weight = 0.0;          // W * real_tokens / (all ranks' real_tokens at this step)
-  bool over_budget = false;          // a lone sample that fits no budget
+// One step of one rank: its samples and the step's header fields
+// (proto/step_fields.h). A planner fills idle, samples, real_tokens,
+// padded_tokens and over_budget; AssignLossWeights the weights; the Aligner
+// the step index, round and window fields.
+struct PlannedStep : StepHeader {
+  PlannedStep() { idle = true; }   // no samples; the trainer runs a zero-weight step
+  std::vector<SampleMeta> samples;  // empty iff idle; owner_rank may differ from the rank
 };
 
 struct RankPlan {
@@ -138,6 +138,9 @@ struct PlannerConfig {
   // most `window` samples of an open stream, and plan with a constant
   // `window` free slots once every rank has a free slot.
   bool deterministic = false;
+  // Accumulation windows (optimizer.tokens_per_step, src/align/window.h): all
+  // ranks' loss tokens per optimizer step; 0 = every step is its own window.
+  uint64_t tokens_per_step = 0;
 };
 
 // The contract of a plan, independent of how it was made: `Plan` is a pure
@@ -182,8 +185,10 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
 // Puts every pending sample of every rank back to pending.
 void KeepEverything(const RoundState& state, RoundPlan& plan);
 
-// Fills loss weights of a plan from its real token counts: for every step k,
-// w_r = W * t_r / sum_r t_r (0 for IDLE). Shared by every planner.
+// Fills loss weights of a plan from its loss token counts (LossTokensOf, window.h): for
+// every step k, w_r = W * t_r / sum_r t_r (0 for IDLE), each step its own window
+// (loss_tokens, window_loss_tokens). Shared by every planner; the Aligner's
+// accumulation windows (ApplyWindows) then set the weights over windows.
 void AssignLossWeights(RoundPlan& plan);
 
 // Deterministic 64-bit mix (splitmix64) used for shuffle seeds.

@@ -133,7 +133,34 @@ void CheckSteps(const Scenario& sc, const RoundPlan& plan, EpochOutcome& out) {
       REQUIRE(s.over_budget == (lens.size() == 1 && !grouping::FitsAlone(sc.config.budget, lens[0])));
     }
     REQUIRE(any_real);
-    REQUIRE(std::abs(wsum - w) < 1e-9);
+    // Accumulation windows (window.h): every rank's step k is in the same
+    // window at the same position; weights sum to W over a window (one step
+    // without windows), and only its last step closes it.
+    const PlannedStep& first = plan.ranks[0].steps[k];
+    for (int r = 0; r < w; ++r) {
+      const PlannedStep& s = plan.ranks[r].steps[k];
+      REQUIRE(s.window == first.window);
+      REQUIRE(s.window_steps == first.window_steps);
+      REQUIRE(s.closes_window == first.closes_window);
+      REQUIRE(s.window_short == first.window_short);
+      REQUIRE(s.window_loss_tokens == first.window_loss_tokens);
+    }
+    out.window_weight += wsum;
+    out.window_tokens += [&] {
+      uint64_t t = 0;
+      for (int r = 0; r < w; ++r) t += plan.ranks[r].steps[k].loss_tokens;
+      return t;
+    }();
+    ++out.window_steps_seen;
+    if (first.closes_window) {
+      REQUIRE(out.window_steps_seen == first.window_steps);
+      REQUIRE(std::abs(out.window_weight - w) < 1e-9);
+      REQUIRE(out.window_tokens == first.window_loss_tokens);
+      out.windows.push_back({out.window_tokens, first.window_short});
+      out.window_weight = 0;
+      out.window_tokens = 0;
+      out.window_steps_seen = 0;
+    }
   }
 }
 
@@ -239,6 +266,7 @@ EpochOutcome RunEpoch(const Scenario& sc, const Planner& planner, const EpochChe
     out.steps += plan.num_steps;
     out.rounds = round + 1;
     finished = plan.epoch_finished;
+    if (finished) REQUIRE(out.window_steps_seen == 0);  // no window left open at the epoch's end
     if (finished && sc.config.mode == EpochMode::kJoin) {
       for (int r = 0; r < w; ++r) REQUIRE(pending[r].empty());
     }

@@ -59,7 +59,8 @@ class FakeEmitter {
 // are; waiting rounds bounded (max_wait_rounds once a stream started; before,
 // by the rank's start_wait, 5-16 waiting rounds in the scenarios); the
 // termination bound; per step: IDLE iff empty with weight 0, token counts,
-// budget, weights summing to W, some rank real; every sample emitted at most
+// budget, weights summing to W over each accumulation window (every step
+// closes its own without windows), window fields alike on every rank, some rank real; every sample emitted at most
 // once; per owner: emitted + kept + not emitted == pending; credit never
 // exceeded; the plan is a pure function.
 struct EpochChecks {
@@ -77,6 +78,16 @@ struct EpochOutcome {
   std::set<SampleKey> not_emitted;  // reported by a Non-Join closing round
   std::set<SampleKey> late;         // arrived after a Non-Join closure (the daemon reports them)
   uint64_t unstarted_wait_rounds = 0;  // waiting rounds a not-yet-started rank asked for
+  // Accumulation windows: every closed window's loss tokens (all ranks) and
+  // whether it closed short; the open window's progress.
+  struct Window {
+    uint64_t loss_tokens = 0;
+    bool is_short = false;
+  };
+  std::vector<Window> windows;
+  double window_weight = 0;
+  uint64_t window_tokens = 0;
+  uint32_t window_steps_seen = 0;
 };
 
 EpochOutcome RunEpoch(const Scenario& sc, const Planner& planner, const EpochChecks& checks);

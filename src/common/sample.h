@@ -22,11 +22,18 @@ struct SampleLengths {
 
 // A few bytes per sample: what grouping, alignment and balancing need.
 // This is what peers exchange every round; payloads stay where they are.
+// SampleMeta::loss_tokens when the producer did not count them: every token bears loss.
+inline constexpr uint32_t kEveryTokenBearsLoss = 0xffffffffu;
+
 struct SampleMeta {
   uint64_t id = 0;
   int32_t owner_rank = 0;  // rank whose daemon holds the payload
   SampleLengths lengths;
   uint64_t payload_bytes = 0;
+  // Loss-bearing tokens (labels not equal to the ignore index: prompt-masked
+  // SFT counts only the answer), <= lengths.tokens; loss weights and
+  // accumulation windows count these (align::LossTokensOf).
+  uint32_t loss_tokens = kEveryTokenBearsLoss;
 };
 
 // A read-only view of one tensor of a sample. `data` points into a frame that

@@ -15,6 +15,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.seed = config.seed;
   p.window = config.window;
   p.deterministic = config.deterministic;
+  p.tokens_per_step = config.tokens_per_step;
   // Rounds wait for half the output queue (docs/config.md, emit.queue_steps).
   p.min_free_slots = std::max<uint32_t>(1, config.queue_steps / 2);
   p.full_rounds = true;  // ... then plan every group the windows give (bench: `paced16:full`)
@@ -129,23 +130,12 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   outcome.waiting = result->waiting;
   outcome.reason = result->reason;
   for (size_t k = 0; k < result->steps.size(); ++k) {
-    const align::Step& s = result->steps[k];
+    const align::PlannedStep& s = result->steps[k];
     StepPlan step;
-    step.step_index = s.step_index;
-    step.idle = s.idle;
-    step.real_tokens = s.real_tokens;
-    step.padded_tokens = s.padded_tokens;
-    step.loss_weight = s.loss_weight;
-    step.over_budget = s.over_budget;
-    step.round = s.round;
-    step.round_first_step = s.round_first_step;
-    step.round_steps = s.round_steps;
+    static_cast<StepHeader&>(step) = s;
     for (const auto& meta : s.samples) {
       step.sample_ids.push_back(meta.id);
       step.sample_owners.push_back(meta.owner_rank);
-    }
-    for (const auto& rank_plan : plan.ranks) {
-      if (k < rank_plan.steps.size()) step.global_real_tokens += rank_plan.steps[k].real_tokens;
     }
     outcome.steps.push_back(std::move(step));
   }

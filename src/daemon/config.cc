@@ -258,6 +258,9 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_ASSIGN_OR_RETURN(Section alignment, s.Child("alignment"));
   ODB_RETURN_IF_ERROR(ParseAlignment(alignment, c));
 
+  ODB_ASSIGN_OR_RETURN(Section optimizer, s.Child("optimizer"));
+  ODB_RETURN_IF_ERROR(optimizer.Get("tokens_per_step", c.tokens_per_step));
+  ODB_RETURN_IF_ERROR(optimizer.CheckNoUnknownKeys());
   ODB_ASSIGN_OR_RETURN(Section emit, s.Child("emit"));
   ODB_RETURN_IF_ERROR(emit.Get("outstanding_depth", c.outstanding_depth));
   ODB_RETURN_IF_ERROR(emit.Get("queue_steps", c.queue_steps));
@@ -749,6 +752,7 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
   if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;
   if (c.deterministic) out << " deterministic=1";
+  if (c.tokens_per_step > 0) out << " tokens_per_step=" << c.tokens_per_step;
   out << " seed=" << c.seed << " queue_steps=" << c.queue_steps << " max_wait_ms=" << c.max_wait_ms
       << " start_wait_ms=" << c.start_wait_ms;
   if (c.world_size > 1) out << " job_id=" << c.job_id << " gloo=" << (c.gloo_iface.empty() ? c.gloo_hostname : "iface:" + c.gloo_iface);

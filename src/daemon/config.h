@@ -116,6 +116,9 @@ struct DaemonConfig {
   // not apply), and rounds plan as many steps as the window gives (the
   // trainer's credit only delays them). Costs some throughput (see README).
   bool deterministic = false;
+  // optimizer.tokens_per_step: all ranks' loss tokens per optimizer step
+  // (accumulation windows, docs/python.md); 0 = one optimizer step per step.
+  uint64_t tokens_per_step = 0;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/step_fields.h"
 #include "src/common/sample.h"
 
 namespace odb {
@@ -20,20 +21,11 @@ struct RoundRequest {
   bool stream_started = true;       // a sample or an end of stream of this epoch arrived
 };
 
-// One step this rank emits.
-struct StepPlan {
-  uint64_t step_index = 0;
-  bool idle = false;
+// One step this rank emits: the planned header fields (proto/step_fields.h,
+// copied onto the wire as they are) and what the step builder gathers.
+struct StepPlan : StepHeader {
   std::vector<uint64_t> sample_ids;  // in batch order
   std::vector<int32_t> sample_owners;  // rank holding each sample's payload (parallel to sample_ids)
-  uint64_t real_tokens = 0;
-  uint64_t padded_tokens = 0;
-  uint64_t global_real_tokens = 0;  // T_tok over all ranks
-  double loss_weight = 0.0;
-  bool over_budget = false;
-  uint64_t round = 0;             // planning round (see align::Step)
-  uint64_t round_first_step = 0;  // its first step index
-  uint32_t round_steps = 0;       // its step count
   // Per-phase plan (alignment.phase_plans): the samples this rank encodes and
   // where each encoder output goes (rank, index in that rank's sample_ids), and
   // for each of this rank's samples the rank that encodes it.

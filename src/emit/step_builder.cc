@@ -133,16 +133,9 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   StepSamples& samples = *gathered;
   wire::Step step;
   step.set_epoch(epoch);
-  step.set_step_index(plan.step_index);
-  step.set_idle(plan.idle);
-  step.set_real_tokens(plan.real_tokens);
-  step.set_padded_tokens(plan.padded_tokens);
-  step.set_global_real_tokens(plan.global_real_tokens);
-  step.set_loss_weight(plan.loss_weight);
-  step.set_over_budget(plan.over_budget);
-  step.set_round(plan.round);
-  step.set_round_first_step(plan.round_first_step);
-  step.set_round_steps(plan.round_steps);
+#define ODB_SET_STEP_FIELD(type, name, dflt, doc) step.set_##name(plan.name);
+  ODB_STEP_FIELDS(ODB_SET_STEP_FIELD)
+#undef ODB_SET_STEP_FIELD
   step.set_deterministic(config_.deterministic);
   step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
   const bool phases = config_.phase_plans;

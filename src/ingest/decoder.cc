@@ -115,6 +115,14 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
   sample.epoch = h.epoch();
   sample.producer_id = h.producer_id();
   if (h.has_seq()) sample.seq = h.seq();
+  if (h.has_loss_tokens()) {
+    if (h.loss_tokens() > h.tokens()) {
+      return reject(wire::TOKENS_MISMATCH, "loss_tokens " + std::to_string(h.loss_tokens()) + " > tokens " +
+                                               std::to_string(h.tokens()) +
+                                               ": count the labels not equal to the ignore index");
+    }
+    sample.meta.loss_tokens = h.loss_tokens();
+  }
   for (wire::DecodedTensorDesc& desc : *descs) {
     TensorView view;
     view.name = std::move(desc.name);

@@ -358,5 +358,26 @@ TEST_CASE("a rejected arena sample hands its block back; an unusable block is na
   }
 }
 
+TEST_CASE("loss_tokens: carried when at most tokens, refused naming both counts when over") {
+  {
+    IngestEvent e = DecodeProducerMessage(Parts(SampleMessage(30, 5), {40}));
+    REQUIRE(std::holds_alternative<SampleEvent>(e));
+    CHECK(std::get<SampleEvent>(e).sample.meta.loss_tokens == kEveryTokenBearsLoss);  // absent: every token
+  }
+  for (uint32_t n : {0u, 3u, 5u}) {
+    auto m = SampleMessage(31, 5);
+    m.mutable_sample()->set_loss_tokens(n);
+    IngestEvent e = DecodeProducerMessage(Parts(m, {40}));
+    REQUIRE(std::holds_alternative<SampleEvent>(e));
+    CHECK(std::get<SampleEvent>(e).sample.meta.loss_tokens == n);
+  }
+  auto m = SampleMessage(32, 5);
+  m.mutable_sample()->set_loss_tokens(6);
+  const auto r = Rejected(DecodeProducerMessage(Parts(m, {40})));
+  CHECK(r.code() == wire::TOKENS_MISMATCH);
+  CHECK(r.sample_id() == 32);
+  CHECK_THAT(r.message(), Catch::Contains("loss_tokens 6") && Catch::Contains("tokens 5"));
+}
+
 }  // namespace
 }  // namespace odb::ingest

@@ -126,8 +126,9 @@ def epochs(stdout: str) -> list[dict]:
             e = json.loads(line)
             if "step_records" in e:
                 e["steps_detail"] = [StepRecord(index=i, idle=idle, weight=w, real_tokens=t, global_real_tokens=g,
-                                                lengths=lengths, epoch=e["epoch"])
-                                     for i, idle, w, t, g, lengths in e.pop("step_records")]
+                                                lengths=lengths, epoch=e["epoch"], window=win[0], window_steps=win[1],
+                                                window_loss_tokens=win[2], closes_window=win[3], loss_tokens=win[4])
+                                     for i, idle, w, t, g, lengths, win in e.pop("step_records")]
             out.append(e)
     return out
 
@@ -144,6 +145,14 @@ class StepRecord:
     global_real_tokens: int | None
     lengths: list             # tokens of each of this rank's samples (the step's own lengths)
     epoch: int = 0
+    # The accumulation window (optimizer.tokens_per_step; None: not recorded, or a drained IDLE step):
+    # its index in the epoch, its micro-step count, all ranks' loss tokens over it, whether this step
+    # closes it, and this rank's loss tokens of the step.
+    window: int | None = None
+    window_steps: int | None = None
+    window_loss_tokens: int | None = None
+    closes_window: bool | None = None
+    loss_tokens: int | None = None
 
 
 def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) -> None:
@@ -154,7 +163,11 @@ def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) ->
     * IDLE steps have weight 0 and no samples;
     * t_r = sum of the step's own lengths (and the header's real_tokens agrees);
     * T_tok (global_real_tokens) is the same on every rank and equals sum_r t_r > 0;
-    * w_r = W * t_r / T_tok and sum_r w_r = W, within 1e-9 relative.
+    * w_r = W * t_r / T_tok and sum_r w_r = W, within 1e-9 relative (one step, one window);
+    * with accumulation windows (records carry window fields): every rank has the same window,
+      micro-step count and closing flag at every step, w_r = W * loss_tokens_r / window_loss_tokens,
+      the weights sum to W over each window, only its last micro-step closes it, and the epoch's
+      last step closes its window.
 
     Raises AssertionError naming the step and rank; also used on hand-made lists by
     test_step_invariants.py, which proves that it can fail."""
@@ -167,6 +180,7 @@ def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) ->
             f"rank {r}: step indices are not 0..{len(steps) - 1} in order: {_first_gap(indices)}"
         assert len({s.epoch for s in steps}) <= 1, f"rank {r}: steps of several epochs {sorted({s.epoch for s in steps})}"
     tol = 1e-9 * world
+    window_weight, window_tokens, window_first = 0.0, 0, 0
     for k in range(counts[0] if counts else 0):
         row = [steps[k] for steps in per_rank_steps]
         where = f"step {k}"
@@ -185,13 +199,48 @@ def check_step_invariants(per_rank_steps: list[list[StepRecord]], world: int) ->
         globals_ = [s.global_real_tokens for s in row]
         assert all(g == total for g in globals_ if g is not None), \
             f"{where}: global_real_tokens per rank {globals_} != sum of the ranks' tokens {total} (t_r = {t})"
+        seen = [s for s in row if s.window is not None]
+        if not seen or all(s.window_steps == 1 for s in seen) and all(s.loss_tokens == tr for s, tr in
+                                                                     zip(row, t) if s.window is not None):
+            # One step, one window (no optimizer.tokens_per_step): the per-step weights.
+            for r, s in enumerate(row):
+                want = world * t[r] / total
+                assert abs(s.weight - want) <= tol, \
+                    f"{where} rank {r}: weight {s.weight!r} != W*t_r/T_tok = {world}*{t[r]}/{total} = {want!r}"
+            weight_sum = sum(s.weight for s in row)
+            assert abs(weight_sum - world) <= tol, \
+                f"{where}: weights {[s.weight for s in row]} sum to {weight_sum!r}, not W = {world}"
+        if not seen:
+            continue
+        # Accumulation windows: the same window, micro-step count and closing flag on every rank;
+        # w_r = W * loss_tokens_r / window_loss_tokens; the weights sum to W over the window.
+        first = seen[0]
         for r, s in enumerate(row):
-            want = world * t[r] / total
-            assert abs(s.weight - want) <= tol, \
-                f"{where} rank {r}: weight {s.weight!r} != W*t_r/T_tok = {world}*{t[r]}/{total} = {want!r}"
-        weight_sum = sum(s.weight for s in row)
-        assert abs(weight_sum - world) <= tol, \
-            f"{where}: weights {[s.weight for s in row]} sum to {weight_sum!r}, not W = {world}"
+            if s.window is None:
+                assert s.idle, f"{where} rank {r}: a real step without its window fields"
+                continue
+            got = (s.window, s.window_steps, s.window_loss_tokens, s.closes_window)
+            want_w = (first.window, first.window_steps, first.window_loss_tokens, first.closes_window)
+            assert got == want_w, f"{where} rank {r}: window (index, steps, loss tokens, closes) {got} != rank 0's {want_w}"
+            assert s.loss_tokens is not None and s.loss_tokens <= t[r], \
+                f"{where} rank {r}: loss_tokens {s.loss_tokens} over its {t[r]} tokens"
+            want = world * s.loss_tokens / first.window_loss_tokens if first.window_loss_tokens else 0.0
+            assert abs(s.weight - (0.0 if s.idle else want)) <= tol, \
+                f"{where} rank {r}: weight {s.weight!r} != W*loss_tokens/window_loss_tokens = " \
+                f"{world}*{s.loss_tokens}/{first.window_loss_tokens}"
+        window_weight += sum(s.weight for s in row)
+        window_tokens += sum(s.loss_tokens or 0 for s in seen)
+        if first.closes_window:
+            assert k + 1 - window_first == first.window_steps, \
+                f"{where}: window {first.window} closes after {k + 1 - window_first} steps, header says {first.window_steps}"
+            assert abs(window_weight - world) <= tol or first.window_loss_tokens == 0, \
+                f"{where}: window {first.window}'s weights sum to {window_weight!r}, not W = {world}"
+            assert window_tokens == first.window_loss_tokens, \
+                f"{where}: window {first.window}'s loss tokens sum to {window_tokens}, header says {first.window_loss_tokens}"
+            window_weight, window_tokens, window_first = 0.0, 0, k + 1
+    if counts and counts[0]:
+        last = [s for s in (steps[-1] for steps in per_rank_steps) if s.window is not None]
+        assert not last or last[0].closes_window, "the epoch's last step leaves its window open"
 
 
 def _first_gap(indices: list[int]) -> str:

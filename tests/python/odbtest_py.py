@@ -19,7 +19,9 @@ CTX = mp.get_context("fork")
 def step_record(step: "odb.Step") -> StepRecord:
     """The header fields of one step the loader yielded (a dummy IDLE step included)."""
     return StepRecord(index=step.step_index, idle=step.idle, weight=step.loss_weight, real_tokens=step.real_tokens,
-                      global_real_tokens=step.global_real_tokens, lengths=list(step.lengths), epoch=step.epoch)
+                      global_real_tokens=step.global_real_tokens, lengths=list(step.lengths), epoch=step.epoch,
+                      window=step.window, window_steps=step.window_steps, window_loss_tokens=step.window_loss_tokens,
+                      closes_window=step.closes_window, loss_tokens=step.loss_tokens)
 
 
 def with_dropped_idle(records: List[StepRecord], loader: "odb.OdbDataLoader") -> List[StepRecord]:

@@ -44,10 +44,12 @@ class SlowCorpus(torch.utils.data.Dataset):
         return self.inner[i]
 
 
-def _config(planner: str) -> dict:
-    # A small window, so an epoch takes many rounds (and a resume lands in the middle of one).
+def _config(planner: str, target: int = 0) -> dict:
+    # A small window, so an epoch takes many rounds (and a resume lands in the middle of one);
+    # target: optimizer.tokens_per_step (accumulation windows; 0 = none).
     return tiny_lm.daemon_config(max_tokens=128, grouping={"window": 12},
-                                 alignment={"planner": planner, "deterministic": True})
+                                 alignment={"planner": planner, "deterministic": True},
+                                 optimizer={"tokens_per_step": target})
 
 
 def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | None, checkpoint_at: int | None,
@@ -74,7 +76,8 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
         opt.zero_grad()
         loss.backward()
         opt.step()
-        steps.append([step.step_index, list(step.sample_ids), round(step.loss_weight, 12)])
+        steps.append([step.step_index, list(step.sample_ids), round(step.loss_weight, 12),
+                      [step.window_steps, step.closes_window, step.window_loss_tokens, step.window_short]])
         if checkpoint_at is not None and count == checkpoint_at:
             saved = {"state": loader.state_dict(), "steps": list(steps)}  # a collective: every rank
             Path(out.format(rank=rank)).write_text(json.dumps(saved))
@@ -84,9 +87,9 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
     return {"steps": steps}
 
 
-def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, **args) -> list:
+def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, target: int = 0, **args) -> list:
     run_dir = tmp / name
-    daemons = start_daemons(run_dir, world, job_id + name, _config(planner))
+    daemons = start_daemons(run_dir, world, job_id + name, _config(planner, target))
     try:
         results = run_ranks(_train, world, run_dir, timeout=300, **args)
     finally:
@@ -95,9 +98,9 @@ def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, **args) ->
 
 
 def _kill_after_checkpoint(tmp: Path, job_id: str, planner: str, world: int, checkpoint_at: int, then: int,
-                           delay_seed: int) -> list:
+                           delay_seed: int, target: int = 0) -> list:
     run_dir = tmp / "killed"
-    daemons = start_daemons(run_dir, world, job_id + "k", _config(planner))
+    daemons = start_daemons(run_dir, world, job_id + "k", _config(planner, target))
     try:
         run_until_preempted(_train, world, run_dir, 240, delay_seed=delay_seed, state=None,
                             checkpoint_at=checkpoint_at, then=then, out=str(tmp / "ckpt-{rank}.json"))
@@ -114,34 +117,41 @@ def test_worker_timing_does_not_change_the_steps(tmp_path, job_id, planner) -> N
     second = _run(tmp_path, "b", job_id, planner, 2, delay_seed=2, state=None, checkpoint_at=None, then=0, out="")
     for rank in range(2):
         assert first[rank] == second[rank], f"rank {rank}: the step sequence depends on the workers' timing"
-    trained = sorted(i for steps in first for _, ids, _ in steps for i in ids)
+    trained = sorted(i for steps in first for _, ids, _, _ in steps for i in ids)
     assert trained == list(range(N))
     assert len(first[0]) > 8, "the epoch should take many steps (and rounds)"
 
 
-@pytest.mark.parametrize("planner,seed", [("local", 11), ("global", 12)])
-def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed) -> None:
+@pytest.mark.parametrize("planner,seed,target", [("local", 11, 0), ("global", 12, 0), ("global", 13, 300)])
+def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed, target) -> None:
+    """With target: accumulation windows; a checkpoint inside a window resumes the same window (its
+    remaining micro-steps, their weights over the whole window, the same closing step)."""
     world = 2
-    reference = _run(tmp_path, "ref", job_id, planner, world, delay_seed=3, state=None, checkpoint_at=None,
-                     then=0, out="")
+    reference = _run(tmp_path, "ref", job_id, planner, world, target=target, delay_seed=3, state=None,
+                     checkpoint_at=None, then=0, out="")
+    if target:
+        windows = [w for _, _, _, w in reference[0]]
+        assert any(w[0] > 1 for w in windows), "no window of several micro-steps"
+        seed += next(k for k in range(100) if not windows[random.Random(seed + k).randrange(2, len(windows) - 4)][1])
     rng = random.Random(seed)
     checkpoint_at = rng.randrange(2, len(reference[0]) - 4)
     then = rng.randrange(0, 3)
-    saved = _kill_after_checkpoint(tmp_path, job_id, planner, world, checkpoint_at, then, delay_seed=4)
+    saved = _kill_after_checkpoint(tmp_path, job_id, planner, world, checkpoint_at, then, delay_seed=4,
+                                   target=target)
     state = saved[0]["state"]
     assert all(s["state"] == state for s in saved), "every rank saves the same (all-rank) state"
     assert state["replay"] is not None and state["replay"]["next_step"] == reference[0][checkpoint_at][0] + 1
     for rank in range(world):  # the killed run was the reference run up to its checkpoint
         assert saved[rank]["steps"] == reference[rank][:checkpoint_at + 1]
 
-    resumed = _run(tmp_path, "resumed", job_id, planner, world, delay_seed=5, state=state, checkpoint_at=None,
-                   then=0, out="")
+    resumed = _run(tmp_path, "resumed", job_id, planner, world, target=target, delay_seed=5, state=state,
+                   checkpoint_at=None, then=0, out="")
     for rank in range(world):
         assert resumed[rank] == reference[rank][checkpoint_at + 1:], (
             f"rank {rank}: after a checkpoint at step {checkpoint_at} the resumed steps differ from the "
             f"uninterrupted run's")
-    before = [i for s in saved for _, ids, _ in s["steps"] for i in ids]
-    after = [i for steps in resumed for _, ids, _ in steps for i in ids]
+    before = [i for s in saved for _, ids, _, _ in s["steps"] for i in ids]
+    after = [i for steps in resumed for _, ids, _, _ in steps for i in ids]
     assert sorted(before + after) == list(range(N)), "a sample missing or trained twice"
 
 

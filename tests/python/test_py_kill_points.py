@@ -25,18 +25,20 @@ KILL_POINTS = int(os.environ.get("ODB_KILL_POINTS", "20"))
 N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the epoch's tail
 
 
-@pytest.mark.parametrize("idle_policy,planner,deterministic", [
-    ("zero_step", "local", False),
-    ("zero_step", "global", False),
-    ("join", "local", False),
-    ("join", "global", False),
-    ("zero_step", "global", True),
+@pytest.mark.parametrize("idle_policy,planner,deterministic,target", [
+    ("zero_step", "local", False, 0),
+    ("zero_step", "global", False, 0),
+    ("join", "local", False, 0),
+    ("join", "global", False, 0),
+    ("zero_step", "global", True, 0),
+    ("zero_step", "global", False, 300),  # accumulation windows: open windows handed back, then killed
 ])
 def test_every_sample_exactly_once_across_many_kill_points(tmp_path, job_id, idle_policy, planner,
-                                                            deterministic) -> None:
-    rng = random.Random(f"{idle_policy}-{planner}-{deterministic}")
+                                                            deterministic, target) -> None:
+    rng = random.Random(f"{idle_policy}-{planner}-{deterministic}" + (f"-{target}" if target else ""))
     alignment = {"planner": planner, "deterministic": deterministic}
-    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 16}, alignment=alignment)
+    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 16}, alignment=alignment,
+                                   optimizer={"tokens_per_step": target})
     world = 2
     state = None
     trained: list = []

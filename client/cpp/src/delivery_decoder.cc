@@ -105,21 +105,14 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   }
   const wire::Step& st = message.step();
   d.kind = Delivery::Kind::kStep;
+#define ODB_GET_STEP_FIELD(type, name, dflt, doc) d.step.name = st.name();
+  ODB_STEP_FIELDS(ODB_GET_STEP_FIELD)
+#undef ODB_GET_STEP_FIELD
   d.step.epoch = st.epoch();
-  d.step.step_index = st.step_index();
-  d.step.idle = st.idle();
   d.step.sample_ids.assign(st.sample_ids().begin(), st.sample_ids().end());
   d.step.lengths.assign(st.lengths().begin(), st.lengths().end());
   d.step.owner_ranks.assign(st.owner_ranks().begin(), st.owner_ranks().end());
-  d.step.real_tokens = st.real_tokens();
-  d.step.padded_tokens = st.padded_tokens();
-  d.step.global_real_tokens = st.global_real_tokens();
-  d.step.loss_weight = st.loss_weight();
-  d.step.over_budget = st.over_budget();
   d.step.samples_may_move = st.samples_may_move();
-  d.step.round = st.round();
-  d.step.round_first_step = st.round_first_step();
-  d.step.round_steps = st.round_steps();
   d.step.deterministic = st.deterministic();
   d.step.rejections_are_errors = st.rejections_are_errors();
   for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));

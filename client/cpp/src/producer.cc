@@ -501,6 +501,7 @@ absl::Status Producer::Send(uint64_t sample_id, uint32_t epoch, const Lengths& l
   h->set_tokens(lengths.tokens);
   h->set_vision_patches(lengths.vision_patches);
   h->set_audio_frames(lengths.audio_frames);
+  if (lengths.loss_tokens) h->set_loss_tokens(*lengths.loss_tokens);
   if (seq) h->set_seq(*seq);
   if (impl_->arena) {
     const ProducerOptions& o = impl_->options;

@@ -85,7 +85,7 @@ int Produce(const ProduceArgs& a) {
       tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, BlobOf(ramp, id),
                          a.payload_bytes});
     }
-    if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0}, tensors); !s.ok()) {
+    if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0, std::nullopt}, tensors); !s.ok()) {
       std::fprintf(stderr, "odb_synth produce: %s\n", std::string(s.message()).c_str());
       return 1;
     }
@@ -106,7 +106,8 @@ struct ConsumeArgs {
   int slow_ms = 0, timeout_ms = 60000;
   bool packed = false, quiet = false;
   // Adds "step_records" to each epoch's JSON: one [step_index, idle,
-  // loss_weight, real_tokens, global_real_tokens, [lengths]] per step, in
+  // loss_weight, real_tokens, global_real_tokens, [lengths], [window,
+  // window_steps, window_loss_tokens, closes_window, loss_tokens]] per step, in
   // arrival order, so a test can check every step across ranks.
   bool step_records = false;
   int rank = -1;  // when set, count samples whose payload came from another rank
@@ -214,7 +215,10 @@ int Consume(const ConsumeArgs& a) {
         for (size_t i = 0; i < st.lengths.size(); ++i) {
           records += (i ? "," : "") + std::to_string(st.lengths[i]);
         }
-        records += "]]";
+        // The accumulation window: [window, window_steps, window_loss_tokens, closes_window, loss_tokens].
+        std::snprintf(head, sizeof(head), "], [%lu, %u, %lu, %s, %lu]]", st.window, st.window_steps,
+                      st.window_loss_tokens, st.closes_window ? "true" : "false", st.loss_tokens);
+        records += head;
       }
       if (st.idle) {
         ++idle;

@@ -34,7 +34,7 @@ else:
 _LAZY: Dict[str, str] = {
     "IDLE_POLICIES": "loader", "OdbDataLoader": "loader", "OdbWorkerError": "loader", "Step": "loader",
     "encode_sample": "loader", "weighted_cross_entropy": "loss", "weighted_loss": "loss",
-    "report": "epoch_report",
+    "report": "epoch_report", "window_loss": "loss", "window_sync": "loss",
 }
 _LAZY_MODULES = ("loader", "loss", "phases", "top", "cli")
 
@@ -64,5 +64,5 @@ def __dir__() -> List[str]:
 __all__ = [
     "Consumer", "DaemonProcess", "Delivery", "Endpoints", "IDLE_POLICIES", "OdbDataLoader", "OdbError", "OdbTimeout",
     "OdbWorkerError", "Producer", "Rejection", "Step", "StepInfo", "check_reachable", "encode_sample", "endpoints",
-    "find_odbd", "spawn_daemon", "weighted_cross_entropy", "weighted_loss",
+    "find_odbd", "spawn_daemon", "weighted_cross_entropy", "weighted_loss", "window_loss", "window_sync",
 ]

@@ -61,17 +61,20 @@ class StepInfo:
     def owner_ranks(self) -> List[int]:
         """Rank that received each sample."""
     @property
-    def real_tokens(self) -> int: ...
+    def real_tokens(self) -> int:
+        """This rank's tokens in the step."""
     @property
-    def padded_tokens(self) -> int: ...
+    def padded_tokens(self) -> int:
+        """What this rank computes on (the cost model)."""
     @property
     def global_real_tokens(self) -> int:
-        """T_tok: all ranks' real tokens."""
+        """T_tok: all ranks' real tokens of this step."""
     @property
     def loss_weight(self) -> float:
-        """W * t_r / T_tok; 0 when idle."""
+        """W * loss_tokens / window_loss_tokens (per step without windows); 0 when idle."""
     @property
-    def over_budget(self) -> bool: ...
+    def over_budget(self) -> bool:
+        """A lone sample that fit no budget."""
     @property
     def samples_may_move(self) -> bool: ...
     @property
@@ -91,6 +94,27 @@ class StepInfo:
     @property
     def deterministic(self) -> bool:
         """The daemon runs alignment.deterministic."""
+    @property
+    def loss_tokens(self) -> int:
+        """This rank's loss-bearing tokens (labels not ignored; real_tokens if unknown)."""
+    @property
+    def window(self) -> int:
+        """The accumulation window (optimizer step) of the epoch this step belongs to."""
+    @property
+    def window_steps(self) -> int:
+        """Micro-steps in that window, the same on every rank."""
+    @property
+    def window_loss_tokens(self) -> int:
+        """All ranks' loss tokens over the whole window."""
+    @property
+    def closes_window(self) -> bool:
+        """The last micro-step of its window: run the optimizer after it."""
+    @property
+    def window_short(self) -> bool:
+        """The epoch ended before the window reached its target."""
+    @property
+    def window_target(self) -> int:
+        """The daemon's optimizer.tokens_per_step (0: every step is a window)."""
     @property
     def enc_sample_ids(self) -> List[int]: ...
     @property
@@ -158,10 +182,10 @@ class Producer:
     # position in this rank's list for the epoch (required by alignment.deterministic).
     @overload
     def send(self, sample_id: int, epoch: int, tokens: int, vision_patches: int, audio_frames: int,
-             tensors: Sequence[_TensorInput], seq: Optional[int] = None) -> None: ...
+             tensors: Sequence[_TensorInput], seq: Optional[int] = None, loss_tokens: Optional[int] = None) -> None: ...
     @overload
     def send(self, sample_id: int, epoch: int, tokens: int, *, vision_patches: int = 0, audio_frames: int = 0,
-             tensors: Sequence[_TensorInput], seq: Optional[int] = None) -> None: ...
+             tensors: Sequence[_TensorInput], seq: Optional[int] = None, loss_tokens: Optional[int] = None) -> None: ...
     def end_stream(self, epoch: int) -> None: ...
     def cancel(self) -> None:
         """Makes a blocked send/end_stream raise within ~100 ms (callable from another thread)."""

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -76,7 +76,7 @@ def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
     return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
 
 # Sample keys that carry lengths, not tensors.
-_LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames")
+_LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames", "loss_tokens")
 
 
 class OdbWorkerError(native().OdbError):  # type: ignore[misc]
@@ -129,6 +129,22 @@ def encode_sample(sample: Mapping[str, Any],
         tokens = meta.get("tokens", ids[2][0] if ids[2] else 1)
         lengths = (int(tokens), meta.get("vision_patches", 0), meta.get("audio_frames", 0))
     return lengths, tensors  # type: ignore[return-value]
+
+
+def sample_loss_tokens(sample: Mapping[str, Any], labels: Optional[str], ignore_index: int = -100) -> Optional[int]:
+    """A sample's loss-bearing tokens: an int "loss_tokens" entry, else (``labels`` named) the positions of
+    that tensor not equal to ``ignore_index`` (prompt-masked SFT), else None (every token bears loss)."""
+    given = sample.get("loss_tokens")
+    if isinstance(given, (int, np.integer)):
+        return int(given)
+    if labels is None:
+        return None
+    if labels not in sample:
+        raise ValueError(f"loss_tokens_from={labels!r}: the sample has no such field (keys {sorted(sample)})")
+    value = sample[labels]
+    if isinstance(value, torch.Tensor):
+        return int((value != ignore_index).sum().item())
+    return int((np.asarray(value) != ignore_index).sum())
 
 
 class Progress:
@@ -198,7 +214,10 @@ class _SendStream(IterableDataset):
 
     def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
                  lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
-                 stop: Any, data_plane: str = "auto") -> None:
+                 stop: Any, data_plane: str = "auto", loss_tokens_from: Optional[str] = None,
+                 ignore_index: int = -100) -> None:
+        self.loss_tokens_from = loss_tokens_from
+        self.ignore_index = ignore_index
         self.dataset = dataset
         self.indices = list(indices)
         self.epoch = epoch
@@ -249,8 +268,10 @@ class _SendStream(IterableDataset):
             index = self.indices[position]
             sample = self.dataset[index]
             lengths, tensors = encode_sample(sample, self.lengths_fn)
+            loss_tokens = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
             try:
-                producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position)
+                producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position,
+                              loss_tokens=loss_tokens)
             except native().OdbError:
                 if stopped.is_set():
                     return
@@ -267,6 +288,9 @@ class _SendStream(IterableDataset):
 
 def _null_collate(item: Any) -> Any:
     return item
+
+
+_MISSING = object()
 
 
 @dataclass
@@ -295,10 +319,38 @@ class Step:
     # r.producer_id, r.message (r["code"] works too)
     rejections: List[Any] = field(default_factory=list)
     _delivery: Any = None
+    # Accumulation windows (optimizer.tokens_per_step, docs/python.md): this
+    # rank's loss tokens, the window (optimizer step) this micro-step belongs
+    # to, its micro-step count (the same on every rank), all ranks' loss tokens
+    # over it, whether this step closes it (run the optimizer after it) and
+    # whether the epoch ended it short. Without windows every step closes its own.
+    loss_tokens: int = 0
+    window: int = 0
+    window_steps: int = 1
+    window_loss_tokens: int = 0
+    closes_window: bool = True
+    window_short: bool = False
+    window_target: int = 0
+
+    @classmethod
+    def from_header(cls, info: Any, batch: Dict[str, torch.Tensor], **overrides: Any) -> "Step":
+        """The step of a daemon header (StepInfo): every field of Step named like a header field is copied
+        from it (the one place Python lists a step's fields is this dataclass), then ``overrides``."""
+        values: Dict[str, Any] = {"dummy": False}
+        for f in fields(cls):
+            if f.name.startswith("_") or f.name in ("batch", "dummy") or f.name in overrides:
+                continue
+            value = info.get(f.name, _MISSING)
+            if value is _MISSING:
+                continue  # a header without the field (an older test double): the dataclass default
+            values[f.name] = list(value) if isinstance(value, (list, tuple)) else value
+        values.update(overrides)
+        return cls(batch=batch, **values)
 
     def weighted_loss(self, per_token_loss: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """:func:`odb.weighted_loss` with this step's weight and token count."""
-        return weighted_loss(per_token_loss, self.loss_weight, self.real_tokens, mask)
+        """:func:`odb.weighted_loss` with this step's weight and loss token count (its window's share of the
+        loss with accumulation windows; per_token_loss must be 0 where labels are ignored)."""
+        return weighted_loss(per_token_loss, self.loss_weight, self.loss_tokens or self.real_tokens, mask)
 
     def frame_address(self, name: str) -> int:
         """Address of the received bytes behind ``batch[name]`` (zero-copy check): the ZeroMQ frame, or with
@@ -387,7 +439,17 @@ class OdbDataLoader:
                  multiprocessing_context: Any = None, timeout_s: float = 120.0, poll_ms: int = 200,
                  send_timeout_ms: int = 120000, progress_every: int = 16,
                  pin_memory: bool = False, progress: Optional[bool] = None,
-                 summary_dir: Optional[str] = None, data_plane: str = "auto") -> None:
+                 summary_dir: Optional[str] = None, data_plane: str = "auto",
+                 tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
+                 ignore_index: int = -100) -> None:
+        if tokens_per_optimizer_step is not None and int(tokens_per_optimizer_step) < 0:
+            raise ValueError(f"tokens_per_optimizer_step must be >= 0, got {tokens_per_optimizer_step}")
+        # The optimizer batch in loss tokens over all ranks: the daemons cut the steps into windows of it
+        # (optimizer.tokens_per_step in odbd's config, the same on every rank); the loader checks that
+        # the daemon runs this target. None: whatever the daemon runs.
+        self.tokens_per_optimizer_step = None if tokens_per_optimizer_step is None else int(tokens_per_optimizer_step)
+        self.loss_tokens_from = loss_tokens_from
+        self.ignore_index = ignore_index
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
         if data_plane not in DATA_PLANES:
@@ -685,7 +747,8 @@ class OdbDataLoader:
                 context = multiprocessing.get_context(context)
             worker_stop, wake_workers = context.Pipe(duplex=False)
         stream = _SendStream(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, self.lengths_fn,
-                             self.send_timeout_ms, self.progress_every, worker_stop, self.data_plane)
+                             self.send_timeout_ms, self.progress_every, worker_stop, self.data_plane,
+                             self.loss_tokens_from, self.ignore_index)
         generator = torch.Generator()
         generator.manual_seed(self.seed * 1000003 + epoch)
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
@@ -745,6 +808,7 @@ class OdbDataLoader:
                     progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"])
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
+                self._check_window_target(info)
                 accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
                 if info["step_index"] < skip_below:
                     # Replayed round of a deterministic resume: this step was
@@ -777,18 +841,23 @@ class OdbDataLoader:
                     # pin_memory): the received step's memory goes back now.
                     batch = {k: v.pin_memory() for k, v in batch.items()}
                     delivery = None
-                yield Step(epoch=info["epoch"], step_index=info["step_index"], batch=batch,
-                           loss_weight=info["loss_weight"], idle=False, dummy=False,
-                           sample_ids=list(info["sample_ids"]), lengths=list(info["lengths"]),
-                           real_tokens=info["real_tokens"], padded_tokens=info["padded_tokens"],
-                           global_real_tokens=info["global_real_tokens"], rejections=info["rejections"],
-                           _delivery=delivery)
+                yield Step.from_header(info, batch, _delivery=delivery)
             pump.join(timeout=self.timeout_s)
             pump.raise_if_failed()
         finally:
             pump.close()
             if progress is not None:
                 progress.close()
+
+    def _check_window_target(self, info: Any) -> None:
+        want = self.tokens_per_optimizer_step
+        if want is None or int(info["window_target"]) == want:
+            return
+        raise native().OdbError(
+            f"odb: OdbDataLoader(tokens_per_optimizer_step={want}) but the daemon at {self.trainer_endpoint} runs "
+            f"optimizer.tokens_per_step: {int(info['window_target'])}: start odbd with optimizer: "
+            f"{{tokens_per_step: {want}}} on every rank (odb.spawn_daemon(config={{'optimizer': "
+            f"{{'tokens_per_step': {want}}}}}))")
 
     def _record(self, epoch: int, info: Any) -> None:
         """One step record for odb.report (summary_dir set)."""
@@ -896,9 +965,9 @@ class OdbDataLoader:
 
     # ----- dummy steps ---------------------------------------------------------
     def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int]) -> Step:
-        return Step(epoch=info["epoch"], step_index=info["step_index"], batch=self.dummy_batch(indices),
-                    loss_weight=0.0, idle=True, dummy=True, sample_ids=[], lengths=[], real_tokens=0,
-                    padded_tokens=0, global_real_tokens=info["global_real_tokens"], rejections=[])
+        return Step.from_header(info, self.dummy_batch(indices), loss_weight=0.0, idle=True, dummy=True,
+                                sample_ids=[], lengths=[], real_tokens=0, padded_tokens=0, loss_tokens=0,
+                                rejections=[])
 
     def dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
         """A one-sample batch for IDLE steps (same field names as real batches)."""

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "odb/types.h"
+#include "proto/step_fields.h"
 
 namespace odb::client {
 
@@ -31,22 +32,14 @@ struct Rejection {
   std::string message;
 };
 
-struct StepInfo {
+// A step's header: the planned fields (proto/step_fields.h: step_index,
+// idle, real_tokens, loss_weight, the window fields, ...) and these.
+struct StepInfo : StepHeader {
   uint32_t epoch = 0;
-  uint64_t step_index = 0;
-  bool idle = false;
   std::vector<uint64_t> sample_ids;
   std::vector<uint32_t> lengths;
   std::vector<int32_t> owner_ranks;
-  uint64_t real_tokens = 0;
-  uint64_t padded_tokens = 0;
-  uint64_t global_real_tokens = 0;
-  double loss_weight = 0.0;
-  bool over_budget = false;
   bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
-  uint64_t round = 0;             // the planning round of this step
-  uint64_t round_first_step = 0;  // that round's first step index
-  uint32_t round_steps = 0;       // that round's step count
   bool deterministic = false;     // the daemon runs alignment.deterministic
   std::vector<Rejection> rejections;
   bool rejections_are_errors = false;

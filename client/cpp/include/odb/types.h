@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct Lengths {
   uint32_t tokens = 0;  // LLM tokens after all preprocessing (> 0)
   uint32_t vision_patches = 0;
   uint32_t audio_frames = 0;
+  // Loss-bearing tokens (labels not equal to the ignore index), <= tokens;
+  // unset: every token bears loss.
+  std::optional<uint32_t> loss_tokens;
 };
 
 // One tensor of a sample to send; bytes are read during Send only.

@@ -1,0 +1,65 @@
+#ifndef ODB_ALIGN_WINDOW_H_
+#define ODB_ALIGN_WINDOW_H_
+
+#include <cstdint>
+
+#include "src/align/planner.h"
+
+namespace odb::align {
+
+// Accumulation windows (optimizer.tokens_per_step; docs/alignment.md,
+// "Accumulation windows"): a round's aligned steps are grouped into windows of
+// about `tokens_per_step` loss tokens over all ranks; each window is one
+// optimizer step. Everything here is a pure function of the gathered plan and
+// of the window state, which every rank updates identically: every rank cuts
+// the same windows, so every rank runs the same number of micro-steps in each.
+//
+// A window closes at the step boundary nearest to the target; when the step
+// that would cross it is large, that step is split (on every rank at once,
+// each rank giving the same share of its loss tokens) so that the first part
+// ends the window near the target: a micro-step never grows, so each stays
+// within the memory budget. A boundary more than 10% over the target is taken
+// only when nothing else is possible (one sample per rank over it). Windows
+// depend on the round's plan alone (no state carried from earlier windows), so
+// a reproducible epoch resumed at a round cuts the same windows again.
+//
+// Weights are exact over the window: rank r's weight at a micro-step is
+// W * loss_tokens_r / window_loss_tokens (0 for IDLE), so the sum over the
+// window's micro-steps and ranks is W, and with DDP's average over W the
+// accumulated gradient is the mean over every loss token of the window.
+// Hence a window's steps go out only once the window is complete: the steps
+// of a window that is still open at the end of a round go back (their samples
+// stay pending and are planned again next round, with whatever arrived since),
+// unless the epoch ends with this round or the open window came back
+// kMaxHeldRounds times without growing (a planner window too small for the
+// target, full buffers, stalled producers): then it closes short and says so.
+// Held windows bound nothing new: their samples stay in the daemon's buffer.
+struct WindowState {
+  uint64_t next_window = 0;  // index in the epoch of the next window to close
+  // The open window a round handed back: its loss tokens, and how many
+  // consecutive rounds it came back without growing or closing a window.
+  uint64_t held_tokens = 0;
+  uint32_t held_rounds = 0;
+};
+
+// Rounds an open window may come back without growing before it closes short.
+inline constexpr uint32_t kMaxHeldRounds = 4;
+
+struct WindowConfig {
+  uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
+  grouping::CostModel cost_model = grouping::CostModel::kPadded;
+};
+
+// A sample's loss-bearing tokens: its labels not equal to the ignore index
+// when the producer said so, else all its tokens.
+uint64_t LossTokensOf(const SampleMeta& sample);
+
+// Cuts `plan` (as the planner made it, every rank's steps) into windows:
+// splits steps that end windows, drops the steps of a window that must wait
+// for the next round (their samples go to their owners' keep_pending), and
+// sets every step's loss_tokens, loss_weight and window fields.
+void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows);
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_WINDOW_H_
