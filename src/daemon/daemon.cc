@@ -249,6 +249,7 @@ void Daemon::PlannerLoop() {
           std::tie(first_round, first_step) = it->second;
           state_.resume_points.erase(it);
         }
+        DropEpochsBefore(*state_.current_epoch);
         runner_->StartEpoch(*state_.current_epoch, first_round, first_step);
         last_round = std::chrono::steady_clock::now();
       }
@@ -265,6 +266,27 @@ void Daemon::PlannerLoop() {
       return;
     }
     Wake();  // steps are queued: the I/O loop sends them
+  }
+}
+
+void Daemon::DropEpochsBefore(uint32_t epoch) {
+  // Samples of an earlier epoch that the trainer skipped (producers started
+  // before the trainer said where a resumed job stands) would hold buffer
+  // room forever; they go, each one reported, and the epoch is closed so that
+  // its producers are told it ended.
+  for (uint32_t skipped : state_.tracker.OpenEpochsBefore(epoch)) {
+    std::vector<Sample> dropped = state_.buffer.CloseEpoch(skipped);
+    state_.tracker.CloseEpoch(skipped);
+    state_.epoch_received.erase(skipped);
+    state_.epoch_totals.erase(skipped);
+    const uint64_t rejected = state_.rejections.TakeEpoch(skipped).count;
+    std::string ids;
+    for (size_t i = 0; i < dropped.size() && i < 20; ++i) ids += (i ? "," : "") + std::to_string(dropped[i].meta.id);
+    if (dropped.size() > 20) ids += ",...";
+    spdlog::warn(
+        "epoch {} is not trained: the trainer started epoch {} after it; its {} buffered sample(s) [{}] "
+        "are dropped ({} rejection(s) of it were not reported in a summary)",
+        skipped, epoch, dropped.size(), ids, rejected);
   }
 }
 

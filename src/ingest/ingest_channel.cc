@@ -14,8 +14,9 @@ namespace {
 constexpr size_t kBurst = 256;                 // messages per OnReadable (the trainer is never starved)
 constexpr size_t kMaxConnections = 4096;       // producer connections tracked at once
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than this is refused by ZeroMQ
-// Samples are buffered for at most this many epochs past the first open one;
-// a later epoch is refused (each buffered epoch costs bookkeeping).
+// Samples are held for at most this many epochs past the trainer's (or,
+// before the trainer asks for one, past the lowest one that producers send):
+// a later epoch is refused, since each held epoch costs bookkeeping.
 constexpr uint32_t kEpochHorizon = 4;
 
 // What an arena sample is charged: its tensors' lengths as sent, plus the
@@ -30,6 +31,16 @@ uint64_t ArenaPayloadBytes(const wire::SampleHeader& header) {
     }
   }
   return total;
+}
+
+// The lowest epoch the trainer is training or has asked for; nullopt before
+// it asks (and between its epochs). Requires DaemonState::mu.
+std::optional<uint32_t> TrainerEpoch(const DaemonState& state) {
+  std::optional<uint32_t> epoch = state.current_epoch;
+  for (uint32_t e : state.requested_epochs) {
+    if (!epoch || e < *epoch) epoch = e;
+  }
+  return epoch;
 }
 
 wire::IngestReply NewReply() {
@@ -233,6 +244,58 @@ void IngestChannel::OnReadable(size_t i) {
   GrantCredits();
 }
 
+std::optional<std::string> IngestChannel::EpochRefusal(uint32_t epoch) const {
+  const std::string e = "epoch " + std::to_string(epoch);
+  // A closed epoch is the tracker's to judge (already ended, or late for a
+  // Non-Join closure).
+  if (state_.tracker.IsClosed(epoch)) return std::nullopt;
+  if (const std::optional<uint32_t> trainer = TrainerEpoch(state_)) {
+    // The trainer decides where the job is, also on a fresh daemon after a
+    // resume: its epoch, not epoch 0, is where the held epochs start.
+    if (epoch < *trainer) {
+      return e + " is before epoch " + std::to_string(*trainer) +
+             ", the one the trainer trains now; it will not be trained: send the trainer's epoch";
+    }
+    if (epoch - *trainer > kEpochHorizon) {
+      return e + " is more than " + std::to_string(kEpochHorizon) + " epochs after epoch " +
+             std::to_string(*trainer) + ", the one the trainer trains now; send epochs in order";
+    }
+    return std::nullopt;
+  }
+  const uint32_t first_open = state_.tracker.FirstOpenEpoch();
+  if (epoch < first_open) {
+    return e + " is before epoch " + std::to_string(first_open) +
+           ", the first one this daemon has not closed; it will not be trained";
+  }
+  // Before the trainer asks (the producers of a resumed job may start first,
+  // at any epoch): at most kEpochHorizon + 1 neighbouring epochs are held.
+  if (const auto range = state_.tracker.OpenEpochRange()) {
+    const uint32_t lo = std::min(range->first, epoch), hi = std::max(range->second, epoch);
+    if (hi - lo > kEpochHorizon) {
+      return e + " is more than " + std::to_string(kEpochHorizon) + " epochs away from epoch " +
+             std::to_string(epoch == lo ? range->second : range->first) +
+             ", which producers already send (the trainer has not asked for an epoch yet); send epochs in order";
+    }
+  }
+  return std::nullopt;
+}
+
+void IngestChannel::RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id,
+                                        const std::string& why) {
+  // Counted as sent in the producer's stream (its end_stream then agrees),
+  // and filed under the trainer's epoch when there is one: its summary says
+  // why its samples did not come.
+  state_.tracker.NoteRefused(producer_id, epoch);
+  const std::optional<uint32_t> trainer = TrainerEpoch(state_);
+  const auto range = state_.tracker.OpenEpochRange();
+  const uint32_t filed = trainer ? *trainer : range ? range->first : state_.tracker.FirstOpenEpoch();
+  Reject(MakeReject(wire::WRONG_EPOCH,
+                    "sample " + std::to_string(id) + " from producer '" + producer_id + "' refused: " + why,
+                    producer_id, &id)
+             .rejection,
+         filed, true);
+}
+
 void IngestChannel::Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
   RejectionLog::Truncate(rejection);
   const uint32_t e = epoch.value_or(state_.current_epoch.value_or(0));
@@ -276,7 +339,22 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
   } else if (std::get_if<StartEpochEvent>(&event)) {
     // Producers announce epochs for logging only; the trainer decides the order.
   } else if (auto* end = std::get_if<EndStreamEvent>(&event)) {
-    auto r = state_.tracker.OnEndStream(end->producer_id, end->epoch, end->samples_sent);
+    std::optional<wire::Rejection> r;
+    if (std::optional<std::string> why = EpochRefusal(end->epoch)) {
+      // Not a count mismatch: the stream's epoch is not one the daemon holds,
+      // and that is what the producer is told.
+      const uint64_t refused = state_.tracker.Refused(end->producer_id, end->epoch);
+      r = MakeReject(wire::WRONG_EPOCH,
+                     "end_stream of producer '" + end->producer_id + "' refused: " + *why +
+                         (refused > 0 ? " (" + std::to_string(refused) + " of its " +
+                                            std::to_string(end->samples_sent) +
+                                            " samples of that epoch were refused for this reason)"
+                                      : std::string()),
+                     end->producer_id)
+              .rejection;
+    } else {
+      r = state_.tracker.OnEndStream(end->producer_id, end->epoch, end->samples_sent);
+    }
     wire::IngestReply reply = NewReply();
     if (r) {
       *reply.mutable_rejection() = *r;
@@ -300,12 +378,16 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     if (reject->has_epoch) epoch = reject->epoch;
     const bool is_sample = reject->rejection.has_sample_id() || charged_bytes > 0;
     if (reject->rejection.has_sample_id() && reject->has_epoch) {
-      // Count it against the producer's stream so end_stream totals still match.
-      state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
-      // Its place in the order is taken: a deterministic rank does not wait for it.
-      if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
-          reject->epoch <= state_.tracker.FirstOpenEpoch() + kEpochHorizon) {
-        state_.buffer.NoteSeq(reject->epoch, *reject->seq);
+      // Count it against the producer's stream so end_stream totals still match
+      // (without opening bookkeeping for an epoch the daemon does not hold).
+      if (EpochRefusal(reject->epoch)) {
+        state_.tracker.NoteRefused(reject->rejection.producer_id(), reject->epoch);
+      } else {
+        state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
+        // Its place in the order is taken: a deterministic rank does not wait for it.
+        if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
+          state_.buffer.NoteSeq(reject->epoch, *reject->seq);
+        }
       }
     }
     Reject(std::move(reject->rejection), epoch, is_sample);
@@ -324,16 +406,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
       return;
     }
     const uint32_t first_open = state_.tracker.FirstOpenEpoch();
-    if (epoch > first_open + kEpochHorizon) {
-      const uint64_t id = sample.meta.id;
-      Reject(MakeReject(wire::WRONG_EPOCH,
-                        "sample " + std::to_string(id) + " from producer '" + sample.producer_id +
-                            "' belongs to epoch " + std::to_string(epoch) + ", more than " +
-                            std::to_string(kEpochHorizon) + " epochs after the first open one (" +
-                            std::to_string(first_open) + "); send epochs in order",
-                        sample.producer_id, &id)
-                 .rejection,
-             epoch, true);
+    if (std::optional<std::string> why = EpochRefusal(epoch)) {
+      RefuseOutsideEpochs(sample.producer_id, epoch, sample.meta.id, *why);
       return;
     }
     if (config_.deterministic && !state_.tracker.IsClosed(epoch)) {
@@ -369,7 +443,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     }
     auto schema = schemas_.find(epoch);
     if (schema == schemas_.end()) {
-      std::erase_if(schemas_, [&](const auto& entry) { return entry.first < first_open; });
+      const uint32_t oldest = TrainerEpoch(state_).value_or(first_open);
+      std::erase_if(schemas_, [&](const auto& entry) { return entry.first < oldest; });
       collate::CollateOptions options = config_.collate;
       // Per-phase plans batch the encoder fields apart (never packed).
       if (config_.phase_plans) options.packed = false;
@@ -608,13 +683,21 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   for (const auto& p : active) open += (open.empty() ? "" : ", ") + p;
   const size_t expected = state_.expected_producers;
   const size_t silent = expected > ended + active.size() ? expected - ended - active.size() : 0;
+  // Input refused for this epoch (e.g. samples of an epoch the trainer does
+  // not train) is often why its streams never complete.
+  const uint64_t refused = state_.rejections.Count(epoch);
+  const std::string rejected =
+      refused == 0 ? std::string()
+                   : "; " + std::to_string(refused) +
+                         " input(s) were rejected during this epoch (the rejections and the daemon's log say why)";
   return "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
          " ms while epoch " + std::to_string(epoch) + "'s input is incomplete: " + std::to_string(ended) +
          " of " + std::to_string(expected) + " expected producer(s) ended their stream; " +
          (open.empty() ? std::string("no stream is open")
                        : "open streams (samples sent, no end_stream): " + open) +
          "; " + std::to_string(silent) + " expected producer(s) sent nothing of epoch " +
-         std::to_string(epoch) + " yet. A data worker probably died or hangs (emit.producer_timeout_ms)";
+         std::to_string(epoch) + " yet" + rejected +
+         ". A data worker probably died or hangs (emit.producer_timeout_ms)";
 }
 
 }  // namespace odb::ingest

@@ -100,6 +100,12 @@ class IngestChannel {
   void Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
              std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
   void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);  // requires mu
+  // Why input of `epoch` is not held now (nullopt: it is): before the
+  // trainer's epoch, too far after it, or (before the trainer asks) too far
+  // from the epochs producers already send. Requires mu.
+  std::optional<std::string> EpochRefusal(uint32_t epoch) const;
+  // Refuses a sample for EpochRefusal's reason `why`. Requires mu.
+  void RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id, const std::string& why);
   // False when the producer is gone (its credit then returns to the buffer).
   bool Reply(Conn& conn, const wire::IngestReply& reply);
   uint64_t WindowBytes() const;

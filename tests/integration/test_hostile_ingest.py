@@ -1,0 +1,111 @@
+"""The producers' side of the daemon tried as a hostile user would (issue 18): epochs
+admitted relative to what the trainer asked for, credit that idle producers cannot pin,
+stalls that name their cause, oversized samples and unusable configs. Each test is one
+class of fault; real odbd processes, real sockets."""
+from __future__ import annotations
+
+import struct
+import subprocess
+import time
+
+import zmq
+
+from odbtest import SYNTH, Daemon, consume, epochs, finish, produce
+from rawproducer import RawProducer
+
+import odb_pb2
+
+
+def raw_sample(pid: str, sid: int, tokens: int, epoch: int = 0, blob: bytes | None = None):
+    m = odb_pb2.ProducerMessage(version=1)
+    s = m.sample
+    s.producer_id, s.sample_id, s.epoch, s.tokens = pid, sid, epoch, tokens
+    t = s.tensors.add(name="input_ids", dtype=odb_pb2.INT64, frame=1)
+    t.shape.append(tokens)
+    frames = [struct.pack(f"<{tokens}q", *[(sid * 7 + j) % 50257 for j in range(tokens)])]
+    if blob is not None:
+        b = s.tensors.add(name="blob", dtype=odb_pb2.UINT8, frame=2)
+        b.shape.append(len(blob))
+        frames.append(blob)
+    return m, frames
+
+
+def rejection_codes(epoch: dict) -> set[str]:
+    return {code for code, _ in epoch["rejection_codes"]}
+
+
+# ----------------------------------------------------------------- finding 1: epochs
+
+
+def test_a_fresh_daemon_trains_the_epoch_a_resumed_trainer_asks_for(tmp_path):
+    """A job resumed in epoch 7 on a fresh daemon: its samples are the trainer's epoch, not
+    'more than 4 epochs after epoch 0'. Both orders: trainer first, and producer first
+    (DataLoader workers may start before the trainer's StartEpoch reaches the daemon)."""
+    d = Daemon(tmp_path)
+    try:
+        d.wait_ready()
+        c = consume(d.trainer, expected_producers=1, extra=["--first-epoch", "7"])
+        d.wait_log("trainer started epoch 7")
+        p = produce(d.ingest, "p", 100, seed=1, extra=["--epoch", "7", "--max-len", "64"])
+        rc, _, err = finish(p)
+        assert rc == 0, err
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert e["epoch"] == 7 and e["unique_ids"] == 100 and e["summary_rejected"] == 0, e
+
+        # The producer first: epoch 8 starts arriving before the trainer asks for it.
+        p = produce(d.ingest, "q", 60, seed=2, id_offset=1000, extra=["--epoch", "8", "--max-len", "64"])
+        rc, _, err = finish(p)
+        assert rc == 0, err
+        c = consume(d.trainer, expected_producers=1, extra=["--first-epoch", "8"])
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert e["epoch"] == 8 and e["unique_ids"] == 60 and e["summary_rejected"] == 0, e
+    finally:
+        d.stop()
+
+
+def test_samples_of_an_epoch_the_trainer_does_not_train_are_refused_with_the_true_cause(tmp_path):
+    """The trainer trains epoch 7, a producer sends epoch 0: every sample is refused naming both
+    epochs, the trainer's epoch reports them (never a silently empty epoch), and the producer's
+    end of stream is refused for that reason, not as a misleading COUNT_MISMATCH."""
+    d = Daemon(tmp_path, config="emit: {producer_timeout_ms: 1500}\n")
+    try:
+        d.wait_ready()
+        c = consume(d.trainer, expected_producers=1, extra=["--first-epoch", "7"])
+        d.wait_log("trainer started epoch 7")
+        p = produce(d.ingest, "old", 30, seed=1, extra=["--epoch", "0", "--max-len", "64"])
+        rc, _, err = finish(p)
+        assert rc != 0
+        assert "WRONG_EPOCH" in err and "COUNT_MISMATCH" not in err, err
+        assert "epoch 0 is before epoch 7" in err and "30 of its 30 samples" in err, err
+        # The trainer's epoch cannot end (its producer never sends it): a PRODUCER_TIMEOUT that
+        # says input of another epoch was refused.
+        rc, out, err = finish(c)
+        assert rc != 0
+        assert "PRODUCER_TIMEOUT" in err and "rejected" in err, err
+    finally:
+        d.stop()
+
+
+def test_epochs_far_apart_are_refused_before_the_trainer_asks_and_streams_stay_countable(tmp_path):
+    """Before the trainer asks for an epoch, producers may send any epoch, but not epochs more
+    than 4 apart (bounded bookkeeping); the far one is refused with its reason, its end of
+    stream says so, and the near one trains whole."""
+    d = Daemon(tmp_path)
+    try:
+        d.wait_ready()
+        ok = produce(d.ingest, "near", 40, seed=1, extra=["--epoch", "3", "--max-len", "64"])
+        assert finish(ok)[0] == 0
+        far = produce(d.ingest, "far", 10, seed=2, id_offset=500, extra=["--epoch", "9", "--max-len", "64"])
+        rc, _, err = finish(far)
+        assert rc != 0 and "WRONG_EPOCH" in err and "more than 4 epochs away from epoch 3" in err, err
+        c = consume(d.trainer, expected_producers=1, extra=["--first-epoch", "3"])
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert e["unique_ids"] == 40, e
+    finally:
+        d.stop()
