@@ -240,7 +240,7 @@ void IngestChannel::OnReadable(size_t i) {
   for (auto& [conn, reply] : replies) {
     if (!Reply(*conn, reply)) gone.push_back({conn->socket, conn->routing_id});
   }
-  for (const ConnKey& key : gone) conns_.erase(key);
+  for (const ConnKey& key : gone) Forget(key);
   GrantCredits();
 }
 
@@ -566,6 +566,18 @@ void IngestChannel::GrantCredits() {
         continue;
       }
     }
+    // Every quiet connection is probed, also one that waits for room: a
+    // producer that died while the buffer was full holds no credit, and
+    // unless it is found gone its silence is taken for the daemon's own
+    // back-pressure (CheckSilence) and the stall never gets a name.
+    if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
+      wire::IngestReply ping = NewReply();
+      ping.mutable_credit();
+      if (!Reply(conn, ping)) {
+        gone.push_back(key);
+        continue;
+      }
+    }
     const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
     const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;
@@ -574,14 +586,7 @@ void IngestChannel::GrantCredits() {
     // which for small samples was one message per sample each way.
     const bool low = 2 * need_bytes >= target || 2 * need_samples >= static_cast<int64_t>(window_samples_) ||
                      conn.credit_samples <= 0 || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
-    if (!low || (need_bytes <= 0 && need_samples <= 0)) {
-      if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
-        wire::IngestReply ping = NewReply();
-        ping.mutable_credit();
-        if (!Reply(conn, ping)) gone.push_back(key);
-      }
-      continue;
-    }
+    if (!low || (need_bytes <= 0 && need_samples <= 0)) continue;
     const int64_t grant_bytes = std::max<int64_t>(need_bytes, 0);
     const int64_t grant_samples = std::max<int64_t>(need_samples, 0);
     if (grant_bytes > free_bytes || grant_samples > free_samples) continue;  // wait for room
@@ -601,7 +606,29 @@ void IngestChannel::GrantCredits() {
     if (conn.credit_bytes >= static_cast<int64_t>(conn.wanted_bytes)) conn.wanted_bytes = 0;
     if (!Reply(conn, reply)) gone.push_back(key);
   }
-  for (const ConnKey& key : gone) conns_.erase(key);
+  for (const ConnKey& key : gone) Forget(key);
+}
+
+void IngestChannel::Forget(const ConnKey& key) {
+  auto it = conns_.find(key);
+  if (it == conns_.end()) return;
+  const std::string& producer = it->second.producer_id;
+  if (!producer.empty()) {
+    // Worth a line when it leaves a stream open: the epoch waits for it (a
+    // producer may reconnect, so this is not an error until
+    // emit.producer_timeout_ms says so).
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (state_.current_epoch) {
+      const uint32_t epoch = *state_.current_epoch;
+      const auto active = state_.tracker.ActiveProducers(epoch);
+      if (std::find(active.begin(), active.end(), producer) != active.end()) {
+        spdlog::warn("producer '{}' left without ending its stream for epoch {}; the epoch waits for it "
+                     "(emit.producer_timeout_ms {} ms)",
+                     producer, epoch, config_.producer_timeout_ms);
+      }
+    }
+  }
+  conns_.erase(it);
 }
 
 bool IngestChannel::MaySend(const Conn& conn) {

@@ -106,6 +106,9 @@ class IngestChannel {
   std::optional<std::string> EpochRefusal(uint32_t epoch) const;
   // Refuses a sample for EpochRefusal's reason `why`. Requires mu.
   void RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id, const std::string& why);
+  // Drops a connection found gone, with a log line when it left its
+  // producer's stream of the current epoch open. Takes state_.mu.
+  void Forget(const ConnKey& key);
   // False when the producer is gone (its credit then returns to the buffer).
   bool Reply(Conn& conn, const wire::IngestReply& reply);
   uint64_t WindowBytes() const;

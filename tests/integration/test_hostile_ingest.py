@@ -109,3 +109,58 @@ def test_epochs_far_apart_are_refused_before_the_trainer_asks_and_streams_stay_c
         assert e["unique_ids"] == 40, e
     finally:
         d.stop()
+
+
+# ----------------------------------------------------------------- finding 5: stalls
+
+
+def _metric(host: str, port: int, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_a_producer_that_dies_with_a_full_buffer_is_named_within_its_timeout(tmp_path):
+    """The trainer is alive but takes no steps, so the buffer fills and the producer holds no
+    credit; then the producer dies. The daemon holding producers back must not hide that: it
+    ends in PRODUCER_TIMEOUT naming the producer, with a log line that it left mid-stream,
+    instead of waiting for ever."""
+    import re
+
+    ctx = zmq.Context()
+    d = Daemon(tmp_path, config='metrics_endpoint: "tcp://127.0.0.1:*"\n'
+                                "emit: {producer_timeout_ms: 1500, queue_steps: 2}\n"
+                                "buffer: {max_samples: 32}\ngrouping: {window: 8, max_tokens: 64}\n")
+    try:
+        d.wait_ready()
+        d.wait_log("metrics endpoint tcp://")
+        host, port = re.search(r"metrics endpoint tcp://([0-9.]+):(\d+)", d.read_log()).groups()
+        trainer = ctx.socket(zmq.DEALER)
+        trainer.setsockopt(zmq.LINGER, 0)
+        trainer.connect(d.trainer)
+        m = odb_pb2.TrainerMessage(version=1)
+        m.start_epoch.epoch, m.start_epoch.expected_producers = 0, 1
+        trainer.send(m.SerializeToString())  # and never a credit: no step leaves the daemon
+        p = produce(d.ingest, "doomed", 100000, seed=1, extra=["--no-end", "--min-len", "16", "--max-len", "16"])
+        deadline = time.monotonic() + 60
+        # Full for good: the step queue is full (no round runs) and the buffer holds
+        # buffer.max_samples, so the producer holds no sample credit.
+        while _metric(host, int(port), "odb_queued_steps") < 2 or \
+                _metric(host, int(port), "odb_buffer_samples") < 32:
+            assert time.monotonic() < deadline, d.read_log()
+            time.sleep(0.05)
+        p.kill()
+        p.wait()
+        rc = d.proc.wait(timeout=60)
+        assert rc != 0
+        log = d.read_log()
+        assert "PRODUCER_TIMEOUT" in log or "no message from any producer" in log, log
+        assert "doomed" in log.split("no message from any producer")[-1], log
+        assert "left without ending its stream" in log, log
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
