@@ -172,18 +172,32 @@ void IngestChannel::OnReadable(size_t i) {
     if (is_sample && payload > max_sample_bytes_) {
       // An arena sample is decoded all the same: that takes its block, and
       // dropping the decoded sample hands the block back to the producer.
-      IngestEvent dropped;
-      std::string id;
+      // Its header (the first frame, small) names it: the rejection carries
+      // its id and it counts in its producer's stream, so the producer's
+      // honest end_stream total still matches.
+      wire::ProducerMessage header;
       if (arena_sample) {
-        dropped = decode();
-        id = " " + std::to_string(arena_sample->sample().sample_id());
+        header = *arena_sample;
+      } else if (!header.ParseFromArray(body[0].data(), static_cast<int>(body[0].size()))) {
+        header.Clear();
       }
-      event = MakeReject(wire::TOO_LARGE,
-                         "a sample" + id + " of " + std::to_string(payload) + " payload bytes from producer '" +
-                             conn.producer_id + "' exceeds the largest admissible sample (" +
-                             std::to_string(max_sample_bytes_) +
-                             " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
-                         conn.producer_id);
+      IngestEvent dropped;
+      if (arena_sample) dropped = decode();
+      const bool named = header.has_sample();
+      const uint64_t id = header.sample().sample_id();
+      RejectEvent reject = MakeReject(
+          wire::TOO_LARGE,
+          (named ? "sample " + std::to_string(id) : std::string("a sample")) + " of " + std::to_string(payload) +
+              " payload bytes from producer '" + conn.producer_id +
+              "' exceeds the largest admissible sample (" + std::to_string(max_sample_bytes_) +
+              " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
+          conn.producer_id, named ? &id : nullptr);
+      if (named && !conn.producer_id.empty() && header.sample().producer_id() == conn.producer_id) {
+        reject.epoch = header.sample().epoch();
+        reject.has_epoch = true;
+        if (header.sample().has_seq()) reject.seq = header.sample().seq();
+      }
+      event = std::move(reject);
       ChargeCredit(conn, true, std::min<uint64_t>(payload, std::max<int64_t>(conn.credit_bytes, 0)));
     } else if (!ChargeCredit(conn, is_sample, payload)) {
       // Decoded anyway, so the report names the sample and it counts against

@@ -22,7 +22,8 @@ def raw_sample(pid: str, sid: int, tokens: int, epoch: int = 0, blob: bytes | No
     s.producer_id, s.sample_id, s.epoch, s.tokens = pid, sid, epoch, tokens
     t = s.tensors.add(name="input_ids", dtype=odb_pb2.INT64, frame=1)
     t.shape.append(tokens)
-    frames = [struct.pack(f"<{tokens}q", *[(sid * 7 + j) % 50257 for j in range(tokens)])]
+    # The token values odb_synth consume verifies (TokenValue in odb_synth.cc).
+    frames = [struct.pack(f"<{tokens}q", *[(sid * 1000003 + j * 7919) % 50257 for j in range(tokens)])]
     if blob is not None:
         b = s.tensors.add(name="blob", dtype=odb_pb2.UINT8, frame=2)
         b.shape.append(len(blob))
@@ -161,6 +162,39 @@ def test_a_producer_that_dies_with_a_full_buffer_is_named_within_its_timeout(tmp
         assert "PRODUCER_TIMEOUT" in log or "no message from any producer" in log, log
         assert "doomed" in log.split("no message from any producer")[-1], log
         assert "left without ending its stream" in log, log
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
+
+
+# ----------------------------------------------------------------- finding 7: oversized samples
+
+
+def test_an_oversized_sample_is_refused_by_id_and_counted_in_its_stream(tmp_path):
+    """A producer that ignores max_sample_bytes sends one sample over it between good ones: the
+    rejection names its id, the trainer's summary lists it, and the producer's honest end of
+    stream (which counts it) is acknowledged, not refused as COUNT_MISMATCH."""
+    ctx = zmq.Context()
+    d = Daemon(tmp_path, config="buffer: {max_bytes: 200000}\n")  # largest sample: 100000 bytes
+    try:
+        d.wait_ready()
+        c = consume(d.trainer, expected_producers=1)
+        p = RawProducer(ctx, d.ingest)
+        p.hello("big")
+        for sid in range(5):
+            p.send(*raw_sample("big", sid, 8))
+        p.send(*raw_sample("big", 77, 8, blob=b"\x01" * 150000), force=True)
+        for sid in range(5, 10):
+            p.send(*raw_sample("big", sid, 8))
+        p.end_stream("big", 11)
+        assert 0 in p.acks and not p.rejections, [r.message for r in p.rejections]
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert e["unique_ids"] == 10, e
+        assert ["TOO_LARGE", 77] in e["rejection_codes"], e
+        assert "sample 77 of" in d.read_log()
+        p.close()
     finally:
         ctx.destroy(linger=0)
         d.stop()
