@@ -109,7 +109,10 @@ void Daemon::Wake() {
 }
 
 void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
-  spdlog::error("rank {}: {}", config_.rank, message);
+  // The rank is named once: by the log pattern ("[odbd N]") here, and by the
+  // fatal message's rank field for the trainer (the clients print "odbd rank
+  // N failed"). Messages therefore never start with their own rank.
+  spdlog::error("{}", message);
   trainer_.EnqueueFatal(code, message, config_.rank);
   {
     std::lock_guard<std::mutex> lock(fatal_mu_);
@@ -129,6 +132,7 @@ void Daemon::PublishGauges() {
   }
   metrics_.queued_steps.store(trainer_.QueuedSteps());
   metrics_.ingest_credit_bytes.store(static_cast<uint64_t>(std::max<int64_t>(ingest_.OutstandingBytes(), 0)));
+  metrics_.ingest_credit_samples.store(static_cast<uint64_t>(std::max<int64_t>(ingest_.OutstandingSamples(), 0)));
   metrics_.producer_connections.store(ingest_.ConnectionCount());
   const ingest::ArenaRegistry::Stats arenas = arenas_.stats();
   metrics_.producer_arenas.store(arenas.arenas);

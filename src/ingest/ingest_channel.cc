@@ -91,6 +91,8 @@ bool IngestChannel::ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes) {
   if (conn.credit_samples <= 0 || conn.credit_bytes < static_cast<int64_t>(bytes)) return false;
   conn.credit_samples -= 1;
   conn.credit_bytes -= static_cast<int64_t>(bytes);
+  conn.window.OnSampleUsed();
+  conn.last_sample = clock_.Now();
   outstanding_samples_ -= 1;
   outstanding_bytes_ -= static_cast<int64_t>(bytes);
   return true;
@@ -127,6 +129,7 @@ void IngestChannel::OnReadable(size_t i) {
       Conn fresh;
       fresh.socket = i;
       fresh.routing_id = key.second;
+      fresh.last_sample = clock_.Now();
       it = conns_.emplace(key, std::move(fresh)).first;
     }
     Conn& conn = it->second;
@@ -542,6 +545,12 @@ void IngestChannel::GrantCredits() {
   }
   const uint64_t window = WindowBytes();
   const auto now = clock_.Now();
+  // Samples are lent to producers that send (CreditWindow): a producer that
+  // said hello and sends nothing is lent one, and all of them together at
+  // most half the buffer, so idle producers cannot keep it from busy ones.
+  size_t producers = 0;
+  for (const auto& [key, conn] : conns_) producers += conn.producer_id.empty() ? 0 : 1;
+  const int64_t share = CreditWindow::Share(config_.buffer_max_samples, producers, window_samples_);
   // alignment.deterministic: a producer may send seq < frontier + window of
   // its epoch (ProducerCredit.seq_limit). A producer whose next sample is at
   // the limit asked for more (wanted_seq); it gets it once the frontier moved.
@@ -594,17 +603,25 @@ void IngestChannel::GrantCredits() {
     }
     const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
-    const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;
+    // One that could send and did not for a second is lent one sample again
+    // (its top-ups stop; what it holds returns as it sends or leaves).
+    if (MaySend(conn) && now - conn.last_sample > std::chrono::seconds(1)) conn.window.Quiet();
+    const int64_t lend = conn.window.Samples(share);
+    const int64_t need_samples = lend - conn.credit_samples;
     // Top up once half the window is spent (or the producer asked for more,
     // or holds none): one credit message per half window, not one per burst,
     // which for small samples was one message per sample each way.
-    const bool low = 2 * need_bytes >= target || 2 * need_samples >= static_cast<int64_t>(window_samples_) ||
+    const bool low = 2 * need_bytes >= target || 2 * need_samples >= lend ||
                      conn.credit_samples <= 0 || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
     if (!low || (need_bytes <= 0 && need_samples <= 0)) continue;
-    const int64_t grant_bytes = std::max<int64_t>(need_bytes, 0);
+    // Bytes are topped up only when they run low too: a producer that needs
+    // samples but still holds bytes is not charged a byte grant (an ahead
+    // producer's held bytes would otherwise block its sample top-ups).
+    const bool bytes_low = 2 * need_bytes >= target || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
+    const int64_t grant_bytes = bytes_low ? std::max<int64_t>(need_bytes, 0) : 0;
     const int64_t grant_samples = std::max<int64_t>(need_samples, 0);
     if (grant_bytes > free_bytes || grant_samples > free_samples) continue;  // wait for room
-    if (conn.ahead && grant_bytes > ahead_room) continue;
+    if (conn.ahead && grant_bytes > 0 && grant_bytes > ahead_room) continue;
     wire::IngestReply reply = NewReply();
     reply.mutable_credit()->set_bytes(static_cast<uint64_t>(grant_bytes));
     reply.mutable_credit()->set_samples(static_cast<uint32_t>(grant_samples));

@@ -14,6 +14,7 @@
 #include "src/daemon/config.h"
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
+#include "src/ingest/credit_window.h"
 #include "src/ingest/decoder.h"
 #include "src/ingest/schema.h"
 
@@ -80,6 +81,7 @@ class IngestChannel {
   // sample always fits once the buffer drains.
   uint64_t MaxSampleBytes() const { return max_sample_bytes_; }
   uint64_t OutstandingBytes() const { return outstanding_bytes_; }
+  int64_t OutstandingSamples() const { return outstanding_samples_; }
   size_t ConnectionCount() const { return conns_.size(); }
 
  private:
@@ -89,6 +91,8 @@ class IngestChannel {
     std::string producer_id;     // empty until hello
     int64_t credit_samples = 0;  // granted and not yet used
     int64_t credit_bytes = 0;
+    CreditWindow window;        // how many samples it is lent (grows while it sends)
+    Clock::TimePoint last_sample;  // its last sample (or its hello)
     bool ahead = false;         // sends an epoch after the one being planned
     uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
     std::optional<uint64_t> wanted_seq;  // its next sample's seq, held at the seq limit

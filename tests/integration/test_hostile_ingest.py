@@ -148,10 +148,11 @@ def test_a_producer_that_dies_with_a_full_buffer_is_named_within_its_timeout(tmp
         trainer.send(m.SerializeToString())  # and never a credit: no step leaves the daemon
         p = produce(d.ingest, "doomed", 100000, seed=1, extra=["--no-end", "--min-len", "16", "--max-len", "16"])
         deadline = time.monotonic() + 60
-        # Full for good: the step queue is full (no round runs) and the buffer holds
-        # buffer.max_samples, so the producer holds no sample credit.
+        # Full for good: the step queue is full (no round runs), the buffer has no room for
+        # another grant and the producer holds no sample credit.
         while _metric(host, int(port), "odb_queued_steps") < 2 or \
-                _metric(host, int(port), "odb_buffer_samples") < 32:
+                _metric(host, int(port), "odb_buffer_samples") < 24 or \
+                _metric(host, int(port), "odb_ingest_credit_samples") > 0:
             assert time.monotonic() < deadline, d.read_log()
             time.sleep(0.05)
         p.kill()
@@ -183,7 +184,14 @@ def test_an_oversized_sample_is_refused_by_id_and_counted_in_its_stream(tmp_path
         p.hello("big")
         for sid in range(5):
             p.send(*raw_sample("big", sid, 8))
+        # Sent while it holds a sample of credit, which the daemon charges it (with all of its
+        # bytes: the sample is larger than any grant), as a client that checks would.
+        deadline = time.monotonic() + 60
+        while p.credit_samples < 1:
+            assert time.monotonic() < deadline, "no credit"
+            p._pump(100)
         p.send(*raw_sample("big", 77, 8, blob=b"\x01" * 150000), force=True)
+        p.credit_samples, p.credit_bytes = p.credit_samples - 1, 0
         for sid in range(5, 10):
             p.send(*raw_sample("big", sid, 8))
         p.end_stream("big", 11)
@@ -195,6 +203,76 @@ def test_an_oversized_sample_is_refused_by_id_and_counted_in_its_stream(tmp_path
         assert ["TOO_LARGE", 77] in e["rejection_codes"], e
         assert "sample 77 of" in d.read_log()
         p.close()
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
+
+
+def test_a_fatal_error_names_its_rank_once(tmp_path):
+    """The rank is named in one place: the log pattern ([odbd N]) and the fatal message's rank
+    field; neither the log line nor the trainer's text repeats "rank 0: rank 0: ..."."""
+    import re
+
+    ctx = zmq.Context()
+    d = Daemon(tmp_path)
+    try:
+        d.wait_ready()
+        t = ctx.socket(zmq.DEALER)
+        t.setsockopt(zmq.LINGER, 0)
+        t.setsockopt(zmq.RCVTIMEO, 60000)
+        t.connect(d.trainer)
+        start = odb_pb2.TrainerMessage(version=1)
+        start.start_epoch.epoch, start.start_epoch.expected_producers = 0, 1
+        t.send(start.SerializeToString())
+        assert finish(produce(d.ingest, "p", 400, seed=4))[0] == 0
+        from odbtest import raw_trainer_next
+
+        raw_trainer_next(t)  # a step of the epoch was delivered to this session
+        t.close()
+        d.wait_log("disconnected")
+        t2 = ctx.socket(zmq.DEALER)
+        t2.setsockopt(zmq.LINGER, 0)
+        t2.setsockopt(zmq.RCVTIMEO, 60000)
+        t2.connect(d.trainer)
+        t2.send(start.SerializeToString())
+        m = raw_trainer_next(t2)[1]
+        assert m.fatal.code == odb_pb2.EPOCH_LOST and m.fatal.rank == 0, m
+        assert not m.fatal.message.startswith("rank "), m.fatal.message
+        assert d.proc.wait(30) == 1
+        log = d.read_log()
+        assert "a new trainer connected" in log
+        assert not re.search(r"\] rank 0: ", log), log
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
+
+
+# ----------------------------------------------------------------- finding 4: credit
+
+
+def test_idle_producers_cannot_pin_the_credit_of_busy_ones(tmp_path):
+    """Four producers say hello and never send (they never even read the daemon's replies);
+    four others send 20 samples each. With buffer.max_samples 4096 the idle ones used to hold
+    1024 samples of credit each, and the busy ones waited for ever: now every sample arrives."""
+    ctx = zmq.Context()
+    d = Daemon(tmp_path, config="buffer: {max_samples: 4096}\n")
+    try:
+        d.wait_ready()
+        idle = [RawProducer(ctx, d.ingest, linger_ms=0) for _ in range(4)]
+        for i, p in enumerate(idle):
+            p.hello(f"idle-{i}")
+        c = consume(d.trainer, expected_producers=4)
+        busy = [produce(d.ingest, f"busy-{i}", 20, seed=i, id_offset=1000 * i, extra=["--max-len", "64"])
+                for i in range(4)]
+        for p in busy:
+            rc, _, err = finish(p, timeout=60)
+            assert rc == 0, err
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert sorted(e["ids"]) == sorted(1000 * i + k for i in range(4) for k in range(20)), e
+        for p in idle:
+            p.close()
     finally:
         ctx.destroy(linger=0)
         d.stop()
