@@ -18,6 +18,9 @@ constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than thi
 // before the trainer asks for one, past the lowest one that producers send):
 // a later epoch is refused, since each held epoch costs bookkeeping.
 constexpr uint32_t kEpochHorizon = 4;
+// Payload bytes lent per sample of credit at least (or the producer's largest
+// sample so far), up to its byte window.
+constexpr uint64_t kBytesPerLentSample = 64 << 10;
 
 // What an arena sample is charged: its tensors' lengths as sent, plus the
 // bookkeeping per tensor (the formula of frames), saturating: the header is
@@ -93,6 +96,7 @@ bool IngestChannel::ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes) {
   conn.credit_bytes -= static_cast<int64_t>(bytes);
   conn.window.OnSampleUsed();
   conn.last_sample = clock_.Now();
+  conn.largest_sample = std::max(conn.largest_sample, bytes);
   outstanding_samples_ -= 1;
   outstanding_bytes_ -= static_cast<int64_t>(bytes);
   return true;
@@ -601,12 +605,18 @@ void IngestChannel::GrantCredits() {
         continue;
       }
     }
-    const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
-    const int64_t need_bytes = target - conn.credit_bytes;
     // One that could send and did not for a second is lent one sample again
     // (its top-ups stop; what it holds returns as it sends or leaves).
     if (MaySend(conn) && now - conn.last_sample > std::chrono::seconds(1)) conn.window.Quiet();
+    // Bytes follow the samples lent: a producer lent one sample is lent
+    // room for about one (a larger one asks, CreditRequest), so idle
+    // producers pin no more bytes than samples.
     const int64_t lend = conn.window.Samples(share);
+    const uint64_t per_sample = std::max<uint64_t>(kBytesPerLentSample, conn.largest_sample);
+    const uint64_t lent_bytes =
+        std::min<uint64_t>(window, static_cast<uint64_t>(lend) * std::min<uint64_t>(per_sample, window));
+    const int64_t target = static_cast<int64_t>(std::max<uint64_t>(lent_bytes, conn.wanted_bytes));
+    const int64_t need_bytes = target - conn.credit_bytes;
     const int64_t need_samples = lend - conn.credit_samples;
     // Top up once half the window is spent (or the producer asked for more,
     // or holds none): one credit message per half window, not one per burst,

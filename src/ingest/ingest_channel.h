@@ -93,6 +93,7 @@ class IngestChannel {
     int64_t credit_bytes = 0;
     CreditWindow window;        // how many samples it is lent (grows while it sends)
     Clock::TimePoint last_sample;  // its last sample (or its hello)
+    uint64_t largest_sample = 0;   // charged bytes of its largest sample so far
     bool ahead = false;         // sends an epoch after the one being planned
     uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
     std::optional<uint64_t> wanted_seq;  // its next sample's seq, held at the seq limit

@@ -260,7 +260,13 @@ def test_idle_producers_cannot_pin_the_credit_of_busy_ones(tmp_path):
         d.wait_ready()
         idle = [RawProducer(ctx, d.ingest, linger_ms=0) for _ in range(4)]
         for i, p in enumerate(idle):
+            # One at a time, each until its first credit: every idle producer is lent what the
+            # daemon lends one that has not sent (the earliest ones alone, the most).
             p.hello(f"idle-{i}")
+            deadline = time.monotonic() + 60
+            while p.credit_samples < 1:
+                assert time.monotonic() < deadline, "no credit for an idle producer"
+                p._pump(100)
         c = consume(d.trainer, expected_producers=4)
         busy = [produce(d.ingest, f"busy-{i}", 20, seed=i, id_offset=1000 * i, extra=["--max-len", "64"])
                 for i in range(4)]
