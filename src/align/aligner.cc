@@ -11,7 +11,9 @@ namespace odb::align {
 
 namespace {
 
-std::string Prefix(int rank) { return "aligner rank " + std::to_string(rank) + ": "; }
+// Errors reach the trainer through Daemon::Fail, which names the rank once
+// (the fatal message's rank field, the log pattern): the aligner does not.
+std::string Prefix(int /*rank*/) { return "aligner: "; }
 
 // Every sample this rank owns must be accounted for exactly once by the plan:
 // emitted (on any rank), kept pending, or reported not emitted. (Ids of one

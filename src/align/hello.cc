@@ -200,7 +200,7 @@ absl::Status ExchangeHello(PeerGroup& peers, const HelloFields& fields) {
   if (!gathered.ok()) return gathered.status();
   absl::Status s = CheckHellos(*gathered);
   if (!s.ok()) {
-    return absl::FailedPreconditionError("rank " + std::to_string(peers.Rank()) + ": " + std::string(s.message()));
+    return absl::FailedPreconditionError(s.message());  // the daemon's log line names this rank
   }
   return s;
 }

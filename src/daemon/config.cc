@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "src/common/dtype.h"
 #include "src/common/status_macros.h"
+#include "src/wire/tensor_codec.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -44,6 +45,12 @@ class Section {
     if (g_field_defaults != nullptr) g_field_defaults->emplace_back(Path(key), FlowYaml(out));
     const YAML::Node value = node_[key];
     if (!value) return absl::OkStatus();
+    // A key without a value reads as YAML null, which a string field would
+    // take as the text "null": every sample would then fail on it.
+    if (value.IsNull()) {
+      return absl::InvalidArgumentError("config field '" + Path(key) +
+                                        "' has no value; give it one, or leave the key out for the default");
+    }
     try {
       out = value.as<T>();
     } catch (const YAML::Exception&) {
@@ -454,7 +461,17 @@ absl::Status ValidateEndpoints(const DaemonConfig& c) {
 }
 
 absl::Status ValidateBufferAndGrouping(const DaemonConfig& c) {
-  if (c.buffer_max_bytes == 0) return Invalid("buffer.max_bytes", "must be > 0");
+  // A sample may take half the buffer and is charged its bytes plus the
+  // bookkeeping of each tensor: below this, not even a one-byte sample fits.
+  constexpr uint64_t kSmallestSample = wire::kBookkeepingBytesPerTensor + 1;
+  if (c.buffer_max_bytes / 2 < kSmallestSample) {
+    return Invalid("buffer.max_bytes", "(" + std::to_string(c.buffer_max_bytes) + ") must be at least " +
+                                           std::to_string(2 * kSmallestSample) +
+                                           ": a sample may take half of it and is charged " +
+                                           std::to_string(wire::kBookkeepingBytesPerTensor) +
+                                           " bytes per tensor besides its payload, so no sample could be "
+                                           "admitted (the default is 1 GiB)");
+  }
   if (c.buffer_max_samples == 0) return Invalid("buffer.max_samples", "must be > 0");
   if (c.budget.max_tokens == 0) return Invalid("grouping.max_tokens", "must be > 0");
   // 0 disables the quadratic term. Below one token, len*len/q dwarfs len and

@@ -347,5 +347,18 @@ TEST_CASE("ConfigFieldDefaults lists every field with the parser's default") {
   CHECK(fields.count("ingest_endpoints") == 1);
 }
 
+TEST_CASE("config values with which every sample must fail are refused at start-up, naming the field") {
+  // No sample (not even one tensor of one byte) fits half of such a buffer.
+  CHECK_THAT(StartupError("buffer: {max_bytes: 1}"),
+             Catch::Contains("buffer.max_bytes") && Catch::Contains("at least 1026"));
+  CHECK_THAT(StartupError("buffer: {max_bytes: 1025}"), Catch::Contains("buffer.max_bytes"));
+  CHECK(StartupError("buffer: {max_bytes: 1026}").empty());
+  // A key without a value is not the text "null" (no sample has a tensor of that name).
+  CHECK_THAT(StartupError("collate: {length_field: }"),
+             Catch::Contains("collate.length_field") && Catch::Contains("has no value"));
+  CHECK_THAT(StartupError("collate:\n  length_field:\n"), Catch::Contains("collate.length_field"));
+  CHECK_THAT(StartupError("grouping: {max_tokens: ~}"), Catch::Contains("grouping.max_tokens"));
+}
+
 }  // namespace
 }  // namespace odb

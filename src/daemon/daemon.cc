@@ -109,7 +109,10 @@ void Daemon::Wake() {
 }
 
 void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
-  spdlog::error("rank {}: {}", config_.rank, message);
+  // The rank is named once: by the log pattern ("[odbd N]") here, and by the
+  // fatal message's rank field for the trainer (the clients print "odbd rank
+  // N failed"). Messages therefore never start with their own rank.
+  spdlog::error("{}", message);
   trainer_.EnqueueFatal(code, message, config_.rank);
   {
     std::lock_guard<std::mutex> lock(fatal_mu_);
@@ -129,6 +132,7 @@ void Daemon::PublishGauges() {
   }
   metrics_.queued_steps.store(trainer_.QueuedSteps());
   metrics_.ingest_credit_bytes.store(static_cast<uint64_t>(std::max<int64_t>(ingest_.OutstandingBytes(), 0)));
+  metrics_.ingest_credit_samples.store(static_cast<uint64_t>(std::max<int64_t>(ingest_.OutstandingSamples(), 0)));
   metrics_.producer_connections.store(ingest_.ConnectionCount());
   const ingest::ArenaRegistry::Stats arenas = arenas_.stats();
   metrics_.producer_arenas.store(arenas.arenas);
@@ -249,6 +253,7 @@ void Daemon::PlannerLoop() {
           std::tie(first_round, first_step) = it->second;
           state_.resume_points.erase(it);
         }
+        DropEpochsBefore(*state_.current_epoch);
         runner_->StartEpoch(*state_.current_epoch, first_round, first_step);
         last_round = std::chrono::steady_clock::now();
       }
@@ -265,6 +270,27 @@ void Daemon::PlannerLoop() {
       return;
     }
     Wake();  // steps are queued: the I/O loop sends them
+  }
+}
+
+void Daemon::DropEpochsBefore(uint32_t epoch) {
+  // Samples of an earlier epoch that the trainer skipped (producers started
+  // before the trainer said where a resumed job stands) would hold buffer
+  // room forever; they go, each one reported, and the epoch is closed so that
+  // its producers are told it ended.
+  for (uint32_t skipped : state_.tracker.OpenEpochsBefore(epoch)) {
+    std::vector<Sample> dropped = state_.buffer.CloseEpoch(skipped);
+    state_.tracker.CloseEpoch(skipped);
+    state_.epoch_received.erase(skipped);
+    state_.epoch_totals.erase(skipped);
+    const uint64_t rejected = state_.rejections.TakeEpoch(skipped).count;
+    std::string ids;
+    for (size_t i = 0; i < dropped.size() && i < 20; ++i) ids += (i ? "," : "") + std::to_string(dropped[i].meta.id);
+    if (dropped.size() > 20) ids += ",...";
+    spdlog::warn(
+        "epoch {} is not trained: the trainer started epoch {} after it; its {} buffered sample(s) [{}] "
+        "are dropped ({} rejection(s) of it were not reported in a summary)",
+        skipped, epoch, dropped.size(), ids, rejected);
   }
 }
 

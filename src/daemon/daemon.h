@@ -68,6 +68,9 @@ class Daemon {
   void SweepStaleArenas();
   void PlannerLoop();
   bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires state_.mu
+  // Closes the open epochs before `epoch` (the one the trainer starts),
+  // dropping their buffered samples with a log line. Requires state_.mu.
+  void DropEpochsBefore(uint32_t epoch);
   absl::Status RunOneRound();
   void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
   void RecordRoundTime(std::chrono::steady_clock::duration took);  // planner thread

@@ -21,6 +21,7 @@ DaemonGauges PublishedGauges(const DaemonMetrics& m) {
   g.buffer_samples = m.buffer_samples.load();
   g.queued_steps = m.queued_steps.load();
   g.ingest_credit_bytes = m.ingest_credit_bytes.load();
+  g.ingest_credit_samples = m.ingest_credit_samples.load();
   g.producer_connections = m.producer_connections.load();
   g.producer_arenas = m.producer_arenas.load();
   g.producer_arenas_mapped = m.producer_arenas_mapped.load();
@@ -70,6 +71,8 @@ std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int 
   Series(out, "odb_queued_steps", "gauge", "Collated steps waiting for trainer credit.", g.queued_steps, rank);
   Series(out, "odb_ingest_credit_bytes", "gauge", "Payload bytes producers may still send (granted credit).",
          g.ingest_credit_bytes, rank);
+  Series(out, "odb_ingest_credit_samples", "gauge", "Samples producers may still send (granted credit).",
+         g.ingest_credit_samples, rank);
   Series(out, "odb_producer_connections", "gauge", "Producer connections known to the ingest channel.",
          g.producer_connections, rank);
   Series(out, "odb_producer_arenas", "gauge", "Producers' shared-memory arenas registered now.", g.producer_arenas,

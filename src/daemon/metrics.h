@@ -37,6 +37,7 @@ struct DaemonMetrics {
   std::atomic<uint64_t> buffer_samples{0};
   std::atomic<uint64_t> queued_steps{0};
   std::atomic<uint64_t> ingest_credit_bytes{0};
+  std::atomic<uint64_t> ingest_credit_samples{0};
   std::atomic<uint64_t> producer_connections{0};
   // Shared-memory data plane: producer arenas registered / still mapped (a
   // retired arena stays mapped while the daemon holds its blocks), and the
@@ -64,6 +65,7 @@ struct DaemonGauges {
   uint64_t buffer_samples = 0;
   uint64_t queued_steps = 0;
   uint64_t ingest_credit_bytes = 0;
+  uint64_t ingest_credit_samples = 0;
   uint64_t producer_connections = 0;
   uint64_t producer_arenas = 0;
   uint64_t producer_arenas_mapped = 0;

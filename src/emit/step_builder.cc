@@ -110,8 +110,7 @@ absl::StatusOr<std::optional<ArenaPlacement>> StepBuilder::ReserveInArena(
   const absl::StatusCode code = placed.status().code();
   if (code == absl::StatusCode::kDeadlineExceeded) {
     // Back-pressure that did not clear: the trainer keeps every block. Stop with the cause.
-    return absl::ResourceExhaustedError("rank " + std::to_string(config_.rank) + ": " +
-                                        std::string(placed.status().message()));
+    return absl::ResourceExhaustedError(placed.status().message());  // Daemon::Fail names the rank
   }
   if (code == absl::StatusCode::kCancelled) return placed.status();
   // A step larger than the arena, or a trainer that died holding the arena:

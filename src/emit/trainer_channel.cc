@@ -269,7 +269,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     if (!session_.empty() && delivered_in_epoch_ > 0) {
       // The lost trainer had steps of an open epoch; nobody knows which it trained.
       const std::string text =
-          "rank " + std::to_string(config_.rank) + ": a new trainer connected while epoch steps were " +
+          std::string("a new trainer connected while epoch steps were ") +
           "delivered to a previous trainer session that disconnected (" +
           std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(in_flight_.size()) +
           " not acknowledged); the epoch cannot continue with a new session: restart the job "

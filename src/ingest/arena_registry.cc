@@ -233,7 +233,14 @@ void ArenaRegistry::Serve() {
           continue;
         }
         absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(c.fd.get(), kMaxRegisterBytes);
-        if (!got.ok()) continue;  // the client hung up or sent garbage: nothing to answer
+        if (!got.ok()) {
+          // A client that hung up has nothing to be told; anything else that
+          // cannot be read is answered (it may be a client of another version).
+          if (got.status().code() != absl::StatusCode::kUnavailable) {
+            Reply(c.fd.get(), RefuseUnreadable(c.fd.get(), got.status()));
+          }
+          continue;
+        }
         wire::ArenaRegistered answer = Register(c.fd.get(), got->payload, std::move(got->fds));
         Reply(c.fd.get(), answer);
       }
@@ -271,6 +278,26 @@ void ArenaRegistry::Reply(int sock, const wire::ArenaRegistered& answer) {
   if (::send(sock, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
     spdlog::debug("arena registry: answer not sent: {}", Errno(errno));
   }
+}
+
+wire::ArenaRegistered ArenaRegistry::RefuseUnreadable(int sock, const absl::Status& why) {
+  std::string who = "a producer";
+  if (absl::StatusOr<shm::PeerCredentials> peer = shm::GetPeerCredentials(sock); peer.ok()) {
+    who = "pid " + std::to_string(peer->pid);
+  }
+  const std::string text =
+      why.code() == absl::StatusCode::kInvalidArgument
+          ? "the registration message is longer than " + std::to_string(kMaxRegisterBytes) +
+                " bytes, the limit for one (an ArenaRegister is well under it); the producer sends over the "
+                "socket instead"
+          : "the registration message could not be read (" + std::string(why.message()) +
+                "); the producer sends over the socket instead";
+  refused_.fetch_add(1);
+  spdlog::warn("arena registration of {} refused: {}", who, text);
+  wire::ArenaRegistered answer;
+  answer.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  answer.set_error(text);
+  return answer;
 }
 
 wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& payload,

@@ -85,6 +85,9 @@ class ArenaRegistry : public ArenaBlockSource {
   // serialized ArenaRegister and `fds` what came with it. The answer to send.
   // Public for tests; the registry's thread calls it.
   wire::ArenaRegistered Register(int sock, const std::string& payload, std::vector<shm::UniqueFd> fds);
+  // The answer to a registration that could not be read (over the size
+  // limit, too many descriptors): refused, logged, counted.
+  wire::ArenaRegistered RefuseUnreadable(int sock, const absl::Status& why);
   // Forgets arenas whose writer has been gone for retire_after (the registry's
   // thread calls it about twice a second).
   void RetireGone();

@@ -244,6 +244,14 @@ TEST_CASE("registrations that cannot be mapped safely are refused, naming why") 
     CHECK(b.arena_id() == 0);
     CHECK_THAT(b.error(), Catch::Contains("not an ArenaRegister"));
   }
+  SECTION("a registration over the size limit is answered, naming the limit") {
+    std::string big = Request("p0", *writer);
+    big.append(8000, '\0');  // still one datagram, over 4096 bytes
+    auto a = RegisterOver(s.path, big, writer->arena().fd());
+    CHECK(a.arena_id() == 0);
+    CHECK_THAT(a.error(), Catch::Contains("longer than 4096 bytes"));
+    CHECK(s.registry.stats().refused == 1);
+  }
   SECTION("the same arena twice (one reader per arena)") {
     CHECK(RegisterOver(s.path, Request("p0", *writer), writer->arena().fd()).arena_id() > 0);
     auto again = RegisterOver(s.path, Request("p0", *writer), writer->arena().fd());

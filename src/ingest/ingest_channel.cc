@@ -15,9 +15,13 @@ namespace {
 constexpr size_t kBurst = 256;                 // messages per OnReadable (the trainer is never starved)
 constexpr size_t kMaxConnections = 4096;       // producer connections tracked at once
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;  // a header frame larger than this is refused by ZeroMQ
-// Samples are buffered for at most this many epochs past the first open one;
-// a later epoch is refused (each buffered epoch costs bookkeeping).
+// Samples are held for at most this many epochs past the trainer's (or,
+// before the trainer asks for one, past the lowest one that producers send):
+// a later epoch is refused, since each held epoch costs bookkeeping.
 constexpr uint32_t kEpochHorizon = 4;
+// Payload bytes lent per sample of credit at least (or the producer's largest
+// sample so far), up to its byte window.
+constexpr uint64_t kBytesPerLentSample = 64 << 10;
 
 // What an arena sample is charged: its tensors' lengths as sent, plus the
 // bookkeeping per tensor (the formula of frames), saturating: the header is
@@ -36,6 +40,16 @@ uint64_t ArenaPayloadBytes(const wire::SampleHeader& header) {
 // Producer connections tracked at once: no more than the descriptors allow.
 size_t MaxProducerConnections() {
   return static_cast<size_t>(std::min<uint64_t>(kMaxConnections, MaxConnectionsByDescriptors()));
+}
+
+// The lowest epoch the trainer is training or has asked for; nullopt before
+// it asks (and between its epochs). Requires DaemonState::mu.
+std::optional<uint32_t> TrainerEpoch(const DaemonState& state) {
+  std::optional<uint32_t> epoch = state.current_epoch;
+  for (uint32_t e : state.requested_epochs) {
+    if (!epoch || e < *epoch) epoch = e;
+  }
+  return epoch;
 }
 
 wire::IngestReply NewReply() {
@@ -86,6 +100,9 @@ bool IngestChannel::ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes) {
   if (conn.credit_samples <= 0 || conn.credit_bytes < static_cast<int64_t>(bytes)) return false;
   conn.credit_samples -= 1;
   conn.credit_bytes -= static_cast<int64_t>(bytes);
+  conn.window.OnSampleUsed();
+  conn.last_sample = clock_.Now();
+  conn.largest_sample = std::max(conn.largest_sample, bytes);
   outstanding_samples_ -= 1;
   outstanding_bytes_ -= static_cast<int64_t>(bytes);
   return true;
@@ -122,6 +139,7 @@ void IngestChannel::OnReadable(size_t i) {
       Conn fresh;
       fresh.socket = i;
       fresh.routing_id = key.second;
+      fresh.last_sample = clock_.Now();
       it = conns_.emplace(key, std::move(fresh)).first;
     }
     Conn& conn = it->second;
@@ -167,18 +185,32 @@ void IngestChannel::OnReadable(size_t i) {
     if (is_sample && payload > max_sample_bytes_) {
       // An arena sample is decoded all the same: that takes its block, and
       // dropping the decoded sample hands the block back to the producer.
-      IngestEvent dropped;
-      std::string id;
+      // Its header (the first frame, small) names it: the rejection carries
+      // its id and it counts in its producer's stream, so the producer's
+      // honest end_stream total still matches.
+      wire::ProducerMessage header;
       if (arena_sample) {
-        dropped = decode();
-        id = " " + std::to_string(arena_sample->sample().sample_id());
+        header = *arena_sample;
+      } else if (!header.ParseFromArray(body[0].data(), static_cast<int>(body[0].size()))) {
+        header.Clear();
       }
-      event = MakeReject(wire::TOO_LARGE,
-                         "a sample" + id + " of " + std::to_string(payload) + " payload bytes from producer '" +
-                             conn.producer_id + "' exceeds the largest admissible sample (" +
-                             std::to_string(max_sample_bytes_) +
-                             " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
-                         conn.producer_id);
+      IngestEvent dropped;
+      if (arena_sample) dropped = decode();
+      const bool named = header.has_sample();
+      const uint64_t id = header.sample().sample_id();
+      RejectEvent reject = MakeReject(
+          wire::TOO_LARGE,
+          (named ? "sample " + std::to_string(id) : std::string("a sample")) + " of " + std::to_string(payload) +
+              " payload bytes from producer '" + conn.producer_id +
+              "' exceeds the largest admissible sample (" + std::to_string(max_sample_bytes_) +
+              " bytes = half of buffer.max_bytes); raise buffer.max_bytes",
+          conn.producer_id, named ? &id : nullptr);
+      if (named && !conn.producer_id.empty() && header.sample().producer_id() == conn.producer_id) {
+        reject.epoch = header.sample().epoch();
+        reject.has_epoch = true;
+        if (header.sample().has_seq()) reject.seq = header.sample().seq();
+      }
+      event = std::move(reject);
       ChargeCredit(conn, true, std::min<uint64_t>(payload, std::max<int64_t>(conn.credit_bytes, 0)));
     } else if (!ChargeCredit(conn, is_sample, payload)) {
       // Decoded anyway, so the report names the sample and it counts against
@@ -235,8 +267,60 @@ void IngestChannel::OnReadable(size_t i) {
   for (auto& [conn, reply] : replies) {
     if (!Reply(*conn, reply)) gone.push_back({conn->socket, conn->routing_id});
   }
-  for (const ConnKey& key : gone) conns_.erase(key);
+  for (const ConnKey& key : gone) Forget(key);
   GrantCredits();
+}
+
+std::optional<std::string> IngestChannel::EpochRefusal(uint32_t epoch) const {
+  const std::string e = "epoch " + std::to_string(epoch);
+  // A closed epoch is the tracker's to judge (already ended, or late for a
+  // Non-Join closure).
+  if (state_.tracker.IsClosed(epoch)) return std::nullopt;
+  if (const std::optional<uint32_t> trainer = TrainerEpoch(state_)) {
+    // The trainer decides where the job is, also on a fresh daemon after a
+    // resume: its epoch, not epoch 0, is where the held epochs start.
+    if (epoch < *trainer) {
+      return e + " is before epoch " + std::to_string(*trainer) +
+             ", the one the trainer trains now; it will not be trained: send the trainer's epoch";
+    }
+    if (epoch - *trainer > kEpochHorizon) {
+      return e + " is more than " + std::to_string(kEpochHorizon) + " epochs after epoch " +
+             std::to_string(*trainer) + ", the one the trainer trains now; send epochs in order";
+    }
+    return std::nullopt;
+  }
+  const uint32_t first_open = state_.tracker.FirstOpenEpoch();
+  if (epoch < first_open) {
+    return e + " is before epoch " + std::to_string(first_open) +
+           ", the first one this daemon has not closed; it will not be trained";
+  }
+  // Before the trainer asks (the producers of a resumed job may start first,
+  // at any epoch): at most kEpochHorizon + 1 neighbouring epochs are held.
+  if (const auto range = state_.tracker.OpenEpochRange()) {
+    const uint32_t lo = std::min(range->first, epoch), hi = std::max(range->second, epoch);
+    if (hi - lo > kEpochHorizon) {
+      return e + " is more than " + std::to_string(kEpochHorizon) + " epochs away from epoch " +
+             std::to_string(epoch == lo ? range->second : range->first) +
+             ", which producers already send (the trainer has not asked for an epoch yet); send epochs in order";
+    }
+  }
+  return std::nullopt;
+}
+
+void IngestChannel::RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id,
+                                        const std::string& why) {
+  // Counted as sent in the producer's stream (its end_stream then agrees),
+  // and filed under the trainer's epoch when there is one: its summary says
+  // why its samples did not come.
+  state_.tracker.NoteRefused(producer_id, epoch);
+  const std::optional<uint32_t> trainer = TrainerEpoch(state_);
+  const auto range = state_.tracker.OpenEpochRange();
+  const uint32_t filed = trainer ? *trainer : range ? range->first : state_.tracker.FirstOpenEpoch();
+  Reject(MakeReject(wire::WRONG_EPOCH,
+                    "sample " + std::to_string(id) + " from producer '" + producer_id + "' refused: " + why,
+                    producer_id, &id)
+             .rejection,
+         filed, true);
 }
 
 void IngestChannel::Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample) {
@@ -282,7 +366,22 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
   } else if (std::get_if<StartEpochEvent>(&event)) {
     // Producers announce epochs for logging only; the trainer decides the order.
   } else if (auto* end = std::get_if<EndStreamEvent>(&event)) {
-    auto r = state_.tracker.OnEndStream(end->producer_id, end->epoch, end->samples_sent);
+    std::optional<wire::Rejection> r;
+    if (std::optional<std::string> why = EpochRefusal(end->epoch)) {
+      // Not a count mismatch: the stream's epoch is not one the daemon holds,
+      // and that is what the producer is told.
+      const uint64_t refused = state_.tracker.Refused(end->producer_id, end->epoch);
+      r = MakeReject(wire::WRONG_EPOCH,
+                     "end_stream of producer '" + end->producer_id + "' refused: " + *why +
+                         (refused > 0 ? " (" + std::to_string(refused) + " of its " +
+                                            std::to_string(end->samples_sent) +
+                                            " samples of that epoch were refused for this reason)"
+                                      : std::string()),
+                     end->producer_id)
+              .rejection;
+    } else {
+      r = state_.tracker.OnEndStream(end->producer_id, end->epoch, end->samples_sent);
+    }
     wire::IngestReply reply = NewReply();
     if (r) {
       *reply.mutable_rejection() = *r;
@@ -306,12 +405,16 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     if (reject->has_epoch) epoch = reject->epoch;
     const bool is_sample = reject->rejection.has_sample_id() || charged_bytes > 0;
     if (reject->rejection.has_sample_id() && reject->has_epoch) {
-      // Count it against the producer's stream so end_stream totals still match.
-      state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
-      // Its place in the order is taken: a deterministic rank does not wait for it.
-      if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
-          reject->epoch <= state_.tracker.FirstOpenEpoch() + kEpochHorizon) {
-        state_.buffer.NoteSeq(reject->epoch, *reject->seq);
+      // Count it against the producer's stream so end_stream totals still match
+      // (without opening bookkeeping for an epoch the daemon does not hold).
+      if (EpochRefusal(reject->epoch)) {
+        state_.tracker.NoteRefused(reject->rejection.producer_id(), reject->epoch);
+      } else {
+        state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
+        // Its place in the order is taken: a deterministic rank does not wait for it.
+        if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
+          state_.buffer.NoteSeq(reject->epoch, *reject->seq);
+        }
       }
     }
     Reject(std::move(reject->rejection), epoch, is_sample);
@@ -330,16 +433,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
       return;
     }
     const uint32_t first_open = state_.tracker.FirstOpenEpoch();
-    if (epoch > first_open + kEpochHorizon) {
-      const uint64_t id = sample.meta.id;
-      Reject(MakeReject(wire::WRONG_EPOCH,
-                        "sample " + std::to_string(id) + " from producer '" + sample.producer_id +
-                            "' belongs to epoch " + std::to_string(epoch) + ", more than " +
-                            std::to_string(kEpochHorizon) + " epochs after the first open one (" +
-                            std::to_string(first_open) + "); send epochs in order",
-                        sample.producer_id, &id)
-                 .rejection,
-             epoch, true);
+    if (std::optional<std::string> why = EpochRefusal(epoch)) {
+      RefuseOutsideEpochs(sample.producer_id, epoch, sample.meta.id, *why);
       return;
     }
     if (config_.deterministic && !state_.tracker.IsClosed(epoch)) {
@@ -375,7 +470,8 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     }
     auto schema = schemas_.find(epoch);
     if (schema == schemas_.end()) {
-      std::erase_if(schemas_, [&](const auto& entry) { return entry.first < first_open; });
+      const uint32_t oldest = TrainerEpoch(state_).value_or(first_open);
+      std::erase_if(schemas_, [&](const auto& entry) { return entry.first < oldest; });
       collate::CollateOptions options = config_.collate;
       // Per-phase plans batch the encoder fields apart (never packed).
       if (config_.phase_plans) options.packed = false;
@@ -459,6 +555,12 @@ void IngestChannel::GrantCredits() {
   }
   const uint64_t window = WindowBytes();
   const auto now = clock_.Now();
+  // Samples are lent to producers that send (CreditWindow): a producer that
+  // said hello and sends nothing is lent one, and all of them together at
+  // most half the buffer, so idle producers cannot keep it from busy ones.
+  size_t producers = 0;
+  for (const auto& [key, conn] : conns_) producers += conn.producer_id.empty() ? 0 : 1;
+  const int64_t share = CreditWindow::Share(config_.buffer_max_samples, producers, window_samples_);
   // alignment.deterministic: a producer may send seq < frontier + window of
   // its epoch (ProducerCredit.seq_limit). A producer whose next sample is at
   // the limit asked for more (wanted_seq); it gets it once the frontier moved.
@@ -497,26 +599,45 @@ void IngestChannel::GrantCredits() {
         continue;
       }
     }
-    const int64_t target = static_cast<int64_t>(std::max<uint64_t>(window, conn.wanted_bytes));
+    // Every quiet connection is probed, also one that waits for room: a
+    // producer that died while the buffer was full holds no credit, and
+    // unless it is found gone its silence is taken for the daemon's own
+    // back-pressure (CheckSilence) and the stall never gets a name.
+    if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
+      wire::IngestReply ping = NewReply();
+      ping.mutable_credit();
+      if (!Reply(conn, ping)) {
+        gone.push_back(key);
+        continue;
+      }
+    }
+    // One that could send and did not for a second is lent one sample again
+    // (its top-ups stop; what it holds returns as it sends or leaves).
+    if (MaySend(conn) && now - conn.last_sample > std::chrono::seconds(1)) conn.window.Quiet();
+    // Bytes follow the samples lent: a producer lent one sample is lent
+    // room for about one (a larger one asks, CreditRequest), so idle
+    // producers pin no more bytes than samples.
+    const int64_t lend = conn.window.Samples(share);
+    const uint64_t per_sample = std::max<uint64_t>(kBytesPerLentSample, conn.largest_sample);
+    const uint64_t lent_bytes =
+        std::min<uint64_t>(window, static_cast<uint64_t>(lend) * std::min<uint64_t>(per_sample, window));
+    const int64_t target = static_cast<int64_t>(std::max<uint64_t>(lent_bytes, conn.wanted_bytes));
     const int64_t need_bytes = target - conn.credit_bytes;
-    const int64_t need_samples = static_cast<int64_t>(window_samples_) - conn.credit_samples;
+    const int64_t need_samples = lend - conn.credit_samples;
     // Top up once half the window is spent (or the producer asked for more,
     // or holds none): one credit message per half window, not one per burst,
     // which for small samples was one message per sample each way.
-    const bool low = 2 * need_bytes >= target || 2 * need_samples >= static_cast<int64_t>(window_samples_) ||
+    const bool low = 2 * need_bytes >= target || 2 * need_samples >= lend ||
                      conn.credit_samples <= 0 || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
-    if (!low || (need_bytes <= 0 && need_samples <= 0)) {
-      if (probe && now - conn.last_heard > std::chrono::seconds(1)) {
-        wire::IngestReply ping = NewReply();
-        ping.mutable_credit();
-        if (!Reply(conn, ping)) gone.push_back(key);
-      }
-      continue;
-    }
-    const int64_t grant_bytes = std::max<int64_t>(need_bytes, 0);
+    if (!low || (need_bytes <= 0 && need_samples <= 0)) continue;
+    // Bytes are topped up only when they run low too: a producer that needs
+    // samples but still holds bytes is not charged a byte grant (an ahead
+    // producer's held bytes would otherwise block its sample top-ups).
+    const bool bytes_low = 2 * need_bytes >= target || conn.credit_bytes <= 0 || conn.wanted_bytes > 0;
+    const int64_t grant_bytes = bytes_low ? std::max<int64_t>(need_bytes, 0) : 0;
     const int64_t grant_samples = std::max<int64_t>(need_samples, 0);
     if (grant_bytes > free_bytes || grant_samples > free_samples) continue;  // wait for room
-    if (conn.ahead && grant_bytes > ahead_room) continue;
+    if (conn.ahead && grant_bytes > 0 && grant_bytes > ahead_room) continue;
     wire::IngestReply reply = NewReply();
     reply.mutable_credit()->set_bytes(static_cast<uint64_t>(grant_bytes));
     reply.mutable_credit()->set_samples(static_cast<uint32_t>(grant_samples));
@@ -532,7 +653,29 @@ void IngestChannel::GrantCredits() {
     if (conn.credit_bytes >= static_cast<int64_t>(conn.wanted_bytes)) conn.wanted_bytes = 0;
     if (!Reply(conn, reply)) gone.push_back(key);
   }
-  for (const ConnKey& key : gone) conns_.erase(key);
+  for (const ConnKey& key : gone) Forget(key);
+}
+
+void IngestChannel::Forget(const ConnKey& key) {
+  auto it = conns_.find(key);
+  if (it == conns_.end()) return;
+  const std::string& producer = it->second.producer_id;
+  if (!producer.empty()) {
+    // Worth a line when it leaves a stream open: the epoch waits for it (a
+    // producer may reconnect, so this is not an error until
+    // emit.producer_timeout_ms says so).
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (state_.current_epoch) {
+      const uint32_t epoch = *state_.current_epoch;
+      const auto active = state_.tracker.ActiveProducers(epoch);
+      if (std::find(active.begin(), active.end(), producer) != active.end()) {
+        spdlog::warn("producer '{}' left without ending its stream for epoch {}; the epoch waits for it "
+                     "(emit.producer_timeout_ms {} ms)",
+                     producer, epoch, config_.producer_timeout_ms);
+      }
+    }
+  }
+  conns_.erase(it);
 }
 
 bool IngestChannel::MaySend(const Conn& conn) {
@@ -614,13 +757,21 @@ std::optional<std::string> IngestChannel::CheckSilence() {
   for (const auto& p : active) open += (open.empty() ? "" : ", ") + p;
   const size_t expected = state_.expected_producers;
   const size_t silent = expected > ended + active.size() ? expected - ended - active.size() : 0;
+  // Input refused for this epoch (e.g. samples of an epoch the trainer does
+  // not train) is often why its streams never complete.
+  const uint64_t refused = state_.rejections.Count(epoch);
+  const std::string rejected =
+      refused == 0 ? std::string()
+                   : "; " + std::to_string(refused) +
+                         " input(s) were rejected during this epoch (the rejections and the daemon's log say why)";
   return "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
          " ms while epoch " + std::to_string(epoch) + "'s input is incomplete: " + std::to_string(ended) +
          " of " + std::to_string(expected) + " expected producer(s) ended their stream; " +
          (open.empty() ? std::string("no stream is open")
                        : "open streams (samples sent, no end_stream): " + open) +
          "; " + std::to_string(silent) + " expected producer(s) sent nothing of epoch " +
-         std::to_string(epoch) + " yet. A data worker probably died or hangs (emit.producer_timeout_ms)";
+         std::to_string(epoch) + " yet" + rejected +
+         ". A data worker probably died or hangs (emit.producer_timeout_ms)";
 }
 
 }  // namespace odb::ingest

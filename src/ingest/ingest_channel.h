@@ -14,6 +14,7 @@
 #include "src/daemon/config.h"
 #include "src/daemon/daemon_state.h"
 #include "src/daemon/metrics.h"
+#include "src/ingest/credit_window.h"
 #include "src/ingest/decoder.h"
 #include "src/ingest/schema.h"
 
@@ -80,6 +81,7 @@ class IngestChannel {
   // sample always fits once the buffer drains.
   uint64_t MaxSampleBytes() const { return max_sample_bytes_; }
   uint64_t OutstandingBytes() const { return outstanding_bytes_; }
+  int64_t OutstandingSamples() const { return outstanding_samples_; }
   size_t ConnectionCount() const { return conns_.size(); }
 
  private:
@@ -89,6 +91,9 @@ class IngestChannel {
     std::string producer_id;     // empty until hello
     int64_t credit_samples = 0;  // granted and not yet used
     int64_t credit_bytes = 0;
+    CreditWindow window;        // how many samples it is lent (grows while it sends)
+    Clock::TimePoint last_sample;  // its last sample (or its hello)
+    uint64_t largest_sample = 0;   // charged bytes of its largest sample so far
     bool ahead = false;         // sends an epoch after the one being planned
     uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
     std::optional<uint64_t> wanted_seq;  // its next sample's seq, held at the seq limit
@@ -100,6 +105,15 @@ class IngestChannel {
   void Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
              std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
   void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);  // requires mu
+  // Why input of `epoch` is not held now (nullopt: it is): before the
+  // trainer's epoch, too far after it, or (before the trainer asks) too far
+  // from the epochs producers already send. Requires mu.
+  std::optional<std::string> EpochRefusal(uint32_t epoch) const;
+  // Refuses a sample for EpochRefusal's reason `why`. Requires mu.
+  void RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id, const std::string& why);
+  // Drops a connection found gone, with a log line when it left its
+  // producer's stream of the current epoch open. Takes state_.mu.
+  void Forget(const ConnKey& key);
   // False when the producer is gone (its credit then returns to the buffer).
   bool Reply(Conn& conn, const wire::IngestReply& reply);
   uint64_t WindowBytes() const;

@@ -110,12 +110,12 @@ std::vector<uint32_t> CreditsReceived(zmq::socket_t& producer) {
   return grants;
 }
 
-TEST_CASE("credit is topped up once half of it is spent, not after every sample") {
+TEST_CASE("credit is lent as the producer sends, and topped up once half of it is spent") {
   zmq::context_t context;
   DaemonConfig config;
   config.ingest_endpoints = {"inproc://ingest-credit-test"};
   config.buffer_max_bytes = 64 << 20;
-  config.buffer_max_samples = 400;  // a window of 100 samples of credit
+  config.buffer_max_samples = 400;  // a full window of 100 samples of credit
   DaemonState state(config.buffer_max_bytes, config.buffer_max_samples, 1);
   DaemonMetrics metrics;
   FakeClock clock;
@@ -126,15 +126,29 @@ TEST_CASE("credit is topped up once half of it is spent, not after every sample"
   producer.connect("inproc://ingest-credit-test");
   REQUIRE(producer.send(zmq::buffer(Serialize(Hello("p")))));
   channel.OnReadable(0);
-  REQUIRE(CreditsReceived(producer) == std::vector<uint32_t>{100});
+  // A producer that has not sent anything is lent one sample.
+  REQUIRE(CreditsReceived(producer) == std::vector<uint32_t>{1});
+  int64_t held = 1;
+  uint64_t id = 0;
+  // While it sends, its window doubles up to the full one (never more).
+  while (held < 100) {
+    REQUIRE(id < 400);
+    SendFramesSample(producer, "p", ++id);
+    --held;
+    channel.OnReadable(0);
+    for (uint32_t g : CreditsReceived(producer)) held += g;
+    REQUIRE(held <= 100);
+    REQUIRE(held > 0);
+  }
+  CHECK(id < 200);  // a few doublings, not one sample at a time
   // 49 samples, one burst each: half the window is not spent yet, no credit message.
-  for (uint64_t id = 1; id <= 49; ++id) {
-    SendFramesSample(producer, "p", id);
+  for (int i = 0; i < 49; ++i) {
+    SendFramesSample(producer, "p", ++id);
     channel.OnReadable(0);
   }
   CHECK(CreditsReceived(producer).empty());
   // The 50th spends half: one grant brings the producer back to the full window.
-  SendFramesSample(producer, "p", 50);
+  SendFramesSample(producer, "p", ++id);
   channel.OnReadable(0);
   CHECK(CreditsReceived(producer) == std::vector<uint32_t>{50});
 }

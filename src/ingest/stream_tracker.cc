@@ -73,7 +73,13 @@ std::optional<wire::Rejection> StreamTracker::OnEndStream(const std::string& pro
                       " twice",
                   nullptr);
   }
-  const uint64_t arrived = stream.received_by_producer[producer_id];
+  // Refused samples arrived too (each has its own rejection): they count.
+  uint64_t refused = 0;
+  if (auto it = refused_.find({producer_id, epoch}); it != refused_.end()) {
+    refused = it->second;
+    refused_.erase(it);
+  }
+  const uint64_t arrived = stream.received_by_producer[producer_id] + refused;
   if (arrived != samples_sent) {
     return Reject(wire::COUNT_MISMATCH, producer_id,
                   "producer '" + producer_id + "' reports " + std::to_string(samples_sent) +
@@ -128,10 +134,37 @@ bool StreamTracker::HasEnded(const std::string& producer_id, uint32_t epoch) con
   return it != epochs_.end() && it->second.ended.count(producer_id) > 0;
 }
 
+std::optional<std::pair<uint32_t, uint32_t>> StreamTracker::OpenEpochRange() const {
+  // Closing erases an epoch's stream, so every entry left is open.
+  if (epochs_.empty()) return std::nullopt;
+  return std::make_pair(epochs_.begin()->first, epochs_.rbegin()->first);
+}
+
+std::vector<uint32_t> StreamTracker::OpenEpochsBefore(uint32_t epoch) const {
+  std::vector<uint32_t> before;
+  for (auto it = epochs_.begin(); it != epochs_.end() && it->first < epoch; ++it) before.push_back(it->first);
+  return before;
+}
+
+void StreamTracker::NoteRefused(const std::string& producer_id, uint32_t epoch) {
+  auto it = refused_.find({producer_id, epoch});
+  if (it != refused_.end()) {
+    ++it->second;
+  } else if (refused_.size() < kMaxRefusedStreams) {
+    refused_.emplace(std::make_pair(producer_id, epoch), 1);
+  }
+}
+
+uint64_t StreamTracker::Refused(const std::string& producer_id, uint32_t epoch) const {
+  auto it = refused_.find({producer_id, epoch});
+  return it == refused_.end() ? 0 : it->second;
+}
+
 void StreamTracker::CloseEpoch(uint32_t epoch, bool quota_closed) {
   closed_.insert(epoch);
   if (quota_closed) quota_closed_.insert(epoch);
   epochs_.erase(epoch);
+  std::erase_if(refused_, [&](const auto& entry) { return entry.first.second == epoch; });
 }
 
 }  // namespace odb::ingest

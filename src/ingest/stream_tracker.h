@@ -55,6 +55,20 @@ class StreamTracker {
   // The epoch after the last closed one (0 before any closed).
   uint32_t FirstOpenEpoch() const { return closed_.empty() ? 0 : *closed_.rbegin() + 1; }
   size_t ProducerCount() const { return producers_.size(); }
+  // The lowest and highest epoch not closed that anything arrived for (a
+  // sample or an end of stream); nullopt when there is none.
+  std::optional<std::pair<uint32_t, uint32_t>> OpenEpochRange() const;
+  // The epochs below `epoch` that are not closed and that anything arrived for.
+  std::vector<uint32_t> OpenEpochsBefore(uint32_t epoch) const;
+
+  // A sample that the daemon refused without counting it in its stream (its
+  // epoch is outside the epochs the daemon holds, see IngestChannel): its
+  // producer's end of stream counts it as sent. Bounded: past
+  // kMaxRefusedStreams (producer, epoch) pairs, refusals are not remembered
+  // (the end of stream then reports the counts as they are).
+  void NoteRefused(const std::string& producer_id, uint32_t epoch);
+  uint64_t Refused(const std::string& producer_id, uint32_t epoch) const;
+  static constexpr size_t kMaxRefusedStreams = 4096;
 
  private:
   struct EpochStream {
@@ -67,6 +81,7 @@ class StreamTracker {
   std::map<uint32_t, EpochStream> epochs_;
   std::set<uint32_t> closed_;
   std::set<uint32_t> quota_closed_;
+  std::map<std::pair<std::string, uint32_t>, uint64_t> refused_;
 };
 
 }  // namespace odb::ingest

@@ -59,3 +59,43 @@ TEST_CASE("after a Non-Join quota closure late samples are reported as late, not
 
 }  // namespace
 }  // namespace odb::ingest
+
+namespace odb::ingest {
+namespace {
+
+TEST_CASE("refused samples count as sent in their stream, within a bound") {
+  StreamTracker t;
+  t.OnHello("a");
+  CHECK_FALSE(t.OnSample("a", 7, 1).has_value());
+  t.NoteRefused("a", 7);
+  t.NoteRefused("a", 7);
+  CHECK(t.Refused("a", 7) == 2);
+  CHECK(t.Received(7) == 1);  // refused samples are not received ones
+  CHECK_FALSE(t.OnEndStream("a", 7, 3).has_value());
+  CHECK(t.Refused("a", 7) == 0);  // the end of stream settled them
+
+  for (size_t i = 0; i < StreamTracker::kMaxRefusedStreams + 10; ++i) t.NoteRefused("p" + std::to_string(i), 9);
+  CHECK(t.Refused("p0", 9) == 1);
+  CHECK(t.Refused("p" + std::to_string(StreamTracker::kMaxRefusedStreams + 5), 9) == 0);
+  t.CloseEpoch(9);
+  CHECK(t.Refused("p0", 9) == 0);  // closing the epoch forgets its refusals
+}
+
+TEST_CASE("the open epoch range covers the epochs anything arrived for") {
+  StreamTracker t;
+  t.OnHello("a");
+  CHECK_FALSE(t.OpenEpochRange().has_value());
+  CHECK_FALSE(t.OnSample("a", 5, 1).has_value());
+  CHECK(t.OnEndStream("b", 3, 0).has_value());  // unknown producer: rejected, opens nothing
+  CHECK_FALSE(t.OnEndStream("a", 8, 0).has_value());
+  REQUIRE(t.OpenEpochRange().has_value());
+  CHECK(t.OpenEpochRange()->first == 5);
+  CHECK(t.OpenEpochRange()->second == 8);
+  CHECK(t.OpenEpochsBefore(8) == std::vector<uint32_t>{5});
+  t.CloseEpoch(5);
+  CHECK(t.OpenEpochRange()->first == 8);
+  CHECK(t.OpenEpochsBefore(8).empty());
+}
+
+}  // namespace
+}  // namespace odb::ingest

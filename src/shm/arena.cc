@@ -282,6 +282,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   h->block_alignment = kBlockAlignment;
   h->data_offset = data_offset;
   h->data_bytes = data_bytes;
+  arena->layout_ = {generation, pid, data_offset, data_bytes, cq_offset, cq_capacity};
   Atomic(h->writer_state).store(kWriterLive, std::memory_order_relaxed);
   Atomic(h->magic).store(kArenaMagic, std::memory_order_release);  // published: Attach may accept it now
   return arena;
@@ -347,6 +348,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::MapValidated(UniqueFd fd, std::str
   arena->name_ = std::move(name);
   arena->base_ = static_cast<std::byte*>(base);
   arena->total_bytes_ = h.total_bytes;
+  arena->layout_ = {h.generation, h.creator_pid, h.data_offset, h.data_bytes, h.cq_offset, h.cq_capacity};
   arena->unlinked_ = true;  // never ours to remove
   // The identity fields are immutable once published; the mapped copy must be
   // the one just validated.
@@ -362,7 +364,7 @@ Arena::~Arena() {
   // Only the creating process closes and removes the segment: a child that
   // inherited this object through fork() (a DataLoader worker) and destroys
   // its copy must not pull the segment from under its parent.
-  if (is_creator_ && base_ != nullptr && getpid() == header()->creator_pid) {
+  if (is_creator_ && base_ != nullptr && getpid() == layout_.creator_pid) {
     MarkClosed();
     Unlink();
   } else if (is_creator_ && base_ == nullptr) {

@@ -93,14 +93,15 @@ class Arena {
   ArenaHeader* header() const { return reinterpret_cast<ArenaHeader*>(base_); }
   std::byte* base() const { return base_; }
   uint64_t total_bytes() const { return total_bytes_; }
-  uint64_t generation() const { return header()->generation; }
-  pid_t creator_pid() const { return header()->creator_pid; }
-  uint64_t data_offset() const { return header()->data_offset; }
-  uint64_t capacity_bytes() const { return header()->data_bytes; }
-  CompletionEntry* cq_entries() const {
-    return reinterpret_cast<CompletionEntry*>(base_ + header()->cq_offset);
-  }
-  uint32_t cq_capacity() const { return header()->cq_capacity; }
+  // The layout as validated when the segment was created or attached: the
+  // mapped header is writable by the other side, so nothing that bounds a
+  // read (the data region, the completion queue) is taken from it later.
+  uint64_t generation() const { return layout_.generation; }
+  pid_t creator_pid() const { return layout_.creator_pid; }
+  uint64_t data_offset() const { return layout_.data_offset; }
+  uint64_t capacity_bytes() const { return layout_.data_bytes; }
+  CompletionEntry* cq_entries() const { return reinterpret_cast<CompletionEntry*>(base_ + layout_.cq_offset); }
+  uint32_t cq_capacity() const { return layout_.cq_capacity; }
 
   // OK while the creator runs and has not closed the segment; otherwise
   // kFailedPrecondition naming the segment and the creator's pid.
@@ -121,6 +122,15 @@ class Arena {
   std::string name_;
   std::byte* base_ = nullptr;
   uint64_t total_bytes_ = 0;
+  struct Layout {
+    uint64_t generation = 0;
+    pid_t creator_pid = 0;
+    uint64_t data_offset = 0;
+    uint64_t data_bytes = 0;
+    uint64_t cq_offset = 0;
+    uint32_t cq_capacity = 0;
+  };
+  Layout layout_;  // copied from the validated header
   bool is_creator_ = false;
   bool unlinked_ = false;
 };

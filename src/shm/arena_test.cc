@@ -290,3 +290,28 @@ TEST_CASE("creation errors name the directory") {
 
 }  // namespace
 }  // namespace odb::shm
+
+namespace odb::shm {
+namespace {
+
+TEST_CASE("the reader's bounds are the layout it validated, not what the writer rewrites later") {
+  TempDir dir("rewrite");
+  auto writer = MakeWriter(dir.path(), 1 << 20);
+  auto reader = ArenaReader::Attach(writer->arena().path());
+  REQUIRE(reader.ok());
+  const uint64_t data_offset = (*reader)->arena().data_offset();
+  const uint32_t cq_capacity = (*reader)->arena().cq_capacity();
+  // A hostile writer moves the data region over the header and the completion queue.
+  ArenaHeader* h = writer->arena().header();
+  h->data_offset = 0;
+  h->data_bytes = writer->arena().total_bytes();
+  h->cq_capacity = cq_capacity * 4;
+  CHECK((*reader)->arena().data_offset() == data_offset);
+  CHECK((*reader)->arena().cq_capacity() == cq_capacity);
+  CHECK((*reader)->View(0, 64).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK((*reader)->View(data_offset - 64, 64).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK((*reader)->View(data_offset, 64).ok());
+}
+
+}  // namespace
+}  // namespace odb::shm
