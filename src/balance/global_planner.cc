@@ -229,10 +229,67 @@ std::vector<std::vector<int64_t>> LocalityWeights(const Pool& pool, const std::v
   return w;
 }
 
+// Above this world size the locality permutation of a step is found by
+// SparseAssignment (greedy + pairwise exchanges on the non-zero weights)
+// instead of the exact Hungarian algorithm: O(n^3) time and an n x n matrix
+// per step made the assignment ~half of a round's CPU at W = 1024 and most of
+// it beyond (bench/results/scale_before.md). A permutation changes no rank's
+// cost, so the switch only affects bytes moved, never balance; up to 64 ranks
+// (8 nodes of 8) the exact solve costs < 0.1 ms and is kept.
+constexpr int kExactAssignmentMaxWorld = 64;
+constexpr int kSparseAssignmentPasses = 4;
+
+// LocalityWeights as sparse entries: a group has samples of few owners, so
+// its row is non-zero only at those owners and at the ranks of their nodes.
+// The same weights, except that with a single node the node term (the same
+// for every rank, so no permutation's choice) is left out: it would make
+// every row dense.
+std::vector<WeightedEdge> LocalityEdges(const Pool& pool, const std::vector<const Members*>& slots, int world,
+                                        uint32_t lws) {
+  const int nodes = lws == 0 ? 1 : (world + static_cast<int>(lws) - 1) / static_cast<int>(lws);
+  std::vector<WeightedEdge> edges;
+  std::vector<std::pair<int32_t, int64_t>> owners;  // (owner rank, units), sorted by owner
+  for (int g = 0; g < world; ++g) {
+    if (slots[g] == nullptr) continue;
+    owners.clear();
+    for (size_t i : *slots[g]) {
+      const SampleMeta& m = pool.metas[i];
+      owners.emplace_back(m.owner_rank, static_cast<int64_t>(m.payload_bytes) + 1);
+    }
+    std::sort(owners.begin(), owners.end());
+    size_t i = 0;
+    while (i < owners.size()) {
+      // One owner's units, then (owners sorted => nodes sorted) its node's.
+      const int32_t node = NodeOf(owners[i].first, lws);
+      int64_t node_units = 0;
+      while (i < owners.size() && NodeOf(owners[i].first, lws) == node) {
+        const int32_t owner = owners[i].first;
+        int64_t units = 0;
+        for (; i < owners.size() && owners[i].first == owner; ++i) units += owners[i].second;
+        if (owner >= 0 && owner < world) edges.push_back({g, owner, units});
+        node_units += units;
+      }
+      if (nodes > 1) {
+        const int32_t first = node * static_cast<int32_t>(lws);
+        const int32_t last = std::min<int32_t>(world, first + static_cast<int32_t>(lws));
+        for (int32_t r = first; r < last; ++r) edges.push_back({g, r, kNodeWeight * node_units});
+      }
+    }
+  }
+  return edges;
+}
+
 int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
                      std::vector<int>* rank_of_bin) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  if (world > kExactAssignmentMaxWorld) {
+    const std::vector<WeightedEdge> edges = LocalityEdges(pool, slots, world, lws);
+    std::vector<int> assign = SparseAssignment(world, edges, kSparseAssignmentPasses);
+    const int64_t gain = SparseAssignmentWeight(world, edges, assign);
+    if (rank_of_bin != nullptr) *rank_of_bin = std::move(assign);
+    return gain;
+  }
   const auto w = LocalityWeights(pool, slots, world, lws);
   std::vector<int> assign = MaxWeightAssignment(w);
   const int64_t gain = AssignmentWeight(w, assign);
@@ -249,6 +306,10 @@ void ImproveAssignment(const Pool& pool, const std::vector<Members>& bins, int w
                        std::vector<int>& rank_of_bin, int passes) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  if (world > kExactAssignmentMaxWorld) {
+    ImproveSparseAssignment(world, LocalityEdges(pool, slots, world, lws), rank_of_bin, passes);
+    return;
+  }
   const auto w = LocalityWeights(pool, slots, world, lws);
   for (int pass = 0; pass < passes; ++pass) {
     bool improved = false;
