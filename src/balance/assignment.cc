@@ -102,9 +102,25 @@ SparseRows BuildRows(int n, const std::vector<WeightedEdge>& edges) {
     assert(e.row >= 0 && e.row < n && e.col >= 0 && e.col < n && e.weight >= 0 && "SparseAssignment entry");
     (void)e;
   }
-  std::sort(sorted.begin(), sorted.end(), [](const WeightedEdge& a, const WeightedEdge& b) {
+  const auto by_row_col = [](const WeightedEdge& a, const WeightedEdge& b) {
     return a.row != b.row ? a.row < b.row : a.col < b.col;
+  };
+  const bool rows_in_order = std::is_sorted(sorted.begin(), sorted.end(), [](const WeightedEdge& a,
+                                                                             const WeightedEdge& b) {
+    return a.row < b.row;
   });
+  if (rows_in_order) {
+    // The usual input (one row after another): sort each short row alone.
+    for (size_t i = 0; i < sorted.size();) {
+      size_t j = i;
+      while (j < sorted.size() && sorted[j].row == sorted[i].row) ++j;
+      std::sort(sorted.begin() + static_cast<std::ptrdiff_t>(i), sorted.begin() + static_cast<std::ptrdiff_t>(j),
+                by_row_col);
+      i = j;
+    }
+  } else {
+    std::sort(sorted.begin(), sorted.end(), by_row_col);
+  }
   SparseRows m;
   m.start.assign(static_cast<size_t>(n) + 1, 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -155,25 +171,35 @@ bool Improve(int n, const SparseRows& m, std::vector<int>& col_of_row, int passe
 std::vector<int> SparseAssignment(int n, const std::vector<WeightedEdge>& edges, int improve_passes) {
   if (n <= 0) return {};
   const SparseRows m = BuildRows(n, edges);
-  std::vector<size_t> order(m.col.size());
+  // Ties in weight (a group's node term is the same for every rank of the
+  // node) go to the column fewer rows want, so that a column some other row
+  // needs is not taken by a row that any of several would serve; then to the
+  // smaller entry index, i.e. (entries are in (row, col) order) the smaller
+  // row, then column. A total order: std::sort gives one result everywhere.
+  std::vector<uint32_t> demand(n, 0);
+  for (int32_t c : m.col) ++demand[c];
+  struct Keyed {
+    int64_t weight;
+    uint32_t demand;
+    uint32_t entry;
+  };
+  std::vector<Keyed> order;
+  order.reserve(m.col.size());
+  for (size_t k = 0; k < m.col.size(); ++k) {
+    if (m.weight[k] > 0) order.push_back({m.weight[k], demand[m.col[k]], static_cast<uint32_t>(k)});
+  }
+  std::sort(order.begin(), order.end(), [](const Keyed& x, const Keyed& y) {
+    if (x.weight != y.weight) return x.weight > y.weight;
+    if (x.demand != y.demand) return x.demand < y.demand;
+    return x.entry < y.entry;
+  });
   std::vector<int32_t> row_of_entry(m.col.size());
   for (int r = 0; r < n; ++r) {
     for (size_t k = m.start[r]; k < m.start[r + 1]; ++k) row_of_entry[k] = r;
   }
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  // Ties in weight (a group's node term is the same for every rank of the
-  // node) go to the column fewer rows want, so that a column some other row
-  // needs is not taken by a row that any of several would serve; then (entries
-  // are in (row, col) order and the sort is stable) by row, then column.
-  std::vector<uint32_t> demand(n, 0);
-  for (int32_t c : m.col) ++demand[c];
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    if (m.weight[x] != m.weight[y]) return m.weight[x] > m.weight[y];
-    return demand[m.col[x]] < demand[m.col[y]];
-  });
   std::vector<int> col_of_row(n, -1), row_of_col(n, -1);
-  for (size_t k : order) {
-    if (m.weight[k] <= 0) break;
+  for (const Keyed& e : order) {
+    const size_t k = e.entry;
     const int r = row_of_entry[k], c = m.col[k];
     if (col_of_row[r] != -1 || row_of_col[c] != -1) continue;
     col_of_row[r] = c;
