@@ -59,7 +59,7 @@ def table(rows, label):
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, path):
+def plot(rows, path, baseline=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,6 +70,12 @@ def plot(rows, path):
     ax = axes[0]
     ax.loglog(ws, [r["plan_cpu_ms_per_round"] for r in rows], "o-", label="per round")
     ax.loglog(ws, [r["plan_cpu_ms_per_step"] for r in rows], "s-", label="per planned step")
+    if baseline:
+        bws = [r["world"] for r in baseline]
+        ax.loglog(bws, [r["plan_cpu_ms_per_round"] for r in baseline], "o:", color="gray",
+                  label="per round, baseline")
+        ax.loglog(bws, [r["plan_cpu_ms_per_step"] for r in baseline], "s:", color="silver",
+                  label="per step, baseline")
     ax.axhline(10, color="black", linestyle="--", linewidth=0.8, label="10 ms/step target")
     ax.set_xlabel("W (ranks)")
     ax.set_ylabel("planner CPU (ms, one rank)")
@@ -103,7 +109,16 @@ def main():
     p.add_argument("--label", default="balance::GlobalPlanner (locality 0)")
     p.add_argument("--worlds", default=",".join(map(str, DEFAULT_WORLDS)))
     p.add_argument("--rounds", type=int, default=6, help="rounds for W <= 256 (halved to 1024, /3 above)")
+    p.add_argument("--baseline", default=None, help="an earlier scale.json whose planner CPU is plotted dotted")
+    p.add_argument("--from-json", default=None, help="redraw the table and plot from this scale.json, no runs")
     args, extra = p.parse_known_args()
+    baseline = json.loads(pathlib.Path(args.baseline).read_text()) if args.baseline else None
+    out = pathlib.Path(args.out)
+    if args.from_json:
+        rows = json.loads(pathlib.Path(args.from_json).read_text())
+        (out / f"{args.name}.md").write_text(table(rows, args.label))
+        plot(rows, out / f"{args.name}.png", baseline)
+        return
     binary = args.bin
     if binary is None:
         bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], check=True, capture_output=True,
@@ -116,11 +131,10 @@ def main():
               f"recv {row['recv_bytes_per_step'] / 1e3:.1f} kB/step, {row['vmhwm_kb'] / 1024:.0f} MiB, "
               f"bound {row['bound_fraction']:.4f} ({row['wall_s']} s)", file=sys.stderr, flush=True)
         rows.append(row)
-    out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out / f"{args.name}.md").write_text(table(rows, args.label))
-    plot(rows, out / f"{args.name}.png")
+    plot(rows, out / f"{args.name}.png", baseline)
 
 
 if __name__ == "__main__":
