@@ -24,7 +24,12 @@
 //   bound_fraction: the simulator's metric (bench/batching_sim): the padded
 //     lower bound of the emitted samples (bench/bound.h) over the simulated
 //     time (sum over steps of the slowest rank's cost);
-//   vmhwm_kb: peak resident memory of this process.
+//   vmhwm_kb: peak resident memory of this process;
+//   moved_bytes_per_sample, inter_node_bytes_per_sample: payload bytes the
+//     plans move between ranks / nodes (balance::ComputeBytesMoved), per
+//     emitted sample. --exact-max-world M sets
+//     GlobalPlannerConfig::exact_assignment_max_world (exact Hungarian
+//     permutation up to M ranks) to compare the two assignments.
 #include <time.h>
 
 #include <algorithm>
@@ -68,6 +73,7 @@ struct Options {
   uint32_t lws = 8;
   std::string preset = "chat_longtail";
   uint64_t seed = 1;
+  uint32_t exact_max_world = balance::GlobalPlannerConfig{}.exact_assignment_max_world;
 };
 
 // One rank's endless stream: chunks of `window` samples, chunk c generated
@@ -127,6 +133,7 @@ int Run(const Options& o) {
   g.base = pc;
   g.locality = 0.0;
   g.local_world_size = o.lws;
+  g.exact_assignment_max_world = o.exact_max_world;
   const balance::GlobalPlanner planner(g);
 
   std::vector<RankStream> streams;
@@ -138,6 +145,7 @@ int Run(const Options& o) {
   Schedule schedule;
   std::vector<SampleLengths> emitted;
   uint64_t first_step = 0;
+  balance::BytesMoved moved;
   for (int round = 0; round < o.rounds; ++round) {
     for (int r = 0; r < world; ++r) {
       while (pending[r].size() < o.window) pending[r].push_back(streams[r].Next());
@@ -208,6 +216,7 @@ int Run(const Options& o) {
       schedule.push_back(std::move(step));
     }
     first_step += plan.num_steps;
+    moved += balance::ComputeBytesMoved(plan, o.lws);
     // Emitted samples leave the buffer; kept ones stay in arrival order.
     for (int r = 0; r < world; ++r) {
       std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
@@ -238,14 +247,17 @@ int Run(const Options& o) {
       "\"sent_bytes_per_round_max\": %.0f, \"recv_bytes_per_round_max\": %.0f, "
       "\"recv_bytes_per_step\": %.1f, \"emitted_samples\": %zu, \"sim_time\": %.1f, "
       "\"padded_bound\": %.1f, \"bound_fraction\": %.5f, \"max_over_mean\": %.5f, "
-      "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld}\n",
+      "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld, "
+      "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, \"inter_node_bytes_per_sample\": %.1f}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
       steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds, sent_max,
       recv_max, steps_total > 0 ? recv_sum / n_rank_rounds * n_rounds / steps_total : 0.0, emitted.size(),
       metrics.time, bounds.padded, metrics.time > 0 ? bounds.padded / metrics.time : 0.0, metrics.max_over_mean(),
       static_cast<unsigned long long>(metrics.idle_rank_steps),
-      static_cast<unsigned long long>(metrics.over_budget_rank_steps), hwm);
+      static_cast<unsigned long long>(metrics.over_budget_rank_steps), hwm, o.exact_max_world,
+      moved.samples() ? static_cast<double>(moved.moved_bytes()) / static_cast<double>(moved.samples()) : 0.0,
+      moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples()) : 0.0);
   return 0;
 }
 
@@ -275,12 +287,14 @@ int main(int argc, char** argv) {
       o.lws = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--preset") {
       o.preset = value();
+    } else if (a == "--exact-max-world") {
+      o.exact_max_world = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
-                   "[--preset NAME] [--seed S]\n");
+                   "[--preset NAME] [--seed S] [--exact-max-world M]\n");
       return 2;
     }
   }

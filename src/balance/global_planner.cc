@@ -229,14 +229,13 @@ std::vector<std::vector<int64_t>> LocalityWeights(const Pool& pool, const std::v
   return w;
 }
 
-// Above this world size the locality permutation of a step is found by
-// SparseAssignment (greedy + pairwise exchanges on the non-zero weights)
-// instead of the exact Hungarian algorithm: O(n^3) time and an n x n matrix
-// per step made the assignment ~half of a round's CPU at W = 1024 and most of
-// it beyond (bench/results/scale_before.md). A permutation changes no rank's
-// cost, so the switch only affects bytes moved, never balance; up to 64 ranks
-// (8 nodes of 8) the exact solve costs < 0.1 ms and is kept.
-constexpr int kExactAssignmentMaxWorld = 64;
+// Above GlobalPlannerConfig::exact_assignment_max_world ranks the locality
+// permutation of a step is found by SparseAssignment (greedy + pairwise
+// exchanges on the non-zero weights) instead of the exact Hungarian
+// algorithm: O(n^3) time and an n x n matrix per step made the assignment
+// ~half of a round's CPU at W = 1024 and nearly all of it at 2560
+// (bench/results/scale_before.md). A permutation changes no rank's cost, so
+// the switch only affects bytes moved, never balance.
 constexpr int kSparseAssignmentPasses = 4;
 
 // LocalityWeights as sparse entries: a group has samples of few owners, so
@@ -280,10 +279,10 @@ std::vector<WeightedEdge> LocalityEdges(const Pool& pool, const std::vector<cons
 }
 
 int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
-                     std::vector<int>* rank_of_bin) {
+                     uint32_t exact_max_world, std::vector<int>* rank_of_bin) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
-  if (world > kExactAssignmentMaxWorld) {
+  if (static_cast<uint32_t>(world) > exact_max_world) {
     const std::vector<WeightedEdge> edges = LocalityEdges(pool, slots, world, lws);
     std::vector<int> assign = SparseAssignment(world, edges, kSparseAssignmentPasses);
     const int64_t gain = SparseAssignmentWeight(world, edges, assign);
@@ -303,10 +302,10 @@ int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int wor
 // bins already hold, so the assignment is near-optimal and an O(W^2) polish
 // replaces an O(W^3) solve.
 void ImproveAssignment(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
-                       std::vector<int>& rank_of_bin, int passes) {
+                       uint32_t exact_max_world, std::vector<int>& rank_of_bin, int passes) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
-  if (world > kExactAssignmentMaxWorld) {
+  if (static_cast<uint32_t>(world) > exact_max_world) {
     ImproveSparseAssignment(world, LocalityEdges(pool, slots, world, lws), rank_of_bin, passes);
     return;
   }
@@ -638,12 +637,12 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   }
   const double c_star = MaxCost(cfg, pool, bins);
   std::vector<int> rank_of_bin;
-  LocalityGain(pool, bins, world, lws, &rank_of_bin);
+  LocalityGain(pool, bins, world, lws, gcfg.exact_assignment_max_world, &rank_of_bin);
   // Locality pass: moves and swaps that bring samples home, within the budget
   // and within the relaxed capacity C* / (1 - locality).
   const double capacity = c_star / (1.0 - std::clamp(gcfg.locality, 0.0, 0.999));
   if (LocalitySwaps(cfg, pool, bins, rank_of_bin, capacity, lws)) {
-    ImproveAssignment(pool, bins, world, lws, rank_of_bin, 4);
+    ImproveAssignment(pool, bins, world, lws, gcfg.exact_assignment_max_world, rank_of_bin, 4);
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
@@ -730,7 +729,7 @@ size_t CrossStepHomeSwaps(const align::PlannerConfig& cfg, const Pool& pool,
 std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool, std::vector<Members> bins,
                                int world) {
   std::vector<int> rank_of_bin;
-  LocalityGain(pool, bins, world, gcfg.local_world_size, &rank_of_bin);
+  LocalityGain(pool, bins, world, gcfg.local_world_size, gcfg.exact_assignment_max_world, &rank_of_bin);
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
   return by_rank;
@@ -823,8 +822,14 @@ std::string FormatLocality(double l) {
 GlobalPlanner::GlobalPlanner(GlobalPlannerConfig config) : config_(std::move(config)), local_(config_.base) {}
 
 std::string GlobalPlanner::Name() const {
+  // The assignment threshold changes plans above it, so ranks must agree on
+  // it too; named only when not the default, so default names are unchanged.
+  const std::string exact =
+      config_.exact_assignment_max_world == GlobalPlannerConfig{}.exact_assignment_max_world
+          ? ""
+          : ",exact_assignment_max_world=" + std::to_string(config_.exact_assignment_max_world);
   return "global(locality=" + FormatLocality(config_.locality) +
-         ",local_world_size=" + std::to_string(config_.local_world_size) + ")";
+         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + ")";
 }
 
 RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
