@@ -4,7 +4,9 @@
     bazel build -c opt //bench:scale_bench
     /usr/bin/python3 bench/scale.py --out bench/results
 
-Runs bench/scale_bench once per W, each in a fresh process (so its VmHWM is
+Arguments it does not know go to scale_bench (e.g. --exact-max-world 100000:
+the exact Hungarian permutation at every W, the planner before the sparse
+assignment). Runs bench/scale_bench once per W, each in a fresh process (so its VmHWM is
 that W's peak), and writes scale.json (every run's JSON), scale.md (the table)
 and scale.png (planner CPU per round and per step, bytes received per step,
 fraction of the padded bound, against W). Rounds per W shrink with W so that
@@ -45,8 +47,9 @@ def table(rows, label):
         "time (not wall); bytes are the encoded metadata (align/meta_codec) the all-gather carries.",
         "",
         "| W | rounds | planner CPU / round | per planned step | decode CPU / round | sent B / round "
-        "| received B / round | received B / step | peak RSS (VmHWM) | fraction of padded bound | max/mean |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| received B / round | received B / step | peak RSS (VmHWM) | fraction of padded bound | max/mean "
+        "| moved B / sample | inter-node B / sample |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         dec = sum(r["decode_cpu_ms"]) / len(r["decode_cpu_ms"])
@@ -54,7 +57,8 @@ def table(rows, label):
             f"| {r['world']} | {r['rounds']} | {r['plan_cpu_ms_per_round']:.1f} ms | "
             f"{r['plan_cpu_ms_per_step']:.2f} ms | {dec:.1f} ms | {r['sent_bytes_per_round']:.0f} | "
             f"{r['recv_bytes_per_round'] / 1e6:.2f} MB | {r['recv_bytes_per_step'] / 1e3:.1f} kB | "
-            f"{r['vmhwm_kb'] / 1024:.0f} MiB | {r['bound_fraction']:.4f} | {r['max_over_mean']:.4f} |"
+            f"{r['vmhwm_kb'] / 1024:.0f} MiB | {r['bound_fraction']:.4f} | {r['max_over_mean']:.4f} | "
+            f"{r.get('moved_bytes_per_sample', float('nan')):.0f} | {r.get('inter_node_bytes_per_sample', float('nan')):.0f} |"
         )
     return "\n".join(lines) + "\n"
 
