@@ -84,8 +84,9 @@ class RankStream {
   RankStream(const Options& o, int rank) : o_(o), rank_(rank) {}
   SampleMeta Next() {
     if (pos_ == chunk_.size()) {
-      auto t = GenerateTrace(o_.preset, o_.window, 4096,
-                             align::MixSeed(align::MixSeed(o_.seed, static_cast<uint64_t>(rank_)), chunks_++));
+      auto t =
+          GenerateTrace(o_.preset, o_.window, 4096,
+                        align::MixSeed(align::MixSeed(o_.seed, static_cast<uint64_t>(rank_)), chunks_++));
       if (!t.ok()) {
         std::fprintf(stderr, "scale_bench: %s\n", t.status().ToString().c_str());
         std::exit(2);
@@ -219,7 +220,8 @@ int Run(const Options& o) {
     moved += balance::ComputeBytesMoved(plan, o.lws);
     // Emitted samples leave the buffer; kept ones stay in arrival order.
     for (int r = 0; r < world; ++r) {
-      std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
+      std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(),
+                                         plan.ranks[r].keep_pending.end());
       std::sort(keep.begin(), keep.end());
       std::vector<SampleMeta> rest;
       rest.reserve(pending[r].size());
@@ -248,16 +250,18 @@ int Run(const Options& o) {
       "\"recv_bytes_per_step\": %.1f, \"emitted_samples\": %zu, \"sim_time\": %.1f, "
       "\"padded_bound\": %.1f, \"bound_fraction\": %.5f, \"max_over_mean\": %.5f, "
       "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld, "
-      "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, \"inter_node_bytes_per_sample\": %.1f}\n",
+      "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, "
+      "\"inter_node_bytes_per_sample\": %.1f}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
-      steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds, sent_max,
-      recv_max, steps_total > 0 ? recv_sum / n_rank_rounds * n_rounds / steps_total : 0.0, emitted.size(),
-      metrics.time, bounds.padded, metrics.time > 0 ? bounds.padded / metrics.time : 0.0, metrics.max_over_mean(),
-      static_cast<unsigned long long>(metrics.idle_rank_steps),
+      steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
+      sent_max, recv_max, steps_total > 0 ? recv_sum / n_rank_rounds * n_rounds / steps_total : 0.0,
+      emitted.size(), metrics.time, bounds.padded, metrics.time > 0 ? bounds.padded / metrics.time : 0.0,
+      metrics.max_over_mean(), static_cast<unsigned long long>(metrics.idle_rank_steps),
       static_cast<unsigned long long>(metrics.over_budget_rank_steps), hwm, o.exact_max_world,
       moved.samples() ? static_cast<double>(moved.moved_bytes()) / static_cast<double>(moved.samples()) : 0.0,
-      moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples()) : 0.0);
+      moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples())
+                      : 0.0);
   return 0;
 }
 
@@ -299,7 +303,8 @@ int main(int argc, char** argv) {
     }
   }
   if (o.world < 1 || o.rounds < 1 || o.window < 1 || o.queue < 2 || !odb::bench::IsPreset(o.preset)) {
-    std::fprintf(stderr, "scale_bench: need world >= 1, rounds >= 1, window >= 1, queue >= 2, a known preset\n");
+    std::fprintf(stderr,
+                 "scale_bench: need world >= 1, rounds >= 1, window >= 1, queue >= 2, a known preset\n");
     return 2;
   }
   return odb::bench::Run(o);

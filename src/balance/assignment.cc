@@ -105,17 +105,16 @@ SparseRows BuildRows(int n, const std::vector<WeightedEdge>& edges) {
   const auto by_row_col = [](const WeightedEdge& a, const WeightedEdge& b) {
     return a.row != b.row ? a.row < b.row : a.col < b.col;
   };
-  const bool rows_in_order = std::is_sorted(sorted.begin(), sorted.end(), [](const WeightedEdge& a,
-                                                                             const WeightedEdge& b) {
-    return a.row < b.row;
-  });
+  const bool rows_in_order =
+      std::is_sorted(sorted.begin(), sorted.end(),
+                     [](const WeightedEdge& a, const WeightedEdge& b) { return a.row < b.row; });
   if (rows_in_order) {
     // The usual input (one row after another): sort each short row alone.
     for (size_t i = 0; i < sorted.size();) {
       size_t j = i;
       while (j < sorted.size() && sorted[j].row == sorted[i].row) ++j;
-      std::sort(sorted.begin() + static_cast<std::ptrdiff_t>(i), sorted.begin() + static_cast<std::ptrdiff_t>(j),
-                by_row_col);
+      std::sort(sorted.begin() + static_cast<std::ptrdiff_t>(i),
+                sorted.begin() + static_cast<std::ptrdiff_t>(j), by_row_col);
       i = j;
     }
   } else {
@@ -222,7 +221,8 @@ bool ImproveSparseAssignment(int n, const std::vector<WeightedEdge>& edges, std:
   return Improve(n, BuildRows(n, edges), col_of_row, passes);
 }
 
-int64_t SparseAssignmentWeight(int n, const std::vector<WeightedEdge>& edges, const std::vector<int>& col_of_row) {
+int64_t SparseAssignmentWeight(int n, const std::vector<WeightedEdge>& edges,
+                               const std::vector<int>& col_of_row) {
   int64_t total = 0;
   for (const WeightedEdge& e : edges) {
     if (e.row >= 0 && e.row < n && col_of_row[e.row] == e.col) total += e.weight;

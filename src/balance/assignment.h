@@ -15,8 +15,7 @@ namespace odb::balance {
 std::vector<int> MaxWeightAssignment(const std::vector<std::vector<int64_t>>& weight);
 
 // Sum of weight[i][col_of_row[i]].
-int64_t AssignmentWeight(const std::vector<std::vector<int64_t>>& weight,
-                         const std::vector<int>& col_of_row);
+int64_t AssignmentWeight(const std::vector<std::vector<int64_t>>& weight, const std::vector<int>& col_of_row);
 
 // One non-zero entry of a sparse n x n weight matrix. Entries not listed are
 // 0; duplicate (row, col) entries add up.
@@ -45,7 +44,8 @@ bool ImproveSparseAssignment(int n, const std::vector<WeightedEdge>& edges, std:
                              int passes);
 
 // Sum of the weights of the entries col_of_row selects (duplicates added).
-int64_t SparseAssignmentWeight(int n, const std::vector<WeightedEdge>& edges, const std::vector<int>& col_of_row);
+int64_t SparseAssignmentWeight(int n, const std::vector<WeightedEdge>& edges,
+                               const std::vector<int>& col_of_row);
 
 }  // namespace odb::balance
 

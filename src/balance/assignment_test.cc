@@ -42,7 +42,6 @@ TEST_CASE("Hungarian handles a 64 x 64 diagonal-dominant matrix", "[assignment]"
   for (int i = 0; i < n; ++i) REQUIRE(got[i] == (i * 7) % n);
 }
 
-
 // Locality-shaped sparse weights (src/balance/global_planner.cc,
 // LocalityEdges): row g holds samples of a few owners; the entry at an owner
 // is its units, and every rank of an owner's node gets 8 x the node's units.
@@ -99,7 +98,8 @@ TEST_CASE("SparseAssignment: a permutation near the Hungarian optimum on localit
   REQUIRE(worst >= 0.96);  // measured 0.965 (these 12 instances)
 }
 
-TEST_CASE("SparseAssignment is a pure function of its entries, whatever their order", "[assignment][sparse]") {
+TEST_CASE("SparseAssignment is a pure function of its entries, whatever their order",
+          "[assignment][sparse]") {
   std::mt19937_64 rng(11);
   const int n = 150;
   std::vector<WeightedEdge> edges = LocalityShaped(n, 8, rng);
@@ -112,7 +112,8 @@ TEST_CASE("SparseAssignment is a pure function of its entries, whatever their or
   }
 }
 
-TEST_CASE("SparseAssignment: exact on disjoint preferences, empty rows get the free columns", "[assignment][sparse]") {
+TEST_CASE("SparseAssignment: exact on disjoint preferences, empty rows get the free columns",
+          "[assignment][sparse]") {
   const int n = 300;
   std::vector<WeightedEdge> edges;
   for (int i = 0; i < n; i += 2) edges.push_back({i, (i * 7 + 3) % n, 1000 + i});  // rows with one wish
@@ -122,7 +123,8 @@ TEST_CASE("SparseAssignment: exact on disjoint preferences, empty rows get the f
   REQUIRE(SparseAssignment(0, {}, 4).empty());
 }
 
-TEST_CASE("ImproveSparseAssignment raises the weight to a pairwise-exchange optimum", "[assignment][sparse]") {
+TEST_CASE("ImproveSparseAssignment raises the weight to a pairwise-exchange optimum",
+          "[assignment][sparse]") {
   std::mt19937_64 rng(3);
   const int n = 120;
   const std::vector<WeightedEdge> edges = LocalityShaped(n, 8, rng);

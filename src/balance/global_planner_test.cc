@@ -518,9 +518,9 @@ TEST_CASE("beyond 64 ranks (sparse locality assignment): epochs keep every rule,
     for (uint32_t k = 0; k < plan.num_steps && !differs; ++k) {
       const auto& x = plan.ranks[r].steps[k].samples;
       const auto& y = exact.ranks[r].steps[k].samples;
-      differs = x.size() != y.size() || !std::equal(x.begin(), x.end(), y.begin(), [](const auto& p, const auto& q) {
-        return KeyOf(p) == KeyOf(q);
-      });
+      differs = x.size() != y.size() ||
+                !std::equal(x.begin(), x.end(), y.begin(),
+                            [](const auto& p, const auto& q) { return KeyOf(p) == KeyOf(q); });
     }
   }
   REQUIRE(differs);
