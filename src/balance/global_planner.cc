@@ -233,7 +233,7 @@ std::vector<std::vector<int64_t>> LocalityWeights(const Pool& pool, const std::v
 // permutation of a step is found by SparseAssignment (greedy + pairwise
 // exchanges on the non-zero weights) instead of the exact Hungarian
 // algorithm: O(n^3) time and an n x n matrix per step made the assignment
-// ~half of a round's CPU at W = 1024 and nearly all of it at 2560
+// most of a round's CPU at W = 1024 and nearly all of it at 2560
 // (bench/results/scale_before.md). A permutation changes no rank's cost, so
 // the switch only affects bytes moved, never balance.
 constexpr int kSparseAssignmentPasses = 4;
