@@ -97,6 +97,26 @@ struct SparseRows {
 };
 
 SparseRows BuildRows(int n, const std::vector<WeightedEdge>& edges) {
+  const bool canonical =
+      std::adjacent_find(edges.begin(), edges.end(), [](const WeightedEdge& a, const WeightedEdge& b) {
+        return !(a.row < b.row || (a.row == b.row && a.col < b.col));
+      }) == edges.end();
+  if (canonical) {
+    // Already in strict (row, col) order (global_planner's LocalityEdges):
+    // no copy, no sort.
+    SparseRows m;
+    m.start.assign(static_cast<size_t>(n) + 1, 0);
+    m.col.reserve(edges.size());
+    m.weight.reserve(edges.size());
+    for (const WeightedEdge& e : edges) {
+      assert(e.row >= 0 && e.row < n && e.col >= 0 && e.col < n && e.weight >= 0 && "SparseAssignment entry");
+      m.col.push_back(e.col);
+      m.weight.push_back(e.weight);
+      ++m.start[static_cast<size_t>(e.row) + 1];
+    }
+    for (int r = 0; r < n; ++r) m.start[r + 1] += m.start[r];
+    return m;
+  }
   std::vector<WeightedEdge> sorted = edges;
   for (const WeightedEdge& e : sorted) {
     assert(e.row >= 0 && e.row < n && e.col >= 0 && e.col < n && e.weight >= 0 && "SparseAssignment entry");

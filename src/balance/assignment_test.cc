@@ -110,6 +110,17 @@ TEST_CASE("SparseAssignment is a pure function of its entries, whatever their or
     std::shuffle(edges.begin(), edges.end(), rng);
     REQUIRE(SparseAssignment(n, edges, 4) == first);
   }
+  // The same matrix in canonical form (strict (row, col) order, duplicates
+  // added up: the input that skips the sort) gives the same answer.
+  const auto w = Dense(n, edges);
+  std::vector<WeightedEdge> canonical;
+  for (int r = 0; r < n; ++r) {
+    for (int c = 0; c < n; ++c) {
+      if (w[r][c] != 0) canonical.push_back({r, c, w[r][c]});
+    }
+  }
+  REQUIRE(canonical.size() < edges.size());
+  REQUIRE(SparseAssignment(n, canonical, 4) == first);
 }
 
 TEST_CASE("SparseAssignment: exact on disjoint preferences, empty rows get the free columns",

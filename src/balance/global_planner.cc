@@ -248,6 +248,7 @@ std::vector<WeightedEdge> LocalityEdges(const Pool& pool, const std::vector<cons
   const int nodes = lws == 0 ? 1 : (world + static_cast<int>(lws) - 1) / static_cast<int>(lws);
   std::vector<WeightedEdge> edges;
   std::vector<std::pair<int32_t, int64_t>> owners;  // (owner rank, units), sorted by owner
+  std::vector<std::pair<int32_t, int64_t>> merged;  // one node's owners, units summed
   for (int g = 0; g < world; ++g) {
     if (slots[g] == nullptr) continue;
     owners.clear();
@@ -256,23 +257,37 @@ std::vector<WeightedEdge> LocalityEdges(const Pool& pool, const std::vector<cons
       owners.emplace_back(m.owner_rank, static_cast<int64_t>(m.payload_bytes) + 1);
     }
     std::sort(owners.begin(), owners.end());
+    // Merge each owner's units, then emit the row in column order with no
+    // duplicate (so SparseAssignment need not sort it): per node of the
+    // owners (owners sorted => nodes sorted), every rank of the node with
+    // kNodeWeight x the node's units plus its own units if it is an owner.
     size_t i = 0;
     while (i < owners.size()) {
-      // One owner's units, then (owners sorted => nodes sorted) its node's.
       const int32_t node = NodeOf(owners[i].first, lws);
+      const size_t merged_begin = merged.size();
       int64_t node_units = 0;
       while (i < owners.size() && NodeOf(owners[i].first, lws) == node) {
         const int32_t owner = owners[i].first;
         int64_t units = 0;
         for (; i < owners.size() && owners[i].first == owner; ++i) units += owners[i].second;
-        if (owner >= 0 && owner < world) edges.push_back({g, owner, units});
+        if (owner >= 0 && owner < world) merged.emplace_back(owner, units);
         node_units += units;
       }
       if (nodes > 1) {
         const int32_t first = node * static_cast<int32_t>(lws);
         const int32_t last = std::min<int32_t>(world, first + static_cast<int32_t>(lws));
-        for (int32_t r = first; r < last; ++r) edges.push_back({g, r, kNodeWeight * node_units});
+        size_t next = merged_begin;
+        for (int32_t r = first; r < last; ++r) {
+          int64_t w = kNodeWeight * node_units;
+          if (next < merged.size() && merged[next].first == r) w += merged[next++].second;
+          edges.push_back({g, r, w});
+        }
+      } else {
+        for (size_t k = merged_begin; k < merged.size(); ++k) {
+          edges.push_back({g, merged[k].first, merged[k].second});
+        }
       }
+      merged.resize(merged_begin);
     }
   }
   return edges;
