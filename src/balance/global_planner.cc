@@ -229,10 +229,81 @@ std::vector<std::vector<int64_t>> LocalityWeights(const Pool& pool, const std::v
   return w;
 }
 
+// Above GlobalPlannerConfig::exact_assignment_max_world ranks the locality
+// permutation of a step is found by SparseAssignment (greedy + pairwise
+// exchanges on the non-zero weights) instead of the exact Hungarian
+// algorithm: O(n^3) time and an n x n matrix per step made the assignment
+// most of a round's CPU at W = 1024 and nearly all of it at 2560
+// (bench/results/scale_before.md). A permutation changes no rank's cost, so
+// the switch only affects bytes moved, never balance.
+constexpr int kSparseAssignmentPasses = 4;
+
+// LocalityWeights as sparse entries: a group has samples of few owners, so
+// its row is non-zero only at those owners and at the ranks of their nodes.
+// The same weights, except that with a single node the node term (the same
+// for every rank, so no permutation's choice) is left out: it would make
+// every row dense.
+std::vector<WeightedEdge> LocalityEdges(const Pool& pool, const std::vector<const Members*>& slots, int world,
+                                        uint32_t lws) {
+  const int nodes = lws == 0 ? 1 : (world + static_cast<int>(lws) - 1) / static_cast<int>(lws);
+  std::vector<WeightedEdge> edges;
+  std::vector<std::pair<int32_t, int64_t>> owners;  // (owner rank, units), sorted by owner
+  std::vector<std::pair<int32_t, int64_t>> merged;  // one node's owners, units summed
+  for (int g = 0; g < world; ++g) {
+    if (slots[g] == nullptr) continue;
+    owners.clear();
+    for (size_t i : *slots[g]) {
+      const SampleMeta& m = pool.metas[i];
+      owners.emplace_back(m.owner_rank, static_cast<int64_t>(m.payload_bytes) + 1);
+    }
+    std::sort(owners.begin(), owners.end());
+    // Merge each owner's units, then emit the row in column order with no
+    // duplicate (so SparseAssignment need not sort it): per node of the
+    // owners (owners sorted => nodes sorted), every rank of the node with
+    // kNodeWeight x the node's units plus its own units if it is an owner.
+    size_t i = 0;
+    while (i < owners.size()) {
+      const int32_t node = NodeOf(owners[i].first, lws);
+      const size_t merged_begin = merged.size();
+      int64_t node_units = 0;
+      while (i < owners.size() && NodeOf(owners[i].first, lws) == node) {
+        const int32_t owner = owners[i].first;
+        int64_t units = 0;
+        for (; i < owners.size() && owners[i].first == owner; ++i) units += owners[i].second;
+        if (owner >= 0 && owner < world) merged.emplace_back(owner, units);
+        node_units += units;
+      }
+      if (nodes > 1) {
+        const int32_t first = node * static_cast<int32_t>(lws);
+        const int32_t last = std::min<int32_t>(world, first + static_cast<int32_t>(lws));
+        size_t next = merged_begin;
+        for (int32_t r = first; r < last; ++r) {
+          int64_t w = kNodeWeight * node_units;
+          if (next < merged.size() && merged[next].first == r) w += merged[next++].second;
+          edges.push_back({g, r, w});
+        }
+      } else {
+        for (size_t k = merged_begin; k < merged.size(); ++k) {
+          edges.push_back({g, merged[k].first, merged[k].second});
+        }
+      }
+      merged.resize(merged_begin);
+    }
+  }
+  return edges;
+}
+
 int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
-                     std::vector<int>* rank_of_bin) {
+                     uint32_t exact_max_world, std::vector<int>* rank_of_bin) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  if (static_cast<uint32_t>(world) > exact_max_world) {
+    const std::vector<WeightedEdge> edges = LocalityEdges(pool, slots, world, lws);
+    std::vector<int> assign = SparseAssignment(world, edges, kSparseAssignmentPasses);
+    const int64_t gain = SparseAssignmentWeight(world, edges, assign);
+    if (rank_of_bin != nullptr) *rank_of_bin = std::move(assign);
+    return gain;
+  }
   const auto w = LocalityWeights(pool, slots, world, lws);
   std::vector<int> assign = MaxWeightAssignment(w);
   const int64_t gain = AssignmentWeight(w, assign);
@@ -246,9 +317,13 @@ int64_t LocalityGain(const Pool& pool, const std::vector<Members>& bins, int wor
 // bins already hold, so the assignment is near-optimal and an O(W^2) polish
 // replaces an O(W^3) solve.
 void ImproveAssignment(const Pool& pool, const std::vector<Members>& bins, int world, uint32_t lws,
-                       std::vector<int>& rank_of_bin, int passes) {
+                       uint32_t exact_max_world, std::vector<int>& rank_of_bin, int passes) {
   std::vector<const Members*> slots(world, nullptr);
   for (size_t b = 0; b < bins.size(); ++b) slots[b] = &bins[b];
+  if (static_cast<uint32_t>(world) > exact_max_world) {
+    ImproveSparseAssignment(world, LocalityEdges(pool, slots, world, lws), rank_of_bin, passes);
+    return;
+  }
   const auto w = LocalityWeights(pool, slots, world, lws);
   for (int pass = 0; pass < passes; ++pass) {
     bool improved = false;
@@ -577,12 +652,12 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   }
   const double c_star = MaxCost(cfg, pool, bins);
   std::vector<int> rank_of_bin;
-  LocalityGain(pool, bins, world, lws, &rank_of_bin);
+  LocalityGain(pool, bins, world, lws, gcfg.exact_assignment_max_world, &rank_of_bin);
   // Locality pass: moves and swaps that bring samples home, within the budget
   // and within the relaxed capacity C* / (1 - locality).
   const double capacity = c_star / (1.0 - std::clamp(gcfg.locality, 0.0, 0.999));
   if (LocalitySwaps(cfg, pool, bins, rank_of_bin, capacity, lws)) {
-    ImproveAssignment(pool, bins, world, lws, rank_of_bin, 4);
+    ImproveAssignment(pool, bins, world, lws, gcfg.exact_assignment_max_world, rank_of_bin, 4);
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
@@ -669,7 +744,7 @@ size_t CrossStepHomeSwaps(const align::PlannerConfig& cfg, const Pool& pool,
 std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool, std::vector<Members> bins,
                                int world) {
   std::vector<int> rank_of_bin;
-  LocalityGain(pool, bins, world, gcfg.local_world_size, &rank_of_bin);
+  LocalityGain(pool, bins, world, gcfg.local_world_size, gcfg.exact_assignment_max_world, &rank_of_bin);
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
   return by_rank;
@@ -762,8 +837,14 @@ std::string FormatLocality(double l) {
 GlobalPlanner::GlobalPlanner(GlobalPlannerConfig config) : config_(std::move(config)), local_(config_.base) {}
 
 std::string GlobalPlanner::Name() const {
+  // The assignment threshold changes plans above it, so ranks must agree on
+  // it too; named only when not the default, so default names are unchanged.
+  const std::string exact =
+      config_.exact_assignment_max_world == GlobalPlannerConfig{}.exact_assignment_max_world
+          ? ""
+          : ",exact_assignment_max_world=" + std::to_string(config_.exact_assignment_max_world);
   return "global(locality=" + FormatLocality(config_.locality) +
-         ",local_world_size=" + std::to_string(config_.local_world_size) + ")";
+         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + ")";
 }
 
 RoundPlan GlobalPlanner::Plan(const RoundState& state) const {

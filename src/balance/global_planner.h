@@ -28,6 +28,13 @@ struct GlobalPlannerConfig {
   double locality = 0.0;
   // Iterations of the binary search on a step's capacity. Default 14.
   uint32_t capacity_search_iters = 14;
+  // Up to this many ranks each step's rank permutation is the exact
+  // (Hungarian, O(W^3)) optimum of the locality weights; above it,
+  // balance::SparseAssignment (near-optimal, O(W log W) for the few owners of
+  // a group). Only bytes moved depend on it, never a step's cost. Not a YAML
+  // field (benchmarks and tests compare the two); Name() carries it when it
+  // is not the default. Default 64.
+  uint32_t exact_assignment_max_world = 64;
 };
 
 // Cross-rank grouping + OrchMLLM-style post-balancing behind align::Planner.
@@ -39,7 +46,8 @@ struct GlobalPlannerConfig {
 // slots minimising sum_k max_r StepTime (sorted chunking, optimal for fixed
 // groups), each step is then re-dispatched by a longest-processing-time greedy
 // under a binary-searched capacity, and finally the W groups of each step are
-// permuted across ranks by an exact assignment (Hungarian) that maximises
+// permuted across ranks by an assignment (exact Hungarian up to
+// exact_assignment_max_world ranks, SparseAssignment above) that maximises
 // bytes kept on their owner rank, then node. Protocol rules (end of epoch,
 // bounded waits, credit, equal T, Join coverage, Non-Join closure) are those
 // of LocalPlanner; see docs/balancing.md for T and the termination bound.
@@ -48,7 +56,8 @@ class GlobalPlanner final : public align::Planner {
   explicit GlobalPlanner(GlobalPlannerConfig config);
   align::RoundPlan Plan(const align::RoundState& state) const override;
   const align::PlannerConfig& config() const override { return config_.base; }
-  // "global(locality=<l>,local_world_size=<n>)".
+  // "global(locality=<l>,local_world_size=<n>)", plus
+  // ",exact_assignment_max_world=<m>" when that is not 64.
   std::string Name() const override;
   const GlobalPlannerConfig& global_config() const { return config_; }
 

@@ -470,6 +470,62 @@ TEST_CASE("ComputeBytesMoved splits moves by node", "[global]") {
   REQUIRE(one_node.intra_node_bytes == 140);
 }
 
+// Above 64 ranks the per-step rank permutation comes from SparseAssignment
+// (global_planner.cc, kExactAssignmentMaxWorld): every protocol rule still
+// holds through whole epochs, and the plan is a pure function of the state.
+TEST_CASE("beyond 64 ranks (sparse locality assignment): epochs keep every rule, plans are deterministic",
+          "[global][scale]") {
+  BytesMoved moved;
+  for (uint64_t i = 0; i < 4; ++i) {
+    const int world = i % 2 == 0 ? 72 : 130;
+    const EpochMode mode = i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin;
+    const Scenario sc = MakeScenario(900000 + i, world, mode);
+    GlobalPlannerConfig gcfg;
+    gcfg.base = sc.config;
+    gcfg.locality = i < 2 ? 0.0 : 0.3;
+    gcfg.local_world_size = i == 3 ? 0 : 8;
+    INFO("scenario " << i);
+    const Outcome out = RunScenario(sc, gcfg);
+    align::testing::RequireCoverage(sc, out.epoch);
+    moved += out.moved;
+  }
+  REQUIRE(moved.samples() > 0);
+  // One round at W = 96, 8 ranks a node: the same plan twice, and about the
+  // bytes of the exact (Hungarian) permutation, which a threshold above W
+  // selects: the objective intra + 9 x inter (units) within 1%.
+  GlobalPlannerConfig gcfg;
+  gcfg.base.max_wait_rounds = 0;
+  gcfg.local_world_size = 8;
+  const RoundState st = Uniformish(96, 64, 16, 1024, 5, 4);
+  const GlobalPlanner planner(gcfg);
+  const RoundPlan plan = planner.Plan(st);
+  align::testing::RequireSamePlan(plan, planner.Plan(st));
+  GlobalPlannerConfig exact_cfg = gcfg;
+  exact_cfg.exact_assignment_max_world = 96;
+  const RoundPlan exact = GlobalPlanner(exact_cfg).Plan(st);
+  REQUIRE(exact.num_steps == plan.num_steps);
+  const BytesMoved b = ComputeBytesMoved(plan, gcfg.local_world_size);
+  const BytesMoved e = ComputeBytesMoved(exact, gcfg.local_world_size);
+  INFO("sparse: intra " << b.intra_node_bytes << " inter " << b.inter_node_bytes << "; exact: intra "
+                        << e.intra_node_bytes << " inter " << e.inter_node_bytes);
+  REQUIRE(b.samples() == e.samples());
+  const double objective = static_cast<double>(b.intra_node_bytes + 9 * b.inter_node_bytes);
+  const double optimum = static_cast<double>(e.intra_node_bytes + 9 * e.inter_node_bytes);
+  REQUIRE(objective <= 1.01 * optimum);
+  // And the sparse path really ran: the plans differ somewhere.
+  bool differs = false;
+  for (size_t r = 0; r < plan.ranks.size() && !differs; ++r) {
+    for (uint32_t k = 0; k < plan.num_steps && !differs; ++k) {
+      const auto& x = plan.ranks[r].steps[k].samples;
+      const auto& y = exact.ranks[r].steps[k].samples;
+      differs = x.size() != y.size() ||
+                !std::equal(x.begin(), x.end(), y.begin(),
+                            [](const auto& p, const auto& q) { return KeyOf(p) == KeyOf(q); });
+    }
+  }
+  REQUIRE(differs);
+}
+
 TEST_CASE("name carries the balance knobs for the hello fingerprint", "[global]") {
   GlobalPlannerConfig a, b;
   b.locality = 0.5;
@@ -477,6 +533,10 @@ TEST_CASE("name carries the balance knobs for the hello fingerprint", "[global]"
   b = a;
   b.local_world_size = 8;
   REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
+  b = a;
+  b.exact_assignment_max_world = 4096;
+  REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
+  REQUIRE(GlobalPlanner(a).Name() == "global(locality=0,local_world_size=1)");  // default: unchanged
 }
 
 }  // namespace

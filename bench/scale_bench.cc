@@ -1,0 +1,311 @@
+// Scaling benchmark of one alignment round (issue 22): the daemon's global
+// planner (balance::GlobalPlanner) and metadata codec (align::EncodeRankRound /
+// DecodeRankRound) on synthetic windows of W simulated ranks, measured on ONE
+// rank (every rank runs the same pure function on the same all-gathered bytes).
+//
+//   bazel run -c opt //bench:scale_bench -- --world 256 --rounds 6
+//
+// Setting (the production defaults of configs/odbd.yaml): grouping.window 512
+// per rank, emit.queue_steps 32 (a round waits until half the queue is free,
+// so it sees 16 free slots), padded budget L_max 4096, step model a = 512,
+// b = 1 (grouping.step_time's defaults), planner global with locality 0 and
+// local_world_size 8. Each rank streams its own trace (preset, seed derived
+// from the rank only, so rank r's samples are the same at every W) and its
+// pending list is topped up to the window before each round (a producer at
+// least as fast as the trainer); emitted samples leave it.
+//
+// Prints one JSON object (bench/scale.py collects one per W, each from a
+// fresh process so that VmHWM is that W's peak):
+//   plan_cpu_ms: thread CPU time of GlobalPlanner::Plan per round (CPU, not
+//     wall: the machine may be shared);
+//   decode_cpu_ms: thread CPU time to decode the W messages of a round;
+//   sent_bytes: this rank's encoded message per round; recv_bytes: the other
+//     W - 1 messages (what an all-gather delivers to each rank);
+//   bound_fraction: the simulator's metric (bench/batching_sim): the padded
+//     lower bound of the emitted samples (bench/bound.h) over the simulated
+//     time (sum over steps of the slowest rank's cost);
+//   vmhwm_kb: peak resident memory of this process;
+//   moved_bytes_per_sample, inter_node_bytes_per_sample: payload bytes the
+//     plans move between ranks / nodes (balance::ComputeBytesMoved), per
+//     emitted sample. --exact-max-world M sets
+//     GlobalPlannerConfig::exact_assignment_max_world (exact Hungarian
+//     permutation up to M ranks) to compare the two assignments.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/bound.h"
+#include "bench/policies.h"
+#include "bench/trace.h"
+#include "src/align/meta_codec.h"
+#include "src/align/planner.h"
+#include "src/balance/global_planner.h"
+
+namespace odb::bench {
+namespace {
+
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+long VmHwmKb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+struct Options {
+  int world = 8;
+  int rounds = 6;
+  uint32_t window = 512;
+  uint32_t queue = 32;
+  uint32_t lws = 8;
+  std::string preset = "chat_longtail";
+  uint64_t seed = 1;
+  uint32_t exact_max_world = balance::GlobalPlannerConfig{}.exact_assignment_max_world;
+};
+
+// One rank's endless stream: chunks of `window` samples, chunk c generated
+// with seed (seed, rank, c), so the stream does not depend on W or on how
+// fast the rank consumes it.
+class RankStream {
+ public:
+  RankStream(const Options& o, int rank) : o_(o), rank_(rank) {}
+  SampleMeta Next() {
+    if (pos_ == chunk_.size()) {
+      auto t =
+          GenerateTrace(o_.preset, o_.window, 4096,
+                        align::MixSeed(align::MixSeed(o_.seed, static_cast<uint64_t>(rank_)), chunks_++));
+      if (!t.ok()) {
+        std::fprintf(stderr, "scale_bench: %s\n", t.status().ToString().c_str());
+        std::exit(2);
+      }
+      chunk_ = std::move(t->samples);
+      pos_ = 0;
+    }
+    SampleMeta m;
+    m.id = next_id_++;
+    m.owner_rank = rank_;
+    m.lengths = chunk_[pos_++];
+    m.payload_bytes = 4ull * m.lengths.tokens;  // int32 token ids
+    return m;
+  }
+
+ private:
+  const Options& o_;
+  int rank_;
+  uint64_t chunks_ = 0, next_id_ = 0;
+  std::vector<SampleLengths> chunk_;
+  size_t pos_ = 0;
+};
+
+std::string Json(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s%.4f", i ? ", " : "", v[i]);
+    s += buf;
+  }
+  return s + "]";
+}
+
+int Run(const Options& o) {
+  const int world = o.world;
+  StepModel sim;  // a = 512, b = 1: the simulator model whose linear part the planner is given
+  align::PlannerConfig pc;
+  pc.budget.model = grouping::CostModel::kPadded;
+  pc.budget.max_tokens = 4096;
+  pc.step_model = sim.PlannerModel();
+  pc.mode = align::EpochMode::kJoin;
+  pc.window = o.window;
+  pc.max_wait_rounds = 0;
+  balance::GlobalPlannerConfig g;
+  g.base = pc;
+  g.locality = 0.0;
+  g.local_world_size = o.lws;
+  g.exact_assignment_max_world = o.exact_max_world;
+  const balance::GlobalPlanner planner(g);
+
+  std::vector<RankStream> streams;
+  streams.reserve(world);
+  for (int r = 0; r < world; ++r) streams.emplace_back(o, r);
+  std::vector<std::vector<SampleMeta>> pending(world);
+  std::vector<double> plan_ms, decode_ms, steps_per_round;
+  double sent_sum = 0, recv_sum = 0, sent_max = 0, recv_max = 0;
+  Schedule schedule;
+  std::vector<SampleLengths> emitted;
+  uint64_t first_step = 0;
+  balance::BytesMoved moved;
+  for (int round = 0; round < o.rounds; ++round) {
+    for (int r = 0; r < world; ++r) {
+      while (pending[r].size() < o.window) pending[r].push_back(streams[r].Next());
+    }
+    // What the all-gather carries: every rank's encoded round message.
+    std::vector<std::string> wire(world);
+    uint64_t total_bytes = 0;
+    for (int r = 0; r < world; ++r) {
+      align::RankRoundMessage msg;
+      msg.round = static_cast<uint64_t>(round);
+      msg.rank = r;
+      msg.data.pending = pending[r];
+      msg.data.free_slots = o.queue / 2;
+      msg.data.stream_finished = false;
+      wire[r] = align::EncodeRankRound(msg);
+      total_bytes += wire[r].size();
+    }
+    for (int r = 0; r < world; ++r) {
+      const double sent = static_cast<double>(wire[r].size());
+      const double recv = static_cast<double>(total_bytes - wire[r].size());
+      sent_sum += sent;
+      recv_sum += recv;
+      sent_max = std::max(sent_max, sent);
+      recv_max = std::max(recv_max, recv);
+    }
+    // Rank 0's side of the round: decode all W messages into the state...
+    align::RoundState state;
+    state.epoch = 0;
+    state.round = static_cast<uint64_t>(round);
+    state.first_step = first_step;
+    state.ranks.resize(world);
+    const double d0 = ThreadCpuMs();
+    for (int r = 0; r < world; ++r) {
+      auto msg = align::DecodeRankRound(wire[r]);
+      if (!msg.ok()) {
+        std::fprintf(stderr, "scale_bench: decode of rank %d: %s\n", r, msg.status().ToString().c_str());
+        return 2;
+      }
+      state.ranks[r] = std::move(msg->data);
+    }
+    decode_ms.push_back(ThreadCpuMs() - d0);
+    wire.clear();
+    wire.shrink_to_fit();
+    // ...then plan.
+    const double p0 = ThreadCpuMs();
+    const align::RoundPlan plan = planner.Plan(state);
+    plan_ms.push_back(ThreadCpuMs() - p0);
+    steps_per_round.push_back(plan.num_steps);
+    if (plan.ranks.size() != static_cast<size_t>(world)) {
+      std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
+      return 2;
+    }
+    for (uint32_t k = 0; k < plan.num_steps; ++k) {
+      std::vector<RankStep> step(world);
+      for (int r = 0; r < world; ++r) {
+        const align::PlannedStep& ps = plan.ranks[r].steps[k];
+        if (ps.idle) continue;
+        RankStep& s = step[r];
+        s.idle = false;
+        s.samples = static_cast<uint32_t>(ps.samples.size());
+        s.real_tokens = ps.real_tokens;
+        s.padded_tokens = ps.padded_tokens;
+        for (const SampleMeta& m : ps.samples) {
+          s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
+          emitted.push_back(m.lengths);
+        }
+      }
+      schedule.push_back(std::move(step));
+    }
+    first_step += plan.num_steps;
+    moved += balance::ComputeBytesMoved(plan, o.lws);
+    // Emitted samples leave the buffer; kept ones stay in arrival order.
+    for (int r = 0; r < world; ++r) {
+      std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(),
+                                         plan.ranks[r].keep_pending.end());
+      std::sort(keep.begin(), keep.end());
+      std::vector<SampleMeta> rest;
+      rest.reserve(pending[r].size());
+      for (const SampleMeta& m : pending[r]) {
+        if (std::binary_search(keep.begin(), keep.end(), align::KeyOf(m))) rest.push_back(m);
+      }
+      pending[r] = std::move(rest);
+    }
+  }
+  const long hwm = VmHwmKb();
+  const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens);
+  const Bounds bounds = LowerBounds(emitted, pc.budget, sim, world);
+  double plan_total = 0, steps_total = 0;
+  for (size_t i = 0; i < plan_ms.size(); ++i) {
+    plan_total += plan_ms[i];
+    steps_total += steps_per_round[i];
+  }
+  const double n_rounds = static_cast<double>(o.rounds);
+  const double n_rank_rounds = n_rounds * world;
+  std::printf(
+      "{\"world\": %d, \"rounds\": %d, \"window\": %u, \"free_slots\": %u, \"local_world_size\": %u, "
+      "\"preset\": \"%s\", \"plan_cpu_ms\": %s, \"decode_cpu_ms\": %s, \"steps\": %s, "
+      "\"plan_cpu_ms_per_round\": %.4f, \"plan_cpu_ms_per_step\": %.4f, "
+      "\"sent_bytes_per_round\": %.1f, \"recv_bytes_per_round\": %.1f, "
+      "\"sent_bytes_per_round_max\": %.0f, \"recv_bytes_per_round_max\": %.0f, "
+      "\"recv_bytes_per_step\": %.1f, \"emitted_samples\": %zu, \"sim_time\": %.1f, "
+      "\"padded_bound\": %.1f, \"bound_fraction\": %.5f, \"max_over_mean\": %.5f, "
+      "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld, "
+      "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, "
+      "\"inter_node_bytes_per_sample\": %.1f}\n",
+      world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
+      Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
+      steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
+      sent_max, recv_max, steps_total > 0 ? recv_sum / n_rank_rounds * n_rounds / steps_total : 0.0,
+      emitted.size(), metrics.time, bounds.padded, metrics.time > 0 ? bounds.padded / metrics.time : 0.0,
+      metrics.max_over_mean(), static_cast<unsigned long long>(metrics.idle_rank_steps),
+      static_cast<unsigned long long>(metrics.over_budget_rank_steps), hwm, o.exact_max_world,
+      moved.samples() ? static_cast<double>(moved.moved_bytes()) / static_cast<double>(moved.samples()) : 0.0,
+      moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples())
+                      : 0.0);
+  return 0;
+}
+
+}  // namespace
+}  // namespace odb::bench
+
+int main(int argc, char** argv) {
+  odb::bench::Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "scale_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--world") {
+      o.world = std::atoi(value().c_str());
+    } else if (a == "--rounds") {
+      o.rounds = std::atoi(value().c_str());
+    } else if (a == "--window") {
+      o.window = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--queue") {
+      o.queue = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--lws") {
+      o.lws = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--preset") {
+      o.preset = value();
+    } else if (a == "--exact-max-world") {
+      o.exact_max_world = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--seed") {
+      o.seed = std::strtoull(value().c_str(), nullptr, 10);
+    } else {
+      std::fprintf(stderr,
+                   "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
+                   "[--preset NAME] [--seed S] [--exact-max-world M]\n");
+      return 2;
+    }
+  }
+  if (o.world < 1 || o.rounds < 1 || o.window < 1 || o.queue < 2 || !odb::bench::IsPreset(o.preset)) {
+    std::fprintf(stderr,
+                 "scale_bench: need world >= 1, rounds >= 1, window >= 1, queue >= 2, a known preset\n");
+    return 2;
+  }
+  return odb::bench::Run(o);
+}
