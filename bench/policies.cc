@@ -265,21 +265,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       rr.wait_rounds = wait_rounds;
     }
     align::RoundPlan plan = planner->Plan(state);
-    for (uint32_t k = 0; k < plan.num_steps; ++k) {
-      std::vector<RankStep> step(world);
-      for (int r = 0; r < world; ++r) {
-        const align::PlannedStep& ps = plan.ranks[r].steps[k];
-        if (ps.idle) continue;
-        RankStep& s = step[r];
-        s.idle = false;
-        s.samples = static_cast<uint32_t>(ps.samples.size());
-        s.real_tokens = ps.real_tokens;
-        s.padded_tokens = ps.padded_tokens;
-        for (const SampleMeta& m : ps.samples)
-          s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
-      }
-      schedule.push_back(std::move(step));
-    }
+    AppendRoundSteps(plan, world, &schedule);
     first_step += plan.num_steps;
     if (plan.epoch_finished) break;
     if (spec.paced > 0 && spec.queue_steps != 0) {
@@ -290,17 +276,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       const uint32_t fire_at = queue - std::min(queue, spec.paced);  // queued steps at which a round fires
       free_slots = queue - std::min(queued, fire_at);
     }
-    // The daemon's buffer keeps arrival order; emitted samples leave it.
-    for (int r = 0; r < world; ++r) {
-      const auto& keep = plan.ranks[r].keep_pending;
-      std::vector<SampleMeta> rest;
-      std::vector<align::SampleKey> sorted_keep(keep.begin(), keep.end());
-      std::sort(sorted_keep.begin(), sorted_keep.end());
-      for (const SampleMeta& m : pending[r]) {
-        if (std::binary_search(sorted_keep.begin(), sorted_keep.end(), align::KeyOf(m))) rest.push_back(m);
-      }
-      pending[r] = std::move(rest);
-    }
+    KeepPending(plan, &pending);
     wait_rounds = plan.waiting ? wait_rounds + 1 : 0;
     idle_rounds = plan.num_steps == 0 ? idle_rounds + 1 : 0;
     if (idle_rounds > 1000) {
@@ -475,6 +451,40 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
     m.step_costs.push_back(worst);
   }
   return m;
+}
+
+void AppendRoundSteps(const align::RoundPlan& plan, int world, Schedule* schedule,
+                      std::vector<SampleLengths>* emitted) {
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    std::vector<RankStep> step(world);
+    for (int r = 0; r < world; ++r) {
+      const align::PlannedStep& ps = plan.ranks[r].steps[k];
+      if (ps.idle) continue;
+      RankStep& s = step[r];
+      s.idle = false;
+      s.samples = static_cast<uint32_t>(ps.samples.size());
+      s.real_tokens = ps.real_tokens;
+      s.padded_tokens = ps.padded_tokens;
+      for (const SampleMeta& m : ps.samples) {
+        s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
+        if (emitted != nullptr) emitted->push_back(m.lengths);
+      }
+    }
+    schedule->push_back(std::move(step));
+  }
+}
+
+void KeepPending(const align::RoundPlan& plan, std::vector<std::vector<SampleMeta>>* pending) {
+  for (size_t r = 0; r < pending->size(); ++r) {
+    std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(), plan.ranks[r].keep_pending.end());
+    std::sort(keep.begin(), keep.end());
+    std::vector<SampleMeta> rest;
+    rest.reserve((*pending)[r].size());
+    for (const SampleMeta& m : (*pending)[r]) {
+      if (std::binary_search(keep.begin(), keep.end(), align::KeyOf(m))) rest.push_back(m);
+    }
+    (*pending)[r] = std::move(rest);
+  }
 }
 
 }  // namespace odb::bench

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/bound.h"
+#include "src/align/planner.h"
 #include "src/common/sample.h"
 #include "src/grouping/budget.h"
 
@@ -24,6 +25,15 @@ struct RankStep {
 // A policy's whole epoch: steps[k][r] is rank r's work in step k. Every
 // policy gives every rank the same number of steps (DDP's invariant).
 using Schedule = std::vector<std::vector<RankStep>>;
+
+// The steps of one planned round as schedule rows, appended to *schedule;
+// the lengths of every sample they emit are appended to *emitted if given.
+void AppendRoundSteps(const align::RoundPlan& plan, int world, Schedule* schedule,
+                      std::vector<SampleLengths>* emitted = nullptr);
+
+// The daemon's buffer after a round: emitted samples leave each rank's
+// pending list, the kept ones stay in arrival order.
+void KeepPending(const align::RoundPlan& plan, std::vector<std::vector<SampleMeta>>* pending);
 
 struct SimConfig {
   int world = 8;

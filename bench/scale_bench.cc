@@ -199,37 +199,10 @@ int Run(const Options& o) {
       std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
       return 2;
     }
-    for (uint32_t k = 0; k < plan.num_steps; ++k) {
-      std::vector<RankStep> step(world);
-      for (int r = 0; r < world; ++r) {
-        const align::PlannedStep& ps = plan.ranks[r].steps[k];
-        if (ps.idle) continue;
-        RankStep& s = step[r];
-        s.idle = false;
-        s.samples = static_cast<uint32_t>(ps.samples.size());
-        s.real_tokens = ps.real_tokens;
-        s.padded_tokens = ps.padded_tokens;
-        for (const SampleMeta& m : ps.samples) {
-          s.sum_len_sq += static_cast<double>(m.lengths.tokens) * m.lengths.tokens;
-          emitted.push_back(m.lengths);
-        }
-      }
-      schedule.push_back(std::move(step));
-    }
+    AppendRoundSteps(plan, world, &schedule, &emitted);
     first_step += plan.num_steps;
     moved += balance::ComputeBytesMoved(plan, o.lws);
-    // Emitted samples leave the buffer; kept ones stay in arrival order.
-    for (int r = 0; r < world; ++r) {
-      std::vector<align::SampleKey> keep(plan.ranks[r].keep_pending.begin(),
-                                         plan.ranks[r].keep_pending.end());
-      std::sort(keep.begin(), keep.end());
-      std::vector<SampleMeta> rest;
-      rest.reserve(pending[r].size());
-      for (const SampleMeta& m : pending[r]) {
-        if (std::binary_search(keep.begin(), keep.end(), align::KeyOf(m))) rest.push_back(m);
-      }
-      pending[r] = std::move(rest);
-    }
+    KeepPending(plan, &pending);
   }
   const long hwm = VmHwmKb();
   const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens);
