@@ -1,6 +1,7 @@
 """Helpers for the multi-process integration tests: real odbd processes, real sockets."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,6 +93,34 @@ class Daemon:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def network_namespaces(names: tuple[str, str], addrs: tuple[str, str], veth: str):
+    """Two hosts on one machine: network namespaces `names` joined by a veth pair
+    (`<veth>0`, `<veth>1`) with `addrs` (/24), removed on exit. Needs root."""
+    import pytest
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root (CI runs as root)")
+    for ns in names:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    try:
+        for ns in names:
+            ip("netns", "add", ns)
+            ip("-n", ns, "link", "set", "lo", "up")
+        ip("link", "add", f"{veth}0", "netns", names[0], "type", "veth", "peer", "name", f"{veth}1",
+           "netns", names[1])
+        for i, ns in enumerate(names):
+            ip("-n", ns, "addr", "add", f"{addrs[i]}/24", "dev", f"{veth}{i}")
+            ip("-n", ns, "link", "set", f"{veth}{i}", "up")
+        yield
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def produce(endpoint: str, producer_id: str, count: int, seed: int, id_offset: int = 0,

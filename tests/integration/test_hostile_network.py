@@ -18,36 +18,17 @@ import uuid
 
 import pytest
 
-from odbtest import BIN, Daemon, consume, epochs, finish, produce, run_epoch
+from odbtest import BIN, Daemon, consume, epochs, finish, produce, run_epoch, network_namespaces
 
 NS = ("odb-hna", "odb-hnb")
 ADDR = ("10.213.9.1", "10.213.9.2")
 ATTACKER = os.path.join(os.path.dirname(__file__), "netattack.py")
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def two_hosts():
-    if os.geteuid() != 0:
-        pytest.fail("network namespaces need root (CI runs as root)")
-    for ns in NS:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    try:
-        for ns in NS:
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", "odbhnveth0", "netns", NS[0], "type", "veth", "peer", "name", "odbhnveth1",
-            "netns", NS[1])
-        for i, ns in enumerate(NS):
-            _ip("-n", ns, "addr", "add", f"{ADDR[i]}/24", "dev", f"odbhnveth{i}")
-            _ip("-n", ns, "link", "set", f"odbhnveth{i}", "up")
+    with network_namespaces(NS, ADDR, "odbhnveth"):
         yield
-    finally:
-        for ns in NS:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def listening_tcp(ns: str) -> list[str]:

@@ -6,41 +6,20 @@ daemon over ipc:// sockets, as on a real host. W = 4, two ranks per host.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 
 import pytest
 
-from odbtest import Daemon, run_epoch
+from odbtest import Daemon, run_epoch, network_namespaces
 
 NS = ("odb-hosta", "odb-hostb")
 ADDR = ("10.213.7.1", "10.213.7.2")
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def two_hosts():
-    if os.geteuid() != 0:
-        pytest.fail("network namespaces need root (CI runs as root)")
-    for ns in NS:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    try:
-        for ns in NS:
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", "odbveth0", "netns", NS[0], "type", "veth", "peer", "name", "odbveth1",
-            "netns", NS[1])
-        for i, ns in enumerate(NS):
-            _ip("-n", ns, "addr", "add", f"{ADDR[i]}/24", "dev", f"odbveth{i}")
-            _ip("-n", ns, "link", "set", f"odbveth{i}", "up")
+    with network_namespaces(NS, ADDR, "odbveth"):
         yield
-    finally:
-        for ns in NS:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_four_ranks_on_two_hosts(tmp_path, two_hosts):
