@@ -10,6 +10,7 @@
 
 #include "src/common/status_macros.h"
 #include "src/common/zmq_transfer.h"
+#include "src/daemon/stage_options.h"
 #include "src/shm/arena.h"
 
 namespace odb {
@@ -29,11 +30,11 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       context_(context != nullptr ? *context : *own_context_),
       state_(config_.buffer_max_bytes, config_.buffer_max_samples, config_.expected_producers),
       arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}),
-      ingest_(context_, config_, state_, metrics_, clock_),
-      trainer_(context_, config_, state_, metrics_, clock_),
-      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(config_, state_, metrics_)
+      ingest_(context_, IngestOptionsFor(config_), state_, metrics_, clock_),
+      trainer_(context_, TrainerChannelOptionsFor(config_), state_, metrics_, clock_),
+      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(ExchangeOptionsFor(config_), state_, metrics_)
                                     : nullptr),
-      steps_(config_, state_, metrics_, exchange_.get()),
+      steps_(StepBuilderOptionsFor(config_), state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {
   ingest_.SetArenaSource(&arenas_);
   if (pipe2(wake_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {

@@ -13,9 +13,7 @@
 #include "absl/status/status.h"
 #include "src/common/clock.h"
 #include "src/daemon/config.h"
-#include "src/daemon/daemon_state.h"
 #include "src/daemon/endpoint_lock.h"
-#include "src/daemon/metrics.h"
 #include "src/daemon/metrics_server.h"
 #include "src/daemon/round_runner.h"
 #include "src/emit/step_builder.h"
@@ -23,6 +21,8 @@
 #include "src/exchange/payload_exchange.h"
 #include "src/ingest/arena_registry.h"
 #include "src/ingest/ingest_channel.h"
+#include "src/state/daemon_state.h"
+#include "src/state/metrics.h"
 
 namespace odb {
 

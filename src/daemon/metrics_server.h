@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "src/daemon/metrics.h"
+#include "src/state/metrics.h"
 
 namespace odb {
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 #include <map>
 
 #include "src/collate/collator.h"
@@ -29,9 +30,9 @@ Sample WithFields(const Sample& sample, const std::vector<std::string>& names, b
 
 }  // namespace
 
-StepBuilder::StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics,
+StepBuilder::StepBuilder(StepBuilderOptions options, DaemonState& state, DaemonMetrics& metrics,
                          exchange::PayloadExchange* exchange)
-    : config_(config),
+    : options_(std::move(options)),
       state_(state),
       metrics_(metrics),
       exchange_(exchange),
@@ -50,7 +51,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
   for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
   const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
-                                   [&](int32_t owner) { return owner == config_.rank; });
+                                   [&](int32_t owner) { return owner == options_.rank; });
   if (!all_own || !plan.enc_ids.empty()) {
     std::map<SampleKey, size_t> index;
     std::vector<SampleKey> unique;
@@ -72,7 +73,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
     std::lock_guard<std::mutex> lock(state_.mu);
     for (size_t k = 0; k < keys.size(); ++k) {
       std::optional<Sample> own;
-      if (keys[k].first == config_.rank) own = state_.buffer.TakeOne(epoch, keys[k].second);
+      if (keys[k].first == options_.rank) own = state_.buffer.TakeOne(epoch, keys[k].second);
       if (own) {
         out.owned[k] = std::move(*own);
       } else {
@@ -83,11 +84,11 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   // A peer's payload (or our own, parked by the exchange). Payloads move
   // while earlier steps are emitted; wait only for these.
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.collective_timeout_ms);
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.collective_timeout_ms);
   for (size_t k : elsewhere) {
     if (exchange_ == nullptr) {
       return absl::InternalError("planner returned sample " + std::to_string(keys[k].second) +
-                                 " that is not buffered on rank " + std::to_string(config_.rank));
+                                 " that is not buffered on rank " + std::to_string(options_.rank));
     }
     auto sample = exchange_->Take(keys[k], deadline, cancelled);
     if (!sample.ok()) return sample.status();
@@ -102,7 +103,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
 
 absl::StatusOr<std::optional<ArenaPlacement>> StepBuilder::ReserveInArena(
     StepArena& arena, const std::vector<uint64_t>& sizes, const std::function<bool()>& cancelled) {
-  auto placed = AllocateStepBlock(arena, sizes, std::chrono::milliseconds(config_.shm_step_arena_wait_ms), cancelled);
+  auto placed = AllocateStepBlock(arena, sizes, std::chrono::milliseconds(options_.step_arena_wait_ms), cancelled);
   if (placed.ok()) {
     metrics_.step_arena_steps.fetch_add(1);
     return std::optional<ArenaPlacement>(std::move(*placed));
@@ -135,10 +136,10 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
 #define ODB_SET_STEP_FIELD(type, name, dflt, doc) step.set_##name(plan.name);
   ODB_STEP_FIELDS(ODB_SET_STEP_FIELD)
 #undef ODB_SET_STEP_FIELD
-  step.set_deterministic(config_.deterministic);
-  step.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
-  const bool phases = config_.phase_plans;
-  step.set_samples_may_move(phases || config_.planner == PlannerKind::kGlobal);
+  step.set_deterministic(options_.deterministic);
+  step.set_rejections_are_errors(options_.rejections_are_errors);
+  const bool phases = options_.phase_plans;
+  step.set_samples_may_move(options_.samples_may_move);
   // With per-phase plans the encoder fields travel in the encoder batch only
   // (filtered views; frames are shared). Without, the samples are used as they are.
   std::vector<Sample> filtered, enc_samples;
@@ -147,7 +148,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
     const Sample& s = *samples.llm[i];
     if (phases) {
-      filtered.push_back(WithFields(s, config_.encoder_fields, false));
+      filtered.push_back(WithFields(s, options_.encoder_fields, false));
       llm_group.push_back(&filtered.back());
     } else {
       llm_group.push_back(&s);
@@ -157,7 +158,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     step.add_owner_ranks(s.meta.owner_rank);
   }
   for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
-    enc_samples.push_back(WithFields(*samples.enc[i], config_.encoder_fields, true));
+    enc_samples.push_back(WithFields(*samples.enc[i], options_.encoder_fields, true));
     step.add_enc_sample_ids(plan.enc_ids[i]);
     step.add_enc_owner_ranks(plan.enc_owners[i]);
     step.add_enc_dest_rank(plan.enc_dest_rank[i]);
@@ -181,10 +182,10 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     plans.push_back(std::move(*collate_plan));
     return absl::OkStatus();
   };
-  absl::Status collated = plan_group(llm_group, "", config_.collate);
+  absl::Status collated = plan_group(llm_group, "", options_.collate);
   if (collated.ok() && !enc_samples.empty()) {
     // The encoder batch has no tokens: no attention mask, never packed.
-    collate::CollateOptions enc_options = config_.collate;
+    collate::CollateOptions enc_options = options_.collate;
     enc_options.attention_mask = false;
     enc_options.packed = false;
     std::vector<const Sample*> enc_group;
@@ -261,7 +262,7 @@ std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const Round
   wire::EpochSummary summary = state_.epoch_totals[epoch];
   summary.set_epoch(epoch);
   summary.set_received(state_.epoch_received[epoch]);
-  summary.set_rejections_are_errors(config_.bad_input == BadInputPolicy::kError);
+  summary.set_rejections_are_errors(options_.rejections_are_errors);
   RejectionLog::EpochRecord rejections = state_.rejections.TakeEpoch(epoch);
   for (auto& r : rejections.kept) *summary.add_rejections() = std::move(r);
   summary.set_rejected(rejections.count);
@@ -270,13 +271,13 @@ std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const Round
   std::sort(not_emitted.begin(), not_emitted.end());
   not_emitted.erase(std::unique(not_emitted.begin(), not_emitted.end()), not_emitted.end());
   for (uint64_t id : not_emitted) summary.add_not_emitted_ids(id);
-  state_.tracker.CloseEpoch(epoch, config_.mode == AlignMode::kNonJoin);
+  state_.tracker.CloseEpoch(epoch, options_.non_join);
   state_.epoch_received.erase(epoch);
   state_.epoch_totals.erase(epoch);
   spdlog::info(
       "rank {} epoch {} done: received={} emitted={} rejected={} not_emitted={} steps={} idle={} "
       "padding={:.1f}%",
-      config_.rank, epoch, summary.received(), summary.emitted(), summary.rejected(),
+      options_.rank, epoch, summary.received(), summary.emitted(), summary.rejected(),
       summary.not_emitted_ids_size(), summary.steps(), summary.idle_steps(),
       summary.padded_tokens()
           ? 100.0 * (1.0 - double(summary.real_tokens()) / double(summary.padded_tokens()))

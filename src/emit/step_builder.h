@@ -9,16 +9,36 @@
 #include <zmq.hpp>
 
 #include "absl/status/statusor.h"
+#include "src/collate/collator.h"
 #include "src/common/buffer_pool.h"
-#include "src/daemon/config.h"
-#include "src/daemon/daemon_state.h"
-#include "src/daemon/metrics.h"
-#include "src/daemon/round_runner.h"
 #include "src/emit/step_arena.h"
 #include "src/emit/step_encoder.h"
 #include "src/exchange/payload_exchange.h"
+#include "src/state/daemon_state.h"
+#include "src/state/metrics.h"
+#include "src/state/round.h"
 
 namespace odb::emit {
+
+// What the step builder reads of the daemon's configuration; the daemon
+// fills it from its config file (docs/config.md names the keys).
+struct StepBuilderOptions {
+  int rank = 0;  // samples owned by this rank are in the local buffer
+  collate::CollateOptions collate;
+  // alignment.phase_plans: these fields go to the encoder batch ("enc.<name>").
+  bool phase_plans = false;
+  std::vector<std::string> encoder_fields;
+  // Stamped on every step header / epoch summary for the client.
+  bool deterministic = false;          // alignment.deterministic
+  bool rejections_are_errors = true;   // bad_input: error (false: skip_and_report)
+  bool samples_may_move = true;        // a global planner or per-phase plans
+  // alignment.mode non_join: an epoch's leftover samples are reported, not emitted.
+  bool non_join = false;
+  // How long to wait for a peer's payload (alignment.collective_timeout_ms)
+  // and for a block of a full step arena (shm.step_arena_wait_ms).
+  uint32_t collective_timeout_ms = 120000;
+  uint32_t step_arena_wait_ms = 120000;
+};
 
 // Turns one planned step into the message the trainer receives: gathers the
 // step's samples (from the buffer, or parked by the payload exchange),
@@ -28,7 +48,7 @@ namespace odb::emit {
 // planner up to the wire header. Planner thread only.
 class StepBuilder {
  public:
-  StepBuilder(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics,
+  StepBuilder(StepBuilderOptions options, DaemonState& state, DaemonMetrics& metrics,
               exchange::PayloadExchange* exchange);
 
   struct BuiltStep {
@@ -63,7 +83,7 @@ class StepBuilder {
                                                                 const std::vector<uint64_t>& sizes,
                                                                 const std::function<bool()>& cancelled);
 
-  const DaemonConfig& config_;
+  const StepBuilderOptions options_;
   DaemonState& state_;
   DaemonMetrics& metrics_;
   exchange::PayloadExchange* exchange_;  // null with one rank

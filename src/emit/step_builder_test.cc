@@ -41,13 +41,13 @@ StepPlan PlanOf(std::vector<uint64_t> ids, uint64_t tokens) {
 }
 
 TEST_CASE("a step is built from buffered samples and counted in the epoch's totals") {
-  DaemonConfig config;
-  config.rank = 0;
+  StepBuilderOptions options;
+  options.rank = 0;
   DaemonState state(1 << 20, 100, 1);
   DaemonMetrics metrics;
   REQUIRE(!state.buffer.Add(Tokens(1, 3)));
   REQUIRE(!state.buffer.Add(Tokens(2, 5)));
-  StepBuilder builder(config, state, metrics, nullptr);
+  StepBuilder builder(options, state, metrics, nullptr);
   auto parts = builder.Build(0, PlanOf({1, 2}, 8), [] { return false; });
   REQUIRE(parts.ok());
   wire::DaemonMessage m;
@@ -61,14 +61,14 @@ TEST_CASE("a step is built from buffered samples and counted in the epoch's tota
 TEST_CASE("a step that cannot be collated stops the job instead of breaking the weights") {
   // Before, the rank emitted the step as IDLE with weight 0 while the other
   // ranks' weights counted its tokens: Σ_r w_r fell below W, silently.
-  DaemonConfig config;
-  config.rank = 0;
-  config.collate.max_batch_tensor_bytes = 16;  // a resource limit the step exceeds
+  StepBuilderOptions options;
+  options.rank = 0;
+  options.collate.max_batch_tensor_bytes = 16;  // a resource limit the step exceeds
   DaemonState state(1 << 20, 100, 1);
   DaemonMetrics metrics;
   REQUIRE(!state.buffer.Add(Tokens(1, 3)));
   REQUIRE(!state.buffer.Add(Tokens(2, 5)));
-  StepBuilder builder(config, state, metrics, nullptr);
+  StepBuilder builder(options, state, metrics, nullptr);
   auto parts = builder.Build(0, PlanOf({1, 2}, 8), [] { return false; });
   REQUIRE(parts.status().code() == absl::StatusCode::kAborted);
   REQUIRE(std::string(parts.status().message()).find("samples 1, 2") != std::string::npos);
@@ -83,13 +83,13 @@ wire::Step Header(const zmq::message_t& head) {
 }
 
 TEST_CASE("with a step arena the step is collated straight into one block: the same tensors as frames") {
-  DaemonConfig config;
-  config.rank = 0;
+  StepBuilderOptions options;
+  options.rank = 0;
   DaemonState state(1 << 20, 100, 1);
   DaemonMetrics metrics;
   REQUIRE(!state.buffer.Add(Tokens(1, 7)));
   REQUIRE(!state.buffer.Add(Tokens(2, 14)));
-  StepBuilder builder(config, state, metrics, nullptr);
+  StepBuilder builder(options, state, metrics, nullptr);
   auto frames = builder.Build(0, PlanOf({1, 2}, 21), [] { return false; });
   REQUIRE(frames.ok());
   REQUIRE_FALSE(frames->in_arena);
@@ -129,15 +129,15 @@ TEST_CASE("with a step arena the step is collated straight into one block: the s
 }
 
 TEST_CASE("a step larger than the step arena goes as frames; a full arena stops the job naming the cause") {
-  DaemonConfig config;
-  config.rank = 0;
-  config.shm_step_arena_wait_ms = 200;
+  StepBuilderOptions options;
+  options.rank = 0;
+  options.step_arena_wait_ms = 200;
   DaemonState state(1 << 24, 100, 1);
   DaemonMetrics metrics;
   REQUIRE(!state.buffer.Add(Tokens(1, 20000)));  // 160 KB of tokens + 160 KB of mask
   REQUIRE(!state.buffer.Add(Tokens(2, 5000)));
   REQUIRE(!state.buffer.Add(Tokens(3, 5000)));
-  StepBuilder builder(config, state, metrics, nullptr);
+  StepBuilder builder(options, state, metrics, nullptr);
   auto arena = StepArena::Create(128 << 10);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <cstring>
 
@@ -50,10 +51,10 @@ std::atomic<int> g_monitor_count{0};
 
 }  // namespace
 
-TrainerChannel::TrainerChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions options, DaemonState& state,
                                DaemonMetrics& metrics, const Clock& clock)
     : context_(context),
-      config_(config),
+      options_(std::move(options)),
       state_(state),
       metrics_(metrics),
       clock_(clock),
@@ -62,14 +63,14 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, const DaemonConfig& conf
 
 absl::Status TrainerChannel::Bind() {
   try {
-    EnsureIpcDirectory(config_.trainer_endpoint);
+    EnsureIpcDirectory(options_.endpoint);
     socket_.set(zmq::sockopt::linger, 1000);
-    socket_.set(zmq::sockopt::sndhwm, static_cast<int>(config_.outstanding_depth) * 2 + 16);
+    socket_.set(zmq::sockopt::sndhwm, static_cast<int>(options_.outstanding_depth) * 2 + 16);
     socket_.set(zmq::sockopt::rcvhwm, 1000);
     socket_.set(zmq::sockopt::router_mandatory, true);
     socket_.set(zmq::sockopt::router_handover, true);         // the same session may reconnect
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
-    socket_.bind(config_.trainer_endpoint);
+    socket_.bind(options_.endpoint);
     bound_ = socket_.get(zmq::sockopt::last_endpoint);
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
@@ -79,14 +80,14 @@ absl::Status TrainerChannel::Bind() {
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);
   } catch (const zmq::error_t& e) {
-    return absl::UnavailableError("cannot bind the trainer endpoint " + config_.trainer_endpoint + " (" +
+    return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" +
                                   e.what() + "); is another odbd using it?");
   }
   // The step arena: only a local trainer (ipc://) can map the daemon's memory.
-  if (config_.shm_step_arena != StepArenaMode::kOff && bound_.rfind("ipc://", 0) == 0) {
+  if (options_.step_arena && bound_.rfind("ipc://", 0) == 0) {
     absl::Status s = arena_server_.Listen(StepArenaSocketPath(bound_.substr(6)));
     if (!s.ok()) {
-      if (config_.shm_step_arena == StepArenaMode::kOn) return s;
+      if (options_.step_arena_required) return s;
       spdlog::warn("step arena off, steps go to the trainer as frames: {}", std::string(s.message()));
     }
     arena_server_.Start();
@@ -99,11 +100,11 @@ void TrainerChannel::OfferStepArena(const std::string& peer) {
   offered_arena_.reset();
   arena_server_.Publish(nullptr);
   if (!arena_server_.listening()) return;
-  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(config_.shm_step_arena_bytes);
+  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(options_.step_arena_bytes);
   if (!arena.ok()) {
-    const std::string text = "cannot create a step arena of " + std::to_string(config_.shm_step_arena_bytes) +
+    const std::string text = "cannot create a step arena of " + std::to_string(options_.step_arena_bytes) +
                              " bytes (shm.step_arena_bytes): " + std::string(arena.status().message());
-    if (config_.shm_step_arena == StepArenaMode::kOn) {
+    if (options_.step_arena_required) {
       fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
     } else {
       spdlog::warn("{}; steps go to the trainer as frames", text);
@@ -153,7 +154,7 @@ void TrainerChannel::OnStepArenaReply(const wire::StepArenaReply& reply) {
   }
   if (!reply.attached()) {
     const std::string text = "the trainer did not map the step arena: " + reply.error();
-    if (config_.shm_step_arena == StepArenaMode::kOn) {
+    if (options_.step_arena_required) {
       fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
     } else {
       spdlog::info("{}; steps go as frames", text);
@@ -175,7 +176,7 @@ std::shared_ptr<StepArena> TrainerChannel::ActiveArena() const {
 
 void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
   spdlog::warn("trainer peer {}: {}", Printable(peer), message);
-  auto parts = FatalMessage(code, message, config_.rank);
+  auto parts = FatalMessage(code, message, options_.rank);
   Transfer t = TrySendTo(socket_, peer, parts);
   if (!t.ok()) spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
 }
@@ -220,7 +221,7 @@ bool TrainerChannel::OnReadable() {
           if (contender_) {  // a third peer: only one may wait
             metrics_.refused_trainers.fetch_add(1);
             Refuse(peer, wire::SESSION_REFUSED,
-                   "rank " + std::to_string(config_.rank) + " already serves trainer session " +
+                   "rank " + std::to_string(options_.rank) + " already serves trainer session " +
                        Printable(session_) + "; one trainer per daemon");
             continue;
           }
@@ -251,7 +252,7 @@ bool TrainerChannel::SettleContender() {
   if (!lost_since_) {
     metrics_.refused_trainers.fetch_add(1);
     Refuse(c.peer, wire::SESSION_REFUSED,
-           "rank " + std::to_string(config_.rank) + " already serves trainer session " + Printable(session_) +
+           "rank " + std::to_string(options_.rank) + " already serves trainer session " + Printable(session_) +
                "; one trainer per daemon (is a second training process pointed at the same odbd?)");
     return false;
   }
@@ -282,7 +283,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     session_ = peer;
     session_fd_ = fd;
     lost_since_.reset();
-    credits_ = config_.outstanding_depth;
+    credits_ = options_.outstanding_depth;
     in_flight_.clear();
     spdlog::info("trainer session {} started", Printable(peer));
     OfferStepArena(peer);
@@ -308,7 +309,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
   } else if (msg.has_credit()) {
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
-    credits_ = std::min<uint64_t>(credits_ + steps, config_.outstanding_depth);
+    credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
   } else if (msg.has_start_epoch()) {
     std::lock_guard<std::mutex> lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
@@ -413,18 +414,18 @@ void TrainerChannel::Flush() {
 
 std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLiveness() {
   if (fatal_) return fatal_;
-  if (config_.trainer_timeout_ms == 0 || !lost_since_) return std::nullopt;
+  if (options_.trainer_timeout_ms == 0 || !lost_since_) return std::nullopt;
   bool epoch_open;
   {
     std::lock_guard<std::mutex> lock(state_.mu);
     epoch_open = state_.current_epoch.has_value() || !state_.requested_epochs.empty();
   }
   if (!epoch_open) return std::nullopt;
-  if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(config_.trainer_timeout_ms))
+  if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(options_.trainer_timeout_ms))
     return std::nullopt;
   return std::make_pair(wire::INTERNAL,
                         "the trainer disconnected mid-epoch and did not come back within " +
-                            std::to_string(config_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms); " +
+                            std::to_string(options_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms); " +
                             std::to_string(in_flight_.size()) + " step(s) sent to it were not acknowledged");
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstdlib>
 #include <set>
 
@@ -18,8 +19,8 @@ constexpr char kZapDomain[] = "odb-exchange";
 
 }  // namespace
 
-PayloadExchange::PayloadExchange(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics)
-    : config_(config), state_(state), metrics_(metrics), rx_(context_, zmq::socket_type::router) {}
+PayloadExchange::PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics)
+    : options_(std::move(options)), state_(state), metrics_(metrics), rx_(context_, zmq::socket_type::router) {}
 
 PayloadExchange::~PayloadExchange() {
   // Sockets close before the authenticator stops: a handshake in progress
@@ -41,7 +42,7 @@ absl::Status PayloadExchange::Bind() {
   // A peer that connects before this rank has the job's keys is held until
   // then (at most the connect timeout), not refused.
   zap_ = std::make_unique<ZapAuthenticator>(context_, keyring_, kZapDomain,
-                                            std::chrono::milliseconds(config_.connect_timeout_ms),
+                                            std::chrono::milliseconds(options_.connect_timeout_ms),
                                             &metrics_.exchange_connections_refused);
   if (absl::Status s = zap_->WatchHandshakes(rx_); !s.ok()) return s;
   if (absl::Status s = zap_->Start(); !s.ok()) return s;
@@ -54,11 +55,11 @@ absl::Status PayloadExchange::Bind() {
     // A connection that does not finish its handshake (a port scanner, a
     // silent client) is dropped after this long, so it holds no descriptor.
     rx_.set(zmq::sockopt::handshake_ivl,
-            static_cast<int>(std::max<uint32_t>(1000, config_.connect_timeout_ms)));
-    rx_.bind("tcp://" + config_.gloo_hostname + ":*");
+            static_cast<int>(std::max<uint32_t>(1000, options_.connect_timeout_ms)));
+    rx_.bind("tcp://" + options_.hostname + ":*");
     bound_ = rx_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    return absl::UnavailableError("cannot bind the payload exchange on " + config_.gloo_hostname + " (" +
+    return absl::UnavailableError("cannot bind the payload exchange on " + options_.hostname + " (" +
                                   e.what() + ")");
   }
   return absl::OkStatus();
@@ -109,18 +110,18 @@ absl::Status PayloadExchange::Connect(const std::vector<std::string>& announceme
   if (!peers.ok()) return peers.status();
   std::vector<std::string> keys;
   for (const PeerAnnouncement& a : *peers) keys.push_back(a.public_key);
-  if (absl::Status s = keyring_.Install(keys, config_.rank); !s.ok()) return s;
+  if (absl::Status s = keyring_.Install(keys, options_.rank); !s.ok()) return s;
   try {
     for (size_t r = 0; r < peers->size(); ++r) {
       zmq::socket_t socket(context_, zmq::socket_type::dealer);
       socket.set(zmq::sockopt::linger, 0);
       socket.set(zmq::sockopt::sndhwm, 0);  // bounded by the plan, never dropped
-      socket.set(zmq::sockopt::routing_id, std::to_string(config_.rank));
+      socket.set(zmq::sockopt::routing_id, std::to_string(options_.rank));
       // This rank proves its key; the peer proves the key it announced.
       socket.set(zmq::sockopt::curve_serverkey, (*peers)[r].public_key);
       socket.set(zmq::sockopt::curve_publickey, keys_.public_key);
       socket.set(zmq::sockopt::curve_secretkey, keys_.secret_key);
-      if (static_cast<int>(r) != config_.rank) socket.connect((*peers)[r].endpoint);
+      if (static_cast<int>(r) != options_.rank) socket.connect((*peers)[r].endpoint);
       senders_.push_back(std::move(socket));
     }
   } catch (const zmq::error_t& e) {
@@ -136,10 +137,10 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
   std::set<uint64_t> needed_here;
   for (const StepPlan& step : outcome.steps) {
     for (size_t i = 0; i < step.sample_ids.size(); ++i) {
-      if (step.sample_owners[i] == config_.rank) needed_here.insert(step.sample_ids[i]);
+      if (step.sample_owners[i] == options_.rank) needed_here.insert(step.sample_ids[i]);
     }
     for (size_t i = 0; i < step.enc_ids.size(); ++i) {
-      if (step.enc_owners[i] == config_.rank) needed_here.insert(step.enc_ids[i]);
+      if (step.enc_owners[i] == options_.rank) needed_here.insert(step.enc_ids[i]);
     }
   }
   std::map<uint64_t, Sample> taken;
@@ -151,7 +152,7 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
         std::optional<Sample> one = state_.buffer.TakeOne(epoch, id);
         if (!one) {
           return absl::InternalError("the plan moves sample " + std::to_string(id) + " that rank " +
-                                     std::to_string(config_.rank) + " does not hold");
+                                     std::to_string(options_.rank) + " does not hold");
         }
         taken.emplace(id, std::move(*one));
       }
@@ -189,7 +190,7 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, sample] : taken) {
-    if (needed_here.count(id)) parked_.emplace(SampleKey{config_.rank, id}, std::move(sample));
+    if (needed_here.count(id)) parked_.emplace(SampleKey{options_.rank, id}, std::move(sample));
   }
   return absl::OkStatus();
 }
@@ -199,9 +200,9 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
                                              const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!parked_.count(key)) {
-    if (key.first == config_.rank) {
+    if (key.first == options_.rank) {
       return absl::InternalError("planner returned sample " + std::to_string(key.second) +
-                                 " that is not buffered on rank " + std::to_string(config_.rank));
+                                 " that is not buffered on rank " + std::to_string(options_.rank));
     }
     if (cancelled()) return absl::CancelledError("daemon stopping");
     if (cv_.wait_until(
@@ -210,7 +211,7 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
         std::chrono::steady_clock::now() >= deadline && !parked_.count(key)) {
       return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
                                          std::to_string(key.first) + " did not arrive within " +
-                                         std::to_string(config_.collective_timeout_ms) + " ms");
+                                         std::to_string(options_.collective_timeout_ms) + " ms");
     }
   }
   auto it = parked_.find(key);

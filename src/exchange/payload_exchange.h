@@ -15,15 +15,23 @@
 
 #include "absl/status/statusor.h"
 #include "src/common/sample.h"
-#include "src/daemon/config.h"
-#include "src/daemon/daemon_state.h"
-#include "src/daemon/metrics.h"
-#include "src/daemon/round_runner.h"
 #include "src/exchange/peer_auth.h"
+#include "src/state/daemon_state.h"
+#include "src/state/metrics.h"
+#include "src/state/round.h"
 
 namespace odb::exchange {
 
 using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
+
+// What the payload exchange reads of the daemon's configuration; the daemon
+// fills it from its config file (docs/config.md names the keys).
+struct ExchangeOptions {
+  int rank = 0;
+  std::string hostname = "127.0.0.1";  // alignment.gloo_hostname: the address it binds
+  uint32_t connect_timeout_ms = 30000;      // alignment.connect_timeout_ms
+  uint32_t collective_timeout_ms = 120000;  // alignment.collective_timeout_ms: a payload that never comes
+};
 
 // Moves sample payloads between daemons when a global plan emits a sample on
 // another rank than the one that received it (Ray keeps object transfer out
@@ -37,7 +45,7 @@ using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
 // of its own (its ZAP handler then sees no other socket of the daemon).
 class PayloadExchange {
  public:
-  PayloadExchange(const DaemonConfig& config, DaemonState& state, DaemonMetrics& metrics);
+  PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics);
   ~PayloadExchange();
   PayloadExchange(const PayloadExchange&) = delete;
   PayloadExchange& operator=(const PayloadExchange&) = delete;
@@ -68,7 +76,7 @@ class PayloadExchange {
   void WakeAll() { cv_.notify_all(); }
 
  private:
-  const DaemonConfig& config_;
+  const ExchangeOptions options_;
   DaemonState& state_;
   DaemonMetrics& metrics_;
   zmq::context_t context_{1};

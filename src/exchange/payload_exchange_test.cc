@@ -12,11 +12,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-DaemonConfig RankZeroOfTwo() {
-  DaemonConfig c;
+ExchangeOptions RankZeroOfTwo() {
+  ExchangeOptions c;
   c.rank = 0;
-  c.world_size = 2;
-  c.gloo_hostname = "127.0.0.1";
+  c.hostname = "127.0.0.1";
   c.connect_timeout_ms = 30000;
   return c;
 }
@@ -33,10 +32,10 @@ absl::Status Pump(PayloadExchange& x, const std::function<bool()>& done) {
 }
 
 TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer") {
-  DaemonConfig config = RankZeroOfTwo();
+  ExchangeOptions options = RankZeroOfTwo();
   DaemonState state(1 << 20, 64, 1);
   DaemonMetrics metrics;
-  PayloadExchange x(config, state, metrics);
+  PayloadExchange x(options, state, metrics);
   REQUIRE(x.Bind().ok());
   auto rank1 = NewCurveKeypair();
   REQUIRE(rank1.ok());

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "src/common/fd_budget.h"
 #include "src/common/zmq_transfer.h"
@@ -60,24 +61,24 @@ wire::IngestReply NewReply() {
 
 }  // namespace
 
-IngestChannel::IngestChannel(zmq::context_t& context, const DaemonConfig& config, DaemonState& state,
+IngestChannel::IngestChannel(zmq::context_t& context, IngestOptions options, DaemonState& state,
                              DaemonMetrics& metrics, const Clock& clock)
-    : context_(context), config_(config), state_(state), metrics_(metrics), clock_(clock) {
-  decode_options_.length_field = config.collate.length_field;
+    : context_(context), options_(std::move(options)), state_(state), metrics_(metrics), clock_(clock) {
+  decode_options_.length_field = options_.collate.length_field;
   // A sample may take at most half the buffer: once the buffer drains it
   // always fits, and ahead-of-epoch producers (half the buffer) never block it.
-  max_sample_bytes_ = std::max<uint64_t>(1, config.buffer_max_bytes / 2);
-  window_samples_ = std::clamp<uint64_t>(config.buffer_max_samples / 4, 1, 1024);
+  max_sample_bytes_ = std::max<uint64_t>(1, options_.buffer_max_bytes / 2);
+  window_samples_ = std::clamp<uint64_t>(options_.buffer_max_samples / 4, 1, 1024);
   last_message_ = clock_.Now();
 }
 
 absl::Status IngestChannel::Bind() {
-  for (const auto& endpoint : config_.ingest_endpoints) {
+  for (const auto& endpoint : options_.endpoints) {
     try {
       EnsureIpcDirectory(endpoint);
       zmq::socket_t socket(context_, zmq::socket_type::router);
       socket.set(zmq::sockopt::linger, 0);
-      socket.set(zmq::sockopt::rcvhwm, config_.ingest_hwm);
+      socket.set(zmq::sockopt::rcvhwm, options_.hwm);
       socket.set(zmq::sockopt::sndhwm, 10000);
       socket.set(zmq::sockopt::router_mandatory, true);
       // A frame larger than any admissible sample (or header) is a protocol
@@ -359,9 +360,9 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     conn.producer_id = hello->producer_id;
     state_.tracker.OnHello(hello->producer_id);
     spdlog::debug("producer '{}' connected (rank {})", hello->producer_id, hello->rank);
-    if (hello->rank >= 0 && hello->rank != config_.rank) {
+    if (hello->rank >= 0 && hello->rank != options_.rank) {
       spdlog::warn("producer '{}' says it feeds rank {} but this is rank {}", hello->producer_id, hello->rank,
-                   config_.rank);
+                   options_.rank);
     }
   } else if (std::get_if<StartEpochEvent>(&event)) {
     // Producers announce epochs for logging only; the trainer decides the order.
@@ -412,7 +413,7 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
       } else {
         state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
         // Its place in the order is taken: a deterministic rank does not wait for it.
-        if (config_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
+        if (options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
           state_.buffer.NoteSeq(reject->epoch, *reject->seq);
         }
       }
@@ -437,7 +438,7 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
       RefuseOutsideEpochs(sample.producer_id, epoch, sample.meta.id, *why);
       return;
     }
-    if (config_.deterministic && !state_.tracker.IsClosed(epoch)) {
+    if (options_.deterministic && !state_.tracker.IsClosed(epoch)) {
       const uint64_t id = sample.meta.id;
       if (!sample.seq) {
         state_.tracker.OnSample(sample.producer_id, epoch, id);
@@ -461,7 +462,7 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
                epoch, true);
         return;
       }
-    } else if (!config_.deterministic) {
+    } else if (!options_.deterministic) {
       sample.seq.reset();  // ignored: planning goes by arrival
     }
     if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
@@ -472,9 +473,9 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     if (schema == schemas_.end()) {
       const uint32_t oldest = TrainerEpoch(state_).value_or(first_open);
       std::erase_if(schemas_, [&](const auto& entry) { return entry.first < oldest; });
-      collate::CollateOptions options = config_.collate;
+      collate::CollateOptions options = options_.collate;
       // Per-phase plans batch the encoder fields apart (never packed).
-      if (config_.phase_plans) options.packed = false;
+      if (options_.phase_plans) options.packed = false;
       schema = schemas_.emplace(epoch, std::make_unique<EpochSchema>(std::move(options))).first;
     }
     if (auto r = schema->second->Check(sample)) {
@@ -487,16 +488,16 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     // Ahead: a later epoch than the one being planned (or, before the
     // trainer starts one, than the first open epoch).
     conn.ahead = epoch > state_.current_epoch.value_or(first_open);
-    sample.meta.owner_rank = config_.rank;
-    if (config_.over_budget == OverBudgetPolicy::kReject &&
-        !grouping::FitsAlone(config_.budget, sample.meta.lengths)) {
+    sample.meta.owner_rank = options_.rank;
+    if (options_.reject_over_budget &&
+        !grouping::FitsAlone(options_.budget, sample.meta.lengths)) {
       const uint64_t id = sample.meta.id;
       Reject(MakeReject(wire::OVER_BUDGET,
                         "sample " + std::to_string(id) +
                             " (tokens=" + std::to_string(sample.meta.lengths.tokens) +
                             ", vision=" + std::to_string(sample.meta.lengths.vision_patches) +
                             ", audio=" + std::to_string(sample.meta.lengths.audio_frames) +
-                            ") fits no budget (" + grouping::DescribeBudget(config_.budget) +
+                            ") fits no budget (" + grouping::DescribeBudget(options_.budget) +
                             "); raise the budget or set grouping.over_budget: isolate",
                         sample.producer_id, &id)
                  .rejection,
@@ -536,7 +537,7 @@ uint64_t IngestChannel::WindowBytes() const {
   // sample is larger asks for it (CreditRequest) and gets it when room allows.
   size_t producers = 0;
   for (const auto& [key, conn] : conns_) producers += conn.producer_id.empty() ? 0 : 1;
-  const uint64_t share = config_.buffer_max_bytes / (2 * std::max<size_t>(producers, 1));
+  const uint64_t share = options_.buffer_max_bytes / (2 * std::max<size_t>(producers, 1));
   return std::clamp<uint64_t>(share, std::min<uint64_t>(64 << 10, max_sample_bytes_), max_sample_bytes_);
 }
 
@@ -548,7 +549,7 @@ void IngestChannel::GrantCredits() {
     free_samples = static_cast<int64_t>(state_.buffer.RoomSamples()) - outstanding_samples_;
     const uint32_t base = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
     const uint64_t outside = state_.buffer.BytesOutsideEpoch(base);
-    ahead_room = static_cast<int64_t>(config_.buffer_max_bytes / 2) - static_cast<int64_t>(outside);
+    ahead_room = static_cast<int64_t>(options_.buffer_max_bytes / 2) - static_cast<int64_t>(outside);
   }
   for (const auto& [key, conn] : conns_) {
     if (conn.ahead) ahead_room -= std::max<int64_t>(conn.credit_bytes, 0);
@@ -560,18 +561,18 @@ void IngestChannel::GrantCredits() {
   // most half the buffer, so idle producers cannot keep it from busy ones.
   size_t producers = 0;
   for (const auto& [key, conn] : conns_) producers += conn.producer_id.empty() ? 0 : 1;
-  const int64_t share = CreditWindow::Share(config_.buffer_max_samples, producers, window_samples_);
+  const int64_t share = CreditWindow::Share(options_.buffer_max_samples, producers, window_samples_);
   // alignment.deterministic: a producer may send seq < frontier + window of
   // its epoch (ProducerCredit.seq_limit). A producer whose next sample is at
   // the limit asked for more (wanted_seq); it gets it once the frontier moved.
   std::map<uint32_t, uint64_t> seq_limits;
   uint32_t base_epoch = 0;
-  if (config_.deterministic) {
+  if (options_.deterministic) {
     std::lock_guard<std::mutex> lock(state_.mu);
     base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
-    seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + config_.window;
+    seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + options_.window;
     for (const auto& [key, conn] : conns_) {
-      if (conn.wanted_seq) seq_limits[conn.wanted_seq_epoch] = state_.buffer.Frontier(conn.wanted_seq_epoch) + config_.window;
+      if (conn.wanted_seq) seq_limits[conn.wanted_seq_epoch] = state_.buffer.Frontier(conn.wanted_seq_epoch) + options_.window;
     }
   }
   auto set_limit = [&](wire::ProducerCredit& credit, uint32_t epoch) {
@@ -642,7 +643,7 @@ void IngestChannel::GrantCredits() {
     reply.mutable_credit()->set_bytes(static_cast<uint64_t>(grant_bytes));
     reply.mutable_credit()->set_samples(static_cast<uint32_t>(grant_samples));
     reply.mutable_credit()->set_max_sample_bytes(max_sample_bytes_);
-    if (config_.deterministic) set_limit(*reply.mutable_credit(), base_epoch);
+    if (options_.deterministic) set_limit(*reply.mutable_credit(), base_epoch);
     conn.credit_bytes += grant_bytes;
     conn.credit_samples += grant_samples;
     outstanding_bytes_ += grant_bytes;
@@ -671,7 +672,7 @@ void IngestChannel::Forget(const ConnKey& key) {
       if (std::find(active.begin(), active.end(), producer) != active.end()) {
         spdlog::warn("producer '{}' left without ending its stream for epoch {}; the epoch waits for it "
                      "(emit.producer_timeout_ms {} ms)",
-                     producer, epoch, config_.producer_timeout_ms);
+                     producer, epoch, options_.producer_timeout_ms);
       }
     }
   }
@@ -690,7 +691,7 @@ bool IngestChannel::MaySend(const Conn& conn) {
 void IngestChannel::NoteEpochRequested() { last_message_ = clock_.Now(); }
 
 std::optional<std::string> IngestChannel::CheckStall() {
-  if (!config_.deterministic) return std::nullopt;
+  if (!options_.deterministic) return std::nullopt;
   const auto now = clock_.Now();
   std::lock_guard<std::mutex> lock(state_.mu);
   bool stalled = state_.current_epoch.has_value();
@@ -702,11 +703,11 @@ std::optional<std::string> IngestChannel::CheckStall() {
     for (const auto& [key, conn] : conns_) connected += conn.producer_id.empty() ? 0 : 1;
     const size_t known =
         std::max(connected, state_.tracker.ActiveProducers(epoch).size() + state_.tracker.EndedCount(epoch));
-    in_order = state_.buffer.PendingInOrder(epoch, static_cast<size_t>(config_.window) + 1, false).size();
+    in_order = state_.buffer.PendingInOrder(epoch, static_cast<size_t>(options_.window) + 1, false).size();
     // Waiting for samples in order, every expected producer is there, and
     // none of them may send: each is out of credit (the buffer has no room
     // for it) or holds its next sample back at the seq limit.
-    stalled = !state_.tracker.StreamFinished(epoch, state_.expected_producers) && in_order <= config_.window &&
+    stalled = !state_.tracker.StreamFinished(epoch, state_.expected_producers) && in_order <= options_.window &&
               known >= state_.expected_producers && !conns_.empty();
     for (const auto& [key, conn] : conns_) {
       if (!stalled) break;
@@ -719,19 +720,19 @@ std::optional<std::string> IngestChannel::CheckStall() {
   }
   if (!stall_since_) stall_since_ = now;
   if (now - *stall_since_ < std::chrono::seconds(2)) return std::nullopt;
-  return "alignment.deterministic: rank " + std::to_string(config_.rank) + " waits for epoch " +
+  return "alignment.deterministic: rank " + std::to_string(options_.rank) + " waits for epoch " +
          std::to_string(epoch) + "'s sample seq " + std::to_string(state_.buffer.Frontier(epoch)) +
          " (it has " + std::to_string(in_order) + " samples in order and needs " +
-         std::to_string(config_.window + 1) + ") but no producer can send it: the buffer holds " +
+         std::to_string(options_.window + 1) + ") but no producer can send it: the buffer holds " +
          std::to_string(state_.buffer.count()) + " samples / " + std::to_string(state_.buffer.bytes()) +
-         " bytes of its limits (buffer.max_samples " + std::to_string(config_.buffer_max_samples) +
-         ", buffer.max_bytes " + std::to_string(config_.buffer_max_bytes) +
+         " bytes of its limits (buffer.max_samples " + std::to_string(options_.buffer_max_samples) +
+         ", buffer.max_bytes " + std::to_string(options_.buffer_max_bytes) +
          "). Raise buffer.max_bytes or lower grouping.window (a rank buffers up to two windows of samples "
          "in order), or check that the producer of that seq is alive";
 }
 
 std::optional<std::string> IngestChannel::CheckSilence() {
-  if (config_.producer_timeout_ms == 0) return std::nullopt;
+  if (options_.producer_timeout_ms == 0) return std::nullopt;
   const auto now = clock_.Now();
   std::lock_guard<std::mutex> lock(state_.mu);
   if (!state_.current_epoch) {
@@ -750,7 +751,7 @@ std::optional<std::string> IngestChannel::CheckSilence() {
     last_message_ = now;
     return std::nullopt;
   }
-  if (now - last_message_ <= std::chrono::milliseconds(config_.producer_timeout_ms)) return std::nullopt;
+  if (now - last_message_ <= std::chrono::milliseconds(options_.producer_timeout_ms)) return std::nullopt;
   const auto active = state_.tracker.ActiveProducers(epoch);
   const size_t ended = state_.tracker.EndedCount(epoch);
   std::string open;
@@ -764,7 +765,7 @@ std::optional<std::string> IngestChannel::CheckSilence() {
       refused == 0 ? std::string()
                    : "; " + std::to_string(refused) +
                          " input(s) were rejected during this epoch (the rejections and the daemon's log say why)";
-  return "no message from any producer for " + std::to_string(config_.producer_timeout_ms) +
+  return "no message from any producer for " + std::to_string(options_.producer_timeout_ms) +
          " ms while epoch " + std::to_string(epoch) + "'s input is incomplete: " + std::to_string(ended) +
          " of " + std::to_string(expected) + " expected producer(s) ended their stream; " +
          (open.empty() ? std::string("no stream is open")

@@ -58,14 +58,14 @@ wire::ProducerMessage ArenaSample(const std::string& id, uint64_t sample_id) {
 
 TEST_CASE("a sample right behind its hello in one burst is decoded as that connection's producer") {
   zmq::context_t context;
-  DaemonConfig config;
-  config.ingest_endpoints = {"inproc://ingest-channel-test"};
-  config.buffer_max_bytes = 64 << 20;
-  config.buffer_max_samples = 1024;
-  DaemonState state(config.buffer_max_bytes, config.buffer_max_samples, 1);
+  IngestOptions options;
+  options.endpoints = {"inproc://ingest-channel-test"};
+  options.buffer_max_bytes = 64 << 20;
+  options.buffer_max_samples = 1024;
+  DaemonState state(options.buffer_max_bytes, options.buffer_max_samples, 1);
   DaemonMetrics metrics;
   FakeClock clock;
-  IngestChannel channel(context, config, state, metrics, clock);
+  IngestChannel channel(context, options, state, metrics, clock);
   NamingArenaSource arenas;
   channel.SetArenaSource(&arenas);
   REQUIRE(channel.Bind().ok());
@@ -112,14 +112,14 @@ std::vector<uint32_t> CreditsReceived(zmq::socket_t& producer) {
 
 TEST_CASE("credit is lent as the producer sends, and topped up once half of it is spent") {
   zmq::context_t context;
-  DaemonConfig config;
-  config.ingest_endpoints = {"inproc://ingest-credit-test"};
-  config.buffer_max_bytes = 64 << 20;
-  config.buffer_max_samples = 400;  // a full window of 100 samples of credit
-  DaemonState state(config.buffer_max_bytes, config.buffer_max_samples, 1);
+  IngestOptions options;
+  options.endpoints = {"inproc://ingest-credit-test"};
+  options.buffer_max_bytes = 64 << 20;
+  options.buffer_max_samples = 400;  // a full window of 100 samples of credit
+  DaemonState state(options.buffer_max_bytes, options.buffer_max_samples, 1);
   DaemonMetrics metrics;
   FakeClock clock;
-  IngestChannel channel(context, config, state, metrics, clock);
+  IngestChannel channel(context, options, state, metrics, clock);
   REQUIRE(channel.Bind().ok());
   zmq::socket_t producer(context, zmq::socket_type::dealer);
   producer.set(zmq::sockopt::linger, 0);

@@ -1,4 +1,4 @@
-#include "src/daemon/metrics.h"
+#include "src/state/metrics.h"
 
 #include <sstream>
 

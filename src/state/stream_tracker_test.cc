@@ -1,8 +1,8 @@
-#include "src/ingest/stream_tracker.h"
+#include "src/state/stream_tracker.h"
 
 #include <catch2/catch.hpp>
 
-namespace odb::ingest {
+namespace odb {
 namespace {
 
 TEST_CASE("stream ends when every expected producer ended with matching counts") {
@@ -40,9 +40,9 @@ TEST_CASE("tracker rejects unknown producers, closed epochs and bad counts") {
 }
 
 }  // namespace
-}  // namespace odb::ingest
+}  // namespace odb
 
-namespace odb::ingest {
+namespace odb {
 namespace {
 
 TEST_CASE("after a Non-Join quota closure late samples are reported as late, not as errors") {
@@ -58,9 +58,9 @@ TEST_CASE("after a Non-Join quota closure late samples are reported as late, not
 }
 
 }  // namespace
-}  // namespace odb::ingest
+}  // namespace odb
 
-namespace odb::ingest {
+namespace odb {
 namespace {
 
 TEST_CASE("refused samples count as sent in their stream, within a bound") {
@@ -98,4 +98,4 @@ TEST_CASE("the open epoch range covers the epochs anything arrived for") {
 }
 
 }  // namespace
-}  // namespace odb::ingest
+}  // namespace odb

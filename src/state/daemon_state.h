@@ -1,5 +1,5 @@
-#ifndef ODB_DAEMON_DAEMON_STATE_H_
-#define ODB_DAEMON_DAEMON_STATE_H_
+#ifndef ODB_STATE_DAEMON_STATE_H_
+#define ODB_STATE_DAEMON_STATE_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -10,8 +10,8 @@
 
 #include "proto/odb.pb.h"
 #include "src/buffer/sample_buffer.h"
-#include "src/daemon/rejection_log.h"
-#include "src/ingest/stream_tracker.h"
+#include "src/state/rejection_log.h"
+#include "src/state/stream_tracker.h"
 
 namespace odb {
 
@@ -26,7 +26,7 @@ struct DaemonState {
   std::mutex mu;
   std::condition_variable cv;
   buffer::SampleBuffer buffer;                          // guarded by mu
-  ingest::StreamTracker tracker;                        // guarded by mu
+  StreamTracker tracker;                                // guarded by mu
   RejectionLog rejections;                              // guarded by mu
   std::deque<uint32_t> requested_epochs;                // guarded by mu: the trainer's StartEpoch, in order
   // guarded by mu: a requested epoch's (first_round, first_step) when the
@@ -40,4 +40,4 @@ struct DaemonState {
 
 }  // namespace odb
 
-#endif  // ODB_DAEMON_DAEMON_STATE_H_
+#endif  // ODB_STATE_DAEMON_STATE_H_

@@ -1,5 +1,5 @@
-#ifndef ODB_INGEST_STREAM_TRACKER_H_
-#define ODB_INGEST_STREAM_TRACKER_H_
+#ifndef ODB_STATE_STREAM_TRACKER_H_
+#define ODB_STATE_STREAM_TRACKER_H_
 
 #include <cstdint>
 #include <map>
@@ -10,7 +10,7 @@
 
 #include "proto/odb.pb.h"
 
-namespace odb::ingest {
+namespace odb {
 
 // Knows which producers exist and where each one's stream stands per epoch.
 // It decides when an epoch's input is complete (every expected producer sent
@@ -84,6 +84,6 @@ class StreamTracker {
   std::map<std::pair<std::string, uint32_t>, uint64_t> refused_;
 };
 
-}  // namespace odb::ingest
+}  // namespace odb
 
-#endif  // ODB_INGEST_STREAM_TRACKER_H_
+#endif  // ODB_STATE_STREAM_TRACKER_H_

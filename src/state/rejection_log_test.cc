@@ -1,4 +1,4 @@
-#include "src/daemon/rejection_log.h"
+#include "src/state/rejection_log.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
-#ifndef ODB_DAEMON_METRICS_H_
-#define ODB_DAEMON_METRICS_H_
+#ifndef ODB_STATE_METRICS_H_
+#define ODB_STATE_METRICS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -82,4 +82,4 @@ std::string RenderPrometheus(const DaemonMetrics& metrics, const DaemonGauges& g
 
 }  // namespace odb
 
-#endif  // ODB_DAEMON_METRICS_H_
+#endif  // ODB_STATE_METRICS_H_

@@ -1,6 +1,6 @@
-#include "src/ingest/stream_tracker.h"
+#include "src/state/stream_tracker.h"
 
-namespace odb::ingest {
+namespace odb {
 namespace {
 
 wire::Rejection Reject(wire::ErrorCode code, const std::string& producer, const std::string& message,
@@ -167,4 +167,4 @@ void StreamTracker::CloseEpoch(uint32_t epoch, bool quota_closed) {
   std::erase_if(refused_, [&](const auto& entry) { return entry.first.second == epoch; });
 }
 
-}  // namespace odb::ingest
+}  // namespace odb

@@ -1,5 +1,5 @@
-#ifndef ODB_DAEMON_REJECTION_LOG_H_
-#define ODB_DAEMON_REJECTION_LOG_H_
+#ifndef ODB_STATE_REJECTION_LOG_H_
+#define ODB_STATE_REJECTION_LOG_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -49,4 +49,4 @@ class RejectionLog {
 
 }  // namespace odb
 
-#endif  // ODB_DAEMON_REJECTION_LOG_H_
+#endif  // ODB_STATE_REJECTION_LOG_H_
