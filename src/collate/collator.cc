@@ -39,6 +39,8 @@ constexpr std::string_view kCuSeqlens = "cu_seqlens";
 constexpr std::string_view kPositionIds = "position_ids";
 constexpr std::string_view kOffsetsSuffix = "_offsets";
 
+}  // namespace
+
 std::string_view RuleName(FieldRule rule) {
   switch (rule) {
     case FieldRule::kPad:
@@ -50,6 +52,16 @@ std::string_view RuleName(FieldRule rule) {
   }
   return "unknown";
 }
+
+std::vector<std::string> DerivedTensorNames(const CollateOptions& options) {
+  if (options.packed) return {std::string(kCuSeqlens), std::string(kPositionIds)};
+  if (options.attention_mask) return {std::string(kAttentionMask)};
+  return {};
+}
+
+std::string OffsetsName(std::string_view field) { return StrCat(field, kOffsetsSuffix); }
+
+namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -579,15 +591,9 @@ const FieldSpec* FindSpec(const CollateOptions& options, const std::string& name
 // overwrite.
 absl::Status CheckNameClashes(const std::vector<Field>& fields, const CollateOptions& options,
                               const Sample& first) {
-  std::vector<std::string> derived;
+  std::vector<std::string> derived = DerivedTensorNames(options);
   for (const Field& f : fields) {
-    if (f.rule == FieldRule::kConcat) derived.push_back(StrCat(f.name, kOffsetsSuffix));
-  }
-  if (options.packed) {
-    derived.emplace_back(kCuSeqlens);
-    derived.emplace_back(kPositionIds);
-  } else if (options.attention_mask) {
-    derived.emplace_back(kAttentionMask);
+    if (f.rule == FieldRule::kConcat) derived.push_back(OffsetsName(f.name));
   }
   for (const std::string& name : derived) {
     if (first.FindTensor(name) != nullptr) {
@@ -658,7 +664,7 @@ absl::Status PlanField(Planned* plan, size_t index, bool packed, uint64_t cap) {
   if (field.rule == FieldRule::kConcat) {
     how.kind = OutputKind::kOffsets;
     AddOutput(plan,
-              {field.name + std::string(kOffsetsSuffix), DType::kInt64, {static_cast<int64_t>(batch) + 1},
+              {OffsetsName(field.name), DType::kInt64, {static_cast<int64_t>(batch) + 1},
                (batch + 1) * sizeof(int64_t)},
               how);
   }

@@ -149,6 +149,17 @@ class CollatePlan {
 // return, naming `field`. Lets a config be checked once the dtypes are known.
 absl::Status CheckPadValue(double value, DType dtype, const std::string& field);
 
+// "pad", "stack" or "concat", as in the config and in error messages.
+std::string_view RuleName(FieldRule rule);
+
+// The tensors Collate adds besides the fields, in the order it adds them:
+// cu_seqlens and position_ids when packed, else attention_mask when asked
+// for. A concat field `f` also gets OffsetsName(f). They share the fields'
+// namespace, so a field of the same name is an error (here, in the schema and
+// in the config).
+std::vector<std::string> DerivedTensorNames(const CollateOptions& options);
+std::string OffsetsName(std::string_view field);
+
 }  // namespace odb::collate
 
 #endif  // ODB_COLLATE_COLLATOR_H_

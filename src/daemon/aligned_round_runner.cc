@@ -11,7 +11,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   align::PlannerConfig p;
   p.budget = config.budget;
   p.step_model = config.step_time;
-  p.mode = config.mode == AlignMode::kJoin ? align::EpochMode::kJoin : align::EpochMode::kNonJoin;
+  p.mode = config.mode;
   p.seed = config.seed;
   p.window = config.window;
   p.deterministic = config.deterministic;
@@ -92,8 +92,11 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
 
 namespace {
 
-align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
+align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config, const Clock* clock) {
   align::AlignerOptions options;
+  // The round's waits (max_wait_ms, start_wait_ms) are decided on the
+  // daemon's clock, like when a round is due (Daemon::RoundDue).
+  if (clock != nullptr) options.now = [clock] { return clock->Now(); };
   options.max_wait = std::chrono::milliseconds(config.max_wait_ms);
   options.start_wait = std::chrono::milliseconds(config.start_wait_ms == 0 ? config.max_wait_ms
                                                                            : config.start_wait_ms);
@@ -103,9 +106,9 @@ align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config) {
 }  // namespace
 
 AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers,
-                                       const DaemonConfig& config)
+                                       const DaemonConfig& config, const Clock* clock)
     : peers_(std::move(peers)),
-      aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config)),
+      aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),
       encoder_cost_per_patch_(config.encoder_cost_per_patch) {}
 

@@ -5,6 +5,7 @@
 
 #include "src/align/aligner.h"
 #include "src/align/peer_group.h"
+#include "src/common/clock.h"
 #include "src/daemon/config.h"
 #include "src/daemon/round_runner.h"
 
@@ -15,7 +16,10 @@ namespace odb {
 // each step, read off the round's full plan, so no second exchange is needed).
 class AlignedRoundRunner final : public RoundRunner {
  public:
-  AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, const DaemonConfig& config);
+  // `clock` (not owned; null: the steady clock) decides the round's waits:
+  // pass the daemon's.
+  AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, const DaemonConfig& config,
+                     const Clock* clock = nullptr);
 
   void StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) override;
   absl::StatusOr<RoundOutcome> Run(const RoundRequest& request) override;

@@ -136,8 +136,10 @@ absl::Status ParseGrouping(Section& s, DaemonConfig& c) {
 }
 
 absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
-  ODB_RETURN_IF_ERROR(s.GetEnum<AlignMode>(
-      "mode", {{"join", AlignMode::kJoin}, {"non_join", AlignMode::kNonJoin}}, c.mode));
+  ODB_RETURN_IF_ERROR(s.GetEnum<align::EpochMode>(
+      "mode", {{align::EpochModeName(align::EpochMode::kJoin), align::EpochMode::kJoin},
+               {align::EpochModeName(align::EpochMode::kNonJoin), align::EpochMode::kNonJoin}},
+      c.mode));
   ODB_RETURN_IF_ERROR(s.Get("seed", c.seed));
   ODB_RETURN_IF_ERROR(s.GetEnum<PlannerKind>(
       "planner", {{"local", PlannerKind::kLocal}, {"global", PlannerKind::kGlobal}}, c.planner));
@@ -164,9 +166,9 @@ constexpr const char* kLabelsField = "labels";
 constexpr int kLabelsPadValue = -100;  // torch.nn.CrossEntropyLoss's ignore_index
 
 const std::vector<std::pair<std::string, collate::FieldRule>> kRules = {
-    {"pad", collate::FieldRule::kPad},
-    {"stack", collate::FieldRule::kStack},
-    {"concat", collate::FieldRule::kConcat}};
+    {std::string(collate::RuleName(collate::FieldRule::kPad)), collate::FieldRule::kPad},
+    {std::string(collate::RuleName(collate::FieldRule::kStack)), collate::FieldRule::kStack},
+    {std::string(collate::RuleName(collate::FieldRule::kConcat)), collate::FieldRule::kConcat}};
 
 absl::Status ParseCollate(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("packed", c.collate.packed));
@@ -631,13 +633,9 @@ absl::Status ValidateCollate(const DaemonConfig& c) {
   // Names the collator derives; a configured field of the same name would
   // make every step fail to collate.
   std::set<std::string> derived;
-  if (o.packed) {
-    derived = {"cu_seqlens", "position_ids"};
-  } else if (o.attention_mask) {
-    derived = {"attention_mask"};
-  }
+  for (const std::string& name : collate::DerivedTensorNames(o)) derived.insert(name);
   for (const auto& f : o.fields) {
-    if (f.rule == collate::FieldRule::kConcat) derived.insert(f.name + "_offsets");
+    if (f.rule == collate::FieldRule::kConcat) derived.insert(collate::OffsetsName(f.name));
   }
   for (size_t i = 0; i < o.fields.size(); ++i) {
     if (derived.count(o.fields[i].name)) {
@@ -762,7 +760,7 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << c.local_world_size << " ingest=";
   for (const auto& e : c.ingest_endpoints) out << e << " ";
   out << "trainer=" << c.trainer_endpoint << " " << grouping::DescribeBudget(c.budget)
-      << " window=" << c.window << " mode=" << (c.mode == AlignMode::kJoin ? "join" : "non_join")
+      << " window=" << c.window << " mode=" << align::EpochModeName(c.mode)
       << " depth=" << c.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/"
       << c.buffer_max_samples << " store=" << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
       << " packed=" << c.collate.packed

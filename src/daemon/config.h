@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/align/planner.h"
 #include "src/collate/collator.h"
 #include "src/grouping/budget.h"
 
@@ -23,11 +24,6 @@ enum class OverBudgetPolicy {
 enum class BadInputPolicy {
   kError,          // the client raises on the first step that carries a rejection
   kSkipAndReport,  // the client logs it; the epoch summary lists it
-};
-
-enum class AlignMode {
-  kJoin,     // every sample of the epoch is emitted exactly once
-  kNonJoin,  // the epoch ends when the first rank runs dry; the rest is reported
 };
 
 enum class StoreKind { kFile, kRedis };
@@ -95,7 +91,9 @@ struct DaemonConfig {
   OverBudgetPolicy over_budget = OverBudgetPolicy::kIsolate;
 
   // --- alignment across ranks
-  AlignMode mode = AlignMode::kJoin;
+  // join: every sample of the epoch is emitted exactly once; non_join: the
+  // epoch ends when the first rank runs dry and the rest is reported.
+  align::EpochMode mode = align::EpochMode::kJoin;
   uint64_t seed = 0;  // shared by all ranks: group order is a seeded shuffle
   // local: each rank groups its own samples (ODB). global: groups across all
   // ranks and moves samples between daemons so every rank of a step costs

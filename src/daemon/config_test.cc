@@ -41,7 +41,7 @@ collate:
   REQUIRE(c.ok());
   CHECK(c->budget.model == grouping::CostModel::kPacked);
   CHECK(c->budget.max_tokens == 8192);
-  CHECK(c->mode == AlignMode::kNonJoin);
+  CHECK(c->mode == align::EpochMode::kNonJoin);
   CHECK(c->store == StoreKind::kRedis);
   REQUIRE(c->collate.fields.size() == 2);
   CHECK(c->collate.fields[0].pad_value == -100);

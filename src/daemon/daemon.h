@@ -67,7 +67,7 @@ class Daemon {
  private:
   void SweepStaleArenas();
   void PlannerLoop();
-  bool RoundDue(std::chrono::steady_clock::time_point last_round) const;  // requires state_.mu
+  bool RoundDue(Clock::TimePoint last_round) const;  // requires state_.mu
   // Closes the open epochs before `epoch` (the one the trainer starts),
   // dropping their buffered samples with a log line. Requires state_.mu.
   void DropEpochsBefore(uint32_t epoch);

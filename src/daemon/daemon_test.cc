@@ -31,7 +31,7 @@ bool Eventually(F done) {
 
 struct Harness {
   explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0,
-                   uint32_t trainer_timeout_ms = 0) {
+                   uint32_t trainer_timeout_ms = 0, uint32_t max_wait_ms = 20) {
     dir =
         std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
@@ -44,10 +44,10 @@ struct Harness {
     config.trainer_endpoint = "ipc://" + dir + "/out.sock";
     config.producer_timeout_ms = producer_timeout_ms;
     config.trainer_timeout_ms = trainer_timeout_ms;
-    config.max_wait_ms = 20;
+    config.max_wait_ms = max_wait_ms;
     auto peers = ConnectPeers(config);
     REQUIRE(peers.ok());
-    daemon = std::make_unique<Daemon>(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config),
+    daemon = std::make_unique<Daemon>(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock),
                                       &clock, &context);
     REQUIRE(daemon->Bind().ok());
     result = std::async(std::launch::async, [this] { return daemon->Run(); });
@@ -205,6 +205,26 @@ TEST_CASE("the wired daemon emits every sample exactly once and a true summary")
   REQUIRE(weight == Approx(static_cast<double>(steps)));  // W = 1: every step weighs 1
 }
 
+TEST_CASE("a window that does not fill is planned once max_wait_ms of the fake clock has passed") {
+  // Ten minutes: real time never gets there during the test, only the clock.
+  Harness h("wait", /*producer_timeout_ms=*/0, /*trainer_timeout_ms=*/0, /*max_wait_ms=*/600000);
+  RawTrainer trainer(h.context, h.config.trainer_endpoint);
+  trainer.StartEpoch(0);
+  RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
+  for (uint64_t i = 0; i < 3; ++i) producer.Send(i, 8);  // far below the window; the stream stays open
+  REQUIRE(Eventually([&] { return h.daemon->metrics().buffer_samples.load() == 3; }));
+  CHECK(h.daemon->metrics().rounds.load() == 0);  // nothing makes a round due but the wait
+  // The planner may pick the epoch up after an advance (its wait then counts
+  // from there), so the clock moves on until a step is planned.
+  REQUIRE(Eventually([&] {
+    h.clock.Advance(std::chrono::milliseconds(600001));
+    return h.daemon->metrics().steps_emitted.load() > 0;
+  }));
+  wire::DaemonMessage m = trainer.Next();
+  REQUIRE(m.has_step());
+  CHECK(m.step().sample_ids_size() == 3);
+}
+
 TEST_CASE("a silent producer is a PRODUCER_TIMEOUT once the fake clock passes the timeout") {
   Harness h("silent", /*producer_timeout_ms=*/60000);
   RawTrainer trainer(h.context, h.config.trainer_endpoint);
@@ -259,6 +279,11 @@ TEST_CASE("a trainer lost mid-epoch is fatal after trainer_timeout_ms of the fak
     trainer.StartEpoch(0);
     RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
     for (uint64_t i = 0; i < 20; ++i) producer.Send(i, 8);
+    // Rounds wait max_wait_ms of the fake clock for a fuller window.
+    REQUIRE(Eventually([&] {
+      h.clock.Advance(std::chrono::milliseconds(50));
+      return h.daemon->metrics().steps_emitted.load() > 0;
+    }));
     (void)trainer.Next();
   }  // the trainer's socket closes
   // The daemon notices the disconnect (an event), then waits for the clock.

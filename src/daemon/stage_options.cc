@@ -41,7 +41,7 @@ emit::StepBuilderOptions StepBuilderOptionsFor(const DaemonConfig& c) {
   o.rejections_are_errors = c.bad_input == BadInputPolicy::kError;
   // Per-phase plans route encoder outputs across ranks even with the local planner.
   o.samples_may_move = c.phase_plans || c.planner == PlannerKind::kGlobal;
-  o.non_join = c.mode == AlignMode::kNonJoin;
+  o.non_join = c.mode == align::EpochMode::kNonJoin;
   o.collective_timeout_ms = c.collective_timeout_ms;
   o.step_arena_wait_ms = c.shm_step_arena_wait_ms;
   return o;

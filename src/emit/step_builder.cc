@@ -47,7 +47,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   std::vector<SampleKey> keys;
   keys.reserve(plan.sample_ids.size() + plan.enc_ids.size());
   for (size_t i = 0; i < plan.sample_ids.size(); ++i)
-    keys.emplace_back(plan.sample_owners[i], plan.sample_ids[i]);
+    keys.push_back(SampleKey{plan.sample_owners[i], plan.sample_ids[i]});
   std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
   for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
   const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
@@ -73,7 +73,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
     std::lock_guard<std::mutex> lock(state_.mu);
     for (size_t k = 0; k < keys.size(); ++k) {
       std::optional<Sample> own;
-      if (keys[k].first == options_.rank) own = state_.buffer.TakeOne(epoch, keys[k].second);
+      if (keys[k].owner_rank == options_.rank) own = state_.buffer.TakeOne(epoch, keys[k].id);
       if (own) {
         out.owned[k] = std::move(*own);
       } else {
@@ -87,7 +87,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.collective_timeout_ms);
   for (size_t k : elsewhere) {
     if (exchange_ == nullptr) {
-      return absl::InternalError("planner returned sample " + std::to_string(keys[k].second) +
+      return absl::InternalError("planner returned sample " + std::to_string(keys[k].id) +
                                  " that is not buffered on rank " + std::to_string(options_.rank));
     }
     auto sample = exchange_->Take(keys[k], deadline, cancelled);

@@ -200,8 +200,8 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
                                              const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!parked_.count(key)) {
-    if (key.first == options_.rank) {
-      return absl::InternalError("planner returned sample " + std::to_string(key.second) +
+    if (key.owner_rank == options_.rank) {
+      return absl::InternalError("planner returned sample " + std::to_string(key.id) +
                                  " that is not buffered on rank " + std::to_string(options_.rank));
     }
     if (cancelled()) return absl::CancelledError("daemon stopping");
@@ -209,8 +209,8 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
             lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100))) ==
             std::cv_status::timeout &&
         std::chrono::steady_clock::now() >= deadline && !parked_.count(key)) {
-      return absl::DeadlineExceededError("sample " + std::to_string(key.second) + " from rank " +
-                                         std::to_string(key.first) + " did not arrive within " +
+      return absl::DeadlineExceededError("sample " + std::to_string(key.id) + " from rank " +
+                                         std::to_string(key.owner_rank) + " did not arrive within " +
                                          std::to_string(options_.collective_timeout_ms) + " ms");
     }
   }

@@ -14,6 +14,7 @@
 #include <zmq.hpp>
 
 #include "absl/status/statusor.h"
+#include "src/align/planner.h"
 #include "src/common/sample.h"
 #include "src/exchange/peer_auth.h"
 #include "src/state/daemon_state.h"
@@ -22,7 +23,7 @@
 
 namespace odb::exchange {
 
-using SampleKey = std::pair<int32_t, uint64_t>;  // (owner rank, id)
+using SampleKey = align::SampleKey;  // (owner rank, id): the planner's
 
 // What the payload exchange reads of the daemon's configuration; the daemon
 // fills it from its config file (docs/config.md names the keys).

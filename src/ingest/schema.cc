@@ -27,18 +27,6 @@ std::string Layout(FieldRule rule, DType dtype, const std::vector<int64_t>& shap
   return s + out + "]";
 }
 
-std::string_view RuleName(FieldRule rule) {
-  switch (rule) {
-    case FieldRule::kPad:
-      return "pad";
-    case FieldRule::kStack:
-      return "stack";
-    case FieldRule::kConcat:
-      return "concat";
-  }
-  return "unknown";
-}
-
 std::string SampleName(const Sample& s) {
   return "sample " + std::to_string(s.meta.id) + " from producer '" + s.producer_id + "'";
 }
@@ -103,18 +91,13 @@ absl::Status EpochSchema::CheckConfigAgainst(const Sample& sample) const {
                                                " needs its dim 0 as the sequence length");
     }
   }
-  std::vector<std::string> derived;
-  if (options_.packed) {
-    derived = {"cu_seqlens", "position_ids"};
-  } else if (options_.attention_mask) {
-    derived = {"attention_mask"};
-  }
+  std::vector<std::string> derived = collate::DerivedTensorNames(options_);
   for (const TensorView& t : sample.tensors) {
     const FieldRule rule = RuleOf(t.name);
-    if (rule == FieldRule::kConcat) derived.push_back(t.name + "_offsets");
+    if (rule == FieldRule::kConcat) derived.push_back(collate::OffsetsName(t.name));
     if (rule != FieldRule::kStack && t.shape.empty()) {
       return error(RuleKey(options_, t.name),
-                   "tensor '" + t.name + "' is a scalar; rule " + std::string(RuleName(rule)) +
+                   "tensor '" + t.name + "' is a scalar; rule " + std::string(collate::RuleName(rule)) +
                        " needs at least one dimension (use stack for scalars)");
     }
     const collate::FieldSpec* spec = FindSpec(options_, t.name);
@@ -217,7 +200,7 @@ std::optional<wire::Rejection> EpochSchema::CheckAgainstSchema(const Sample& sam
     if (!same) {
       return Reject(wire::SCHEMA_MISMATCH, sample,
                     "field '" + f.name + "': expected " + expected + " (" + fixed_by + "; rule " +
-                        std::string(RuleName(f.rule)) + "), got " +
+                        std::string(collate::RuleName(f.rule)) + "), got " +
                         std::string(DTypeName(t->dtype)) + " " + ShapeString(t->shape));
     }
   }

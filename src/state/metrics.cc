@@ -7,100 +7,89 @@
 namespace odb {
 namespace {
 
-void Series(std::ostringstream& out, const char* name, const char* type, const char* help, uint64_t value,
-            int rank) {
-  out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
-      << name << "{rank=\"" << rank << "\"} " << value << '\n';
-}
+using M = DaemonMetrics;
+constexpr MetricType kCounter = MetricType::kCounter;
+constexpr MetricType kGauge = MetricType::kGauge;
 
 }  // namespace
 
-DaemonGauges PublishedGauges(const DaemonMetrics& m) {
-  DaemonGauges g;
-  g.buffer_bytes = m.buffer_bytes.load();
-  g.buffer_samples = m.buffer_samples.load();
-  g.queued_steps = m.queued_steps.load();
-  g.ingest_credit_bytes = m.ingest_credit_bytes.load();
-  g.ingest_credit_samples = m.ingest_credit_samples.load();
-  g.producer_connections = m.producer_connections.load();
-  g.producer_arenas = m.producer_arenas.load();
-  g.producer_arenas_mapped = m.producer_arenas_mapped.load();
-  g.arena_held_bytes = m.arena_held_bytes.load();
-  g.arena_writers_waiting = m.arena_writers_waiting.load();
-  return g;
+const std::vector<MetricSpec>& MetricTable() {
+  static const std::vector<MetricSpec> table = {
+      {"odb_samples_received_total", kCounter, "Samples received (accepted or rejected).", &M::samples_received},
+      {"odb_samples_rejected_total", kCounter, "Samples rejected as bad input.", &M::samples_rejected},
+      {"odb_samples_emitted_total", kCounter, "Samples emitted in steps.", &M::samples_emitted},
+      {"odb_steps_emitted_total", kCounter, "Steps emitted (real and IDLE).", &M::steps_emitted},
+      {"odb_idle_steps_total", kCounter, "IDLE steps emitted.", &M::idle_steps},
+      {"odb_rounds_total", kCounter, "Alignment rounds run.", &M::rounds},
+      {"odb_bad_trainer_messages_total", kCounter, "Unreadable or multi-frame trainer messages ignored.",
+       &M::bad_trainer_messages},
+      {"odb_refused_trainers_total", kCounter, "Second trainers refused (one trainer per daemon).",
+       &M::refused_trainers},
+      {"odb_trainer_disconnects_total", kCounter, "Times the trainer session's connection closed.",
+       &M::trainer_disconnects},
+      {"odb_real_tokens_total", kCounter, "Tokens of the samples emitted.", &M::real_tokens},
+      {"odb_padded_tokens_total", kCounter, "Tokens the trainer computes on (padding included).",
+       &M::padded_tokens},
+      {"odb_exchange_bytes_sent_total", kCounter, "Payload bytes sent to other daemons (global plans).",
+       &M::exchange_bytes_sent},
+      {"odb_exchange_connections_refused_total", kCounter,
+       "Connections to the payload exchange refused (not a peer of this job).", &M::exchange_connections_refused},
+      {"odb_metrics_connections_dropped_total", kCounter,
+       "Metrics connections closed unanswered (too slow, displaced by newer ones, or not HTTP).",
+       &M::metrics_connections_dropped},
+      {"odb_connections_refused_no_descriptors_total", kCounter,
+       "Connections (any listener) refused because file descriptors ran short.", nullptr,
+       &ConnectionsRefusedForDescriptors},
+      {"odb_round_p50_microseconds", kGauge, "Median alignment round time, last 256 rounds.", &M::round_p50_us},
+      {"odb_round_p99_microseconds", kGauge, "99th percentile alignment round time, last 256 rounds.",
+       &M::round_p99_us},
+      {"odb_metrics_scrapes_total", kCounter, "Metrics requests served.", &M::metrics_scrapes},
+      {"odb_buffer_peak_bytes", kGauge, "Largest buffered payload seen.", &M::peak_buffer_bytes},
+      {"odb_buffer_bytes", kGauge, "Payload bytes buffered now.", &M::buffer_bytes},
+      {"odb_buffer_samples", kGauge, "Samples buffered now.", &M::buffer_samples},
+      {"odb_queued_steps", kGauge, "Collated steps waiting for trainer credit.", &M::queued_steps},
+      {"odb_ingest_credit_bytes", kGauge, "Payload bytes producers may still send (granted credit).",
+       &M::ingest_credit_bytes},
+      {"odb_ingest_credit_samples", kGauge, "Samples producers may still send (granted credit).",
+       &M::ingest_credit_samples},
+      {"odb_producer_connections", kGauge, "Producer connections known to the ingest channel.",
+       &M::producer_connections},
+      {"odb_producer_arenas", kGauge, "Producers' shared-memory arenas registered now.", &M::producer_arenas},
+      {"odb_producer_arenas_mapped", kGauge,
+       "Producer arenas mapped now (registered, or gone with samples still buffered).", &M::producer_arenas_mapped},
+      {"odb_arena_held_bytes", kGauge, "Payload bytes of buffered samples that live in producer arenas.",
+       &M::arena_held_bytes},
+      {"odb_arena_writers_waiting", kGauge,
+       "Producers waiting for a block of their full arena (the daemon holds its blocks).",
+       &M::arena_writers_waiting},
+      {"odb_arena_registrations_total", kCounter, "Producer arenas registered.", &M::arena_registrations},
+      {"odb_arena_refusals_total", kCounter, "Producer arena registrations refused.", &M::arena_refusals},
+      {"odb_step_arena_steps_total", kCounter, "Steps sent to the trainer through the step arena.",
+       &M::step_arena_steps},
+      {"odb_step_arena_frame_fallbacks_total", kCounter,
+       "Steps sent as frames although the session has a step arena (too large for it, reader gone).",
+       &M::step_arena_frame_fallbacks},
+      {"odb_step_arena_held_steps", kGauge,
+       "Step arena blocks not returned yet (queued, in flight, held by the trainer).", &M::step_arena_held_steps},
+      {"odb_step_arena_held_bytes", kGauge, "Bytes of the step arena blocks not returned yet.",
+       &M::step_arena_held_bytes},
+      {"odb_step_arena_returns", kGauge, "Step arena blocks the current trainer session returned.",
+       &M::step_arena_returns},
+  };
+  return table;
 }
 
-std::string RenderPrometheus(const DaemonMetrics& m, const DaemonGauges& g, int rank) {
+uint64_t MetricValue(const MetricSpec& spec, const DaemonMetrics& metrics) {
+  return spec.member != nullptr ? (metrics.*spec.member).load() : spec.read();
+}
+
+std::string RenderPrometheus(const DaemonMetrics& metrics, int rank) {
   std::ostringstream out;
-  Series(out, "odb_samples_received_total", "counter", "Samples received (accepted or rejected).",
-         m.samples_received.load(), rank);
-  Series(out, "odb_samples_rejected_total", "counter", "Samples rejected as bad input.",
-         m.samples_rejected.load(), rank);
-  Series(out, "odb_samples_emitted_total", "counter", "Samples emitted in steps.", m.samples_emitted.load(), rank);
-  Series(out, "odb_steps_emitted_total", "counter", "Steps emitted (real and IDLE).", m.steps_emitted.load(), rank);
-  Series(out, "odb_idle_steps_total", "counter", "IDLE steps emitted.", m.idle_steps.load(), rank);
-  Series(out, "odb_rounds_total", "counter", "Alignment rounds run.", m.rounds.load(), rank);
-  Series(out, "odb_bad_trainer_messages_total", "counter", "Unreadable or multi-frame trainer messages ignored.",
-         m.bad_trainer_messages.load(), rank);
-  Series(out, "odb_refused_trainers_total", "counter", "Second trainers refused (one trainer per daemon).",
-         m.refused_trainers.load(), rank);
-  Series(out, "odb_trainer_disconnects_total", "counter", "Times the trainer session's connection closed.",
-         m.trainer_disconnects.load(), rank);
-  Series(out, "odb_real_tokens_total", "counter", "Tokens of the samples emitted.", m.real_tokens.load(), rank);
-  Series(out, "odb_padded_tokens_total", "counter", "Tokens the trainer computes on (padding included).",
-         m.padded_tokens.load(), rank);
-  Series(out, "odb_exchange_bytes_sent_total", "counter", "Payload bytes sent to other daemons (global plans).",
-         m.exchange_bytes_sent.load(), rank);
-  Series(out, "odb_exchange_connections_refused_total", "counter",
-         "Connections to the payload exchange refused (not a peer of this job).",
-         m.exchange_connections_refused.load(), rank);
-  Series(out, "odb_metrics_connections_dropped_total", "counter",
-         "Metrics connections closed unanswered (too slow, displaced by newer ones, or not HTTP).",
-         m.metrics_connections_dropped.load(), rank);
-  Series(out, "odb_connections_refused_no_descriptors_total", "counter",
-         "Connections (any listener) refused because file descriptors ran short.",
-         ConnectionsRefusedForDescriptors(), rank);
-  Series(out, "odb_round_p50_microseconds", "gauge", "Median alignment round time, last 256 rounds.",
-         m.round_p50_us.load(), rank);
-  Series(out, "odb_round_p99_microseconds", "gauge", "99th percentile alignment round time, last 256 rounds.",
-         m.round_p99_us.load(), rank);
-  Series(out, "odb_metrics_scrapes_total", "counter", "Metrics requests served.", m.metrics_scrapes.load(), rank);
-  Series(out, "odb_buffer_peak_bytes", "gauge", "Largest buffered payload seen.", m.peak_buffer_bytes.load(), rank);
-  Series(out, "odb_buffer_bytes", "gauge", "Payload bytes buffered now.", g.buffer_bytes, rank);
-  Series(out, "odb_buffer_samples", "gauge", "Samples buffered now.", g.buffer_samples, rank);
-  Series(out, "odb_queued_steps", "gauge", "Collated steps waiting for trainer credit.", g.queued_steps, rank);
-  Series(out, "odb_ingest_credit_bytes", "gauge", "Payload bytes producers may still send (granted credit).",
-         g.ingest_credit_bytes, rank);
-  Series(out, "odb_ingest_credit_samples", "gauge", "Samples producers may still send (granted credit).",
-         g.ingest_credit_samples, rank);
-  Series(out, "odb_producer_connections", "gauge", "Producer connections known to the ingest channel.",
-         g.producer_connections, rank);
-  Series(out, "odb_producer_arenas", "gauge", "Producers' shared-memory arenas registered now.", g.producer_arenas,
-         rank);
-  Series(out, "odb_producer_arenas_mapped", "gauge",
-         "Producer arenas mapped now (registered, or gone with samples still buffered).", g.producer_arenas_mapped,
-         rank);
-  Series(out, "odb_arena_held_bytes", "gauge", "Payload bytes of buffered samples that live in producer arenas.",
-         g.arena_held_bytes, rank);
-  Series(out, "odb_arena_writers_waiting", "gauge",
-         "Producers waiting for a block of their full arena (the daemon holds its blocks).",
-         g.arena_writers_waiting, rank);
-  Series(out, "odb_arena_registrations_total", "counter", "Producer arenas registered.",
-         m.arena_registrations.load(), rank);
-  Series(out, "odb_arena_refusals_total", "counter", "Producer arena registrations refused.",
-         m.arena_refusals.load(), rank);
-  Series(out, "odb_step_arena_steps_total", "counter", "Steps sent to the trainer through the step arena.",
-         m.step_arena_steps.load(), rank);
-  Series(out, "odb_step_arena_frame_fallbacks_total", "counter",
-         "Steps sent as frames although the session has a step arena (too large for it, reader gone).",
-         m.step_arena_frame_fallbacks.load(), rank);
-  Series(out, "odb_step_arena_held_steps", "gauge",
-         "Step arena blocks not returned yet (queued, in flight, held by the trainer).",
-         m.step_arena_held_steps.load(), rank);
-  Series(out, "odb_step_arena_held_bytes", "gauge", "Bytes of the step arena blocks not returned yet.",
-         m.step_arena_held_bytes.load(), rank);
-  Series(out, "odb_step_arena_returns", "gauge", "Step arena blocks the current trainer session returned.",
-         m.step_arena_returns.load(), rank);
+  for (const MetricSpec& spec : MetricTable()) {
+    out << "# HELP " << spec.name << ' ' << spec.help << "\n# TYPE " << spec.name << ' '
+        << (spec.type == MetricType::kCounter ? "counter" : "gauge") << '\n'
+        << spec.name << "{rank=\"" << rank << "\"} " << MetricValue(spec, metrics) << '\n';
+  }
   return out.str();
 }
 

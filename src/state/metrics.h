@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace odb {
 
@@ -59,26 +60,27 @@ struct DaemonMetrics {
   std::atomic<uint64_t> step_arena_returns{0};          // blocks the current session's trainer returned
 };
 
-// Point-in-time values that are not counters.
-struct DaemonGauges {
-  uint64_t buffer_bytes = 0;
-  uint64_t buffer_samples = 0;
-  uint64_t queued_steps = 0;
-  uint64_t ingest_credit_bytes = 0;
-  uint64_t ingest_credit_samples = 0;
-  uint64_t producer_connections = 0;
-  uint64_t producer_arenas = 0;
-  uint64_t producer_arenas_mapped = 0;
-  uint64_t arena_held_bytes = 0;
-  uint64_t arena_writers_waiting = 0;
+enum class MetricType { kCounter, kGauge };
+
+// One exported series: its Prometheus name, type and help text, and the
+// member of DaemonMetrics it reads (or, for a process-wide value, the
+// function). MetricTable() is the one list of the daemon's series: the
+// metrics endpoint renders it in its order.
+struct MetricSpec {
+  const char* name;
+  MetricType type;
+  const char* help;
+  std::atomic<uint64_t> DaemonMetrics::*member = nullptr;
+  uint64_t (*read)() = nullptr;  // when `member` is null
 };
+const std::vector<MetricSpec>& MetricTable();
 
-// The gauges as last published in `metrics`.
-DaemonGauges PublishedGauges(const DaemonMetrics& metrics);
+// The value `spec` exports now (an atomic load: any thread).
+uint64_t MetricValue(const MetricSpec& spec, const DaemonMetrics& metrics);
 
-// Prometheus text exposition format (version 0.0.4), every series labelled
-// with the rank.
-std::string RenderPrometheus(const DaemonMetrics& metrics, const DaemonGauges& gauges, int rank);
+// Prometheus text exposition format (version 0.0.4) of every series of
+// MetricTable(), each labelled with the rank.
+std::string RenderPrometheus(const DaemonMetrics& metrics, int rank);
 
 }  // namespace odb
 

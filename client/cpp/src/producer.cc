@@ -15,6 +15,7 @@
 
 #include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
+#include "src/common/dtype.h"
 #include "src/common/stream_copy.h"
 #include "src/shm/arena_writer.h"
 #include "src/shm/fd_passing.h"
@@ -95,24 +96,27 @@ const char* DataPlaneName(DataPlane plane) {
   return "?";
 }
 
+// One element-type table: the public enum carries the wire codes, which are
+// src/common/dtype.h's (sizes, names) and proto/odb.proto's.
+#define ODB_SAME_DTYPE_CODE(client_name, common_name, wire_name)                                        \
+  static_assert(static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(odb::DType::common_name) && \
+                    static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(wire::wire_name),       \
+                "odb::client::DType::" #client_name " differs from the wire's code")
+ODB_SAME_DTYPE_CODE(kUInt8, kUInt8, UINT8);
+ODB_SAME_DTYPE_CODE(kInt8, kInt8, INT8);
+ODB_SAME_DTYPE_CODE(kInt16, kInt16, INT16);
+ODB_SAME_DTYPE_CODE(kInt32, kInt32, INT32);
+ODB_SAME_DTYPE_CODE(kInt64, kInt64, INT64);
+ODB_SAME_DTYPE_CODE(kFloat16, kFloat16, FLOAT16);
+ODB_SAME_DTYPE_CODE(kBFloat16, kBFloat16, BFLOAT16);
+ODB_SAME_DTYPE_CODE(kFloat32, kFloat32, FLOAT32);
+ODB_SAME_DTYPE_CODE(kFloat64, kFloat64, FLOAT64);
+ODB_SAME_DTYPE_CODE(kBool, kBool, BOOL);
+#undef ODB_SAME_DTYPE_CODE
+
 size_t DTypeBytes(DType dtype) {
-  switch (dtype) {
-    case DType::kUInt8:
-    case DType::kInt8:
-    case DType::kBool:
-      return 1;
-    case DType::kInt16:
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kInt32:
-    case DType::kFloat32:
-      return 4;
-    case DType::kInt64:
-    case DType::kFloat64:
-      return 8;
-  }
-  return 0;
+  const auto code = static_cast<uint32_t>(dtype);
+  return odb::IsValidDType(code) ? odb::DTypeSize(static_cast<odb::DType>(code)) : 0;
 }
 
 struct Producer::Impl {

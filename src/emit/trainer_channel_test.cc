@@ -1,0 +1,191 @@
+// The trainer channel alone: a real ROUTER socket, a DEALER standing in for
+// the trainer at the wire level, the state it shares and a fake clock.
+#include "src/emit/trainer_channel.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "src/emit/step_encoder.h"
+
+namespace odb::emit {
+namespace {
+
+using std::chrono::milliseconds;
+
+wire::TrainerMessage StartEpoch(uint32_t epoch) {
+  wire::TrainerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_start_epoch()->set_epoch(epoch);
+  m.mutable_start_epoch()->set_expected_producers(1);
+  return m;
+}
+
+wire::TrainerMessage Credit(uint32_t steps) {
+  wire::TrainerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_credit()->set_steps(steps);
+  return m;
+}
+
+std::vector<zmq::message_t> Step(uint64_t index) {
+  wire::Step step;
+  step.set_step_index(index);
+  return EncodeStep(step, {});
+}
+
+struct Fixture {
+  explicit Fixture(const std::string& name, uint32_t outstanding_depth = 2, uint32_t trainer_timeout_ms = 30000)
+      : state(1 << 20, 64, 1), trainer(context, zmq::socket_type::dealer) {
+    dir = std::filesystem::temp_directory_path() / ("odb-trainer-channel-" + name + "-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir);
+    TrainerChannelOptions options;
+    options.endpoint = "ipc://" + dir + "/out.sock";
+    options.outstanding_depth = outstanding_depth;
+    options.step_arena = false;  // frames only: the arena handshake is not under test here
+    options.trainer_timeout_ms = trainer_timeout_ms;
+    channel = std::make_unique<TrainerChannel>(context, options, state, metrics, clock);
+    REQUIRE(channel->Bind().ok());
+    trainer.set(zmq::sockopt::linger, 0);
+    trainer.connect(channel->endpoint());
+  }
+  ~Fixture() {
+    trainer.close();
+    channel.reset();
+    std::filesystem::remove_all(dir);
+  }
+
+  void Send(const wire::TrainerMessage& m) { trainer.send(zmq::buffer(m.SerializeAsString())); }
+
+  // Reads the channel's socket until `done` holds (10 s at most); true when
+  // an epoch was requested meanwhile.
+  template <typename F>
+  bool PumpUntil(F done) {
+    bool requested = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      zmq::pollitem_t items[] = {{channel->socket().handle(), 0, ZMQ_POLLIN, 0},
+                                 {channel->monitor().handle(), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, milliseconds(20));
+      requested |= channel->OnReadable();
+      channel->OnMonitor();
+    }
+    return requested;
+  }
+
+  // The trainer's next message (10 s at most); nullopt when none came.
+  std::optional<wire::DaemonMessage> Receive(milliseconds wait = milliseconds(10000)) {
+    trainer.set(zmq::sockopt::rcvtimeo, static_cast<int>(wait.count()));
+    zmq::message_t frame;
+    if (!trainer.recv(frame)) return std::nullopt;
+    while (frame.more()) {
+      zmq::message_t rest;
+      REQUIRE(trainer.recv(rest));
+      if (!rest.more()) break;
+    }
+    wire::DaemonMessage m;
+    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+    return m;
+  }
+
+  // Starts the session with epoch 0 and takes its acknowledgement.
+  void OpenSession() {
+    Send(StartEpoch(0));
+    REQUIRE(PumpUntil([&] {
+      std::lock_guard<std::mutex> lock(state.mu);
+      return !state.requested_epochs.empty();
+    }));
+    auto ack = Receive();
+    REQUIRE(ack);
+    REQUIRE(ack->has_session_ack());
+  }
+
+  std::string dir;
+  zmq::context_t context;
+  DaemonState state;
+  DaemonMetrics metrics;
+  FakeClock clock;
+  std::unique_ptr<TrainerChannel> channel;
+  zmq::socket_t trainer;
+};
+
+TEST_CASE("the first trainer's start_epoch opens the session and requests the epoch") {
+  Fixture f("open");
+  f.OpenSession();
+  std::lock_guard<std::mutex> lock(f.state.mu);
+  REQUIRE(f.state.requested_epochs.size() == 1);
+  CHECK(f.state.requested_epochs.front() == 0);
+}
+
+TEST_CASE("steps go out outstanding_depth ahead, then one per credit") {
+  Fixture f("credit", /*outstanding_depth=*/2);
+  f.OpenSession();
+  for (uint64_t i = 0; i < 3; ++i) f.channel->EnqueueStep(Step(i));
+  CHECK(f.channel->QueuedSteps() == 3);
+  f.channel->Flush();
+  for (uint64_t i = 0; i < 2; ++i) {
+    auto m = f.Receive();
+    REQUIRE(m);
+    REQUIRE(m->has_step());
+    CHECK(m->step().step_index() == i);
+  }
+  CHECK(f.channel->QueuedSteps() == 1);  // no credit left for the third
+  f.channel->Flush();
+  CHECK(f.channel->QueuedSteps() == 1);
+  f.Send(Credit(1));
+  f.PumpUntil([&] {
+    f.channel->Flush();
+    return f.channel->QueuedSteps() == 0;
+  });
+  auto third = f.Receive();
+  REQUIRE(third);
+  CHECK(third->step().step_index() == 2);
+}
+
+TEST_CASE("a control message does not wait for credit; a fatal one goes ahead of queued steps") {
+  Fixture f("control", /*outstanding_depth=*/1);
+  f.OpenSession();
+  f.channel->EnqueueStep(Step(0));
+  f.channel->EnqueueStep(Step(1));  // waits: one step of credit
+  f.channel->EnqueueFatal(wire::INTERNAL, "stop", 0);
+  f.channel->Flush();
+  auto first = f.Receive();
+  REQUIRE(first);
+  REQUIRE(first->has_fatal());
+  CHECK(first->fatal().code() == wire::INTERNAL);
+  auto second = f.Receive();
+  REQUIRE(second);
+  CHECK(second->step().step_index() == 0);
+  CHECK(f.channel->QueuedSteps() == 1);
+}
+
+TEST_CASE("a multi-frame or unreadable trainer message is counted and ignored") {
+  Fixture f("bad");
+  f.trainer.send(zmq::str_buffer("x"), zmq::send_flags::sndmore);
+  f.trainer.send(zmq::str_buffer("y"), zmq::send_flags::none);
+  f.trainer.send(zmq::str_buffer("\xff\xff\xff not a protobuf"));
+  f.PumpUntil([&] { return f.metrics.bad_trainer_messages.load() == 2; });
+  CHECK(f.metrics.bad_trainer_messages.load() == 2);
+  f.OpenSession();  // the channel still serves
+}
+
+TEST_CASE("a session lost mid-epoch is fatal once trainer_timeout_ms of the injected clock has passed") {
+  Fixture f("lost", /*outstanding_depth=*/2, /*trainer_timeout_ms=*/30000);
+  f.OpenSession();
+  f.trainer.close();
+  f.PumpUntil([&] { return f.metrics.trainer_disconnects.load() == 1; });
+  REQUIRE(f.metrics.trainer_disconnects.load() == 1);
+  CHECK(!f.channel->CheckLiveness());
+  f.clock.Advance(milliseconds(30000));
+  CHECK(!f.channel->CheckLiveness());  // not past the timeout yet
+  f.clock.Advance(milliseconds(1));
+  auto fatal = f.channel->CheckLiveness();
+  REQUIRE(fatal);
+  CHECK_THAT(fatal->second, Catch::Contains("emit.trainer_timeout_ms"));
+}
+
+}  // namespace
+}  // namespace odb::emit
