@@ -664,7 +664,9 @@ absl::Status PlanField(Planned* plan, size_t index, bool packed, uint64_t cap) {
   if (field.rule == FieldRule::kConcat) {
     how.kind = OutputKind::kOffsets;
     AddOutput(plan,
-              {OffsetsName(field.name), DType::kInt64, {static_cast<int64_t>(batch) + 1},
+              {OffsetsName(field.name),
+               DType::kInt64,
+               {static_cast<int64_t>(batch) + 1},
                (batch + 1) * sizeof(int64_t)},
               how);
   }

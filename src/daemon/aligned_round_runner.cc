@@ -105,8 +105,8 @@ align::AlignerOptions AlignerOptionsFrom(const DaemonConfig& config, const Clock
 
 }  // namespace
 
-AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers,
-                                       const DaemonConfig& config, const Clock* clock)
+AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, const DaemonConfig& config,
+                                       const Clock* clock)
     : peers_(std::move(peers)),
       aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),

@@ -137,8 +137,9 @@ absl::Status ParseGrouping(Section& s, DaemonConfig& c) {
 
 absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum<align::EpochMode>(
-      "mode", {{align::EpochModeName(align::EpochMode::kJoin), align::EpochMode::kJoin},
-               {align::EpochModeName(align::EpochMode::kNonJoin), align::EpochMode::kNonJoin}},
+      "mode",
+      {{align::EpochModeName(align::EpochMode::kJoin), align::EpochMode::kJoin},
+       {align::EpochModeName(align::EpochMode::kNonJoin), align::EpochMode::kNonJoin}},
       c.mode));
   ODB_RETURN_IF_ERROR(s.Get("seed", c.seed));
   ODB_RETURN_IF_ERROR(s.GetEnum<PlannerKind>(
@@ -761,8 +762,9 @@ std::string DescribeConfig(const DaemonConfig& c) {
   for (const auto& e : c.ingest_endpoints) out << e << " ";
   out << "trainer=" << c.trainer_endpoint << " " << grouping::DescribeBudget(c.budget)
       << " window=" << c.window << " mode=" << align::EpochModeName(c.mode)
-      << " depth=" << c.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/"
-      << c.buffer_max_samples << " store=" << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
+      << " depth=" << c.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/" << c.buffer_max_samples
+      << " store="
+      << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
       << " packed=" << c.collate.packed
       << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
   if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;

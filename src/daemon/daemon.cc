@@ -32,7 +32,8 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}),
       ingest_(context_, IngestOptionsFor(config_), state_, metrics_, clock_),
       trainer_(context_, TrainerChannelOptionsFor(config_), state_, metrics_, clock_),
-      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(ExchangeOptionsFor(config_), state_, metrics_)
+      exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(ExchangeOptionsFor(config_),
+                                                                                  state_, metrics_)
                                     : nullptr),
       steps_(StepBuilderOptionsFor(config_), state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {

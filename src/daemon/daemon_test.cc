@@ -30,8 +30,8 @@ bool Eventually(F done) {
 }
 
 struct Harness {
-  explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0,
-                   uint32_t trainer_timeout_ms = 0, uint32_t max_wait_ms = 20) {
+  explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0, uint32_t trainer_timeout_ms = 0,
+                   uint32_t max_wait_ms = 20) {
     dir =
         std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
@@ -47,8 +47,8 @@ struct Harness {
     config.max_wait_ms = max_wait_ms;
     auto peers = ConnectPeers(config);
     REQUIRE(peers.ok());
-    daemon = std::make_unique<Daemon>(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock),
-                                      &clock, &context);
+    daemon = std::make_unique<Daemon>(
+        config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock, &context);
     REQUIRE(daemon->Bind().ok());
     result = std::async(std::launch::async, [this] { return daemon->Run(); });
   }

@@ -197,8 +197,7 @@ void MetricsServer::Loop() {
         const std::string method = c.in.substr(0, c.in.find(' '));
         if (method == "GET" || method == "HEAD") {
           metrics_.metrics_scrapes.fetch_add(1);
-          c.out = Response(200, "OK", RenderPrometheus(metrics_, rank_),
-                           method == "GET");
+          c.out = Response(200, "OK", RenderPrometheus(metrics_, rank_), method == "GET");
           c.answered = true;
         } else if (c.in.find(' ') == std::string::npos || c.in.find("HTTP/") == std::string::npos ||
                    c.in.find("HTTP/") > end) {

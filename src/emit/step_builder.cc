@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <utility>
 #include <map>
+#include <utility>
 
 #include "src/collate/collator.h"
 #include "src/emit/step_encoder.h"
@@ -103,7 +103,8 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
 
 absl::StatusOr<std::optional<ArenaPlacement>> StepBuilder::ReserveInArena(
     StepArena& arena, const std::vector<uint64_t>& sizes, const std::function<bool()>& cancelled) {
-  auto placed = AllocateStepBlock(arena, sizes, std::chrono::milliseconds(options_.step_arena_wait_ms), cancelled);
+  auto placed =
+      AllocateStepBlock(arena, sizes, std::chrono::milliseconds(options_.step_arena_wait_ms), cancelled);
   if (placed.ok()) {
     metrics_.step_arena_steps.fetch_add(1);
     return std::optional<ArenaPlacement>(std::move(*placed));

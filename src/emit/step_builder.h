@@ -29,9 +29,9 @@ struct StepBuilderOptions {
   bool phase_plans = false;
   std::vector<std::string> encoder_fields;
   // Stamped on every step header / epoch summary for the client.
-  bool deterministic = false;          // alignment.deterministic
-  bool rejections_are_errors = true;   // bad_input: error (false: skip_and_report)
-  bool samples_may_move = true;        // a global planner or per-phase plans
+  bool deterministic = false;         // alignment.deterministic
+  bool rejections_are_errors = true;  // bad_input: error (false: skip_and_report)
+  bool samples_may_move = true;       // a global planner or per-phase plans
   // alignment.mode non_join: an epoch's leftover samples are reported, not emitted.
   bool non_join = false;
   // How long to wait for a peer's payload (alignment.collective_timeout_ms)

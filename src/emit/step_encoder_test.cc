@@ -45,7 +45,8 @@ TEST_CASE("a step is its header then one frame per tensor, the header naming eac
 }
 
 TEST_CASE("a step's buffers go back to the pool once ZeroMQ releases its frames") {
-  auto pool = std::make_shared<BufferPool>(/*min_bytes=*/1, /*max_free_buffers=*/8, /*max_free_bytes=*/1 << 20);
+  auto pool =
+      std::make_shared<BufferPool>(/*min_bytes=*/1, /*max_free_buffers=*/8, /*max_free_bytes=*/1 << 20);
   std::vector<collate::BatchTensor> tensors;
   tensors.push_back(Tensor("a", DType::kInt32, {4}, 16, 1));
   tensors.push_back(Tensor("b", DType::kInt32, {2}, 8, 2));
@@ -66,7 +67,8 @@ TEST_CASE("an arena step is the header alone, naming the block and each tensor's
   layout[1].dtype = DType::kInt64;
   layout[1].shape = {1, 4};
   layout[1].size_bytes = 32;
-  ArenaPlacement where{.generation = 3, .block_offset = 4096, .block_length = 128, .tensor_offsets = {4096, 4160}};
+  ArenaPlacement where{
+      .generation = 3, .block_offset = 4096, .block_length = 128, .tensor_offsets = {4096, 4160}};
   std::vector<zmq::message_t> parts = EncodeArenaStep(wire::Step(), layout, where);
   REQUIRE(parts.size() == 1);
   wire::DaemonMessage m = Header(parts[0]);

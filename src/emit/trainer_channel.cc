@@ -3,9 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <utility>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "src/common/zmq_transfer.h"
 #include "src/emit/step_encoder.h"
@@ -80,8 +80,8 @@ absl::Status TrainerChannel::Bind() {
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);
   } catch (const zmq::error_t& e) {
-    return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" +
-                                  e.what() + "); is another odbd using it?");
+    return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" + e.what() +
+                                  "); is another odbd using it?");
   }
   // The step arena: only a local trainer (ipc://) can map the daemon's memory.
   if (options_.step_arena && bound_.rfind("ipc://", 0) == 0) {
@@ -252,7 +252,8 @@ bool TrainerChannel::SettleContender() {
   if (!lost_since_) {
     metrics_.refused_trainers.fetch_add(1);
     Refuse(c.peer, wire::SESSION_REFUSED,
-           "rank " + std::to_string(options_.rank) + " already serves trainer session " + Printable(session_) +
+           "rank " + std::to_string(options_.rank) + " already serves trainer session " +
+               Printable(session_) +
                "; one trainer per daemon (is a second training process pointed at the same odbd?)");
     return false;
   }

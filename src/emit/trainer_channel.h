@@ -1,11 +1,11 @@
 #ifndef ODB_EMIT_TRAINER_CHANNEL_H_
 #define ODB_EMIT_TRAINER_CHANNEL_H_
 
-#include <cstdint>
 #include <chrono>
 #include <condition_variable>
-#include <memory>
+#include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -24,8 +24,8 @@ namespace odb::emit {
 // What the trainer channel reads of the daemon's configuration; the daemon
 // fills it from its config file (docs/config.md names the keys).
 struct TrainerChannelOptions {
-  int rank = 0;          // named in fatal messages
-  std::string endpoint;  // emit: the trainer's endpoint, "{rank}"/"{run}" expanded
+  int rank = 0;                    // named in fatal messages
+  std::string endpoint;            // emit: the trainer's endpoint, "{rank}"/"{run}" expanded
   uint32_t outstanding_depth = 4;  // emit.outstanding_depth: steps sent ahead of credit
   // shm.trainer_data_plane: offer each session a step arena (auto/shm) when
   // the endpoint is ipc://; `step_arena_required` (shm) makes a failure to
@@ -33,7 +33,7 @@ struct TrainerChannelOptions {
   bool step_arena = true;
   bool step_arena_required = false;
   uint64_t step_arena_bytes = uint64_t{1} << 30;  // shm.step_arena_bytes
-  uint32_t trainer_timeout_ms = 30000;  // emit.trainer_timeout_ms (0 = never)
+  uint32_t trainer_timeout_ms = 30000;            // emit.trainer_timeout_ms (0 = never)
 };
 
 // The trainer's side of the daemon: owns the trainer socket (ROUTER), the

@@ -38,9 +38,11 @@ std::vector<zmq::message_t> Step(uint64_t index) {
 }
 
 struct Fixture {
-  explicit Fixture(const std::string& name, uint32_t outstanding_depth = 2, uint32_t trainer_timeout_ms = 30000)
+  explicit Fixture(const std::string& name, uint32_t outstanding_depth = 2,
+                   uint32_t trainer_timeout_ms = 30000)
       : state(1 << 20, 64, 1), trainer(context, zmq::socket_type::dealer) {
-    dir = std::filesystem::temp_directory_path() / ("odb-trainer-channel-" + name + "-" + std::to_string(getpid()));
+    dir = std::filesystem::temp_directory_path() /
+          ("odb-trainer-channel-" + name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
     TrainerChannelOptions options;
     options.endpoint = "ipc://" + dir + "/out.sock";

@@ -3,9 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <utility>
 #include <cstdlib>
 #include <set>
+#include <utility>
 
 #include "src/common/zmq_transfer.h"
 #include "src/ingest/decoder.h"
@@ -20,7 +20,10 @@ constexpr char kZapDomain[] = "odb-exchange";
 }  // namespace
 
 PayloadExchange::PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics)
-    : options_(std::move(options)), state_(state), metrics_(metrics), rx_(context_, zmq::socket_type::router) {}
+    : options_(std::move(options)),
+      state_(state),
+      metrics_(metrics),
+      rx_(context_, zmq::socket_type::router) {}
 
 PayloadExchange::~PayloadExchange() {
   // Sockets close before the authenticator stops: a handshake in progress

@@ -29,7 +29,7 @@ using SampleKey = align::SampleKey;  // (owner rank, id): the planner's
 // fills it from its config file (docs/config.md names the keys).
 struct ExchangeOptions {
   int rank = 0;
-  std::string hostname = "127.0.0.1";  // alignment.gloo_hostname: the address it binds
+  std::string hostname = "127.0.0.1";       // alignment.gloo_hostname: the address it binds
   uint32_t connect_timeout_ms = 30000;      // alignment.connect_timeout_ms
   uint32_t collective_timeout_ms = 120000;  // alignment.collective_timeout_ms: a payload that never comes
 };

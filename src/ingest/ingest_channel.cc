@@ -489,8 +489,7 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     // trainer starts one, than the first open epoch).
     conn.ahead = epoch > state_.current_epoch.value_or(first_open);
     sample.meta.owner_rank = options_.rank;
-    if (options_.reject_over_budget &&
-        !grouping::FitsAlone(options_.budget, sample.meta.lengths)) {
+    if (options_.reject_over_budget && !grouping::FitsAlone(options_.budget, sample.meta.lengths)) {
       const uint64_t id = sample.meta.id;
       Reject(MakeReject(wire::OVER_BUDGET,
                         "sample " + std::to_string(id) +
@@ -572,7 +571,8 @@ void IngestChannel::GrantCredits() {
     base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
     seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + options_.window;
     for (const auto& [key, conn] : conns_) {
-      if (conn.wanted_seq) seq_limits[conn.wanted_seq_epoch] = state_.buffer.Frontier(conn.wanted_seq_epoch) + options_.window;
+      if (conn.wanted_seq)
+        seq_limits[conn.wanted_seq_epoch] = state_.buffer.Frontier(conn.wanted_seq_epoch) + options_.window;
     }
   }
   auto set_limit = [&](wire::ProducerCredit& credit, uint32_t epoch) {
@@ -670,9 +670,10 @@ void IngestChannel::Forget(const ConnKey& key) {
       const uint32_t epoch = *state_.current_epoch;
       const auto active = state_.tracker.ActiveProducers(epoch);
       if (std::find(active.begin(), active.end(), producer) != active.end()) {
-        spdlog::warn("producer '{}' left without ending its stream for epoch {}; the epoch waits for it "
-                     "(emit.producer_timeout_ms {} ms)",
-                     producer, epoch, options_.producer_timeout_ms);
+        spdlog::warn(
+            "producer '{}' left without ending its stream for epoch {}; the epoch waits for it "
+            "(emit.producer_timeout_ms {} ms)",
+            producer, epoch, options_.producer_timeout_ms);
       }
     }
   }
@@ -707,8 +708,8 @@ std::optional<std::string> IngestChannel::CheckStall() {
     // Waiting for samples in order, every expected producer is there, and
     // none of them may send: each is out of credit (the buffer has no room
     // for it) or holds its next sample back at the seq limit.
-    stalled = !state_.tracker.StreamFinished(epoch, state_.expected_producers) && in_order <= options_.window &&
-              known >= state_.expected_producers && !conns_.empty();
+    stalled = !state_.tracker.StreamFinished(epoch, state_.expected_producers) &&
+              in_order <= options_.window && known >= state_.expected_producers && !conns_.empty();
     for (const auto& [key, conn] : conns_) {
       if (!stalled) break;
       if (!conn.producer_id.empty() && MaySend(conn)) stalled = false;

@@ -41,7 +41,7 @@ struct IngestOptions {
   grouping::Budget budget;
   // What every admitted sample must be collatable with (an epoch's schema).
   collate::CollateOptions collate;
-  bool phase_plans = false;  // alignment.phase_plans: the schema is never packed
+  bool phase_plans = false;               // alignment.phase_plans: the schema is never packed
   uint32_t producer_timeout_ms = 600000;  // emit.producer_timeout_ms (0 = never)
 };
 
@@ -70,8 +70,8 @@ struct IngestOptions {
 // Runs on the daemon's I/O thread; takes DaemonState::mu to admit.
 class IngestChannel {
  public:
-  IngestChannel(zmq::context_t& context, IngestOptions options, DaemonState& state,
-                DaemonMetrics& metrics, const Clock& clock);
+  IngestChannel(zmq::context_t& context, IngestOptions options, DaemonState& state, DaemonMetrics& metrics,
+                const Clock& clock);
   IngestChannel(const IngestChannel&) = delete;
   IngestChannel& operator=(const IngestChannel&) = delete;
 

@@ -96,9 +96,9 @@ absl::Status EpochSchema::CheckConfigAgainst(const Sample& sample) const {
     const FieldRule rule = RuleOf(t.name);
     if (rule == FieldRule::kConcat) derived.push_back(collate::OffsetsName(t.name));
     if (rule != FieldRule::kStack && t.shape.empty()) {
-      return error(RuleKey(options_, t.name),
-                   "tensor '" + t.name + "' is a scalar; rule " + std::string(collate::RuleName(rule)) +
-                       " needs at least one dimension (use stack for scalars)");
+      return error(RuleKey(options_, t.name), "tensor '" + t.name + "' is a scalar; rule " +
+                                                  std::string(collate::RuleName(rule)) +
+                                                  " needs at least one dimension (use stack for scalars)");
     }
     const collate::FieldSpec* spec = FindSpec(options_, t.name);
     if (spec != nullptr && rule == FieldRule::kPad && !options_.packed) {

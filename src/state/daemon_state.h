@@ -25,10 +25,10 @@ struct DaemonState {
 
   std::mutex mu;
   std::condition_variable cv;
-  buffer::SampleBuffer buffer;                          // guarded by mu
-  StreamTracker tracker;                                // guarded by mu
-  RejectionLog rejections;                              // guarded by mu
-  std::deque<uint32_t> requested_epochs;                // guarded by mu: the trainer's StartEpoch, in order
+  buffer::SampleBuffer buffer;            // guarded by mu
+  StreamTracker tracker;                  // guarded by mu
+  RejectionLog rejections;                // guarded by mu
+  std::deque<uint32_t> requested_epochs;  // guarded by mu: the trainer's StartEpoch, in order
   // guarded by mu: a requested epoch's (first_round, first_step) when the
   // trainer resumes a deterministic epoch mid-way
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> resume_points;

@@ -22,9 +22,9 @@ struct DaemonMetrics {
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
   std::atomic<uint64_t> metrics_scrapes{0};
   std::atomic<uint64_t> trainer_disconnects{0};  // the session's connection closed
-  std::atomic<uint64_t> real_tokens{0};           // tokens of the samples emitted
-  std::atomic<uint64_t> padded_tokens{0};         // tokens the trainer computes on (cost model)
-  std::atomic<uint64_t> exchange_bytes_sent{0};   // payload bytes sent to other daemons
+  std::atomic<uint64_t> real_tokens{0};          // tokens of the samples emitted
+  std::atomic<uint64_t> padded_tokens{0};        // tokens the trainer computes on (cost model)
+  std::atomic<uint64_t> exchange_bytes_sent{0};  // payload bytes sent to other daemons
   // Connections to the payload exchange refused: no key of this job's peers.
   std::atomic<uint64_t> exchange_connections_refused{0};
   // Metrics connections closed unanswered (deadline, displaced, not HTTP).
@@ -47,8 +47,8 @@ struct DaemonMetrics {
   std::atomic<uint64_t> producer_arenas_mapped{0};
   std::atomic<uint64_t> arena_held_bytes{0};
   std::atomic<uint64_t> arena_writers_waiting{0};  // producers waiting for a block (their arena is full)
-  std::atomic<uint64_t> arena_registrations{0};  // counter
-  std::atomic<uint64_t> arena_refusals{0};       // counter
+  std::atomic<uint64_t> arena_registrations{0};    // counter
+  std::atomic<uint64_t> arena_refusals{0};         // counter
   // Step arena (daemon -> trainer): steps sent through it, steps that went as
   // frames although the session has one (larger than the arena, a dead
   // reader), and the blocks / bytes of it not yet returned (steps queued

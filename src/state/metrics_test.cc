@@ -47,7 +47,8 @@ TEST_CASE("every series of the table is rendered once, from the member it names"
     INFO(name);
     CHECK(text.find("# HELP " + name + " ") != std::string::npos);
     if (spec.member != nullptr) {
-      CHECK_THAT(text, Catch::Contains(name + "{rank=\"0\"} " + std::to_string((m.*spec.member).load()) + "\n"));
+      CHECK_THAT(text,
+                 Catch::Contains(name + "{rank=\"0\"} " + std::to_string((m.*spec.member).load()) + "\n"));
     }
   }
 }

@@ -27,7 +27,7 @@ struct RoundRequest {
 // One step this rank emits: the planned header fields (proto/step_fields.h,
 // copied onto the wire as they are) and what the step builder gathers.
 struct StepPlan : StepHeader {
-  std::vector<uint64_t> sample_ids;  // in batch order
+  std::vector<uint64_t> sample_ids;    // in batch order
   std::vector<int32_t> sample_owners;  // rank holding each sample's payload (parallel to sample_ids)
   // Per-phase plan (alignment.phase_plans): the samples this rank encodes and
   // where each encoder output goes (rank, index in that rank's sample_ids), and

@@ -68,10 +68,10 @@ std::optional<wire::Rejection> StreamTracker::OnEndStream(const std::string& pro
   }
   EpochStream& stream = epochs_[epoch];
   if (!stream.ended.insert(producer_id).second) {
-    return Reject(wire::MALFORMED_HEADER, producer_id,
-                  "producer '" + producer_id + "' ended its stream for epoch " + std::to_string(epoch) +
-                      " twice",
-                  nullptr);
+    return Reject(
+        wire::MALFORMED_HEADER, producer_id,
+        "producer '" + producer_id + "' ended its stream for epoch " + std::to_string(epoch) + " twice",
+        nullptr);
   }
   // Refused samples arrived too (each has its own rejection): they count.
   uint64_t refused = 0;
@@ -83,8 +83,8 @@ std::optional<wire::Rejection> StreamTracker::OnEndStream(const std::string& pro
   if (arrived != samples_sent) {
     return Reject(wire::COUNT_MISMATCH, producer_id,
                   "producer '" + producer_id + "' reports " + std::to_string(samples_sent) +
-                      " samples sent for epoch " + std::to_string(epoch) + " but " +
-                      std::to_string(arrived) + " arrived",
+                      " samples sent for epoch " + std::to_string(epoch) + " but " + std::to_string(arrived) +
+                      " arrived",
                   nullptr);
   }
   return std::nullopt;

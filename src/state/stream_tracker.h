@@ -27,8 +27,7 @@ class StreamTracker {
 
   // Counts a sample (accepted or rejected later) against its producer's
   // stream. Returns a rejection when the producer is unknown or the epoch closed.
-  std::optional<wire::Rejection> OnSample(const std::string& producer_id, uint32_t epoch,
-                                          uint64_t sample_id);
+  std::optional<wire::Rejection> OnSample(const std::string& producer_id, uint32_t epoch, uint64_t sample_id);
 
   // Records the end of a producer's stream. Returns a rejection when the
   // producer is unknown, ended twice, or its count disagrees with what arrived.

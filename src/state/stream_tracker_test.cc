@@ -74,7 +74,8 @@ TEST_CASE("refused samples count as sent in their stream, within a bound") {
   CHECK_FALSE(t.OnEndStream("a", 7, 3).has_value());
   CHECK(t.Refused("a", 7) == 0);  // the end of stream settled them
 
-  for (size_t i = 0; i < StreamTracker::kMaxRefusedStreams + 10; ++i) t.NoteRefused("p" + std::to_string(i), 9);
+  for (size_t i = 0; i < StreamTracker::kMaxRefusedStreams + 10; ++i)
+    t.NoteRefused("p" + std::to_string(i), 9);
   CHECK(t.Refused("p0", 9) == 1);
   CHECK(t.Refused("p" + std::to_string(StreamTracker::kMaxRefusedStreams + 5), 9) == 0);
   t.CloseEpoch(9);

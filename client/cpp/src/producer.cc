@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <atomic>
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -98,10 +98,11 @@ const char* DataPlaneName(DataPlane plane) {
 
 // One element-type table: the public enum carries the wire codes, which are
 // src/common/dtype.h's (sizes, names) and proto/odb.proto's.
-#define ODB_SAME_DTYPE_CODE(client_name, common_name, wire_name)                                        \
-  static_assert(static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(odb::DType::common_name) && \
-                    static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(wire::wire_name),       \
-                "odb::client::DType::" #client_name " differs from the wire's code")
+#define ODB_SAME_DTYPE_CODE(client_name, common_name, wire_name)                                     \
+  static_assert(                                                                                     \
+      static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(odb::DType::common_name) && \
+          static_cast<uint32_t>(DType::client_name) == static_cast<uint32_t>(wire::wire_name),       \
+      "odb::client::DType::" #client_name " differs from the wire's code")
 ODB_SAME_DTYPE_CODE(kUInt8, kUInt8, UINT8);
 ODB_SAME_DTYPE_CODE(kInt8, kInt8, INT8);
 ODB_SAME_DTYPE_CODE(kInt16, kInt16, INT16);
