@@ -121,9 +121,13 @@ def _import_or_debian(name: str, debian_package: str) -> ModuleType:
 
 
 _import_or_debian("pybind11", "python3-pybind11 pybind11-dev")
-_import_or_debian("wheel", "python3-wheel")
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension  # noqa: E402
-from wheel.bdist_wheel import bdist_wheel  # noqa: E402
+
+try:  # setuptools >= 70.1 has bdist_wheel itself
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    _import_or_debian("wheel", "python3-wheel")
+    from wheel.bdist_wheel import bdist_wheel
 
 # The extension's C++ compiles in parallel (ODB_BUILD_JOBS, default the CPU count).
 ParallelCompile("ODB_BUILD_JOBS", default=0).install()
