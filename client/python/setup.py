@@ -1,41 +1,30 @@
-"""Builds the `odb` package with a self-contained `odb._odb_native` extension.
+"""Builds the `odb` package: the `odb._odb_native` extension and the daemon, `odb/bin/odbd`.
 
     pip install --no-build-isolation ./client/python      # offline, from a source checkout
 
-The extension is compiled for the interpreter that runs pip from
-client/python/bindings.cc, the C++ client (client/cpp/src/*.cc), the tensor
-codec (src/wire, src/common/dtype.cc) and the protobuf code that the system
-`protoc` generates from proto/odb.proto into the build directory.
+setuptools builds the package, `wheel`'s bdist_wheel the wheel, pybind11's Pybind11Extension and
+ParallelCompile the extension: client/python/bindings.cc, the C++ client (client/cpp/src/*.cc),
+the tensor codec (src/wire, src/common/dtype.cc), the arenas (src/shm) and the protobuf code that
+the system `protoc` generates from proto/odb.proto into the build directory. The daemon is built
+with Bazel (odb_build/odbd.py). pybind11 and wheel are pure Python: where the interpreter running
+pip has neither (a venv of another Python, offline), Debian's python3-pybind11 and python3-wheel
+are loaded from /usr/lib/python3/dist-packages.
 
-Two ways to make it self-contained (docs/python.md, "Linking"):
+Two ways to make the extension self-contained (docs/python.md, "Linking"):
 
-* Bundled (the default; offline): Debian 12's static archives cannot go into a
-  shared object. They are PIE code: libzmq.a refers to glibc's data directly
-  (`relocation R_X86_64_PC32 against symbol `stderr@@GLIBC_2.2.5' can not be
-  used when making a shared object; recompile with -fPIC`; also in6addr_any,
-  __libc_single_threaded, libstdc++'s vtables, GSSAPI's and NORM's constants),
-  and libprotobuf(-lite).a and libabsl_base.a use local-exec thread-locals
-  (`relocation R_X86_64_TPOFF32 against symbol `..ThreadSafeArena..thread_cache_E'
-  can not be used when making a shared object`), which no flag can turn into a
-  shared object's TLS; Debian ships no libgssapi_krb5.a at all (its libzmq
-  needs it). So the extension links the shared libraries, and the build copies
-  every one it needs beyond glibc and the GCC runtime (libzmq and what it pulls
-  in: libsodium, OpenPGM, NORM, libbsd/libmd, Kerberos' GSSAPI; libprotobuf,
-  libz, abseil) into odb/.libs/, which the extension finds through its DT_RPATH
-  $ORIGIN/.libs (auditwheel's approach). The package or wheel runs where Python
-  (and torch) are installed but libzmq/libprotobuf are not; `ldd` resolves
-  those libraries inside the package.
-* Static (ODB_STATIC_DEPS=DIR): ZeroMQ, protobuf-lite and abseil rebuilt as
-  position-independent archives in DIR from the Debian source packages of the
-  installed -dev packages (same versions, same patches; `apt-get source` with a
-  private deb-src list, so network access to the Debian archive once, and
-  cmake), then linked into the extension with their symbols hidden
-  (--exclude-libs): `ldd` shows only libc, libm, libstdc++ and libgcc_s, and no
-  odb/.libs/ is made. libzmq is built without what the client does not use
-  (libsodium: CURVE uses the built-in TweetNaCl; GSSAPI, PGM, NORM, libbsd), and
-  the protobuf code is generated for the lite runtime. DIR is reused by later
-  builds. If the archives cannot be made the build falls back to bundling,
-  with a warning (ODB_STATIC_REQUIRED=1: an error instead).
+* Bundled (the default; offline): Debian 12's static archives cannot go into a shared object
+  (PIE code, local-exec thread-locals; no libgssapi_krb5.a at all), so the extension links the
+  shared libraries and the build copies every one it needs beyond glibc and the GCC runtime
+  (libzmq and what it pulls in, libprotobuf, abseil) into odb/.libs/, found through the
+  extension's DT_RPATH $ORIGIN/.libs (auditwheel's approach; odb_build/bundle.py).
+* Static (ODB_STATIC_DEPS=DIR): ZeroMQ, protobuf-lite and abseil rebuilt as position-independent
+  archives in DIR from the Debian source packages (odb_build/static_deps.py) and linked with their
+  symbols hidden: `ldd` of the extension shows only libc, libm, libstdc++ and libgcc_s. If the
+  archives cannot be made the build falls back to bundling, with a warning
+  (ODB_STATIC_REQUIRED=1: an error instead).
+
+odbd links the system's shared libraries either way: they go into odb/.libs too (DT_RPATH
+$ORIGIN/../.libs), so the installed package needs no libzmq, libprotobuf... of the system.
 
 Environment:
   ODB_SOURCE_ROOT   the odb checkout (default: two levels above this file)
@@ -48,37 +37,40 @@ Environment:
                     running protoc: DIR/gen-lite/proto/odb.pb.{h,cc} for the static build,
                     DIR/gen/proto/... for the bundled one, and DIR/odb.proto, the proto it
                     was made from (checked against proto/odb.proto); bench/gpu_bundle.sh
-  ODB_STATIC_DEPS   a folder for (or with) the position-independent static archives:
-                    link ZeroMQ, protobuf-lite and abseil statically (see above)
+  ODB_STATIC_DEPS   a folder for (or with) the position-independent static archives
   ODB_STATIC_REQUIRED=1  fail instead of falling back to bundling
-
-Without the `wheel` package (a venv made by `python -m venv` offline has only pip and
-setuptools) a minimal bdist_wheel below builds the wheel, so that both
-`pip install --no-build-isolation` and `pip wheel --no-build-isolation` work offline.
+  ODB_ODBD_BINARY, BAZEL, PATCHELF, ODB_REQUIRE_ODBD  the daemon's build (odb_build/odbd.py):
+                    without Bazel the package is built without odbd, with a warning
 """
 from __future__ import annotations
 
-import base64
-import csv
-import glob
-import hashlib
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
-import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional
+from types import ModuleType
 
-from setuptools import Command, Extension, setup
+from setuptools import Command, setup
 from setuptools.command.build_ext import build_ext
+
+try:
+    from setuptools.command.build import build
+except ImportError:  # setuptools < 62
+    from distutils.command.build import build
 
 HERE = Path(__file__).resolve().parent
 ROOT = Path(os.environ.get("ODB_SOURCE_ROOT") or HERE.parents[1]).resolve()
 BUILD_DIR = Path(os.environ.get("ODB_BUILD_DIR") or ROOT / ".build" / "pip").resolve()
+sys.path.insert(0, str(HERE))  # odb_build/ (setuptools' PEP 517 backend does not add it)
 
+from odb_build.bundle import bundle_shared_libs  # noqa: E402
+from odb_build.odbd import build_odbd  # noqa: E402
+from odb_build.static_deps import say, static_link_args  # noqa: E402
+
+# A literal list: bench/gpu_run.sh reads it (ast) to compile the extension without setuptools.
 CXX_SOURCES = [
     "client/python/bindings.cc",
     "client/cpp/src/consumer.cc",
@@ -104,20 +96,41 @@ LIBS = ["zmq", "protobuf", "absl_statusor", "absl_status", "absl_cord", "absl_co
         "absl_str_format_internal", "absl_strings", "absl_strings_internal", "absl_int128", "absl_throw_delegate",
         "absl_raw_logging_internal", "absl_base", "absl_spinlock_wait", "absl_log_severity"]
 
-# Libraries every Linux with Python has (glibc, the GCC runtime): never bundled.
-SYSTEM_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libdl.so", "librt.so", "libpthread.so",
-               "libresolv.so", "libutil.so", "libstdc++.so", "libgcc_s.so")
+DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
 
 
-def _pybind11_include() -> str:
+def _import_or_debian(name: str, debian_package: str) -> ModuleType:
+    """`import name`, or Debian's pure-Python copy of it (python3-<name>) when this interpreter has none:
+    a venv of another Python builds offline with the Debian machine's pybind11 and wheel. Only that
+    one package is loaded from dist-packages, never the folder put on sys.path."""
     try:
-        import pybind11  # noqa: PLC0415 - optional at build time
-
-        return pybind11.get_include()
+        return importlib.import_module(name)
     except ImportError:
-        if Path("/usr/include/pybind11/pybind11.h").exists():
-            return "/usr/include"  # Debian's pybind11-dev
-        raise SystemExit("odb: pybind11 headers not found: pip install pybind11, or apt install pybind11-dev")
+        pass
+    init = DEBIAN_DIST_PACKAGES / name / "__init__.py"
+    if not init.is_file():
+        raise SystemExit(f"odb: building the package needs the Python package '{name}', which this interpreter "
+                         f"({sys.executable}) cannot import: pip install {name}, or on Debian apt install "
+                         f"{debian_package} (used from {DEBIAN_DIST_PACKAGES} by any Python)")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_import_or_debian("pybind11", "python3-pybind11 pybind11-dev")
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension  # noqa: E402
+
+try:  # setuptools >= 70.1 has bdist_wheel itself
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    _import_or_debian("wheel", "python3-wheel")
+    from wheel.bdist_wheel import bdist_wheel
+
+# The extension's C++ compiles in parallel (ODB_BUILD_JOBS, default the CPU count).
+ParallelCompile("ODB_BUILD_JOBS", default=0).install()
 
 
 def _check_sources() -> None:
@@ -129,159 +142,11 @@ def _check_sources() -> None:
             "or set ODB_SOURCE_ROOT to the checkout")
 
 
-# --- Static linking: position-independent archives rebuilt from Debian's sources ---------------------
-
-# Installed dev package whose Debian source package is rebuilt -> its cmake arguments, targets, archives.
-STATIC_SOURCES = {
-    "libzmq3-dev": ["-DBUILD_SHARED=OFF", "-DBUILD_STATIC=ON", "-DBUILD_TESTS=OFF", "-DWITH_LIBSODIUM=OFF",
-                    "-DENABLE_CURVE=ON", "-DWITH_LIBBSD=OFF", "-DENABLE_DRAFTS=OFF", "-DWITH_DOCS=OFF",
-                    "-DWITH_TLS=OFF", "-DWITH_PERF_TOOL=OFF", "-DENABLE_PRECOMPILED=OFF", "-DWITH_OPENPGM=OFF",
-                    "-DWITH_NORM=OFF"],
-    "libprotobuf-dev": ["-Dprotobuf_BUILD_TESTS=OFF", "-Dprotobuf_WITH_ZLIB=OFF", "-Dprotobuf_BUILD_PROTOC_BINARIES=OFF",
-                        "-Dprotobuf_BUILD_SHARED_LIBS=OFF"],
-    "libabsl-dev": ["-DCMAKE_CXX_STANDARD=17", "-DBUILD_SHARED_LIBS=OFF", "-DBUILD_TESTING=OFF"],
-}
-STATIC_TARGETS = {"libzmq3-dev": ["libzmq-static"], "libprotobuf-dev": ["libprotobuf-lite"],
-                  "libabsl-dev": ["status", "statusor"]}
-STATIC_ARCHIVES = {"libzmq3-dev": "libzmq.a", "libprotobuf-dev": "libprotobuf-lite.a", "libabsl-dev": "libabsl_*.a"}
-
-
-class StaticDepsError(RuntimeError):
-    pass
-
-
-def _log(msg: str) -> None:
-    print(f"odb: {msg}", file=sys.stderr, flush=True)
-
-
-def _check(args: List[str], log: Path, cwd: Optional[Path] = None) -> None:
-    """Runs `args` with its output appended to `log`; StaticDepsError with the log's tail on failure."""
-    with open(log, "a") as out:
-        p = subprocess.run(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    if p.returncode != 0:
-        raise StaticDepsError(f"{' '.join(args)} failed ({p.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _deb_src_list() -> str:
-    """The machine's Debian archives (sources.list and deb822 .sources) as one-line deb-src entries."""
-    lines = []
-    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
-        for line in Path(path).read_text().splitlines() if os.path.exists(path) else []:
-            if line.strip().startswith("deb "):
-                lines.append("deb-src " + line.strip()[4:])
-    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-        for stanza in Path(path).read_text().split("\n\n"):
-            fields: Dict[str, str] = {}
-            for line in stanza.splitlines():
-                if ":" in line and not line.startswith(("#", " ")):
-                    key, value = line.split(":", 1)
-                    fields[key.strip().lower()] = value.strip()
-            if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes") == "no":
-                continue
-            opts = f" [signed-by={fields['signed-by']}]" if fields.get("signed-by", "").startswith("/") else ""
-            for uri in fields.get("uris", "").split():
-                for suite in fields.get("suites", "").split():
-                    lines.append(f"deb-src{opts} {uri} {suite} {fields.get('components', '')}".rstrip())
-    if not lines:
-        raise StaticDepsError("cannot fetch Debian source packages: no Debian archive in /etc/apt/sources.list(.d)")
-    return "\n".join(lines) + "\n"
-
-
-def _apt_source(work: Path, dev_package: str) -> Path:
-    """`apt-get source` of the installed dev package's source, same version, with a private deb-src list."""
-    q = subprocess.run(["dpkg-query", "-W", "-f", "${source:Package} ${source:Version}", dev_package],
-                       capture_output=True, text=True)
-    if q.returncode != 0 or not q.stdout.strip():
-        raise StaticDepsError(f"{dev_package} is not installed (scripts/install_deps.sh)")
-    source, version = q.stdout.split()
-    apt = work / "apt"
-    (apt / "lists" / "partial").mkdir(parents=True, exist_ok=True)
-    (apt / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    (apt / "parts").mkdir(exist_ok=True)
-    (apt / "sources.list").write_text(_deb_src_list())
-    opts = ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", f"Dir::Etc::SourceParts={apt / 'parts'}",
-            "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
-            "-o", "Debug::NoLocking=1", "-q"]
-    if os.geteuid() == 0:
-        opts += ["-o", "APT::Sandbox::User=root"]  # _apt cannot write into the caller's folder
-    if shutil.which("dpkg-source") is None:
-        raise StaticDepsError("dpkg-source is missing: apt install dpkg-dev")
-    src = work / "src" / source
-    try:
-        if not any((apt / "lists").glob("*Sources*")):
-            _log("fetching the deb-src indexes (private apt lists under the static-deps folder)")
-            _check(["apt-get", *opts, "update"], work / "apt.log")
-            if not any((apt / "lists").glob("*Sources*")):
-                raise StaticDepsError(f"apt-get update fetched no Sources index (see {work / 'apt.log'})")
-        if not (src / ".odb-unpacked").exists():
-            shutil.rmtree(src, ignore_errors=True)
-            src.mkdir(parents=True)
-            _log(f"apt-get source {source}={version}")
-            _check(["apt-get", *opts, "source", f"{source}={version}"], work / "apt.log", cwd=src)
-            (src / ".odb-unpacked").write_text(version)
-    except StaticDepsError as e:
-        raise StaticDepsError(f"cannot fetch Debian source packages (network access to the archive): {e}") from e
-    (tree,) = [p for p in src.iterdir() if p.is_dir() and (p / "CMakeLists.txt").exists()]
-    return tree
-
-
-def build_static_deps(prefix: Path) -> List[str]:
-    """The PIC archives in `prefix`/lib (made on first use), in link order."""
-    libdir = prefix / "lib"
-    if not (prefix / ".odb-complete").exists():
-        cmake = shutil.which("cmake")
-        if cmake is None:
-            raise StaticDepsError("cmake is missing: apt install cmake")
-        generator = ["-G", "Ninja"] if shutil.which("ninja") else ["-G", "Unix Makefiles"]
-        libdir.mkdir(parents=True, exist_ok=True)
-        jobs = str(int(os.environ.get("ODB_BUILD_JOBS") or os.cpu_count() or 1))
-        for dev, args in STATIC_SOURCES.items():
-            tree = _apt_source(prefix, dev)
-            build = prefix / "build" / dev
-            shutil.rmtree(build, ignore_errors=True)
-            build.parent.mkdir(parents=True, exist_ok=True)
-            _log(f"building position-independent {STATIC_ARCHIVES[dev]} from {tree.name} (log: {build}.log)")
-            log = Path(f"{build}.log")
-            _check([cmake, "-S", str(tree), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-                    "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", *args], log)
-            _check([cmake, "--build", str(build), "--parallel", jobs, "--target", *STATIC_TARGETS[dev]], log)
-            found = sorted(build.rglob(STATIC_ARCHIVES[dev]))
-            if not found:
-                raise StaticDepsError(f"{dev}: no {STATIC_ARCHIVES[dev]} under {build}")
-            for archive in found:
-                shutil.copyfile(archive, libdir / archive.name)
-        (prefix / ".odb-complete").write_text("libzmq.a libprotobuf-lite.a libabsl_*.a\n")
-        for scratch in ("build", "src", "apt"):  # ~100 MiB of sources and objects; lib/ is what is used
-            shutil.rmtree(prefix / scratch, ignore_errors=True)
-    archives = [str(libdir / "libzmq.a"), str(libdir / "libprotobuf-lite.a")]
-    absl = sorted(str(p) for p in libdir.glob("libabsl_*.a"))
-    missing = [a for a in archives if not os.path.exists(a)] + ([] if absl else ["libabsl_*.a"])
-    if missing:
-        raise StaticDepsError(f"{prefix}: missing {missing} (remove {prefix / '.odb-complete'} to rebuild)")
-    return [*archives, "-Wl,--start-group", *absl, "-Wl,--end-group"]
-
-
-def _static_link_args() -> Optional[List[str]]:
-    """Link arguments for the static build, or None to bundle (ODB_STATIC_DEPS unset, or it failed)."""
-    prefix = os.environ.get("ODB_STATIC_DEPS")
-    if not prefix:
-        return None
-    try:
-        archives = build_static_deps(Path(prefix).expanduser().resolve())
-    except (StaticDepsError, OSError) as e:
-        if os.environ.get("ODB_STATIC_REQUIRED") == "1":
-            raise SystemExit(f"odb: ODB_STATIC_DEPS={prefix}: {e}")
-        _log(f"WARNING: cannot link statically ({e}); bundling the shared libraries in odb/.libs instead")
-        return None
-    # --exclude-libs: the archives' symbols stay inside the extension (no clash with torch's protobuf).
-    return ["-Wl,--exclude-libs,ALL", "-Wl,--as-needed", *archives, "-lpthread", "-lrt"]
-
-
 class BuildExt(build_ext):
-    """Generates the protobuf C++ code, compiles in parallel, bundles the shared libraries."""
+    """Generates the protobuf C++ code, links statically or bundles the shared libraries."""
 
-    def build_extension(self, ext: Extension) -> None:
-        static = _static_link_args()
+    def build_extension(self, ext: Pybind11Extension) -> None:
+        static = static_link_args()
         # The static build links protobuf-lite: the generated code is for the lite runtime.
         gen = Path(self.build_temp).resolve() / ("gen-lite" if static else "gen")
         (gen / "proto").mkdir(parents=True, exist_ok=True)
@@ -298,23 +163,20 @@ class BuildExt(build_ext):
         both = [str(gen.parent / name) for name in ("gen", "gen-lite")]
         ext.sources = [s for s in ext.sources if not any(s == f"{g}/proto/odb.pb.cc" for g in both)]
         ext.include_dirs = [d for d in ext.include_dirs if d not in both]
-        if str(pb_cc) not in ext.sources:
-            ext.sources.append(str(pb_cc))
-        if str(gen) not in ext.include_dirs:
-            ext.include_dirs.insert(0, str(gen))  # "proto/odb.pb.h"
+        ext.sources.append(str(pb_cc))
+        ext.include_dirs.insert(0, str(gen))  # "proto/odb.pb.h"
         if static is not None:
             ext.extra_link_args = static
-        self.compiler.compile = _parallel_compile.__get__(self.compiler)  # type: ignore[method-assign]
         ext_path = Path(self.get_ext_fullpath(ext.name))
-        libs = ext_path.parent / ".libs"
-        if static is not None and libs.exists():
-            shutil.rmtree(libs)  # an earlier bundled build's copies
-            ext_path.unlink(missing_ok=True)  # relink: the objects did not change, the link did
-        if static is None and ext_path.exists() and not libs.exists():
-            ext_path.unlink()  # an earlier static build's extension: link it again, bundled
+        # An earlier build of the other kind (static or bundled) links again: the objects did not change.
+        marker = Path(self.build_temp) / "odb-link-kind"
+        kind = "static" if static is not None else "bundled"
+        if ext_path.exists() and (not marker.exists() or marker.read_text() != kind):
+            ext_path.unlink()
         super().build_extension(ext)
+        marker.write_text(kind)
         if static is None:
-            _bundle_shared_libs(ext_path)
+            bundle_shared_libs(ext_path, ext_path.parent / ".libs")
 
 
 def _copy_pregenerated(pregen: Path, gen: Path, proto: Path) -> None:
@@ -336,147 +198,55 @@ def _copy_pregenerated(pregen: Path, gen: Path, proto: Path) -> None:
             shutil.copyfile(src / name, target)
 
 
-def _bundle_shared_libs(ext_path: Path) -> None:
-    """Copies the extension's non-system shared libraries (ldd's full closure) to <package>/.libs/."""
-    out = subprocess.run(["ldd", str(ext_path)], check=True, capture_output=True, text=True).stdout
-    libs = ext_path.parent / ".libs"
-    libs.mkdir(exist_ok=True)
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or parts[1] != "=>" or parts[0].startswith(SYSTEM_LIBS):
-            continue
-        soname, path = parts[0], parts[2]
-        if path == "not":
-            raise SystemExit(f"odb: {ext_path.name} needs {soname}, which is not installed:\n{out}")
-        if Path(path).resolve().parent == libs.resolve():
-            continue
-        shutil.copyfile(path, libs / soname)  # the real file under its soname (no symlinks in wheels)
-        os.chmod(libs / soname, 0o755)
+class BuildOdbd(Command):
+    """Puts the daemon in the package: odb/bin/odbd with its libraries in odb/.libs (odb_build/odbd.py)."""
 
-
-def _parallel_compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,  # type: ignore[no-untyped-def]
-                      extra_preargs=None, extra_postargs=None, depends=None):
-    """distutils' CCompiler.compile, one thread per source (the compiler does the work)."""
-    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
-        output_dir, macros, include_dirs, sources, depends, extra_postargs)
-    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
-    jobs = int(os.environ.get("ODB_BUILD_JOBS") or os.cpu_count() or 1)
-
-    def one(obj: str) -> None:
-        src, ext = build[obj]
-        self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(one, objects))
-    return objects
-
-
-def _wheel_tag() -> str:
-    """cpXY-cpXY-<platform> of the running CPython (what pip accepts for this interpreter)."""
-    if sys.implementation.name != "cpython":
-        raise SystemExit("odb: the minimal bdist_wheel only knows CPython tags; pip install wheel")
-    py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    soabi = sysconfig.get_config_var("SOABI") or ""
-    abi = "cp" + soabi.split("-")[1] if soabi.startswith("cpython-") else py
-    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    return f"{py}-{abi}-{plat}"
-
-
-class MinimalBdistWheel(Command):
-    """bdist_wheel for when the `wheel` package is missing (offline venvs).
-
-    Writes <name>-<version>-<tag>.whl from the build tree: the package, the
-    extension, a .dist-info with METADATA (setuptools' PKG-INFO), WHEEL and RECORD.
-    `egg2dist` is what setuptools' dist_info (pip's metadata step) calls.
-    """
-
-    description = "build a wheel (minimal; used when the 'wheel' package is not installed)"
-    user_options = [("dist-dir=", "d", "directory for the wheel"), ("bdist-dir=", "b", "staging directory"),
-                    ("keep-temp", "k", "keep the staging directory")]
-    boolean_options = ["keep-temp"]
+    description = "build odbd with Bazel and bundle it into the package"
+    user_options: list = []
 
     def initialize_options(self) -> None:
-        self.dist_dir = None
-        self.bdist_dir = None
-        self.keep_temp = False
+        self.build_lib = None
 
     def finalize_options(self) -> None:
-        self.dist_dir = self.dist_dir or "dist"
-        if self.bdist_dir is None:
-            self.bdist_dir = os.path.join(self.get_finalized_command("bdist").bdist_base, "odb-wheel")
-
-    def egg2dist(self, egg_info_dir: str, dist_info_dir: str) -> None:
-        os.makedirs(dist_info_dir, exist_ok=True)
-        shutil.copyfile(os.path.join(egg_info_dir, "PKG-INFO"), os.path.join(dist_info_dir, "METADATA"))
-        for name in ("entry_points.txt", "top_level.txt"):
-            if os.path.exists(os.path.join(egg_info_dir, name)):
-                shutil.copyfile(os.path.join(egg_info_dir, name), os.path.join(dist_info_dir, name))
-        shutil.rmtree(egg_info_dir)
+        self.set_undefined_options("build", ("build_lib", "build_lib"))
 
     def run(self) -> None:
-        self.run_command("build")
-        build_lib = self.get_finalized_command("build").build_lib
-        stage = Path(self.bdist_dir)
-        shutil.rmtree(stage, ignore_errors=True)
-        shutil.copytree(build_lib, stage)
-        name, version = self.distribution.get_name(), self.distribution.get_version()
-        dist_info = stage / f"{name}-{version}.dist-info"
-        egg_info = self.reinitialize_command("egg_info")
-        egg_info.egg_base = str(stage)
-        self.run_command("egg_info")
-        self.egg2dist(egg_info.egg_info, str(dist_info))
-        tag = _wheel_tag()
-        (dist_info / "WHEEL").write_text(
-            f"Wheel-Version: 1.0\nGenerator: odb setup.py (minimal bdist_wheel)\nRoot-Is-Purelib: false\nTag: {tag}\n")
-        records = []
-        for path in sorted(p for p in stage.rglob("*") if p.is_file()):
-            data = path.read_bytes()
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            records.append((path.relative_to(stage).as_posix(), f"sha256={digest}", str(len(data))))
-        record = dist_info / "RECORD"
-        records.append((record.relative_to(stage).as_posix(), "", ""))
-        with open(record, "w", newline="") as f:
-            csv.writer(f, lineterminator="\n").writerows(records)
-        os.makedirs(self.dist_dir, exist_ok=True)
-        wheel_path = Path(self.dist_dir) / f"{name}-{version}-{tag}.whl"
-        with zipfile.ZipFile(wheel_path, "w", zipfile.ZIP_DEFLATED) as zf:
-            for rel, _, _ in records:
-                zf.write(stage / rel, rel)
-        if not self.keep_temp:
-            shutil.rmtree(stage, ignore_errors=True)
-        print(f"odb: wrote {wheel_path}")
+        reason = build_odbd(ROOT, Path(self.build_lib) / "odb")
+        if reason is None:
+            return
+        if os.environ.get("ODB_REQUIRE_ODBD") == "1":
+            raise SystemExit(f"odb: odbd cannot be built into the package (ODB_REQUIRE_ODBD=1): {reason}")
+        say(f"WARNING: the package is built without odbd: {reason}. odb.find_odbd() will look at $ODBD and PATH.")
 
 
-def _cmdclass() -> Dict[str, type]:
-    cmds: Dict[str, type] = {"build_ext": BuildExt}
-    try:
-        import wheel.bdist_wheel  # noqa: F401 - the real one when available
-    except ImportError:
-        cmds["bdist_wheel"] = MinimalBdistWheel
-    return cmds
+class Build(build):
+    sub_commands = build.sub_commands + [("build_odbd", None)]
 
 
-def _extension() -> Extension:
+def _extension() -> Pybind11Extension:
     _check_sources()
     # DT_RPATH (not RUNPATH): it also serves the bundled libraries' own dependencies
     # (libzmq.so.5 -> libsodium.so.23), which RUNPATH would not.
     link = ["-Wl,--disable-new-dtags", "-Wl,-rpath,$ORIGIN/.libs", "-Wl,--as-needed",
             *[f"-l{name}" for name in LIBS], "-lpthread"]
-    return Extension(
+    # The headers the sources include: an edited header rebuilds the extension (a kept build folder).
+    headers = sorted(str(h) for d in ("client/cpp/include", "client/cpp/src", "client/python", "src/wire",
+                                      "src/common", "src/shm") for h in (ROOT / d).rglob("*.h"))
+    return Pybind11Extension(
         "odb._odb_native",
         sources=[str(ROOT / s) for s in CXX_SOURCES],
-        include_dirs=[str(ROOT), str(ROOT / "client/cpp/include"), _pybind11_include()],
-        language="c++",
+        depends=headers + [str(ROOT / "proto" / "odb.proto")],
+        include_dirs=[str(ROOT), str(ROOT / "client/cpp/include")],
+        cxx_std=20,  # Pybind11Extension adds -fvisibility=hidden and -g0
         # The arena code is compiled from src/shm above, as Bazel links //src/shm (see BUILD).
         define_macros=[("ODB_SHM_LINKED", "1")],
-        extra_compile_args=["-std=c++20", "-O2", "-g0", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
-                            "-Wno-unused-parameter"],
+        extra_compile_args=["-O2", "-fvisibility-inlines-hidden", "-Wno-unused-parameter"],
         extra_link_args=link,
     )
 
 
 setup(
     ext_modules=[_extension()],
-    cmdclass=_cmdclass(),
+    cmdclass={"build": Build, "build_ext": BuildExt, "build_odbd": BuildOdbd, "bdist_wheel": bdist_wheel},
     options={"build": {"build_base": str(BUILD_DIR / "build")}, "egg_info": {"egg_base": str(BUILD_DIR)}},
 )

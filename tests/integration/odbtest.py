@@ -329,3 +329,41 @@ def raw_trainer_next(sock) -> tuple[list[bytes], "odb_pb2.DaemonMessage"]:
             continue
         if not m.HasField("session_ack"):
             return frames, m
+
+
+# A daemon config line that opens its metrics endpoint on a free port (read back by metric()).
+METRICS_CONFIG = 'metrics_endpoint: "tcp://127.0.0.1:*"\n'
+
+
+def metric(daemon: Daemon, name: str) -> float:
+    """The value of the counter or gauge `name` on `daemon`'s metrics endpoint (its config has
+    METRICS_CONFIG). Reads the exposition lines `name{rank="R"} value` exactly, not by substring."""
+    import re
+    import urllib.request
+
+    daemon.wait_log("metrics endpoint tcp://")
+    address = re.search(r"metrics endpoint tcp://([0-9.]+:\d+)", daemon.read_log()).group(1)
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] == name]
+    if len(values) != 1:
+        raise AssertionError(f"metric {name} appears {len(values)} times on rank {daemon.rank}:\n{text}")
+    return values[0]
+
+
+def wait_metric(daemon: Daemon, name: str, at_least: float, timeout: float = 60.0) -> float:
+    """Waits until `daemon`'s metric `name` reaches `at_least` (an event the test needs before acting,
+    instead of a sleep); fails with the daemon's log when it does not within `timeout`."""
+    deadline = time.time() + timeout
+    while True:
+        value = metric(daemon, name)
+        if value >= at_least:
+            return value
+        if daemon.proc.poll() is not None:
+            raise RuntimeError(f"odbd rank {daemon.rank} exited ({daemon.proc.returncode}) with {name}={value} "
+                               f"< {at_least}:\n{daemon.read_log()}")
+        if time.time() > deadline:
+            raise TimeoutError(f"odbd rank {daemon.rank}: {name}={value} < {at_least} after {timeout}s:\n"
+                               f"{daemon.read_log()}")
+        time.sleep(0.05)

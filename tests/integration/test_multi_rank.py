@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from odbtest import Daemon, check_step_invariants, collect_epochs, consume, epochs, finish, produce, run_epoch
+from odbtest import (METRICS_CONFIG, Daemon, check_step_invariants, collect_epochs, consume, epochs, finish,
+                     produce, run_epoch, wait_metric)
 
 W = 4
 
@@ -86,7 +87,7 @@ def test_killed_peer_is_a_clear_error_on_every_other_rank(tmp_path):
     # The local planner: the dead peer is met in the collective. (With the global planner a
     # survivor may first wait for a moved sample and name the rank it waited on, which can be a
     # live rank stuck behind the dead one.)
-    config = "alignment: {collective_timeout_ms: 5000, planner: local}\ngrouping: {window: 32}\n"
+    config = "alignment: {collective_timeout_ms: 5000, planner: local}\ngrouping: {window: 32}\n" + METRICS_CONFIG
     daemons = [Daemon(tmp_path, rank=r, world=W, config=config, job_id=job) for r in range(W)]
     try:
         for d in daemons:
@@ -94,7 +95,8 @@ def test_killed_peer_is_a_clear_error_on_every_other_rank(tmp_path):
         consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
         producers = [produce(d.ingest, f"r{d.rank}", 200000, seed=d.rank, id_offset=d.rank * 10**7,
                              extra=["--no-end", "--max-len", "256"]) for d in daemons]
-        time.sleep(2.0)
+        for d in daemons:  # mid-epoch: every rank has emitted steps
+            wait_metric(d, "odb_steps_emitted_total", 1)
         daemons[2].proc.kill()  # rank 2 dies mid-epoch
         start = time.time()
         for d, c in zip(daemons, consumers):
@@ -198,7 +200,7 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
     alignment = "planner: local"  # samples stay home
     if start_wait_ms is not None:
         alignment += f", start_wait_ms: {start_wait_ms}"
-    config = f"grouping: {{window: 32}}\nalignment: {{{alignment}}}\n"
+    config = f"grouping: {{window: 32}}\nalignment: {{{alignment}}}\n" + METRICS_CONFIG
     daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
     counts = [400, 400]
     try:
@@ -207,7 +209,13 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
         consumers = [consume(d.trainer, expected_producers=1, step_records=True) for d in daemons]
         rc, _, err = finish(produce(daemons[0].ingest, "r0", counts[0], seed=0, extra=["--max-len", "512"]))
         assert rc == 0, err
-        time.sleep(6.0)  # the scenario: rank 1's workers start late, rank 0's data is all there
+        # The scenario: rank 1's workers start late, rank 0's data is all there. Rank 1's producer starts
+        # once the rounds have shown they noticed: by default they wait and say so (after 5 s), naming
+        # rank 1; with start_wait_ms 0 they run on and rank 1 idles through the start.
+        if start_wait_ms is None:
+            daemons[0].wait_log("waiting for samples: rank 1 (nothing of the epoch arrived there yet)")
+        else:
+            wait_metric(daemons[1], "odb_idle_steps_total", 12)
         rc, _, err = finish(produce(daemons[1].ingest, "r1", counts[1], seed=1, id_offset=1_000_000,
                                     extra=["--max-len", "512"]))
         assert rc == 0, err

@@ -1,23 +1,31 @@
 """`pip install --no-build-isolation ./client/python` into a fresh venv of an interpreter that is not Debian's.
 
 The venv (of the `python3` on PATH, e.g. pyenv's) has neither torch, numpy nor
-pybind11, and no `wheel` package: setup.py falls back to Debian's pybind11
-headers and its own minimal bdist_wheel. The package is built once per session
-in a temporary folder (the C++ compile takes a minute or two on 2 cores), then:
+pybind11, and no `wheel` package: setup.py loads Debian's pure-Python pybind11
+(setup_helpers) and wheel (bdist_wheel). The package is built once per session
+in a temporary folder (the C++ compile takes a minute or two on 2 cores; odbd
+comes from Bazel, a cache hit after ./scripts/build.sh), then:
 
-* the installed extension's shared libraries resolve inside the package
-  (odb/.libs) apart from glibc and the GCC runtime: no system libzmq/libprotobuf;
-* a script in the venv imports odb without torch, finds odbd through $ODBD, and
-  sends samples with odb.Producer that come back intact through odb.Consumer;
-* `pip wheel` makes a wheel holding the extension and its libraries;
-* the same script runs with the system's libzmq, libprotobuf, libsodium and
-  abseil made unreadable (bind-mounted over with /dev/null in a private mount
-  namespace, where unshare is allowed): the package needs none of them;
+* the installed extension's and odbd's shared libraries resolve inside the
+  package (odb/.libs) apart from glibc and the GCC runtime: no system
+  libzmq/libprotobuf/abseil/yaml-cpp...;
+* a script in the venv, with no $ODBD and no odbd on PATH, imports odb without
+  torch, finds the package's own odbd (odb.find_odbd()), spawns it and runs an
+  epoch: samples sent with odb.Producer come back intact through odb.Consumer;
+* `pip wheel` makes a wheel holding the extension, odbd and their libraries;
+* the same script runs with the system's libzmq, libprotobuf, libsodium,
+  abseil, yaml-cpp, gloo... made unreadable (bind-mounted over with /dev/null in
+  a private mount namespace, where unshare is allowed), the daemon inside that
+  namespace too: the package needs none of them;
+* odb.__version__ is the package metadata's version (one place: odb/__init__.py);
+* without Bazel the package is built without odbd and says why (find_odbd()'s
+  error quotes it); with ODB_REQUIRE_ODBD=1 that is a build error;
 * the `odbctl` console script works from the venv: --help, find-odbd, a live
   2-rank demo against real daemons, top, report;
 * with ODB_STATIC_DEPS (ZeroMQ, protobuf-lite and abseil rebuilt as PIC archives
   from Debian's source packages, kept in .build/static-deps) the extension links
-  them statically: `ldd` shows only libc/libm/libstdc++/libgcc_s, no odb/.libs.
+  them statically: `ldd` shows only libc/libm/libstdc++/libgcc_s (odb/.libs
+  holds only what odbd needs).
   It skips only when the Debian source packages cannot be fetched (no network).
 """
 from __future__ import annotations
@@ -26,9 +34,7 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import textwrap
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -84,7 +90,8 @@ def pip_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     # Same build folder: the extension is not compiled again.
     _run([py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels, ROOT / "client/python"],
          env=env, cwd=tmp)
-    return {"python": py, "tmp": tmp, "package": _site(py) / "odb", "wheels": wheels, "bin": venv / "bin"}
+    return {"python": py, "tmp": tmp, "package": _site(py) / "odb", "wheels": wheels, "bin": venv / "bin",
+            "build": build}
 
 
 # Where the position-independent archives are built once and kept (git ignores .build/).
@@ -120,7 +127,8 @@ def _ldd(ext: Path) -> Dict[str, str]:
 
 # System libraries the package must not need: hidden from a run where the kernel lets us.
 HIDDEN = ("libzmq.so", "libprotobuf.so", "libprotobuf-lite.so", "libsodium.so", "libpgm-", "libnorm.so",
-          "libabsl_", "libgssapi_krb5.so")
+          "libabsl_", "libgssapi_krb5.so", "libkrb5.so", "libk5crypto.so", "libyaml-cpp.so", "libgloo.so",
+          "libspdlog.so", "libfmt.so", "libhiredis.so", "libibverbs.so", "libnl-", "libbsd.so", "libmd.so")
 
 
 def _without_system_libs(cmd: List[str], tmp: Path) -> Optional[List[str]]:
@@ -137,23 +145,18 @@ def _without_system_libs(cmd: List[str], tmp: Path) -> Optional[List[str]]:
     return ["unshare", "-m", "--propagation", "private", "sh", str(script), *map(str, cmd)]
 
 
-def test_installed_extension_needs_no_system_zmq_or_protobuf(pip_venv: Dict[str, Path]) -> None:
+@pytest.mark.parametrize("binary", ["extension", "odbd"])
+def test_installed_binaries_need_no_system_zmq_or_protobuf(pip_venv: Dict[str, Path], binary: str) -> None:
     package = pip_venv["package"]
-    (ext,) = package.glob("_odb_native*.so")
-    ldd = _run(["ldd", ext]).stdout
-    print(ldd)
-    resolved = {}
-    for line in ldd.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] == "=>":
-            resolved[parts[0]] = parts[2]
-    assert "not" not in resolved.values(), ldd
-    outside = {name: path for name, path in resolved.items()
-               if not name.startswith(SYSTEM_LIBS) and Path(path).resolve().parent != (package / ".libs").resolve()}
-    assert not outside, f"libraries resolved outside the package: {outside}\n{ldd}"
-    for lib in ("libzmq.so", "libprotobuf.so"):
-        (path,) = [p for n, p in resolved.items() if n.startswith(lib)]
-        assert Path(path).resolve().parent == (package / ".libs").resolve(), ldd
+    (path,) = package.glob("_odb_native*.so") if binary == "extension" else [package / "bin" / "odbd"]
+    resolved = _ldd(path)
+    assert "not" not in resolved.values(), resolved
+    outside = {name: where for name, where in resolved.items()
+               if not name.startswith(SYSTEM_LIBS) and Path(where).resolve().parent != (package / ".libs").resolve()}
+    assert not outside, f"{binary}: libraries resolved outside the package: {outside}"
+    for lib in ("libzmq.so", "libprotobuf.so") + (("libyaml-cpp.so", "libspdlog.so") if binary == "odbd" else ()):
+        (where,) = [p for n, p in resolved.items() if n.startswith(lib)]
+        assert Path(where).resolve().parent == (package / ".libs").resolve(), resolved
     assert (package / "py.typed").exists()
 
 
@@ -164,6 +167,9 @@ def test_wheel_holds_the_extension_and_its_libraries(pip_venv: Dict[str, Path]) 
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("odb/_odb_native") and n.endswith(".so") for n in names), names
     assert "odb/.libs/libzmq.so.5" in names and any(n.startswith("odb/.libs/libprotobuf.so") for n in names), names
+    assert any(n.startswith("odb/.libs/libyaml-cpp.so") for n in names), names  # odbd's own libraries
+    odbd = zipfile.ZipFile(wheel).getinfo("odb/bin/odbd")
+    assert (odbd.external_attr >> 16) & 0o111, oct(odbd.external_attr >> 16)  # installed executable
     assert any(n.endswith(".dist-info/RECORD") for n in names) and "odb/py.typed" in names
     assert "odb/_odb_native.pyi" in names and "odb/cli.py" in names and "odb/launch.py" in names, names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
@@ -172,6 +178,7 @@ def test_wheel_holds_the_extension_and_its_libraries(pip_venv: Dict[str, Path]) 
 
 END_TO_END = textwrap.dedent(r'''
     import ctypes, json, os, struct, sys, tempfile, threading, uuid
+    from pathlib import Path
     try:
         import torch  # noqa: F401
         sys.exit("torch is importable in the venv: the test would not show odb works without it")
@@ -185,16 +192,15 @@ END_TO_END = textwrap.dedent(r'''
         sys.exit("odb.OdbDataLoader imported without torch")
     except ImportError as e:
         loader_error = str(e)
-    odbd = odb.find_odbd()
-    assert str(odbd) == os.environ["ODBD"], odbd
+    import importlib.metadata
+    assert odb.__version__ == importlib.metadata.version("odb"), odb.__version__
+    odbd = odb.find_odbd()  # no $ODBD, no odbd on PATH: the package's own
+    assert odbd == Path(odb.__file__).resolve().parent / "bin" / "odbd", odbd
     run_dir = tempfile.mkdtemp(prefix="odbpip-")
-    if os.environ.get("ODB_E2E_TRAINER"):  # a daemon the test started (outside a namespace hiding its libraries)
-        class daemon:
-            ingest, trainer = os.environ["ODB_E2E_INGEST"], os.environ["ODB_E2E_TRAINER"]
-            stop = staticmethod(lambda: None)
-    else:
-        daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}",
-                                  config={"grouping": {"max_tokens": 64}}, log_level="warn")
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}",
+                              config={"grouping": {"max_tokens": 64}}, log_level="warn")
+    with open(f"/proc/{daemon.proc.pid}/maps") as f:
+        daemon_mapped = sorted({line.split()[-1] for line in f if ".so" in line.split()[-1]})
     from odb._native import native
     n, int64 = 40, native().DTYPES["int64"]
     lengths = {i: 1 + (i * 7) % 13 for i in range(n)}
@@ -242,76 +248,104 @@ END_TO_END = textwrap.dedent(r'''
         mapped = sorted({line.split()[-1] for line in f if ".so" in line.split()[-1]})
     print(json.dumps({"errors": errors, "seen": len(seen), "steps": steps, "summary": summary,
                       "loader_error": loader_error, "odbd": str(odbd), "mapped": mapped,
-                      "package": os.path.dirname(odb.__file__)}))
+                      "daemon_mapped": daemon_mapped, "package": os.path.dirname(odb.__file__)}))
 ''')
 
 
+def _path_without_odbd() -> str:
+    """$PATH less any folder holding an `odbd`: the venv alone must provide it."""
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    return os.pathsep.join(p for p in path.split(os.pathsep) if not (Path(p) / "odbd").exists())
+
+
 def _end_to_end(venv: Dict[str, Path], hide_system_libs: bool = False) -> dict:
-    odbd = ROOT / ".build/src/daemon/odbd"
-    assert odbd.exists(), "run ./scripts/build.sh"
+    """A whole epoch from the venv alone: its odb, its odbd (found by odb.find_odbd()), their libraries."""
     script = venv["tmp"] / "end_to_end.py"
     script.write_text(END_TO_END)
     cmd: Optional[List[str]] = [str(venv["python"]), str(script)]
-    env = _clean_env(ODBD=str(odbd))
-    daemon = None
+    env = _clean_env(PATH=_path_without_odbd())
     if hide_system_libs:
         cmd = _without_system_libs(cmd, venv["tmp"])  # type: ignore[arg-type]
         if cmd is None:
             pytest.skip("unshare -m is not allowed here (needs root): the ldd and /proc/self/maps checks stand")
-        # odbd itself links the system's libraries: it runs outside the namespace, the client inside.
-        import odb  # the checkout's package (conftest), in this test's own interpreter
-
-        run_dir = Path(tempfile.mkdtemp(prefix="odbpip-"))
-        daemon = odb.spawn_daemon(0, 1, run_dir, job_id=f"pip-{uuid.uuid4().hex[:8]}", odbd=odbd,
-                                  config={"grouping": {"max_tokens": 64}}, log_level="warn")
-        env.update(ODB_E2E_INGEST=daemon.ingest, ODB_E2E_TRAINER=daemon.trainer)
-    try:
-        out = _run(cmd, env=env, cwd=venv["tmp"], timeout=120)
-    finally:
-        if daemon is not None:
-            daemon.stop()
+    out = _run(cmd, env=env, cwd=venv["tmp"], timeout=120)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["errors"] == [], result
     assert result["seen"] == 40 and result["steps"] >= 2, result
     assert result["summary"]["received"] == 40 and result["summary"]["emitted"] == 40, result
     assert result["summary"]["rejected"] == 0, result
     assert "torch" in result["loader_error"], result
+    assert result["odbd"] == str(venv["package"].resolve() / "bin" / "odbd"), result
     return result
 
 
-def test_producer_to_consumer_through_a_real_odbd_without_torch(pip_venv: Dict[str, Path]) -> None:
+def test_an_epoch_from_the_venv_alone_through_its_own_odbd_without_torch(pip_venv: Dict[str, Path]) -> None:
     result = _end_to_end(pip_venv)
-    # What the process really loaded (not only what ldd says): libzmq and libprotobuf from odb/.libs.
+    # What the processes really loaded (not only what ldd says): libzmq, libprotobuf, yaml-cpp from odb/.libs.
     libs = (pip_venv["package"] / ".libs").resolve()
     ours = [m for m in result["mapped"] if Path(m).name.startswith(("libzmq", "libprotobuf"))]
     assert len(ours) >= 2 and all(Path(m).resolve().parent == libs for m in ours), result["mapped"]
+    daemon = [m for m in result["daemon_mapped"] if Path(m).name.startswith(HIDDEN)]
+    assert any(Path(m).name.startswith("libyaml-cpp") for m in daemon), result["daemon_mapped"]
+    assert all(Path(m).resolve().parent == libs for m in daemon), result["daemon_mapped"]
 
 
 def test_runs_where_the_system_has_no_libzmq_or_libprotobuf(pip_venv: Dict[str, Path]) -> None:
-    result = _end_to_end(pip_venv, hide_system_libs=True)
+    result = _end_to_end(pip_venv, hide_system_libs=True)  # odbd runs inside the namespace too
     assert any(Path(m).name.startswith("libzmq") for m in result["mapped"]), result["mapped"]
+    assert any(Path(m).name.startswith("libyaml-cpp") for m in result["daemon_mapped"]), result["daemon_mapped"]
 
 
-def test_find_odbd_order_and_error(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
+FIND_ODBD = ("import odb\ntry:\n    print(odb.find_odbd())\nexcept FileNotFoundError as e:\n"
+             "    print('ERROR', e)\n")
+
+
+def test_find_odbd_order(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
+    """$ODBD, then the package's own odbd (built with the client: same protocol), then PATH."""
     fake = tmp_path / "bin" / "odbd"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
-    script = ("import odb\ntry:\n    print(odb.find_odbd())\nexcept FileNotFoundError as e:\n"
-              "    print('ERROR', e)\n")
-    path = os.environ.get("PATH", "/usr/bin:/bin")
-    # An installed package is no source checkout: no $ODBD and no odbd on PATH is an error saying what to do.
-    bare = [p for p in path.split(os.pathsep) if not (Path(p) / "odbd").exists()]
-    out = _run([pip_venv["python"], "-c", script], env=_clean_env(PATH=os.pathsep.join(bare)),
+    own = str(pip_venv["package"].resolve() / "bin" / "odbd")
+    bare = _path_without_odbd()
+    alone = _run([pip_venv["python"], "-c", FIND_ODBD], env=_clean_env(PATH=bare), cwd=tmp_path).stdout.strip()
+    assert alone == own, alone
+    on_path = _run([pip_venv["python"], "-c", FIND_ODBD], env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{bare}"),
+                   cwd=tmp_path).stdout.strip()
+    assert on_path == own, on_path
+    env_wins = _run([pip_venv["python"], "-c", FIND_ODBD],
+                    env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{bare}", ODBD=str(fake)), cwd=tmp_path).stdout.strip()
+    assert env_wins == str(fake), env_wins
+
+
+def test_without_bazel_the_package_has_no_odbd_and_says_why(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
+    """No Bazel at build time: a warning, a package without odbd whose find_odbd() error quotes the reason,
+    then PATH; ODB_REQUIRE_ODBD=1 makes it a build error. (Same build folder: the extension is not compiled
+    again, and the earlier build's odbd must not leak into this package.)"""
+    py, target = pip_venv["python"], tmp_path / "target"
+    env = _clean_env(ODB_BUILD_DIR=str(pip_venv["build"]), BAZEL=str(tmp_path / "no-bazel"))
+    install = [py, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "--target", target,
+               ROOT / "client/python"]
+    built = _run(install, env=env, cwd=tmp_path)
+    assert "WARNING: the package is built without odbd: Bazel is not installed" in built.stdout + built.stderr
+    assert not (target / "odb" / "bin" / "odbd").exists(), list((target / "odb" / "bin").iterdir())
+    out = _run([py, "-c", FIND_ODBD], env=_clean_env(PATH=_path_without_odbd(), PYTHONPATH=str(target)),
                cwd=tmp_path).stdout
     assert out.startswith("ERROR") and "$ODBD" in out and "PATH" in out, out
-    on_path = _run([pip_venv["python"], "-c", script], env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{path}"),
-                   cwd=tmp_path).stdout.strip()
+    assert "this odb package has no odbd of its own: Bazel is not installed" in out and "ODB_ODBD_BINARY" in out, out
+    fake = tmp_path / "bin" / "odbd"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    on_path = _run([py, "-c", FIND_ODBD], env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{_path_without_odbd()}",
+                                                        PYTHONPATH=str(target)), cwd=tmp_path).stdout.strip()
     assert on_path == str(fake), on_path
-    env_wins = _run([pip_venv["python"], "-c", script],
-                    env=_clean_env(PATH=f"{fake.parent}{os.pathsep}{path}", ODBD=str(ROOT / ".build/src/daemon/odbd")),
-                    cwd=tmp_path).stdout.strip()
-    assert env_wins == str(ROOT / ".build/src/daemon/odbd"), env_wins
+    env["ODB_REQUIRE_ODBD"] = "1"
+    shutil.rmtree(target)
+    required = subprocess.run([str(a) for a in install], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert required.returncode != 0, required.stdout[-2000:]
+    assert "odbd cannot be built into the package (ODB_REQUIRE_ODBD=1): Bazel is not installed" in \
+        required.stdout + required.stderr, (required.stdout + required.stderr)[-3000:]
 
 
 def _odbctl(venv: Dict[str, Path], *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
@@ -329,7 +363,8 @@ def test_odbctl_console_script(pip_venv: Dict[str, Path], tmp_path: Path) -> Non
     usage = _odbctl(pip_venv, "--help").stdout
     for command in ("top", "demo", "report", "find-odbd"):
         assert command in usage, usage
-    assert _odbctl(pip_venv, "--version").stdout.strip() == "odbctl 0.1.0"
+    version = _run([pip_venv["python"], "-c", "import odb; print(odb.__version__)"], env=_clean_env()).stdout.strip()
+    assert version and _odbctl(pip_venv, "--version").stdout.strip() == f"odbctl {version}"
     assert "metrics endpoint" in _odbctl(pip_venv, "top", "--help").stdout
     assert _odbctl(pip_venv, "find-odbd", ODBD=odbd).stdout.strip() == odbd
     gone = _odbctl(pip_venv, "find-odbd", check=False, ODBD=str(tmp_path / "none"))
@@ -337,7 +372,8 @@ def test_odbctl_console_script(pip_venv: Dict[str, Path], tmp_path: Path) -> Non
     bad = _odbctl(pip_venv, "frobnicate", check=False)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr, bad
     # The live view of a 2-rank job: two real daemons (global planner), a producer and consumer per rank.
-    demo = _odbctl(pip_venv, "demo", "--plain", "--samples", "150", "--delay", "0", ODBD=odbd).stdout
+    # From the venv alone: its own odbd (no $ODBD, none on PATH).
+    demo = _odbctl(pip_venv, "demo", "--plain", "--samples", "150", "--delay", "0", PATH=_path_without_odbd()).stdout
     rows = {int(line.split()[0]): line.split() for line in demo.splitlines() if line[:4].strip().isdigit()}
     assert sorted(rows) == [0, 1], demo
     sent = [len(range(150 * (r + 1) // 2 + 1)) for r in range(2)]
@@ -376,7 +412,9 @@ def test_static_extension_links_no_zmq_protobuf_or_abseil(static_venv: Dict[str,
     (ext,) = package.glob("_odb_native*.so")
     resolved = _ldd(ext)
     assert set(resolved) <= {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6"}, resolved
-    assert not (package / ".libs").exists(), list((package / ".libs").iterdir())
+    # odb/.libs holds odbd's libraries only (odbd links the shared ones in either build).
+    assert {p.name for p in (package / ".libs").iterdir()} <= set(_ldd(package / "bin" / "odbd")), \
+        sorted(p.name for p in (package / ".libs").iterdir())
     exported = _run(["nm", "-D", "--defined-only", ext]).stdout
     assert "PyInit__odb_native" in exported
     assert not [line for line in exported.splitlines() if "zmq_" in line or "google" in line or "absl" in line]
@@ -386,4 +424,4 @@ def test_static_extension_end_to_end_without_system_libs(static_venv: Dict[str, 
     result = _end_to_end(static_venv)
     assert not [m for m in result["mapped"] if Path(m).name.startswith(HIDDEN)], result["mapped"]
     _end_to_end(static_venv, hide_system_libs=True)
-    assert _odbctl(static_venv, "find-odbd", ODBD=str(ROOT / ".build/src/daemon/odbd")).returncode == 0
+    assert _odbctl(static_venv, "find-odbd").stdout.strip() == str(static_venv["package"].resolve() / "bin" / "odbd")

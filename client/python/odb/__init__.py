@@ -18,6 +18,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
+# The one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic) for the metadata.
+__version__ = "0.1.0"
+
 from . import _native  # the submodule, so that `odb._native.native()` works (never shadowed)
 from ._native import find_odbd
 from .daemon import DaemonProcess, Endpoints, check_reachable, endpoints, spawn_daemon

@@ -9,7 +9,7 @@ The extension, in this order:
      bazel-bin follows whichever configuration or output base built last (an
      ASan build, fastbuild), so it may hold an extension that cannot load here.
 
-The daemon: :func:`find_odbd`.
+The daemon: :func:`find_odbd` (the package's own odb/bin/odbd after a pip install).
 """
 from __future__ import annotations
 
@@ -59,11 +59,14 @@ def find_built(relative: str, env_var: str) -> Path:
 
 
 def find_odbd() -> Path:
-    """The odbd binary: $ODBD, then `odbd` on PATH, then <repo>/.build/src/daemon/odbd.
+    """The odbd binary: $ODBD, then the package's own odb/bin/odbd, then `odbd` on PATH, then
+    <repo>/.build/src/daemon/odbd.
 
-    The last one only when this package runs from a source checkout (after
-    ./scripts/build.sh). $ODB_ODBD, the older name of $ODBD, is honoured too.
-    Raises FileNotFoundError saying what to do when none is found.
+    The package's odbd is the one `pip install ./client/python` built with it (same sources, so
+    the same protocol): it wins over an `odbd` on PATH, which may be of another version. The
+    last one only when this package runs from a source checkout (after ./scripts/build.sh).
+    $ODB_ODBD, the older name of $ODBD, is honoured too. Raises FileNotFoundError saying what to
+    do when none is found (and, for a package built without odbd, why it has none).
     """
     for var in ("ODBD", "ODB_ODBD"):
         value = os.environ.get(var)
@@ -72,6 +75,9 @@ def find_odbd() -> Path:
             if not path.is_file() or not os.access(path, os.X_OK):
                 raise FileNotFoundError(f"${var}={value} is not an executable file")
             return path
+    bundled = Path(__file__).resolve().parent / "bin"
+    if os.access(bundled / "odbd", os.X_OK):
+        return bundled / "odbd"
     on_path = shutil.which("odbd")
     if on_path:
         return Path(on_path)
@@ -80,9 +86,13 @@ def find_odbd() -> Path:
         return repo / ".build" / "src" / "daemon" / "odbd"
     checkout = (f"; in this checkout ({repo}) run ./scripts/build.sh to build .build/src/daemon/odbd"
                 if repo else "")
+    # odb_build/odbd.py writes why a package was built without its odbd (no Bazel there).
+    missing = bundled / "odbd.missing"
+    package = (f"; this odb package has no odbd of its own: {missing.read_text().strip()}"
+               if missing.is_file() else "")
     raise FileNotFoundError(
-        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (it is built from the odb "
-        f"repository by ./scripts/build.sh into .build/src/daemon/odbd){checkout}")
+        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (`pip install ./client/python` "
+        f"builds it into the package with Bazel; ./scripts/build.sh into .build/src/daemon/odbd){checkout}{package}")
 
 
 def _load(path: Path) -> ModuleType:
