@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
+#include "src/align/planned_groups.h"
 #include "src/balance/assignment.h"
 #include "src/grouping/budget.h"
 #include "src/grouping/grouper.h"
@@ -16,6 +18,7 @@
 namespace odb::balance {
 
 using align::KeyOf;
+using align::MinKey;
 using align::PlannedStep;
 using align::RankPlan;
 using align::RankRound;
@@ -110,19 +113,6 @@ struct Pool {
 // Groups as member index lists into the pool.
 using Members = std::vector<size_t>;
 
-SampleKey MinKey(const Pool& pool, const Members& g) {
-  SampleKey best{std::numeric_limits<int32_t>::max(), std::numeric_limits<uint64_t>::max()};
-  for (size_t i : g) best = std::min(best, KeyOf(pool.metas[i]));
-  return best;
-}
-
-std::vector<SampleLengths> LensOf(const Pool& pool, const Members& g) {
-  std::vector<SampleLengths> lens;
-  lens.reserve(g.size());
-  for (size_t i : g) lens.push_back(pool.lens[i]);
-  return lens;
-}
-
 // grouping::StepTime of the group, without building a lengths vector (the
 // same terms summed in the same order, hence the same value).
 double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
@@ -138,40 +128,6 @@ double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& 
   const uint64_t padded = cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
   return cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
          cfg.step_model.per_len_sq * sum_sq;
-}
-
-uint64_t PaddedOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
-  uint64_t longest = 0, sum = 0;
-  for (size_t i : g) {
-    longest = std::max<uint64_t>(longest, pool.lens[i].tokens);
-    sum += pool.lens[i].tokens;
-  }
-  return cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
-}
-
-// "Most worth emitting first" (as LocalPlanner): more samples, more padded
-// tokens, smallest key. Held-back groups are regrouped with later arrivals.
-void SortByFill(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups) {
-  struct Keyed {
-    size_t n;
-    uint64_t padded;
-    SampleKey key;
-    size_t g;
-  };
-  std::vector<Keyed> keyed;
-  keyed.reserve(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) {
-    keyed.push_back({groups[i].size(), PaddedOf(cfg, pool, groups[i]), MinKey(pool, groups[i]), i});
-  }
-  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
-    if (a.n != b.n) return a.n > b.n;
-    if (a.padded != b.padded) return a.padded > b.padded;
-    return a.key < b.key;
-  });
-  std::vector<Members> sorted;
-  sorted.reserve(groups.size());
-  for (const Keyed& k : keyed) sorted.push_back(std::move(groups[k.g]));
-  groups = std::move(sorted);
 }
 
 // Splits the most expensive group of >= 2 samples into its shorter and longer
@@ -200,9 +156,9 @@ bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vect
   groups[best].assign(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(half));
   groups.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(half), m.end());
   cost[best] = CostOf(cfg, pool, groups[best]);
-  key[best] = MinKey(pool, groups[best]);
+  key[best] = MinKey(pool.metas, groups[best]);
   cost.push_back(CostOf(cfg, pool, groups.back()));
-  key.push_back(MinKey(pool, groups.back()));
+  key.push_back(MinKey(pool.metas, groups.back()));
   return true;
 }
 
@@ -751,21 +707,14 @@ std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool
   return by_rank;
 }
 
-PlannedStep MakeStep(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
-  PlannedStep s;
-  if (g.empty()) return s;  // IDLE
-  s.idle = false;
+// The step of rank group `g`: members in key order; a lone sample that fits
+// no budget is over budget (dispatch may leave any sample alone).
+PlannedStep StepOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
   Members sorted = g;
   std::sort(sorted.begin(), sorted.end(),
             [&](size_t x, size_t y) { return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]); });
-  for (size_t i : sorted) {
-    s.samples.push_back(pool.metas[i]);
-    s.real_tokens += pool.lens[i].tokens;
-  }
-  const auto lens = LensOf(pool, sorted);
-  s.padded_tokens = grouping::PaddedTokens(cfg.budget.model, lens);
-  s.over_budget = lens.size() == 1 && !grouping::FitsAlone(cfg.budget, lens[0]);
-  return s;
+  const bool over = sorted.size() == 1 && !grouping::FitsAlone(cfg.budget, pool.lens[sorted[0]]);
+  return align::MakeStep(cfg.budget.model, pool.metas, sorted, over);
 }
 
 // Expected number of groups a sample accounts for: its share of the token
@@ -1094,7 +1043,7 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
                 "(groups=" + std::to_string(g_count) + " / W=" + std::to_string(world) + "))";
   const size_t slots = t * world;
   if (groups.size() > slots) {
-    SortByFill(cfg, pool, groups);
+    align::SortByFill(cfg.budget.model, pool.metas, groups, [](const Members& g) { return std::span<const size_t>(g); });
     for (size_t i = slots; i < groups.size(); ++i) {
       for (size_t idx : groups[i]) {
         const SampleMeta& m = pool.metas[idx];
@@ -1108,7 +1057,7 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
     std::vector<SampleKey> key(groups.size());
     for (size_t i = 0; i < groups.size(); ++i) {
       cost[i] = CostOf(cfg, pool, groups[i]);
-      key[i] = MinKey(pool, groups[i]);
+      key[i] = MinKey(pool.metas, groups[i]);
     }
     while (groups.size() < slots && SplitCostliest(cfg, pool, groups, cost, key)) {
     }
@@ -1120,7 +1069,7 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
   by_cost.reserve(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) by_cost.emplace_back(CostOf(cfg, pool, groups[i]), i);
   std::vector<SampleKey> min_keys(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool, groups[i]);
+  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool.metas, groups[i]);
   std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first > b.first;
     return min_keys[a.second] < min_keys[b.second];
@@ -1153,7 +1102,7 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
   for (size_t r = 0; r < world; ++r) {
     RankPlan& rp = plan.ranks[r];
     rp.steps.reserve(t);
-    for (size_t k = 0; k < t; ++k) rp.steps.push_back(MakeStep(cfg, pool, steps[order[k].members[0]][r]));
+    for (size_t k = 0; k < t; ++k) rp.steps.push_back(StepOf(cfg, pool, steps[order[k].members[0]][r]));
   }
   align::AssignLossWeights(plan);
   return plan;
