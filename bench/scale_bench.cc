@@ -53,6 +53,7 @@
 #include "src/align/meta_codec.h"
 #include "src/align/planner.h"
 #include "src/balance/global_planner.h"
+#include "src/grouping/budget.h"
 
 namespace odb::bench {
 namespace {
@@ -82,6 +83,7 @@ struct Options {
   uint64_t seed = 1;
   uint32_t exact_max_world = balance::GlobalPlannerConfig{}.exact_assignment_max_world;
   uint32_t partition_ranks = 0;
+  std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
 };
 
 // Bytes of one rank's summary in a partitioned round: what the round gates
@@ -133,6 +135,43 @@ std::string Json(const std::vector<double>& v) {
     s += buf;
   }
   return s + "]";
+}
+
+// The round's steps for bench/exchange_optimum.py: per step its cost (the
+// slowest rank's grouping::StepTime) and every sample with the rank that
+// runs it, its owner, tokens and payload bytes.
+bool DumpPlan(const std::string& path, const align::PlannerConfig& pc, uint32_t lws, const align::RoundPlan& plan) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "scale_bench: cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::fprintf(f,
+               "{\"world\": %zu, \"local_world_size\": %u, \"max_tokens\": %llu, \"padded\": %s, "
+               "\"per_step\": %.17g, \"per_padded_token\": %.17g, \"per_len_sq\": %.17g, \"steps\": [",
+               plan.ranks.size(), lws, static_cast<unsigned long long>(pc.budget.max_tokens),
+               pc.budget.model == grouping::CostModel::kPadded ? "true" : "false", pc.step_model.per_step,
+               pc.step_model.per_padded_token, pc.step_model.per_len_sq);
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    double cost = 0;
+    for (const align::RankPlan& rp : plan.ranks) {
+      std::vector<SampleLengths> lens;
+      for (const SampleMeta& m : rp.steps[k].samples) lens.push_back(m.lengths);
+      cost = std::max(cost, grouping::StepTime(pc.step_model, pc.budget.model, lens));
+    }
+    std::fprintf(f, "%s{\"cost\": %.17g, \"samples\": [", k ? ", " : "", cost);
+    bool first = true;
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      for (const SampleMeta& m : plan.ranks[r].steps[k].samples) {
+        std::fprintf(f, "%s[%zu, %d, %u, %llu]", first ? "" : ", ", r, m.owner_rank, m.lengths.tokens,
+                     static_cast<unsigned long long>(m.payload_bytes));
+        first = false;
+      }
+    }
+    std::fprintf(f, "]}");
+  }
+  std::fprintf(f, "]}\n");
+  return std::fclose(f) == 0;
 }
 
 int Run(const Options& o) {
@@ -243,6 +282,7 @@ int Run(const Options& o) {
       std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
       return 2;
     }
+    if (!o.dump_plan.empty() && round + 1 == o.rounds && !DumpPlan(o.dump_plan, pc, o.lws, plan)) return 2;
     AppendRoundSteps(plan, world, &schedule, &emitted);
     first_step += plan.num_steps;
     moved += balance::ComputeBytesMoved(plan, o.lws);
@@ -318,12 +358,14 @@ int main(int argc, char** argv) {
       o.exact_max_world = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--partition-ranks") {
       o.partition_ranks = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--dump-plan") {
+      o.dump_plan = value();
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
-                   "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P]\n");
+                   "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE]\n");
       return 2;
     }
   }

@@ -13,6 +13,7 @@ PACKAGES=(
   python3-setuptools python3-wheel python3-venv python3-pip
   libcpp-httplib-dev clang-14 libfuzzer-14-dev libclang-rt-14-dev
   spin redis-server iproute2 procps systemd
+  coinor-cbc glpk-utils
 )
 
 missing=()
