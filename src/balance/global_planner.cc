@@ -964,6 +964,7 @@ RoundPlan GlobalPlanner::PlanBlockOf(const RoundState& state, int32_t rank) cons
   RoundPlan plan;
   const size_t t = PartitionedSteps(config_, state, block, min_free, plan);
   if (t == 0) return plan;
+  if (rank < 0 || static_cast<size_t>(rank) >= world) return plan;  // no such rank: no block to plan
   const size_t begin = static_cast<size_t>(rank) / block * block;
   PlanBlockInto(config_, state, begin, block, t, plan);
   return plan;

@@ -74,7 +74,8 @@ class GlobalPlanner final : public align::Planner {
   // summed over all blocks: T integers per block); the other ranks'
   // RankPlans are left empty. Without
   // partitioning, or for a gated round, it is Plan(state). It reads the other
-  // blocks' windows only for their group bounds.
+  // blocks' windows only for their group bounds. A rank outside [0, W) gets
+  // the round's frame (T, reason) and no block.
   align::RoundPlan PlanBlockOf(const align::RoundState& state, int32_t rank) const;
   const align::PlannerConfig& config() const override { return config_.base; }
   // "global(locality=<l>,local_world_size=<n>)", plus

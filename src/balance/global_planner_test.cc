@@ -615,6 +615,12 @@ TEST_CASE("partitioned planning: a drained block does not hold the others back",
   const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
   INFO(plan.reason);
   REQUIRE(plan.num_steps == 4);
+  // A rank outside the job gets the round's frame and no block.
+  for (int32_t outside : {-1, 8}) {
+    const RoundPlan none = GlobalPlanner(gcfg).PlanBlockOf(st, outside);
+    REQUIRE(none.num_steps == plan.num_steps);
+    for (const auto& rp : none.ranks) REQUIRE(rp.steps.empty());
+  }
   for (int r = 0; r < 8; ++r) {
     for (const PlannedStep& s : plan.ranks[r].steps) REQUIRE(s.idle == (r < 4));
   }
