@@ -63,6 +63,8 @@ struct GlobalPlannerConfig {
 // bytes kept on their owner rank, then node. Protocol rules (end of epoch,
 // bounded waits, credit, equal T, Join coverage, Non-Join closure) are those
 // of LocalPlanner; see docs/balancing.md for T and the termination bound.
+// With partition_ranks, all of this runs per block of ranks (samples stay in
+// their block; one T for all blocks), and PlanBlockOf plans one rank's block.
 class GlobalPlanner final : public align::Planner {
  public:
   explicit GlobalPlanner(GlobalPlannerConfig config);
