@@ -30,6 +30,13 @@
 //     emitted sample. --exact-max-world M sets
 //     GlobalPlannerConfig::exact_assignment_max_world (exact Hungarian
 //     permutation up to M ranks) to compare the two assignments.
+//   --partition-ranks P sets GlobalPlannerConfig::partition_ranks; then
+//   block_plan_cpu_ms is GlobalPlanner::PlanBlockOf(state, 0) (what rank 0
+//   plans when every rank plans only its block; plan_cpu_ms stays the whole
+//   Plan, whose steps are simulated), block_decode_cpu_ms_per_round the
+//   decode of rank 0's block's messages, and block_recv_bytes_per_step what
+//   rank 0 would receive: its block's messages plus kSummaryBytes per rank
+//   outside it. Without partitioning they equal the whole-round figures.
 #include <time.h>
 
 #include <algorithm>
@@ -46,6 +53,7 @@
 #include "src/align/meta_codec.h"
 #include "src/align/planner.h"
 #include "src/balance/global_planner.h"
+#include "src/grouping/budget.h"
 
 namespace odb::bench {
 namespace {
@@ -74,7 +82,16 @@ struct Options {
   std::string preset = "chat_longtail";
   uint64_t seed = 1;
   uint32_t exact_max_world = balance::GlobalPlannerConfig{}.exact_assignment_max_world;
+  uint32_t partition_ranks = 0;
+  std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
 };
+
+// Bytes of one rank's summary in a partitioned round: what the round gates
+// and the T rule read of a rank outside the reader's block (pending count,
+// free slots, wait rounds and flags, the group lower bound as a double), as
+// fixed-width fields. The benchmark counts it; the daemon does not send it
+// yet (docs/balancing.md, "Partitioned planning").
+constexpr uint64_t kSummaryBytes = 8 + 4 + 4 + 1 + 8;
 
 // One rank's endless stream: chunks of `window` samples, chunk c generated
 // with seed (seed, rank, c), so the stream does not depend on W or on how
@@ -120,6 +137,43 @@ std::string Json(const std::vector<double>& v) {
   return s + "]";
 }
 
+// The round's steps for bench/exchange_optimum.py: per step its cost (the
+// slowest rank's grouping::StepTime) and every sample with the rank that
+// runs it, its owner, tokens and payload bytes.
+bool DumpPlan(const std::string& path, const align::PlannerConfig& pc, uint32_t lws, const align::RoundPlan& plan) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "scale_bench: cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::fprintf(f,
+               "{\"world\": %zu, \"local_world_size\": %u, \"max_tokens\": %llu, \"padded\": %s, "
+               "\"per_step\": %.17g, \"per_padded_token\": %.17g, \"per_len_sq\": %.17g, \"steps\": [",
+               plan.ranks.size(), lws, static_cast<unsigned long long>(pc.budget.max_tokens),
+               pc.budget.model == grouping::CostModel::kPadded ? "true" : "false", pc.step_model.per_step,
+               pc.step_model.per_padded_token, pc.step_model.per_len_sq);
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    double cost = 0;
+    for (const align::RankPlan& rp : plan.ranks) {
+      std::vector<SampleLengths> lens;
+      for (const SampleMeta& m : rp.steps[k].samples) lens.push_back(m.lengths);
+      cost = std::max(cost, grouping::StepTime(pc.step_model, pc.budget.model, lens));
+    }
+    std::fprintf(f, "%s{\"cost\": %.17g, \"samples\": [", k ? ", " : "", cost);
+    bool first = true;
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      for (const SampleMeta& m : plan.ranks[r].steps[k].samples) {
+        std::fprintf(f, "%s[%zu, %d, %u, %llu]", first ? "" : ", ", r, m.owner_rank, m.lengths.tokens,
+                     static_cast<unsigned long long>(m.payload_bytes));
+        first = false;
+      }
+    }
+    std::fprintf(f, "]}");
+  }
+  std::fprintf(f, "]}\n");
+  return std::fclose(f) == 0;
+}
+
 int Run(const Options& o) {
   const int world = o.world;
   StepModel sim;  // a = 512, b = 1: the simulator model whose linear part the planner is given
@@ -135,13 +189,19 @@ int Run(const Options& o) {
   g.locality = 0.0;
   g.local_world_size = o.lws;
   g.exact_assignment_max_world = o.exact_max_world;
+  g.partition_ranks = o.partition_ranks;
   const balance::GlobalPlanner planner(g);
+  // Ranks of rank 0's block (all W without partitioning).
+  const int block = o.partition_ranks == 0 ? world
+                                           : std::min<int>(world, static_cast<int>((o.partition_ranks + o.lws - 1) /
+                                                                                   o.lws * o.lws));
 
   std::vector<RankStream> streams;
   streams.reserve(world);
   for (int r = 0; r < world; ++r) streams.emplace_back(o, r);
   std::vector<std::vector<SampleMeta>> pending(world);
-  std::vector<double> plan_ms, decode_ms, steps_per_round;
+  std::vector<double> plan_ms, decode_ms, steps_per_round, block_plan_ms, block_decode_ms;
+  double block_recv_sum = 0;
   double sent_sum = 0, recv_sum = 0, sent_max = 0, recv_max = 0;
   Schedule schedule;
   std::vector<SampleLengths> emitted;
@@ -172,14 +232,25 @@ int Run(const Options& o) {
       sent_max = std::max(sent_max, sent);
       recv_max = std::max(recv_max, recv);
     }
+    // Rank 0 in a partitioned round: its block's messages and the other
+    // blocks' summaries.
+    {
+      uint64_t block_bytes = 0;
+      for (int r = 1; r < block; ++r) block_bytes += wire[r].size();
+      block_recv_sum += static_cast<double>(block_bytes + kSummaryBytes * static_cast<uint64_t>(world - block));
+    }
     // Rank 0's side of the round: decode all W messages into the state...
     align::RoundState state;
     state.epoch = 0;
     state.round = static_cast<uint64_t>(round);
     state.first_step = first_step;
     state.ranks.resize(world);
-    const double d0 = ThreadCpuMs();
+    double d0 = ThreadCpuMs();
     for (int r = 0; r < world; ++r) {
+      if (r == block) {
+        block_decode_ms.push_back(ThreadCpuMs() - d0);
+        d0 -= block_decode_ms.back();  // keep timing the whole decode
+      }
       auto msg = align::DecodeRankRound(wire[r]);
       if (!msg.ok()) {
         std::fprintf(stderr, "scale_bench: decode of rank %d: %s\n", r, msg.status().ToString().c_str());
@@ -188,17 +259,30 @@ int Run(const Options& o) {
       state.ranks[r] = std::move(msg->data);
     }
     decode_ms.push_back(ThreadCpuMs() - d0);
+    if (block == world) block_decode_ms.push_back(decode_ms.back());
     wire.clear();
     wire.shrink_to_fit();
     // ...then plan.
     const double p0 = ThreadCpuMs();
     const align::RoundPlan plan = planner.Plan(state);
     plan_ms.push_back(ThreadCpuMs() - p0);
+    if (block < world) {
+      const double b0 = ThreadCpuMs();
+      const align::RoundPlan mine = planner.PlanBlockOf(state, 0);
+      block_plan_ms.push_back(ThreadCpuMs() - b0);
+      if (mine.num_steps != plan.num_steps) {
+        std::fprintf(stderr, "scale_bench: PlanBlockOf plans %u steps, Plan %u\n", mine.num_steps, plan.num_steps);
+        return 2;
+      }
+    } else {
+      block_plan_ms.push_back(plan_ms.back());
+    }
     steps_per_round.push_back(plan.num_steps);
     if (plan.ranks.size() != static_cast<size_t>(world)) {
       std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
       return 2;
     }
+    if (!o.dump_plan.empty() && round + 1 == o.rounds && !DumpPlan(o.dump_plan, pc, o.lws, plan)) return 2;
     AppendRoundSteps(plan, world, &schedule, &emitted);
     first_step += plan.num_steps;
     moved += balance::ComputeBytesMoved(plan, o.lws);
@@ -207,9 +291,11 @@ int Run(const Options& o) {
   const long hwm = VmHwmKb();
   const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens);
   const Bounds bounds = LowerBounds(emitted, pc.budget, sim, world);
-  double plan_total = 0, steps_total = 0;
+  double plan_total = 0, steps_total = 0, block_total = 0, block_decode_total = 0;
   for (size_t i = 0; i < plan_ms.size(); ++i) {
     plan_total += plan_ms[i];
+    block_total += block_plan_ms[i];
+    block_decode_total += block_decode_ms[i];
     steps_total += steps_per_round[i];
   }
   const double n_rounds = static_cast<double>(o.rounds);
@@ -224,7 +310,9 @@ int Run(const Options& o) {
       "\"padded_bound\": %.1f, \"bound_fraction\": %.5f, \"max_over_mean\": %.5f, "
       "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld, "
       "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, "
-      "\"inter_node_bytes_per_sample\": %.1f}\n",
+      "\"inter_node_bytes_per_sample\": %.1f, \"partition_ranks\": %u, \"block_ranks\": %d, "
+      "\"block_plan_cpu_ms\": %s, \"block_plan_cpu_ms_per_step\": %.4f, \"block_decode_cpu_ms_per_round\": %.4f, "
+      "\"block_recv_bytes_per_step\": %.1f}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
       steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
@@ -234,7 +322,9 @@ int Run(const Options& o) {
       static_cast<unsigned long long>(metrics.over_budget_rank_steps), hwm, o.exact_max_world,
       moved.samples() ? static_cast<double>(moved.moved_bytes()) / static_cast<double>(moved.samples()) : 0.0,
       moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples())
-                      : 0.0);
+                      : 0.0,
+      o.partition_ranks, block, Json(block_plan_ms).c_str(), steps_total > 0 ? block_total / steps_total : 0.0,
+      block_decode_total / n_rounds, steps_total > 0 ? block_recv_sum / steps_total : 0.0);
   return 0;
 }
 
@@ -266,12 +356,16 @@ int main(int argc, char** argv) {
       o.preset = value();
     } else if (a == "--exact-max-world") {
       o.exact_max_world = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--partition-ranks") {
+      o.partition_ranks = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--dump-plan") {
+      o.dump_plan = value();
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
-                   "[--preset NAME] [--seed S] [--exact-max-world M]\n");
+                   "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE]\n");
       return 2;
     }
   }

@@ -46,7 +46,7 @@ COMMON=("$PROTO" "$(obj src/common/dtype.cc)" "$(obj src/wire/tensor_codec.cc)")
 declare -A TARGET_SRCS=(
   [decoder]="src/ingest/decoder.cc"
   [meta_codec]="src/align/meta_codec.cc"
-  [hello]="src/align/hello.cc src/align/planner.cc src/grouping/budget.cc src/grouping/grouper.cc"
+  [hello]="src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc"
   [config]="src/daemon/config.cc src/grouping/budget.cc src/collate/collator.cc src/common/buffer_pool.cc"
   [delivery_decoder]="client/cpp/src/delivery_decoder.cc"
 )
@@ -63,7 +63,7 @@ done
 
 if [ "${1:-}" = "--seeds" ]; then
   seed_objs=()
-  for s in src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/grouping/budget.cc src/grouping/grouper.cc; do
+  for s in src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc; do
     seed_objs+=("$(obj "$s")")
   done
   "$CXX" "${CXXFLAGS[@]}" -fsanitize=fuzzer-no-link fuzz/seed_gen.cc "${seed_objs[@]}" "${COMMON[@]}" \

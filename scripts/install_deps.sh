@@ -14,6 +14,7 @@ PACKAGES=(
   libcpp-httplib-dev clang-14 libfuzzer-14-dev libclang-rt-14-dev
   spin redis-server iproute2 procps systemd
   patchelf  # client/python/setup.py: the odbd it bundles finds odb/.libs through its RPATH
+  coinor-cbc glpk-utils  # bench/exchange_optimum.py and its test: the exact minimum of inter-node bytes
 )
 
 missing=()

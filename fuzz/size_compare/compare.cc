@@ -2,7 +2,7 @@
 // (array-of-structs and packed struct-of-arrays), and the hello.
 //   protoc --cpp_out=/tmp/sc fuzz/size_compare/round_meta.proto
 //   g++ -std=c++20 -O1 -I. -I/tmp/sc fuzz/size_compare/compare.cc /tmp/sc/round_meta.pb.cc \
-//     src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/grouping/budget.cc \
+//     src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc \
 //     src/grouping/grouper.cc -lprotobuf <absl libs of third_party/BUILD> -o /tmp/sc/compare
 #include <cmath>
 #include <cstdio>

@@ -1,7 +1,5 @@
 #include "src/align/planner.h"
 
-#include "src/align/window.h"
-
 #include <algorithm>
 #include <optional>
 #include <cassert>
@@ -10,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "src/align/planned_groups.h"
 #include "src/align/window.h"
 #include "src/grouping/grouper.h"
 
@@ -61,47 +60,6 @@ struct WorkGroup {
   bool over_budget = false;
 };
 
-uint64_t PaddedOf(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
-                  const std::vector<size_t>& members) {
-  std::vector<SampleLengths> lens;
-  lens.reserve(members.size());
-  for (size_t i : members) lens.push_back(window[i].lengths);
-  return grouping::PaddedTokens(cfg.budget.model, lens);
-}
-
-// Smallest key of a group: a total tie-break so sorting never depends on the
-// library's handling of equal elements.
-SampleKey MinKey(const std::vector<SampleMeta>& window, const std::vector<size_t>& members) {
-  SampleKey best{std::numeric_limits<int32_t>::max(), std::numeric_limits<uint64_t>::max()};
-  for (size_t i : members) best = std::min(best, KeyOf(window[i]));
-  return best;
-}
-
-// Orders groups "most worth emitting first": more samples, then more padded
-// tokens (fuller), then smallest key.
-void SortByFill(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
-                std::vector<WorkGroup>& groups) {
-  struct Keyed {
-    size_t n;
-    uint64_t padded;
-    SampleKey key;
-    WorkGroup g;
-  };
-  std::vector<Keyed> keyed;
-  keyed.reserve(groups.size());
-  for (auto& g : groups) {
-    keyed.push_back({g.members.size(), PaddedOf(cfg, window, g.members), MinKey(window, g.members),
-                     std::move(g)});
-  }
-  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
-    if (a.n != b.n) return a.n > b.n;
-    if (a.padded != b.padded) return a.padded > b.padded;
-    return a.key < b.key;
-  });
-  groups.clear();
-  for (auto& k : keyed) groups.push_back(std::move(k.g));
-}
-
 // Splits the largest group in two (shorter half / longer half, which keeps
 // the budget: any subset of a fitting group fits). Precondition: some group
 // has >= 2 members.
@@ -120,7 +78,7 @@ void SplitLargest(const PlannerConfig& cfg, const std::vector<SampleMeta>& windo
       if (a.size() > b.size()) best = i;
       continue;
     }
-    const uint64_t pa = PaddedOf(cfg, window, a), pb = PaddedOf(cfg, window, b);
+    const uint64_t pa = PaddedOf(cfg.budget.model, window, a), pb = PaddedOf(cfg.budget.model, window, b);
     if (pa != pb) {
       if (pa > pb) best = i;
       continue;
@@ -138,20 +96,6 @@ void SplitLargest(const PlannerConfig& cfg, const std::vector<SampleMeta>& windo
   groups[best].members.assign(m.begin(), m.begin() + half);
   groups[best].over_budget = false;
   groups.push_back(WorkGroup{std::vector<size_t>(m.begin() + half, m.end()), false});
-}
-
-PlannedStep MakeStep(const PlannerConfig& cfg, const std::vector<SampleMeta>& window,
-                     const WorkGroup& g) {
-  PlannedStep s;
-  s.idle = false;
-  s.over_budget = g.over_budget;
-  s.samples.reserve(g.members.size());
-  for (size_t i : g.members) {
-    s.samples.push_back(window[i]);
-    s.real_tokens += window[i].lengths.tokens;
-  }
-  s.padded_tokens = PaddedOf(cfg, window, g.members);
-  return s;
 }
 
 }  // namespace
@@ -290,7 +234,8 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
     auto& gs = groups[r];
     std::vector<bool> emitted(window.size(), false);
     if (gs.size() > t) {
-      SortByFill(config_, window, gs);
+      SortByFill(config_.budget.model, window, gs,
+                 [](const WorkGroup& g) { return std::span<const size_t>(g.members); });
       gs.resize(t);
     }
     while (!gs.empty() && gs.size() < t) SplitLargest(config_, window, gs);
@@ -318,7 +263,7 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       const size_t position = slots[k].members.front();
       if (position >= by_cost.size()) continue;
       const WorkGroup& g = gs[by_cost[position].second];
-      rp.steps[k] = MakeStep(config_, window, g);
+      rp.steps[k] = MakeStep(config_.budget.model, window, g.members, g.over_budget);
       for (size_t i : g.members) emitted[i] = true;
     }
     for (size_t i = 0; i < window.size(); ++i) {

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
+#include "src/align/planned_groups.h"
 #include "src/balance/assignment.h"
 #include "src/grouping/budget.h"
 #include "src/grouping/grouper.h"
@@ -15,6 +18,7 @@
 namespace odb::balance {
 
 using align::KeyOf;
+using align::MinKey;
 using align::PlannedStep;
 using align::RankPlan;
 using align::RankRound;
@@ -109,19 +113,6 @@ struct Pool {
 // Groups as member index lists into the pool.
 using Members = std::vector<size_t>;
 
-SampleKey MinKey(const Pool& pool, const Members& g) {
-  SampleKey best{std::numeric_limits<int32_t>::max(), std::numeric_limits<uint64_t>::max()};
-  for (size_t i : g) best = std::min(best, KeyOf(pool.metas[i]));
-  return best;
-}
-
-std::vector<SampleLengths> LensOf(const Pool& pool, const Members& g) {
-  std::vector<SampleLengths> lens;
-  lens.reserve(g.size());
-  for (size_t i : g) lens.push_back(pool.lens[i]);
-  return lens;
-}
-
 // grouping::StepTime of the group, without building a lengths vector (the
 // same terms summed in the same order, hence the same value).
 double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
@@ -137,40 +128,6 @@ double CostOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& 
   const uint64_t padded = cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
   return cfg.step_model.per_step + cfg.step_model.per_padded_token * static_cast<double>(padded) +
          cfg.step_model.per_len_sq * sum_sq;
-}
-
-uint64_t PaddedOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
-  uint64_t longest = 0, sum = 0;
-  for (size_t i : g) {
-    longest = std::max<uint64_t>(longest, pool.lens[i].tokens);
-    sum += pool.lens[i].tokens;
-  }
-  return cfg.budget.model == grouping::CostModel::kPadded ? longest * g.size() : sum;
-}
-
-// "Most worth emitting first" (as LocalPlanner): more samples, more padded
-// tokens, smallest key. Held-back groups are regrouped with later arrivals.
-void SortByFill(const align::PlannerConfig& cfg, const Pool& pool, std::vector<Members>& groups) {
-  struct Keyed {
-    size_t n;
-    uint64_t padded;
-    SampleKey key;
-    size_t g;
-  };
-  std::vector<Keyed> keyed;
-  keyed.reserve(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) {
-    keyed.push_back({groups[i].size(), PaddedOf(cfg, pool, groups[i]), MinKey(pool, groups[i]), i});
-  }
-  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
-    if (a.n != b.n) return a.n > b.n;
-    if (a.padded != b.padded) return a.padded > b.padded;
-    return a.key < b.key;
-  });
-  std::vector<Members> sorted;
-  sorted.reserve(groups.size());
-  for (const Keyed& k : keyed) sorted.push_back(std::move(groups[k.g]));
-  groups = std::move(sorted);
 }
 
 // Splits the most expensive group of >= 2 samples into its shorter and longer
@@ -199,9 +156,9 @@ bool SplitCostliest(const align::PlannerConfig& cfg, const Pool& pool, std::vect
   groups[best].assign(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(half));
   groups.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(half), m.end());
   cost[best] = CostOf(cfg, pool, groups[best]);
-  key[best] = MinKey(pool, groups[best]);
+  key[best] = MinKey(pool.metas, groups[best]);
   cost.push_back(CostOf(cfg, pool, groups.back()));
-  key.push_back(MinKey(pool, groups.back()));
+  key.push_back(MinKey(pool.metas, groups.back()));
   return true;
 }
 
@@ -750,21 +707,14 @@ std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool
   return by_rank;
 }
 
-PlannedStep MakeStep(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
-  PlannedStep s;
-  if (g.empty()) return s;  // IDLE
-  s.idle = false;
+// The step of rank group `g`: members in key order; a lone sample that fits
+// no budget is over budget (dispatch may leave any sample alone).
+PlannedStep StepOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
   Members sorted = g;
   std::sort(sorted.begin(), sorted.end(),
             [&](size_t x, size_t y) { return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]); });
-  for (size_t i : sorted) {
-    s.samples.push_back(pool.metas[i]);
-    s.real_tokens += pool.lens[i].tokens;
-  }
-  const auto lens = LensOf(pool, sorted);
-  s.padded_tokens = grouping::PaddedTokens(cfg.budget.model, lens);
-  s.over_budget = lens.size() == 1 && !grouping::FitsAlone(cfg.budget, lens[0]);
-  return s;
+  const bool over = sorted.size() == 1 && !grouping::FitsAlone(cfg.budget, pool.lens[sorted[0]]);
+  return align::MakeStep(cfg.budget.model, pool.metas, sorted, over);
 }
 
 // Expected number of groups a sample accounts for: its share of the token
@@ -834,6 +784,145 @@ std::string FormatLocality(double l) {
 
 }  // namespace
 
+namespace {
+
+// The unpartitioned planner on the ranks of `state`, after the round gates;
+// with `fixed_steps`, T is given (a block of a partitioned round).
+RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, uint32_t min_free,
+                    std::optional<size_t> fixed_steps);
+
+// Ranks per block of a partitioned round: partition_ranks rounded up to whole
+// nodes (a block never splits a node, so node-local moves stay possible), or
+// `world` when planning is not partitioned.
+size_t BlockRanks(const GlobalPlannerConfig& config, size_t world) {
+  if (config.partition_ranks == 0 || config.local_world_size == 0) return world;
+  const size_t lws = config.local_world_size;
+  const size_t block = (config.partition_ranks + lws - 1) / lws * lws;
+  return std::min(block, world);
+}
+
+// A lower bound on the number of groups grouping::FormGroups makes of
+// `samples`, from the samples alone: a group of >= 2 members fits the budget,
+// and the sum of its members' effective lengths is at most its budget cost
+// (equal when packed; padded charges every member the longest's), so at most
+// max_tokens; it has at most max_group_size members; a sample that fits no
+// budget is a group of its own (its share is capped at 1). Hence
+// groups >= max(sum of token shares, sum of size shares).
+double GroupLowerBound(const grouping::Budget& b, const std::vector<SampleMeta>& pending, size_t n) {
+  if (n == 0) return 0.0;
+  if (b.max_tokens == 0 && b.max_group_size == 0) return 1.0;
+  double tokens = 0.0;
+  if (b.max_tokens != 0) {
+    const double max_tokens = static_cast<double>(b.max_tokens);
+    for (size_t i = 0; i < n; ++i) {
+      tokens += std::min(1.0, grouping::EffectiveLength(b, pending[i].lengths.tokens) / max_tokens);
+    }
+  }
+  const double size =
+      b.max_group_size == 0 ? 0.0 : static_cast<double>(n) / static_cast<double>(b.max_group_size);
+  return std::max(tokens, size);
+}
+
+// T of a partitioned round, from the blocks' windows alone (no grouping): the
+// largest T that every block with an open stream can fill with whole steps
+// for sure, min(free, min over such blocks of floor(lower bound / ranks));
+// once every stream has finished (or in deterministic mode, where holding
+// back would wait for ever), the smallest T that drains the fullest block's
+// bound. Grouping every block to count its groups would cost every rank the
+// whole job's grouping; the bound costs one pass over the windows (each rank
+// could send its own in a few bytes). Fills `plan`'s frame (ranks, T,
+// reason); on T = 0, the holding-back plan. Returns T.
+size_t PartitionedSteps(const GlobalPlannerConfig& config, const RoundState& state, size_t block,
+                        uint32_t min_free, RoundPlan& plan) {
+  const align::PlannerConfig& cfg = config.base;
+  const size_t world = state.ranks.size();
+  const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
+  size_t open_t = std::numeric_limits<size_t>::max(), drain_t = 0, tightest = 0;
+  bool any_open = false;
+  for (size_t begin = 0; begin < world; begin += block) {
+    const size_t end = std::min(world, begin + block);
+    double bound = 0.0;
+    bool open = false;
+    for (size_t r = begin; r < end; ++r) {
+      const auto& pending = state.ranks[r].pending;
+      bound += GroupLowerBound(cfg.budget, pending, std::min(pending.size(), window_cap));
+      open = open || !state.ranks[r].stream_finished;
+    }
+    const double ranks = static_cast<double>(end - begin);
+    drain_t = std::max(drain_t, static_cast<size_t>(std::ceil(bound / ranks)));
+    if (open) {
+      any_open = true;
+      const auto t = static_cast<size_t>(std::floor(bound / ranks));
+      if (t < open_t) {
+        open_t = t;
+        tightest = begin;
+      }
+    }
+  }
+  size_t t = any_open ? open_t : drain_t;
+  if (t == 0 && cfg.deterministic) t = drain_t;
+  t = std::min<size_t>(t, min_free);
+  plan.ranks.assign(world, RankPlan{});
+  const std::string frame = "partitioned into blocks of " + std::to_string(block) + " ranks: ";
+  if (t == 0) {
+    plan.reason = frame + "holding back: the windows of ranks " + std::to_string(tightest) + ".." +
+                  std::to_string(std::min(world, tightest + block) - 1) +
+                  " hold fewer sure groups than ranks and some stream there is open";
+    align::KeepEverything(state, plan);
+    return 0;
+  }
+  plan.num_steps = static_cast<uint32_t>(t);
+  plan.reason = frame + "T=min(free=" + std::to_string(min_free) + ", " +
+                (any_open ? "min over open blocks of floor" : "max over blocks of ceil") +
+                "(group lower bound / ranks))";
+  return t;
+}
+
+// Plans ranks [begin, begin + block) of `state` on their own windows (samples
+// never leave the block) with T = t, as PlanRanks on the block renumbered
+// from rank 0 (`begin` is a node boundary, so nodes are unchanged), and
+// writes their RankPlans into `plan`.
+void PlanBlockInto(const GlobalPlannerConfig& config, const RoundState& state, size_t begin, size_t block,
+                   size_t t, RoundPlan& plan) {
+  const size_t end = std::min(state.ranks.size(), begin + block);
+  const size_t window_cap =
+      config.base.window == 0 ? std::numeric_limits<size_t>::max() : config.base.window;
+  const auto shift = static_cast<int32_t>(begin);
+  RoundState sub;
+  sub.epoch = state.epoch;
+  sub.round = state.round;
+  sub.first_step = state.first_step;
+  sub.ranks.resize(end - begin);
+  for (size_t r = begin; r < end; ++r) {
+    const RankRound& in = state.ranks[r];
+    RankRound& out = sub.ranks[r - begin];
+    out.free_slots = in.free_slots;
+    out.stream_finished = in.stream_finished;
+    out.stream_started = in.stream_started;
+    out.wait_rounds = in.wait_rounds;
+    out.wait_expired = in.wait_expired;
+    // Only the window is planned; the rest stays pending, untouched.
+    const size_t n = std::min(in.pending.size(), window_cap);
+    out.pending.assign(in.pending.begin(), in.pending.begin() + static_cast<std::ptrdiff_t>(n));
+    for (SampleMeta& m : out.pending) m.owner_rank -= shift;
+    for (size_t i = n; i < in.pending.size(); ++i) plan.ranks[r].keep_pending.push_back(KeyOf(in.pending[i]));
+  }
+  RoundPlan part = PlanRanks(config, sub, static_cast<uint32_t>(t), t);
+  for (size_t r = begin; r < end; ++r) {
+    RankPlan& from = part.ranks[r - begin];
+    RankPlan& to = plan.ranks[r];
+    // An empty block window plans no step: its ranks run T IDLE steps.
+    if (from.steps.size() != t) from.steps.assign(t, PlannedStep{});
+    to.steps = std::move(from.steps);
+    for (PlannedStep& s : to.steps) {
+      for (SampleMeta& m : s.samples) m.owner_rank += shift;
+    }
+    for (SampleKey k : from.keep_pending) to.keep_pending.push_back({k.owner_rank + shift, k.id});
+  }
+}
+
+}  // namespace
+
 GlobalPlanner::GlobalPlanner(GlobalPlannerConfig config) : config_(std::move(config)), local_(config_.base) {}
 
 std::string GlobalPlanner::Name() const {
@@ -843,20 +932,52 @@ std::string GlobalPlanner::Name() const {
       config_.exact_assignment_max_world == GlobalPlannerConfig{}.exact_assignment_max_world
           ? ""
           : ",exact_assignment_max_world=" + std::to_string(config_.exact_assignment_max_world);
+  const std::string partition =
+      config_.partition_ranks == 0 ? "" : ",partition_ranks=" + std::to_string(config_.partition_ranks);
   return "global(locality=" + FormatLocality(config_.locality) +
-         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + ")";
+         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + partition + ")";
 }
 
 RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   if (config_.locality >= 1.0) return local_.Plan(state);
-  const align::PlannerConfig& cfg = config_.base;
+  // End of epoch, waits and credit: the rules every planner shares.
+  uint32_t min_free = 0;
+  if (auto gated = align::ApplyRoundGates(config_.base, state, min_free)) return std::move(*gated);
+  const size_t world = state.ranks.size();
+  const size_t block = BlockRanks(config_, world);
+  if (block >= world) return PlanRanks(config_, state, min_free, std::nullopt);
+  RoundPlan plan;
+  const size_t t = PartitionedSteps(config_, state, block, min_free, plan);
+  if (t == 0) return plan;
+  for (size_t begin = 0; begin < world; begin += block) PlanBlockInto(config_, state, begin, block, t, plan);
+  align::AssignLossWeights(plan);
+  return plan;
+}
+
+RoundPlan GlobalPlanner::PlanBlockOf(const RoundState& state, int32_t rank) const {
+  if (config_.locality >= 1.0) return local_.Plan(state);
+  uint32_t min_free = 0;
+  if (auto gated = align::ApplyRoundGates(config_.base, state, min_free)) return std::move(*gated);
+  const size_t world = state.ranks.size();
+  const size_t block = BlockRanks(config_, world);
+  if (block >= world) return PlanRanks(config_, state, min_free, std::nullopt);
+  RoundPlan plan;
+  const size_t t = PartitionedSteps(config_, state, block, min_free, plan);
+  if (t == 0) return plan;
+  if (rank < 0 || static_cast<size_t>(rank) >= world) return plan;  // no such rank: no block to plan
+  const size_t begin = static_cast<size_t>(rank) / block * block;
+  PlanBlockInto(config_, state, begin, block, t, plan);
+  return plan;
+}
+
+namespace {
+
+RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, uint32_t min_free,
+                    std::optional<size_t> fixed_steps) {
+  const align::PlannerConfig& cfg = config.base;
   const size_t world = state.ranks.size();
   RoundPlan plan;
   plan.ranks.resize(world);
-
-  // End of epoch, waits and credit: the rules every planner shares.
-  uint32_t min_free = 0;
-  if (auto gated = align::ApplyRoundGates(cfg, state, min_free)) return std::move(*gated);
   size_t finished_count = 0;
   for (const RankRound& rr : state.ranks) finished_count += rr.stream_finished ? 1 : 0;
   const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
@@ -908,6 +1029,9 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   // Deterministic rounds see a fixed window, so holding back would wait for
   // ever: fill the step (some slots IDLE) instead.
   if (t == 0 && cfg.deterministic) t = std::min<size_t>(min_free, (g_count + world - 1) / world);
+  // A block of a partitioned round plans the round's T, decided from every
+  // block (PartitionedSteps), not its own.
+  if (fixed_steps) t = *fixed_steps;
   if (t == 0) {
     plan.reason = "holding back: " + std::to_string(g_count) + " groups do not fill a step of " +
                   std::to_string(world) + " ranks and some stream is open";
@@ -920,7 +1044,7 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
                 "(groups=" + std::to_string(g_count) + " / W=" + std::to_string(world) + "))";
   const size_t slots = t * world;
   if (groups.size() > slots) {
-    SortByFill(cfg, pool, groups);
+    align::SortByFill(cfg.budget.model, pool.metas, groups, [](const Members& g) { return std::span<const size_t>(g); });
     for (size_t i = slots; i < groups.size(); ++i) {
       for (size_t idx : groups[i]) {
         const SampleMeta& m = pool.metas[idx];
@@ -934,7 +1058,7 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
     std::vector<SampleKey> key(groups.size());
     for (size_t i = 0; i < groups.size(); ++i) {
       cost[i] = CostOf(cfg, pool, groups[i]);
-      key[i] = MinKey(pool, groups[i]);
+      key[i] = MinKey(pool.metas, groups[i]);
     }
     while (groups.size() < slots && SplitCostliest(cfg, pool, groups, cost, key)) {
     }
@@ -946,7 +1070,7 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   by_cost.reserve(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) by_cost.emplace_back(CostOf(cfg, pool, groups[i]), i);
   std::vector<SampleKey> min_keys(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool, groups[i]);
+  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool.metas, groups[i]);
   std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first > b.first;
     return min_keys[a.second] < min_keys[b.second];
@@ -957,16 +1081,16 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
     for (size_t j = k * world; j < std::min((k + 1) * world, by_cost.size()); ++j) {
       bins.push_back(std::move(groups[by_cost[j].second]));
     }
-    steps[k] = bins.size() == world ? BalanceStep(config_, pool, std::move(bins), static_cast<int>(world))
-                                    : PlaceStep(config_, pool, std::move(bins), static_cast<int>(world));
+    steps[k] = bins.size() == world ? BalanceStep(config, pool, std::move(bins), static_cast<int>(world))
+                                    : PlaceStep(config, pool, std::move(bins), static_cast<int>(world));
   }
 
   // Locality across steps, within each step's capacity relaxed by the knob
   // (at locality 0 it would only save ~2.5% of the bytes, for ~2x the
   // planner time at W = 64: not run).
-  if (world > 1 && config_.locality > 0.0) {
+  if (world > 1 && config.locality > 0.0) {
     std::vector<double> capacity(t);
-    const double relax = 1.0 / (1.0 - std::clamp(config_.locality, 0.0, 0.999));
+    const double relax = 1.0 / (1.0 - std::clamp(config.locality, 0.0, 0.999));
     for (size_t k = 0; k < t; ++k) capacity[k] = MaxCost(cfg, pool, steps[k]) * relax;
     CrossStepHomeSwaps(cfg, pool, steps, capacity);
   }
@@ -979,10 +1103,12 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   for (size_t r = 0; r < world; ++r) {
     RankPlan& rp = plan.ranks[r];
     rp.steps.reserve(t);
-    for (size_t k = 0; k < t; ++k) rp.steps.push_back(MakeStep(cfg, pool, steps[order[k].members[0]][r]));
+    for (size_t k = 0; k < t; ++k) rp.steps.push_back(StepOf(cfg, pool, steps[order[k].members[0]][r]));
   }
   align::AssignLossWeights(plan);
   return plan;
 }
+
+}  // namespace
 
 }  // namespace odb::balance

@@ -35,6 +35,18 @@ struct GlobalPlannerConfig {
   // field (benchmarks and tests compare the two); Name() carries it when it
   // is not the default. Default 64.
   uint32_t exact_assignment_max_world = 64;
+  // Partitioned planning (issue 22): 0 (default) plans all W ranks as one
+  // pool. Otherwise the ranks are cut into blocks of partition_ranks ranks
+  // (rounded up to whole nodes of local_world_size; 0 local_world_size means
+  // one node, so one block) and each block is planned on its own windows
+  // only: a sample never leaves its block. T is the same for every block,
+  // decided from a lower bound on each block's group count
+  // (docs/balancing.md, "Partitioned planning"), and each block's step k is
+  // its k-th costliest chunk, so the k-th steps of all blocks cost alike.
+  // The work is then linear in W (W / partition_ranks independent plans),
+  // and one block's plan (PlanBlockOf) needs only its block's metadata plus
+  // the others' bounds. Name() carries it when non-zero.
+  uint32_t partition_ranks = 0;
 };
 
 // Cross-rank grouping + OrchMLLM-style post-balancing behind align::Planner.
@@ -51,13 +63,26 @@ struct GlobalPlannerConfig {
 // bytes kept on their owner rank, then node. Protocol rules (end of epoch,
 // bounded waits, credit, equal T, Join coverage, Non-Join closure) are those
 // of LocalPlanner; see docs/balancing.md for T and the termination bound.
+// With partition_ranks, all of this runs per block of ranks (samples stay in
+// their block; one T for all blocks), and PlanBlockOf plans one rank's block.
 class GlobalPlanner final : public align::Planner {
  public:
   explicit GlobalPlanner(GlobalPlannerConfig config);
   align::RoundPlan Plan(const align::RoundState& state) const override;
+  // What rank `rank` needs of Plan(state) when every rank plans only its own
+  // block (partition_ranks > 0): num_steps, epoch_finished, waiting and the
+  // RankPlans of `rank`'s block are Plan's, except that loss weights are
+  // normalised over the block only (Plan's need every step's loss tokens
+  // summed over all blocks: T integers per block); the other ranks'
+  // RankPlans are left empty. Without
+  // partitioning, or for a gated round, it is Plan(state). It reads the other
+  // blocks' windows only for their group bounds. A rank outside [0, W) gets
+  // the round's frame (T, reason) and no block.
+  align::RoundPlan PlanBlockOf(const align::RoundState& state, int32_t rank) const;
   const align::PlannerConfig& config() const override { return config_.base; }
   // "global(locality=<l>,local_world_size=<n>)", plus
-  // ",exact_assignment_max_world=<m>" when that is not 64.
+  // ",exact_assignment_max_world=<m>" when that is not 64 and
+  // ",partition_ranks=<p>" when that is not 0.
   std::string Name() const override;
   const GlobalPlannerConfig& global_config() const { return config_; }
 

@@ -526,6 +526,156 @@ TEST_CASE("beyond 64 ranks (sparse locality assignment): epochs keep every rule,
   REQUIRE(differs);
 }
 
+// Partitioned planning: the epoch rules of every planner, plus samples that
+// never leave their block, IDLE slots only where the whole block's streams
+// finished, and every rank's PlanBlockOf equal to its part of Plan.
+TEST_CASE("partitioned planning: epochs keep every rule, samples stay in their block", "[global][partition]") {
+  int scenarios = 0;
+  BytesMoved moved;
+  for (uint64_t i = 0; i < 120; ++i) {
+    const int world = std::vector<int>{5, 6, 12, 20, 40}[i % 5];
+    const EpochMode mode = i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin;
+    const Scenario sc = MakeScenario(700000 + i, world, mode);
+    GlobalPlannerConfig gcfg;
+    gcfg.base = sc.config;
+    gcfg.local_world_size = static_cast<uint32_t>(1 + i % 4);
+    gcfg.partition_ranks = static_cast<uint32_t>(1 + (i / 5) % 6);
+    gcfg.locality = i % 3 == 0 ? 0.3 : 0.0;
+    const GlobalPlanner planner(gcfg);
+    const size_t block = (gcfg.partition_ranks + gcfg.local_world_size - 1) / gcfg.local_world_size *
+                         gcfg.local_world_size;
+    INFO("seed " << 700000 + i << " world " << world << " block " << block);
+    align::testing::EpochChecks checks;
+    checks.on_plan = [&](const RoundState& state, const RoundPlan& plan) {
+      for (size_t r = 0; r < plan.ranks.size(); ++r) {
+        const size_t begin = r / block * block;
+        bool block_finished = true;
+        for (size_t q = begin; q < std::min<size_t>(world, begin + block); ++q) {
+          block_finished = block_finished && state.ranks[q].stream_finished;
+        }
+        for (const PlannedStep& s : plan.ranks[r].steps) {
+          if (s.idle && !sc.config.deterministic) REQUIRE(block_finished);
+          for (const SampleMeta& m : s.samples) REQUIRE(static_cast<size_t>(m.owner_rank) / block == r / block);
+        }
+      }
+      // What one rank plans alone is its part of the whole plan.
+      const auto rank = static_cast<int32_t>(state.round % static_cast<uint64_t>(world));
+      const RoundPlan mine = planner.PlanBlockOf(state, rank);
+      REQUIRE(mine.num_steps == plan.num_steps);
+      REQUIRE(mine.epoch_finished == plan.epoch_finished);
+      REQUIRE(mine.waiting == plan.waiting);
+      const size_t begin = static_cast<size_t>(rank) / block * block;
+      for (size_t r = begin; r < std::min<size_t>(world, begin + block); ++r) {
+        REQUIRE(mine.ranks[r].keep_pending == plan.ranks[r].keep_pending);
+        REQUIRE(mine.ranks[r].steps.size() == plan.ranks[r].steps.size());
+        for (size_t k = 0; k < plan.ranks[r].steps.size(); ++k) {
+          const auto& x = mine.ranks[r].steps[k].samples;
+          const auto& y = plan.ranks[r].steps[k].samples;
+          REQUIRE(std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                             [](const auto& p, const auto& q) { return KeyOf(p) == KeyOf(q); }));
+        }
+      }
+      moved += ComputeBytesMoved(plan, gcfg.local_world_size);
+    };
+    // The unpartitioned bound, block by block: once every stream finished,
+    // the fullest block emits at least min(its ranks, window) samples a round.
+    checks.termination_bound = [&](const std::vector<std::vector<SampleMeta>>& pending) -> uint64_t {
+      const uint64_t window = sc.config.window == 0 ? UINT64_MAX : sc.config.window;
+      uint64_t rounds = 0;
+      for (size_t begin = 0; begin < pending.size(); begin += block) {
+        const size_t end = std::min(pending.size(), begin + block);
+        uint64_t total = 0;
+        for (size_t r = begin; r < end; ++r) total += pending[r].size();
+        const uint64_t per_round = std::min<uint64_t>(end - begin, window);
+        rounds = std::max<uint64_t>(rounds, (total + per_round - 1) / per_round);
+      }
+      return rounds + 1;
+    };
+    const align::testing::EpochOutcome out = align::testing::RunEpoch(sc, planner, checks);
+    align::testing::RequireCoverage(sc, out);
+    ++scenarios;
+  }
+  REQUIRE(scenarios == 120);
+  REQUIRE(moved.intra_node_samples > 100);  // samples do move, within blocks
+}
+
+TEST_CASE("partitioned planning: a drained block does not hold the others back", "[global][partition]") {
+  // Ranks 0-3 (block 0) finished and hold nothing; ranks 4-7 are open with
+  // plenty: the round plans steps, block 0 runs them IDLE.
+  GlobalPlannerConfig gcfg;
+  gcfg.base.max_wait_rounds = 0;
+  gcfg.base.budget.max_tokens = 4096;
+  gcfg.local_world_size = 2;
+  gcfg.partition_ranks = 4;
+  RoundState st = Uniformish(8, 64, 16, 1024, 11, 4);
+  for (int r = 0; r < 4; ++r) {
+    st.ranks[r].pending.clear();
+    st.ranks[r].stream_finished = true;
+  }
+  const RoundPlan plan = GlobalPlanner(gcfg).Plan(st);
+  INFO(plan.reason);
+  REQUIRE(plan.num_steps == 4);
+  // A rank outside the job gets the round's frame and no block.
+  for (int32_t outside : {-1, 8}) {
+    const RoundPlan none = GlobalPlanner(gcfg).PlanBlockOf(st, outside);
+    REQUIRE(none.num_steps == plan.num_steps);
+    for (const auto& rp : none.ranks) REQUIRE(rp.steps.empty());
+  }
+  for (int r = 0; r < 8; ++r) {
+    for (const PlannedStep& s : plan.ranks[r].steps) REQUIRE(s.idle == (r < 4));
+  }
+  // Loss weights are the whole round's: W over every step.
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    double sum = 0;
+    for (const auto& rp : plan.ranks) sum += rp.steps[k].loss_weight;
+    REQUIRE(sum == Approx(8.0));
+  }
+}
+
+TEST_CASE("partitioned planning at W = 256: within 1% of the whole-pool balance, a block plans alone",
+          "[global][partition][scale]") {
+  // The T rule plans as many whole steps as the unpartitioned planner here
+  // (windows far fuller than the credit), and each block's k-th step is its
+  // k-th costliest: the sum over steps of the slowest rank stays within 1%.
+  GlobalPlannerConfig whole;
+  whole.base.max_wait_rounds = 0;
+  whole.base.budget.max_tokens = 4096;
+  whole.base.step_model.per_step = 512;
+  whole.base.step_model.per_padded_token = 1;
+  whole.local_world_size = 8;
+  GlobalPlannerConfig part = whole;
+  part.partition_ranks = 64;
+  const RoundState st = Uniformish(256, 96, 16, 2048, 21, 8);
+  const RoundPlan a = GlobalPlanner(whole).Plan(st);
+  const RoundPlan b = GlobalPlanner(part).Plan(st);
+  REQUIRE(a.num_steps == 8);
+  REQUIRE(b.num_steps == a.num_steps);
+  const auto time_of = [&](const RoundPlan& p) {
+    double t = 0;
+    for (uint32_t k = 0; k < p.num_steps; ++k) {
+      double mx = 0;
+      for (const auto& rp : p.ranks) mx = std::max(mx, StepCost(whole.base, rp.steps[k]));
+      t += mx;
+    }
+    return t;
+  };
+  const auto samples_of = [](const RoundPlan& p) {
+    size_t n = 0;
+    for (const auto& rp : p.ranks) {
+      for (const auto& s : rp.steps) n += s.samples.size();
+    }
+    return n;
+  };
+  // Per emitted sample (the two plans may emit a few samples more or less).
+  const double per_a = time_of(a) / static_cast<double>(samples_of(a));
+  const double per_b = time_of(b) / static_cast<double>(samples_of(b));
+  INFO("whole " << per_a << " partitioned " << per_b << " per sample");
+  REQUIRE(per_b <= 1.01 * per_a);
+  for (const auto& rp : b.ranks) {
+    for (const auto& s : rp.steps) REQUIRE(!s.idle);
+  }
+}
+
 TEST_CASE("name carries the balance knobs for the hello fingerprint", "[global]") {
   GlobalPlannerConfig a, b;
   b.locality = 0.5;
@@ -535,6 +685,9 @@ TEST_CASE("name carries the balance knobs for the hello fingerprint", "[global]"
   REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
   b = a;
   b.exact_assignment_max_world = 4096;
+  REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
+  b = a;
+  b.partition_ranks = 256;
   REQUIRE(GlobalPlanner(a).Name() != GlobalPlanner(b).Name());
   REQUIRE(GlobalPlanner(a).Name() == "global(locality=0,local_world_size=1)");  // default: unchanged
 }
