@@ -873,8 +873,8 @@ class OdbDataLoader:
         raise TypeError(
             "OdbDataLoader has no length before the epoch ran: the number of steps depends on the "
             "samples' lengths (token budget) and is agreed across ranks while the epoch runs. For an LR "
-            "schedule, count samples or tokens (len(loader.indices()), Step.real_tokens), or use the "
-            "previous epoch's loader.last_summary['steps'].")
+            "schedule: loader.optimizer_steps_per_epoch() (an estimate before the first epoch, then the count "
+            "of the epoch seen), or odb.lr_by_tokens(loader, total_tokens) (by loss tokens trained).")
 
     def __bool__(self) -> bool:  # truthiness must not go through __len__
         return True
