@@ -81,7 +81,8 @@ def _job(rank: int, world: int, run_dir: str, epochs: int, state: Optional[dict]
                 kill_rank()
         per_epoch.append({"epoch": epoch, "steps_per_epoch": loader.optimizer_steps_per_epoch()
                           if not loader.budget_reached else None,
-                          "tokens_per_epoch": list(loader.loss_tokens_per_epoch())})
+                          "tokens_per_epoch": list(loader.loss_tokens_per_epoch()),
+                          "budget_reached": loader.budget_reached})
     return {"estimate": estimate, "estimated_tokens": list(estimated_tokens), "steps": steps,
             "per_epoch": per_epoch, "job_loss_tokens": loader.job_loss_tokens,
             "job_optimizer_steps": loader.job_optimizer_steps, "budget_reached": loader.budget_reached}
@@ -199,4 +200,5 @@ def test_sample_budget_trains_exactly_that_many_across_a_kill(tmp_path, job_id) 
     order.set_epoch(1)
     assert epoch1 == sorted(order._global_order()[:budget - N].tolist()), "the epoch order's first samples"
     assert a["budget_reached"] and b["budget_reached"]
+    assert a["per_epoch"][0]["epoch"] == 1 and a["per_epoch"][0]["budget_reached"], "said once the cut epoch ended"
     assert {s["epoch"] for r in (a, b) for s in r["steps"]} == {1}

@@ -533,7 +533,7 @@ class OdbDataLoader:
         self._epoch_window_tokens = 0
         self._epoch_counted: Optional[int] = None  # the epoch the _epoch_* counters are of
         self._epoch_from_start = False  # those counters cover the epoch since its first step
-        # The last epoch seen to its end from its start: {"epoch", "optimizer_steps", "loss_tokens", "deterministic"}.
+        # The last epoch seen to its end from its start: {"epoch", "optimizer_steps", "loss_tokens"}.
         self._completed_epoch: Optional[Dict[str, Any]] = None
         # Window index of the uninterrupted run minus the daemon's, for a resumed epoch (new daemons count
         # their windows from 0): set at the first step after a resume.
@@ -632,7 +632,10 @@ class OdbDataLoader:
         if self.stop_at_loss_tokens is not None and self.job_loss_tokens >= self.stop_at_loss_tokens:
             return True
         limit = self._epoch_sample_limit(self.epoch)
-        return limit is not None and limit == 0
+        if limit is None:
+            return False
+        ended = self.last_summary is not None and self.last_summary.get("epoch") == self.epoch
+        return limit == 0 or (ended and limit < self.samples_per_epoch())  # the cut epoch has ended
 
     def _probe_loss_tokens_per_sample(self, probe: int) -> float:
         """Mean loss tokens per sample of `probe` samples of the dataset, drawn with a fixed seed (the same
