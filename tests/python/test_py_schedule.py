@@ -202,3 +202,49 @@ def test_sample_budget_trains_exactly_that_many_across_a_kill(tmp_path, job_id) 
     assert a["budget_reached"] and b["budget_reached"]
     assert a["per_epoch"][0]["epoch"] == 1 and a["per_epoch"][0]["budget_reached"], "said once the cut epoch ended"
     assert {s["epoch"] for r in (a, b) for s in r["steps"]} == {1}
+
+
+def _join_job(rank: int, world: int, run_dir: str) -> dict:
+    """Two epochs under the join policy: a rank that is done leaves the loop early and its remaining
+    (IDLE) steps are drained in the background; their windows must still count."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(tiny_lm.TinyCausalLM(vocab=64, d_model=16, layers=1, heads=2, max_len=128))
+    # Uneven shares (rank 0 gets the long samples): rank 1 is done first and joins.
+    ids = list(range(N))
+    mine = [i for i in ids if (i < N // 3) == (rank == 0)]
+    loader = odb.OdbDataLoader(_corpus(), sampler=mine, num_workers=1, timeout_s=90, idle_policy="join",
+                               tokens_per_optimizer_step=TARGET)
+    out = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        yielded = 0
+        with ddp.join():
+            for step in loader:
+                with odb.window_sync(ddp, step):
+                    b = step.batch
+                    logits = ddp(b["input_ids"], b["attention_mask"])
+                    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), b["labels"].reshape(-1).long(),
+                                                           ignore_index=-100, reduction="sum")
+                    odb.window_loss(ce, step).backward()
+                yielded += 1
+        loader.wait_epoch_end()
+        out.append({"yielded": yielded, "dropped": loader.dropped_trailing_idle,
+                    "job_loss_tokens": loader.job_loss_tokens, "job_optimizer_steps": loader.job_optimizer_steps})
+    out.append({"steps_per_epoch": loader.optimizer_steps_per_epoch(), "tokens": list(loader.loss_tokens_per_epoch())})
+    return out
+
+
+def test_join_policy_counts_the_drained_windows_on_every_rank(tmp_path, job_id) -> None:
+    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 32}, alignment={"planner": "local"},
+                                   optimizer={"tokens_per_step": TARGET})
+    daemons = start_daemons(tmp_path, 2, job_id, config)
+    try:
+        a, b = run_ranks(_join_job, 2, tmp_path, timeout=240)
+    finally:
+        stop_all(daemons)
+    assert any(r["dropped"] for r in a[:2] + b[:2]), "no rank left its loop early: the test shows nothing"
+    for ea, eb in zip(a[:2], b[:2]):
+        assert (ea["job_loss_tokens"], ea["job_optimizer_steps"]) == (eb["job_loss_tokens"], eb["job_optimizer_steps"])
+    assert a[2] == b[2] and a[2]["tokens"] == [sum(tiny_lm.long_tail_lengths(N, seed=5, max_len=64)), True]
