@@ -7,7 +7,8 @@ daemons and 2 DDP ranks:
   rank, continued (not restarted) after a kill and a resume from the loader's state;
 * stop_at_loss_tokens: every rank stops after the same window, the one that reaches the budget, and a
   resumed job stops there too; stop_at_samples: exactly that many samples trained, across a kill;
-* the window index continues after a resume (new daemons count from 0)."""
+* the window index continues after a resume (new daemons count from 0);
+* under the join policy, the windows a joined rank drains in the background count too."""
 from __future__ import annotations
 
 import json
