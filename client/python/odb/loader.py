@@ -163,6 +163,7 @@ class Progress:
         self.start = time.monotonic()
         self.last = 0.0
         self.samples = self.steps = self.idle = self.real = self.padded = 0
+        self.wait_s = 0.0  # the trainer's time in next(loader): waiting on data
         self.bar: Any = None
         try:
             from tqdm import tqdm  # type: ignore[import-not-found]
@@ -172,8 +173,9 @@ class Progress:
         except ImportError:
             pass
 
-    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool) -> None:
+    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool, wait_s: float = 0.0) -> None:
         self.steps += 1
+        self.wait_s += wait_s
         self.idle += int(idle)
         self.samples += samples
         self.real += real_tokens
@@ -194,7 +196,8 @@ class Progress:
         eta = f"{left / rate:.0f}s" if rate > 0 else "?"
         padding = 100.0 * (1 - self.real / self.padded) if self.padded else 0.0
         body = (f"steps {self.steps} (idle {self.idle}), {self.real / elapsed:.0f} real tok/s, "
-                f"padding {padding:.1f}%")
+                f"padding {padding:.1f}%, data wait {100.0 * min(self.wait_s / elapsed, 1.0):.0f}% "
+                f"({self.wait_s:.1f}s)")
         if short:
             return body
         return (f"[odb rank {self.rank} epoch {self.epoch}] samples {self.samples}/{self.total}, {body}, "
@@ -508,6 +511,7 @@ class OdbDataLoader:
         self._consumer: Any = None
         self.last_summary: Optional[Dict[str, Any]] = None
         self.samples_sent = 0
+        self.data_wait_s = 0.0  # this epoch's time the trainer spent in next(loader) waiting for steps
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
         # Resume (docs/resume.md): sample ids of the current epoch's steps
@@ -976,6 +980,8 @@ class OdbDataLoader:
             return (self.idle_policy == "join" and steps_seen[0] > 0 and not samples_may_move[0]
                     and pump.finished() and accounted[0] >= pump.sent)
 
+        self.data_wait_s = 0.0
+        asked = time.monotonic()  # when the trainer asked for the next step (a data stall: it waits here)
         try:
             pump.start()
             while True:
@@ -991,9 +997,12 @@ class OdbDataLoader:
                     break
                 info = delivery.step
                 steps_seen[0] += 1
-                self._record(epoch, info)
+                waited = time.monotonic() - asked
+                self.data_wait_s += waited
+                self._record(epoch, info, waited)
                 if progress is not None:
-                    progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"])
+                    progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
+                                    waited)
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 self._check_window_target(info)
@@ -1019,6 +1028,7 @@ class OdbDataLoader:
                     remember(info)
                     window = self._count_step(info)
                     yield self._dummy_step(info, indices, window)
+                    asked = time.monotonic()
                     continue
                 accounted[0] += len(info["sample_ids"])
                 self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
@@ -1032,6 +1042,7 @@ class OdbDataLoader:
                     delivery = None
                 window = self._count_step(info)
                 yield Step.from_header(info, batch, _delivery=delivery, window=window)
+                asked = time.monotonic()
             pump.join(timeout=self.timeout_s)
             pump.raise_if_failed()
         finally:
@@ -1049,8 +1060,9 @@ class OdbDataLoader:
             f"{{tokens_per_step: {want}}} on every rank (odb.spawn_daemon(config={{'optimizer': "
             f"{{'tokens_per_step': {want}}}}}))")
 
-    def _record(self, epoch: int, info: Any) -> None:
-        """One step record for odb.report (summary_dir set)."""
+    def _record(self, epoch: int, info: Any, wait_s: Optional[float] = None) -> None:
+        """One step record for odb.report (summary_dir set); wait_ms: the trainer's wait in next(loader)
+        for this step (absent for the steps a joined rank drains)."""
         if self.summary_dir is None:
             return
         import json
@@ -1059,6 +1071,8 @@ class OdbDataLoader:
         record = {"epoch": epoch, "rank": self.rank, "step": int(info["step_index"]), "idle": bool(info["idle"]),
                   "real": int(info["real_tokens"]), "padded": int(info["padded_tokens"]),
                   "lengths": [int(n) for n in info["lengths"]]}
+        if wait_s is not None:
+            record["wait_ms"] = round(wait_s * 1000.0, 3)
         with open(os.path.join(self.summary_dir, f"rank{self.rank}-epoch{epoch}.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
 
