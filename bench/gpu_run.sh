@@ -25,6 +25,8 @@
 #   ODB_GPU_RUN_DEVICE  cuda (default) or cpu: cpu runs the same steps with a small model, to
 #                       test this script on a machine without a GPU (with small SAMPLES)
 #   SAMPLES             demo samples (default 6000 on cuda, 200 on cpu)
+#   GLOBAL_BATCH, LOSS_GLOBAL_BATCH  samples per optimizer step of the demo's / loss benchmark's
+#                       common recipe (default 32 on cuda, 16 on cpu; 0: the old comparison)
 #   ODB_GPU_BENCHES     which benchmarks, space-separated (default: all in BENCHES); none: build
 #                       and smoke-test only (no torch needed)
 #   ODB_GPU_DEADLINE_S  the whole run's time budget in seconds (default 420): each benchmark's
@@ -61,13 +63,18 @@ if [ "$DEVICE" = cuda ]; then
   LOSS_SAMPLES=${LOSS_SAMPLES:-3000}; LOSS_MAX_LEN=${LOSS_MAX_LEN:-512}; LOSS_MAX_TOKENS=${LOSS_MAX_TOKENS:-2048}
   LOSS_D_MODEL=${LOSS_D_MODEL:-256}; LOSS_LAYERS=${LOSS_LAYERS:-4}; LOSS_LRS=${LOSS_LRS:-1e-3,3e-3,1e-2}
   LOSS_EVAL_TOKENS=${LOSS_EVAL_TOKENS:-50000}
+  GLOBAL_BATCH=${GLOBAL_BATCH:-32}; LOSS_GLOBAL_BATCH=${LOSS_GLOBAL_BATCH:-32}
 else
   SAMPLES=${SAMPLES:-200}; MAX_LEN=${MAX_LEN:-128}; MAX_TOKENS=${MAX_TOKENS:-512}
   D_MODEL=${D_MODEL:-32}; LAYERS=${LAYERS:-1}; VOCAB=${VOCAB:-256}; WORKERS=${WORKERS:-1}
   LOSS_SAMPLES=${LOSS_SAMPLES:-200}; LOSS_MAX_LEN=${LOSS_MAX_LEN:-128}; LOSS_MAX_TOKENS=${LOSS_MAX_TOKENS:-512}
   LOSS_D_MODEL=${LOSS_D_MODEL:-32}; LOSS_LAYERS=${LOSS_LAYERS:-1}; LOSS_LRS=${LOSS_LRS:-3e-3,3e-2}
   LOSS_EVAL_TOKENS=${LOSS_EVAL_TOKENS:-5000}
+  GLOBAL_BATCH=${GLOBAL_BATCH:-16}; LOSS_GLOBAL_BATCH=${LOSS_GLOBAL_BATCH:-16}
 fi
+# Both benchmarks compare the same recipe (issue 20): Standard accumulates to GLOBAL_BATCH samples
+# per optimizer step, odb runs windows of the same expected loss tokens; 0 gives the old comparison
+# (each method's budget sets its optimizer batch).
 export DIR_OUT  # where BENCH_loss copies its PNG
 
 # --- The benchmarks ------------------------------------------------------------------------------
@@ -82,10 +89,11 @@ export DIR_OUT  # where BENCH_loss copies its PNG
 define_benches() {
   BENCH_demo=("$PY" examples/train_demo.py --device "$DEVICE" --world-size 2 --samples "$SAMPLES"
               --max-len "$MAX_LEN" --max-tokens "$MAX_TOKENS" --d-model "$D_MODEL" --layers "$LAYERS"
-              --vocab "$VOCAB" --workers "$WORKERS" --json)
+              --vocab "$VOCAB" --workers "$WORKERS" --global-batch "$GLOBAL_BATCH" --json)
   TIMEOUT_demo=${TIMEOUT_DEMO:-170}
-  # Held-out loss against time and tokens, Standard and odb each at its best LR of the grid
-  # (bench/loss_at_time.py): its PNG comes back as gpu_loss.png, its JSON on stdout. No budget
+  # Held-out loss against time and tokens at the same recipe, Standard and odb each at its best LR
+  # of the grid and both at Standard's (bench/loss_at_time.py; its summary has odb's time-to-target
+  # speed-up over its tokens/s ratio): its PNG comes back as gpu_loss.png, its JSON on stdout. No budget
   # grid by default (the 10-minute limit); LOSS_STANDARD_BUDGETS / LOSS_ODB_BUDGETS (comma-separated
   # max_tokens, odb's at least LOSS_MAX_LEN) and LOSS_BUDGET_LRS add one.
   local loss_dir=$WORK/loss
@@ -93,7 +101,7 @@ define_benches() {
               cp "$out/loss_at_time.png" "$DIR_OUT/gpu_loss.png"; cat "$out/loss_at_time.json"' "$PY" "$loss_dir" --device "$DEVICE" --samples "$LOSS_SAMPLES"
               --epochs 2 --max-len "$LOSS_MAX_LEN" --max-tokens "$LOSS_MAX_TOKENS" --d-model "$LOSS_D_MODEL"
               --layers "$LOSS_LAYERS" --vocab 256 --workers "$WORKERS" --lrs "$LOSS_LRS"
-              --eval-every-tokens "$LOSS_EVAL_TOKENS" --timeout 120
+              --eval-every-tokens "$LOSS_EVAL_TOKENS" --timeout 120 --global-batch "$LOSS_GLOBAL_BATCH"
               --standard-budgets "${LOSS_STANDARD_BUDGETS:-}" --odb-budgets "${LOSS_ODB_BUDGETS:-}"
               --budget-lrs "${LOSS_BUDGET_LRS:-$LOSS_LRS}")
   TIMEOUT_loss=${TIMEOUT_LOSS:-260}

@@ -42,6 +42,7 @@ import signal
 import sys
 import tempfile
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -303,6 +304,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     # odb windows of the same expected loss tokens (G x the mean training sample's tokens).
     window_tokens = (round(args.global_batch * sum(lengths[i] for i in train_ids) / len(train_ids))
                      if args.global_batch else 0)
+    job_tokens = sum(lengths[i] for i in train_ids) * args.epochs  # every token is a loss token here
     daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
                               config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
                                                            alignment={"planner": args.planner,
@@ -321,13 +323,27 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                 model, device_ids=[device.index] if device.type == "cuda" else None)
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
             warmup = max(1, args.warmup_steps)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / warmup))
             checkpoint = torch.load(args.resume) if (args.resume and run == "odb") else None
             if checkpoint is not None:
                 model.load_state_dict(checkpoint["model"])  # (saved from the same device kind)
                 opt.load_state_dict(checkpoint["opt"])
-                if "sched" in checkpoint:
+
+            def make_sched(progress):
+                """The same schedule for both methods. "warmup": linear over --warmup-steps optimizer steps,
+                then constant. "cosine": by loss tokens trained (odb.lr_by_tokens for both: `progress` is the
+                odb loader, or Standard's own counter of the same figure), a warmup of --warmup-steps
+                optimizer batches of tokens, then a cosine to 0.1 x at the end of the job's tokens."""
+                if args.schedule == "cosine":
+                    unit = window_tokens or args.max_tokens * world
+                    fn = odb.lr_by_tokens(progress, job_tokens, warmup_tokens=min(job_tokens, warmup * unit),
+                                          decay="cosine", final_ratio=0.1)
+                else:
+                    def fn(k):
+                        return min(1.0, (k + 1) / warmup)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, fn)
+                if checkpoint is not None and "sched" in checkpoint:
                     sched.load_state_dict(checkpoint["sched"])
+                return sched
             epochs = list(range(args.epochs))
             if run == "standard":
                 batch = max(1, args.max_tokens // args.max_len)
@@ -338,6 +354,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
 
                 # Micro-batches per optimizer step and rank: G samples over W ranks of `batch` each.
                 accumulate = max(1, round(args.global_batch / (batch * world))) if args.global_batch else 0
+                progress = types.SimpleNamespace(job_loss_tokens=0)  # loss tokens of the optimizer steps so far
+                sched = make_sched(progress)
 
                 def accumulated(epoch):
                     """Standard with gradient accumulation: groups of `accumulate` micro-batches, the loss
@@ -359,6 +377,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                         for k, (ids, b) in enumerate(group):
                             real = int(b["attention_mask"].sum())
                             last = k + 1 == len(group)
+                            if last:  # counted when the closing micro-step is handed out, as odb's loader does
+                                progress.job_loss_tokens += int(total)
                             yield {"batch": b, "idle": False, "real": real, "global_real": int(tokens[k].item()),
                                    "padded": b["input_ids"].numel(), "samples": b["input_ids"].shape[0], "ids": ids,
                                    "loss_fn": lambda ce, total=total: ce * (world / total),
@@ -376,6 +396,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                         # mean cross-entropy over the step's real tokens.
                         tokens = torch.tensor([real], dtype=torch.float64)
                         dist.all_reduce(tokens)
+                        progress.job_loss_tokens += int(tokens.item())
                         yield {"batch": b, "idle": False, "real": real, "global_real": int(tokens.item()),
                                "padded": b["input_ids"].numel(),
                                "samples": b["input_ids"].shape[0], "ids": ids,
@@ -386,7 +407,9 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                             num_workers=args.workers, idle_policy="zero_step", timeout_s=120)
                 start_step = 0
                 if checkpoint is not None:
-                    oloader.load_state_dict(checkpoint["loader"])  # skips what was trained before
+                    oloader.load_state_dict(checkpoint["loader"])  # skips what was trained before (and counts it)
+                sched = make_sched(oloader)
+                if checkpoint is not None:
                     start_step = checkpoint["step"]
                     epochs = list(range(oloader.epoch, args.epochs))
                     log(rank, args.quiet, f"[odb] resumed from {args.resume} at step {start_step}")
@@ -440,7 +463,10 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--planner", choices=("local", "global"), default="global",
                    help="odbd alignment.planner: global balances work across ranks (moves samples)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed (data draw, split, order, initialisation)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run the job for N seeds (--seed, --seed+1, ...): the summary gives each method's held-out "
+                        "loss and training clock as mean +- half the range over the seeds")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: model on the GPU(s), batches copied from pinned memory with non_blocking, "
                         "timings synchronised (bench/gpu_run.sh)")
@@ -457,6 +483,10 @@ def main() -> int:
                         "(optimizer.tokens_per_step); 0: one optimizer step per step (the budget sets the batch)")
     p.add_argument("--warmup-steps", type=int, default=10,
                    help="linear LR warmup over this many optimizer steps, then constant")
+    p.add_argument("--schedule", choices=("warmup", "cosine"), default="warmup",
+                   help="the LR schedule of both methods: warmup (then constant, by optimizer steps) or cosine "
+                        "(by loss tokens trained, odb.lr_by_tokens: a warmup of --warmup-steps optimizer batches, "
+                        "then a cosine to 0.1 x the LR at the end of the job)")
     p.add_argument("--heldout", type=int, default=200,
                    help="held-out samples (same distribution, never trained), on top of --samples")
     p.add_argument("--eval-every", type=int, default=50, metavar="N",
@@ -482,6 +512,41 @@ def main() -> int:
             args.methods):
         p.error(f"--methods: a comma-separated subset of standard,odb, got {args.methods!r}")
     args.methods = tuple(m for m in ("standard", "odb") if m in args.methods)  # always Standard first
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds > 1 and (args.resume or args.kill_at_step or args.checkpoint_every):
+        p.error("--seeds > 1 does not combine with --resume / --kill-at-step / --checkpoint-every (one job each)")
+    first_seed = args.seed
+    per_seed = []
+    for k in range(args.seeds):  # each seed: its own data draw, split, order and initialisation; fresh daemons
+        args.seed = first_seed + k
+        r = run_job(args)
+        if r is None:
+            return 0
+        per_seed.append((args.seed, r))
+        if args.seeds > 1:
+            log(0, args.quiet, f"[demo] seed {args.seed} done ({k + 1}/{args.seeds})")
+    args.seed = first_seed
+    r = per_seed[0][1]
+    if args.resume:
+        o = r["odb"]
+        state = torch.load(args.resume)["loader"]
+        consumed = state["consumed"]
+        # samples of the epochs before the checkpoint's, plus what its epoch had consumed
+        before = (state["epoch"] + (1 if state["epoch_complete"] else 0)) * args.samples + (
+            0 if state["epoch_complete"] else consumed["cursor"] + len(consumed["extra"]))
+        print(f"\n== odb resumed from {args.resume}: {before} samples trained before the checkpoint + "
+              f"{o['samples']} after the resume = {before + o['samples']} of {args.samples * args.epochs} "
+              f"(in {o['steps']} steps, {o['idle_steps']} idle, {o['real_tokens_per_s']:.0f} real tok/s)")
+        if args.json:
+            print(json.dumps({"resumed": o}, indent=1))
+        return 0
+    return report(args, per_seed)
+
+
+def run_job(args):
+    """One seed's job (both methods, 2 ranks, fresh daemons): the rank-0 result dict, or None when the job
+    was killed on purpose (--kill-at-step: the resume command is printed)."""
     run_dir = tempfile.mkdtemp(prefix="odbdemo-")
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
@@ -500,26 +565,23 @@ def main() -> int:
                 keep.append(a)
         print(f"\n== the job was killed at step {args.kill_at_step} (simulated preemption). Resume with:\n"
               f"   /usr/bin/python3 examples/train_demo.py {' '.join(keep)} --resume {args.checkpoint}")
-        return 0
-    r = json.loads(Path(out).read_text())
-    if args.resume:
-        o = r["odb"]
-        state = torch.load(args.resume)["loader"]
-        consumed = state["consumed"]
-        # samples of the epochs before the checkpoint's, plus what its epoch had consumed
-        before = (state["epoch"] + (1 if state["epoch_complete"] else 0)) * args.samples + (
-            0 if state["epoch_complete"] else consumed["cursor"] + len(consumed["extra"]))
-        print(f"\n== odb resumed from {args.resume}: {before} samples trained before the checkpoint + "
-              f"{o['samples']} after the resume = {before + o['samples']} of {args.samples * args.epochs} "
-              f"(in {o['steps']} steps, {o['idle_steps']} idle, {o['real_tokens_per_s']:.0f} real tok/s)")
-        if args.json:
-            print(json.dumps({"resumed": o}, indent=1))
-        return 0
+        return None
+    return json.loads(Path(out).read_text())
+
+
+def spread(values):
+    """(mean, half the min-max range) of a list of numbers."""
+    return sum(values) / len(values), (max(values) - min(values)) / 2
+
+
+def report(args, per_seed) -> int:
+    """Prints the table (or --json) of the first seed and, over all seeds, the held-out loss and clock."""
+    r = per_seed[0][1]
     s, o = r.get("standard"), r.get("odb")
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
-        "global_batch": args.global_batch,
+        "global_batch": args.global_batch, "schedule": args.schedule, "seeds": [seed for seed, _ in per_seed],
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
         "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model, "layers": args.layers, "vocab": args.vocab,
         "methods": list(args.methods),
@@ -530,6 +592,13 @@ def main() -> int:
         summary["ratio_samples_per_s"] = o["samples_per_s"] / s["samples_per_s"]
     if args.record_ids:
         summary["heldout_ids"] = r["heldout_ids"]
+    if len(per_seed) > 1:  # every seed's figures, and their mean and spread
+        summary["per_seed"] = [{"seed": seed, **{m: {k: x[m][k] for k in (
+            "final_heldout_loss", "seconds", "wall_seconds", "real_tokens_per_s", "optimizer_steps", "steps")}
+            for m in args.methods}} for seed, x in per_seed]
+        summary["over_seeds"] = {m: {key: dict(zip(("mean", "spread"), spread([x[m][key] for _, x in per_seed])))
+                                     for key in ("final_heldout_loss", "seconds", "real_tokens_per_s")}
+                                 for m in args.methods}
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
@@ -542,18 +611,34 @@ def main() -> int:
               f"odb: windows of the same expected loss tokens)")
     print(f"{'':10s}{'steps':>7s}{'opt':>6s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}"
           f"{'seconds':>9s}{'held-out loss':>15s}")
-    for name, x in (("Standard", s), ("odb", o)):
-        if x is None:
-            continue
-        held = x["final_heldout_loss"]
-        print(f"{name:10s}{x['steps']:7d}{x['optimizer_steps']:6d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
-              f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
-              f"{held if held is not None else float('nan'):15.3f}")
+    for seed, run in per_seed:
+        for name, x in (("Standard", run.get("standard")), ("odb", run.get("odb"))):
+            if x is None:
+                continue
+            held = x["final_heldout_loss"]
+            label = name if len(per_seed) == 1 else f"{name} s{seed}"
+            print(f"{label:10s}{x['steps']:7d}{x['optimizer_steps']:6d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
+                  f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
+                  f"{held if held is not None else float('nan'):15.3f}")
+    if len(per_seed) > 1:
+        over = summary["over_seeds"]
+        for name, m in (("Standard", "standard"), ("odb", "odb")):
+            if m in over:
+                h, c = over[m]["final_heldout_loss"], over[m]["seconds"]
+                print(f"{name} over seeds {summary['seeds']}: held-out loss {h['mean']:.3f} +- {h['spread']:.3f}, "
+                      f"training clock {c['mean']:.1f} +- {c['spread']:.1f} s")
     print("(seconds: the training clock, evaluation excluded; held-out loss: token-level mean cross-entropy "
           "after training; loss at equal time: bench/loss_at_time.py)")
-    if "ratio_real_tokens_per_s" in summary:
-        print(f"odb / Standard: real tokens/s x{summary['ratio_real_tokens_per_s']:.2f}, "
-              f"samples/s x{summary['ratio_samples_per_s']:.2f}")
+    if s is not None and o is not None:
+        # Over every seed: the held-out loss gap, and Standard's clock over odb's against the tokens/s ratio.
+        held_s = [x["standard"]["final_heldout_loss"] for _, x in per_seed]
+        held_o = [x["odb"]["final_heldout_loss"] for _, x in per_seed]
+        clock = sum(x["standard"]["seconds"] for _, x in per_seed) / sum(x["odb"]["seconds"] for _, x in per_seed)
+        rate = (sum(x["odb"]["real_tokens_per_s"] for _, x in per_seed) /
+                sum(x["standard"]["real_tokens_per_s"] for _, x in per_seed))
+        gap = (sum(held_o) / len(held_o)) / (sum(held_s) / len(held_s)) - 1
+        print(f"odb / Standard: real tokens/s x{rate:.2f}, training clock Standard/odb x{clock:.2f}, "
+              f"held-out loss {gap * 100:+.1f}% (seed spread of Standard: +-{spread(held_s)[1]:.3f})")
     return 0
 
 

@@ -234,3 +234,38 @@ def test_demo_methods_option() -> None:
     summary = json.loads(out)
     assert summary["methods"] == ["odb"] and "standard" not in summary and "ratio_real_tokens_per_s" not in summary
     assert summary["odb"]["samples"] == 24 and len(summary["odb"]["curve"]) == 2
+
+
+def test_equal_recipe_figures() -> None:
+    """odb's share of its tokens/s ratio kept in time to target, and the figures at Standard's best LR."""
+    import loss_at_time
+
+    # Standard best at 1e-2 (reaches 2.2 at 100 s); odb best at 3e-2 (at 40 s); odb at 1e-2 at 50 s.
+    runs = {"1e-2": {"standard": _run(2.0, 100.0, 100, 10000, 100.0), "odb": _run(2.0, 250.0, 100, 10000, 50.0)},
+            "3e-2": {"standard": _run(3.0, 100.0, 100, 10000, 100.0), "odb": _run(1.5, 250.0, 100, 10000, 40.0)}}
+    a = loss_at_time.analyse(runs, margin=0.0)
+    assert a["best_lr"] == {"standard": 1e-2, "odb": 3e-2} and a["target"] == pytest.approx(2.0)
+    assert a["time_to_target_speedup"] == pytest.approx(100.0 / (40.0 * 3.0 / 3.5))  # odb crosses 2.0 early
+    assert a["speedup_over_rate_ratio"] == pytest.approx(a["time_to_target_speedup"] / 2.5)
+    same = a["same_lr"]
+    assert same["lr"] == 1e-2 and same["seconds_to_target"] == {"standard": 100.0, "odb": 50.0}
+    assert same["speedup"] == pytest.approx(2.0) and same["ratio_real_tokens_per_s"] == pytest.approx(2.5)
+
+
+def test_demo_seeds_and_token_schedule() -> None:
+    """--seeds 2: each seed a job of its own, the summary's mean and spread are of those (run with the
+    same recipe and the token-driven cosine schedule, odb.lr_by_tokens, for both methods)."""
+    cmd = [sys.executable, str(ROOT / "examples/train_demo.py"), "--json", "--quiet", "--samples", "48",
+           "--heldout", "8", "--seeds", "2", "--global-batch", "8", "--schedule", "cosine", "--eval-every", "0",
+           "--max-len", "48", "--max-tokens", "192", "--d-model", "16", "--layers", "1", "--vocab", "64",
+           "--warmup-steps", "1", "--workers", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["seeds"] == [0, 1] and [r["seed"] for r in out["per_seed"]] == [0, 1]
+    for m in ("standard", "odb"):
+        losses = [r[m]["final_heldout_loss"] for r in out["per_seed"]]
+        mean, half = out["over_seeds"][m]["final_heldout_loss"]["mean"], out["over_seeds"][m]["final_heldout_loss"]["spread"]
+        assert mean == pytest.approx(sum(losses) / 2) and half == pytest.approx(abs(losses[0] - losses[1]) / 2)
+        assert out[m]["final_heldout_loss"] == losses[0]  # the table's figures are the first seed's

@@ -38,8 +38,9 @@ _LAZY: Dict[str, str] = {
     "IDLE_POLICIES": "loader", "OdbDataLoader": "loader", "OdbWorkerError": "loader", "Step": "loader",
     "encode_sample": "loader", "weighted_cross_entropy": "loss", "weighted_loss": "loss",
     "report": "epoch_report", "window_loss": "loss", "window_sync": "loss",
+    "lr_by_tokens": "schedule",
 }
-_LAZY_MODULES = ("loader", "loss", "phases", "top", "cli")
+_LAZY_MODULES = ("loader", "loss", "phases", "top", "cli", "schedule")
 
 
 def __getattr__(name: str) -> Any:
@@ -68,4 +69,5 @@ __all__ = [
     "Consumer", "DaemonProcess", "Delivery", "Endpoints", "IDLE_POLICIES", "OdbDataLoader", "OdbError", "OdbTimeout",
     "OdbWorkerError", "Producer", "Rejection", "Step", "StepInfo", "check_reachable", "encode_sample", "endpoints",
     "find_odbd", "spawn_daemon", "weighted_cross_entropy", "weighted_loss", "window_loss", "window_sync",
+    "lr_by_tokens",
 ]

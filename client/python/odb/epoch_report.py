@@ -5,7 +5,9 @@ writes with ``summary_dir=...`` (one JSON line per step and rank).
 
 Plots, per epoch: the per-step cost of the ranks (padded tokens: the most
 loaded rank against the mean — the time every rank waits for), padding per
-step, IDLE steps per rank, and the histogram of sample lengths. Needs
+step, IDLE steps per rank, and the histogram of sample lengths; the title
+names the rank whose trainer waited longest on data (``wait_ms``: its time in
+next(loader), a data stall). Needs
 matplotlib (Debian: python3-matplotlib), not torch.
 """
 from __future__ import annotations
@@ -25,6 +27,15 @@ def load_records(summary_dir: Union[str, Path]) -> Dict[int, List[dict]]:
                 record = json.loads(line)
                 by_epoch[int(record["epoch"])].append(record)
     return dict(by_epoch)
+
+
+def data_wait_by_rank(steps: List[dict]) -> Dict[int, float]:
+    """Seconds each rank's trainer spent in next(loader) waiting for steps (records without
+    ``wait_ms``, such as the steps a joined rank drains, count 0)."""
+    waits: Dict[int, float] = defaultdict(float)
+    for r in steps:
+        waits[int(r["rank"])] += float(r.get("wait_ms", 0.0)) / 1000.0
+    return dict(waits)
 
 
 def report(summary_dir: Union[str, Path], out_dir: Union[str, Path, None] = None) -> List[Path]:
@@ -72,7 +83,10 @@ def report(summary_dir: Union[str, Path], out_dir: Union[str, Path, None] = None
         ax[1][0].set(title="IDLE steps per rank", xlabel="rank")
         ax[1][1].hist(lengths, bins=40)
         ax[1][1].set(title=f"sample lengths ({len(lengths)} samples)", xlabel="tokens")
-        fig.suptitle(f"odb epoch {epoch}: {len(order)} steps, {len(ranks)} rank(s)")
+        waits = data_wait_by_rank(steps)
+        stalled = max(waits, key=lambda k: waits[k]) if waits else None
+        stall = f"; longest data wait: rank {stalled} ({waits[stalled]:.1f} s)" if stalled is not None else ""
+        fig.suptitle(f"odb epoch {epoch}: {len(order)} steps, {len(ranks)} rank(s){stall}")
         fig.tight_layout()
         path = out / f"odb-epoch{epoch}.png"
         fig.savefig(path, dpi=80)

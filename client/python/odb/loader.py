@@ -41,7 +41,7 @@ DATA_PLANES = ("auto", "shm", "zmq")
 # The loader's checkpoint state (docs/resume.md). Bump on any change that an
 # older reader would misread; load_state_dict refuses other versions.
 STATE_FORMAT = "odb.OdbDataLoader"
-STATE_VERSION = 2  # 2 adds "replay" (alignment.deterministic); version 1 states still load
+STATE_VERSION = 3  # 2 adds "replay" (alignment.deterministic), 3 "job" (budgets, schedules); 1 and 2 still load
 
 
 def compress_ints(values: Any) -> Dict[str, Any]:
@@ -163,6 +163,7 @@ class Progress:
         self.start = time.monotonic()
         self.last = 0.0
         self.samples = self.steps = self.idle = self.real = self.padded = 0
+        self.wait_s = 0.0  # the trainer's time in next(loader): waiting on data
         self.bar: Any = None
         try:
             from tqdm import tqdm  # type: ignore[import-not-found]
@@ -172,8 +173,9 @@ class Progress:
         except ImportError:
             pass
 
-    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool) -> None:
+    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool, wait_s: float = 0.0) -> None:
         self.steps += 1
+        self.wait_s += wait_s
         self.idle += int(idle)
         self.samples += samples
         self.real += real_tokens
@@ -194,7 +196,8 @@ class Progress:
         eta = f"{left / rate:.0f}s" if rate > 0 else "?"
         padding = 100.0 * (1 - self.real / self.padded) if self.padded else 0.0
         body = (f"steps {self.steps} (idle {self.idle}), {self.real / elapsed:.0f} real tok/s, "
-                f"padding {padding:.1f}%")
+                f"padding {padding:.1f}%, data wait {100.0 * min(self.wait_s / elapsed, 1.0):.0f}% "
+                f"({self.wait_s:.1f}s)")
         if short:
             return body
         return (f"[odb rank {self.rank} epoch {self.epoch}] samples {self.samples}/{self.total}, {body}, "
@@ -427,6 +430,20 @@ class OdbDataLoader:
       progress: a progress line per epoch (samples, steps, idle, tokens/s,
         padding, ETA by samples; tqdm when installed). Default: on when
         stderr is a terminal, off otherwise (batch jobs, CI).
+      tokens_per_optimizer_step: the optimizer batch in loss tokens over all
+        ranks (accumulation windows); the daemon must run the same
+        ``optimizer.tokens_per_step``. None: whatever the daemon runs.
+      stop_at_samples: a job-level budget: training ends once this many
+        samples (all ranks, counted over the epochs from epoch 0) are trained:
+        the epoch that reaches it sends only its first samples of the epoch's
+        order (so exactly that many are trained; its last window may be short)
+        and later epochs are empty on every rank (``budget_reached``).
+      stop_at_loss_tokens: a job-level budget in loss tokens (all ranks): the
+        iteration ends on every rank after the optimizer step (window) that
+        reaches it, the same step everywhere (the count is a global figure),
+        so it ends at most one optimizer step past it; later epochs are empty.
+        Both budgets resume with the loader's state (docs/python.md,
+        "Schedules and budgets").
     """
 
     def __init__(self, dataset: Dataset, *, sampler: Optional[Sampler] = None, shuffle: bool = False,
@@ -441,7 +458,13 @@ class OdbDataLoader:
                  pin_memory: bool = False, progress: Optional[bool] = None,
                  summary_dir: Optional[str] = None, data_plane: str = "auto",
                  tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = -100) -> None:
+                 ignore_index: int = -100, stop_at_samples: Optional[int] = None,
+                 stop_at_loss_tokens: Optional[int] = None) -> None:
+        for name, value in (("stop_at_samples", stop_at_samples), ("stop_at_loss_tokens", stop_at_loss_tokens)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or int(value) < 1):
+                raise ValueError(f"{name} must be a positive int (a job-level budget over all ranks), got {value!r}")
+        self.stop_at_samples = None if stop_at_samples is None else int(stop_at_samples)
+        self.stop_at_loss_tokens = None if stop_at_loss_tokens is None else int(stop_at_loss_tokens)
         if tokens_per_optimizer_step is not None and int(tokens_per_optimizer_step) < 0:
             raise ValueError(f"tokens_per_optimizer_step must be >= 0, got {tokens_per_optimizer_step}")
         # The optimizer batch in loss tokens over all ranks: the daemons cut the steps into windows of it
@@ -488,6 +511,7 @@ class OdbDataLoader:
         self._consumer: Any = None
         self.last_summary: Optional[Dict[str, Any]] = None
         self.samples_sent = 0
+        self.data_wait_s = 0.0  # this epoch's time the trainer spent in next(loader) waiting for steps
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
         # Resume (docs/resume.md): sample ids of the current epoch's steps
@@ -504,6 +528,22 @@ class OdbDataLoader:
         self._position_cache: Optional[Tuple[int, np.ndarray]] = None  # (epoch, id -> position)
         self._resume_epoch: Optional[int] = None
         self._resume_keys: np.ndarray = np.zeros(0, dtype=np.int64)
+        # Job counters (schedules, budgets, optimizer_steps_per_epoch): optimizer steps (windows) closed and
+        # their loss tokens over all ranks, in the job and in the current epoch. They grow when a step that
+        # closes its window is handed out, from global header fields, so every rank counts the same.
+        self.job_optimizer_steps = 0
+        self.job_loss_tokens = 0
+        self._epoch_windows = 0
+        self._epoch_window_tokens = 0
+        self._epoch_counted: Optional[int] = None  # the epoch the _epoch_* counters are of
+        self._epoch_from_start = False  # those counters cover the epoch since its first step
+        # The last epoch seen to its end from its start: {"epoch", "optimizer_steps", "loss_tokens"}.
+        self._completed_epoch: Optional[Dict[str, Any]] = None
+        # Window index of the uninterrupted run minus the daemon's, for a resumed epoch (new daemons count
+        # their windows from 0): set at the first step after a resume.
+        self._window_offset: Optional[int] = 0
+        self._probe_cache: Optional[Tuple[Any, float]] = None
+        self._counters_resumed = False  # load_state_dict restored the current epoch's counters
 
     # ----- epoch and indices -------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -534,29 +574,145 @@ class OdbDataLoader:
         the uninterrupted run, less what the rounds before the checkpoint's
         round took)."""
         resuming = self._resume_epoch == self.epoch
+        limit = self._epoch_sample_limit(self.epoch)  # stop_at_samples: the epoch's first `limit` samples
         if self._replaying():
             assert self._replay is not None
             done = self._replay["before_round"]  # keys consumed in rounds before the replayed one
             if self.sampler is not None:
                 taken = set(done.tolist())
-                return [int(i) for i in self.sampler if int(i) not in taken]
+                return [int(i) for i in self._my_sampled(limit) if int(i) not in taken]
             order = self._global_order()
             positions = np.arange(order.size, dtype=np.int64)[self.rank::self.world_size]
+            if limit is not None:
+                positions = positions[positions < limit]
             gone = np.zeros(order.size, dtype=bool)
             gone[done[done < order.size]] = True
             return order[positions[~gone[positions]]].tolist()
         if self.sampler is not None:
-            mine = [int(i) for i in self.sampler]
+            mine = self._my_sampled(limit)
             if resuming:
                 consumed = set(self._resume_keys.tolist())
                 mine = [i for i in mine if i not in consumed]
             return mine
         order = self._global_order()
+        if limit is not None:
+            order = order[:limit]
         if resuming:
             keep = np.ones(order.size, dtype=bool)
             keep[self._resume_keys[self._resume_keys < order.size]] = False
             order = order[keep]
         return order[self.rank::self.world_size].tolist()
+
+    def _my_sampled(self, limit: Optional[int]) -> List[int]:
+        """This rank's sampler list; with a sample budget, its share of the epoch's first `limit` samples
+        (every rank's sampler is taken to give as many: DistributedSampler does)."""
+        mine = [int(i) for i in self.sampler]  # type: ignore[union-attr]
+        if limit is None:
+            return mine
+        return mine[:limit // self.world_size + (1 if self.rank < limit % self.world_size else 0)]
+
+    # ----- budgets and schedules (docs/python.md, "Schedules and budgets") ---------
+    def samples_per_epoch(self) -> int:
+        """The samples of one epoch over all ranks: len(dataset), or with a sampler its length x world size."""
+        if self.sampler is None:
+            return len(self.dataset)  # type: ignore[arg-type]
+        try:
+            n = len(self.sampler)  # type: ignore[arg-type]
+        except TypeError:
+            n = sum(1 for _ in self.sampler)
+        return int(n) * self.world_size
+
+    def _epoch_sample_limit(self, epoch: int) -> Optional[int]:
+        """stop_at_samples: how many of the epoch's samples (its order's first) the job still trains."""
+        if self.stop_at_samples is None:
+            return None
+        n = self.samples_per_epoch()
+        return int(min(n, max(0, self.stop_at_samples - epoch * n)))
+
+    @property
+    def budget_reached(self) -> bool:
+        """True once the job's budget (stop_at_samples / stop_at_loss_tokens) is trained: iterating yields
+        nothing, on every rank alike. Leave the epoch loop on it."""
+        if self.stop_at_loss_tokens is not None and self.job_loss_tokens >= self.stop_at_loss_tokens:
+            return True
+        limit = self._epoch_sample_limit(self.epoch)
+        if limit is None:
+            return False
+        ended = self.last_summary is not None and self.last_summary.get("epoch") == self.epoch
+        return limit == 0 or (ended and limit < self.samples_per_epoch())  # the cut epoch has ended
+
+    def _probe_loss_tokens_per_sample(self, probe: int) -> float:
+        """Mean loss tokens per sample of `probe` samples of the dataset, drawn with a fixed seed (the same
+        on every rank, so that every rank estimates alike); preprocessed here, once."""
+        key = (probe, len(self.dataset))  # type: ignore[arg-type]
+        if self._probe_cache is not None and self._probe_cache[0] == key:
+            return self._probe_cache[1]
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if n == 0:
+            raise ValueError("odb: the dataset is empty: no epoch to estimate")
+        picks = np.random.default_rng(0x0DB5).choice(n, size=min(probe, n), replace=False)
+        total = 0
+        for i in picks.tolist():
+            sample = self.dataset[int(i)]
+            loss = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
+            total += loss if loss is not None else encode_sample(sample, self.lengths_fn)[0][0]
+        mean = total / picks.size
+        self._probe_cache = (key, mean)
+        return mean
+
+    def loss_tokens_per_epoch(self, probe: int = 256) -> Tuple[int, bool]:
+        """(loss tokens of one epoch over all ranks, exact): exact once an epoch was seen from its start to
+        its end (every epoch trains the same samples); before that an estimate: the epoch's sample count x
+        the mean of `probe` samples drawn with a fixed seed (preprocessed in this process, once)."""
+        done = self._completed_epoch
+        if done is not None:
+            return int(done["loss_tokens"]), True
+        return int(round(self.samples_per_epoch() * self._probe_loss_tokens_per_sample(probe))), False
+
+    def optimizer_steps_per_epoch(self, probe: int = 256) -> int:
+        """Optimizer steps (accumulation windows; without windows, aligned steps) in one epoch, the same
+        figure on every rank: what a step-based LR schedule needs (``len(loader)`` stays a TypeError: the
+        aligned micro-steps are not optimizer steps and are not known in advance).
+
+        After an epoch seen from its start to its end: that epoch's count (the next epochs train the same
+        loss tokens, in windows of the same target; exact for a replay of that epoch in reproducible mode,
+        ``alignment.deterministic``). Before: with ``tokens_per_optimizer_step`` T, the estimated epoch loss
+        tokens / T (:meth:`loss_tokens_per_epoch`; windows average within 2% of T and the last one may be
+        short); without windows, the epoch's steps are known only once one ran (ValueError before).
+        Measured error: docs/python.md, "Schedules and budgets"."""
+        done = self._completed_epoch
+        if done is not None:
+            return int(done["optimizer_steps"])
+        target = self.tokens_per_optimizer_step
+        if not target:
+            raise ValueError(
+                "odb: without accumulation windows (tokens_per_optimizer_step) every aligned step is an "
+                "optimizer step, and how many an epoch has depends on how the daemons group the lengths: it is "
+                "known after the first epoch. Pass tokens_per_optimizer_step=T (an epoch then has about "
+                "loss_tokens_per_epoch() / T optimizer steps), or schedule by tokens: odb.lr_by_tokens(loader, ...)")
+        tokens, _ = self.loss_tokens_per_epoch(probe)
+        return max(1, int(np.ceil(tokens / target - 0.5)))
+
+    def state_extras(self) -> Dict[str, Any]:
+        """The job counters a checkpoint carries (inside state_dict()["job"])."""
+        return {"optimizer_steps": int(self.job_optimizer_steps), "loss_tokens": int(self.job_loss_tokens),
+                "epoch": None if self._epoch_counted is None else int(self._epoch_counted),
+                "epoch_optimizer_steps": int(self._epoch_windows),
+                "epoch_loss_tokens": int(self._epoch_window_tokens), "epoch_from_start": bool(self._epoch_from_start),
+                "completed_epoch": None if self._completed_epoch is None else dict(self._completed_epoch)}
+
+    def _count_step(self, info: Any) -> int:
+        """Job and epoch counters, and the window index, of a step handed out (or drained)."""
+        if self._window_offset is None:  # the first step after a resume: windows before it were closed
+            self._window_offset = self._epoch_windows - int(info["window"])
+        window = int(info["window"]) + self._window_offset
+        if info["closes_window"]:
+            tokens = int(info["window_loss_tokens"])
+            self.job_optimizer_steps += 1
+            self.job_loss_tokens += tokens
+            self._epoch_windows += 1
+            self._epoch_window_tokens += tokens
+        return window
 
     # ----- checkpoint state (torch.utils.data Stateful protocol) ---------------
     def state_dict(self) -> Dict[str, Any]:
@@ -624,7 +780,8 @@ class OdbDataLoader:
                 "world_size": int(world), "scope": scope,
                 "consumed": consumed, "key": "id" if self.sampler is not None else "position",
                 "replay": (None if replay is None or complete else
-                           dict(replay, world_size=int(world), round_consumed=compress_ints(round_keys)))}
+                           dict(replay, world_size=int(world), round_consumed=compress_ints(round_keys))),
+                "job": self.state_extras()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from state_dict(): the next iteration of that epoch sends
@@ -635,7 +792,7 @@ class OdbDataLoader:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                              f"expected {STATE_FORMAT!r})")
-        if state.get("version") not in (1, STATE_VERSION):
+        if state.get("version") not in (1, 2, STATE_VERSION):
             raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
                              f"(it reads version {STATE_VERSION}); resume with the odb that wrote it")
         required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
@@ -674,7 +831,32 @@ class OdbDataLoader:
                 raise ValueError("odb loader state: the replayed round's samples are not all in the consumed set")
             loaded_replay["in_round"] = in_round
             loaded_replay["before_round"] = np.setdiff1d(consumed_set, in_round)
+        job = state.get("job") or {}  # version 3: budgets' and schedules' counters
+        try:
+            counters = {k: int(job.get(k, 0)) for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps",
+                                                         "epoch_loss_tokens")}
+            job_epoch = None if job.get("epoch") is None else int(job["epoch"])
+            completed = job.get("completed_epoch")
+            if completed is not None:
+                completed = {"epoch": int(completed["epoch"]), "optimizer_steps": int(completed["optimizer_steps"]),
+                             "loss_tokens": int(completed["loss_tokens"])}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
+        if min(counters.values()) < 0:
+            raise ValueError(f"odb loader state: negative job counters {counters}")
         epoch = int(state["epoch"])
+        self.job_optimizer_steps = counters["optimizer_steps"]
+        self.job_loss_tokens = counters["loss_tokens"]
+        self._completed_epoch = completed
+        self._epoch_counted, self._epoch_windows, self._epoch_window_tokens = None, 0, 0
+        self._epoch_from_start, self._counters_resumed = False, False
+        if not bool(state["epoch_complete"]) and job_epoch == epoch:
+            # The epoch resumes: its windows so far count on (the window index continues after them).
+            self._epoch_counted = epoch
+            self._epoch_windows = counters["epoch_optimizer_steps"]
+            self._epoch_window_tokens = counters["epoch_loss_tokens"]
+            self._epoch_from_start = bool(job.get("epoch_from_start", False))
+            self._counters_resumed = True
         if bool(state["epoch_complete"]):
             self.set_epoch(epoch + 1)
             self._resume_epoch = None
@@ -698,8 +880,8 @@ class OdbDataLoader:
         raise TypeError(
             "OdbDataLoader has no length before the epoch ran: the number of steps depends on the "
             "samples' lengths (token budget) and is agreed across ranks while the epoch runs. For an LR "
-            "schedule, count samples or tokens (len(loader.indices()), Step.real_tokens), or use the "
-            "previous epoch's loader.last_summary['steps'].")
+            "schedule: loader.optimizer_steps_per_epoch() (an estimate before the first epoch, then the count "
+            "of the epoch seen), or odb.lr_by_tokens(loader, total_tokens) (by loss tokens trained).")
 
     def __bool__(self) -> bool:  # truthiness must not go through __len__
         return True
@@ -733,7 +915,15 @@ class OdbDataLoader:
         return self._consumer
 
     def _epoch(self, epoch: int) -> Iterator[Step]:
+        if self.budget_reached:  # the job's budget is trained: nothing more, on every rank alike
+            return
         self.wait_epoch_end()  # a join-mode drain of the previous epoch
+        if getattr(self, "_counters_resumed", False):
+            self._counters_resumed = False
+            self._window_offset = None  # set at the first step: the daemons count windows from 0 again
+        else:
+            self._epoch_counted, self._epoch_windows, self._epoch_window_tokens = epoch, 0, 0
+            self._epoch_from_start, self._window_offset = True, 0
         consumer = self._connect()
         indices = self.indices()
         # Workers see the stop flag too: an Event of their start method's context
@@ -790,9 +980,13 @@ class OdbDataLoader:
             return (self.idle_policy == "join" and steps_seen[0] > 0 and not samples_may_move[0]
                     and pump.finished() and accounted[0] >= pump.sent)
 
+        self.data_wait_s = 0.0
+        asked = time.monotonic()  # when the trainer asked for the next step (a data stall: it waits here)
         try:
             pump.start()
             while True:
+                if self.stop_at_loss_tokens is not None and self.job_loss_tokens >= self.stop_at_loss_tokens:
+                    return  # the token budget closed with the last window: every rank stops at this step
                 delivery = self._next(consumer, pump, rank_done)
                 self.samples_sent = pump.sent
                 if delivery is None:  # join: this rank is done, the rest is IDLE
@@ -803,9 +997,12 @@ class OdbDataLoader:
                     break
                 info = delivery.step
                 steps_seen[0] += 1
-                self._record(epoch, info)
+                waited = time.monotonic() - asked
+                self.data_wait_s += waited
+                self._record(epoch, info, waited)
                 if progress is not None:
-                    progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"])
+                    progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
+                                    waited)
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 self._check_window_target(info)
@@ -829,7 +1026,9 @@ class OdbDataLoader:
                     # they wait). Join drops only what arrives after this rank is
                     # done (rank_done: the loop is left, the drain thread reads on).
                     remember(info)
-                    yield self._dummy_step(info, indices)
+                    window = self._count_step(info)
+                    yield self._dummy_step(info, indices, window)
+                    asked = time.monotonic()
                     continue
                 accounted[0] += len(info["sample_ids"])
                 self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
@@ -841,7 +1040,9 @@ class OdbDataLoader:
                     # pin_memory): the received step's memory goes back now.
                     batch = {k: v.pin_memory() for k, v in batch.items()}
                     delivery = None
-                yield Step.from_header(info, batch, _delivery=delivery)
+                window = self._count_step(info)
+                yield Step.from_header(info, batch, _delivery=delivery, window=window)
+                asked = time.monotonic()
             pump.join(timeout=self.timeout_s)
             pump.raise_if_failed()
         finally:
@@ -859,8 +1060,9 @@ class OdbDataLoader:
             f"{{tokens_per_step: {want}}} on every rank (odb.spawn_daemon(config={{'optimizer': "
             f"{{'tokens_per_step': {want}}}}}))")
 
-    def _record(self, epoch: int, info: Any) -> None:
-        """One step record for odb.report (summary_dir set)."""
+    def _record(self, epoch: int, info: Any, wait_s: Optional[float] = None) -> None:
+        """One step record for odb.report (summary_dir set); wait_ms: the trainer's wait in next(loader)
+        for this step (absent for the steps a joined rank drains)."""
         if self.summary_dir is None:
             return
         import json
@@ -869,12 +1071,18 @@ class OdbDataLoader:
         record = {"epoch": epoch, "rank": self.rank, "step": int(info["step_index"]), "idle": bool(info["idle"]),
                   "real": int(info["real_tokens"]), "padded": int(info["padded_tokens"]),
                   "lengths": [int(n) for n in info["lengths"]]}
+        if wait_s is not None:
+            record["wait_ms"] = round(wait_s * 1000.0, 3)
         with open(os.path.join(self.summary_dir, f"rank{self.rank}-epoch{epoch}.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
         self.last_summary = summary
+        whole = self._epoch_sample_limit(int(self._epoch_counted or 0)) in (None, self.samples_per_epoch())
+        if self._epoch_from_start and whole and self._epoch_counted == summary.get("epoch", self._epoch_counted):
+            self._completed_epoch = {"epoch": int(self._epoch_counted), "optimizer_steps": int(self._epoch_windows),
+                                     "loss_tokens": int(self._epoch_window_tokens)}
         self._check_rejections(summary, "epoch summary")
 
     def _start_drain(self, consumer: Any) -> None:
@@ -887,6 +1095,7 @@ class OdbDataLoader:
                         self._finish_epoch(delivery.summary, dropped)
                         return
                     self._record(delivery.step["epoch"], delivery.step)
+                    self._count_step(delivery.step)  # its window closes on every rank: count it here too
                     if not delivery.step["idle"]:
                         raise native().OdbError(
                             f"rank {self.rank}: a real step {delivery.step['step_index']} arrived after every "
@@ -964,10 +1173,11 @@ class OdbDataLoader:
         warnings.warn(f"odbd skipped input ({where}): {text}")
 
     # ----- dummy steps ---------------------------------------------------------
-    def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int]) -> Step:
+    def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int], window: Optional[int] = None) -> Step:
+        extra = {} if window is None else {"window": window}
         return Step.from_header(info, self.dummy_batch(indices), loss_weight=0.0, idle=True, dummy=True,
                                 sample_ids=[], lengths=[], real_tokens=0, padded_tokens=0, loss_tokens=0,
-                                rejections=[])
+                                rejections=[], **extra)
 
     def dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
         """A one-sample batch for IDLE steps (same field names as real batches)."""
