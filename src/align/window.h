@@ -14,12 +14,15 @@ namespace odb::align {
 // of the window state, which every rank updates identically: every rank cuts
 // the same windows, so every rank runs the same number of micro-steps in each.
 //
-// A window closes at the step boundary nearest to the target; when the step
-// that would cross it is large, that step is split (on every rank at once,
-// each rank giving the same share of its loss tokens) so that the first part
-// ends the window near the target: a micro-step never grows, so each stays
-// within the memory budget. A boundary more than 10% over the target is taken
-// only when nothing else is possible (one sample per rank over it). Windows
+// The step that reaches a window's target ends it: the window closes before
+// or after that step, or the step is split (on every rank at once: a
+// micro-step never grows, so each stays within the memory budget) at the two
+// cuts within one sample of the target, one under and one over. Of the
+// nearest end under the target (L) and the nearest over it (H), H is taken
+// with probability (target - L) / (H - L), drawn from a hash of the step's
+// samples that every rank computes alike, so each window holds the target in
+// expectation. An end more than 10% over the target is taken only when
+// nothing else is possible (one sample per rank over it). Windows
 // depend on the round's plan alone (no state carried from earlier windows), so
 // a reproducible epoch resumed at a round cuts the same windows again.
 //
