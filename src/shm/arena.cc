@@ -78,10 +78,19 @@ std::string FdTarget(int fd) {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// A pid is checked in this process's PID namespace; the creator's own
+// namespace may differ (containers of one Kubernetes Pod without
+// shareProcessNamespace, `unshare --pid`), where its pid means nothing here.
+// The message names both causes, since the check cannot tell them apart.
+constexpr const char* kOtherNamespaceHint =
+    " (or it runs in another PID namespace, where its pid means nothing here: odbd, the trainer and its "
+    "data workers must share one, e.g. Kubernetes shareProcessNamespace: true)";
+
 absl::Status CheckLiveness(const ArenaHeader& h, const std::string& name) {
   if (!IsProcessAlive(h.creator_pid, h.creator_start_ticks)) {
     return absl::FailedPreconditionError(name + ": stale arena: its creator pid " +
-                                         std::to_string(h.creator_pid) + " is no longer running");
+                                         std::to_string(h.creator_pid) + " is no longer running" +
+                                         kOtherNamespaceHint);
   }
   return absl::OkStatus();
 }
@@ -381,7 +390,7 @@ absl::Status Arena::CheckCreator() const {
   }
   if (!IsProcessAlive(h->creator_pid, h->creator_start_ticks)) {
     return absl::FailedPreconditionError(name_ + ": its writer (pid " + std::to_string(h->creator_pid) +
-                                         ") is no longer running");
+                                         ") is no longer running" + kOtherNamespaceHint);
   }
   return absl::OkStatus();
 }
