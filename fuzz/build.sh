@@ -55,7 +55,7 @@ declare -A TARGET_SRCS=(
   [delivery_decoder]="client/cpp/src/delivery_decoder.cc"
   [arena_block]="src/ingest/decoder.cc src/ingest/arena_registry.cc $SHM"
   [arena_register]="src/ingest/decoder.cc src/ingest/arena_registry.cc $SHM"
-  [step_arena]="client/cpp/src/delivery_decoder.cc src/emit/step_arena.cc src/emit/step_encoder.cc $SHM"
+  [step_arena]="client/cpp/src/delivery_decoder.cc src/emit/step_arena.cc src/emit/step_encoder.cc src/common/buffer_pool.cc $SHM"
 )
 targets=(decoder meta_codec hello config arena_block arena_register step_arena)
 if [ -n "${FUZZ_TARGETS:-}" ]; then read -r -a targets <<< "$FUZZ_TARGETS"; fi  # e.g. FUZZ_TARGETS="arena_block step_arena"

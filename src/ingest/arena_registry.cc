@@ -328,6 +328,13 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
     return refuse("protocol version " + std::to_string(request.version()) + ", this daemon speaks " +
                   std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade the client and the daemon together");
   }
+  // Both are checked against the segment when it is attached; 0 would mean
+  // "not checked" there (fuzz/regressions/arena_register/generation_omitted).
+  if (request.generation() == 0 || request.capacity_bytes() == 0) {
+    return refuse("the registration announces generation " + std::to_string(request.generation()) +
+                  " and capacity " + std::to_string(request.capacity_bytes()) +
+                  " bytes; both must be the arena's own (non-zero), so that the daemon maps the arena announced");
+  }
   if (fds.size() != 1) {
     return refuse("the registration carried " + std::to_string(fds.size()) +
                   " file descriptors; it needs exactly one (the arena's memfd)");

@@ -223,7 +223,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   arena->is_creator_ = true;
   const uid_t uid = geteuid();
   const pid_t pid = getpid();
-  uint64_t generation = Random64();
+  // Never 0: a registration announcing generation 0 is refused (0 means
+  // "not checked" to AttachOptions).
+  uint64_t generation = Random64() | 1;
   if (options.dir.empty()) {
     const int fd = memfd_create(options.memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return absl::InternalError("Arena::Create: memfd_create: " + Errno(errno));
@@ -243,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
       }
       const int err = errno;
       if (err == EEXIST && attempt < 4) {
-        generation = Random64();
+        generation = Random64() | 1;
         continue;
       }
       const std::string what = "Arena::Create: cannot create " + path + ": " + Errno(err);
