@@ -309,3 +309,47 @@ def test_deploy_config_parses() -> None:
                           timeout=60, env=dict(os.environ, ODB_GLOO_HOSTNAME="127.0.0.1"))
     assert proc.returncode == 0, proc.stderr
     assert "store=10.0.0.1:6379" in proc.stdout and "max_tokens=8192" in proc.stdout, proc.stdout
+
+
+# ----------------------------------------------------------------- PID namespaces (the Pod's shareProcessNamespace)
+
+PRODUCE_SHM = textwrap.dedent("""\
+    import sys
+    sys.path.insert(0, {python!r})
+    from odb._native import native
+    try:
+        native().Producer({endpoint!r}, "p", data_plane="shm")
+        print("ACCEPTED")
+    except Exception as e:
+        print("REFUSED", e)
+""")
+
+
+def _shm_producer(endpoint: str, prefix: list) -> str:
+    if os.geteuid() != 0:
+        pytest.fail("PID namespaces (unshare --pid) need root (CI runs as root)")
+    code = PRODUCE_SHM.format(python=str(ROOT / "client/python"), endpoint=endpoint)
+    proc = subprocess.run([*prefix, "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("daemon_in_child", [True, False], ids=["odbd-in-own-pid-ns", "producer-in-own-pid-ns"])
+def test_shared_memory_across_pid_namespaces_is_refused_naming_the_namespace(tmp_path: Path,
+                                                                             daemon_in_child: bool) -> None:
+    """What the Pod's shareProcessNamespace prevents: odbd and a producer in different PID
+    namespaces (two containers of a Pod without it; here `unshare --pid`). The arena is refused
+    (the producer then sends over the socket, or raises with data_plane="shm") and the reason
+    names the PID namespace and the way out, not a misleading "stale arena" alone."""
+    unshare = ["unshare", "--pid", "--fork"]
+    d = Daemon(tmp_path, prefix=unshare if daemon_in_child else None)
+    try:
+        d.wait_ready()
+        out = _shm_producer(d.ingest, [] if daemon_in_child else unshare)
+        assert "REFUSED" in out, out
+        assert "another PID namespace" in out and "shareProcessNamespace: true" in out, out
+        if not daemon_in_child:
+            # The same producer in the daemon's namespace gets its arena: the refusal is the namespace's.
+            same = _shm_producer(d.ingest, [])
+            assert "ACCEPTED" in same, same
+    finally:
+        d.stop()
