@@ -17,7 +17,8 @@ CXX="${CXX:-clang++-14}"
 mkdir -p "$OUT/obj" "$OUT/gen/proto"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -Iclient/cpp/include -I"$OUT/gen" -DSPDLOG_FMT_EXTERNAL $SAN)
+CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -Iclient/cpp/include -I"$OUT/gen" -DSPDLOG_FMT_EXTERNAL
+          -DSPDLOG_SHARED_LIB $SAN)
 ABSL=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_internal
       -labsl_cordz_functions -labsl_cordz_handle -labsl_exponential_biased -labsl_synchronization
       -labsl_graphcycles_internal -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal
@@ -25,7 +26,7 @@ ABSL=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_in
       -labsl_time_zone -labsl_str_format_internal -labsl_strings -labsl_strings_internal
       -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal -labsl_base
       -labsl_spinlock_wait -labsl_log_severity)
-LIBS=(-lprotobuf -lzmq -lyaml-cpp "${ABSL[@]}" -lpthread)
+LIBS=(-lprotobuf -lzmq -lyaml-cpp -lspdlog -lfmt "${ABSL[@]}" -lpthread)
 
 # Protobuf C++ code from the system protoc (as //proto:odb_proto_gen does).
 if [ ! -f "$OUT/gen/proto/odb.pb.cc" ] || [ proto/odb.proto -nt "$OUT/gen/proto/odb.pb.cc" ]; then
@@ -43,15 +44,22 @@ obj() {  # obj SRC -> prints the object path, compiling it when stale
 PROTO="$(obj "$OUT/gen/proto/odb.pb.cc")"
 COMMON=("$PROTO" "$(obj src/common/dtype.cc)" "$(obj src/wire/tensor_codec.cc)")
 
+# The shared-memory arenas (real memfds) under the arena targets.
+SHM="src/shm/arena.cc src/shm/arena_reader.cc src/shm/arena_writer.cc src/shm/completion_queue.cc \
+src/shm/slot_allocator.cc src/shm/process.cc src/shm/fd_passing.cc"
 declare -A TARGET_SRCS=(
   [decoder]="src/ingest/decoder.cc"
   [meta_codec]="src/align/meta_codec.cc"
   [hello]="src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc"
   [config]="src/daemon/config.cc src/grouping/budget.cc src/collate/collator.cc src/common/buffer_pool.cc"
   [delivery_decoder]="client/cpp/src/delivery_decoder.cc"
+  [arena_block]="src/ingest/decoder.cc src/ingest/arena_registry.cc $SHM"
+  [arena_register]="src/ingest/decoder.cc src/ingest/arena_registry.cc $SHM"
+  [step_arena]="client/cpp/src/delivery_decoder.cc src/emit/step_arena.cc src/emit/step_encoder.cc src/common/buffer_pool.cc $SHM"
 )
-targets=(decoder meta_codec hello config)
-if [ -f client/cpp/src/delivery_decoder.cc ]; then targets+=(delivery_decoder); fi
+targets=(decoder meta_codec hello config arena_block arena_register step_arena)
+if [ -n "${FUZZ_TARGETS:-}" ]; then read -r -a targets <<< "$FUZZ_TARGETS"; fi  # e.g. FUZZ_TARGETS="arena_block step_arena"
+if [ -z "${FUZZ_TARGETS:-}" ] && [ -f client/cpp/src/delivery_decoder.cc ]; then targets+=(delivery_decoder); fi
 
 for t in "${targets[@]}"; do
   objs=()

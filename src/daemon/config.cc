@@ -277,6 +277,7 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_RETURN_IF_ERROR(emit.Get("expected_producers", c.expected_producers));
   ODB_RETURN_IF_ERROR(emit.Get("producer_timeout_ms", c.producer_timeout_ms));
   ODB_RETURN_IF_ERROR(emit.Get("trainer_timeout_ms", c.trainer_timeout_ms));
+  ODB_RETURN_IF_ERROR(emit.Get("exit_when_trainer_done", c.exit_when_trainer_done));
   ODB_RETURN_IF_ERROR(emit.CheckNoUnknownKeys());
 
   ODB_ASSIGN_OR_RETURN(Section collate_section, s.Child("collate"));

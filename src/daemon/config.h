@@ -150,6 +150,12 @@ struct DaemonConfig {
   // The trainer disconnecting mid-epoch and not coming back within this long
   // is fatal: the daemon exits so its peers learn it (0 = never).
   uint32_t trainer_timeout_ms = 30000;
+  // Deployments that finish (a Kubernetes sidecar, a systemd unit per job):
+  // once the trainer session has ended between epochs (its connection closed
+  // with no epoch open or requested) and no trainer has come back within
+  // max(trainer_timeout_ms, 2 s), Run() returns OK and odbd exits 0. A session
+  // lost mid-epoch still fails (exit 1) as above.
+  bool exit_when_trainer_done = false;
 
   // --- collation
   collate::CollateOptions collate;

@@ -195,6 +195,12 @@ absl::Status Daemon::Run() {
     if (auto lost = trainer_.CheckLiveness()) Fail(lost->first, lost->second);
     if (auto silent = ingest_.CheckSilence()) Fail(wire::PRODUCER_TIMEOUT, *silent);
     if (auto stalled = ingest_.CheckStall()) Fail(wire::STALLED, *stalled);
+    if (config_.exit_when_trainer_done && !Stopping()) {
+      if (auto ended = trainer_.SessionEnded()) {
+        spdlog::info("{}: stopping", *ended);
+        break;  // a clean end: Run() returns OK, odbd exits 0
+      }
+    }
   }
   stop_.store(true);
   state_.cv.notify_all();

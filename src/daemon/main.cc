@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   int rank = -1, world_size = -1;
   std::string run_dir, job_id, log_level, ingest, trainer, gloo_hostname, gloo_iface;
-  bool print_config = false, print_defaults = false;
+  bool print_config = false, print_defaults = false, exit_when_trainer_done = false;
   app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
   app.add_option("--rank", rank, "this rank (default: $RANK or the config)");
   app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)");
@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   app.add_option("--gloo-hostname", gloo_hostname,
                  "address this rank's Gloo listens on (default: $ODB_GLOO_HOSTNAME, else the config)");
   app.add_option("--gloo-iface", gloo_iface, "network interface for Gloo (default: $ODB_GLOO_IFACE, else the config)");
+  app.add_flag("--exit-when-trainer-done", exit_when_trainer_done,
+               "exit 0 once the trainer session has ended between epochs (sets emit.exit_when_trainer_done)");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   app.add_flag("--print-default-config", print_defaults,
                "print every config field the parser knows with its default (one 'path: value' line each) and exit");
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   if (!log_level.empty()) config->log_level = log_level;
   if (!ingest.empty()) config->ingest_endpoints = {ingest};
   if (!trainer.empty()) config->trainer_endpoint = trainer;
+  if (exit_when_trainer_done) config->exit_when_trainer_done = true;
   // Multi-host addresses come from the launcher's environment (the host's
   // address is not known when a config file is written), the command line wins.
   const auto env = odb::ProcessEnvironment();

@@ -194,6 +194,32 @@ void StepArenaServer::Serve() {
   }
 }
 
+absl::StatusOr<uint64_t> ParseStepArenaRequest(std::string_view request) {
+  uint64_t value = 0;
+  bool ok = !request.empty() && request.size() <= 20 && (request[0] != '0' || request.size() == 1);
+  for (size_t i = 0; ok && i < request.size(); ++i) {
+    const char c = request[i];
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    ok = c >= '0' && c <= '9' && value <= (UINT64_MAX - digit) / 10;
+    if (ok) value = value * 10 + digit;
+  }
+  if (ok) return value;
+  std::string shown;
+  for (size_t i = 0; i < request.size() && i < 64; ++i) {
+    const unsigned char c = static_cast<unsigned char>(request[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      shown += static_cast<char>(c);
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      shown += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
+    }
+  }
+  if (request.size() > 64) shown += "...";
+  return absl::InvalidArgumentError("malformed step arena request \"" + shown + "\" (" +
+                                    std::to_string(request.size()) +
+                                    " bytes): expected the arena's generation in decimal");
+}
+
 void StepArenaServer::Answer(int conn) {
   // One trainer at a time, and a request is a few bytes: a bounded wait for it.
   pollfd p{conn, POLLIN, 0};
@@ -211,14 +237,19 @@ void StepArenaServer::Answer(int conn) {
     refuse("the step arena is only for processes of uid " + std::to_string(::getuid()));
     return;
   }
-  const uint64_t generation = std::strtoull(buf, nullptr, 10);
+  absl::StatusOr<uint64_t> requested = ParseStepArenaRequest(std::string_view(buf, static_cast<size_t>(n)));
+  if (!requested.ok()) {
+    refuse(std::string(requested.status().message()));
+    return;
+  }
+  const uint64_t generation = *requested;
   std::shared_ptr<StepArena> arena;
   {
     std::lock_guard<std::mutex> lock(mu_);
     arena = current_;
   }
   if (arena == nullptr || arena->generation() != generation) {
-    refuse("no step arena of generation " + std::string(buf) +
+    refuse("no step arena of generation " + std::to_string(generation) +
            " (the daemon offers each trainer session its own; a newer session replaced this one?)");
     return;
   }

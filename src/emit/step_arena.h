@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -84,6 +85,13 @@ std::vector<zmq::message_t> StepToFrames(const std::vector<zmq::message_t>& part
 // The socket path next to an ipc trainer socket where a trainer fetches its
 // step arena's fd.
 std::string StepArenaSocketPath(const std::string& trainer_socket_path);
+
+// The generation a trainer's step-arena request asks for: its canonical
+// decimal text (what clients send, std::to_string), 1 to 20 digits, no
+// overflow. Anything else is refused with the request shown escaped
+// (printable ASCII, at most 64 bytes of it): the reason goes to the log and
+// back to the peer.
+absl::StatusOr<uint64_t> ParseStepArenaRequest(std::string_view request);
 
 // Hands the current session's step arena fd to the trainer: a UNIX
 // SOCK_SEQPACKET socket (mode 0600) served by its own thread. A request is the

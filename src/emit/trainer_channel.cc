@@ -430,6 +430,26 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
                             std::to_string(in_flight_.size()) + " step(s) sent to it were not acknowledged");
 }
 
+std::optional<std::string> TrainerChannel::SessionEnded() {
+  if (session_.empty() || !lost_since_ || contender_ || fatal_) return std::nullopt;
+  // A trainer that replaces its loader, or closes it over an evaluation, comes
+  // back within the grace; only then is the session's end its last.
+  const std::chrono::milliseconds grace = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(config_.trainer_timeout_ms), kContenderGrace);
+  if (clock_.Now() - *lost_since_ <= grace) return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (state_.current_epoch.has_value() || !state_.requested_epochs.empty()) return std::nullopt;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!out_.empty()) return std::nullopt;
+  }
+  return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
+         std::to_string(grace.count()) +
+         " ms (emit.exit_when_trainer_done)";
+}
+
 void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {
   std::lock_guard<std::mutex> lock(mu_);
   out_.push_back({std::move(parts), true, std::move(arena)});

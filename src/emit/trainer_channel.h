@@ -84,6 +84,12 @@ class TrainerChannel {
   // A fatal message when the session is lost past trainer_timeout_ms with an
   // epoch open, or when a new trainer asked to continue a lost epoch.
   std::optional<std::pair<wire::ErrorCode, std::string>> CheckLiveness();
+  // emit.exit_when_trainer_done: a log line once the session has ended
+  // between epochs (its connection closed, no epoch open or requested, nothing
+  // left to send, nobody waiting to take over) and no trainer came back
+  // within max(trainer_timeout_ms, kContenderGrace); nullopt otherwise.
+  // Never before a session existed.
+  std::optional<std::string> SessionEnded();
 
   // `arena`: the step arena the step was placed in (PlaceStepInArena), or
   // null for frames. A step whose arena is not the session's by the time it

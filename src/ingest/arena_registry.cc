@@ -18,6 +18,16 @@
 namespace odb::ingest {
 namespace {
 
+// Whether `pid` (as this process sees it) runs in this process's PID
+// namespace; true when that cannot be read (the message then says less).
+bool SamePidNamespace(pid_t pid) {
+  char mine[64] = {}, theirs[64] = {};
+  const std::string path = "/proc/" + std::to_string(pid) + "/ns/pid";
+  if (::readlink("/proc/self/ns/pid", mine, sizeof(mine) - 1) <= 0) return true;
+  if (::readlink(path.c_str(), theirs, sizeof(theirs) - 1) <= 0) return true;
+  return std::string(mine) == std::string(theirs);
+}
+
 constexpr size_t kMaxPendingClients = 64;
 constexpr size_t kMaxRegisterBytes = 4096;
 constexpr auto kRetireCheckEvery = std::chrono::milliseconds(500);
@@ -319,6 +329,13 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
     return refuse("the producer runs as uid " + std::to_string(peer->uid) + ", this daemon as uid " +
                   std::to_string(::getuid()) + ": arenas are shared only within one user (send over the socket)");
   }
+  // SO_PEERCRED reports pid 0 for a peer outside this process's PID
+  // namespace: the arena's creator pid cannot be checked (docs/deploy.md).
+  if (peer->pid == 0) {
+    return refuse("the producer runs in another PID namespace than the daemon (its pid is not visible here), and "
+                  "an arena is checked by its creator's pid: odbd and its producers must share one PID namespace "
+                  "(Kubernetes: shareProcessNamespace: true); the producer sends over the socket");
+  }
   if (!request.ParseFromString(payload)) return refuse("the registration is not an ArenaRegister message");
   if (request.producer_id().empty() || request.producer_id().size() > 256) {
     return refuse("the registration's producer_id is empty or over 256 bytes");
@@ -327,6 +344,13 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
   if (request.version() != wire::PROTOCOL_VERSION_CURRENT) {
     return refuse("protocol version " + std::to_string(request.version()) + ", this daemon speaks " +
                   std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade the client and the daemon together");
+  }
+  // Both are checked against the segment when it is attached; 0 would mean
+  // "not checked" there (fuzz/regressions/arena_register/generation_omitted).
+  if (request.generation() == 0 || request.capacity_bytes() == 0) {
+    return refuse("the registration announces generation " + std::to_string(request.generation()) +
+                  " and capacity " + std::to_string(request.capacity_bytes()) +
+                  " bytes; both must be the arena's own (non-zero), so that the daemon maps the arena announced");
   }
   if (fds.size() != 1) {
     return refuse("the registration carried " + std::to_string(fds.size()) +
@@ -352,8 +376,13 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
   absl::StatusOr<std::unique_ptr<shm::ArenaReader>> reader = shm::ArenaReader::AttachFd(fds[0].get(), attach);
   if (!reader.ok()) return refuse(std::string(reader.status().message()));
   if ((*reader)->arena().creator_pid() != peer->pid) {
+    const bool other_namespace = !SamePidNamespace(peer->pid);
     return refuse("the arena was created by pid " + std::to_string((*reader)->arena().creator_pid()) +
-                  ", not by the registering process (pid " + std::to_string(peer->pid) + ")");
+                  ", not by the registering process (pid " + std::to_string(peer->pid) + ")" +
+                  (other_namespace ? ", which runs in another PID namespace than the daemon, where pids differ: "
+                                     "odbd and its producers must share one PID namespace (Kubernetes: "
+                                     "shareProcessNamespace: true)"
+                                   : ""));
   }
   const uint64_t capacity = (*reader)->arena().capacity_bytes();
   std::lock_guard<std::mutex> lock(mu_);

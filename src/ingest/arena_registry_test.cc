@@ -271,6 +271,23 @@ TEST_CASE("registrations that cannot be mapped safely are refused, naming why") 
   }
 }
 
+TEST_CASE("a registration that leaves out its arena's generation or capacity is refused") {
+  Served served;
+  auto w = MakeWriter();
+  for (const auto& [generation, capacity] : {std::pair<uint64_t, uint64_t>{0, w->capacity_bytes()},
+                                             std::pair<uint64_t, uint64_t>{w->arena().generation(), 0}}) {
+    wire::ArenaRegister r;
+    r.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    r.set_producer_id("p0");
+    r.set_generation(generation);
+    r.set_capacity_bytes(capacity);
+    wire::ArenaRegistered a = RegisterOver(served.path, r.SerializeAsString(), w->arena().fd());
+    CHECK(a.arena_id() == 0);
+    CHECK_THAT(a.error(), Catch::Contains("both must be the arena's own (non-zero)"));
+  }
+  CHECK(served.registry.stats().arenas == 0);
+}
+
 TEST_CASE("an arena created by another process than the one registering it is refused") {
   TempDir dir("arena-registry");
   const std::string path = dir.path() + "/in.sock.arena";
@@ -283,7 +300,9 @@ TEST_CASE("an arena created by another process than the one registering it is re
   const pid_t child = ForkChild([&] {
     auto w = shm::ArenaWriter::Create(Options1MiB());
     if (!w.ok()) return 1;
-    if (!shm::SendFd(sv[1], (*w)->arena().fd(), std::to_string((*w)->arena().generation())).ok()) return 2;
+    const std::string announced =
+        std::to_string((*w)->arena().generation()) + " " + std::to_string((*w)->capacity_bytes());
+    if (!shm::SendFd(sv[1], (*w)->arena().fd(), announced).ok()) return 2;
     char byte;
     done.Read(&byte, 1);
     return 0;
@@ -295,7 +314,10 @@ TEST_CASE("an arena created by another process than the one registering it is re
   wire::ArenaRegister r;
   r.set_version(wire::PROTOCOL_VERSION_CURRENT);
   r.set_producer_id("p0");
-  r.set_generation(std::stoull(generation));
+  const size_t space = generation.find(' ');
+  REQUIRE(space != std::string::npos);
+  r.set_generation(std::stoull(generation.substr(0, space)));
+  r.set_capacity_bytes(std::stoull(generation.substr(space + 1)));
   auto a = RegisterOver(path, r.SerializeAsString(), fd->get());
   CHECK(a.arena_id() == 0);
   CHECK_THAT(a.error(), Catch::Contains("not by the registering process"));

@@ -78,10 +78,19 @@ std::string FdTarget(int fd) {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// A pid is checked in this process's PID namespace; the creator's own
+// namespace may differ (containers of one Kubernetes Pod without
+// shareProcessNamespace, `unshare --pid`), where its pid means nothing here.
+// The message names both causes, since the check cannot tell them apart.
+constexpr const char* kOtherNamespaceHint =
+    " (or it runs in another PID namespace, where its pid means nothing here: odbd, the trainer and its "
+    "data workers must share one, e.g. Kubernetes shareProcessNamespace: true)";
+
 absl::Status CheckLiveness(const ArenaHeader& h, const std::string& name) {
   if (!IsProcessAlive(h.creator_pid, h.creator_start_ticks)) {
     return absl::FailedPreconditionError(name + ": stale arena: its creator pid " +
-                                         std::to_string(h.creator_pid) + " is no longer running");
+                                         std::to_string(h.creator_pid) + " is no longer running" +
+                                         kOtherNamespaceHint);
   }
   return absl::OkStatus();
 }
@@ -214,7 +223,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
   arena->is_creator_ = true;
   const uid_t uid = geteuid();
   const pid_t pid = getpid();
-  uint64_t generation = Random64();
+  // Never 0: a registration announcing generation 0 is refused (0 means
+  // "not checked" to AttachOptions).
+  uint64_t generation = Random64() | 1;
   if (options.dir.empty()) {
     const int fd = memfd_create(options.memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return absl::InternalError("Arena::Create: memfd_create: " + Errno(errno));
@@ -234,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options
       }
       const int err = errno;
       if (err == EEXIST && attempt < 4) {
-        generation = Random64();
+        generation = Random64() | 1;
         continue;
       }
       const std::string what = "Arena::Create: cannot create " + path + ": " + Errno(err);
@@ -381,7 +392,7 @@ absl::Status Arena::CheckCreator() const {
   }
   if (!IsProcessAlive(h->creator_pid, h->creator_start_ticks)) {
     return absl::FailedPreconditionError(name_ + ": its writer (pid " + std::to_string(h->creator_pid) +
-                                         ") is no longer running");
+                                         ") is no longer running" + kOtherNamespaceHint);
   }
   return absl::OkStatus();
 }

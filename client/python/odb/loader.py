@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 from ._native import native
 from .daemon import check_reachable, daemon_pid, endpoints, env_rank, env_world_size, pid_alive, spawned_daemon
 from .loss import weighted_loss
+from .stacks import check_caller_stack
 
 IDLE_POLICIES = ("zero_step", "join")
 # How samples reach the daemon and steps the trainer (docs/shm.md): "auto"
@@ -887,6 +888,7 @@ class OdbDataLoader:
         return True
 
     def __iter__(self) -> Iterator[Step]:
+        check_caller_stack(self.idle_policy)  # refuses e.g. FSDP with idle_policy="join" (odb/stacks.py)
         return self._epoch(self.epoch)
 
     def _pinning(self) -> bool:
