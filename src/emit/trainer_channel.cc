@@ -435,7 +435,7 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
   // A trainer that replaces its loader, or closes it over an evaluation, comes
   // back within the grace; only then is the session's end its last.
   const std::chrono::milliseconds grace = std::max<std::chrono::milliseconds>(
-      std::chrono::milliseconds(config_.trainer_timeout_ms), kContenderGrace);
+      std::chrono::milliseconds(options_.trainer_timeout_ms), kContenderGrace);
   if (clock_.Now() - *lost_since_ <= grace) return std::nullopt;
   {
     std::lock_guard<std::mutex> lock(state_.mu);
