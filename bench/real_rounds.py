@@ -93,7 +93,7 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
                       f"emit: {{queue_steps: {args.queue_steps}}}\n"
                       'metrics_endpoint: "tcp://127.0.0.1:*"\n')
             daemons.append(odbtest.Daemon(run_dir, rank=rank, world=world, config=config, job_id=job,
-                                          log_level="warn" if world > 4 else "info",
+                                          log_level="info",  # it names the metrics endpoint
                                           prefix=["ip", "netns", "exec", ns]))
         for d in daemons:
             d.wait_ready(timeout=120)
@@ -125,6 +125,7 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
     return {
         "round_p50_us_max": max(p50),
         "round_p50_us_median": float(np.median(p50)),
+        "round_p50_us_min": min(p50),
         "round_p99_us_max": max(r["odb_round_p99_microseconds"] for r in per_rank),
         "rounds": int(min(r["odb_rounds_total"] for r in per_rank)),
         "exchange_bytes_sent": int(sum(r["odb_exchange_bytes_sent_total"] for r in per_rank)),
@@ -147,10 +148,11 @@ def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path) -
         rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     result = {}
     for size in sizes:
-        p50 = [row["p50_us"] for row in rows if row["bytes"] == size]
-        if len(p50) != world:
-            raise RuntimeError(f"real_rounds_gloo: {len(p50)} of {world} ranks reported {size} bytes")
-        result[str(size)] = {"p50_us_max": max(p50), "p50_us_median": float(np.median(p50))}
+        for variant in ("allgather", "sizes+allgatherv"):
+            p50 = [row["p50_us"] for row in rows if row["bytes"] == size and row["variant"] == variant]
+            if len(p50) != world:
+                raise RuntimeError(f"real_rounds_gloo: {len(p50)} of {world} ranks reported {variant} of {size} B")
+            result[(size, variant)] = {"p50_us_max": max(p50), "p50_us_median": float(np.median(p50))}
     return result
 
 
@@ -169,9 +171,9 @@ def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
     (alpha, beta), *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
     # Daemon rounds: the bandwidth term from the raw fit, c0 + c1 (W-1) fitted.
     xd = np.array([[1.0, r["world"] - 1] for r in rows])
-    yd = np.array([r["round_p50_us_max"] - beta * (r["world"] - 1) * r["msg_bytes"] for r in rows])
+    yd = np.array([r["round_p50_us_median"] - beta * (r["world"] - 1) * r["msg_bytes"] for r in rows])
     (c0, c1), *_ = np.linalg.lstsq(xd, yd, rcond=None)
-    resid = [r["round_p50_us_max"] - (c0 + c1 * (r["world"] - 1) + beta * (r["world"] - 1) * r["msg_bytes"])
+    resid = [r["round_p50_us_median"] - (c0 + c1 * (r["world"] - 1) + beta * (r["world"] - 1) * r["msg_bytes"])
              for r in rows]
     # A delay not on the link: one one-way delay per hop of each ring collective.
     return {"alpha_us_per_hop": float(alpha) + model_delay_us, "beta_us_per_byte_hop": float(beta),
@@ -180,6 +182,48 @@ def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
             "measured_alpha_us_per_hop": float(alpha), "measured_c1_us_per_hop": float(c1),
             "delay_added_us_per_hop": model_delay_us,
             "daemon_residuals_us": [round(float(x), 1) for x in resid]}
+
+
+def extrapolate(rows: list[dict], model: dict, args, model_delay: float) -> dict:
+    """The round at args.target_world under three sets of assumptions (see the module docstring)."""
+    scale = {r["world"]: r for r in json.loads(pathlib.Path(args.scale_json).read_text())}
+    target = args.target_world
+    w1 = target - 1
+    prod = scale.get(target)
+    if prod is None:
+        raise SystemExit(f"{args.scale_json} has no W = {target} row (bench/scale.py --worlds ... {target})")
+    m_prod = prod["sent_bytes_per_round"]
+    cpu_ms = prod["plan_cpu_ms_per_round"] + float(np.mean(prod.get("decode_cpu_ms", [0.0])))
+    steps_per_round = float(np.mean(prod["steps"]))
+    link_us_per_byte = 8 / (args.rate_gbit * 1e3) if args.rate_gbit > 0 else model["beta_us_per_byte_hop"]
+    two = next((r for r in rows if r["world"] == 2), None)
+    scenarios = {}
+    # 1. The fit over this machine's runs, as it is: its per-hop terms carry W processes time-sharing 2 cores.
+    scenarios["fit_here"] = {
+        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3,
+        "raw_ms": (model["alpha_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3}
+    if two is not None:
+        # 2. Each rank on its own cores (a real node): the per-hop software cost of W = 2 (two processes,
+        # two cores), the link's delay and rate per hop, the daemon's fixed cost at W = 2 beyond its two hops.
+        hop = two["raw_p50_us"]["msg"] + model_delay
+        fixed = two["round_p50_us_median"] - 2 * two["raw_p50_us"]["msg"]
+        scenarios["own_cores_ring"] = {
+            "round_comm_ms": (fixed + 2 * w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+            "raw_ms": (w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+            "hop_us": hop, "fixed_us": fixed}
+        # 3. Not odb today: the same with a logarithmic all-gather (recursive doubling, ceil(log2 W) hops).
+        hops = int(np.ceil(np.log2(target)))
+        scenarios["own_cores_log_hops"] = {
+            "round_comm_ms": (fixed + 2 * hops * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+            "raw_ms": (hops * hop + w1 * m_prod * link_us_per_byte) / 1e3, "hops": hops}
+    models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
+    step_ms = {name: 1e3 * step_seconds(models[name]) for name in GPU_MODELS if name in models}
+    for sc in scenarios.values():
+        sc["round_ms"] = sc["round_comm_ms"] + cpu_ms
+        sc["per_step"] = {name: sc["round_ms"] / ms for name, ms in step_ms.items()}
+        sc["per_planned_step"] = {name: sc["round_ms"] / steps_per_round / ms for name, ms in step_ms.items()}
+    return {"world": target, "msg_bytes": m_prod, "planner_decode_cpu_ms": cpu_ms,
+            "steps_per_round": steps_per_round, "step_ms": step_ms, "scenarios": scenarios}
 
 
 def main() -> int:
@@ -193,7 +237,7 @@ def main() -> int:
     ap.add_argument("--max-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--window", type=int, default=4, help="small: many rounds per sample, each a full round")
-    ap.add_argument("--queue-steps", type=int, default=4, help="emit.queue_steps: a round every queue_steps / 2 steps")
+    ap.add_argument("--queue-steps", type=int, default=64, help="emit.queue_steps: a round every queue_steps / 2 steps")
     ap.add_argument("--iters", type=int, default=30, help="raw all-gathers per size")
     ap.add_argument("--big-bytes", type=int, default=65536)
     ap.add_argument("--target-world", type=int, default=2560)
@@ -226,11 +270,16 @@ def main() -> int:
                 raw = raw_gather(hosts, world, [msg_bytes, args.big_bytes], args, work / "store")
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        row["raw_p50_us"] = {"msg": raw[str(msg_bytes)]["p50_us_max"], "big": raw[str(args.big_bytes)]["p50_us_max"]}
-        row["round_over_raw"] = row["round_p50_us_max"] / row["raw_p50_us"]["msg"]
+        # Median over ranks of each rank's median, for the daemons and the raw collectives alike.
+        row["raw_p50_us"] = {"msg": raw[(msg_bytes, "allgather")]["p50_us_median"],
+                             "big": raw[(args.big_bytes, "allgather")]["p50_us_median"],
+                             "msg_sizes_allgatherv": raw[(msg_bytes, "sizes+allgatherv")]["p50_us_median"],
+                             "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
+                             "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
+        row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
         # With the delay in the model, the same ratio once each hop has waited for it.
         hops = world - 1
-        row["round_over_raw_with_delay"] = ((row["round_p50_us_max"] + 2 * hops * model_delay)
+        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + 2 * hops * model_delay)
                                             / (row["raw_p50_us"]["msg"] + hops * model_delay))
         row["wall_s"] = round(time.monotonic() - t0, 1)
         rows.append(row)
@@ -246,27 +295,7 @@ def main() -> int:
                            "max_tokens": args.max_tokens, "queue_steps": args.queue_steps, "msg_bytes": msg_bytes, "big_bytes": args.big_bytes},
               "rows": rows, "model": model}
     if model is not None:
-        scale = {r["world"]: r for r in json.loads(pathlib.Path(args.scale_json).read_text())}
-        target = args.target_world
-        w1 = target - 1
-        prod = scale.get(target)
-        m_prod = prod["sent_bytes_per_round"] if prod else msg_bytes
-        cpu_ms = (prod["plan_cpu_ms_per_round"] + prod.get("decode_cpu_ms_per_round",
-                  float(np.mean(prod.get("decode_cpu_ms", [0.0]))))) if prod else 0.0
-        steps_per_round = float(np.mean(prod["steps"])) if prod else 1.0
-        comm_ms = (model["c0_us"] + model["c1_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3
-        raw_ms = (model["alpha_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3
-        models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
-        round_ms = comm_ms + cpu_ms
-        result["extrapolation"] = {
-            "world": target, "msg_bytes": m_prod, "round_comm_ms": round(comm_ms, 2),
-            "raw_allgather_ms": round(raw_ms, 2), "planner_decode_cpu_ms": round(cpu_ms, 2),
-            "round_ms": round(round_ms, 2), "steps_per_round": steps_per_round,
-            "step_models": {name: {"step_ms": round(1e3 * step_seconds(models[name]), 1),
-                                   "round_per_step": round_ms / (1e3 * step_seconds(models[name])),
-                                   "round_per_planned_step": round_ms / steps_per_round
-                                   / (1e3 * step_seconds(models[name]))}
-                            for name in GPU_MODELS if name in models}}
+        result["extrapolation"] = extrapolate(rows, model, args, model_delay)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "real_rounds.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -286,11 +315,13 @@ def render(result: dict) -> str:
              + f", {link['rate_gbit_s']:g} Gbit/s (tc {link['rate_qdisc']}). Workload per rank: {w['samples_per_rank']} samples of 1-{w['max_len']} "
              f"tokens, window {w['window']}, max_tokens {w['max_tokens']}; round message {w['msg_bytes']} B "
              f"(2 x window samples, the most a rank offers).", "",
-             "| W | rounds | daemon round p50 (max over ranks) | median rank | raw all-gather p50, msg | raw, "
-             f"{w['big_bytes']} B | round / raw | with the delay |", "|---|---|---|---|---|---|---|---|"]
+             "Each figure is the median over ranks of each rank's median (daemons: odb_round_p50_microseconds).", "",
+             "| W | rounds | daemon round | (slowest rank) | raw all-gather, msg | sizes + allgatherv, msg | raw, "
+             f"{w['big_bytes']} B | round / raw | with the delay |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['world']} | {r['rounds']} | {r['round_p50_us_max'] / 1e3:.2f} ms | "
-                     f"{r['round_p50_us_median'] / 1e3:.2f} ms | {r['raw_p50_us']['msg'] / 1e3:.2f} ms | "
+        lines.append(f"| {r['world']} | {r['rounds']} | {r['round_p50_us_median'] / 1e3:.2f} ms | "
+                     f"{r['round_p50_us_max'] / 1e3:.2f} ms | {r['raw_p50_us']['msg'] / 1e3:.2f} ms | "
+                     f"{r['raw_p50_us']['msg_sizes_allgatherv'] / 1e3:.2f} ms | "
                      f"{r['raw_p50_us']['big'] / 1e3:.2f} ms | {r['round_over_raw']:.2f} | {r['round_over_raw_with_delay']:.2f} |")
     m = result.get("model")
     if m:
@@ -305,14 +336,19 @@ def render(result: dict) -> str:
                      if m["delay_added_us_per_hop"] else "") + "."]
     e = result.get("extrapolation")
     if e:
-        lines += ["", f"Extrapolated to W = {e['world']} (message {e['msg_bytes']:.0f} B per rank, scale.json): "
-                  f"round {e['round_ms']:.1f} ms = communication {e['round_comm_ms']:.1f} ms + planner/decode CPU "
-                  f"{e['planner_decode_cpu_ms']:.1f} ms (raw all-gather {e['raw_allgather_ms']:.1f} ms); "
-                  f"{e['steps_per_round']:g} steps planned per round.", "",
-                  "| step model | full step | round / step | round / planned step |", "|---|---|---|---|"]
-        for name, s in e["step_models"].items():
-            lines.append(f"| `{name}` | {s['step_ms']:.0f} ms | {100 * s['round_per_step']:.1f}% | "
-                         f"{100 * s['round_per_planned_step']:.2f}% |")
+        names = {"fit_here": "the fit over these runs (W processes on this machine's 2 cores)",
+                 "own_cores_ring": "each rank on its own cores: W = 2's hop, the link's delay and rate, ring",
+                 "own_cores_log_hops": "as above with a logarithmic all-gather (not odb today)"}
+        lines += ["", f"Extrapolated to W = {e['world']}: message {e['msg_bytes']:.0f} B per rank and planner + "
+                  f"decode CPU {e['planner_decode_cpu_ms']:.0f} ms per round of {e['steps_per_round']:g} planned "
+                  "steps (bench/results/scale.json, whole plan, production window); step = a full 4096-token step "
+                  "(" + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in e["step_ms"].items()) + ").", "",
+                  "| assumption | raw all-gather | round | round / `gpu_7b_h100` step | per planned step |",
+                  "|---|---|---|---|---|"]
+        for key, sc in e["scenarios"].items():
+            lines.append(f"| {names[key]} | {sc['raw_ms']:.1f} ms | {sc['round_ms']:.1f} ms | "
+                         f"{100 * sc['per_step'].get('gpu_7b_h100', float('nan')):.1f}% | "
+                         f"{100 * sc['per_planned_step'].get('gpu_7b_h100', float('nan')):.2f}% |")
     return "\n".join(lines) + "\n"
 
 

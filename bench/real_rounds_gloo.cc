@@ -2,7 +2,11 @@
 // rank (started W times, each in its own network namespace, as the odbd
 // daemons of the same run are): a raw fixed-size gloo::allgather on a
 // dedicated context, TCP transport, FileStore rendezvous on a shared
-// directory. Prints one JSON line per message size with this rank's
+// directory; and, as a second variant, the two collectives odb's peer group
+// runs for one all-gather (src/align/gloo_peer_group.cc: an all-gather of the
+// int64 sizes, then gloo::allgatherv), on the same context and bytes, so that
+// a gap between a round and the raw all-gather can be placed.
+// Prints one JSON line per message size and variant with this rank's
 // per-iteration times, so the harness compares the daemons' alignment round
 // with the collective alone over the same links, netem included.
 //
@@ -12,6 +16,7 @@
 //     prints the bytes one rank's round message (src/align/meta_codec) has
 //     with N pending samples of up to T tokens: the size the daemons gather.
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/barrier.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -113,6 +118,7 @@ int Gather(int argc, char** argv) {
   ctx->connectFullMesh(ps, dev);
   uint32_t tag = 1;
   for (size_t bytes : sizes) {
+   for (const bool two_step : {false, true}) {
     std::vector<char> in(bytes, static_cast<char>(rank)), out(bytes * static_cast<size_t>(world));
     std::vector<double> us;
     for (int i = 0; i < warmup + iters; ++i) {
@@ -122,11 +128,27 @@ int Gather(int argc, char** argv) {
       b.setTag(tag++);
       gloo::barrier(b);
       const auto t0 = Clock::now();
-      gloo::AllgatherOptions opts(ctx);
-      opts.setInput(in.data(), in.size());
-      opts.setOutput(out.data(), out.size());
-      opts.setTag(tag++);
-      gloo::allgather(opts);
+      if (two_step) {
+        int64_t mine = static_cast<int64_t>(bytes);
+        std::vector<int64_t> all(static_cast<size_t>(world));
+        gloo::AllgatherOptions size_opts(ctx);
+        size_opts.setInput(&mine, 1);
+        size_opts.setOutput(all.data(), all.size());
+        size_opts.setTag(tag++);
+        gloo::allgather(size_opts);
+        std::vector<size_t> counts(all.begin(), all.end());
+        gloo::AllgathervOptions opts(ctx);
+        opts.setInput(in.data(), in.size());
+        opts.setOutput(out.data(), counts);
+        opts.setTag(tag++);
+        gloo::allgatherv(opts);
+      } else {
+        gloo::AllgatherOptions opts(ctx);
+        opts.setInput(in.data(), in.size());
+        opts.setOutput(out.data(), out.size());
+        opts.setTag(tag++);
+        gloo::allgather(opts);
+      }
       const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (i >= warmup) us.push_back(took);
     }
@@ -139,10 +161,12 @@ int Gather(int argc, char** argv) {
     std::sort(us.begin(), us.end());
     double sum = 0;
     for (double v : us) sum += v;
-    std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"iters\": %d, \"p50_us\": %.1f, "
-                "\"mean_us\": %.1f, \"min_us\": %.1f}\n",
-                rank, world, bytes, iters, us[us.size() / 2], sum / static_cast<double>(us.size()), us.front());
+    std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"iters\": %d, "
+                "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f}\n",
+                rank, world, bytes, two_step ? "sizes+allgatherv" : "allgather", iters, us[us.size() / 2],
+                sum / static_cast<double>(us.size()), us.front());
     std::fflush(stdout);
+   }
   }
   return 0;
 }

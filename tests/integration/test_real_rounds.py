@@ -49,11 +49,17 @@ def test_four_daemons_measured_parsed_and_fitted(tmp_path):
         # The rate was on the links: in a ring all-gather each rank sends W - 1 blocks of 64 KiB through
         # its own shaped egress, which takes at least (bytes - bucket) / rate (1 Gbit/s = 1e3 bits/us).
         assert r["raw_p50_us"]["big"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 1e3
-        assert r["round_over_raw"] == pytest.approx(r["round_p50_us_max"] / r["raw_p50_us"]["msg"])
+        assert r["raw_p50_us"]["big_sizes_allgatherv"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 1e3
+        assert r["round_p50_us_min"] <= r["round_p50_us_median"] <= r["round_p50_us_max"]
+        assert r["round_over_raw"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"]["msg"])
     model = result["model"]
     assert set(model) >= {"alpha_us_per_hop", "beta_us_per_byte_hop", "c0_us", "c1_us_per_hop"}
     extra = result["extrapolation"]
-    assert extra["world"] == 2560
-    assert extra["step_models"]["gpu_7b_h100"]["step_ms"] > 0
+    assert extra["world"] == 2560 and extra["step_ms"]["gpu_7b_h100"] > 0
+    for scenario in extra["scenarios"].values():
+        # The round is at least its planner CPU, and its fraction of a step is what it says.
+        assert scenario["round_ms"] >= extra["planner_decode_cpu_ms"]
+        assert scenario["per_step"]["gpu_7b_h100"] == pytest.approx(
+            scenario["round_ms"] / extra["step_ms"]["gpu_7b_h100"])
     md = (tmp_path / "real_rounds.md").read_text()
     assert "| 4 |" in md and "gpu_7b_h100" in md
