@@ -2,7 +2,7 @@
 """Alignment rounds of W real odbd daemons against a raw Gloo all-gather (issue 22, item 3).
 
     ./scripts/build.sh && bazel build -c opt //bench:real_rounds_gloo
-    /usr/bin/python3 bench/real_rounds.py --out bench/results          # as root
+    /usr/bin/python3 bench/real_rounds.py --out bench/results          # as root, ~4 minutes
 
 Each daemon is a host: its own network namespace, a veth link to one bridge
 (a switch in its own namespace), and a qdisc on the host's side of the link
@@ -242,12 +242,16 @@ def main() -> int:
     ap.add_argument("--big-bytes", type=int, default=65536)
     ap.add_argument("--target-world", type=int, default=2560)
     ap.add_argument("--scale-json", default=str(ROOT / "bench/results/scale.json"))
-    ap.add_argument("--gloo-bin", default=str(ROOT / "bazel-bin/bench/real_rounds_gloo"))
+    ap.add_argument("--gloo-bin", help="default: $(bazel info -c opt bazel-bin)/bench/real_rounds_gloo")
     ap.add_argument("--prefix", default="odbrr")
     ap.add_argument("--subnet", default="10.219.3")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args()
     odbtest.require_built()
+    if args.gloo_bin is None:
+        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        args.gloo_bin = f"{bin_dir}/bench/real_rounds_gloo"
     if not pathlib.Path(args.gloo_bin).exists():
         sys.exit(f"{args.gloo_bin} is missing: bazel build -c opt //bench:real_rounds_gloo (or pass --gloo-bin)")
     worlds = [int(w) for w in args.worlds.split(",")]
@@ -277,6 +281,8 @@ def main() -> int:
                              "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
                              "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
         row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
+        # What the daemon adds over the two collectives its peer group runs per all-gather.
+        row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
         # With the delay in the model, the same ratio once each hop has waited for it.
         hops = world - 1
         row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + 2 * hops * model_delay)
@@ -317,12 +323,14 @@ def render(result: dict) -> str:
              f"(2 x window samples, the most a rank offers).", "",
              "Each figure is the median over ranks of each rank's median (daemons: odb_round_p50_microseconds).", "",
              "| W | rounds | daemon round | (slowest rank) | raw all-gather, msg | sizes + allgatherv, msg | raw, "
-             f"{w['big_bytes']} B | round / raw | with the delay |", "|---|---|---|---|---|---|---|---|---|"]
+             f"{w['big_bytes']} B | round / raw | with the delay | round / (sizes + allgatherv) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['world']} | {r['rounds']} | {r['round_p50_us_median'] / 1e3:.2f} ms | "
                      f"{r['round_p50_us_max'] / 1e3:.2f} ms | {r['raw_p50_us']['msg'] / 1e3:.2f} ms | "
                      f"{r['raw_p50_us']['msg_sizes_allgatherv'] / 1e3:.2f} ms | "
-                     f"{r['raw_p50_us']['big'] / 1e3:.2f} ms | {r['round_over_raw']:.2f} | {r['round_over_raw_with_delay']:.2f} |")
+                     f"{r['raw_p50_us']['big'] / 1e3:.2f} ms | {r['round_over_raw']:.2f} | {r['round_over_raw_with_delay']:.2f} | "
+                     f"{r['round_over_sizes_allgatherv']:.2f} |")
     m = result.get("model")
     if m:
         lines += ["", "Model (least squares): raw T = alpha (W-1) + beta (W-1) m; round T = c0 + c1 (W-1) + beta (W-1) m.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,11 @@ from odbtest import BIN, ROOT, tbf_burst_bytes
 
 
 def gloo_bin() -> str:
-    for path in (BIN / "bench/real_rounds_gloo", ROOT / "bazel-bin/bench/real_rounds_gloo"):
+    candidates = [BIN / "bench/real_rounds_gloo"]
+    found = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, capture_output=True, text=True)
+    if found.returncode == 0:
+        candidates.append(Path(found.stdout.strip()) / "bench/real_rounds_gloo")
+    for path in candidates:
         if path.exists():
             return str(path)
     pytest.fail("bench/real_rounds_gloo is not built: bazel build -c opt //bench:real_rounds_gloo")
