@@ -2,7 +2,7 @@
 """Alignment rounds of W real odbd daemons against a raw Gloo all-gather (issue 22, item 3).
 
     ./scripts/build.sh && bazel build -c opt //bench:real_rounds_gloo
-    /usr/bin/python3 bench/real_rounds.py --out bench/results          # as root, ~4 minutes
+    /usr/bin/python3 bench/real_rounds.py --out bench/results          # as root, ~2.5 minutes on the 2-core VM
 
 Each daemon is a host: its own network namespace, a veth link to one bridge
 (a switch in its own namespace), and a qdisc on the host's side of the link
