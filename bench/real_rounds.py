@@ -85,7 +85,7 @@ def codec_bytes(gloo_bin: str, samples: int, max_tokens: int) -> int:
 
 def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
     job = f"rr-{uuid.uuid4().hex[:8]}"
-    daemons, consumers = [], []
+    daemons, consumers, producers = [], [], []
     try:
         for rank, (ns, addr) in enumerate(hosts):
             config = (f"local_world_size: 1\nalignment: {{gloo_hostname: {addr}, planner: global}}\n"
@@ -119,6 +119,10 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
                  "odb_exchange_bytes_sent_total"]
         per_rank = [scrape(ns, d, names) for (ns, _), d in zip(hosts, daemons)]
     finally:
+        for proc in producers + consumers:  # only left running when something above failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for d in daemons:
             d.stop()
     p50 = [r["odb_round_p50_microseconds"] for r in per_rank]
@@ -141,11 +145,17 @@ def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path) -
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r, (ns, addr) in enumerate(hosts)]
     rows = []
-    for r, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        if p.returncode != 0:
-            raise RuntimeError(f"real_rounds_gloo rank {r}: {err}")
-        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    try:
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=300)
+            if p.returncode != 0:
+                raise RuntimeError(f"real_rounds_gloo rank {r}: {err}")
+            rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    finally:
+        for p in procs:  # the others would wait for a failed rank until Gloo's timeout
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     result = {}
     for size in sizes:
         for variant in ("allgather", "sizes+allgatherv"):
@@ -313,7 +323,7 @@ def main() -> int:
 def render(result: dict) -> str:
     link = result["link"]
     w = result["workload"]
-    lines = [f"# Real alignment rounds: odbd daemons in network namespaces vs raw Gloo all-gather",
+    lines = ["# Real alignment rounds: odbd daemons in network namespaces vs raw Gloo all-gather",
              "", f"`{result['command']}`", "",
              f"Link per host (host egress): {link['one_way_delay_us']:g} us one-way "
              + ("(tc netem, on the link)" if link["delay"] == "netem" else

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from odbtest import BIN, ROOT, tbf_burst_bytes
+from odbtest import BIN, ROOT
 
 
 def gloo_bin() -> str:
