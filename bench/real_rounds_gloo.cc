@@ -1,0 +1,181 @@
+// real_rounds_gloo: the baseline for bench/real_rounds.py. One process is one
+// rank (started W times, each in its own network namespace, as the odbd
+// daemons of the same run are): a raw fixed-size gloo::allgather on a
+// dedicated context, TCP transport, FileStore rendezvous on a shared
+// directory; and, as a second variant, the two collectives odb's peer group
+// runs for one all-gather (src/align/gloo_peer_group.cc: an all-gather of the
+// int64 sizes, then gloo::allgatherv), on the same context and bytes, so that
+// a gap between a round and the raw all-gather can be placed.
+// Prints one JSON line per message size and variant with this rank's
+// per-iteration times, so the harness compares the daemons' alignment round
+// with the collective alone over the same links, netem included.
+//
+//   real_rounds_gloo gather --rank R --world W --store DIR --hostname ADDR
+//       --bytes 1024,65536 [--iters 30] [--warmup 5]
+//   real_rounds_gloo codec --samples N --max-tokens T
+//     prints the bytes one rank's round message (src/align/meta_codec) has
+//     with N pending samples of up to T tokens: the size the daemons gather.
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/barrier.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/align/meta_codec.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* Arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  if (fallback == nullptr) {
+    std::fprintf(stderr, "real_rounds_gloo: %s is required\n", name);
+    std::exit(2);
+  }
+  return fallback;
+}
+
+std::vector<size_t> Sizes(const std::string& list) {
+  std::vector<size_t> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const long long v = std::atoll(list.substr(start, end - start).c_str());
+    if (v <= 0) {
+      std::fprintf(stderr, "real_rounds_gloo: --bytes wants positive sizes, got \"%s\"\n", list.c_str());
+      std::exit(2);
+    }
+    out.push_back(static_cast<size_t>(v));
+    start = end + 1;
+  }
+  return out;
+}
+
+int Codec(int argc, char** argv) {
+  const int samples = std::atoi(Arg(argc, argv, "--samples", nullptr));
+  const int max_tokens = std::atoi(Arg(argc, argv, "--max-tokens", nullptr));
+  if (samples < 0 || max_tokens < 1) {
+    std::fprintf(stderr, "real_rounds_gloo codec: --samples >= 0 and --max-tokens >= 1\n");
+    return 2;
+  }
+  // Ids and lengths as odb_synth's producers make them (consecutive ids from
+  // rank * 1e6, lengths up to max_tokens): the encoding is varint, so the
+  // size depends on the values' magnitudes, not only on the count.
+  std::mt19937_64 rng(1);
+  std::uniform_int_distribution<int> len(1, max_tokens);
+  odb::align::RankRoundMessage msg;
+  msg.epoch = 1;
+  msg.round = 1000;
+  msg.rank = 31;
+  msg.data.free_slots = 8;
+  for (int i = 0; i < samples; ++i) {
+    odb::SampleMeta m;
+    m.id = 31'000'000ull + static_cast<uint64_t>(i);
+    m.owner_rank = 31;
+    m.lengths.tokens = static_cast<uint32_t>(len(rng));
+    m.payload_bytes = 4ull * m.lengths.tokens + 64;
+    msg.data.pending.push_back(m);
+  }
+  std::printf("{\"samples\": %d, \"max_tokens\": %d, \"bytes\": %zu}\n", samples, max_tokens,
+              odb::align::EncodeRankRound(msg).size());
+  return 0;
+}
+
+int Gather(int argc, char** argv) {
+  const int rank = std::atoi(Arg(argc, argv, "--rank", nullptr));
+  const int world = std::atoi(Arg(argc, argv, "--world", nullptr));
+  const std::string store = Arg(argc, argv, "--store", nullptr);
+  const std::string host = Arg(argc, argv, "--hostname", nullptr);
+  const std::vector<size_t> sizes = Sizes(Arg(argc, argv, "--bytes", nullptr));
+  const int iters = std::atoi(Arg(argc, argv, "--iters", "30"));
+  const int warmup = std::atoi(Arg(argc, argv, "--warmup", "5"));
+  if (world < 2 || rank < 0 || rank >= world || iters < 1 || warmup < 0) {
+    std::fprintf(stderr, "real_rounds_gloo gather: needs 0 <= rank < world, world >= 2, iters >= 1\n");
+    return 2;
+  }
+  gloo::rendezvous::FileStore fs(store);
+  gloo::rendezvous::PrefixStore ps("raw", fs);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = host;
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  ctx->setTimeout(std::chrono::seconds(120));
+  ctx->connectFullMesh(ps, dev);
+  uint32_t tag = 1;
+  for (size_t bytes : sizes) {
+   for (const bool two_step : {false, true}) {
+    std::vector<char> in(bytes, static_cast<char>(rank)), out(bytes * static_cast<size_t>(world));
+    std::vector<double> us;
+    for (int i = 0; i < warmup + iters; ++i) {
+      // A barrier first, so that every rank starts the timed collective
+      // together, as the daemons do (a round starts when all are ready).
+      gloo::BarrierOptions b(ctx);
+      b.setTag(tag++);
+      gloo::barrier(b);
+      const auto t0 = Clock::now();
+      if (two_step) {
+        int64_t mine = static_cast<int64_t>(bytes);
+        std::vector<int64_t> all(static_cast<size_t>(world));
+        gloo::AllgatherOptions size_opts(ctx);
+        size_opts.setInput(&mine, 1);
+        size_opts.setOutput(all.data(), all.size());
+        size_opts.setTag(tag++);
+        gloo::allgather(size_opts);
+        std::vector<size_t> counts(all.begin(), all.end());
+        gloo::AllgathervOptions opts(ctx);
+        opts.setInput(in.data(), in.size());
+        opts.setOutput(out.data(), counts);
+        opts.setTag(tag++);
+        gloo::allgatherv(opts);
+      } else {
+        gloo::AllgatherOptions opts(ctx);
+        opts.setInput(in.data(), in.size());
+        opts.setOutput(out.data(), out.size());
+        opts.setTag(tag++);
+        gloo::allgather(opts);
+      }
+      const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (i >= warmup) us.push_back(took);
+    }
+    for (int r = 0; r < world; ++r) {  // the bytes arrived, not just the timing
+      if (out[static_cast<size_t>(r) * bytes] != static_cast<char>(r)) {
+        std::fprintf(stderr, "rank %d: block %d of the all-gather holds wrong bytes\n", rank, r);
+        return 1;
+      }
+    }
+    std::sort(us.begin(), us.end());
+    double sum = 0;
+    for (double v : us) sum += v;
+    std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"iters\": %d, "
+                "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f}\n",
+                rank, world, bytes, two_step ? "sizes+allgatherv" : "allgather", iters, us[us.size() / 2],
+                sum / static_cast<double>(us.size()), us.front());
+    std::fflush(stdout);
+   }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "gather") == 0) return Gather(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "codec") == 0) return Codec(argc, argv);
+  std::fprintf(stderr, "usage: real_rounds_gloo gather|codec ... (see the file's comment)\n");
+  return 2;
+}

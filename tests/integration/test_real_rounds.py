@@ -1,0 +1,70 @@
+"""bench/real_rounds.py end to end at W = 2 and 4: real odbd daemons in network namespaces behind a
+bridge with netem, and raw Gloo all-gathers over the same links; the harness measures, parses and fits.
+
+Needs root (namespaces) and //bench:real_rounds_gloo (built by `bazel test //...`, or
+`bazel build -c opt //bench:real_rounds_gloo`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from odbtest import BIN, ROOT
+
+
+def gloo_bin() -> str:
+    candidates = [BIN / "bench/real_rounds_gloo"]
+    found = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, capture_output=True, text=True)
+    if found.returncode == 0:
+        candidates.append(Path(found.stdout.strip()) / "bench/real_rounds_gloo")
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    pytest.fail("bench/real_rounds_gloo is not built: bazel build -c opt //bench:real_rounds_gloo")
+
+
+def test_four_daemons_measured_parsed_and_fitted(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root (CI runs as root)")
+    samples = 40
+    done = subprocess.run(
+        ["/usr/bin/python3", str(ROOT / "bench/real_rounds.py"), "--worlds", "2,4", "--samples", str(samples),
+         "--iters", "5", "--delay-us", "50", "--rate-gbit", "0.2", "--prefix", "odbrrt", "--subnet", "10.219.9",
+         "--gloo-bin", gloo_bin(), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "real_rounds.json").read_text())
+    link = result["link"]
+    assert link["one_way_delay_us"] == 50.0 and link["rate_gbit_s"] == 0.2
+    assert link["delay"] in ("netem", "model")  # on the link where the kernel has netem, else in the model
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "odbrrt" not in left  # the namespaces are gone
+    rows = result["rows"]
+    assert [r["world"] for r in rows] == [2, 4]
+    burst = link["tbf_burst_bytes"] or 0
+    for r in rows:
+        # Every sample of every rank was trained (verified by the consumers), over real rounds.
+        assert r["samples_trained"] == r["world"] * samples
+        assert r["rounds"] >= 1
+        assert r["round_p50_us_max"] > 0 and r["raw_p50_us"]["msg"] > 0
+        # The rate was on the links: in a ring all-gather each rank sends W - 1 blocks of 64 KiB through
+        # its own shaped egress, which takes at least (bytes - bucket) / rate (0.2 Gbit/s = 200 bits/us).
+        assert r["raw_p50_us"]["big"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 200
+        assert r["raw_p50_us"]["big_sizes_allgatherv"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 200
+        assert r["round_p50_us_min"] <= r["round_p50_us_median"] <= r["round_p50_us_max"]
+        assert r["round_over_raw"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"]["msg"])
+    model = result["model"]
+    assert set(model) >= {"alpha_us_per_hop", "beta_us_per_byte_hop", "c0_us", "c1_us_per_hop"}
+    extra = result["extrapolation"]
+    assert extra["world"] == 2560 and extra["step_ms"]["gpu_7b_h100"] > 0
+    for scenario in extra["scenarios"].values():
+        # The round is at least its planner CPU, and its fraction of a step is what it says.
+        assert scenario["round_ms"] >= extra["planner_decode_cpu_ms"]
+        assert scenario["per_step"]["gpu_7b_h100"] == pytest.approx(
+            scenario["round_ms"] / extra["step_ms"]["gpu_7b_h100"])
+    md = (tmp_path / "real_rounds.md").read_text()
+    assert "| 4 |" in md and "gpu_7b_h100" in md
