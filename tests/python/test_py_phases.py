@@ -363,20 +363,25 @@ class _ImageTextDataset(torch.utils.data.Dataset):
                 "vision_patches": 16 * k}
 
 
-def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
+def _e2e_rank(rank: int, world: int, run_dir: str, n: int, idle_policy: str = "zero_step",
+              skew: int = 0) -> Dict[str, Any]:
     import odb
 
     dataset = _ImageTextDataset(n)
-    loader = odb.OdbDataLoader(dataset, num_workers=0, idle_policy="zero_step", timeout_s=60)
+    # skew k: rank 1 feeds every k-th sample, rank 0 the rest (ranks run out at different times).
+    sampler = [i for i in range(n) if (i % skew == 0) == (rank == 1)] if skew else None
+    loader = odb.OdbDataLoader(dataset, sampler=sampler, num_workers=0, idle_policy=idle_policy, timeout_s=60)
     from odbtest_py import step_record
 
-    seen, enc_seen, steps, moved, errors, records = [], [], 0, 0, [], []
+    seen, enc_seen, steps, moved, errors, records, idle = [], [], 0, 0, [], [], 0
     for step in loader:
         records.append(step_record(step))
         plan = step.phase_plan
         assert plan == PhasePlan.from_step(step)
         b = step.batch
+        idle += step.idle
         assert step.dummy or plan.enabled, f"step {step.step_index}: no phase plan in the header"
+        # Every rank routes every step, IDLE or not: the routes are collectives.
         assert "pixel_values" not in b or step.dummy, "the LLM batch carries an encoder field"
         if plan.enc_sample_ids:
             enc_out = b["enc.pixel_values"].flatten(1)
@@ -395,7 +400,8 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
             if rows != dataset.images[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, 12)):
                 errors.append(f"step {step.step_index} sample {sid}: {rows} rows {got[:, 0].tolist()}")
             start += rows
-    return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors}
+    return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors,
+            "idle": idle, "summary": loader.last_summary}
 
 
 def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
@@ -416,3 +422,31 @@ def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
     assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
     assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
     assert results[0]["moved"] + results[1]["moved"] > 0  # encoders balanced apart from the LLM layout
+
+
+@pytest.mark.parametrize("idle_policy", ["zero_step", "join"])
+def test_skewed_ranks_route_through_idle_steps(run_dir, job_id, idle_policy: str) -> None:
+    """Rank 1 feeds a fifth of the samples and the local planner keeps them home,
+    so rank 1 gets IDLE steps while rank 0 still trains: every rank still routes
+    every step (an IDLE rank's plan is empty and no peer expects outputs from
+    it), no rank waits for the process-group timeout, and every sample is
+    trained and encoded once, under both IDLE policies."""
+    from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
+
+    config = {"alignment": {"planner": "local", "phase_plans": True},
+              "grouping": {"max_tokens": 96, "max_vision_patches": 64},
+              "collate": {"encoder_fields": ["pixel_values"], "fields": [{"name": "pixel_values", "rule": "concat"}]}}
+    n = 50
+    daemons = start_daemons(run_dir, 2, job_id, config)
+    try:
+        results = run_ranks(_e2e_rank, 2, run_dir, timeout=300, n=n, idle_policy=idle_policy, skew=5)
+    finally:
+        stop_all(daemons)
+    # phase_plans moves encoder work between ranks, so join runs every rank to the epoch's end too.
+    assert results[0]["steps"] == results[1]["steps"] > 1
+    check_step_invariants([r["records"] for r in results], 2)
+    assert results[1]["idle"] > 0, "the skew gave rank 1 no IDLE step: the test tests nothing"
+    assert results[0]["errors"] == [] and results[1]["errors"] == []
+    assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
+    assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
+    assert sum(r["summary"]["emitted"] for r in results) == n
