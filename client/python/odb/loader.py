@@ -1209,8 +1209,12 @@ class OdbDataLoader:
             # plans): other ranks' routes count on its outputs, so the enc.*
             # tensors and the header's plan stay with the dummy LLM batch.
             batch = dict(batch)
-            batch.update({k: v for k, v in _to_torch(delivery).items() if k.startswith("enc.")})
-            extra["_delivery"] = delivery
+            enc = {k: v for k, v in _to_torch(delivery).items() if k.startswith("enc.")}
+            if self._pinning():  # as for real steps: page-locked copies, the received memory goes back
+                enc = {k: v.pin_memory() for k, v in enc.items()}
+            else:
+                extra["_delivery"] = delivery
+            batch.update(enc)
         return Step.from_header(info, batch, loss_weight=0.0, idle=True, dummy=True,
                                 sample_ids=[], lengths=[], real_tokens=0, padded_tokens=0, loss_tokens=0,
                                 rejections=[], **extra)
