@@ -97,28 +97,53 @@ std::vector<std::vector<Slot>> ComposeRoutes(const PhaseAssignment& from, const 
   return route;
 }
 
-MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& encoder_cost,
-                          const PhaseCost& llm_cost) {
+namespace {
+
+std::vector<std::vector<uint32_t>> SendCounts(const std::vector<std::vector<Slot>>& route, int world) {
+  std::vector<std::vector<uint32_t>> counts(world, std::vector<uint32_t>(world, 0));
+  for (int r = 0; r < world; ++r) {
+    for (const Slot& s : route[r]) ++counts[r][s.rank];
+  }
+  return counts;
+}
+
+// An encoder phase's cost: nothing for a sample without that input.
+double EncoderCost(const PhaseCost& cost, uint32_t units) { return units == 0 ? 0.0 : cost.Of(units); }
+
+MultimodalPlan Plan(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
+                    const PhaseCost* audio_cost, const PhaseCost& llm_cost) {
   const size_t n = samples.size();
-  std::vector<double> enc(n), llm(n);
+  std::vector<double> vision(n), audio(n, 0.0), llm(n);
   std::vector<int32_t> home(n);
   for (size_t i = 0; i < n; ++i) {
-    // A sample without vision input costs nothing in the encoder phase.
-    enc[i] = samples[i].lengths.vision_patches == 0 ? 0.0 : encoder_cost.Of(samples[i].lengths.vision_patches);
+    vision[i] = EncoderCost(vision_cost, samples[i].lengths.vision_patches);
+    if (audio_cost != nullptr) audio[i] = EncoderCost(*audio_cost, samples[i].lengths.audio_frames);
     llm[i] = llm_cost.Of(samples[i].lengths.tokens);
     home[i] = samples[i].home_rank;
   }
   MultimodalPlan plan;
-  plan.encoder = BalancePhase(enc, home, world);
+  plan.encoder = BalancePhase(vision, home, world);
+  plan.audio = BalancePhase(audio, home, world);
   std::vector<int32_t> enc_rank(n);
   for (size_t i = 0; i < n; ++i) enc_rank[i] = plan.encoder.slot_of[i].rank;
   plan.llm = BalancePhase(llm, enc_rank, world);
   plan.encoder_to_llm = ComposeRoutes(plan.encoder, plan.llm);
-  plan.send_counts.assign(world, std::vector<uint32_t>(world, 0));
-  for (int r = 0; r < world; ++r) {
-    for (const Slot& s : plan.encoder_to_llm[r]) ++plan.send_counts[r][s.rank];
-  }
+  plan.send_counts = SendCounts(plan.encoder_to_llm, world);
+  plan.audio_to_llm = ComposeRoutes(plan.audio, plan.llm);
+  plan.audio_send_counts = SendCounts(plan.audio_to_llm, world);
   return plan;
+}
+
+}  // namespace
+
+MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& encoder_cost,
+                          const PhaseCost& llm_cost) {
+  return Plan(samples, world, encoder_cost, nullptr, llm_cost);
+}
+
+MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
+                          const PhaseCost& audio_cost, const PhaseCost& llm_cost) {
+  return Plan(samples, world, vision_cost, &audio_cost, llm_cost);
 }
 
 }  // namespace odb::balance

@@ -84,16 +84,27 @@ std::vector<std::vector<T>> ApplyRoute(const std::vector<std::vector<Slot>>& rou
 
 // The full multimodal plan of one step.
 struct MultimodalPlan {
-  PhaseAssignment encoder;  // home = the sample's home_rank (payload location)
-  PhaseAssignment llm;      // home = the sample's encoder rank (embedding location)
+  PhaseAssignment encoder;  // vision; home = the sample's home_rank (payload location)
+  PhaseAssignment llm;      // home = the sample's vision encoder rank (embedding location)
   // encoder layout -> LLM layout, one all-to-all (Pi_LLM o Pi_enc^-1).
   std::vector<std::vector<Slot>> encoder_to_llm;
   // send_counts[src][dst]: items rank src sends to rank dst in that all-to-all.
   std::vector<std::vector<uint32_t>> send_counts;
+  // The audio encoder phase, balanced on its own cost (audio_frames); home =
+  // the sample's home_rank. Without an audio cost every item stays home.
+  PhaseAssignment audio;
+  std::vector<std::vector<Slot>> audio_to_llm;  // Pi_LLM o Pi_audio^-1
+  std::vector<std::vector<uint32_t>> audio_send_counts;
 };
 
+// Vision encoder and LLM (no audio phase: audio_frames ignored).
 MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& encoder_cost,
                           const PhaseCost& llm_cost);
+
+// Vision encoder, audio encoder and LLM, each balanced on its own cost. A
+// sample without images (audio frames) costs nothing in that encoder phase.
+MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
+                          const PhaseCost& audio_cost, const PhaseCost& llm_cost);
 
 }  // namespace odb::balance
 

@@ -16,8 +16,41 @@ std::vector<PhaseSample> RandomStep(uint64_t seed, int world, size_t n) {
     out[i].lengths.tokens = std::uniform_int_distribution<uint32_t>(16, 2048)(rng);
     // Half the samples carry an image; image size independent of text length.
     out[i].lengths.vision_patches = rng() % 2 ? std::uniform_int_distribution<uint32_t>(64, 1024)(rng) : 0;
+    // Audio on about a third, its length independent of both.
+    out[i].lengths.audio_frames = rng() % 3 == 0 ? std::uniform_int_distribution<uint32_t>(100, 3000)(rng) : 0;
   }
   return out;
+}
+
+// An encoder phase's composed route lands every item in its LLM slot, agrees
+// with going through the loader layout (two exchanges), and its send counts
+// add up to both layouts.
+void CheckComposedRoute(const PhaseAssignment& encoder, const PhaseAssignment& llm,
+                        const std::vector<std::vector<Slot>>& route,
+                        const std::vector<std::vector<uint32_t>>& send_counts, size_t n, int world) {
+  std::vector<std::vector<size_t>> enc_data = encoder.order;
+  std::vector<size_t> llm_sizes;
+  for (const auto& o : llm.order) llm_sizes.push_back(o.size());
+  const auto one_hop = ApplyRoute(route, enc_data, llm_sizes);
+  REQUIRE(one_hop == llm.order);
+  std::vector<size_t> loader(n);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < enc_data[r].size(); ++i) loader[enc_data[r][i]] = enc_data[r][i];
+  }
+  std::vector<std::vector<size_t>> two_hop(world);
+  for (int r = 0; r < world; ++r) {
+    for (size_t item : llm.order[r]) two_hop[r].push_back(loader[item]);
+  }
+  REQUIRE(two_hop == one_hop);
+  for (int s = 0; s < world; ++s) {
+    uint32_t out = 0, in = 0;
+    for (int d = 0; d < world; ++d) {
+      out += send_counts[s][d];
+      in += send_counts[d][s];
+    }
+    REQUIRE(out == encoder.order[s].size());
+    REQUIRE(in == llm.order[s].size());
+  }
 }
 
 TEST_CASE("composed route equals the two-exchange path and lands in the LLM layout", "[phase]") {
@@ -71,6 +104,47 @@ TEST_CASE("each phase is balanced on its own cost", "[phase]") {
     // The phases really differ: the encoder layout is not the LLM layout.
     REQUIRE(plan.encoder.order != plan.llm.order);
   }
+}
+
+TEST_CASE("audio phase: its composed route lands in the LLM layout, as the vision one does", "[phase]") {
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    const int world = 2 + static_cast<int>(seed % 7);
+    const auto samples = RandomStep(seed, world, 8 * world + seed % 13);
+    const MultimodalPlan plan = PlanPhases(samples, world, PhaseCost{}, PhaseCost{}, PhaseCost{});
+    CheckComposedRoute(plan.encoder, plan.llm, plan.encoder_to_llm, plan.send_counts, samples.size(), world);
+    CheckComposedRoute(plan.audio, plan.llm, plan.audio_to_llm, plan.audio_send_counts, samples.size(), world);
+  }
+}
+
+TEST_CASE("vision, audio and LLM phases are each balanced on their own cost", "[phase]") {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    const int world = 8;
+    const auto samples = RandomStep(seed, world, 256);
+    // Audio frames cost more per unit than patches: a different cost model, not just other sizes.
+    const PhaseCost audio_cost{.per_sample = 10.0, .per_unit = 2.0};
+    const MultimodalPlan plan = PlanPhases(samples, world, PhaseCost{}, audio_cost, PhaseCost{});
+    std::vector<double> vision, audio, llm;
+    for (const auto& s : samples) {
+      vision.push_back(s.lengths.vision_patches);
+      audio.push_back(s.lengths.audio_frames == 0 ? 0.0 : audio_cost.Of(s.lengths.audio_frames));
+      llm.push_back(s.lengths.tokens);
+    }
+    REQUIRE(plan.encoder.max_load <= 1.05 * MinimaxLowerBound(vision, world));
+    REQUIRE(plan.audio.max_load <= 1.05 * MinimaxLowerBound(audio, world));
+    REQUIRE(plan.llm.max_load <= 1.05 * MinimaxLowerBound(llm, world));
+    // Three layouts, not one reused: audio is balanced apart from vision and the LLM.
+    REQUIRE(plan.audio.order != plan.encoder.order);
+    REQUIRE(plan.audio.order != plan.llm.order);
+  }
+}
+
+TEST_CASE("without an audio cost the audio phase stays home and the vision plan is unchanged", "[phase]") {
+  const auto samples = RandomStep(7, 4, 40);
+  const MultimodalPlan vision_only = PlanPhases(samples, 4, PhaseCost{}, PhaseCost{});
+  const MultimodalPlan both = PlanPhases(samples, 4, PhaseCost{}, PhaseCost{}, PhaseCost{});
+  REQUIRE(vision_only.encoder.order == both.encoder.order);
+  REQUIRE(vision_only.llm.order == both.llm.order);
+  for (size_t i = 0; i < samples.size(); ++i) REQUIRE(vision_only.audio.slot_of[i].rank == samples[i].home_rank);
 }
 
 TEST_CASE("BalancePhase covers every item once and prefers home when balanced", "[phase]") {

@@ -1,7 +1,8 @@
-"""odb.phases.route_encoder_outputs: a toy two-phase multimodal model whose
-encoder layout differs from its LLM layout gives, after ONE routed all-to-all,
-exactly the LLM inputs and the gradients of one process running the whole
-batch (float64, 2 gloo ranks and world size 1)."""
+"""odb.phases.route_encoder_outputs: a toy multimodal model with a vision and an
+audio encoder, whose encoder layouts differ from each other and from the LLM
+layout, gives, after ONE routed all-to-all per encoder phase, exactly the LLM
+inputs and the gradients of one process running the whole batch (float64, 2
+gloo ranks and world size 1)."""
 from __future__ import annotations
 
 import datetime
@@ -18,41 +19,55 @@ import torch.multiprocessing as mp
 
 from odb.phases import PhasePlan, enc_rows_from_offsets, route_encoder_outputs
 
-VOCAB, DIM, IMAGE = 11, 6, (3, 2, 2)
+VOCAB, DIM, IMAGE, AUDIO = 11, 6, (3, 2, 2), 5  # AUDIO: features per audio frame
 TOL = 1e-10
 
 
 # ----- the toy model and its data -------------------------------------------
+def _mean_rows(n: int, rows: Sequence[int], feats: torch.Tensor) -> torch.Tensor:
+    """[n, D]: each sample's mean of its rows of feats (0 without rows). The
+    matrix uses feats even when it has no rows, so the backward (a collective
+    when routed) runs on every rank."""
+    mean = torch.zeros(n, feats.shape[0], dtype=feats.dtype)
+    start = 0
+    for j, r in enumerate(rows):
+        if r:
+            mean[j, start:start + r] = 1.0 / r
+        start += r
+    return mean @ feats
+
+
 class ToyMLLM(torch.nn.Module):
-    """Encoder: Linear over each flattened image -> one embedding per image.
-    LLM: token embedding + the mean image embedding of the sample, linear head."""
+    """Vision encoder: Linear over each flattened image -> one embedding per
+    image. Audio encoder: Linear over each audio frame -> one embedding per
+    frame. LLM: token embedding + the sample's mean image embedding + its mean
+    audio embedding, linear head."""
 
     def __init__(self) -> None:
         super().__init__()
         n = IMAGE[0] * IMAGE[1] * IMAGE[2]
         self.enc = torch.nn.Linear(n, DIM)
+        self.aud = torch.nn.Linear(AUDIO, DIM)
         self.emb = torch.nn.Embedding(VOCAB, DIM)
         self.head = torch.nn.Linear(DIM, VOCAB)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.enc(pixels.flatten(1)))
 
+    def encode_audio(self, frames: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.aud(frames))
+
     def llm_loss_sum(self, samples: Sequence[Dict[str, torch.Tensor]], img_rows: Sequence[int],
-                     img_feats: torch.Tensor) -> torch.Tensor:
+                     img_feats: torch.Tensor, audio_rows: Sequence[int],
+                     audio_feats: torch.Tensor) -> torch.Tensor:
         """Sum of the per-token losses of `samples`; img_feats holds their
-        image embeddings concatenated, img_rows[j] of them for sample j. The
-        averaging matrix uses img_feats even when it has no rows, so the
-        backward (a collective when routed) runs on every rank."""
-        mean = torch.zeros(len(samples), img_feats.shape[0], dtype=img_feats.dtype)
-        start = 0
-        for j, r in enumerate(img_rows):
-            if r:
-                mean[j, start:start + r] = 1.0 / r
-            start += r
-        img = mean @ img_feats
-        x = [self.emb(s["tokens"]) + img[j] for j, s in enumerate(samples)]
+        image embeddings concatenated, img_rows[j] of them for sample j (and
+        audio_feats / audio_rows their audio embeddings)."""
+        img = _mean_rows(len(samples), img_rows, img_feats)
+        aud = _mean_rows(len(samples), audio_rows, audio_feats)
+        x = [self.emb(s["tokens"]) + img[j] + aud[j] for j, s in enumerate(samples)]
         if not x:
-            return img.sum()
+            return img.sum() + aud.sum()
         logits = self.head(torch.tanh(torch.cat(x)))
         labels = torch.cat([s["labels"] for s in samples])
         return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
@@ -64,9 +79,11 @@ def make_samples(seed: int, n: int) -> List[Dict[str, torch.Tensor]]:
     for _ in range(n):
         length = int(torch.randint(1, 7, (1,), generator=g))
         k = int(torch.randint(0, 4, (1,), generator=g))
+        frames = int(torch.randint(0, 4, (1,), generator=g))
         out.append({"tokens": torch.randint(0, VOCAB, (length,), generator=g),
                     "labels": torch.randint(0, VOCAB, (length,), generator=g),
-                    "images": torch.randn((k,) + IMAGE, generator=g, dtype=torch.float64)})
+                    "images": torch.randn((k,) + IMAGE, generator=g, dtype=torch.float64),
+                    "audio": torch.randn((frames, AUDIO), generator=g, dtype=torch.float64)})
     return out
 
 
@@ -79,25 +96,35 @@ def random_layout(rng: random.Random, n: int, world: int) -> List[List[int]]:
     return [ids[bounds[r]:bounds[r + 1]] for r in range(world)]
 
 
-def headers(llm: List[List[int]], enc: List[List[int]]) -> List[Dict[str, List[int]]]:
-    """Each rank's step header fields, as the daemon computes them."""
+def headers(llm: List[List[int]], enc: List[List[int]], aud: List[List[int]]) -> List[Dict[str, List[int]]]:
+    """Each rank's step header fields, as the daemon computes them (vision
+    phase enc_*, audio phase audio_*)."""
     llm_pos = {s: (r, j) for r, ids in enumerate(llm) for j, s in enumerate(ids)}
     enc_rank = {s: r for r, ids in enumerate(enc) for s in ids}
+    aud_rank = {s: r for r, ids in enumerate(aud) for s in ids}
     return [{"sample_ids": llm[r],
              "llm_src_rank": [enc_rank[s] for s in llm[r]],
              "enc_sample_ids": enc[r],
              "enc_owner_ranks": [0] * len(enc[r]),
              "enc_dest_rank": [llm_pos[s][0] for s in enc[r]],
-             "enc_dest_index": [llm_pos[s][1] for s in enc[r]]} for r in range(len(llm))]
+             "enc_dest_index": [llm_pos[s][1] for s in enc[r]],
+             "llm_audio_src_rank": [aud_rank[s] for s in llm[r]],
+             "audio_sample_ids": aud[r],
+             "audio_owner_ranks": [0] * len(aud[r]),
+             "audio_dest_rank": [llm_pos[s][0] for s in aud[r]],
+             "audio_dest_index": [llm_pos[s][1] for s in aud[r]]} for r in range(len(llm))]
 
 
 def make_case(seed: int, world: int, n: int, llm: Optional[List[List[int]]] = None,
-              enc: Optional[List[List[int]]] = None) -> Tuple[List[Dict[str, torch.Tensor]], List[Dict]]:
+              enc: Optional[List[List[int]]] = None,
+              aud: Optional[List[List[int]]] = None) -> Tuple[List[Dict[str, torch.Tensor]], List[Dict]]:
     rng = random.Random(seed)
     llm = llm or random_layout(rng, n, world)
     while enc is None or enc == llm:
         enc = random_layout(rng, n, world)
-    return make_samples(seed, n), headers(llm, enc)
+    while aud is None or aud in (llm, enc):  # a third layout: each phase balanced on its own
+        aud = random_layout(rng, n, world)
+    return make_samples(seed, n), headers(llm, enc, aud)
 
 
 def pixels_of(samples: Sequence[Dict[str, torch.Tensor]], ids: Sequence[int]) -> torch.Tensor:
@@ -105,13 +132,20 @@ def pixels_of(samples: Sequence[Dict[str, torch.Tensor]], ids: Sequence[int]) ->
     return torch.cat(parts) if parts else torch.zeros((0,) + IMAGE, dtype=torch.float64)
 
 
+def audio_of(samples: Sequence[Dict[str, torch.Tensor]], ids: Sequence[int]) -> torch.Tensor:
+    parts = [samples[s]["audio"] for s in ids]
+    return torch.cat(parts) if parts else torch.zeros((0, AUDIO), dtype=torch.float64)
+
+
 def reference(samples: List[Dict[str, torch.Tensor]]) -> Tuple[float, List[torch.Tensor]]:
     """One process, the whole batch, no exchange: mean per-token loss and grads."""
     model = new_model()
     ids = list(range(len(samples)))
     feats = model.encode(pixels_of(samples, ids))
+    audio = model.encode_audio(audio_of(samples, ids))
     total = sum(len(s["tokens"]) for s in samples)
-    loss = model.llm_loss_sum(samples, [len(s["images"]) for s in samples], feats) / total
+    loss = model.llm_loss_sum(samples, [len(s["images"]) for s in samples], feats,
+                              [len(s["audio"]) for s in samples], audio) / total
     loss.backward()
     return loss.item(), [p.grad.clone() for p in model.parameters()]
 
@@ -135,13 +169,22 @@ def run_rank(samples: List[Dict[str, torch.Tensor]], header: Dict[str, List[int]
     enc_rows = enc_rows_from_offsets(torch.tensor(offsets))
     enc_out = model.encode(enc_pixels)
     llm_in, llm_rows = plan.route(enc_out, enc_rows, group)
+    # The audio phase: its own layout, its own route into the same LLM layout.
+    audio_out = model.encode_audio(audio_of(samples, plan.audio_sample_ids))
+    audio_in, audio_rows = plan.route_audio(audio_out, [len(samples[s]["audio"]) for s in plan.audio_sample_ids],
+                                            group)
     mine = [samples[s] for s in plan.sample_ids]
     want_rows = [len(s["images"]) for s in mine]
+    want_audio_rows = [len(s["audio"]) for s in mine]
     with torch.no_grad():
         want = model.encode(pixels_of(samples, plan.sample_ids))
+        want_audio = model.encode_audio(audio_of(samples, plan.sample_ids))
     input_err = (llm_in - want).abs().max().item() if llm_in.numel() else 0.0
+    if audio_in.numel():
+        input_err = max(input_err, (audio_in - want_audio).abs().max().item())
     total = sum(len(s["tokens"]) for s in samples)
-    loss = model.llm_loss_sum(mine, llm_rows, llm_in) / total  # sum over ranks: mean per-token loss
+    # Sum over ranks: mean per-token loss.
+    loss = model.llm_loss_sum(mine, llm_rows, llm_in, audio_rows, audio_in) / total
     loss.backward()
     # A rank without LLM samples leaves the LLM's grads unset: they are 0.
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
@@ -151,7 +194,9 @@ def run_rank(samples: List[Dict[str, torch.Tensor]], header: Dict[str, List[int]
             all_reduce(g)
         all_reduce(loss_sum)
     ref_loss, ref_grads = reference(samples)
-    return {"rows_ok": llm_rows == want_rows and tuple(llm_in.shape) == (sum(want_rows), DIM),
+    return {"rows_ok": (llm_rows == want_rows and tuple(llm_in.shape) == (sum(want_rows), DIM)
+                        and audio_rows == want_audio_rows
+                        and tuple(audio_in.shape) == (sum(want_audio_rows), DIM)),
             "input_err": input_err, "loss_err": abs(loss_sum.item() - ref_loss),
             "grad_err": max((g - r).abs().max().item() for g, r in zip(grads, ref_grads))}
 
@@ -172,9 +217,9 @@ def free_port() -> int:
 
 def _scenarios(world: int) -> List[Tuple[str, List[Dict[str, torch.Tensor]], List[Dict]]]:
     cases = [(f"seed{seed}", *make_case(seed, world, n)) for seed, n in ((0, 7), (1, 12), (2, 5), (3, 16))]
-    # Edge: rank 0 runs no LLM sample, rank 1 encodes nothing.
+    # Edge: rank 0 runs no LLM sample, rank 1 encodes nothing (neither phase).
     cases.append(("empty-ranks", *make_case(9, world, 6, llm=[[], [5, 3, 0, 1, 4, 2]],
-                                            enc=[[2, 4, 0, 1, 3, 5], []])))
+                                            enc=[[2, 4, 0, 1, 3, 5], []], aud=[[1, 0, 3, 2, 5, 4], []])))
     return cases
 
 
@@ -189,9 +234,11 @@ def _rank_main(rank: int, world: int, port: int, q: Any) -> None:
         for name, samples, hdrs in _scenarios(world):
             out[name] = run_rank(samples, hdrs[rank], all_reduce=lambda t: dist.all_reduce(t))
             out[name]["moved"] = sum(src != rank for src in hdrs[rank]["llm_src_rank"])
+            out[name]["audio_moved"] = sum(src != rank for src in hdrs[rank]["llm_audio_src_rank"])
         # A plan whose dest index disagrees with the receiver's llm_src_rank
         # fails on the receiver with a message, and on no rank with a hang.
-        samples, hdrs = make_case(5, world, 6, llm=[[0, 1, 2], [3, 4, 5]], enc=[[3, 4, 5], [0, 1, 2]])
+        samples, hdrs = make_case(5, world, 6, llm=[[0, 1, 2], [3, 4, 5]], enc=[[3, 4, 5], [0, 1, 2]],
+                                  aud=[[0, 3, 1], [4, 2, 5]])
         hdrs[0]["llm_src_rank"][0] = 0
         plan = PhasePlan.from_header(hdrs[rank])
         enc_out = pixels_of(samples, plan.enc_sample_ids).flatten(1)
@@ -242,8 +289,9 @@ def test_two_ranks_routed_step_equals_one_process() -> None:
     for name, _, hdrs in _scenarios(2):
         for rank in range(2):
             assert_exact(results[rank][name], f"{name} rank {rank}")
-        # The layouts differ, so samples really crossed ranks.
+        # The layouts differ, so samples really crossed ranks, in both encoder phases.
         assert sum(results[r][name]["moved"] for r in range(2)) > 0, name
+        assert sum(results[r][name]["audio_moved"] for r in range(2)) > 0, name
     assert results[0]["bad_plan"] is not None and "LLM sample 0 came from rank 1" in results[0]["bad_plan"]
     assert results[1]["bad_plan"] is None
 
@@ -256,6 +304,7 @@ def test_world_size_one_without_distributed(seed: int) -> None:
     assert not dist.is_initialized()
     samples, hdrs = make_case(seed, 1, 9)
     assert hdrs[0]["enc_sample_ids"] != hdrs[0]["sample_ids"]
+    assert hdrs[0]["audio_sample_ids"] not in (hdrs[0]["sample_ids"], hdrs[0]["enc_sample_ids"])
     assert_exact(run_rank(samples, hdrs[0]), f"seed {seed}")
 
 
@@ -314,20 +363,25 @@ class _ImageTextDataset(torch.utils.data.Dataset):
                 "vision_patches": 16 * k}
 
 
-def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
+def _e2e_rank(rank: int, world: int, run_dir: str, n: int, idle_policy: str = "zero_step",
+              skew: int = 0) -> Dict[str, Any]:
     import odb
 
     dataset = _ImageTextDataset(n)
-    loader = odb.OdbDataLoader(dataset, num_workers=0, idle_policy="zero_step", timeout_s=60)
+    # skew k: rank 1 feeds every k-th sample, rank 0 the rest (ranks run out at different times).
+    sampler = [i for i in range(n) if (i % skew == 0) == (rank == 1)] if skew else None
+    loader = odb.OdbDataLoader(dataset, sampler=sampler, num_workers=0, idle_policy=idle_policy, timeout_s=60)
     from odbtest_py import step_record
 
-    seen, enc_seen, steps, moved, errors, records = [], [], 0, 0, [], []
+    seen, enc_seen, steps, moved, errors, records, idle = [], [], 0, 0, [], [], 0
     for step in loader:
         records.append(step_record(step))
         plan = step.phase_plan
         assert plan == PhasePlan.from_step(step)
         b = step.batch
+        idle += step.idle
         assert step.dummy or plan.enabled, f"step {step.step_index}: no phase plan in the header"
+        # Every rank routes every step, IDLE or not: the routes are collectives.
         assert "pixel_values" not in b or step.dummy, "the LLM batch carries an encoder field"
         if plan.enc_sample_ids:
             enc_out = b["enc.pixel_values"].flatten(1)
@@ -346,7 +400,8 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int) -> Dict[str, Any]:
             if rows != dataset.images[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, 12)):
                 errors.append(f"step {step.step_index} sample {sid}: {rows} rows {got[:, 0].tolist()}")
             start += rows
-    return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors}
+    return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors,
+            "idle": idle, "summary": loader.last_summary}
 
 
 def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
@@ -367,3 +422,31 @@ def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
     assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
     assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
     assert results[0]["moved"] + results[1]["moved"] > 0  # encoders balanced apart from the LLM layout
+
+
+@pytest.mark.parametrize("idle_policy", ["zero_step", "join"])
+def test_skewed_ranks_route_through_idle_steps(run_dir, job_id, idle_policy: str) -> None:
+    """Rank 1 feeds a fifth of the samples and the local planner keeps them home,
+    so rank 1 gets IDLE steps while rank 0 still trains: every rank still routes
+    every step (an IDLE rank's plan is empty and no peer expects outputs from
+    it), no rank waits for the process-group timeout, and every sample is
+    trained and encoded once, under both IDLE policies."""
+    from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
+
+    config = {"alignment": {"planner": "local", "phase_plans": True},
+              "grouping": {"max_tokens": 96, "max_vision_patches": 64},
+              "collate": {"encoder_fields": ["pixel_values"], "fields": [{"name": "pixel_values", "rule": "concat"}]}}
+    n = 50
+    daemons = start_daemons(run_dir, 2, job_id, config)
+    try:
+        results = run_ranks(_e2e_rank, 2, run_dir, timeout=300, n=n, idle_policy=idle_policy, skew=5)
+    finally:
+        stop_all(daemons)
+    # phase_plans moves encoder work between ranks, so join runs every rank to the epoch's end too.
+    assert results[0]["steps"] == results[1]["steps"] > 1
+    check_step_invariants([r["records"] for r in results], 2)
+    assert results[1]["idle"] > 0, "the skew gave rank 1 no IDLE step: the test tests nothing"
+    assert results[0]["errors"] == [] and results[1]["errors"] == []
+    assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
+    assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
+    assert sum(r["summary"]["emitted"] for r in results) == n

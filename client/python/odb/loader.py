@@ -323,6 +323,9 @@ class Step:
     # r.producer_id, r.message (r["code"] works too)
     rejections: List[Any] = field(default_factory=list)
     _delivery: Any = None
+    # The header's per-phase lists (odb.phases.PHASE_FIELDS), kept apart from
+    # _delivery: a pinned or dummy step drops its delivery but not its plan.
+    _phase_fields: Optional[Dict[str, List[int]]] = None
     # Accumulation windows (optimizer.tokens_per_step, docs/python.md): this
     # rank's loss tokens, the window (optimizer step) this micro-step belongs
     # to, its micro-step count (the same on every rank), all ranks' loss tokens
@@ -348,6 +351,10 @@ class Step:
             if value is _MISSING:
                 continue  # a header without the field (an older test double): the dataclass default
             values[f.name] = list(value) if isinstance(value, (list, tuple)) else value
+        if "_phase_fields" not in overrides:
+            from .phases import PHASE_FIELDS
+
+            values["_phase_fields"] = {k: [int(x) for x in info.get(k, [])] for k in PHASE_FIELDS}
         values.update(overrides)
         return cls(batch=batch, **values)
 
@@ -410,6 +417,11 @@ class OdbDataLoader:
         a rank is never done before the epoch ends, so join drops nothing).
       dummy_sample: the sample used to build dummy batches; default
         ``dataset[first index]`` (computed once, in this process).
+      packed: whether odbd packs steps (``collate.packed``). Dummy batches
+        then have the packed layout (one sequence: ``cu_seqlens`` [0, L],
+        ``position_ids`` [1, L], no attention mask). None: learned from the
+        first real step (IDLE steps before it come padded); when given, a
+        real step of the other layout is an error.
       rank, run_dir, ingest_endpoint, trainer_endpoint: where the daemon is
         (default: torch.distributed / $RANK and $ODB_RUN_DIR, see
         :func:`odb.endpoints`).
@@ -460,7 +472,7 @@ class OdbDataLoader:
                  summary_dir: Optional[str] = None, data_plane: str = "auto",
                  tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
                  ignore_index: int = -100, stop_at_samples: Optional[int] = None,
-                 stop_at_loss_tokens: Optional[int] = None) -> None:
+                 stop_at_loss_tokens: Optional[int] = None, packed: Optional[bool] = None) -> None:
         for name, value in (("stop_at_samples", stop_at_samples), ("stop_at_loss_tokens", stop_at_loss_tokens)):
             if value is not None and (isinstance(value, bool) or int(value) != value or int(value) < 1):
                 raise ValueError(f"{name} must be a positive int (a job-level budget over all ranks), got {value!r}")
@@ -509,6 +521,8 @@ class OdbDataLoader:
         self.epoch = 0
         self._dummy_sample = dummy_sample
         self._dummy_batch: Optional[Dict[str, torch.Tensor]] = None
+        self.packed = None if packed is None else bool(packed)
+        self._packed_seen: Optional[bool] = None  # the layout of the real steps received so far
         self._consumer: Any = None
         self.last_summary: Optional[Dict[str, Any]] = None
         self.samples_sent = 0
@@ -1029,7 +1043,7 @@ class OdbDataLoader:
                     # done (rank_done: the loop is left, the drain thread reads on).
                     remember(info)
                     window = self._count_step(info)
-                    yield self._dummy_step(info, indices, window)
+                    yield self._dummy_step(info, indices, window, delivery)
                     asked = time.monotonic()
                     continue
                 accounted[0] += len(info["sample_ids"])
@@ -1037,6 +1051,7 @@ class OdbDataLoader:
                 self._consumed_steps.append(int(info["step_index"]))
                 remember(info)
                 batch = _to_torch(delivery)
+                self._check_layout(batch, info)
                 if self._pinning():
                     # Page-locked copies (what torch's DataLoader does with
                     # pin_memory): the received step's memory goes back now.
@@ -1051,6 +1066,16 @@ class OdbDataLoader:
             pump.close()
             if progress is not None:
                 progress.close()
+
+    def _check_layout(self, batch: Mapping[str, torch.Tensor], info: Any) -> None:
+        packed = "cu_seqlens" in batch
+        self._packed_seen = packed
+        if self.packed is None or self.packed == packed:
+            return
+        raise native().OdbError(
+            f"odb: OdbDataLoader(packed={self.packed}) but step {info['step_index']} from the daemon at "
+            f"{self.trainer_endpoint} is {'packed' if packed else 'padded'}: pass packed={packed}, or start odbd "
+            f"with collate: {{packed: {str(self.packed).lower()}}} on every rank")
 
     def _check_window_target(self, info: Any) -> None:
         want = self.tokens_per_optimizer_step
@@ -1175,14 +1200,41 @@ class OdbDataLoader:
         warnings.warn(f"odbd skipped input ({where}): {text}")
 
     # ----- dummy steps ---------------------------------------------------------
-    def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int], window: Optional[int] = None) -> Step:
-        extra = {} if window is None else {"window": window}
-        return Step.from_header(info, self.dummy_batch(indices), loss_weight=0.0, idle=True, dummy=True,
+    def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int], window: Optional[int] = None,
+                    delivery: Any = None) -> Step:
+        extra: Dict[str, Any] = {} if window is None else {"window": window}
+        batch = self.dummy_batch(indices)
+        if delivery is not None and list(info.get("enc_sample_ids", [])):
+            # Encoder work in a step with no LLM samples for this rank (per-phase
+            # plans): other ranks' routes count on its outputs, so the enc.*
+            # tensors and the header's plan stay with the dummy LLM batch.
+            batch = dict(batch)
+            enc = {k: v for k, v in _to_torch(delivery).items() if k.startswith("enc.")}
+            if self._pinning():  # as for real steps: page-locked copies, the received memory goes back
+                enc = {k: v.pin_memory() for k, v in enc.items()}
+            else:
+                extra["_delivery"] = delivery
+            batch.update(enc)
+        return Step.from_header(info, batch, loss_weight=0.0, idle=True, dummy=True,
                                 sample_ids=[], lengths=[], real_tokens=0, padded_tokens=0, loss_tokens=0,
                                 rejections=[], **extra)
 
     def dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-        """A one-sample batch for IDLE steps (same field names as real batches)."""
+        """A one-sample batch for IDLE steps (same field names as real batches),
+        in the packed layout when the daemon packs (``packed``, or learned)."""
+        packed = self.packed if self.packed is not None else bool(self._packed_seen)
+        batch = self._padded_dummy_batch(indices)
+        if not packed:
+            return batch
+        # One packed sequence: the padded one-row batch without its mask, and the
+        # index tensors the daemon's packed steps carry (dtypes as collate writes them).
+        n = int(batch["input_ids"].shape[1]) if batch["input_ids"].dim() >= 2 else 0
+        out = {k: v for k, v in batch.items() if k != "attention_mask"}
+        out["cu_seqlens"] = torch.tensor([0, n], dtype=torch.int32)
+        out["position_ids"] = torch.arange(n, dtype=torch.int64).unsqueeze(0)
+        return out
+
+    def _padded_dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
         if self._dummy_batch is None:
             sample = self._dummy_sample
             if sample is None:

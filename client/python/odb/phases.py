@@ -18,16 +18,29 @@ all-to-all (the composed permutation Pi_LLM o Pi_enc^-1) instead of gathering
 back to the owners and scattering again. It is differentiable: the backward is
 the reverse all-to-all, so encoder gradients flow back to the rank that ran
 the encoder.
+
+An audio encoder is a second encoder phase, balanced on its own cost (audio
+frames) and routed the same way by its own header lists: ``audio_sample_ids``,
+``audio_owner_ranks``, ``audio_dest_rank``, ``audio_dest_index`` and
+``llm_audio_src_rank`` (:meth:`PhasePlan.route_audio`). Each phase's route is
+its own composed permutation into the same LLM layout; every rank calls the
+routes of the step in the same order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["PhasePlan", "enc_rows_from_offsets", "route_encoder_outputs"]
+__all__ = ["PHASE_FIELDS", "PhasePlan", "enc_rows_from_offsets", "route_encoder_outputs"]
+
+# The step header's per-phase lists (besides sample_ids), in PhasePlan order:
+# the vision encoder's, then the audio encoder's.
+PHASE_FIELDS = ("llm_src_rank", "enc_sample_ids", "enc_owner_ranks", "enc_dest_rank", "enc_dest_index",
+                "audio_sample_ids", "audio_owner_ranks", "audio_dest_rank", "audio_dest_index",
+                "llm_audio_src_rank")
 
 
 def enc_rows_from_offsets(offsets: Any, rows_per_item: int = 1) -> List[int]:
@@ -194,17 +207,25 @@ class PhasePlan:
     enc_owner_ranks: List[int]
     enc_dest_rank: List[int]
     enc_dest_index: List[int]
+    # The audio encoder phase (empty when the header has none).
+    audio_sample_ids: List[int] = field(default_factory=list)
+    audio_owner_ranks: List[int] = field(default_factory=list)
+    audio_dest_rank: List[int] = field(default_factory=list)
+    audio_dest_index: List[int] = field(default_factory=list)
+    llm_audio_src_rank: List[int] = field(default_factory=list)
 
     @classmethod
     def from_header(cls, header: Mapping[str, Any]) -> "PhasePlan":
         """From a step header dict (``Delivery.step`` of the native client)."""
-        return cls(*(list(header.get(k, [])) for k in (
-            "sample_ids", "llm_src_rank", "enc_sample_ids", "enc_owner_ranks", "enc_dest_rank",
-            "enc_dest_index")))
+        return cls(*(list(header.get(k, [])) for k in ("sample_ids",) + PHASE_FIELDS))
 
     @classmethod
     def from_step(cls, step: Any) -> "PhasePlan":
-        """From an :class:`odb.Step` (its received header); empty for a dummy step."""
+        """From an :class:`odb.Step`: the plan of its header, also when the step
+        no longer holds the received frames (pinned batches, dummy IDLE steps)."""
+        phase = getattr(step, "_phase_fields", None)
+        if phase is not None:
+            return cls(list(step.sample_ids), *(list(phase.get(k, [])) for k in PHASE_FIELDS))
         delivery = getattr(step, "_delivery", None)
         if delivery is None:
             return cls(list(step.sample_ids), [], [], [], [], [])
@@ -213,10 +234,22 @@ class PhasePlan:
     @property
     def enabled(self) -> bool:
         """True when the header carries a per-phase plan."""
-        return bool(self.llm_src_rank or self.enc_dest_rank)
+        return bool(self.llm_src_rank or self.enc_dest_rank or self.has_audio)
+
+    @property
+    def has_audio(self) -> bool:
+        """True when the header carries an audio encoder phase."""
+        return bool(self.llm_audio_src_rank or self.audio_dest_rank)
 
     def route(self, enc_out: torch.Tensor, enc_rows: Sequence[int],
               group: Optional[Any] = None) -> Tuple[torch.Tensor, List[int]]:
         """:func:`route_encoder_outputs` with this plan."""
         return route_encoder_outputs(enc_out, enc_rows, self.enc_dest_rank, self.enc_dest_index,
                                      self.llm_src_rank, group)
+
+    def route_audio(self, audio_out: torch.Tensor, audio_rows: Sequence[int],
+                    group: Optional[Any] = None) -> Tuple[torch.Tensor, List[int]]:
+        """:func:`route_encoder_outputs` for the audio encoder phase: its outputs
+        (``audio_sample_ids`` order) to this rank's LLM samples."""
+        return route_encoder_outputs(audio_out, audio_rows, self.audio_dest_rank, self.audio_dest_index,
+                                     self.llm_audio_src_rank, group)
