@@ -9,7 +9,7 @@ PACKAGES=(
   libgloo-dev libspdlog-dev libfmt-dev libyaml-cpp-dev catch2 libabsl-dev libcli11-dev
   libhiredis-dev nlohmann-json3-dev
   python3 python3-dev python3-pybind11 pybind11-dev python3-torch python3-zmq python3-protobuf
-  python3-numpy python3-matplotlib python3-pytest python3-mypy python3-yaml
+  python3-numpy python3-matplotlib python3-pytest python3-mypy python3-yaml python3-prometheus-client
   python3-setuptools python3-wheel python3-venv python3-pip
   libcpp-httplib-dev clang-14 libfuzzer-14-dev libclang-rt-14-dev
   spin redis-server iproute2 procps systemd

@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Dict, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 # ODB_TEST_BIN: another tree laid out as .build/ (e.g. a private build while .build/ is shared).
@@ -335,21 +336,48 @@ def raw_trainer_next(sock) -> tuple[list[bytes], "odb_pb2.DaemonMessage"]:
 METRICS_CONFIG = 'metrics_endpoint: "tcp://127.0.0.1:*"\n'
 
 
+def parse_metrics(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    """The samples of a Prometheus text exposition, parsed by the reference parser
+    (Debian's python3-prometheus-client), which raises on malformed text: {(name, sorted labels): value}.
+    A sample named twice with the same labels is an error."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key in samples:
+                raise AssertionError(f"metric sample {key} appears twice:\n{text}")
+            samples[key] = float(sample.value)
+    return samples
+
+
+def metric_value(text: str, name: str, rank: int = 0) -> float:
+    """The value of sample `name{rank="R"}` in an exposition (parse_metrics)."""
+    samples = parse_metrics(text)
+    key = (name, (("rank", str(rank)),))
+    if key not in samples:
+        raise AssertionError(f"metric {name}{{rank=\"{rank}\"}} is not exposed:\n{text}")
+    return samples[key]
+
+
+def scrape(address: str) -> str:
+    """GET http://address/metrics: the exposition text."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        assert response.status == 200
+        return response.read().decode()
+
+
 def metric(daemon: Daemon, name: str) -> float:
     """The value of the counter or gauge `name` on `daemon`'s metrics endpoint (its config has
-    METRICS_CONFIG). Reads the exposition lines `name{rank="R"} value` exactly, not by substring."""
+    METRICS_CONFIG), through the Prometheus text parser."""
     import re
-    import urllib.request
 
     daemon.wait_log("metrics endpoint tcp://")
     address = re.search(r"metrics endpoint tcp://([0-9.]+:\d+)", daemon.read_log()).group(1)
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] == name]
-    if len(values) != 1:
-        raise AssertionError(f"metric {name} appears {len(values)} times on rank {daemon.rank}:\n{text}")
-    return values[0]
+    return metric_value(scrape(address), name, daemon.rank)
 
 
 def wait_metric(daemon: Daemon, name: str, at_least: float, timeout: float = 60.0) -> float:
