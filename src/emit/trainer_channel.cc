@@ -245,20 +245,21 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
   } else if (msg.has_start_epoch()) {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
     if (msg.start_epoch().expected_producers() > 0) {
       state_.expected_producers = msg.start_epoch().expected_producers();
     }
-    const auto& req = state_.requested_epochs;
     constexpr size_t kMaxRequestedEpochs = 16;
-    if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
-        state_.current_epoch == epoch) {
+    const size_t waiting = state_.requested_epochs.size();
+    const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
+                       state_.requested_epochs.end();
+    if (state_.tracker.IsClosed(epoch) || again || state_.current_epoch == epoch) {
       spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
-    } else if (req.size() >= kMaxRequestedEpochs) {
+    } else if (waiting >= kMaxRequestedEpochs) {
       metrics_.bad_trainer_messages.fetch_add(1);
       spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                   req.size(), kMaxRequestedEpochs);
+                   waiting, kMaxRequestedEpochs);
     } else {
       state_.requested_epochs.push_back(epoch);
       if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
@@ -269,7 +270,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
       requested = true;
       spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
     }
-    state_.cv.notify_all();
+    state_.cv.NotifyAll();
   }
   return requested;
 }
@@ -342,7 +343,7 @@ void TrainerChannel::Flush() {
       // Control messages: an epoch summary closes the epoch's deliveries.
       delivered_in_epoch_ = 0;
     }
-    state_.cv.notify_all();
+    state_.cv.NotifyAll();
   }
 }
 
@@ -351,7 +352,7 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
   if (options_.trainer_timeout_ms == 0 || !lost_since_) return std::nullopt;
   bool epoch_open;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     epoch_open = state_.current_epoch.has_value() || !state_.requested_epochs.empty();
   }
   if (!epoch_open) return std::nullopt;

@@ -97,7 +97,7 @@ struct Fixture {
   void OpenSession() {
     Send(StartEpoch(0));
     REQUIRE(PumpUntil([&] {
-      std::lock_guard<std::mutex> lock(state.mu);
+      MutexLock lock(state.mu);
       return !state.requested_epochs.empty();
     }));
     auto ack = Receive();
@@ -117,7 +117,7 @@ struct Fixture {
 TEST_CASE("the first trainer's start_epoch opens the session and requests the epoch") {
   Fixture f("open");
   f.OpenSession();
-  std::lock_guard<std::mutex> lock(f.state.mu);
+  MutexLock lock(f.state.mu);
   REQUIRE(f.state.requested_epochs.size() == 1);
   CHECK(f.state.requested_epochs.front() == 0);
 }

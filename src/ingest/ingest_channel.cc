@@ -36,8 +36,8 @@ size_t MaxProducerConnections() {
 }
 
 // The lowest epoch the trainer is training or has asked for; nullopt before
-// it asks (and between its epochs). Requires DaemonState::mu.
-std::optional<uint32_t> TrainerEpoch(const DaemonState& state) {
+// it asks (and between its epochs).
+std::optional<uint32_t> TrainerEpoch(const DaemonState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
   std::optional<uint32_t> epoch = state.current_epoch;
   for (uint32_t e : state.requested_epochs) {
     if (!epoch || e < *epoch) epoch = e;
@@ -96,7 +96,7 @@ IngestChannel::Conn* IngestChannel::ConnFor(size_t i, const std::string& routing
   auto it = conns_.find(key);
   if (it != conns_.end()) return &it->second;
   if (conns_.size() >= MaxProducerConnections()) {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     Reject(MakeReject(wire::TOO_LARGE, "more than " + std::to_string(MaxProducerConnections()) +
                                            " producer connections; message of a new one refused")
                .rejection,
@@ -161,11 +161,11 @@ void IngestChannel::OnReadable(size_t i) {
   liveness_.NoteHeard();
   std::vector<std::pair<Conn*, wire::IngestReply>> replies;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     for (Received& r : burst) Admit(*r.conn, std::move(r.event), r.bytes, replies);
   }
   burst.clear();  // what was not admitted is freed outside the lock
-  state_.cv.notify_all();
+  state_.cv.NotifyAll();
   std::vector<ConnKey> gone;
   for (auto& [conn, reply] : replies) {
     if (!Reply(*conn, reply)) gone.push_back({conn->socket, conn->routing_id});
@@ -448,7 +448,7 @@ size_t IngestChannel::ProducerCount() const {
 void IngestChannel::GrantCredits() {
   CreditRoom room;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     room.free_bytes = static_cast<int64_t>(state_.buffer.RoomBytes()) - ledger_.outstanding_bytes();
     room.free_samples = static_cast<int64_t>(state_.buffer.RoomSamples()) - ledger_.outstanding_samples();
     // Producers ahead of the epoch being planned share at most half the buffer.
@@ -467,7 +467,7 @@ void IngestChannel::GrantCredits() {
   std::map<uint32_t, uint64_t> seq_limits;
   uint32_t base_epoch = 0;
   if (options_.deterministic) {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
     seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + options_.window;
     for (const auto& [key, conn] : conns_) {
@@ -536,7 +536,7 @@ void IngestChannel::Forget(const ConnKey& key) {
     // Worth a line when it leaves a stream open: the epoch waits for it (a
     // producer may reconnect, so this is not an error until
     // emit.producer_timeout_ms says so).
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     if (state_.current_epoch) {
       const uint32_t epoch = *state_.current_epoch;
       const auto active = state_.tracker.ActiveProducers(epoch);
@@ -555,7 +555,7 @@ void IngestChannel::NoteEpochRequested() { liveness_.NoteHeard(); }
 
 std::optional<std::string> IngestChannel::CheckStall() {
   if (!options_.deterministic) return std::nullopt;
-  std::lock_guard<std::mutex> lock(state_.mu);
+  MutexLock lock(state_.mu);
   bool stalled = state_.current_epoch.has_value();
   StallReport report;
   if (stalled) {
@@ -587,7 +587,7 @@ std::optional<std::string> IngestChannel::CheckStall() {
 
 std::optional<std::string> IngestChannel::CheckSilence() {
   if (options_.producer_timeout_ms == 0) return std::nullopt;
-  std::lock_guard<std::mutex> lock(state_.mu);
+  MutexLock lock(state_.mu);
   if (!state_.current_epoch) {
     liveness_.NoteHeard();
     return std::nullopt;

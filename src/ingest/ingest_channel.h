@@ -135,13 +135,16 @@ class IngestChannel {
   IngestEvent Receive(Conn& conn, std::vector<zmq::message_t>&& body,
                       std::optional<wire::ProducerMessage>&& arena_sample, uint64_t& charged);
   void Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
-             std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
-  void AdmitSample(Conn& conn, Sample& sample);                           // requires state_.mu
+             std::vector<std::pair<Conn*, wire::IngestReply>>& replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  void AdmitSample(Conn& conn, Sample& sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   void AdmitEndStream(Conn& conn, const EndStreamEvent& end,
-                      std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
-  void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);  // requires mu
-  // What admission needs to know of `epoch` now. Requires mu.
-  EpochView ViewOf(uint32_t epoch) const;
+                      std::vector<std::pair<Conn*, wire::IngestReply>>& replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  // What admission needs to know of `epoch` now.
+  EpochView ViewOf(uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Drops a connection found gone, with a log line when it left its
   // producer's stream of the current epoch open. Takes state_.mu.
   void Forget(const ConnKey& key);
