@@ -156,7 +156,7 @@ bool TrainerChannel::OnReadable() {
                        Printable(session_) + "; one trainer per daemon");
             continue;
           }
-          contender_ = Contender{peer, fd, std::chrono::steady_clock::now(), {}};
+          contender_ = Contender{peer, fd, clock_.Now(), {}};
         }
         if (contender_->waiting.size() < kContenderMessages) contender_->waiting.push_back(std::move(msg));
         continue;
@@ -177,7 +177,7 @@ bool TrainerChannel::OnReadable() {
 
 bool TrainerChannel::SettleContender() {
   if (!contender_) return false;
-  if (!lost_since_ && std::chrono::steady_clock::now() - contender_->since < kContenderGrace) return false;
+  if (!lost_since_ && clock_.Now() - contender_->since < kContenderGrace) return false;
   Contender c = std::move(*contender_);
   contender_.reset();
   if (!lost_since_) {

@@ -153,7 +153,7 @@ class TrainerChannel {
   struct Contender {
     std::string peer;
     int fd = -1;
-    std::chrono::steady_clock::time_point since;
+    Clock::TimePoint since;                     // on the injected clock
     std::vector<wire::TrainerMessage> waiting;  // at most kContenderMessages
   };
   std::optional<Contender> contender_;
