@@ -46,7 +46,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
 
 Daemon::~Daemon() {
   stop_.store(true);
-  state_.cv.notify_all();
+  state_.cv.NotifyAll();
   if (exchange_) exchange_->WakeAll();
   if (planner_.joinable()) planner_.join();
   metrics_server_.Stop();
@@ -126,7 +126,7 @@ void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
 
 void Daemon::PublishGauges() {
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     const uint64_t bytes = state_.buffer.bytes();
     metrics_.buffer_bytes.store(bytes);
     metrics_.buffer_samples.store(state_.buffer.count());
@@ -203,7 +203,7 @@ absl::Status Daemon::Run() {
     }
   }
   stop_.store(true);
-  state_.cv.notify_all();
+  state_.cv.NotifyAll();
   if (exchange_) exchange_->WakeAll();
   if (planner_.joinable()) planner_.join();
   arenas_.Stop();
@@ -253,7 +253,7 @@ void Daemon::PlannerLoop() {
   Clock::TimePoint last_round = clock_.Now();
   while (!Stopping()) {
     {
-      std::unique_lock<std::mutex> lock(state_.mu);
+      MutexLock lock(state_.mu);
       if (!state_.current_epoch && !state_.requested_epochs.empty()) {
         state_.current_epoch = state_.requested_epochs.front();
         state_.requested_epochs.pop_front();
@@ -266,7 +266,7 @@ void Daemon::PlannerLoop() {
         runner_->StartEpoch(*state_.current_epoch, first_round, first_step);
         last_round = clock_.Now();
       }
-      state_.cv.wait_for(lock, std::chrono::milliseconds(20));
+      state_.cv.WaitFor(state_.mu, std::chrono::milliseconds(20));
       if (Stopping() || !RoundDue(last_round)) continue;
     }
     absl::Status status = RunOneRound();
@@ -306,7 +306,7 @@ void Daemon::DropEpochsBefore(uint32_t epoch) {
 absl::Status Daemon::RunOneRound() {
   RoundRequest request;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     request.epoch = *state_.current_epoch;
     // The planner groups at most `window` samples per rank per round; offering
     // a bounded prefix keeps a round O(window) however deep the backlog.

@@ -67,10 +67,10 @@ class Daemon {
  private:
   void SweepStaleArenas();
   void PlannerLoop();
-  bool RoundDue(Clock::TimePoint last_round) const;  // requires state_.mu
+  bool RoundDue(Clock::TimePoint last_round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Closes the open epochs before `epoch` (the one the trainer starts),
-  // dropping their buffered samples with a log line. Requires state_.mu.
-  void DropEpochsBefore(uint32_t epoch);
+  // dropping their buffered samples with a log line.
+  void DropEpochsBefore(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   absl::Status RunOneRound();
   void ReportLongWait(uint32_t epoch, const RoundOutcome& outcome);
   void RecordRoundTime(std::chrono::steady_clock::duration took);  // planner thread

@@ -256,6 +256,12 @@ TEST_CASE("a second trainer is refused and the first keeps its steps") {
   first.StartEpoch(0);
   RawTrainer second(h.context, h.config.trainer_endpoint);
   second.StartEpoch(0);
+  // It waits out the contender grace (the first session might be closing),
+  // on the daemon's injected clock.
+  REQUIRE(Eventually([&] {
+    h.clock.Advance(std::chrono::milliseconds(500));
+    return h.daemon->metrics().refused_trainers.load() == 1;
+  }));
   wire::DaemonMessage refused = second.Next();
   REQUIRE(refused.has_fatal());
   REQUIRE(refused.fatal().code() == wire::SESSION_REFUSED);

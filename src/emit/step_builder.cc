@@ -70,7 +70,7 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   out.owned.resize(keys.size());
   std::vector<size_t> elsewhere;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     for (size_t k = 0; k < keys.size(); ++k) {
       std::optional<Sample> own;
       if (keys[k].owner_rank == options_.rank) own = state_.buffer.TakeOne(epoch, keys[k].id);
@@ -241,7 +241,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
                               std::string(collated.message()) + "; samples " + ids +
                               "); its loss weights would no longer sum to W, so the job stops");
   }
-  std::lock_guard<std::mutex> lock(state_.mu);
+  MutexLock lock(state_.mu);
   for (auto& r : state_.rejections.TakeUnreported()) *step.add_rejections() = std::move(r);
   wire::EpochSummary& totals = state_.epoch_totals[epoch];
   totals.set_steps(totals.steps() + 1);
@@ -259,7 +259,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
 }
 
 std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const RoundOutcome& outcome) {
-  std::lock_guard<std::mutex> lock(state_.mu);
+  MutexLock lock(state_.mu);
   wire::EpochSummary summary = state_.epoch_totals[epoch];
   summary.set_epoch(epoch);
   summary.set_received(state_.epoch_received[epoch]);
@@ -287,7 +287,7 @@ std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const Round
   message.set_version(wire::PROTOCOL_VERSION_CURRENT);
   *message.mutable_epoch_end() = std::move(summary);
   state_.current_epoch.reset();
-  state_.cv.notify_all();
+  state_.cv.NotifyAll();
   return EncodeControl(message);
 }
 

@@ -59,7 +59,9 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
       metrics_(metrics),
       clock_(clock),
       socket_(context, zmq::socket_type::router),
-      monitor_(context, zmq::socket_type::pair) {}
+      monitor_(context, zmq::socket_type::pair),
+      arena_(StepArenaHandshakeOptions{options_.step_arena, options_.step_arena_required,
+                                       options_.step_arena_bytes}) {}
 
 absl::Status TrainerChannel::Bind() {
   try {
@@ -84,94 +86,23 @@ absl::Status TrainerChannel::Bind() {
                                   "); is another odbd using it?");
   }
   // The step arena: only a local trainer (ipc://) can map the daemon's memory.
-  if (options_.step_arena && bound_.rfind("ipc://", 0) == 0) {
-    absl::Status s = arena_server_.Listen(StepArenaSocketPath(bound_.substr(6)));
-    if (!s.ok()) {
-      if (options_.step_arena_required) return s;
-      spdlog::warn("step arena off, steps go to the trainer as frames: {}", std::string(s.message()));
-    }
-    arena_server_.Start();
-  }
+  if (absl::Status s = arena_.Listen(bound_); !s.ok()) return s;
   return absl::OkStatus();
 }
 
 void TrainerChannel::OfferStepArena(const std::string& peer) {
-  SetArenaState(nullptr, false);  // steps of the new session go as frames until it has mapped its arena
-  offered_arena_.reset();
-  arena_server_.Publish(nullptr);
-  if (!arena_server_.listening()) return;
-  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(options_.step_arena_bytes);
-  if (!arena.ok()) {
-    const std::string text = "cannot create a step arena of " + std::to_string(options_.step_arena_bytes) +
-                             " bytes (shm.step_arena_bytes): " + std::string(arena.status().message());
-    if (options_.step_arena_required) {
-      fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
-    } else {
-      spdlog::warn("{}; steps go to the trainer as frames", text);
-    }
+  absl::StatusOr<std::optional<wire::DaemonMessage>> offer = arena_.NewSession();
+  if (!offer.ok()) {
+    fatal_ = {wire::INTERNAL, std::string(offer.status().message())};
     return;
   }
-  offered_arena_ = *arena;
-  arena_server_.Publish(offered_arena_);
-  wire::DaemonMessage offer;
-  offer.set_version(wire::PROTOCOL_VERSION_CURRENT);
-  offer.mutable_step_arena()->set_generation(offered_arena_->generation());
-  offer.mutable_step_arena()->set_capacity_bytes(offered_arena_->capacity_bytes());
-  offer.mutable_step_arena()->set_socket_path(arena_server_.path());
-  auto parts = EncodeControl(offer);
+  if (!offer->has_value()) return;
+  auto parts = EncodeControl(**offer);
   if (!TrySendTo(socket_, peer, parts).ok()) {
     spdlog::warn("step arena offer not delivered; steps go as frames");
     return;
   }
-  SetArenaState(nullptr, true);
-}
-
-void TrainerChannel::SetArenaState(std::shared_ptr<StepArena> active, bool pending) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    active_arena_ = std::move(active);
-    offer_pending_ = pending;
-  }
-  offer_cv_.notify_all();
-}
-
-std::shared_ptr<StepArena> TrainerChannel::ArenaForNextStep() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (offer_pending_ && !offer_cv_.wait_for(lock, kOfferWait, [this] { return !offer_pending_; })) {
-    offer_pending_ = false;
-    spdlog::warn("the trainer has not answered its step arena offer within {} s (is it calling Next()?); "
-                 "its steps go as frames until it does",
-                 std::chrono::duration_cast<std::chrono::seconds>(kOfferWait).count());
-  }
-  return active_arena_;
-}
-
-void TrainerChannel::OnStepArenaReply(const wire::StepArenaReply& reply) {
-  if (offered_arena_ == nullptr || reply.generation() != offered_arena_->generation()) {
-    spdlog::warn("trainer answered a step arena offer of generation {} that is not this session's; ignored",
-                 reply.generation());
-    return;
-  }
-  if (!reply.attached()) {
-    const std::string text = "the trainer did not map the step arena: " + reply.error();
-    if (options_.step_arena_required) {
-      fatal_ = {wire::INTERNAL, text + " (shm.trainer_data_plane: shm)"};
-    } else {
-      spdlog::info("{}; steps go as frames", text);
-    }
-    offered_arena_.reset();
-    arena_server_.Publish(nullptr);
-    SetArenaState(nullptr, false);
-    return;
-  }
-  spdlog::info("trainer session {} mapped the step arena ({} bytes); steps go through shared memory",
-               Printable(session_), offered_arena_->capacity_bytes());
-  SetArenaState(offered_arena_, false);
-}
-
-std::shared_ptr<StepArena> TrainerChannel::ActiveArena() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return active_arena_;
+  arena_.OfferDelivered();
 }
 
 void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
@@ -225,7 +156,7 @@ bool TrainerChannel::OnReadable() {
                        Printable(session_) + "; one trainer per daemon");
             continue;
           }
-          contender_ = Contender{peer, fd, std::chrono::steady_clock::now(), {}};
+          contender_ = Contender{peer, fd, clock_.Now(), {}};
         }
         if (contender_->waiting.size() < kContenderMessages) contender_->waiting.push_back(std::move(msg));
         continue;
@@ -246,7 +177,7 @@ bool TrainerChannel::OnReadable() {
 
 bool TrainerChannel::SettleContender() {
   if (!contender_) return false;
-  if (!lost_since_ && std::chrono::steady_clock::now() - contender_->since < kContenderGrace) return false;
+  if (!lost_since_ && clock_.Now() - contender_->since < kContenderGrace) return false;
   Contender c = std::move(*contender_);
   contender_.reset();
   if (!lost_since_) {
@@ -306,26 +237,29 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     }
   }
   if (msg.has_step_arena_reply()) {
-    OnStepArenaReply(msg.step_arena_reply());
+    if (absl::Status s = arena_.OnReply(msg.step_arena_reply()); !s.ok()) {
+      fatal_ = {wire::INTERNAL, std::string(s.message())};
+    }
   } else if (msg.has_credit()) {
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
   } else if (msg.has_start_epoch()) {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
     if (msg.start_epoch().expected_producers() > 0) {
       state_.expected_producers = msg.start_epoch().expected_producers();
     }
-    const auto& req = state_.requested_epochs;
     constexpr size_t kMaxRequestedEpochs = 16;
-    if (state_.tracker.IsClosed(epoch) || std::find(req.begin(), req.end(), epoch) != req.end() ||
-        state_.current_epoch == epoch) {
+    const size_t waiting = state_.requested_epochs.size();
+    const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
+                       state_.requested_epochs.end();
+    if (state_.tracker.IsClosed(epoch) || again || state_.current_epoch == epoch) {
       spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
-    } else if (req.size() >= kMaxRequestedEpochs) {
+    } else if (waiting >= kMaxRequestedEpochs) {
       metrics_.bad_trainer_messages.fetch_add(1);
       spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                   req.size(), kMaxRequestedEpochs);
+                   waiting, kMaxRequestedEpochs);
     } else {
       state_.requested_epochs.push_back(epoch);
       if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
@@ -336,7 +270,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
       requested = true;
       spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
     }
-    state_.cv.notify_all();
+    state_.cv.NotifyAll();
   }
   return requested;
 }
@@ -409,7 +343,7 @@ void TrainerChannel::Flush() {
       // Control messages: an epoch summary closes the epoch's deliveries.
       delivered_in_epoch_ = 0;
     }
-    state_.cv.notify_all();
+    state_.cv.NotifyAll();
   }
 }
 
@@ -418,7 +352,7 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
   if (options_.trainer_timeout_ms == 0 || !lost_since_) return std::nullopt;
   bool epoch_open;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     epoch_open = state_.current_epoch.has_value() || !state_.requested_epochs.empty();
   }
   if (!epoch_open) return std::nullopt;

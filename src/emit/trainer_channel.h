@@ -16,6 +16,7 @@
 #include "proto/odb.pb.h"
 #include "src/common/clock.h"
 #include "src/emit/step_arena.h"
+#include "src/emit/step_arena_handshake.h"
 #include "src/state/daemon_state.h"
 #include "src/state/metrics.h"
 
@@ -54,6 +55,8 @@ struct TrainerChannelOptions {
 //    to the lost trainer is unknown). Between epochs a new trainer is welcome.
 //  - A lost session that does not come back within emit.trainer_timeout_ms
 //    while an epoch is open is fatal (CheckLiveness).
+// The step-arena handshake (offer, answer, the arena server) is its own unit,
+// StepArenaHandshake; this class carries its messages.
 // Malformed trainer messages (unreadable, multi-frame) are logged, counted
 // and ignored: they never block the loop.
 //
@@ -102,15 +105,15 @@ class TrainerChannel {
   // The session's step arena once the trainer has mapped it; null while steps
   // go as frames (no session yet, a remote trainer, shm.trainer_data_plane:
   // zmq, the trainer declined). Any thread.
-  std::shared_ptr<StepArena> ActiveArena() const;
+  std::shared_ptr<StepArena> ActiveArena() const { return arena_.Active(); }
   // The same for the planner about to place a step: while the session has
   // not answered its arena offer yet, waits for the answer (at most
   // kOfferWait, then the session's steps go as frames), so that a session's
   // steps do not start as frames merely because the trainer had not called
   // Next() yet.
-  std::shared_ptr<StepArena> ArenaForNextStep();
+  std::shared_ptr<StepArena> ArenaForNextStep() { return arena_.ForNextStep(); }
   // Stops handing out arena fds (before the daemon's threads end).
-  void StopArenaServer() { arena_server_.Stop(); }
+  void StopArenaServer() { arena_.Stop(); }
 
  private:
   struct OutMessage {
@@ -118,11 +121,9 @@ class TrainerChannel {
     bool is_step = false;
     std::shared_ptr<StepArena> arena;  // the step's bytes are in this arena's block
   };
-  // A new session gets a step arena of its own (the previous one is retired:
-  // its blocks stay mapped by whoever holds them) and is offered it.
+  // A new session gets a step arena of its own (StepArenaHandshake) and is
+  // offered it.
   void OfferStepArena(const std::string& peer);
-  void OnStepArenaReply(const wire::StepArenaReply& reply);
-  void SetArenaState(std::shared_ptr<StepArena> active, bool pending);
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
   // One trainer message from `peer` (a frame that parsed, current version).
   bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
@@ -144,13 +145,8 @@ class TrainerChannel {
   mutable std::mutex mu_;
   std::deque<OutMessage> out_;  // guarded by mu_
   size_t queued_steps_ = 0;     // guarded by mu_
-  std::shared_ptr<StepArena> active_arena_;  // guarded by mu_
-  bool offer_pending_ = false;               // guarded by mu_
-  std::condition_variable offer_cv_;
-  static constexpr auto kOfferWait = std::chrono::seconds(5);
 
-  StepArenaServer arena_server_;
-  std::shared_ptr<StepArena> offered_arena_;  // I/O thread: offered to the session, not yet answered
+  StepArenaHandshake arena_;
 
   // I/O thread only.
   std::string session_;  // routing id of the trainer; empty = none yet
@@ -163,7 +159,7 @@ class TrainerChannel {
   struct Contender {
     std::string peer;
     int fd = -1;
-    std::chrono::steady_clock::time_point since;
+    Clock::TimePoint since;                     // on the injected clock
     std::vector<wire::TrainerMessage> waiting;  // at most kContenderMessages
   };
   std::optional<Contender> contender_;

@@ -97,7 +97,7 @@ struct Fixture {
   void OpenSession() {
     Send(StartEpoch(0));
     REQUIRE(PumpUntil([&] {
-      std::lock_guard<std::mutex> lock(state.mu);
+      MutexLock lock(state.mu);
       return !state.requested_epochs.empty();
     }));
     auto ack = Receive();
@@ -117,7 +117,7 @@ struct Fixture {
 TEST_CASE("the first trainer's start_epoch opens the session and requests the epoch") {
   Fixture f("open");
   f.OpenSession();
-  std::lock_guard<std::mutex> lock(f.state.mu);
+  MutexLock lock(f.state.mu);
   REQUIRE(f.state.requested_epochs.size() == 1);
   CHECK(f.state.requested_epochs.front() == 0);
 }
@@ -187,6 +187,37 @@ TEST_CASE("a session lost mid-epoch is fatal once trainer_timeout_ms of the inje
   auto fatal = f.channel->CheckLiveness();
   REQUIRE(fatal);
   CHECK_THAT(fatal->second, Catch::Contains("emit.trainer_timeout_ms"));
+}
+
+TEST_CASE("a second trainer is held for the contender grace of the injected clock, then refused") {
+  Fixture f("contender");
+  f.OpenSession();
+  zmq::socket_t other(f.context, zmq::socket_type::dealer);
+  other.set(zmq::sockopt::linger, 0);
+  other.set(zmq::sockopt::rcvtimeo, 0);
+  other.connect(f.channel->endpoint());
+  other.send(zmq::buffer(StartEpoch(1).SerializeAsString()));
+  // Its message is read and held: the session may be closing.
+  zmq::pollitem_t item{f.channel->socket().handle(), 0, ZMQ_POLLIN, 0};
+  REQUIRE(zmq::poll(&item, 1, std::chrono::seconds(10)) == 1);
+  CHECK_FALSE(f.channel->OnReadable());
+  zmq::message_t refusal;
+  CHECK_FALSE(other.recv(refusal));
+  f.clock.Advance(milliseconds(1999));
+  CHECK_FALSE(f.channel->SettleContender());
+  CHECK_FALSE(other.recv(refusal));
+  // Past the grace with the session alive: refused, its start_epoch unheard.
+  f.clock.Advance(milliseconds(1));
+  CHECK_FALSE(f.channel->SettleContender());
+  other.set(zmq::sockopt::rcvtimeo, 10000);
+  REQUIRE(other.recv(refusal));
+  wire::DaemonMessage m;
+  REQUIRE(m.ParseFromArray(refusal.data(), static_cast<int>(refusal.size())));
+  REQUIRE(m.has_fatal());
+  CHECK(m.fatal().code() == wire::SESSION_REFUSED);
+  CHECK(f.metrics.refused_trainers.load() == 1);
+  MutexLock lock(f.state.mu);
+  CHECK(f.state.requested_epochs.size() == 1);
 }
 
 }  // namespace

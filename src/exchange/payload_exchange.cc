@@ -148,7 +148,7 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
   }
   std::map<uint64_t, Sample> taken;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     for (const auto& [dest, ids] : outcome.outgoing) {
       for (uint64_t id : ids) {
         if (taken.count(id)) continue;

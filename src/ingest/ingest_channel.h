@@ -13,8 +13,10 @@
 #include "src/collate/collator.h"
 #include "src/common/clock.h"
 #include "src/grouping/budget.h"
-#include "src/ingest/credit_window.h"
+#include "src/ingest/admission.h"
+#include "src/ingest/credit_ledger.h"
 #include "src/ingest/decoder.h"
+#include "src/ingest/producer_liveness.h"
 #include "src/ingest/schema.h"
 #include "src/state/daemon_state.h"
 #include "src/state/metrics.h"
@@ -67,6 +69,11 @@ struct IngestOptions {
 // Every end_stream is acknowledged once its samples are all read
 // (StreamAck); the client's EndStream returns only then.
 //
+// The channel wires three units that are tested alone: the credit ledger
+// (CreditLedger: what each connection holds, top-ups, returns), the
+// admission policy (AdmissionPolicy: sample in, verdict out) and the liveness
+// timers (ProducerLiveness, on the injected clock).
+//
 // Runs on the daemon's I/O thread; takes DaemonState::mu to admit.
 class IngestChannel {
  public:
@@ -104,46 +111,46 @@ class IngestChannel {
 
   // The largest sample a producer may send: half the buffer at most, so a
   // sample always fits once the buffer drains.
-  uint64_t MaxSampleBytes() const { return max_sample_bytes_; }
-  uint64_t OutstandingBytes() const { return outstanding_bytes_; }
-  int64_t OutstandingSamples() const { return outstanding_samples_; }
+  uint64_t MaxSampleBytes() const { return ledger_.max_sample_bytes(); }
+  uint64_t OutstandingBytes() const { return ledger_.outstanding_bytes(); }
+  int64_t OutstandingSamples() const { return ledger_.outstanding_samples(); }
   size_t ConnectionCount() const { return conns_.size(); }
 
  private:
   struct Conn {
     size_t socket = 0;
     std::string routing_id;
-    std::string producer_id;     // empty until hello
-    int64_t credit_samples = 0;  // granted and not yet used
-    int64_t credit_bytes = 0;
-    CreditWindow window;        // how many samples it is lent (grows while it sends)
-    Clock::TimePoint last_sample;  // its last sample (or its hello)
-    uint64_t largest_sample = 0;   // charged bytes of its largest sample so far
-    bool ahead = false;         // sends an epoch after the one being planned
-    uint64_t wanted_bytes = 0;  // a credit request: its next sample's size
-    std::optional<uint64_t> wanted_seq;  // its next sample's seq, held at the seq limit
-    uint32_t wanted_seq_epoch = 0;
+    std::string producer_id;  // empty until hello
+    CreditAccount credit;
     Clock::TimePoint last_heard;
   };
   using ConnKey = std::pair<size_t, std::string>;
 
+  // The connection `routing_id` on socket `i`, tracked from its first
+  // message on (null: too many connections, the message was refused).
+  Conn* ConnFor(size_t i, const std::string& routing_id);  // takes state_.mu to refuse
+  // One message of `conn` (its frames after the routing id) charged against
+  // its credit and decoded: a sample without credit, or too large, becomes a
+  // rejection that still names it. Sets `charged` to the payload charged.
+  IngestEvent Receive(Conn& conn, std::vector<zmq::message_t>&& body,
+                      std::optional<wire::ProducerMessage>&& arena_sample, uint64_t& charged);
   void Admit(Conn& conn, IngestEvent&& event, uint64_t charged_bytes,
-             std::vector<std::pair<Conn*, wire::IngestReply>>& replies);  // requires state_.mu
-  void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample);  // requires mu
-  // Why input of `epoch` is not held now (nullopt: it is): before the
-  // trainer's epoch, too far after it, or (before the trainer asks) too far
-  // from the epochs producers already send. Requires mu.
-  std::optional<std::string> EpochRefusal(uint32_t epoch) const;
-  // Refuses a sample for EpochRefusal's reason `why`. Requires mu.
-  void RefuseOutsideEpochs(const std::string& producer_id, uint32_t epoch, uint64_t id, const std::string& why);
+             std::vector<std::pair<Conn*, wire::IngestReply>>& replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  void AdmitSample(Conn& conn, Sample& sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  void AdmitEndStream(Conn& conn, const EndStreamEvent& end,
+                      std::vector<std::pair<Conn*, wire::IngestReply>>& replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  void Reject(wire::Rejection rejection, std::optional<uint32_t> epoch, bool is_sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  // What admission needs to know of `epoch` now.
+  EpochView ViewOf(uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Drops a connection found gone, with a log line when it left its
   // producer's stream of the current epoch open. Takes state_.mu.
   void Forget(const ConnKey& key);
   // False when the producer is gone (its credit then returns to the buffer).
   bool Reply(Conn& conn, const wire::IngestReply& reply);
-  uint64_t WindowBytes() const;
-  bool ChargeCredit(Conn& conn, bool is_sample, uint64_t bytes);
-  static bool MaySend(const Conn& conn);
+  size_t ProducerCount() const;  // connections that said hello
 
   zmq::context_t& context_;
   const IngestOptions options_;
@@ -158,13 +165,9 @@ class IngestChannel {
   // Each open epoch's schema, fixed by its first admitted sample: a sample
   // that could not be collated with the others is rejected at the door.
   std::map<uint32_t, std::unique_ptr<EpochSchema>> schemas_;
-  uint64_t max_sample_bytes_ = 0;
-  uint64_t window_samples_ = 0;
-  int64_t outstanding_bytes_ = 0;    // Σ positive credit_bytes
-  int64_t outstanding_samples_ = 0;  // Σ positive credit_samples
-  Clock::TimePoint last_message_;
-  Clock::TimePoint last_probe_;
-  std::optional<Clock::TimePoint> stall_since_;
+  CreditLedger ledger_;
+  AdmissionPolicy admission_;
+  ProducerLiveness liveness_;
   std::vector<zmq::message_t> parts_;  // reused per message
 };
 

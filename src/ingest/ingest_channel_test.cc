@@ -80,7 +80,7 @@ TEST_CASE("a sample right behind its hello in one burst is decoded as that conne
   REQUIRE(arenas.seen == std::vector<std::string>{"p"});
   std::vector<wire::Rejection> rejections;
   {
-    std::lock_guard<std::mutex> lock(state.mu);
+    MutexLock lock(state.mu);
     rejections = state.rejections.TakeUnreported();
   }
   REQUIRE(rejections.size() == 1);
