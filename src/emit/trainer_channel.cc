@@ -372,7 +372,7 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
       std::chrono::milliseconds(options_.trainer_timeout_ms), kContenderGrace);
   if (clock_.Now() - *lost_since_ <= grace) return std::nullopt;
   {
-    std::lock_guard<std::mutex> lock(state_.mu);
+    MutexLock lock(state_.mu);
     if (state_.current_epoch.has_value() || !state_.requested_epochs.empty()) return std::nullopt;
   }
   {
