@@ -13,6 +13,12 @@ and between them checks (1) the DataLoader iterator, run by a pump thread,
 which re-raises a worker's preprocessing exception or its death; (2) a daemon
 spawned by this process (:func:`odb.spawn_daemon`) exiting; (3) an overall
 `timeout_s` without any step.
+
+This module keeps OdbDataLoader (the epoch loop, checkpoint/resume, IDLE and
+dummy batches). Its units are modules of their own: odb.step (Step),
+odb.encoding (sample encoding, dtype codes), odb.pump (the workers' send
+stream, the pump thread, OdbWorkerError), odb.progress (the progress line) and
+odb.state_codec (the checkpoint state's format and consumed-set codec).
 """
 from __future__ import annotations
 
@@ -21,378 +27,40 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ._native import native
 from .daemon import check_reachable, daemon_pid, endpoints, env_rank, env_world_size, pid_alive, spawned_daemon
-from .loss import weighted_loss
+# The loader's units live in their own modules; every name is re-exported here (``X as X``), so that
+# ``from odb.loader import X`` keeps working for each of them.
+from .encoding import _LENGTH_KEYS as _LENGTH_KEYS
+from .encoding import _dtype_codes as _dtype_codes
+from .encoding import _to_torch as _to_torch
+from .encoding import encode_sample as encode_sample
+from .encoding import sample_loss_tokens as sample_loss_tokens
+from .progress import Progress as Progress
+from .pump import OdbWorkerError as OdbWorkerError
+from .pump import _null_collate as _null_collate
+from .pump import _Pump as _Pump
+from .pump import _SendStream as _SendStream
 from .stacks import check_caller_stack
+from .state_codec import STATE_FORMAT as STATE_FORMAT
+from .state_codec import STATE_VERSION as STATE_VERSION
+from .state_codec import compress_ints as compress_ints
+from .state_codec import compress_mask as compress_mask
+from .state_codec import expand_ints as expand_ints
+from .step import _MISSING as _MISSING
+from .step import Step as Step
 
 IDLE_POLICIES = ("zero_step", "join")
 # How samples reach the daemon and steps the trainer (docs/shm.md): "auto"
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
-
-# The loader's checkpoint state (docs/resume.md). Bump on any change that an
-# older reader would misread; load_state_dict refuses other versions.
-STATE_FORMAT = "odb.OdbDataLoader"
-STATE_VERSION = 3  # 2 adds "replay" (alignment.deterministic), 3 "job" (budgets, schedules); 1 and 2 still load
-
-
-def compress_ints(values: Any) -> Dict[str, Any]:
-    """A set of non-negative ints as {"cursor": c, "extra": [...]}: every value
-    below c, plus the sorted extras at or above it. Consumed positions of an
-    epoch are nearly a prefix (steps take samples roughly in arrival order),
-    so the state stays small however far the epoch got."""
-    arr = np.unique(np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64))
-    if arr.size and arr[0] < 0:
-        raise ValueError("compress_ints: negative value")
-    gaps = np.nonzero(arr != np.arange(arr.size, dtype=np.int64))[0]
-    cursor = int(gaps[0]) if gaps.size else int(arr.size)
-    return {"cursor": cursor, "extra": [int(v) for v in arr[cursor:]]}
-
-
-def compress_mask(consumed: np.ndarray) -> Dict[str, Any]:
-    """compress_ints for a boolean mask over 0..n-1 (O(n) vector ops, no sort)."""
-    missing = np.flatnonzero(~consumed)
-    cursor = int(missing[0]) if missing.size else int(consumed.size)
-    return {"cursor": cursor, "extra": [int(v) for v in np.flatnonzero(consumed[cursor:]) + cursor]}
-
-
-def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
-    """The inverse of compress_ints; raises ValueError on a malformed value."""
-    try:
-        cursor = int(packed["cursor"])
-        extra = np.asarray(packed["extra"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"odb loader state: malformed consumed set ({e!r})") from None
-    if cursor < 0 or extra.ndim != 1 or (extra.size and (extra.min() < cursor or np.any(np.diff(extra) <= 0))):
-        raise ValueError("odb loader state: malformed consumed set (cursor/extra out of order)")
-    return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
-
-# Sample keys that carry lengths, not tensors.
-_LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames", "loss_tokens")
-
-
-class OdbWorkerError(native().OdbError):  # type: ignore[misc]
-    """A DataLoader worker failed (an exception in preprocessing, or it died)."""
-
-
-def _dtype_codes() -> Dict[str, int]:
-    return dict(native().DTYPES)
-
-
-def encode_sample(sample: Mapping[str, Any],
-                  lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, int, int]]] = None
-                  ) -> Tuple[Tuple[int, int, int], List[Tuple[str, int, Tuple[int, ...], Any]]]:
-    """Turns a sample dict into ((tokens, vision_patches, audio_frames), tensors).
-
-    Values may be torch tensors, numpy arrays or lists. "input_ids" is required
-    and its dim 0 is the token length unless `lengths_fn` or an int "tokens"
-    entry says otherwise; int "vision_patches" / "audio_frames" entries are
-    lengths, not tensors.
-    """
-    if "input_ids" not in sample:
-        raise ValueError(f"an odb sample needs 'input_ids'; got keys {sorted(sample)}")
-    codes = _dtype_codes()
-    tensors: List[Tuple[str, int, Tuple[int, ...], Any]] = []
-    meta: Dict[str, int] = {}
-    for name, value in sample.items():
-        if name in _LENGTH_KEYS and isinstance(value, (int, np.integer)):
-            meta[name] = int(value)
-            continue
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            if t.dtype == torch.bfloat16:
-                arr, code = t.view(torch.int16).numpy(), codes["bfloat16"]
-            else:
-                arr = t.numpy()
-                code = codes.get(str(arr.dtype))
-        else:
-            arr = np.ascontiguousarray(np.asarray(value))
-            code = codes.get(str(arr.dtype))
-        if code is None:
-            raise TypeError(f"sample field '{name}': dtype {arr.dtype} is not supported by odb")
-        arr = np.ascontiguousarray(arr)
-        tensors.append((name, code, tuple(arr.shape), arr))
-    if lengths_fn is not None:
-        lengths = tuple(int(x) for x in lengths_fn(sample))
-        while len(lengths) < 3:
-            lengths = lengths + (0,)
-    else:
-        ids = next(t for t in tensors if t[0] == "input_ids")
-        tokens = meta.get("tokens", ids[2][0] if ids[2] else 1)
-        lengths = (int(tokens), meta.get("vision_patches", 0), meta.get("audio_frames", 0))
-    return lengths, tensors  # type: ignore[return-value]
-
-
-def sample_loss_tokens(sample: Mapping[str, Any], labels: Optional[str], ignore_index: int = -100) -> Optional[int]:
-    """A sample's loss-bearing tokens: an int "loss_tokens" entry, else (``labels`` named) the positions of
-    that tensor not equal to ``ignore_index`` (prompt-masked SFT), else None (every token bears loss)."""
-    given = sample.get("loss_tokens")
-    if isinstance(given, (int, np.integer)):
-        return int(given)
-    if labels is None:
-        return None
-    if labels not in sample:
-        raise ValueError(f"loss_tokens_from={labels!r}: the sample has no such field (keys {sorted(sample)})")
-    value = sample[labels]
-    if isinstance(value, torch.Tensor):
-        return int((value != ignore_index).sum().item())
-    return int((np.asarray(value) != ignore_index).sum())
-
-
-class Progress:
-    """A progress line for one epoch of this rank: samples trained of the
-    epoch's share (ETA by samples), steps, idle steps, real tokens/s and
-    padding. Uses tqdm when it is installed, else a line on stderr at most
-    every `every_s` seconds."""
-
-    def __init__(self, rank: int, epoch: int, total_samples: int, every_s: float = 5.0,
-                 stream: Any = None) -> None:
-        import sys
-
-        self.rank, self.epoch, self.total = rank, epoch, total_samples
-        self.every_s = every_s
-        self.stream = stream if stream is not None else sys.stderr
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.samples = self.steps = self.idle = self.real = self.padded = 0
-        self.wait_s = 0.0  # the trainer's time in next(loader): waiting on data
-        self.bar: Any = None
-        try:
-            from tqdm import tqdm  # type: ignore[import-not-found]
-
-            if stream is None:
-                self.bar = tqdm(total=total_samples, unit="sample", desc=f"odb rank {rank} epoch {epoch}")
-        except ImportError:
-            pass
-
-    def update(self, samples: int, real_tokens: int, padded_tokens: int, idle: bool, wait_s: float = 0.0) -> None:
-        self.steps += 1
-        self.wait_s += wait_s
-        self.idle += int(idle)
-        self.samples += samples
-        self.real += real_tokens
-        self.padded += padded_tokens
-        if self.bar is not None:
-            self.bar.update(samples)
-            self.bar.set_postfix_str(self.text(short=True), refresh=False)
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            print(self.text(), file=self.stream, flush=True)
-
-    def text(self, short: bool = False) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = self.samples / elapsed
-        left = max(self.total - self.samples, 0)
-        eta = f"{left / rate:.0f}s" if rate > 0 else "?"
-        padding = 100.0 * (1 - self.real / self.padded) if self.padded else 0.0
-        body = (f"steps {self.steps} (idle {self.idle}), {self.real / elapsed:.0f} real tok/s, "
-                f"padding {padding:.1f}%, data wait {100.0 * min(self.wait_s / elapsed, 1.0):.0f}% "
-                f"({self.wait_s:.1f}s)")
-        if short:
-            return body
-        return (f"[odb rank {self.rank} epoch {self.epoch}] samples {self.samples}/{self.total}, {body}, "
-                f"ETA {eta}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.steps:
-            print(self.text() + " (epoch done)", file=self.stream, flush=True)
-
-
-class _SendStream(IterableDataset):
-    """What the DataLoader iterates: each worker preprocesses its share of the
-    indices and sends the samples to the daemon; it yields only small progress
-    counts (the null-collated "batches")."""
-
-    def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
-                 lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
-                 stop: Any, data_plane: str = "auto", loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = -100) -> None:
-        self.loss_tokens_from = loss_tokens_from
-        self.ignore_index = ignore_index
-        self.dataset = dataset
-        self.indices = list(indices)
-        self.epoch = epoch
-        self.rank = rank
-        self.endpoint = endpoint
-        self.lengths_fn = lengths_fn
-        self.send_timeout_ms = send_timeout_ms
-        self.progress_every = max(1, progress_every)
-        self.stop = stop
-        self.data_plane = data_plane
-
-    def __iter__(self) -> Iterator[int]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        # A sample's seq is its position in this rank's list: a deterministic
-        # daemon plans in that order, whichever worker delivers first.
-        positions = range(worker, len(self.indices), workers)
-        # Created here, in the worker process (after fork), never in the parent.
-        producer = native().Producer(
-            self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
-            self.rank, send_timeout_ms=self.send_timeout_ms, data_plane=self.data_plane)
-        # The trainer signals `stop` when it leaves the epoch: a send blocked on
-        # the daemon (no credit: nobody consumes) is cancelled and the worker
-        # ends (no private DataLoader API needed to shut it down). In a worker
-        # process `stop` is the read end of a pipe (a multiprocessing.Event
-        # would hang the trainer's set() once a waiting worker has exited).
-        stopped = threading.Event()
-        live = {"producer": producer}  # emptied when the stream ends: nothing left to cancel
-
-        def watch() -> None:
-            if isinstance(self.stop, threading.Event):
-                self.stop.wait()
-            else:
-                try:
-                    self.stop.poll(None)
-                except (EOFError, OSError):
-                    pass
-            stopped.set()
-            p = live.get("producer")
-            if p is not None:
-                p.cancel()
-
-        threading.Thread(target=watch, daemon=True, name="odb-stop-watch").start()
-        pending = 0
-        for position in positions:
-            if stopped.is_set():
-                return
-            index = self.indices[position]
-            sample = self.dataset[index]
-            lengths, tensors = encode_sample(sample, self.lengths_fn)
-            loss_tokens = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
-            try:
-                producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position,
-                              loss_tokens=loss_tokens)
-            except native().OdbError:
-                if stopped.is_set():
-                    return
-                raise
-            pending += 1
-            if pending >= self.progress_every:
-                yield pending
-                pending = 0
-        producer.end_stream(self.epoch)
-        live.clear()
-        del producer  # closes the socket: everything is delivered before we report the end
-        yield pending
-
-
-def _null_collate(item: Any) -> Any:
-    return item
-
-
-_MISSING = object()
-
-
-@dataclass
-class Step:
-    """One aligned training step of this rank.
-
-    ``batch`` maps names to torch tensors (zero-copy views of the received
-    frames: input_ids [B, Lmax], attention_mask, labels, ... or the packed
-    layout with cu_seqlens / position_ids). For an IDLE step under the
-    "zero_step" policy, ``batch`` is a small dummy batch and ``dummy`` is True:
-    run forward/backward on it anyway; its weight is 0.
-    """
-
-    epoch: int
-    step_index: int
-    batch: Dict[str, torch.Tensor]
-    loss_weight: float
-    idle: bool
-    dummy: bool
-    sample_ids: List[int]
-    lengths: List[int]
-    real_tokens: int
-    padded_tokens: int
-    global_real_tokens: int
-    # native Rejection objects: r.code, r.sample_id (None when unknown),
-    # r.producer_id, r.message (r["code"] works too)
-    rejections: List[Any] = field(default_factory=list)
-    _delivery: Any = None
-    # The header's per-phase lists (odb.phases.PHASE_FIELDS), kept apart from
-    # _delivery: a pinned or dummy step drops its delivery but not its plan.
-    _phase_fields: Optional[Dict[str, List[int]]] = None
-    # Accumulation windows (optimizer.tokens_per_step, docs/python.md): this
-    # rank's loss tokens, the window (optimizer step) this micro-step belongs
-    # to, its micro-step count (the same on every rank), all ranks' loss tokens
-    # over it, whether this step closes it (run the optimizer after it) and
-    # whether the epoch ended it short. Without windows every step closes its own.
-    loss_tokens: int = 0
-    window: int = 0
-    window_steps: int = 1
-    window_loss_tokens: int = 0
-    closes_window: bool = True
-    window_short: bool = False
-    window_target: int = 0
-
-    @classmethod
-    def from_header(cls, info: Any, batch: Dict[str, torch.Tensor], **overrides: Any) -> "Step":
-        """The step of a daemon header (StepInfo): every field of Step named like a header field is copied
-        from it (the one place Python lists a step's fields is this dataclass), then ``overrides``."""
-        values: Dict[str, Any] = {"dummy": False}
-        for f in fields(cls):
-            if f.name.startswith("_") or f.name in ("batch", "dummy") or f.name in overrides:
-                continue
-            value = info.get(f.name, _MISSING)
-            if value is _MISSING:
-                continue  # a header without the field (an older test double): the dataclass default
-            values[f.name] = list(value) if isinstance(value, (list, tuple)) else value
-        if "_phase_fields" not in overrides:
-            from .phases import PHASE_FIELDS
-
-            values["_phase_fields"] = {k: [int(x) for x in info.get(k, [])] for k in PHASE_FIELDS}
-        values.update(overrides)
-        return cls(batch=batch, **values)
-
-    def weighted_loss(self, per_token_loss: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """:func:`odb.weighted_loss` with this step's weight and loss token count (its window's share of the
-        loss with accumulation windows; per_token_loss must be 0 where labels are ignored)."""
-        return weighted_loss(per_token_loss, self.loss_weight, self.loss_tokens or self.real_tokens, mask)
-
-    def frame_address(self, name: str) -> int:
-        """Address of the received bytes behind ``batch[name]`` (zero-copy check): the ZeroMQ frame, or with
-        the step arena (a local daemon, docs/shm.md) the tensor's place in the shared-memory mapping
-        (64-byte aligned). The step's arena block goes back to the daemon once this Step and every tensor
-        of it are released."""
-        if self._delivery is None:
-            raise KeyError(f"step {self.step_index} has no received frames (dummy step)")
-        return int(self._delivery.frame_address(name))
-
-    @property
-    def phase_plan(self) -> "Any":
-        """This step's per-phase plan (:class:`odb.phases.PhasePlan`; empty unless
-        the daemon runs with ``alignment.phase_plans``)."""
-        from .phases import PhasePlan
-
-        return PhasePlan.from_step(self)
-
-    def __len__(self) -> int:
-        return len(self.sample_ids)
-
-
-def _to_torch(delivery: Any) -> Dict[str, torch.Tensor]:
-    codes = _dtype_codes()
-    out: Dict[str, torch.Tensor] = {}
-    for name, arr in delivery.arrays().items():
-        t = torch.from_numpy(arr)
-        if delivery.wire_dtype(name) == codes["bfloat16"]:
-            t = t.view(torch.bfloat16)
-        out[name] = t
-    return out
 
 
 class OdbDataLoader:
@@ -1254,71 +922,3 @@ class OdbDataLoader:
     def close(self) -> None:
         """Drops the trainer connection (reconnects on the next epoch)."""
         self._consumer = None
-
-
-class _Pump:
-    """Drives the DataLoader iterator in a thread so that worker exceptions and
-    worker deaths surface in the trainer (DataLoader re-raises them on next())."""
-
-    def __init__(self, loader: DataLoader, stop: threading.Event, wake_workers: Any = None) -> None:
-        self.loader = loader
-        self.stop = stop
-        self.wake_workers = wake_workers  # write end of the workers' stop pipe
-        self.sent = 0
-        self.error: Optional[BaseException] = None
-        self.done = False
-        self.iterator: Any = None
-        self.thread = threading.Thread(target=self._run, name="odb-pump", daemon=True)
-
-    def start(self) -> None:
-        self.iterator = iter(self.loader)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for count in self.iterator:
-                self.sent += int(count)
-                if self.stop.is_set():
-                    return
-            self.done = True
-        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
-            if not self.stop.is_set():
-                self.error = e
-
-    def finished(self) -> bool:
-        """True once every worker ended its stream (the iterator is exhausted)."""
-        return self.done
-
-    def raise_if_failed(self) -> None:
-        if self.error is not None:
-            e = self.error
-            hint = ""
-            context = self.loader.multiprocessing_context
-            method = context.get_start_method() if context is not None else "fork"
-            if "exited unexpectedly" in str(e) and method != "fork":
-                # The usual cause: a worker started by forkserver/spawn imports the
-                # training script again, and an unguarded script re-runs its training
-                # (init_process_group, ...) in the worker.
-                hint = (f" (workers start with the {method!r} method, which imports the training script "
-                        "again in each worker: put its entry point under `if __name__ == \"__main__\":`, "
-                        "or pass multiprocessing_context=\"fork\"; the worker's own error is printed "
-                        "above)")
-            raise OdbWorkerError(f"odb data worker failed: {type(e).__name__}: {e}{hint}") from e
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.wake_workers is not None:  # the workers cancel their sends and end their streams
-            try:
-                self.wake_workers.send_bytes(b"stop")
-                self.wake_workers.close()
-            except OSError:
-                pass
-            self.wake_workers = None
-        if self.thread.is_alive():
-            # A pump thread still inside the DataLoader queue read while the next
-            # epoch forks its workers can hand them a held lock; wait it out
-            # (the read wakes at least every 5 s: MP_STATUS_CHECK_INTERVAL).
-            self.thread.join(timeout=10.0)

@@ -1,0 +1,168 @@
+"""The data-worker side of OdbDataLoader: the stream each DataLoader worker runs (preprocess, send
+to the daemon) and the pump thread that drives the DataLoader iterator so that a worker's exception or
+death surfaces in the trainer as OdbWorkerError."""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from ._native import native
+from .encoding import encode_sample, sample_loss_tokens
+
+
+class OdbWorkerError(native().OdbError):  # type: ignore[misc]
+    """A DataLoader worker failed (an exception in preprocessing, or it died)."""
+
+
+class _SendStream(IterableDataset):
+    """What the DataLoader iterates: each worker preprocesses its share of the
+    indices and sends the samples to the daemon; it yields only small progress
+    counts (the null-collated "batches")."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
+                 lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
+                 stop: Any, data_plane: str = "auto", loss_tokens_from: Optional[str] = None,
+                 ignore_index: int = -100) -> None:
+        self.loss_tokens_from = loss_tokens_from
+        self.ignore_index = ignore_index
+        self.dataset = dataset
+        self.indices = list(indices)
+        self.epoch = epoch
+        self.rank = rank
+        self.endpoint = endpoint
+        self.lengths_fn = lengths_fn
+        self.send_timeout_ms = send_timeout_ms
+        self.progress_every = max(1, progress_every)
+        self.stop = stop
+        self.data_plane = data_plane
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # A sample's seq is its position in this rank's list: a deterministic
+        # daemon plans in that order, whichever worker delivers first.
+        positions = range(worker, len(self.indices), workers)
+        # Created here, in the worker process (after fork), never in the parent.
+        producer = native().Producer(
+            self.endpoint, f"rank{self.rank}-worker{worker}-epoch{self.epoch}-pid{os.getpid()}",
+            self.rank, send_timeout_ms=self.send_timeout_ms, data_plane=self.data_plane)
+        # The trainer signals `stop` when it leaves the epoch: a send blocked on
+        # the daemon (no credit: nobody consumes) is cancelled and the worker
+        # ends (no private DataLoader API needed to shut it down). In a worker
+        # process `stop` is the read end of a pipe (a multiprocessing.Event
+        # would hang the trainer's set() once a waiting worker has exited).
+        stopped = threading.Event()
+        live = {"producer": producer}  # emptied when the stream ends: nothing left to cancel
+
+        def watch() -> None:
+            if isinstance(self.stop, threading.Event):
+                self.stop.wait()
+            else:
+                try:
+                    self.stop.poll(None)
+                except (EOFError, OSError):
+                    pass
+            stopped.set()
+            p = live.get("producer")
+            if p is not None:
+                p.cancel()
+
+        threading.Thread(target=watch, daemon=True, name="odb-stop-watch").start()
+        pending = 0
+        for position in positions:
+            if stopped.is_set():
+                return
+            index = self.indices[position]
+            sample = self.dataset[index]
+            lengths, tensors = encode_sample(sample, self.lengths_fn)
+            loss_tokens = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
+            try:
+                producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position,
+                              loss_tokens=loss_tokens)
+            except native().OdbError:
+                if stopped.is_set():
+                    return
+                raise
+            pending += 1
+            if pending >= self.progress_every:
+                yield pending
+                pending = 0
+        producer.end_stream(self.epoch)
+        live.clear()
+        del producer  # closes the socket: everything is delivered before we report the end
+        yield pending
+
+
+def _null_collate(item: Any) -> Any:
+    return item
+
+
+class _Pump:
+    """Drives the DataLoader iterator in a thread so that worker exceptions and
+    worker deaths surface in the trainer (DataLoader re-raises them on next())."""
+
+    def __init__(self, loader: DataLoader, stop: threading.Event, wake_workers: Any = None) -> None:
+        self.loader = loader
+        self.stop = stop
+        self.wake_workers = wake_workers  # write end of the workers' stop pipe
+        self.sent = 0
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.iterator: Any = None
+        self.thread = threading.Thread(target=self._run, name="odb-pump", daemon=True)
+
+    def start(self) -> None:
+        self.iterator = iter(self.loader)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for count in self.iterator:
+                self.sent += int(count)
+                if self.stop.is_set():
+                    return
+            self.done = True
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+            if not self.stop.is_set():
+                self.error = e
+
+    def finished(self) -> bool:
+        """True once every worker ended its stream (the iterator is exhausted)."""
+        return self.done
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            e = self.error
+            hint = ""
+            context = self.loader.multiprocessing_context
+            method = context.get_start_method() if context is not None else "fork"
+            if "exited unexpectedly" in str(e) and method != "fork":
+                # The usual cause: a worker started by forkserver/spawn imports the
+                # training script again, and an unguarded script re-runs its training
+                # (init_process_group, ...) in the worker.
+                hint = (f" (workers start with the {method!r} method, which imports the training script "
+                        "again in each worker: put its entry point under `if __name__ == \"__main__\":`, "
+                        "or pass multiprocessing_context=\"fork\"; the worker's own error is printed "
+                        "above)")
+            raise OdbWorkerError(f"odb data worker failed: {type(e).__name__}: {e}{hint}") from e
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.wake_workers is not None:  # the workers cancel their sends and end their streams
+            try:
+                self.wake_workers.send_bytes(b"stop")
+                self.wake_workers.close()
+            except OSError:
+                pass
+            self.wake_workers = None
+        if self.thread.is_alive():
+            # A pump thread still inside the DataLoader queue read while the next
+            # epoch forks its workers can hand them a held lock; wait it out
+            # (the read wakes at least every 5 s: MP_STATUS_CHECK_INTERVAL).
+            self.thread.join(timeout=10.0)
