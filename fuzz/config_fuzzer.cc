@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const odb::DaemonConfig& c = *config;
   FUZZ_CHECK(c.rank >= 0 && c.rank < c.world_size, "rank outside the world");
-  FUZZ_CHECK(!c.ingest_endpoints.empty(), "no ingest endpoint");
+  FUZZ_CHECK(!c.ingest.endpoints.empty(), "no ingest endpoint");
   FUZZ_CHECK(std::isfinite(c.budget.quadratic_q) && c.budget.quadratic_q >= 0, "quadratic_q");
   FUZZ_CHECK(std::isfinite(c.step_time.per_step) && std::isfinite(c.step_time.per_padded_token) &&
                  std::isfinite(c.step_time.per_len_sq),

@@ -10,6 +10,8 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "src/common/dtype.h"
@@ -114,6 +116,20 @@ class Section {
   std::set<std::string> used_;
 };
 
+// shm.trainer_data_plane: how steps reach the trainer (docs/shm.md, "Step
+// arena"). auto: through a shared-memory step arena when the trainer endpoint
+// is ipc:// and the trainer maps it, frames over ZeroMQ otherwise; shm: the
+// same, but a trainer endpoint that is not ipc:// is a config error and an
+// arena that cannot be created or offered is fatal; zmq: frames only.
+absl::Status GetDataPlane(Section& s, const std::string& key, bool& step_arena, bool& required) {
+  using Plane = std::pair<bool, bool>;  // (step_arena, step_arena_required)
+  Plane plane{step_arena, required};
+  ODB_RETURN_IF_ERROR(
+      s.GetEnum<Plane>(key, {{"auto", {true, false}}, {"shm", {true, true}}, {"zmq", {false, false}}}, plane));
+  std::tie(step_arena, required) = plane;
+  return absl::OkStatus();
+}
+
 absl::Status ParseGrouping(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum<grouping::CostModel>(
       "cost_model", {{"padded", grouping::CostModel::kPadded}, {"packed", grouping::CostModel::kPacked}},
@@ -124,9 +140,8 @@ absl::Status ParseGrouping(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("max_vision_patches", c.budget.max_vision_patches));
   ODB_RETURN_IF_ERROR(s.Get("max_audio_frames", c.budget.max_audio_frames));
   ODB_RETURN_IF_ERROR(s.Get("window", c.window));
-  ODB_RETURN_IF_ERROR(s.GetEnum<OverBudgetPolicy>(
-      "over_budget", {{"isolate", OverBudgetPolicy::kIsolate}, {"reject", OverBudgetPolicy::kReject}},
-      c.over_budget));
+  ODB_RETURN_IF_ERROR(
+      s.GetEnum<bool>("over_budget", {{"isolate", false}, {"reject", true}}, c.ingest.reject_over_budget));
   ODB_ASSIGN_OR_RETURN(Section st, s.Child("step_time"));
   ODB_RETURN_IF_ERROR(st.Get("per_step", c.step_time.per_step));
   ODB_RETURN_IF_ERROR(st.Get("per_padded_token", c.step_time.per_padded_token));
@@ -176,7 +191,7 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("attention_mask", c.collate.attention_mask));
   ODB_RETURN_IF_ERROR(s.Get("length_field", c.collate.length_field));
   ODB_RETURN_IF_ERROR(s.GetEnum("default_rule", kRules, c.collate.default_rule));
-  ODB_RETURN_IF_ERROR(s.Get("encoder_fields", c.encoder_fields));
+  ODB_RETURN_IF_ERROR(s.Get("encoder_fields", c.steps.encoder_fields));
   s.MarkUsed("fields");
   if (g_field_defaults != nullptr) {
     g_field_defaults->emplace_back(s.Path("fields"), "[{name: " + std::string(kLabelsField) +
@@ -238,24 +253,23 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_RETURN_IF_ERROR(s.Get("world_size", c.world_size));
   ODB_RETURN_IF_ERROR(s.Get("local_rank", c.local_rank));
   ODB_RETURN_IF_ERROR(s.Get("local_world_size", c.local_world_size));
-  ODB_RETURN_IF_ERROR(s.Get("ingest_endpoints", c.ingest_endpoints));
-  ODB_RETURN_IF_ERROR(s.Get("trainer_endpoint", c.trainer_endpoint));
+  ODB_RETURN_IF_ERROR(s.Get("ingest_endpoints", c.ingest.endpoints));
+  ODB_RETURN_IF_ERROR(s.Get("trainer_endpoint", c.trainer.endpoint));
   ODB_RETURN_IF_ERROR(s.Get("run_dir", c.run_dir));
-  ODB_RETURN_IF_ERROR(s.Get("ingest_hwm", c.ingest_hwm));
-  ODB_RETURN_IF_ERROR(s.GetEnum<BadInputPolicy>(
-      "bad_input", {{"error", BadInputPolicy::kError}, {"skip_and_report", BadInputPolicy::kSkipAndReport}},
-      c.bad_input));
+  ODB_RETURN_IF_ERROR(s.Get("ingest_hwm", c.ingest.hwm));
+  // What the trainer client does with rejected inputs; nothing is ever
+  // dropped silently: both report every rejection with its sample id.
+  ODB_RETURN_IF_ERROR(s.GetEnum<bool>("bad_input", {{"error", true}, {"skip_and_report", false}},
+                                      c.steps.rejections_are_errors));
   ODB_RETURN_IF_ERROR(s.Get("log_level", c.log_level));
   ODB_RETURN_IF_ERROR(s.Get("metrics_endpoint", c.metrics_endpoint));
 
   ODB_ASSIGN_OR_RETURN(Section shm, s.Child("shm"));
   ODB_RETURN_IF_ERROR(shm.Get("producer_arenas", c.shm_producer_arenas));
   ODB_RETURN_IF_ERROR(shm.Get("max_arenas", c.shm_max_arenas));
-  ODB_RETURN_IF_ERROR(shm.GetEnum<StepArenaMode>(
-      "trainer_data_plane", {{"auto", StepArenaMode::kAuto}, {"shm", StepArenaMode::kOn}, {"zmq", StepArenaMode::kOff}},
-      c.shm_step_arena));
-  ODB_RETURN_IF_ERROR(shm.Get("step_arena_bytes", c.shm_step_arena_bytes));
-  ODB_RETURN_IF_ERROR(shm.Get("step_arena_wait_ms", c.shm_step_arena_wait_ms));
+  ODB_RETURN_IF_ERROR(GetDataPlane(shm, "trainer_data_plane", c.trainer.step_arena, c.trainer.step_arena_required));
+  ODB_RETURN_IF_ERROR(shm.Get("step_arena_bytes", c.trainer.step_arena_bytes));
+  ODB_RETURN_IF_ERROR(shm.Get("step_arena_wait_ms", c.steps.step_arena_wait_ms));
   ODB_RETURN_IF_ERROR(shm.CheckNoUnknownKeys());
 
   ODB_ASSIGN_OR_RETURN(Section buffer, s.Child("buffer"));
@@ -272,11 +286,11 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_RETURN_IF_ERROR(optimizer.Get("tokens_per_step", c.tokens_per_step));
   ODB_RETURN_IF_ERROR(optimizer.CheckNoUnknownKeys());
   ODB_ASSIGN_OR_RETURN(Section emit, s.Child("emit"));
-  ODB_RETURN_IF_ERROR(emit.Get("outstanding_depth", c.outstanding_depth));
+  ODB_RETURN_IF_ERROR(emit.Get("outstanding_depth", c.trainer.outstanding_depth));
   ODB_RETURN_IF_ERROR(emit.Get("queue_steps", c.queue_steps));
   ODB_RETURN_IF_ERROR(emit.Get("expected_producers", c.expected_producers));
-  ODB_RETURN_IF_ERROR(emit.Get("producer_timeout_ms", c.producer_timeout_ms));
-  ODB_RETURN_IF_ERROR(emit.Get("trainer_timeout_ms", c.trainer_timeout_ms));
+  ODB_RETURN_IF_ERROR(emit.Get("producer_timeout_ms", c.ingest.producer_timeout_ms));
+  ODB_RETURN_IF_ERROR(emit.Get("trainer_timeout_ms", c.trainer.trainer_timeout_ms));
   ODB_RETURN_IF_ERROR(emit.Get("exit_when_trainer_done", c.exit_when_trainer_done));
   ODB_RETURN_IF_ERROR(emit.CheckNoUnknownKeys());
 
@@ -421,45 +435,47 @@ absl::Status CheckEndpoint(const std::string& field, const std::string& e, bool 
 }
 
 absl::Status ValidateEndpoints(const DaemonConfig& c) {
-  if (c.ingest_endpoints.empty()) return Invalid("ingest_endpoints", "needs at least one endpoint");
-  if (c.ingest_endpoints.size() > kMaxIngestEndpoints) {
-    return Invalid("ingest_endpoints", std::to_string(c.ingest_endpoints.size()) +
+  const std::vector<std::string>& ingest = c.ingest.endpoints;
+  const std::string& trainer = c.trainer.endpoint;
+  if (ingest.empty()) return Invalid("ingest_endpoints", "needs at least one endpoint");
+  if (ingest.size() > kMaxIngestEndpoints) {
+    return Invalid("ingest_endpoints", std::to_string(ingest.size()) +
                                            " endpoints; at most " +
                                            std::to_string(kMaxIngestEndpoints) + " are allowed");
   }
   std::set<std::string> seen;
-  for (size_t i = 0; i < c.ingest_endpoints.size(); ++i) {
-    const std::string& e = c.ingest_endpoints[i];
+  for (size_t i = 0; i < ingest.size(); ++i) {
+    const std::string& e = ingest[i];
     ODB_RETURN_IF_ERROR(CheckEndpoint("ingest_endpoints[" + std::to_string(i) + "]", e, true));
     if (!seen.insert(e).second) {
       return Invalid("ingest_endpoints", "'" + Shorten(e) + "' is listed twice; list each endpoint once");
     }
   }
-  ODB_RETURN_IF_ERROR(CheckEndpoint("trainer_endpoint", c.trainer_endpoint, true));
-  if (seen.count(c.trainer_endpoint)) {
-    return Invalid("trainer_endpoint", "'" + Shorten(c.trainer_endpoint) +
+  ODB_RETURN_IF_ERROR(CheckEndpoint("trainer_endpoint", trainer, true));
+  if (seen.count(trainer)) {
+    return Invalid("trainer_endpoint", "'" + Shorten(trainer) +
                                            "' is also an ingest endpoint; give the trainer its own");
   }
   if (!c.metrics_endpoint.empty()) {
     ODB_RETURN_IF_ERROR(CheckEndpoint("metrics_endpoint", c.metrics_endpoint, false));
-    if (seen.count(c.metrics_endpoint) || c.metrics_endpoint == c.trainer_endpoint) {
+    if (seen.count(c.metrics_endpoint) || c.metrics_endpoint == trainer) {
       return Invalid("metrics_endpoint", "'" + Shorten(c.metrics_endpoint) +
                                              "' is also an ingest or trainer endpoint; use another port");
     }
   }
-  if (c.ingest_hwm < 1) return Invalid("ingest_hwm", Num(c.ingest_hwm) + " must be >= 1");
+  if (c.ingest.hwm < 1) return Invalid("ingest_hwm", Num(c.ingest.hwm) + " must be >= 1");
   if (c.shm_max_arenas < 1 || c.shm_max_arenas > 65536) {
     return Invalid("shm.max_arenas", std::to_string(c.shm_max_arenas) + " must be in 1..65536 (shm.producer_arenas: false "
                                                             "turns arenas off)");
   }
-  if (c.shm_step_arena_bytes < (uint64_t{1} << 20) || c.shm_step_arena_bytes > (uint64_t{1} << 40)) {
-    return Invalid("shm.step_arena_bytes", std::to_string(c.shm_step_arena_bytes) +
+  if (c.trainer.step_arena_bytes < (uint64_t{1} << 20) || c.trainer.step_arena_bytes > (uint64_t{1} << 40)) {
+    return Invalid("shm.step_arena_bytes", std::to_string(c.trainer.step_arena_bytes) +
                                                " must be in 1 MiB..1 TiB (shm.trainer_data_plane: zmq turns the arena off)");
   }
-  if (c.shm_step_arena_wait_ms == 0) return Invalid("shm.step_arena_wait_ms", "must be > 0");
-  if (c.shm_step_arena == StepArenaMode::kOn && c.trainer_endpoint.rfind("ipc://", 0) != 0) {
+  if (c.steps.step_arena_wait_ms == 0) return Invalid("shm.step_arena_wait_ms", "must be > 0");
+  if (c.trainer.step_arena_required && trainer.rfind("ipc://", 0) != 0) {
     return Invalid("shm.trainer_data_plane", "'shm' needs an ipc:// trainer_endpoint (a local trainer), not '" +
-                                         c.trainer_endpoint + "'; use auto or zmq");
+                                         trainer + "'; use auto or zmq");
   }
   return absl::OkStatus();
 }
@@ -521,7 +537,7 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(CheckFinite("alignment.encoder_cost_per_patch", c.encoder_cost_per_patch, 0.0,
                                   kMaxCostCoefficient,
                                   "a finite number >= 0 and <= 1e12 (units of one padded token)"));
-  if (c.phase_plans && c.encoder_fields.empty()) {
+  if (c.phase_plans && c.steps.encoder_fields.empty()) {
     return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
   }
   if (c.store == StoreKind::kFile) ODB_RETURN_IF_ERROR(CheckPath("alignment.store_dir", c.store_dir));
@@ -647,11 +663,12 @@ absl::Status ValidateCollate(const DaemonConfig& c) {
     }
   }
   std::set<std::string> encoder;
-  for (size_t i = 0; i < c.encoder_fields.size(); ++i) {
+  const std::vector<std::string>& encoder_fields = c.steps.encoder_fields;
+  for (size_t i = 0; i < encoder_fields.size(); ++i) {
     const std::string path = "collate.encoder_fields[" + std::to_string(i) + "]";
-    ODB_RETURN_IF_ERROR(CheckFieldName(path, c.encoder_fields[i]));
-    if (!encoder.insert(c.encoder_fields[i]).second) {
-      return Invalid(path, "'" + c.encoder_fields[i] + "' is listed twice; keep one entry");
+    ODB_RETURN_IF_ERROR(CheckFieldName(path, encoder_fields[i]));
+    if (!encoder.insert(encoder_fields[i]).second) {
+      return Invalid(path, "'" + encoder_fields[i] + "' is listed twice; keep one entry");
     }
   }
   // With phase plans, encoder fields leave the LLM batch; the LLM batch then
@@ -738,14 +755,14 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
   auto expand = [&](std::string s) {
     return Replace(Replace(s, "{run}", c.run_dir), "{rank}", std::to_string(c.rank));
   };
-  for (auto& e : c.ingest_endpoints) e = expand(e);
-  c.trainer_endpoint = expand(c.trainer_endpoint);
+  for (auto& e : c.ingest.endpoints) e = expand(e);
+  c.trainer.endpoint = expand(c.trainer.endpoint);
   c.store_dir = expand(c.store_dir);
   c.metrics_endpoint = expand(c.metrics_endpoint);
   ODB_RETURN_IF_ERROR(ValidateEndpoints(c));
   ODB_RETURN_IF_ERROR(ValidateBufferAndGrouping(c));
   ODB_RETURN_IF_ERROR(ValidateAlignment(c));
-  if (c.outstanding_depth == 0) return Invalid("emit.outstanding_depth", "must be >= 1");
+  if (c.trainer.outstanding_depth == 0) return Invalid("emit.outstanding_depth", "must be >= 1");
   if (c.queue_steps == 0) return Invalid("emit.queue_steps", "must be >= 1");
   if (c.expected_producers == 0) return Invalid("emit.expected_producers", "must be >= 1");
   static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
@@ -760,10 +777,10 @@ std::string DescribeConfig(const DaemonConfig& c) {
   std::ostringstream out;
   out << "rank=" << c.rank << "/" << c.world_size << " local=" << c.local_rank << "/"
       << c.local_world_size << " ingest=";
-  for (const auto& e : c.ingest_endpoints) out << e << " ";
-  out << "trainer=" << c.trainer_endpoint << " " << grouping::DescribeBudget(c.budget)
+  for (const auto& e : c.ingest.endpoints) out << e << " ";
+  out << "trainer=" << c.trainer.endpoint << " " << grouping::DescribeBudget(c.budget)
       << " window=" << c.window << " mode=" << align::EpochModeName(c.mode)
-      << " depth=" << c.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/" << c.buffer_max_samples
+      << " depth=" << c.trainer.outstanding_depth << " buffer=" << c.buffer_max_bytes << "B/" << c.buffer_max_samples
       << " store="
       << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
       << " packed=" << c.collate.packed

@@ -9,53 +9,50 @@
 #include "absl/status/statusor.h"
 #include "src/align/planner.h"
 #include "src/collate/collator.h"
+#include "src/emit/step_builder_options.h"
+#include "src/emit/trainer_channel_options.h"
+#include "src/exchange/exchange_options.h"
 #include "src/grouping/budget.h"
+#include "src/ingest/ingest_options.h"
 
 namespace odb {
-
-// What happens to a sample that fits no budget on its own.
-enum class OverBudgetPolicy {
-  kIsolate,  // emitted alone in its own step, flagged over_budget in the header
-  kReject,   // rejected with OVER_BUDGET (reported like any bad input)
-};
-
-// What the trainer client does with rejected inputs. Nothing is ever dropped
-// silently: both policies report every rejection with its sample id.
-enum class BadInputPolicy {
-  kError,          // the client raises on the first step that carries a rejection
-  kSkipAndReport,  // the client logs it; the epoch summary lists it
-};
 
 enum class StoreKind { kFile, kRedis };
 
 enum class PlannerKind { kLocal, kGlobal };
 
-// shm.trainer_data_plane (auto|shm|zmq): how steps reach the trainer (docs/shm.md, "Step arena").
-//  kAuto: through a shared-memory step arena when the trainer endpoint is
-//         ipc:// and the trainer maps it; frames over ZeroMQ otherwise.
-//  kOn:   the same, but a trainer endpoint that is not ipc:// is a config error.
-//  kOff:  frames over ZeroMQ only.
-enum class StepArenaMode { kAuto, kOn, kOff };
-
 // The daemon's whole configuration: parsed once from YAML, validated at start
-// with an error naming the field. Defaults are the values below.
+// with an error naming the field.
+//
+// A knob that one I/O stage alone reads is a field of that stage's options
+// struct (declared beside the stage, with its default there and nowhere
+// else); the parser writes it straight into the member below (`ingest`,
+// `trainer`, `steps`, `exchange`), so adding one touches the stage's options,
+// the parser and the doc only. The fields at the top level are read by more
+// than one part of the daemon (the planner, the shared buffer, several
+// stages); src/daemon/stage_options.cc copies those a stage needs into its
+// options (the fields marked "derived" there), in that one place.
+// tools/check_stage_options.py (tests/test_stage_options.py) enforces this.
+// Top-level defaults are the values below.
 struct DaemonConfig {
+  // --- the I/O stages' own knobs, defaults in their options structs (the
+  // "derived" fields of these are left unset: the stages get them from
+  // stage_options.cc).
+  ingest::IngestOptions ingest;
+  emit::TrainerChannelOptions trainer;
+  emit::StepBuilderOptions steps;
+  exchange::ExchangeOptions exchange;
+
   // --- identity (-1: from RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, else 0 / 1)
   int rank = -1;
   int world_size = -1;
   int local_rank = -1;
   int local_world_size = -1;
 
-  // --- sockets; "{rank}" is replaced by the rank, "{run}" by run_dir.
-  // Producers PUSH samples here (several endpoints allowed: ipc:// and tcp://).
-  std::vector<std::string> ingest_endpoints = {"ipc://{run}/odb-{rank}-in.sock"};
-  // The trainer connects here (DEALER); steps go out, credits come in.
-  std::string trainer_endpoint = "ipc://{run}/odb-{rank}-out.sock";
+  // --- sockets: "{rank}" in ingest.endpoints, trainer.endpoint, store_dir
+  // and metrics_endpoint is replaced by the rank, "{run}" by run_dir.
   // Directory for ipc sockets and the FileStore; created if missing.
   std::string run_dir = "/tmp/odb";
-  // ZMQ receive high-water mark on the ingest socket (messages). Lower = less
-  // memory held in ZMQ queues when the buffer is full; higher = smoother bursts.
-  int ingest_hwm = 1000;
 
   // --- shared-memory data plane (docs/shm.md): local producers register an
   // arena (a memfd) on <ingest socket>.arena next to each ipc:// ingest
@@ -66,17 +63,6 @@ struct DaemonConfig {
   // capacity, into the daemon's address space); more are refused and those
   // producers send over ZeroMQ.
   uint32_t shm_max_arenas = 1024;
-  // Step arena (daemon -> trainer over shared memory), per trainer session.
-  StepArenaMode shm_step_arena = StepArenaMode::kAuto;
-  // Its capacity: a memfd whose pages are allocated as first written, so this
-  // is an upper bound, not a reservation. It must hold the steps queued in
-  // the daemon, in flight and held by the trainer; a step larger than it
-  // goes as frames.
-  uint64_t shm_step_arena_bytes = uint64_t{1} << 30;
-  // A full arena makes the planner wait for the trainer to release steps;
-  // after this long the daemon fails naming the cause (the trainer keeps
-  // steps' tensors alive).
-  uint32_t shm_step_arena_wait_ms = 120000;
 
   // --- buffer: bounded by both; when full, ingest stops reading (back-pressure).
   uint64_t buffer_max_bytes = 1ull << 30;  // 1 GiB of payload
@@ -88,7 +74,6 @@ struct DaemonConfig {
   // Samples per rank gathered before a round is planned. Larger windows group
   // better (less padding) but add latency and memory.
   uint32_t window = 512;
-  OverBudgetPolicy over_budget = OverBudgetPolicy::kIsolate;
 
   // --- alignment across ranks
   // join: every sample of the epoch is emitted exactly once; non_join: the
@@ -136,36 +121,25 @@ struct DaemonConfig {
   uint32_t collective_timeout_ms = 120000;  // a dead peer is an error after this
 
   // --- emit
-  uint32_t outstanding_depth = 4;  // D: steps sent ahead of the trainer's consumption
   // Collated steps the daemon may hold ready beyond those in flight. Rounds
   // plan at most this many steps: deeper = better cross-rank pairing and
   // smoother delivery, at the memory of that many batches.
   uint32_t queue_steps = 32;
   // Producers an epoch waits for (the trainer's StartEpoch may override it).
   uint32_t expected_producers = 1;
-  // While an epoch's input is incomplete and the buffer has room, no message
-  // from any producer for this long is a fatal PRODUCER_TIMEOUT naming the
-  // producers whose streams are still open (0 = never).
-  uint32_t producer_timeout_ms = 600000;
-  // The trainer disconnecting mid-epoch and not coming back within this long
-  // is fatal: the daemon exits so its peers learn it (0 = never).
-  uint32_t trainer_timeout_ms = 30000;
   // Deployments that finish (a Kubernetes sidecar, a systemd unit per job):
   // once the trainer session has ended between epochs (its connection closed
   // with no epoch open or requested) and no trainer has come back within
-  // max(trainer_timeout_ms, 2 s), Run() returns OK and odbd exits 0. A session
+  // max(emit.trainer_timeout_ms, 2 s), Run() returns OK and odbd exits 0. A session
   // lost mid-epoch still fails (exit 1) as above.
   bool exit_when_trainer_done = false;
 
   // --- collation
   collate::CollateOptions collate;
-  // Fields that belong to the encoder phase (alignment.phase_plans).
-  std::vector<std::string> encoder_fields;
 
   // Prometheus text over plain HTTP, e.g. "tcp://0.0.0.0:9400"; "" = off.
   std::string metrics_endpoint;
 
-  BadInputPolicy bad_input = BadInputPolicy::kError;
   std::string log_level = "info";
 };
 

@@ -13,12 +13,12 @@ TEST_CASE("empty config gives documented defaults") {
   CHECK(c->budget.max_tokens == 4096);
   CHECK(c->window == 512);
   CHECK(c->planner == PlannerKind::kGlobal);
-  CHECK(c->outstanding_depth == 4);
-  CHECK(c->bad_input == BadInputPolicy::kError);
+  CHECK(c->trainer.outstanding_depth == 4);
+  CHECK(c->steps.rejections_are_errors);
   REQUIRE(FinalizeConfig(*c, {}).ok());
   CHECK(c->rank == 0);
   CHECK(c->world_size == 1);
-  CHECK(c->ingest_endpoints[0] == "ipc:///tmp/odb/odb-0-in.sock");
+  CHECK(c->ingest.endpoints[0] == "ipc:///tmp/odb/odb-0-in.sock");
 }
 
 TEST_CASE("fields parse and launcher variables fill rank and world") {
@@ -49,7 +49,7 @@ collate:
   REQUIRE(FinalizeConfig(*c, {{"RANK", "3"}, {"WORLD_SIZE", "4"}}).ok());
   CHECK(c->rank == 3);
   CHECK(c->world_size == 4);
-  CHECK(c->trainer_endpoint == "ipc:///tmp/x/odb-3-out.sock");
+  CHECK(c->trainer.endpoint == "ipc:///tmp/x/odb-3-out.sock");
 }
 
 TEST_CASE("errors name the field") {
@@ -267,13 +267,15 @@ TEST_CASE("the shared-memory data plane's keys") {
 TEST_CASE("the step arena's keys") {
   auto defaults = ParseConfig("");
   REQUIRE(defaults.ok());
-  CHECK(defaults->shm_step_arena == StepArenaMode::kAuto);
-  CHECK(defaults->shm_step_arena_bytes == (uint64_t{1} << 30));
+  CHECK(defaults->trainer.step_arena);
+  CHECK_FALSE(defaults->trainer.step_arena_required);
+  CHECK(defaults->trainer.step_arena_bytes == (uint64_t{1} << 30));
   auto zmq = ParseConfig("shm: {trainer_data_plane: zmq, step_arena_bytes: 4194304, step_arena_wait_ms: 500}");
   REQUIRE(zmq.ok());
-  CHECK(zmq->shm_step_arena == StepArenaMode::kOff);
-  CHECK(zmq->shm_step_arena_bytes == 4194304);
-  CHECK(zmq->shm_step_arena_wait_ms == 500);
+  CHECK_FALSE(zmq->trainer.step_arena);
+  CHECK_FALSE(zmq->trainer.step_arena_required);
+  CHECK(zmq->trainer.step_arena_bytes == 4194304);
+  CHECK(zmq->steps.step_arena_wait_ms == 500);
   REQUIRE(FinalizeConfig(*zmq, {}).ok());
   auto bad = ParseConfig("shm: {trainer_data_plane: off}");
   REQUIRE_FALSE(bad.ok());

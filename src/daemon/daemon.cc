@@ -56,8 +56,8 @@ Daemon::~Daemon() {
 }
 
 absl::Status Daemon::Bind() {
-  std::vector<std::string> endpoints = config_.ingest_endpoints;
-  endpoints.push_back(config_.trainer_endpoint);
+  std::vector<std::string> endpoints = config_.ingest.endpoints;
+  endpoints.push_back(config_.trainer.endpoint);
   ODB_RETURN_IF_ERROR(lock_.Acquire(EndpointLock::PathsFor(config_.run_dir, config_.rank, endpoints)));
   // Segments that dead processes left in run_dir (file arenas; memfds leave
   // nothing behind) go before anything new is created.
@@ -65,7 +65,7 @@ absl::Status Daemon::Bind() {
   // The registration sockets first: a producer that finds the ingest socket
   // finds them too (otherwise it would send over ZeroMQ).
   if (config_.shm_producer_arenas) {
-    for (const std::string& endpoint : config_.ingest_endpoints) {
+    for (const std::string& endpoint : config_.ingest.endpoints) {
       if (endpoint.rfind("ipc://", 0) != 0) continue;
       EnsureIpcDirectory(endpoint);
       const std::string path = ingest::ArenaSocketPath(endpoint.substr(6));

@@ -40,10 +40,10 @@ struct Harness {
     config.local_rank = 0;
     config.local_world_size = 1;
     config.run_dir = dir;
-    config.ingest_endpoints = {"ipc://" + dir + "/in.sock"};
-    config.trainer_endpoint = "ipc://" + dir + "/out.sock";
-    config.producer_timeout_ms = producer_timeout_ms;
-    config.trainer_timeout_ms = trainer_timeout_ms;
+    config.ingest.endpoints = {"ipc://" + dir + "/in.sock"};
+    config.trainer.endpoint = "ipc://" + dir + "/out.sock";
+    config.ingest.producer_timeout_ms = producer_timeout_ms;
+    config.trainer.trainer_timeout_ms = trainer_timeout_ms;
     config.max_wait_ms = max_wait_ms;
     auto peers = ConnectPeers(config);
     REQUIRE(peers.ok());
@@ -178,9 +178,9 @@ struct RawTrainer {
 
 TEST_CASE("the wired daemon emits every sample exactly once and a true summary") {
   Harness h("once");
-  RawTrainer trainer(h.context, h.config.trainer_endpoint);
+  RawTrainer trainer(h.context, h.config.trainer.endpoint);
   trainer.StartEpoch(0);
-  RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
+  RawProducer producer(h.context, h.config.ingest.endpoints[0], "p");
   for (uint64_t i = 0; i < 500; ++i) producer.Send(i, 1 + i % 50);
   producer.End();
   std::multiset<uint64_t> ids;
@@ -208,9 +208,9 @@ TEST_CASE("the wired daemon emits every sample exactly once and a true summary")
 TEST_CASE("a window that does not fill is planned once max_wait_ms of the fake clock has passed") {
   // Ten minutes: real time never gets there during the test, only the clock.
   Harness h("wait", /*producer_timeout_ms=*/0, /*trainer_timeout_ms=*/0, /*max_wait_ms=*/600000);
-  RawTrainer trainer(h.context, h.config.trainer_endpoint);
+  RawTrainer trainer(h.context, h.config.trainer.endpoint);
   trainer.StartEpoch(0);
-  RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
+  RawProducer producer(h.context, h.config.ingest.endpoints[0], "p");
   for (uint64_t i = 0; i < 3; ++i) producer.Send(i, 8);  // far below the window; the stream stays open
   REQUIRE(Eventually([&] { return h.daemon->metrics().buffer_samples.load() == 3; }));
   CHECK(h.daemon->metrics().rounds.load() == 0);  // nothing makes a round due but the wait
@@ -227,9 +227,9 @@ TEST_CASE("a window that does not fill is planned once max_wait_ms of the fake c
 
 TEST_CASE("a silent producer is a PRODUCER_TIMEOUT once the fake clock passes the timeout") {
   Harness h("silent", /*producer_timeout_ms=*/60000);
-  RawTrainer trainer(h.context, h.config.trainer_endpoint);
+  RawTrainer trainer(h.context, h.config.trainer.endpoint);
   trainer.StartEpoch(0);
-  RawProducer producer(h.context, h.config.ingest_endpoints[0], "stalled-worker");
+  RawProducer producer(h.context, h.config.ingest.endpoints[0], "stalled-worker");
   producer.Send(1, 4);  // holds credit, never ends its stream
   REQUIRE(Eventually([&] { return h.daemon->metrics().samples_received.load() == 1; }));
   REQUIRE(h.result.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
@@ -252,9 +252,9 @@ TEST_CASE("a silent producer is a PRODUCER_TIMEOUT once the fake clock passes th
 
 TEST_CASE("a second trainer is refused and the first keeps its steps") {
   Harness h("second");
-  RawTrainer first(h.context, h.config.trainer_endpoint);
+  RawTrainer first(h.context, h.config.trainer.endpoint);
   first.StartEpoch(0);
-  RawTrainer second(h.context, h.config.trainer_endpoint);
+  RawTrainer second(h.context, h.config.trainer.endpoint);
   second.StartEpoch(0);
   // It waits out the contender grace (the first session might be closing),
   // on the daemon's injected clock.
@@ -265,7 +265,7 @@ TEST_CASE("a second trainer is refused and the first keeps its steps") {
   wire::DaemonMessage refused = second.Next();
   REQUIRE(refused.has_fatal());
   REQUIRE(refused.fatal().code() == wire::SESSION_REFUSED);
-  RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
+  RawProducer producer(h.context, h.config.ingest.endpoints[0], "p");
   for (uint64_t i = 0; i < 50; ++i) producer.Send(i, 8);
   producer.End();
   uint64_t got = 0;
@@ -281,9 +281,9 @@ TEST_CASE("a second trainer is refused and the first keeps its steps") {
 TEST_CASE("a trainer lost mid-epoch is fatal after trainer_timeout_ms of the fake clock") {
   Harness h("lost", /*producer_timeout_ms=*/0, /*trainer_timeout_ms=*/30000);
   {
-    RawTrainer trainer(h.context, h.config.trainer_endpoint);
+    RawTrainer trainer(h.context, h.config.trainer.endpoint);
     trainer.StartEpoch(0);
-    RawProducer producer(h.context, h.config.ingest_endpoints[0], "p");
+    RawProducer producer(h.context, h.config.ingest.endpoints[0], "p");
     for (uint64_t i = 0; i < 20; ++i) producer.Send(i, 8);
     // Rounds wait max_wait_ms of the fake clock for a fuller window.
     REQUIRE(Eventually([&] {

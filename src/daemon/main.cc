@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   if (!run_dir.empty()) config->run_dir = run_dir;
   if (!job_id.empty()) config->job_id = job_id;
   if (!log_level.empty()) config->log_level = log_level;
-  if (!ingest.empty()) config->ingest_endpoints = {ingest};
-  if (!trainer.empty()) config->trainer_endpoint = trainer;
+  if (!ingest.empty()) config->ingest.endpoints = {ingest};
+  if (!trainer.empty()) config->trainer.endpoint = trainer;
   if (exit_when_trainer_done) config->exit_when_trainer_done = true;
   // Multi-host addresses come from the launcher's environment (the host's
   // address is not known when a config file is written), the command line wins.

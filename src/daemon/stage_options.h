@@ -2,17 +2,19 @@
 #define ODB_DAEMON_STAGE_OPTIONS_H_
 
 #include "src/daemon/config.h"
-#include "src/emit/step_builder.h"
-#include "src/emit/trainer_channel.h"
-#include "src/exchange/payload_exchange.h"
-#include "src/ingest/ingest_channel.h"
+#include "src/emit/step_builder_options.h"
+#include "src/emit/trainer_channel_options.h"
+#include "src/exchange/exchange_options.h"
+#include "src/ingest/ingest_options.h"
 
 namespace odb {
 
-// Each I/O stage declares the options it reads beside it; these fill them
-// from the daemon's one config (finalized: endpoints expanded, rank known).
-// A knob that one stage reads is a field of that stage's options, parsed
-// into DaemonConfig and copied here.
+// Each I/O stage's options, from the daemon's one config (finalized:
+// endpoints expanded, rank known). A stage's own knobs are already in its
+// member of DaemonConfig (the parser writes them there); these copy it and
+// fill in the fields its header marks "derived": config that several parts
+// of the daemon read, kept once at DaemonConfig's top level. This file is the
+// one place that copies config into a stage (tools/check_stage_options.py).
 ingest::IngestOptions IngestOptionsFor(const DaemonConfig& config);
 emit::TrainerChannelOptions TrainerChannelOptionsFor(const DaemonConfig& config);
 emit::StepBuilderOptions StepBuilderOptionsFor(const DaemonConfig& config);

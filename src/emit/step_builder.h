@@ -12,6 +12,7 @@
 #include "src/collate/collator.h"
 #include "src/common/buffer_pool.h"
 #include "src/emit/step_arena.h"
+#include "src/emit/step_builder_options.h"
 #include "src/emit/step_encoder.h"
 #include "src/exchange/payload_exchange.h"
 #include "src/state/daemon_state.h"
@@ -19,26 +20,6 @@
 #include "src/state/round.h"
 
 namespace odb::emit {
-
-// What the step builder reads of the daemon's configuration; the daemon
-// fills it from its config file (docs/config.md names the keys).
-struct StepBuilderOptions {
-  int rank = 0;  // samples owned by this rank are in the local buffer
-  collate::CollateOptions collate;
-  // alignment.phase_plans: these fields go to the encoder batch ("enc.<name>").
-  bool phase_plans = false;
-  std::vector<std::string> encoder_fields;
-  // Stamped on every step header / epoch summary for the client.
-  bool deterministic = false;         // alignment.deterministic
-  bool rejections_are_errors = true;  // bad_input: error (false: skip_and_report)
-  bool samples_may_move = true;       // a global planner or per-phase plans
-  // alignment.mode non_join: an epoch's leftover samples are reported, not emitted.
-  bool non_join = false;
-  // How long to wait for a peer's payload (alignment.collective_timeout_ms)
-  // and for a block of a full step arena (shm.step_arena_wait_ms).
-  uint32_t collective_timeout_ms = 120000;
-  uint32_t step_arena_wait_ms = 120000;
-};
 
 // Turns one planned step into the message the trainer receives: gathers the
 // step's samples (from the buffer, or parked by the payload exchange),

@@ -17,25 +17,11 @@
 #include "src/common/clock.h"
 #include "src/emit/step_arena.h"
 #include "src/emit/step_arena_handshake.h"
+#include "src/emit/trainer_channel_options.h"
 #include "src/state/daemon_state.h"
 #include "src/state/metrics.h"
 
 namespace odb::emit {
-
-// What the trainer channel reads of the daemon's configuration; the daemon
-// fills it from its config file (docs/config.md names the keys).
-struct TrainerChannelOptions {
-  int rank = 0;                    // named in fatal messages
-  std::string endpoint;            // emit: the trainer's endpoint, "{rank}"/"{run}" expanded
-  uint32_t outstanding_depth = 4;  // emit.outstanding_depth: steps sent ahead of credit
-  // shm.trainer_data_plane: offer each session a step arena (auto/shm) when
-  // the endpoint is ipc://; `step_arena_required` (shm) makes a failure to
-  // create or offer one an error instead of falling back to frames.
-  bool step_arena = true;
-  bool step_arena_required = false;
-  uint64_t step_arena_bytes = uint64_t{1} << 30;  // shm.step_arena_bytes
-  uint32_t trainer_timeout_ms = 30000;            // emit.trainer_timeout_ms (0 = never)
-};
 
 // The trainer's side of the daemon: owns the trainer socket (ROUTER), the
 // queue of encoded steps, the credit window and the trainer session.

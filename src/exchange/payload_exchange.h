@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "src/align/planner.h"
 #include "src/common/sample.h"
+#include "src/exchange/exchange_options.h"
 #include "src/exchange/peer_auth.h"
 #include "src/state/daemon_state.h"
 #include "src/state/metrics.h"
@@ -24,15 +25,6 @@
 namespace odb::exchange {
 
 using SampleKey = align::SampleKey;  // (owner rank, id): the planner's
-
-// What the payload exchange reads of the daemon's configuration; the daemon
-// fills it from its config file (docs/config.md names the keys).
-struct ExchangeOptions {
-  int rank = 0;
-  std::string hostname = "127.0.0.1";       // alignment.gloo_hostname: the address it binds
-  uint32_t connect_timeout_ms = 30000;      // alignment.connect_timeout_ms
-  uint32_t collective_timeout_ms = 120000;  // alignment.collective_timeout_ms: a payload that never comes
-};
 
 // Moves sample payloads between daemons when a global plan emits a sample on
 // another rank than the one that received it (Ray keeps object transfer out

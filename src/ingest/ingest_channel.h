@@ -16,36 +16,13 @@
 #include "src/ingest/admission.h"
 #include "src/ingest/credit_ledger.h"
 #include "src/ingest/decoder.h"
+#include "src/ingest/ingest_options.h"
 #include "src/ingest/producer_liveness.h"
 #include "src/ingest/schema.h"
 #include "src/state/daemon_state.h"
 #include "src/state/metrics.h"
 
 namespace odb::ingest {
-
-// What the ingest channel reads of the daemon's configuration; the daemon
-// fills it from its config file (docs/config.md names the keys).
-struct IngestOptions {
-  int rank = 0;  // a producer's hello that names another rank is refused
-  // Where producers connect ("{rank}"/"{run}" already expanded), and the
-  // receive high-water mark of each socket (ingest.hwm).
-  std::vector<std::string> endpoints;
-  int hwm = 1000;
-  // buffer.max_bytes / buffer.max_samples: bound what is buffered plus every
-  // credit granted; a sample may take at most half of max_bytes.
-  uint64_t buffer_max_bytes = uint64_t{1} << 30;
-  uint64_t buffer_max_samples = 65536;
-  uint32_t window = 512;       // grouping.window: samples per rank per round
-  bool deterministic = false;  // alignment.deterministic: credit by seq order
-  // grouping.over_budget: reject (true) or isolate (false) a sample that fits
-  // no budget alone; `budget` is what it must fit.
-  bool reject_over_budget = false;
-  grouping::Budget budget;
-  // What every admitted sample must be collatable with (an epoch's schema).
-  collate::CollateOptions collate;
-  bool phase_plans = false;               // alignment.phase_plans: the schema is never packed
-  uint32_t producer_timeout_ms = 600000;  // emit.producer_timeout_ms (0 = never)
-};
 
 // The producers' side of the daemon: owns the ingest sockets (ROUTER, one per
 // endpoint), decodes what arrives, admits samples into the buffer and tells
