@@ -29,7 +29,7 @@ struct TrainerChannelOptions {
   // an error instead of falling back to frames.
   bool step_arena_required = false;
   uint64_t step_arena_bytes = uint64_t{1} << 30;  // shm.step_arena_bytes: the arena's capacity
-  uint32_t trainer_timeout_ms = 30000;            // emit.trainer_timeout_ms (0 = never)
+  uint32_t trainer_timeout_ms = 30000;            // emit.trainer_timeout_ms: 0 = never
 
   int rank = 0;  // derived (rank): named in fatal messages
 };

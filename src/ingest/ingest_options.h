@@ -29,7 +29,7 @@ struct IngestOptions {
   // grouping.over_budget: reject (true) or isolate (false) a sample that fits
   // no budget alone; `budget` is what it must fit.
   bool reject_over_budget = false;
-  uint32_t producer_timeout_ms = 600000;  // emit.producer_timeout_ms (0 = never)
+  uint32_t producer_timeout_ms = 600000;  // emit.producer_timeout_ms: 0 = never
 
   int rank = 0;  // derived (rank): a producer's hello that names another rank is refused
   // derived (buffer.max_bytes, buffer.max_samples: the buffer has the same
