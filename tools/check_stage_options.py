@@ -73,16 +73,17 @@ class Field:
         self.name, self.key, self.derived, self.line = name, key, derived, line
 
 
-def read_structs(path: Path, problems):
+def read_structs(root: Path, path: Path, problems):
     """{struct name: [Field]} of an options header."""
     structs = {}
     text = path.read_text()
+    rel = path.relative_to(root)
     for match in STRUCT.finditer(text):
         name, body = match.group(1), match.group(2)
         first_line = text[: match.start(2)].count("\n") + 1
         fields, block = [], []
         for offset, line in enumerate(body.splitlines()):
-            where = f"{path.name}:{first_line + offset}"
+            where = f"{rel}:{first_line + offset}"
             stripped = line.strip()
             if not stripped:
                 block = []
@@ -144,7 +145,7 @@ def check(root: Path):
             problems.append(f"src/{package}/ has no *_options.h: a stage declares the options it reads "
                             "there, beside it")
         for header in headers:
-            for name, fields in read_structs(header, problems).items():
+            for name, fields in read_structs(root, header, problems).items():
                 stages[name] = (package, header.relative_to(root), fields)
 
     config_h = (root / CONFIG_H).read_text()

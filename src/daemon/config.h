@@ -130,8 +130,8 @@ struct DaemonConfig {
   // Deployments that finish (a Kubernetes sidecar, a systemd unit per job):
   // once the trainer session has ended between epochs (its connection closed
   // with no epoch open or requested) and no trainer has come back within
-  // max(emit.trainer_timeout_ms, 2 s), Run() returns OK and odbd exits 0. A session
-  // lost mid-epoch still fails (exit 1) as above.
+  // max(emit.trainer_timeout_ms, 2 s), Run() returns OK and odbd exits 0. A
+  // session lost mid-epoch still fails (exit 1) after emit.trainer_timeout_ms.
   bool exit_when_trainer_done = false;
 
   // --- collation
