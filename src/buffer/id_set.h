@@ -16,7 +16,7 @@ namespace odb::buffer {
 // independent of the epoch's length. Ids in no order (a shuffled dataset's
 // indices) cost at most one run per id, and runs merge as the gaps between
 // them fill (the whole of 0..N-1 is one run again). A btree keeps an entry at
-// about 16 bytes (an std::unordered_set spends ~40 per id).
+// about 20 bytes (an std::unordered_set spends ~40 per id).
 class IdSet {
  public:
   // False if `id` was already in the set.
