@@ -376,9 +376,15 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
   return "every peer reported a failure too (a network problem, not a dead daemon)";
 }
 
-void GlooPeerGroup::ResizeSlot(size_t largest) {
-  const size_t wanted = std::clamp<size_t>((largest + largest / 4 + 63) / 64 * 64, kMinSlotBytes, kMaxSlotBytes);
-  if (wanted > slot_bytes_ || largest < slot_bytes_ / 2) slot_bytes_ = wanted;
+void GlooPeerGroup::ResizeSlot(size_t largest, size_t total) {
+  const auto round_up = [](size_t n) { return (n + 63) / 64 * 64; };
+  // Padding every slot to the largest message costs W x largest; past
+  // kPaddingFactor x the bytes themselves, the large messages overflow
+  // instead (two collectives for them, but no rank receives W copies of one
+  // large message's size).
+  const size_t cap = std::max(kMinSlotBytes, round_up(kPaddingFactor * total / static_cast<size_t>(options_.world_size)));
+  const size_t wanted = std::clamp<size_t>(std::min(round_up(largest + largest / 4), cap), kMinSlotBytes, kMaxSlotBytes);
+  if (wanted > slot_bytes_ || largest < slot_bytes_ / 2 || slot_bytes_ > cap) slot_bytes_ = wanted;
 }
 
 absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
@@ -412,6 +418,7 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     std::vector<size_t> rest(world, 0);  // what did not fit in each rank's slot
     size_t rest_total = 0;
     size_t largest = 0;
+    size_t total = 0;
     for (int r = 0; r < world; ++r) {
       uint64_t size = 0;
       std::memcpy(&size, out.data() + frame * static_cast<size_t>(r), kHeader);
@@ -424,6 +431,7 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       }
       sizes[r] = static_cast<size_t>(size);
       largest = std::max(largest, sizes[r]);
+      total += sizes[r];
       if (sizes[r] > slot) {
         rest[r] = sizes[r] - slot;
         rest_total += rest[r];
@@ -449,7 +457,7 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       s.append(overflow.data() + off, rest[r]);
       off += rest[r];
     }
-    ResizeSlot(largest);
+    ResizeSlot(largest, total);
     last_ok_start_ = op_start;
     return result;
   } catch (const gloo::IoException& e) {

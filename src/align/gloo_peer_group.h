@@ -109,6 +109,10 @@ class GlooPeerGroup final : public PeerGroup {
   // never makes every rank send W padded copies of its size.
   static constexpr size_t kMinSlotBytes = 256;
   static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
+  // The slots of all ranks together hold at most this many times the bytes
+  // of the previous call (plus kMinSlotBytes each): a rank whose message is
+  // far above the others' overflows rather than padding every rank's slot.
+  static constexpr size_t kPaddingFactor = 4;
 
   // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
   std::string Describe() const;
@@ -118,10 +122,11 @@ class GlooPeerGroup final : public PeerGroup {
 
   explicit GlooPeerGroup(GlooPeerGroupOptions options);
   absl::Status ConnectImpl();
-  // The next call's slot from this call's largest message: grows at once
-  // (with a quarter of headroom), shrinks only when the largest message fits
+  // The next call's slot from this call's largest message and total bytes:
+  // grows at once (with a quarter of headroom) but to no more than
+  // kPaddingFactor x the mean message, shrinks only when the largest message fits
   // in less than half of it, so sizes that wobble keep one collective.
-  void ResizeSlot(size_t largest);
+  void ResizeSlot(size_t largest, size_t total);
   // After a failed collective: what happened (this process stopped, a peer
   // that did not answer or is gone, or every rank failed), as text for the
   // error. `timed_out`: this rank's collective ran out of collective_timeout.

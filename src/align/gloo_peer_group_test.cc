@@ -257,6 +257,56 @@ TEST_CASE("gloo: one collective per all-gather while messages fit the slot; grow
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("gloo: one rank's large messages overflow instead of padding every rank's slot", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 5;
+  constexpr size_t kLarge = 40000;
+  constexpr int kSkewed = 4;  // rounds in which rank 0 alone sends kLarge bytes
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<size_t>> slots(kWorld);
+  std::vector<uint64_t> skewed_overflows(kWorld), balanced_overflows(kWorld);
+  std::vector<std::vector<std::string>> last(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "skewed"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    const uint64_t start = (*g)->Overflows();
+    for (int k = 0; k < kSkewed; ++k) {
+      auto out = (*g)->AllGather(Message(r, k, r == 0 ? kLarge : 8));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+      slots[r].push_back((*g)->SlotBytes());
+      last[r] = *out;
+    }
+    skewed_overflows[r] = (*g)->Overflows() - start;
+    // Then every rank sends as much: one overflow while the slot grows, then one collective.
+    for (int k = 0; k < 3; ++k) {
+      auto out = (*g)->AllGather(Message(r, 100 + k, kLarge));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+    }
+    balanced_overflows[r] = (*g)->Overflows() - start - skewed_overflows[r];
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    for (int p = 0; p < kWorld; ++p) REQUIRE(last[r][p] == Message(p, kSkewed - 1, p == 0 ? kLarge : 8));
+    // The slots of all ranks hold at most kPaddingFactor x the round's bytes (rounded to 64 each).
+    for (size_t slot : slots[r]) {
+      REQUIRE(slot * kWorld <= GlooPeerGroup::kPaddingFactor * (kLarge + 8 * (kWorld - 1)) + 64 * kWorld);
+    }
+    REQUIRE(skewed_overflows[r] == kSkewed);  // rank 0's message never fits: the others are not padded to it
+    REQUIRE(balanced_overflows[r] == 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("gloo: Split(color) makes working sub-groups; the parent stays usable", "[gloo]") {
   const std::string dir = TempDir();
   constexpr int kWorld = 4;
