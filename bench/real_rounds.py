@@ -11,8 +11,9 @@ shaping what it sends (default 25 us one-way, 25 Gbit/s: a datacenter link;
 on the link. Where the kernel has no netem (--delay-mode auto finds out; this
 machine's VM kernel is one), the rate is on the link (`tc tbf`) and the delay
 is added in the model: every hop of a ring collective waits one one-way delay,
-a raw all-gather has W - 1 hops and a daemon round 2 (W - 1) (two
-collectives: the message sizes, then gloo::allgatherv).
+a raw all-gather has W - 1 hops and so has a daemon round (its peer group's
+all-gather is one fixed-slot gloo::allgather while the messages fit the slot
+sized from the previous round: src/align/gloo_peer_group.cc).
 For each W (default 2, 4, 8, 16, 32) the W daemons run one epoch of tiny
 synthetic samples (real Gloo rendezvous and all-gathers, real payload exchange
 of the global planner, producers and verifying consumers from odb_synth); every
@@ -56,6 +57,9 @@ sys.path.insert(0, str(ROOT / "tests/integration"))
 import odbtest  # noqa: E402
 
 GPU_MODELS = ["gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200"]
+# Ring collectives per daemon round: the aligner's one AllGather is one
+# gloo::allgather (an overflow of the slot adds an allgatherv, not in steady state).
+COLLECTIVES_PER_ROUND = 1
 
 
 def scrape(ns: str, daemon: odbtest.Daemon, names: list[str]) -> dict:
@@ -188,7 +192,7 @@ def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
     # A delay not on the link: one one-way delay per hop of each ring collective.
     return {"alpha_us_per_hop": float(alpha) + model_delay_us, "beta_us_per_byte_hop": float(beta),
             "implied_gbit_s": float(8e-3 / beta) if beta > 0 else None,
-            "c0_us": float(c0), "c1_us_per_hop": float(c1) + 2 * model_delay_us,
+            "c0_us": float(c0), "c1_us_per_hop": float(c1) + COLLECTIVES_PER_ROUND * model_delay_us,
             "measured_alpha_us_per_hop": float(alpha), "measured_c1_us_per_hop": float(c1),
             "delay_added_us_per_hop": model_delay_us,
             "daemon_residuals_us": [round(float(x), 1) for x in resid]}
@@ -214,17 +218,17 @@ def extrapolate(rows: list[dict], model: dict, args, model_delay: float) -> dict
         "raw_ms": (model["alpha_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3}
     if two is not None:
         # 2. Each rank on its own cores (a real node): the per-hop software cost of W = 2 (two processes,
-        # two cores), the link's delay and rate per hop, the daemon's fixed cost at W = 2 beyond its two hops.
+        # two cores), the link's delay and rate per hop, the daemon's fixed cost at W = 2 beyond its hops.
         hop = two["raw_p50_us"]["msg"] + model_delay
-        fixed = two["round_p50_us_median"] - 2 * two["raw_p50_us"]["msg"]
+        fixed = two["round_p50_us_median"] - COLLECTIVES_PER_ROUND * two["raw_p50_us"]["msg"]
         scenarios["own_cores_ring"] = {
-            "round_comm_ms": (fixed + 2 * w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+            "round_comm_ms": (fixed + COLLECTIVES_PER_ROUND * w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
             "raw_ms": (w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
             "hop_us": hop, "fixed_us": fixed}
         # 3. Not odb today: the same with a logarithmic all-gather (recursive doubling, ceil(log2 W) hops).
         hops = int(np.ceil(np.log2(target)))
         scenarios["own_cores_log_hops"] = {
-            "round_comm_ms": (fixed + 2 * hops * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+            "round_comm_ms": (fixed + COLLECTIVES_PER_ROUND * hops * hop + w1 * m_prod * link_us_per_byte) / 1e3,
             "raw_ms": (hops * hop + w1 * m_prod * link_us_per_byte) / 1e3, "hops": hops}
     models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
     step_ms = {name: 1e3 * step_seconds(models[name]) for name in GPU_MODELS if name in models}
@@ -291,11 +295,11 @@ def main() -> int:
                              "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
                              "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
         row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
-        # What the daemon adds over the two collectives its peer group runs per all-gather.
+        # The round against the two collectives the peer group ran before (kept as a reference point).
         row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
         # With the delay in the model, the same ratio once each hop has waited for it.
         hops = world - 1
-        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + 2 * hops * model_delay)
+        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + COLLECTIVES_PER_ROUND * hops * model_delay)
                                             / (row["raw_p50_us"]["msg"] + hops * model_delay))
         row["wall_s"] = round(time.monotonic() - t0, 1)
         rows.append(row)
@@ -349,7 +353,7 @@ def render(result: dict) -> str:
                   + f", c0 = {m['c0_us']:.0f} us, c1 = {m['c1_us_per_hop']:.1f} us/hop; "
                   f"round residuals {m['daemon_residuals_us']} us"
                   + (f" (alpha and c1 include {m['delay_added_us_per_hop']:g} and "
-                     f"{2 * m['delay_added_us_per_hop']:g} us of delay per hop added in the model; measured "
+                     f"{COLLECTIVES_PER_ROUND * m['delay_added_us_per_hop']:g} us of delay per hop added in the model; measured "
                      f"{m['measured_alpha_us_per_hop']:.1f} and {m['measured_c1_us_per_hop']:.1f})"
                      if m["delay_added_us_per_hop"] else "") + "."]
     e = result.get("extrapolation")

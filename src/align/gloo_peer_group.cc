@@ -10,13 +10,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -32,6 +30,8 @@
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <utility>
+
+#include "src/common/mutex.h"
 
 namespace odb::align {
 namespace {
@@ -123,10 +123,10 @@ class GlooPeerGroup::RunGapWatch {
   RunGapWatch() : last_tick_(Clock::now()), thread_([this] { Loop(); }) {}
   ~RunGapWatch() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
   RunGapWatch(const RunGapWatch&) = delete;
@@ -135,7 +135,7 @@ class GlooPeerGroup::RunGapWatch {
   // The longest stretch without running that ended after `since`, including
   // one that is only ending now (the thread has not woken up yet).
   std::chrono::milliseconds LongestSince(Clock::time_point since) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const auto now = Clock::now();
     std::chrono::milliseconds longest{0};
     if (now - last_tick_ > kTick + kMinGap) {
@@ -156,9 +156,9 @@ class GlooPeerGroup::RunGapWatch {
   };
 
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (!stop_) {
-      cv_.wait_for(lock, kTick);
+      cv_.WaitFor(mu_, kTick);
       const auto now = Clock::now();
       if (now - last_tick_ > kTick + kMinGap) {
         gaps_.push_back({now, std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick_)});
@@ -168,20 +168,23 @@ class GlooPeerGroup::RunGapWatch {
     }
   }
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;             // guarded by mu_
-  Clock::time_point last_tick_;   // guarded by mu_
-  std::deque<Gap> gaps_;          // guarded by mu_: the latest ones
-  std::thread thread_;            // last: starts once the rest is initialized
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point last_tick_ ABSL_GUARDED_BY(mu_);
+  std::deque<Gap> gaps_ ABSL_GUARDED_BY(mu_);  // the latest ones
+  std::thread thread_;                         // last: starts once the rest is initialized
 };
 
 GlooPeerGroup::GlooPeerGroup(GlooPeerGroupOptions options)
-    : options_(std::move(options)), run_gaps_(std::make_unique<RunGapWatch>()), last_ok_start_(Clock::now()) {}
+    : options_(std::move(options)),
+      run_gaps_(std::make_unique<RunGapWatch>()),
+      last_ok_start_(Clock::now()),
+      prefix_(options_.job_id + "/" + std::to_string(options_.generation)) {}
 GlooPeerGroup::~GlooPeerGroup() = default;
 
 std::string GlooPeerGroup::Describe() const {
-  const std::string prefix = options_.job_id + "/" + std::to_string(options_.generation);
+  const std::string& prefix = prefix_;
   if (options_.store == GlooPeerGroupOptions::StoreKind::kRedis) {
     return "redis:" + options_.redis_host + ":" + std::to_string(options_.redis_port) + " " + prefix;
   }
@@ -210,7 +213,7 @@ absl::Status GlooPeerGroup::ConnectImpl() {
   };
   const std::string me = "gloo peer group rank " + std::to_string(options_.rank) + "/" +
                          std::to_string(options_.world_size) + " (" + Describe() + "): ";
-  const std::string prefix = options_.job_id + "/" + std::to_string(options_.generation);
+  const std::string& prefix = prefix_;
   std::string stage = "creating the rendezvous store";
   try {
     if (options_.store == GlooPeerGroupOptions::StoreKind::kFile) {
@@ -258,12 +261,12 @@ absl::Status GlooPeerGroup::ConnectImpl() {
     } else if (!options_.hostname.empty()) {
       attr.hostname = options_.hostname;
     }
-    auto device = gloo::transport::tcp::CreateDevice(attr);
+    device_ = gloo::transport::tcp::CreateDevice(attr);
 
     stage = "connecting the full mesh";
     context_ = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.world_size);
     context_->setTimeout(left());
-    context_->connectFullMesh(*prefix_store_, device);
+    context_->connectFullMesh(*prefix_store_, device_);
     context_->setTimeout(options_.collective_timeout);
   } catch (const gloo::IoException& e) {
     context_.reset();
@@ -373,6 +376,17 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
   return "every peer reported a failure too (a network problem, not a dead daemon)";
 }
 
+void GlooPeerGroup::ResizeSlot(size_t largest, size_t total) {
+  const auto round_up = [](size_t n) { return (n + 63) / 64 * 64; };
+  // Padding every slot to the largest message costs W x largest; past
+  // kPaddingFactor x the bytes themselves, the large messages overflow
+  // instead (two collectives for them, but no rank receives W copies of one
+  // large message's size).
+  const size_t cap = std::max(kMinSlotBytes, round_up(kPaddingFactor * total / static_cast<size_t>(options_.world_size)));
+  const size_t wanted = std::clamp<size_t>(std::min(round_up(largest + largest / 4), cap), kMinSlotBytes, kMaxSlotBytes);
+  if (wanted > slot_bytes_ || largest < slot_bytes_ / 2 || slot_bytes_ > cap) slot_bytes_ = wanted;
+}
+
 absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
   if (!broken_.ok()) return broken_;
   const int world = options_.world_size;
@@ -384,31 +398,53 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
            Clock::now() - op_start >= options_.collective_timeout;
   };
   try {
-    std::vector<int64_t> sizes(world, 0);
-    int64_t mine = static_cast<int64_t>(bytes.size());
+    // One slot per rank: the size of its message, then as much of it as fits.
+    constexpr size_t kHeader = sizeof(uint64_t);
+    const size_t slot = slot_bytes_;
+    const size_t frame = kHeader + slot;
+    std::vector<char> in(frame, 0);
+    const uint64_t mine = bytes.size();
+    std::memcpy(in.data(), &mine, kHeader);
+    std::memcpy(in.data() + kHeader, bytes.data(), std::min(bytes.size(), slot));
+    std::vector<char> out(frame * static_cast<size_t>(world));
     {
       gloo::AllgatherOptions opts(context_);
-      opts.setInput(&mine, 1);
-      opts.setOutput(sizes.data(), sizes.size());
+      opts.setInput(in.data(), in.size());
+      opts.setOutput(out.data(), out.size());
       opts.setTag(next_tag_++);
       gloo::allgather(opts);
     }
-    std::vector<size_t> counts(world);
+    std::vector<size_t> sizes(world);
+    std::vector<size_t> rest(world, 0);  // what did not fit in each rank's slot
+    size_t rest_total = 0;
+    size_t largest = 0;
     size_t total = 0;
     for (int r = 0; r < world; ++r) {
-      if (sizes[r] < 0) {
-        broken_ = absl::DataLossError("gloo peer group: rank " + std::to_string(r) + " announced a negative size");
+      uint64_t size = 0;
+      std::memcpy(&size, out.data() + frame * static_cast<size_t>(r), kHeader);
+      // Far beyond any round message: a peer that is not running this code.
+      if (size > (uint64_t{1} << 40)) {
+        broken_ = absl::DataLossError("gloo all-gather #" + std::to_string(op) + ": rank " + std::to_string(r) +
+                                      " announced a message of " + std::to_string(size) +
+                                      " bytes (corrupt header: is every rank running the same odbd?)");
         return broken_;
       }
-      counts[r] = static_cast<size_t>(sizes[r]);
-      total += counts[r];
+      sizes[r] = static_cast<size_t>(size);
+      largest = std::max(largest, sizes[r]);
+      total += sizes[r];
+      if (sizes[r] > slot) {
+        rest[r] = sizes[r] - slot;
+        rest_total += rest[r];
+      }
     }
-    std::vector<char> out(total);
-    if (total > 0) {
-      std::string in(bytes);
+    std::vector<char> overflow(rest_total);
+    if (rest_total > 0) {
+      // Every rank saw the same headers, so every rank takes this branch.
+      ++overflows_;
+      std::string tail(bytes.size() > slot ? bytes.substr(slot) : std::string_view());
       gloo::AllgathervOptions opts(context_);
-      opts.setInput(in.data(), in.size());
-      opts.setOutput(out.data(), counts);
+      opts.setInput(tail.data(), tail.size());
+      opts.setOutput(overflow.data(), rest);
       opts.setTag(next_tag_++);
       gloo::allgatherv(opts);
     }
@@ -416,9 +452,12 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     result.reserve(world);
     size_t off = 0;
     for (int r = 0; r < world; ++r) {
-      result.emplace_back(out.data() + off, counts[r]);
-      off += counts[r];
+      std::string& s = result.emplace_back(out.data() + frame * static_cast<size_t>(r) + kHeader,
+                                           std::min(sizes[r], slot));
+      s.append(overflow.data() + off, rest[r]);
+      off += rest[r];
     }
+    ResizeSlot(largest, total);
     last_ok_start_ = op_start;
     return result;
   } catch (const gloo::IoException& e) {
@@ -433,6 +472,66 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
                                      std::to_string(options_.rank) + " failed: " + e.what());
   }
   return broken_;
+}
+
+absl::StatusOr<std::unique_ptr<PeerGroup>> GlooPeerGroup::Split(int color) {
+  if (!broken_.ok()) return broken_;
+  const uint64_t split = splits_++;
+  const std::string me = "gloo peer group rank " + std::to_string(options_.rank) + "/" +
+                         std::to_string(options_.world_size) + " (" + Describe() + "): split #" +
+                         std::to_string(split) + " (color " + std::to_string(color) + "): ";
+  const int32_t mine = color;
+  auto colors = AllGather(std::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+  if (!colors.ok()) return absl::Status(colors.status().code(), me + std::string(colors.status().message()));
+  int new_rank = -1;
+  int new_size = 0;
+  for (int r = 0; r < options_.world_size; ++r) {
+    const std::string& c = (*colors)[r];
+    if (c.size() != sizeof(int32_t)) {
+      broken_ = absl::DataLossError(me + "rank " + std::to_string(r) + " sent " + std::to_string(c.size()) +
+                                    " bytes for its color, not 4 (is every rank calling Split here?)");
+      return broken_;
+    }
+    int32_t theirs = 0;
+    std::memcpy(&theirs, c.data(), sizeof(theirs));
+    if (theirs != color) continue;
+    if (r == options_.rank) new_rank = new_size;
+    ++new_size;
+  }
+  GlooPeerGroupOptions child_options = options_;
+  child_options.rank = new_rank;
+  child_options.world_size = new_size;
+  std::unique_ptr<GlooPeerGroup> child(new GlooPeerGroup(child_options));
+  child->store_ = store_;
+  child->device_ = device_;
+  // Unique per split of this group and per color; the split counter keeps
+  // the keys of two splits with the same color apart.
+  child->prefix_ = prefix_ + "/split" + std::to_string(split) + "_c" + std::to_string(color);
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  try {
+    if (options_.store == GlooPeerGroupOptions::StoreKind::kFile) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(options_.file_store_dir) / child->prefix_, ec);
+      if (ec) {
+        return absl::FailedPreconditionError(me + "cannot create " + child->prefix_ +
+                                             " under the rendezvous directory: " + ec.message());
+      }
+    }
+    child->prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(child->prefix_, *store_);
+    child->context_ = std::make_shared<gloo::rendezvous::Context>(new_rank, new_size);
+    child->context_->setTimeout(options_.connect_timeout);
+    child->context_->connectFullMesh(*child->prefix_store_, device_);
+    child->context_->setTimeout(options_.collective_timeout);
+  } catch (const std::exception& e) {
+    const bool timed_out = Clock::now() >= deadline;
+    return absl::UnavailableError(me + "connecting the " + std::to_string(new_size) + " ranks of color " +
+                                  std::to_string(color) + (timed_out ? " timed out after connect_timeout_ms = " +
+                                                                           std::to_string(options_.connect_timeout.count())
+                                                                     : " failed") +
+                                  " (a rank of this color did not call Split, or died): " + e.what());
+  }
+  child->last_ok_start_ = Clock::now();
+  return std::unique_ptr<PeerGroup>(std::move(child));
 }
 
 }  // namespace odb::align

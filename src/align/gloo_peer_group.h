@@ -17,6 +17,9 @@ namespace gloo::rendezvous {
 class Context;
 class Store;
 }  // namespace gloo::rendezvous
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
 
 namespace odb::align {
 
@@ -79,8 +82,37 @@ class GlooPeerGroup final : public PeerGroup {
 
   int Rank() const override { return options_.rank; }
   int Size() const override { return options_.world_size; }
-  // Two collectives: all-gather of the int64 sizes, then gloo::allgatherv.
+  // One fixed-size gloo::allgather in the common case: every rank sends a
+  // slot of the same size (an 8-byte size header, then its bytes, padded).
+  // The slot's size comes from the previous call's sizes, which every rank
+  // knows, so all ranks agree on it without talking. When some rank's bytes
+  // do not fit, every rank sees that in the headers and the remainders follow
+  // in one gloo::allgatherv (a second collective, only then).
   absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override;
+
+  // A new Gloo context per color over the same store (keys under this group's
+  // prefix, "split<n>_c<color>") and TCP device, connected full mesh within
+  // connect_timeout, with this group's collective_timeout. The colors travel
+  // in one AllGather of this group. The new group has no hello (this group's
+  // already checked the configuration). A failure to connect the new group
+  // is returned and leaves this group usable.
+  absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) override;
+
+  // The payload bytes a rank's slot holds in the next AllGather (for tests
+  // and the benchmark: sizes up to it take one collective).
+  size_t SlotBytes() const { return slot_bytes_; }
+  // How many AllGathers needed the second collective (a rank's bytes did not fit the slot).
+  uint64_t Overflows() const { return overflows_; }
+
+  // Bounds of the slot's payload: at least kMinSlotBytes; past kMaxSlotBytes
+  // the rest goes through the allgatherv, so that one rank's large message
+  // never makes every rank send W padded copies of its size.
+  static constexpr size_t kMinSlotBytes = 256;
+  static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
+  // The slots of all ranks together hold at most this many times the bytes
+  // of the previous call (plus kMinSlotBytes each): a rank whose message is
+  // far above the others' overflows rather than padding every rank's slot.
+  static constexpr size_t kPaddingFactor = 4;
 
   // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
   std::string Describe() const;
@@ -90,6 +122,11 @@ class GlooPeerGroup final : public PeerGroup {
 
   explicit GlooPeerGroup(GlooPeerGroupOptions options);
   absl::Status ConnectImpl();
+  // The next call's slot from this call's largest message and total bytes:
+  // grows at once (with a quarter of headroom) but to no more than
+  // kPaddingFactor x the mean message, shrinks only when the largest message fits
+  // in less than half of it, so sizes that wobble keep one collective.
+  void ResizeSlot(size_t largest, size_t total);
   // After a failed collective: what happened (this process stopped, a peer
   // that did not answer or is gone, or every rank failed), as text for the
   // error. `timed_out`: this rank's collective ran out of collective_timeout.
@@ -101,11 +138,17 @@ class GlooPeerGroup final : public PeerGroup {
   // Start of the last collective that succeeded (or of Connect): a stop of
   // this process since then can explain the failure of the current one.
   std::chrono::steady_clock::time_point last_ok_start_;
-  std::unique_ptr<gloo::rendezvous::Store> store_;
+  // Shared with the groups Split makes (they live under this one's prefix).
+  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::string prefix_;  // this group's keys: "<job_id>/<generation>[/split<n>_c<color>...]"
   std::unique_ptr<gloo::rendezvous::Store> prefix_store_;
+  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 1;
   uint64_t ops_ = 0;
+  uint64_t splits_ = 0;
+  size_t slot_bytes_ = kMinSlotBytes;
+  uint64_t overflows_ = 0;
   absl::Status broken_;
 };
 

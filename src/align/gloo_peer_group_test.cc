@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -178,6 +179,178 @@ TEST_CASE("gloo over FileStore: a peer that dies mid-run turns into an error on 
     INFO(status[r].ToString());
     REQUIRE_FALSE(status[r].ok());
     REQUIRE(seconds[r] < 20.0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Byte i of rank r's message in round k: distinct per rank, round and position.
+std::string Message(int r, int round, size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((r * 131 + round * 17 + i) % 251);
+  return s;
+}
+
+TEST_CASE("gloo: one collective per all-gather while messages fit the slot; growth, overflow, shrink", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 3;
+  constexpr size_t kMin = GlooPeerGroup::kMinSlotBytes;
+  constexpr size_t kMax = GlooPeerGroup::kMaxSlotBytes;
+  // sizes[round][rank], with whether the round needs the second collective
+  // (some rank's message is larger than the slot the round starts with).
+  struct Round {
+    std::vector<size_t> sizes;
+    bool overflows;
+  };
+  const std::vector<Round> rounds = {
+      {{0, 10, 20}, false},                // differing sizes and an empty one, within the first slot
+      {{0, 0, 0}, false},                  // all empty
+      {{kMin, 1, kMin}, false},            // exactly the slot
+      {{5000, 3, 0}, true},                // growth beyond the slot: the rest in a second collective
+      {{4000, 0, 6000}, false},            // the slot grew with headroom: one collective
+      {{3 * kMax, 7, 100}, true},          // beyond the largest slot
+      {{kMax, kMax, kMax}, false},         // the slot stops at kMaxSlotBytes
+      {{10, 10, 10}, false},               // small again: the slot shrinks after this
+      {{200, 0, 100}, false},              // fits the shrunk slot
+      {{kMin + 1, kMin + 1, kMin + 1}, true},  // every rank just over the slot
+      {{0, 0, 1}, false},
+  };
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<std::vector<std::string>>> got(kWorld);
+  std::vector<std::vector<size_t>> slots(kWorld);
+  std::vector<std::vector<uint64_t>> overflows(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "slots"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    overflows[r].push_back((*g)->Overflows());  // after the hello at connect
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      slots[r].push_back((*g)->SlotBytes());
+      auto out = (*g)->AllGather(Message(r, static_cast<int>(k), rounds[k].sizes[r]));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+      got[r].push_back(*out);
+      overflows[r].push_back((*g)->Overflows());
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(got[r].size() == rounds.size());
+    REQUIRE(slots[r] == slots[0]);  // every rank agrees on the slot without talking
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      INFO("round " << k << ", slot " << slots[r][k]);
+      REQUIRE(got[r][k].size() == kWorld);
+      for (int p = 0; p < kWorld; ++p) REQUIRE(got[r][k][p] == Message(p, static_cast<int>(k), rounds[k].sizes[p]));
+      // The second collective ran exactly when some message exceeded the round's slot.
+      const size_t largest = *std::max_element(rounds[k].sizes.begin(), rounds[k].sizes.end());
+      REQUIRE((largest > slots[r][k]) == rounds[k].overflows);
+      REQUIRE(overflows[r][k + 1] - overflows[r][k] == (rounds[k].overflows ? 1u : 0u));
+    }
+    REQUIRE(slots[r][4] >= 6000);  // grew after the 5000-byte message
+    REQUIRE(slots[r][6] == kMax);  // capped
+    REQUIRE(slots[r][8] < 1000);   // shrank after the small round
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo: one rank's large messages overflow instead of padding every rank's slot", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 5;
+  constexpr size_t kLarge = 40000;
+  constexpr int kSkewed = 4;  // rounds in which rank 0 alone sends kLarge bytes
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<size_t>> slots(kWorld);
+  std::vector<uint64_t> skewed_overflows(kWorld), balanced_overflows(kWorld);
+  std::vector<std::vector<std::string>> last(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "skewed"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    const uint64_t start = (*g)->Overflows();
+    for (int k = 0; k < kSkewed; ++k) {
+      auto out = (*g)->AllGather(Message(r, k, r == 0 ? kLarge : 8));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+      slots[r].push_back((*g)->SlotBytes());
+      last[r] = *out;
+    }
+    skewed_overflows[r] = (*g)->Overflows() - start;
+    // Then every rank sends as much: one overflow while the slot grows, then one collective.
+    for (int k = 0; k < 3; ++k) {
+      auto out = (*g)->AllGather(Message(r, 100 + k, kLarge));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+    }
+    balanced_overflows[r] = (*g)->Overflows() - start - skewed_overflows[r];
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    for (int p = 0; p < kWorld; ++p) REQUIRE(last[r][p] == Message(p, kSkewed - 1, p == 0 ? kLarge : 8));
+    // The slots of all ranks hold at most kPaddingFactor x the round's bytes (rounded to 64 each).
+    for (size_t slot : slots[r]) {
+      REQUIRE(slot * kWorld <= GlooPeerGroup::kPaddingFactor * (kLarge + 8 * (kWorld - 1)) + 64 * kWorld);
+    }
+    REQUIRE(skewed_overflows[r] == kSkewed);  // rank 0's message never fits: the others are not padded to it
+    REQUIRE(balanced_overflows[r] == 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo: Split(color) makes working sub-groups; the parent stays usable", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 4;
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::string> log(kWorld);  // what each rank saw, checked below
+  OnRanks(kWorld, [&](int r) {
+    auto fail = [&](const absl::Status& s) { status[r] = s; };
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "split"));
+    if (!g.ok()) return fail(g.status());
+    // Two sub-groups of two: colors 0 (ranks 0, 2) and 1 (ranks 1, 3).
+    auto sub = (*g)->Split(r % 2);
+    if (!sub.ok()) return fail(sub.status());
+    log[r] += "sub " + std::to_string((*sub)->Rank()) + "/" + std::to_string((*sub)->Size()) + ":";
+    for (int round = 0; round < 3; ++round) {
+      auto out = (*sub)->AllGather("r" + std::to_string(r) + std::string(static_cast<size_t>(round * 600), 'x'));
+      if (!out.ok()) return fail(out.status());
+      for (const std::string& s : *out) log[r] += " " + s.substr(0, 2) + "+" + std::to_string(s.size() - 2);
+      log[r] += ";";
+    }
+    // The parent still works, interleaved with the sub-group.
+    auto all = (*g)->AllGather(std::to_string(r));
+    if (!all.ok()) return fail(all.status());
+    log[r] += " parent";
+    for (const std::string& s : *all) log[r] += " " + s;
+    // A second split with other colors (one group of 3, one alone) gets keys of its own.
+    auto again = (*g)->Split(r == 3 ? 7 : -1);
+    if (!again.ok()) return fail(again.status());
+    auto out = (*again)->AllGather(std::to_string(r));
+    if (!out.ok()) return fail(out.status());
+    log[r] += "; again " + std::to_string((*again)->Rank()) + "/" + std::to_string((*again)->Size()) + ":";
+    for (const std::string& s : *out) log[r] += " " + s;
+    auto sub_again = (*sub)->AllGather("z");  // the first sub-group is still usable too
+    if (!sub_again.ok()) return fail(sub_again.status());
+  });
+  const std::vector<std::string> expected = {
+      "sub 0/2: r0+0 r2+0; r0+600 r2+600; r0+1200 r2+1200; parent 0 1 2 3; again 0/3: 0 1 2",
+      "sub 0/2: r1+0 r3+0; r1+600 r3+600; r1+1200 r3+1200; parent 0 1 2 3; again 1/3: 0 1 2",
+      "sub 1/2: r0+0 r2+0; r0+600 r2+600; r0+1200 r2+1200; parent 0 1 2 3; again 2/3: 0 1 2",
+      "sub 1/2: r1+0 r3+0; r1+600 r3+600; r1+1200 r3+1200; parent 0 1 2 3; again 0/1: 3",
+  };
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(log[r] == expected[r]);
   }
   std::filesystem::remove_all(dir);
 }

@@ -9,7 +9,7 @@ namespace odb::buffer {
 std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
   Epoch& epoch = epochs_[sample.epoch];
   const uint64_t id = sample.meta.id;
-  if (!epoch.seen.insert(id).second) {
+  if (!epoch.seen.Insert(id)) {
     wire::Rejection r;
     r.set_code(wire::DUPLICATE_ID);
     r.set_sample_id(id);
@@ -30,6 +30,19 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample) {
   epoch.order.push_back(id);
   epoch.samples.emplace(id, std::move(sample));
   return std::nullopt;
+}
+
+size_t SampleBuffer::BookkeepingEntries() const {
+  size_t n = 0;
+  for (const auto& [number, e] : epochs_) {
+    n += e.order.size() + e.samples.size() + e.seen.Runs() + e.by_seq.size() + e.seq_ahead.size();
+  }
+  return n;
+}
+
+size_t SampleBuffer::SeenRuns(uint32_t epoch) const {
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.seen.Runs();
 }
 
 uint64_t SampleBuffer::CountInEpoch(uint32_t epoch) const {

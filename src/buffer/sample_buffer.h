@@ -7,10 +7,10 @@
 #include <optional>
 #include <set>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "proto/odb.pb.h"
+#include "src/buffer/id_set.h"
 #include "src/common/sample.h"
 
 namespace odb::buffer {
@@ -27,7 +27,8 @@ class SampleBuffer {
   SampleBuffer(const SampleBuffer&) = delete;
   SampleBuffer& operator=(const SampleBuffer&) = delete;
 
-  // Adds the sample; a duplicate id within its epoch is rejected (DUPLICATE_ID).
+  // Adds the sample; a duplicate id within its epoch is rejected (DUPLICATE_ID),
+  // also after the first one was taken (the epoch's ids are kept as runs, see IdSet).
   std::optional<wire::Rejection> Add(Sample&& sample);
 
   bool Full() const { return bytes_ >= max_bytes_ || count_ >= max_samples_; }
@@ -60,6 +61,14 @@ class SampleBuffer {
   // One sample, if buffered.
   std::optional<Sample> TakeOne(uint32_t epoch, uint64_t id);
 
+  // Entries of bookkeeping held for all epochs: buffered samples, their
+  // order and seq indexes, seqs past the frontier, and runs of admitted ids.
+  // O(buffered + out of order) when each producer's ids count up; what a
+  // test bounds (entries, not bytes: the containers' sizes are fixed per entry).
+  size_t BookkeepingEntries() const;
+  // Runs of ids admitted in the epoch (the duplicate check's memory).
+  size_t SeenRuns(uint32_t epoch) const;
+
   // Forgets the epoch's duplicate-detection set; remaining samples are returned.
   std::vector<Sample> CloseEpoch(uint32_t epoch);
 
@@ -76,7 +85,7 @@ class SampleBuffer {
   struct Epoch {
     std::vector<uint64_t> order;  // arrival order (may hold taken ids; skipped)
     std::unordered_map<uint64_t, Sample> samples;
-    std::unordered_set<uint64_t> seen;  // every id of the epoch, for duplicates
+    IdSet seen;  // every id of the epoch, for duplicates, as runs
     uint64_t bytes = 0;                 // payload bytes buffered now
     std::map<uint64_t, uint64_t> by_seq;  // seq -> id of buffered samples that have one
     std::set<uint64_t> seq_ahead;         // arrived seqs past the frontier

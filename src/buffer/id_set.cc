@@ -1,0 +1,37 @@
+#include "src/buffer/id_set.h"
+
+#include <iterator>
+#include <limits>
+
+namespace odb::buffer {
+
+bool IdSet::Contains(uint64_t id) const {
+  auto it = runs_.lower_bound(id);  // the first run ending at or after id
+  return it != runs_.end() && it->second <= id;
+}
+
+bool IdSet::Insert(uint64_t id) {
+  auto above = runs_.lower_bound(id);  // first run whose last id >= id
+  if (above != runs_.end() && above->second <= id) return false;
+  ++count_;
+  // `above` (if any) starts after id; the run before it (if any) ends before id.
+  const bool joins_above = above != runs_.end() && id != std::numeric_limits<uint64_t>::max() &&
+                           above->second == id + 1;
+  auto below = above == runs_.begin() ? runs_.end() : std::prev(above);
+  const bool joins_below = below != runs_.end() && id != 0 && below->first == id - 1;
+  if (joins_above && joins_below) {
+    above->second = below->second;  // [below.first .. above.last]
+    runs_.erase(below);
+  } else if (joins_above) {
+    above->second = id;
+  } else if (joins_below) {
+    const uint64_t first = below->second;
+    runs_.erase(below);
+    runs_.emplace_hint(above, id, first);
+  } else {
+    runs_.emplace_hint(above, id, id);
+  }
+  return true;
+}
+
+}  // namespace odb::buffer

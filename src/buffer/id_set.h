@@ -1,0 +1,38 @@
+#ifndef ODB_BUFFER_ID_SET_H_
+#define ODB_BUFFER_ID_SET_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/container/btree_map.h"
+
+namespace odb::buffer {
+
+// The sample ids an epoch has admitted, exactly (no false positives: a
+// duplicate is rejected, never a new sample), as maximal runs of consecutive
+// ids. Memory is one entry per run, not per id: a producer whose ids count up
+// (base, base + 1, ...) costs one run however long its stream, so an epoch of
+// such producers keeps O(producers + ids arriving out of order) entries,
+// independent of the epoch's length. Ids in no order (a shuffled dataset's
+// indices) cost at most one run per id, and runs merge as the gaps between
+// them fill (the whole of 0..N-1 is one run again). A btree keeps an entry at
+// about 20 bytes (an std::unordered_set spends ~40 per id).
+class IdSet {
+ public:
+  // False if `id` was already in the set.
+  bool Insert(uint64_t id);
+  bool Contains(uint64_t id) const;
+  // Runs held: the bookkeeping's size.
+  size_t Runs() const { return runs_.size(); }
+  uint64_t Count() const { return count_; }
+
+ private:
+  // The last id of each run -> its first id. Keyed by the last id, so the
+  // run that could hold or extend `id` upwards is lower_bound(id).
+  absl::btree_map<uint64_t, uint64_t> runs_;
+  uint64_t count_ = 0;
+};
+
+}  // namespace odb::buffer
+
+#endif  // ODB_BUFFER_ID_SET_H_
