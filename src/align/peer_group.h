@@ -1,6 +1,7 @@
 #ifndef ODB_ALIGN_PEER_GROUP_H_
 #define ODB_ALIGN_PEER_GROUP_H_
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,9 @@ class PeerGroup {
   virtual int Rank() const = 0;
   virtual int Size() const = 0;
   virtual absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) = 0;
+  // Ranks passing the same `color` form a new group, ranked in the order of their rank here. Collective:
+  // every rank of this group calls it once, in the same order relative to other collectives.
+  virtual absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) = 0;
 };
 
 // W = 1: no network at all.
@@ -30,6 +34,9 @@ class SoloPeerGroup final : public PeerGroup {
   int Size() const override { return 1; }
   absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override {
     return std::vector<std::string>{std::string(bytes)};
+  }
+  absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int /*color*/) override {
+    return std::unique_ptr<PeerGroup>(std::make_unique<SoloPeerGroup>());
   }
 };
 
