@@ -81,6 +81,10 @@ class GlooPeerGroup final : public PeerGroup {
   int Size() const override { return options_.world_size; }
   // Two collectives: all-gather of the int64 sizes, then gloo::allgatherv.
   absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override;
+  // Stub until the Gloo sub-group lands (helper S4's branch replaces it).
+  absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int /*color*/) override {
+    return absl::UnimplementedError("gloo peer group: Split (alignment.partition_ranks) is not implemented yet");
+  }
 
   // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
   std::string Describe() const;
