@@ -81,13 +81,13 @@ struct Reader {
   }
 };
 
+}  // namespace
+
 // A rank's summary: epoch, round, rank (the lockstep check), then the
 // RankSummary (the bound as its IEEE bits: every rank sums the same doubles).
-constexpr size_t kSummaryBytes = 4 + 8 + 4 + 8 + 4 + 1 + 4 + 8;
-
-std::string EncodeSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& s) {
+std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& s) {
   std::string out;
-  out.reserve(kSummaryBytes);
+  out.reserve(kRoundSummaryBytes);
   Put(out, epoch, 4);
   Put(out, round, 8);
   Put(out, static_cast<uint32_t>(rank), 4);
@@ -101,8 +101,31 @@ std::string EncodeSummary(uint32_t epoch, uint64_t round, int32_t rank, const Ra
   return out;
 }
 
+absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
+                                               int32_t& rank) {
+  Reader in{bytes};
+  epoch = static_cast<uint32_t>(in.Get(4));
+  round = in.Get(8);
+  rank = static_cast<int32_t>(in.Get(4));
+  RankSummary s;
+  s.pending = in.Get(8);
+  s.free_slots = static_cast<uint32_t>(in.Get(4));
+  const uint64_t flags = in.Get(1);
+  s.wait_rounds = static_cast<uint32_t>(in.Get(4));
+  const uint64_t bits = in.Get(8);
+  std::memcpy(&s.group_bound, &bits, sizeof(bits));
+  s.stream_finished = (flags & 1) != 0;
+  s.stream_started = (flags & 2) != 0;
+  s.wait_expired = (flags & 4) != 0;
+  if (!in.ok || !in.in.empty() || flags > 7) {
+    return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) + " bytes, expected " +
+                               std::to_string(kRoundSummaryBytes) + ")");
+  }
+  return s;
+}
+
 // Each step's loss and real tokens summed over a block, from its first rank.
-std::string EncodeTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
+std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
                          const std::vector<uint64_t>& real) {
   std::string out;
   Put(out, epoch, 4);
@@ -115,8 +138,6 @@ std::string EncodeTotals(uint32_t epoch, uint64_t round, int32_t begin, const st
   }
   return out;
 }
-
-}  // namespace
 
 Aligner::Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options)
     : peers_(peers), planner_(std::move(planner)), options_(std::move(options)) {
@@ -341,7 +362,7 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   bs.begin = begin;
   {
     const RankSummary mine = SummaryOf(msg.data, planner_->GroupBound(msg.data));
-    auto gathered = peers_->AllGather(EncodeSummary(*epoch_, round_, me, mine));
+    auto gathered = peers_->AllGather(EncodeRoundSummary(*epoch_, round_, me, mine));
     if (!gathered.ok()) return failed(gathered.status(), "summary all-gather");
     if (static_cast<int>(gathered->size()) != world) {
       return absl::InternalError(where + "summary all-gather returned " + std::to_string(gathered->size()) +
@@ -351,25 +372,12 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
     for (int r = 0; r < world; ++r) {
       const std::string& g = (*gathered)[r];
       last_received_bytes_ += g.size();
-      Reader in{g};
-      const auto epoch = static_cast<uint32_t>(in.Get(4));
-      const uint64_t round = in.Get(8);
-      const auto rank = static_cast<int32_t>(in.Get(4));
-      RankSummary& s = bs.summaries[r];
-      s.pending = in.Get(8);
-      s.free_slots = static_cast<uint32_t>(in.Get(4));
-      const uint64_t flags = in.Get(1);
-      s.wait_rounds = static_cast<uint32_t>(in.Get(4));
-      const uint64_t bits = in.Get(8);
-      std::memcpy(&s.group_bound, &bits, sizeof(bits));
-      s.stream_finished = (flags & 1) != 0;
-      s.stream_started = (flags & 2) != 0;
-      s.wait_expired = (flags & 4) != 0;
-      if (!in.ok || !in.in.empty() || flags > 7) {
-        return absl::DataLossError(where + "malformed round summary from rank " + std::to_string(r) + " (" +
-                                   std::to_string(g.size()) + " bytes, expected " +
-                                   std::to_string(kSummaryBytes) + ")");
-      }
+      uint32_t epoch = 0;
+      uint64_t round = 0;
+      int32_t rank = 0;
+      auto decoded = DecodeRoundSummary(g, epoch, round, rank);
+      if (!decoded.ok()) return failed(decoded.status(), "round summary from rank " + std::to_string(r));
+      bs.summaries[r] = *decoded;
       if (rank != r || epoch != *epoch_ || round != round_) {
         return absl::FailedPreconditionError(
             where + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " + std::to_string(rank) +
@@ -433,7 +441,7 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
       real[k] += s.real_tokens;
     }
   }
-  auto gathered = peers_->AllGather(me == begin ? EncodeTotals(*epoch_, round_, begin, loss, real) : std::string());
+  auto gathered = peers_->AllGather(me == begin ? EncodeBlockTotals(*epoch_, round_, begin, loss, real) : std::string());
   if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
   if (static_cast<int>(gathered->size()) != world) {
     return absl::InternalError(where + "token totals all-gather returned " + std::to_string(gathered->size()) +
