@@ -317,5 +317,53 @@ TEST_CASE("partitioned rounds refuse accumulation windows, and a dead peer is an
   }
 }
 
+TEST_CASE("FakeWorld::Split: one group per color, ranked by world rank, its own collectives", "[partition]") {
+  constexpr int kWorld = 6;
+  FakeWorld fake(kWorld, std::chrono::seconds(20));
+  std::vector<std::vector<std::string>> got(kWorld);
+  std::vector<std::unique_ptr<PeerGroup>> subs(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      PeerGroup* world = fake.Rank(r);
+      // Colors 1 (ranks 0, 2, 4) and 0 (1, 3, 5): not in rank order.
+      auto sub = world->Split(r % 2 == 0 ? 1 : 0);
+      REQUIRE(sub.ok());
+      subs[r] = std::move(*sub);
+      // The odd group gathers twice, the even one once: collectives of one
+      // group never meet the other's.
+      if (r % 2 == 1) REQUIRE(subs[r]->AllGather("warm-up").ok());
+      auto g = subs[r]->AllGather("r" + std::to_string(r));
+      REQUIRE(g.ok());
+      got[r] = *g;
+      auto w = world->AllGather("w");  // the world still works after a split
+      REQUIRE(w.ok());
+      REQUIRE(w->size() == kWorld);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    REQUIRE(subs[r]->Size() == 3);
+    REQUIRE(subs[r]->Rank() == r / 2);
+    const std::vector<std::string> expect =
+        r % 2 == 0 ? std::vector<std::string>{"r0", "r2", "r4"} : std::vector<std::string>{"r1", "r3", "r5"};
+    REQUIRE(got[r] == expect);
+  }
+  // A death reaches the groups split off that hold the rank.
+  fake.Kill(3);
+  threads.clear();
+  std::vector<absl::Status> after_kill(kWorld);
+  for (int r : {1, 5}) threads.emplace_back([&, r] { after_kill[r] = subs[r]->AllGather("x").status(); });
+  for (auto& t : threads) t.join();
+  for (int r : {1, 5}) {
+    REQUIRE(after_kill[r].code() == absl::StatusCode::kUnavailable);
+    REQUIRE_THAT(std::string(after_kill[r].message()), Catch::Contains("peer rank 3 died"));
+  }
+  SoloPeerGroup solo;
+  auto alone = solo.Split(7);
+  REQUIRE(alone.ok());
+  REQUIRE((*alone)->Size() == 1);
+}
+
 }  // namespace
 }  // namespace odb::align
