@@ -57,8 +57,8 @@ struct RoundResult {
   // Samples of this rank that stay pending: offer them again next round.
   std::vector<SampleKey> keep_pending;
   // Non-Join closing round: this rank's samples the epoch never emits, and
-  // the same report for every rank (index = rank; in a partitioned round the
-  // other ranks' entries are empty: only their summaries reach this rank). Samples of this epoch that
+  // the same report for every rank (index = rank; in a partitioned round
+  // only this rank's entry is filled: other ranks' samples never reach it). Samples of this epoch that
   // arrive after the closing round are also not emitted: the daemon reports
   // them itself.
   std::vector<SampleKey> not_emitted;
