@@ -265,7 +265,7 @@ def test_four_ranks_skewed_with_accumulation_windows(tmp_path):
     assert idle_inside > 0  # the empty rank idles inside windows, weight 0, and the sums still hold
 
 
-@pytest.mark.skip(reason="needs GlooPeerGroup::Split (issue 22, helper S4's branch): drop this mark once it is merged")
+@pytest.mark.skip(reason="needs GlooPeerGroup::Split (issue 22, helper S4's branch s10-peers; passed with it, and failed with partition_ranks 0): drop this mark once it is merged")
 def test_four_ranks_partitioned_planning_keeps_samples_in_their_block(tmp_path):
     """alignment.partition_ranks 2 with local_world_size 2: two blocks (nodes) of two ranks plan on
     their own windows (block all-gather on a Gloo sub-group, summaries and token totals world-wide).
