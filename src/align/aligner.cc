@@ -121,6 +121,12 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
     return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) + " bytes, expected " +
                                std::to_string(kRoundSummaryBytes) + ")");
   }
+  // A group holds at least one sample, so a bound on a window's groups lies
+  // in [0, pending]; anything else (NaN included) would make T garbage.
+  if (!(s.group_bound >= 0.0 && s.group_bound <= static_cast<double>(s.pending))) {
+    return absl::DataLossError("round summary with group bound " + std::to_string(s.group_bound) +
+                               " outside [0, pending samples = " + std::to_string(s.pending) + "]");
+  }
   return s;
 }
 

@@ -5,6 +5,7 @@
 // all-gather plus GlobalPlanner::Plan gives it, weights bit for bit.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -314,6 +315,43 @@ TEST_CASE("partitioned rounds refuse accumulation windows, and a dead peer is an
       REQUIRE(logs[r].status.code() == absl::StatusCode::kUnavailable);
       REQUIRE_THAT(std::string(logs[r].status.message()), Catch::Contains("peer rank 3 died"));
     }
+  }
+}
+
+TEST_CASE("round summaries round-trip; malformed ones are refused, naming why", "[partition]") {
+  RankSummary in;
+  in.pending = 40;
+  in.free_slots = 7;
+  in.stream_finished = true;
+  in.stream_started = true;
+  in.wait_rounds = 2;
+  in.wait_expired = true;
+  in.group_bound = 12.625;
+  const std::string bytes = EncodeRoundSummary(3, 99, 5, in);
+  REQUIRE(bytes.size() == kRoundSummaryBytes);
+  uint32_t epoch = 0;
+  uint64_t round = 0;
+  int32_t rank = 0;
+  auto out = DecodeRoundSummary(bytes, epoch, round, rank);
+  REQUIRE(out.ok());
+  REQUIRE(epoch == 3);
+  REQUIRE(round == 99);
+  REQUIRE(rank == 5);
+  REQUIRE(out->pending == 40);
+  REQUIRE(out->free_slots == 7);
+  REQUIRE(out->stream_finished);
+  REQUIRE(out->wait_rounds == 2);
+  REQUIRE(out->wait_expired);
+  REQUIRE(out->group_bound == 12.625);
+  REQUIRE(DecodeRoundSummary(bytes.substr(0, 20), epoch, round, rank).status().code() ==
+          absl::StatusCode::kDataLoss);
+  REQUIRE(!DecodeRoundSummary(bytes + "x", epoch, round, rank).ok());
+  for (double bad : {-1.0, 41.0, std::nan("")}) {
+    RankSummary b = in;
+    b.group_bound = bad;
+    auto s = DecodeRoundSummary(EncodeRoundSummary(3, 99, 5, b), epoch, round, rank);
+    REQUIRE(s.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(s.status().message()), Catch::Contains("group bound"));
   }
 }
 
