@@ -89,8 +89,9 @@ struct Options {
 // Bytes of one rank's summary in a partitioned round: what the round gates
 // and the T rule read of a rank outside the reader's block (pending count,
 // free slots, wait rounds and flags, the group lower bound as a double), as
-// fixed-width fields. The benchmark counts it; the daemon does not send it
-// yet (docs/balancing.md, "Partitioned planning").
+// fixed-width fields. The benchmark counts these payload bytes; the daemon's
+// summary adds a 16-byte lockstep header (align::kRoundSummaryBytes), and
+// bench/scale_aligner_bench.cc measures the daemon's real round.
 constexpr uint64_t kSummaryBytes = 8 + 4 + 4 + 1 + 8;
 
 // One rank's endless stream: chunks of `window` samples, chunk c generated

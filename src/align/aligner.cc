@@ -1,6 +1,8 @@
 #include "src/align/aligner.h"
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -59,7 +61,89 @@ absl::Status CheckAccounting(const RoundPlan& plan, int me, const std::vector<Sa
   return absl::OkStatus();
 }
 
+// Fixed-width little-endian fields of the partitioned round's small messages.
+void Put(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+struct Reader {
+  std::string_view in;
+  bool ok = true;
+  uint64_t Get(int bytes) {
+    if (in.size() < static_cast<size_t>(bytes)) {
+      ok = false;
+      return 0;
+    }
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+    in.remove_prefix(bytes);
+    return v;
+  }
+};
+
 }  // namespace
+
+// A rank's summary: epoch, round, rank (the lockstep check), then the
+// RankSummary (the bound as its IEEE bits: every rank sums the same doubles).
+std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& s) {
+  std::string out;
+  out.reserve(kRoundSummaryBytes);
+  Put(out, epoch, 4);
+  Put(out, round, 8);
+  Put(out, static_cast<uint32_t>(rank), 4);
+  Put(out, s.pending, 8);
+  Put(out, s.free_slots, 4);
+  Put(out, (s.stream_finished ? 1 : 0) | (s.stream_started ? 2 : 0) | (s.wait_expired ? 4 : 0), 1);
+  Put(out, s.wait_rounds, 4);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &s.group_bound, sizeof(bits));
+  Put(out, bits, 8);
+  return out;
+}
+
+absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
+                                               int32_t& rank) {
+  Reader in{bytes};
+  epoch = static_cast<uint32_t>(in.Get(4));
+  round = in.Get(8);
+  rank = static_cast<int32_t>(in.Get(4));
+  RankSummary s;
+  s.pending = in.Get(8);
+  s.free_slots = static_cast<uint32_t>(in.Get(4));
+  const uint64_t flags = in.Get(1);
+  s.wait_rounds = static_cast<uint32_t>(in.Get(4));
+  const uint64_t bits = in.Get(8);
+  std::memcpy(&s.group_bound, &bits, sizeof(bits));
+  s.stream_finished = (flags & 1) != 0;
+  s.stream_started = (flags & 2) != 0;
+  s.wait_expired = (flags & 4) != 0;
+  if (!in.ok || !in.in.empty() || flags > 7) {
+    return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) + " bytes, expected " +
+                               std::to_string(kRoundSummaryBytes) + ")");
+  }
+  // A group holds at least one sample, so a bound on a window's groups lies
+  // in [0, pending]; anything else (NaN included) would make T garbage.
+  if (!(s.group_bound >= 0.0 && s.group_bound <= static_cast<double>(s.pending))) {
+    return absl::DataLossError("round summary with group bound " + std::to_string(s.group_bound) +
+                               " outside [0, pending samples = " + std::to_string(s.pending) + "]");
+  }
+  return s;
+}
+
+// Each step's loss and real tokens summed over a block, from its first rank.
+std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
+                         const std::vector<uint64_t>& real) {
+  std::string out;
+  Put(out, epoch, 4);
+  Put(out, round, 8);
+  Put(out, static_cast<uint32_t>(begin), 4);
+  Put(out, loss.size(), 4);
+  for (size_t k = 0; k < loss.size(); ++k) {
+    Put(out, loss[k], 8);
+    Put(out, real[k], 8);
+  }
+  return out;
+}
 
 Aligner::Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options)
     : peers_(peers), planner_(std::move(planner)), options_(std::move(options)) {
@@ -130,56 +214,69 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     msg.data.wait_expired = wait_since_ && options_.now() - *wait_since_ >= wait_bound;
   }
 
-  RoundState state;
-  state.epoch = *epoch_;
-  state.round = config.deterministic ? plan_round_ : round_;
-  state.first_step = next_step_;
-  state.ranks.resize(world);
-  if (world == 1) {
-    // Alone: the all-gather would return our own message, so skip encoding
-    // and decoding the metadata (a large part of a round's cost for W = 1).
-    state.ranks[0] = std::move(msg.data);
+  RoundPlan plan;
+  std::vector<uint64_t> global_real;  // each step's real tokens over all ranks
+  last_received_bytes_ = 0;
+  const size_t block = planner_->BlockRanks(static_cast<size_t>(world));
+  if (world > 1 && block < static_cast<size_t>(world)) {
+    if (absl::Status s = PartitionedRound(msg, block, plan, global_real); !s.ok()) return s;
   } else {
-    auto gathered = peers_->AllGather(EncodeRankRound(msg));
-    if (!gathered.ok()) {
-      return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
-                                                        std::to_string(round_) + ": " +
-                                                        std::string(gathered.status().message()));
-    }
-    if (static_cast<int>(gathered->size()) != world) {
-      return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
-                                 " entries for " + std::to_string(world) + " ranks");
-    }
-    for (int r = 0; r < world; ++r) {
-      auto decoded = DecodeRankRound((*gathered)[r]);
-      if (!decoded.ok()) {
-        return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) + ": " +
-                                                         std::string(decoded.status().message()));
+    RoundState state;
+    state.epoch = *epoch_;
+    state.round = config.deterministic ? plan_round_ : round_;
+    state.first_step = next_step_;
+    state.ranks.resize(world);
+    if (world == 1) {
+      // Alone: the all-gather would return our own message, so skip encoding
+      // and decoding the metadata (a large part of a round's cost for W = 1).
+      state.ranks[0] = std::move(msg.data);
+    } else {
+      auto gathered = peers_->AllGather(EncodeRankRound(msg));
+      if (!gathered.ok()) {
+        return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
+                                                          std::to_string(round_) + ": " +
+                                                          std::string(gathered.status().message()));
       }
-      if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
-        return absl::FailedPreconditionError(
-            Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
-            std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
-            std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
-            std::to_string(round_));
+      if (static_cast<int>(gathered->size()) != world) {
+        return absl::InternalError(Prefix(me) + "all-gather returned " + std::to_string(gathered->size()) +
+                                   " entries for " + std::to_string(world) + " ranks");
       }
-      state.ranks[r] = std::move(decoded->data);
+      for (const std::string& g : *gathered) last_received_bytes_ += g.size();
+      for (int r = 0; r < world; ++r) {
+        auto decoded = DecodeRankRound((*gathered)[r]);
+        if (!decoded.ok()) {
+          return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) +
+                                                           ": " + std::string(decoded.status().message()));
+        }
+        if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
+          return absl::FailedPreconditionError(
+              Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
+              std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
+              std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
+              std::to_string(round_));
+        }
+        state.ranks[r] = std::move(decoded->data);
+      }
+    }
+    plan = planner_->Plan(state);
+    if (static_cast<int>(plan.ranks.size()) != world) {
+      return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +
+                                 " ranks");
+    }
+    for (const RankPlan& rp : plan.ranks) {
+      if (rp.steps.size() != plan.num_steps) {
+        return absl::InternalError(Prefix(me) + "planner gave a rank " + std::to_string(rp.steps.size()) +
+                                   " steps instead of " + std::to_string(plan.num_steps));
+      }
+    }
+    // Accumulation windows: identical on every rank (the same plan, the same
+    // window state); may split steps, and hands an open window's samples back.
+    ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_);
+    global_real.assign(plan.num_steps, 0);
+    for (const RankPlan& rp : plan.ranks) {
+      for (uint32_t k = 0; k < plan.num_steps; ++k) global_real[k] += rp.steps[k].real_tokens;
     }
   }
-  RoundPlan plan = planner_->Plan(state);
-  if (static_cast<int>(plan.ranks.size()) != world) {
-    return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +
-                               " ranks");
-  }
-  for (const RankPlan& rp : plan.ranks) {
-    if (rp.steps.size() != plan.num_steps) {
-      return absl::InternalError(Prefix(me) + "planner gave a rank " + std::to_string(rp.steps.size()) +
-                                 " steps instead of " + std::to_string(plan.num_steps));
-    }
-  }
-  // Accumulation windows: identical on every rank (the same plan, the same
-  // window state); may split steps, and hands an open window's samples back.
-  ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_);
   // What was not offered stays pending here.
   for (size_t i = offered; i < local.pending.size(); ++i) {
     plan.ranks[me].keep_pending.push_back(KeyOf(local.pending[i]));
@@ -203,7 +300,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     s.round = round_label;
     s.round_first_step = next_step_;
     s.round_steps = plan.num_steps;
-    for (const RankPlan& rp : plan.ranks) s.global_real_tokens += rp.steps[k].real_tokens;
+    s.global_real_tokens = global_real[k];
     result.steps.push_back(std::move(s));
   }
   result.keep_pending = mine.keep_pending;
@@ -227,6 +324,185 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   if (plan.epoch_finished) epoch_finished_ = true;
   last_plan_ = std::move(plan);
   return result;
+}
+
+absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block, RoundPlan& plan,
+                                       std::vector<uint64_t>& global_real) {
+  const int me = peers_->Rank();
+  const int world = peers_->Size();
+  const PlannerConfig& config = planner_->config();
+  const std::string where = Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
+  if (config.tokens_per_step != 0) {
+    // Accumulation windows cut steps across every rank's samples, which a
+    // block never sees.
+    return absl::FailedPreconditionError(where +
+                                         "partitioned planning (alignment.partition_ranks) needs "
+                                         "optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
+  }
+  const auto begin = static_cast<int>(static_cast<size_t>(me) / block * block);
+  const int end = std::min(world, begin + static_cast<int>(block));
+  if (!block_peers_) {
+    // Collective over the world: every rank reaches its first partitioned
+    // round at the same collective (the same config, the same rounds).
+    auto split = peers_->Split(me / static_cast<int>(block));
+    if (!split.ok()) {
+      return absl::Status(split.status().code(),
+                          where + "making the block's peer group: " + std::string(split.status().message()));
+    }
+    if ((*split)->Size() != end - begin || (*split)->Rank() != me - begin) {
+      return absl::InternalError(where + "the block's peer group has rank " + std::to_string((*split)->Rank()) +
+                                 " of " + std::to_string((*split)->Size()) + "; expected " +
+                                 std::to_string(me - begin) + " of " + std::to_string(end - begin));
+    }
+    block_peers_ = std::move(*split);
+  }
+  auto failed = [&](const absl::Status& s, const std::string& what) {
+    return absl::Status(s.code(), where + what + ": " + std::string(s.message()));
+  };
+
+  // 1. Every rank's summary, world-wide: the gates and T.
+  BlockRoundState bs;
+  bs.epoch = *epoch_;
+  bs.round = config.deterministic ? plan_round_ : round_;
+  bs.first_step = next_step_;
+  bs.begin = begin;
+  {
+    const RankSummary mine = SummaryOf(msg.data, planner_->GroupBound(msg.data));
+    auto gathered = peers_->AllGather(EncodeRoundSummary(*epoch_, round_, me, mine));
+    if (!gathered.ok()) return failed(gathered.status(), "summary all-gather");
+    if (static_cast<int>(gathered->size()) != world) {
+      return absl::InternalError(where + "summary all-gather returned " + std::to_string(gathered->size()) +
+                                 " entries for " + std::to_string(world) + " ranks");
+    }
+    bs.summaries.resize(world);
+    for (int r = 0; r < world; ++r) {
+      const std::string& g = (*gathered)[r];
+      last_received_bytes_ += g.size();
+      uint32_t epoch = 0;
+      uint64_t round = 0;
+      int32_t rank = 0;
+      auto decoded = DecodeRoundSummary(g, epoch, round, rank);
+      if (!decoded.ok()) return failed(decoded.status(), "round summary from rank " + std::to_string(r));
+      bs.summaries[r] = *decoded;
+      if (rank != r || epoch != *epoch_ || round != round_) {
+        return absl::FailedPreconditionError(
+            where + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " + std::to_string(rank) +
+            " epoch " + std::to_string(epoch) + " round " + std::to_string(round) + " (a round summary)");
+      }
+    }
+  }
+  // A gated round (end of epoch, waits, credit; the gates every planner
+  // applies first) plans nothing: the block's metadata is not needed.
+  uint32_t min_free = 0;
+  if (auto gated = ApplyRoundGates(config, bs.summaries, min_free)) {
+    plan = std::move(*gated);
+    FillGatedLists(config, std::span<const RankRound>(&msg.data, 1), me, plan);
+    return absl::OkStatus();
+  }
+
+  // 2. The block's metadata, within the block.
+  {
+    auto gathered = block_peers_->AllGather(EncodeRankRound(msg));
+    if (!gathered.ok()) return failed(gathered.status(), "block all-gather");
+    if (static_cast<int>(gathered->size()) != end - begin) {
+      return absl::InternalError(where + "block all-gather returned " + std::to_string(gathered->size()) +
+                                 " entries for " + std::to_string(end - begin) + " ranks");
+    }
+    bs.ranks.resize(end - begin);
+    for (int i = 0; i < end - begin; ++i) {
+      const int r = begin + i;
+      last_received_bytes_ += (*gathered)[i].size();
+      auto decoded = DecodeRankRound((*gathered)[i]);
+      if (!decoded.ok()) return failed(decoded.status(), "metadata from rank " + std::to_string(r));
+      if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
+        return absl::FailedPreconditionError(
+            where + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
+            std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
+            std::to_string(decoded->round) + " (block metadata)");
+      }
+      bs.ranks[i] = std::move(decoded->data);
+    }
+  }
+  plan = planner_->PlanBlock(bs);
+  if (static_cast<int>(plan.ranks.size()) != world) {
+    return absl::InternalError(where + "planner returned plans for " + std::to_string(plan.ranks.size()) +
+                               " ranks");
+  }
+  for (int r = begin; r < end; ++r) {
+    if (plan.ranks[r].steps.size() != plan.num_steps) {
+      return absl::InternalError(where + "planner gave rank " + std::to_string(r) + " " +
+                                 std::to_string(plan.ranks[r].steps.size()) + " steps instead of " +
+                                 std::to_string(plan.num_steps));
+    }
+  }
+  const uint32_t t = plan.num_steps;
+  if (t == 0) return absl::OkStatus();
+
+  // 3. Each block's per-step totals, world-wide (from the block's first rank).
+  std::vector<uint64_t> loss(t, 0), real(t, 0);
+  for (int r = begin; r < end; ++r) {
+    for (uint32_t k = 0; k < t; ++k) {
+      const PlannedStep& s = plan.ranks[r].steps[k];
+      for (const SampleMeta& m : s.samples) loss[k] += LossTokensOf(m);
+      real[k] += s.real_tokens;
+    }
+  }
+  auto gathered = peers_->AllGather(me == begin ? EncodeBlockTotals(*epoch_, round_, begin, loss, real) : std::string());
+  if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
+  if (static_cast<int>(gathered->size()) != world) {
+    return absl::InternalError(where + "token totals all-gather returned " + std::to_string(gathered->size()) +
+                               " entries for " + std::to_string(world) + " ranks");
+  }
+  std::vector<uint64_t> loss_total(t, 0);
+  global_real.assign(t, 0);
+  for (int r = 0; r < world; ++r) {
+    const std::string& g = (*gathered)[r];
+    last_received_bytes_ += g.size();
+    const bool leader = static_cast<size_t>(r) % block == 0;
+    if (!leader) {
+      if (!g.empty()) return absl::DataLossError(where + "rank " + std::to_string(r) + " sent token totals");
+      continue;
+    }
+    Reader in{g};
+    const auto epoch = static_cast<uint32_t>(in.Get(4));
+    const uint64_t round = in.Get(8);
+    const auto from = static_cast<int32_t>(in.Get(4));
+    const uint64_t steps = in.Get(4);
+    if (!in.ok || epoch != *epoch_ || round != round_ || from != r || steps != t ||
+        in.in.size() != steps * 16) {
+      return absl::FailedPreconditionError(where + "token totals of the block at rank " + std::to_string(r) +
+                                           " do not match this round (" + std::to_string(g.size()) +
+                                           " bytes; its block planned " + std::to_string(steps) +
+                                           " steps, this one " + std::to_string(t) + ")");
+    }
+    for (uint32_t k = 0; k < t; ++k) {
+      loss_total[k] += in.Get(8);
+      global_real[k] += in.Get(8);
+    }
+  }
+  // Exact weights: what ApplyWindows gives the whole plan with every step its
+  // own window (w_r = W * t_r / sum over all W ranks), the same expression.
+  const double w = static_cast<double>(world);
+  for (int r = begin; r < end; ++r) {
+    for (uint32_t k = 0; k < t; ++k) {
+      PlannedStep& s = plan.ranks[r].steps[k];
+      s.loss_tokens = 0;
+      for (const SampleMeta& m : s.samples) s.loss_tokens += LossTokensOf(m);
+      s.window = windows_.next_window + k;
+      s.window_steps = 1;
+      s.window_loss_tokens = loss_total[k];
+      s.closes_window = true;
+      s.window_short = false;
+      s.window_target = 0;
+      s.loss_weight = (s.idle || loss_total[k] == 0)
+                          ? 0.0
+                          : w * static_cast<double>(s.loss_tokens) / static_cast<double>(loss_total[k]);
+    }
+  }
+  windows_.next_window += t;
+  windows_.held_rounds = 0;
+  windows_.held_tokens = 0;
+  return absl::OkStatus();
 }
 
 }  // namespace odb::align

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/align/meta_codec.h"
 #include "src/align/peer_group.h"
 #include "src/align/planner.h"
 #include "src/align/window.h"
@@ -56,16 +57,38 @@ struct RoundResult {
   // Samples of this rank that stay pending: offer them again next round.
   std::vector<SampleKey> keep_pending;
   // Non-Join closing round: this rank's samples the epoch never emits, and
-  // the same report for every rank (index = rank). Samples of this epoch that
+  // the same report for every rank (index = rank; in a partitioned round
+  // only this rank's entry is filled: other ranks' samples never reach it). Samples of this epoch that
   // arrive after the closing round are also not emitted: the daemon reports
   // them itself.
   std::vector<SampleKey> not_emitted;
   std::vector<std::vector<SampleKey>> not_emitted_by_rank;
 };
 
+// Wire format of a partitioned round's two world-wide messages (fixed-width
+// little-endian; exposed for benchmarks that play other ranks): a rank's
+// summary (epoch u32, round u64, rank u32, then the RankSummary: pending u64,
+// free_slots u32, flags u8, wait_rounds u32, group_bound as IEEE bits u64)
+// and a block's per-step totals (epoch u32, round u64, first rank u32,
+// steps u32, then per step loss tokens u64 and real tokens u64).
+inline constexpr size_t kRoundSummaryBytes = 4 + 8 + 4 + 8 + 4 + 1 + 4 + 8;
+std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& summary);
+// Decodes a summary: its header into the three fields, DataLoss when malformed.
+absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
+                                               int32_t& rank);
+std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
+                              const std::vector<uint64_t>& real);
+
 // The DGAP stage: once per round, all-gathers every rank's pending metadata
 // over the PeerGroup, runs the deterministic Planner on the identical gathered
-// state, and returns this rank's share of the plan. RunRound is collective:
+// state, and returns this rank's share of the plan. With a partitioned planner
+// (Planner::BlockRanks < W) a round is three collectives instead: a world-wide
+// all-gather of every rank's RankSummary (a few dozen bytes: the round gates
+// and T), an all-gather of the full metadata within the rank's block only (a
+// PeerGroup::Split sub-group, made at the first such round), and a world-wide
+// all-gather of each block's per-step loss and real token totals (sent by the
+// block's first rank), so that loss weights are normalised over all W ranks
+// exactly as the unpartitioned plan's are. Payload moves stay in the block. RunRound is collective:
 // every rank calls it the same number of times per epoch (one call = one
 // round), so the daemon must call it at a steady pace even with nothing to do
 // (e.g. whenever a slot frees or a tick passes). Not thread-safe; one caller.
@@ -83,13 +106,26 @@ class Aligner {
 
   absl::StatusOr<RoundResult> RunRound(const RoundInput& local);
 
+  // Bytes this rank's last round received from its collectives (all of them).
+  uint64_t last_round_received_bytes() const { return last_received_bytes_; }
+
   // The full plan of the last round (every rank's steps), for diagnostics.
+  // In a partitioned round only the RankPlans of this rank's block are
+  // filled (the other blocks' windows never reach this rank).
   const RoundPlan& last_plan() const { return last_plan_; }
   const Planner& planner() const { return *planner_; }
   PeerGroup& peers() { return *peers_; }
 
  private:
+  // The partitioned round (see the class comment): fills `plan` (every rank's
+  // RankPlan, the block's filled, weights exact) and each step's real tokens
+  // over all ranks.
+  absl::Status PartitionedRound(const RankRoundMessage& msg, size_t block, RoundPlan& plan,
+                                std::vector<uint64_t>& global_real);
+
   PeerGroup* peers_;
+  std::unique_ptr<PeerGroup> block_peers_;  // this rank's block (partitioned rounds)
+  uint64_t last_received_bytes_ = 0;
   std::unique_ptr<Planner> planner_;
   AlignerOptions options_;
   std::optional<uint32_t> epoch_;

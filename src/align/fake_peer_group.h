@@ -2,13 +2,8 @@
 #define ODB_ALIGN_FAKE_PEER_GROUP_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "src/align/peer_group.h"
@@ -18,9 +13,12 @@ namespace odb::align {
 // Test-only: W in-process ranks (one thread each) sharing one memory board,
 // the way Gloo's own tests run ranks as threads over a HashStore. Fault
 // injection: Kill(r) makes rank r "die" — every rank waiting on or later
-// entering a collective gets Unavailable naming r; KillAt(r, n) kills rank r
-// when it enters its n-th collective (0-based). A rank that simply never shows
-// up produces DeadlineExceeded naming the missing ranks after `timeout`.
+// entering a collective gets Unavailable naming r, in the world and in every
+// group split off it that holds r; KillAt(r, n) kills rank r when it enters
+// its n-th collective of the world group (0-based; Split counts as one). A
+// rank that simply never shows up produces DeadlineExceeded naming the
+// missing ranks after `timeout`. Split(color) gives each color its own board
+// (its own collectives), ranked by world rank, like a Gloo sub-context.
 class FakeWorld {
  public:
   explicit FakeWorld(int size, std::chrono::milliseconds timeout = std::chrono::seconds(10));
@@ -35,24 +33,17 @@ class FakeWorld {
   // The rank's view; owned by the world, valid while it lives.
   PeerGroup* Rank(int rank);
 
+  // Bytes every rank's AllGather returned so far (what it "received"), for
+  // the scale benchmark; groups split off count toward their world ranks.
+  uint64_t ReceivedBytes(int rank) const;
+
+  class Board;  // one group's collectives (the world's or a split's)
+
  private:
   class Member;
-  absl::StatusOr<std::vector<std::string>> Gather(int rank, uint64_t call, std::string_view bytes);
-
-  struct Slot {
-    std::vector<std::optional<std::string>> data;
-    int arrived = 0;
-    int readers_left = 0;
-  };
-
   const int size_;
-  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<Board> board_;
   std::vector<std::unique_ptr<Member>> members_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, Slot> slots_;            // guarded by mu_
-  std::optional<int> dead_rank_;              // guarded by mu_
-  std::map<int, uint64_t> kill_at_;           // guarded by mu_
 };
 
 }  // namespace odb::align

@@ -89,7 +89,6 @@ class GlooPeerGroup final : public PeerGroup {
   // do not fit, every rank sees that in the headers and the remainders follow
   // in one gloo::allgatherv (a second collective, only then).
   absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override;
-
   // A new Gloo context per color over the same store (keys under this group's
   // prefix, "split<n>_c<color>") and TCP device, connected full mesh within
   // connect_timeout, with this group's collective_timeout. The colors travel

@@ -106,17 +106,63 @@ void KeepEverything(const RoundState& state, RoundPlan& plan) {
   }
 }
 
+RankSummary SummaryOf(const RankRound& round, double group_bound) {
+  RankSummary s;
+  s.pending = round.pending.size();
+  s.free_slots = round.free_slots;
+  s.stream_finished = round.stream_finished;
+  s.stream_started = round.stream_started;
+  s.wait_rounds = round.wait_rounds;
+  s.wait_expired = round.wait_expired;
+  s.group_bound = group_bound;
+  return s;
+}
+
+RoundPlan Planner::PlanBlock(const BlockRoundState& block) const {
+  // A planner without partitioning plans the block as if it were the world
+  // (never reached: BlockRanks is the world for such planners).
+  RoundState state;
+  state.epoch = block.epoch;
+  state.round = block.round;
+  state.first_step = block.first_step;
+  state.ranks = block.ranks;
+  RoundPlan part = Plan(state);
+  RoundPlan plan = part;
+  plan.ranks.assign(block.summaries.size(), RankPlan{});
+  for (size_t i = 0; i < part.ranks.size(); ++i) plan.ranks[block.begin + i] = std::move(part.ranks[i]);
+  return plan;
+}
+
 std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const RoundState& state,
                                          uint32_t& min_free) {
-  const size_t world = state.ranks.size();
+  std::vector<RankSummary> summaries;
+  summaries.reserve(state.ranks.size());
+  for (const RankRound& rr : state.ranks) summaries.push_back(SummaryOf(rr, 0.0));
+  std::optional<RoundPlan> plan = ApplyRoundGates(config, summaries, min_free);
+  if (plan) FillGatedLists(config, state.ranks, 0, *plan);
+  return plan;
+}
+
+void FillGatedLists(const PlannerConfig& config, std::span<const RankRound> ranks, int32_t begin,
+                    RoundPlan& plan) {
+  const bool closure = config.mode == EpochMode::kNonJoin && plan.epoch_finished;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    RankPlan& rp = plan.ranks[begin + i];
+    for (const SampleMeta& m : ranks[i].pending) (closure ? rp.not_emitted : rp.keep_pending).push_back(KeyOf(m));
+  }
+}
+
+std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, std::span<const RankSummary> ranks,
+                                         uint32_t& min_free) {
+  const size_t world = ranks.size();
   RoundPlan plan;
   plan.ranks.resize(world);
   // End of epoch.
   size_t drained_count = 0;
   int first_drained = -1;
   for (size_t r = 0; r < world; ++r) {
-    const RankRound& rr = state.ranks[r];
-    if (rr.stream_finished && rr.pending.empty()) {
+    const RankSummary& rr = ranks[r];
+    if (rr.stream_finished && rr.pending == 0) {
       ++drained_count;
       if (first_drained < 0) first_drained = static_cast<int>(r);
     }
@@ -125,9 +171,6 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
     plan.epoch_finished = true;
     plan.reason = "non-join closure: rank " + std::to_string(first_drained) +
                   " finished its stream and holds nothing";
-    for (size_t r = 0; r < world; ++r) {
-      for (const SampleMeta& m : state.ranks[r].pending) plan.ranks[r].not_emitted.push_back(KeyOf(m));
-    }
     return std::optional<RoundPlan>(std::move(plan));
   }
   if (drained_count == world) {
@@ -140,13 +183,13 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
   // round back, at most max_wait_rounds consecutive rounds.
   const size_t window_cap = config.window == 0 ? std::numeric_limits<size_t>::max() : config.window;
   for (size_t r = 0; r < world; ++r) {
-    const RankRound& rr = state.ranks[r];
+    const RankSummary& rr = ranks[r];
     // Deterministic: wait, however long, until the window is full and one
     // more sample shows it is not the remainder (or the stream finished).
     const bool asks = config.deterministic
-                          ? !rr.stream_finished && rr.pending.size() <= window_cap
+                          ? !rr.stream_finished && rr.pending <= window_cap
                           : config.max_wait_rounds > 0 && !rr.stream_finished &&
-                                rr.pending.size() < window_cap && !rr.wait_expired &&
+                                rr.pending < window_cap && !rr.wait_expired &&
                                 (rr.wait_rounds < config.max_wait_rounds || !rr.stream_started);
     if (asks) {
       plan.ranks[r].waited = true;
@@ -158,17 +201,16 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
     for (size_t r = 0; r < world; ++r) {
       if (!plan.ranks[r].waited) continue;
       plan.reason += " rank " + std::to_string(r);
-      if (!state.ranks[r].stream_started) plan.reason += " (nothing of the epoch arrived there yet)";
+      if (!ranks[r].stream_started) plan.reason += " (nothing of the epoch arrived there yet)";
     }
-    KeepEverything(state, plan);
     return std::optional<RoundPlan>(std::move(plan));
   }
 
   min_free = std::numeric_limits<uint32_t>::max();
   size_t min_free_rank = 0;
   for (size_t r = 0; r < world; ++r) {
-    if (state.ranks[r].free_slots < min_free) {
-      min_free = state.ranks[r].free_slots;
+    if (ranks[r].free_slots < min_free) {
+      min_free = ranks[r].free_slots;
       min_free_rank = r;
     }
   }
@@ -176,7 +218,6 @@ std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const Roun
     plan.reason = "rank " + std::to_string(min_free_rank) + " has " + std::to_string(min_free) +
                   " free output slots (a round waits for " + std::to_string(std::max<uint32_t>(config.min_free_slots, 1)) +
                   ")";
-    KeepEverything(state, plan);
     return std::optional<RoundPlan>(std::move(plan));
   }
   // Deterministic: the credit only delays a round; how many steps it plans

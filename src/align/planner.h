@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,34 @@ struct RoundState {
   uint64_t round = 0;       // 0-based round within the epoch
   uint64_t first_step = 0;  // epoch step index of this round's first step
   std::vector<RankRound> ranks;  // index = rank
+};
+
+// What the round gates (and a partitioned planner's T) need of a rank: its
+// RankRound in a few bytes, so ranks outside one's block need not send their
+// windows (partitioned planning, docs/balancing.md).
+struct RankSummary {
+  uint64_t pending = 0;  // RankRound::pending.size()
+  uint32_t free_slots = 0;
+  bool stream_finished = false;
+  bool stream_started = true;
+  uint32_t wait_rounds = 0;
+  bool wait_expired = false;
+  // Planner::GroupBound of the rank's round: computed once, by the rank
+  // itself, and sent as is, so every rank sums the very same doubles.
+  double group_bound = 0.0;
+};
+
+RankSummary SummaryOf(const RankRound& round, double group_bound);
+
+// A partitioned round as one block sees it: its own ranks' rounds in full,
+// every rank's summary.
+struct BlockRoundState {
+  uint32_t epoch = 0;
+  uint64_t round = 0;
+  uint64_t first_step = 0;
+  int32_t begin = 0;                   // first rank of the block
+  std::vector<RankRound> ranks;        // index = rank - begin
+  std::vector<RankSummary> summaries;  // index = rank (all W)
 };
 
 // One step of one rank: its samples and the step's header fields
@@ -155,6 +184,22 @@ class Planner {
   virtual RoundPlan Plan(const RoundState& state) const = 0;
   virtual const PlannerConfig& config() const = 0;
   virtual std::string Name() const = 0;
+
+  // Partitioned planning: the ranks of a world of `world` are cut into
+  // blocks of BlockRanks(world) consecutive ranks that plan on their own
+  // windows only (a sample never leaves its block). `world` (the default)
+  // means one pool: Plan is used and PlanBlock never is.
+  virtual size_t BlockRanks(size_t world) const { return world; }
+  // The RankSummary::group_bound this planner's PlanBlock needs of a rank.
+  virtual double GroupBound(const RankRound& /*round*/) const { return 0.0; }
+  // The block of `state` (block.ranks.size() ranks from block.begin): a plan
+  // with one RankPlan per rank of the world (summaries.size()), those of the
+  // block filled exactly as Plan(full state) fills them, except that loss
+  // weights and window fields are normalised over the block only (the
+  // Aligner exchanges each step's loss tokens to make them exact); the other
+  // ranks' RankPlans are empty. num_steps, epoch_finished, waiting and
+  // reason are Plan's. Only called when BlockRanks(world) < world.
+  virtual RoundPlan PlanBlock(const BlockRoundState& block) const;
 };
 
 // Local grouping (FormGroups on each rank's own window) then alignment:
@@ -181,6 +226,16 @@ class LocalPlanner final : public Planner {
 // set to the smallest free-slot count of all ranks (>= 1).
 std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, const RoundState& state,
                                          uint32_t& min_free);
+// The same gates on summaries: the decided plan's frame (epoch_finished,
+// waiting, waited, reason; one RankPlan per summary) without sample lists,
+// which the caller fills from the samples it holds (Non-Join closure: every
+// pending sample is not emitted; any other gate: every one stays pending).
+std::optional<RoundPlan> ApplyRoundGates(const PlannerConfig& config, std::span<const RankSummary> ranks,
+                                         uint32_t& min_free);
+// Fills the sample lists of a gated plan for `ranks` (rank begin + i):
+// not_emitted on a Non-Join closure, keep_pending otherwise.
+void FillGatedLists(const PlannerConfig& config, std::span<const RankRound> ranks, int32_t begin,
+                    RoundPlan& plan);
 
 // Puts every pending sample of every rank back to pending.
 void KeepEverything(const RoundState& state, RoundPlan& plan);

@@ -832,11 +832,10 @@ double GroupLowerBound(const grouping::Budget& b, const std::vector<SampleMeta>&
 // whole job's grouping; the bound costs one pass over the windows (each rank
 // could send its own in a few bytes). Fills `plan`'s frame (ranks, T,
 // reason); on T = 0, the holding-back plan. Returns T.
-size_t PartitionedSteps(const GlobalPlannerConfig& config, const RoundState& state, size_t block,
+size_t PartitionedSteps(const GlobalPlannerConfig& config, std::span<const align::RankSummary> ranks, size_t block,
                         uint32_t min_free, RoundPlan& plan) {
   const align::PlannerConfig& cfg = config.base;
-  const size_t world = state.ranks.size();
-  const size_t window_cap = cfg.window == 0 ? std::numeric_limits<size_t>::max() : cfg.window;
+  const size_t world = ranks.size();
   size_t open_t = std::numeric_limits<size_t>::max(), drain_t = 0, tightest = 0;
   bool any_open = false;
   for (size_t begin = 0; begin < world; begin += block) {
@@ -844,9 +843,8 @@ size_t PartitionedSteps(const GlobalPlannerConfig& config, const RoundState& sta
     double bound = 0.0;
     bool open = false;
     for (size_t r = begin; r < end; ++r) {
-      const auto& pending = state.ranks[r].pending;
-      bound += GroupLowerBound(cfg.budget, pending, std::min(pending.size(), window_cap));
-      open = open || !state.ranks[r].stream_finished;
+      bound += ranks[r].group_bound;
+      open = open || !ranks[r].stream_finished;
     }
     const double ranks = static_cast<double>(end - begin);
     drain_t = std::max(drain_t, static_cast<size_t>(std::ceil(bound / ranks)));
@@ -868,7 +866,6 @@ size_t PartitionedSteps(const GlobalPlannerConfig& config, const RoundState& sta
     plan.reason = frame + "holding back: the windows of ranks " + std::to_string(tightest) + ".." +
                   std::to_string(std::min(world, tightest + block) - 1) +
                   " hold fewer sure groups than ranks and some stream there is open";
-    align::KeepEverything(state, plan);
     return 0;
   }
   plan.num_steps = static_cast<uint32_t>(t);
@@ -878,23 +875,23 @@ size_t PartitionedSteps(const GlobalPlannerConfig& config, const RoundState& sta
   return t;
 }
 
-// Plans ranks [begin, begin + block) of `state` on their own windows (samples
+// Plans `ranks` (ranks begin.. of the world) on their own windows (samples
 // never leave the block) with T = t, as PlanRanks on the block renumbered
 // from rank 0 (`begin` is a node boundary, so nodes are unchanged), and
 // writes their RankPlans into `plan`.
-void PlanBlockInto(const GlobalPlannerConfig& config, const RoundState& state, size_t begin, size_t block,
-                   size_t t, RoundPlan& plan) {
-  const size_t end = std::min(state.ranks.size(), begin + block);
+void PlanBlockInto(const GlobalPlannerConfig& config, uint32_t epoch, uint64_t round, uint64_t first_step,
+                   std::span<const RankRound> ranks, size_t begin, size_t t, RoundPlan& plan) {
+  const size_t end = begin + ranks.size();
   const size_t window_cap =
       config.base.window == 0 ? std::numeric_limits<size_t>::max() : config.base.window;
   const auto shift = static_cast<int32_t>(begin);
   RoundState sub;
-  sub.epoch = state.epoch;
-  sub.round = state.round;
-  sub.first_step = state.first_step;
+  sub.epoch = epoch;
+  sub.round = round;
+  sub.first_step = first_step;
   sub.ranks.resize(end - begin);
   for (size_t r = begin; r < end; ++r) {
-    const RankRound& in = state.ranks[r];
+    const RankRound& in = ranks[r - begin];
     RankRound& out = sub.ranks[r - begin];
     out.free_slots = in.free_slots;
     out.stream_finished = in.stream_finished;
@@ -944,29 +941,81 @@ RoundPlan GlobalPlanner::Plan(const RoundState& state) const {
   uint32_t min_free = 0;
   if (auto gated = align::ApplyRoundGates(config_.base, state, min_free)) return std::move(*gated);
   const size_t world = state.ranks.size();
-  const size_t block = BlockRanks(config_, world);
+  const size_t block = BlockRanks(world);
   if (block >= world) return PlanRanks(config_, state, min_free, std::nullopt);
+  std::vector<align::RankSummary> summaries;
+  summaries.reserve(world);
+  for (const RankRound& rr : state.ranks) summaries.push_back(align::SummaryOf(rr, GroupBound(rr)));
   RoundPlan plan;
-  const size_t t = PartitionedSteps(config_, state, block, min_free, plan);
-  if (t == 0) return plan;
-  for (size_t begin = 0; begin < world; begin += block) PlanBlockInto(config_, state, begin, block, t, plan);
+  const size_t t = PartitionedSteps(config_, summaries, block, min_free, plan);
+  if (t == 0) {
+    align::KeepEverything(state, plan);
+    return plan;
+  }
+  const std::span<const RankRound> all(state.ranks);
+  for (size_t begin = 0; begin < world; begin += block) {
+    PlanBlockInto(config_, state.epoch, state.round, state.first_step,
+                  all.subspan(begin, std::min(block, world - begin)), begin, t, plan);
+  }
   align::AssignLossWeights(plan);
+  return plan;
+}
+
+size_t GlobalPlanner::BlockRanks(size_t world) const {
+  if (config_.locality >= 1.0) return world;  // LocalPlanner: nothing moves, nothing to partition
+  return balance::BlockRanks(config_, world);
+}
+
+double GlobalPlanner::GroupBound(const RankRound& round) const {
+  const size_t window_cap =
+      config_.base.window == 0 ? std::numeric_limits<size_t>::max() : config_.base.window;
+  return GroupLowerBound(config_.base.budget, round.pending, std::min(round.pending.size(), window_cap));
+}
+
+RoundPlan GlobalPlanner::PlanBlock(const align::BlockRoundState& bs) const {
+  const size_t world = bs.summaries.size();
+  const size_t block = BlockRanks(world);
+  if (block >= world) return Planner::PlanBlock(bs);
+  uint32_t min_free = 0;
+  if (auto gated = align::ApplyRoundGates(config_.base, bs.summaries, min_free)) {
+    align::FillGatedLists(config_.base, bs.ranks, bs.begin, *gated);
+    return std::move(*gated);
+  }
+  RoundPlan plan;
+  const size_t t = PartitionedSteps(config_, bs.summaries, block, min_free, plan);
+  if (t == 0) {
+    align::FillGatedLists(config_.base, bs.ranks, bs.begin, plan);
+    return plan;
+  }
+  PlanBlockInto(config_, bs.epoch, bs.round, bs.first_step, bs.ranks, static_cast<size_t>(bs.begin), t, plan);
   return plan;
 }
 
 RoundPlan GlobalPlanner::PlanBlockOf(const RoundState& state, int32_t rank) const {
   if (config_.locality >= 1.0) return local_.Plan(state);
-  uint32_t min_free = 0;
-  if (auto gated = align::ApplyRoundGates(config_.base, state, min_free)) return std::move(*gated);
   const size_t world = state.ranks.size();
-  const size_t block = BlockRanks(config_, world);
-  if (block >= world) return PlanRanks(config_, state, min_free, std::nullopt);
-  RoundPlan plan;
-  const size_t t = PartitionedSteps(config_, state, block, min_free, plan);
-  if (t == 0) return plan;
-  if (rank < 0 || static_cast<size_t>(rank) >= world) return plan;  // no such rank: no block to plan
+  const size_t block = BlockRanks(world);
+  if (block >= world) return Plan(state);
+  align::BlockRoundState bs;
+  bs.epoch = state.epoch;
+  bs.round = state.round;
+  bs.first_step = state.first_step;
+  bs.summaries.reserve(world);
+  for (const RankRound& rr : state.ranks) bs.summaries.push_back(align::SummaryOf(rr, GroupBound(rr)));
+  if (rank < 0 || static_cast<size_t>(rank) >= world) {
+    // No such rank: the round's frame (T, reason), no block.
+    bs.begin = 0;
+    RoundPlan plan = PlanBlock(bs);
+    for (RankPlan& rp : plan.ranks) rp = RankPlan{};
+    return plan;
+  }
   const size_t begin = static_cast<size_t>(rank) / block * block;
-  PlanBlockInto(config_, state, begin, block, t, plan);
+  bs.begin = static_cast<int32_t>(begin);
+  bs.ranks.assign(state.ranks.begin() + static_cast<std::ptrdiff_t>(begin),
+                  state.ranks.begin() + static_cast<std::ptrdiff_t>(std::min(world, begin + block)));
+  RoundPlan plan = PlanBlock(bs);
+  // A round without steps (gated or holding back) is Plan's, lists of every rank included.
+  if (plan.num_steps == 0) return Plan(state);
   return plan;
 }
 

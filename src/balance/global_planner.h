@@ -79,6 +79,13 @@ class GlobalPlanner final : public align::Planner {
   // blocks' windows only for their group bounds. A rank outside [0, W) gets
   // the round's frame (T, reason) and no block.
   align::RoundPlan PlanBlockOf(const align::RoundState& state, int32_t rank) const;
+  // Partitioned planning behind align::Planner (the Aligner's partitioned
+  // round): blocks of partition_ranks rounded up to whole nodes; a rank's
+  // bound is GroupLowerBound of its window; PlanBlock is PlanBlockOf's plan
+  // from the block's rounds and every rank's summary.
+  size_t BlockRanks(size_t world) const override;
+  double GroupBound(const align::RankRound& round) const override;
+  align::RoundPlan PlanBlock(const align::BlockRoundState& block) const override;
   const align::PlannerConfig& config() const override { return config_.base; }
   // "global(locality=<l>,local_world_size=<n>)", plus
   // ",exact_assignment_max_world=<m>" when that is not 64 and

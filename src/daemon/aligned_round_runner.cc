@@ -30,6 +30,7 @@ std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
   g.base = PlannerConfigFrom(config);
   g.local_world_size = static_cast<uint32_t>(config.local_world_size);
   g.locality = config.locality;
+  g.partition_ranks = config.partition_ranks;
   return std::make_unique<balance::GlobalPlanner>(g);
 }
 
@@ -144,7 +145,22 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   }
   for (const auto& key : result->not_emitted) outcome.not_emitted.push_back(key.id);
   encoder_needs_.clear();
-  if (phase_plans_) AddPhasePlans(plan, outcome);
+  if (phase_plans_) {
+    // A partitioned round fills only this rank's block: the other blocks'
+    // ranks count as IDLE here, so the encoder phase balances within the
+    // block (their samples never reach this rank).
+    bool partial = false;
+    for (const auto& rp : plan.ranks) partial = partial || rp.steps.size() != plan.num_steps;
+    if (!partial) {
+      AddPhasePlans(plan, outcome);
+    } else {
+      align::RoundPlan filled = plan;
+      for (auto& rp : filled.ranks) {
+        if (rp.steps.size() != plan.num_steps) rp.steps.assign(plan.num_steps, align::PlannedStep{});
+      }
+      AddPhasePlans(filled, outcome);
+    }
+  }
   // Payloads this rank holds that other ranks need: samples another rank emits
   // (a global planner moves them) or encodes (per-phase plans).
   const int me = peers_->Rank();

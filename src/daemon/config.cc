@@ -160,6 +160,7 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.GetEnum<PlannerKind>(
       "planner", {{"local", PlannerKind::kLocal}, {"global", PlannerKind::kGlobal}}, c.planner));
   ODB_RETURN_IF_ERROR(s.Get("locality", c.locality));
+  ODB_RETURN_IF_ERROR(s.Get("partition_ranks", c.partition_ranks));
   ODB_RETURN_IF_ERROR(s.Get("phase_plans", c.phase_plans));
   ODB_RETURN_IF_ERROR(s.Get("encoder_cost_per_patch", c.encoder_cost_per_patch));
   ODB_RETURN_IF_ERROR(s.Get("deterministic", c.deterministic));
@@ -537,6 +538,9 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(CheckFinite("alignment.encoder_cost_per_patch", c.encoder_cost_per_patch, 0.0,
                                   kMaxCostCoefficient,
                                   "a finite number >= 0 and <= 1e12 (units of one padded token)"));
+  if (c.partition_ranks != 0 && c.tokens_per_step != 0) {
+    return Invalid("alignment.partition_ranks", "needs optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
+  }
   if (c.phase_plans && c.steps.encoder_fields.empty()) {
     return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
   }

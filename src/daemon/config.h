@@ -86,6 +86,8 @@ struct DaemonConfig {
   PlannerKind planner = PlannerKind::kGlobal;
   // global only: 0 = balance first, 1 = keep every sample on its rank.
   double locality = 0.0;
+  // global only: plan in blocks of this many ranks (rounded up to whole nodes), 0 = one pool (docs/balancing.md).
+  uint32_t partition_ranks = 0;
   // Multimodal: balance the encoder phase separately from the LLM phase and
   // ship the route between them in each step header (docs/balancing.md). The
   // collate.encoder_fields go to the encoder batch ("enc.<name>") of the rank

@@ -168,6 +168,8 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"grouping: {quadratic_q: 1e-300}", "grouping.quadratic_q"},
       {"alignment: {locality: .nan}", "alignment.locality"},
       {"alignment: {locality: 1.5}", "alignment.locality"},
+      {"alignment: {partition_ranks: -4}", "alignment.partition_ranks"},
+      {"alignment: {partition_ranks: 4}\noptimizer: {tokens_per_step: 4096}", "alignment.partition_ranks"},
       {"alignment: {encoder_cost_per_patch: .nan}", "alignment.encoder_cost_per_patch"},
       {"alignment: {encoder_cost_per_patch: -.inf}", "alignment.encoder_cost_per_patch"},
   };
@@ -179,6 +181,10 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
   CHECK(StartupError("grouping: {quadratic_q: 2048}").empty());
   CHECK(StartupError("grouping: {quadratic_q: 0}").empty());
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
+  CHECK(StartupError("alignment: {partition_ranks: 4}").empty());
+  auto partitioned = ParseConfig("alignment: {partition_ranks: 3}");
+  REQUIRE(partitioned.ok());
+  CHECK(partitioned->partition_ranks == 3);
 }
 
 TEST_CASE("cross-field constraints that could only fail later are start-up errors") {

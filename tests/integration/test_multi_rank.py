@@ -263,3 +263,19 @@ def test_four_ranks_skewed_with_accumulation_windows(tmp_path):
     assert any(len(steps) > 1 for steps in windows.values()), "no window of several micro-steps"
     idle_inside = sum(1 for row in rows if row[2].idle and not row[2].closes_window)
     assert idle_inside > 0  # the empty rank idles inside windows, weight 0, and the sums still hold
+
+
+def test_four_ranks_partitioned_planning_keeps_samples_in_their_block(tmp_path):
+    """alignment.partition_ranks 2 with local_world_size 2: two blocks (nodes) of two ranks plan on
+    their own windows (block all-gather on a Gloo sub-group, summaries and token totals world-wide).
+    Every rank runs the same steps, every id exactly once, the weights sum to W per step over all four
+    ranks (run_epoch checks each step), and no sample is trained outside its owner's block."""
+    config = ("local_world_size: 2\ngrouping: {window: 64}\n"
+              "alignment: {planner: global, locality: 0.0, partition_ranks: 2}\n")
+    counts = [1500, 200, 0, 600]
+    _, results = _run_job(tmp_path, config, counts)
+    _check_aligned_coverage(results, counts)
+    for rank, e in enumerate(results):
+        owners = {i // 1_000_000 for i in e["ids"]}
+        assert all(o // 2 == rank // 2 for o in owners), (rank, owners)
+    assert results[2]["moved_in"] > 0  # the empty rank trained samples of its block-mate
