@@ -161,6 +161,9 @@ struct DaemonConfig {
   collate::CollateOptions collate;
   // Fields that belong to the encoder phase (alignment.phase_plans).
   std::vector<std::string> encoder_fields;
+  // Fields of the audio encoder phase (alignment.phase_plans): balanced on
+  // audio_frames, sent in the "audio.*" batch. Empty: no audio phase.
+  std::vector<std::string> audio_fields;
 
   // Prometheus text over plain HTTP, e.g. "tcp://0.0.0.0:9400"; "" = off.
   std::string metrics_endpoint;

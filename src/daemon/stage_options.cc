@@ -37,6 +37,7 @@ emit::StepBuilderOptions StepBuilderOptionsFor(const DaemonConfig& c) {
   o.collate = c.collate;
   o.phase_plans = c.phase_plans;
   o.encoder_fields = c.encoder_fields;
+  o.audio_fields = c.audio_fields;
   o.deterministic = c.deterministic;
   o.rejections_are_errors = c.bad_input == BadInputPolicy::kError;
   // Per-phase plans route encoder outputs across ranks even with the local planner.

@@ -28,6 +28,8 @@ struct StepBuilderOptions {
   // alignment.phase_plans: these fields go to the encoder batch ("enc.<name>").
   bool phase_plans = false;
   std::vector<std::string> encoder_fields;
+  // collate.audio_fields: the audio encoder batch ("audio.<name>").
+  std::vector<std::string> audio_fields;
   // Stamped on every step header / epoch summary for the client.
   bool deterministic = false;         // alignment.deterministic
   bool rejections_are_errors = true;  // bad_input: error (false: skip_and_report)
@@ -74,6 +76,7 @@ class StepBuilder {
     std::vector<Sample> owned;
     std::vector<const Sample*> llm;
     std::vector<const Sample*> enc;
+    std::vector<const Sample*> audio;
   };
   absl::StatusOr<StepSamples> Gather(uint32_t epoch, const StepPlan& plan,
                                      const std::function<bool()>& cancelled);
