@@ -365,15 +365,16 @@ class _ImageTextDataset(torch.utils.data.Dataset):
 
 class _ImageAudioTextDataset(_ImageTextDataset):
     """The same, plus audio: sample i has frames of AUDIO features all equal to
-    i * 100 + frame number; audio-heavy samples (4..6 frames) are every fifth
-    one (rank 1's share under skew 5), the others have 0 or 1 frame, so the
-    audio phase's balanced layout differs from the LLM's and the vision one's."""
+    i * 100 + frame number. Under skew 5, rank 0's samples carry 3..6 frames and
+    rank 1's (every fifth) 0 or 1: rank 0's steps hold several audio-heavy
+    samples, more audio than its share, so the audio phase's balanced layout
+    moves some to rank 1 while the LLM layout keeps them on rank 0."""
 
     def __init__(self, n: int) -> None:
         super().__init__(n)
         g = torch.Generator().manual_seed(12)
-        self.frames = [int(torch.randint(4, 7, (1,), generator=g)) if i % 5 == 0 else
-                       int(torch.randint(0, 2, (1,), generator=g)) for i in range(n)]
+        self.frames = [int(torch.randint(0, 2, (1,), generator=g)) if i % 5 == 0 else
+                       int(torch.randint(3, 7, (1,), generator=g)) for i in range(n)]
 
     def __getitem__(self, i: int) -> Dict[str, Any]:
         sample = super().__getitem__(i)
@@ -426,7 +427,7 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int, idle_policy: str = "z
             continue
         # The audio phase: its own layout and route into the same LLM layout.
         assert step.dummy or plan.has_audio, f"step {step.step_index}: no audio phase in the header"
-        assert "audio_features" not in b, "the LLM batch carries an audio encoder field"
+        assert "audio_features" not in b or step.dummy, "the LLM batch carries an audio encoder field"
         if plan.audio_sample_ids:
             audio_out = b["audio.audio_features"]
             audio_rows = enc_rows_from_offsets(b["audio.audio_features_offsets"])
@@ -498,7 +499,7 @@ def test_skewed_ranks_route_through_idle_steps(run_dir, job_id, idle_policy: str
 def test_audio_phase_through_real_daemons_with_skewed_ranks(run_dir, job_id, idle_policy: str) -> None:
     """collate.audio_fields: odbd balances an audio encoder phase on audio_frames, apart from the vision
     phase, and ships its route in the step header (audio_* lists, the "audio.*" batch). Rank 1 feeds a
-    fifth of the samples, the audio-heavy ones, and gets IDLE steps: every rank routes both encoder phases
+    fifth of the samples, with little audio, and gets IDLE steps: every rank routes both encoder phases
     every step, each sample's audio frames reach the rank that runs its LLM part, byte for byte, and every
     sample is audio-encoded exactly once, under both IDLE policies."""
     from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
@@ -521,6 +522,6 @@ def test_audio_phase_through_real_daemons_with_skewed_ranks(run_dir, job_id, idl
     assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
     assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
     assert sorted(results[0]["audio_seen"] + results[1]["audio_seen"]) == list(range(n))
-    # Rank 1's audio-heavy samples were encoded on rank 0 in the steps both ranks run: the audio
-    # phase was balanced on its own cost, not left in the LLM layout.
+    # Some of rank 0's audio-heavy samples were encoded on rank 1 in the steps both ranks run: the
+    # audio phase was balanced on its own cost, not left in the LLM layout.
     assert results[0]["audio_moved"] + results[1]["audio_moved"] > 0
