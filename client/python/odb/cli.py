@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 PROG = "odbctl"
 
@@ -139,7 +139,7 @@ def _cmd_consume(a: argparse.Namespace) -> int:
     ok = True
     for epoch in range(a.first_epoch, a.first_epoch + a.epochs):
         c.start_epoch(epoch, a.expected_producers)
-        seen: set = set()
+        seen: Set[int] = set()
         steps = idle = tokens = 0
         problems: List[str] = []
         while True:
