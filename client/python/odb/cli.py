@@ -221,8 +221,12 @@ def _cmd_demo(a: argparse.Namespace) -> int:
             try:
                 c = lib.Consumer(daemons[rank].trainer, 60000)
                 c.start_epoch(0, 1)
-                while c.next().is_step:
+                while True:
+                    asked = time.monotonic()
+                    if not c.next().is_step:
+                        break
                     steps[rank] += 1
+                    c.report_data_wait(time.monotonic() - asked)  # the view's `wait s`: this consumer only waits
             except Exception as e:  # reported after the run
                 errors.append(f"consumer rank {rank}: {e!r}")
 
@@ -270,9 +274,10 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("top", help="live per-rank view of a running job, from the daemons' metrics endpoints",
                        description="One row per rank: samples in/out/rejected, steps, idle steps, padding, "
-                                   "buffered MiB, queued steps, MiB moved, round time p50/p99, real tokens "
-                                   "against the mean of the ranks. Exit 1 with --once when an endpoint is "
-                                   "unreachable.")
+                                   "buffered MiB, queued steps, MiB moved, round time p50/p99, seconds the "
+                                   "trainer waited on data (the rank that waits most is named below), real "
+                                   "tokens against the mean of the ranks. Exit 1 with --once when an endpoint "
+                                   "is unreachable.")
     t.add_argument("endpoints", nargs="+", metavar="URL",
                    help="a daemon's metrics endpoint (odbd's metrics_endpoint), one per rank: http://host:port")
     t.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
