@@ -115,6 +115,26 @@ TEST_CASE("a step whose per-sample lists disagree in length is refused (consumer
   wire::DaemonMessage enc = Step();
   enc.mutable_step()->add_enc_sample_ids(5);  // an encoder sample without its route
   REQUIRE(DecodeDelivery(Message(enc, {48, 48}), "e").status().code() == absl::StatusCode::kDataLoss);
+  // The audio phase's lists likewise.
+  wire::DaemonMessage audio = Step();
+  audio.mutable_step()->add_audio_sample_ids(5);  // an audio sample without its route
+  auto a = DecodeDelivery(Message(audio, {48, 48}), "e");
+  REQUIRE(a.status().code() == absl::StatusCode::kDataLoss);
+  REQUIRE(std::string(a.status().message()).find("audio_sample_ids 1") != std::string::npos);
+  wire::DaemonMessage src = Step();
+  src.mutable_step()->add_llm_audio_src_rank(0);  // one source rank for two samples
+  REQUIRE(DecodeDelivery(Message(src, {48, 48}), "e").status().code() == absl::StatusCode::kDataLoss);
+  wire::DaemonMessage whole = Step();
+  for (int j = 0; j < 2; ++j) whole.mutable_step()->add_llm_audio_src_rank(1);
+  whole.mutable_step()->add_audio_sample_ids(7);
+  whole.mutable_step()->add_audio_owner_ranks(0);
+  whole.mutable_step()->add_audio_dest_rank(1);
+  whole.mutable_step()->add_audio_dest_index(0);
+  auto ok = DecodeDelivery(Message(whole, {48, 48}), "e");
+  REQUIRE(ok.ok());
+  CHECK(ok->step.audio_sample_ids == std::vector<uint64_t>{7});
+  CHECK(ok->step.audio_dest_rank == std::vector<int32_t>{1});
+  CHECK(ok->step.llm_audio_src_rank == std::vector<int32_t>{1, 1});
 }
 
 TEST_CASE("control messages and protocol errors") {

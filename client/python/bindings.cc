@@ -18,6 +18,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -290,6 +292,11 @@ class PyConsumer {
     return PyDelivery(std::move(*d));
   }
 
+  void ReportDataWait(double seconds) {
+    if (!(seconds > 0.0)) return;  // NaN and negatives count as no wait
+    consumer_->ReportDataWait(std::chrono::microseconds(static_cast<int64_t>(std::min(seconds, 1e12) * 1e6)));
+  }
+
   std::string DataPlaneInUse() const { return consumer_->data_plane(); }
   std::string ArenaNote() const { return consumer_->arena_note(); }
   py::object StepArenaStatsDict() const {
@@ -423,6 +430,11 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_readonly("enc_dest_rank", &StepInfo::enc_dest_rank)
       .def_readonly("enc_dest_index", &StepInfo::enc_dest_index)
       .def_readonly("llm_src_rank", &StepInfo::llm_src_rank)
+      .def_readonly("audio_sample_ids", &StepInfo::audio_sample_ids)
+      .def_readonly("audio_owner_ranks", &StepInfo::audio_owner_ranks)
+      .def_readonly("audio_dest_rank", &StepInfo::audio_dest_rank)
+      .def_readonly("audio_dest_index", &StepInfo::audio_dest_index)
+      .def_readonly("llm_audio_src_rank", &StepInfo::llm_audio_src_rank)
       .def("__repr__", [](const StepInfo& s) {
         return "StepInfo(epoch=" + std::to_string(s.epoch) + ", step_index=" + std::to_string(s.step_index) +
                ", idle=" + (s.idle ? "True" : "False") + ", samples=" + std::to_string(s.sample_ids.size()) + ")";
@@ -456,5 +468,8 @@ PYBIND11_MODULE(_odb_native, m) {
            "first_round/first_step: resume a deterministic epoch at that round (docs/resume.md)")
       .def("next", &PyConsumer::Next,
            "The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a "
-           "daemon failure.");
+           "daemon failure.")
+      .def("report_data_wait", &PyConsumer::ReportDataWait, py::arg("seconds"),
+           "The trainer's wait for the step next() just returned; sent on the next credit, exported by the "
+           "daemon as odb_trainer_data_wait_microseconds_total.");
 }

@@ -39,24 +39,19 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
   const int me = peers_->Rank();
   encoder_needs_.assign(world, {});
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
-    // The step's LLM layout is the plan's; the encoder layout is balanced on
-    // encoder cost, each sample preferring the rank that already runs its LLM
-    // part (no move) when that keeps the ranks within the minimax capacity.
+    // The step's LLM layout is the plan's; each encoder layout (vision, then
+    // audio) is balanced on its own cost, each sample preferring the rank that
+    // already runs its LLM part (no move) when that keeps the ranks within the
+    // minimax capacity.
     struct Item {
       SampleMeta meta;
       int32_t llm_rank;
       uint32_t llm_index;
     };
     std::vector<Item> items;
-    std::vector<double> cost;
-    std::vector<int32_t> home;
     for (int r = 0; r < world; ++r) {
       const auto& samples = plan.ranks[r].steps[k].samples;
-      for (uint32_t j = 0; j < samples.size(); ++j) {
-        items.push_back({samples[j], r, j});
-        cost.push_back(encoder_cost_per_patch_ * samples[j].lengths.vision_patches);
-        home.push_back(r);
-      }
+      for (uint32_t j = 0; j < samples.size(); ++j) items.push_back({samples[j], r, j});
     }
     if (items.empty()) continue;
     // Only ranks with LLM work in this step encode: an IDLE rank runs no real
@@ -68,25 +63,42 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
         active.push_back(r);
       }
     }
-    for (int32_t& h : home) h = index_of[h];
-    const balance::PhaseAssignment enc =
-        balance::BalancePhase(cost, home, static_cast<int>(active.size()));
+    std::vector<int32_t> home;
+    for (const Item& item : items) home.push_back(index_of[item.llm_rank]);
     StepPlan& mine = outcome.steps[k];
-    mine.llm_src_rank.assign(mine.sample_ids.size(), me);
-    for (size_t i = 0; i < items.size(); ++i) {
-      const int32_t encoder_rank = active[enc.slot_of[i].rank];
-      if (items[i].llm_rank == me) mine.llm_src_rank[items[i].llm_index] = encoder_rank;
-    }
-    for (size_t a = 0; a < active.size(); ++a) {
-      const int r = active[a];
-      for (size_t i : enc.order[a]) {
-        encoder_needs_[r].emplace_back(items[i].meta.owner_rank, items[i].meta.id);
-        if (r != me) continue;
-        mine.enc_ids.push_back(items[i].meta.id);
-        mine.enc_owners.push_back(items[i].meta.owner_rank);
-        mine.enc_dest_rank.push_back(items[i].llm_rank);
-        mine.enc_dest_index.push_back(items[i].llm_index);
+    // One encoder phase: its balanced layout, this rank's share of it (what it
+    // encodes and where each output goes) and, for this rank's LLM samples,
+    // the rank that encodes each.
+    auto phase = [&](const std::vector<double>& cost, std::vector<uint64_t>& ids, std::vector<int32_t>& owners,
+                     std::vector<int32_t>& dest_rank, std::vector<uint32_t>& dest_index,
+                     std::vector<int32_t>& src_rank) {
+      const balance::PhaseAssignment enc = balance::BalancePhase(cost, home, static_cast<int>(active.size()));
+      src_rank.assign(mine.sample_ids.size(), me);
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].llm_rank == me) src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
       }
+      for (size_t a = 0; a < active.size(); ++a) {
+        const int r = active[a];
+        for (size_t i : enc.order[a]) {
+          encoder_needs_[r].emplace_back(items[i].meta.owner_rank, items[i].meta.id);
+          if (r != me) continue;
+          ids.push_back(items[i].meta.id);
+          owners.push_back(items[i].meta.owner_rank);
+          dest_rank.push_back(items[i].llm_rank);
+          dest_index.push_back(items[i].llm_index);
+        }
+      }
+    };
+    std::vector<double> cost;
+    for (const Item& item : items) cost.push_back(encoder_cost_per_patch_ * item.meta.lengths.vision_patches);
+    phase(cost, mine.enc_ids, mine.enc_owners, mine.enc_dest_rank, mine.enc_dest_index, mine.llm_src_rank);
+    if (audio_phase_) {
+      // Cost: the sample's audio frames. The minimax assignment does not
+      // change when every cost is scaled, so a per-frame weight needs no knob.
+      cost.clear();
+      for (const Item& item : items) cost.push_back(static_cast<double>(item.meta.lengths.audio_frames));
+      phase(cost, mine.audio_ids, mine.audio_owners, mine.audio_dest_rank, mine.audio_dest_index,
+            mine.llm_audio_src_rank);
     }
   }
 }
@@ -111,7 +123,8 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
     : peers_(std::move(peers)),
       aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),
-      encoder_cost_per_patch_(config.encoder_cost_per_patch) {}
+      encoder_cost_per_patch_(config.encoder_cost_per_patch),
+      audio_phase_(!config.audio_fields.empty()) {}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {
   start_status_ = aligner_.StartEpoch(epoch, first_round, first_step);

@@ -193,6 +193,7 @@ absl::Status ParseCollate(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("length_field", c.collate.length_field));
   ODB_RETURN_IF_ERROR(s.GetEnum("default_rule", kRules, c.collate.default_rule));
   ODB_RETURN_IF_ERROR(s.Get("encoder_fields", c.steps.encoder_fields));
+  ODB_RETURN_IF_ERROR(s.Get("audio_fields", c.audio_fields));
   s.MarkUsed("fields");
   if (g_field_defaults != nullptr) {
     g_field_defaults->emplace_back(s.Path("fields"), "[{name: " + std::string(kLabelsField) +
@@ -675,13 +676,29 @@ absl::Status ValidateCollate(const DaemonConfig& c) {
       return Invalid(path, "'" + encoder_fields[i] + "' is listed twice; keep one entry");
     }
   }
+  std::set<std::string> audio;
+  for (size_t i = 0; i < c.audio_fields.size(); ++i) {
+    const std::string path = "collate.audio_fields[" + std::to_string(i) + "]";
+    ODB_RETURN_IF_ERROR(CheckFieldName(path, c.audio_fields[i]));
+    if (!audio.insert(c.audio_fields[i]).second) {
+      return Invalid(path, "'" + c.audio_fields[i] + "' is listed twice; keep one entry");
+    }
+    if (encoder.count(c.audio_fields[i])) {
+      return Invalid(path, "'" + c.audio_fields[i] +
+                               "' is also in collate.encoder_fields; a field goes to one encoder phase");
+    }
+  }
+  if (!c.audio_fields.empty() && !c.phase_plans) {
+    return Invalid("collate.audio_fields", "needs alignment.phase_plans: true (the audio phase is a per-phase plan)");
+  }
   // With phase plans, encoder fields leave the LLM batch; the LLM batch then
   // cannot build its mask / cu_seqlens from one of them.
-  if (c.phase_plans && needs_length && encoder.count(o.length_field)) {
+  if (c.phase_plans && needs_length && (encoder.count(o.length_field) || audio.count(o.length_field))) {
+    const char* list = encoder.count(o.length_field) ? "encoder_fields" : "audio_fields";
     return Invalid("collate.length_field",
-                   "'" + o.length_field +
-                       "' is also in collate.encoder_fields, which phase_plans moves to the "
-                       "encoder batch; the LLM batch needs it: remove it from encoder_fields");
+                   "'" + o.length_field + "' is also in collate." + list +
+                       ", which phase_plans moves to an encoder batch; the LLM batch needs it: remove it from " +
+                       list);
   }
   return absl::OkStatus();
 }

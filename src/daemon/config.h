@@ -138,6 +138,10 @@ struct DaemonConfig {
 
   // --- collation
   collate::CollateOptions collate;
+  // Fields of the audio encoder phase (alignment.phase_plans): balanced on
+  // audio_frames, sent in the "audio.*" batch. Empty: no audio phase. Read by
+  // the round runner (whether there is an audio phase) and the step builder.
+  std::vector<std::string> audio_fields;
 
   // Prometheus text over plain HTTP, e.g. "tcp://0.0.0.0:9400"; "" = off.
   std::string metrics_endpoint;

@@ -204,6 +204,15 @@ TEST_CASE("cross-field constraints that could only fail later are start-up error
              Catch::Contains("collate.length_field") && Catch::Contains("encoder_fields"));
   CHECK(StartupError("alignment: {phase_plans: true}\ncollate: {encoder_fields: [pixel_values]}").empty());
   CHECK_THAT(StartupError("collate: {encoder_fields: [a, a]}"), Catch::Contains("encoder_fields[1]"));
+  // The audio encoder phase: only with phase_plans, its own fields, never the length field.
+  const std::string audio = "alignment: {phase_plans: true}\ncollate: {encoder_fields: [px], audio_fields: ";
+  CHECK(StartupError(audio + "[wave]}").empty());
+  CHECK_THAT(StartupError("collate: {audio_fields: [wave]}"),
+             Catch::Contains("collate.audio_fields") && Catch::Contains("phase_plans"));
+  CHECK_THAT(StartupError(audio + "[wave, px]}"), Catch::Contains("collate.audio_fields[1]"));
+  CHECK_THAT(StartupError(audio + "[wave, wave]}"), Catch::Contains("collate.audio_fields[1]"));
+  CHECK_THAT(StartupError(audio + "[input_ids]}"),
+             Catch::Contains("collate.length_field") && Catch::Contains("audio_fields"));
   // The same endpoint twice would fail at bind.
   CHECK_THAT(StartupError("ingest_endpoints: [ipc:///tmp/a.sock]\ntrainer_endpoint: ipc:///tmp/a.sock"),
              Catch::Contains("trainer_endpoint"));

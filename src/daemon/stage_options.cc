@@ -29,6 +29,7 @@ emit::StepBuilderOptions StepBuilderOptionsFor(const DaemonConfig& c) {
   o.rank = c.rank;
   o.collate = c.collate;
   o.phase_plans = c.phase_plans;
+  o.audio_fields = c.audio_fields;
   o.deterministic = c.deterministic;
   // Per-phase plans route encoder outputs across ranks even with the local planner.
   o.samples_may_move = c.phase_plans || c.planner == PlannerKind::kGlobal;

@@ -42,20 +42,20 @@ StepBuilder::StepBuilder(StepBuilderOptions options, DaemonState& state, DaemonM
 absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, const StepPlan& plan,
                                                              const std::function<bool()>& cancelled) {
   using SampleKey = exchange::SampleKey;
-  // Keys in plan order: the LLM batch first, then encoder samples not already
-  // in it (a sample both emitted and encoded here is taken once).
+  // Keys in plan order: the LLM batch first, then encoder (vision, audio)
+  // samples not already in it (a sample both emitted and encoded here is taken once).
   std::vector<SampleKey> keys;
-  keys.reserve(plan.sample_ids.size() + plan.enc_ids.size());
+  keys.reserve(plan.sample_ids.size() + plan.enc_ids.size() + plan.audio_ids.size());
   for (size_t i = 0; i < plan.sample_ids.size(); ++i)
     keys.push_back(SampleKey{plan.sample_owners[i], plan.sample_ids[i]});
-  std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size());
+  std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size()), audio_index(plan.audio_ids.size());
   for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
   const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
                                    [&](int32_t owner) { return owner == options_.rank; });
-  if (!all_own || !plan.enc_ids.empty()) {
+  if (!all_own || !plan.enc_ids.empty() || !plan.audio_ids.empty()) {
     std::map<SampleKey, size_t> index;
     std::vector<SampleKey> unique;
-    unique.reserve(keys.size() + plan.enc_ids.size());
+    unique.reserve(keys.size() + plan.enc_ids.size() + plan.audio_ids.size());
     auto add = [&](const SampleKey& key) {
       auto [it, inserted] = index.emplace(key, unique.size());
       if (inserted) unique.push_back(key);
@@ -64,6 +64,8 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
     for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = add(keys[i]);
     for (size_t i = 0; i < plan.enc_ids.size(); ++i)
       enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
+    for (size_t i = 0; i < plan.audio_ids.size(); ++i)
+      audio_index[i] = add({plan.audio_owners[i], plan.audio_ids[i]});
     keys = std::move(unique);
   }
   StepSamples out;
@@ -98,6 +100,8 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   for (size_t i : llm_index) out.llm.push_back(&out.owned[i]);
   out.enc.reserve(enc_index.size());
   for (size_t i : enc_index) out.enc.push_back(&out.owned[i]);
+  out.audio.reserve(audio_index.size());
+  for (size_t i : audio_index) out.audio.push_back(&out.owned[i]);
   return out;
 }
 
@@ -141,15 +145,17 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   step.set_rejections_are_errors(options_.rejections_are_errors);
   const bool phases = options_.phase_plans;
   step.set_samples_may_move(options_.samples_may_move);
-  // With per-phase plans the encoder fields travel in the encoder batch only
+  // With per-phase plans the encoder fields travel in their encoder batch only
   // (filtered views; frames are shared). Without, the samples are used as they are.
-  std::vector<Sample> filtered, enc_samples;
+  std::vector<std::string> encoder_only = options_.encoder_fields;
+  encoder_only.insert(encoder_only.end(), options_.audio_fields.begin(), options_.audio_fields.end());
+  std::vector<Sample> filtered, enc_samples, audio_samples;
   std::vector<const Sample*> llm_group;
   filtered.reserve(phases ? plan.sample_ids.size() : 0);
   for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
     const Sample& s = *samples.llm[i];
     if (phases) {
-      filtered.push_back(WithFields(s, options_.encoder_fields, false));
+      filtered.push_back(WithFields(s, encoder_only, false));
       llm_group.push_back(&filtered.back());
     } else {
       llm_group.push_back(&s);
@@ -166,6 +172,14 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     step.add_enc_dest_index(plan.enc_dest_index[i]);
   }
   for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
+  for (size_t i = 0; i < plan.audio_ids.size(); ++i) {
+    audio_samples.push_back(WithFields(*samples.audio[i], options_.audio_fields, true));
+    step.add_audio_sample_ids(plan.audio_ids[i]);
+    step.add_audio_owner_ranks(plan.audio_owners[i]);
+    step.add_audio_dest_rank(plan.audio_dest_rank[i]);
+    step.add_audio_dest_index(plan.audio_dest_index[i]);
+  }
+  for (int32_t src : plan.llm_audio_src_rank) step.add_llm_audio_src_rank(src);
   // Plan both batches first (every check), so that the step's size is known
   // before its memory is chosen; then write each batch tensor once, into the
   // step arena's block or into pooled buffers that become frames.
@@ -184,14 +198,19 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     return absl::OkStatus();
   };
   absl::Status collated = plan_group(llm_group, "", options_.collate);
+  // The encoder batches have no tokens: no attention mask, never packed.
+  collate::CollateOptions enc_options = options_.collate;
+  enc_options.attention_mask = false;
+  enc_options.packed = false;
   if (collated.ok() && !enc_samples.empty()) {
-    // The encoder batch has no tokens: no attention mask, never packed.
-    collate::CollateOptions enc_options = options_.collate;
-    enc_options.attention_mask = false;
-    enc_options.packed = false;
     std::vector<const Sample*> enc_group;
     for (const Sample& s : enc_samples) enc_group.push_back(&s);
     collated = plan_group(enc_group, "enc.", enc_options);
+  }
+  if (collated.ok() && !audio_samples.empty()) {
+    std::vector<const Sample*> audio_group;
+    for (const Sample& s : audio_samples) audio_group.push_back(&s);
+    collated = plan_group(audio_group, "audio.", enc_options);
   }
   std::optional<ArenaPlacement> placed;
   std::vector<collate::BatchTensor> tensors;

@@ -55,6 +55,7 @@ class StepBuilder {
     std::vector<Sample> owned;
     std::vector<const Sample*> llm;
     std::vector<const Sample*> enc;
+    std::vector<const Sample*> audio;
   };
   absl::StatusOr<StepSamples> Gather(uint32_t epoch, const StepPlan& plan,
                                      const std::function<bool()>& cancelled);

@@ -33,6 +33,9 @@ struct StepBuilderOptions {
   int rank = 0;  // derived (rank): samples owned by this rank are in the local buffer
   collate::CollateOptions collate;  // derived (collate)
   bool phase_plans = false;         // derived (alignment.phase_plans)
+  // derived (collate.audio_fields): the audio encoder batch ("audio.<name>");
+  // the round runner reads it too (whether a step has an audio phase).
+  std::vector<std::string> audio_fields;
   bool deterministic = false;       // derived (alignment.deterministic): stamped on every step header
   // derived (alignment.planner, alignment.phase_plans): a global planner or
   // per-phase plans move samples between ranks; stamped on every step header.

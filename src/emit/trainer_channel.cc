@@ -244,6 +244,17 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
+    // The trainer's data wait since its last credit (odb.top names the rank
+    // that waits most). One report is at most a day: a garbage value cannot
+    // wrap the counter or swamp the other ranks' numbers.
+    constexpr uint64_t kMaxDataWaitUs = 86400ull * 1000 * 1000;
+    const uint64_t wait_us = msg.credit().data_wait_us();
+    if (wait_us > kMaxDataWaitUs) {
+      metrics_.bad_trainer_messages.fetch_add(1);
+      spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
+                   wait_us, kMaxDataWaitUs);
+    }
+    metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();

@@ -145,6 +145,9 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
     for (size_t i = 0; i < step.enc_ids.size(); ++i) {
       if (step.enc_owners[i] == options_.rank) needed_here.insert(step.enc_ids[i]);
     }
+    for (size_t i = 0; i < step.audio_ids.size(); ++i) {
+      if (step.audio_owners[i] == options_.rank) needed_here.insert(step.audio_ids[i]);
+    }
   }
   std::map<uint64_t, Sample> taken;
   {

@@ -22,6 +22,8 @@ struct DaemonMetrics {
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
   std::atomic<uint64_t> metrics_scrapes{0};
   std::atomic<uint64_t> trainer_disconnects{0};  // the session's connection closed
+  // The trainer's reported time blocked on data (Credit.data_wait_us): a data stall.
+  std::atomic<uint64_t> trainer_data_wait_us{0};
   std::atomic<uint64_t> real_tokens{0};          // tokens of the samples emitted
   std::atomic<uint64_t> padded_tokens{0};        // tokens the trainer computes on (cost model)
   std::atomic<uint64_t> exchange_bytes_sent{0};  // payload bytes sent to other daemons

@@ -37,6 +37,12 @@ struct StepPlan : StepHeader {
   std::vector<int32_t> enc_dest_rank;
   std::vector<uint32_t> enc_dest_index;
   std::vector<int32_t> llm_src_rank;
+  // The audio encoder phase (collate.audio_fields), the same lists for it.
+  std::vector<uint64_t> audio_ids;
+  std::vector<int32_t> audio_owners;
+  std::vector<int32_t> audio_dest_rank;
+  std::vector<uint32_t> audio_dest_index;
+  std::vector<int32_t> llm_audio_src_rank;
 };
 
 struct RoundOutcome {

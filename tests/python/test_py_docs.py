@@ -75,6 +75,9 @@ def test_doc_block_runs(tmp_path: Path, doc: str, line: int, lang: str, kind: st
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to("/usr/bin/python3")  # the interpreter with torch (common rules)
+    # What `pip install ./client/python` puts on PATH (its console script), here from the checkout.
+    (bin_dir / "odbctl").write_text('#!/bin/sh\nexec /usr/bin/python3 -m odb.cli "$@"\n')
+    (bin_dir / "odbctl").chmod(0o755)
     run_dir = Path(f"/tmp/odbdoc-{os.getpid()}-{line}")  # short: ipc paths must stay under 108 bytes
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ODB_RUN_DIR=str(run_dir),
                PYTHONPATH=str(ROOT / "client/python"), OMP_NUM_THREADS="1", ODBD=ODBD)

@@ -363,17 +363,40 @@ class _ImageTextDataset(torch.utils.data.Dataset):
                 "vision_patches": 16 * k}
 
 
+class _ImageAudioTextDataset(_ImageTextDataset):
+    """The same, plus audio: sample i has frames of AUDIO features all equal to
+    i * 100 + frame number. Under skew 5, rank 0's samples carry 3..6 frames and
+    rank 1's (every fifth) 0 or 1: rank 0's steps hold several audio-heavy
+    samples, more audio than its share, so the audio phase's balanced layout
+    moves some to rank 1 while the LLM layout keeps them on rank 0."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        g = torch.Generator().manual_seed(12)
+        self.frames = [int(torch.randint(0, 2, (1,), generator=g)) if i % 5 == 0 else
+                       int(torch.randint(3, 7, (1,), generator=g)) for i in range(n)]
+
+    def __getitem__(self, i: int) -> Dict[str, Any]:
+        sample = super().__getitem__(i)
+        f = self.frames[i]
+        sample["audio_features"] = torch.arange(f, dtype=torch.float32).add(i * 100).view(f, 1).expand(f, AUDIO)
+        sample["audio_features"] = sample["audio_features"].contiguous()
+        sample["audio_frames"] = f
+        return sample
+
+
 def _e2e_rank(rank: int, world: int, run_dir: str, n: int, idle_policy: str = "zero_step",
-              skew: int = 0) -> Dict[str, Any]:
+              skew: int = 0, audio: bool = False) -> Dict[str, Any]:
     import odb
 
-    dataset = _ImageTextDataset(n)
+    dataset = _ImageAudioTextDataset(n) if audio else _ImageTextDataset(n)
     # skew k: rank 1 feeds every k-th sample, rank 0 the rest (ranks run out at different times).
     sampler = [i for i in range(n) if (i % skew == 0) == (rank == 1)] if skew else None
     loader = odb.OdbDataLoader(dataset, sampler=sampler, num_workers=0, idle_policy=idle_policy, timeout_s=60)
     from odbtest_py import step_record
 
     seen, enc_seen, steps, moved, errors, records, idle = [], [], 0, 0, [], [], 0
+    audio_seen, audio_moved = [], 0
     for step in loader:
         records.append(step_record(step))
         plan = step.phase_plan
@@ -400,8 +423,28 @@ def _e2e_rank(rank: int, world: int, run_dir: str, n: int, idle_policy: str = "z
             if rows != dataset.images[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, 12)):
                 errors.append(f"step {step.step_index} sample {sid}: {rows} rows {got[:, 0].tolist()}")
             start += rows
+        if not audio:
+            continue
+        # The audio phase: its own layout and route into the same LLM layout.
+        assert step.dummy or plan.has_audio, f"step {step.step_index}: no audio phase in the header"
+        assert "audio_features" not in b or step.dummy, "the LLM batch carries an audio encoder field"
+        if plan.audio_sample_ids:
+            audio_out = b["audio.audio_features"]
+            audio_rows = enc_rows_from_offsets(b["audio.audio_features_offsets"])
+        else:
+            audio_out, audio_rows = torch.zeros((0, AUDIO)), []
+        audio_in, llm_audio_rows = plan.route_audio(audio_out, audio_rows)
+        audio_moved += sum(src != rank for src in plan.llm_audio_src_rank)
+        audio_seen.extend(plan.audio_sample_ids)
+        start = 0
+        for sid, rows in zip(plan.sample_ids, llm_audio_rows):
+            want = torch.arange(dataset.frames[sid], dtype=torch.float32).add(sid * 100)
+            got = audio_in[start:start + rows]
+            if rows != dataset.frames[sid] or not torch.equal(got, want.view(-1, 1).expand(-1, AUDIO)):
+                errors.append(f"step {step.step_index} sample {sid} audio: {rows} rows {got[:, 0].tolist()}")
+            start += rows
     return {"records": records, "seen": seen, "enc_seen": enc_seen, "steps": steps, "moved": moved, "errors": errors,
-            "idle": idle, "summary": loader.last_summary}
+            "idle": idle, "summary": loader.last_summary, "audio_seen": audio_seen, "audio_moved": audio_moved}
 
 
 def test_end_to_end_with_daemons_phase_plans(run_dir, job_id) -> None:
@@ -450,3 +493,35 @@ def test_skewed_ranks_route_through_idle_steps(run_dir, job_id, idle_policy: str
     assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
     assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
     assert sum(r["summary"]["emitted"] for r in results) == n
+
+
+@pytest.mark.parametrize("idle_policy", ["zero_step", "join"])
+def test_audio_phase_through_real_daemons_with_skewed_ranks(run_dir, job_id, idle_policy: str) -> None:
+    """collate.audio_fields: odbd balances an audio encoder phase on audio_frames, apart from the vision
+    phase, and ships its route in the step header (audio_* lists, the "audio.*" batch). Rank 1 feeds a
+    fifth of the samples, with little audio, and gets IDLE steps: every rank routes both encoder phases
+    every step, each sample's audio frames reach the rank that runs its LLM part, byte for byte, and every
+    sample is audio-encoded exactly once, under both IDLE policies."""
+    from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
+
+    config = {"alignment": {"planner": "local", "phase_plans": True},
+              "grouping": {"max_tokens": 96, "max_vision_patches": 64},
+              "collate": {"encoder_fields": ["pixel_values"], "audio_fields": ["audio_features"],
+                          "fields": [{"name": "pixel_values", "rule": "concat"},
+                                     {"name": "audio_features", "rule": "concat"}]}}
+    n = 50
+    daemons = start_daemons(run_dir, 2, job_id, config)
+    try:
+        results = run_ranks(_e2e_rank, 2, run_dir, timeout=300, n=n, idle_policy=idle_policy, skew=5, audio=True)
+    finally:
+        stop_all(daemons)
+    assert results[0]["steps"] == results[1]["steps"] > 1
+    check_step_invariants([r["records"] for r in results], 2)
+    assert results[1]["idle"] > 0, "the skew gave rank 1 no IDLE step: the test tests nothing"
+    assert results[0]["errors"] == [] and results[1]["errors"] == []
+    assert sorted(results[0]["seen"] + results[1]["seen"]) == list(range(n))
+    assert sorted(results[0]["enc_seen"] + results[1]["enc_seen"]) == list(range(n))
+    assert sorted(results[0]["audio_seen"] + results[1]["audio_seen"]) == list(range(n))
+    # Some of rank 0's audio-heavy samples were encoded on rank 1 in the steps both ranks run: the
+    # audio phase was balanced on its own cost, not left in the LLM layout.
+    assert results[0]["audio_moved"] + results[1]["audio_moved"] > 0

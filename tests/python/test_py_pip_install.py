@@ -22,6 +22,10 @@ comes from Bazel, a cache hit after ./scripts/build.sh), then:
   error quotes it); with ODB_REQUIRE_ODBD=1 that is a build error;
 * the `odbctl` console script works from the venv: --help, find-odbd, a live
   2-rank demo against real daemons, top, report;
+* README's pip-only hand-run block (the one marked "pip-only hand-run") runs
+  as written, with bash, from the venv alone (its bin on PATH, no odbd
+  elsewhere, not in the checkout): its odbd, `odbctl consume` verifying every
+  byte of the 2000 samples `odbctl produce` sent;
 * with ODB_STATIC_DEPS (ZeroMQ, protobuf-lite and abseil rebuilt as PIC archives
   from Debian's source packages, kept in .build/static-deps) the extension links
   them statically: `ldd` shows only libc/libm/libstdc++/libgcc_s (odb/.libs
@@ -425,3 +429,48 @@ def test_static_extension_end_to_end_without_system_libs(static_venv: Dict[str, 
     assert not [m for m in result["mapped"] if Path(m).name.startswith(HIDDEN)], result["mapped"]
     _end_to_end(static_venv, hide_system_libs=True)
     assert _odbctl(static_venv, "find-odbd").stdout.strip() == str(static_venv["package"].resolve() / "bin" / "odbd")
+
+
+def _readme_pip_block() -> str:
+    """README's pip-only hand-run block: the sh block right after its marker."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    (mark,) = [i for i, line in enumerate(lines) if line.startswith("<!-- pip-only hand-run")]
+    assert lines[mark + 1].strip() == "```sh", lines[mark + 1]
+    end = next(i for i in range(mark + 2, len(lines)) if lines[i].strip().startswith("```"))
+    return "\n".join(lines[mark + 2:end]) + "\n"
+
+
+def test_readme_pip_only_hand_run_from_the_venv_alone(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
+    """Issue 23's "Done when": a fresh venv with only `pip install ./client/python` runs the README's
+    hand-run example end to end (the pip-only block, as written)."""
+    block = _readme_pip_block()
+    assert "odbctl produce" in block and "odbctl consume" in block and ".build/" not in block, block
+    run_dir = Path(f"/tmp/odbpip-{os.getpid()}")  # short: ipc paths must stay under 108 bytes
+    env = _clean_env(PATH=f"{pip_venv['bin']}{os.pathsep}{_path_without_odbd()}", ODB_RUN_DIR=str(run_dir),
+                     VIRTUAL_ENV=str(pip_venv["bin"].parent))
+    env.pop("ODBD", None)
+    try:
+        # Its own session, run outside the checkout: whatever it leaves in the background dies with it.
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=180)
+        finally:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    (consumed,) = [r for r in results if "verified" in r]
+    (produced,) = [r for r in results if "sent" in r]
+    assert produced["sent"] == 2000, results
+    assert consumed["verified"] and consumed["problems"] == [], consumed
+    assert consumed["samples"] == consumed["received"] == consumed["emitted"] == 2000, consumed
+    assert consumed["rejected"] == 0 and consumed["steps"] >= 2, consumed
+    # The odbd it started is the venv's own (the block starts "$(odbctl find-odbd)" in this environment).
+    found = _run([pip_venv["bin"] / "odbctl", "find-odbd"], env=env, cwd=tmp_path).stdout.strip()
+    assert found == str(pip_venv["package"].resolve() / "bin" / "odbd"), found

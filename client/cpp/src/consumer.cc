@@ -91,6 +91,7 @@ struct Consumer::Impl {
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
   bool owe_credit = false;
+  uint64_t data_wait_us = 0;  // reported since the last credit (Credit.data_wait_us)
   // The session's routing id: the daemon serves one trainer session and, if
   // this one reconnects, re-sends the steps it had not acknowledged.
   std::string session;
@@ -228,8 +229,10 @@ absl::StatusOr<Delivery> Consumer::Next() {
     wire::TrainerMessage credit;
     credit.set_version(wire::PROTOCOL_VERSION_CURRENT);
     credit.mutable_credit()->set_steps(1);
+    credit.mutable_credit()->set_data_wait_us(impl_->data_wait_us);
     if (absl::Status s = impl_->SendTrainer(credit); !s.ok()) return s;
     impl_->owe_credit = false;
+    impl_->data_wait_us = 0;
   }
   while (true) {
   auto frames = std::make_shared<std::vector<zmq::message_t>>();
@@ -289,6 +292,10 @@ absl::StatusOr<Delivery> Consumer::Next() {
   }
   return d;
   }
+}
+
+void Consumer::ReportDataWait(std::chrono::microseconds wait) {
+  if (wait.count() > 0) impl_->data_wait_us += static_cast<uint64_t>(wait.count());
 }
 
 std::string Consumer::data_plane() const { return impl_->arena ? "shm" : "zmq"; }

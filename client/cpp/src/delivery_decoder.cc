@@ -121,11 +121,18 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   d.step.enc_dest_rank.assign(st.enc_dest_rank().begin(), st.enc_dest_rank().end());
   d.step.enc_dest_index.assign(st.enc_dest_index().begin(), st.enc_dest_index().end());
   d.step.llm_src_rank.assign(st.llm_src_rank().begin(), st.llm_src_rank().end());
+  d.step.audio_sample_ids.assign(st.audio_sample_ids().begin(), st.audio_sample_ids().end());
+  d.step.audio_owner_ranks.assign(st.audio_owner_ranks().begin(), st.audio_owner_ranks().end());
+  d.step.audio_dest_rank.assign(st.audio_dest_rank().begin(), st.audio_dest_rank().end());
+  d.step.audio_dest_index.assign(st.audio_dest_index().begin(), st.audio_dest_index().end());
+  d.step.llm_audio_src_rank.assign(st.llm_audio_src_rank().begin(), st.llm_audio_src_rank().end());
   // Consumers index these lists in parallel: they must agree in length.
-  const int n = st.sample_ids_size(), e = st.enc_sample_ids_size();
+  const int n = st.sample_ids_size(), e = st.enc_sample_ids_size(), a = st.audio_sample_ids_size();
   if (st.lengths_size() != n || st.owner_ranks_size() != n ||
       (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) || st.enc_owner_ranks_size() != e ||
-      st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e) {
+      st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
+      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) || st.audio_owner_ranks_size() != a ||
+      st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
     return absl::DataLossError(
         "step " + std::to_string(st.step_index()) + " from the daemon at " + endpoint_for_errors +
         ": per-sample lists disagree in length (sample_ids " + std::to_string(n) + ", lengths " +
@@ -133,7 +140,10 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
         ", llm_src_rank " + std::to_string(st.llm_src_rank_size()) + ", enc_sample_ids " + std::to_string(e) +
         ", enc_owner_ranks " + std::to_string(st.enc_owner_ranks_size()) + ", enc_dest_rank " +
         std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " + std::to_string(st.enc_dest_index_size()) +
-        ")");
+        ", llm_audio_src_rank " + std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " +
+        std::to_string(a) + ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) +
+        ", audio_dest_rank " + std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
+        std::to_string(st.audio_dest_index_size()) + ")");
   }
 
   const std::string where = "step " + std::to_string(st.step_index()) + " of epoch " +

@@ -4,6 +4,8 @@
     odbctl demo [--ranks 2] [--samples 400]            a local job with a live view of it
     odbctl report SUMMARY_DIR [--out DIR]               end-of-epoch PNG plots (odb.report)
     odbctl find-odbd                                    where the odbd binary is (odb.find_odbd)
+    odbctl produce --endpoint E --producer-id P --count N   send synthetic samples to a daemon
+    odbctl consume --endpoint E [--expected-producers N]    receive and verify an epoch, print a JSON summary
 
 `python -m odb.cli ...` is the same. Nothing here needs torch; `report` needs
 matplotlib. Exit status: 0 on success, 1 on an error (said on stderr), 2 on a
@@ -12,6 +14,7 @@ usage error.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import shutil
@@ -22,7 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 PROG = "odbctl"
 
@@ -70,6 +73,95 @@ def _cmd_find_odbd(a: argparse.Namespace) -> int:
         print(f"{PROG} find-odbd: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+# Synthetic samples (`produce` / `consume`): sample `s` holds `input_ids` of its
+# length whose token j is _token(s, j), so the consumer checks every byte from
+# the header alone (sample id and length), without knowing the producer's seed.
+_TOKEN_MOD = (1 << 61) - 1
+
+
+def _token(sample_id: int, j: int) -> int:
+    return (sample_id * 1_000_003 + j * 7919 + 1) % _TOKEN_MOD
+
+
+def _cmd_produce(a: argparse.Namespace) -> int:
+    """Sends --count synthetic samples (ids id_offset + k, lengths drawn in [min_len, max_len]) for each
+    epoch, then ends the stream."""
+    from ._native import native
+
+    lib = native()
+    int64 = lib.DTYPES["int64"]
+    rng = random.Random(a.seed)
+    p = lib.Producer(a.endpoint, a.producer_id, a.rank)
+    sent = 0
+    for epoch in range(a.first_epoch, a.first_epoch + a.epochs):
+        p.start_epoch(epoch)
+        for k in range(a.count):
+            sid = a.id_offset + k
+            n = rng.randint(a.min_len, a.max_len)
+            ids = struct.pack(f"<{n}q", *(_token(sid, j) for j in range(n)))
+            p.send(sid, epoch, n, 0, 0, [("input_ids", int64, (n,), ids)])
+            sent += 1
+        p.end_stream(epoch)
+    print(json.dumps({"producer_id": a.producer_id, "epochs": a.epochs, "sent": sent}))
+    return 0
+
+
+def _check_step(d: Any) -> List[str]:
+    """Every byte of a step's input_ids against the synthetic content; the problems found."""
+    import ctypes
+
+    s = d.step
+    ids, lengths = list(s["sample_ids"]), list(s["lengths"])
+    if not ids:
+        return []
+    data = ctypes.string_at(d.frame_address("input_ids"), d.frame_bytes("input_ids"))
+    values = struct.unpack(f"<{len(data) // 8}q", data)
+    packed = "cu_seqlens" in d.tensor_names()
+    width = 0 if packed else len(values) // len(ids)
+    problems, start = [], 0
+    for r, (sid, n) in enumerate(zip(ids, lengths)):
+        row_start = start if packed else r * width
+        row = list(values[row_start:row_start + n])
+        if row != [_token(sid, j) for j in range(n)]:
+            problems.append(f"step {s['step_index']}: sample {sid} ({n} tokens) has wrong bytes")
+        start += n
+    return problems
+
+
+def _cmd_consume(a: argparse.Namespace) -> int:
+    """Receives --epochs epochs, checks every sample's bytes and that no sample comes twice, prints one
+    JSON summary per epoch; exit 1 on a wrong byte, a duplicate or a rejection."""
+    from ._native import native
+
+    c = native().Consumer(a.endpoint, int(a.timeout * 1000))
+    ok = True
+    for epoch in range(a.first_epoch, a.first_epoch + a.epochs):
+        c.start_epoch(epoch, a.expected_producers)
+        seen: Set[int] = set()
+        steps = idle = tokens = 0
+        problems: List[str] = []
+        while True:
+            d = c.next()
+            if not d.is_step:
+                summary = d.summary
+                break
+            s = d.step
+            steps += 1
+            idle += bool(s["idle"])
+            tokens += int(s["real_tokens"])
+            dup = seen.intersection(s["sample_ids"])
+            if dup:
+                problems.append(f"step {s['step_index']}: sample(s) {sorted(dup)[:5]} delivered twice")
+            seen.update(s["sample_ids"])
+            problems += _check_step(d)
+        result = {"epoch": epoch, "rank": a.rank, "steps": steps, "idle_steps": idle, "samples": len(seen),
+                  "real_tokens": tokens, "received": summary["received"], "emitted": summary["emitted"],
+                  "rejected": summary["rejected"], "verified": not problems, "problems": problems[:10]}
+        print(json.dumps(result), flush=True)
+        ok = ok and not problems and summary["rejected"] == 0
+    return 0 if ok else 1
 
 
 def _metrics_url(log_path: Path, timeout: float = 30.0, alive: Optional[Callable[[], bool]] = None) -> str:
@@ -129,8 +221,12 @@ def _cmd_demo(a: argparse.Namespace) -> int:
             try:
                 c = lib.Consumer(daemons[rank].trainer, 60000)
                 c.start_epoch(0, 1)
-                while c.next().is_step:
+                while True:
+                    asked = time.monotonic()
+                    if not c.next().is_step:
+                        break
                     steps[rank] += 1
+                    c.report_data_wait(time.monotonic() - asked)  # the view's `wait s`: this consumer only waits
             except Exception as e:  # reported after the run
                 errors.append(f"consumer rank {rank}: {e!r}")
 
@@ -178,9 +274,10 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("top", help="live per-rank view of a running job, from the daemons' metrics endpoints",
                        description="One row per rank: samples in/out/rejected, steps, idle steps, padding, "
-                                   "buffered MiB, queued steps, MiB moved, round time p50/p99, real tokens "
-                                   "against the mean of the ranks. Exit 1 with --once when an endpoint is "
-                                   "unreachable.")
+                                   "buffered MiB, queued steps, MiB moved, round time p50/p99, seconds the "
+                                   "trainer waited on data (the rank that waits most is named below), real "
+                                   "tokens against the mean of the ranks. Exit 1 with --once when an endpoint "
+                                   "is unreachable.")
     t.add_argument("endpoints", nargs="+", metavar="URL",
                    help="a daemon's metrics endpoint (odbd's metrics_endpoint), one per rank: http://host:port")
     t.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
@@ -217,6 +314,36 @@ def parser() -> argparse.ArgumentParser:
                                    "the source checkout's .build/src/daemon/odbd; exit 1 saying what to do "
                                    "when there is none.")
     f.set_defaults(func=_cmd_find_odbd)
+
+    pr = sub.add_parser("produce", help="send synthetic samples to a daemon (a stand-in for your data pipeline)",
+                        description="Sends --count samples per epoch to a daemon's ingest endpoint (each an "
+                                    "int64 input_ids of a random length whose bytes `odbctl consume` can "
+                                    "check), then ends the stream. Prints a JSON line.")
+    pr.add_argument("--endpoint", required=True, help="the daemon's ingest endpoint, e.g. ipc://$RUN/odb-0-in.sock")
+    pr.add_argument("--producer-id", required=True, help="this producer's id (unique per daemon)")
+    pr.add_argument("--count", type=int, required=True, help="samples per epoch")
+    pr.add_argument("--rank", type=int, default=-1, help="the rank this producer feeds (-1: any)")
+    pr.add_argument("--id-offset", type=int, default=0, help="first sample id (ids must be unique across ranks)")
+    pr.add_argument("--epochs", type=int, default=1, help="epochs to send (default 1)")
+    pr.add_argument("--first-epoch", type=int, default=0, help="the first epoch's number (default 0)")
+    pr.add_argument("--min-len", type=int, default=8, help="shortest sample in tokens (default 8)")
+    pr.add_argument("--max-len", type=int, default=1024, help="longest sample in tokens (default 1024)")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the lengths")
+    pr.set_defaults(func=_cmd_produce)
+
+    co = sub.add_parser("consume", help="receive epochs from a daemon as a trainer would, verifying every byte",
+                        description="Asks the daemon for --epochs epochs, receives every step, checks the bytes "
+                                    "of every sample `odbctl produce` sent and that none comes twice, and prints "
+                                    "one JSON summary per epoch. Exit 1 on a wrong byte, a duplicate or a "
+                                    "rejection.")
+    co.add_argument("--endpoint", required=True, help="the daemon's trainer endpoint, e.g. ipc://$RUN/odb-0-out.sock")
+    co.add_argument("--expected-producers", type=int, default=0,
+                    help="producers that will stream each epoch (0: the daemon's config)")
+    co.add_argument("--epochs", type=int, default=1, help="epochs to receive (default 1)")
+    co.add_argument("--first-epoch", type=int, default=0, help="the first epoch's number (default 0)")
+    co.add_argument("--rank", type=int, default=0, help="this trainer's rank (shown in the summary)")
+    co.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step before failing")
+    co.set_defaults(func=_cmd_consume)
     return p
 
 
@@ -225,6 +352,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parser().parse_args(list(argv) if argv is not None else None)
     if getattr(a, "ranks", 1) < 1 or getattr(a, "samples", 1) < 1:
         parser().error("--ranks and --samples must be at least 1")
+    if getattr(a, "count", 0) < 0 or getattr(a, "epochs", 1) < 1:
+        parser().error("--count must be at least 0 and --epochs at least 1")
+    if not 1 <= getattr(a, "min_len", 1) <= getattr(a, "max_len", 1):
+        parser().error("need 1 <= --min-len <= --max-len")
     func: Callable[[argparse.Namespace], int] = a.func
     try:
         return func(a)

@@ -683,6 +683,7 @@ class OdbDataLoader:
                 steps_seen[0] += 1
                 waited = time.monotonic() - asked
                 self.data_wait_s += waited
+                consumer.report_data_wait(waited)  # rides on the next credit: odb.top names a starved rank
                 self._record(epoch, info, waited)
                 if progress is not None:
                     progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
@@ -872,12 +873,12 @@ class OdbDataLoader:
                     delivery: Any = None) -> Step:
         extra: Dict[str, Any] = {} if window is None else {"window": window}
         batch = self.dummy_batch(indices)
-        if delivery is not None and list(info.get("enc_sample_ids", [])):
+        if delivery is not None and (list(info.get("enc_sample_ids", [])) or list(info.get("audio_sample_ids", []))):
             # Encoder work in a step with no LLM samples for this rank (per-phase
-            # plans): other ranks' routes count on its outputs, so the enc.*
-            # tensors and the header's plan stay with the dummy LLM batch.
+            # plans): other ranks' routes count on its outputs, so the enc.* and
+            # audio.* tensors and the header's plan stay with the dummy LLM batch.
             batch = dict(batch)
-            enc = {k: v for k, v in _to_torch(delivery).items() if k.startswith("enc.")}
+            enc = {k: v for k, v in _to_torch(delivery).items() if k.startswith(("enc.", "audio."))}
             if self._pinning():  # as for real steps: page-locked copies, the received memory goes back
                 enc = {k: v.pin_memory() for k, v in enc.items()}
             else:

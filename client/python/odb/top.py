@@ -5,9 +5,11 @@ metrics endpoints (odbd's `metrics_endpoint`).
 
 Columns: samples in / out / rejected, steps (idle), padding of the emitted
 steps, buffered MiB, queued steps, payload MiB moved to other daemons (global
-planner), alignment round time p50 / p99 (ms), and each rank's real tokens
-against the mean of all ranks (max/mean below the table: how even the work
-is). Needs no torch.
+planner), alignment round time p50 / p99 (ms), the seconds the rank's trainer
+waited for steps in next(loader) (reported on its credits; the line below the
+table names the rank that waits most: its GPU is starved of data), and each
+rank's real tokens against the mean of all ranks (max/mean below the table:
+how even the work is). Needs no torch.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def scrape(url: str, timeout: float = 5.0) -> Dict[str, float]:
 def table(rows: List[Optional[Dict[str, float]]], urls: List[str]) -> str:
     """The view as text: one row per endpoint (an unreachable one says so)."""
     head = (f"{'rank':>4} {'in':>9} {'out':>9} {'rej':>6} {'steps':>7} {'idle':>6} {'pad%':>6} {'bufMiB':>7} "
-            f"{'queue':>5} {'movedMiB':>8} {'rt p50':>7} {'rt p99':>7} {'tok/mean':>8}")
+            f"{'queue':>5} {'movedMiB':>8} {'rt p50':>7} {'rt p99':>7} {'wait s':>8} {'tok/mean':>8}")
     lines = [head]
     tokens = [r.get("odb_real_tokens_total", 0.0) for r in rows if r]
     mean = sum(tokens) / len(tokens) if tokens else 0.0
@@ -59,10 +61,26 @@ def table(rows: List[Optional[Dict[str, float]]], urls: List[str]) -> str:
             f"{pad:>6.1f} {r.get('odb_buffer_bytes', 0) / 2**20:>7.1f} {int(r.get('odb_queued_steps', 0)):>5} "
             f"{r.get('odb_exchange_bytes_sent_total', 0) / 2**20:>8.1f} "
             f"{r.get('odb_round_p50_microseconds', 0) / 1e3:>7.2f} {r.get('odb_round_p99_microseconds', 0) / 1e3:>7.2f} "
-            f"{balance:>8.3f}")
+            f"{r.get(_WAIT, 0) / 1e6:>8.3f} {balance:>8.3f}")
     if tokens and mean:
         lines.append(f"real tokens max/mean over ranks: {max(tokens) / mean:.3f}")
+    lines.append(data_wait_line(rows))
     return "\n".join(lines)
+
+
+_WAIT = "odb_trainer_data_wait_microseconds_total"
+
+
+def data_wait_line(rows: List[Optional[Dict[str, float]]]) -> str:
+    """Names the rank whose trainer waited longest on data (the reachable ranks'
+    reported waits), or says that none reported any."""
+    waits = [(r.get(_WAIT, 0.0), int(r.get("rank", -1))) for r in rows if r]
+    total = sum(w for w, _ in waits)
+    if not waits or total <= 0:
+        return "data wait: no trainer has reported waiting for steps"
+    most, rank = max(waits, key=lambda w: (w[0], -w[1]))  # a tie: the lower rank
+    return (f"data wait: rank {rank}'s trainer waits most on data: {most / 1e6:.3f} s "
+            f"({100.0 * most / total:.0f}% of all ranks' wait)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,6 +1,7 @@
 #ifndef ODB_CLIENT_CONSUMER_H_
 #define ODB_CLIENT_CONSUMER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -53,6 +54,13 @@ struct StepInfo : StepHeader {
   std::vector<int32_t> enc_dest_rank;
   std::vector<uint32_t> enc_dest_index;
   std::vector<int32_t> llm_src_rank;
+  // The audio encoder phase (collate.audio_fields), the same lists for it:
+  // this rank encodes the audio of audio_sample_ids (its "audio.*" tensors).
+  std::vector<uint64_t> audio_sample_ids;
+  std::vector<int32_t> audio_owner_ranks;
+  std::vector<int32_t> audio_dest_rank;
+  std::vector<uint32_t> audio_dest_index;
+  std::vector<int32_t> llm_audio_src_rank;
 };
 
 struct EpochSummary {
@@ -127,6 +135,11 @@ class Consumer {
   // credit to the daemon for the step delivered before. A fatal daemon error
   // (dead peer, version mismatch) comes back as an error Status with its text.
   absl::StatusOr<Delivery> Next();
+  // The trainer's time blocked waiting for the step Next() just delivered
+  // (e.g. in next(loader)); it rides on the credit the next Next() returns, and
+  // the daemon exports the sum (odb_trainer_data_wait_microseconds_total).
+  // Reports add up until then; negative values count as 0.
+  void ReportDataWait(std::chrono::microseconds wait);
 
   // "shm" once the session's step arena is mapped, else "zmq".
   std::string data_plane() const;
