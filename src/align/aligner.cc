@@ -193,6 +193,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   msg.round = round_;
   msg.rank = me;
   msg.data.free_slots = local.free_slots;
+  msg.data.input_blocked = local.input_blocked;
   // Deterministic: offer only what does not depend on timing (PlannerConfig::
   // deterministic). The first window+1 samples in list order are the same in
   // every run once the rank stops waiting; the rest stays here.
@@ -271,7 +272,8 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     }
     // Accumulation windows: identical on every rank (the same plan, the same
     // window state); may split steps, and hands an open window's samples back.
-    ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_);
+    ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_,
+                 InputsOpen(state, config.window));
     global_real.assign(plan.num_steps, 0);
     for (const RankPlan& rp : plan.ranks) {
       for (uint32_t k = 0; k < plan.num_steps; ++k) global_real[k] += rp.steps[k].real_tokens;

@@ -45,6 +45,8 @@ struct RoundInput {
   bool stream_finished = false;
   // A sample or the end of the stream of this epoch has reached this rank.
   bool stream_started = true;
+  // The daemon's buffer is full: no input is read until steps go out.
+  bool input_blocked = false;
 };
 
 struct RoundResult {

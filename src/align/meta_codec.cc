@@ -63,7 +63,7 @@ std::string EncodeRankRound(const RankRoundMessage& msg) {
   PutVarint(out, static_cast<uint64_t>(msg.rank));
   PutVarint(out, msg.data.free_slots);
   out.push_back(static_cast<char>((msg.data.stream_finished ? 1 : 0) | (msg.data.wait_expired ? 2 : 0) |
-                                  (msg.data.stream_started ? 4 : 0)));
+                                  (msg.data.stream_started ? 4 : 0) | (msg.data.input_blocked ? 8 : 0)));
   PutVarint(out, msg.data.wait_rounds);
   PutVarint(out, msg.data.pending.size());
   uint64_t prev = 0;
@@ -101,7 +101,7 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
       free_slots > kU32 || wait_rounds > kU32) {
     return Corrupt("header field out of range", r.pos());
   }
-  if ((flags & ~7u) != 0) return Corrupt("unknown flag bits " + std::to_string(flags), r.pos());
+  if ((flags & ~15u) != 0) return Corrupt("unknown flag bits " + std::to_string(flags), r.pos());
   // Every sample takes at least 6 bytes: reject absurd counts before allocating.
   if (count > r.remaining() / 6) return Corrupt("sample count " + std::to_string(count) + " exceeds the bytes present", r.pos());
   msg.epoch = static_cast<uint32_t>(epoch);
@@ -111,6 +111,7 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
   msg.data.stream_finished = (flags & 1) != 0;
   msg.data.wait_expired = (flags & 2) != 0;
   msg.data.stream_started = (flags & 4) != 0;
+  msg.data.input_blocked = (flags & 8) != 0;
   msg.data.wait_rounds = static_cast<uint32_t>(wait_rounds);
   msg.data.pending.resize(count);
   uint64_t prev = 0;

@@ -14,7 +14,7 @@ namespace odb::align {
 // Hand-written and compact, a few bytes per sample:
 //   u8 version (kMetaCodecVersion)
 //   varint epoch, varint round, varint rank, varint free_slots,
-//   u8 flags (bit0 stream_finished, bit1 wait_expired, bit2 stream_started),
+//   u8 flags (bit0 stream_finished, bit1 wait_expired, bit2 stream_started, bit3 input_blocked),
 //   varint wait_rounds,
 //   varint count, then per sample:
 //     varint zigzag(id - previous id), varint tokens, varint vision_patches,

@@ -50,16 +50,18 @@ TEST_CASE("round trip keeps every field and the order", "[codec]") {
 }
 
 TEST_CASE("every flag travels on its own", "[codec]") {
-  for (int bits = 0; bits < 8; ++bits) {
+  for (int bits = 0; bits < 16; ++bits) {
     RankRoundMessage msg = Sample();
     msg.data.stream_finished = (bits & 1) != 0;
     msg.data.wait_expired = (bits & 2) != 0;
     msg.data.stream_started = (bits & 4) != 0;
+    msg.data.input_blocked = (bits & 8) != 0;
     auto got = DecodeRankRound(EncodeRankRound(msg));
     REQUIRE(got.ok());
     REQUIRE(got->data.stream_finished == msg.data.stream_finished);
     REQUIRE(got->data.wait_expired == msg.data.wait_expired);
     REQUIRE(got->data.stream_started == msg.data.stream_started);
+    REQUIRE(got->data.input_blocked == msg.data.input_blocked);
   }
 }
 

@@ -64,6 +64,9 @@ struct RankRound {
   uint32_t wait_rounds = 0;
   // The rank's wall-clock wait bound has passed: it no longer asks to wait.
   bool wait_expired = false;
+  // The rank's buffer is full: it reads no more input until steps go out, so
+  // its pending set cannot grow by waiting (accumulation windows, window.h).
+  bool input_blocked = false;
 };
 
 // Everything a planner decides from: identical on every rank after the

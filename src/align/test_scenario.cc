@@ -201,12 +201,14 @@ EpochOutcome RunEpoch(const Scenario& sc, const Planner& planner, const EpochChe
       rr.wait_rounds = wait_rounds;
       rr.wait_expired = rr.stream_started ? (sc.seed + round + r) % kExpiryPeriod == 0
                                           : wait_rounds >= StartWaitRounds(sc.seed, r);
+      rr.input_blocked = (sc.seed + round + 3 * r) % 7 == 0;  // travels in the flags
       some_drained = some_drained || (rr.stream_finished && rr.pending.empty());
       // What travels is the encoded form: round-trip it as the Aligner does.
       auto decoded = DecodeRankRound(EncodeRankRound(RankRoundMessage{3, round, r, rr}));
       REQUIRE(decoded.ok());
       REQUIRE(decoded->data.pending.size() == rr.pending.size());
       REQUIRE(decoded->data.stream_started == rr.stream_started);
+      REQUIRE(decoded->data.input_blocked == rr.input_blocked);
       state.ranks[r] = std::move(decoded->data);
     }
     if (round == all_finished_round) bound = checks.termination_bound(pending);

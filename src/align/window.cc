@@ -149,7 +149,14 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
 
 }  // namespace
 
-void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows) {
+bool InputsOpen(const RoundState& state, uint32_t window) {
+  for (const RankRound& rr : state.ranks) {
+    if (!rr.stream_finished && !rr.input_blocked && (window == 0 || rr.pending.size() < window)) return true;
+  }
+  return false;
+}
+
+void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows, bool inputs_open) {
   const size_t world = plan.ranks.size();
   if (plan.num_steps == 0 || world == 0) return;
   std::deque<GlobalStep> queue(plan.num_steps, GlobalStep(world));
@@ -250,10 +257,11 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     uint64_t tail = 0;
     for (size_t k = open; k < out.size(); ++k) tail += GlobalLoss(out[k]);
     // A tail that neither grew nor let a window close for kMaxHeldRounds
-    // rounds cannot reach its goal (every rank's planner window is full, a
-    // buffer is full, the producers stopped): it closes short rather than
-    // holding the job.
-    const bool no_growth = !closed_any && tail <= windows.held_tokens;
+    // rounds while no input could reach it (every rank's planner window or
+    // buffer is full, or its stream ended) cannot reach its goal: it closes
+    // short rather than holding the job. Rounds with inputs still open do not
+    // count (their number is a matter of timing, see window.h).
+    const bool no_growth = !closed_any && !inputs_open && tail <= windows.held_tokens;
     const uint32_t held_rounds = no_growth ? windows.held_rounds + 1 : 0;
     if (plan.epoch_finished || held_rounds >= kMaxHeldRounds) {
       CloseWindow(out, open, true, windows, target);

@@ -34,8 +34,14 @@ namespace odb::align {
 // of a window that is still open at the end of a round go back (their samples
 // stay pending and are planned again next round, with whatever arrived since),
 // unless the epoch ends with this round or the open window came back
-// kMaxHeldRounds times without growing (a planner window too small for the
-// target, full buffers, stalled producers): then it closes short and says so.
+// kMaxHeldRounds times without growing while no rank could bring it more
+// samples (every rank's stream finished, its planner window full, or its
+// buffer full: a planner window too small for the target): then it closes
+// short and says so. While some rank may still receive samples the next
+// round can plan, the window waits for them however many rounds that takes:
+// how often rounds run depends on timing (max_wait_ms, a loaded machine), so
+// counting them must not cut windows mid-epoch. A producer that stops sending
+// is PRODUCER_TIMEOUT's to report, not a short window's.
 // Held windows bound nothing new: their samples stay in the daemon's buffer.
 struct WindowState {
   uint64_t next_window = 0;  // index in the epoch of the next window to close
@@ -61,7 +67,14 @@ uint64_t LossTokensOf(const SampleMeta& sample);
 // splits steps that end windows, drops the steps of a window that must wait
 // for the next round (their samples go to their owners' keep_pending), and
 // sets every step's loss_tokens, loss_weight and window fields.
-void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows);
+// `inputs_open`: some rank may still receive samples that a later round can
+// plan (InputsOpen); an open window is then held without counting rounds.
+void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows, bool inputs_open);
+
+// Whether a later round may see more samples than this one: some rank's
+// stream is open, its buffer has room (input_blocked false) and its planner
+// window (`window` samples; 0 = unbounded) is not full.
+bool InputsOpen(const RoundState& state, uint32_t window);
 
 }  // namespace odb::align
 

@@ -25,7 +25,7 @@ class WindowedPlanner final : public Planner {
     auto it = before_.try_emplace(state.round, current_).first;
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
-    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, plan, ws);
+    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, plan, ws, false);
     current_ = ws;
     return plan;
   }
@@ -174,7 +174,7 @@ TEST_CASE("without a target every step is its own window with per-step weights",
   RoundPlan plan = PlanOf({{{10, 20}, {5}, {}}, {{30}, {}, {7, 7}}});
   const RoundPlan before = plan;
   WindowState ws;
-  ApplyWindows(WindowConfig{}, plan, ws);
+  ApplyWindows(WindowConfig{}, plan, ws, false);
   REQUIRE(plan.num_steps == 3);
   for (uint32_t k = 0; k < 3; ++k) {
     for (size_t r = 0; r < 2; ++r) {
@@ -193,7 +193,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
   const WindowConfig config{1000, grouping::CostModel::kPacked};
   WindowState ws;
   RoundPlan plan = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});  // 500 loss tokens < 1000
-  ApplyWindows(config, plan, ws);
+  ApplyWindows(config, plan, ws, false);
   REQUIRE(plan.num_steps == 0);
   REQUIRE(plan.ranks[0].keep_pending.size() == 3);
   REQUIRE(plan.ranks[1].keep_pending.size() == 3);
@@ -201,7 +201,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
 
   RoundPlan last = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});
   last.epoch_finished = true;
-  ApplyWindows(config, last, ws);
+  ApplyWindows(config, last, ws, false);
   REQUIRE(last.num_steps == 2);
   double sum = 0;
   for (const auto& rp : last.ranks) {
@@ -225,7 +225,7 @@ TEST_CASE("an open window that stops growing closes short; one that grows is hel
     WindowState ws;
     for (uint32_t round = 1; round <= 3 * kMaxHeldRounds; ++round) {
       RoundPlan plan = PlanOf({{std::vector<uint32_t>(round, 10)}, {{10}}});  // grows every round
-      ApplyWindows(config, plan, ws);
+      ApplyWindows(config, plan, ws, false);
       REQUIRE(plan.num_steps == 0);
     }
   }
@@ -234,12 +234,49 @@ TEST_CASE("an open window that stops growing closes short; one that grows is hel
     // Handed back once, then kMaxHeldRounds more times without growing.
     for (uint32_t round = 0; round <= kMaxHeldRounds; ++round) {
       RoundPlan plan = PlanOf({{{100}}, {{100}}});
-      ApplyWindows(config, plan, ws);
+      ApplyWindows(config, plan, ws, false);
       INFO("round " << round);
       REQUIRE(plan.num_steps == (round < kMaxHeldRounds ? 0u : 1u));
       if (plan.num_steps > 0) REQUIRE(plan.ranks[0].steps[0].window_short);
     }
   }
+  {
+    // The same tail while some rank may still receive samples (slow
+    // producers, a loaded machine running rounds on max_wait_ms): held for
+    // as many rounds as it takes, never cut short mid-epoch ...
+    WindowState ws;
+    for (uint32_t round = 0; round <= 5 * kMaxHeldRounds; ++round) {
+      RoundPlan plan = PlanOf({{{100}}, {{100}}});
+      ApplyWindows(config, plan, ws, true);
+      INFO("round " << round);
+      REQUIRE(plan.num_steps == 0);
+    }
+    // ... until the inputs close: then it closes after kMaxHeldRounds rounds
+    // without growth (the held tail is already known, so each one counts).
+    for (uint32_t round = 1; round <= kMaxHeldRounds; ++round) {
+      RoundPlan plan = PlanOf({{{100}}, {{100}}});
+      ApplyWindows(config, plan, ws, false);
+      INFO("closed round " << round);
+      REQUIRE(plan.num_steps == (round < kMaxHeldRounds ? 0u : 1u));
+      if (plan.num_steps > 0) REQUIRE(plan.ranks[0].steps[0].window_short);
+    }
+  }
+}
+
+TEST_CASE("inputs are open while a rank with an open stream has buffer room and a window not full", "[window]") {
+  RoundState state;
+  state.ranks.resize(2);
+  for (RankRound& rr : state.ranks) rr.pending.resize(4);
+  state.ranks[0].stream_finished = true;
+  state.ranks[1].stream_finished = false;
+  REQUIRE(InputsOpen(state, 8));
+  REQUIRE(InputsOpen(state, 0));         // an unbounded planner window is never full
+  REQUIRE_FALSE(InputsOpen(state, 4));   // rank 1's planner window is full
+  state.ranks[1].input_blocked = true;   // its buffer is full
+  REQUIRE_FALSE(InputsOpen(state, 8));
+  state.ranks[1].input_blocked = false;
+  state.ranks[1].stream_finished = true;
+  REQUIRE_FALSE(InputsOpen(state, 8));   // every stream ended
 }
 
 TEST_CASE("the step that would overshoot a window is split on every rank", "[window]") {
@@ -250,7 +287,7 @@ TEST_CASE("the step that would overshoot a window is split on every rank", "[win
   std::vector<uint32_t> six(6, 100);
   RoundPlan plan = PlanOf({{six, six}, {six, six}});
   plan.epoch_finished = true;
-  ApplyWindows(config, plan, ws);
+  ApplyWindows(config, plan, ws, false);
   REQUIRE(plan.num_steps == 3);
   const PlannedStep& a0 = plan.ranks[0].steps[1];
   const PlannedStep& a1 = plan.ranks[1].steps[1];
@@ -268,7 +305,7 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
   plan.epoch_finished = true;
   WindowState ws;
-  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, plan, ws);
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, plan, ws, false);
   const PlannedStep& a = plan.ranks[0].steps[0];
   const PlannedStep& b = plan.ranks[1].steps[0];
   REQUIRE(a.loss_tokens == 110);

@@ -898,6 +898,7 @@ void PlanBlockInto(const GlobalPlannerConfig& config, uint32_t epoch, uint64_t r
     out.stream_started = in.stream_started;
     out.wait_rounds = in.wait_rounds;
     out.wait_expired = in.wait_expired;
+    out.input_blocked = in.input_blocked;
     // Only the window is planned; the rest stays pending, untouched.
     const size_t n = std::min(in.pending.size(), window_cap);
     out.pending.assign(in.pending.begin(), in.pending.begin() + static_cast<std::ptrdiff_t>(n));

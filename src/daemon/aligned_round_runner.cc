@@ -138,6 +138,7 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   input.free_slots = request.free_slots;
   input.stream_finished = request.stream_finished;
   input.stream_started = request.stream_started;
+  input.input_blocked = request.input_blocked;
   auto result = aligner_.RunRound(input);
   if (!result.ok()) return result.status();
 

@@ -215,18 +215,21 @@ absl::Status Daemon::Run() {
   return fatal_status_;
 }
 
+bool Daemon::InputBlocked() const {
+  // The buffer is as full as credit lets it get once less than one largest
+  // sample of room is left, or as full as a producer's shared-memory arena
+  // lets it get once the daemon holds half of it (the daemon holds its
+  // arena's blocks until they are collated: see AnyArenaFilling).
+  return state_.buffer.Full() || state_.buffer.RoomBytes() < ingest_.MaxSampleBytes() || arenas_.AnyArenaFilling();
+}
+
 bool Daemon::RoundDue(Clock::TimePoint last_round) const {
   if (!state_.current_epoch) return false;
   const uint32_t epoch = *state_.current_epoch;
   // A round waits for half the output queue to be free (PlannerConfig::
   // min_free_slots): many steps grouped at once, not one per freed slot.
   const bool has_slots = trainer_.QueuedSteps() + std::max<uint32_t>(1, config_.queue_steps / 2) <= config_.queue_steps;
-  // The buffer is as full as credit lets it get once less than one largest
-  // sample of room is left, or as full as a producer's shared-memory arena
-  // lets it get once the daemon holds half of it (the daemon holds its
-  // arena's blocks until they are collated: see AnyArenaFilling).
-  const bool buffer_full = state_.buffer.Full() || state_.buffer.RoomBytes() < ingest_.MaxSampleBytes() ||
-                           arenas_.AnyArenaFilling();
+  const bool buffer_full = InputBlocked();
   if (has_slots && (state_.tracker.StreamFinished(epoch, state_.expected_producers) ||
                     state_.buffer.CountInEpoch(epoch) >= config_.window || buffer_full)) {
     return true;
@@ -315,6 +318,7 @@ absl::Status Daemon::RunOneRound() {
         config_.queue_steps > queued ? static_cast<uint32_t>(config_.queue_steps - queued) : 0;
     request.stream_finished = state_.tracker.StreamFinished(request.epoch, state_.expected_producers);
     request.stream_started = state_.tracker.StreamStarted(request.epoch);
+    request.input_blocked = InputBlocked();
     if (config_.deterministic) {
       // The unbroken prefix of the rank's list, in list order (the planner
       // looks at window + 1 of them, see PlannerConfig::deterministic).

@@ -68,6 +68,9 @@ class Daemon {
   void SweepStaleArenas();
   void PlannerLoop();
   bool RoundDue(Clock::TimePoint last_round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  // The buffer holds as much as it can take: ingest reads nothing more until
+  // steps go out (RoundDue; RoundRequest::input_blocked).
+  bool InputBlocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Closes the open epochs before `epoch` (the one the trainer starts),
   // dropping their buffered samples with a log line.
   void DropEpochsBefore(uint32_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);

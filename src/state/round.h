@@ -22,6 +22,7 @@ struct RoundRequest {
   uint32_t free_slots = 0;          // steps the emitter can still queue
   bool stream_finished = false;     // every producer ended its stream this epoch
   bool stream_started = true;       // a sample or an end of stream of this epoch arrived
+  bool input_blocked = false;       // the buffer is full: ingest reads nothing until steps go out
 };
 
 // One step this rank emits: the planned header fields (proto/step_fields.h,
