@@ -1,6 +1,7 @@
 #include "src/balance/node_placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -39,56 +40,66 @@ bool Fits(const grouping::Budget& budget, const grouping::StepTimeModel& model, 
   return true;
 }
 
-// cap(L): the most samples (<= limit) a group of longest L may hold; Fits is
-// monotone in n, so a binary search. 0 when even a lone sample is too slow
-// (cannot happen for a sample of the step: its group cost >= its own).
+// cap(L): the most samples (<= limit) a group of longest L may hold. Fits is
+// monotone in n: start from the closed-form bounds (one above, for rounding)
+// and step down to the exact verdict. 0 when even a lone sample is too slow
+// (cannot happen for a sample of the step: its group costs at least as much).
 uint32_t Cap(const grouping::Budget& budget, const grouping::StepTimeModel& model, uint32_t longest,
              double capacity, uint32_t limit) {
   if (!Fits(budget, model, 1, longest, capacity)) return 0;
-  uint32_t lo = 1, hi = limit;  // Fits(lo); answer in [lo, hi]
-  while (lo < hi) {
-    const uint32_t mid = lo + (hi - lo + 1) / 2;
-    if (Fits(budget, model, mid, longest, capacity)) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
+  double n = limit;
+  if (model.per_padded_token > 0.0) {
+    n = std::min(n, std::floor((capacity - model.per_step) / (model.per_padded_token * longest)) + 1.0);
   }
-  return lo;
+  if (budget.max_tokens != 0) {
+    n = std::min(n, std::floor(static_cast<double>(budget.max_tokens) / grouping::EffectiveLength(budget, longest)) +
+                        1.0);
+  }
+  if (budget.max_group_size != 0) n = std::min(n, static_cast<double>(budget.max_group_size));
+  auto cap = static_cast<uint32_t>(std::max(1.0, n));
+  while (cap > 1 && !Fits(budget, model, cap, longest, capacity)) --cap;
+  return cap;
 }
 
-// One side (node) of a pair's DP state: groups opened, room left in the open
-// group, and samples taken capped at the node's rank count.
-struct Side {
-  uint32_t opened = 0;
-  uint32_t room = 0;
-  uint32_t taken = 0;
-  auto Tie() const { return std::tie(opened, room, taken); }
-};
+// A pair's DP state, packed: per node (A in the high half, B in the low
+// half) 8 bits of groups opened, 8 bits of samples taken (capped at the
+// node's ranks: only "a sample for every rank" matters) and 16 bits of room
+// left in the open group (capped at the samples still to place: more room
+// is worth nothing). Hence ranks per node <= 255 and pairs of <= 65535
+// samples (ImprovePair skips others).
+constexpr uint32_t kMaxRanks = 255;
+constexpr size_t kMaxPairSamples = 65535;
+// Narrower beams than this are not worth a pair's setup.
+constexpr uint64_t kMinBeam = 8;
 
 struct State {
-  Side a, b;
+  uint64_t key = 0;
   uint64_t cost = 0;
-  uint32_t parent = 0;  // index in the previous layer
-  uint8_t to_b = 0;     // the layer's sample went to node B
-
-  auto Key() const { return std::tuple(a.opened, a.room, a.taken, b.opened, b.room, b.taken); }
+  uint32_t from = 0;  // index in the previous layer << 1 | (the layer's sample went to node B)
 };
 
-// Adds the layer's sample to `s` (cap `cap` when it opens a group); false
-// when the node has no room left for it.
-bool Take(Side& s, uint32_t ranks, uint32_t cap) {
-  if (s.room > 0) {
-    --s.room;
-  } else if (s.opened < ranks && cap > 0) {
-    ++s.opened;
-    s.room = cap - 1;
+// Adds a sample to the side `half` of `key`: into the open group while it has
+// room, else into a new group of room cap - 1 (capped at `left`, the samples
+// after this one). False when the node has no group left to open.
+bool Take(uint64_t& key, int half, uint32_t ranks, uint32_t cap, uint32_t left) {
+  const int shift = half == 0 ? 32 : 0;
+  const auto side = static_cast<uint32_t>(key >> shift);
+  uint32_t opened = side >> 24, taken = (side >> 16) & 0xff, room = side & 0xffff;
+  if (room > 0) {
+    --room;
+  } else if (opened < ranks && cap > 0) {
+    ++opened;
+    room = std::min(cap - 1, left);
   } else {
     return false;
   }
-  s.taken = std::min(s.taken + 1, ranks);
+  taken = std::min(taken + 1, ranks);
+  const uint64_t packed = (opened << 24) | (taken << 16) | room;
+  key = (key & ~(0xffffffffull << shift)) | (packed << shift);
   return true;
 }
+
+uint32_t Taken(uint64_t key, int half) { return static_cast<uint32_t>(key >> (half == 0 ? 32 : 0)) >> 16 & 0xff; }
 
 class Placer {
  public:
@@ -105,7 +116,7 @@ class Placer {
       capacity_ = std::max(capacity_, GroupTime(model_, g.size(), longest));
     }
     samples_ = n;
-    budget_work_ = options_.work_base + options_.work_per_sample * n;
+    budget_work_ = std::max(options_.work_base, options_.work_per_sample * n);
   }
 
   NodePlacementStats Run() {
@@ -170,7 +181,18 @@ class Placer {
   // Re-splits the samples of nodes a and b (see the header); true when it
   // strictly lowered their inter-node bytes.
   bool ImprovePair(uint32_t a, uint32_t b) {
+    size_t m = 0;
+    for (uint32_t node : {a, b}) {
+      for (size_t r = FirstRank(node); r < EndRank(node); ++r) m += groups_[r].size();
+    }
+    // At most 2 * m * beam expansions (plus m to set up): a pair that would
+    // overrun the step's work budget runs with a narrower beam, or not at all.
+    const uint64_t left_work = budget_work_ - std::min(budget_work_, stats_.work);
+    const uint64_t beam = std::min<uint64_t>(options_.beam, left_work / (2 * m + 1));
+    if (beam < kMinBeam || m > kMaxPairSamples) return false;
+    stats_.work += m;
     std::vector<size_t> u;
+    u.reserve(m);
     uint64_t current = 0;
     for (uint32_t node : {a, b}) {
       for (size_t r = FirstRank(node); r < EndRank(node); ++r) {
@@ -197,60 +219,46 @@ class Placer {
                                                                : Cap(budget_, model_, len, capacity_, limit);
     }
 
-    std::vector<std::vector<State>> layers(u.size() + 1);
-    layers[0].push_back(State{});
-    std::vector<State> next;
+    // froms[k]: the `from` of every state after sample k, for the walk back.
+    std::vector<std::vector<uint32_t>> froms(u.size());
+    std::vector<State> layer = {State{}}, next;
     for (size_t k = 0; k < u.size(); ++k) {
-      const std::vector<State>& prev = layers[k];
       next.clear();
-      stats_.work += 2 * prev.size();
+      stats_.work += 2 * layer.size();
       const uint64_t on_a = CostOn(u[k], a), on_b = CostOn(u[k], b);
-      for (uint32_t p = 0; p < prev.size(); ++p) {
-        State s = prev[p];
-        s.parent = p;
-        State sa = s;
-        if (Take(sa.a, ka, cap[k])) {
-          sa.cost += on_a;
-          sa.to_b = 0;
-          next.push_back(sa);
-        }
-        State sb = s;
-        if (Take(sb.b, kb, cap[k])) {
-          sb.cost += on_b;
-          sb.to_b = 1;
-          next.push_back(sb);
-        }
+      const auto left = static_cast<uint32_t>(u.size() - k - 1);
+      for (uint32_t p = 0; p < layer.size(); ++p) {
+        State sa{layer[p].key, layer[p].cost + on_a, p << 1};
+        if (Take(sa.key, 0, ka, cap[k], left)) next.push_back(sa);
+        State sb{layer[p].key, layer[p].cost + on_b, p << 1 | 1};
+        if (Take(sb.key, 1, kb, cap[k], left)) next.push_back(sb);
       }
-      // One state per key, the cheapest (ties: earliest parent, A first).
-      std::sort(next.begin(), next.end(), [](const State& x, const State& y) {
-        return std::tuple(x.Key(), x.cost, x.parent, x.to_b) < std::tuple(y.Key(), y.cost, y.parent, y.to_b);
-      });
-      next.erase(std::unique(next.begin(), next.end(),
-                             [](const State& x, const State& y) { return x.Key() == y.Key(); }),
-                 next.end());
-      if (next.size() > options_.beam) {
-        std::nth_element(next.begin(), next.begin() + options_.beam, next.end(), [](const State& x, const State& y) {
-          return std::tuple(x.cost, x.Key()) < std::tuple(y.cost, y.Key());
+      Dedupe(next);
+      if (next.size() > beam) {
+        std::nth_element(next.begin(), next.begin() + beam, next.end(), [](const State& x, const State& y) {
+          return x.cost != y.cost ? x.cost < y.cost : x.key < y.key;
         });
-        next.resize(options_.beam);
+        next.resize(beam);
       }
       if (next.empty()) return false;
-      layers[k + 1] = next;
+      froms[k].resize(next.size());
+      for (size_t s = 0; s < next.size(); ++s) froms[k][s] = next[s].from;
+      layer.swap(next);
     }
     // The cheapest end state where both nodes have a sample for every rank.
-    const std::vector<State>& last = layers[u.size()];
-    size_t best = last.size();
-    for (size_t s = 0; s < last.size(); ++s) {
-      if (last[s].a.taken < ka || last[s].b.taken < kb) continue;
-      if (best == last.size() || std::tuple(last[s].cost, last[s].Key()) < std::tuple(last[best].cost, last[best].Key())) {
+    size_t best = layer.size();
+    for (size_t s = 0; s < layer.size(); ++s) {
+      if (Taken(layer[s].key, 0) < ka || Taken(layer[s].key, 1) < kb) continue;
+      if (best == layer.size() || layer[s].cost < layer[best].cost ||
+          (layer[s].cost == layer[best].cost && layer[s].key < layer[best].key)) {
         best = s;
       }
     }
-    if (best == last.size() || last[best].cost >= current) return false;
+    if (best == layer.size() || layer[best].cost >= current) return false;
     std::vector<uint8_t> to_b(u.size());
     for (size_t k = u.size(), s = best; k > 0; --k) {
-      to_b[k - 1] = layers[k][s].to_b;
-      s = layers[k][s].parent;
+      to_b[k - 1] = froms[k - 1][s] & 1;
+      s = froms[k - 1][s] >> 1;
     }
     std::vector<size_t> share_a, share_b;
     std::vector<uint32_t> cap_a, cap_b;
@@ -263,6 +271,40 @@ class Placer {
     Install(a, std::move(packed_a));
     Install(b, std::move(packed_b));
     return true;
+  }
+
+  // Keeps one state per key, the cheapest (ties: the first generated, i.e.
+  // the earliest parent, node A first), in order of first appearance: an
+  // open-addressing table instead of a sort (this is the DP's inner loop).
+  void Dedupe(std::vector<State>& states) {
+    size_t size = 16;
+    while (size < 2 * states.size()) size *= 2;
+    if (slot_.size() < size) {
+      slot_.assign(size, 0);
+      stamp_.assign(size, 0);
+    }
+    const uint64_t mask = size - 1;
+    ++generation_;
+    size_t kept = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+      uint64_t h = (states[i].key * 0x9E3779B97F4A7C15ull) >> 40;
+      while (true) {
+        h &= mask;
+        if (stamp_[h] != generation_) {
+          stamp_[h] = generation_;
+          slot_[h] = static_cast<uint32_t>(kept);
+          states[kept++] = states[i];
+          break;
+        }
+        State& seen = states[slot_[h]];
+        if (seen.key == states[i].key) {
+          if (states[i].cost < seen.cost) seen = states[i];
+          break;
+        }
+        ++h;
+      }
+    }
+    states.resize(kept);
   }
 
   // Longest first, each group filled up to cap(its longest) before the next
@@ -327,6 +369,8 @@ class Placer {
   double capacity_ = 0.0;
   uint64_t budget_work_ = 0;
   NodePlacementStats stats_;
+  std::vector<uint32_t> slot_, stamp_;  // Dedupe's table
+  uint32_t generation_ = 0;
 };
 
 }  // namespace
@@ -353,7 +397,7 @@ NodePlacementStats PlaceOnNodes(const grouping::Budget& budget, const grouping::
                                 const std::vector<SampleMeta>& metas, std::vector<std::vector<size_t>>& groups,
                                 uint32_t local_world_size, const NodePlacementOptions& options) {
   NodePlacementStats stats;
-  const bool usable = local_world_size != 0 && groups.size() > local_world_size &&
+  const bool usable = local_world_size != 0 && local_world_size <= kMaxRanks && groups.size() > local_world_size &&
                       NodePlacementApplies(budget, model) && options.beam > 0 &&
                       std::none_of(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); });
   if (!usable) {

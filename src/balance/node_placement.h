@@ -36,20 +36,21 @@ namespace odb::balance {
 //
 // Pairs are taken by the bytes they exchange, largest first (ties: lower
 // node ids), for at most `passes` sweeps while a sweep improves. Cost: a
-// pair of m samples costs O(m * beam * log beam) (at most `beam` states are
+// pair of m samples costs O(m * beam) (at most `beam` states are
 // kept per sample: exact while the state count stays below it, which it does
 // on the small instances bench/exchange_optimum.py solves; beyond, the
 // `beam` cheapest states, so the pair's result is a heuristic but never worse
 // than the pair's current placement, which is kept unless strictly beaten).
-// The whole step's DP work is capped at work_base + work_per_sample * n state
-// expansions for a step of n samples, so a step costs O(n * work_per_sample)
-// at scale. Deterministic: a pure function of its inputs (integer byte costs,
+// The whole step's DP work is capped at max(work_base, work_per_sample * n)
+// state expansions for a step of n samples (a pair that would overrun it
+// runs with a narrower beam, down to 8, or is skipped), so a step costs
+// O(n log n + max(work_base, work_per_sample * n)) whatever its size. Deterministic: a pure function of its inputs (integer byte costs,
 // ties broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
   uint32_t beam = 64;
   uint32_t passes = 2;
-  uint64_t work_base = 1u << 16;
-  uint64_t work_per_sample = 32;
+  uint64_t work_base = 1u << 13;
+  uint64_t work_per_sample = 2;
 };
 
 struct NodePlacementStats {
