@@ -52,8 +52,9 @@ uint32_t Cap(const grouping::Budget& budget, const grouping::StepTimeModel& mode
     n = std::min(n, std::floor((capacity - model.per_step) / (model.per_padded_token * longest)) + 1.0);
   }
   if (budget.max_tokens != 0) {
-    n = std::min(n, std::floor(static_cast<double>(budget.max_tokens) / grouping::EffectiveLength(budget, longest)) +
-                        1.0);
+    n = std::min(
+        n, std::floor(static_cast<double>(budget.max_tokens) / grouping::EffectiveLength(budget, longest)) +
+               1.0);
   }
   if (budget.max_group_size != 0) n = std::min(n, static_cast<double>(budget.max_group_size));
   auto cap = static_cast<uint32_t>(std::max(1.0, n));
@@ -99,12 +100,15 @@ bool Take(uint64_t& key, int half, uint32_t ranks, uint32_t cap, uint32_t left) 
   return true;
 }
 
-uint32_t Taken(uint64_t key, int half) { return static_cast<uint32_t>(key >> (half == 0 ? 32 : 0)) >> 16 & 0xff; }
+uint32_t Taken(uint64_t key, int half) {
+  return static_cast<uint32_t>(key >> (half == 0 ? 32 : 0)) >> 16 & 0xff;
+}
 
 class Placer {
  public:
-  Placer(const grouping::Budget& budget, const grouping::StepTimeModel& model, const std::vector<SampleMeta>& metas,
-         std::vector<std::vector<size_t>>& groups, uint32_t lws, const NodePlacementOptions& options)
+  Placer(const grouping::Budget& budget, const grouping::StepTimeModel& model,
+         const std::vector<SampleMeta>& metas, std::vector<std::vector<size_t>>& groups, uint32_t lws,
+         const NodePlacementOptions& options)
       : budget_(budget), model_(model), metas_(metas), groups_(groups), lws_(lws), options_(options) {
     world_ = groups_.size();
     nodes_ = (world_ + lws_ - 1) / lws_;
@@ -211,7 +215,8 @@ class Placer {
     });
     const auto ka = static_cast<uint32_t>(EndRank(a) - FirstRank(a));
     const auto kb = static_cast<uint32_t>(EndRank(b) - FirstRank(b));
-    const auto limit = static_cast<uint32_t>(std::min<size_t>(u.size(), std::numeric_limits<uint32_t>::max()));
+    const auto limit =
+        static_cast<uint32_t>(std::min<size_t>(u.size(), std::numeric_limits<uint32_t>::max()));
     std::vector<uint32_t> cap(u.size());
     for (size_t k = 0; k < u.size(); ++k) {
       const uint32_t len = metas_[u[k]].lengths.tokens;
@@ -376,8 +381,9 @@ class Placer {
 }  // namespace
 
 bool NodePlacementApplies(const grouping::Budget& budget, const grouping::StepTimeModel& model) {
-  return budget.model == grouping::CostModel::kPadded && model.per_len_sq == 0.0 && model.per_padded_token >= 0.0 &&
-         budget.quadratic_q >= 0.0 && budget.max_vision_patches == 0 && budget.max_audio_frames == 0;
+  return budget.model == grouping::CostModel::kPadded && model.per_len_sq == 0.0 &&
+         model.per_padded_token >= 0.0 && budget.quadratic_q >= 0.0 && budget.max_vision_patches == 0 &&
+         budget.max_audio_frames == 0;
 }
 
 uint64_t InterNodeBytes(const std::vector<SampleMeta>& metas, const std::vector<std::vector<size_t>>& groups,
@@ -394,14 +400,17 @@ uint64_t InterNodeBytes(const std::vector<SampleMeta>& metas, const std::vector<
 }
 
 NodePlacementStats PlaceOnNodes(const grouping::Budget& budget, const grouping::StepTimeModel& model,
-                                const std::vector<SampleMeta>& metas, std::vector<std::vector<size_t>>& groups,
-                                uint32_t local_world_size, const NodePlacementOptions& options) {
+                                const std::vector<SampleMeta>& metas,
+                                std::vector<std::vector<size_t>>& groups, uint32_t local_world_size,
+                                const NodePlacementOptions& options) {
   NodePlacementStats stats;
-  const bool usable = local_world_size != 0 && local_world_size <= kMaxRanks && groups.size() > local_world_size &&
-                      NodePlacementApplies(budget, model) && options.beam > 0 &&
+  const bool usable = local_world_size != 0 && local_world_size <= kMaxRanks &&
+                      groups.size() > local_world_size && NodePlacementApplies(budget, model) &&
+                      options.beam > 0 &&
                       std::none_of(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); });
   if (!usable) {
-    stats.inter_node_bytes_before = stats.inter_node_bytes_after = InterNodeBytes(metas, groups, local_world_size);
+    stats.inter_node_bytes_before = stats.inter_node_bytes_after =
+        InterNodeBytes(metas, groups, local_world_size);
     return stats;
   }
   return Placer(budget, model, metas, groups, local_world_size, options).Run();

@@ -28,24 +28,25 @@ namespace odb::balance {
 // cap(its longest), then open the next" needs at most k groups (and the set
 // has >= k samples, so that no rank idles). For a pair of nodes (A, B) a
 // dynamic program over the pair's samples, longest first, with state
-// (groups opened and room left in the open group, on A and on B), finds the
-// split of the pair's samples between A and B with the fewest inter-node
-// bytes; each node's share is then packed that way and its groups are
+// (groups opened, room left in the open group, samples taken up to k; on A
+// and on B), finds the split of the pair's samples between A and B with the
+// fewest inter-node bytes; each node's share is then packed that way and its groups are
 // permuted over its ranks to keep the most bytes on their owner rank.
 // Other models are left alone (NodePlacementApplies is false).
 //
 // Pairs are taken by the bytes they exchange, largest first (ties: lower
 // node ids), for at most `passes` sweeps while a sweep improves. Cost: a
-// pair of m samples costs O(m * beam) (at most `beam` states are
-// kept per sample: exact while the state count stays below it, which it does
-// on the small instances bench/exchange_optimum.py solves; beyond, the
-// `beam` cheapest states, so the pair's result is a heuristic but never worse
-// than the pair's current placement, which is kept unless strictly beaten).
+// pair of m samples costs O(m * beam) state expansions (at most `beam`
+// states are kept per sample: exact while no layer has more, else the
+// `beam` cheapest, a heuristic; either way the pair's current placement is
+// kept unless strictly beaten, so the result is never worse).
 // The whole step's DP work is capped at max(work_base, work_per_sample * n)
 // state expansions for a step of n samples (a pair that would overrun it
 // runs with a narrower beam, down to 8, or is skipped), so a step costs
-// O(n log n + max(work_base, work_per_sample * n)) whatever its size. Deterministic: a pure function of its inputs (integer byte costs,
-// ties broken by state and sample keys), the same on every rank.
+// O(passes * n log n + max(work_base, work_per_sample * n)) whatever its
+// size (defaults: ~9% of the planner's CPU per step at W = 256 and 2560,
+// docs/balancing.md). Deterministic: a pure function of its inputs (integer
+// byte costs, ties broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
   uint32_t beam = 64;
   uint32_t passes = 2;
@@ -76,8 +77,9 @@ bool NodePlacementApplies(const grouping::Budget& budget, const grouping::StepTi
 // whose owner_rank is outside [0, groups.size()) counts as owned by no node
 // (always inter-node).
 NodePlacementStats PlaceOnNodes(const grouping::Budget& budget, const grouping::StepTimeModel& model,
-                                const std::vector<SampleMeta>& metas, std::vector<std::vector<size_t>>& groups,
-                                uint32_t local_world_size, const NodePlacementOptions& options = {});
+                                const std::vector<SampleMeta>& metas,
+                                std::vector<std::vector<size_t>>& groups, uint32_t local_world_size,
+                                const NodePlacementOptions& options = {});
 
 // Inter-node payload bytes of a step laid out as `groups` (same conventions).
 uint64_t InterNodeBytes(const std::vector<SampleMeta>& metas, const std::vector<std::vector<size_t>>& groups,

@@ -29,13 +29,15 @@ double GroupCost(const grouping::StepTimeModel& model, const std::vector<SampleM
   return model.per_step + model.per_padded_token * static_cast<double>(longest * g.size());
 }
 
-double StepCost(const grouping::StepTimeModel& model, const std::vector<SampleMeta>& metas, const Groups& groups) {
+double StepCost(const grouping::StepTimeModel& model, const std::vector<SampleMeta>& metas,
+                const Groups& groups) {
   double c = 0.0;
   for (const auto& g : groups) c = std::max(c, GroupCost(model, metas, g));
   return c;
 }
 
-bool GroupFits(const grouping::Budget& budget, const std::vector<SampleMeta>& metas, const std::vector<size_t>& g) {
+bool GroupFits(const grouping::Budget& budget, const std::vector<SampleMeta>& metas,
+               const std::vector<size_t>& g) {
   std::vector<SampleLengths> lens;
   for (size_t i : g) lens.push_back(metas[i].lengths);
   return lens.size() == 1 || grouping::FitsBudget(budget, lens);
@@ -43,7 +45,8 @@ bool GroupFits(const grouping::Budget& budget, const std::vector<SampleMeta>& me
 
 // Every guarantee of PlaceOnNodes against the step before it.
 void RequireValid(const grouping::Budget& budget, const grouping::StepTimeModel& model,
-                  const std::vector<SampleMeta>& metas, const Groups& before, const Groups& after, uint32_t lws) {
+                  const std::vector<SampleMeta>& metas, const Groups& before, const Groups& after,
+                  uint32_t lws) {
   REQUIRE(after.size() == before.size());
   std::vector<int> seen(metas.size(), 0);
   for (const auto& g : after) {
@@ -197,9 +200,9 @@ TEST_CASE("models it cannot place exactly are left alone", "[node_placement]") {
   REQUIRE_FALSE(NodePlacementApplies(packed, grouping::StepTimeModel{}));
   REQUIRE_FALSE(NodePlacementApplies(vision, grouping::StepTimeModel{}));
   REQUIRE(NodePlacementApplies(grouping::Budget{}, grouping::StepTimeModel{}));
-  for (const auto& [budget, model] : {std::pair(grouping::Budget{}, quadratic),
-                                      std::pair(packed, grouping::StepTimeModel{}),
-                                      std::pair(vision, grouping::StepTimeModel{})}) {
+  for (const auto& [budget, model] :
+       {std::pair(grouping::Budget{}, quadratic), std::pair(packed, grouping::StepTimeModel{}),
+        std::pair(vision, grouping::StepTimeModel{})}) {
     Groups groups = before;
     PlaceOnNodes(budget, model, metas, groups, 2);
     REQUIRE(groups == before);
@@ -218,12 +221,13 @@ TEST_CASE("models it cannot place exactly are left alone", "[node_placement]") {
   REQUIRE(one_node == before);
 }
 
-TEST_CASE("an over-budget sample stays alone and samples of no rank count as inter-node", "[node_placement]") {
+TEST_CASE("an over-budget sample stays alone and samples of no rank count as inter-node",
+          "[node_placement]") {
   const grouping::Budget budget;  // 4096 tokens
   const grouping::StepTimeModel model;
   // Sample 0 (5000 tokens) fits no budget: it runs alone wherever it goes.
-  std::vector<SampleMeta> metas = {Meta(0, 2, 5000), Meta(1, 0, 200), Meta(2, 0, 200), Meta(3, 1, 300),
-                                   Meta(4, 3, 300), Meta(5, 99, 100)};
+  std::vector<SampleMeta> metas = {Meta(0, 2, 5000), Meta(1, 0, 200), Meta(2, 0, 200),
+                                   Meta(3, 1, 300),  Meta(4, 3, 300), Meta(5, 99, 100)};
   Groups groups = {{0}, {4, 5}, {1, 2}, {3}};
   const Groups before = groups;
   PlaceOnNodes(budget, model, metas, groups, 2);
@@ -232,7 +236,8 @@ TEST_CASE("an over-budget sample stays alone and samples of no rank count as int
   REQUIRE(InterNodeBytes(metas, groups, 2) < InterNodeBytes(metas, before, 2));
 }
 
-TEST_CASE("the global planner's steps on two nodes are already at the pair minimum", "[node_placement][global]") {
+TEST_CASE("the global planner's steps on two nodes are already at the pair minimum",
+          "[node_placement][global]") {
   // Two nodes of one rank: PlaceOnNodes is exact there, so on a plan that
   // went through it every step is a fixed point; a plan without it (the
   // balanced groups permuted for locality, then single moves and swaps)
