@@ -12,6 +12,7 @@
 
 #include "src/align/planned_groups.h"
 #include "src/balance/assignment.h"
+#include "src/balance/node_placement.h"
 #include "src/grouping/budget.h"
 #include "src/grouping/grouper.h"
 
@@ -618,6 +619,9 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
+  // Node-aware re-split of the step's samples between pairs of nodes, within
+  // the step time just reached (node_placement.h; issue 22, item 4).
+  PlaceOnNodes(cfg.budget, cfg.step_model, pool.metas, by_rank, lws);
   return by_rank;
 }
 

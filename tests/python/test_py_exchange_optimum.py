@@ -1,7 +1,8 @@
 """bench/exchange_optimum.py: its ILP is the exact minimum it claims to be.
 
 On small random steps (6-7 samples, 2 nodes of 2 ranks) the solver's optimum
-of the model the benchmark writes equals an exhaustive search over every
+of either model the benchmark writes (per node, the default, and per rank)
+equals an exhaustive search over every
 assignment of the samples to ranks under the same rules (every rank gets a
 sample, padded budget, no rank's step time above the step's), and the
 planner-side count agrees with a direct sum. Seconds.
@@ -65,12 +66,14 @@ def random_step(seed):
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 8])  # seeds 6, 7: nothing need leave its node
 @pytest.mark.parametrize("solver", ["cbc", "glpk"])
-def test_ilp_optimum_equals_exhaustive_search(seed, solver):
+@pytest.mark.parametrize("model", ["node", "rank"])
+def test_ilp_optimum_equals_exhaustive_search(seed, solver, model):
     step = random_step(seed)
     want = brute_force(step)
     assert want is not None, "the planner's own placement is feasible, so some assignment is"
     assert want > 0, "a step where everything can stay on its node would test nothing"
-    status, got, _ = exchange_optimum.solve(exchange_optimum.step_lp(step, WORLD, LWS, CFG, True), 60, solver)
+    lp = (exchange_optimum.node_lp if model == "node" else exchange_optimum.step_lp)(step, WORLD, LWS, CFG, True)
+    status, got, _ = exchange_optimum.solve(lp, 60, solver)
     assert status.startswith("INTEGER OPTIMAL"), status
     assert got == want
     placed = sum(s[3] for s in step["samples"] if s[0] // LWS != s[1] // LWS)

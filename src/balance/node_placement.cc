@@ -1,0 +1,419 @@
+#include "src/balance/node_placement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "src/balance/assignment.h"
+
+namespace odb::balance {
+namespace {
+
+// Node of a sample's owner, or -1 when the owner is not a rank of the step.
+int32_t OwnerNode(const SampleMeta& m, size_t world, uint32_t lws) {
+  if (m.owner_rank < 0 || static_cast<size_t>(m.owner_rank) >= world) return -1;
+  return m.owner_rank / static_cast<int32_t>(lws);
+}
+
+// The padded step time of a group of `n` samples whose longest has `longest`
+// tokens: the same terms, in the same order, as the planner's CostOf (whose
+// per_len_sq term is 0 here), hence the same double.
+double GroupTime(const grouping::StepTimeModel& model, uint64_t n, uint32_t longest) {
+  return model.per_step + model.per_padded_token * static_cast<double>(static_cast<uint64_t>(longest) * n);
+}
+
+// Does a group of `n` samples of longest `longest` fit the budget and the
+// step time `capacity`? A group of one always fits the budget (an over-budget
+// sample runs alone).
+bool Fits(const grouping::Budget& budget, const grouping::StepTimeModel& model, uint64_t n, uint32_t longest,
+          double capacity) {
+  if (GroupTime(model, n, longest) > capacity) return false;
+  if (n > 1) {
+    if (budget.max_group_size != 0 && n > budget.max_group_size) return false;
+    if (budget.max_tokens != 0 &&
+        grouping::PaddedBudgetCost(budget, n, longest) > static_cast<double>(budget.max_tokens)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// cap(L): the most samples (<= limit) a group of longest L may hold. Fits is
+// monotone in n: start from the closed-form bounds (one above, for rounding)
+// and step down to the exact verdict. 0 when even a lone sample is too slow
+// (cannot happen for a sample of the step: its group costs at least as much).
+uint32_t Cap(const grouping::Budget& budget, const grouping::StepTimeModel& model, uint32_t longest,
+             double capacity, uint32_t limit) {
+  if (!Fits(budget, model, 1, longest, capacity)) return 0;
+  double n = limit;
+  if (model.per_padded_token > 0.0) {
+    n = std::min(n, std::floor((capacity - model.per_step) / (model.per_padded_token * longest)) + 1.0);
+  }
+  if (budget.max_tokens != 0) {
+    n = std::min(
+        n, std::floor(static_cast<double>(budget.max_tokens) / grouping::EffectiveLength(budget, longest)) +
+               1.0);
+  }
+  if (budget.max_group_size != 0) n = std::min(n, static_cast<double>(budget.max_group_size));
+  auto cap = static_cast<uint32_t>(std::max(1.0, n));
+  while (cap > 1 && !Fits(budget, model, cap, longest, capacity)) --cap;
+  return cap;
+}
+
+// A pair's DP state, packed: per node (A in the high half, B in the low
+// half) 8 bits of groups opened, 8 bits of samples taken (capped at the
+// node's ranks: only "a sample for every rank" matters) and 16 bits of room
+// left in the open group (capped at the samples still to place: more room
+// is worth nothing). Hence ranks per node <= 255 and pairs of <= 65535
+// samples (ImprovePair skips others).
+constexpr uint32_t kMaxRanks = 255;
+constexpr size_t kMaxPairSamples = 65535;
+// Narrower beams than this are not worth a pair's setup.
+constexpr uint64_t kMinBeam = 8;
+
+struct State {
+  uint64_t key = 0;
+  uint64_t cost = 0;
+  uint32_t from = 0;  // index in the previous layer << 1 | (the layer's sample went to node B)
+};
+
+// Adds a sample to the side `half` of `key`: into the open group while it has
+// room, else into a new group of room cap - 1 (capped at `left`, the samples
+// after this one). False when the node has no group left to open.
+bool Take(uint64_t& key, int half, uint32_t ranks, uint32_t cap, uint32_t left) {
+  const int shift = half == 0 ? 32 : 0;
+  const auto side = static_cast<uint32_t>(key >> shift);
+  uint32_t opened = side >> 24, taken = (side >> 16) & 0xff, room = side & 0xffff;
+  if (room > 0) {
+    --room;
+  } else if (opened < ranks && cap > 0) {
+    ++opened;
+    room = std::min(cap - 1, left);
+  } else {
+    return false;
+  }
+  taken = std::min(taken + 1, ranks);
+  const uint64_t packed = (opened << 24) | (taken << 16) | room;
+  key = (key & ~(0xffffffffull << shift)) | (packed << shift);
+  return true;
+}
+
+uint32_t Taken(uint64_t key, int half) {
+  return static_cast<uint32_t>(key >> (half == 0 ? 32 : 0)) >> 16 & 0xff;
+}
+
+class Placer {
+ public:
+  Placer(const grouping::Budget& budget, const grouping::StepTimeModel& model,
+         const std::vector<SampleMeta>& metas, std::vector<std::vector<size_t>>& groups, uint32_t lws,
+         const NodePlacementOptions& options)
+      : budget_(budget), model_(model), metas_(metas), groups_(groups), lws_(lws), options_(options) {
+    world_ = groups_.size();
+    nodes_ = (world_ + lws_ - 1) / lws_;
+    size_t n = 0;
+    for (const auto& g : groups_) {
+      n += g.size();
+      uint32_t longest = 0;
+      for (size_t i : g) longest = std::max(longest, metas_[i].lengths.tokens);
+      capacity_ = std::max(capacity_, GroupTime(model_, g.size(), longest));
+    }
+    samples_ = n;
+    budget_work_ = std::max(options_.work_base, options_.work_per_sample * n);
+  }
+
+  NodePlacementStats Run() {
+    stats_.inter_node_bytes_before = InterNodeBytes(metas_, groups_, lws_);
+    for (uint32_t pass = 0; pass < options_.passes; ++pass) {
+      bool improved = false;
+      for (const auto& [a, b] : PairsByExchange()) {
+        if (stats_.work >= budget_work_) break;
+        ++stats_.pairs_tried;
+        if (ImprovePair(a, b)) {
+          ++stats_.pairs_improved;
+          improved = true;
+        }
+      }
+      if (!improved || stats_.work >= budget_work_) break;
+    }
+    stats_.inter_node_bytes_after = InterNodeBytes(metas_, groups_, lws_);
+    return stats_;
+  }
+
+ private:
+  size_t FirstRank(uint32_t node) const { return static_cast<size_t>(node) * lws_; }
+  size_t EndRank(uint32_t node) const { return std::min(world_, FirstRank(node) + lws_); }
+
+  // Node pairs that exchange bytes (a sample of one's runs on the other),
+  // most bytes first, ties by node ids.
+  std::vector<std::pair<uint32_t, uint32_t>> PairsByExchange() const {
+    std::vector<std::pair<uint64_t, uint64_t>> flows;  // (a * nodes + b with a < b, bytes)
+    for (size_t r = 0; r < world_; ++r) {
+      const auto here = static_cast<int32_t>(r / lws_);
+      for (size_t i : groups_[r]) {
+        const int32_t owner = OwnerNode(metas_[i], world_, lws_);
+        if (owner < 0 || owner == here) continue;
+        const uint64_t lo = std::min(owner, here), hi = std::max(owner, here);
+        flows.emplace_back(lo * nodes_ + hi, metas_[i].payload_bytes);
+      }
+    }
+    std::sort(flows.begin(), flows.end());
+    std::vector<std::pair<uint64_t, uint64_t>> merged;  // (bytes, pair key)
+    for (const auto& [key, bytes] : flows) {
+      if (!merged.empty() && merged.back().second == key) {
+        merged.back().first += bytes;
+      } else {
+        merged.emplace_back(bytes, key);
+      }
+    }
+    std::sort(merged.begin(), merged.end(), [](const auto& x, const auto& y) {
+      return x.first != y.first ? x.first > y.first : x.second < y.second;
+    });
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    out.reserve(merged.size());
+    for (const auto& [bytes, key] : merged) {
+      out.emplace_back(static_cast<uint32_t>(key / nodes_), static_cast<uint32_t>(key % nodes_));
+    }
+    return out;
+  }
+
+  uint64_t CostOn(size_t i, uint32_t node) const {
+    return OwnerNode(metas_[i], world_, lws_) == static_cast<int32_t>(node) ? 0 : metas_[i].payload_bytes;
+  }
+
+  // Re-splits the samples of nodes a and b (see the header); true when it
+  // strictly lowered their inter-node bytes.
+  bool ImprovePair(uint32_t a, uint32_t b) {
+    size_t m = 0;
+    for (uint32_t node : {a, b}) {
+      for (size_t r = FirstRank(node); r < EndRank(node); ++r) m += groups_[r].size();
+    }
+    // At most 2 * m * beam expansions (plus m to set up): a pair that would
+    // overrun the step's work budget runs with a narrower beam, or not at all.
+    const uint64_t left_work = budget_work_ - std::min(budget_work_, stats_.work);
+    const uint64_t beam = std::min<uint64_t>(options_.beam, left_work / (2 * m + 1));
+    if (beam < kMinBeam || m > kMaxPairSamples) return false;
+    stats_.work += m;
+    std::vector<size_t> u;
+    u.reserve(m);
+    uint64_t current = 0;
+    for (uint32_t node : {a, b}) {
+      for (size_t r = FirstRank(node); r < EndRank(node); ++r) {
+        for (size_t i : groups_[r]) {
+          u.push_back(i);
+          current += CostOn(i, node);
+        }
+      }
+    }
+    if (current == 0) return false;
+    std::sort(u.begin(), u.end(), [&](size_t x, size_t y) {
+      const SampleMeta& mx = metas_[x];
+      const SampleMeta& my = metas_[y];
+      if (mx.lengths.tokens != my.lengths.tokens) return mx.lengths.tokens > my.lengths.tokens;
+      return std::tie(mx.owner_rank, mx.id) < std::tie(my.owner_rank, my.id);
+    });
+    const auto ka = static_cast<uint32_t>(EndRank(a) - FirstRank(a));
+    const auto kb = static_cast<uint32_t>(EndRank(b) - FirstRank(b));
+    const auto limit =
+        static_cast<uint32_t>(std::min<size_t>(u.size(), std::numeric_limits<uint32_t>::max()));
+    std::vector<uint32_t> cap(u.size());
+    for (size_t k = 0; k < u.size(); ++k) {
+      const uint32_t len = metas_[u[k]].lengths.tokens;
+      cap[k] = k > 0 && metas_[u[k - 1]].lengths.tokens == len ? cap[k - 1]
+                                                               : Cap(budget_, model_, len, capacity_, limit);
+    }
+
+    // froms[k]: the `from` of every state after sample k, for the walk back.
+    std::vector<std::vector<uint32_t>> froms(u.size());
+    std::vector<State> layer = {State{}}, next;
+    for (size_t k = 0; k < u.size(); ++k) {
+      next.clear();
+      stats_.work += 2 * layer.size();
+      const uint64_t on_a = CostOn(u[k], a), on_b = CostOn(u[k], b);
+      const auto left = static_cast<uint32_t>(u.size() - k - 1);
+      for (uint32_t p = 0; p < layer.size(); ++p) {
+        State sa{layer[p].key, layer[p].cost + on_a, p << 1};
+        if (Take(sa.key, 0, ka, cap[k], left)) next.push_back(sa);
+        State sb{layer[p].key, layer[p].cost + on_b, p << 1 | 1};
+        if (Take(sb.key, 1, kb, cap[k], left)) next.push_back(sb);
+      }
+      Dedupe(next);
+      if (next.size() > beam) {
+        std::nth_element(next.begin(), next.begin() + beam, next.end(), [](const State& x, const State& y) {
+          return x.cost != y.cost ? x.cost < y.cost : x.key < y.key;
+        });
+        next.resize(beam);
+      }
+      if (next.empty()) return false;
+      froms[k].resize(next.size());
+      for (size_t s = 0; s < next.size(); ++s) froms[k][s] = next[s].from;
+      layer.swap(next);
+    }
+    // The cheapest end state where both nodes have a sample for every rank.
+    size_t best = layer.size();
+    for (size_t s = 0; s < layer.size(); ++s) {
+      if (Taken(layer[s].key, 0) < ka || Taken(layer[s].key, 1) < kb) continue;
+      if (best == layer.size() || layer[s].cost < layer[best].cost ||
+          (layer[s].cost == layer[best].cost && layer[s].key < layer[best].key)) {
+        best = s;
+      }
+    }
+    if (best == layer.size() || layer[best].cost >= current) return false;
+    std::vector<uint8_t> to_b(u.size());
+    for (size_t k = u.size(), s = best; k > 0; --k) {
+      to_b[k - 1] = froms[k - 1][s] & 1;
+      s = froms[k - 1][s] >> 1;
+    }
+    std::vector<size_t> share_a, share_b;
+    std::vector<uint32_t> cap_a, cap_b;
+    for (size_t k = 0; k < u.size(); ++k) {
+      (to_b[k] ? share_b : share_a).push_back(u[k]);
+      (to_b[k] ? cap_b : cap_a).push_back(cap[k]);
+    }
+    std::vector<std::vector<size_t>> packed_a, packed_b;
+    if (!Pack(share_a, cap_a, ka, packed_a) || !Pack(share_b, cap_b, kb, packed_b)) return false;
+    Install(a, std::move(packed_a));
+    Install(b, std::move(packed_b));
+    return true;
+  }
+
+  // Keeps one state per key, the cheapest (ties: the first generated, i.e.
+  // the earliest parent, node A first), in order of first appearance: an
+  // open-addressing table instead of a sort (this is the DP's inner loop).
+  void Dedupe(std::vector<State>& states) {
+    size_t size = 16;
+    while (size < 2 * states.size()) size *= 2;
+    if (slot_.size() < size) {
+      slot_.assign(size, 0);
+      stamp_.assign(size, 0);
+    }
+    const uint64_t mask = size - 1;
+    ++generation_;
+    size_t kept = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+      uint64_t h = (states[i].key * 0x9E3779B97F4A7C15ull) >> 40;
+      while (true) {
+        h &= mask;
+        if (stamp_[h] != generation_) {
+          stamp_[h] = generation_;
+          slot_[h] = static_cast<uint32_t>(kept);
+          states[kept++] = states[i];
+          break;
+        }
+        State& seen = states[slot_[h]];
+        if (seen.key == states[i].key) {
+          if (states[i].cost < seen.cost) seen = states[i];
+          break;
+        }
+        ++h;
+      }
+    }
+    states.resize(kept);
+  }
+
+  // Longest first, each group filled up to cap(its longest) before the next
+  // opens; then, while a rank has no group, the group with the most samples
+  // (ties: the first) gives its shortest to a new one (a smaller group still
+  // fits). Checks every group against the budget and the step time.
+  bool Pack(const std::vector<size_t>& share, const std::vector<uint32_t>& cap, uint32_t ranks,
+            std::vector<std::vector<size_t>>& out) const {
+    out.clear();
+    uint32_t room = 0;
+    for (size_t k = 0; k < share.size(); ++k) {
+      if (!out.empty() && room > 0) {
+        out.back().push_back(share[k]);
+        --room;
+      } else {
+        out.push_back({share[k]});
+        room = cap[k] - 1;
+      }
+    }
+    while (out.size() < ranks) {
+      size_t donor = 0;
+      for (size_t g = 1; g < out.size(); ++g) {
+        if (out[g].size() > out[donor].size()) donor = g;
+      }
+      if (out.empty() || out[donor].size() < 2) return false;
+      out.push_back({out[donor].back()});
+      out[donor].pop_back();
+    }
+    if (out.size() != ranks) return false;
+    for (const auto& g : out) {
+      if (!Fits(budget_, model_, g.size(), metas_[g.front()].lengths.tokens, capacity_)) return false;
+    }
+    return true;
+  }
+
+  // Gives the node's groups to its ranks, keeping the most bytes on their
+  // owner rank (exact assignment over the node's ranks).
+  void Install(uint32_t node, std::vector<std::vector<size_t>> packed) {
+    const size_t first = FirstRank(node), k = EndRank(node) - first;
+    std::vector<std::vector<int64_t>> w(k, std::vector<int64_t>(k, 0));
+    for (size_t g = 0; g < k; ++g) {
+      for (size_t i : packed[g]) {
+        const int32_t owner = metas_[i].owner_rank;
+        if (owner >= static_cast<int32_t>(first) && static_cast<size_t>(owner) < first + k) {
+          w[g][owner - first] += static_cast<int64_t>(metas_[i].payload_bytes) + 1;
+        }
+      }
+    }
+    const std::vector<int> rank_of = MaxWeightAssignment(w);
+    for (size_t g = 0; g < k; ++g) groups_[first + rank_of[g]] = std::move(packed[g]);
+  }
+
+  const grouping::Budget& budget_;
+  const grouping::StepTimeModel& model_;
+  const std::vector<SampleMeta>& metas_;
+  std::vector<std::vector<size_t>>& groups_;
+  const uint32_t lws_;
+  const NodePlacementOptions& options_;
+  size_t world_ = 0;
+  uint64_t nodes_ = 0;
+  size_t samples_ = 0;
+  double capacity_ = 0.0;
+  uint64_t budget_work_ = 0;
+  NodePlacementStats stats_;
+  std::vector<uint32_t> slot_, stamp_;  // Dedupe's table
+  uint32_t generation_ = 0;
+};
+
+}  // namespace
+
+bool NodePlacementApplies(const grouping::Budget& budget, const grouping::StepTimeModel& model) {
+  return budget.model == grouping::CostModel::kPadded && model.per_len_sq == 0.0 &&
+         model.per_padded_token >= 0.0 && budget.quadratic_q >= 0.0 && budget.max_vision_patches == 0 &&
+         budget.max_audio_frames == 0;
+}
+
+uint64_t InterNodeBytes(const std::vector<SampleMeta>& metas, const std::vector<std::vector<size_t>>& groups,
+                        uint32_t local_world_size) {
+  if (local_world_size == 0) return 0;
+  uint64_t bytes = 0;
+  for (size_t r = 0; r < groups.size(); ++r) {
+    const auto here = static_cast<int32_t>(r / local_world_size);
+    for (size_t i : groups[r]) {
+      if (OwnerNode(metas[i], groups.size(), local_world_size) != here) bytes += metas[i].payload_bytes;
+    }
+  }
+  return bytes;
+}
+
+NodePlacementStats PlaceOnNodes(const grouping::Budget& budget, const grouping::StepTimeModel& model,
+                                const std::vector<SampleMeta>& metas,
+                                std::vector<std::vector<size_t>>& groups, uint32_t local_world_size,
+                                const NodePlacementOptions& options) {
+  NodePlacementStats stats;
+  const bool usable = local_world_size != 0 && local_world_size <= kMaxRanks &&
+                      groups.size() > local_world_size && NodePlacementApplies(budget, model) &&
+                      options.beam > 0 &&
+                      std::none_of(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); });
+  if (!usable) {
+    stats.inter_node_bytes_before = stats.inter_node_bytes_after =
+        InterNodeBytes(metas, groups, local_world_size);
+    return stats;
+  }
+  return Placer(budget, model, metas, groups, local_world_size, options).Run();
+}
+
+}  // namespace odb::balance
