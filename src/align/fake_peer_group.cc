@@ -28,38 +28,45 @@ FakeWorld::~FakeWorld() = default;
 PeerGroup* FakeWorld::Rank(int rank) { return members_.at(rank).get(); }
 
 void FakeWorld::Kill(int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!dead_rank_) dead_rank_ = rank;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void FakeWorld::KillAt(int rank, uint64_t call_index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   kill_at_[rank] = call_index;
 }
 
+absl::Status FakeWorld::DeadError(int rank, uint64_t call) const {
+  return absl::UnavailableError("fake peer group: peer rank " + std::to_string(*dead_rank_) +
+                                " died (seen by rank " + std::to_string(rank) + " in collective " +
+                                std::to_string(call) + ")");
+}
+
 absl::StatusOr<std::vector<std::string>> FakeWorld::Gather(int rank, uint64_t call, std::string_view bytes) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto dead_error = [&]() {
-    return absl::UnavailableError("fake peer group: peer rank " + std::to_string(*dead_rank_) +
-                                  " died (seen by rank " + std::to_string(rank) + " in collective " +
-                                  std::to_string(call) + ")");
-  };
+  MutexLock lock(mu_);
   auto k = kill_at_.find(rank);
   if (k != kill_at_.end() && call >= k->second && !dead_rank_) {
     dead_rank_ = rank;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
-  if (dead_rank_) return dead_error();
+  if (dead_rank_) return DeadError(rank, call);
   Slot& slot = slots_[call];
   if (slot.data.empty()) {
     slot.data.resize(size_);
     slot.readers_left = size_;
   }
   slot.data[rank] = std::string(bytes);
-  if (++slot.arrived == size_) cv_.notify_all();
-  const bool done = cv_.wait_for(lock, timeout_, [&] { return dead_rank_ || slots_[call].arrived == size_; });
-  if (dead_rank_) return dead_error();
+  if (++slot.arrived == size_) cv_.NotifyAll();
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  bool done = slots_[call].arrived == size_;
+  while (!dead_rank_ && !done) {
+    const bool notified = cv_.WaitUntil(mu_, deadline);
+    done = slots_[call].arrived == size_;
+    if (!notified && !done) break;  // timed out
+  }
+  if (dead_rank_) return DeadError(rank, call);
   Slot& s = slots_[call];
   if (!done) {
     std::string missing;

@@ -2,16 +2,15 @@
 #define ODB_ALIGN_FAKE_PEER_GROUP_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "src/align/peer_group.h"
+#include "src/common/mutex.h"
 
 namespace odb::align {
 
@@ -29,15 +28,17 @@ class FakeWorld {
   FakeWorld& operator=(const FakeWorld&) = delete;
 
   int size() const { return size_; }
-  void Kill(int rank);
-  void KillAt(int rank, uint64_t call_index);
+  void Kill(int rank) ABSL_LOCKS_EXCLUDED(mu_);
+  void KillAt(int rank, uint64_t call_index) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The rank's view; owned by the world, valid while it lives.
   PeerGroup* Rank(int rank);
 
  private:
   class Member;
-  absl::StatusOr<std::vector<std::string>> Gather(int rank, uint64_t call, std::string_view bytes);
+  absl::StatusOr<std::vector<std::string>> Gather(int rank, uint64_t call, std::string_view bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeadError(int rank, uint64_t call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Slot {
     std::vector<std::optional<std::string>> data;
@@ -48,11 +49,11 @@ class FakeWorld {
   const int size_;
   const std::chrono::milliseconds timeout_;
   std::vector<std::unique_ptr<Member>> members_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, Slot> slots_;            // guarded by mu_
-  std::optional<int> dead_rank_;              // guarded by mu_
-  std::map<int, uint64_t> kill_at_;           // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::optional<int> dead_rank_ ABSL_GUARDED_BY(mu_);
+  std::map<int, uint64_t> kill_at_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace odb::align

@@ -10,13 +10,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -32,6 +30,8 @@
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <utility>
+
+#include "src/common/mutex.h"
 
 namespace odb::align {
 namespace {
@@ -123,10 +123,10 @@ class GlooPeerGroup::RunGapWatch {
   RunGapWatch() : last_tick_(Clock::now()), thread_([this] { Loop(); }) {}
   ~RunGapWatch() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
   RunGapWatch(const RunGapWatch&) = delete;
@@ -134,8 +134,8 @@ class GlooPeerGroup::RunGapWatch {
 
   // The longest stretch without running that ended after `since`, including
   // one that is only ending now (the thread has not woken up yet).
-  std::chrono::milliseconds LongestSince(Clock::time_point since) const {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::chrono::milliseconds LongestSince(Clock::time_point since) const ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(mu_);
     const auto now = Clock::now();
     std::chrono::milliseconds longest{0};
     if (now - last_tick_ > kTick + kMinGap) {
@@ -155,10 +155,10 @@ class GlooPeerGroup::RunGapWatch {
     std::chrono::milliseconds length;
   };
 
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(mu_);
     while (!stop_) {
-      cv_.wait_for(lock, kTick);
+      cv_.WaitFor(mu_, kTick);
       const auto now = Clock::now();
       if (now - last_tick_ > kTick + kMinGap) {
         gaps_.push_back({now, std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick_)});
@@ -168,11 +168,11 @@ class GlooPeerGroup::RunGapWatch {
     }
   }
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;             // guarded by mu_
-  Clock::time_point last_tick_;   // guarded by mu_
-  std::deque<Gap> gaps_;          // guarded by mu_: the latest ones
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point last_tick_ ABSL_GUARDED_BY(mu_);
+  std::deque<Gap> gaps_ ABSL_GUARDED_BY(mu_);  // the latest ones
   std::thread thread_;            // last: starts once the rest is initialized
 };
 
