@@ -7,7 +7,7 @@ namespace odb {
 std::vector<uint8_t> BufferPool::Acquire(size_t bytes) {
   std::vector<uint8_t> out;
   if (bytes >= min_bytes_) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = std::lower_bound(free_.begin(), free_.end(), bytes,
                                [](const std::vector<uint8_t>& b, size_t n) { return b.capacity() < n; });
     if (it != free_.end()) {
@@ -24,7 +24,7 @@ void BufferPool::Release(std::vector<uint8_t>&& buffer) {
   const size_t capacity = buffer.capacity();
   if (capacity < min_bytes_ || capacity > max_free_bytes_ || max_free_buffers_ == 0) return;
   buffer.clear();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = std::lower_bound(free_.begin(), free_.end(), capacity,
                              [](const std::vector<uint8_t>& b, size_t n) { return b.capacity() < n; });
   free_.insert(it, std::move(buffer));
@@ -37,12 +37,12 @@ void BufferPool::Release(std::vector<uint8_t>&& buffer) {
 }
 
 size_t BufferPool::free_buffers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return free_.size();
 }
 
 uint64_t BufferPool::free_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return free_bytes_;
 }
 

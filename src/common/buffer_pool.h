@@ -3,8 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
+
+#include "src/common/mutex.h"
 
 namespace odb {
 
@@ -29,20 +30,20 @@ class BufferPool {
 
   // An empty vector with capacity() >= bytes: the smallest idle buffer that
   // fits, else a new reservation.
-  std::vector<uint8_t> Acquire(size_t bytes);
+  std::vector<uint8_t> Acquire(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps `buffer` (its contents are dropped) for a later Acquire.
-  void Release(std::vector<uint8_t>&& buffer);
+  void Release(std::vector<uint8_t>&& buffer) ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t free_buffers() const;
-  uint64_t free_bytes() const;
+  size_t free_buffers() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t free_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const size_t min_bytes_;
   const size_t max_free_buffers_;
   const uint64_t max_free_bytes_;
-  mutable std::mutex mu_;
-  std::vector<std::vector<uint8_t>> free_;  // guarded by mu_, ascending capacity
-  uint64_t free_bytes_ = 0;                 // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<std::vector<uint8_t>> free_ ABSL_GUARDED_BY(mu_);  // ascending capacity
+  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace odb

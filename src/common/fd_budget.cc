@@ -17,7 +17,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
+
+#include "src/common/mutex.h"
 
 namespace odb {
 namespace {
@@ -30,8 +31,8 @@ std::atomic<uint64_t> g_limit{0};
 std::atomic<uint64_t> g_reserve{0};
 std::atomic<uint64_t> g_refused{0};
 std::atomic<int64_t> g_last_log_ms{0};
-std::mutex g_reserve_mu;
-int g_reserve_fd = -1;  // guarded by g_reserve_mu: freed to take one connection off the backlog
+Mutex g_reserve_mu;
+int g_reserve_fd ABSL_GUARDED_BY(g_reserve_mu) = -1;  // freed to take one connection off the backlog
 
 // "ipc:///run/odb/ingest.sock" or "tcp port 5555": which listener refused.
 std::string ListenerName(int listen_fd) {
@@ -88,7 +89,7 @@ int Guard(int listen_fd, int accepted, int saved_errno, int flags) {
   // empty backlog says EMFILE too: that stays "nothing to accept".)
   int retry_errno = EMFILE;
   {
-    std::lock_guard<std::mutex> lock(g_reserve_mu);
+    MutexLock lock(g_reserve_mu);
     pollfd ready{listen_fd, POLLIN, 0};
     if (poll(&ready, 1, 0) != 1) {
       retry_errno = EAGAIN;  // nothing waiting (a blocking listener must not block here)
@@ -140,7 +141,7 @@ DescriptorBudget BudgetFor(uint64_t limit) {
 
 void InstallAcceptGuard(const DescriptorBudget& budget) {
   {
-    std::lock_guard<std::mutex> lock(g_reserve_mu);
+    MutexLock lock(g_reserve_mu);
     if (g_reserve_fd < 0) g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   g_max_connections.store(budget.max_connections);

@@ -23,6 +23,9 @@ class ABSL_LOCKABLE Mutex {
 
   void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  // Takes the mutex only if nobody holds it; true when taken (then the
+  // caller unlocks it). For readers that must never wait behind a writer.
+  bool try_lock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
 
  private:
   friend class CondVar;
@@ -42,10 +45,19 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 };
 
 // std::condition_variable over a Mutex: waits with the mutex held (the
-// caller's MutexLock), which the wait releases and takes again.
+// caller's MutexLock), which the wait releases and takes again. Callers loop
+// on their condition in the function that holds the lock (not in a predicate
+// lambda: the analysis cannot see that a lambda runs under the lock).
 class CondVar {
  public:
   void NotifyAll() { cv_.notify_all(); }
+
+  // Waits until notified (spurious wake-ups included).
+  void Wait(Mutex& mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();  // still held: the caller's lock releases it
+  }
 
   // Waits until notified or `timeout` passed (spurious wake-ups included:
   // callers re-check their condition). True when notified.
@@ -54,6 +66,14 @@ class CondVar {
     std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
     const std::cv_status status = cv_.wait_for(lock, timeout);
     lock.release();  // still held: the caller's lock releases it
+    return status == std::cv_status::no_timeout;
+  }
+
+  // Waits until notified or the steady clock reaches `deadline`. True when notified.
+  bool WaitUntil(Mutex& mu, std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
+    const std::cv_status status = cv_.wait_until(lock, deadline);
+    lock.release();
     return status == std::cv_status::no_timeout;
   }
 

@@ -33,7 +33,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       ingest_(context_, IngestOptionsFor(config_), state_, metrics_, clock_),
       trainer_(context_, TrainerChannelOptionsFor(config_), state_, metrics_, clock_),
       exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(ExchangeOptionsFor(config_),
-                                                                                  state_, metrics_)
+                                                                                  state_, metrics_, clock_)
                                     : nullptr),
       steps_(StepBuilderOptionsFor(config_), state_, metrics_, exchange_.get()),
       metrics_server_(metrics_, config_.rank) {
@@ -117,7 +117,7 @@ void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
   spdlog::error("{}", message);
   trainer_.EnqueueFatal(code, message, config_.rank);
   {
-    std::lock_guard<std::mutex> lock(fatal_mu_);
+    MutexLock lock(fatal_mu_);
     if (fatal_status_.ok()) fatal_status_ = absl::UnavailableError(message);
   }
   failed_.store(true);
@@ -211,7 +211,7 @@ absl::Status Daemon::Run() {
   // Give a fatal message a chance to reach the trainer (the socket lingers).
   trainer_.Flush();
   metrics_server_.Stop();
-  std::lock_guard<std::mutex> lock(fatal_mu_);
+  MutexLock lock(fatal_mu_);
   return fatal_status_;
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/daemon/config.h"
 #include "src/daemon/endpoint_lock.h"
 #include "src/daemon/metrics_server.h"
@@ -104,8 +105,8 @@ class Daemon {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
-  std::mutex fatal_mu_;
-  absl::Status fatal_status_;  // guarded by fatal_mu_
+  Mutex fatal_mu_;
+  absl::Status fatal_status_ ABSL_GUARDED_BY(fatal_mu_);
   std::thread planner_;
   // Start of the current run of waiting rounds, and whether it was reported
   // (a long wait gets one log line). Planner thread only.

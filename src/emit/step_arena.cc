@@ -55,7 +55,7 @@ absl::StatusOr<shm::Block> StepArena::Allocate(uint64_t length, std::chrono::mil
   const auto deadline = std::chrono::steady_clock::now() + wait;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       absl::StatusOr<shm::Block> block = writer_->Allocate(length, absl::FromChrono(kWaitSlice));
       if (block.ok() || block.status().code() != absl::StatusCode::kDeadlineExceeded) return block;
       if (std::chrono::steady_clock::now() >= deadline) {
@@ -75,16 +75,20 @@ absl::StatusOr<shm::Block> StepArena::Allocate(uint64_t length, std::chrono::mil
 }
 
 void StepArena::Free(const shm::Block& block) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   (void)writer_->Free(block);  // a block of an arena that was Reset is simply gone
 }
 
 StepArena::Stats StepArena::stats() const {
   // Gauges only: never wait behind the planner's Allocate (it sleeps under mu_).
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return last_stats_;
+  if (!mu_.try_lock()) {
+    MutexLock last(stats_mu_);
+    return last_stats_;
+  }
   writer_->Reclaim();
   const shm::ArenaWriter::Stats s = writer_->stats();
+  mu_.unlock();
+  MutexLock last(stats_mu_);
   last_stats_ = {s.outstanding_blocks, s.outstanding_bytes, s.returns};
   return last_stats_;
 }
@@ -175,7 +179,7 @@ void StepArenaServer::Start() {
 void StepArenaServer::Stop() { thread_.Stop(); }
 
 void StepArenaServer::Publish(std::shared_ptr<StepArena> arena) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   current_ = std::move(arena);
 }
 
@@ -245,7 +249,7 @@ void StepArenaServer::Answer(int conn) {
   const uint64_t generation = *requested;
   std::shared_ptr<StepArena> arena;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     arena = current_;
   }
   if (arena == nullptr || arena->generation() != generation) {

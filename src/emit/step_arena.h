@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -15,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/common/mutex.h"
 #include "src/emit/step_encoder.h"
 #include "src/shm/arena_writer.h"
 #include "src/shm/poll_thread.h"
@@ -45,8 +45,8 @@ class StepArena {
   // kDeadlineExceeded naming the arena and what the trainer holds. Oversize
   // (kInvalidArgument) and a dead reader (kUnavailable) come back at once.
   absl::StatusOr<shm::Block> Allocate(uint64_t length, std::chrono::milliseconds wait,
-                                      const std::function<bool()>& cancelled);
-  void Free(const shm::Block& block);
+                                      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  void Free(const shm::Block& block) ABSL_LOCKS_EXCLUDED(mu_);
   std::byte* At(uint64_t offset) const { return base_ + offset; }
 
   struct Stats {
@@ -55,14 +55,18 @@ class StepArena {
     uint64_t returns = 0;
   };
   // Reclaims returns first; the last figures when the planner holds the arena.
-  Stats stats() const;
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit StepArena(std::unique_ptr<shm::ArenaWriter> writer);
 
-  mutable std::mutex mu_;
-  std::unique_ptr<shm::ArenaWriter> writer_;  // guarded by mu_
-  mutable Stats last_stats_;                  // guarded by mu_
+  mutable Mutex mu_;
+  // The pointer is set once (constructor); every call through it holds mu_.
+  const std::unique_ptr<shm::ArenaWriter> writer_ ABSL_PT_GUARDED_BY(mu_);
+  // The last figures, for a reader that finds mu_ taken (the planner may
+  // sleep under it). Their own mutex, held only to copy them, never with mu_.
+  mutable Mutex stats_mu_;
+  mutable Stats last_stats_ ABSL_GUARDED_BY(stats_mu_);
   const uint64_t generation_;
   const uint64_t capacity_;
   const int fd_;
@@ -112,7 +116,7 @@ class StepArenaServer {
   bool listening() const { return listener_.valid(); }
   const std::string& path() const { return path_; }
   // The arena a request may fetch from now on (null: none).
-  void Publish(std::shared_ptr<StepArena> arena);
+  void Publish(std::shared_ptr<StepArena> arena) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Serve();
@@ -120,8 +124,8 @@ class StepArenaServer {
 
   shm::UniqueFd listener_;
   std::string path_;
-  std::mutex mu_;
-  std::shared_ptr<StepArena> current_;  // guarded by mu_
+  Mutex mu_;
+  std::shared_ptr<StepArena> current_ ABSL_GUARDED_BY(mu_);
   shm::PollThread thread_;              // last: stopped before the members it serves go
 };
 

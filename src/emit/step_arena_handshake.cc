@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace odb::emit {
@@ -65,21 +66,26 @@ absl::Status StepArenaHandshake::OnReply(const wire::StepArenaReply& reply) {
 
 void StepArenaHandshake::SetState(std::shared_ptr<StepArena> active, bool pending) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     active_ = std::move(active);
     pending_ = pending;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::shared_ptr<StepArena> StepArenaHandshake::Active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return active_;
 }
 
 std::shared_ptr<StepArena> StepArenaHandshake::ForNextStep() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (pending_ && !cv_.wait_for(lock, options_.offer_wait, [this] { return !pending_; })) {
+  MutexLock lock(mu_);
+  if (!pending_) return active_;
+  const Clock::TimePoint deadline = clock_.Now() + options_.offer_wait;
+  for (Clock::TimePoint now = clock_.Now(); pending_ && now < deadline; now = clock_.Now()) {
+    cv_.WaitFor(mu_, std::min<Clock::TimePoint::duration>(deadline - now, kClockRecheck));
+  }
+  if (pending_) {
     pending_ = false;
     spdlog::warn(
         "the trainer has not answered its step arena offer within {} ms (is it calling Next()?); "

@@ -2,16 +2,16 @@
 #define ODB_EMIT_STEP_ARENA_HANDSHAKE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/odb.pb.h"
+#include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/emit/step_arena.h"
 
 namespace odb::emit {
@@ -24,7 +24,7 @@ struct StepArenaHandshakeOptions {
   bool required = false;
   uint64_t arena_bytes = uint64_t{1} << 30;  // shm.step_arena_bytes
   // How long the planner waits for a session's answer to its offer before
-  // its steps go as frames.
+  // its steps go as frames (on the handshake's clock).
   std::chrono::milliseconds offer_wait = std::chrono::seconds(5);
 };
 
@@ -40,7 +40,9 @@ struct StepArenaHandshakeOptions {
 // ForNextStep on any thread.
 class StepArenaHandshake {
  public:
-  explicit StepArenaHandshake(StepArenaHandshakeOptions options) : options_(options) {}
+  // `clock` (not owned, outlives this) measures offer_wait: the daemon's
+  // injected clock, so that a test moves a FakeClock instead of waiting.
+  StepArenaHandshake(StepArenaHandshakeOptions options, const Clock& clock) : options_(options), clock_(clock) {}
   StepArenaHandshake(const StepArenaHandshake&) = delete;
   StepArenaHandshake& operator=(const StepArenaHandshake&) = delete;
 
@@ -61,24 +63,29 @@ class StepArenaHandshake {
   absl::Status OnReply(const wire::StepArenaReply& reply);
 
   // The arena the session has mapped (null: steps go as frames).
-  std::shared_ptr<StepArena> Active() const;
+  std::shared_ptr<StepArena> Active() const ABSL_LOCKS_EXCLUDED(mu_);
   // The same, for the planner about to place a step: while an offer is
   // unanswered, waits for the answer (at most offer_wait, then the session's
   // steps go as frames), so that a session's steps do not start as frames
   // merely because the trainer had not called Next() yet.
-  std::shared_ptr<StepArena> ForNextStep();
+  // offer_wait is read on the injected clock; the wait itself is woken by
+  // the answer and re-reads the clock at least every kClockRecheck (a
+  // FakeClock moves without waking anyone).
+  std::shared_ptr<StepArena> ForNextStep() ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr std::chrono::milliseconds kClockRecheck{50};
 
  private:
-  void SetState(std::shared_ptr<StepArena> active, bool pending);
+  void SetState(std::shared_ptr<StepArena> active, bool pending) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StepArenaHandshakeOptions options_;
+  const Clock& clock_;
   StepArenaServer server_;
   std::shared_ptr<StepArena> offered_;  // I/O thread: offered to the session, not yet answered
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::shared_ptr<StepArena> active_;  // guarded by mu_
-  bool pending_ = false;               // guarded by mu_: an offer waits for its answer
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::shared_ptr<StepArena> active_ ABSL_GUARDED_BY(mu_);
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;  // an offer waits for its answer
 };
 
 }  // namespace odb::emit

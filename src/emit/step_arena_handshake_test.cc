@@ -10,8 +10,12 @@
 #include <future>
 #include <string>
 
+#include "src/common/clock.h"
+
 namespace odb::emit {
 namespace {
+
+SteadyClock steady;  // the handshakes whose waits the tests do not drive
 
 struct TempDir {
   TempDir() {
@@ -41,7 +45,7 @@ wire::StepArenaReply Answer(const wire::DaemonMessage& offer, bool attached) {
 }
 
 TEST_CASE("a remote trainer (tcp) is offered no arena: its steps go as frames") {
-  StepArenaHandshake h(Options(/*required=*/true));
+  StepArenaHandshake h(Options(/*required=*/true), steady);
   REQUIRE(h.Listen("tcp://127.0.0.1:5555").ok());
   auto offer = h.NewSession();
   REQUIRE(offer.ok());
@@ -52,7 +56,7 @@ TEST_CASE("a remote trainer (tcp) is offered no arena: its steps go as frames") 
 
 TEST_CASE("a session's steps use its arena once it answered that it mapped it") {
   TempDir dir;
-  StepArenaHandshake h(Options());
+  StepArenaHandshake h(Options(), steady);
   REQUIRE(h.Listen(dir.endpoint()).ok());
   auto offer = h.NewSession();
   REQUIRE(offer.ok());
@@ -73,7 +77,7 @@ TEST_CASE("a planner waiting for the answer gets the arena when it comes") {
   TempDir dir;
   StepArenaHandshakeOptions options = Options();
   options.offer_wait = std::chrono::seconds(60);  // the answer, not the wait, ends it
-  StepArenaHandshake h(options);
+  StepArenaHandshake h(options, steady);
   REQUIRE(h.Listen(dir.endpoint()).ok());
   auto offer = h.NewSession();
   REQUIRE(offer.ok());
@@ -88,7 +92,7 @@ TEST_CASE("a planner waiting for the answer gets the arena when it comes") {
 
 TEST_CASE("an answer to another generation is ignored; an unanswered offer falls back to frames") {
   TempDir dir;
-  StepArenaHandshake h(Options());
+  StepArenaHandshake h(Options(), steady);
   REQUIRE(h.Listen(dir.endpoint()).ok());
   auto offer = h.NewSession();
   REQUIRE(offer.ok());
@@ -101,10 +105,40 @@ TEST_CASE("an answer to another generation is ignored; an unanswered offer falls
   CHECK(h.ForNextStep() == nullptr);  // offer_wait passed: frames
 }
 
+TEST_CASE("an unanswered offer is given up when the injected clock passes offer_wait, without real waiting") {
+  TempDir dir;
+  FakeClock clock;
+  StepArenaHandshakeOptions options = Options();
+  options.offer_wait = std::chrono::hours(1);  // only the fake clock's advance can end the wait
+  StepArenaHandshake h(options, clock);
+  REQUIRE(h.Listen(dir.endpoint()).ok());
+  auto offer = h.NewSession();
+  REQUIRE(offer.ok());
+  REQUIRE(offer->has_value());
+  h.OfferDelivered();
+  auto planner = std::async(std::launch::async, [&] { return h.ForNextStep(); });
+  struct AnswerOnExit {  // a failed check must not leave the planner waiting an hour
+    StepArenaHandshake& h;
+    wire::StepArenaReply reply;
+    ~AnswerOnExit() { (void)h.OnReply(reply); }
+  } answer_on_exit{h, Answer(**offer, false)};
+  // The planner reads the clock when it starts waiting: advance until it has
+  // seen an hour pass (each look is at most kClockRecheck apart).
+  const auto real_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (planner.wait_for(StepArenaHandshake::kClockRecheck * 2) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < real_deadline) {
+    clock.Advance(options.offer_wait);
+  }
+  REQUIRE(planner.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+  CHECK(planner.get() == nullptr);  // frames
+  // The offer was given up: the next step does not wait again.
+  CHECK(h.ForNextStep() == nullptr);
+}
+
 TEST_CASE("a declined arena means frames, or an error naming why when the arena is required") {
   TempDir dir;
   SECTION("auto") {
-    StepArenaHandshake h(Options());
+    StepArenaHandshake h(Options(), steady);
     REQUIRE(h.Listen(dir.endpoint()).ok());
     auto offer = h.NewSession();
     REQUIRE(offer.ok());
@@ -117,7 +151,7 @@ TEST_CASE("a declined arena means frames, or an error naming why when the arena 
     CHECK(h.Active() == nullptr);
   }
   SECTION("required") {
-    StepArenaHandshake h(Options(/*required=*/true));
+    StepArenaHandshake h(Options(/*required=*/true), steady);
     REQUIRE(h.Listen(dir.endpoint()).ok());
     auto offer = h.NewSession();
     REQUIRE(offer.ok());
@@ -132,7 +166,7 @@ TEST_CASE("a declined arena means frames, or an error naming why when the arena 
 
 TEST_CASE("a new session retires the previous session's arena and is offered a new one") {
   TempDir dir;
-  StepArenaHandshake h(Options());
+  StepArenaHandshake h(Options(), steady);
   REQUIRE(h.Listen(dir.endpoint()).ok());
   auto first = h.NewSession();
   REQUIRE(first.ok());
@@ -159,7 +193,7 @@ TEST_CASE("an arena that cannot be created is an error when required, frames oth
   TempDir dir;
   StepArenaHandshakeOptions options = Options(/*required=*/true);
   options.arena_bytes = uint64_t{1} << 62;
-  StepArenaHandshake required(options);
+  StepArenaHandshake required(options, steady);
   REQUIRE(required.Listen(dir.endpoint()).ok());
   auto offer = required.NewSession();
   REQUIRE_FALSE(offer.ok());
@@ -168,7 +202,7 @@ TEST_CASE("an arena that cannot be created is an error when required, frames oth
 
   TempDir other;
   options.required = false;
-  StepArenaHandshake fallback(options);
+  StepArenaHandshake fallback(options, steady);
   REQUIRE(fallback.Listen(other.endpoint()).ok());
   auto none = fallback.NewSession();
   REQUIRE(none.ok());

@@ -84,9 +84,9 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
     }
   }
   // A peer's payload (or our own, parked by the exchange). Payloads move
-  // while earlier steps are emitted; wait only for these.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.collective_timeout_ms);
+  // while earlier steps are emitted; wait only for these, up to the
+  // exchange's collective timeout on its (the daemon's injected) clock.
+  const Clock::TimePoint deadline = exchange_ != nullptr ? exchange_->PayloadDeadline() : Clock::TimePoint{};
   for (size_t k : elsewhere) {
     if (exchange_ == nullptr) {
       return absl::InternalError("planner returned sample " + std::to_string(keys[k].id) +

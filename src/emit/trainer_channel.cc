@@ -61,7 +61,8 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
       socket_(context, zmq::socket_type::router),
       monitor_(context, zmq::socket_type::pair),
       arena_(StepArenaHandshakeOptions{options_.step_arena, options_.step_arena_required,
-                                       options_.step_arena_bytes}) {}
+                                       options_.step_arena_bytes},
+             clock) {}
 
 absl::Status TrainerChannel::Bind() {
   try {
@@ -325,7 +326,7 @@ void TrainerChannel::Flush() {
   while (true) {
     OutMessage message;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (out_.empty()) return;
       if (out_.front().is_step && credits_ == 0) return;
       message = std::move(out_.front());
@@ -340,7 +341,7 @@ void TrainerChannel::Flush() {
     std::vector<zmq::message_t> kept;
     if (message.is_step) kept = CopyParts(message.parts);
     if (!SendToSession(message.parts)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       out_.push_front(std::move(message));
       return;
     }
@@ -348,7 +349,7 @@ void TrainerChannel::Flush() {
       --credits_;
       ++delivered_in_epoch_;
       in_flight_.push_back(std::move(kept));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       --queued_steps_;
     } else {
       // Control messages: an epoch summary closes the epoch's deliveries.
@@ -387,7 +388,7 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
     if (state_.current_epoch.has_value() || !state_.requested_epochs.empty()) return std::nullopt;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!out_.empty()) return std::nullopt;
   }
   return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
@@ -396,23 +397,23 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
 }
 
 void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   out_.push_back({std::move(parts), true, std::move(arena)});
   ++queued_steps_;
 }
 
 void TrainerChannel::EnqueueControl(std::vector<zmq::message_t>&& parts) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   out_.push_back({std::move(parts), false, nullptr});
 }
 
 void TrainerChannel::EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   out_.push_front({FatalMessage(code, message, rank), false, nullptr});
 }
 
 size_t TrainerChannel::QueuedSteps() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return queued_steps_;
 }
 

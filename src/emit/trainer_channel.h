@@ -2,11 +2,9 @@
 #define ODB_EMIT_TRAINER_CHANNEL_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "absl/status/status.h"
 #include "proto/odb.pb.h"
 #include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/emit/step_arena.h"
 #include "src/emit/step_arena_handshake.h"
 #include "src/emit/trainer_channel_options.h"
@@ -69,7 +68,7 @@ class TrainerChannel {
   // requested. Call once per loop.
   bool SettleContender();
   // Sends queued messages while credits last.
-  void Flush();
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   // A fatal message when the session is lost past trainer_timeout_ms with an
   // epoch open, or when a new trainer asked to continue a lost epoch.
   std::optional<std::pair<wire::ErrorCode, std::string>> CheckLiveness();
@@ -78,25 +77,26 @@ class TrainerChannel {
   // left to send, nobody waiting to take over) and no trainer came back
   // within max(trainer_timeout_ms, kContenderGrace); nullopt otherwise.
   // Never before a session existed.
-  std::optional<std::string> SessionEnded();
+  std::optional<std::string> SessionEnded() ABSL_LOCKS_EXCLUDED(mu_);
 
   // `arena`: the step arena the step was placed in (PlaceStepInArena), or
   // null for frames. A step whose arena is not the session's by the time it
   // is sent goes as frames (StepToFrames).
-  void EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena = nullptr);
-  void EnqueueControl(std::vector<zmq::message_t>&& parts);
+  void EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueControl(std::vector<zmq::message_t>&& parts) ABSL_LOCKS_EXCLUDED(mu_);
   // Ahead of every queued step: a fatal error does not wait for credits.
-  void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank);
-  size_t QueuedSteps() const;
+  void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t QueuedSteps() const ABSL_LOCKS_EXCLUDED(mu_);
   // The session's step arena once the trainer has mapped it; null while steps
   // go as frames (no session yet, a remote trainer, shm.trainer_data_plane:
   // zmq, the trainer declined). Any thread.
   std::shared_ptr<StepArena> ActiveArena() const { return arena_.Active(); }
   // The same for the planner about to place a step: while the session has
-  // not answered its arena offer yet, waits for the answer (at most
-  // kOfferWait, then the session's steps go as frames), so that a session's
-  // steps do not start as frames merely because the trainer had not called
-  // Next() yet.
+  // not answered its arena offer yet, waits for the answer (at most the
+  // handshake's offer_wait on the injected clock, then the session's steps
+  // go as frames), so that a session's steps do not start as frames merely
+  // because the trainer had not called Next() yet.
   std::shared_ptr<StepArena> ArenaForNextStep() { return arena_.ForNextStep(); }
   // Stops handing out arena fds (before the daemon's threads end).
   void StopArenaServer() { arena_.Stop(); }
@@ -128,9 +128,9 @@ class TrainerChannel {
   std::string bound_;
   std::string monitor_endpoint_;
 
-  mutable std::mutex mu_;
-  std::deque<OutMessage> out_;  // guarded by mu_
-  size_t queued_steps_ = 0;     // guarded by mu_
+  mutable Mutex mu_;
+  std::deque<OutMessage> out_ ABSL_GUARDED_BY(mu_);
+  size_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
 
   StepArenaHandshake arena_;
 

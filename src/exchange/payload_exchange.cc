@@ -19,10 +19,12 @@ constexpr char kZapDomain[] = "odb-exchange";
 
 }  // namespace
 
-PayloadExchange::PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics)
+PayloadExchange::PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics,
+                                 const Clock& clock)
     : options_(std::move(options)),
       state_(state),
       metrics_(metrics),
+      clock_(clock),
       rx_(context_, zmq::socket_type::router) {}
 
 PayloadExchange::~PayloadExchange() {
@@ -45,7 +47,7 @@ absl::Status PayloadExchange::Bind() {
   // A peer that connects before this rank has the job's keys is held until
   // then (at most the connect timeout), not refused.
   zap_ = std::make_unique<ZapAuthenticator>(context_, keyring_, kZapDomain,
-                                            std::chrono::milliseconds(options_.connect_timeout_ms),
+                                            std::chrono::milliseconds(options_.connect_timeout_ms), clock_,
                                             &metrics_.exchange_connections_refused);
   if (absl::Status s = zap_->WatchHandshakes(rx_); !s.ok()) return s;
   if (absl::Status s = zap_->Start(); !s.ok()) return s;
@@ -101,9 +103,9 @@ absl::Status PayloadExchange::OnReadable() {
                                  " sent an unreadable sample payload (its frames are no sample message)");
     }
     s->sample.meta.owner_rank = owner;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     parked_.emplace(SampleKey{owner, s->sample.meta.id}, std::move(s->sample));
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   return absl::OkStatus();
 }
@@ -194,31 +196,40 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
       }
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [id, sample] : taken) {
     if (needed_here.count(id)) parked_.emplace(SampleKey{options_.rank, id}, std::move(sample));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key,
-                                             std::chrono::steady_clock::time_point deadline,
+Clock::TimePoint PayloadExchange::PayloadDeadline() const {
+  return clock_.Now() + std::chrono::milliseconds(options_.collective_timeout_ms);
+}
+
+void PayloadExchange::WakeAll() {
+  // Under mu_: a Take between its checks and its wait cannot miss the wake-up.
+  MutexLock lock(mu_);
+  cv_.NotifyAll();
+}
+
+absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, Clock::TimePoint deadline,
                                              const std::function<bool()>& cancelled) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!parked_.count(key)) {
     if (key.owner_rank == options_.rank) {
       return absl::InternalError("planner returned sample " + std::to_string(key.id) +
                                  " that is not buffered on rank " + std::to_string(options_.rank));
     }
     if (cancelled()) return absl::CancelledError("daemon stopping");
-    if (cv_.wait_until(
-            lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100))) ==
-            std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline && !parked_.count(key)) {
+    const Clock::TimePoint now = clock_.Now();
+    if (now >= deadline) {
       return absl::DeadlineExceededError("sample " + std::to_string(key.id) + " from rank " +
                                          std::to_string(key.owner_rank) + " did not arrive within " +
-                                         std::to_string(options_.collective_timeout_ms) + " ms");
+                                         std::to_string(options_.collective_timeout_ms) +
+                                         " ms (alignment.collective_timeout_ms)");
     }
+    cv_.WaitFor(mu_, std::min<Clock::TimePoint::duration>(deadline - now, kClockRecheck));
   }
   auto it = parked_.find(key);
   Sample out = std::move(it->second);

@@ -2,12 +2,10 @@
 #define ODB_EXCHANGE_PAYLOAD_EXCHANGE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "src/align/planner.h"
+#include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/common/sample.h"
 #include "src/exchange/exchange_options.h"
 #include "src/exchange/peer_auth.h"
@@ -36,9 +36,15 @@ using SampleKey = align::SampleKey;  // (owner rank, id): the planner's
 // The link belongs to the job (see peer_auth.h): the ROUTER is a CURVE server
 // that admits only the keys the job's daemons announced, on a ZeroMQ context
 // of its own (its ZAP handler then sees no other socket of the daemon).
+//
+// Its timeouts (collective_timeout_ms for a payload, connect_timeout_ms for a
+// peer's handshake) are read on the injected `clock` (not owned, outlives
+// this; the daemon's, as for its round timing), so a test moves a FakeClock
+// instead of waiting. Blocking waits are woken by their event and re-read the
+// clock at least every kClockRecheck.
 class PayloadExchange {
  public:
-  PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics);
+  PayloadExchange(ExchangeOptions options, DaemonState& state, DaemonMetrics& metrics, const Clock& clock);
   ~PayloadExchange();
   PayloadExchange(const PayloadExchange&) = delete;
   PayloadExchange& operator=(const PayloadExchange&) = delete;
@@ -53,7 +59,7 @@ class PayloadExchange {
   // I/O thread: parks the payloads that arrived (only authenticated peers can
   // send any). An unreadable payload is an error naming the peer that sent it
   // (the peers' plan is broken), returned for the daemon to fail.
-  absl::Status OnReadable();
+  absl::Status OnReadable() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Planner thread: learns the job's keys and connects to every peer's
   // endpoint; `announcements` is the all-gather of Announcement() (index = rank).
@@ -61,17 +67,23 @@ class PayloadExchange {
   // Connections refused (not a peer of this job: wrong key, no CURVE, garbage).
   uint64_t RefusedConnections() const { return zap_ ? zap_->handshakes_failed() : 0; }
   // Planner thread: sends the samples this round moves away.
-  absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome);
-  // Planner thread: the parked payload of `key`, waiting until `deadline`
-  // (or until `cancelled` says stop).
-  absl::StatusOr<Sample> Take(const SampleKey& key, std::chrono::steady_clock::time_point deadline,
-                              const std::function<bool()>& cancelled);
-  void WakeAll() { cv_.notify_all(); }
+  absl::Status SendOutgoing(uint32_t epoch, const RoundOutcome& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  // When the payloads that a step needs from now on must have arrived:
+  // collective_timeout_ms from now, on the exchange's clock (for Take).
+  Clock::TimePoint PayloadDeadline() const;
+  // Planner thread: the parked payload of `key`, waiting until the
+  // exchange's clock reaches `deadline` (or until `cancelled` says stop;
+  // WakeAll makes it look).
+  absl::StatusOr<Sample> Take(const SampleKey& key, Clock::TimePoint deadline,
+                              const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  void WakeAll() ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr std::chrono::milliseconds kClockRecheck{50};
 
  private:
   const ExchangeOptions options_;
   DaemonState& state_;
   DaemonMetrics& metrics_;
+  const Clock& clock_;
   zmq::context_t context_{1};
   CurveKeypair keys_;
   PeerKeyring keyring_;
@@ -80,9 +92,9 @@ class PayloadExchange {
   std::string bound_;
   std::vector<zmq::socket_t> senders_;  // planner thread only
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<SampleKey, Sample> parked_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::map<SampleKey, Sample> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace odb::exchange

@@ -1,7 +1,9 @@
 #include "src/exchange/payload_exchange.h"
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 #include <zmq.hpp>
 
@@ -10,7 +12,7 @@
 namespace odb::exchange {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 ExchangeOptions RankZeroOfTwo() {
   ExchangeOptions c;
@@ -22,8 +24,8 @@ ExchangeOptions RankZeroOfTwo() {
 
 // Reads the exchange until it reports an error or `done` holds (10 s at most).
 absl::Status Pump(PayloadExchange& x, const std::function<bool()>& done) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!done() && Clock::now() < deadline) {
+  const auto deadline = Steady::now() + std::chrono::seconds(10);
+  while (!done() && Steady::now() < deadline) {
     zmq::pollitem_t item{x.socket().handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(20));
     if (absl::Status s = x.OnReadable(); !s.ok()) return s;
@@ -35,7 +37,8 @@ TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer
   ExchangeOptions options = RankZeroOfTwo();
   DaemonState state(1 << 20, 64, 1);
   DaemonMetrics metrics;
-  PayloadExchange x(options, state, metrics);
+  SteadyClock steady;
+  PayloadExchange x(options, state, metrics, steady);
   REQUIRE(x.Bind().ok());
   auto rank1 = NewCurveKeypair();
   REQUIRE(rank1.ok());
@@ -78,6 +81,46 @@ TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer
   absl::Status s = Pump(x, [] { return false; });
   REQUIRE(!s.ok());
   CHECK(std::string(s.message()).find("rank 1 sent an unreadable sample payload") != std::string::npos);
+}
+
+TEST_CASE("a payload that never comes times out when the injected clock passes collective_timeout_ms") {
+  // Rank 1 never sends: only the fake clock's advance ends the wait, however
+  // long the timeout (no real waiting, no socket needed).
+  ExchangeOptions options = RankZeroOfTwo();
+  options.collective_timeout_ms = 3600 * 1000;
+  DaemonState state(1 << 20, 64, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  PayloadExchange x(options, state, metrics, clock);
+  const Clock::TimePoint deadline = x.PayloadDeadline();
+  const SampleKey missing{1, 7};
+
+  // One millisecond before the deadline it still waits: a Take that is told
+  // to stop on its second look comes back cancelled, not timed out.
+  clock.Advance(std::chrono::milliseconds(options.collective_timeout_ms - 1));
+  int looks = 0;
+  absl::StatusOr<Sample> early = x.Take(missing, deadline, [&] { return ++looks > 1; });
+  REQUIRE(!early.ok());
+  CHECK(early.status().code() == absl::StatusCode::kCancelled);
+
+  std::atomic<bool> stop{false};
+  auto taken = std::async(std::launch::async, [&] { return x.Take(missing, deadline, [&] { return stop.load(); }); });
+  struct StopOnExit {  // a failed check must not leave the Take waiting an hour
+    std::atomic<bool>& stop;
+    PayloadExchange& x;
+    ~StopOnExit() {
+      stop.store(true);
+      x.WakeAll();
+    }
+  } stop_on_exit{stop, x};
+  clock.Advance(std::chrono::milliseconds(1));
+  x.WakeAll();
+  REQUIRE(taken.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  absl::StatusOr<Sample> late = taken.get();
+  REQUIRE(!late.ok());
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(late.status().message()).find("sample 7 from rank 1 did not arrive within 3600000 ms") !=
+        std::string::npos);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -75,18 +76,20 @@ absl::Status PeerKeyring::Install(const std::vector<std::string>& public_keys, i
       return absl::InvalidArgumentError("rank " + std::to_string(r) + "'s public key is another rank's");
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (installed_) return absl::FailedPreconditionError("the peer keys are already installed");
   rank_of_ = std::move(rank_of);
   installed_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
   return absl::OkStatus();
 }
 
-std::optional<int> PeerKeyring::WaitRankOf(std::string_view raw_key,
-                                           std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [this] { return installed_ || closed_; });
+std::optional<int> PeerKeyring::WaitRankOf(std::string_view raw_key, const Clock& clock,
+                                           Clock::TimePoint deadline) {
+  MutexLock lock(mu_);
+  for (Clock::TimePoint now = clock.Now(); !installed_ && !closed_ && now < deadline; now = clock.Now()) {
+    cv_.WaitFor(mu_, std::min<Clock::TimePoint::duration>(deadline - now, kClockRecheck));
+  }
   if (!installed_) return std::nullopt;
   auto it = rank_of_.find(std::string(raw_key));
   if (it == rank_of_.end()) return std::nullopt;
@@ -94,18 +97,19 @@ std::optional<int> PeerKeyring::WaitRankOf(std::string_view raw_key,
 }
 
 void PeerKeyring::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, PeerKeyring& keyring, std::string domain,
-                                   std::chrono::milliseconds install_wait,
+                                   std::chrono::milliseconds install_wait, const Clock& clock,
                                    std::atomic<uint64_t>* refused_counter)
     : context_(context),
       keyring_(keyring),
       domain_(std::move(domain)),
       install_wait_(install_wait),
+      clock_(clock),
       socket_(context, zmq::socket_type::rep),
       refused_counter_(refused_counter) {}
 
@@ -159,7 +163,7 @@ absl::Status ZapAuthenticator::Start() {
   } catch (const zmq::error_t& e) {
     return absl::InternalError(std::string("cannot start the payload exchange's authenticator: ") + e.what());
   }
-  started_ = std::chrono::steady_clock::now();
+  started_ = clock_.Now();
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -182,7 +186,7 @@ std::vector<std::string> ZapAuthenticator::Decide(const std::vector<zmq::message
   } else if (request[5].to_string() != "CURVE" || request.size() < 7 || request[6].size() != kKeyBytes) {
     why = "no CURVE key (only this job's daemons may connect)";
   } else if (std::optional<int> rank =
-                 keyring_.WaitRankOf(request[6].to_string_view(), started_ + install_wait_)) {
+                 keyring_.WaitRankOf(request[6].to_string_view(), clock_, started_ + install_wait_)) {
     accepted_.fetch_add(1);
     return {"200", "OK", std::to_string(*rank)};
   } else {

@@ -3,9 +3,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/common/clock.h"
+#include "src/common/mutex.h"
 
 namespace odb::exchange {
 
@@ -54,20 +54,24 @@ class PeerKeyring {
  public:
   // Installs the job's public keys (Z85, index = rank); `self_rank`'s own key
   // is not a peer. Once only.
-  absl::Status Install(const std::vector<std::string>& public_keys, int self_rank);
+  absl::Status Install(const std::vector<std::string>& public_keys, int self_rank) ABSL_LOCKS_EXCLUDED(mu_);
   // The rank whose key is `raw_key` (32 bytes, as CURVE hands it to ZAP), or
   // nullopt. A peer may connect before this rank has learnt the keys (the
   // all-gather ends on each rank at its own time), so this waits for Install
-  // until `deadline` or Close.
-  std::optional<int> WaitRankOf(std::string_view raw_key, std::chrono::steady_clock::time_point deadline);
-  void Close();  // wakes waiters; no install is coming
+  // until `clock` reaches `deadline`, or Close. Install and Close wake the
+  // wait; it re-reads `clock` at least every kClockRecheck (a FakeClock moves
+  // without waking anyone).
+  std::optional<int> WaitRankOf(std::string_view raw_key, const Clock& clock, Clock::TimePoint deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);  // wakes waiters; no install is coming
+  static constexpr std::chrono::milliseconds kClockRecheck{50};
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool installed_ = false;
-  bool closed_ = false;
-  std::map<std::string, int> rank_of_;  // raw 32-byte key -> rank
+  Mutex mu_;
+  CondVar cv_;
+  bool installed_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, int> rank_of_ ABSL_GUARDED_BY(mu_);  // raw 32-byte key -> rank
 };
 
 // The ZAP handler of one ZeroMQ context (there can be one per context):
@@ -75,10 +79,13 @@ class PeerKeyring {
 // peer's, "400" for everything else (other mechanisms, domains, keys).
 class ZapAuthenticator {
  public:
-  // `refused_counter` (optional) is counted up with every refused connection
-  // too (every failed handshake once WatchHandshakes is on, else every ZAP refusal).
+  // `install_wait`: how long after Start a connection waits for the job's
+  // keys, on `clock` (not owned, outlives this). `refused_counter` (optional)
+  // is counted up with every refused connection too (every failed handshake
+  // once WatchHandshakes is on, else every ZAP refusal).
   ZapAuthenticator(zmq::context_t& context, PeerKeyring& keyring, std::string domain,
-                   std::chrono::milliseconds install_wait, std::atomic<uint64_t>* refused_counter = nullptr);
+                   std::chrono::milliseconds install_wait, const Clock& clock,
+                   std::atomic<uint64_t>* refused_counter = nullptr);
   ~ZapAuthenticator();  // stops and joins
   ZapAuthenticator(const ZapAuthenticator&) = delete;
   ZapAuthenticator& operator=(const ZapAuthenticator&) = delete;
@@ -107,6 +114,7 @@ class ZapAuthenticator {
   PeerKeyring& keyring_;
   std::string domain_;
   std::chrono::milliseconds install_wait_;
+  const Clock& clock_;
   zmq::socket_t socket_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -115,7 +123,7 @@ class ZapAuthenticator {
   std::atomic<uint64_t>* refused_counter_;  // counts failed handshakes when watched, else ZAP refusals
   std::optional<zmq::socket_t> monitor_;
   std::atomic<uint64_t> accepted_{0};
-  std::chrono::steady_clock::time_point started_;
+  Clock::TimePoint started_;  // on clock_
 };
 
 }  // namespace odb::exchange

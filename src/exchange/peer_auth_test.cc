@@ -2,20 +2,21 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <future>
 #include <thread>
 #include <zmq.hpp>
 
 namespace odb::exchange {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 // Polls `done` until it holds or 10 s pass (a loaded machine is slow, never wrong).
 template <typename F>
 bool Eventually(F done) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = Steady::now() + std::chrono::seconds(10);
   while (!done()) {
-    if (Clock::now() > deadline) return false;
+    if (Steady::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
@@ -69,18 +70,38 @@ TEST_CASE("the keyring knows the job's peers, not itself, and waits for its keys
   auto self = NewCurveKeypair();
   auto peer = NewCurveKeypair();
   auto stranger = NewCurveKeypair();
+  FakeClock clock;
   PeerKeyring ring;
   // Before the keys are installed, nobody is known (the deadline passes).
-  CHECK(!ring.WaitRankOf(RawOf(peer->public_key), Clock::now()).has_value());
+  CHECK(!ring.WaitRankOf(RawOf(peer->public_key), clock, clock.Now()).has_value());
   std::optional<int> waited;
-  std::thread waiter(
-      [&] { waited = ring.WaitRankOf(RawOf(peer->public_key), Clock::now() + std::chrono::seconds(30)); });
+  std::thread waiter([&] {
+    waited = ring.WaitRankOf(RawOf(peer->public_key), clock, clock.Now() + std::chrono::seconds(30));
+  });
   REQUIRE(ring.Install({self->public_key, peer->public_key}, 0).ok());
   waiter.join();
   CHECK(waited == 1);
-  CHECK(!ring.WaitRankOf(RawOf(self->public_key), Clock::now()).has_value());
-  CHECK(!ring.WaitRankOf(RawOf(stranger->public_key), Clock::now()).has_value());
+  CHECK(!ring.WaitRankOf(RawOf(self->public_key), clock, clock.Now()).has_value());
+  CHECK(!ring.WaitRankOf(RawOf(stranger->public_key), clock, clock.Now()).has_value());
   CHECK(!ring.Install({self->public_key, peer->public_key}, 0).ok());  // once only
+}
+
+TEST_CASE("a connection waiting for the job's keys gives up when the injected clock passes its deadline") {
+  auto peer = NewCurveKeypair();
+  FakeClock clock;
+  PeerKeyring ring;
+  // An hour on the fake clock: only the clock's advance can end the wait.
+  const Clock::TimePoint deadline = clock.Now() + std::chrono::hours(1);
+  auto waited =
+      std::async(std::launch::async, [&] { return ring.WaitRankOf(RawOf(peer->public_key), clock, deadline); });
+  struct CloseOnExit {  // a failed check must not leave the waiter an hour to go
+    PeerKeyring& ring;
+    ~CloseOnExit() { ring.Close(); }
+  } close_on_exit{ring};
+  clock.Advance(std::chrono::hours(1));
+  // Woken by no event: the wait re-reads the clock within kClockRecheck.
+  REQUIRE(waited.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(!waited.get().has_value());
 }
 
 TEST_CASE("only clients with a peer's key reach a CURVE server, and each carries its rank") {
@@ -89,7 +110,8 @@ TEST_CASE("only clients with a peer's key reach a CURVE server, and each carries
   auto peer = NewCurveKeypair();
   auto stranger = NewCurveKeypair();
   PeerKeyring ring;
-  ZapAuthenticator zap(ctx, ring, "test-domain", std::chrono::seconds(30));
+  SteadyClock steady;
+  ZapAuthenticator zap(ctx, ring, "test-domain", std::chrono::seconds(30), steady);
   REQUIRE(zap.Start().ok());
   zmq::socket_t server(ctx, zmq::socket_type::router);
   server.set(zmq::sockopt::linger, 0);

@@ -76,7 +76,7 @@ class ArenaRegistry::ProducerArena {
 
   // The block's bytes, marked held; or why not.
   absl::StatusOr<const uint8_t*> Hold(uint64_t offset, uint64_t length) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     absl::StatusOr<std::span<std::byte>> view = reader_->View(offset, length);
     if (!view.ok()) return view.status();
     // The block's footprint must not overlap one held already: a block sent
@@ -97,7 +97,7 @@ class ArenaRegistry::ProducerArena {
 
   // Hands the block back to the producer (through the completion queue).
   void Release(uint64_t offset, uint64_t length) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = held_.find(offset); it != held_.end()) {
       held_footprint_ -= it->second - offset;
       held_.erase(it);
@@ -113,19 +113,19 @@ class ArenaRegistry::ProducerArena {
 
   // OK while the producer runs and has not closed the arena.
   absl::Status CheckWriter() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return reader_->CheckWriter();
   }
 
   bool writer_waiting() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return reader_->writer_waiting();
   }
 
   // Whether the daemon holds at least half of the arena: its producer will
   // soon wait for a block.
   bool half_held() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return held_footprint_ >= capacity_ / 2;
   }
 
@@ -143,11 +143,12 @@ class ArenaRegistry::ProducerArena {
   const uint64_t id_;
   const std::string producer_id_;
   const pid_t pid_;
-  mutable std::mutex mu_;
-  std::unique_ptr<shm::ArenaReader> reader_;  // guarded by mu_ (one thread at a time returns)
+  mutable Mutex mu_;
+  // One thread at a time calls into the reader (returns come from any thread).
+  const std::unique_ptr<shm::ArenaReader> reader_ ABSL_PT_GUARDED_BY(mu_);
   const uint64_t capacity_;
-  std::map<uint64_t, uint64_t> held_;         // guarded by mu_: offset -> end of the footprint
-  uint64_t held_footprint_ = 0;               // guarded by mu_: the footprints in held_
+  std::map<uint64_t, uint64_t> held_ ABSL_GUARDED_BY(mu_);  // offset -> end of the footprint
+  uint64_t held_footprint_ ABSL_GUARDED_BY(mu_) = 0;        // the footprints in held_
   std::shared_ptr<std::atomic<uint64_t>> mapped_;
   std::shared_ptr<std::atomic<uint64_t>> held_blocks_;
   std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
@@ -364,7 +365,7 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
                   "truncated under the daemon)");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (arenas_.size() >= options_.max_arenas) {
       return refuse("the daemon has " + std::to_string(arenas_.size()) + " arenas registered, its limit " +
                     "(shm.max_arenas); the producer sends over the socket");
@@ -385,7 +386,7 @@ wire::ArenaRegistered ArenaRegistry::Register(int sock, const std::string& paylo
                                    : ""));
   }
   const uint64_t capacity = (*reader)->arena().capacity_bytes();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t id = next_id_++;
   arenas_.emplace(id, std::make_shared<ProducerArena>(id, request.producer_id(), peer->pid, std::move(*reader),
                                                       mapped_, held_blocks_, held_bytes_, return_failures_));
@@ -399,7 +400,7 @@ absl::StatusOr<ArenaBlockSource::Acquired> ArenaRegistry::Acquire(std::string_vi
                                                                   const wire::ArenaBlock& block) {
   std::shared_ptr<ProducerArena> arena;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = arenas_.find(block.arena_id());
     if (it != arenas_.end()) arena = it->second;
   }
@@ -424,7 +425,7 @@ absl::StatusOr<ArenaBlockSource::Acquired> ArenaRegistry::Acquire(std::string_vi
 void ArenaRegistry::RetireGone() {
   std::vector<std::shared_ptr<ProducerArena>> arenas;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, arena] : arenas_) arenas.push_back(arena);
   }
   const auto now = std::chrono::steady_clock::now();
@@ -440,7 +441,7 @@ void ArenaRegistry::RetireGone() {
   }
   arenas.clear();  // so that use_count() below counts the registry and the held blocks only
   if (retire.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (uint64_t id : retire) {
     auto it = arenas_.find(id);
     if (it == arenas_.end()) continue;
@@ -452,7 +453,7 @@ void ArenaRegistry::RetireGone() {
 }
 
 bool ArenaRegistry::AnyArenaFilling() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [id, arena] : arenas_) {
     if (arena->writer_waiting() || arena->half_held()) return true;
   }
@@ -462,7 +463,7 @@ bool ArenaRegistry::AnyArenaFilling() const {
 ArenaRegistry::Stats ArenaRegistry::stats() const {
   Stats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     s.arenas = arenas_.size();
     for (const auto& [id, arena] : arenas_) s.writers_waiting += arena->writer_waiting() ? 1 : 0;
   }

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/odb.pb.h"
+#include "src/common/mutex.h"
 #include "src/ingest/decoder.h"
 #include "src/shm/poll_thread.h"
 #include "src/shm/unique_fd.h"
@@ -78,19 +78,21 @@ class ArenaRegistry : public ArenaBlockSource {
   void Start();
   void Stop();
 
-  absl::StatusOr<Acquired> Acquire(std::string_view producer_id, const wire::ArenaBlock& block) override;
+  absl::StatusOr<Acquired> Acquire(std::string_view producer_id, const wire::ArenaBlock& block) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Handles one registration as it arrived on a connection: `sock` is the
   // connected socket (its peer's credentials are checked), `payload` the
   // serialized ArenaRegister and `fds` what came with it. The answer to send.
   // Public for tests; the registry's thread calls it.
-  wire::ArenaRegistered Register(int sock, const std::string& payload, std::vector<shm::UniqueFd> fds);
+  wire::ArenaRegistered Register(int sock, const std::string& payload, std::vector<shm::UniqueFd> fds)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The answer to a registration that could not be read (over the size
   // limit, too many descriptors): refused, logged, counted.
   wire::ArenaRegistered RefuseUnreadable(int sock, const absl::Status& why);
   // Forgets arenas whose writer has been gone for retire_after (the registry's
   // thread calls it about twice a second).
-  void RetireGone();
+  void RetireGone() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
     uint64_t arenas = 0;           // registered now
@@ -102,13 +104,13 @@ class ArenaRegistry : public ArenaBlockSource {
     uint64_t return_failures = 0;  // Returns the arena refused (its writer reset it)
     uint64_t writers_waiting = 0;  // registered arenas whose producer waits for a block (arena full)
   };
-  Stats stats() const;
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a producer waits for a block of its full arena, or soon will: the
   // daemon holds at least half of its arena. The planner then plans a round,
   // as for a full buffer, instead of waiting for a window of samples that
   // cannot come: the producer fills the other half while the round collates
   // (double buffering; without it producer and planner took turns).
-  bool AnyArenaFilling() const;
+  bool AnyArenaFilling() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   class ProducerArena;
@@ -121,9 +123,9 @@ class ArenaRegistry : public ArenaBlockSource {
   std::vector<shm::UniqueFd> listeners_;
   std::vector<std::string> paths_;
 
-  mutable std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<ProducerArena>> arenas_;  // guarded by mu_
-  uint64_t next_id_ = 1;                                       // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<ProducerArena>> arenas_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::shared_ptr<std::atomic<uint64_t>> mapped_;  // ProducerArenas alive (they outlive the registry)
   std::shared_ptr<std::atomic<uint64_t>> held_blocks_;
   std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
