@@ -34,7 +34,6 @@ emit::StepBuilderOptions StepBuilderOptionsFor(const DaemonConfig& c) {
   // Per-phase plans route encoder outputs across ranks even with the local planner.
   o.samples_may_move = c.phase_plans || c.planner == PlannerKind::kGlobal;
   o.non_join = c.mode == align::EpochMode::kNonJoin;
-  o.collective_timeout_ms = c.collective_timeout_ms;
   return o;
 }
 

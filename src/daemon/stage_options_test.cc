@@ -73,7 +73,6 @@ TEST_CASE("a stage's own knobs arrive through its member, the shared ones throug
   CHECK(st.deterministic);
   CHECK_FALSE(st.samples_may_move);  // local planner, no per-phase plans
   CHECK(st.non_join);
-  CHECK(st.collective_timeout_ms == 2222);
 
   const exchange::ExchangeOptions ex = ExchangeOptionsFor(c);
   CHECK(ex.rank == 2);

@@ -43,9 +43,6 @@ struct StepBuilderOptions {
   // derived (alignment.mode): non_join reports an epoch's leftover samples
   // instead of emitting them.
   bool non_join = false;
-  // derived (alignment.collective_timeout_ms): how long to wait for a peer's
-  // payload.
-  uint32_t collective_timeout_ms = 120000;
 };
 
 }  // namespace odb::emit
