@@ -113,10 +113,14 @@ def _consume(consumer: Any, expect: Dict[int, int], epoch: int = 0, in_arena: bo
     return summary
 
 
-def _spawn(run_dir: Path, job_id: str, **shm: Any) -> odb.DaemonProcess:
+def _spawn(run_dir: Path, job_id: str, whole_epoch_rounds: bool = False, **shm: Any) -> odb.DaemonProcess:
     config = dict(CONFIG)
     if shm:
         config["shm"] = shm
+    if whole_epoch_rounds:
+        # A round waits for the producer's end of stream (fewer samples than the window), however slow the
+        # producer is on a loaded machine: the step count is then a function of the samples alone.
+        config["alignment"] = dict(config["alignment"], max_wait_ms=600000, start_wait_ms=600000)
     return odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=config)
 
 
@@ -204,7 +208,7 @@ def _doomed_trainer(endpoint: str, conn: Any) -> None:
 
 
 def test_trainer_killed_holding_steps_next_session_gets_a_fresh_arena(run_dir: Path, job_id: str) -> None:
-    daemon = _spawn(run_dir, job_id, step_arena_bytes=16 << 20)
+    daemon = _spawn(run_dir, job_id, whole_epoch_rounds=True, step_arena_bytes=16 << 20)
     try:
         metrics = Metrics(daemon)
         parent, child = CTX.Pipe()
