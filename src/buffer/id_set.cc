@@ -26,8 +26,9 @@ bool IdSet::Insert(uint64_t id) {
     above->second = id;
   } else if (joins_below) {
     const uint64_t first = below->second;
-    runs_.erase(below);
-    runs_.emplace_hint(above, id, first);
+    // A btree's erase invalidates every iterator: hint with the one it returns
+    // (the run after `below`, i.e. where `above` was).
+    runs_.emplace_hint(runs_.erase(below), id, first);
   } else {
     runs_.emplace_hint(above, id, id);
   }
