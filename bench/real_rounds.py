@@ -34,7 +34,24 @@ bench/results/scale.json (production window, real planner, whole plan), with
 m_prod that file's bytes per rank. The round's cost is then a fraction of one
 step of each GPU-shaped model of bench/step_models.yaml (a full 4096-token
 step), once per step (a round on every step's critical path) and per planned
-step. Writes real_rounds.json and real_rounds.md under --out.
+step. Writes NAME.json and NAME.md under --out (--name, default real_rounds).
+
+Partitioned (--partition-ranks P --local-world-size L): the daemons run with
+alignment.partition_ranks P (blocks of P ranks rounded up to whole nodes of L;
+a W with one block runs the unpartitioned round). Their round is three
+collectives (src/align/aligner.cc PartitionedRound), so the baseline is
+real_rounds_gloo's partitioned sequence of the same payloads: a world-wide
+all-gather of the 41-B summary, the round message within the block, and a
+world-wide all-gather of the block totals' bytes (20 + 16 x steps per round,
+from every rank). The model counts hops H and bytes B over the collectives
+(raw T = alpha H + beta B, round T = c0 + c1 H + beta B), and the round at
+--target-world (blocks of --target-partition-ranks, nodes of
+--target-local-world-size) is the Aligner's CPU and steps per round from
+--aligner-json (bench/results/scale_aligner.json) plus the peer group's rings
+through its fixed slots (ring_collectives: the totals overflow the world
+group's slot at production T, a fourth ring), under the fit, under W = 2's
+hop with the link's delay and rate, and with logarithmic all-gathers.
+--from-json FILE refits a recorded run without running anything.
 """
 from __future__ import annotations
 

@@ -162,11 +162,12 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
       totals_us.push_back(t);
     }
   }
-  std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"partitioned\", \"block\": %d, "
-              "\"block_size\": %d, \"summary_bytes\": %zu, \"totals_bytes\": %zu, \"iters\": %d, "
-              "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f}\n",
-              rank, world, msg, block, end - begin, summary, totals, iters, Median(total_us), Median(summary_us),
-              Median(block_us), Median(totals_us));
+  std::printf(
+      "{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"partitioned\", \"block\": %d, "
+      "\"block_size\": %d, \"summary_bytes\": %zu, \"totals_bytes\": %zu, \"iters\": %d, "
+      "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f}\n",
+      rank, world, msg, block, end - begin, summary, totals, iters, Median(total_us), Median(summary_us),
+      Median(block_us), Median(totals_us));
   std::fflush(stdout);
   return 0;
 }
