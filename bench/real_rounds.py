@@ -34,7 +34,24 @@ bench/results/scale.json (production window, real planner, whole plan), with
 m_prod that file's bytes per rank. The round's cost is then a fraction of one
 step of each GPU-shaped model of bench/step_models.yaml (a full 4096-token
 step), once per step (a round on every step's critical path) and per planned
-step. Writes real_rounds.json and real_rounds.md under --out.
+step. Writes NAME.json and NAME.md under --out (--name, default real_rounds).
+
+Partitioned (--partition-ranks P --local-world-size L): the daemons run with
+alignment.partition_ranks P (blocks of P ranks rounded up to whole nodes of L;
+a W with one block runs the unpartitioned round). Their round is three
+collectives (src/align/aligner.cc PartitionedRound), so the baseline is
+real_rounds_gloo's partitioned sequence of the same payloads: a world-wide
+all-gather of the 41-B summary, the round message within the block, and a
+world-wide all-gather of the block totals' bytes (20 + 16 x steps per round,
+from every rank). The model counts hops H and bytes B over the collectives
+(raw T = alpha H + beta B, round T = c0 + c1 H + beta B), and the round at
+--target-world (blocks of --target-partition-ranks, nodes of
+--target-local-world-size) is the Aligner's CPU and steps per round from
+--aligner-json (bench/results/scale_aligner.json) plus the peer group's rings
+through its fixed slots (ring_collectives: the totals overflow the world
+group's slot at production T, a fourth ring), under the fit, under W = 2's
+hop with the link's delay and rate, and with logarithmic all-gathers.
+--from-json FILE refits a recorded run without running anything.
 """
 from __future__ import annotations
 
@@ -60,6 +77,119 @@ GPU_MODELS = ["gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200"]
 # Ring collectives per daemon round: the aligner's one AllGather is one
 # gloo::allgather (an overflow of the slot adds an allgatherv, not in steady state).
 COLLECTIVES_PER_ROUND = 1
+# A partitioned round's payloads (src/align/aligner.cc PartitionedRound, meta_codec): a rank's
+# RoundSummary, and a block's token totals (epoch 4 + round 8 + first rank 4 + steps 4, then a loss
+# and a real token count of 8 B each per planned step; sent by the block's first rank only).
+SUMMARY_BYTES = 41
+
+
+def totals_bytes(steps: int) -> int:
+    return 20 + 16 * steps
+
+
+def block_ranks(partition_ranks: int, local_world_size: int, world: int) -> int:
+    """balance::BlockRanks: partition_ranks rounded up to whole nodes, at most the world."""
+    if partition_ranks == 0 or local_world_size == 0:
+        return world
+    return min(world, -(-partition_ranks // local_world_size) * local_world_size)
+
+
+# GlooPeerGroup's fixed slot (src/align/gloo_peer_group.{h,cc} ResizeSlot): every rank sends an
+# 8-byte size header and `slot` payload bytes; what does not fit goes through a second collective
+# (gloo::allgatherv of the rest).
+SLOT_HEADER, SLOT_MIN, SLOT_MAX, SLOT_PADDING = 8, 256, 1 << 20, 4
+
+
+def next_slot(slot: int, largest: int, total: int, world: int) -> int:
+    up = lambda n: (n + 63) // 64 * 64  # noqa: E731
+    cap = max(SLOT_MIN, up(SLOT_PADDING * total // world))
+    wanted = min(max(min(up(largest + largest // 4), cap), SLOT_MIN), SLOT_MAX)
+    return wanted if wanted > slot or largest < slot // 2 or slot > cap else slot
+
+
+def ring_collectives(world: int, block: int, msg: int, steps: int) -> list[dict]:
+    """The ring collectives of one steady-state partitioned round, through the peer group's slots:
+    name, ranks n (n - 1 ring hops), bytes one rank sends over the n - 1 hops. The world group's slot
+    is shared by the summary and the totals all-gathers (one GlooPeerGroup), the block's by the
+    block all-gather alone; both are iterated to their fixed point."""
+    leaders = -(-world // block)
+    tot = totals_bytes(steps)
+    # The world group's calls alternate: summary (with the slot the previous round's totals call
+    # left), then totals (with the slot the summary call left).
+    after_totals = block_slot = SLOT_MIN
+    for _ in range(8):
+        after_summary = next_slot(after_totals, SUMMARY_BYTES, SUMMARY_BYTES * world, world)
+        after_totals = next_slot(after_summary, tot, tot * leaders, world)
+        block_slot = next_slot(block_slot, msg, msg * block, block)
+    out = [{"name": "summary all-gather", "ranks": world, "frame": SLOT_HEADER + after_totals,
+            "bytes": (world - 1) * (SLOT_HEADER + after_totals)},
+           {"name": "block all-gather", "ranks": block, "frame": SLOT_HEADER + block_slot,
+            "bytes": (block - 1) * (SLOT_HEADER + block_slot)},
+           {"name": "token totals all-gather", "ranks": world, "frame": SLOT_HEADER + after_summary,
+            "bytes": (world - 1) * (SLOT_HEADER + after_summary)}]
+    if tot > after_summary:
+        # The leaders' rest, one ring: each rank forwards every other leader's rest once.
+        rest = tot - after_summary
+        out.append({"name": "token totals overflow (allgatherv)", "ranks": world, "frame": rest,
+                    "bytes": (leaders - 1) * rest})
+    return out
+
+
+def extrapolate_partitioned(rows: list[dict], model: dict, args, model_delay: float) -> dict:
+    """The partitioned round at args.target_world with blocks of args.target_partition_ranks rounded to
+    nodes of args.target_local_world_size: the three collectives' hops and bytes through the peer
+    group's slots, the Aligner's CPU per round (encode, decode, gates, PlanBlock, weights) and its
+    steps per round from --aligner-json (bench/scale_aligner.py, rank 0 of the real Aligner)."""
+    target = args.target_world
+    block = block_ranks(args.target_partition_ranks, args.target_local_world_size, target)
+    cpu_rows = [r for r in json.loads(pathlib.Path(args.aligner_json).read_text())
+                if r["world"] == target and r["block_ranks"] == block]
+    if not cpu_rows:
+        raise SystemExit(f"{args.aligner_json} has no W = {target}, block {block} row (bench/scale_aligner.py)")
+    cpu = cpu_rows[0]
+    steps = int(round(cpu["steps_per_round"]))
+    leaders = -(-target // block)
+    # What rank 0 received per round = every summary + its block's messages + every block's totals.
+    msg = round((cpu["recv_bytes_per_round"] - SUMMARY_BYTES * target - leaders * totals_bytes(steps)) / block)
+    colls = ring_collectives(target, block, msg, steps)
+    ring_hops = sum(c["ranks"] - 1 for c in colls)
+    log_hops = sum(int(np.ceil(np.log2(c["ranks"]))) for c in colls)
+    sent = sum(c["bytes"] for c in colls)
+    link_us_per_byte = 8 / (args.rate_gbit * 1e3) if args.rate_gbit > 0 else model["beta_us_per_byte_hop"]
+    cpu_ms = cpu["aligner_cpu_ms_per_round"]
+    two = next((r for r in rows if r["world"] == 2), None)
+    scenarios = {"fit_here": {
+        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * ring_hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
+        "raw_ms": (model["alpha_us_per_hop"] * ring_hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
+        "hops": ring_hops}}
+    if two is not None:
+        hop = two["raw_p50_us"]["msg"] + model_delay
+        fixed = max(0.0, two["round_p50_us_median"] - two["raw_p50_us"]["msg"])
+        overflow = [c for c in colls if "overflow" in c["name"]]
+        variants = [("own_cores_ring", ring_hops)]
+        if overflow:
+            # Not odb today: the totals fit the world group's slot (one ring instead of two).
+            variants.append(("own_cores_ring_no_overflow", ring_hops - (overflow[0]["ranks"] - 1)))
+        variants.append(("own_cores_log_hops", log_hops))
+        for key, hops in variants:
+            scenarios[key] = {"round_comm_ms": (fixed + hops * hop + sent * link_us_per_byte) / 1e3,
+                              "raw_ms": (hops * hop + sent * link_us_per_byte) / 1e3,
+                              "hops": hops, "hop_us": hop, "fixed_us": fixed}
+    models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
+    step_ms = {name: 1e3 * step_seconds(models[name]) for name in GPU_MODELS if name in models}
+    for sc in scenarios.values():
+        sc["round_ms"] = sc["round_comm_ms"] + cpu_ms
+        sc["per_step"] = {name: sc["round_ms"] / ms for name, ms in step_ms.items()}
+        sc["per_planned_step"] = {name: sc["round_ms"] / steps / ms for name, ms in step_ms.items()}
+        if "hop_us" in sc and "gpu_7b_h100" in step_ms:
+            # The per-hop cost at which this round is 5% of the gpu_7b_h100 steps it plans.
+            budget_us = 1e3 * (0.05 * steps * step_ms["gpu_7b_h100"] - cpu_ms) - sc["fixed_us"] - sent * link_us_per_byte
+            sc["hop_us_for_5pct_per_planned_step"] = budget_us / sc["hops"]
+    return {"world": target, "partitioned": True, "block": block, "local_world_size": args.target_local_world_size,
+            "msg_bytes": msg, "collectives": colls, "bytes_sent_per_rank": sent,
+            "link_ms": sent * link_us_per_byte / 1e3, "planner_decode_cpu_ms": cpu_ms,
+            "steps_per_round": steps, "step_ms": step_ms, "scenarios": scenarios,
+            "cpu_source": cpu["command"]}
 
 
 def scrape(ns: str, daemon: odbtest.Daemon, names: list[str]) -> dict:
@@ -92,7 +222,9 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
     daemons, consumers, producers = [], [], []
     try:
         for rank, (ns, addr) in enumerate(hosts):
-            config = (f"local_world_size: 1\nalignment: {{gloo_hostname: {addr}, planner: global}}\n"
+            partition = f", partition_ranks: {args.partition_ranks}" if args.partition_ranks else ""
+            config = (f"local_world_size: {args.local_world_size}\n"
+                      f"alignment: {{gloo_hostname: {addr}, planner: global{partition}}}\n"
                       f"grouping: {{window: {args.window}, max_tokens: {args.max_tokens}}}\n"
                       f"emit: {{queue_steps: {args.queue_steps}}}\n"
                       'metrics_endpoint: "tcp://127.0.0.1:*"\n')
@@ -120,7 +252,7 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
         if emitted != world * args.samples:
             raise RuntimeError(f"W={world}: {emitted} samples trained of {world * args.samples}")
         names = ["odb_round_p50_microseconds", "odb_round_p99_microseconds", "odb_rounds_total",
-                 "odb_exchange_bytes_sent_total"]
+                 "odb_exchange_bytes_sent_total", "odb_steps_emitted_total"]
         per_rank = [scrape(ns, d, names) for (ns, _), d in zip(hosts, daemons)]
     finally:
         for proc in producers + consumers:  # only left running when something above failed
@@ -138,14 +270,24 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
         "rounds": int(min(r["odb_rounds_total"] for r in per_rank)),
         "exchange_bytes_sent": int(sum(r["odb_exchange_bytes_sent_total"] for r in per_rank)),
         "samples_trained": emitted,
+        # Steps over rounds, gated rounds included: a floor on what a planning round plans.
+        "steps_per_round": float(np.median([r["odb_steps_emitted_total"] / max(1.0, r["odb_rounds_total"])
+                                            for r in per_rank])),
     }
 
 
-def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path) -> dict:
+def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path, partitioned: dict | None = None) -> dict:
+    """Raw fixed-size all-gathers of each of `sizes` (world-wide), and with `partitioned` ({block,
+    summary_bytes, totals_bytes}) the raw partitioned sequence of real_rounds_gloo (sizes[0] within
+    the block). Median over ranks of each rank's median."""
     store.mkdir(parents=True, exist_ok=True)
+    extra = []
+    if partitioned:
+        extra = ["--block", str(partitioned["block"]), "--summary-bytes", str(partitioned["summary_bytes"]),
+                 "--totals-bytes", str(partitioned["totals_bytes"])]
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, args.gloo_bin, "gather", "--rank", str(r), "--world",
                                str(world), "--store", str(store), "--hostname", addr, "--bytes",
-                               ",".join(map(str, sizes)), "--iters", str(args.iters)],
+                               ",".join(map(str, sizes)), "--iters", str(args.iters)] + extra,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r, (ns, addr) in enumerate(hosts)]
     rows = []
@@ -167,6 +309,13 @@ def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path) -
             if len(p50) != world:
                 raise RuntimeError(f"real_rounds_gloo: {len(p50)} of {world} ranks reported {variant} of {size} B")
             result[(size, variant)] = {"p50_us_max": max(p50), "p50_us_median": float(np.median(p50))}
+    if partitioned:
+        part = [row for row in rows if row["variant"] == "partitioned"]
+        if len(part) != world:
+            raise RuntimeError(f"real_rounds_gloo: {len(part)} of {world} ranks reported the partitioned sequence")
+        result["partitioned"] = {key: float(np.median([row[key] for row in part]))
+                                 for key in ("p50_us", "summary_p50_us", "block_p50_us", "totals_p50_us")}
+        result["partitioned"]["p50_us_max"] = max(row["p50_us"] for row in part)
     return result
 
 
@@ -176,23 +325,31 @@ def step_seconds(model: dict, tokens: int = 4096) -> float:
 
 
 def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
-    # Raw Gloo: every (W, size) point, T = alpha (W-1) + beta (W-1) m.
+    """Least squares over the runs, in hops H and bytes B one rank sends through its ring positions
+    (row["hops"], row["hop_bytes"]: W - 1 and (W - 1) m for one world-wide all-gather; summed over the
+    three collectives of a partitioned round):
+        raw T = alpha H + beta B        (the world-wide all-gathers of m and `big` B, and the
+                                         raw partitioned sequence where measured)
+        round T = c0 + c1 H + beta B    (beta from the raw fit)."""
     xs, ys = [], []
     for r in rows:
+        w1 = r["world"] - 1
         for size, m in (("msg", r["msg_bytes"]), ("big", big)):
-            xs.append([r["world"] - 1, (r["world"] - 1) * m])
+            xs.append([w1, w1 * m])
             ys.append(r["raw_p50_us"][size])
+        if r.get("partition"):
+            xs.append([r["hops"], r["hop_bytes"]])
+            ys.append(r["raw_p50_us"]["partitioned"])
     (alpha, beta), *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
-    # Daemon rounds: the bandwidth term from the raw fit, c0 + c1 (W-1) fitted.
-    xd = np.array([[1.0, r["world"] - 1] for r in rows])
-    yd = np.array([r["round_p50_us_median"] - beta * (r["world"] - 1) * r["msg_bytes"] for r in rows])
+    # Daemon rounds: the bandwidth term from the raw fit, c0 + c1 H fitted.
+    xd = np.array([[1.0, r["hops"]] for r in rows])
+    yd = np.array([r["round_p50_us_median"] - beta * r["hop_bytes"] for r in rows])
     (c0, c1), *_ = np.linalg.lstsq(xd, yd, rcond=None)
-    resid = [r["round_p50_us_median"] - (c0 + c1 * (r["world"] - 1) + beta * (r["world"] - 1) * r["msg_bytes"])
-             for r in rows]
-    # A delay not on the link: one one-way delay per hop of each ring collective.
+    resid = [r["round_p50_us_median"] - (c0 + c1 * r["hops"] + beta * r["hop_bytes"]) for r in rows]
+    # A delay not on the link: one one-way delay per hop.
     return {"alpha_us_per_hop": float(alpha) + model_delay_us, "beta_us_per_byte_hop": float(beta),
             "implied_gbit_s": float(8e-3 / beta) if beta > 0 else None,
-            "c0_us": float(c0), "c1_us_per_hop": float(c1) + COLLECTIVES_PER_ROUND * model_delay_us,
+            "c0_us": float(c0), "c1_us_per_hop": float(c1) + model_delay_us,
             "measured_alpha_us_per_hop": float(alpha), "measured_c1_us_per_hop": float(c1),
             "delay_added_us_per_hop": model_delay_us,
             "daemon_residuals_us": [round(float(x), 1) for x in resid]}
@@ -240,6 +397,23 @@ def extrapolate(rows: list[dict], model: dict, args, model_delay: float) -> dict
             "steps_per_round": steps_per_round, "step_ms": step_ms, "scenarios": scenarios}
 
 
+def refit(args) -> int:
+    result = json.loads(pathlib.Path(args.from_json).read_text())
+    rows = result["rows"]
+    model_delay = result["link"]["one_way_delay_us"] if result["link"]["delay"] == "model" else 0.0
+    args.rate_gbit = result["link"]["rate_gbit_s"]
+    args.partition_ranks = result["workload"].get("partition_ranks", 0)
+    result["model"] = fit(rows, result["workload"]["big_bytes"], model_delay)
+    result["extrapolation"] = (extrapolate_partitioned if args.partition_ranks else extrapolate)(
+        rows, result["model"], args, model_delay)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(render(result))
+    print(render(result))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="2,4,8,16,32")
@@ -254,14 +428,30 @@ def main() -> int:
     ap.add_argument("--queue-steps", type=int, default=64, help="emit.queue_steps: a round every queue_steps / 2 steps")
     ap.add_argument("--iters", type=int, default=30, help="raw all-gathers per size")
     ap.add_argument("--big-bytes", type=int, default=65536)
+    ap.add_argument("--partition-ranks", type=int, default=0,
+                    help="alignment.partition_ranks of the daemons (0 = off: one all-gather of every window)")
+    ap.add_argument("--local-world-size", type=int, default=1,
+                    help="the daemons' local_world_size (a block is partition_ranks rounded up to whole nodes)")
     ap.add_argument("--target-world", type=int, default=2560)
-    ap.add_argument("--scale-json", default=str(ROOT / "bench/results/scale.json"))
+    ap.add_argument("--target-partition-ranks", type=int, default=256, help="with --partition-ranks: at --target-world")
+    ap.add_argument("--target-local-world-size", type=int, default=8, help="with --partition-ranks: at --target-world")
+    ap.add_argument("--scale-json", default=str(ROOT / "bench/results/scale.json"),
+                    help="planner CPU and bytes of the whole plan (unpartitioned extrapolation)")
+    ap.add_argument("--aligner-json", default=str(ROOT / "bench/results/scale_aligner.json"),
+                    help="the partitioned Aligner's CPU, bytes and steps per round (partitioned extrapolation)")
+    ap.add_argument("--name", default="real_rounds", help="writes NAME.json and NAME.md under --out")
+    ap.add_argument("--from-json", help="no runs: refit and re-extrapolate the rows of this result file "
+                    "(its link, workload and command kept; the target options and the JSON inputs from here)")
     ap.add_argument("--gloo-bin", help="default: $(bazel info -c opt bazel-bin)/bench/real_rounds_gloo")
     ap.add_argument("--prefix", default="odbrr")
     ap.add_argument("--subnet", default="10.219.3")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args()
+    if args.from_json:
+        return refit(args)
     odbtest.require_built()
+    if args.partition_ranks < 0 or args.local_world_size < 0:
+        sys.exit("--partition-ranks and --local-world-size must be >= 0")
     if args.gloo_bin is None:
         bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
                                  capture_output=True, text=True).stdout.strip()
@@ -285,7 +475,16 @@ def main() -> int:
             with odbtest.bridged_hosts(args.prefix, world, args.subnet, link_delay, args.rate_gbit * 1000) as hosts:
                 row = {"world": world, "msg_bytes": msg_bytes}
                 row.update(daemon_rounds(hosts, world, args, work / "run"))
-                raw = raw_gather(hosts, world, [msg_bytes, args.big_bytes], args, work / "store")
+                block = block_ranks(args.partition_ranks, args.local_world_size, world)
+                part = None
+                if block < world:
+                    # The raw sequence moves the round's payloads, every rank sending the block
+                    # totals' bytes (the daemon: the block's first rank only).
+                    part = {"partition_ranks": args.partition_ranks, "local_world_size": args.local_world_size,
+                            "block": block, "summary_bytes": SUMMARY_BYTES,
+                            "totals_bytes": totals_bytes(int(np.ceil(row["steps_per_round"])))}
+                row["partition"] = part
+                raw = raw_gather(hosts, world, [msg_bytes, args.big_bytes], args, work / "store", part)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         # Median over ranks of each rank's median, for the daemons and the raw collectives alike.
@@ -294,13 +493,29 @@ def main() -> int:
                              "msg_sizes_allgatherv": raw[(msg_bytes, "sizes+allgatherv")]["p50_us_median"],
                              "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
                              "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
-        row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
+        if part:
+            # Hops and bytes one rank sends: summaries and totals world-wide, the metadata in the block.
+            row["raw_p50_us"]["partitioned"] = raw["partitioned"]["p50_us"]
+            row["raw_p50_us"]["partitioned_parts"] = {k: raw["partitioned"][k] for k in
+                                                      ("summary_p50_us", "block_p50_us", "totals_p50_us")}
+            row["raw_p50_us"]["partitioned_max_over_ranks"] = raw["partitioned"]["p50_us_max"]
+            row["hops"] = 2 * (world - 1) + (block - 1)
+            row["hop_bytes"] = ((world - 1) * (part["summary_bytes"] + part["totals_bytes"])
+                                + (block - 1) * msg_bytes)
+            row["raw_baseline"] = "partitioned"
+        else:
+            row["hops"] = world - 1
+            row["hop_bytes"] = (world - 1) * msg_bytes
+            row["raw_baseline"] = "msg"
+        row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"][row["raw_baseline"]]
+        # The round against one world-wide all-gather of every rank's message (the unpartitioned round's).
+        row["round_over_raw_world_msg"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
         # The round against the two collectives the peer group ran before (kept as a reference point).
         row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
         # With the delay in the model, the same ratio once each hop has waited for it.
-        hops = world - 1
-        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + COLLECTIVES_PER_ROUND * hops * model_delay)
-                                            / (row["raw_p50_us"]["msg"] + hops * model_delay))
+        hops = row["hops"]
+        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + hops * model_delay)
+                                            / (row["raw_p50_us"][row["raw_baseline"]] + hops * model_delay))
         row["wall_s"] = round(time.monotonic() - t0, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -312,19 +527,23 @@ def main() -> int:
                        "tbf_burst_bytes": odbtest.tbf_burst_bytes(args.rate_gbit * 1000)
                        if mode == "model" and args.rate_gbit > 0 else None},
               "workload": {"samples_per_rank": args.samples, "max_len": args.max_len, "window": args.window,
-                           "max_tokens": args.max_tokens, "queue_steps": args.queue_steps, "msg_bytes": msg_bytes, "big_bytes": args.big_bytes},
+                           "max_tokens": args.max_tokens, "queue_steps": args.queue_steps, "msg_bytes": msg_bytes, "big_bytes": args.big_bytes,
+                           "partition_ranks": args.partition_ranks, "local_world_size": args.local_world_size},
               "rows": rows, "model": model}
     if model is not None:
-        result["extrapolation"] = extrapolate(rows, model, args, model_delay)
+        result["extrapolation"] = (extrapolate_partitioned if args.partition_ranks else extrapolate)(
+            rows, model, args, model_delay)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_rounds.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "real_rounds.md").write_text(render(result))
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(render(result))
     print(render(result))
     return 0
 
 
 def render(result: dict) -> str:
+    if result["workload"].get("partition_ranks"):
+        return render_partitioned(result)
     link = result["link"]
     w = result["workload"]
     lines = ["# Real alignment rounds: odbd daemons in network namespaces vs raw Gloo all-gather",
@@ -371,6 +590,90 @@ def render(result: dict) -> str:
             lines.append(f"| {names[key]} | {sc['raw_ms']:.1f} ms | {sc['round_ms']:.1f} ms | "
                          f"{100 * sc['per_step'].get('gpu_7b_h100', float('nan')):.1f}% | "
                          f"{100 * sc['per_planned_step'].get('gpu_7b_h100', float('nan')):.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+
+def render_partitioned(result: dict) -> str:
+    link = result["link"]
+    w = result["workload"]
+    lines = ["# Real partitioned alignment rounds: odbd daemons in network namespaces vs raw Gloo all-gathers",
+             "", f"`{result['command']}`", "",
+             f"Link per host (host egress): {link['one_way_delay_us']:g} us one-way "
+             + ("(tc netem, on the link)" if link["delay"] == "netem" else
+                "(added in the model: this kernel has no netem; not in the measured columns)")
+             + f", {link['rate_gbit_s']:g} Gbit/s (tc {link['rate_qdisc']}). Daemons: `alignment.partition_ranks: "
+             f"{w['partition_ranks']}`, `local_world_size: {w['local_world_size']}`. Workload per rank: "
+             f"{w['samples_per_rank']} samples of 1-{w['max_len']} tokens, window {w['window']}, max_tokens "
+             f"{w['max_tokens']}, queue_steps {w['queue_steps']}; round message {w['msg_bytes']} B "
+             "(2 x window samples, the most a rank offers).", "",
+             "Raw partitioned = one real_rounds_gloo sequence per iteration, after a barrier: a world-wide "
+             "all-gather of the 41-B summary, an all-gather of the round message within the block (its own "
+             "Gloo context), a world-wide all-gather of the block totals' bytes (20 + 16 x steps per round, "
+             "rounded up; from every rank, where the daemon sends them from the block's first rank only). "
+             "Raw world msg = one world-wide all-gather of the round message (what an unpartitioned round "
+             "moves). Each figure is the median over ranks of each rank's median (daemons: "
+             "odb_round_p50_microseconds). Rows without a block are unpartitioned (block >= W).", "",
+             "| W | block | rounds | steps / round | daemon round | (slowest rank) | raw partitioned "
+             "(summary + block + totals) | raw world msg | round / raw partitioned | with the delay | "
+             "round / raw world msg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        part = r.get("partition")
+        if part:
+            pp = r["raw_p50_us"]["partitioned_parts"]
+            raw = (f"{r['raw_p50_us']['partitioned'] / 1e3:.2f} ms ({pp['summary_p50_us'] / 1e3:.2f} + "
+                   f"{pp['block_p50_us'] / 1e3:.2f} + {pp['totals_p50_us'] / 1e3:.2f})")
+            ratio = f"**{r['round_over_raw']:.2f}**"
+        else:
+            raw, ratio = "", ""
+        lines.append(f"| {r['world']} | {part['block'] if part else '-'} | {r['rounds']} | {r['steps_per_round']:.1f} | "
+                     f"{r['round_p50_us_median'] / 1e3:.2f} ms | {r['round_p50_us_max'] / 1e3:.2f} ms | {raw} | "
+                     f"{r['raw_p50_us']['msg'] / 1e3:.2f} ms | {ratio} | "
+                     f"{r['round_over_raw_with_delay']:.2f} | {r['round_over_raw_world_msg']:.2f} |")
+    m = result.get("model")
+    if m:
+        lines += ["", "Model (least squares over every row, H = ring hops, B = bytes one rank sends over them): "
+                  "raw T = alpha H + beta B (the world msg and 64 KiB all-gathers: H = W - 1, B = (W - 1) m; the "
+                  "raw partitioned sequence: H = 2 (W - 1) + (block - 1)); round T = c0 + c1 H + beta B.",
+                  f"alpha = {m['alpha_us_per_hop']:.1f} us/hop, beta = {m['beta_us_per_byte_hop'] * 1e3:.3f} ns/B/hop"
+                  + (f" ({m['implied_gbit_s']:.2f} Gbit/s)" if m["implied_gbit_s"] else "")
+                  + f", c0 = {m['c0_us']:.0f} us, c1 = {m['c1_us_per_hop']:.1f} us/hop; "
+                  f"round residuals {m['daemon_residuals_us']} us"
+                  + (f" (alpha and c1 include {m['delay_added_us_per_hop']:g} us of delay per hop added in the "
+                     f"model; measured {m['measured_alpha_us_per_hop']:.1f} and {m['measured_c1_us_per_hop']:.1f})"
+                     if m["delay_added_us_per_hop"] else "") + "."]
+    e = result.get("extrapolation")
+    if e:
+        lines += ["", f"Extrapolated to W = {e['world']}, blocks of {e['block']} ranks (`local_world_size` "
+                  f"{e['local_world_size']}): the Aligner's CPU {e['planner_decode_cpu_ms']:.1f} ms per round of "
+                  f"{e['steps_per_round']} planned steps and a block message of {e['msg_bytes']} B per rank "
+                  f"(bench/results/scale_aligner.json, `{e['cpu_source']}`); the collectives through the peer "
+                  "group's fixed slots (8-B header + slot, slot >= 256 B; what does not fit, a second ring):", "",
+                  "| collective | ranks (ring hops = ranks - 1) | bytes per rank per hop | bytes one rank sends |",
+                  "|---|---|---|---|"]
+        for c in e["collectives"]:
+            lines.append(f"| {c['name']} | {c['ranks']} | {c['frame']} | {c['bytes']:,} |")
+        lines += ["", f"{e['bytes_sent_per_rank']:,} B per rank per round: {e['link_ms']:.2f} ms at "
+                  f"{link['rate_gbit_s']:g} Gbit/s. Step = a full 4096-token step ("
+                  + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in e["step_ms"].items()) + "). Per step = round / "
+                  "one step (the round on one step's critical path); per planned step = round / (steps it "
+                  "plans x step).", "",
+                  "| assumption | hops | per hop | raw collectives | round | round / `gpu_7b_h100` step | "
+                  "per planned step | per hop for 5% per planned step |",
+                  "|---|---|---|---|---|---|---|---|"]
+        names = {"fit_here": "the fit over these runs (W processes on this machine's 2 cores)",
+                 "own_cores_ring": "each rank on its own cores: W = 2's raw hop + the link's delay, the link's rate, ring",
+                 "own_cores_ring_no_overflow": "as above, the totals in one ring (no overflow; not odb today)",
+                 "own_cores_log_hops": "as above, logarithmic all-gathers (ceil(log2 n) hops each; not odb today)"}
+        for key, sc in e["scenarios"].items():
+            per_hop = (f"{sc['hop_us']:.0f} us" if "hop_us" in sc else
+                       f"c1 {result['model']['c1_us_per_hop']:.0f} us")
+            lines.append(f"| {names[key]} | {sc['hops']} | {per_hop} | {sc['raw_ms']:.1f} ms | {sc['round_ms']:.1f} ms | "
+                         f"{100 * sc['per_step'].get('gpu_7b_h100', float('nan')):.1f}% | "
+                         f"{100 * sc['per_planned_step'].get('gpu_7b_h100', float('nan')):.2f}% | "
+                         + (f"{sc['hop_us_for_5pct_per_planned_step']:.0f} us |"
+                            if "hop_us_for_5pct_per_planned_step" in sc else " |"))
     return "\n".join(lines) + "\n"
 
 

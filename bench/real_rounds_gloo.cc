@@ -12,6 +12,14 @@
 //
 //   real_rounds_gloo gather --rank R --world W --store DIR --hostname ADDR
 //       --bytes 1024,65536 [--iters 30] [--warmup 5]
+//       [--block P --summary-bytes S --totals-bytes N]
+//     with --block, also the raw form of a partitioned round (the daemon's
+//     alignment.partition_ranks, src/align/aligner.cc PartitionedRound): per
+//     iteration a world-wide all-gather of S bytes per rank, an all-gather of
+//     the first --bytes size within this rank's block of P consecutive ranks
+//     (its own Gloo context, as PeerGroup::Split makes one), and a world-wide
+//     all-gather of N bytes per rank; one line, variant "partitioned", with
+//     the sequence's time and each collective's.
 //   real_rounds_gloo codec --samples N --max-tokens T
 //     prints the bytes one rank's round message (src/align/meta_codec) has
 //     with N pending samples of up to T tokens: the size the daemons gather.
@@ -96,6 +104,74 @@ int Codec(int argc, char** argv) {
   return 0;
 }
 
+// The same bytes per rank from every rank of `ctx`, checked: block r of the
+// output must hold rank r's byte.
+bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32_t& tag, double& took_us) {
+  const int size = ctx->size;
+  std::vector<char> in(bytes, static_cast<char>(ctx->rank)), out(bytes * static_cast<size_t>(size));
+  const auto t0 = Clock::now();
+  gloo::AllgatherOptions opts(ctx);
+  opts.setInput(in.data(), in.size());
+  opts.setOutput(out.data(), out.size());
+  opts.setTag(tag++);
+  gloo::allgather(opts);
+  took_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  for (int r = 0; r < size; ++r) {
+    if (out[static_cast<size_t>(r) * bytes] != static_cast<char>(r)) return false;
+  }
+  return true;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
+                std::shared_ptr<gloo::transport::Device> dev, gloo::rendezvous::Store& fs, int rank,
+                int world, int block, size_t summary, size_t msg, size_t totals, int iters, int warmup,
+                uint32_t tag) {
+  // Blocks of `block` consecutive ranks, the last one possibly shorter (as
+  // the aligner cuts them).
+  const int begin = rank / block * block;
+  const int end = std::min(world, begin + block);
+  gloo::rendezvous::PrefixStore ps("block" + std::to_string(begin), fs);
+  auto block_ctx = std::make_shared<gloo::rendezvous::Context>(rank - begin, end - begin);
+  block_ctx->setTimeout(std::chrono::seconds(120));
+  block_ctx->connectFullMesh(ps, dev);
+  uint32_t block_tag = 1;
+  std::vector<double> total_us, summary_us, block_us, totals_us;
+  for (int i = 0; i < warmup + iters; ++i) {
+    gloo::BarrierOptions b(world_ctx);
+    b.setTag(tag++);
+    gloo::barrier(b);
+    const auto t0 = Clock::now();
+    double a = 0, m = 0, t = 0;
+    bool ok = TimedGather(world_ctx, summary, tag, a);
+    ok = ok && (end - begin < 2 || TimedGather(block_ctx, msg, block_tag, m));
+    ok = ok && TimedGather(world_ctx, totals, tag, t);
+    if (!ok) {
+      std::fprintf(stderr, "rank %d: a partitioned all-gather delivered wrong bytes\n", rank);
+      return 1;
+    }
+    const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (i >= warmup) {
+      total_us.push_back(took);
+      summary_us.push_back(a);
+      block_us.push_back(m);
+      totals_us.push_back(t);
+    }
+  }
+  std::printf(
+      "{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"partitioned\", \"block\": %d, "
+      "\"block_size\": %d, \"summary_bytes\": %zu, \"totals_bytes\": %zu, \"iters\": %d, "
+      "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f}\n",
+      rank, world, msg, block, end - begin, summary, totals, iters, Median(total_us), Median(summary_us),
+      Median(block_us), Median(totals_us));
+  std::fflush(stdout);
+  return 0;
+}
+
 int Gather(int argc, char** argv) {
   const int rank = std::atoi(Arg(argc, argv, "--rank", nullptr));
   const int world = std::atoi(Arg(argc, argv, "--world", nullptr));
@@ -167,6 +243,16 @@ int Gather(int argc, char** argv) {
                 sum / static_cast<double>(us.size()), us.front());
     std::fflush(stdout);
    }
+  }
+  const int block = std::atoi(Arg(argc, argv, "--block", "0"));
+  if (block > 0) {
+    const size_t summary = static_cast<size_t>(std::atoll(Arg(argc, argv, "--summary-bytes", nullptr)));
+    const size_t totals = static_cast<size_t>(std::atoll(Arg(argc, argv, "--totals-bytes", nullptr)));
+    if (summary < 1 || totals < 1) {
+      std::fprintf(stderr, "real_rounds_gloo gather: --summary-bytes and --totals-bytes must be >= 1\n");
+      return 2;
+    }
+    return Partitioned(ctx, dev, fs, rank, world, block, summary, sizes.front(), totals, iters, warmup, tag);
   }
   return 0;
 }

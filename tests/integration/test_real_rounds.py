@@ -68,3 +68,44 @@ def test_four_daemons_measured_parsed_and_fitted(tmp_path):
             scenario["round_ms"] / extra["step_ms"]["gpu_7b_h100"])
     md = (tmp_path / "real_rounds.md").read_text()
     assert "| 4 |" in md and "gpu_7b_h100" in md
+
+
+def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
+    """--partition-ranks: the daemons plan in blocks (W = 4, blocks of 2) and the baseline is the raw
+    sequence of the round's three collectives; the extrapolation is the partitioned round's."""
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root (CI runs as root)")
+    samples = 30
+    done = subprocess.run(
+        ["/usr/bin/python3", str(ROOT / "bench/real_rounds.py"), "--worlds", "2,4", "--samples", str(samples),
+         "--iters", "5", "--partition-ranks", "2", "--local-world-size", "1", "--prefix", "odbrrp",
+         "--subnet", "10.219.10", "--gloo-bin", gloo_bin(), "--out", str(tmp_path), "--name", "part"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "part.json").read_text())
+    assert result["workload"]["partition_ranks"] == 2
+    two, four = result["rows"]
+    # W = 2 is one block (the daemon's unpartitioned round): the world-wide all-gather is its baseline.
+    assert two["partition"] is None and two["raw_baseline"] == "msg" and two["hops"] == 1
+    assert four["partition"]["block"] == 2 and four["raw_baseline"] == "partitioned"
+    assert four["samples_trained"] == 4 * samples
+    # Two world-wide rings (3 hops each) and one in the block (1 hop).
+    assert four["hops"] == 2 * 3 + 1
+    parts = four["raw_p50_us"]["partitioned_parts"]
+    assert all(v > 0 for v in parts.values())
+    assert four["raw_p50_us"]["partitioned"] >= max(parts.values())
+    assert four["round_over_raw"] == pytest.approx(four["round_p50_us_median"] / four["raw_p50_us"]["partitioned"])
+    extra = result["extrapolation"]
+    assert extra["partitioned"] and extra["world"] == 2560 and extra["block"] == 256
+    names = [c["name"] for c in extra["collectives"]]
+    assert names[:3] == ["summary all-gather", "block all-gather", "token totals all-gather"]
+    assert [c["ranks"] for c in extra["collectives"][:3]] == [2560, 256, 2560]
+    assert extra["bytes_sent_per_rank"] == sum(c["bytes"] for c in extra["collectives"])
+    scenarios = extra["scenarios"]
+    assert scenarios["own_cores_log_hops"]["hops"] < scenarios["own_cores_ring"]["hops"]
+    for scenario in scenarios.values():
+        assert scenario["round_ms"] >= extra["planner_decode_cpu_ms"]
+        assert scenario["per_planned_step"]["gpu_7b_h100"] == pytest.approx(
+            scenario["round_ms"] / extra["steps_per_round"] / extra["step_ms"]["gpu_7b_h100"])
+    md = (tmp_path / "part.md").read_text()
+    assert "round / raw partitioned" in md and "| 4 | 2 |" in md
