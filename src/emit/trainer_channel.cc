@@ -194,8 +194,28 @@ bool TrainerChannel::SettleContender() {
   return requested;
 }
 
+void TrainerChannel::CountDataWait(const wire::Credit& credit) {
+  // The trainer's data wait since its last credit (odb.top names the rank
+  // that waits most). One report is at most a day: a garbage value cannot
+  // wrap the counter or swamp the other ranks' numbers.
+  constexpr uint64_t kMaxDataWaitUs = 86400ull * 1000 * 1000;
+  const uint64_t wait_us = credit.data_wait_us();
+  if (wait_us > kMaxDataWaitUs) {
+    metrics_.bad_trainer_messages.fetch_add(1);
+    spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
+                 wait_us, kMaxDataWaitUs);
+  }
+  metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
+}
+
 bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg) {
   bool requested = false;
+  // A credit the session's closed connection left queued still reports time
+  // its trainer waited (a trainer that exits right after its epoch sends its
+  // last step's wait and closes): count it even when the rest of the
+  // message is ignored below as late.
+  const bool wait_counted = msg.has_credit() && !session_.empty() && peer == session_;
+  if (wait_counted) CountDataWait(msg.credit());
   if (session_.empty() || (peer != session_ && lost_since_)) {
     // A message a closed connection left queued must not open a session:
     // only a connected peer can receive this acknowledgement.
@@ -245,17 +265,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
-    // The trainer's data wait since its last credit (odb.top names the rank
-    // that waits most). One report is at most a day: a garbage value cannot
-    // wrap the counter or swamp the other ranks' numbers.
-    constexpr uint64_t kMaxDataWaitUs = 86400ull * 1000 * 1000;
-    const uint64_t wait_us = msg.credit().data_wait_us();
-    if (wait_us > kMaxDataWaitUs) {
-      metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
-                   wait_us, kMaxDataWaitUs);
-    }
-    metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
+    if (!wait_counted) CountDataWait(msg.credit());
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();

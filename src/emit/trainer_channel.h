@@ -113,6 +113,8 @@ class TrainerChannel {
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
   // One trainer message from `peer` (a frame that parsed, current version).
   bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
+  // Adds a credit's data_wait_us to odb_trainer_data_wait_microseconds_total.
+  void CountDataWait(const wire::Credit& credit);
 
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
   // Sends session_ack to `peer`; false when no such peer is connected.

@@ -190,7 +190,10 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   try {
-    impl->socket.set(zmq::sockopt::linger, 0);
+    // Closing flushes what is queued (the last credit carries the trainer's
+    // data wait for the epoch's last step) for at most 1 s: bounded when the
+    // daemon is gone, and with linger 0 ZeroMQ would drop it.
+    impl->socket.set(zmq::sockopt::linger, 1000);
     impl->socket.set(zmq::sockopt::rcvtimeo, options.receive_timeout_ms);
     impl->socket.set(zmq::sockopt::sndhwm, 1000);
     std::random_device random;
