@@ -1,12 +1,15 @@
 """`python -m odb.top`: a live view of a running job read from the daemons'
-metrics endpoints, one row per rank (checked here with --once)."""
+metrics endpoints, one row per rank (checked here with --once). The real
+endpoints' text reads the same through odb.top's parser (odb/exposition.py)
+as through the reference parser (Debian's python3-prometheus-client), and
+every figure of odb.top's rows is the one the reference parser reads."""
 from __future__ import annotations
 
 import re
 import subprocess
 import uuid
 
-from odbtest import ROOT, Daemon, run_epoch
+from odbtest import ROOT, Daemon, parse_metrics, run_epoch, scrape
 
 
 def test_top_shows_one_row_per_rank_of_a_real_job(tmp_path):
@@ -30,6 +33,37 @@ def test_top_shows_one_row_per_rank_of_a_real_job(tmp_path):
         gone = subprocess.run(["/usr/bin/python3", "-m", "odb.top", "--once", urls[0], "http://127.0.0.1:9"],
                               capture_output=True, text=True, timeout=60, cwd=ROOT / "client/python")
         assert gone.returncode == 1 and "unreachable: http://127.0.0.1:9" in gone.stdout
+        _check_figures_against_the_reference_parser([scrape(u.removeprefix("http://")) for u in urls], urls)
     finally:
         for d in daemons:
             d.stop()
+
+
+def _check_figures_against_the_reference_parser(texts, urls) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "client/python"))
+    from odb import exposition, top
+
+    reference = [parse_metrics(t) for t in texts]  # {(name, labels): value}
+    for text, ref in zip(texts, reference):
+        ours = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in exposition.parse(text) for s in f.samples}
+        assert ours == ref, (ours, ref)
+        assert len(ref) > 30  # the daemon's whole table, not a few lines
+    rows = [top.rank_series(t) for t in texts]
+    shown = {int(line.split()[0]): line.split() for line in top.table(rows, urls).splitlines()
+             if line[:4].strip().isdigit()}
+    tokens = [sum(v for (n, _), v in ref.items() if n == "odb_real_tokens_total") for ref in reference]
+    for ref in reference:
+        (rank,) = {dict(labels)["rank"] for _, labels in ref}
+        get = lambda name: ref[(name, (("rank", rank),))]  # noqa: E731
+        row = shown[int(rank)]
+        pad = 100.0 * (1 - get("odb_real_tokens_total") / get("odb_padded_tokens_total"))
+        assert row[1:13] == [
+            str(int(get("odb_samples_received_total"))), str(int(get("odb_samples_emitted_total"))),
+            str(int(get("odb_samples_rejected_total"))), str(int(get("odb_steps_emitted_total"))),
+            str(int(get("odb_idle_steps_total"))), f"{pad:.1f}", f"{get('odb_buffer_bytes') / 2**20:.1f}",
+            str(int(get("odb_queued_steps"))), f"{get('odb_exchange_bytes_sent_total') / 2**20:.1f}",
+            f"{get('odb_round_p50_microseconds') / 1e3:.2f}", f"{get('odb_round_p99_microseconds') / 1e3:.2f}",
+            f"{get('odb_trainer_data_wait_microseconds_total') / 1e6:.3f}"], (row, rank)
+        assert row[13] == f"{get('odb_real_tokens_total') / (sum(tokens) / len(tokens)):.3f}", (row, tokens)

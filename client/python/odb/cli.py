@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 PROG = "odbctl"
 
@@ -256,13 +256,10 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
-def _scrape(url: str) -> Optional[Dict[str, float]]:
+def _scrape(url: str) -> Union[Dict[str, float], None, str]:
     from . import top
 
-    try:
-        return top.scrape(url)
-    except OSError:
-        return None
+    return top.read(url)  # None when unreachable, the reason when the text is not odbd's metrics
 
 
 def parser() -> argparse.ArgumentParser:
