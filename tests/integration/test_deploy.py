@@ -148,6 +148,58 @@ def test_the_schema_check_refuses_misspellings_and_wrong_values(mutate, expected
     assert any(expected in p for p in problems), problems
 
 
+def _schema_at(node: dict, root: dict) -> dict:
+    while "$ref" in node:
+        node = root["definitions"][node["$ref"].removeprefix("#/definitions/")]
+    return node
+
+
+def _nodes(value, node: dict, root: dict, path: str = ""):
+    """(path, value, its schema node) of every object, array and leaf of the manifest."""
+    node = _schema_at(node, root)
+    yield path, value, node
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = node.get("properties", {}).get(key)
+            if sub is None and isinstance(node.get("additionalProperties"), dict):
+                sub = node["additionalProperties"]
+            assert sub is not None, f"{path}/{key} has no schema (the manifest passes the check, so it must)"
+            yield from _nodes(item, sub, root, f"{path}/{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nodes(item, node["items"], root, f"{path}/{i}")
+
+
+def _at(doc, path: str):
+    for part in [p for p in path.split("/") if p]:
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+def test_the_schema_check_refuses_a_misspelling_in_every_object_and_a_wrong_value_in_every_enum() -> None:
+    """Not only the cases listed above: every object of the manifest (bar string maps such as
+    labels) refuses a field it does not have, and every field with an enum refuses a value
+    outside it, each error at its own path."""
+    root = k8s_schema.load_schema()
+    objects = enums = 0
+    for path, value, node in list(_nodes(_pod(), root, root)):
+        if isinstance(value, dict) and not isinstance(node.get("additionalProperties"), dict):
+            pod = copy.deepcopy(_pod())
+            _at(pod, path)["odbMisspelt"] = True
+            problems = k8s_schema.validate(pod)
+            assert any(p.startswith(f"{path}/odbMisspelt: unknown field") for p in problems), (path, problems)
+            objects += 1
+        if "enum" in node:
+            pod = copy.deepcopy(_pod())
+            parent, key = path.rsplit("/", 1)
+            _at(pod, parent)[int(key) if key.isdigit() else key] = "NotInTheEnum"
+            problems = k8s_schema.validate(pod)
+            assert any(p.startswith(f"{path}: 'NotInTheEnum' is not one of") for p in problems), (path, problems)
+            enums += 1
+    # 23 objects (the Pod, metadata, spec, volumes, containers, env, mounts, the probe...) and 5 enums today
+    assert objects >= 20 and enums >= 5, (objects, enums)
+
+
 def test_pod_runs_odbd_as_a_native_sidecar_that_keeps_the_shared_memory_paths() -> None:
     spec = _pod()["spec"]
     assert spec["restartPolicy"] == "Never"  # the Pod completes with its trainer
