@@ -147,3 +147,32 @@ def test_a_large_object_graph_is_looked_at_within_a_bound() -> None:
     big = torch.nn.Sequential(*[torch.nn.Linear(1, 1) for _ in range(2000)], FullyShardedDataParallel(torch.nn.Linear(1, 1)))
     junk = [object() for _ in range(100_000)]
     assert odb.stacks.stack_components([big, junk]) == ["FullyShardedDataParallel"]
+
+
+def test_the_docs_stacks_table_has_every_cell_and_names_tests_that_exist() -> None:
+    """docs/python.md "Stacks": a row per stack and IDLE policy, a cell per layout, and every test it
+    names (file, and test function where named) exists, so the table cannot point at nothing."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs/python.md").read_text()
+    section = doc[doc.index("\n## Stacks\n"):doc.index("\n## ", doc.index("\n## Stacks\n") + 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| stack")]
+    cells = {row.split(" | ")[0].strip("| "): row.split(" | ")[1:] for row in rows}
+    expected = ["DDP, `zero_step`", "DDP, `join` (`with ddp.join():`)", "`ZeroRedundancyOptimizer` (with DDP), `zero_step`",
+                "`ZeroRedundancyOptimizer`, `join`", "FSDP, `zero_step`", "FSDP, `join`"]
+    assert list(cells) == expected, list(cells)
+    assert all(len(c) == 3 and all(x.strip(" |") for x in c) for c in cells.values()), cells
+    named = re.findall(r"`(test_py_\w+\.py)?((?:::\w+(?:\[\w+\])?)?)`", section)
+    assert len(named) >= 10, named
+    last_file = None
+    for file, func in named:
+        if not file and not func:
+            continue
+        last_file = file or last_file
+        path = root / "tests/python" / last_file
+        assert path.exists(), f"docs/python.md names {last_file}, which does not exist"
+        if func:
+            name = func.removeprefix("::").split("[")[0]
+            assert re.search(rf"^def {name}\(", path.read_text(), re.M), f"{last_file} has no {name}"
