@@ -405,3 +405,19 @@ def test_shared_memory_across_pid_namespaces_is_refused_naming_the_namespace(tmp
             assert "ACCEPTED" in same, same
     finally:
         d.stop()
+
+
+# ----------------------------------------------------------------- every file under deploy/
+
+def test_every_file_under_deploy_is_exercised_by_a_test() -> None:
+    """A file added to deploy/ must come with its test: each is named (as deploy/<file>) by this
+    file or by tests/python/test_py_docs.py, and docs/deploy.md's table lists it."""
+    tests = (Path(__file__).read_text() + (ROOT / "tests/python/test_py_docs.py").read_text())
+    table = (ROOT / "docs/deploy.md").read_text()
+    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "deploy").rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts)
+    assert len(files) >= 5, files
+    untested = [f for f in files if f'"{f}"' not in tests]
+    assert not untested, f"files under deploy/ that no test names: {untested}"
+    unlisted = [f for f in files if f"| `{f}` |" not in table]
+    assert not unlisted, f"files under deploy/ missing from docs/deploy.md's table: {unlisted}"
