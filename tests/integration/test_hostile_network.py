@@ -197,7 +197,7 @@ def test_slow_and_silent_metrics_clients_never_blind_the_endpoint(tmp_path):
         p = produce(d.ingest, "a", 500, seed=1)
         for _ in range(5):
             with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
-                assert r.status == 200 and b"odb_samples_received_total" in r.read()
+                assert r.status == 200 and metric_value(r.read().decode(), "odb_samples_received_total") >= 0  # whole and valid
         assert finish(p)[0] == 0
         rc, out, err = finish(c)
         assert rc == 0, err + d.read_log()
