@@ -257,7 +257,13 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       groups[r].push_back(WorkGroup{std::move(g.members), g.over_budget});
     }
     max_groups = std::max(max_groups, groups[r].size());
-    min_samples = std::min(min_samples, n);
+    // Under Join only a rank that may still receive samples caps T by its
+    // window: one whose stream ended has all it will ever have, and capping T
+    // by its last few samples would plan the same few steps round after round
+    // (a fixed point that holds an accumulation window open until it closes
+    // short mid-epoch, and holds everyone else back); it idles once they run
+    // out. Non-Join ends the epoch with that rank's last sample: no IDLE step.
+    if (config_.mode != EpochMode::kJoin || !state.ranks[r].stream_finished) min_samples = std::min(min_samples, n);
   }
   if (max_groups == 0) {
     plan.reason = "no rank has pending samples";
@@ -267,7 +273,8 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
   const size_t t = std::min<size_t>({min_free, max_groups, min_samples});
   plan.num_steps = static_cast<uint32_t>(t);
   plan.reason = "T=min(free=" + std::to_string(min_free) + ", max groups=" + std::to_string(max_groups) +
-                ", min samples=" + std::to_string(min_samples) + ")";
+                ", min samples of open streams=" +
+                (min_samples == std::numeric_limits<size_t>::max() ? std::string("none") : std::to_string(min_samples)) + ")";
 
   for (size_t r = 0; r < world; ++r) {
     RankPlan& rp = plan.ranks[r];
@@ -279,7 +286,9 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
                  [](const WorkGroup& g) { return std::span<const size_t>(g.members); });
       gs.resize(t);
     }
-    while (!gs.empty() && gs.size() < t) SplitLargest(config_, window, gs);
+    // Split down to single samples at most (a finished rank may have fewer
+    // samples than T: its other steps are IDLE).
+    while (!gs.empty() && gs.size() < t && gs.size() < window.size()) SplitLargest(config_, window, gs);
     // Every rank's groups sorted by step time, then placed through the SAME
     // seeded permutation of step slots: the k-th costliest group of every rank
     // lands in one step, so the ranks of a step cost alike (a step costs its

@@ -207,11 +207,13 @@ class Planner {
 
 // Local grouping (FormGroups on each rank's own window) then alignment:
 //   T = 0 when some rank waits or some rank has no free slot; else
-//   T = min(min_r free_r, max_r G_r, min_{r: N_r>0} N_r), where N_r is the
-//   rank's window size and G_r its group count. Ranks with G_r > T hold back
-//   their least-filled groups; ranks with G_r < T split their largest groups
-//   (each split adds one step and keeps the budget); ranks with N_r = 0 get
-//   IDLE steps. See docs/alignment.md for the proofs.
+//   T = min(min_r free_r, max_r G_r, min_{r: N_r>0, stream open*} N_r), where
+//   N_r is the rank's window size and G_r its group count. Ranks with G_r > T
+//   hold back their least-filled groups; ranks with G_r < T split their
+//   largest groups (each split adds one step and keeps the budget) down to
+//   single samples; ranks with N_r = 0, and a finished rank's steps past its
+//   N_r samples, are IDLE (*Join; under Non-Join every rank with N_r > 0
+//   caps T). See docs/alignment.md for the proofs.
 class LocalPlanner final : public Planner {
  public:
   explicit LocalPlanner(PlannerConfig config) : config_(std::move(config)) {}

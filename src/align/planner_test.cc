@@ -106,6 +106,33 @@ TEST_CASE("splitting reaches T and holding back keeps the fullest groups", "[pla
   REQUIRE(plan.ranks[1].keep_pending.size() == 2);
 }
 
+TEST_CASE("under Join a finished rank's last samples do not cap T; they idle once spent", "[planner]") {
+  // Rank 0: eight long samples (eight groups, stream open); rank 1: its last
+  // two samples, stream finished. Capping T by rank 1's two samples planned
+  // two steps of rank 0's eight, and the same two again next round when an
+  // accumulation window held them back: a fixed point that cut the window
+  // short mid-epoch (test_multi_rank's skewed windows, under load).
+  PlannerConfig cfg;
+  cfg.max_wait_rounds = 0;
+  cfg.budget.max_tokens = 1000;
+  RoundState st;
+  st.ranks = {Rank({900, 900, 900, 900, 900, 900, 900, 900}, 0, 16, false), Rank({10, 20}, 1, 16, true)};
+  RoundPlan plan = LocalPlanner(cfg).Plan(st);
+  REQUIRE(plan.num_steps == 8);  // min(free=16, max groups=8); rank 1's stream is finished
+  for (const auto& s : plan.ranks[0].steps) REQUIRE_FALSE(s.idle);
+  size_t real = 0;
+  for (const auto& s : plan.ranks[1].steps) real += s.idle ? 0 : 1;
+  REQUIRE(real == 2);  // one sample a step, then IDLE
+  REQUIRE(plan.ranks[1].keep_pending.empty());
+  // An open stream still caps T (more samples may come), and so does a
+  // finished rank under Non-Join (the epoch ends with its last sample).
+  st.ranks[1].stream_finished = false;
+  REQUIRE(LocalPlanner(cfg).Plan(st).num_steps == 2);
+  st.ranks[1].stream_finished = true;
+  cfg.mode = EpochMode::kNonJoin;
+  REQUIRE(LocalPlanner(cfg).Plan(st).num_steps == 2);
+}
+
 TEST_CASE("wait is granted, bounded and never after the stream ends", "[planner]") {
   PlannerConfig cfg;
   cfg.window = 8;
