@@ -213,9 +213,6 @@ TEST_CASE("a credit read after its session's disconnect event still counts its d
   REQUIRE(zmq::poll(&socket, 1, std::chrono::seconds(10)) == 1);  // the credit is still queued
   CHECK_FALSE(f.channel->OnReadable());
   CHECK(f.metrics.trainer_data_wait_us.load() == 123456);
-  // Late otherwise: the session stays lost (no credit was given back to it).
-  f.clock.Advance(milliseconds(30001));
-  CHECK(f.channel->CheckLiveness());
 }
 
 TEST_CASE("a second trainer is held for the contender grace of the injected clock, then refused") {
