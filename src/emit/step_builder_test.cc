@@ -8,6 +8,8 @@
 namespace odb::emit {
 namespace {
 
+const SteadyClock kSteady;
+
 class VectorFrame : public FrameHolder {
  public:
   explicit VectorFrame(std::vector<uint8_t> bytes) : bytes(std::move(bytes)) {}
@@ -93,7 +95,7 @@ TEST_CASE("with a step arena the step is collated straight into one block: the s
   auto frames = builder.Build(0, PlanOf({1, 2}, 21), [] { return false; });
   REQUIRE(frames.ok());
   REQUIRE_FALSE(frames->in_arena);
-  auto arena = StepArena::Create(1 << 20);
+  auto arena = StepArena::Create(1 << 20, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {.expected_generation = (*arena)->generation()});
   REQUIRE(reader.ok());
@@ -138,7 +140,7 @@ TEST_CASE("a step larger than the step arena goes as frames; a full arena stops 
   REQUIRE(!state.buffer.Add(Tokens(2, 5000)));
   REQUIRE(!state.buffer.Add(Tokens(3, 5000)));
   StepBuilder builder(options, state, metrics, nullptr);
-  auto arena = StepArena::Create(128 << 10);
+  auto arena = StepArena::Create(128 << 10, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
   REQUIRE(reader.ok());
