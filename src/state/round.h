@@ -41,8 +41,10 @@ struct PhaseRoute {
 
 // The encoder phases, in the order a step gathers their samples and collates
 // their batches. A new phase is one more value here (kEncoderPhases grows with
-// it) and its header fields and batch prefix in the step builder
-// (src/emit/step_builder.cc); every other use loops over StepPlan::phases.
+// it), its cost in the round runner that fills the routes
+// (src/daemon/aligned_round_runner.cc), and its sample fields, header fields
+// and batch prefix in the step builder (src/emit/step_builder.cc); every other
+// use loops over StepPlan::phases.
 enum class EncoderPhase : size_t {
   kVision = 0,  // collate.encoder_fields: header fields enc_*, llm_src_rank; batch "enc."
   kAudio = 1,   // collate.audio_fields: header fields audio_*, llm_audio_src_rank; batch "audio."
