@@ -36,7 +36,8 @@ uint8_t Pattern(uint64_t segment_offset) { return static_cast<uint8_t>((segment_
 
 struct Fixture {
   std::unique_ptr<odb::shm::ArenaWriter> writer = odb::fuzz::MakeArenaWriter();
-  odb::ingest::ArenaRegistry registry;
+  odb::SteadyClock clock;
+  odb::ingest::ArenaRegistry registry{{}, clock};
   uint64_t arena_id = 0;
 
   Fixture() {

@@ -75,7 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: break;
   }
 
-  odb::ingest::ArenaRegistry registry(odb::ingest::ArenaRegistry::Options{.max_arenas = 4});
+  const odb::SteadyClock clock;
+  odb::ingest::ArenaRegistry registry(odb::ingest::ArenaRegistry::Options{.max_arenas = 4}, clock);
   odb::fuzz::SocketPair pair;
   const odb::wire::ArenaRegistered answer = registry.Register(pair.fds[0], payload, std::move(fds));
   const bool accepted = answer.arena_id() != 0;

@@ -69,36 +69,33 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
     // One encoder phase: its balanced layout, this rank's share of it (what it
     // encodes and where each output goes) and, for this rank's LLM samples,
     // the rank that encodes each.
-    auto phase = [&](const std::vector<double>& cost, std::vector<uint64_t>& ids, std::vector<int32_t>& owners,
-                     std::vector<int32_t>& dest_rank, std::vector<uint32_t>& dest_index,
-                     std::vector<int32_t>& src_rank) {
+    auto phase = [&](const std::vector<double>& cost, PhaseRoute& route) {
       const balance::PhaseAssignment enc = balance::BalancePhase(cost, home, static_cast<int>(active.size()));
-      src_rank.assign(mine.sample_ids.size(), me);
+      route.src_rank.assign(mine.sample_ids.size(), me);
       for (size_t i = 0; i < items.size(); ++i) {
-        if (items[i].llm_rank == me) src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
+        if (items[i].llm_rank == me) route.src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
       }
       for (size_t a = 0; a < active.size(); ++a) {
         const int r = active[a];
         for (size_t i : enc.order[a]) {
           encoder_needs_[r].emplace_back(items[i].meta.owner_rank, items[i].meta.id);
           if (r != me) continue;
-          ids.push_back(items[i].meta.id);
-          owners.push_back(items[i].meta.owner_rank);
-          dest_rank.push_back(items[i].llm_rank);
-          dest_index.push_back(items[i].llm_index);
+          route.ids.push_back(items[i].meta.id);
+          route.owners.push_back(items[i].meta.owner_rank);
+          route.dest_rank.push_back(items[i].llm_rank);
+          route.dest_index.push_back(items[i].llm_index);
         }
       }
     };
     std::vector<double> cost;
     for (const Item& item : items) cost.push_back(encoder_cost_per_patch_ * item.meta.lengths.vision_patches);
-    phase(cost, mine.enc_ids, mine.enc_owners, mine.enc_dest_rank, mine.enc_dest_index, mine.llm_src_rank);
+    phase(cost, mine.phase(EncoderPhase::kVision));
     if (audio_phase_) {
       // Cost: the sample's audio frames. The minimax assignment does not
       // change when every cost is scaled, so a per-frame weight needs no knob.
       cost.clear();
       for (const Item& item : items) cost.push_back(static_cast<double>(item.meta.lengths.audio_frames));
-      phase(cost, mine.audio_ids, mine.audio_owners, mine.audio_dest_rank, mine.audio_dest_index,
-            mine.llm_audio_src_rank);
+      phase(cost, mine.phase(EncoderPhase::kAudio));
     }
   }
 }

@@ -95,8 +95,8 @@ void RunPartitioned(const std::string& yaml) {
         REQUIRE(s.sample_owners[i] / 2 == r / 2);
         REQUIRE(emitted.insert({s.sample_owners[i], s.sample_ids[i]}).second);
       }
-      for (int32_t owner : s.enc_owners) REQUIRE(owner / 2 == r / 2);
-      for (int32_t dest : s.enc_dest_rank) REQUIRE(dest / 2 == r / 2);
+      for (int32_t owner : s.phase(EncoderPhase::kVision).owners) REQUIRE(owner / 2 == r / 2);
+      for (int32_t dest : s.phase(EncoderPhase::kVision).dest_rank) REQUIRE(dest / 2 == r / 2);
     }
   }
   REQUIRE(emitted.size() == 30 + 50 + 70);  // Join: every sample once

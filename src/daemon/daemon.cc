@@ -29,7 +29,7 @@ Daemon::Daemon(DaemonConfig config, std::unique_ptr<RoundRunner> runner, const C
       own_context_(context != nullptr ? nullptr : std::make_unique<zmq::context_t>(1)),
       context_(context != nullptr ? *context : *own_context_),
       state_(config_.buffer_max_bytes, config_.buffer_max_samples, config_.expected_producers),
-      arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}),
+      arenas_(ingest::ArenaRegistry::Options{.max_arenas = config_.shm_max_arenas}, clock_),
       ingest_(context_, IngestOptionsFor(config_), state_, metrics_, clock_),
       trainer_(context_, TrainerChannelOptionsFor(config_), state_, metrics_, clock_),
       exchange_(runner_->HasPeers() ? std::make_unique<exchange::PayloadExchange>(ExchangeOptionsFor(config_),

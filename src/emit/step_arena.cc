@@ -20,8 +20,6 @@ namespace odb::emit {
 namespace {
 
 constexpr uint64_t kAlign = wire::kArenaTensorAlignment;
-// Allocate sleeps at most this long at a time, so cancellation is seen.
-constexpr auto kWaitSlice = std::chrono::milliseconds(100);
 // A trainer that connects to the fd socket and says nothing is dropped after this.
 constexpr int kRequestTimeoutMs = 2000;
 
@@ -31,14 +29,15 @@ std::string Errno(int e) { return std::strerror(e); }
 
 }  // namespace
 
-StepArena::StepArena(std::unique_ptr<shm::ArenaWriter> writer)
+StepArena::StepArena(std::unique_ptr<shm::ArenaWriter> writer, const Clock& clock)
     : writer_(std::move(writer)),
+      clock_(clock),
       generation_(writer_->arena().generation()),
       capacity_(writer_->capacity_bytes()),
       fd_(writer_->arena().fd()),
       base_(writer_->arena().base()) {}
 
-absl::StatusOr<std::shared_ptr<StepArena>> StepArena::Create(uint64_t capacity_bytes) {
+absl::StatusOr<std::shared_ptr<StepArena>> StepArena::Create(uint64_t capacity_bytes, const Clock& clock) {
   shm::ArenaOptions o;
   o.dir = "";  // a sealed memfd: nothing in the file system to leave behind if the daemon dies
   o.capacity_bytes = capacity_bytes;
@@ -47,18 +46,18 @@ absl::StatusOr<std::shared_ptr<StepArena>> StepArena::Create(uint64_t capacity_b
   o.memfd_name = "odb-step-arena";
   auto writer = shm::ArenaWriter::Create(o);
   if (!writer.ok()) return writer.status();
-  return std::shared_ptr<StepArena>(new StepArena(std::move(*writer)));
+  return std::shared_ptr<StepArena>(new StepArena(std::move(*writer), clock));
 }
 
 absl::StatusOr<shm::Block> StepArena::Allocate(uint64_t length, std::chrono::milliseconds wait,
                                                const std::function<bool()>& cancelled) {
-  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const Clock::TimePoint deadline = clock_.Now() + wait;
   while (true) {
     {
       MutexLock lock(mu_);
       absl::StatusOr<shm::Block> block = writer_->Allocate(length, absl::FromChrono(kWaitSlice));
       if (block.ok() || block.status().code() != absl::StatusCode::kDeadlineExceeded) return block;
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (clock_.Now() >= deadline) {
         const shm::ArenaWriter::Stats s = writer_->stats();
         return absl::DeadlineExceededError(
             "the step arena (" + std::to_string(capacity_) + " bytes) has had no room for a step of " +

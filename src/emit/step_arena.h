@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/common/clock.h"
 #include "src/common/mutex.h"
 #include "src/emit/step_encoder.h"
 #include "src/shm/arena_writer.h"
@@ -34,20 +35,26 @@ namespace odb::emit {
 // into it holds mu_.
 class StepArena {
  public:
-  static absl::StatusOr<std::shared_ptr<StepArena>> Create(uint64_t capacity_bytes);
+  // `clock` (the daemon's injected clock) decides Allocate's wait; it must
+  // outlive every Allocate call.
+  static absl::StatusOr<std::shared_ptr<StepArena>> Create(uint64_t capacity_bytes, const Clock& clock);
 
   uint64_t generation() const { return generation_; }
   uint64_t capacity_bytes() const { return capacity_; }
   int fd() const { return fd_; }
 
   // A block of `length` bytes. A full arena is back-pressure: waits for the
-  // trainer's returns (in slices, so `cancelled` is seen) up to `wait`, then
-  // kDeadlineExceeded naming the arena and what the trainer holds. Oversize
-  // (kInvalidArgument) and a dead reader (kUnavailable) come back at once.
+  // trainer's returns up to `wait` on the injected clock, then
+  // kDeadlineExceeded naming the arena and what the trainer holds. The wait
+  // goes in slices of at most kWaitSlice of real time, after each of which
+  // `cancelled` and the clock are read again (a FakeClock moves without
+  // waking anyone). Oversize (kInvalidArgument) and a dead reader
+  // (kUnavailable) come back at once.
   absl::StatusOr<shm::Block> Allocate(uint64_t length, std::chrono::milliseconds wait,
                                       const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   void Free(const shm::Block& block) ABSL_LOCKS_EXCLUDED(mu_);
   std::byte* At(uint64_t offset) const { return base_ + offset; }
+  static constexpr std::chrono::milliseconds kWaitSlice{100};
 
   struct Stats {
     uint64_t outstanding_blocks = 0;
@@ -58,7 +65,7 @@ class StepArena {
   Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  explicit StepArena(std::unique_ptr<shm::ArenaWriter> writer);
+  StepArena(std::unique_ptr<shm::ArenaWriter> writer, const Clock& clock);
 
   mutable Mutex mu_;
   // The pointer is set once (constructor); every call through it holds mu_.
@@ -67,6 +74,7 @@ class StepArena {
   // sleep under it). Their own mutex, held only to copy them, never with mu_.
   mutable Mutex stats_mu_;
   mutable Stats last_stats_ ABSL_GUARDED_BY(stats_mu_);
+  const Clock& clock_;
   const uint64_t generation_;
   const uint64_t capacity_;
   const int fd_;

@@ -23,7 +23,7 @@ absl::StatusOr<std::optional<wire::DaemonMessage>> StepArenaHandshake::NewSessio
   offered_.reset();
   server_.Publish(nullptr);
   if (!server_.listening()) return std::nullopt;
-  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(options_.arena_bytes);
+  absl::StatusOr<std::shared_ptr<StepArena>> arena = StepArena::Create(options_.arena_bytes, clock_);
   if (!arena.ok()) {
     const std::string text = "cannot create a step arena of " + std::to_string(options_.arena_bytes) +
                              " bytes (shm.step_arena_bytes): " + std::string(arena.status().message());

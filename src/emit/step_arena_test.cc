@@ -8,9 +8,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <random>
 
 #include "proto/odb.pb.h"
@@ -63,9 +65,10 @@ wire::Step Header(const zmq::message_t& head) {
 }
 
 const auto kNever = [] { return false; };
+const SteadyClock kSteady;
 
 TEST_CASE("a step placed in the arena: one block, aligned tensors, every byte as the reader sees it") {
-  auto arena = StepArena::Create(8 << 20);
+  auto arena = StepArena::Create(8 << 20, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {.expected_generation = (*arena)->generation()});
   REQUIRE(reader.ok());
@@ -96,7 +99,7 @@ TEST_CASE("a step placed in the arena: one block, aligned tensors, every byte as
 }
 
 TEST_CASE("a step whose arena the session no longer reads goes back to frames, bytes intact, block freed") {
-  auto arena = StepArena::Create(1 << 20);
+  auto arena = StepArena::Create(1 << 20, kSteady);
   REQUIRE(arena.ok());
   auto placed = PlaceStep(**arena, {10, 5000, 0, 777}, 3, std::chrono::milliseconds(100), kNever);
   REQUIRE(placed.ok());
@@ -110,7 +113,7 @@ TEST_CASE("a step whose arena the session no longer reads goes back to frames, b
 }
 
 TEST_CASE("a full arena waits for returns, then fails naming the cause; a step larger than it fails at once") {
-  auto arena = StepArena::Create(1 << 20);
+  auto arena = StepArena::Create(1 << 20, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
   REQUIRE(reader.ok());
@@ -130,6 +133,37 @@ TEST_CASE("a full arena waits for returns, then fails naming the cause; a step l
   CHECK(PlaceStep(**arena, {700000}, 2, std::chrono::milliseconds(100), kNever).ok());
   auto huge = PlaceStep(**arena, {2 << 20}, 3, std::chrono::seconds(60), kNever);
   CHECK(huge.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a full arena's wait (shm.step_arena_wait_ms) is on the injected clock") {
+  FakeClock clock;
+  auto arena = StepArena::Create(1 << 20, clock);
+  REQUIRE(arena.ok());
+  auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
+  REQUIRE(reader.ok());
+  REQUIRE(PlaceStep(**arena, {700000}, 1, std::chrono::milliseconds(100), kNever).ok());
+  // An hour of the fake clock: only its advance can end the wait (on the real
+  // clock the planner would still be waiting when the check below gives up).
+  const auto wait = std::chrono::hours(1);
+  std::atomic<bool> stop{false};
+  auto planner = std::async(std::launch::async, [&] {
+    return PlaceStep(**arena, {700000}, 2, wait, [&] { return stop.load(); }).status();
+  });
+  struct StopOnExit {  // a failed check must not leave the planner waiting an hour
+    std::atomic<bool>& stop;
+    ~StopOnExit() { stop = true; }
+  } stop_on_exit{stop};
+  // The planner reads the clock when it starts waiting: advance until it has
+  // seen an hour pass (it looks again at least every kWaitSlice).
+  const auto real_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (planner.wait_for(StepArena::kWaitSlice * 2) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < real_deadline) {
+    clock.Advance(std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+  }
+  REQUIRE(planner.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+  const absl::Status status = planner.get();
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(status.message()).find("3600000 ms (shm.step_arena_wait_ms)") != std::string::npos);
 }
 
 // Asks the server for `generation`: the fd, or the refusal text.
@@ -154,7 +188,7 @@ TEST_CASE("the fd socket hands out the current session's arena only") {
     StepArenaServer server;
     REQUIRE(server.Listen(path).ok());
     server.Start();
-    auto arena = StepArena::Create(1 << 20);
+    auto arena = StepArena::Create(1 << 20, kSteady);
     REQUIRE(arena.ok());
     const std::string gen = std::to_string((*arena)->generation());
     auto [none, why] = Fetch(path, gen);

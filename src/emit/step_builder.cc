@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <map>
 #include <utility>
 
@@ -28,7 +30,50 @@ Sample WithFields(const Sample& sample, const std::vector<std::string>& names, b
   return out;
 }
 
+// One encoder phase's header fields (proto/odb.proto), the wire form of its
+// PhaseRoute.
+struct RouteFields {
+  google::protobuf::RepeatedField<uint64_t>* ids;
+  google::protobuf::RepeatedField<int32_t>* owners;
+  google::protobuf::RepeatedField<int32_t>* dest_rank;
+  google::protobuf::RepeatedField<uint32_t>* dest_index;
+  google::protobuf::RepeatedField<int32_t>* src_rank;
+};
+
+RouteFields RouteFieldsOf(wire::Step& step, EncoderPhase phase) {
+  switch (phase) {
+    case EncoderPhase::kVision:
+      return {step.mutable_enc_sample_ids(), step.mutable_enc_owner_ranks(), step.mutable_enc_dest_rank(),
+              step.mutable_enc_dest_index(), step.mutable_llm_src_rank()};
+    case EncoderPhase::kAudio:
+      return {step.mutable_audio_sample_ids(), step.mutable_audio_owner_ranks(), step.mutable_audio_dest_rank(),
+              step.mutable_audio_dest_index(), step.mutable_llm_audio_src_rank()};
+  }
+  std::abort();  // every EncoderPhase is listed above (-Wswitch)
+}
+
+// The prefix of an encoder phase's batch tensors ("<prefix><field>").
+const char* PhaseBatchPrefix(EncoderPhase phase) {
+  switch (phase) {
+    case EncoderPhase::kVision:
+      return "enc.";
+    case EncoderPhase::kAudio:
+      return "audio.";
+  }
+  std::abort();
+}
+
 }  // namespace
+
+const std::vector<std::string>& StepBuilder::PhaseFields(EncoderPhase phase) const {
+  switch (phase) {
+    case EncoderPhase::kVision:
+      return options_.encoder_fields;
+    case EncoderPhase::kAudio:
+      return options_.audio_fields;
+  }
+  std::abort();
+}
 
 StepBuilder::StepBuilder(StepBuilderOptions options, DaemonState& state, DaemonMetrics& metrics,
                          exchange::PayloadExchange* exchange)
@@ -42,30 +87,34 @@ StepBuilder::StepBuilder(StepBuilderOptions options, DaemonState& state, DaemonM
 absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, const StepPlan& plan,
                                                              const std::function<bool()>& cancelled) {
   using SampleKey = exchange::SampleKey;
-  // Keys in plan order: the LLM batch first, then encoder (vision, audio)
+  // Keys in plan order: the LLM batch first, then each encoder phase's
   // samples not already in it (a sample both emitted and encoded here is taken once).
+  size_t encoded = 0;
+  for (const PhaseRoute& route : plan.phases) encoded += route.ids.size();
   std::vector<SampleKey> keys;
-  keys.reserve(plan.sample_ids.size() + plan.enc_ids.size() + plan.audio_ids.size());
+  keys.reserve(plan.sample_ids.size() + encoded);
   for (size_t i = 0; i < plan.sample_ids.size(); ++i)
     keys.push_back(SampleKey{plan.sample_owners[i], plan.sample_ids[i]});
-  std::vector<size_t> llm_index(keys.size()), enc_index(plan.enc_ids.size()), audio_index(plan.audio_ids.size());
+  std::vector<size_t> llm_index(keys.size());
+  std::array<std::vector<size_t>, kEncoderPhases> phase_index;
+  for (size_t p = 0; p < kEncoderPhases; ++p) phase_index[p].resize(plan.phases[p].ids.size());
   for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = i;
   const bool all_own = std::all_of(plan.sample_owners.begin(), plan.sample_owners.end(),
                                    [&](int32_t owner) { return owner == options_.rank; });
-  if (!all_own || !plan.enc_ids.empty() || !plan.audio_ids.empty()) {
+  if (!all_own || encoded > 0) {
     std::map<SampleKey, size_t> index;
     std::vector<SampleKey> unique;
-    unique.reserve(keys.size() + plan.enc_ids.size() + plan.audio_ids.size());
+    unique.reserve(keys.size() + encoded);
     auto add = [&](const SampleKey& key) {
       auto [it, inserted] = index.emplace(key, unique.size());
       if (inserted) unique.push_back(key);
       return it->second;
     };
     for (size_t i = 0; i < keys.size(); ++i) llm_index[i] = add(keys[i]);
-    for (size_t i = 0; i < plan.enc_ids.size(); ++i)
-      enc_index[i] = add({plan.enc_owners[i], plan.enc_ids[i]});
-    for (size_t i = 0; i < plan.audio_ids.size(); ++i)
-      audio_index[i] = add({plan.audio_owners[i], plan.audio_ids[i]});
+    for (size_t p = 0; p < kEncoderPhases; ++p) {
+      const PhaseRoute& route = plan.phases[p];
+      for (size_t i = 0; i < route.ids.size(); ++i) phase_index[p][i] = add({route.owners[i], route.ids[i]});
+    }
     keys = std::move(unique);
   }
   StepSamples out;
@@ -98,10 +147,10 @@ absl::StatusOr<StepBuilder::StepSamples> StepBuilder::Gather(uint32_t epoch, con
   }
   out.llm.reserve(llm_index.size());
   for (size_t i : llm_index) out.llm.push_back(&out.owned[i]);
-  out.enc.reserve(enc_index.size());
-  for (size_t i : enc_index) out.enc.push_back(&out.owned[i]);
-  out.audio.reserve(audio_index.size());
-  for (size_t i : audio_index) out.audio.push_back(&out.owned[i]);
+  for (size_t p = 0; p < kEncoderPhases; ++p) {
+    out.phases[p].reserve(phase_index[p].size());
+    for (size_t i : phase_index[p]) out.phases[p].push_back(&out.owned[i]);
+  }
   return out;
 }
 
@@ -147,9 +196,13 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   step.set_samples_may_move(options_.samples_may_move);
   // With per-phase plans the encoder fields travel in their encoder batch only
   // (filtered views; frames are shared). Without, the samples are used as they are.
-  std::vector<std::string> encoder_only = options_.encoder_fields;
-  encoder_only.insert(encoder_only.end(), options_.audio_fields.begin(), options_.audio_fields.end());
-  std::vector<Sample> filtered, enc_samples, audio_samples;
+  std::vector<std::string> encoder_only;
+  for (size_t p = 0; p < kEncoderPhases; ++p) {
+    const std::vector<std::string>& fields = PhaseFields(static_cast<EncoderPhase>(p));
+    encoder_only.insert(encoder_only.end(), fields.begin(), fields.end());
+  }
+  std::vector<Sample> filtered;
+  std::array<std::vector<Sample>, kEncoderPhases> phase_samples;
   std::vector<const Sample*> llm_group;
   filtered.reserve(phases ? plan.sample_ids.size() : 0);
   for (size_t i = 0; i < plan.sample_ids.size(); ++i) {
@@ -164,22 +217,19 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     step.add_lengths(s.meta.lengths.tokens);
     step.add_owner_ranks(s.meta.owner_rank);
   }
-  for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
-    enc_samples.push_back(WithFields(*samples.enc[i], options_.encoder_fields, true));
-    step.add_enc_sample_ids(plan.enc_ids[i]);
-    step.add_enc_owner_ranks(plan.enc_owners[i]);
-    step.add_enc_dest_rank(plan.enc_dest_rank[i]);
-    step.add_enc_dest_index(plan.enc_dest_index[i]);
+  for (size_t p = 0; p < kEncoderPhases; ++p) {
+    const EncoderPhase phase = static_cast<EncoderPhase>(p);
+    const PhaseRoute& route = plan.phases[p];
+    const RouteFields wire = RouteFieldsOf(step, phase);
+    for (size_t i = 0; i < route.ids.size(); ++i) {
+      phase_samples[p].push_back(WithFields(*samples.phases[p][i], PhaseFields(phase), true));
+      wire.ids->Add(route.ids[i]);
+      wire.owners->Add(route.owners[i]);
+      wire.dest_rank->Add(route.dest_rank[i]);
+      wire.dest_index->Add(route.dest_index[i]);
+    }
+    for (int32_t src : route.src_rank) wire.src_rank->Add(src);
   }
-  for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
-  for (size_t i = 0; i < plan.audio_ids.size(); ++i) {
-    audio_samples.push_back(WithFields(*samples.audio[i], options_.audio_fields, true));
-    step.add_audio_sample_ids(plan.audio_ids[i]);
-    step.add_audio_owner_ranks(plan.audio_owners[i]);
-    step.add_audio_dest_rank(plan.audio_dest_rank[i]);
-    step.add_audio_dest_index(plan.audio_dest_index[i]);
-  }
-  for (int32_t src : plan.llm_audio_src_rank) step.add_llm_audio_src_rank(src);
   // Plan both batches first (every check), so that the step's size is known
   // before its memory is chosen; then write each batch tensor once, into the
   // step arena's block or into pooled buffers that become frames.
@@ -202,15 +252,11 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   collate::CollateOptions enc_options = options_.collate;
   enc_options.attention_mask = false;
   enc_options.packed = false;
-  if (collated.ok() && !enc_samples.empty()) {
-    std::vector<const Sample*> enc_group;
-    for (const Sample& s : enc_samples) enc_group.push_back(&s);
-    collated = plan_group(enc_group, "enc.", enc_options);
-  }
-  if (collated.ok() && !audio_samples.empty()) {
-    std::vector<const Sample*> audio_group;
-    for (const Sample& s : audio_samples) audio_group.push_back(&s);
-    collated = plan_group(audio_group, "audio.", enc_options);
+  for (size_t p = 0; p < kEncoderPhases && collated.ok(); ++p) {
+    if (phase_samples[p].empty()) continue;
+    std::vector<const Sample*> group;
+    for (const Sample& s : phase_samples[p]) group.push_back(&s);
+    collated = plan_group(group, PhaseBatchPrefix(static_cast<EncoderPhase>(p)), enc_options);
   }
   std::optional<ArenaPlacement> placed;
   std::vector<collate::BatchTensor> tensors;

@@ -1,6 +1,7 @@
 #ifndef ODB_EMIT_STEP_BUILDER_H_
 #define ODB_EMIT_STEP_BUILDER_H_
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -54,9 +55,11 @@ class StepBuilder {
   struct StepSamples {
     std::vector<Sample> owned;
     std::vector<const Sample*> llm;
-    std::vector<const Sample*> enc;
-    std::vector<const Sample*> audio;
+    std::array<std::vector<const Sample*>, kEncoderPhases> phases;  // parallel to each PhaseRoute::ids
   };
+  // The sample fields an encoder phase's batch holds (collate.encoder_fields,
+  // collate.audio_fields).
+  const std::vector<std::string>& PhaseFields(EncoderPhase phase) const;
   absl::StatusOr<StepSamples> Gather(uint32_t epoch, const StepPlan& plan,
                                      const std::function<bool()>& cancelled);
   // A block of `arena` for tensors of these sizes; nullopt: the step goes as

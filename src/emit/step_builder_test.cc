@@ -2,11 +2,14 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <map>
 
 #include "src/shm/arena_reader.h"
 
 namespace odb::emit {
 namespace {
+
+const SteadyClock kSteady;
 
 class VectorFrame : public FrameHolder {
  public:
@@ -93,7 +96,7 @@ TEST_CASE("with a step arena the step is collated straight into one block: the s
   auto frames = builder.Build(0, PlanOf({1, 2}, 21), [] { return false; });
   REQUIRE(frames.ok());
   REQUIRE_FALSE(frames->in_arena);
-  auto arena = StepArena::Create(1 << 20);
+  auto arena = StepArena::Create(1 << 20, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {.expected_generation = (*arena)->generation()});
   REQUIRE(reader.ok());
@@ -138,7 +141,7 @@ TEST_CASE("a step larger than the step arena goes as frames; a full arena stops 
   REQUIRE(!state.buffer.Add(Tokens(2, 5000)));
   REQUIRE(!state.buffer.Add(Tokens(3, 5000)));
   StepBuilder builder(options, state, metrics, nullptr);
-  auto arena = StepArena::Create(128 << 10);
+  auto arena = StepArena::Create(128 << 10, kSteady);
   REQUIRE(arena.ok());
   auto reader = shm::ArenaReader::AttachFd((*arena)->fd(), {});
   REQUIRE(reader.ok());
@@ -153,6 +156,69 @@ TEST_CASE("a step larger than the step arena goes as frames; a full arena stops 
   auto second = builder.Build(0, PlanOf({3}, 5000), [] { return false; }, arena->get());
   REQUIRE(second.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(std::string(second.status().message()).find("shm.step_arena_bytes") != std::string::npos);
+}
+
+// A sample with input_ids (`n` tokens) and two encoder inputs, "pixels" and
+// "audio", of `m` elements each (all int64, values the id).
+Sample Multimodal(uint64_t id, uint32_t n, uint32_t m) {
+  Sample s = Tokens(id, n);
+  for (const char* name : {"pixels", "audio"}) {
+    std::vector<int64_t> values(m, static_cast<int64_t>(id));
+    std::vector<uint8_t> raw(m * sizeof(int64_t));
+    std::memcpy(raw.data(), values.data(), raw.size());
+    auto frame = std::make_shared<VectorFrame>(std::move(raw));
+    s.tensors.push_back({name, DType::kInt64, {m}, frame->bytes.data(), frame->bytes.size()});
+    s.frames.push_back(frame);
+  }
+  return s;
+}
+
+template <typename T, typename R>
+std::vector<T> ToVector(const R& repeated) {
+  return std::vector<T>(repeated.begin(), repeated.end());
+}
+
+TEST_CASE("with per-phase plans each phase's route goes into its own header fields, its samples into its batch") {
+  StepBuilderOptions options;
+  options.rank = 0;
+  options.phase_plans = true;
+  options.encoder_fields = {"pixels"};
+  options.audio_fields = {"audio"};
+  DaemonState state(1 << 20, 100, 1);
+  DaemonMetrics metrics;
+  REQUIRE(!state.buffer.Add(Multimodal(1, 3, 4)));
+  REQUIRE(!state.buffer.Add(Multimodal(2, 5, 2)));
+  REQUIRE(!state.buffer.Add(Multimodal(3, 2, 6)));  // encoded here, trained on rank 1
+  StepPlan plan = PlanOf({1, 2}, 8);
+  PhaseRoute vision{{3, 1}, {0, 0}, {1, 0}, {0, 0}, {0, 1}};
+  PhaseRoute audio{{2}, {0}, {0}, {1}, {1, 0}};
+  plan.phase(EncoderPhase::kVision) = vision;
+  plan.phase(EncoderPhase::kAudio) = audio;
+  StepBuilder builder(options, state, metrics, nullptr);
+  auto built = builder.Build(0, plan, [] { return false; });
+  REQUIRE(built.ok());
+  const wire::Step step = Header(built->parts[0]);
+  CHECK(ToVector<uint64_t>(step.enc_sample_ids()) == vision.ids);
+  CHECK(ToVector<int32_t>(step.enc_owner_ranks()) == vision.owners);
+  CHECK(ToVector<int32_t>(step.enc_dest_rank()) == vision.dest_rank);
+  CHECK(ToVector<uint32_t>(step.enc_dest_index()) == vision.dest_index);
+  CHECK(ToVector<int32_t>(step.llm_src_rank()) == vision.src_rank);
+  CHECK(ToVector<uint64_t>(step.audio_sample_ids()) == audio.ids);
+  CHECK(ToVector<int32_t>(step.audio_owner_ranks()) == audio.owners);
+  CHECK(ToVector<int32_t>(step.audio_dest_rank()) == audio.dest_rank);
+  CHECK(ToVector<uint32_t>(step.audio_dest_index()) == audio.dest_index);
+  CHECK(ToVector<int32_t>(step.llm_audio_src_rank()) == audio.src_rank);
+  // The LLM batch without the encoder fields; each encoder batch holds its
+  // phase's samples in route order (rows padded to the longest).
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const wire::TensorDesc& d : step.tensors()) shapes[d.name()] = ToVector<int64_t>(d.shape());
+  CHECK(shapes.count("input_ids") == 1);
+  CHECK(shapes.count("pixels") == 0);
+  CHECK(shapes.count("audio") == 0);
+  CHECK(shapes["enc.pixels"] == std::vector<int64_t>{2, 6});
+  CHECK(shapes["audio.audio"] == std::vector<int64_t>{1, 2});
+  CHECK(shapes.count("enc.audio") == 0);
+  CHECK(shapes.count("audio.pixels") == 0);
 }
 
 }  // namespace

@@ -189,6 +189,32 @@ TEST_CASE("a session lost mid-epoch is fatal once trainer_timeout_ms of the inje
   CHECK_THAT(fatal->second, Catch::Contains("emit.trainer_timeout_ms"));
 }
 
+TEST_CASE("a credit read after its session's disconnect event still counts its data wait") {
+  // The trainer sends its last credit and exits; the daemon may see the
+  // disconnect before it reads that credit (the credit waits in the socket).
+  // The credit is late for the session's bookkeeping but its wait is real.
+  Fixture f("late-credit");
+  f.OpenSession();
+  wire::TrainerMessage last = Credit(1);
+  last.mutable_credit()->set_data_wait_us(123456);
+  f.trainer.set(zmq::sockopt::linger, 10000);  // the credit leaves before the socket closes
+  f.Send(last);
+  f.trainer.close();
+  // The monitor alone first: the disconnect is handled before the credit is read.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (f.metrics.trainer_disconnects.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    zmq::pollitem_t monitor{f.channel->monitor().handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&monitor, 1, milliseconds(20));
+    f.channel->OnMonitor();
+  }
+  REQUIRE(f.metrics.trainer_disconnects.load() == 1);
+  CHECK(f.metrics.trainer_data_wait_us.load() == 0);
+  zmq::pollitem_t socket{f.channel->socket().handle(), 0, ZMQ_POLLIN, 0};
+  REQUIRE(zmq::poll(&socket, 1, std::chrono::seconds(10)) == 1);  // the credit is still queued
+  CHECK_FALSE(f.channel->OnReadable());
+  CHECK(f.metrics.trainer_data_wait_us.load() == 123456);
+}
+
 TEST_CASE("a second trainer is held for the contender grace of the injected clock, then refused") {
   Fixture f("contender");
   f.OpenSession();

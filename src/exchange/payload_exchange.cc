@@ -144,11 +144,10 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
     for (size_t i = 0; i < step.sample_ids.size(); ++i) {
       if (step.sample_owners[i] == options_.rank) needed_here.insert(step.sample_ids[i]);
     }
-    for (size_t i = 0; i < step.enc_ids.size(); ++i) {
-      if (step.enc_owners[i] == options_.rank) needed_here.insert(step.enc_ids[i]);
-    }
-    for (size_t i = 0; i < step.audio_ids.size(); ++i) {
-      if (step.audio_owners[i] == options_.rank) needed_here.insert(step.audio_ids[i]);
+    for (const PhaseRoute& route : step.phases) {
+      for (size_t i = 0; i < route.ids.size(); ++i) {
+        if (route.owners[i] == options_.rank) needed_here.insert(route.ids[i]);
+      }
     }
   }
   std::map<uint64_t, Sample> taken;

@@ -30,7 +30,6 @@ bool SamePidNamespace(pid_t pid) {
 
 constexpr size_t kMaxPendingClients = 64;
 constexpr size_t kMaxRegisterBytes = 4096;
-constexpr auto kRetireCheckEvery = std::chrono::milliseconds(500);
 
 std::string Errno(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
@@ -130,7 +129,7 @@ class ArenaRegistry::ProducerArena {
   }
 
   // When the writer was first seen gone (RetireGone's bookkeeping).
-  std::optional<std::chrono::steady_clock::time_point> gone_since;
+  std::optional<Clock::TimePoint> gone_since;
 
  private:
   absl::Status Overlap(uint64_t offset, uint64_t length, uint64_t other, uint64_t other_end) const {
@@ -169,8 +168,9 @@ class ArenaRegistry::BlockHolder : public FrameHolder {
   uint64_t length_;
 };
 
-ArenaRegistry::ArenaRegistry(Options options)
+ArenaRegistry::ArenaRegistry(Options options, const Clock& clock)
     : options_(options),
+      clock_(clock),
       mapped_(std::make_shared<std::atomic<uint64_t>>(0)),
       held_blocks_(std::make_shared<std::atomic<uint64_t>>(0)),
       held_bytes_(std::make_shared<std::atomic<uint64_t>>(0)),
@@ -218,10 +218,10 @@ void ArenaRegistry::Stop() { thread_.Stop(); }
 void ArenaRegistry::Serve() {
   struct Client {
     shm::UniqueFd fd;
-    std::chrono::steady_clock::time_point since;
+    Clock::TimePoint since;
   };
   std::deque<Client> clients;
-  auto last_retire = std::chrono::steady_clock::now();
+  Clock::TimePoint last_retire = clock_.Now();
   while (!thread_.stopping()) {
     std::vector<pollfd> fds;
     fds.push_back({thread_.wake_fd(), POLLIN, 0});
@@ -232,7 +232,7 @@ void ArenaRegistry::Serve() {
       spdlog::error("arena registry: poll: {}; shared-memory registration stops", Errno(errno));
       return;
     }
-    const auto now = std::chrono::steady_clock::now();
+    const Clock::TimePoint now = clock_.Now();
     if (ready > 0) {
       // Registrations first (their clients were polled), then new connections.
       size_t at = 1 + listeners_.size();
@@ -428,7 +428,7 @@ void ArenaRegistry::RetireGone() {
     MutexLock lock(mu_);
     for (const auto& [id, arena] : arenas_) arenas.push_back(arena);
   }
-  const auto now = std::chrono::steady_clock::now();
+  const Clock::TimePoint now = clock_.Now();
   std::vector<uint64_t> retire;
   for (const auto& arena : arenas) {
     absl::Status writer = arena->CheckWriter();

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/odb.pb.h"
+#include "src/common/clock.h"
 #include "src/common/mutex.h"
 #include "src/ingest/decoder.h"
 #include "src/shm/poll_thread.h"
@@ -63,8 +64,12 @@ class ArenaRegistry : public ArenaBlockSource {
     std::chrono::milliseconds client_timeout{5000};
   };
 
-  explicit ArenaRegistry(Options options);
-  ArenaRegistry() : ArenaRegistry(Options{}) {}
+  // Its timers (retire_after, client_timeout) run on `clock`, the daemon's
+  // injected clock, which must outlive the registry. The registry's thread
+  // reads it at least every kRetireCheckEvery of real time (a FakeClock moves
+  // without waking anyone).
+  ArenaRegistry(Options options, const Clock& clock);
+  static constexpr std::chrono::milliseconds kRetireCheckEvery{500};
   ~ArenaRegistry() override;
   ArenaRegistry(const ArenaRegistry&) = delete;
   ArenaRegistry& operator=(const ArenaRegistry&) = delete;
@@ -91,7 +96,7 @@ class ArenaRegistry : public ArenaBlockSource {
   // limit, too many descriptors): refused, logged, counted.
   wire::ArenaRegistered RefuseUnreadable(int sock, const absl::Status& why);
   // Forgets arenas whose writer has been gone for retire_after (the registry's
-  // thread calls it about twice a second).
+  // thread calls it every kRetireCheckEvery of the clock).
   void RetireGone() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
@@ -120,6 +125,7 @@ class ArenaRegistry : public ArenaBlockSource {
   void Reply(int sock, const wire::ArenaRegistered& answer);
 
   const Options options_;
+  const Clock& clock_;
   std::vector<shm::UniqueFd> listeners_;
   std::vector<std::string> paths_;
 

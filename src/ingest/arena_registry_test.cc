@@ -1,10 +1,13 @@
 // The daemon's side of producer arenas: registration over a real UNIX socket,
 // block validation (every kind of crafted descriptor), returns, and a producer
 // process that dies while the daemon holds its blocks. Processes are fork()ed
-// before any thread starts and synchronised through pipes: no sleeps.
+// before any thread starts and synchronised through pipes: no sleeps. The
+// registry's timers run on a fake clock: a test advances it and polls for the
+// outcome (with a deadline) instead of waiting out a timeout.
 #include "src/ingest/arena_registry.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -13,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "src/shm/arena_writer.h"
 #include "src/shm/fd_passing.h"
@@ -104,12 +108,15 @@ wire::ArenaBlock Block(uint64_t arena, uint64_t offset, uint64_t length) {
   return b;
 }
 
+// The registry on a fake clock that moves only when a test advances it: no
+// timer fires on its own.
 struct Served {
   TempDir dir{"arena-registry"};
   std::string path = dir.path() + "/odb-0-in.sock.arena";
+  FakeClock clock;
   ArenaRegistry registry;
 
-  explicit Served(ArenaRegistry::Options options = {}) : registry(options) {
+  explicit Served(ArenaRegistry::Options options = {}) : registry(options, clock) {
     absl::Status listening = registry.Listen(path);
     INFO(listening.message());
     REQUIRE(listening.ok());
@@ -291,7 +298,8 @@ TEST_CASE("a registration that leaves out its arena's generation or capacity is 
 TEST_CASE("an arena created by another process than the one registering it is refused") {
   TempDir dir("arena-registry");
   const std::string path = dir.path() + "/in.sock.arena";
-  ArenaRegistry registry;
+  FakeClock clock;
+  ArenaRegistry registry({}, clock);
   REQUIRE(registry.Listen(path).ok());
   // The child creates an arena and hands its fd to us; we register it as ours.
   int sv[2];
@@ -332,7 +340,8 @@ TEST_CASE("a producer that dies: its held block stays readable, then the arena i
   const std::string path = dir.path() + "/in.sock.arena";
   ArenaRegistry::Options options;
   options.retire_after = std::chrono::milliseconds(0);
-  ArenaRegistry registry(options);
+  FakeClock clock;  // never advanced: only the call below retires (the thread's check never comes due)
+  ArenaRegistry registry(options, clock);
   REQUIRE(registry.Listen(path).ok());
   struct Sent {
     uint64_t arena_id, offset, length;
@@ -371,6 +380,88 @@ TEST_CASE("a producer that dies: its held block stays readable, then the arena i
   held->holder.reset();
   CHECK(registry.stats().mapped == 0);  // detached with its last block
   CHECK(registry.stats().held_blocks == 0);
+}
+
+// Connects to the registration socket and sends nothing.
+shm::UniqueFd ConnectSilently(const std::string& path) {
+  shm::UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  REQUIRE(::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  return sock;
+}
+
+// Whether the registry closed `sock` within `wait` (it reads end of file).
+bool ClosedWithin(int sock, std::chrono::milliseconds wait) {
+  pollfd p{sock, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
+  char byte;
+  return ::recv(sock, &byte, 1, MSG_DONTWAIT) == 0;
+}
+
+TEST_CASE("a silent registration connection is dropped after client_timeout of the injected clock") {
+  ArenaRegistry::Options options;
+  options.client_timeout = std::chrono::hours(1);  // only the fake clock's advance can end it
+  Served s(options);
+  shm::UniqueFd sock = ConnectSilently(s.path);
+  // The clock has not moved: the connection stays, however often the thread looks.
+  CHECK_FALSE(ClosedWithin(sock.get(), ArenaRegistry::kRetireCheckEvery * 2));
+  // The thread reads the clock at least every kRetireCheckEvery: advance until
+  // it has seen an hour pass since it accepted the connection.
+  bool closed = false;
+  const auto real_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!closed && std::chrono::steady_clock::now() < real_deadline) {
+    s.clock.Advance(options.client_timeout);
+    closed = ClosedWithin(sock.get(), ArenaRegistry::kRetireCheckEvery * 2);
+  }
+  CHECK(closed);
+  // The registry still serves.
+  auto writer = MakeWriter();
+  CHECK(RegisterOver(s.path, Request("p0", *writer), writer->arena().fd()).arena_id() > 0);
+}
+
+TEST_CASE("an arena whose producer died is retired after retire_after of the injected clock") {
+  TempDir dir("arena-registry");
+  const std::string path = dir.path() + "/in.sock.arena";
+  ArenaRegistry::Options options;
+  options.retire_after = std::chrono::hours(1);  // only the fake clock's advance can end it
+  FakeClock clock;
+  ArenaRegistry registry(options, clock);
+  REQUIRE(registry.Listen(path).ok());
+  Pipe registered;
+  // Forked before the registry's thread starts (its connect waits in the backlog).
+  const pid_t child = ForkChild([&] {
+    auto w = shm::ArenaWriter::Create(Options1MiB());
+    if (!w.ok()) return 1;
+    wire::ArenaRegistered a = RegisterOver(path, Request("short-lived", **w), (*w)->arena().fd());
+    if (a.arena_id() == 0) return 2;
+    const char byte = 1;
+    registered.Write(&byte, 1);
+    _exit(0);  // like SIGKILL: no destructor closes the arena
+  });
+  registry.Start();
+  char byte;
+  REQUIRE(registered.Read(&byte, 1));
+  REQUIRE(WaitChild(child) == 0);
+  // The registry's thread notes the writer gone at its first look after an
+  // advance and retires the arena once an hour more has passed: with half-hour
+  // steps, three advances at the least (the thread may see an advance late,
+  // never early).
+  const auto step = std::chrono::minutes(30);
+  int advances = 0;
+  const auto real_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (registry.stats().arenas != 0 && std::chrono::steady_clock::now() < real_deadline) {
+    clock.Advance(step);
+    ++advances;
+    // Poll the condition for two of the thread's looks.
+    const auto look = std::chrono::steady_clock::now() + ArenaRegistry::kRetireCheckEvery * 2;
+    while (registry.stats().arenas != 0 && std::chrono::steady_clock::now() < look) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  CHECK(registry.stats().arenas == 0);
+  CHECK(advances >= 3);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #ifndef ODB_STATE_ROUND_H_
 #define ODB_STATE_ROUND_H_
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -25,25 +27,41 @@ struct RoundRequest {
   bool input_blocked = false;       // the buffer is full: ingest reads nothing until steps go out
 };
 
+// One encoder phase of a step under per-phase plans (alignment.phase_plans):
+// the samples this rank encodes and where each encoder output goes (a rank,
+// and the index of the output's sample in that rank's sample_ids), and for
+// each of this rank's samples the rank that encodes it.
+struct PhaseRoute {
+  std::vector<uint64_t> ids;         // encoded here, in encoder batch order
+  std::vector<int32_t> owners;       // rank holding each one's payload (parallel to ids)
+  std::vector<int32_t> dest_rank;    // rank that trains on each output (parallel to ids)
+  std::vector<uint32_t> dest_index;  // its index in that rank's sample_ids (parallel to ids)
+  std::vector<int32_t> src_rank;     // parallel to StepPlan::sample_ids: the rank that encodes it
+};
+
+// The encoder phases, in the order a step gathers their samples and collates
+// their batches. A new phase is one more value here (kEncoderPhases grows with
+// it), its cost in the round runner that fills the routes
+// (src/daemon/aligned_round_runner.cc), and its sample fields, header fields
+// and batch prefix in the step builder (src/emit/step_builder.cc); every other
+// use loops over StepPlan::phases.
+enum class EncoderPhase : size_t {
+  kVision = 0,  // collate.encoder_fields: header fields enc_*, llm_src_rank; batch "enc."
+  kAudio = 1,   // collate.audio_fields: header fields audio_*, llm_audio_src_rank; batch "audio."
+};
+inline constexpr size_t kEncoderPhases = 2;
+
 // One step this rank emits: the planned header fields (proto/step_fields.h,
 // copied onto the wire as they are) and what the step builder gathers.
 struct StepPlan : StepHeader {
   std::vector<uint64_t> sample_ids;    // in batch order
   std::vector<int32_t> sample_owners;  // rank holding each sample's payload (parallel to sample_ids)
-  // Per-phase plan (alignment.phase_plans): the samples this rank encodes and
-  // where each encoder output goes (rank, index in that rank's sample_ids), and
-  // for each of this rank's samples the rank that encodes it.
-  std::vector<uint64_t> enc_ids;
-  std::vector<int32_t> enc_owners;
-  std::vector<int32_t> enc_dest_rank;
-  std::vector<uint32_t> enc_dest_index;
-  std::vector<int32_t> llm_src_rank;
-  // The audio encoder phase (collate.audio_fields), the same lists for it.
-  std::vector<uint64_t> audio_ids;
-  std::vector<int32_t> audio_owners;
-  std::vector<int32_t> audio_dest_rank;
-  std::vector<uint32_t> audio_dest_index;
-  std::vector<int32_t> llm_audio_src_rank;
+  // Per-phase plans, indexed by EncoderPhase (empty routes without them, or
+  // for a phase the step does not have).
+  std::array<PhaseRoute, kEncoderPhases> phases;
+
+  PhaseRoute& phase(EncoderPhase p) { return phases[static_cast<size_t>(p)]; }
+  const PhaseRoute& phase(EncoderPhase p) const { return phases[static_cast<size_t>(p)]; }
 };
 
 struct RoundOutcome {
