@@ -639,6 +639,98 @@ TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[g
   std::filesystem::remove_all(dir);
 }
 
+// LocalPlanner's plan, partitioned into blocks of kBlock ranks (Planner's
+// own PlanBlock plans a block as a world of its own): enough for the
+// Aligner's partitioned round without the global planner (src/balance).
+class BlockedLocalPlanner final : public Planner {
+ public:
+  BlockedLocalPlanner(PlannerConfig config, size_t block) : inner_(std::move(config)), block_(block) {}
+  RoundPlan Plan(const RoundState& state) const override { return inner_.Plan(state); }
+  const PlannerConfig& config() const override { return inner_.config(); }
+  std::string Name() const override { return "blocked-local"; }
+  size_t BlockRanks(size_t world) const override { return std::min(world, block_); }
+
+ private:
+  LocalPlanner inner_;
+  size_t block_;
+};
+
+// The partitioned round's world-wide collectives (every rank's summary, then
+// the token totals) over real Gloo, with few blocks (2 of 10 ranks) and
+// enough steps per round (20) that the totals are larger than the smallest
+// slot: after the first round, no round pays the overflow's second
+// all-gather, and every step's loss weights sum to W over the world.
+TEST_CASE("aligner over real gloo: a partitioned round's world-wide all-gathers fit the slot", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 10;
+  constexpr size_t kBlock = 5;
+  constexpr uint32_t kSteps = 20;
+  constexpr int kRounds = 6;
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<uint64_t>> overflows(kWorld);  // the world group's, after each round
+  std::vector<std::vector<std::vector<double>>> weights(kWorld);  // [rank][round][step]
+  OnRanks(kWorld, [&](int r) {
+    PlannerConfig cfg;
+    cfg.max_wait_rounds = 0;
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "partitioned"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    Aligner aligner(g->get(), std::make_unique<BlockedLocalPlanner>(cfg, kBlock));
+    if (auto s = aligner.StartEpoch(0); !s.ok()) {
+      status[r] = s;
+      return;
+    }
+    // One sample per step (each near the budget), different per rank.
+    std::vector<SampleMeta> pending;
+    for (uint64_t i = 0; i < kSteps * kRounds; ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths.tokens = static_cast<uint32_t>(3000 + (i * 37 + static_cast<uint64_t>(r) * 101) % 1000);
+      pending.push_back(m);
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      RoundInput in{0, pending, kSteps, false};
+      auto res = aligner.RunRound(in);
+      if (!res.ok()) {
+        status[r] = res.status();
+        return;
+      }
+      if (res->steps.size() != kSteps) {
+        status[r] = absl::InternalError("round " + std::to_string(round) + " planned " +
+                                        std::to_string(res->steps.size()) + " steps");
+        return;
+      }
+      overflows[r].push_back((*g)->Overflows());
+      auto& w = weights[r].emplace_back();
+      for (const PlannedStep& s : res->steps) w.push_back(s.loss_weight);
+      std::erase_if(pending, [&](const SampleMeta& m) {
+        for (const SampleKey& k : res->keep_pending) {
+          if (k.id == m.id) return false;
+        }
+        return true;
+      });
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(overflows[r].size() == static_cast<size_t>(kRounds));
+    INFO("overflows after round 1: " << overflows[r][1] << ", after the last: " << overflows[r].back());
+    REQUIRE(overflows[r].back() == overflows[r][1]);
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (uint32_t k = 0; k < kSteps; ++k) {
+      double sum = 0;
+      for (int r = 0; r < kWorld; ++r) sum += weights[r][round][k];
+      REQUIRE(sum == Approx(kWorld).epsilon(1e-12));
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // ---- RedisStore: the test runs its own redis-server on a free port. ----
 
 int FreePort() {
