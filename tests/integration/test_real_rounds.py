@@ -121,4 +121,4 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
         assert scenario["per_planned_step"]["gpu_7b_h100"] == pytest.approx(
             scenario["round_ms"] / extra["steps_per_round"] / extra["step_ms"]["gpu_7b_h100"])
     md = (tmp_path / "part.md").read_text()
-    assert "round / raw partitioned" in md and "| 4 | 2 |" in md
+    assert "raw partitioned, Bruck" in md and "| 4 | 2 |" in md
