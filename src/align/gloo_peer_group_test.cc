@@ -190,6 +190,49 @@ std::string Message(int r, int round, size_t n) {
   return s;
 }
 
+// A rank that is connected but never enters the collective (alive, silent):
+// the others fail within about collective_timeout and name it, with the ring
+// and with the log all-gather alike (Bruck's waits are bounded by what is
+// left of the collective's time).
+TEST_CASE("gloo: a silent peer is named by the others within the collective timeout, ring and log", "[gloo]") {
+  for (const bool log_gather : {false, true}) {
+    INFO((log_gather ? "log all-gather" : "ring"));
+    const std::string dir = TempDir();
+    constexpr int kWorld = 3;
+    std::vector<absl::Status> status(kWorld);
+    std::vector<double> seconds(kWorld);
+    std::atomic<int> done{0};
+    OnRanks(kWorld, [&](int r) {
+      GlooPeerGroupOptions o = Opts(r, kWorld, dir, log_gather ? "silent_log" : "silent_ring");
+      o.collective_timeout = milliseconds(1000);
+      o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      REQUIRE((*g)->UsesLogAllGather() == log_gather);
+      if (r == 2) {
+        // Silent: holds its connections open until the others have failed.
+        const auto deadline = Clock::now() + std::chrono::seconds(30);
+        while (done.load() < kWorld - 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+        return;
+      }
+      const auto t0 = Clock::now();
+      status[r] = (*g)->AllGather(Message(r, 0, 300)).status();
+      seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+      done.fetch_add(1);
+    });
+    for (int r = 0; r < kWorld - 1; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE(status[r].code() == absl::StatusCode::kUnavailable);
+      REQUIRE(std::string(status[r].message()).find("rank 2") != std::string::npos);
+      REQUIRE(seconds[r] < 15.0);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST_CASE("gloo: one collective per all-gather while messages fit the slot; growth, overflow, shrink", "[gloo]") {
   const std::string dir = TempDir();
   constexpr int kWorld = 3;
