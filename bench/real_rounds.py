@@ -11,24 +11,28 @@ shaping what it sends (default 25 us one-way, 25 Gbit/s: a datacenter link;
 on the link. Where the kernel has no netem (--delay-mode auto finds out; this
 machine's VM kernel is one), the rate is on the link (`tc tbf`) and the delay
 is added in the model: every hop of a ring collective waits one one-way delay,
-a raw all-gather has W - 1 hops and so has a daemon round (its peer group's
-all-gather is one fixed-slot gloo::allgather while the messages fit the slot
-sized from the previous round: src/align/gloo_peer_group.cc).
+a ring all-gather has W - 1 hops, a logarithmic one ceil(log2 W). A daemon
+round's all-gather is one fixed-slot collective while the messages fit the slot
+sized from the recent calls (src/align/gloo_peer_group.cc), run as Bruck's
+logarithmic all-gather from 3 ranks up (GlooPeerGroupOptions::log_allgather_min_ranks).
 For each W (default 2, 4, 8, 16, 32) the W daemons run one epoch of tiny
 synthetic samples (real Gloo rendezvous and all-gathers, real payload exchange
 of the global planner, producers and verifying consumers from odb_synth); every
 daemon's odb_round_p50_microseconds (its median round, the last 256 rounds) is
 read from its metrics endpoint. Then, in the same namespaces over the same
-links, W processes of bench/real_rounds_gloo run a raw fixed-size
-gloo::allgather of the bytes one rank's round message has (the codec size of
-2 x window pending samples: the most a rank offers) and of 64 KiB (to fit the
-bandwidth term).
+links, W processes of bench/real_rounds_gloo run a raw fixed-size all-gather
+of the bytes one rank's round message has (the codec size of 2 x window pending
+samples: the most a rank offers) and of 64 KiB (to fit the bandwidth term),
+twice: Gloo's ring (gloo::allgather) and a raw Bruck all-gather on Gloo's
+point-to-point buffers (no header, no slot). The round is compared with the
+faster of the two (the strongest raw baseline) and with the ring.
 
-The model, least squares over the runs:
-    raw all-gather  T = alpha (W - 1) + beta (W - 1) m           (ring: W - 1 hops)
-    daemon round    T = c0 + c1 (W - 1) + beta (W - 1) m          (beta from the raw fit)
-(with the delay in the model: alpha + d and c1 + 2 d per hop), and the round
-at --target-world (2560) is c0 + c1 (W - 1) + beta (W - 1) m_prod
+The model, least squares over the runs, in hops H (W - 1 for a ring,
+ceil(log2 W) for Bruck) and bytes:
+    raw all-gather  T = alpha H + beta (W - 1) m
+    daemon round    T = c0 + c1 H + beta (W - 1) m          (beta from the raw fit)
+(with the delay in the model: alpha + d and c1 + d per hop), and the round
+at --target-world (2560) is c0 + c1 H + beta (W - 1) m_prod
 plus the planner and decode CPU of one round at that W from
 bench/results/scale.json (production window, real planner, whole plan), with
 m_prod that file's bytes per rank. The round's cost is then a fraction of one
@@ -42,15 +46,16 @@ a W with one block runs the unpartitioned round). Their round is three
 collectives (src/align/aligner.cc PartitionedRound), so the baseline is
 real_rounds_gloo's partitioned sequence of the same payloads: a world-wide
 all-gather of the 41-B summary, the round message within the block, and a
-world-wide all-gather of the block totals' bytes (20 + 16 x steps per round,
-from every rank). The model counts hops H and bytes B over the collectives
-(raw T = alpha H + beta B, round T = c0 + c1 H + beta B), and the round at
---target-world (blocks of --target-partition-ranks, nodes of
---target-local-world-size) is the Aligner's CPU and steps per round from
---aligner-json (bench/results/scale_aligner.json) plus the peer group's rings
-through its fixed slots (ring_collectives: the totals overflow the world
-group's slot at production T, a fourth ring), under the fit, under W = 2's
-hop with the link's delay and rate, and with logarithmic all-gathers.
+world-wide all-gather of the token totals' bytes (20 + 16 x steps per round,
+from every rank, as the daemon sends them), with rings and with Bruck. The
+model counts hops H and bytes B over the collectives (raw T = alpha H + beta
+B, round T = c0 + c1 H + beta B), and the round at --target-world (blocks of
+--target-partition-ranks, nodes of --target-local-world-size) is the
+Aligner's CPU and steps per round from --aligner-json
+(bench/results/scale_aligner.json) plus the peer group's collectives through
+its fixed slots (peer_group_collectives), under the fit, under W = 2's hop
+with the link's delay and rate (odb's logarithmic all-gathers, and the same
+bytes through Gloo's rings for comparison).
 --from-json FILE refits a recorded run without running anything.
 """
 from __future__ import annotations
@@ -74,13 +79,25 @@ sys.path.insert(0, str(ROOT / "tests/integration"))
 import odbtest  # noqa: E402
 
 GPU_MODELS = ["gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200"]
-# Ring collectives per daemon round: the aligner's one AllGather is one
-# gloo::allgather (an overflow of the slot adds an allgatherv, not in steady state).
+# Collectives per daemon round: the aligner's one AllGather is one fixed-slot all-gather (an
+# overflow of the slot adds a second, not in steady state).
 COLLECTIVES_PER_ROUND = 1
 # A partitioned round's payloads (src/align/aligner.cc PartitionedRound, meta_codec): a rank's
-# RoundSummary, and a block's token totals (epoch 4 + round 8 + first rank 4 + steps 4, then a loss
-# and a real token count of 8 B each per planned step; sent by the block's first rank only).
+# RoundSummary, and a rank's token totals (epoch 4 + round 8 + rank 4 + steps 4, then a loss and a
+# real token count of 8 B each per planned step; sent by every rank).
 SUMMARY_BYTES = 41
+# GlooPeerGroupOptions::log_allgather_min_ranks: groups of at least this many ranks run Bruck.
+LOG_ALLGATHER_MIN_RANKS = 3
+
+
+def log_hops(n: int) -> int:
+    """Rounds of Bruck's all-gather of n ranks: ceil(log2 n)."""
+    return int(np.ceil(np.log2(n))) if n > 1 else 0
+
+
+def peer_group_hops(n: int) -> int:
+    """Sequential hops of one of the peer group's all-gathers among n ranks."""
+    return log_hops(n) if n >= LOG_ALLGATHER_MIN_RANKS else n - 1
 
 
 def totals_bytes(steps: int) -> int:
@@ -95,43 +112,37 @@ def block_ranks(partition_ranks: int, local_world_size: int, world: int) -> int:
 
 
 # GlooPeerGroup's fixed slot (src/align/gloo_peer_group.{h,cc} ResizeSlot): every rank sends an
-# 8-byte size header and `slot` payload bytes; what does not fit goes through a second collective
-# (gloo::allgatherv of the rest).
-SLOT_HEADER, SLOT_MIN, SLOT_MAX, SLOT_PADDING = 8, 256, 1 << 20, 4
+# 8-byte size header and `slot` payload bytes; what does not fit goes through a second all-gather of
+# the rests. The slot is the largest of the last SLOT_MEMORY calls' wants.
+SLOT_HEADER, SLOT_MIN, SLOT_MAX, SLOT_PADDING, SLOT_MEMORY = 8, 256, 1 << 20, 4, 4
 
 
-def next_slot(slot: int, largest: int, total: int, world: int) -> int:
+def slot_want(largest: int, total: int, world: int) -> int:
     up = lambda n: (n + 63) // 64 * 64  # noqa: E731
     cap = max(SLOT_MIN, up(SLOT_PADDING * total // world))
-    wanted = min(max(min(up(largest + largest // 4), cap), SLOT_MIN), SLOT_MAX)
-    return wanted if wanted > slot or largest < slot // 2 or slot > cap else slot
+    return min(max(min(up(largest + largest // 4), cap), SLOT_MIN), SLOT_MAX)
 
 
-def ring_collectives(world: int, block: int, msg: int, steps: int) -> list[dict]:
-    """The ring collectives of one steady-state partitioned round, through the peer group's slots:
-    name, ranks n (n - 1 ring hops), bytes one rank sends over the n - 1 hops. The world group's slot
-    is shared by the summary and the totals all-gathers (one GlooPeerGroup), the block's by the
-    block all-gather alone; both are iterated to their fixed point."""
-    leaders = -(-world // block)
+def peer_group_collectives(world: int, block: int, msg: int, steps: int) -> list[dict]:
+    """The all-gathers of one steady-state partitioned round, through the peer group's slots: name,
+    ranks n, frame (header + slot), bytes one rank sends over the collective ((n - 1) frames, ring or
+    Bruck alike), and hops (odb's: Bruck's ceil(log2 n) from LOG_ALLGATHER_MIN_RANKS up; the ring's
+    n - 1 in ring_hops). The world group's calls alternate between the summary and the totals (every
+    rank sends both), so its slot fits the larger of the two; the block's holds the round message."""
     tot = totals_bytes(steps)
-    # The world group's calls alternate: summary (with the slot the previous round's totals call
-    # left), then totals (with the slot the summary call left).
-    after_totals = block_slot = SLOT_MIN
-    for _ in range(8):
-        after_summary = next_slot(after_totals, SUMMARY_BYTES, SUMMARY_BYTES * world, world)
-        after_totals = next_slot(after_summary, tot, tot * leaders, world)
-        block_slot = next_slot(block_slot, msg, msg * block, block)
-    out = [{"name": "summary all-gather", "ranks": world, "frame": SLOT_HEADER + after_totals,
-            "bytes": (world - 1) * (SLOT_HEADER + after_totals)},
-           {"name": "block all-gather", "ranks": block, "frame": SLOT_HEADER + block_slot,
-            "bytes": (block - 1) * (SLOT_HEADER + block_slot)},
-           {"name": "token totals all-gather", "ranks": world, "frame": SLOT_HEADER + after_summary,
-            "bytes": (world - 1) * (SLOT_HEADER + after_summary)}]
-    if tot > after_summary:
-        # The leaders' rest, one ring: each rank forwards every other leader's rest once.
-        rest = tot - after_summary
-        out.append({"name": "token totals overflow (allgatherv)", "ranks": world, "frame": rest,
-                    "bytes": (leaders - 1) * rest})
+    world_slot = max(slot_want(SUMMARY_BYTES, SUMMARY_BYTES * world, world), slot_want(tot, tot * world, world))
+    block_slot = slot_want(msg, msg * block, block)
+    out = []
+    for name, n, slot, size in (("summary all-gather", world, world_slot, SUMMARY_BYTES),
+                                ("block all-gather", block, block_slot, msg),
+                                ("token totals all-gather", world, world_slot, tot)):
+        frame = SLOT_HEADER + slot
+        out.append({"name": name, "ranks": n, "frame": frame, "bytes": (n - 1) * frame,
+                    "hops": peer_group_hops(n), "ring_hops": n - 1})
+        if size > slot:  # every rank's rest, a second all-gather
+            rest = size - slot
+            out.append({"name": name + " overflow", "ranks": n, "frame": rest, "bytes": (n - 1) * rest,
+                        "hops": peer_group_hops(n), "ring_hops": n - 1})
     return out
 
 
@@ -148,33 +159,27 @@ def extrapolate_partitioned(rows: list[dict], model: dict, args, model_delay: fl
         raise SystemExit(f"{args.aligner_json} has no W = {target}, block {block} row (bench/scale_aligner.py)")
     cpu = cpu_rows[0]
     steps = int(round(cpu["steps_per_round"]))
-    leaders = -(-target // block)
-    # What rank 0 received per round = every summary + its block's messages + every block's totals.
-    msg = round((cpu["recv_bytes_per_round"] - SUMMARY_BYTES * target - leaders * totals_bytes(steps)) / block)
-    colls = ring_collectives(target, block, msg, steps)
-    ring_hops = sum(c["ranks"] - 1 for c in colls)
-    log_hops = sum(int(np.ceil(np.log2(c["ranks"]))) for c in colls)
+    # What rank 0 received per round = every summary + its block's messages + every rank's totals.
+    msg = round((cpu["recv_bytes_per_round"] - SUMMARY_BYTES * target - target * totals_bytes(steps)) / block)
+    colls = peer_group_collectives(target, block, msg, steps)
+    hops = sum(c["hops"] for c in colls)
+    ring_hops = sum(c["ring_hops"] for c in colls)
     sent = sum(c["bytes"] for c in colls)
     link_us_per_byte = 8 / (args.rate_gbit * 1e3) if args.rate_gbit > 0 else model["beta_us_per_byte_hop"]
     cpu_ms = cpu["aligner_cpu_ms_per_round"]
     two = next((r for r in rows if r["world"] == 2), None)
     scenarios = {"fit_here": {
-        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * ring_hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
-        "raw_ms": (model["alpha_us_per_hop"] * ring_hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
-        "hops": ring_hops}}
+        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
+        "raw_ms": (model["alpha_us_per_hop"] * hops + model["beta_us_per_byte_hop"] * sent) / 1e3,
+        "hops": hops}}
     if two is not None:
         hop = two["raw_p50_us"]["msg"] + model_delay
         fixed = max(0.0, two["round_p50_us_median"] - two["raw_p50_us"]["msg"])
-        overflow = [c for c in colls if "overflow" in c["name"]]
-        variants = [("own_cores_ring", ring_hops)]
-        if overflow:
-            # Not odb today: the totals fit the world group's slot (one ring instead of two).
-            variants.append(("own_cores_ring_no_overflow", ring_hops - (overflow[0]["ranks"] - 1)))
-        variants.append(("own_cores_log_hops", log_hops))
-        for key, hops in variants:
-            scenarios[key] = {"round_comm_ms": (fixed + hops * hop + sent * link_us_per_byte) / 1e3,
-                              "raw_ms": (hops * hop + sent * link_us_per_byte) / 1e3,
-                              "hops": hops, "hop_us": hop, "fixed_us": fixed}
+        # odb: Bruck's all-gathers; for comparison, the same bytes through Gloo's rings.
+        for key, h in (("own_cores_log_hops", hops), ("own_cores_ring", ring_hops)):
+            scenarios[key] = {"round_comm_ms": (fixed + h * hop + sent * link_us_per_byte) / 1e3,
+                              "raw_ms": (h * hop + sent * link_us_per_byte) / 1e3,
+                              "hops": h, "hop_us": hop, "fixed_us": fixed}
     models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
     step_ms = {name: 1e3 * step_seconds(models[name]) for name in GPU_MODELS if name in models}
     for sc in scenarios.values():
@@ -304,18 +309,19 @@ def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path, p
                 p.wait()
     result = {}
     for size in sizes:
-        for variant in ("allgather", "sizes+allgatherv"):
+        for variant in ("allgather", "sizes+allgatherv", "bruck"):
             p50 = [row["p50_us"] for row in rows if row["bytes"] == size and row["variant"] == variant]
             if len(p50) != world:
                 raise RuntimeError(f"real_rounds_gloo: {len(p50)} of {world} ranks reported {variant} of {size} B")
             result[(size, variant)] = {"p50_us_max": max(p50), "p50_us_median": float(np.median(p50))}
     if partitioned:
-        part = [row for row in rows if row["variant"] == "partitioned"]
-        if len(part) != world:
-            raise RuntimeError(f"real_rounds_gloo: {len(part)} of {world} ranks reported the partitioned sequence")
-        result["partitioned"] = {key: float(np.median([row[key] for row in part]))
-                                 for key in ("p50_us", "summary_p50_us", "block_p50_us", "totals_p50_us")}
-        result["partitioned"]["p50_us_max"] = max(row["p50_us"] for row in part)
+        for variant in ("partitioned", "partitioned_bruck"):
+            part = [row for row in rows if row["variant"] == variant]
+            if len(part) != world:
+                raise RuntimeError(f"real_rounds_gloo: {len(part)} of {world} ranks reported the {variant} sequence")
+            result[variant] = {key: float(np.median([row[key] for row in part]))
+                               for key in ("p50_us", "summary_p50_us", "block_p50_us", "totals_p50_us")}
+            result[variant]["p50_us_max"] = max(row["p50_us"] for row in part)
     return result
 
 
@@ -325,11 +331,12 @@ def step_seconds(model: dict, tokens: int = 4096) -> float:
 
 
 def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
-    """Least squares over the runs, in hops H and bytes B one rank sends through its ring positions
-    (row["hops"], row["hop_bytes"]: W - 1 and (W - 1) m for one world-wide all-gather; summed over the
-    three collectives of a partitioned round):
-        raw T = alpha H + beta B        (the world-wide all-gathers of m and `big` B, and the
-                                         raw partitioned sequence where measured)
+    """Least squares over the runs, in hops H and bytes B one rank sends (row["hop_bytes"]: (W - 1) m
+    for one world-wide all-gather; summed over the three collectives of a partitioned round). Raw
+    collectives are rings (H = W - 1 each) or Bruck's (H = ceil(log2 W) each); the daemon's hops are
+    its peer group's (row["hops"]):
+        raw T = alpha H + beta B        (the world-wide all-gathers of m and `big` B, ring and Bruck,
+                                         and the raw partitioned sequences where measured)
         round T = c0 + c1 H + beta B    (beta from the raw fit)."""
     xs, ys = [], []
     for r in rows:
@@ -337,15 +344,21 @@ def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
         for size, m in (("msg", r["msg_bytes"]), ("big", big)):
             xs.append([w1, w1 * m])
             ys.append(r["raw_p50_us"][size])
+            if size + "_bruck" in r["raw_p50_us"]:
+                xs.append([log_hops(r["world"]), w1 * m])
+                ys.append(r["raw_p50_us"][size + "_bruck"])
         if r.get("partition"):
-            xs.append([r["hops"], r["hop_bytes"]])
+            xs.append([r.get("raw_ring_hops", r["hops"]), r["hop_bytes"]])
             ys.append(r["raw_p50_us"]["partitioned"])
+            if "partitioned_bruck" in r["raw_p50_us"]:
+                xs.append([r["raw_log_hops"], r["hop_bytes"]])
+                ys.append(r["raw_p50_us"]["partitioned_bruck"])
     (alpha, beta), *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
     # Daemon rounds: the bandwidth term from the raw fit, c0 + c1 H fitted.
-    xd = np.array([[1.0, r["hops"]] for r in rows])
-    yd = np.array([r["round_p50_us_median"] - beta * r["hop_bytes"] for r in rows])
+    xd = np.array([[1.0, r.get("hops", r["world"] - 1)] for r in rows])
+    yd = np.array([r["round_p50_us_median"] - beta * r.get("hop_bytes", (r["world"] - 1) * r["msg_bytes"]) for r in rows])
     (c0, c1), *_ = np.linalg.lstsq(xd, yd, rcond=None)
-    resid = [r["round_p50_us_median"] - (c0 + c1 * r["hops"] + beta * r["hop_bytes"]) for r in rows]
+    resid = [r["round_p50_us_median"] - (c0 + c1 * r.get("hops", r["world"] - 1) + beta * r.get("hop_bytes", (r["world"] - 1) * r["msg_bytes"])) for r in rows]
     # A delay not on the link: one one-way delay per hop.
     return {"alpha_us_per_hop": float(alpha) + model_delay_us, "beta_us_per_byte_hop": float(beta),
             "implied_gbit_s": float(8e-3 / beta) if beta > 0 else None,
@@ -369,24 +382,22 @@ def extrapolate(rows: list[dict], model: dict, args, model_delay: float) -> dict
     link_us_per_byte = 8 / (args.rate_gbit * 1e3) if args.rate_gbit > 0 else model["beta_us_per_byte_hop"]
     two = next((r for r in rows if r["world"] == 2), None)
     scenarios = {}
+    log = peer_group_hops(target)  # odb's all-gather (Bruck)
     # 1. The fit over this machine's runs, as it is: its per-hop terms carry W processes time-sharing 2 cores.
     scenarios["fit_here"] = {
-        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3,
-        "raw_ms": (model["alpha_us_per_hop"] * w1 + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3}
+        "round_comm_ms": (model["c0_us"] + model["c1_us_per_hop"] * log + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3,
+        "raw_ms": (model["alpha_us_per_hop"] * log + model["beta_us_per_byte_hop"] * w1 * m_prod) / 1e3, "hops": log}
     if two is not None:
         # 2. Each rank on its own cores (a real node): the per-hop software cost of W = 2 (two processes,
         # two cores), the link's delay and rate per hop, the daemon's fixed cost at W = 2 beyond its hops.
         hop = two["raw_p50_us"]["msg"] + model_delay
         fixed = two["round_p50_us_median"] - COLLECTIVES_PER_ROUND * two["raw_p50_us"]["msg"]
-        scenarios["own_cores_ring"] = {
-            "round_comm_ms": (fixed + COLLECTIVES_PER_ROUND * w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
-            "raw_ms": (w1 * hop + w1 * m_prod * link_us_per_byte) / 1e3,
-            "hop_us": hop, "fixed_us": fixed}
-        # 3. Not odb today: the same with a logarithmic all-gather (recursive doubling, ceil(log2 W) hops).
-        hops = int(np.ceil(np.log2(target)))
-        scenarios["own_cores_log_hops"] = {
-            "round_comm_ms": (fixed + COLLECTIVES_PER_ROUND * hops * hop + w1 * m_prod * link_us_per_byte) / 1e3,
-            "raw_ms": (hops * hop + w1 * m_prod * link_us_per_byte) / 1e3, "hops": hops}
+        # odb's Bruck all-gather (ceil(log2 W) hops), and for comparison Gloo's ring (W - 1 hops).
+        for key, h in (("own_cores_log_hops", log), ("own_cores_ring", w1)):
+            scenarios[key] = {
+                "round_comm_ms": (fixed + COLLECTIVES_PER_ROUND * h * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+                "raw_ms": (h * hop + w1 * m_prod * link_us_per_byte) / 1e3,
+                "hops": h, "hop_us": hop, "fixed_us": fixed}
     models = yaml.safe_load((ROOT / "bench/step_models.yaml").read_text())
     step_ms = {name: 1e3 * step_seconds(models[name]) for name in GPU_MODELS if name in models}
     for sc in scenarios.values():
@@ -478,8 +489,8 @@ def main() -> int:
                 block = block_ranks(args.partition_ranks, args.local_world_size, world)
                 part = None
                 if block < world:
-                    # The raw sequence moves the round's payloads, every rank sending the block
-                    # totals' bytes (the daemon: the block's first rank only).
+                    # The raw sequence moves the round's payloads, every rank sending its token
+                    # totals' bytes (as the daemon does).
                     part = {"partition_ranks": args.partition_ranks, "local_world_size": args.local_world_size,
                             "block": block, "summary_bytes": SUMMARY_BYTES,
                             "totals_bytes": totals_bytes(int(np.ceil(row["steps_per_round"])))}
@@ -492,30 +503,41 @@ def main() -> int:
                              "big": raw[(args.big_bytes, "allgather")]["p50_us_median"],
                              "msg_sizes_allgatherv": raw[(msg_bytes, "sizes+allgatherv")]["p50_us_median"],
                              "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
+                             "msg_bruck": raw[(msg_bytes, "bruck")]["p50_us_median"],
+                             "big_bruck": raw[(args.big_bytes, "bruck")]["p50_us_median"],
                              "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
         if part:
             # Hops and bytes one rank sends: summaries and totals world-wide, the metadata in the block.
-            row["raw_p50_us"]["partitioned"] = raw["partitioned"]["p50_us"]
-            row["raw_p50_us"]["partitioned_parts"] = {k: raw["partitioned"][k] for k in
-                                                      ("summary_p50_us", "block_p50_us", "totals_p50_us")}
-            row["raw_p50_us"]["partitioned_max_over_ranks"] = raw["partitioned"]["p50_us_max"]
-            row["hops"] = 2 * (world - 1) + (block - 1)
+            for variant in ("partitioned", "partitioned_bruck"):
+                row["raw_p50_us"][variant] = raw[variant]["p50_us"]
+                row["raw_p50_us"][variant + "_parts"] = {k: raw[variant][k] for k in
+                                                         ("summary_p50_us", "block_p50_us", "totals_p50_us")}
+                row["raw_p50_us"][variant + "_max_over_ranks"] = raw[variant]["p50_us_max"]
+            row["hops"] = 2 * peer_group_hops(world) + peer_group_hops(block)  # the daemon's
+            row["raw_ring_hops"] = 2 * (world - 1) + (block - 1)
+            row["raw_log_hops"] = 2 * log_hops(world) + log_hops(block)
             row["hop_bytes"] = ((world - 1) * (part["summary_bytes"] + part["totals_bytes"])
                                 + (block - 1) * msg_bytes)
-            row["raw_baseline"] = "partitioned"
+            ring, log = "partitioned", "partitioned_bruck"
         else:
-            row["hops"] = world - 1
+            row["hops"] = peer_group_hops(world)
+            row["raw_ring_hops"] = world - 1
+            row["raw_log_hops"] = log_hops(world)
             row["hop_bytes"] = (world - 1) * msg_bytes
-            row["raw_baseline"] = "msg"
+            ring, log = "msg", "msg_bruck"
+        # The strongest raw baseline: the faster of the ring and Bruck's all-gathers of the same bytes.
+        row["raw_baseline"] = log if row["raw_p50_us"][log] < row["raw_p50_us"][ring] else ring
         row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"][row["raw_baseline"]]
+        row["round_over_raw_ring"] = row["round_p50_us_median"] / row["raw_p50_us"][ring]
+        row["round_over_raw_bruck"] = row["round_p50_us_median"] / row["raw_p50_us"][log]
         # The round against one world-wide all-gather of every rank's message (the unpartitioned round's).
         row["round_over_raw_world_msg"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
         # The round against the two collectives the peer group ran before (kept as a reference point).
         row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
         # With the delay in the model, the same ratio once each hop has waited for it.
-        hops = row["hops"]
-        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + hops * model_delay)
-                                            / (row["raw_p50_us"][row["raw_baseline"]] + hops * model_delay))
+        base_hops = row["raw_log_hops"] if row["raw_baseline"] == log else row["raw_ring_hops"]
+        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + row["hops"] * model_delay)
+                                            / (row["raw_p50_us"][row["raw_baseline"]] + base_hops * model_delay))
         row["wall_s"] = round(time.monotonic() - t0, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -554,19 +576,25 @@ def render(result: dict) -> str:
              + f", {link['rate_gbit_s']:g} Gbit/s (tc {link['rate_qdisc']}). Workload per rank: {w['samples_per_rank']} samples of 1-{w['max_len']} "
              f"tokens, window {w['window']}, max_tokens {w['max_tokens']}; round message {w['msg_bytes']} B "
              f"(2 x window samples, the most a rank offers).", "",
-             "Each figure is the median over ranks of each rank's median (daemons: odb_round_p50_microseconds).", "",
-             "| W | rounds | daemon round | (slowest rank) | raw all-gather, msg | sizes + allgatherv, msg | raw, "
-             f"{w['big_bytes']} B | round / raw | with the delay | round / (sizes + allgatherv) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "Each figure is the median over ranks of each rank's median (daemons: odb_round_p50_microseconds). "
+             "Raw ring = gloo::allgather; raw Bruck = Bruck's all-gather on Gloo's point-to-point buffers "
+             "(ceil(log2 W) hops, no header or slot); round / raw = against the faster of the two.", "",
+             "| W | rounds | daemon round | (slowest rank) | raw ring, msg | raw Bruck, msg | sizes + allgatherv, "
+             f"msg | raw ring / Bruck, {w['big_bytes']} B | **round / raw** | round / raw ring | with the delay |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        raw = r["raw_p50_us"]
         lines.append(f"| {r['world']} | {r['rounds']} | {r['round_p50_us_median'] / 1e3:.2f} ms | "
-                     f"{r['round_p50_us_max'] / 1e3:.2f} ms | {r['raw_p50_us']['msg'] / 1e3:.2f} ms | "
-                     f"{r['raw_p50_us']['msg_sizes_allgatherv'] / 1e3:.2f} ms | "
-                     f"{r['raw_p50_us']['big'] / 1e3:.2f} ms | {r['round_over_raw']:.2f} | {r['round_over_raw_with_delay']:.2f} | "
-                     f"{r['round_over_sizes_allgatherv']:.2f} |")
+                     f"{r['round_p50_us_max'] / 1e3:.2f} ms | {raw['msg'] / 1e3:.2f} ms | "
+                     f"{raw.get('msg_bruck', float('nan')) / 1e3:.2f} ms | "
+                     f"{raw['msg_sizes_allgatherv'] / 1e3:.2f} ms | "
+                     f"{raw['big'] / 1e3:.2f} / {raw.get('big_bruck', float('nan')) / 1e3:.2f} ms | "
+                     f"**{r['round_over_raw']:.2f}** | {r.get('round_over_raw_ring', r['round_over_raw']):.2f} | "
+                     f"{r['round_over_raw_with_delay']:.2f} |")
     m = result.get("model")
     if m:
-        lines += ["", "Model (least squares): raw T = alpha (W-1) + beta (W-1) m; round T = c0 + c1 (W-1) + beta (W-1) m.",
+        lines += ["", "Model (least squares, H = hops: W - 1 for a ring, ceil(log2 W) for Bruck and the daemons): "
+                  "raw T = alpha H + beta (W-1) m; round T = c0 + c1 H + beta (W-1) m.",
                   f"alpha = {m['alpha_us_per_hop']:.1f} us/hop, beta = {m['beta_us_per_byte_hop'] * 1e3:.3f} ns/B/hop"
                   + (f" ({m['implied_gbit_s']:.2f} Gbit/s)" if m["implied_gbit_s"] else "")
                   + f", c0 = {m['c0_us']:.0f} us, c1 = {m['c1_us_per_hop']:.1f} us/hop; "
@@ -578,16 +606,17 @@ def render(result: dict) -> str:
     e = result.get("extrapolation")
     if e:
         names = {"fit_here": "the fit over these runs (W processes on this machine's 2 cores)",
-                 "own_cores_ring": "each rank on its own cores: W = 2's hop, the link's delay and rate, ring",
-                 "own_cores_log_hops": "as above with a logarithmic all-gather (not odb today)"}
+                 "own_cores_log_hops": "each rank on its own cores: W = 2's hop, the link's delay and rate; "
+                                       "odb's log all-gather",
+                 "own_cores_ring": "as above through Gloo's ring (W - 1 hops; odb before the log all-gather)"}
         lines += ["", f"Extrapolated to W = {e['world']}: message {e['msg_bytes']:.0f} B per rank and planner + "
                   f"decode CPU {e['planner_decode_cpu_ms']:.0f} ms per round of {e['steps_per_round']:g} planned "
                   "steps (bench/results/scale.json, whole plan, production window); step = a full 4096-token step "
                   "(" + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in e["step_ms"].items()) + ").", "",
-                  "| assumption | raw all-gather | round | round / `gpu_7b_h100` step | per planned step |",
-                  "|---|---|---|---|---|"]
+                  "| assumption | hops | raw all-gather | round | round / `gpu_7b_h100` step | per planned step |",
+                  "|---|---|---|---|---|---|"]
         for key, sc in e["scenarios"].items():
-            lines.append(f"| {names[key]} | {sc['raw_ms']:.1f} ms | {sc['round_ms']:.1f} ms | "
+            lines.append(f"| {names[key]} | {sc.get('hops', '')} | {sc['raw_ms']:.1f} ms | {sc['round_ms']:.1f} ms | "
                          f"{100 * sc['per_step'].get('gpu_7b_h100', float('nan')):.1f}% | "
                          f"{100 * sc['per_planned_step'].get('gpu_7b_h100', float('nan')):.2f}% |")
     return "\n".join(lines) + "\n"
@@ -609,33 +638,38 @@ def render_partitioned(result: dict) -> str:
              "(2 x window samples, the most a rank offers).", "",
              "Raw partitioned = one real_rounds_gloo sequence per iteration, after a barrier: a world-wide "
              "all-gather of the 41-B summary, an all-gather of the round message within the block (its own "
-             "Gloo context), a world-wide all-gather of the block totals' bytes (20 + 16 x steps per round, "
-             "rounded up; from every rank, where the daemon sends them from the block's first rank only). "
-             "Raw world msg = one world-wide all-gather of the round message (what an unpartitioned round "
-             "moves). Each figure is the median over ranks of each rank's median (daemons: "
-             "odb_round_p50_microseconds). Rows without a block are unpartitioned (block >= W).", "",
-             "| W | block | rounds | steps / round | daemon round | (slowest rank) | raw partitioned "
-             "(summary + block + totals) | raw world msg | round / raw partitioned | with the delay | "
-             "round / raw world msg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Gloo context), a world-wide all-gather of the token totals' bytes (20 + 16 x steps per round, "
+             "rounded up; from every rank, as the daemon sends them); once with Gloo's rings, once with "
+             "Bruck's all-gathers (ceil(log2 n) hops each, no header or slot). Round / raw = against the "
+             "faster of the two sequences. Raw world msg = one world-wide ring all-gather of the round "
+             "message (what an unpartitioned round moves). Each figure is the median over ranks of each "
+             "rank's median (daemons: odb_round_p50_microseconds). Rows without a block are unpartitioned "
+             "(block >= W; their raw baseline is the faster world-wide all-gather of the message).", "",
+             "| W | block | rounds | steps / round | daemon round | (slowest rank) | raw partitioned, rings "
+             "(summary + block + totals) | raw partitioned, Bruck | raw world msg | **round / raw** | "
+             "round / raw rings | with the delay |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         part = r.get("partition")
-        if part:
-            pp = r["raw_p50_us"]["partitioned_parts"]
-            raw = (f"{r['raw_p50_us']['partitioned'] / 1e3:.2f} ms ({pp['summary_p50_us'] / 1e3:.2f} + "
-                   f"{pp['block_p50_us'] / 1e3:.2f} + {pp['totals_p50_us'] / 1e3:.2f})")
-            ratio = f"**{r['round_over_raw']:.2f}**"
-        else:
-            raw, ratio = "", ""
+        raws = []
+        for variant in ("partitioned", "partitioned_bruck"):
+            if part and variant in r["raw_p50_us"]:
+                pp = r["raw_p50_us"][variant + "_parts"]
+                raws.append(f"{r['raw_p50_us'][variant] / 1e3:.2f} ms ({pp['summary_p50_us'] / 1e3:.2f} + "
+                            f"{pp['block_p50_us'] / 1e3:.2f} + {pp['totals_p50_us'] / 1e3:.2f})")
+            else:
+                raws.append("")
         lines.append(f"| {r['world']} | {part['block'] if part else '-'} | {r['rounds']} | {r['steps_per_round']:.1f} | "
-                     f"{r['round_p50_us_median'] / 1e3:.2f} ms | {r['round_p50_us_max'] / 1e3:.2f} ms | {raw} | "
-                     f"{r['raw_p50_us']['msg'] / 1e3:.2f} ms | {ratio} | "
-                     f"{r['round_over_raw_with_delay']:.2f} | {r['round_over_raw_world_msg']:.2f} |")
+                     f"{r['round_p50_us_median'] / 1e3:.2f} ms | {r['round_p50_us_max'] / 1e3:.2f} ms | {raws[0]} | "
+                     f"{raws[1]} | {r['raw_p50_us']['msg'] / 1e3:.2f} ms | **{r['round_over_raw']:.2f}** | "
+                     f"{r.get('round_over_raw_ring', r['round_over_raw']):.2f} | {r['round_over_raw_with_delay']:.2f} |")
     m = result.get("model")
     if m:
-        lines += ["", "Model (least squares over every row, H = ring hops, B = bytes one rank sends over them): "
-                  "raw T = alpha H + beta B (the world msg and 64 KiB all-gathers: H = W - 1, B = (W - 1) m; the "
-                  "raw partitioned sequence: H = 2 (W - 1) + (block - 1)); round T = c0 + c1 H + beta B.",
+        lines += ["", "Model (least squares over every row, H = sequential hops, B = bytes one rank sends): "
+                  "raw T = alpha H + beta B (the world msg and 64 KiB all-gathers: H = W - 1 for the ring, "
+                  "ceil(log2 W) for Bruck, B = (W - 1) m; the raw partitioned sequences: H = 2 (W - 1) + "
+                  "(block - 1) or 2 ceil(log2 W) + ceil(log2 block)); round T = c0 + c1 H + beta B with the "
+                  "daemon's H (its peer group's log all-gathers).",
                   f"alpha = {m['alpha_us_per_hop']:.1f} us/hop, beta = {m['beta_us_per_byte_hop'] * 1e3:.3f} ns/B/hop"
                   + (f" ({m['implied_gbit_s']:.2f} Gbit/s)" if m["implied_gbit_s"] else "")
                   + f", c0 = {m['c0_us']:.0f} us, c1 = {m['c1_us_per_hop']:.1f} us/hop; "
@@ -649,11 +683,13 @@ def render_partitioned(result: dict) -> str:
                   f"{e['local_world_size']}): the Aligner's CPU {e['planner_decode_cpu_ms']:.1f} ms per round of "
                   f"{e['steps_per_round']} planned steps and a block message of {e['msg_bytes']} B per rank "
                   f"(bench/results/scale_aligner.json, `{e['cpu_source']}`); the collectives through the peer "
-                  "group's fixed slots (8-B header + slot, slot >= 256 B; what does not fit, a second ring):", "",
-                  "| collective | ranks (ring hops = ranks - 1) | bytes per rank per hop | bytes one rank sends |",
-                  "|---|---|---|---|"]
+                  "group's fixed slots (8-B header + slot, slot >= 256 B, the largest of the last 4 calls' "
+                  "wants; every rank sends its totals, so nothing overflows):", "",
+                  "| collective | ranks | hops: odb (Bruck) / ring | frame (bytes per rank) | bytes one rank sends |",
+                  "|---|---|---|---|---|"]
         for c in e["collectives"]:
-            lines.append(f"| {c['name']} | {c['ranks']} | {c['frame']} | {c['bytes']:,} |")
+            lines.append(f"| {c['name']} | {c['ranks']} | {c.get('hops', '')} / {c.get('ring_hops', c['ranks'] - 1)} | "
+                         f"{c['frame']} | {c['bytes']:,} |")
         lines += ["", f"{e['bytes_sent_per_rank']:,} B per rank per round: {e['link_ms']:.2f} ms at "
                   f"{link['rate_gbit_s']:g} Gbit/s. Step = a full 4096-token step ("
                   + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in e["step_ms"].items()) + "). Per step = round / "
@@ -662,10 +698,10 @@ def render_partitioned(result: dict) -> str:
                   "| assumption | hops | per hop | raw collectives | round | round / `gpu_7b_h100` step | "
                   "per planned step | per hop for 5% per planned step |",
                   "|---|---|---|---|---|---|---|---|"]
-        names = {"fit_here": "the fit over these runs (W processes on this machine's 2 cores)",
-                 "own_cores_ring": "each rank on its own cores: W = 2's raw hop + the link's delay, the link's rate, ring",
-                 "own_cores_ring_no_overflow": "as above, the totals in one ring (no overflow; not odb today)",
-                 "own_cores_log_hops": "as above, logarithmic all-gathers (ceil(log2 n) hops each; not odb today)"}
+        names = {"fit_here": "the fit over these runs (W processes on this machine's 2 cores), odb's hops",
+                 "own_cores_log_hops": "each rank on its own cores: W = 2's raw hop + the link's delay, the "
+                                       "link's rate; odb's log all-gathers (ceil(log2 n) hops each)",
+                 "own_cores_ring": "as above through Gloo's rings (n - 1 hops each; odb before)"}
         for key, sc in e["scenarios"].items():
             per_hop = (f"{sc['hop_us']:.0f} us" if "hop_us" in sc else
                        f"c1 {result['model']['c1_us_per_hop']:.0f} us")

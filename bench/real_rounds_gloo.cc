@@ -5,7 +5,11 @@
 // directory; and, as a second variant, the two collectives odb's peer group
 // runs for one all-gather (src/align/gloo_peer_group.cc: an all-gather of the
 // int64 sizes, then gloo::allgatherv), on the same context and bytes, so that
-// a gap between a round and the raw all-gather can be placed.
+// a gap between a round and the raw all-gather can be placed; and, as a third
+// variant ("bruck"), a raw logarithmic all-gather of the same bytes (Bruck's
+// algorithm on Gloo's point-to-point unbound buffers: ceil(log2 W) rounds of
+// one send and one receive, the algorithm the peer group runs from 3 ranks
+// up), the fastest raw all-gather this harness has.
 // Prints one JSON line per message size and variant with this rank's
 // per-iteration times, so the harness compares the daemons' alignment round
 // with the collective alone over the same links, netem included.
@@ -19,7 +23,9 @@
 //     the first --bytes size within this rank's block of P consecutive ranks
 //     (its own Gloo context, as PeerGroup::Split makes one), and a world-wide
 //     all-gather of N bytes per rank; one line, variant "partitioned", with
-//     the sequence's time and each collective's.
+//     the sequence's time and each collective's (Gloo's rings), and one,
+//     variant "partitioned_bruck", with the same sequence of Bruck
+//     all-gathers.
 //   real_rounds_gloo codec --samples N --max-tokens T
 //     prints the bytes one rank's round message (src/align/meta_codec) has
 //     with N pending samples of up to T tokens: the size the daemons gather.
@@ -30,6 +36,8 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <chrono>
@@ -104,17 +112,55 @@ int Codec(int argc, char** argv) {
   return 0;
 }
 
-// The same bytes per rank from every rank of `ctx`, checked: block r of the
-// output must hold rank r's byte.
-bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32_t& tag, double& took_us) {
+// Bruck's all-gather of `bytes` per rank from `in` into `out` (rank order):
+// in round k (d = 2^k < W) a rank sends the min(d, W - d) blocks it holds to
+// rank - d and receives as many from rank + d; every receive is posted first,
+// each send waits for the receive it forwards. Raw: no size header, no slot.
+void BruckGather(const std::shared_ptr<gloo::Context>& ctx, const char* in, size_t bytes, char* out, uint32_t tag) {
+  const int n = ctx->size;
+  const int me = ctx->rank;
+  std::vector<char> held(bytes * static_cast<size_t>(n));
+  std::memcpy(held.data(), in, bytes);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends, recvs;
+  std::vector<int> dist;
+  for (int d = 1; d < n; d *= 2) dist.push_back(d);
+  const auto slot = [&](size_t k) { return gloo::Slot::build(0x4d, tag) + static_cast<uint8_t>(k); };
+  for (size_t k = 0; k < dist.size(); ++k) {
+    const int d = dist[k];
+    const size_t count = static_cast<size_t>(std::min(d, n - d));
+    recvs.push_back(ctx->createUnboundBuffer(held.data() + bytes * static_cast<size_t>(d), bytes * count));
+    recvs.back()->recv((me + d) % n, slot(k));
+  }
+  for (size_t k = 0; k < dist.size(); ++k) {
+    const int d = dist[k];
+    if (k > 0) recvs[k - 1]->waitRecv();
+    const size_t count = static_cast<size_t>(std::min(d, n - d));
+    sends.push_back(ctx->createUnboundBuffer(held.data(), bytes * count));
+    sends.back()->send((me - d + n) % n, slot(k));
+  }
+  if (!recvs.empty()) recvs.back()->waitRecv();
+  for (auto& s : sends) s->waitSend();
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(out + bytes * static_cast<size_t>((me + i) % n), held.data() + bytes * static_cast<size_t>(i), bytes);
+  }
+}
+
+// The same bytes per rank from every rank of `ctx` (Gloo's ring, or Bruck's
+// all-gather with `log`), checked: block r of the output must hold rank r's byte.
+bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32_t& tag, double& took_us,
+                 bool log = false) {
   const int size = ctx->size;
   std::vector<char> in(bytes, static_cast<char>(ctx->rank)), out(bytes * static_cast<size_t>(size));
   const auto t0 = Clock::now();
-  gloo::AllgatherOptions opts(ctx);
-  opts.setInput(in.data(), in.size());
-  opts.setOutput(out.data(), out.size());
-  opts.setTag(tag++);
-  gloo::allgather(opts);
+  if (log) {
+    BruckGather(ctx, in.data(), bytes, out.data(), tag++);
+  } else {
+    gloo::AllgatherOptions opts(ctx);
+    opts.setInput(in.data(), in.size());
+    opts.setOutput(out.data(), out.size());
+    opts.setTag(tag++);
+    gloo::allgather(opts);
+  }
   took_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   for (int r = 0; r < size; ++r) {
     if (out[static_cast<size_t>(r) * bytes] != static_cast<char>(r)) return false;
@@ -140,6 +186,7 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
   block_ctx->setTimeout(std::chrono::seconds(120));
   block_ctx->connectFullMesh(ps, dev);
   uint32_t block_tag = 1;
+  for (const bool log : {false, true}) {
   std::vector<double> total_us, summary_us, block_us, totals_us;
   for (int i = 0; i < warmup + iters; ++i) {
     gloo::BarrierOptions b(world_ctx);
@@ -147,9 +194,9 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
     gloo::barrier(b);
     const auto t0 = Clock::now();
     double a = 0, m = 0, t = 0;
-    bool ok = TimedGather(world_ctx, summary, tag, a);
-    ok = ok && (end - begin < 2 || TimedGather(block_ctx, msg, block_tag, m));
-    ok = ok && TimedGather(world_ctx, totals, tag, t);
+    bool ok = TimedGather(world_ctx, summary, tag, a, log);
+    ok = ok && (end - begin < 2 || TimedGather(block_ctx, msg, block_tag, m, log));
+    ok = ok && TimedGather(world_ctx, totals, tag, t, log);
     if (!ok) {
       std::fprintf(stderr, "rank %d: a partitioned all-gather delivered wrong bytes\n", rank);
       return 1;
@@ -163,12 +210,13 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
     }
   }
   std::printf(
-      "{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"partitioned\", \"block\": %d, "
+      "{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"block\": %d, "
       "\"block_size\": %d, \"summary_bytes\": %zu, \"totals_bytes\": %zu, \"iters\": %d, "
       "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f}\n",
-      rank, world, msg, block, end - begin, summary, totals, iters, Median(total_us), Median(summary_us),
-      Median(block_us), Median(totals_us));
+      rank, world, msg, log ? "partitioned_bruck" : "partitioned", block, end - begin, summary, totals, iters,
+      Median(total_us), Median(summary_us), Median(block_us), Median(totals_us));
   std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -194,7 +242,9 @@ int Gather(int argc, char** argv) {
   ctx->connectFullMesh(ps, dev);
   uint32_t tag = 1;
   for (size_t bytes : sizes) {
-   for (const bool two_step : {false, true}) {
+   for (const char* variant : {"allgather", "sizes+allgatherv", "bruck"}) {
+    const bool two_step = std::strcmp(variant, "sizes+allgatherv") == 0;
+    const bool log = std::strcmp(variant, "bruck") == 0;
     std::vector<char> in(bytes, static_cast<char>(rank)), out(bytes * static_cast<size_t>(world));
     std::vector<double> us;
     for (int i = 0; i < warmup + iters; ++i) {
@@ -218,6 +268,8 @@ int Gather(int argc, char** argv) {
         opts.setOutput(out.data(), counts);
         opts.setTag(tag++);
         gloo::allgatherv(opts);
+      } else if (log) {
+        BruckGather(ctx, in.data(), bytes, out.data(), tag++);
       } else {
         gloo::AllgatherOptions opts(ctx);
         opts.setInput(in.data(), in.size());
@@ -239,7 +291,7 @@ int Gather(int argc, char** argv) {
     for (double v : us) sum += v;
     std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"iters\": %d, "
                 "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f}\n",
-                rank, world, bytes, two_step ? "sizes+allgatherv" : "allgather", iters, us[us.size() / 2],
+                rank, world, bytes, variant, iters, us[us.size() / 2],
                 sum / static_cast<double>(us.size()), us.front());
     std::fflush(stdout);
    }

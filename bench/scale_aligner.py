@@ -41,7 +41,7 @@ def main():
     (out_dir / "scale_aligner.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
         "Rank 0 of a partitioned round through the real `align::Aligner` over a FakeWorld of W in-process "
-        "ranks (summary all-gather, block all-gather on a Split group, block token totals; the other ranks "
+        "ranks (summary all-gather, block all-gather on a Split group, every rank's per-step token totals; the other ranks "
         "play the protocol with real messages without planning). Window 512/rank, queue 32 (full rounds), "
         "padded L_max 4096, a=512 b=1, chat_longtail, local_world_size 8, locality 0. CPU is rank 0's "
         "thread CPU of `RunRound` (encode, decode, gates, PlanBlock, weights); bytes are what its "

@@ -1,12 +1,12 @@
 // The daemon's partitioned round measured through the real Aligner (issue 22):
 // rank 0 runs align::Aligner with the partitioned balance::GlobalPlanner over
 // a FakeWorld of W in-process ranks, exactly as odbd does over Gloo (summary
-// all-gather, block all-gather on a Split group, block token totals). The
+// all-gather, block all-gather on a Split group, every rank's token totals). The
 // other W - 1 ranks play the protocol with the same wire messages but do not
 // plan (on this 2-core machine W real planners would cost W x rank 0's CPU):
 // rank 0's block-mates send their real metadata in the block all-gather;
-// every rank sends its real summary; the other blocks' first ranks send token
-// totals of the round's T steps (zeros: they only scale rank 0's weights).
+// every rank sends its real summary; the other ranks send token totals of
+// the round's T steps (zeros: they only scale rank 0's weights).
 // Every rank tops its pending list up to the window before each round (a
 // producer at least as fast as the trainer); what rank 0's block plans
 // leaves its block's lists. Setting as bench/scale_bench.cc: window 512,
@@ -193,10 +193,8 @@ int Run(const Options& o) {
           const align::RoundPlan frame = frame_planner.PlanBlock(bs);  // no block ranks: T only
           const uint32_t t = frame.num_steps;
           if (t > 0) {
-            const bool leader = r % block == 0;
-            auto tot = peers->AllGather(leader ? align::EncodeBlockTotals(0, msg.round, r, std::vector<uint64_t>(t, 0),
-                                                                         std::vector<uint64_t>(t, 0))
-                                               : std::string());
+            auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, std::vector<uint64_t>(t, 0),
+                                                                std::vector<uint64_t>(t, 0)));
             if (!tot.ok()) std::exit(1);
           }
         }

@@ -130,13 +130,13 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
   return s;
 }
 
-// Each step's loss and real tokens summed over a block, from its first rank.
-std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
-                         const std::vector<uint64_t>& real) {
+// A rank's loss and real tokens in each step of the round.
+std::string EncodeRankTotals(uint32_t epoch, uint64_t round, int32_t rank, const std::vector<uint64_t>& loss,
+                             const std::vector<uint64_t>& real) {
   std::string out;
   Put(out, epoch, 4);
   Put(out, round, 8);
-  Put(out, static_cast<uint32_t>(begin), 4);
+  Put(out, static_cast<uint32_t>(rank), 4);
   Put(out, loss.size(), 4);
   for (size_t k = 0; k < loss.size(); ++k) {
     Put(out, loss[k], 8);
@@ -440,16 +440,19 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   const uint32_t t = plan.num_steps;
   if (t == 0) return absl::OkStatus();
 
-  // 3. Each block's per-step totals, world-wide (from the block's first rank).
+  // 3. Every rank's per-step totals, world-wide. Each rank sends its own
+  // (20 + 16 T bytes, the same size on every rank), not one per block: a
+  // collective in which a few ranks send and the rest nothing cannot fit the
+  // peer group's slot (sized to a few times the mean message) and would pay
+  // a second all-gather every round. The sums are integers, so every rank
+  // gets the same totals whoever adds them.
   std::vector<uint64_t> loss(t, 0), real(t, 0);
-  for (int r = begin; r < end; ++r) {
-    for (uint32_t k = 0; k < t; ++k) {
-      const PlannedStep& s = plan.ranks[r].steps[k];
-      for (const SampleMeta& m : s.samples) loss[k] += LossTokensOf(m);
-      real[k] += s.real_tokens;
-    }
+  for (uint32_t k = 0; k < t; ++k) {
+    const PlannedStep& s = plan.ranks[me].steps[k];
+    for (const SampleMeta& m : s.samples) loss[k] += LossTokensOf(m);
+    real[k] = s.real_tokens;
   }
-  auto gathered = peers_->AllGather(me == begin ? EncodeBlockTotals(*epoch_, round_, begin, loss, real) : std::string());
+  auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
   if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
   if (static_cast<int>(gathered->size()) != world) {
     return absl::InternalError(where + "token totals all-gather returned " + std::to_string(gathered->size()) +
@@ -460,11 +463,6 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   for (int r = 0; r < world; ++r) {
     const std::string& g = (*gathered)[r];
     last_received_bytes_ += g.size();
-    const bool leader = static_cast<size_t>(r) % block == 0;
-    if (!leader) {
-      if (!g.empty()) return absl::DataLossError(where + "rank " + std::to_string(r) + " sent token totals");
-      continue;
-    }
     Reader in{g};
     const auto epoch = static_cast<uint32_t>(in.Get(4));
     const uint64_t round = in.Get(8);
@@ -472,10 +470,10 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
     const uint64_t steps = in.Get(4);
     if (!in.ok || epoch != *epoch_ || round != round_ || from != r || steps != t ||
         in.in.size() != steps * 16) {
-      return absl::FailedPreconditionError(where + "token totals of the block at rank " + std::to_string(r) +
+      return absl::FailedPreconditionError(where + "token totals of rank " + std::to_string(r) +
                                            " do not match this round (" + std::to_string(g.size()) +
-                                           " bytes; its block planned " + std::to_string(steps) +
-                                           " steps, this one " + std::to_string(t) + ")");
+                                           " bytes; it planned " + std::to_string(steps) +
+                                           " steps, this rank " + std::to_string(t) + ")");
     }
     for (uint32_t k = 0; k < t; ++k) {
       loss_total[k] += in.Get(8);

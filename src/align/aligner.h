@@ -71,15 +71,15 @@ struct RoundResult {
 // little-endian; exposed for benchmarks that play other ranks): a rank's
 // summary (epoch u32, round u64, rank u32, then the RankSummary: pending u64,
 // free_slots u32, flags u8, wait_rounds u32, group_bound as IEEE bits u64)
-// and a block's per-step totals (epoch u32, round u64, first rank u32,
-// steps u32, then per step loss tokens u64 and real tokens u64).
+// and a rank's per-step totals (epoch u32, round u64, rank u32, steps u32,
+// then per step its loss tokens u64 and real tokens u64).
 inline constexpr size_t kRoundSummaryBytes = 4 + 8 + 4 + 8 + 4 + 1 + 4 + 8;
 std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& summary);
 // Decodes a summary: its header into the three fields, DataLoss when malformed.
 absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
                                                int32_t& rank);
-std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, const std::vector<uint64_t>& loss,
-                              const std::vector<uint64_t>& real);
+std::string EncodeRankTotals(uint32_t epoch, uint64_t round, int32_t rank, const std::vector<uint64_t>& loss,
+                             const std::vector<uint64_t>& real);
 
 // The DGAP stage: once per round, all-gathers every rank's pending metadata
 // over the PeerGroup, runs the deterministic Planner on the identical gathered
@@ -88,8 +88,8 @@ std::string EncodeBlockTotals(uint32_t epoch, uint64_t round, int32_t begin, con
 // all-gather of every rank's RankSummary (a few dozen bytes: the round gates
 // and T), an all-gather of the full metadata within the rank's block only (a
 // PeerGroup::Split sub-group, made at the first such round), and a world-wide
-// all-gather of each block's per-step loss and real token totals (sent by the
-// block's first rank), so that loss weights are normalised over all W ranks
+// all-gather of every rank's per-step loss and real token counts (the same
+// size from every rank, so the peer group's slot fits them), so that loss weights are normalised over all W ranks
 // exactly as the unpartitioned plan's are. Payload moves stay in the block. RunRound is collective:
 // every rank calls it the same number of times per epoch (one call = one
 // round), so the daemon must call it at a steady pace even with nothing to do

@@ -21,6 +21,8 @@
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 // Debian installs hiredis under <hiredis/hiredis.h>.
@@ -37,6 +39,10 @@ namespace odb::align {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Gloo's collectives use slot prefixes 0x01-0x08 (gloo/types.h); the log
+// all-gather's messages get their own, so they never match theirs.
+constexpr uint8_t kLogAllGatherSlotPrefix = 0x4c;
 
 // Bounded TCP reachability check: hiredis' connect has no timeout of its own.
 absl::Status ProbeTcp(const std::string& host, int port, std::chrono::milliseconds timeout) {
@@ -384,7 +390,71 @@ void GlooPeerGroup::ResizeSlot(size_t largest, size_t total) {
   // large message's size).
   const size_t cap = std::max(kMinSlotBytes, round_up(kPaddingFactor * total / static_cast<size_t>(options_.world_size)));
   const size_t wanted = std::clamp<size_t>(std::min(round_up(largest + largest / 4), cap), kMinSlotBytes, kMaxSlotBytes);
-  if (wanted > slot_bytes_ || largest < slot_bytes_ / 2 || slot_bytes_ > cap) slot_bytes_ = wanted;
+  recent_wants_.push_back(wanted);
+  if (recent_wants_.size() > kSlotMemory) recent_wants_.erase(recent_wants_.begin());
+  slot_bytes_ = *std::max_element(recent_wants_.begin(), recent_wants_.end());
+}
+
+void GlooPeerGroup::BruckAllGather(uint32_t tag, std::string_view mine, const std::vector<size_t>& sizes, char* out,
+                                   Clock::time_point deadline) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  // Position i of `held` is rank (me + i) mod n's block; off[i] where it starts.
+  std::vector<size_t> off(static_cast<size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i) off[i + 1] = off[i] + sizes[(me + i) % n];
+  std::vector<char> held(off[n]);
+  if (!mine.empty()) std::memcpy(held.data(), mine.data(), mine.size());
+  struct Step {
+    int to, from;
+    size_t send_bytes;               // positions [0, count): what this rank holds
+    size_t recv_at, recv_bytes;      // positions [d, d + count): the peer's first count
+    std::unique_ptr<gloo::transport::UnboundBuffer> send, recv;
+  };
+  std::vector<Step> steps;
+  for (int d = 1; d < n; d *= 2) {
+    const int count = std::min(d, n - d);
+    steps.push_back({(me - d + n) % n, (me + d) % n, off[count], off[d], off[d + count] - off[d], nullptr, nullptr});
+  }
+  // The remaining time of this collective, at least 1 ms (a wait of 0 would
+  // mean "the context's default").
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  const auto slot = [&](size_t k) { return gloo::Slot::build(kLogAllGatherSlotPrefix, tag) + static_cast<uint8_t>(k); };
+  // Zero-byte transfers are skipped on both sides: both know every size.
+  for (size_t k = 0; k < steps.size(); ++k) {
+    Step& s = steps[k];
+    if (s.recv_bytes == 0) continue;
+    s.recv = context_->createUnboundBuffer(held.data() + s.recv_at, s.recv_bytes);
+    s.recv->recv(s.from, slot(k));
+  }
+  const auto wait_recv = [&](Step& s) {
+    if (s.recv && !s.recv->waitRecv(left())) throw gloo::IoException("log all-gather: receive aborted");
+  };
+  for (size_t k = 0; k < steps.size(); ++k) {
+    Step& s = steps[k];
+    // What this step forwards arrived in the previous steps.
+    if (k > 0) wait_recv(steps[k - 1]);
+    if (s.send_bytes == 0) continue;
+    s.send = context_->createUnboundBuffer(held.data(), s.send_bytes);
+    s.send->send(s.to, slot(k));
+  }
+  if (!steps.empty()) wait_recv(steps.back());
+  for (Step& s : steps) {
+    if (s.send && !s.send->waitSend(left())) throw gloo::IoException("log all-gather: send aborted");
+  }
+  // Back to rank order.
+  size_t at = 0;
+  std::vector<size_t> start(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    start[r] = at;
+    at += sizes[r];
+  }
+  for (int i = 0; i < n; ++i) {
+    const int r = (me + i) % n;
+    if (sizes[r] > 0) std::memcpy(out + start[r], held.data() + off[i], sizes[r]);
+  }
 }
 
 absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_view bytes) {
@@ -407,7 +477,12 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     std::memcpy(in.data(), &mine, kHeader);
     std::memcpy(in.data() + kHeader, bytes.data(), std::min(bytes.size(), slot));
     std::vector<char> out(frame * static_cast<size_t>(world));
-    {
+    const bool log_gather = UsesLogAllGather();
+    const auto deadline = op_start + options_.collective_timeout;
+    if (log_gather) {
+      BruckAllGather(next_tag_++, std::string_view(in.data(), in.size()), std::vector<size_t>(world, frame),
+                     out.data(), deadline);
+    } else {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(in.data(), in.size());
       opts.setOutput(out.data(), out.size());
@@ -442,11 +517,15 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       // Every rank saw the same headers, so every rank takes this branch.
       ++overflows_;
       std::string tail(bytes.size() > slot ? bytes.substr(slot) : std::string_view());
-      gloo::AllgathervOptions opts(context_);
-      opts.setInput(tail.data(), tail.size());
-      opts.setOutput(overflow.data(), rest);
-      opts.setTag(next_tag_++);
-      gloo::allgatherv(opts);
+      if (log_gather) {
+        BruckAllGather(next_tag_++, tail, rest, overflow.data(), deadline);
+      } else {
+        gloo::AllgathervOptions opts(context_);
+        opts.setInput(tail.data(), tail.size());
+        opts.setOutput(overflow.data(), rest);
+        opts.setTag(next_tag_++);
+        gloo::allgatherv(opts);
+      }
     }
     std::vector<std::string> result;
     result.reserve(world);

@@ -1,6 +1,7 @@
 #ifndef ODB_ALIGN_GLOO_PEER_GROUP_H_
 #define ODB_ALIGN_GLOO_PEER_GROUP_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,13 @@ struct GlooPeerGroupOptions {
   std::chrono::milliseconds connect_timeout{60000};
   // Each all-gather. Default 30 s.
   std::chrono::milliseconds collective_timeout{30000};
+  // Groups of at least this many ranks all-gather with Bruck's algorithm
+  // (ceil(log2 W) rounds of one send and one receive on Gloo's point-to-point
+  // buffers); smaller ones use Gloo's ring (W - 1 hops). Both move the same
+  // bytes per rank; the log all-gather pays fewer latencies from 3 ranks up
+  // (docs/benchmarks.md, "Partitioned rounds"). 0 or 1: always Bruck; a
+  // value above every W: always the ring.
+  int log_allgather_min_ranks = 3;
 
   // Checked at connect on every rank (see hello.h); empty = only the protocol
   // version and world size are compared.
@@ -71,6 +79,7 @@ struct GlooPeerGroupOptions {
 // socket otherwise kills the process instead of failing the collective.
 class GlooPeerGroup final : public PeerGroup {
  public:
+  using Clock = std::chrono::steady_clock;
   // Rendezvous, connect and hello. Fails (never hangs) within
   // connect_timeout when the store is unreachable, a rank does not show up,
   // or a rank's hello mismatches (the error names the rank and field).
@@ -82,12 +91,15 @@ class GlooPeerGroup final : public PeerGroup {
 
   int Rank() const override { return options_.rank; }
   int Size() const override { return options_.world_size; }
-  // One fixed-size gloo::allgather in the common case: every rank sends a
-  // slot of the same size (an 8-byte size header, then its bytes, padded).
-  // The slot's size comes from the previous call's sizes, which every rank
-  // knows, so all ranks agree on it without talking. When some rank's bytes
-  // do not fit, every rank sees that in the headers and the remainders follow
-  // in one gloo::allgatherv (a second collective, only then).
+  // One fixed-size all-gather in the common case: every rank sends a slot
+  // of the same size (an 8-byte size header, then its bytes, padded). The
+  // slot's size comes from the recent calls' sizes, which every rank knows,
+  // so all ranks agree on it without talking. When some rank's bytes do not
+  // fit, every rank sees that in the headers and the remainders follow in a
+  // second all-gather of known sizes (only then). Each of the two is Bruck's
+  // log all-gather from log_allgather_min_ranks ranks up, Gloo's ring
+  // (allgather, allgatherv) below; the result is the same: every rank's
+  // bytes, in rank order, on every rank.
   absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override;
   // A new Gloo context per color over the same store (keys under this group's
   // prefix, "split<n>_c<color>") and TCP device, connected full mesh within
@@ -102,6 +114,10 @@ class GlooPeerGroup final : public PeerGroup {
   size_t SlotBytes() const { return slot_bytes_; }
   // How many AllGathers needed the second collective (a rank's bytes did not fit the slot).
   uint64_t Overflows() const { return overflows_; }
+  // Whether this group's all-gathers run Bruck's algorithm (else Gloo's ring).
+  bool UsesLogAllGather() const {
+    return options_.world_size >= std::max(1, options_.log_allgather_min_ranks);
+  }
 
   // Bounds of the slot's payload: at least kMinSlotBytes; past kMaxSlotBytes
   // the rest goes through the allgatherv, so that one rank's large message
@@ -109,9 +125,16 @@ class GlooPeerGroup final : public PeerGroup {
   static constexpr size_t kMinSlotBytes = 256;
   static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
   // The slots of all ranks together hold at most this many times the bytes
-  // of the previous call (plus kMinSlotBytes each): a rank whose message is
-  // far above the others' overflows rather than padding every rank's slot.
+  // of the call they were sized for (plus kMinSlotBytes each): a rank whose
+  // message is far above the others' overflows rather than padding every
+  // rank's slot.
   static constexpr size_t kPaddingFactor = 4;
+  // The slot fits the largest of the last kSlotMemory calls' messages (each
+  // within its call's padding cap), so a group whose calls alternate between
+  // sizes (a partitioned round's summaries, then its token totals) keeps one
+  // collective for each instead of shrinking for one and overflowing on the
+  // next.
+  static constexpr size_t kSlotMemory = 4;
 
   // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
   std::string Describe() const;
@@ -121,11 +144,19 @@ class GlooPeerGroup final : public PeerGroup {
 
   explicit GlooPeerGroup(GlooPeerGroupOptions options);
   absl::Status ConnectImpl();
-  // The next call's slot from this call's largest message and total bytes:
-  // grows at once (with a quarter of headroom) but to no more than
-  // kPaddingFactor x the mean message, shrinks only when the largest message fits
-  // in less than half of it, so sizes that wobble keep one collective.
+  // The next call's slot: what this call's largest message wants (with a
+  // quarter of headroom, but no more than kPaddingFactor x the mean message),
+  // the largest such want of the last kSlotMemory calls. Grows at once;
+  // shrinks once kSlotMemory calls in a row wanted less.
   void ResizeSlot(size_t largest, size_t total);
+  // Every rank's block (sizes[r] bytes, known on every rank; `mine` is this
+  // rank's) into `out` in rank order, with Bruck's algorithm: ceil(log2 W)
+  // rounds; in round k this rank sends the 2^k blocks it holds (or the
+  // W - 2^k it lacks, if fewer) to rank - 2^k and receives as many from
+  // rank + 2^k. All receives are posted first; each send waits only for the
+  // receive it forwards. Throws Gloo's exceptions (timeouts included).
+  void BruckAllGather(uint32_t tag, std::string_view mine, const std::vector<size_t>& sizes, char* out,
+                      Clock::time_point deadline);
   // After a failed collective: what happened (this process stopped, a peer
   // that did not answer or is gone, or every rank failed), as text for the
   // error. `timed_out`: this rank's collective ran out of collective_timeout.
@@ -147,6 +178,7 @@ class GlooPeerGroup final : public PeerGroup {
   uint64_t ops_ = 0;
   uint64_t splits_ = 0;
   size_t slot_bytes_ = kMinSlotBytes;
+  std::vector<size_t> recent_wants_;  // the last kSlotMemory calls' slots, oldest first
   uint64_t overflows_ = 0;
   absl::Status broken_;
 };

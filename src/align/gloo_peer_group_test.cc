@@ -190,6 +190,49 @@ std::string Message(int r, int round, size_t n) {
   return s;
 }
 
+// A rank that is connected but never enters the collective (alive, silent):
+// the others fail within about collective_timeout and name it, with the ring
+// and with the log all-gather alike (Bruck's waits are bounded by what is
+// left of the collective's time).
+TEST_CASE("gloo: a silent peer is named by the others within the collective timeout, ring and log", "[gloo]") {
+  for (const bool log_gather : {false, true}) {
+    INFO((log_gather ? "log all-gather" : "ring"));
+    const std::string dir = TempDir();
+    constexpr int kWorld = 3;
+    std::vector<absl::Status> status(kWorld);
+    std::vector<double> seconds(kWorld);
+    std::atomic<int> done{0};
+    OnRanks(kWorld, [&](int r) {
+      GlooPeerGroupOptions o = Opts(r, kWorld, dir, log_gather ? "silent_log" : "silent_ring");
+      o.collective_timeout = milliseconds(1000);
+      o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      REQUIRE((*g)->UsesLogAllGather() == log_gather);
+      if (r == 2) {
+        // Silent: holds its connections open until the others have failed.
+        const auto deadline = Clock::now() + std::chrono::seconds(30);
+        while (done.load() < kWorld - 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+        return;
+      }
+      const auto t0 = Clock::now();
+      status[r] = (*g)->AllGather(Message(r, 0, 300)).status();
+      seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+      done.fetch_add(1);
+    });
+    for (int r = 0; r < kWorld - 1; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE(status[r].code() == absl::StatusCode::kUnavailable);
+      REQUIRE(std::string(status[r].message()).find("rank 2") != std::string::npos);
+      REQUIRE(seconds[r] < 15.0);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST_CASE("gloo: one collective per all-gather while messages fit the slot; growth, overflow, shrink", "[gloo]") {
   const std::string dir = TempDir();
   constexpr int kWorld = 3;
@@ -209,11 +252,15 @@ TEST_CASE("gloo: one collective per all-gather while messages fit the slot; grow
       {{4000, 0, 6000}, false},            // the slot grew with headroom: one collective
       {{3 * kMax, 7, 100}, true},          // beyond the largest slot
       {{kMax, kMax, kMax}, false},         // the slot stops at kMaxSlotBytes
-      {{10, 10, 10}, false},               // small again: the slot shrinks after this
+      {{10, 10, 10}, false},               // small again: the slot stays for kSlotMemory calls
+      {{200, 0, 100}, false},
+      {{0, 0, 1}, false},
+      {{5, 5, 5}, false},                  // the 4th small call: the slot shrinks after this
       {{200, 0, 100}, false},              // fits the shrunk slot
       {{kMin + 1, kMin + 1, kMin + 1}, true},  // every rank just over the slot
       {{0, 0, 1}, false},
   };
+  static_assert(GlooPeerGroup::kSlotMemory == 4, "the rounds above shrink the slot after 4 small calls");
   std::vector<absl::Status> status(kWorld);
   std::vector<std::vector<std::vector<std::string>>> got(kWorld);
   std::vector<std::vector<size_t>> slots(kWorld);
@@ -252,7 +299,8 @@ TEST_CASE("gloo: one collective per all-gather while messages fit the slot; grow
     }
     REQUIRE(slots[r][4] >= 6000);  // grew after the 5000-byte message
     REQUIRE(slots[r][6] == kMax);  // capped
-    REQUIRE(slots[r][8] < 1000);   // shrank after the small round
+    for (size_t k = 7; k <= 10; ++k) REQUIRE(slots[r][k] == kMax);  // kept while a recent call wanted it
+    REQUIRE(slots[r][11] < 1000);  // shrank after kSlotMemory small calls
   }
   std::filesystem::remove_all(dir);
 }
@@ -303,6 +351,115 @@ TEST_CASE("gloo: one rank's large messages overflow instead of padding every ran
     }
     REQUIRE(skewed_overflows[r] == kSkewed);  // rank 0's message never fits: the others are not padded to it
     REQUIRE(balanced_overflows[r] == 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Rank r's message size in round k of the all-gather checks below: empty,
+// uneven, one sender beyond the slot, every rank beyond it (uneven), and
+// mixes, so that both the slot's collective and the overflow's run with
+// zero-byte blocks somewhere.
+size_t PatternSize(int r, int world, int k) {
+  switch (k % 7) {
+    case 0: return 0;                                                             // all empty
+    case 1: return r % 3 == 1 ? 0 : static_cast<size_t>(r * 53 + 7 * k) % 240;   // uneven, within the slot
+    case 2: return r == world - 1 ? 3000 : 0;                                     // one sender, over the slot
+    case 3: return static_cast<size_t>(r + 1) * 700;                              // every rank over the slot
+    case 4: return r % 2 == 0 ? 5000 + static_cast<size_t>(r) : 1;                // half over, half tiny
+    case 5: return r == 0 ? 1 : 0;                                                // one tiny sender
+    default: return static_cast<size_t>(world - r) * 31;                          // uneven, decreasing
+  }
+}
+
+// Every rank's bytes in rank order on every rank, W = 1..9 (powers of two
+// and not), with the log all-gather (Bruck) or Gloo's ring.
+void CheckAllGatherPatterns(bool log_gather) {
+  constexpr int kRounds = 14;  // each pattern twice, with different slots the second time
+  const std::string dir = TempDir();
+  for (int world = 1; world <= 9; ++world) {
+    INFO("W = " << world << (log_gather ? ", log all-gather" : ", ring"));
+    std::vector<absl::Status> status(world);
+    std::vector<std::vector<std::vector<std::string>>> got(world);
+    std::vector<int> used_log(world, -1);
+    std::vector<uint64_t> overflows(world);
+    OnRanks(world, [&](int r) {
+      GlooPeerGroupOptions o = Opts(r, world, dir, "patterns" + std::to_string(world) + (log_gather ? "l" : "r"));
+      o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      used_log[r] = (*g)->UsesLogAllGather() ? 1 : 0;
+      const uint64_t start = (*g)->Overflows();
+      for (int k = 0; k < kRounds; ++k) {
+        auto out = (*g)->AllGather(Message(r, k, PatternSize(r, world, k)));
+        if (!out.ok()) {
+          status[r] = out.status();
+          return;
+        }
+        got[r].push_back(*out);
+      }
+      overflows[r] = (*g)->Overflows() - start;
+    });
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE(status[r].ok());
+      REQUIRE(used_log[r] == (log_gather ? 1 : 0));
+      REQUIRE(got[r].size() == static_cast<size_t>(kRounds));
+      for (int k = 0; k < kRounds; ++k) {
+        INFO("round " << k);
+        REQUIRE(got[r][k].size() == static_cast<size_t>(world));
+        for (int p = 0; p < world; ++p) REQUIRE(got[r][k][p] == Message(p, k, PatternSize(p, world, k)));
+      }
+      // The messages beyond the slot went through the second all-gather.
+      REQUIRE(overflows[r] >= 2);
+      REQUIRE(overflows[r] == overflows[0]);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gloo: the log all-gather (Bruck) gives every rank's bytes in rank order, W = 1..9", "[gloo]") {
+  CheckAllGatherPatterns(/*log_gather=*/true);
+}
+
+TEST_CASE("gloo: Gloo's ring gives the same, W = 1..9", "[gloo]") { CheckAllGatherPatterns(/*log_gather=*/false); }
+
+// A partitioned round's world-wide collectives alternate between a small
+// summary from every rank and the larger per-step token totals: the slot
+// must fit both, or one of them overflows in every round.
+TEST_CASE("gloo: all-gathers that alternate between two sizes keep one collective each", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 5;
+  constexpr int kCycles = 6;
+  constexpr size_t kSmall = 41, kLarge = 1140;  // > kMinSlotBytes, < kPaddingFactor x the mean
+  static_assert(kLarge > GlooPeerGroup::kMinSlotBytes);
+  std::vector<absl::Status> status(kWorld);
+  std::vector<uint64_t> overflows(kWorld);
+  std::vector<std::vector<std::string>> last(kWorld);
+  OnRanks(kWorld, [&](int r) {
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "alternate"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    const uint64_t start = (*g)->Overflows();
+    for (int k = 0; k < 2 * kCycles; ++k) {
+      auto out = (*g)->AllGather(Message(r, k, k % 2 == 0 ? kSmall : kLarge));
+      if (!out.ok()) {
+        status[r] = out.status();
+        return;
+      }
+      last[r] = *out;
+    }
+    overflows[r] = (*g)->Overflows() - start;
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    for (int p = 0; p < kWorld; ++p) REQUIRE(last[r][p] == Message(p, 2 * kCycles - 1, kLarge));
+    REQUIRE(overflows[r] == 1);  // the first large call only: the slot grew and stayed
   }
   std::filesystem::remove_all(dir);
 }
@@ -521,6 +678,98 @@ TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[g
     REQUIRE(status[r].ok());
     REQUIRE(steps_per_round[r] == steps_per_round[0]);
     REQUIRE(emitted[r] == 20u * (r + 1));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// LocalPlanner's plan, partitioned into blocks of kBlock ranks (Planner's
+// own PlanBlock plans a block as a world of its own): enough for the
+// Aligner's partitioned round without the global planner (src/balance).
+class BlockedLocalPlanner final : public Planner {
+ public:
+  BlockedLocalPlanner(PlannerConfig config, size_t block) : inner_(std::move(config)), block_(block) {}
+  RoundPlan Plan(const RoundState& state) const override { return inner_.Plan(state); }
+  const PlannerConfig& config() const override { return inner_.config(); }
+  std::string Name() const override { return "blocked-local"; }
+  size_t BlockRanks(size_t world) const override { return std::min(world, block_); }
+
+ private:
+  LocalPlanner inner_;
+  size_t block_;
+};
+
+// The partitioned round's world-wide collectives (every rank's summary, then
+// the token totals) over real Gloo, with few blocks (2 of 10 ranks) and
+// enough steps per round (20) that the totals are larger than the smallest
+// slot: after the first round, no round pays the overflow's second
+// all-gather, and every step's loss weights sum to W over the world.
+TEST_CASE("aligner over real gloo: a partitioned round's world-wide all-gathers fit the slot", "[gloo]") {
+  const std::string dir = TempDir();
+  constexpr int kWorld = 10;
+  constexpr size_t kBlock = 5;
+  constexpr uint32_t kSteps = 20;
+  constexpr int kRounds = 6;
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::vector<uint64_t>> overflows(kWorld);  // the world group's, after each round
+  std::vector<std::vector<std::vector<double>>> weights(kWorld);  // [rank][round][step]
+  OnRanks(kWorld, [&](int r) {
+    PlannerConfig cfg;
+    cfg.max_wait_rounds = 0;
+    auto g = GlooPeerGroup::Connect(Opts(r, kWorld, dir, "partitioned"));
+    if (!g.ok()) {
+      status[r] = g.status();
+      return;
+    }
+    Aligner aligner(g->get(), std::make_unique<BlockedLocalPlanner>(cfg, kBlock));
+    if (auto s = aligner.StartEpoch(0); !s.ok()) {
+      status[r] = s;
+      return;
+    }
+    // One sample per step (each near the budget), different per rank.
+    std::vector<SampleMeta> pending;
+    for (uint64_t i = 0; i < kSteps * kRounds; ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths.tokens = static_cast<uint32_t>(3000 + (i * 37 + static_cast<uint64_t>(r) * 101) % 1000);
+      pending.push_back(m);
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      RoundInput in{0, pending, kSteps, false};
+      auto res = aligner.RunRound(in);
+      if (!res.ok()) {
+        status[r] = res.status();
+        return;
+      }
+      if (res->steps.size() != kSteps) {
+        status[r] = absl::InternalError("round " + std::to_string(round) + " planned " +
+                                        std::to_string(res->steps.size()) + " steps");
+        return;
+      }
+      overflows[r].push_back((*g)->Overflows());
+      auto& w = weights[r].emplace_back();
+      for (const PlannedStep& s : res->steps) w.push_back(s.loss_weight);
+      std::erase_if(pending, [&](const SampleMeta& m) {
+        for (const SampleKey& k : res->keep_pending) {
+          if (k.id == m.id) return false;
+        }
+        return true;
+      });
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    REQUIRE(overflows[r].size() == static_cast<size_t>(kRounds));
+    INFO("overflows after round 1: " << overflows[r][1] << ", after the last: " << overflows[r].back());
+    REQUIRE(overflows[r].back() == overflows[r][1]);
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (uint32_t k = 0; k < kSteps; ++k) {
+      double sum = 0;
+      for (int r = 0; r < kWorld; ++r) sum += weights[r][round][k];
+      REQUIRE(sum == Approx(kWorld).epsilon(1e-12));
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -56,7 +56,13 @@ def test_four_daemons_measured_parsed_and_fitted(tmp_path):
         assert r["raw_p50_us"]["big"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 200
         assert r["raw_p50_us"]["big_sizes_allgatherv"] >= ((r["world"] - 1) * 65536 - burst) * 8 / 200
         assert r["round_p50_us_min"] <= r["round_p50_us_median"] <= r["round_p50_us_max"]
-        assert r["round_over_raw"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"]["msg"])
+        # Against the faster raw all-gather of the same bytes: Gloo's ring or Bruck's.
+        assert r["raw_p50_us"]["msg_bruck"] > 0 and r["raw_p50_us"]["big_bruck"] > 0
+        assert r["raw_p50_us"][r["raw_baseline"]] == min(r["raw_p50_us"]["msg"], r["raw_p50_us"]["msg_bruck"])
+        assert r["round_over_raw"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"][r["raw_baseline"]])
+        assert r["round_over_raw_ring"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"]["msg"])
+        # The daemon's peer group: ceil(log2 W) hops (Bruck) from 3 ranks up, the ring's W - 1 below.
+        assert r["hops"] == {2: 1, 4: 2}[r["world"]]
     model = result["model"]
     assert set(model) >= {"alpha_us_per_hop", "beta_us_per_byte_hop", "c0_us", "c1_us_per_hop"}
     extra = result["extrapolation"]
@@ -86,21 +92,28 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
     assert result["workload"]["partition_ranks"] == 2
     two, four = result["rows"]
     # W = 2 is one block (the daemon's unpartitioned round): the world-wide all-gather is its baseline.
-    assert two["partition"] is None and two["raw_baseline"] == "msg" and two["hops"] == 1
-    assert four["partition"]["block"] == 2 and four["raw_baseline"] == "partitioned"
+    assert two["partition"] is None and two["raw_baseline"] in ("msg", "msg_bruck") and two["hops"] == 1
+    assert four["partition"]["block"] == 2 and four["raw_baseline"] in ("partitioned", "partitioned_bruck")
     assert four["samples_trained"] == 4 * samples
-    # Two world-wide rings (3 hops each) and one in the block (1 hop).
-    assert four["hops"] == 2 * 3 + 1
-    parts = four["raw_p50_us"]["partitioned_parts"]
-    assert all(v > 0 for v in parts.values())
-    assert four["raw_p50_us"]["partitioned"] >= max(parts.values())
-    assert four["round_over_raw"] == pytest.approx(four["round_p50_us_median"] / four["raw_p50_us"]["partitioned"])
+    # The daemon: two world-wide log all-gathers (2 hops each) and one in the block (1 hop); the raw
+    # rings: 3 hops each world-wide.
+    assert four["hops"] == 2 * 2 + 1 and four["raw_ring_hops"] == 2 * 3 + 1 and four["raw_log_hops"] == 5
+    for variant in ("partitioned", "partitioned_bruck"):
+        parts = four["raw_p50_us"][variant + "_parts"]
+        assert all(v > 0 for v in parts.values())
+        assert four["raw_p50_us"][variant] >= max(parts.values())
+    raw = four["raw_p50_us"]
+    assert raw[four["raw_baseline"]] == min(raw["partitioned"], raw["partitioned_bruck"])
+    assert four["round_over_raw"] == pytest.approx(four["round_p50_us_median"] / raw[four["raw_baseline"]])
     extra = result["extrapolation"]
     assert extra["partitioned"] and extra["world"] == 2560 and extra["block"] == 256
     names = [c["name"] for c in extra["collectives"]]
     assert names[:3] == ["summary all-gather", "block all-gather", "token totals all-gather"]
     assert [c["ranks"] for c in extra["collectives"][:3]] == [2560, 256, 2560]
     assert extra["bytes_sent_per_rank"] == sum(c["bytes"] for c in extra["collectives"])
+    # Every rank sends its totals: nothing overflows the slots; odb's hops are Bruck's.
+    assert not any("overflow" in c["name"] for c in extra["collectives"])
+    assert [c["hops"] for c in extra["collectives"]] == [12, 8, 12]
     scenarios = extra["scenarios"]
     assert scenarios["own_cores_log_hops"]["hops"] < scenarios["own_cores_ring"]["hops"]
     for scenario in scenarios.values():
@@ -108,4 +121,4 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
         assert scenario["per_planned_step"]["gpu_7b_h100"] == pytest.approx(
             scenario["round_ms"] / extra["steps_per_round"] / extra["step_ms"]["gpu_7b_h100"])
     md = (tmp_path / "part.md").read_text()
-    assert "round / raw partitioned" in md and "| 4 | 2 |" in md
+    assert "raw partitioned, Bruck" in md and "| 4 | 2 |" in md
