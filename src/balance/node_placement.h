@@ -49,9 +49,14 @@ namespace odb::balance {
 // byte costs, ties broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
   uint32_t beam = 64;
-  uint32_t passes = 2;
+  uint32_t passes = 8;
   uint64_t work_base = 1u << 13;
   uint64_t work_per_sample = 2;
+  uint64_t small_step_samples = 256;  // a step of at most this many samples ...
+  uint64_t small_step_work = 1u << 18;  // ... may spend this much
+  uint32_t triple_beam = 128;
+  bool triples = true;        // after the pairs, re-split triples of nodes
+  uint32_t max_triples = 64;  // triples tried per pass, best scored first
 };
 
 struct NodePlacementStats {
@@ -59,6 +64,8 @@ struct NodePlacementStats {
   uint64_t inter_node_bytes_after = 0;
   uint64_t pairs_tried = 0;
   uint64_t pairs_improved = 0;
+  uint64_t triples_tried = 0;
+  uint64_t triples_improved = 0;
   uint64_t work = 0;  // state expansions spent
 };
 
