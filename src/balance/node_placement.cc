@@ -90,8 +90,9 @@ struct State {
 };
 
 uint32_t Side(const Key& key, int side) {
-  return side == 0 ? static_cast<uint32_t>(key.hi >> 32)
-                   : side == 1 ? static_cast<uint32_t>(key.hi) : static_cast<uint32_t>(key.lo);
+  return side == 0   ? static_cast<uint32_t>(key.hi >> 32)
+         : side == 1 ? static_cast<uint32_t>(key.hi)
+                     : static_cast<uint32_t>(key.lo);
 }
 
 void SetSide(Key& key, int side, uint32_t packed) {
@@ -162,10 +163,10 @@ class Placer {
       // Moves around a cycle of three nodes (A's sample leaves B for A, A's
       // short ones leave for C, C's for B) that no pair can make: after the
       // pairs, triples by the bytes their three pairs exchange.
-      if (options_.triples && nodes_ >= 3 && stats_.work < budget_work_) {
+      if (options_.triples && nodes_ >= 3 && !starved_) {
         uint32_t tried = 0;
         for (const auto& t : TriplesByExchange()) {
-          if (stats_.work >= budget_work_ || tried >= options_.max_triples) break;
+          if (starved_ || stats_.work >= budget_work_ || tried >= options_.max_triples) break;
           if (KnownToFail(t, 3)) continue;
           ++tried;
           ++stats_.triples_tried;
@@ -175,7 +176,7 @@ class Placer {
           }
         }
       }
-      if (!improved || stats_.work >= budget_work_) break;
+      if (!improved || starved_ || stats_.work >= budget_work_) break;
     }
     stats_.inter_node_bytes_after = InterNodeBytes(metas_, groups_, lws_);
     return stats_;
@@ -216,8 +217,8 @@ class Placer {
 
   // Triples of nodes {a, b, c} that contain an exchanging pair (a, b), by
   // the bytes all three of their pairs exchange, most first (ties: node
-  // ids); the third node may exchange nothing (it can lend room). At most
-  // max_triples, from the exchanging pairs in order: O(pairs * nodes).
+  // ids); the third node may exchange nothing (it can lend room). From the
+  // first max_triples exchanging pairs: O(max_triples * nodes) triples.
   std::vector<std::array<uint32_t, 3>> TriplesByExchange() const {
     const auto pairs = PairsByExchange();
     std::vector<std::pair<uint64_t, uint64_t>> between;  // (a * nodes + b, bytes), sorted
@@ -230,7 +231,8 @@ class Placer {
       return it != between.end() && it->first == key ? it->second : 0;
     };
     std::vector<std::pair<uint64_t, std::array<uint32_t, 3>>> scored;
-    for (const auto& [bytes, a, b] : pairs) {
+    for (size_t p = 0; p < pairs.size() && p < options_.max_triples; ++p) {
+      const auto& [bytes, a, b] = pairs[p];
       for (uint32_t c = 0; c < nodes_; ++c) {
         if (c == a || c == b) continue;
         std::array<uint32_t, 3> t = {a, b, c};
@@ -276,7 +278,14 @@ class Placer {
     const uint64_t left_work = budget_work_ - std::min(budget_work_, stats_.work);
     const uint64_t wanted = count == 3 ? options_.triple_beam : options_.beam;
     const uint64_t beam = std::min<uint64_t>(wanted, left_work / (count * m + 1));
-    if (beam < kMinBeam || m > kMaxSetSamples) return false;
+    if (m > kMaxSetSamples) return false;
+    if (beam < kMinBeam) {
+      // Too little work is left for this set: a later, smaller pair may
+      // still fit, but no triple (larger than the pairs it holds), and
+      // another pass would only find the budget spent.
+      starved_ = true;
+      return false;
+    }
     // The DP is a pure function of the set's samples and its beam: a set that
     // found nothing with the full beam finds nothing again until one of its
     // nodes changes (a later pass then skips it for free).
@@ -390,7 +399,8 @@ class Placer {
     ++generation_;
     size_t kept = 0;
     for (size_t i = 0; i < states.size(); ++i) {
-      uint64_t h = ((states[i].key.hi ^ (states[i].key.lo * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> 40;
+      uint64_t h =
+          ((states[i].key.hi ^ (states[i].key.lo * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> 40;
       while (true) {
         h &= mask;
         if (stamp_[h] != generation_) {
@@ -473,8 +483,9 @@ class Placer {
   double capacity_ = 0.0;
   uint64_t budget_work_ = 0;
   NodePlacementStats stats_;
-  std::vector<uint64_t> version_;  // per node: how many times Install changed it
-  std::map<Memo, Memo> failed_;  // set -> its nodes' versions
+  bool starved_ = false;                // a set was skipped for want of work: the step is done
+  std::vector<uint64_t> version_;       // per node: how many times Install changed it
+  std::map<Memo, Memo> failed_;         // set -> its nodes' versions
   std::vector<uint32_t> slot_, stamp_;  // Dedupe's table
   uint32_t generation_ = 0;
 };

@@ -154,7 +154,8 @@ TEST_CASE("two nodes: the re-split reaches the exhaustive minimum", "[node_place
   REQUIRE(improved >= 20);  // the random starts are mostly not optimal
 }
 
-TEST_CASE("three nodes: the triple re-split reaches the exhaustive minimum that pairs miss", "[node_placement]") {
+TEST_CASE("three nodes: the triple re-split reaches the exhaustive minimum that pairs miss",
+          "[node_placement]") {
   // Moves around a cycle (A's sample leaves B for A, A's short ones leave for
   // C, C's for B) are beyond any pair of nodes; a re-split of the three nodes
   // together finds them. One rank a node, <= 9 samples: 3^9 placements.
