@@ -5,8 +5,8 @@
     /usr/bin/python3 bench/exchange_optimum.py --bin bazel-bin/bench/scale_bench --out bench/results
 
 For 2, 4 and 8 nodes of --lws ranks, scale_bench runs production-shaped rounds
-(balance::GlobalPlanner, locality 0, with its node-pair re-split of each
-step, src/balance/node_placement.h; padded budget L_max 4096, step model
+(balance::GlobalPlanner, locality 0, with its node re-split of each step
+over pairs and triples of nodes, src/balance/node_placement.h; padded budget L_max 4096, step model
 a = 512, b = 1, chat_longtail lengths; smaller windows than production so that
 every instance is solved to optimality) and dumps the last round's steps
 (--dump-plan). For every step the planner made, an ILP solver (CBC by default; GLPK's
@@ -26,8 +26,11 @@ node (node = rank / lws). The ILP: x[s, r] = 1 if sample s runs on rank r;
 y[r, l] = 1 if rank r's longest sample has length level l (the step's
 distinct lengths); x[s, r] <= sum of y[r, l] over levels >= len(s); group
 size <= sum over l of cap(l) y[r, l], cap(l) = the most samples of longest
-length L_l that fit both the budget and the step time. Exact for the padded
-model with no per_len_sq term (what the benchmark uses; asserted).
+length L_l that fit both the budget and the step time (--model rank). The
+same minimum per node (--model node) and over counts per node and level
+(--model count, the default: the one that proves 8 nodes; see count_lp).
+Exact for the padded model with no per_len_sq term (what the benchmark
+uses; asserted).
 
 The planner's choice of which samples share a step is taken as given; the
 ratio compares how it spreads a step's samples over nodes with the best
@@ -357,10 +360,10 @@ def write(rows, args):
     out.mkdir(parents=True, exist_ok=True)
     (out / "exchange_optimum.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
-        f"Inter-node payload bytes of balance::GlobalPlanner's steps (locality 0, node-pair re-split) vs the exact "
-        f"minimum for the "
-        f"same samples per step ({args.solver}), {args.lws} ranks a node, window {args.window}, queue {args.queue}, "
-        f"last of {args.rounds} rounds.",
+        f"Inter-node payload bytes of balance::GlobalPlanner's steps (locality 0, node re-split over pairs and "
+        f"triples) vs the exact minimum for the same samples per step ({args.solver}, "
+        f"{'/'.join(sorted({r.get('model', 'node') for r in rows}))} model), {args.lws} ranks a node, "
+        f"window {args.window}, queue {args.queue}, last of {args.rounds} rounds.",
         "",
         "| nodes | W | seed | steps | samples | planner inter-node B | exact minimum B | ratio planner / minimum |",
         "|---|---|---|---|---|---|---|---|",

@@ -52,10 +52,11 @@ namespace odb::balance {
 // expansions for a step of n samples, and at least small_step_work when n <=
 // small_step_samples (a set that would overrun it runs with a narrower beam,
 // down to 8, or is skipped), so a step costs O(passes * n log n + its cap)
-// whatever its size. Defaults: steps of > 256 samples (W >= 64 in the scale
-// benchmark) spend what they did with pairs alone, ~9% of the planner's CPU
-// per step at W = 256 and 2560; steps of <= 256 samples (2-16 nodes of few
-// ranks) up to 2^18 expansions, a few ms of one core (docs/balancing.md).
+// whatever its size. Defaults: steps of > 256 samples (500-1000 in a block
+// of 256 ranks of the scale benchmark) spend what they did with pairs alone,
+// ~9% of the planner's CPU per step at W = 256 and 2560; steps of <= 256
+// samples (a few nodes of few ranks) up to 2^18 expansions, a few ms of one
+// core (docs/balancing.md).
 // Deterministic: a pure function of its inputs (integer byte costs, ties
 // broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
