@@ -5,8 +5,8 @@
     /usr/bin/python3 bench/exchange_optimum.py --bin bazel-bin/bench/scale_bench --out bench/results
 
 For 2, 4 and 8 nodes of --lws ranks, scale_bench runs production-shaped rounds
-(balance::GlobalPlanner, locality 0, with its node-pair re-split of each
-step, src/balance/node_placement.h; padded budget L_max 4096, step model
+(balance::GlobalPlanner, locality 0, with its node re-split of each step
+over pairs and triples of nodes, src/balance/node_placement.h; padded budget L_max 4096, step model
 a = 512, b = 1, chat_longtail lengths; smaller windows than production so that
 every instance is solved to optimality) and dumps the last round's steps
 (--dump-plan). For every step the planner made, an ILP solver (CBC by default; GLPK's
@@ -26,8 +26,11 @@ node (node = rank / lws). The ILP: x[s, r] = 1 if sample s runs on rank r;
 y[r, l] = 1 if rank r's longest sample has length level l (the step's
 distinct lengths); x[s, r] <= sum of y[r, l] over levels >= len(s); group
 size <= sum over l of cap(l) y[r, l], cap(l) = the most samples of longest
-length L_l that fit both the budget and the step time. Exact for the padded
-model with no per_len_sq term (what the benchmark uses; asserted).
+length L_l that fit both the budget and the step time (--model rank). The
+same minimum per node (--model node) and over counts per node and level
+(--model count, the default: the one that proves 8 nodes; see count_lp).
+Exact for the padded model with no per_len_sq term (what the benchmark
+uses; asserted).
 
 The planner's choice of which samples share a step is taken as given; the
 ratio compares how it spreads a step's samples over nodes with the best
@@ -103,7 +106,7 @@ def caps_of(levels, step, cfg, n):
 
 
 def node_lp(step, world, lws, cfg, require_nonempty):
-    """The same minimum as step_lp, per node instead of per rank (--model node, the default).
+    """The same minimum as step_lp, per node instead of per rank (--model node).
 
     z[s, n] = 1 if sample s runs on node n; w[n, l] = how many of node n's
     ranks run a group whose longest length is level l (sum over l = the
@@ -115,7 +118,7 @@ def node_lp(step, world, lws, cfg, require_nonempty):
     needs at least as many samples as ranks (a rank left without a sample
     takes the shortest one of a group of >= 2 and runs it at its own level).
     The ranks of a node are interchangeable, so the rank-level model's
-    symmetry is gone, and CBC proves the 8-node instances.
+    symmetry is gone.
     """
     samples = step["samples"]
     levels = sorted({s[2] for s in samples})
@@ -149,6 +152,91 @@ def node_lp(step, world, lws, cfg, require_nonempty):
         lines.append(" " + " ".join(f"z_{i}_{n}" for n in range(nodes)))
     lines.append("End")
     return "\n".join(lines) + "\n"
+
+
+def count_lp(step, world, lws, cfg, require_nonempty):
+    """The same minimum again, over counts instead of samples (--model count, the default).
+
+    Two facts shrink the node model to a few hundred integers. (1) Lengths
+    with the same cap(l) are one level: a group whose longest is L may as well
+    be counted at the longest length of L's cap class (same cap, admits more
+    samples), so a sample's level is the shortest such class top >= its
+    length. (2) Samples of one level are interchangeable to every constraint,
+    and a sample's cost depends only on whether it stays on its owner's node,
+    not on where it goes: so the model chooses y[n, l] (samples of level l
+    on node n), s[o, l] <= y[o, l] (samples of owner node o and level l that
+    stay home), and w[n, l] as in the node model, with Hall's condition on
+    y. The samples of (o, l) that leave are its cheapest ones: with their
+    payloads sorted ascending p_1 <= p_2 <= ..., moving m of them costs
+    p_1 + ... + p_m, a convex function of m, written as sum_k p_k d[o, l, k]
+    with 0 <= d <= 1 and sum_k d[o, l, k] = count(o, l) - s[o, l] (the LP
+    takes the cheapest increments first). A leaving sample counted onto its
+    own node would only be charged for nothing, so letting the leavers go
+    anywhere changes no optimum. Samples whose owner is no rank of the step
+    always count. Returns the LP text; the constant is in the objective as
+    the fixed variable `fixed` (= 1).
+    """
+    samples = step["samples"]
+    lengths = sorted({s[2] for s in samples})
+    caps = caps_of(lengths, step, cfg, len(samples))
+    tops, top_cap = [], []  # each cap class's longest length, and its cap
+    for length, c in zip(lengths, caps):
+        if top_cap and top_cap[-1] == c:
+            tops[-1] = length
+        else:
+            tops.append(length)
+            top_cap.append(c)
+    level = {length: next(l for l, top in enumerate(tops) if length <= top) for length in lengths}
+    nodes = (world + lws - 1) // lws
+    ranks = [min(world, (n + 1) * lws) - n * lws for n in range(nodes)]
+    levels = len(tops)
+    count = [0] * levels
+    homed = {}  # (owner node, level) -> payloads
+    fixed = 0
+    for _, owner, length, payload in samples:
+        count[level[length]] += 1
+        if 0 <= owner < world:
+            homed.setdefault((owner // lws, level[length]), []).append(payload)
+        else:
+            fixed += payload
+    lines = ["Minimize", " obj:"]
+    terms = [f"{fixed} fixed"]
+    for (o, l), pays in sorted(homed.items()):
+        terms += [f"{p} d_{o}_{l}_{k}" for k, p in enumerate(sorted(pays))]
+    lines.append("  " + " + ".join(terms))
+    lines.append("Subject To")
+    lines.append(" fix: fixed = 1")
+    for (o, l), pays in sorted(homed.items()):
+        lines.append(f" leave_{o}_{l}: " + " + ".join(f"d_{o}_{l}_{k}" for k in range(len(pays))) +
+                     f" + s_{o}_{l} = {len(pays)}")
+        lines.append(f" stay_{o}_{l}: s_{o}_{l} - y_{o}_{l} <= 0")
+    for l in range(levels):
+        lines.append(f" cover_{l}: " + " + ".join(f"y_{n}_{l}" for n in range(nodes)) + f" = {count[l]}")
+    for n in range(nodes):
+        lines.append(f" ranks_{n}: " + " + ".join(f"w_{n}_{l}" for l in range(levels)) + f" = {ranks[n]}")
+        for j in range(levels):
+            lines.append(f" hall_{n}_{j}: " + " + ".join(f"y_{n}_{l}" for l in range(j, levels)) + " - " +
+                         " - ".join(f"{top_cap[l]} w_{n}_{l}" for l in range(j, levels)) + " <= 0")
+        if require_nonempty:
+            lines.append(f" some_{n}: " + " + ".join(f"y_{n}_{l}" for l in range(levels)) + f" >= {ranks[n]}")
+    lines.append("Bounds")
+    for (o, l), pays in sorted(homed.items()):
+        lines += [f" 0 <= d_{o}_{l}_{k} <= 1" for k in range(len(pays))]
+        lines.append(f" 0 <= s_{o}_{l} <= {len(pays)}")
+    for n in range(nodes):
+        for l in range(levels):
+            lines.append(f" 0 <= w_{n}_{l} <= {ranks[n]}")
+            lines.append(f" 0 <= y_{n}_{l} <= {count[l]}")
+    lines.append("General")
+    lines.append(" " + " ".join(f"s_{o}_{l}" for (o, l) in sorted(homed)))
+    for n in range(nodes):
+        lines.append(" " + " ".join(f"w_{n}_{l}" for l in range(levels)))
+        lines.append(" " + " ".join(f"y_{n}_{l}" for l in range(levels)))
+    lines.append("End")
+    return "\n".join(lines) + "\n"
+
+
+MODELS = {"count": count_lp, "node": node_lp, "rank": step_lp}
 
 
 def solve(lp_text, tmlim, solver):
@@ -202,9 +290,10 @@ def main():
     p.add_argument("--tmlim", type=int, default=120, help="solver time limit per step, seconds")
     p.add_argument("--solver", choices=["cbc", "glpk"], default="cbc",
                    help="cbc (coinor-cbc) or glpk (glpsol, the same LP file; ~10x slower on these models)")
-    p.add_argument("--model", choices=["node", "rank"], default="node",
-                   help="node: z[sample, node] + groups per level per node (exact, no rank symmetry; default); "
-                        "rank: x[sample, rank] + a level per rank (the same minimum, far slower to prove)")
+    p.add_argument("--model", choices=sorted(MODELS), default="count",
+                   help="count: samples per level per node, stays per owner node and level (default; proves "
+                        "8 nodes); node: z[sample, node] + groups per level per node; rank: x[sample, rank] + "
+                        "a level per rank (the same minimum, ever slower to prove)")
     p.add_argument("--from-json", default=None, help="rewrite the table from this exchange_optimum.json, no runs")
     args = p.parse_args()
     if args.from_json:
@@ -226,8 +315,7 @@ def main():
             all_optimal = True
             for step in plan["steps"]:
                 ranks_used = {s[0] for s in step["samples"]}
-                model = node_lp if args.model == "node" else step_lp
-                lp = model(step, world, args.lws, plan, require_nonempty=len(ranks_used) == world)
+                lp = MODELS[args.model](step, world, args.lws, plan, require_nonempty=len(ranks_used) == world)
                 status, obj, bound = solve(lp, args.tmlim, args.solver)
                 mine = planner_inter(step, args.lws)
                 optimal = status.startswith("INTEGER OPTIMAL") and obj is not None
@@ -272,10 +360,10 @@ def write(rows, args):
     out.mkdir(parents=True, exist_ok=True)
     (out / "exchange_optimum.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
-        f"Inter-node payload bytes of balance::GlobalPlanner's steps (locality 0, node-pair re-split) vs the exact "
-        f"minimum for the "
-        f"same samples per step ({args.solver}), {args.lws} ranks a node, window {args.window}, queue {args.queue}, "
-        f"last of {args.rounds} rounds.",
+        f"Inter-node payload bytes of balance::GlobalPlanner's steps (locality 0, node re-split over pairs and "
+        f"triples) vs the exact minimum for the same samples per step ({args.solver}, "
+        f"{'/'.join(sorted({r.get('model', 'node') for r in rows}))} model), {args.lws} ranks a node, "
+        f"window {args.window}, queue {args.queue}, last of {args.rounds} rounds.",
         "",
         "| nodes | W | seed | steps | samples | planner inter-node B | exact minimum B | ratio planner / minimum |",
         "|---|---|---|---|---|---|---|---|",

@@ -619,7 +619,7 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   }
   std::vector<Members> by_rank(world);
   for (size_t b = 0; b < bins.size(); ++b) by_rank[rank_of_bin[b]] = std::move(bins[b]);
-  // Node-aware re-split of the step's samples between pairs of nodes, within
+  // Node-aware re-split of the step's samples between pairs and triples of nodes, within
   // the step time just reached (node_placement.h; issue 22, item 4).
   PlaceOnNodes(cfg.budget, cfg.step_model, pool.metas, by_rank, lws);
   return by_rank;

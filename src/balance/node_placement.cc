@@ -1,8 +1,10 @@
 #include "src/balance/node_placement.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <tuple>
 #include <utility>
 
@@ -62,30 +64,53 @@ uint32_t Cap(const grouping::Budget& budget, const grouping::StepTimeModel& mode
   return cap;
 }
 
-// A pair's DP state, packed: per node (A in the high half, B in the low
-// half) 8 bits of groups opened, 8 bits of samples taken (capped at the
-// node's ranks: only "a sample for every rank" matters) and 16 bits of room
-// left in the open group (capped at the samples still to place: more room
-// is worth nothing). Hence ranks per node <= 255 and pairs of <= 65535
-// samples (ImprovePair skips others).
+// A DP state over a set of two or three nodes, packed: per node 8 bits of
+// groups opened, 8 bits of samples taken (capped at the node's ranks: only "a
+// sample for every rank" matters) and 16 bits of room left in the open group
+// (capped at the samples still to place: more room is worth nothing); node 0
+// of the set in the high half of `hi`, node 1 in its low half, node 2 in
+// `lo`. Hence ranks per node <= 255 and sets of <= 65535 samples (ImproveSet
+// skips others).
 constexpr uint32_t kMaxRanks = 255;
-constexpr size_t kMaxPairSamples = 65535;
-// Narrower beams than this are not worth a pair's setup.
+constexpr size_t kMaxSetSamples = 65535;
+// Narrower beams than this are not worth a set's setup.
 constexpr uint64_t kMinBeam = 8;
 
-struct State {
-  uint64_t key = 0;
-  uint64_t cost = 0;
-  uint32_t from = 0;  // index in the previous layer << 1 | (the layer's sample went to node B)
+struct Key {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  bool operator==(const Key& o) const { return hi == o.hi && lo == o.lo; }
+  bool operator<(const Key& o) const { return hi != o.hi ? hi < o.hi : lo < o.lo; }
 };
 
-// Adds a sample to the side `half` of `key`: into the open group while it has
+struct State {
+  Key key;
+  uint64_t cost = 0;
+  uint32_t from = 0;  // index in the previous layer << 2 | the set's node the layer's sample went to
+};
+
+uint32_t Side(const Key& key, int side) {
+  return side == 0   ? static_cast<uint32_t>(key.hi >> 32)
+         : side == 1 ? static_cast<uint32_t>(key.hi)
+                     : static_cast<uint32_t>(key.lo);
+}
+
+void SetSide(Key& key, int side, uint32_t packed) {
+  if (side == 0) {
+    key.hi = (key.hi & 0xffffffffull) | (static_cast<uint64_t>(packed) << 32);
+  } else if (side == 1) {
+    key.hi = (key.hi & ~0xffffffffull) | packed;
+  } else {
+    key.lo = packed;
+  }
+}
+
+// Adds a sample to node `side` of the set: into the open group while it has
 // room, else into a new group of room cap - 1 (capped at `left`, the samples
 // after this one). False when the node has no group left to open.
-bool Take(uint64_t& key, int half, uint32_t ranks, uint32_t cap, uint32_t left) {
-  const int shift = half == 0 ? 32 : 0;
-  const auto side = static_cast<uint32_t>(key >> shift);
-  uint32_t opened = side >> 24, taken = (side >> 16) & 0xff, room = side & 0xffff;
+bool Take(Key& key, int side, uint32_t ranks, uint32_t cap, uint32_t left) {
+  const uint32_t packed = Side(key, side);
+  uint32_t opened = packed >> 24, taken = (packed >> 16) & 0xff, room = packed & 0xffff;
   if (room > 0) {
     --room;
   } else if (opened < ranks && cap > 0) {
@@ -95,14 +120,11 @@ bool Take(uint64_t& key, int half, uint32_t ranks, uint32_t cap, uint32_t left) 
     return false;
   }
   taken = std::min(taken + 1, ranks);
-  const uint64_t packed = (opened << 24) | (taken << 16) | room;
-  key = (key & ~(0xffffffffull << shift)) | (packed << shift);
+  SetSide(key, side, (opened << 24) | (taken << 16) | room);
   return true;
 }
 
-uint32_t Taken(uint64_t key, int half) {
-  return static_cast<uint32_t>(key >> (half == 0 ? 32 : 0)) >> 16 & 0xff;
-}
+uint32_t Taken(const Key& key, int side) { return Side(key, side) >> 16 & 0xff; }
 
 class Placer {
  public:
@@ -120,22 +142,41 @@ class Placer {
       capacity_ = std::max(capacity_, GroupTime(model_, g.size(), longest));
     }
     samples_ = n;
+    version_.assign(nodes_, 0);
     budget_work_ = std::max(options_.work_base, options_.work_per_sample * n);
+    if (n <= options_.small_step_samples) budget_work_ = std::max(budget_work_, options_.small_step_work);
   }
 
   NodePlacementStats Run() {
     stats_.inter_node_bytes_before = InterNodeBytes(metas_, groups_, lws_);
     for (uint32_t pass = 0; pass < options_.passes; ++pass) {
       bool improved = false;
-      for (const auto& [a, b] : PairsByExchange()) {
+      const auto pairs = PairsByExchange();
+      for (const auto& [bytes, a, b] : pairs) {
         if (stats_.work >= budget_work_) break;
         ++stats_.pairs_tried;
-        if (ImprovePair(a, b)) {
+        if (ImproveSet({a, b, a}, 2)) {
           ++stats_.pairs_improved;
           improved = true;
         }
       }
-      if (!improved || stats_.work >= budget_work_) break;
+      // Moves around a cycle of three nodes (A's sample leaves B for A, A's
+      // short ones leave for C, C's for B) that no pair can make: after the
+      // pairs, triples by the bytes their three pairs exchange.
+      if (options_.triples && nodes_ >= 3 && !starved_) {
+        uint32_t tried = 0;
+        for (const auto& t : TriplesByExchange()) {
+          if (starved_ || stats_.work >= budget_work_ || tried >= options_.max_triples) break;
+          if (KnownToFail(t, 3)) continue;
+          ++tried;
+          ++stats_.triples_tried;
+          if (ImproveSet(t, 3)) {
+            ++stats_.triples_improved;
+            improved = true;
+          }
+        }
+      }
+      if (!improved || starved_ || stats_.work >= budget_work_) break;
     }
     stats_.inter_node_bytes_after = InterNodeBytes(metas_, groups_, lws_);
     return stats_;
@@ -145,9 +186,9 @@ class Placer {
   size_t FirstRank(uint32_t node) const { return static_cast<size_t>(node) * lws_; }
   size_t EndRank(uint32_t node) const { return std::min(world_, FirstRank(node) + lws_); }
 
-  // Node pairs that exchange bytes (a sample of one's runs on the other),
-  // most bytes first, ties by node ids.
-  std::vector<std::pair<uint32_t, uint32_t>> PairsByExchange() const {
+  // Bytes exchanged by each pair of nodes (a sample of one's runs on the
+  // other), most bytes first, ties by node ids: (bytes, a, b), a < b.
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> PairsByExchange() const {
     std::vector<std::pair<uint64_t, uint64_t>> flows;  // (a * nodes + b with a < b, bytes)
     for (size_t r = 0; r < world_; ++r) {
       const auto here = static_cast<int32_t>(r / lws_);
@@ -159,22 +200,53 @@ class Placer {
       }
     }
     std::sort(flows.begin(), flows.end());
-    std::vector<std::pair<uint64_t, uint64_t>> merged;  // (bytes, pair key)
+    std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> out;
     for (const auto& [key, bytes] : flows) {
-      if (!merged.empty() && merged.back().second == key) {
-        merged.back().first += bytes;
+      const auto a = static_cast<uint32_t>(key / nodes_), b = static_cast<uint32_t>(key % nodes_);
+      if (!out.empty() && std::get<1>(out.back()) == a && std::get<2>(out.back()) == b) {
+        std::get<0>(out.back()) += bytes;
       } else {
-        merged.emplace_back(bytes, key);
+        out.emplace_back(bytes, a, b);
       }
     }
-    std::sort(merged.begin(), merged.end(), [](const auto& x, const auto& y) {
+    std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) {
+      return std::get<0>(x) != std::get<0>(y) ? std::get<0>(x) > std::get<0>(y) : x < y;
+    });
+    return out;
+  }
+
+  // Triples of nodes {a, b, c} that contain an exchanging pair (a, b), by
+  // the bytes all three of their pairs exchange, most first (ties: node
+  // ids); the third node may exchange nothing (it can lend room). From the
+  // first max_triples exchanging pairs: O(max_triples * nodes) triples.
+  std::vector<std::array<uint32_t, 3>> TriplesByExchange() const {
+    const auto pairs = PairsByExchange();
+    std::vector<std::pair<uint64_t, uint64_t>> between;  // (a * nodes + b, bytes), sorted
+    between.reserve(pairs.size());
+    for (const auto& [bytes, a, b] : pairs) between.emplace_back(a * nodes_ + b, bytes);
+    std::sort(between.begin(), between.end());
+    auto exchange = [&](uint64_t x, uint64_t y) -> uint64_t {
+      const uint64_t key = std::min(x, y) * nodes_ + std::max(x, y);
+      auto it = std::lower_bound(between.begin(), between.end(), std::make_pair(key, uint64_t{0}));
+      return it != between.end() && it->first == key ? it->second : 0;
+    };
+    std::vector<std::pair<uint64_t, std::array<uint32_t, 3>>> scored;
+    for (size_t p = 0; p < pairs.size() && p < options_.max_triples; ++p) {
+      const auto& [bytes, a, b] = pairs[p];
+      for (uint32_t c = 0; c < nodes_; ++c) {
+        if (c == a || c == b) continue;
+        std::array<uint32_t, 3> t = {a, b, c};
+        std::sort(t.begin(), t.end());
+        scored.emplace_back(bytes + exchange(a, c) + exchange(b, c), t);
+      }
+    }
+    std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) {
       return x.first != y.first ? x.first > y.first : x.second < y.second;
     });
-    std::vector<std::pair<uint32_t, uint32_t>> out;
-    out.reserve(merged.size());
-    for (const auto& [bytes, key] : merged) {
-      out.emplace_back(static_cast<uint32_t>(key / nodes_), static_cast<uint32_t>(key % nodes_));
-    }
+    scored.erase(std::unique(scored.begin(), scored.end()), scored.end());
+    std::vector<std::array<uint32_t, 3>> out;
+    out.reserve(scored.size());
+    for (const auto& [score, t] : scored) out.push_back(t);
     return out;
   }
 
@@ -182,39 +254,70 @@ class Placer {
     return OwnerNode(metas_[i], world_, lws_) == static_cast<int32_t>(node) ? 0 : metas_[i].payload_bytes;
   }
 
-  // Re-splits the samples of nodes a and b (see the header); true when it
-  // strictly lowered their inter-node bytes.
-  bool ImprovePair(uint32_t a, uint32_t b) {
+  using Memo = std::array<uint64_t, 3>;
+  static Memo MemoKey(const std::array<uint32_t, 3>& set, int count) {
+    return {set[0], set[1], count == 3 ? uint64_t{set[2]} : ~uint64_t{0}};
+  }
+  Memo Versions(const std::array<uint32_t, 3>& set, int count) const {
+    return {version_[set[0]], version_[set[1]], count == 3 ? version_[set[2]] : 0};
+  }
+  bool KnownToFail(const std::array<uint32_t, 3>& set, int count) const {
+    auto it = failed_.find(MemoKey(set, count));
+    return it != failed_.end() && it->second == Versions(set, count);
+  }
+
+  // Re-splits the samples of the first `count` (2 or 3) nodes of `set` (see
+  // the header); true when it strictly lowered their inter-node bytes.
+  bool ImproveSet(const std::array<uint32_t, 3>& set, int count) {
     size_t m = 0;
-    for (uint32_t node : {a, b}) {
-      for (size_t r = FirstRank(node); r < EndRank(node); ++r) m += groups_[r].size();
+    for (int s = 0; s < count; ++s) {
+      for (size_t r = FirstRank(set[s]); r < EndRank(set[s]); ++r) m += groups_[r].size();
     }
-    // At most 2 * m * beam expansions (plus m to set up): a pair that would
+    // At most count * m * beam expansions (plus m to set up): a set that would
     // overrun the step's work budget runs with a narrower beam, or not at all.
     const uint64_t left_work = budget_work_ - std::min(budget_work_, stats_.work);
-    const uint64_t beam = std::min<uint64_t>(options_.beam, left_work / (2 * m + 1));
-    if (beam < kMinBeam || m > kMaxPairSamples) return false;
+    const uint64_t wanted = count == 3 ? options_.triple_beam : options_.beam;
+    const uint64_t beam = std::min<uint64_t>(wanted, left_work / (count * m + 1));
+    if (m > kMaxSetSamples) return false;
+    if (beam < kMinBeam) {
+      // Too little work is left for this set: a later, smaller pair may
+      // still fit, but no triple (larger than the pairs it holds), and
+      // another pass would only find the budget spent.
+      starved_ = true;
+      return false;
+    }
+    // The DP is a pure function of the set's samples and its beam: a set that
+    // found nothing with the full beam finds nothing again until one of its
+    // nodes changes (a later pass then skips it for free).
+    if (KnownToFail(set, count)) return false;
+    const auto memo_key = MemoKey(set, count);
+    const auto versions = Versions(set, count);
+    const bool full_beam = beam == wanted;
+    auto fail = [&]() {
+      if (full_beam) failed_[memo_key] = versions;
+      return false;
+    };
     stats_.work += m;
     std::vector<size_t> u;
     u.reserve(m);
     uint64_t current = 0;
-    for (uint32_t node : {a, b}) {
-      for (size_t r = FirstRank(node); r < EndRank(node); ++r) {
+    for (int s = 0; s < count; ++s) {
+      for (size_t r = FirstRank(set[s]); r < EndRank(set[s]); ++r) {
         for (size_t i : groups_[r]) {
           u.push_back(i);
-          current += CostOn(i, node);
+          current += CostOn(i, set[s]);
         }
       }
     }
-    if (current == 0) return false;
+    if (current == 0) return fail();
     std::sort(u.begin(), u.end(), [&](size_t x, size_t y) {
       const SampleMeta& mx = metas_[x];
       const SampleMeta& my = metas_[y];
       if (mx.lengths.tokens != my.lengths.tokens) return mx.lengths.tokens > my.lengths.tokens;
       return std::tie(mx.owner_rank, mx.id) < std::tie(my.owner_rank, my.id);
     });
-    const auto ka = static_cast<uint32_t>(EndRank(a) - FirstRank(a));
-    const auto kb = static_cast<uint32_t>(EndRank(b) - FirstRank(b));
+    std::array<uint32_t, 3> ranks{};
+    for (int s = 0; s < count; ++s) ranks[s] = static_cast<uint32_t>(EndRank(set[s]) - FirstRank(set[s]));
     const auto limit =
         static_cast<uint32_t>(std::min<size_t>(u.size(), std::numeric_limits<uint32_t>::max()));
     std::vector<uint32_t> cap(u.size());
@@ -229,14 +332,15 @@ class Placer {
     std::vector<State> layer = {State{}}, next;
     for (size_t k = 0; k < u.size(); ++k) {
       next.clear();
-      stats_.work += 2 * layer.size();
-      const uint64_t on_a = CostOn(u[k], a), on_b = CostOn(u[k], b);
+      stats_.work += count * layer.size();
+      std::array<uint64_t, 3> on{};
+      for (int s = 0; s < count; ++s) on[s] = CostOn(u[k], set[s]);
       const auto left = static_cast<uint32_t>(u.size() - k - 1);
       for (uint32_t p = 0; p < layer.size(); ++p) {
-        State sa{layer[p].key, layer[p].cost + on_a, p << 1};
-        if (Take(sa.key, 0, ka, cap[k], left)) next.push_back(sa);
-        State sb{layer[p].key, layer[p].cost + on_b, p << 1 | 1};
-        if (Take(sb.key, 1, kb, cap[k], left)) next.push_back(sb);
+        for (int s = 0; s < count; ++s) {
+          State t{layer[p].key, layer[p].cost + on[s], p << 2 | static_cast<uint32_t>(s)};
+          if (Take(t.key, s, ranks[s], cap[k], left)) next.push_back(t);
+        }
       }
       Dedupe(next);
       if (next.size() > beam) {
@@ -245,36 +349,39 @@ class Placer {
         });
         next.resize(beam);
       }
-      if (next.empty()) return false;
+      if (next.empty()) return fail();
       froms[k].resize(next.size());
       for (size_t s = 0; s < next.size(); ++s) froms[k][s] = next[s].from;
       layer.swap(next);
     }
-    // The cheapest end state where both nodes have a sample for every rank.
+    // The cheapest end state where every node has a sample for every rank.
     size_t best = layer.size();
     for (size_t s = 0; s < layer.size(); ++s) {
-      if (Taken(layer[s].key, 0) < ka || Taken(layer[s].key, 1) < kb) continue;
+      bool full = true;
+      for (int n = 0; n < count; ++n) full &= Taken(layer[s].key, n) >= ranks[n];
+      if (!full) continue;
       if (best == layer.size() || layer[s].cost < layer[best].cost ||
           (layer[s].cost == layer[best].cost && layer[s].key < layer[best].key)) {
         best = s;
       }
     }
-    if (best == layer.size() || layer[best].cost >= current) return false;
-    std::vector<uint8_t> to_b(u.size());
+    if (best == layer.size() || layer[best].cost >= current) return fail();
+    std::vector<uint8_t> to(u.size());
     for (size_t k = u.size(), s = best; k > 0; --k) {
-      to_b[k - 1] = froms[k - 1][s] & 1;
-      s = froms[k - 1][s] >> 1;
+      to[k - 1] = froms[k - 1][s] & 3;
+      s = froms[k - 1][s] >> 2;
     }
-    std::vector<size_t> share_a, share_b;
-    std::vector<uint32_t> cap_a, cap_b;
+    std::array<std::vector<size_t>, 3> share;
+    std::array<std::vector<uint32_t>, 3> share_cap;
     for (size_t k = 0; k < u.size(); ++k) {
-      (to_b[k] ? share_b : share_a).push_back(u[k]);
-      (to_b[k] ? cap_b : cap_a).push_back(cap[k]);
+      share[to[k]].push_back(u[k]);
+      share_cap[to[k]].push_back(cap[k]);
     }
-    std::vector<std::vector<size_t>> packed_a, packed_b;
-    if (!Pack(share_a, cap_a, ka, packed_a) || !Pack(share_b, cap_b, kb, packed_b)) return false;
-    Install(a, std::move(packed_a));
-    Install(b, std::move(packed_b));
+    std::array<std::vector<std::vector<size_t>>, 3> packed;
+    for (int s = 0; s < count; ++s) {
+      if (!Pack(share[s], share_cap[s], ranks[s], packed[s])) return fail();
+    }
+    for (int s = 0; s < count; ++s) Install(set[s], std::move(packed[s]));
     return true;
   }
 
@@ -292,7 +399,8 @@ class Placer {
     ++generation_;
     size_t kept = 0;
     for (size_t i = 0; i < states.size(); ++i) {
-      uint64_t h = (states[i].key * 0x9E3779B97F4A7C15ull) >> 40;
+      uint64_t h =
+          ((states[i].key.hi ^ (states[i].key.lo * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> 40;
       while (true) {
         h &= mask;
         if (stamp_[h] != generation_) {
@@ -360,6 +468,7 @@ class Placer {
     }
     const std::vector<int> rank_of = MaxWeightAssignment(w);
     for (size_t g = 0; g < k; ++g) groups_[first + rank_of[g]] = std::move(packed[g]);
+    ++version_[node];
   }
 
   const grouping::Budget& budget_;
@@ -374,6 +483,9 @@ class Placer {
   double capacity_ = 0.0;
   uint64_t budget_work_ = 0;
   NodePlacementStats stats_;
+  bool starved_ = false;                // a set was skipped for want of work: the step is done
+  std::vector<uint64_t> version_;       // per node: how many times Install changed it
+  std::map<Memo, Memo> failed_;         // set -> its nodes' versions
   std::vector<uint32_t> slot_, stamp_;  // Dedupe's table
   uint32_t generation_ = 0;
 };

@@ -15,7 +15,7 @@ namespace odb::balance {
 // The global planner balances a step first and only then decides where its
 // groups run, so a group mixes samples of many owner nodes and a permutation
 // of whole groups keeps few of them on their node. This pass re-splits the
-// samples of the step between the ranks of two nodes at a time so that fewer
+// samples of the step between the ranks of two (or three) nodes at a time so that fewer
 // payload bytes cross a node boundary, without raising the step time (the
 // slowest rank's grouping::StepTime) and keeping every budget.
 //
@@ -34,24 +34,41 @@ namespace odb::balance {
 // permuted over its ranks to keep the most bytes on their owner rank.
 // Other models are left alone (NodePlacementApplies is false).
 //
-// Pairs are taken by the bytes they exchange, largest first (ties: lower
-// node ids), for at most `passes` sweeps while a sweep improves. Cost: a
-// pair of m samples costs O(m * beam) state expansions (at most `beam`
-// states are kept per sample: exact while no layer has more, else the
-// `beam` cheapest, a heuristic; either way the pair's current placement is
-// kept unless strictly beaten, so the result is never worse).
-// The whole step's DP work is capped at max(work_base, work_per_sample * n)
-// state expansions for a step of n samples (a pair that would overrun it
-// runs with a narrower beam, down to 8, or is skipped), so a step costs
-// O(passes * n log n + max(work_base, work_per_sample * n)) whatever its
-// size (defaults: ~9% of the planner's CPU per step at W = 256 and 2560,
-// docs/balancing.md). Deterministic: a pure function of its inputs (integer
-// byte costs, ties broken by state and sample keys), the same on every rank.
+// The same DP runs over three nodes at once (state per node as above, three
+// choices per sample): moves around a cycle (A's sample leaves B for A, A's
+// short ones leave for C, C's for B) that no pair can make.
+//
+// A pass takes the pairs by the bytes they exchange, largest first (ties:
+// lower node ids), then (with `triples`) up to max_triples triples that hold
+// an exchanging pair, by the bytes their three pairs exchange; at most
+// `passes` passes while one improves. A set whose nodes have not changed
+// since its search found nothing is skipped (the DP is a pure function of
+// the set's samples). Cost: a set of c nodes and m samples costs
+// O(c * m * beam) state expansions (at most `beam`, for triples
+// `triple_beam`, states are kept per sample: exact while no layer has more,
+// else the cheapest, a heuristic; either way the set's current placement is
+// kept unless strictly beaten, so the result is never worse). The whole
+// step's DP work is capped at max(work_base, work_per_sample * n) state
+// expansions for a step of n samples, and at least small_step_work when n <=
+// small_step_samples (a set that would overrun it runs with a narrower beam,
+// down to 8, or is skipped), so a step costs O(passes * n log n + its cap)
+// whatever its size. Defaults: steps of > 256 samples (500-1000 in a block
+// of 256 ranks of the scale benchmark) spend what they did with pairs alone,
+// ~9% of the planner's CPU per step at W = 256 and 2560; steps of <= 256
+// samples (a few nodes of few ranks) up to 2^18 expansions, a few ms of one
+// core (docs/balancing.md).
+// Deterministic: a pure function of its inputs (integer byte costs, ties
+// broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
   uint32_t beam = 64;
-  uint32_t passes = 2;
+  uint32_t passes = 8;
   uint64_t work_base = 1u << 13;
   uint64_t work_per_sample = 2;
+  uint64_t small_step_samples = 256;    // a step of at most this many samples ...
+  uint64_t small_step_work = 1u << 18;  // ... may spend this much
+  uint32_t triple_beam = 128;
+  bool triples = true;        // after the pairs, re-split triples of nodes
+  uint32_t max_triples = 64;  // triples tried per pass, best scored first
 };
 
 struct NodePlacementStats {
@@ -59,6 +76,8 @@ struct NodePlacementStats {
   uint64_t inter_node_bytes_after = 0;
   uint64_t pairs_tried = 0;
   uint64_t pairs_improved = 0;
+  uint64_t triples_tried = 0;
+  uint64_t triples_improved = 0;
   uint64_t work = 0;  // state expansions spent
 };
 

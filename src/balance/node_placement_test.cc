@@ -154,6 +154,52 @@ TEST_CASE("two nodes: the re-split reaches the exhaustive minimum", "[node_place
   REQUIRE(improved >= 20);  // the random starts are mostly not optimal
 }
 
+TEST_CASE("three nodes: the triple re-split reaches the exhaustive minimum that pairs miss",
+          "[node_placement]") {
+  // Moves around a cycle (A's sample leaves B for A, A's short ones leave for
+  // C, C's for B) are beyond any pair of nodes; a re-split of the three nodes
+  // together finds them. One rank a node, <= 9 samples: 3^9 placements.
+  const grouping::StepTimeModel model;
+  std::mt19937_64 rng(23);
+  int cases = 0, pairs_missed = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    grouping::Budget budget;
+    budget.max_tokens = trial % 3 == 0 ? 2048 : 4096;
+    const uint32_t lws = 1;
+    const size_t world = 3;
+    const size_t n = 5 + rng() % 5;
+    std::vector<SampleMeta> metas;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t tokens = 50 + static_cast<uint32_t>(rng() % 1200);
+      metas.push_back(Meta(i, static_cast<int32_t>(rng() % world), tokens));
+    }
+    Groups groups(world);
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t k = 0; k < n; ++k) groups[k < world ? k : rng() % world].push_back(order[k]);
+    bool fits = true;
+    for (const auto& g : groups) fits = fits && GroupFits(budget, metas, g);
+    if (!fits) continue;
+    ++cases;
+    const Groups before = groups;
+    const uint64_t minimum = BruteForceMinimum(budget, model, metas, before, lws);
+    INFO("trial " << trial);
+    Groups pairs_only = groups;
+    NodePlacementOptions no_triples;
+    no_triples.triples = false;
+    PlaceOnNodes(budget, model, metas, pairs_only, lws, no_triples);
+    RequireValid(budget, model, metas, before, pairs_only, lws);
+    pairs_missed += InterNodeBytes(metas, pairs_only, lws) > minimum ? 1 : 0;
+    const NodePlacementStats stats = PlaceOnNodes(budget, model, metas, groups, lws);
+    RequireValid(budget, model, metas, before, groups, lws);
+    REQUIRE(stats.inter_node_bytes_after == InterNodeBytes(metas, groups, lws));
+    REQUIRE(InterNodeBytes(metas, groups, lws) == minimum);
+  }
+  REQUIRE(cases >= 60);
+  REQUIRE(pairs_missed >= 3);  // the instances need three-node moves
+}
+
 TEST_CASE("many nodes: valid, never worse, deterministic", "[node_placement]") {
   const grouping::StepTimeModel model;
   const grouping::Budget budget;

@@ -66,13 +66,13 @@ def random_step(seed):
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 8])  # seeds 6, 7: nothing need leave its node
 @pytest.mark.parametrize("solver", ["cbc", "glpk"])
-@pytest.mark.parametrize("model", ["node", "rank"])
+@pytest.mark.parametrize("model", ["count", "node", "rank"])
 def test_ilp_optimum_equals_exhaustive_search(seed, solver, model):
     step = random_step(seed)
     want = brute_force(step)
     assert want is not None, "the planner's own placement is feasible, so some assignment is"
     assert want > 0, "a step where everything can stay on its node would test nothing"
-    lp = (exchange_optimum.node_lp if model == "node" else exchange_optimum.step_lp)(step, WORLD, LWS, CFG, True)
+    lp = exchange_optimum.MODELS[model](step, WORLD, LWS, CFG, True)
     status, got, _ = exchange_optimum.solve(lp, 60, solver)
     assert status.startswith("INTEGER OPTIMAL"), status
     assert got == want
