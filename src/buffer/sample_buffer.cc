@@ -49,8 +49,8 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample, bool seq_noted
   bytes_ += ChargedBytes(sample);
   epoch.bytes += ChargedBytes(sample);
   ++count_;
-  epoch.order.push_back(key);
-  epoch.samples.emplace(key, std::move(sample));
+  epoch.order.emplace_back(key, epoch.arrivals);
+  epoch.samples.emplace(key, Epoch::Held{std::move(sample), epoch.arrivals});
   return std::nullopt;
 }
 
@@ -73,7 +73,7 @@ std::optional<uint64_t> SampleBuffer::UserIdOf(uint32_t epoch, uint64_t key) con
   if (it == epochs_.end()) return std::nullopt;
   auto s = it->second.samples.find(key);
   if (s == it->second.samples.end()) return std::nullopt;
-  return s->second.UserId();
+  return s->second.sample.UserId();
 }
 
 size_t SampleBuffer::BookkeepingEntries() const {
@@ -110,10 +110,10 @@ std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) cons
   auto it = epochs_.find(epoch);
   if (it == epochs_.end()) return out;
   out.reserve(std::min(limit, it->second.samples.size()));
-  for (uint64_t id : it->second.order) {
+  for (const auto& [key, arrival] : it->second.order) {
     if (out.size() >= limit) break;
-    auto s = it->second.samples.find(id);
-    if (s != it->second.samples.end()) out.push_back(s->second.meta);
+    auto s = it->second.samples.find(key);
+    if (s != it->second.samples.end() && s->second.arrival == arrival) out.push_back(s->second.sample.meta);
   }
   return out;
 }
@@ -133,7 +133,7 @@ std::vector<SampleMeta> SampleBuffer::PendingInOrder(uint32_t epoch, size_t limi
   const uint64_t frontier = e.seqs.PrefixEnd();
   for (const auto& [seq, key] : e.by_seq) {
     if (out.size() >= limit || (!all_arrived && seq >= frontier)) break;
-    out.push_back(e.samples.at(key).meta);
+    out.push_back(e.samples.at(key).sample.meta);
   }
   return out;
 }
@@ -147,21 +147,25 @@ std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_
   return out;
 }
 
-std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t id) {
+std::optional<Sample> SampleBuffer::TakeOne(uint32_t epoch, uint64_t key) {
   auto it = epochs_.find(epoch);
   if (it == epochs_.end()) return std::nullopt;
   Epoch& e = it->second;
-  auto s = e.samples.find(id);
+  auto s = e.samples.find(key);
   if (s == e.samples.end()) return std::nullopt;
-  bytes_ -= ChargedBytes(s->second);
-  e.bytes -= ChargedBytes(s->second);
+  Sample& sample = s->second.sample;
+  bytes_ -= ChargedBytes(sample);
+  e.bytes -= ChargedBytes(sample);
   --count_;
-  if (s->second.seq) e.by_seq.erase(*s->second.seq);
-  std::optional<Sample> out(std::move(s->second));
+  if (sample.seq) e.by_seq.erase(*sample.seq);
+  std::optional<Sample> out(std::move(sample));
   e.samples.erase(s);
   // Compact the arrival order once it is mostly stale.
   if (e.order.size() > 2 * e.samples.size() + 64) {
-    std::erase_if(e.order, [&](uint64_t x) { return !e.samples.count(x); });
+    std::erase_if(e.order, [&](const std::pair<uint64_t, uint64_t>& entry) {
+      auto held = e.samples.find(entry.first);
+      return held == e.samples.end() || held->second.arrival != entry.second;
+    });
   }
   return out;
 }
@@ -170,12 +174,12 @@ std::vector<Sample> SampleBuffer::CloseEpoch(uint32_t epoch) {
   std::vector<Sample> rest;
   auto it = epochs_.find(epoch);
   if (it == epochs_.end()) return rest;
-  for (uint64_t id : it->second.order) {
-    auto s = it->second.samples.find(id);
-    if (s == it->second.samples.end()) continue;
-    bytes_ -= ChargedBytes(s->second);
+  for (const auto& [key, arrival] : it->second.order) {
+    auto s = it->second.samples.find(key);
+    if (s == it->second.samples.end() || s->second.arrival != arrival) continue;
+    bytes_ -= ChargedBytes(s->second.sample);
     --count_;
-    rest.push_back(std::move(s->second));
+    rest.push_back(std::move(s->second.sample));
     it->second.samples.erase(s);
   }
   epochs_.erase(it);

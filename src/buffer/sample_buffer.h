@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "proto/odb.pb.h"
@@ -102,13 +103,20 @@ class SampleBuffer {
 
  private:
   struct Epoch {
-    std::vector<uint64_t> order;  // keys in arrival order (may hold taken keys; skipped)
-    std::unordered_map<uint64_t, Sample> samples;  // by key (meta.id)
+    // (key, arrival number) in arrival order; may hold taken samples, skipped.
+    // A key is free again once its sample is taken (a repeated id keys as
+    // its id then), so an entry counts only if the arrival numbers agree.
+    std::vector<std::pair<uint64_t, uint64_t>> order;
+    struct Held {
+      Sample sample;
+      uint64_t arrival = 0;
+    };
+    std::unordered_map<uint64_t, Held> samples;  // by key (meta.id)
     IdSet seen;  // every id of the epoch's samples without seq, for duplicates, as runs
     IdSet seqs;  // every seq that arrived (admitted or rejected), as runs; frontier = PrefixEnd()
     uint64_t bytes = 0;                   // payload bytes buffered now
     std::map<uint64_t, uint64_t> by_seq;  // seq -> key of buffered samples that have one
-    uint64_t arrivals = 0;                // samples added: the salt of a rekeyed sample without seq
+    uint64_t arrivals = 0;                // samples added: arrival numbers, the salt of a rekeyed sample without seq
   };
 
   uint64_t max_bytes_;
