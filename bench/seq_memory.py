@@ -3,7 +3,7 @@ ids are a shuffled dataset's indices and whose seqs count up: what OdbDataLoader
 exactly-once check keyed by seq keeps O(out of order), so the peak should not grow with N; keyed by
 id (odb before it) it grew by ~20 bytes an id.
 
-    /usr/bin/python3 bench/seq_memory.py [--odbd PATH] [--counts 200000 2000000] [--no-seq]
+    /usr/bin/python3 bench/seq_memory.py [--odbd PATH] [--counts 200000 2000000] [--no-seq] [--max-samples 4096]
 
 One daemon per count (a fresh process: its VmHWM is that epoch's peak), one producer
 (odb_synth produce --shuffled-ids --seq), one verifying consumer. Prints one JSON line per count.
@@ -28,10 +28,13 @@ def vm_hwm_kib(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
-def run_one(odbd: str, synth: str, count: int, seq: bool) -> dict:
+def run_one(odbd: str, synth: str, count: int, seq: bool, max_samples: int) -> dict:
     run_dir = pathlib.Path(tempfile.mkdtemp(prefix="odbmem-"))
     config = run_dir / "odbd.yaml"
-    config.write_text("")
+    # A small buffer: what it holds is bounded by the config, so what grows with N is the
+    # per-epoch bookkeeping alone (with the default, a consumer that falls behind lets the
+    # buffer fill to tens of thousands of samples, which varies run to run).
+    config.write_text(f"buffer:\n  max_samples: {max_samples}\n")
     log = open(run_dir / "odbd.log", "w")
     d = subprocess.Popen([odbd, "--config", str(config), "--rank", "0", "--world-size", "1", "--run-dir",
                           str(run_dir), "--job-id", f"m-{uuid.uuid4().hex[:8]}", "--log-level", "warn"],
@@ -46,7 +49,7 @@ def run_one(odbd: str, synth: str, count: int, seq: bool) -> dict:
         idle = vm_hwm_kib(d.pid)
         start = time.time()
         c = subprocess.Popen([synth, "consume", "--endpoint", trainer, "--expected-producers", "1",
-                              "--max-tokens", "256", "--timeout-ms", "120000"],
+                              "--timeout-ms", "120000"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         p = subprocess.run([synth, "produce", "--endpoint", ingest, "--producer-id", "p", "--count", str(count),
                             "--seed", "1", "--min-len", "1", "--max-len", "4", "--distribution", "uniform",
@@ -59,7 +62,7 @@ def run_one(odbd: str, synth: str, count: int, seq: bool) -> dict:
         peak = vm_hwm_kib(d.pid)
         return {"count": count, "seq": seq, "odbd": odbd, "idle_vmhwm_mib": round(idle / 1024, 1),
                 "peak_vmhwm_mib": round(peak / 1024, 1), "growth_mib": round((peak - idle) / 1024, 1),
-                "emitted": epoch.get("emitted", epoch.get("samples")), "rejected": epoch.get("rejected"),
+                "emitted": epoch.get("summary_emitted"), "rejected": epoch.get("summary_rejected"),
                 "seconds": round(time.time() - start, 1)}
     finally:
         d.terminate()
@@ -72,10 +75,11 @@ def main() -> None:
     ap.add_argument("--odbd", default=str(ROOT / ".build/src/daemon/odbd"))
     ap.add_argument("--synth", default=str(ROOT / ".build/client/cpp/odb_synth"))
     ap.add_argument("--counts", type=int, nargs="+", default=[200_000, 2_000_000])
+    ap.add_argument("--max-samples", type=int, default=4096, help="buffer.max_samples")
     ap.add_argument("--no-seq", action="store_true", help="send no seq: the id check (O(epoch) for shuffled ids)")
     a = ap.parse_args()
     for n in a.counts:
-        print(json.dumps(run_one(a.odbd, a.synth, n, not a.no_seq)), flush=True)
+        print(json.dumps(run_one(a.odbd, a.synth, n, not a.no_seq, a.max_samples)), flush=True)
 
 
 if __name__ == "__main__":
