@@ -166,7 +166,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   }
   for (size_t i = 0; i < plan.enc_ids.size(); ++i) {
     enc_samples.push_back(WithFields(*samples.enc[i], options_.encoder_fields, true));
-    step.add_enc_sample_ids(plan.enc_ids[i]);
+    step.add_enc_sample_ids(samples.enc[i]->UserId());
     step.add_enc_owner_ranks(plan.enc_owners[i]);
     step.add_enc_dest_rank(plan.enc_dest_rank[i]);
     step.add_enc_dest_index(plan.enc_dest_index[i]);
@@ -174,7 +174,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
   for (int32_t src : plan.llm_src_rank) step.add_llm_src_rank(src);
   for (size_t i = 0; i < plan.audio_ids.size(); ++i) {
     audio_samples.push_back(WithFields(*samples.audio[i], options_.audio_fields, true));
-    step.add_audio_sample_ids(plan.audio_ids[i]);
+    step.add_audio_sample_ids(samples.audio[i]->UserId());
     step.add_audio_owner_ranks(plan.audio_owners[i]);
     step.add_audio_dest_rank(plan.audio_dest_rank[i]);
     step.add_audio_dest_index(plan.audio_dest_index[i]);
