@@ -138,11 +138,11 @@ std::vector<SampleMeta> SampleBuffer::PendingInOrder(uint32_t epoch, size_t limi
   return out;
 }
 
-std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_t>& ids) {
+std::vector<Sample> SampleBuffer::Take(uint32_t epoch, const std::vector<uint64_t>& keys) {
   std::vector<Sample> out;
-  out.reserve(ids.size());
-  for (uint64_t id : ids) {
-    if (std::optional<Sample> s = TakeOne(epoch, id)) out.push_back(std::move(*s));
+  out.reserve(keys.size());
+  for (uint64_t key : keys) {
+    if (std::optional<Sample> s = TakeOne(epoch, key)) out.push_back(std::move(*s));
   }
   return out;
 }

@@ -66,11 +66,12 @@ class SampleBuffer {
   // finished: a gap is a sample that never came). At most `limit`.
   std::vector<SampleMeta> PendingInOrder(uint32_t epoch, size_t limit, bool all_arrived) const;
 
-  // Removes and returns the samples with these ids (in the given order).
-  // Ids not present are skipped; the caller checks the size.
-  std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& ids);
+  // Removes and returns the samples with these keys (meta.id, what Pending
+  // lists; the producer's id unless the sample was keyed apart), in the
+  // given order. Keys not present are skipped; the caller checks the size.
+  std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& keys);
   // One sample, if buffered.
-  std::optional<Sample> TakeOne(uint32_t epoch, uint64_t id);
+  std::optional<Sample> TakeOne(uint32_t epoch, uint64_t key);
 
   // Entries of bookkeeping held for all epochs: buffered samples, their
   // order and seq indexes, runs of seqs that arrived, and runs of admitted
