@@ -10,6 +10,12 @@ bool IdSet::Contains(uint64_t id) const {
   return it != runs_.end() && it->second <= id;
 }
 
+uint64_t IdSet::PrefixEnd() const {
+  // The lowest run is the first entry (keyed by last id, runs are disjoint).
+  if (runs_.empty() || runs_.begin()->second != 0) return 0;
+  return runs_.begin()->first + 1;  // a run ending at UINT64_MAX wraps to 0: never reached by seqs
+}
+
 bool IdSet::Insert(uint64_t id) {
   auto above = runs_.lower_bound(id);  // first run whose last id >= id
   if (above != runs_.end() && above->second <= id) return false;

@@ -8,9 +8,9 @@
 
 namespace odb::buffer {
 
-// The sample ids an epoch has admitted, exactly (no false positives: a
-// duplicate is rejected, never a new sample), as maximal runs of consecutive
-// ids. Memory is one entry per run, not per id: a producer whose ids count up
+// A set of 64-bit numbers (an epoch's seqs, or the ids of its samples that
+// carry no seq), exactly (no false positives: a duplicate is rejected, never a
+// new sample), as maximal runs of consecutive numbers. Memory is one entry per run, not per id: a producer whose ids count up
 // (base, base + 1, ...) costs one run however long its stream, so an epoch of
 // such producers keeps O(producers + ids arriving out of order) entries,
 // independent of the epoch's length. Ids in no order (a shuffled dataset's
@@ -25,6 +25,9 @@ class IdSet {
   // Runs held: the bookkeeping's size.
   size_t Runs() const { return runs_.size(); }
   uint64_t Count() const { return count_; }
+  // The first number not in the set when counting up from 0 (0 when 0 is
+  // not in it): every number below it is in the set.
+  uint64_t PrefixEnd() const;
 
  private:
   // The last id of each run -> its first id. Keyed by the last id, so the

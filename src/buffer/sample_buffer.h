@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <map>
 #include <optional>
-#include <set>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "proto/odb.pb.h"
@@ -27,9 +27,20 @@ class SampleBuffer {
   SampleBuffer(const SampleBuffer&) = delete;
   SampleBuffer& operator=(const SampleBuffer&) = delete;
 
-  // Adds the sample; a duplicate id within its epoch is rejected (DUPLICATE_ID),
-  // also after the first one was taken (the epoch's ids are kept as runs, see IdSet).
-  std::optional<wire::Rejection> Add(Sample&& sample);
+  // Adds the sample, exactly once per position of its epoch:
+  // - a sample with a seq (its position in the rank's list) is checked by
+  //   seq only (DUPLICATE_ID naming the seq on a repeat), unless `seq_noted`:
+  //   the caller already noted it with NoteSeq, which said it was new. Its id
+  //   is not checked: two positions may carry one dataset index (a sampler
+  //   with replacement). The seqs are kept as runs: O(seqs arriving out of
+  //   order), independent of the epoch's length.
+  // - a sample without seq is checked by id (DUPLICATE_ID on a repeat, also
+  //   after the first one was taken), the ids kept as runs (see IdSet): O(1)
+  //   per producer whose ids count up, up to one run per id in no order.
+  // The sample is then keyed (meta.id) by its id, or, when a sample the
+  // buffer holds already has that key, by another number unique among them
+  // (Sample::user_id keeps the producer's id; see RekeyedId).
+  std::optional<wire::Rejection> Add(Sample&& sample, bool seq_noted = false);
 
   bool Full() const { return bytes_ >= max_bytes_ || count_ >= max_samples_; }
   // What may still be added before Full(); 0 when full.
@@ -44,10 +55,10 @@ class SampleBuffer {
   // Metadata of the epoch's buffered samples in arrival order, at most `limit`.
   std::vector<SampleMeta> Pending(uint32_t epoch, size_t limit = SIZE_MAX) const;
 
-  // alignment.deterministic: samples carry `seq`, their position in the
-  // rank's list. NoteSeq records that `seq` arrived (admitted or rejected);
-  // false if it had already. Add notes it too. The frontier is the first seq
-  // that has not arrived.
+  // Samples may carry `seq`, their position in the rank's list (every
+  // sample does under alignment.deterministic). NoteSeq records that `seq`
+  // arrived (admitted or rejected); false if it had already. Add notes it
+  // too. The frontier is the first seq that has not arrived.
   bool NoteSeq(uint32_t epoch, uint64_t seq);
   uint64_t Frontier(uint32_t epoch) const;
   // Buffered samples in seq order: those below the frontier (an unbroken
@@ -55,19 +66,29 @@ class SampleBuffer {
   // finished: a gap is a sample that never came). At most `limit`.
   std::vector<SampleMeta> PendingInOrder(uint32_t epoch, size_t limit, bool all_arrived) const;
 
-  // Removes and returns the samples with these ids (in the given order).
-  // Ids not present are skipped; the caller checks the size.
-  std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& ids);
+  // Removes and returns the samples with these keys (meta.id, what Pending
+  // lists; the producer's id unless the sample was keyed apart), in the
+  // given order. Keys not present are skipped; the caller checks the size.
+  std::vector<Sample> Take(uint32_t epoch, const std::vector<uint64_t>& keys);
   // One sample, if buffered.
-  std::optional<Sample> TakeOne(uint32_t epoch, uint64_t id);
+  std::optional<Sample> TakeOne(uint32_t epoch, uint64_t key);
 
   // Entries of bookkeeping held for all epochs: buffered samples, their
-  // order and seq indexes, seqs past the frontier, and runs of admitted ids.
-  // O(buffered + out of order) when each producer's ids count up; what a
-  // test bounds (entries, not bytes: the containers' sizes are fixed per entry).
+  // order and seq indexes, runs of seqs that arrived, and runs of admitted
+  // ids of samples without seq. O(buffered + out of order) when samples
+  // carry seqs (whatever their ids) or their ids count up per producer; what
+  // a test bounds (entries, not bytes: the containers' sizes are fixed per entry).
   size_t BookkeepingEntries() const;
-  // Runs of ids admitted in the epoch (the duplicate check's memory).
+  // Runs of ids admitted in the epoch without seq (that check's memory).
   size_t SeenRuns(uint32_t epoch) const;
+  // Runs of seqs that arrived in the epoch (the seq check's memory).
+  size_t SeqRuns(uint32_t epoch) const;
+  // The producer's id of a buffered sample, by its key (meta.id).
+  std::optional<uint64_t> UserIdOf(uint32_t epoch, uint64_t key) const;
+  // The key of a sample whose id (or a previous candidate) is the key of a
+  // sample the buffer holds: a function of (candidate, seq or arrival
+  // number), retried until free.
+  static uint64_t RekeyedId(uint64_t candidate, uint64_t salt);
 
   // Forgets the epoch's duplicate-detection set; remaining samples are returned.
   std::vector<Sample> CloseEpoch(uint32_t epoch);
@@ -83,13 +104,20 @@ class SampleBuffer {
 
  private:
   struct Epoch {
-    std::vector<uint64_t> order;  // arrival order (may hold taken ids; skipped)
-    std::unordered_map<uint64_t, Sample> samples;
-    IdSet seen;  // every id of the epoch, for duplicates, as runs
-    uint64_t bytes = 0;                 // payload bytes buffered now
-    std::map<uint64_t, uint64_t> by_seq;  // seq -> id of buffered samples that have one
-    std::set<uint64_t> seq_ahead;         // arrived seqs past the frontier
-    uint64_t frontier = 0;                // every seq below it arrived
+    // (key, arrival number) in arrival order; may hold taken samples, skipped.
+    // A key is free again once its sample is taken (a repeated id keys as
+    // its id then), so an entry counts only if the arrival numbers agree.
+    std::vector<std::pair<uint64_t, uint64_t>> order;
+    struct Held {
+      Sample sample;
+      uint64_t arrival = 0;
+    };
+    std::unordered_map<uint64_t, Held> samples;  // by key (meta.id)
+    IdSet seen;  // every id of the epoch's samples without seq, for duplicates, as runs
+    IdSet seqs;  // every seq that arrived (admitted or rejected), as runs; frontier = PrefixEnd()
+    uint64_t bytes = 0;                   // payload bytes buffered now
+    std::map<uint64_t, uint64_t> by_seq;  // seq -> key of buffered samples that have one
+    uint64_t arrivals = 0;                // samples added: arrival numbers, the salt of a rekeyed sample without seq
   };
 
   uint64_t max_bytes_;

@@ -187,21 +187,142 @@ TEST_CASE("bookkeeping stays bounded while an epoch's samples stream through") {
       buffered.pop_front();
     }
     if (i % 997 == 0) {
-      // An id emitted long ago in this epoch is still a duplicate.
-      const uint64_t old = arrival[rng() % (i + 1)];
-      auto r = b.Add(Make(old, 0, 1));
+      // A seq that arrived long ago in this epoch is still a duplicate.
+      Sample again = Make(arrival[i], 0, 1);
+      again.seq = rng() % seq;
+      auto r = b.Add(std::move(again));
       REQUIRE(r.has_value());
       CHECK(r->code() == wire::DUPLICATE_ID);
       ++duplicates;
     }
     most = std::max(most, b.BookkeepingEntries());
   }
-  INFO("most entries " << most << ", runs at the end " << b.SeenRuns(0));
+  INFO("most entries " << most << ", seq runs at the end " << b.SeqRuns(0));
   CHECK(duplicates > 100);
-  // Samples, their order and seq indexes: O(kLag); seqs ahead of the frontier: O(kReorder);
-  // runs: one per producer plus the gaps of samples not yet arrived, O(kProducers * kReorder).
-  CHECK(most <= 4 * (kLag + 64) + kReorder + kProducers * (kReorder + 1));
+  // Samples, their order and seq indexes: O(kLag); seqs counting up: one run.
+  CHECK(most <= 4 * (kLag + 64) + 1);
+  CHECK(b.SeqRuns(0) == 1);
+  CHECK(b.SeenRuns(0) == 0);  // samples with a seq are not checked by id
+}
+
+// Samples without seq: known by their id, whose runs are one per producer
+// when each one's ids count up.
+TEST_CASE("without seq, ids counting up per producer keep one run each and a repeat is refused") {
+  constexpr int kProducers = 8;
+  constexpr uint64_t kPerProducer = 5000;
+  std::mt19937_64 rng(5);
+  SampleBuffer b(uint64_t{1} << 40, 1 << 20);
+  std::vector<uint64_t> next(kProducers, 0);
+  for (uint64_t n = 0; n < kProducers * kPerProducer;) {
+    const int p = static_cast<int>(rng() % kProducers);
+    if (next[p] == kPerProducer) continue;
+    const uint64_t id = uint64_t(p) * 1'000'000'000'000 + next[p]++;
+    REQUIRE_FALSE(b.Add(Make(id, 0, 1)).has_value());
+    REQUIRE(b.TakeOne(0, id).has_value());
+    ++n;
+  }
   CHECK(b.SeenRuns(0) == kProducers);
+  auto r = b.Add(Make(3 * 1'000'000'000'000 + 17, 0, 1));
+  REQUIRE(r.has_value());
+  CHECK(r->code() == wire::DUPLICATE_ID);
+  CHECK_THAT(r->message(), Catch::Contains("without seq"));
+}
+
+// What OdbDataLoader sends: a shuffled dataset's indices as ids, their
+// positions in the rank's list as seqs. The exactly-once check goes by seq,
+// so its memory does not grow with the epoch (keyed by id it was one run per
+// id that had no neighbour yet: tens of thousands here).
+TEST_CASE("a shuffled epoch of 100,000 ids with seqs counting up keeps bounded bookkeeping") {
+  constexpr uint64_t kSamples = 100'000;
+  constexpr size_t kLag = 64;
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> ids(kSamples);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  SampleBuffer b(uint64_t{1} << 40, 1 << 20);
+  std::deque<uint64_t> buffered;
+  size_t most = 0, most_runs = 0;
+  for (uint64_t seq = 0; seq < kSamples; ++seq) {
+    Sample s = Make(ids[seq], 0, 1);
+    s.seq = seq;
+    REQUIRE_FALSE(b.Add(std::move(s)).has_value());
+    buffered.push_back(ids[seq]);
+    if (buffered.size() > kLag) {
+      REQUIRE(b.TakeOne(0, buffered.front()).has_value());
+      buffered.pop_front();
+    }
+    most = std::max(most, b.BookkeepingEntries());
+    most_runs = std::max(most_runs, b.SeqRuns(0) + b.SeenRuns(0));
+  }
+  INFO("most entries " << most << ", most runs " << most_runs);
+  CHECK(most_runs == 1);
+  CHECK(most <= 4 * (kLag + 64) + 1);  // O(buffered), independent of kSamples
+  CHECK(b.Frontier(0) == kSamples);
+}
+
+TEST_CASE("a repeated seq is refused naming it; a repeated id at a new seq is admitted and keyed apart") {
+  SampleBuffer b(1000, 100);
+  auto at = [](uint64_t id, uint64_t seq) {
+    Sample s = Make(id, 0, 1);
+    s.seq = seq;
+    s.producer_id = "w0";
+    return s;
+  };
+  CHECK_FALSE(b.Add(at(7, 0)).has_value());
+  auto r = b.Add(at(8, 0));
+  REQUIRE(r.has_value());
+  CHECK(r->code() == wire::DUPLICATE_ID);
+  CHECK_THAT(r->message(), Catch::Contains("seq 0"));
+  // Dataset index 7 again at position 1 (a sampler with replacement), while
+  // the first one is still buffered: both are held, under distinct keys.
+  CHECK_FALSE(b.Add(at(7, 1)).has_value());
+  CHECK_FALSE(b.Add(at(7, 2)).has_value());
+  CHECK(b.count() == 3);
+  auto pending = b.Pending(0);
+  REQUIRE(pending.size() == 3);
+  std::set<uint64_t> keys;
+  for (const auto& m : pending) {
+    keys.insert(m.id);
+    CHECK(b.UserIdOf(0, m.id) == std::optional<uint64_t>(7));
+  }
+  CHECK(keys.size() == 3);
+  CHECK(keys.count(7) == 1);  // the first keeps its id as its key
+  std::vector<uint64_t> all(keys.begin(), keys.end());
+  auto taken = b.Take(0, all);
+  REQUIRE(taken.size() == 3);
+  for (const Sample& s : taken) CHECK(s.UserId() == 7);
+  // Once taken, index 7 at a new position keys as 7 again; its seq is still refused.
+  CHECK_FALSE(b.Add(at(7, 3)).has_value());
+  // Listed once: the arrival order's stale entries of key 7 do not alias it.
+  REQUIRE(b.Pending(0).size() == 1);
+  CHECK(b.Pending(0)[0].id == 7);
+  CHECK(b.Add(at(7, 1)).has_value());
+  CHECK(b.CloseEpoch(0).size() == 1);
+  CHECK(b.count() == 0);
+}
+
+TEST_CASE("a mixed epoch: samples with seq by seq, without by id, keys unique among those held") {
+  SampleBuffer b(1000, 100);
+  Sample with = Make(5, 0, 1);
+  with.seq = 0;
+  CHECK_FALSE(b.Add(std::move(with)).has_value());
+  // No seq: id 5 is new among the ids of samples without seq.
+  CHECK_FALSE(b.Add(Make(5, 0, 1)).has_value());
+  auto r = b.Add(Make(5, 0, 1));  // the same id without seq again: a duplicate
+  REQUIRE(r.has_value());
+  CHECK(r->code() == wire::DUPLICATE_ID);
+  // A new sample whose id is a rekeyed sample's key is keyed apart as well.
+  std::set<uint64_t> keys;
+  for (const auto& m : b.Pending(0)) keys.insert(m.id);
+  REQUIRE(keys.size() == 2);
+  const uint64_t rekeyed = *std::find_if(keys.begin(), keys.end(), [](uint64_t k) { return k != 5; });
+  Sample clash = Make(rekeyed, 0, 1);
+  clash.seq = 1;
+  CHECK_FALSE(b.Add(std::move(clash)).has_value());
+  keys.clear();
+  for (const auto& m : b.Pending(0)) keys.insert(m.id);
+  CHECK(keys.size() == 3);
+  CHECK(b.UserIdOf(0, *keys.rbegin()).has_value());
 }
 
 }  // namespace

@@ -67,8 +67,18 @@ struct Sample {
   // Position in its rank's list for the epoch, when the producer sent one
   // (alignment.deterministic plans in this order).
   std::optional<uint64_t> seq;
+  // The producer's id when the daemon keyed the sample otherwise. Inside the
+  // daemon (planner, payload exchange, step builder) a sample is known by
+  // (owner rank, meta.id), which must be unique among the samples of its
+  // epoch that the rank holds; the producer's id need not be (a sampler with
+  // replacement repeats a dataset index at two positions of the list). The
+  // buffer keys such a repeat with another number and keeps the producer's id
+  // here; what the trainer sees (the step header) is UserId().
+  std::optional<uint64_t> user_id;
   std::vector<TensorView> tensors;
   std::vector<std::shared_ptr<FrameHolder>> frames;  // keep `tensors[i].data` valid
+
+  uint64_t UserId() const { return user_id.value_or(meta.id); }
 
   const TensorView* FindTensor(const std::string& name) const {
     for (const auto& t : tensors) {

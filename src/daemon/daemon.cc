@@ -297,7 +297,7 @@ void Daemon::DropEpochsBefore(uint32_t epoch) {
     state_.epoch_totals.erase(skipped);
     const uint64_t rejected = state_.rejections.TakeEpoch(skipped).count;
     std::string ids;
-    for (size_t i = 0; i < dropped.size() && i < 20; ++i) ids += (i ? "," : "") + std::to_string(dropped[i].meta.id);
+    for (size_t i = 0; i < dropped.size() && i < 20; ++i) ids += (i ? "," : "") + std::to_string(dropped[i].UserId());
     if (dropped.size() > 20) ids += ",...";
     spdlog::warn(
         "epoch {} is not trained: the trainer started epoch {} after it; its {} buffered sample(s) [{}] "

@@ -213,7 +213,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     } else {
       llm_group.push_back(&s);
     }
-    step.add_sample_ids(s.meta.id);
+    step.add_sample_ids(s.UserId());
     step.add_lengths(s.meta.lengths.tokens);
     step.add_owner_ranks(s.meta.owner_rank);
   }
@@ -223,7 +223,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     const RouteFields wire = RouteFieldsOf(step, phase);
     for (size_t i = 0; i < route.ids.size(); ++i) {
       phase_samples[p].push_back(WithFields(*samples.phases[p][i], PhaseFields(phase), true));
-      wire.ids->Add(route.ids[i]);
+      wire.ids->Add(samples.phases[p][i]->UserId());  // the producer's id (a repeat's key differs)
       wire.owners->Add(route.owners[i]);
       wire.dest_rank->Add(route.dest_rank[i]);
       wire.dest_index->Add(route.dest_index[i]);
@@ -300,7 +300,7 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     // the other ranks' loss weights already count this rank's tokens, and
     // Σ_r w_r would fall below W. The job stops with the reason instead.
     std::string ids;
-    for (const Sample* s : llm_group) ids += (ids.empty() ? "" : ", ") + std::to_string(s->meta.id);
+    for (const Sample* s : llm_group) ids += (ids.empty() ? "" : ", ") + std::to_string(s->UserId());
     return absl::AbortedError("step " + std::to_string(plan.step_index) + " of epoch " +
                               std::to_string(epoch) + " cannot be collated (" +
                               std::string(collated.message()) + "; samples " + ids +
@@ -332,11 +332,16 @@ std::vector<zmq::message_t> StepBuilder::FinishEpoch(uint32_t epoch, const Round
   RejectionLog::EpochRecord rejections = state_.rejections.TakeEpoch(epoch);
   for (auto& r : rejections.kept) *summary.add_rejections() = std::move(r);
   summary.set_rejected(rejections.count);
-  std::vector<uint64_t> not_emitted = outcome.not_emitted;
-  for (Sample& s : state_.buffer.CloseEpoch(epoch)) not_emitted.push_back(s.meta.id);
-  std::sort(not_emitted.begin(), not_emitted.end());
-  not_emitted.erase(std::unique(not_emitted.begin(), not_emitted.end()), not_emitted.end());
-  for (uint64_t id : not_emitted) summary.add_not_emitted_ids(id);
+  // Deduplicated by key (the plan's and the buffer's lists overlap), then
+  // reported by the producer's id: a repeated id not emitted at two
+  // positions is listed twice.
+  std::map<uint64_t, uint64_t> not_emitted;  // key -> producer's id
+  for (uint64_t key : outcome.not_emitted) not_emitted.emplace(key, state_.buffer.UserIdOf(epoch, key).value_or(key));
+  for (Sample& s : state_.buffer.CloseEpoch(epoch)) not_emitted.emplace(s.meta.id, s.UserId());
+  std::vector<uint64_t> ids;
+  for (const auto& [key, id] : not_emitted) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) summary.add_not_emitted_ids(id);
   state_.tracker.CloseEpoch(epoch, options_.non_join);
   state_.epoch_received.erase(epoch);
   state_.epoch_totals.erase(epoch);

@@ -172,7 +172,8 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
       m.set_version(wire::PROTOCOL_VERSION_CURRENT);
       wire::SampleHeader* h = m.mutable_sample();
       h->set_producer_id(sample.producer_id);
-      h->set_sample_id(sample.meta.id);
+      h->set_sample_id(sample.UserId());
+      if (sample.user_id) h->set_daemon_key(sample.meta.id);  // a repeated id, keyed apart by its owner
       h->set_epoch(epoch);
       h->set_tokens(sample.meta.lengths.tokens);
       h->set_vision_patches(sample.meta.lengths.vision_patches);

@@ -69,6 +69,18 @@ Verdict AdmissionPolicy::AtDoor(const Sample& sample, const std::string& connect
                       .rejection;
     return v;
   }
+  if (sample.user_id) {
+    // daemon_key is the payload exchange's: a producer that sets it would
+    // choose how the daemon keys its samples.
+    v.kind = Verdict::Kind::kRejectCounted;
+    v.rejection = MakeReject(wire::MALFORMED_HEADER,
+                             "sample " + std::to_string(*sample.user_id) + " from producer '" +
+                                 sample.producer_id +
+                                 "' sets daemon_key, a field only daemons send each other; leave it unset",
+                             sample.producer_id, &*sample.user_id)
+                      .rejection;
+    return v;
+  }
   if (options_.deterministic && !view.closed && !sample.seq) {
     v.kind = Verdict::Kind::kRejectCounted;
     v.rejection = MakeReject(wire::MALFORMED_HEADER,

@@ -64,10 +64,11 @@ class AdmissionPolicy {
   static std::optional<std::string> EpochRefusal(uint32_t epoch, const EpochView& view);
 
   // The first checks of a sample that arrived on a connection that said
-  // hello as `connection_producer`: its producer id, its epoch, and in seq
-  // order that it has a seq.
+  // hello as `connection_producer`: its producer id, its epoch, that it
+  // does not set daemon_key, and in seq order that it has a seq.
   Verdict AtDoor(const Sample& sample, const std::string& connection_producer, const EpochView& view) const;
-  // The rejection of a sample whose seq another sample of its epoch had.
+  // The rejection of a sample whose seq another sample of its epoch had (in
+  // every mode: a sample with a seq is known by it, not by its id).
   wire::Rejection DuplicateSeq(const Sample& sample) const;
   // The last check: a sample that fits no budget alone, when such samples are
   // rejected (grouping.over_budget: reject).

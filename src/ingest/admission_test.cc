@@ -122,5 +122,26 @@ TEST_CASE("an end_stream of an epoch not held says how many of its samples were 
              !Catch::Contains("samples of that"));
 }
 
+
+TEST_CASE("a sample that sets daemon_key (the payload exchange's field) is rejected at the door") {
+  AdmissionPolicy policy(AdmissionOptions{});
+  EpochView v;
+  Sample s = MakeSample("w0", 0, 77, 4);
+  s.user_id = 12;  // what the decoder makes of a header with daemon_key 77 and sample_id 12
+  const Verdict verdict = policy.AtDoor(s, "w0", v);
+  CHECK(verdict.kind == Verdict::Kind::kRejectCounted);
+  CHECK(verdict.rejection.code() == wire::MALFORMED_HEADER);
+  CHECK(verdict.rejection.sample_id() == 12);
+  CHECK_THAT(verdict.rejection.message(), Catch::Contains("daemon_key"));
+}
+
+TEST_CASE("a duplicate seq's rejection names the seq and the epoch, not the id as the reason") {
+  AdmissionPolicy policy(AdmissionOptions{});
+  const wire::Rejection r = policy.DuplicateSeq(MakeSample("w0", 2, 7, 41));
+  CHECK(r.code() == wire::DUPLICATE_ID);
+  CHECK(r.sample_id() == 7);
+  CHECK_THAT(r.message(), Catch::Contains("seq 41") && Catch::Contains("epoch 2"));
+}
+
 }  // namespace
 }  // namespace odb::ingest

@@ -115,6 +115,12 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
   sample.epoch = h.epoch();
   sample.producer_id = h.producer_id();
   if (h.has_seq()) sample.seq = h.seq();
+  if (h.has_daemon_key()) {
+    // Keyed apart by the owner rank's buffer (see Sample::user_id); the
+    // ingest channel refuses it from producers (AdmissionPolicy::AtDoor).
+    sample.user_id = id;
+    sample.meta.id = h.daemon_key();
+  }
   if (h.has_loss_tokens()) {
     if (h.loss_tokens() > h.tokens()) {
       return reject(wire::TOKENS_MISMATCH, "loss_tokens " + std::to_string(h.loss_tokens()) + " > tokens " +

@@ -58,6 +58,21 @@ TEST_CASE("a valid sample decodes without copying its frame") {
   CHECK(s.tensors[0].data[3] == 21);
 }
 
+TEST_CASE("a header with daemon_key (the payload exchange's) keys the sample by it, keeping its id") {
+  wire::ProducerMessage m = SampleMessage(42, 5);
+  m.mutable_sample()->set_daemon_key(0xabcdef0123ULL);
+  IngestEvent e = DecodeProducerMessage(Parts(m, {40}));
+  REQUIRE(std::holds_alternative<SampleEvent>(e));
+  const Sample& s = std::get<SampleEvent>(e).sample;
+  CHECK(s.meta.id == 0xabcdef0123ULL);
+  CHECK(s.user_id == std::optional<uint64_t>(42));
+  CHECK(s.UserId() == 42);
+  // Without it, the id is the key and there is no separate user id.
+  IngestEvent plain = DecodeProducerMessage(Parts(SampleMessage(42, 5), {40}));
+  CHECK_FALSE(std::get<SampleEvent>(plain).sample.user_id.has_value());
+  CHECK(std::get<SampleEvent>(plain).sample.UserId() == 42);
+}
+
 TEST_CASE("bad input gets a specific error naming the sample") {
   SECTION("not a header") {
     std::vector<zmq::message_t> parts;

@@ -378,14 +378,14 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
       Reject(std::move(verdict.rejection), verdict.filed_epoch, true);
       return;
   }
-  if (options_.deterministic && !view.closed) {
-    if (!state_.buffer.NoteSeq(epoch, *sample.seq)) {
-      state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
-      Reject(admission_.DuplicateSeq(sample), epoch, true);
-      return;
-    }
-  } else if (!options_.deterministic) {
-    sample.seq.reset();  // ignored: planning goes by arrival
+  // Exactly once per position: a sample with a seq is known by it (in every
+  // mode; planning goes by seq only under alignment.deterministic), noted
+  // before the checks below so that a rejected one's place is taken too.
+  const bool seq_noted = sample.seq.has_value() && !view.closed;
+  if (seq_noted && !state_.buffer.NoteSeq(epoch, *sample.seq)) {
+    state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
+    Reject(admission_.DuplicateSeq(sample), epoch, true);
+    return;
   }
   if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
     Reject(std::move(*r), epoch, true);
@@ -415,7 +415,7 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
     Reject(std::move(*r), epoch, true);
     return;
   }
-  if (auto r = state_.buffer.Add(std::move(sample))) {
+  if (auto r = state_.buffer.Add(std::move(sample), seq_noted)) {
     Reject(std::move(*r), epoch, true);
     return;
   }

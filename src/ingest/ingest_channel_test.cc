@@ -4,6 +4,7 @@
 #include "src/ingest/ingest_channel.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,68 @@ TEST_CASE("credit is lent as the producer sends, and topped up once half of it i
   SendFramesSample(producer, "p", ++id);
   channel.OnReadable(0);
   CHECK(CreditsReceived(producer) == std::vector<uint32_t>{50});
+}
+
+
+// Exactly once per position, in the default (arrival-order) mode too: a
+// sample with a seq is known by it, so a dataset index repeated at another
+// position (a sampler with replacement) is admitted, a repeated seq refused.
+TEST_CASE("samples with a seq are admitted once per seq, whatever their ids; without seq, once per id") {
+  zmq::context_t context;
+  IngestOptions options;
+  options.endpoints = {"inproc://ingest-seq-test"};
+  options.buffer_max_bytes = 64 << 20;
+  options.buffer_max_samples = 400;
+  DaemonState state(options.buffer_max_bytes, options.buffer_max_samples, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  IngestChannel channel(context, options, state, metrics, clock);
+  REQUIRE(channel.Bind().ok());
+  zmq::socket_t producer(context, zmq::socket_type::dealer);
+  producer.set(zmq::sockopt::linger, 0);
+  producer.connect("inproc://ingest-seq-test");
+  REQUIRE(producer.send(zmq::buffer(Serialize(Hello("p")))));
+  channel.OnReadable(0);
+  int64_t held = 0;
+  for (uint32_t g : CreditsReceived(producer)) held += g;
+  auto send = [&](uint64_t sample_id, std::optional<uint64_t> seq, std::optional<uint64_t> daemon_key) {
+    REQUIRE(held > 0);
+    wire::TensorDesc* t = nullptr;
+    wire::ProducerMessage m = TokensSample("p", sample_id, &t);
+    t->set_frame(1);
+    if (seq) m.mutable_sample()->set_seq(*seq);
+    if (daemon_key) m.mutable_sample()->set_daemon_key(*daemon_key);
+    const std::vector<int64_t> tokens(8, 1);
+    REQUIRE(producer.send(zmq::buffer(Serialize(m)), zmq::send_flags::sndmore));
+    REQUIRE(producer.send(zmq::buffer(tokens)));
+    --held;
+    channel.OnReadable(0);
+    for (uint32_t g : CreditsReceived(producer)) held += g;
+  };
+  send(3, 0, std::nullopt);
+  send(3, 1, std::nullopt);  // index 3 again at position 1: admitted
+  send(4, 1, std::nullopt);  // position 1 again: refused
+  send(9, std::nullopt, std::nullopt);
+  send(9, std::nullopt, std::nullopt);  // no seq: known by id, refused
+  send(5, 2, 77);            // daemon_key is not a producer's to set
+  std::vector<wire::Rejection> rejections;
+  std::vector<uint64_t> user_ids;
+  {
+    MutexLock lock(state.mu);
+    rejections = state.rejections.TakeUnreported();
+    CHECK(state.buffer.CountInEpoch(0) == 3);
+    for (const SampleMeta& m : state.buffer.Pending(0)) user_ids.push_back(*state.buffer.UserIdOf(0, m.id));
+  }
+  CHECK(user_ids == std::vector<uint64_t>{3, 3, 9});
+  REQUIRE(rejections.size() == 3);
+  CHECK(rejections[0].code() == wire::DUPLICATE_ID);
+  CHECK(rejections[0].sample_id() == 4);
+  CHECK_THAT(rejections[0].message(), Catch::Contains("seq 1"));
+  CHECK(rejections[1].code() == wire::DUPLICATE_ID);
+  CHECK(rejections[1].sample_id() == 9);
+  CHECK(rejections[2].code() == wire::MALFORMED_HEADER);
+  CHECK_THAT(rejections[2].message(), Catch::Contains("daemon_key"));
+  CHECK(rejections[2].sample_id() == 5);
 }
 
 }  // namespace

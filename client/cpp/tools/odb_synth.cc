@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <string>
 #include <random>
 #include <set>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -50,6 +52,8 @@ struct ProduceArgs {
   bool no_end = false;
   std::string data_plane = "auto";
   uint64_t arena_mib = 256;
+  bool shuffled_ids = false;  // ids: a seeded permutation of id_offset + [0, count) (a shuffled dataset)
+  bool seq = false;           // send seq = i, the sample's position (what OdbDataLoader sends)
 };
 
 int Produce(const ProduceArgs& a) {
@@ -69,8 +73,15 @@ int Produce(const ProduceArgs& a) {
   std::uniform_int_distribution<uint32_t> uniform(a.min_len, a.max_len);
   std::vector<int64_t> tokens;
   const std::vector<uint8_t> ramp = RampPattern(a.payload_bytes);
+  std::vector<uint64_t> permutation;
+  if (a.shuffled_ids) {
+    permutation.resize(a.count);
+    std::iota(permutation.begin(), permutation.end(), a.id_offset);
+    std::mt19937_64 shuffle_rng(a.seed ^ 0x5eed);
+    std::shuffle(permutation.begin(), permutation.end(), shuffle_rng);
+  }
   for (uint64_t i = 0; i < a.count; ++i) {
-    const uint64_t id = a.id_offset + i;
+    const uint64_t id = a.shuffled_ids ? permutation[i] : a.id_offset + i;
     uint32_t len;
     if (a.distribution == "uniform") {
       len = uniform(rng);
@@ -85,7 +96,8 @@ int Produce(const ProduceArgs& a) {
       tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, BlobOf(ramp, id),
                          a.payload_bytes});
     }
-    if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0, std::nullopt}, tensors); !s.ok()) {
+    const std::optional<uint64_t> seq = a.seq ? std::optional<uint64_t>(i) : std::nullopt;
+    if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0, std::nullopt}, tensors, seq); !s.ok()) {
       std::fprintf(stderr, "odb_synth produce: %s\n", std::string(s.message()).c_str());
       return 1;
     }
@@ -283,6 +295,8 @@ int main(int argc, char** argv) {
   produce->add_option("--rank", p.rank);
   produce->add_option("--distribution", p.distribution, "lognormal|uniform");
   produce->add_flag("--no-end", p.no_end, "do not end the stream");
+  produce->add_flag("--shuffled-ids", p.shuffled_ids, "ids: a seeded permutation of the id range");
+  produce->add_flag("--seq", p.seq, "send each sample's position as its seq");
   produce->add_option("--data-plane", p.data_plane, "auto|shm|zmq (docs/shm.md)")
       ->check(CLI::IsMember({"auto", "shm", "zmq"}));
   produce->add_option("--arena-mib", p.arena_mib, "the shared-memory arena's capacity");

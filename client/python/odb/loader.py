@@ -70,7 +70,8 @@ class OdbDataLoader:
       dataset: map-style dataset; ``dataset[i]`` returns a sample dict with
         "input_ids" (1-D, its length = tokens) and optional extras (labels,
         pixel_values, int vision_patches / audio_frames, ...). ``i`` becomes
-        the sample id and must be unique in the epoch across all ranks.
+        the sample id; an index may repeat (a sampler with replacement): each
+        position of the rank's list is trained once.
       sampler: indices this rank feeds, in order. Default: all of
         ``range(len(dataset))``, shuffled with ``seed + epoch`` when `shuffle`,
         then this rank's share ``[rank::world_size]`` (no padding: ranks may get
