@@ -146,6 +146,23 @@ def peer_group_collectives(world: int, block: int, msg: int, steps: int) -> list
     return out
 
 
+def nonneg_lstsq2(x, y) -> tuple[float, float]:
+    """Least squares y ~ a x[:,0] + b x[:,1] with a, b >= 0. Noise (a few worlds on shared cores) can
+    tilt the free fit below zero in one term, and a model in which hops or bytes cost less than
+    nothing extrapolates rounds cheaper than their own CPU; then the best fit of one term alone."""
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    best = None
+    for col in (0, 1):
+        (k,), *_ = np.linalg.lstsq(x[:, [col]], y, rcond=None)
+        k = max(0.0, float(k))
+        err = float(np.sum((y - k * x[:, col]) ** 2))
+        if best is None or err < best[0]:
+            best = (err, (k, 0.0) if col == 0 else (0.0, k))
+    return best[1]
+
+
 def extrapolate_partitioned(rows: list[dict], model: dict, args, model_delay: float) -> dict:
     """The partitioned round at args.target_world with blocks of args.target_partition_ranks rounded to
     nodes of args.target_local_world_size: the three collectives' hops and bytes through the peer
@@ -353,11 +370,11 @@ def fit(rows: list[dict], big: int, model_delay_us: float) -> dict:
             if "partitioned_bruck" in r["raw_p50_us"]:
                 xs.append([r["raw_log_hops"], r["hop_bytes"]])
                 ys.append(r["raw_p50_us"]["partitioned_bruck"])
-    (alpha, beta), *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
+    alpha, beta = nonneg_lstsq2(np.array(xs, float), np.array(ys, float))
     # Daemon rounds: the bandwidth term from the raw fit, c0 + c1 H fitted.
     xd = np.array([[1.0, r.get("hops", r["world"] - 1)] for r in rows])
     yd = np.array([r["round_p50_us_median"] - beta * r.get("hop_bytes", (r["world"] - 1) * r["msg_bytes"]) for r in rows])
-    (c0, c1), *_ = np.linalg.lstsq(xd, yd, rcond=None)
+    c0, c1 = nonneg_lstsq2(xd, yd)
     resid = [r["round_p50_us_median"] - (c0 + c1 * r.get("hops", r["world"] - 1) + beta * r.get("hop_bytes", (r["world"] - 1) * r["msg_bytes"])) for r in rows]
     # A delay not on the link: one one-way delay per hop.
     return {"alpha_us_per_hop": float(alpha) + model_delay_us, "beta_us_per_byte_hop": float(beta),

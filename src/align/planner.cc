@@ -309,8 +309,13 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
     for (size_t k = 0; k < t; ++k) slots[k].members = {k};
     grouping::ShuffleGroups(slots, MixSeed(MixSeed(config_.seed, state.epoch), state.round));
     rp.steps.assign(t, PlannedStep{});  // IDLE unless filled below
+    // A finished rank with fewer samples than T (Join, see above) takes the
+    // round's first steps and idles after them: it is then done as early as
+    // it can be (a `join` trainer leaves the loop after its last sample, and
+    // IDLE steps before that would be dummy steps it must run).
+    const bool idles_last = state.ranks[r].stream_finished && gs.size() < t;
     for (size_t k = 0; k < t; ++k) {
-      const size_t position = slots[k].members.front();
+      const size_t position = idles_last ? k : slots[k].members.front();
       if (position >= by_cost.size()) continue;
       const WorkGroup& g = gs[by_cost[position].second];
       rp.steps[k] = MakeStep(config_.budget.model, window, g.members, g.over_budget);
