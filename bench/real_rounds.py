@@ -233,6 +233,36 @@ def scrape(ns: str, daemon: odbtest.Daemon, names: list[str]) -> dict:
     return out
 
 
+def from_last_entry(entries: list[list[int]], exits: list[list[int]]) -> dict:
+    """Rounds (or raw iterations) timed from the last rank's entry: for the k-th collective,
+    each rank's exit minus the latest entry of any rank (wall-clock ns, one host). What is left
+    is the collective and the CPU around it; the wait for a late rank to arrive (the entry skew)
+    is apart. Median over ranks of each rank's median, in us, and the median skew."""
+    n = min(len(e) for e in entries + exits)
+    if n == 0:
+        raise RuntimeError("no rounds traced")
+    e = np.array([row[:n] for row in entries], dtype=np.int64)
+    x = np.array([row[:n] for row in exits], dtype=np.int64)
+    last = e.max(axis=0)
+    after = (x - last) / 1e3  # ranks x rounds, us
+    per_rank = np.median(after, axis=1)
+    return {"p50_us_median": float(np.median(per_rank)), "p50_us_max": float(per_rank.max()),
+            "skew_p50_us": float(np.median((last - e.min(axis=0)) / 1e3)), "collectives": int(n)}
+
+
+def read_round_trace(path: pathlib.Path) -> tuple[list[int], list[int], list[int]]:
+    """A daemon's round_trace: lines "round entry_ns exit_ns cpu_ns", the k-th line the k-th round."""
+    entries, exits, cpus = [], [], []
+    for k, line in enumerate(path.read_text().splitlines()):
+        round_, entry, exit_, cpu = (int(v) for v in line.split())
+        if round_ != k:
+            raise RuntimeError(f"{path}: line {k + 1} is round {round_}")
+        entries.append(entry)
+        exits.append(exit_)
+        cpus.append(cpu)
+    return entries, exits, cpus
+
+
 def codec_bytes(gloo_bin: str, samples: int, max_tokens: int) -> int:
     out = subprocess.run([gloo_bin, "codec", "--samples", str(samples), "--max-tokens", str(max_tokens)],
                          check=True, capture_output=True, text=True).stdout
@@ -249,7 +279,8 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
                       f"alignment: {{gloo_hostname: {addr}, planner: global{partition}}}\n"
                       f"grouping: {{window: {args.window}, max_tokens: {args.max_tokens}}}\n"
                       f"emit: {{queue_steps: {args.queue_steps}}}\n"
-                      'metrics_endpoint: "tcp://127.0.0.1:*"\n')
+                      'metrics_endpoint: "tcp://127.0.0.1:*"\n'
+                      f'round_trace: "{run_dir}/rounds-{rank}.txt"\n')
             daemons.append(odbtest.Daemon(run_dir, rank=rank, world=world, config=config, job_id=job,
                                           log_level="info",  # it names the metrics endpoint
                                           prefix=["ip", "netns", "exec", ns]))
@@ -283,8 +314,14 @@ def daemon_rounds(hosts, world: int, args, run_dir: pathlib.Path) -> dict:
                 proc.wait()
         for d in daemons:
             d.stop()
+    traces = [read_round_trace(run_dir / f"rounds-{d.rank}.txt") for d in daemons]
+    last_entry = from_last_entry([t[0] for t in traces], [t[1] for t in traces])
+    # The planner thread's CPU per round (median over ranks of each rank's median): what a round
+    # costs a rank on a core of its own, besides its collective.
+    last_entry["cpu_p50_us"] = float(np.median([np.median(t[2]) / 1e3 for t in traces]))
     p50 = [r["odb_round_p50_microseconds"] for r in per_rank]
     return {
+        "round_from_last_entry": last_entry,
         "round_p50_us_max": max(p50),
         "round_p50_us_median": float(np.median(p50)),
         "round_p50_us_min": min(p50),
@@ -331,6 +368,10 @@ def raw_gather(hosts, world: int, sizes: list[int], args, store: pathlib.Path, p
             if len(p50) != world:
                 raise RuntimeError(f"real_rounds_gloo: {len(p50)} of {world} ranks reported {variant} of {size} B")
             result[(size, variant)] = {"p50_us_max": max(p50), "p50_us_median": float(np.median(p50))}
+            timed = sorted((row for row in rows if row["bytes"] == size and row["variant"] == variant),
+                           key=lambda row: row["rank"])
+            result[(size, variant)]["from_last_entry"] = from_last_entry([row["entry_ns"] for row in timed],
+                                                                         [row["exit_ns"] for row in timed])
     if partitioned:
         for variant in ("partitioned", "partitioned_bruck"):
             part = [row for row in rows if row["variant"] == variant]
@@ -523,6 +564,9 @@ def main() -> int:
                              "msg_bruck": raw[(msg_bytes, "bruck")]["p50_us_median"],
                              "big_bruck": raw[(args.big_bytes, "bruck")]["p50_us_median"],
                              "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
+        # Both timed from the last rank's entry: the collective and its CPU, without the entry skew.
+        row["raw_from_last_entry"] = {"msg": raw[(msg_bytes, "allgather")]["from_last_entry"],
+                                      "msg_bruck": raw[(msg_bytes, "bruck")]["from_last_entry"]}
         if part:
             # Hops and bytes one rank sends: summaries and totals world-wide, the metadata in the block.
             for variant in ("partitioned", "partitioned_bruck"):
@@ -547,6 +591,10 @@ def main() -> int:
         row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"][row["raw_baseline"]]
         row["round_over_raw_ring"] = row["round_p50_us_median"] / row["raw_p50_us"][ring]
         row["round_over_raw_bruck"] = row["round_p50_us_median"] / row["raw_p50_us"][log]
+        if not part:
+            # The round from the last daemon's entry against the faster raw all-gather, timed alike.
+            raw_last = min(row["raw_from_last_entry"][k]["p50_us_median"] for k in ("msg", "msg_bruck"))
+            row["round_over_raw_from_last_entry"] = row["round_from_last_entry"]["p50_us_median"] / raw_last
         # The round against one world-wide all-gather of every rank's message (the unpartitioned round's).
         row["round_over_raw_world_msg"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
         # The round against the two collectives the peer group ran before (kept as a reference point).
@@ -608,6 +656,23 @@ def render(result: dict) -> str:
                      f"{raw['big'] / 1e3:.2f} / {raw.get('big_bruck', float('nan')) / 1e3:.2f} ms | "
                      f"**{r['round_over_raw']:.2f}** | {r.get('round_over_raw_ring', r['round_over_raw']):.2f} | "
                      f"{r['round_over_raw_with_delay']:.2f} |")
+    timed = [r for r in result["rows"] if "round_from_last_entry" in r]
+    if timed:
+        lines += ["", "The same runs timed from the last rank's entry (`round_trace`: each daemon's wall-clock entry "
+                  "and exit of every round; the raw all-gathers' entry and exit of every iteration): for the k-th "
+                  "collective, each rank's exit minus the latest entry of any rank, median over ranks of each "
+                  "rank's median. This is the round's own cost (its collective and the CPU around it); the entry "
+                  "skew is how long the first rank waited for the last to arrive (a daemon enters a round when its "
+                  "own trainer and producers make one due; the raw ranks leave a barrier together).", "",
+                  "| W | daemon round, from the last entry | its planner-thread CPU | entry skew (median) | "
+                  "raw ring, from the last entry | raw Bruck, from the last entry | **round / raw, from the last entry** |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in timed:
+            d, raw = r["round_from_last_entry"], r["raw_from_last_entry"]
+            lines.append(f"| {r['world']} | {d['p50_us_median'] / 1e3:.2f} ms | {d.get('cpu_p50_us', float('nan')) / 1e3:.2f} ms | "
+                         f"{d['skew_p50_us'] / 1e3:.2f} ms | "
+                         f"{raw['msg']['p50_us_median'] / 1e3:.2f} ms | {raw['msg_bruck']['p50_us_median'] / 1e3:.2f} ms | "
+                         f"**{r['round_over_raw_from_last_entry']:.2f}** |")
     m = result.get("model")
     if m:
         lines += ["", "Model (least squares, H = hops: W - 1 for a ring, ceil(log2 W) for Bruck and the daemons): "

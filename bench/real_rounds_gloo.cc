@@ -247,6 +247,15 @@ int Gather(int argc, char** argv) {
     const bool log = std::strcmp(variant, "bruck") == 0;
     std::vector<char> in(bytes, static_cast<char>(rank)), out(bytes * static_cast<size_t>(world));
     std::vector<double> us;
+    // Wall-clock entry and exit of every timed iteration, so that the
+    // benchmark can time each from the last rank's entry, as it does the
+    // daemons' rounds (their round_trace).
+    std::vector<long long> entry_ns, exit_ns;
+    auto wall_ns = [] {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+    };
     for (int i = 0; i < warmup + iters; ++i) {
       // A barrier first, so that every rank starts the timed collective
       // together, as the daemons do (a round starts when all are ready).
@@ -254,6 +263,7 @@ int Gather(int argc, char** argv) {
       b.setTag(tag++);
       gloo::barrier(b);
       const auto t0 = Clock::now();
+      const long long entered = wall_ns();
       if (two_step) {
         int64_t mine = static_cast<int64_t>(bytes);
         std::vector<int64_t> all(static_cast<size_t>(world));
@@ -278,7 +288,11 @@ int Gather(int argc, char** argv) {
         gloo::allgather(opts);
       }
       const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      if (i >= warmup) us.push_back(took);
+      if (i >= warmup) {
+        us.push_back(took);
+        entry_ns.push_back(entered);
+        exit_ns.push_back(wall_ns());
+      }
     }
     for (int r = 0; r < world; ++r) {  // the bytes arrived, not just the timing
       if (out[static_cast<size_t>(r) * bytes] != static_cast<char>(r)) {
@@ -289,10 +303,16 @@ int Gather(int argc, char** argv) {
     std::sort(us.begin(), us.end());
     double sum = 0;
     for (double v : us) sum += v;
+    std::string stamps;
+    for (const auto* v : {&entry_ns, &exit_ns}) {
+      stamps += v == &entry_ns ? ", \"entry_ns\": [" : "], \"exit_ns\": [";
+      for (size_t k = 0; k < v->size(); ++k) stamps += (k ? "," : "") + std::to_string((*v)[k]);
+    }
+    stamps += "]";
     std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"iters\": %d, "
-                "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f}\n",
+                "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f%s}\n",
                 rank, world, bytes, variant, iters, us[us.size() / 2],
-                sum / static_cast<double>(us.size()), us.front());
+                sum / static_cast<double>(us.size()), us.front(), stamps.c_str());
     std::fflush(stdout);
    }
   }

@@ -265,6 +265,7 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
                                       c.steps.rejections_are_errors));
   ODB_RETURN_IF_ERROR(s.Get("log_level", c.log_level));
   ODB_RETURN_IF_ERROR(s.Get("metrics_endpoint", c.metrics_endpoint));
+  ODB_RETURN_IF_ERROR(s.Get("round_trace", c.round_trace));
 
   ODB_ASSIGN_OR_RETURN(Section shm, s.Child("shm"));
   ODB_RETURN_IF_ERROR(shm.Get("producer_arenas", c.shm_producer_arenas));
@@ -780,6 +781,10 @@ absl::Status FinalizeConfig(DaemonConfig& c, const std::map<std::string, std::st
   c.trainer.endpoint = expand(c.trainer.endpoint);
   c.store_dir = expand(c.store_dir);
   c.metrics_endpoint = expand(c.metrics_endpoint);
+  if (!c.round_trace.empty()) {
+    c.round_trace = expand(c.round_trace);
+    ODB_RETURN_IF_ERROR(CheckPath("round_trace", c.round_trace));
+  }
   ODB_RETURN_IF_ERROR(ValidateEndpoints(c));
   ODB_RETURN_IF_ERROR(ValidateBufferAndGrouping(c));
   ODB_RETURN_IF_ERROR(ValidateAlignment(c));

@@ -145,6 +145,12 @@ struct DaemonConfig {
 
   // Prometheus text over plain HTTP, e.g. "tcp://0.0.0.0:9400"; "" = off.
   std::string metrics_endpoint;
+  // A diagnostic for benchmarks (bench/real_rounds.py): one line per
+  // alignment round, "round entry_ns exit_ns cpu_ns": entry and exit on the
+  // wall clock (CLOCK_REALTIME), so the rounds of daemons on one host (or
+  // hosts with synchronised clocks) line up, and the planner thread's CPU
+  // time in the round; "" = off. {run} and {rank} expand.
+  std::string round_trace;
 
   std::string log_level = "info";
 };

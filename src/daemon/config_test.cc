@@ -223,6 +223,8 @@ TEST_CASE("cross-field constraints that could only fail later are start-up error
   CHECK_THAT(StartupError("ingest_endpoints: ['tcp://host:99999']"), Catch::Contains("port"));
   CHECK_THAT(StartupError("metrics_endpoint: 'tcp://0.0.0.0:x'"), Catch::Contains("metrics_endpoint"));
   CHECK(StartupError("metrics_endpoint: 'tcp://127.0.0.1:*'").empty());
+  CHECK(StartupError("round_trace: '{run}/rounds-{rank}.txt'").empty());
+  CHECK_THAT(StartupError("round_trace: '" + std::string(5000, 'a') + "'"), Catch::Contains("round_trace"));
   CHECK_THAT(StartupError("alignment: {job_id: a/b}"), Catch::Contains("alignment.job_id"));
   CHECK_THAT(StartupError("alignment: {store: redis, redis_host: ''}"),
              Catch::Contains("alignment.redis_host"));

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <ctime>
 #include <tuple>
 
 #include "src/common/status_macros.h"
@@ -78,6 +81,14 @@ absl::Status Daemon::Bind() {
   }
   ODB_RETURN_IF_ERROR(ingest_.Bind());
   ODB_RETURN_IF_ERROR(trainer_.Bind());
+  if (!config_.round_trace.empty()) {
+    round_trace_.reset(std::fopen(config_.round_trace.c_str(), "w"));
+    if (!round_trace_) {
+      return absl::FailedPreconditionError("round_trace: cannot open '" + config_.round_trace +
+                                           "' for writing: " + std::strerror(errno));
+    }
+    std::setvbuf(round_trace_.get(), nullptr, _IOLBF, 0);  // whole lines, readable while the daemon runs
+  }
   if (exchange_) ODB_RETURN_IF_ERROR(exchange_->Bind());
   if (!config_.metrics_endpoint.empty()) {
     auto bound = metrics_server_.Start(config_.metrics_endpoint);
@@ -306,6 +317,14 @@ void Daemon::DropEpochsBefore(uint32_t epoch) {
   }
 }
 
+namespace {
+int64_t ThreadCpuNanos() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+}  // namespace
+
 absl::Status Daemon::RunOneRound() {
   RoundRequest request;
   {
@@ -330,10 +349,23 @@ absl::Status Daemon::RunOneRound() {
   }
   // Measured, not decided on: the round time metrics are real time.
   const auto round_start = std::chrono::steady_clock::now();
+  const auto entered = std::chrono::system_clock::now();
+  const int64_t cpu_before = ThreadCpuNanos();
   auto outcome = runner_->Run(request);
   if (!outcome.ok()) return outcome.status();
-  metrics_.rounds.fetch_add(1);
+  const uint64_t round = metrics_.rounds.fetch_add(1);
   RecordRoundTime(std::chrono::steady_clock::now() - round_start);
+  if (round_trace_) {
+    // Wall clock, so that the rounds of several daemons line up (the k-th
+    // round is the same collective on every rank).
+    auto ns = [](std::chrono::system_clock::time_point t) {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+    };
+    // The planner thread's CPU time in the round (encode, decode, plan): on
+    // a machine with fewer cores than daemons the wall time stretches it.
+    std::fprintf(round_trace_.get(), "%llu %lld %lld %lld\n", static_cast<unsigned long long>(round), ns(entered),
+                 ns(std::chrono::system_clock::now()), static_cast<long long>(ThreadCpuNanos() - cpu_before));
+  }
   ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) {
     if (!exchange_) return absl::InternalError("a single-rank plan moves samples");

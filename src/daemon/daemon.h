@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -116,6 +117,8 @@ class Daemon {
   static constexpr size_t kRoundTimesKept = 256;
   std::vector<uint64_t> round_times_;
   size_t round_time_next_ = 0;
+  // config.round_trace, opened by Bind (planner thread writes, one line per round).
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> round_trace_{nullptr, &std::fclose};
 };
 
 }  // namespace odb

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
 #include <thread>
@@ -31,7 +32,7 @@ bool Eventually(F done) {
 
 struct Harness {
   explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0, uint32_t trainer_timeout_ms = 0,
-                   uint32_t max_wait_ms = 20) {
+                   uint32_t max_wait_ms = 20, const std::string& round_trace = "") {
     dir =
         std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
@@ -45,6 +46,10 @@ struct Harness {
     config.ingest.producer_timeout_ms = producer_timeout_ms;
     config.trainer.trainer_timeout_ms = trainer_timeout_ms;
     config.max_wait_ms = max_wait_ms;
+    if (!round_trace.empty()) {
+      std::filesystem::create_directories(dir);
+      config.round_trace = dir + "/" + round_trace;
+    }
     auto peers = ConnectPeers(config);
     REQUIRE(peers.ok());
     daemon = std::make_unique<Daemon>(
@@ -203,6 +208,67 @@ TEST_CASE("the wired daemon emits every sample exactly once and a true summary")
   REQUIRE(ids.size() == 500);
   REQUIRE(std::set<uint64_t>(ids.begin(), ids.end()).size() == 500);
   REQUIRE(weight == Approx(static_cast<double>(steps)));  // W = 1: every step weighs 1
+}
+
+TEST_CASE("round_trace gets one line per round: its index, wall-clock entry and exit, planner CPU") {
+  Harness h("trace", 0, 0, 20, "rounds.txt");
+  RawTrainer trainer(h.context, h.config.trainer.endpoint);
+  trainer.StartEpoch(0);
+  RawProducer producer(h.context, h.config.ingest.endpoints[0], "p");
+  const auto before = std::chrono::system_clock::now();
+  for (uint64_t i = 0; i < 200; ++i) producer.Send(i, 1 + i % 50);
+  producer.End();
+  while (true) {
+    wire::DaemonMessage m = trainer.Next();
+    if (m.has_epoch_end()) break;
+    trainer.Credit();
+  }
+  const auto after = std::chrono::system_clock::now();
+  const uint64_t rounds = h.daemon->metrics().rounds.load();
+  REQUIRE(rounds > 1);
+  std::ifstream in(h.config.round_trace);
+  auto ns = [](std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  uint64_t round = 0;
+  long long entered = 0, exited = 0, cpu = 0, last_exit = ns(before), cpu_total = 0;
+  uint64_t lines = 0;
+  while (in >> round >> entered >> exited >> cpu) {
+    CHECK(round == lines);  // the k-th round: the same collective on every rank
+    CHECK(entered >= last_exit);  // rounds do not overlap, and none started before the samples
+    CHECK(exited >= entered);
+    CHECK(cpu >= 0);
+    cpu_total += cpu;
+    last_exit = exited;
+    ++lines;
+  }
+  CHECK(last_exit <= ns(after));
+  CHECK(lines == rounds);  // line-buffered: every finished round is in the file already
+  CHECK(cpu_total > 0);     // planning 200 samples takes some CPU
+}
+
+TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and the path") {
+  DaemonConfig config;
+  config.rank = 0;
+  config.world_size = 1;
+  config.local_rank = 0;
+  config.local_world_size = 1;
+  const std::string dir = std::filesystem::temp_directory_path() / ("odb-daemon-test-badtrace-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  config.run_dir = dir;
+  config.ingest.endpoints = {"ipc://" + dir + "/in.sock"};
+  config.trainer.endpoint = "ipc://" + dir + "/out.sock";
+  config.round_trace = dir + "/no/such/dir/rounds.txt";
+  auto peers = ConnectPeers(config);
+  REQUIRE(peers.ok());
+  FakeClock clock;
+  zmq::context_t context;
+  Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock, &context);
+  const absl::Status s = daemon.Bind();
+  CHECK_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("no/such/dir"));
+  daemon.Stop();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a window that does not fill is planned once max_wait_ms of the fake clock has passed") {
