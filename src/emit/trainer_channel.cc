@@ -73,8 +73,8 @@ absl::Status TrainerChannel::Bind() {
     socket_.set(zmq::sockopt::router_mandatory, true);
     socket_.set(zmq::sockopt::router_handover, true);         // the same session may reconnect
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
-    socket_.bind(options_.endpoint);
-    bound_ = socket_.get(zmq::sockopt::last_endpoint);
+    // The monitor first: a message counts only from a connection whose
+    // accept the monitor reported, so none may be accepted before it listens.
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
@@ -82,6 +82,8 @@ absl::Status TrainerChannel::Bind() {
     }
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);
+    socket_.bind(options_.endpoint);
+    bound_ = socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" + e.what() +
                                   "); is another odbd using it?");
