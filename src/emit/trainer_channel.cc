@@ -227,16 +227,17 @@ bool TrainerChannel::IsOpen(int fd, uint64_t connection) const {
 
 void TrainerChannel::NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied) {
   metrics_.late_trainer_messages.fetch_add(1);
-  const char* kind = msg.has_credit()              ? "credit"
-                     : msg.has_start_epoch()       ? "start_epoch"
-                     : msg.has_step_arena_reply()  ? "step_arena_reply"
-                                                   : "message";
+  const char* kind = msg.has_credit()             ? "credit"
+                     : msg.has_start_epoch()      ? "start_epoch"
+                     : msg.has_step_arena_reply() ? "step_arena_reply"
+                                                  : "message";
   spdlog::debug("trainer peer {}: a {} read after its connection had closed; {}", Printable(peer), kind,
                 applied ? "applied as the session's, not taken as a reconnect"
                         : "dropped (its sender is gone: it opens no session)");
 }
 
-bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg) {
+bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection,
+                            const wire::TrainerMessage& msg) {
   bool requested = false;
   // A contender's held messages are judged when they are handled: its
   // connection may have closed while it waited.
@@ -454,8 +455,7 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
     if (!out_.empty()) return std::nullopt;
   }
   return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
-         std::to_string(grace.count()) +
-         " ms (emit.exit_when_trainer_done)";
+         std::to_string(grace.count()) + " ms (emit.exit_when_trainer_done)";
 }
 
 void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {

@@ -169,8 +169,8 @@ class TrainerChannel {
   // connection is not taken for the old one. At most one per open descriptor.
   std::unordered_map<int, uint64_t> open_connections_;
   uint64_t connection_serial_ = 0;
-  std::string session_;  // routing id of the trainer; empty = none yet
-  int session_fd_ = -1;  // its connection (from ZMQ_SRCFD)
+  std::string session_;              // routing id of the trainer; empty = none yet
+  int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
   std::optional<Clock::TimePoint> lost_since_;
   uint64_t credits_ = 0;

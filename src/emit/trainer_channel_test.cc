@@ -363,7 +363,7 @@ TEST_CASE("a message a closed connection left queued neither opens a session nor
       } else {
         CHECK(f.channel->session_fd() == -1);
         CHECK_FALSE(f.channel->SessionEnded());  // no session existed
-        f.OpenSession();  // the next live trainer opens it
+        f.OpenSession();                         // the next live trainer opens it
       }
     }
   }
