@@ -233,12 +233,13 @@ void TrainerChannel::NoteLate(const std::string& peer, const wire::TrainerMessag
                                                   : "message";
   spdlog::debug("trainer peer {}: a {} read after its connection had closed; {}", Printable(peer), kind,
                 applied ? "applied as the session's, not taken as a reconnect"
-                        : "dropped (its sender is gone: it opens no session)");
+                        : "not applied and not taken as a (re)connect: its sender is gone");
 }
 
 bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection,
                             const wire::TrainerMessage& msg) {
   bool requested = false;
+  bool late = false;  // the session's message, from a connection that has closed
   // A contender's held messages are judged when they are handled: its
   // connection may have closed while it waited.
   const bool open = IsOpen(fd, connection);
@@ -275,11 +276,15 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // back on a new connection (a transient disconnect), or a message that a
     // closed connection had left queued. Only the first is a reconnect: the
     // connection must be open, and the peer reachable (ROUTER_MANDATORY). A
-    // late message is still what the trainer said (a credit it sent before
-    // its connection closed is not sent again), so it is applied below; it
-    // just does not revive the session, reset its timeout or re-send steps.
+    // late message does not revive the session, reset its timeout or re-send
+    // steps. What it reports still holds (a credit acknowledges steps the
+    // trainer did consume and is not sent again; its data wait was real; an
+    // arena answer), so that is applied below; what it asks for is not (a
+    // start_epoch of a trainer that is gone: a trainer restarted from a
+    // checkpoint asks for that epoch itself, maybe resuming mid-way).
     if (!open || !Acknowledge(session_)) {
-      NoteLate(peer, msg, /*applied=*/true);
+      late = true;
+      NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());
     } else {
       // Back: re-send what it may not have received (the client drops the
       // steps it already has).
@@ -303,6 +308,11 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
     CountDataWait(msg.credit());
+  } else if (msg.has_start_epoch() && late) {
+    spdlog::info(
+        "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
+        "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
+        Printable(peer), msg.start_epoch().epoch());
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();

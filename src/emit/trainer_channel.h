@@ -39,8 +39,9 @@ namespace odb::emit {
 //    accepted/disconnected events, ZMQ_SRCFD) is a sign of a trainer: one
 //    that a closed connection left queued (a trainer's last credit before it
 //    exits, read after the close) never opens, revives or contends for a
-//    session. Its sender said it, so the session's own late messages still
-//    count (credits, data wait, epoch requests); other peers' are dropped.
+//    session. What the session's own late messages report still holds
+//    (credits, data wait, an arena answer); what they ask for does not (a
+//    start_epoch of a trainer that is gone); other peers' are dropped.
 //    Both are counted (odb_late_trainer_messages_total). The ROUTER can still
 //    route to a closed connection's id until it tears the pipe down, so a
 //    send that succeeds proves nothing on its own.

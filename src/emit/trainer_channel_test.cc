@@ -269,9 +269,13 @@ TEST_CASE("a message read after its connection closed does not revive the sessio
         late.mutable_step_arena_reply()->set_generation(7);
       }
       f.Send(late);
-      // What it says stands (the trainer sent it): a start_epoch still asks
-      // for its epoch, as it would have had it been read before the close.
-      CHECK(ReadOne(f) == (std::string(kind) == "start_epoch"));
+      // What it reports holds (a credit acknowledges its step); what it asks
+      // for does not: a start_epoch of a trainer that is gone opens no epoch.
+      CHECK_FALSE(ReadOne(f));
+      {
+        MutexLock lock(f.state.mu);
+        CHECK(f.state.requested_epochs == std::deque<uint32_t>{0});
+      }
       CHECK(f.metrics.late_trainer_messages.load() == 1);
       CHECK(f.channel->session_fd() == -1);  // still lost
       // Nothing re-sent to it: the next thing the trainer gets is nothing.
