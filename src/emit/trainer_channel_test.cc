@@ -373,6 +373,32 @@ TEST_CASE("a message a closed connection left queued neither opens a session nor
   }
 }
 
+TEST_CASE("a contender that left while it waited does not take over the session it waited for") {
+  Fixture f("late-contender");
+  f.OpenSession();
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+  zmq::socket_t other(f.context, zmq::socket_type::dealer);
+  other.set(zmq::sockopt::linger, 10000);
+  other.set(zmq::sockopt::routing_id, std::string("contender"));
+  other.connect(f.channel->endpoint());
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 2; });
+  REQUIRE(f.channel->open_connections() == 2);
+  other.send(zmq::buffer(StartEpoch(1).SerializeAsString()));
+  CHECK_FALSE(ReadOne(f));  // held: the session is alive
+  other.close();
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+  REQUIRE(f.channel->open_connections() == 1);
+  // Then the session's connection closes: the contender's held start_epoch
+  // is judged now, and its connection is gone.
+  f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, f.channel->session_fd());
+  CHECK_FALSE(f.channel->SettleContender());
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.metrics.refused_trainers.load() == 0);
+  CHECK(f.channel->session_fd() == -1);
+  MutexLock lock(f.state.mu);
+  CHECK(f.state.requested_epochs == std::deque<uint32_t>{0});
+}
+
 TEST_CASE("a second trainer is held for the contender grace of the injected clock, then refused") {
   Fixture f("contender");
   f.OpenSession();
