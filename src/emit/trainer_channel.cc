@@ -282,6 +282,10 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // arena answer), so that is applied below; what it asks for is not (a
     // start_epoch of a trainer that is gone: a trainer restarted from a
     // checkpoint asks for that epoch itself, maybe resuming mid-way).
+    // (One case stays open: a late message read after the OS gave its
+    // descriptor to a new connection looks like that connection's; it still
+    // needs the acknowledgement, i.e. the ROUTER not yet done with the old
+    // pipe, and the new connection accepted within that moment.)
     if (!open || !Acknowledge(session_)) {
       late = true;
       NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());

@@ -134,9 +134,9 @@ class TrainerChannel {
   // One trainer message from `peer` (a frame that parsed, current version)
   // that came on `connection` (ConnectionOf at the time it was read).
   bool Handle(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg);
-  // The open connection on descriptor `fd` after the monitor's pending
-  // events: its serial, 0 when none is open (the message came on a
-  // connection that has closed since).
+  // The open connection on descriptor `fd` as far as the monitor has told
+  // (OnReadable drains it first): its serial, 0 when none is open (a message
+  // with that ZMQ_SRCFD came on a connection that has closed since).
   uint64_t ConnectionOf(int fd);
   bool IsOpen(int fd, uint64_t connection) const;
   // Counts and logs a message its closed connection had left queued.
@@ -166,8 +166,9 @@ class TrainerChannel {
 
   // I/O thread only.
   // Open connections of the trainer socket (from the monitor): descriptor ->
-  // a serial of its own, so that a descriptor the OS reuses for a new
-  // connection is not taken for the old one. At most one per open descriptor.
+  // a serial of its own, so that the connection a session or contender is
+  // bound to is not confused with a later one on the same descriptor (the
+  // OS reuses them). One entry per open descriptor.
   std::unordered_map<int, uint64_t> open_connections_;
   uint64_t connection_serial_ = 0;
   std::string session_;              // routing id of the trainer; empty = none yet
