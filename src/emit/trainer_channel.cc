@@ -73,8 +73,8 @@ absl::Status TrainerChannel::Bind() {
     socket_.set(zmq::sockopt::router_mandatory, true);
     socket_.set(zmq::sockopt::router_handover, true);         // the same session may reconnect
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
-    socket_.bind(options_.endpoint);
-    bound_ = socket_.get(zmq::sockopt::last_endpoint);
+    // The monitor first: a message counts only from a connection whose
+    // accept the monitor reported, so none may be accepted before it listens.
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
@@ -82,6 +82,8 @@ absl::Status TrainerChannel::Bind() {
     }
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);
+    socket_.bind(options_.endpoint);
+    bound_ = socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" + e.what() +
                                   "); is another odbd using it?");
@@ -146,31 +148,36 @@ bool TrainerChannel::OnReadable() {
                  std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
       continue;
     }
+    // Which connection it came on, judged after the monitor's pending events:
+    // a close that happened before this read is known by now.
+    OnMonitor();
+    const uint64_t connection = ConnectionOf(fd);
+    if (connection == 0 && peer != session_) {
+      NoteLate(peer, msg, /*applied=*/false);  // its sender is gone: it neither contends nor opens a session
+      continue;
+    }
     if (!session_.empty() && peer != session_ && !lost_since_) {
-      OnMonitor();  // the session's close may be waiting there
-      if (!lost_since_) {
-        if (!contender_ || contender_->peer != peer) {
-          if (contender_) {  // a third peer: only one may wait
-            metrics_.refused_trainers.fetch_add(1);
-            Refuse(peer, wire::SESSION_REFUSED,
-                   "rank " + std::to_string(options_.rank) + " already serves trainer session " +
-                       Printable(session_) + "; one trainer per daemon");
-            continue;
-          }
-          contender_ = Contender{peer, fd, clock_.Now(), {}};
+      if (!contender_ || contender_->peer != peer) {
+        if (contender_) {  // a third peer: only one may wait
+          metrics_.refused_trainers.fetch_add(1);
+          Refuse(peer, wire::SESSION_REFUSED,
+                 "rank " + std::to_string(options_.rank) + " already serves trainer session " +
+                     Printable(session_) + "; one trainer per daemon");
+          continue;
         }
-        if (contender_->waiting.size() < kContenderMessages) contender_->waiting.push_back(std::move(msg));
-        continue;
+        contender_ = Contender{peer, fd, connection, clock_.Now(), {}};
       }
+      if (contender_->waiting.size() < kContenderMessages) contender_->waiting.push_back(std::move(msg));
+      continue;
     }
     if (contender_ && contender_->peer == peer) {
       // The waiting peer is through (the session closed): its held messages
       // first, in order.
       Contender c = std::move(*contender_);
       contender_.reset();
-      for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, m);
+      for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, c.connection, m);
     }
-    requested |= Handle(peer, fd, msg);
+    requested |= Handle(peer, fd, connection, msg);
   }
   requested |= SettleContender();
   return requested;
@@ -190,7 +197,7 @@ bool TrainerChannel::SettleContender() {
     return false;
   }
   bool requested = false;
-  for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, m);
+  for (const wire::TrainerMessage& m : c.waiting) requested |= Handle(c.peer, c.fd, c.connection, m);
   return requested;
 }
 
@@ -208,18 +215,41 @@ void TrainerChannel::CountDataWait(const wire::Credit& credit) {
   metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
 }
 
-bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg) {
+uint64_t TrainerChannel::ConnectionOf(int fd) {
+  auto it = open_connections_.find(fd);
+  return it == open_connections_.end() ? 0 : it->second;
+}
+
+bool TrainerChannel::IsOpen(int fd, uint64_t connection) const {
+  auto it = open_connections_.find(fd);
+  return connection != 0 && it != open_connections_.end() && it->second == connection;
+}
+
+void TrainerChannel::NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied) {
+  metrics_.late_trainer_messages.fetch_add(1);
+  const char* kind = msg.has_credit()             ? "credit"
+                     : msg.has_start_epoch()      ? "start_epoch"
+                     : msg.has_step_arena_reply() ? "step_arena_reply"
+                                                  : "message";
+  spdlog::debug("trainer peer {}: a {} read after its connection had closed; {}", Printable(peer), kind,
+                applied ? "applied as the session's, not taken as a reconnect"
+                        : "not applied and not taken as a (re)connect: its sender is gone");
+}
+
+bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection,
+                            const wire::TrainerMessage& msg) {
   bool requested = false;
-  // A credit the session's closed connection left queued still reports time
-  // its trainer waited (a trainer that exits right after its epoch sends its
-  // last step's wait and closes): count it even when the rest of the
-  // message is ignored below as late.
-  const bool wait_counted = msg.has_credit() && !session_.empty() && peer == session_;
-  if (wait_counted) CountDataWait(msg.credit());
-  if (session_.empty() || (peer != session_ && lost_since_)) {
-    // A message a closed connection left queued must not open a session:
-    // only a connected peer can receive this acknowledgement.
-    if (!Acknowledge(peer)) return false;
+  bool late = false;  // the session's message, from a connection that has closed
+  // A contender's held messages are judged when they are handled: its
+  // connection may have closed while it waited.
+  const bool open = IsOpen(fd, connection);
+  if (session_.empty() || peer != session_) {
+    // Only a connected peer opens a session: one on a connection the monitor
+    // still knows open, and that takes the acknowledgement.
+    if (!open || !Acknowledge(peer)) {
+      NoteLate(peer, msg, /*applied=*/false);
+      return false;
+    }
     if (!session_.empty() && delivered_in_epoch_ > 0) {
       // The lost trainer had steps of an open epoch; nobody knows which it trained.
       const std::string text =
@@ -235,26 +265,42 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
     session_ = peer;
     session_fd_ = fd;
+    session_connection_ = connection;
     lost_since_.reset();
     credits_ = options_.outstanding_depth;
     in_flight_.clear();
     spdlog::info("trainer session {} started", Printable(peer));
     OfferStepArena(peer);
-  } else if (lost_since_ || fd != session_fd_) {
-    // The session's id again, after its connection closed or on another
-    // one: either the same session is back on a new connection, or this is
-    // a message its closed connection had left queued. Only a connected
-    // peer can be sent to (ROUTER_MANDATORY), so an acknowledgement tells.
-    if (!Acknowledge(session_)) return false;  // a late message: still lost
-    // Back: re-send what it may not have received (the client drops the
-    // steps it already has).
-    lost_since_.reset();
-    session_fd_ = fd;
-    spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
-                 in_flight_.size());
-    for (auto& sent : in_flight_) {
-      auto copy = CopyParts(sent);
-      if (!TrySendTo(socket_, session_, copy).ok()) break;
+  } else if (lost_since_ || connection != session_connection_) {
+    // The session's id on a connection other than the one it is bound to:
+    // back on a new connection (a transient disconnect), or a message that a
+    // closed connection had left queued. Only the first is a reconnect: the
+    // connection must be open, and the peer reachable (ROUTER_MANDATORY). A
+    // late message does not revive the session, reset its timeout or re-send
+    // steps. What it reports still holds (a credit acknowledges steps the
+    // trainer did consume and is not sent again; its data wait was real; an
+    // arena answer), so that is applied below; what it asks for is not (a
+    // start_epoch of a trainer that is gone: a trainer restarted from a
+    // checkpoint asks for that epoch itself, maybe resuming mid-way).
+    // (One case stays open: a late message read after the OS gave its
+    // descriptor to a new connection looks like that connection's; it still
+    // needs the acknowledgement, i.e. the ROUTER not yet done with the old
+    // pipe, and the new connection accepted within that moment.)
+    if (!open || !Acknowledge(session_)) {
+      late = true;
+      NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());
+    } else {
+      // Back: re-send what it may not have received (the client drops the
+      // steps it already has).
+      lost_since_.reset();
+      session_fd_ = fd;
+      session_connection_ = connection;
+      spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
+                   in_flight_.size());
+      for (auto& sent : in_flight_) {
+        auto copy = CopyParts(sent);
+        if (!TrySendTo(socket_, session_, copy).ok()) break;
+      }
     }
   }
   if (msg.has_step_arena_reply()) {
@@ -265,7 +311,12 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, const wire::Trainer
     uint32_t steps = msg.credit().steps();
     for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
-    if (!wait_counted) CountDataWait(msg.credit());
+    CountDataWait(msg.credit());
+  } else if (msg.has_start_epoch() && late) {
+    spdlog::info(
+        "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
+        "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
+        Printable(peer), msg.start_epoch().epoch());
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
@@ -313,11 +364,26 @@ void TrainerChannel::OnMonitor() {
     int32_t value = 0;
     std::memcpy(&id, event[0].data(), sizeof(id));
     std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, sizeof(value));
-    if (id == ZMQ_EVENT_DISCONNECTED && value == session_fd_ && !session_.empty() && !lost_since_) {
-      lost_since_ = clock_.Now();
-      metrics_.trainer_disconnects.fetch_add(1);
-      spdlog::info("trainer session {} disconnected", Printable(session_));
-    }
+    OnConnectionEvent(id, value);
+  }
+}
+
+void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
+  if (event == ZMQ_EVENT_ACCEPTED) {
+    // A new connection; the descriptor may be one a closed connection had.
+    open_connections_[fd] = ++connection_serial_;
+    return;
+  }
+  if (event != ZMQ_EVENT_DISCONNECTED) return;
+  auto it = open_connections_.find(fd);
+  if (it == open_connections_.end()) return;
+  const uint64_t closed = it->second;
+  open_connections_.erase(it);
+  if (!session_.empty() && closed == session_connection_) {
+    lost_since_ = clock_.Now();
+    session_connection_ = 0;
+    metrics_.trainer_disconnects.fetch_add(1);
+    spdlog::info("trainer session {} disconnected", Printable(session_));
   }
 }
 
@@ -326,6 +392,7 @@ bool TrainerChannel::SendToSession(std::vector<zmq::message_t>& parts) {
   Transfer t = TrySendTo(socket_, session_, parts);
   if (t.code == TransferCode::kUnreachable) {
     if (!lost_since_) lost_since_ = clock_.Now();
+    session_connection_ = 0;  // gone, whatever the monitor says yet: only a reconnect revives it
     return false;
   }
   if (t.code == TransferCode::kError) spdlog::warn("send to the trainer failed: {}", t.error);
@@ -402,8 +469,7 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
     if (!out_.empty()) return std::nullopt;
   }
   return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
-         std::to_string(grace.count()) +
-         " ms (emit.exit_when_trainer_done)";
+         std::to_string(grace.count()) + " ms (emit.exit_when_trainer_done)";
 }
 
 void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 #include <zmq.hpp>
 
@@ -34,6 +35,16 @@ namespace odb::emit {
 //  - Steps sent and not yet acknowledged by a credit are kept (zero-copy
 //    references). If the same session reconnects (the client keeps its routing
 //    id), they are sent again and the client drops the ones it already has.
+//  - Only a message that came on a connection still open (the monitor's
+//    accepted/disconnected events, ZMQ_SRCFD) is a sign of a trainer: one
+//    that a closed connection left queued (a trainer's last credit before it
+//    exits, read after the close) never opens, revives or contends for a
+//    session. What the session's own late messages report still holds
+//    (credits, data wait, an arena answer); what they ask for does not (a
+//    start_epoch of a trainer that is gone); other peers' are dropped.
+//    Both are counted (odb_late_trainer_messages_total). The ROUTER can still
+//    route to a closed connection's id until it tears the pipe down, so a
+//    send that succeeds proves nothing on its own.
 //  - If the session is lost (its connection closed) after steps of an open
 //    epoch were delivered, a new trainer cannot continue that epoch: it gets
 //    EPOCH_LOST, and the daemon stops with the same error (what was delivered
@@ -63,6 +74,15 @@ class TrainerChannel {
   bool OnReadable();
   // Connection events of the trainer socket (liveness of the session).
   void OnMonitor();
+  // One event of the monitor (ZMQ_EVENT_ACCEPTED / ZMQ_EVENT_DISCONNECTED and
+  // the connection's descriptor), as OnMonitor hands them on; public so that
+  // a test can order a connection's close before a message it sent.
+  void OnConnectionEvent(uint16_t event, int fd);
+  // The session's connection (its descriptor on this side); -1 when there is
+  // no session or it is lost.
+  int session_fd() const { return session_connection_ != 0 ? session_fd_ : -1; }
+  // Connections of the trainer socket open as far as the monitor has told.
+  size_t open_connections() const { return open_connections_.size(); }
   // A second peer waits while the session may be closing, then takes over
   // (the session is gone) or is refused. Returns true when an epoch was
   // requested. Call once per loop.
@@ -111,8 +131,16 @@ class TrainerChannel {
   // offered it.
   void OfferStepArena(const std::string& peer);
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
-  // One trainer message from `peer` (a frame that parsed, current version).
-  bool Handle(const std::string& peer, int fd, const wire::TrainerMessage& msg);
+  // One trainer message from `peer` (a frame that parsed, current version)
+  // that came on `connection` (ConnectionOf at the time it was read).
+  bool Handle(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg);
+  // The open connection on descriptor `fd` as far as the monitor has told
+  // (OnReadable drains it first): its serial, 0 when none is open (a message
+  // with that ZMQ_SRCFD came on a connection that has closed since).
+  uint64_t ConnectionOf(int fd);
+  bool IsOpen(int fd, uint64_t connection) const;
+  // Counts and logs a message its closed connection had left queued.
+  void NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied);
   // Adds a credit's data_wait_us to odb_trainer_data_wait_microseconds_total.
   void CountDataWait(const wire::Credit& credit);
 
@@ -137,8 +165,15 @@ class TrainerChannel {
   StepArenaHandshake arena_;
 
   // I/O thread only.
-  std::string session_;  // routing id of the trainer; empty = none yet
-  int session_fd_ = -1;  // its connection (from ZMQ_SRCFD)
+  // Open connections of the trainer socket (from the monitor): descriptor ->
+  // a serial of its own, so that the connection a session or contender is
+  // bound to is not confused with a later one on the same descriptor (the
+  // OS reuses them). One entry per open descriptor.
+  std::unordered_map<int, uint64_t> open_connections_;
+  uint64_t connection_serial_ = 0;
+  std::string session_;              // routing id of the trainer; empty = none yet
+  int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
+  uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
   std::optional<Clock::TimePoint> lost_since_;
   uint64_t credits_ = 0;
   std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
@@ -147,6 +182,7 @@ class TrainerChannel {
   struct Contender {
     std::string peer;
     int fd = -1;
+    uint64_t connection = 0;
     Clock::TimePoint since;                     // on the injected clock
     std::vector<wire::TrainerMessage> waiting;  // at most kContenderMessages
   };

@@ -39,7 +39,7 @@ std::vector<zmq::message_t> Step(uint64_t index) {
 
 struct Fixture {
   explicit Fixture(const std::string& name, uint32_t outstanding_depth = 2,
-                   uint32_t trainer_timeout_ms = 30000)
+                   uint32_t trainer_timeout_ms = 30000, const std::string& routing_id = "")
       : state(1 << 20, 64, 1), trainer(context, zmq::socket_type::dealer) {
     dir = std::filesystem::temp_directory_path() /
           ("odb-trainer-channel-" + name + "-" + std::to_string(getpid()));
@@ -52,6 +52,7 @@ struct Fixture {
     channel = std::make_unique<TrainerChannel>(context, options, state, metrics, clock);
     REQUIRE(channel->Bind().ok());
     trainer.set(zmq::sockopt::linger, 0);
+    if (!routing_id.empty()) trainer.set(zmq::sockopt::routing_id, routing_id);
     trainer.connect(channel->endpoint());
   }
   ~Fixture() {
@@ -213,6 +214,189 @@ TEST_CASE("a credit read after its session's disconnect event still counts its d
   REQUIRE(zmq::poll(&socket, 1, std::chrono::seconds(10)) == 1);  // the credit is still queued
   CHECK_FALSE(f.channel->OnReadable());
   CHECK(f.metrics.trainer_data_wait_us.load() == 123456);
+  // Read after the close (really closed here): not a reconnect. The ROUTER
+  // may still route the id at this point; that used to revive the session
+  // in about half of the runs.
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.channel->session_fd() == -1);
+  f.clock.Advance(milliseconds(30001));
+  CHECK(f.channel->CheckLiveness());
+}
+
+// Drives the channel's socket and monitor until `done` holds, without
+// reading the socket: a connection's events come first, its messages wait.
+template <typename F>
+void PumpMonitorUntil(Fixture& f, F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    zmq::pollitem_t monitor{f.channel->monitor().handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&monitor, 1, milliseconds(20));
+    f.channel->OnMonitor();
+  }
+}
+
+// Reads the channel's socket once a message is there (10 s at most).
+bool ReadOne(Fixture& f) {
+  zmq::pollitem_t socket{f.channel->socket().handle(), 0, ZMQ_POLLIN, 0};
+  REQUIRE(zmq::poll(&socket, 1, std::chrono::seconds(10)) == 1);
+  return f.channel->OnReadable();
+}
+
+TEST_CASE("a message read after its connection closed does not revive the session") {
+  // The race seen with real trainers: the monitor reports the connection's
+  // close, yet the ROUTER still routes the session's id (it has not torn the
+  // pipe down), and a message that connection left queued is read. The test
+  // orders it: the close event goes first (the connection itself stays open,
+  // as the ROUTER's pipe does), then the message. Every kind of message.
+  for (const char* kind : {"credit", "start_epoch", "step_arena_reply"}) {
+    DYNAMIC_SECTION(kind) {
+      Fixture f(std::string("late-") + kind, /*outstanding_depth=*/2, /*trainer_timeout_ms=*/30000);
+      f.OpenSession();
+      f.channel->EnqueueStep(Step(0));
+      f.channel->EnqueueStep(Step(1));
+      f.channel->Flush();
+      for (int i = 0; i < 2; ++i) REQUIRE(f.Receive());  // two steps in flight
+      const int fd = f.channel->session_fd();
+      REQUIRE(fd >= 0);
+      f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, fd);
+      REQUIRE(f.metrics.trainer_disconnects.load() == 1);
+      REQUIRE(f.channel->session_fd() == -1);
+
+      wire::TrainerMessage late = Credit(1);
+      if (std::string(kind) == "start_epoch") late = StartEpoch(1);
+      if (std::string(kind) == "step_arena_reply") {
+        late.clear_credit();
+        late.mutable_step_arena_reply()->set_generation(7);
+      }
+      f.Send(late);
+      // What it reports holds (a credit acknowledges its step); what it asks
+      // for does not: a start_epoch of a trainer that is gone opens no epoch.
+      CHECK_FALSE(ReadOne(f));
+      {
+        MutexLock lock(f.state.mu);
+        CHECK(f.state.requested_epochs == std::deque<uint32_t>{0});
+      }
+      CHECK(f.metrics.late_trainer_messages.load() == 1);
+      CHECK(f.channel->session_fd() == -1);  // still lost
+      // Nothing re-sent to it: the next thing the trainer gets is nothing.
+      CHECK_FALSE(f.Receive(milliseconds(200)));
+
+      // The timeout runs from the close, not from the late message.
+      f.clock.Advance(milliseconds(30001));
+      auto fatal = f.channel->CheckLiveness();
+      REQUIRE(fatal);
+      CHECK_THAT(fatal->second, Catch::Contains("did not come back"));
+      // A late credit still acknowledges its step.
+      CHECK_THAT(fatal->second, Catch::Contains(std::string(kind) == "credit" ? "1 step(s)" : "2 step(s)"));
+    }
+  }
+}
+
+TEST_CASE("a late credit still acknowledges its steps and counts its wait; a later reconnect is one") {
+  // The late message is what the trainer said before its connection closed:
+  // if the session comes back, it does not send that credit again.
+  Fixture f("late-then-back", /*outstanding_depth=*/2, /*trainer_timeout_ms=*/30000, "trainer-back");
+  f.OpenSession();
+  f.channel->EnqueueStep(Step(0));
+  f.channel->EnqueueStep(Step(1));
+  f.channel->Flush();
+  for (int i = 0; i < 2; ++i) REQUIRE(f.Receive());
+  f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, f.channel->session_fd());
+  wire::TrainerMessage late = Credit(1);
+  late.mutable_credit()->set_data_wait_us(777);
+  f.Send(late);
+  CHECK_FALSE(ReadOne(f));
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.metrics.trainer_data_wait_us.load() == 777);
+  CHECK(f.channel->session_fd() == -1);
+
+  // The same session on a new connection: a reconnect, and only step 1 (not
+  // acknowledged) is sent again.
+  zmq::socket_t again(f.context, zmq::socket_type::dealer);
+  again.set(zmq::sockopt::linger, 0);
+  again.set(zmq::sockopt::routing_id, std::string("trainer-back"));
+  f.trainer.close();  // the old connection really closes; the new one takes the id
+  again.connect(f.channel->endpoint());
+  again.send(zmq::buffer(Credit(0).SerializeAsString()));
+  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
+  REQUIRE(f.channel->session_fd() >= 0);
+  again.set(zmq::sockopt::rcvtimeo, 10000);
+  std::vector<uint64_t> indices;
+  while (indices.size() < 1) {
+    zmq::message_t frame;
+    REQUIRE(again.recv(frame));
+    wire::DaemonMessage m;
+    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+    while (frame.more()) REQUIRE(again.recv(frame));
+    if (m.has_step()) indices.push_back(m.step().step_index());
+  }
+  CHECK(indices == std::vector<uint64_t>{1});
+  f.trainer = std::move(again);
+}
+
+TEST_CASE("a message a closed connection left queued neither opens a session nor contends for it") {
+  for (const bool with_session : {true, false}) {
+    DYNAMIC_SECTION((with_session ? "while a session is served" : "before any session")) {
+      Fixture f(with_session ? "late-stranger" : "late-first");
+      if (with_session) f.OpenSession();
+      PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+      REQUIRE(f.channel->open_connections() == 1);  // the fixture's trainer
+      // Another trainer connects, talks and closes before the daemon reads it.
+      zmq::socket_t other(f.context, zmq::socket_type::dealer);
+      other.set(zmq::sockopt::linger, 10000);  // its message leaves before the socket closes
+      other.set(zmq::sockopt::routing_id, std::string("stranger"));
+      other.connect(f.channel->endpoint());
+      PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 2; });
+      REQUIRE(f.channel->open_connections() == 2);
+      other.send(zmq::buffer(StartEpoch(1).SerializeAsString()));
+      other.close();
+      PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+      REQUIRE(f.channel->open_connections() == 1);
+      CHECK_FALSE(ReadOne(f));
+      CHECK(f.metrics.late_trainer_messages.load() == 1);
+      // Not held as a contender: past the grace nobody is refused.
+      f.clock.Advance(milliseconds(2001));
+      CHECK_FALSE(f.channel->SettleContender());
+      CHECK(f.metrics.refused_trainers.load() == 0);
+      {
+        MutexLock lock(f.state.mu);
+        CHECK(f.state.requested_epochs.size() == (with_session ? 1u : 0u));
+      }
+      if (with_session) {
+        CHECK(f.channel->session_fd() >= 0);  // the session is untouched
+      } else {
+        CHECK(f.channel->session_fd() == -1);
+        CHECK_FALSE(f.channel->SessionEnded());  // no session existed
+        f.OpenSession();                         // the next live trainer opens it
+      }
+    }
+  }
+}
+
+TEST_CASE("a contender that left while it waited does not take over the session it waited for") {
+  Fixture f("late-contender");
+  f.OpenSession();
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+  zmq::socket_t other(f.context, zmq::socket_type::dealer);
+  other.set(zmq::sockopt::linger, 10000);
+  other.set(zmq::sockopt::routing_id, std::string("contender"));
+  other.connect(f.channel->endpoint());
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 2; });
+  REQUIRE(f.channel->open_connections() == 2);
+  other.send(zmq::buffer(StartEpoch(1).SerializeAsString()));
+  CHECK_FALSE(ReadOne(f));  // held: the session is alive
+  other.close();
+  PumpMonitorUntil(f, [&] { return f.channel->open_connections() == 1; });
+  REQUIRE(f.channel->open_connections() == 1);
+  // Then the session's connection closes: the contender's held start_epoch
+  // is judged now, and its connection is gone.
+  f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, f.channel->session_fd());
+  CHECK_FALSE(f.channel->SettleContender());
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.metrics.refused_trainers.load() == 0);
+  CHECK(f.channel->session_fd() == -1);
+  MutexLock lock(f.state.mu);
+  CHECK(f.state.requested_epochs == std::deque<uint32_t>{0});
 }
 
 TEST_CASE("a second trainer is held for the contender grace of the injected clock, then refused") {

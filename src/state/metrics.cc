@@ -28,6 +28,10 @@ const std::vector<MetricSpec>& MetricTable() {
        &M::refused_trainers},
       {"odb_trainer_disconnects_total", kCounter, "Times the trainer session's connection closed.",
        &M::trainer_disconnects},
+      {"odb_late_trainer_messages_total", kCounter,
+       "Trainer messages read after their connection had closed: never taken as a (re)connect; the "
+       "session's own are applied, other peers' dropped.",
+       &M::late_trainer_messages},
       {"odb_trainer_data_wait_microseconds_total", kCounter,
        "Time the trainer reported waiting for steps in next(loader): a data stall when it grows.",
        &M::trainer_data_wait_us},

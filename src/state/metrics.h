@@ -22,6 +22,8 @@ struct DaemonMetrics {
   std::atomic<uint64_t> refused_trainers{0};      // second trainers told SESSION_REFUSED
   std::atomic<uint64_t> metrics_scrapes{0};
   std::atomic<uint64_t> trainer_disconnects{0};  // the session's connection closed
+  // Trainer messages read after their connection had closed (never a reconnect).
+  std::atomic<uint64_t> late_trainer_messages{0};
   // The trainer's reported time blocked on data (Credit.data_wait_us): a data stall.
   std::atomic<uint64_t> trainer_data_wait_us{0};
   std::atomic<uint64_t> real_tokens{0};          // tokens of the samples emitted
