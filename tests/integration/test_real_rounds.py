@@ -63,6 +63,19 @@ def test_four_daemons_measured_parsed_and_fitted(tmp_path):
         assert r["round_over_raw_ring"] == pytest.approx(r["round_p50_us_median"] / r["raw_p50_us"]["msg"])
         # The daemon's peer group: ceil(log2 W) hops (Bruck) from 3 ranks up, the ring's W - 1 below.
         assert r["hops"] == {2: 1, 4: 2}[r["world"]]
+        # Every round traced by every daemon (round_trace), and timed from the last rank's entry: never
+        # longer than the round each daemon measured from its own entry (the one that entered last
+        # measures the same span), with its planner thread's CPU inside it.
+        last = r["round_from_last_entry"]
+        assert last["collectives"] >= r["rounds"]  # the metric was read before the daemons stopped
+        assert 0 < last["p50_us_median"] <= r["round_p50_us_max"] * 1.05 + 50
+        assert 0 < last["cpu_p50_us"] <= r["round_p50_us_max"] + 50
+        assert last["skew_p50_us"] >= 0
+        for variant in ("msg", "msg_bruck"):
+            raw = r["raw_from_last_entry"][variant]
+            assert raw["collectives"] == 5 and raw["p50_us_median"] > 0
+        assert r["round_over_raw_from_last_entry"] == pytest.approx(
+            last["p50_us_median"] / min(r["raw_from_last_entry"][v]["p50_us_median"] for v in ("msg", "msg_bruck")))
     model = result["model"]
     assert set(model) >= {"alpha_us_per_hop", "beta_us_per_byte_hop", "c0_us", "c1_us_per_hop"}
     extra = result["extrapolation"]
@@ -73,7 +86,7 @@ def test_four_daemons_measured_parsed_and_fitted(tmp_path):
         assert scenario["per_step"]["gpu_7b_h100"] == pytest.approx(
             scenario["round_ms"] / extra["step_ms"]["gpu_7b_h100"])
     md = (tmp_path / "real_rounds.md").read_text()
-    assert "| 4 |" in md and "gpu_7b_h100" in md
+    assert "| 4 |" in md and "gpu_7b_h100" in md and "from the last entry" in md
 
 
 def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
@@ -140,3 +153,27 @@ def test_the_fit_never_gives_a_hop_or_a_byte_a_negative_cost():
     assert a >= 0 and b >= 0 and a == pytest.approx(16 / 3)
     a, b = module.nonneg_lstsq2(x, np.array([3.0, 5.0, 7.0]))  # a free fit that is already >= 0 is kept
     assert (a, b) == (pytest.approx(2.0), pytest.approx(1.0))
+
+
+def test_rounds_are_timed_from_the_last_ranks_entry(tmp_path):
+    """Each rank's exit minus the latest entry of the same collective: the wait for a late rank (the
+    entry skew) is left out, and a trace out of order is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("real_rounds", ROOT / "bench" / "real_rounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # Two ranks, three collectives (ns): rank 1 enters 5 ms late in the first, rank 0 2 ms late in the second.
+    entries = [[0, 100_000_000, 200_000_000], [5_000_000, 98_000_000, 200_000_000]]
+    exits = [[6_000_000, 101_000_000, 200_500_000], [6_000_000, 101_000_000, 201_000_000]]
+    got = module.from_last_entry(entries, exits)
+    # From the last entry: rank 0 [1, 1, 0.5] ms, rank 1 [1, 1, 1] ms; medians 1 and 1.
+    assert got["p50_us_median"] == pytest.approx(1000.0)
+    assert got["skew_p50_us"] == pytest.approx(2000.0)  # skews 5, 2, 0 ms
+    assert got["collectives"] == 3
+    trace = tmp_path / "rounds-0.txt"
+    trace.write_text("0 10 20 5\n1 30 40 6\n")
+    assert module.read_round_trace(trace) == ([10, 30], [20, 40], [5, 6])
+    trace.write_text("0 10 20 5\n2 30 40 6\n")
+    with pytest.raises(RuntimeError, match="line 2 is round 2"):
+        module.read_round_trace(trace)
