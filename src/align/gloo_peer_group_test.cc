@@ -233,6 +233,115 @@ TEST_CASE("gloo: a silent peer is named by the others within the collective time
   }
 }
 
+// A peer whose size header is garbage (a corrupt frame, another program on
+// the port, a different odbd): huge, "negative" (2^64 - 1 as a signed
+// size), over the per-message limit, or within it but over the all-gather's
+// total. Every rank, the liar included, fails the all-gather with an error
+// naming the rank and the size, before any buffer is sized from it (2^39
+// bytes used to become a 512 GiB overflow buffer: std::bad_alloc on this
+// machine, an 8 GiB one would simply have been allocated), ring and log alike.
+// A size that is within the limits is honoured: the liar's bytes are cut or
+// zero-padded to it and the group keeps working.
+TEST_CASE("gloo: a peer announcing a garbage message size is refused by every rank, ring and log", "[gloo]") {
+  struct Lie {
+    uint64_t size;
+    std::string expected;
+  };
+  const size_t kMaxMessage = size_t{1} << 20;
+  const std::vector<Lie> lies = {
+      {uint64_t{1} << 39, "rank 1 announced a message of 549755813888 bytes, over the limit of 1048576 per rank"},
+      {~uint64_t{0}, "rank 1 announced a message of 18446744073709551615 bytes"},
+      {kMaxMessage + 1, "rank 1 announced a message of 1048577 bytes, over the limit"},
+      // Each within the per-message limit; rank 0 (1 MiB) and rank 1 (1 MiB) together over 2 MiB - 1.
+      {kMaxMessage, "ranks 0-1 announced"},
+  };
+  for (const bool log_gather : {false, true}) {
+    for (const Lie& lie : lies) {
+      INFO((log_gather ? "log all-gather" : "ring") << ", rank 1 announces " << lie.size);
+      const std::string dir = TempDir();
+      constexpr int kWorld = 3;
+      std::vector<absl::Status> status(kWorld);
+      const bool over_total = lie.size == kMaxMessage;
+      OnRanks(kWorld, [&](int r) {
+        GlooPeerGroupOptions o = Opts(r, kWorld, dir, "garbage");
+        o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+        o.max_message_bytes = kMaxMessage;
+        o.max_gather_bytes = over_total ? 2 * kMaxMessage - 1 : 64 * kMaxMessage;
+        auto g = GlooPeerGroup::Connect(o);
+        if (!g.ok()) {
+          status[r] = g.status();
+          return;
+        }
+        // One honest round first: the slot is sized, the group works.
+        auto first = (*g)->AllGather(Message(r, 0, 300));
+        if (!first.ok()) {
+          status[r] = first.status();
+          return;
+        }
+        if (r == 1) (*g)->AnnounceSizeForTest(lie.size);
+        // Rank 0 announces its true size: with the total case it is the
+        // largest one, so ranks 0-1 pass the total only together.
+        status[r] = (*g)->AllGather(Message(r, 1, over_total && r == 0 ? kMaxMessage : 300)).status();
+      });
+      for (int r = 0; r < kWorld; ++r) {
+        INFO("rank " << r << ": " << status[r].ToString());
+        REQUIRE(status[r].code() == absl::StatusCode::kDataLoss);
+        REQUIRE(std::string(status[r].message()).find(lie.expected) != std::string::npos);
+      }
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+// Within the limits a peer's header is taken at its word: bytes past what
+// it holds are zeros, and every rank agrees on them (no rank reads past a
+// buffer, the group stays in step for the next call).
+TEST_CASE("gloo: a peer announcing more or fewer bytes than it has, within the limits, keeps the group in step", "[gloo]") {
+  for (const bool log_gather : {false, true}) {
+    for (const uint64_t lie : {uint64_t{10}, uint64_t{5000}}) {
+      INFO((log_gather ? "log all-gather" : "ring") << ", rank 1 announces " << lie << " of 300 bytes");
+      const std::string dir = TempDir();
+      constexpr int kWorld = 3;
+      std::vector<absl::Status> status(kWorld);
+      std::vector<std::vector<std::string>> lied(kWorld), after(kWorld);
+      OnRanks(kWorld, [&](int r) {
+        GlooPeerGroupOptions o = Opts(r, kWorld, dir, "short");
+        o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+        auto g = GlooPeerGroup::Connect(o);
+        if (!g.ok()) {
+          status[r] = g.status();
+          return;
+        }
+        if (r == 1) (*g)->AnnounceSizeForTest(lie);
+        auto out = (*g)->AllGather(Message(r, 0, 300));
+        if (r == 1) (*g)->AnnounceSizeForTest(std::nullopt);
+        if (!out.ok()) {
+          status[r] = out.status();
+          return;
+        }
+        lied[r] = *out;
+        auto next = (*g)->AllGather(Message(r, 1, 300));
+        if (!next.ok()) {
+          status[r] = next.status();
+          return;
+        }
+        after[r] = *next;
+      });
+      const std::string truth = Message(1, 0, 300);
+      std::string expected = truth.substr(0, std::min<size_t>(lie, truth.size()));
+      expected.resize(lie, '\0');
+      for (int r = 0; r < kWorld; ++r) {
+        INFO("rank " << r << ": " << status[r].ToString());
+        REQUIRE(status[r].ok());
+        REQUIRE(lied[r][1] == expected);
+        REQUIRE(lied[r][0] == Message(0, 0, 300));
+        for (int p = 0; p < kWorld; ++p) REQUIRE(after[r][p] == Message(p, 1, 300));
+      }
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
 TEST_CASE("gloo: one collective per all-gather while messages fit the slot; growth, overflow, shrink", "[gloo]") {
   const std::string dir = TempDir();
   constexpr int kWorld = 3;
