@@ -96,7 +96,9 @@ absl::Status PayloadExchange::OnReadable() {
     }
     std::vector<zmq::message_t> body(std::make_move_iterator(parts.begin() + 1),
                                      std::make_move_iterator(parts.end()));
-    auto event = ingest::DecodeProducerMessage(std::move(body));
+    ingest::DecodeOptions decode;
+    decode.accept_daemon_key = true;  // the owner's key for a repeated id (see SendOutgoing)
+    auto event = ingest::DecodeProducerMessage(std::move(body), decode);
     auto* s = std::get_if<ingest::SampleEvent>(&event);
     if (s == nullptr) {
       return absl::InternalError("rank " + std::to_string(owner) +

@@ -256,6 +256,13 @@ IngestEvent IngestChannel::Receive(Conn& conn, std::vector<zmq::message_t>&& bod
   return event;
 }
 
+uint64_t IngestChannel::SeqLimit(uint32_t epoch) const {
+  // What GrantCredits grants: every limit a producer was told is at most
+  // this (the frontier only moves up), so an honest producer never hits it.
+  const uint64_t frontier = state_.buffer.Frontier(epoch);
+  return frontier > UINT64_MAX - options_.window ? UINT64_MAX : frontier + options_.window;
+}
+
 EpochView IngestChannel::ViewOf(uint32_t epoch) const {
   EpochView view;
   view.closed = state_.tracker.IsClosed(epoch);
@@ -321,7 +328,11 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
       } else {
         state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
         // Its place in the order is taken: a deterministic rank does not wait for it.
-        if (options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
+        // (Only within the seq window: a seq past it was never granted, and
+        // noting it would let a producer spread runs without bound; one
+        // that finds no room under the buffer's cap is not noted either.)
+        if (options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
+            *reject->seq < SeqLimit(reject->epoch)) {
           state_.buffer.NoteSeq(reject->epoch, *reject->seq);
         }
       }
@@ -382,10 +393,31 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
   // mode; planning goes by seq only under alignment.deterministic), noted
   // before the checks below so that a rejected one's place is taken too.
   const bool seq_noted = sample.seq.has_value() && !view.closed;
-  if (seq_noted && !state_.buffer.NoteSeq(epoch, *sample.seq)) {
-    state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
-    Reject(admission_.DuplicateSeq(sample), epoch, true);
-    return;
+  if (seq_noted) {
+    std::optional<wire::Rejection> refused;
+    if (options_.deterministic && *sample.seq >= SeqLimit(epoch)) {
+      // Never granted (ProducerCredit.seq_limit): a sample far ahead of the
+      // frontier would sit in the buffer until its gap filled, taking the
+      // room the frontier's own sample needs. Not noted: its place stays
+      // open (the frontier waits for it as for any sample not yet sent).
+      refused = admission_.SeqBeyondLimit(sample, SeqLimit(epoch), state_.buffer.Frontier(epoch));
+    } else {
+      switch (state_.buffer.NoteSeq(epoch, *sample.seq)) {
+        case buffer::IdSet::Inserted::kNew:
+          break;
+        case buffer::IdSet::Inserted::kRepeat:
+          refused = admission_.DuplicateSeq(sample);
+          break;
+        case buffer::IdSet::Inserted::kNoRoom:
+          refused = state_.buffer.TooManyRuns(sample);
+          break;
+      }
+    }
+    if (refused) {
+      state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
+      Reject(std::move(*refused), epoch, true);
+      return;
+    }
   }
   if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
     Reject(std::move(*r), epoch, true);
@@ -469,11 +501,11 @@ void IngestChannel::GrantCredits() {
   if (options_.deterministic) {
     MutexLock lock(state_.mu);
     base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
-    seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + options_.window;
+    seq_limits[base_epoch] = SeqLimit(base_epoch);
     for (const auto& [key, conn] : conns_) {
       if (conn.credit.wanted_seq) {
         const uint32_t e = conn.credit.wanted_seq_epoch;
-        seq_limits[e] = state_.buffer.Frontier(e) + options_.window;
+        seq_limits[e] = SeqLimit(e);
       }
     }
   }
