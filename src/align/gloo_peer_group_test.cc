@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -789,6 +790,103 @@ TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[g
     REQUIRE(emitted[r] == 20u * (r + 1));
   }
   std::filesystem::remove_all(dir);
+}
+
+// One rank's view of a group whose outgoing bytes pass through `tamper`
+// (call index, the true bytes) -> what is sent: a peer whose messages are
+// not what this odbd would send.
+class TamperingPeerGroup final : public PeerGroup {
+ public:
+  TamperingPeerGroup(PeerGroup* inner, std::function<std::string(uint64_t, std::string_view)> tamper)
+      : inner_(inner), tamper_(std::move(tamper)) {}
+  int Rank() const override { return inner_->Rank(); }
+  int Size() const override { return inner_->Size(); }
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override {
+    return inner_->AllGather(tamper_(calls_++, bytes));
+  }
+  absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) override { return inner_->Split(color); }
+
+ private:
+  PeerGroup* inner_;
+  std::function<std::string(uint64_t, std::string_view)> tamper_;
+  uint64_t calls_ = 0;
+};
+
+// Rank 1's round messages, from its second all-gather on: its previous
+// round's message again (a peer out of step), random bytes of the same
+// length, the first half, nothing. Every rank (rank 1 too: it reads its own
+// slot) fails the round with an error naming rank 1 instead of planning on
+// what it sent; none crashes, none waits for the collective timeout.
+TEST_CASE("aligner over real gloo: a peer's replayed, random, cut or empty round message is named by every rank", "[gloo]") {
+  const std::vector<std::pair<std::string, std::function<std::string(const std::string&, std::string_view)>>> kinds = {
+      {"replayed", [](const std::string& previous, std::string_view) { return previous; }},
+      {"random",
+       [](const std::string&, std::string_view now) {
+         std::mt19937_64 rng(now.size());
+         std::string out(now.size(), '\0');
+         for (char& c : out) c = static_cast<char>(rng());
+         return out;
+       }},
+      {"cut", [](const std::string&, std::string_view now) { return std::string(now.substr(0, now.size() / 2)); }},
+      {"empty", [](const std::string&, std::string_view) { return std::string(); }},
+  };
+  for (const auto& [kind, lie] : kinds) {
+    INFO("rank 1 sends a " << kind << " message");
+    const std::string dir = TempDir();
+    constexpr int kWorld = 3;
+    std::vector<absl::Status> status(kWorld);
+    std::vector<double> seconds(kWorld);
+    OnRanks(kWorld, [&, &lie = lie](int r) {
+      PlannerConfig cfg;
+      cfg.max_wait_rounds = 0;
+      GlooPeerGroupOptions o = Opts(r, kWorld, dir, "tamper");
+      o.collective_timeout = milliseconds(20000);
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      std::string previous;
+      TamperingPeerGroup tampering(g->get(), [&](uint64_t call, std::string_view bytes) {
+        std::string sent = call == 0 ? std::string(bytes) : lie(previous, bytes);
+        previous = std::string(bytes);
+        return sent;
+      });
+      PeerGroup* peers = r == 1 ? static_cast<PeerGroup*>(&tampering) : g->get();
+      Aligner aligner(peers, std::make_unique<LocalPlanner>(cfg));
+      REQUIRE(aligner.StartEpoch(0).ok());
+      std::vector<SampleMeta> pending;
+      for (uint64_t i = 0; i < 200; ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.owner_rank = r;
+        m.lengths.tokens = static_cast<uint32_t>(1 + (i * 97 + r * 13) % 900);
+        pending.push_back(m);
+      }
+      const auto t0 = Clock::now();
+      for (int round = 0; round < 50; ++round) {
+        auto res = aligner.RunRound(RoundInput{0, pending, 1, false});
+        if (!res.ok()) {
+          status[r] = res.status();
+          break;
+        }
+        std::erase_if(pending, [&](const SampleMeta& m) {
+          for (const SampleKey& k : res->keep_pending) {
+            if (k.id == m.id) return false;
+          }
+          return true;
+        });
+      }
+      seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE_FALSE(status[r].ok());
+      REQUIRE(std::string(status[r].message()).find("rank 1") != std::string::npos);
+      REQUIRE(seconds[r] < 15.0);
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // LocalPlanner's plan, partitioned into blocks of kBlock ranks (Planner's
