@@ -320,18 +320,25 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     std::optional<uint32_t> epoch;
     if (reject->has_epoch) epoch = reject->epoch;
     const bool is_sample = reject->rejection.has_sample_id() || charged_bytes > 0;
-    if (reject->rejection.has_sample_id() && reject->has_epoch) {
+    // Only a sample of the connection's own producer counts in a stream (and
+    // takes a position): a header naming another producer (the decoder
+    // rejected it before any check against the connection) must not change
+    // that producer's count or steal its seq.
+    const bool own = !conn.producer_id.empty() && reject->rejection.producer_id() == conn.producer_id;
+    if (own && reject->rejection.has_sample_id() && reject->has_epoch) {
       // Count it against the producer's stream so end_stream totals still match
       // (without opening bookkeeping for an epoch the daemon does not hold).
       if (AdmissionPolicy::EpochRefusal(reject->epoch, ViewOf(reject->epoch))) {
         state_.tracker.NoteRefused(reject->rejection.producer_id(), reject->epoch);
       } else {
-        state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
-        // Its place in the order is taken: a deterministic rank does not wait for it.
+        const bool live = !state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch,
+                                                   reject->rejection.sample_id());
+        // Its place in the order is taken: a deterministic rank does not wait for it
+        // (if it belongs to a live stream: not after its producer ended it).
         // (Only within the seq window: a seq past it was never granted, and
         // noting it would let a producer spread runs without bound; one
         // that finds no room under the buffer's cap is not noted either.)
-        if (options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
+        if (live && options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
             *reject->seq < SeqLimit(reject->epoch)) {
           state_.buffer.NoteSeq(reject->epoch, *reject->seq);
         }
@@ -389,6 +396,12 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
       Reject(std::move(verdict.rejection), verdict.filed_epoch, true);
       return;
   }
+  // Counted in its producer's stream first: a sample that belongs to no live
+  // stream (its producer ended it, the epoch ended) takes no position.
+  if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
+    Reject(std::move(*r), epoch, true);
+    return;
+  }
   // Exactly once per position: a sample with a seq is known by it (in every
   // mode; planning goes by seq only under alignment.deterministic), noted
   // before the checks below so that a rejected one's place is taken too.
@@ -414,14 +427,9 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
       }
     }
     if (refused) {
-      state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
       Reject(std::move(*refused), epoch, true);
       return;
     }
-  }
-  if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
-    Reject(std::move(*r), epoch, true);
-    return;
   }
   auto schema = schemas_.find(epoch);
   if (schema == schemas_.end()) {

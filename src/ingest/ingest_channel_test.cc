@@ -3,6 +3,7 @@
 // decided by the test, not by timing.
 #include "src/ingest/ingest_channel.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <optional>
 #include <string>
@@ -359,6 +360,110 @@ TEST_CASE("alignment.deterministic: a seq past the granted window is refused nam
   CHECK_THAT(rejections[1].message(), Catch::Contains("seq 18446744073709551615"));
   CHECK(rejections[2].code() == wire::ZERO_LENGTH);
   CHECK(rejections[3].code() == wire::ZERO_LENGTH);
+}
+
+// Positions belong to live streams. alignment.deterministic, producers p and
+// q on one rank: p ends its stream and then sends more (one valid sample,
+// one the decoder rejects), and p sends a rejected sample whose header names
+// q. None of them counts in a stream it does not belong to or takes a
+// position: q's samples at those positions are admitted and q's end_stream
+// count agrees. (Before, each took its seq and q's honest samples were
+// refused as duplicates; the spoofed one also counted in q's stream.)
+TEST_CASE("a sample after its producer's end_stream, or naming another producer, takes no position") {
+  zmq::context_t context;
+  IngestOptions options;
+  options.endpoints = {"inproc://ingest-live-stream-test"};
+  options.buffer_max_bytes = 64 << 20;
+  options.buffer_max_samples = 400;
+  options.deterministic = true;
+  options.window = 8;
+  DaemonState state(options.buffer_max_bytes, options.buffer_max_samples, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  IngestChannel channel(context, options, state, metrics, clock);
+  REQUIRE(channel.Bind().ok());
+  struct Producer {
+    zmq::socket_t socket;
+    int64_t held = 0;
+    std::vector<wire::IngestReply> replies;
+  };
+  auto drain = [](Producer& p) {
+    zmq::message_t msg;
+    while (p.socket.recv(msg, zmq::recv_flags::dontwait)) {
+      wire::IngestReply reply;
+      REQUIRE(reply.ParseFromArray(msg.data(), static_cast<int>(msg.size())));
+      if (reply.has_credit()) p.held += reply.credit().samples();
+      p.replies.push_back(reply);
+    }
+  };
+  auto connect = [&](const std::string& id) {
+    Producer p{zmq::socket_t(context, zmq::socket_type::dealer), 0, {}};
+    p.socket.set(zmq::sockopt::linger, 0);
+    p.socket.connect("inproc://ingest-live-stream-test");
+    REQUIRE(p.socket.send(zmq::buffer(Serialize(Hello(id)))));
+    channel.OnReadable(0);
+    drain(p);
+    return p;
+  };
+  Producer p = connect("p");
+  Producer q = connect("q");
+  auto send = [&](Producer& from, const std::string& header_producer, uint64_t sample_id, uint64_t seq,
+                  uint64_t tokens = 8) {
+    REQUIRE(from.held > 0);
+    wire::TensorDesc* t = nullptr;
+    wire::ProducerMessage m = TokensSample(header_producer, sample_id, &t);
+    t->set_frame(1);
+    m.mutable_sample()->set_seq(seq);
+    m.mutable_sample()->set_tokens(tokens);  // 0: refused by the decoder (ZERO_LENGTH)
+    const std::vector<int64_t> payload(8, 1);
+    REQUIRE(from.socket.send(zmq::buffer(Serialize(m)), zmq::send_flags::sndmore));
+    REQUIRE(from.socket.send(zmq::buffer(payload)));
+    --from.held;
+    channel.OnReadable(0);
+    drain(from);
+  };
+  auto end_stream = [&](Producer& from, const std::string& id, uint64_t sent) {
+    wire::ProducerMessage m;
+    m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    m.mutable_end_stream()->set_producer_id(id);
+    m.mutable_end_stream()->set_samples_sent(sent);
+    REQUIRE(from.socket.send(zmq::buffer(Serialize(m))));
+    channel.OnReadable(0);
+    drain(from);
+  };
+  auto acked = [](const Producer& from) {
+    for (const wire::IngestReply& r : from.replies) {
+      if (r.has_rejection()) FAIL_CHECK(r.rejection().message());
+    }
+    return std::any_of(from.replies.begin(), from.replies.end(),
+                       [](const wire::IngestReply& r) { return r.has_stream_ack(); });
+  };
+  send(p, "p", 1, 0);
+  end_stream(p, "p", 1);
+  REQUIRE(acked(p));
+  send(p, "p", 2, 1);     // after p's end_stream: refused, no position
+  send(p, "p", 3, 2, 0);  // the same, rejected by the decoder
+  send(p, "q", 4, 3, 0);  // rejected by the decoder, naming q
+  send(q, "q", 11, 1);
+  send(q, "q", 12, 2);
+  send(q, "q", 13, 3);
+  end_stream(q, "q", 3);
+  CHECK(acked(q));
+  std::vector<wire::Rejection> rejections;
+  {
+    MutexLock lock(state.mu);
+    rejections = state.rejections.TakeUnreported();
+    CHECK(state.buffer.CountInEpoch(0) == 4);  // p's 1, q's 11, 12, 13
+    CHECK(state.buffer.Frontier(0) == 4);
+  }
+  std::vector<uint64_t> refused;
+  for (const wire::Rejection& r : rejections) {
+    INFO(r.message());
+    CHECK(r.code() != wire::DUPLICATE_ID);
+    CHECK(r.code() != wire::COUNT_MISMATCH);
+    refused.push_back(r.sample_id());
+  }
+  CHECK(refused == std::vector<uint64_t>{2, 3, 4});
 }
 
 }  // namespace
