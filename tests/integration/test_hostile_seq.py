@@ -95,3 +95,40 @@ def test_a_deterministic_daemon_refuses_seqs_it_never_granted_and_trains_the_res
     finally:
         ctx.destroy(linger=0)
         d.stop()
+
+
+def test_a_rejected_sample_naming_another_producer_neither_counts_in_its_stream_nor_takes_its_seq(tmp_path):
+    """Producer p sends samples the decoder rejects (0 tokens) whose headers name producer q
+    and q's next seqs. They are refused, but q's stream is q's own: all its samples are
+    admitted at those seqs and its end_stream is acknowledged (before, each counted in q's
+    stream, so q's honest end_stream was refused COUNT_MISMATCH, and under
+    alignment.deterministic each took q's position)."""
+    for deterministic in (False, True):
+        run = tmp_path / ("det" if deterministic else "free")
+        d = Daemon(run, config=f"alignment: {{deterministic: {str(deterministic).lower()}}}\n")
+        ctx = zmq.Context()
+        try:
+            d.wait_ready()
+            c = consume(d.trainer, expected_producers=1)
+            p = RawProducer(ctx, d.ingest)
+            p.hello("p")
+            q = RawProducer(ctx, d.ingest)
+            q.hello("q")
+            for seq in range(3):
+                p.send(*raw_sample("q", 900 + seq, seq, tokens=0))
+            d.wait_log("sample 902 from producer 'q': token length is 0")
+            for seq in range(10):
+                q.send(*raw_sample("q", seq, seq))
+            q.end_stream("q", 10)
+            assert not q.rejections, q.rejections
+            assert q.acks.get(0) == 10
+            rc, out, err = finish(c)
+            assert rc == 0, err
+            [e] = epochs(out)
+            assert sorted(e["ids"]) == list(range(10)), e
+            assert sorted(map(tuple, e["rejection_codes"])) == [("ZERO_LENGTH", 900 + i) for i in range(3)], e
+            p.close()
+            q.close()
+        finally:
+            ctx.destroy(linger=0)
+            d.stop()
