@@ -473,7 +473,7 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     const size_t slot = slot_bytes_;
     const size_t frame = kHeader + slot;
     std::vector<char> in(frame, 0);
-    const uint64_t mine = bytes.size();
+    const uint64_t mine = announce_for_test_.value_or(bytes.size());
     std::memcpy(in.data(), &mine, kHeader);
     std::memcpy(in.data() + kHeader, bytes.data(), std::min(bytes.size(), slot));
     std::vector<char> out(frame * static_cast<size_t>(world));
@@ -494,19 +494,32 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     size_t rest_total = 0;
     size_t largest = 0;
     size_t total = 0;
+    // The headers are a peer's word: checked against the limits before any
+    // size below is taken from them (the overflow buffer, the second
+    // collective's sizes). Every rank reads the same headers, so every rank
+    // fails here alike and none waits in a second collective alone.
+    const auto corrupt = [&](const std::string& what) {
+      broken_ = absl::DataLossError("gloo all-gather #" + std::to_string(op) + " on rank " +
+                                    std::to_string(options_.rank) + ": " + what +
+                                    " (a corrupt header: is every rank running the same odbd?)");
+      return broken_;
+    };
     for (int r = 0; r < world; ++r) {
       uint64_t size = 0;
       std::memcpy(&size, out.data() + frame * static_cast<size_t>(r), kHeader);
-      // Far beyond any round message: a peer that is not running this code.
-      if (size > (uint64_t{1} << 40)) {
-        broken_ = absl::DataLossError("gloo all-gather #" + std::to_string(op) + ": rank " + std::to_string(r) +
-                                      " announced a message of " + std::to_string(size) +
-                                      " bytes (corrupt header: is every rank running the same odbd?)");
-        return broken_;
+      if (size > options_.max_message_bytes) {
+        return corrupt("rank " + std::to_string(r) + " announced a message of " + std::to_string(size) +
+                       " bytes, over the limit of " + std::to_string(options_.max_message_bytes) + " per rank");
       }
       sizes[r] = static_cast<size_t>(size);
       largest = std::max(largest, sizes[r]);
       total += sizes[r];
+      if (total > options_.max_gather_bytes) {
+        return corrupt("ranks 0-" + std::to_string(r) + " announced " + std::to_string(total) +
+                       " bytes together, over the limit of " + std::to_string(options_.max_gather_bytes) +
+                       " for one all-gather (rank " + std::to_string(r) + " announced " +
+                       std::to_string(size) + ")");
+      }
       if (sizes[r] > slot) {
         rest[r] = sizes[r] - slot;
         rest_total += rest[r];
@@ -516,7 +529,10 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     if (rest_total > 0) {
       // Every rank saw the same headers, so every rank takes this branch.
       ++overflows_;
+      // Exactly what this rank announced past its slot (its true remainder,
+      // except under AnnounceSizeForTest: then zero-padded or cut to it).
       std::string tail(bytes.size() > slot ? bytes.substr(slot) : std::string_view());
+      tail.resize(rest[options_.rank]);
       if (log_gather) {
         BruckAllGather(next_tag_++, tail, rest, overflow.data(), deadline);
       } else {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,16 @@ struct GlooPeerGroupOptions {
   // (docs/benchmarks.md, "Partitioned rounds"). 0 or 1: always Bruck; a
   // value above every W: always the ring.
   int log_allgather_min_ranks = 3;
+
+  // What a rank may announce in its all-gather size header: one message at
+  // most max_message_bytes, all ranks' together at most max_gather_bytes (a
+  // round's message is a window of compact records, kilobytes: see
+  // meta_codec.h). A header past either is corrupt or from a peer not running
+  // this odbd: the all-gather fails on every rank (they all read the same
+  // headers) before anything is sized from it, so a garbage size never
+  // becomes an allocation. Must be equal on every rank.
+  size_t max_message_bytes = size_t{64} << 20;
+  size_t max_gather_bytes = size_t{1} << 30;
 
   // Checked at connect on every rank (see hello.h); empty = only the protocol
   // version and world size are compared.
@@ -135,6 +146,10 @@ class GlooPeerGroup final : public PeerGroup {
   // collective for each instead of shrinking for one and overflowing on the
   // next.
   static constexpr size_t kSlotMemory = 4;
+  // Test seam: the next AllGathers announce `size` in this rank's header
+  // instead of its message's true size (a peer running other code); nullopt
+  // restores the truth. Its bytes are sent as they are.
+  void AnnounceSizeForTest(std::optional<uint64_t> size) { announce_for_test_ = size; }
 
   // "file:/dir job/gen" or "redis:host:port job/gen", for messages.
   std::string Describe() const;
@@ -180,6 +195,7 @@ class GlooPeerGroup final : public PeerGroup {
   size_t slot_bytes_ = kMinSlotBytes;
   std::vector<size_t> recent_wants_;  // the last kSlotMemory calls' slots, oldest first
   uint64_t overflows_ = 0;
+  std::optional<uint64_t> announce_for_test_;
   absl::Status broken_;
 };
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,6 +231,115 @@ TEST_CASE("gloo: a silent peer is named by the others within the collective time
       REQUIRE(seconds[r] < 15.0);
     }
     std::filesystem::remove_all(dir);
+  }
+}
+
+// A peer whose size header is garbage (a corrupt frame, another program on
+// the port, a different odbd): huge, "negative" (2^64 - 1 as a signed
+// size), over the per-message limit, or within it but over the all-gather's
+// total. Every rank, the liar included, fails the all-gather with an error
+// naming the rank and the size, before any buffer is sized from it (2^39
+// bytes used to become a 512 GiB overflow buffer: std::bad_alloc on this
+// machine, an 8 GiB one would simply have been allocated), ring and log alike.
+// A size that is within the limits is honoured: the liar's bytes are cut or
+// zero-padded to it and the group keeps working.
+TEST_CASE("gloo: a peer announcing a garbage message size is refused by every rank, ring and log", "[gloo]") {
+  struct Lie {
+    uint64_t size;
+    std::string expected;
+  };
+  const size_t kMaxMessage = size_t{1} << 20;
+  const std::vector<Lie> lies = {
+      {uint64_t{1} << 39, "rank 1 announced a message of 549755813888 bytes, over the limit of 1048576 per rank"},
+      {~uint64_t{0}, "rank 1 announced a message of 18446744073709551615 bytes"},
+      {kMaxMessage + 1, "rank 1 announced a message of 1048577 bytes, over the limit"},
+      // Each within the per-message limit; rank 0 (1 MiB) and rank 1 (1 MiB) together over 2 MiB - 1.
+      {kMaxMessage, "ranks 0-1 announced"},
+  };
+  for (const bool log_gather : {false, true}) {
+    for (const Lie& lie : lies) {
+      INFO((log_gather ? "log all-gather" : "ring") << ", rank 1 announces " << lie.size);
+      const std::string dir = TempDir();
+      constexpr int kWorld = 3;
+      std::vector<absl::Status> status(kWorld);
+      const bool over_total = lie.size == kMaxMessage;
+      OnRanks(kWorld, [&](int r) {
+        GlooPeerGroupOptions o = Opts(r, kWorld, dir, "garbage");
+        o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+        o.max_message_bytes = kMaxMessage;
+        o.max_gather_bytes = over_total ? 2 * kMaxMessage - 1 : 64 * kMaxMessage;
+        auto g = GlooPeerGroup::Connect(o);
+        if (!g.ok()) {
+          status[r] = g.status();
+          return;
+        }
+        // One honest round first: the slot is sized, the group works.
+        auto first = (*g)->AllGather(Message(r, 0, 300));
+        if (!first.ok()) {
+          status[r] = first.status();
+          return;
+        }
+        if (r == 1) (*g)->AnnounceSizeForTest(lie.size);
+        // Rank 0 announces its true size: with the total case it is the
+        // largest one, so ranks 0-1 pass the total only together.
+        status[r] = (*g)->AllGather(Message(r, 1, over_total && r == 0 ? kMaxMessage : 300)).status();
+      });
+      for (int r = 0; r < kWorld; ++r) {
+        INFO("rank " << r << ": " << status[r].ToString());
+        REQUIRE(status[r].code() == absl::StatusCode::kDataLoss);
+        REQUIRE(std::string(status[r].message()).find(lie.expected) != std::string::npos);
+      }
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+// Within the limits a peer's header is taken at its word: bytes past what
+// it holds are zeros, and every rank agrees on them (no rank reads past a
+// buffer, the group stays in step for the next call).
+TEST_CASE("gloo: a peer announcing more or fewer bytes than it has, within the limits, keeps the group in step", "[gloo]") {
+  for (const bool log_gather : {false, true}) {
+    for (const uint64_t lie : {uint64_t{10}, uint64_t{5000}}) {
+      INFO((log_gather ? "log all-gather" : "ring") << ", rank 1 announces " << lie << " of 300 bytes");
+      const std::string dir = TempDir();
+      constexpr int kWorld = 3;
+      std::vector<absl::Status> status(kWorld);
+      std::vector<std::vector<std::string>> lied(kWorld), after(kWorld);
+      OnRanks(kWorld, [&](int r) {
+        GlooPeerGroupOptions o = Opts(r, kWorld, dir, "short");
+        o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+        auto g = GlooPeerGroup::Connect(o);
+        if (!g.ok()) {
+          status[r] = g.status();
+          return;
+        }
+        if (r == 1) (*g)->AnnounceSizeForTest(lie);
+        auto out = (*g)->AllGather(Message(r, 0, 300));
+        if (r == 1) (*g)->AnnounceSizeForTest(std::nullopt);
+        if (!out.ok()) {
+          status[r] = out.status();
+          return;
+        }
+        lied[r] = *out;
+        auto next = (*g)->AllGather(Message(r, 1, 300));
+        if (!next.ok()) {
+          status[r] = next.status();
+          return;
+        }
+        after[r] = *next;
+      });
+      const std::string truth = Message(1, 0, 300);
+      std::string expected = truth.substr(0, std::min<size_t>(lie, truth.size()));
+      expected.resize(lie, '\0');
+      for (int r = 0; r < kWorld; ++r) {
+        INFO("rank " << r << ": " << status[r].ToString());
+        REQUIRE(status[r].ok());
+        REQUIRE(lied[r][1] == expected);
+        REQUIRE(lied[r][0] == Message(0, 0, 300));
+        for (int p = 0; p < kWorld; ++p) REQUIRE(after[r][p] == Message(p, 1, 300));
+      }
+      std::filesystem::remove_all(dir);
+    }
   }
 }
 
@@ -680,6 +790,103 @@ TEST_CASE("aligner over real gloo: 3 ranks finish a join epoch in lockstep", "[g
     REQUIRE(emitted[r] == 20u * (r + 1));
   }
   std::filesystem::remove_all(dir);
+}
+
+// One rank's view of a group whose outgoing bytes pass through `tamper`
+// (call index, the true bytes) -> what is sent: a peer whose messages are
+// not what this odbd would send.
+class TamperingPeerGroup final : public PeerGroup {
+ public:
+  TamperingPeerGroup(PeerGroup* inner, std::function<std::string(uint64_t, std::string_view)> tamper)
+      : inner_(inner), tamper_(std::move(tamper)) {}
+  int Rank() const override { return inner_->Rank(); }
+  int Size() const override { return inner_->Size(); }
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view bytes) override {
+    return inner_->AllGather(tamper_(calls_++, bytes));
+  }
+  absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) override { return inner_->Split(color); }
+
+ private:
+  PeerGroup* inner_;
+  std::function<std::string(uint64_t, std::string_view)> tamper_;
+  uint64_t calls_ = 0;
+};
+
+// Rank 1's round messages, from its second all-gather on: its previous
+// round's message again (a peer out of step), random bytes of the same
+// length, the first half, nothing. Every rank (rank 1 too: it reads its own
+// slot) fails the round with an error naming rank 1 instead of planning on
+// what it sent; none crashes, none waits for the collective timeout.
+TEST_CASE("aligner over real gloo: a peer's replayed, random, cut or empty round message is named by every rank", "[gloo]") {
+  const std::vector<std::pair<std::string, std::function<std::string(const std::string&, std::string_view)>>> kinds = {
+      {"replayed", [](const std::string& previous, std::string_view) { return previous; }},
+      {"random",
+       [](const std::string&, std::string_view now) {
+         std::mt19937_64 rng(now.size());
+         std::string out(now.size(), '\0');
+         for (char& c : out) c = static_cast<char>(rng());
+         return out;
+       }},
+      {"cut", [](const std::string&, std::string_view now) { return std::string(now.substr(0, now.size() / 2)); }},
+      {"empty", [](const std::string&, std::string_view) { return std::string(); }},
+  };
+  for (const auto& [kind, lie] : kinds) {
+    INFO("rank 1 sends a " << kind << " message");
+    const std::string dir = TempDir();
+    constexpr int kWorld = 3;
+    std::vector<absl::Status> status(kWorld);
+    std::vector<double> seconds(kWorld);
+    OnRanks(kWorld, [&, &lie = lie](int r) {
+      PlannerConfig cfg;
+      cfg.max_wait_rounds = 0;
+      GlooPeerGroupOptions o = Opts(r, kWorld, dir, "tamper");
+      o.collective_timeout = milliseconds(20000);
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      std::string previous;
+      TamperingPeerGroup tampering(g->get(), [&](uint64_t call, std::string_view bytes) {
+        std::string sent = call == 0 ? std::string(bytes) : lie(previous, bytes);
+        previous = std::string(bytes);
+        return sent;
+      });
+      PeerGroup* peers = r == 1 ? static_cast<PeerGroup*>(&tampering) : g->get();
+      Aligner aligner(peers, std::make_unique<LocalPlanner>(cfg));
+      REQUIRE(aligner.StartEpoch(0).ok());
+      std::vector<SampleMeta> pending;
+      for (uint64_t i = 0; i < 200; ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.owner_rank = r;
+        m.lengths.tokens = static_cast<uint32_t>(1 + (i * 97 + r * 13) % 900);
+        pending.push_back(m);
+      }
+      const auto t0 = Clock::now();
+      for (int round = 0; round < 50; ++round) {
+        auto res = aligner.RunRound(RoundInput{0, pending, 1, false});
+        if (!res.ok()) {
+          status[r] = res.status();
+          break;
+        }
+        std::erase_if(pending, [&](const SampleMeta& m) {
+          for (const SampleKey& k : res->keep_pending) {
+            if (k.id == m.id) return false;
+          }
+          return true;
+        });
+      }
+      seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE_FALSE(status[r].ok());
+      REQUIRE(std::string(status[r].message()).find("rank 1") != std::string::npos);
+      REQUIRE(seconds[r] < 15.0);
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // LocalPlanner's plan, partitioned into blocks of kBlock ranks (Planner's

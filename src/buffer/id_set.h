@@ -21,6 +21,11 @@ class IdSet {
  public:
   // False if `id` was already in the set.
   bool Insert(uint64_t id);
+  enum class Inserted { kNew, kRepeat, kNoRoom };
+  // As Insert, but an id that would start a run of its own (it neither
+  // extends nor joins runs) is not inserted when `may_grow` is false
+  // (kNoRoom): how a caller caps the runs, the set's memory.
+  Inserted InsertBounded(uint64_t id, bool may_grow);
   bool Contains(uint64_t id) const;
   // Runs held: the bookkeeping's size.
   size_t Runs() const { return runs_.size(); }

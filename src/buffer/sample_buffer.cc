@@ -10,7 +10,10 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample, bool seq_noted
   Epoch& epoch = epochs_[sample.epoch];
   const uint64_t id = sample.meta.id;
   if (sample.seq) {
-    if (!seq_noted && !epoch.seqs.Insert(*sample.seq)) {
+    const IdSet::Inserted noted =
+        seq_noted ? IdSet::Inserted::kNew : epoch.seqs.InsertBounded(*sample.seq, RunsHaveRoom());
+    if (noted == IdSet::Inserted::kNoRoom) return TooManyRuns(sample);
+    if (noted == IdSet::Inserted::kRepeat) {
       wire::Rejection r;
       r.set_code(wire::DUPLICATE_ID);
       r.set_sample_id(id);
@@ -21,7 +24,9 @@ std::optional<wire::Rejection> SampleBuffer::Add(Sample&& sample, bool seq_noted
                     std::to_string(sample.epoch) + " already had; seq must be unique per rank and epoch");
       return r;
     }
-  } else if (!epoch.seen.Insert(id)) {
+  } else if (const IdSet::Inserted seen = epoch.seen.InsertBounded(id, RunsHaveRoom());
+             seen != IdSet::Inserted::kNew) {
+    if (seen == IdSet::Inserted::kNoRoom) return TooManyRuns(sample);
     wire::Rejection r;
     r.set_code(wire::DUPLICATE_ID);
     r.set_sample_id(id);
@@ -118,7 +123,34 @@ std::vector<SampleMeta> SampleBuffer::Pending(uint32_t epoch, size_t limit) cons
   return out;
 }
 
-bool SampleBuffer::NoteSeq(uint32_t epoch, uint64_t seq) { return epochs_[epoch].seqs.Insert(seq); }
+IdSet::Inserted SampleBuffer::NoteSeq(uint32_t epoch, uint64_t seq) {
+  const bool room = RunsHaveRoom();
+  return epochs_[epoch].seqs.InsertBounded(seq, room);
+}
+
+bool SampleBuffer::RunsHaveRoom() const {
+  size_t runs = 0;
+  for (const auto& [number, e] : epochs_) runs += e.seen.Runs() + e.seqs.Runs();
+  return runs < max_runs_;
+}
+
+wire::Rejection SampleBuffer::TooManyRuns(const Sample& sample) const {
+  const uint64_t id = sample.UserId();
+  wire::Rejection r;
+  r.set_code(wire::TOO_LARGE);
+  r.set_sample_id(id);
+  r.set_has_sample_id(true);
+  r.set_producer_id(sample.producer_id);
+  const std::string what = sample.seq ? "seq " + std::to_string(*sample.seq) : "id " + std::to_string(id);
+  r.set_message("sample " + std::to_string(id) + " from producer '" + sample.producer_id + "' refused: its " +
+                what + " is apart from every " + (sample.seq ? "seq" : "id") + " received in epoch " +
+                std::to_string(sample.epoch) + ", and the daemon already keeps " + std::to_string(max_runs_) +
+                " such separate runs (the memory that makes delivery exactly once); send " +
+                (sample.seq ? "seqs in order (each rank's positions 0, 1, 2, ...)"
+                            : "seq=position with each sample (OdbDataLoader does), or ids in order") +
+                "; it was not admitted");
+  return r;
+}
 
 uint64_t SampleBuffer::Frontier(uint32_t epoch) const {
   auto it = epochs_.find(epoch);

@@ -22,8 +22,17 @@ namespace odb::buffer {
 // samples leave only through Take(). Not thread-safe; the daemon guards it.
 class SampleBuffer {
  public:
-  SampleBuffer(uint64_t max_bytes, uint64_t max_samples)
-      : max_bytes_(max_bytes), max_samples_(max_samples) {}
+  // At most this many runs of seqs and ids, all epochs together (IdSet:
+  // ~20 bytes each, so ~100 MB). Producers that count up, OdbDataLoader's
+  // workers (each a stride of the rank's list) and shuffled ids of epochs up
+  // to ~10^7 samples stay far below it; a producer that spreads seqs (or ids
+  // without seq) apart on purpose, every other one, reaches it and its
+  // samples that would start a run are refused (TOO_LARGE) instead of
+  // growing the daemon without bound.
+  static constexpr size_t kDefaultMaxRuns = size_t{1} << 22;
+
+  SampleBuffer(uint64_t max_bytes, uint64_t max_samples, size_t max_runs = kDefaultMaxRuns)
+      : max_bytes_(max_bytes), max_samples_(max_samples), max_runs_(max_runs) {}
   SampleBuffer(const SampleBuffer&) = delete;
   SampleBuffer& operator=(const SampleBuffer&) = delete;
 
@@ -40,6 +49,8 @@ class SampleBuffer {
   // The sample is then keyed (meta.id) by its id, or, when a sample the
   // buffer holds already has that key, by another number unique among them
   // (Sample::user_id keeps the producer's id; see RekeyedId).
+  // TOO_LARGE when its seq (or id) would start a run past max_runs: it is
+  // then not noted (it may be sent again once the gaps fill).
   std::optional<wire::Rejection> Add(Sample&& sample, bool seq_noted = false);
 
   bool Full() const { return bytes_ >= max_bytes_ || count_ >= max_samples_; }
@@ -57,9 +68,13 @@ class SampleBuffer {
 
   // Samples may carry `seq`, their position in the rank's list (every
   // sample does under alignment.deterministic). NoteSeq records that `seq`
-  // arrived (admitted or rejected); false if it had already. Add notes it
-  // too. The frontier is the first seq that has not arrived.
-  bool NoteSeq(uint32_t epoch, uint64_t seq);
+  // arrived (admitted or rejected): kRepeat if it had already, kNoRoom (not
+  // noted) if it would start a run past max_runs (see TooManyRuns). Add
+  // notes it too. The frontier is the first seq that has not arrived.
+  IdSet::Inserted NoteSeq(uint32_t epoch, uint64_t seq);
+  // The rejection (TOO_LARGE) of a sample whose seq (`seq`) or id (no seq)
+  // found no room: names both, the limit, and what to do.
+  wire::Rejection TooManyRuns(const Sample& sample) const;
   uint64_t Frontier(uint32_t epoch) const;
   // Buffered samples in seq order: those below the frontier (an unbroken
   // prefix of the list), or all of them when `all_arrived` (the stream
@@ -120,8 +135,12 @@ class SampleBuffer {
     uint64_t arrivals = 0;                // samples added: arrival numbers, the salt of a rekeyed sample without seq
   };
 
+  // Whether a new run fits under max_runs_ (all epochs' seq and id runs).
+  bool RunsHaveRoom() const;
+
   uint64_t max_bytes_;
   uint64_t max_samples_;
+  size_t max_runs_;
   uint64_t bytes_ = 0;
   uint64_t count_ = 0;
   std::map<uint32_t, Epoch> epochs_;

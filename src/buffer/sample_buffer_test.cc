@@ -90,9 +90,9 @@ TEST_CASE("deterministic order: an unbroken prefix of seqs, a gap holds later sa
   };
   CHECK(ids(b.PendingInOrder(0, 10, false)) == std::vector<uint64_t>{40});
   CHECK(ids(b.PendingInOrder(0, 10, true)) == std::vector<uint64_t>{40, 50});  // the stream ended: a gap
-  CHECK(b.NoteSeq(0, 1));  // seq 1 was rejected: its place is taken, nothing waits for it
-  CHECK_FALSE(b.NoteSeq(0, 1));
-  CHECK_FALSE(b.NoteSeq(0, 2));
+  CHECK(b.NoteSeq(0, 1) == IdSet::Inserted::kNew);  // seq 1 was rejected: its place is taken, nothing waits for it
+  CHECK(b.NoteSeq(0, 1) == IdSet::Inserted::kRepeat);
+  CHECK(b.NoteSeq(0, 2) == IdSet::Inserted::kRepeat);
   CHECK(b.Frontier(0) == 3);
   CHECK(ids(b.PendingInOrder(0, 10, false)) == std::vector<uint64_t>{40, 50});
   CHECK(ids(b.PendingInOrder(0, 1, false)) == std::vector<uint64_t>{40});
@@ -323,6 +323,102 @@ TEST_CASE("a mixed epoch: samples with seq by seq, without by id, keys unique am
   for (const auto& m : b.Pending(0)) keys.insert(m.id);
   CHECK(keys.size() == 3);
   CHECK(b.UserIdOf(0, *keys.rbegin()).has_value());
+}
+
+}  // namespace
+}  // namespace odb::buffer
+
+namespace odb::buffer {
+namespace {
+
+Sample AtSeq(uint64_t id, uint32_t epoch, std::optional<uint64_t> seq) {
+  Sample s = Make(id, epoch, 1);
+  s.seq = seq;
+  s.producer_id = "hostile";
+  return s;
+}
+
+// A producer that spreads its seqs apart on purpose (every other position,
+// far beyond anything granted, up to 2^64 - 1) makes one run per seq: the
+// runs are capped (all epochs together), a seq that would start one more is
+// refused (TOO_LARGE, naming the seq and the limit) without being noted, and
+// a seq that extends or joins runs is still admitted (it costs nothing).
+TEST_CASE("seqs spread apart on purpose reach the run cap: refused naming the seq, memory bounded") {
+  constexpr size_t kMaxRuns = 1000;
+  SampleBuffer b(uint64_t{1} << 40, 1 << 20, kMaxRuns);
+  size_t admitted = 0;
+  std::optional<wire::Rejection> first_refusal;
+  uint64_t first_refused_seq = 0;
+  for (uint64_t seq = 0; seq < 4 * kMaxRuns; seq += 2) {
+    auto r = b.Add(AtSeq(seq, 0, seq));
+    if (!r) {
+      ++admitted;
+      REQUIRE(b.TakeOne(0, seq).has_value());  // consumed: only the seq runs stay
+      continue;
+    }
+    REQUIRE(r->code() == wire::TOO_LARGE);
+    if (!first_refusal) {
+      first_refusal = r;
+      first_refused_seq = seq;
+    }
+  }
+  CHECK(admitted == kMaxRuns);
+  CHECK(b.SeqRuns(0) == kMaxRuns);
+  REQUIRE(first_refusal.has_value());
+  CHECK(first_refused_seq == 2 * kMaxRuns);
+  CHECK(first_refusal->sample_id() == 2 * kMaxRuns);
+  CHECK_THAT(first_refusal->message(), Catch::Contains("seq 2000 ") && Catch::Contains("1000 such separate runs") &&
+                                           Catch::Contains("epoch 0") && Catch::Contains("not admitted"));
+  // Not noted: the refused seq was not taken.
+  CHECK(b.NoteSeq(0, 2 * kMaxRuns) == IdSet::Inserted::kNoRoom);
+  // Filling a gap joins two runs: admitted, and it makes room for one more.
+  CHECK_FALSE(b.Add(AtSeq(1, 0, 1)).has_value());
+  CHECK(b.SeqRuns(0) == kMaxRuns - 1);
+  CHECK(b.Frontier(0) == 3);
+  // Extending a run never needs room.
+  CHECK_FALSE(b.Add(AtSeq(2 * kMaxRuns - 1, 0, 2 * kMaxRuns - 1)).has_value());
+  // The room is anyone's: here the largest seq there is.
+  CHECK_FALSE(b.Add(AtSeq(7, 0, UINT64_MAX)).has_value());
+  CHECK(b.SeqRuns(0) == kMaxRuns);
+  // The cap counts every epoch's runs, and ids of samples without seq too.
+  auto other = b.Add(AtSeq(9, 1, 5));
+  REQUIRE(other.has_value());
+  CHECK(other->code() == wire::TOO_LARGE);
+  auto no_seq = b.Add(AtSeq(123456, 0, std::nullopt));
+  REQUIRE(no_seq.has_value());
+  CHECK(no_seq->code() == wire::TOO_LARGE);
+  CHECK_THAT(no_seq->message(), Catch::Contains("id 123456") && Catch::Contains("seq=position"));
+  // A repeat is still named as a repeat, also at the top of the range.
+  auto again = b.Add(AtSeq(8, 0, UINT64_MAX));
+  REQUIRE(again.has_value());
+  CHECK(again->code() == wire::DUPLICATE_ID);
+  CHECK_THAT(again->message(), Catch::Contains("seq 18446744073709551615"));
+  CHECK(b.BookkeepingEntries() <= kMaxRuns + 64);
+}
+
+// Seqs at the edges of the integer types (2^32 - 1 / 2^32 / 2^32 + 1, 2^64 -
+// 2 / 2^64 - 1) are positions like any other: each admitted once, runs merge
+// across 2^32 and up to 2^64 - 1 without wrapping, and the frontier (the
+// prefix from 0) is not moved by them.
+TEST_CASE("seqs near 2^32 and 2^64 are admitted exactly once and merge into runs without wrapping") {
+  SampleBuffer b(uint64_t{1} << 40, 1 << 20);
+  const uint64_t two32 = uint64_t{1} << 32;
+  const std::vector<uint64_t> seqs = {two32 + 1, two32 - 1, UINT64_MAX, two32, UINT64_MAX - 1, 0};
+  uint64_t id = 100;
+  for (uint64_t seq : seqs) REQUIRE_FALSE(b.Add(AtSeq(id++, 0, seq)).has_value());
+  CHECK(b.SeqRuns(0) == 3);  // {0}, {2^32 - 1 .. 2^32 + 1}, {2^64 - 2, 2^64 - 1}
+  CHECK(b.Frontier(0) == 1);
+  for (uint64_t seq : seqs) {
+    auto r = b.Add(AtSeq(id++, 0, seq));
+    REQUIRE(r.has_value());
+    CHECK(r->code() == wire::DUPLICATE_ID);
+    CHECK_THAT(r->message(), Catch::Contains("seq " + std::to_string(seq) + ","));
+  }
+  // In seq order for a deterministic rank, the top of the range last.
+  const auto in_order = b.PendingInOrder(0, SIZE_MAX, /*all_arrived=*/true);
+  REQUIRE(in_order.size() == seqs.size());
+  CHECK(in_order.front().id == 105);  // seq 0
+  CHECK(in_order.back().id == 102);   // seq 2^64 - 1
 }
 
 }  // namespace

@@ -96,7 +96,9 @@ absl::Status PayloadExchange::OnReadable() {
     }
     std::vector<zmq::message_t> body(std::make_move_iterator(parts.begin() + 1),
                                      std::make_move_iterator(parts.end()));
-    auto event = ingest::DecodeProducerMessage(std::move(body));
+    ingest::DecodeOptions decode;
+    decode.accept_daemon_key = true;  // the owner's key for a repeated id (see SendOutgoing)
+    auto event = ingest::DecodeProducerMessage(std::move(body), decode);
     auto* s = std::get_if<ingest::SampleEvent>(&event);
     if (s == nullptr) {
       return absl::InternalError("rank " + std::to_string(owner) +
@@ -207,6 +209,11 @@ Clock::TimePoint PayloadExchange::PayloadDeadline() const {
   return clock_.Now() + std::chrono::milliseconds(options_.collective_timeout_ms);
 }
 
+size_t PayloadExchange::Parked() const {
+  MutexLock lock(mu_);
+  return parked_.size();
+}
+
 void PayloadExchange::WakeAll() {
   // Under mu_: a Take between its checks and its wait cannot miss the wake-up.
   MutexLock lock(mu_);
@@ -216,7 +223,7 @@ void PayloadExchange::WakeAll() {
 absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, Clock::TimePoint deadline,
                                              const std::function<bool()>& cancelled) {
   MutexLock lock(mu_);
-  while (!parked_.count(key)) {
+  while (parked_.find(key) == parked_.end()) {
     if (key.owner_rank == options_.rank) {
       return absl::InternalError("planner returned sample " + std::to_string(key.id) +
                                  " that is not buffered on rank " + std::to_string(options_.rank));
@@ -231,7 +238,7 @@ absl::StatusOr<Sample> PayloadExchange::Take(const SampleKey& key, Clock::TimePo
     }
     cv_.WaitFor(mu_, std::min<Clock::TimePoint::duration>(deadline - now, kClockRecheck));
   }
-  auto it = parked_.find(key);
+  auto it = parked_.lower_bound(key);  // the oldest copy of this key
   Sample out = std::move(it->second);
   parked_.erase(it);
   return out;

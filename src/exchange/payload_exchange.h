@@ -77,6 +77,8 @@ class PayloadExchange {
   absl::StatusOr<Sample> Take(const SampleKey& key, Clock::TimePoint deadline,
                               const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   void WakeAll() ABSL_LOCKS_EXCLUDED(mu_);
+  // Payloads parked now (arrived or kept here, not yet taken).
+  size_t Parked() const ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr std::chrono::milliseconds kClockRecheck{50};
 
  private:
@@ -92,9 +94,17 @@ class PayloadExchange {
   std::string bound_;
   std::vector<zmq::socket_t> senders_;  // planner thread only
 
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
-  std::map<SampleKey, Sample> parked_ ABSL_GUARDED_BY(mu_);
+  // A key may be parked more than once: an owner's key is unique among the
+  // samples its buffer holds, so a dataset index sampled again (with
+  // replacement) after its first copy left the buffer for this rank keys the
+  // same, and its second copy can arrive before the first one's step is
+  // built. Copies of one key come in the order they were sent (one DEALER
+  // per peer, and steps are built in plan order), so Take hands out the
+  // oldest: equal keys sit in insertion order (multimap::emplace adds at the
+  // end of their range).
+  std::multimap<SampleKey, Sample> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace odb::exchange

@@ -83,6 +83,62 @@ TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer
   CHECK(std::string(s.message()).find("rank 1 sent an unreadable sample payload") != std::string::npos);
 }
 
+// A dataset index sampled twice (with replacement) whose first copy already
+// left its owner's buffer keys the same both times (the key is unique among
+// the samples the owner holds): the receiver may hold both copies at once.
+// Both are kept and handed out in the order they came (the plans' order);
+// the second copy was dropped silently before (a map keyed once), and the
+// step that needed it waited until collective_timeout_ms and failed.
+TEST_CASE("two copies of one key from a peer are both kept and taken in the order they came") {
+  ExchangeOptions options = RankZeroOfTwo();
+  DaemonState state(1 << 20, 64, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  PayloadExchange x(options, state, metrics, clock);
+  REQUIRE(x.Bind().ok());
+  auto rank1 = NewCurveKeypair();
+  REQUIRE(rank1.ok());
+  REQUIRE(x.Connect({x.Announcement(), EncodeAnnouncement({"tcp://127.0.0.1:9", rank1->public_key})}).ok());
+  const std::string server_key = x.Announcement().substr(0, 40);
+  zmq::context_t ctx(1);
+  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::linger, 0);
+  peer.set(zmq::sockopt::routing_id, "1");
+  peer.set(zmq::sockopt::curve_serverkey, server_key);
+  peer.set(zmq::sockopt::curve_publickey, rank1->public_key);
+  peer.set(zmq::sockopt::curve_secretkey, rank1->secret_key);
+  peer.connect(x.endpoint());
+  // Sample 7 twice, told apart by their lengths (what the plan sized each by).
+  for (uint32_t tokens : {3u, 5u}) {
+    wire::ProducerMessage m;
+    m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    wire::SampleHeader* h = m.mutable_sample();
+    h->set_producer_id("w0");
+    h->set_sample_id(7);
+    h->set_tokens(tokens);
+    wire::TensorDesc* t = h->add_tensors();
+    t->set_name("input_ids");
+    t->set_dtype(wire::INT64);
+    t->add_shape(tokens);
+    t->set_frame(1);
+    const std::vector<int64_t> ids(tokens, 1);
+    const std::string header = m.SerializeAsString();
+    REQUIRE(peer.send(zmq::buffer(header), zmq::send_flags::sndmore));
+    REQUIRE(peer.send(zmq::buffer(ids)));
+  }
+  REQUIRE(Pump(x, [&] { return x.Parked() >= 2; }).ok());
+  REQUIRE(x.Parked() == 2);
+  const auto never = [] { return false; };
+  for (uint32_t tokens : {3u, 5u}) {
+    absl::StatusOr<Sample> s = x.Take(SampleKey{1, 7}, x.PayloadDeadline(), never);
+    REQUIRE(s.ok());
+    CHECK(s->meta.id == 7);
+    CHECK(s->meta.lengths.tokens == tokens);
+    CHECK(s->meta.owner_rank == 1);
+  }
+  CHECK(x.Parked() == 0);
+}
+
 TEST_CASE("a payload that never comes times out when the injected clock passes collective_timeout_ms") {
   // Rank 1 never sends: only the fake clock's advance ends the wait, however
   // long the timeout (no real waiting, no socket needed).

@@ -103,6 +103,18 @@ wire::Rejection AdmissionPolicy::DuplicateSeq(const Sample& sample) const {
       .rejection;
 }
 
+wire::Rejection AdmissionPolicy::SeqBeyondLimit(const Sample& sample, uint64_t limit, uint64_t frontier) const {
+  const uint64_t id = sample.meta.id;
+  return MakeReject(wire::CREDIT_EXCEEDED,
+                    "sample " + std::to_string(id) + " from producer '" + sample.producer_id + "' has seq " +
+                        std::to_string(sample.seq.value_or(0)) + ", past the seq limit " + std::to_string(limit) +
+                        " of epoch " + std::to_string(sample.epoch) + " (its first " + std::to_string(frontier) +
+                        " positions arrived, and alignment.deterministic admits at most one window ahead of "
+                        "them); wait for the daemon's credit (ProducerCredit.seq_limit; the odb clients do)",
+                    sample.producer_id, &id)
+      .rejection;
+}
+
 std::optional<wire::Rejection> AdmissionPolicy::OverBudget(const Sample& sample) const {
   if (!options_.reject_over_budget || grouping::FitsAlone(options_.budget, sample.meta.lengths))
     return std::nullopt;

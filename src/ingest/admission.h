@@ -70,6 +70,10 @@ class AdmissionPolicy {
   // The rejection of a sample whose seq another sample of its epoch had (in
   // every mode: a sample with a seq is known by it, not by its id).
   wire::Rejection DuplicateSeq(const Sample& sample) const;
+  // alignment.deterministic: the rejection (CREDIT_EXCEEDED) of a sample whose
+  // seq is at or past `limit`, the seq limit its producer may have been
+  // granted (the epoch's `frontier` + the window).
+  wire::Rejection SeqBeyondLimit(const Sample& sample, uint64_t limit, uint64_t frontier) const;
   // The last check: a sample that fits no budget alone, when such samples are
   // rejected (grouping.over_budget: reject).
   std::optional<wire::Rejection> OverBudget(const Sample& sample) const;

@@ -90,6 +90,10 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
     if (h.has_seq()) e.seq = h.seq();
     return e;
   };
+  if (h.has_daemon_key() && !options.accept_daemon_key) {
+    return reject(wire::MALFORMED_HEADER, "sets daemon_key (" + std::to_string(h.daemon_key()) +
+                                              "), a field only daemons send each other; leave it unset");
+  }
   if (h.tokens() == 0) {
     return reject(wire::ZERO_LENGTH,
                   "token length is 0; every sample needs at least one token (filter empty samples "
@@ -116,8 +120,8 @@ IngestEvent DecodeSample(const wire::SampleHeader& h, std::vector<zmq::message_t
   sample.producer_id = h.producer_id();
   if (h.has_seq()) sample.seq = h.seq();
   if (h.has_daemon_key()) {
-    // Keyed apart by the owner rank's buffer (see Sample::user_id); the
-    // ingest channel refuses it from producers (AdmissionPolicy::AtDoor).
+    // Keyed apart by the owner rank's buffer (see Sample::user_id); only a
+    // peer daemon's (DecodeOptions::accept_daemon_key).
     sample.user_id = id;
     sample.meta.id = h.daemon_key();
   }

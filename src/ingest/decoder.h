@@ -60,6 +60,13 @@ struct DecodeOptions {
   size_t max_producer_id_bytes = 256;
   // Tensor names, ranks, dims (see wire::DecodeTensorDescs).
   wire::TensorDescLimits tensor_limits;
+  // SampleHeader.daemon_key is how one daemon tells another under which key
+  // its buffer holds a sample (a repeated id keyed apart): only the payload
+  // exchange (peer daemons, CURVE-authenticated) sets this. Anywhere else a
+  // header with daemon_key is refused here (MALFORMED_HEADER naming its
+  // sample_id), so no later check, log or count ever sees a key a producer
+  // chose in place of its id.
+  bool accept_daemon_key = false;
 };
 
 // The shared-memory data plane: a sample's tensors may be a block of its

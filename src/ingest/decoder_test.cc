@@ -61,7 +61,9 @@ TEST_CASE("a valid sample decodes without copying its frame") {
 TEST_CASE("a header with daemon_key (the payload exchange's) keys the sample by it, keeping its id") {
   wire::ProducerMessage m = SampleMessage(42, 5);
   m.mutable_sample()->set_daemon_key(0xabcdef0123ULL);
-  IngestEvent e = DecodeProducerMessage(Parts(m, {40}));
+  DecodeOptions peer;
+  peer.accept_daemon_key = true;
+  IngestEvent e = DecodeProducerMessage(Parts(m, {40}), peer);
   REQUIRE(std::holds_alternative<SampleEvent>(e));
   const Sample& s = std::get<SampleEvent>(e).sample;
   CHECK(s.meta.id == 0xabcdef0123ULL);
@@ -71,6 +73,23 @@ TEST_CASE("a header with daemon_key (the payload exchange's) keys the sample by 
   IngestEvent plain = DecodeProducerMessage(Parts(SampleMessage(42, 5), {40}));
   CHECK_FALSE(std::get<SampleEvent>(plain).sample.user_id.has_value());
   CHECK(std::get<SampleEvent>(plain).sample.UserId() == 42);
+}
+
+// Anywhere but the payload exchange (a producer, frames or arena), a header
+// with daemon_key is refused at decode, naming its sample_id: nothing after
+// the decoder (credit, seq, logs, stream counts) takes the key for its id.
+TEST_CASE("a header with daemon_key from anyone but a peer daemon is refused naming its sample id") {
+  wire::ProducerMessage m = SampleMessage(42, 5);
+  m.mutable_sample()->set_daemon_key(77);
+  m.mutable_sample()->set_seq(3);
+  IngestEvent e = DecodeProducerMessage(Parts(m, {40}));
+  REQUIRE(std::holds_alternative<RejectEvent>(e));
+  const RejectEvent& r = std::get<RejectEvent>(e);
+  CHECK(r.rejection.code() == wire::MALFORMED_HEADER);
+  CHECK(r.rejection.sample_id() == 42);
+  CHECK_THAT(r.rejection.message(), Catch::Contains("sample 42") && Catch::Contains("daemon_key (77)"));
+  CHECK(r.seq == std::optional<uint64_t>(3));  // its place is known, as for any rejected sample
+  CHECK(r.has_epoch);
 }
 
 TEST_CASE("bad input gets a specific error naming the sample") {

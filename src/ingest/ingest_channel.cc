@@ -256,6 +256,13 @@ IngestEvent IngestChannel::Receive(Conn& conn, std::vector<zmq::message_t>&& bod
   return event;
 }
 
+uint64_t IngestChannel::SeqLimit(uint32_t epoch) const {
+  // What GrantCredits grants: every limit a producer was told is at most
+  // this (the frontier only moves up), so an honest producer never hits it.
+  const uint64_t frontier = state_.buffer.Frontier(epoch);
+  return frontier > UINT64_MAX - options_.window ? UINT64_MAX : frontier + options_.window;
+}
+
 EpochView IngestChannel::ViewOf(uint32_t epoch) const {
   EpochView view;
   view.closed = state_.tracker.IsClosed(epoch);
@@ -313,15 +320,26 @@ void IngestChannel::Admit(Conn& conn, IngestEvent&& event, uint64_t charged_byte
     std::optional<uint32_t> epoch;
     if (reject->has_epoch) epoch = reject->epoch;
     const bool is_sample = reject->rejection.has_sample_id() || charged_bytes > 0;
-    if (reject->rejection.has_sample_id() && reject->has_epoch) {
+    // Only a sample of the connection's own producer counts in a stream (and
+    // takes a position): a header naming another producer (the decoder
+    // rejected it before any check against the connection) must not change
+    // that producer's count or steal its seq.
+    const bool own = !conn.producer_id.empty() && reject->rejection.producer_id() == conn.producer_id;
+    if (own && reject->rejection.has_sample_id() && reject->has_epoch) {
       // Count it against the producer's stream so end_stream totals still match
       // (without opening bookkeeping for an epoch the daemon does not hold).
       if (AdmissionPolicy::EpochRefusal(reject->epoch, ViewOf(reject->epoch))) {
         state_.tracker.NoteRefused(reject->rejection.producer_id(), reject->epoch);
       } else {
-        state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch, reject->rejection.sample_id());
-        // Its place in the order is taken: a deterministic rank does not wait for it.
-        if (options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch)) {
+        const bool live = !state_.tracker.OnSample(reject->rejection.producer_id(), reject->epoch,
+                                                   reject->rejection.sample_id());
+        // Its place in the order is taken: a deterministic rank does not wait for it
+        // (if it belongs to a live stream: not after its producer ended it).
+        // (Only within the seq window: a seq past it was never granted, and
+        // noting it would let a producer spread runs without bound; one
+        // that finds no room under the buffer's cap is not noted either.)
+        if (live && options_.deterministic && reject->seq && !state_.tracker.IsClosed(reject->epoch) &&
+            *reject->seq < SeqLimit(reject->epoch)) {
           state_.buffer.NoteSeq(reject->epoch, *reject->seq);
         }
       }
@@ -378,18 +396,40 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
       Reject(std::move(verdict.rejection), verdict.filed_epoch, true);
       return;
   }
+  // Counted in its producer's stream first: a sample that belongs to no live
+  // stream (its producer ended it, the epoch ended) takes no position.
+  if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
+    Reject(std::move(*r), epoch, true);
+    return;
+  }
   // Exactly once per position: a sample with a seq is known by it (in every
   // mode; planning goes by seq only under alignment.deterministic), noted
   // before the checks below so that a rejected one's place is taken too.
   const bool seq_noted = sample.seq.has_value() && !view.closed;
-  if (seq_noted && !state_.buffer.NoteSeq(epoch, *sample.seq)) {
-    state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id);
-    Reject(admission_.DuplicateSeq(sample), epoch, true);
-    return;
-  }
-  if (auto r = state_.tracker.OnSample(sample.producer_id, epoch, sample.meta.id)) {
-    Reject(std::move(*r), epoch, true);
-    return;
+  if (seq_noted) {
+    std::optional<wire::Rejection> refused;
+    if (options_.deterministic && *sample.seq >= SeqLimit(epoch)) {
+      // Never granted (ProducerCredit.seq_limit): a sample far ahead of the
+      // frontier would sit in the buffer until its gap filled, taking the
+      // room the frontier's own sample needs. Not noted: its place stays
+      // open (the frontier waits for it as for any sample not yet sent).
+      refused = admission_.SeqBeyondLimit(sample, SeqLimit(epoch), state_.buffer.Frontier(epoch));
+    } else {
+      switch (state_.buffer.NoteSeq(epoch, *sample.seq)) {
+        case buffer::IdSet::Inserted::kNew:
+          break;
+        case buffer::IdSet::Inserted::kRepeat:
+          refused = admission_.DuplicateSeq(sample);
+          break;
+        case buffer::IdSet::Inserted::kNoRoom:
+          refused = state_.buffer.TooManyRuns(sample);
+          break;
+      }
+    }
+    if (refused) {
+      Reject(std::move(*refused), epoch, true);
+      return;
+    }
   }
   auto schema = schemas_.find(epoch);
   if (schema == schemas_.end()) {
@@ -469,11 +509,11 @@ void IngestChannel::GrantCredits() {
   if (options_.deterministic) {
     MutexLock lock(state_.mu);
     base_epoch = state_.current_epoch.value_or(state_.tracker.FirstOpenEpoch());
-    seq_limits[base_epoch] = state_.buffer.Frontier(base_epoch) + options_.window;
+    seq_limits[base_epoch] = SeqLimit(base_epoch);
     for (const auto& [key, conn] : conns_) {
       if (conn.credit.wanted_seq) {
         const uint32_t e = conn.credit.wanted_seq_epoch;
-        seq_limits[e] = state_.buffer.Frontier(e) + options_.window;
+        seq_limits[e] = SeqLimit(e);
       }
     }
   }

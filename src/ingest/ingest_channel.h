@@ -122,6 +122,9 @@ class IngestChannel {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // What admission needs to know of `epoch` now.
   EpochView ViewOf(uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  // alignment.deterministic: the first seq of `epoch` a producer may not send
+  // yet (the epoch's frontier + the window).
+  uint64_t SeqLimit(uint32_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Drops a connection found gone, with a log line when it left its
   // producer's stream of the current epoch open. Takes state_.mu.
   void Forget(const ConnKey& key);
