@@ -278,6 +278,7 @@ absl::StatusOr<DaemonConfig> ParseRoot(const YAML::Node& root) {
   ODB_ASSIGN_OR_RETURN(Section buffer, s.Child("buffer"));
   ODB_RETURN_IF_ERROR(buffer.Get("max_bytes", c.buffer_max_bytes));
   ODB_RETURN_IF_ERROR(buffer.Get("max_samples", c.buffer_max_samples));
+  ODB_RETURN_IF_ERROR(buffer.Get("max_id_runs", c.buffer_max_id_runs));
   ODB_RETURN_IF_ERROR(buffer.CheckNoUnknownKeys());
 
   ODB_ASSIGN_OR_RETURN(Section grouping, s.Child("grouping"));
@@ -496,6 +497,13 @@ absl::Status ValidateBufferAndGrouping(const DaemonConfig& c) {
                                            "admitted (the default is 1 GiB)");
   }
   if (c.buffer_max_samples == 0) return Invalid("buffer.max_samples", "must be > 0");
+  // One run per buffered sample at least (every buffered sample may stand
+  // apart), and no more than 2^32 (~80 GiB of bookkeeping).
+  if (c.buffer_max_id_runs < c.buffer_max_samples || c.buffer_max_id_runs > (uint64_t{1} << 32)) {
+    return Invalid("buffer.max_id_runs", std::to_string(c.buffer_max_id_runs) +
+                                             " must be between buffer.max_samples (" +
+                                             std::to_string(c.buffer_max_samples) + ") and 2^32");
+  }
   if (c.budget.max_tokens == 0) return Invalid("grouping.max_tokens", "must be > 0");
   // 0 disables the quadratic term. Below one token, len*len/q dwarfs len and
   // tiny values overflow to inf: every sample would be over budget.

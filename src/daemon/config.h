@@ -67,6 +67,10 @@ struct DaemonConfig {
   // --- buffer: bounded by both; when full, ingest stops reading (back-pressure).
   uint64_t buffer_max_bytes = 1ull << 30;  // 1 GiB of payload
   uint64_t buffer_max_samples = 65536;
+  // Runs of seqs / ids the exactly-once check keeps for the open epochs
+  // (~20 B each); a sample that would start one more is refused TOO_LARGE
+  // (src/buffer/sample_buffer.h, docs/architecture.md).
+  uint64_t buffer_max_id_runs = uint64_t{1} << 22;
 
   // --- grouping
   grouping::Budget budget;               // cost_model, max_tokens (4096), ...

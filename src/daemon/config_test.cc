@@ -224,6 +224,9 @@ TEST_CASE("cross-field constraints that could only fail later are start-up error
   CHECK_THAT(StartupError("metrics_endpoint: 'tcp://0.0.0.0:x'"), Catch::Contains("metrics_endpoint"));
   CHECK(StartupError("metrics_endpoint: 'tcp://127.0.0.1:*'").empty());
   CHECK(StartupError("round_trace: '{run}/rounds-{rank}.txt'").empty());
+  CHECK(StartupError("buffer: {max_id_runs: 100000}").empty());
+  CHECK_THAT(StartupError("buffer: {max_id_runs: 100}"), Catch::Contains("buffer.max_id_runs"));
+  CHECK_THAT(StartupError("buffer: {max_id_runs: 8589934592}"), Catch::Contains("buffer.max_id_runs"));
   CHECK_THAT(StartupError("round_trace: '" + std::string(5000, 'a') + "'"), Catch::Contains("round_trace"));
   CHECK_THAT(StartupError("alignment: {job_id: a/b}"), Catch::Contains("alignment.job_id"));
   CHECK_THAT(StartupError("alignment: {store: redis, redis_host: ''}"),

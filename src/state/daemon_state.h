@@ -20,8 +20,9 @@ namespace odb {
 // `cv` is notified whenever the buffer or the epoch state changes.
 // Stages receive a reference; none of them owns it.
 struct DaemonState {
-  DaemonState(uint64_t buffer_max_bytes, uint64_t buffer_max_samples, uint32_t expected)
-      : buffer(buffer_max_bytes, buffer_max_samples), expected_producers(expected) {}
+  DaemonState(uint64_t buffer_max_bytes, uint64_t buffer_max_samples, uint32_t expected,
+              size_t buffer_max_runs = buffer::SampleBuffer::kDefaultMaxRuns)
+      : buffer(buffer_max_bytes, buffer_max_samples, buffer_max_runs), expected_producers(expected) {}
 
   Mutex mu;
   CondVar cv;

@@ -132,3 +132,31 @@ def test_a_rejected_sample_naming_another_producer_neither_counts_in_its_stream_
         finally:
             ctx.destroy(linger=0)
             d.stop()
+
+
+def test_buffer_max_id_runs_caps_the_exactly_once_memory_with_a_clear_error(tmp_path):
+    """buffer.max_id_runs from the configuration reaches the buffer: a producer spreading its
+    seqs apart (0, 2, 4, ...) starts one run per sample; past 64 runs each further sample is
+    refused TOO_LARGE naming its seq and the limit, the first 64 train exactly once, and the
+    epoch ends (the daemon keeps serving)."""
+    d = Daemon(tmp_path, config="grouping: {window: 8}\nbuffer: {max_samples: 64, max_id_runs: 64}\n")
+    ctx = zmq.Context()
+    try:
+        d.wait_ready()
+        c = consume(d.trainer, expected_producers=1)
+        p = RawProducer(ctx, d.ingest)
+        p.hello("p")
+        for i in range(80):
+            p.send(*raw_sample("p", 1000 + i, 2 * i))
+        p.end_stream("p", 80)
+        d.wait_log("sample 1064 from producer 'p' refused: its seq 128 is apart from every seq received in "
+                   "epoch 0, and the daemon already keeps 64 such separate runs")
+        rc, out, err = finish(c)
+        assert rc == 0, err
+        [e] = epochs(out)
+        assert sorted(e["ids"]) == list(range(1000, 1064)) and e["duplicates"] == 0, e
+        assert sorted(map(tuple, e["rejection_codes"])) == [("TOO_LARGE", 1064 + i) for i in range(16)], e
+        p.close()
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
