@@ -30,19 +30,25 @@ bool Eventually(F done) {
   return true;
 }
 
+// A single-rank daemon's configuration in a fresh temporary run_dir (removed first).
+DaemonConfig SingleRankConfig(const std::string& name, std::string& dir) {
+  dir = std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  DaemonConfig config;
+  config.rank = 0;
+  config.world_size = 1;
+  config.local_rank = 0;
+  config.local_world_size = 1;
+  config.run_dir = dir;
+  config.ingest.endpoints = {"ipc://" + dir + "/in.sock"};
+  config.trainer.endpoint = "ipc://" + dir + "/out.sock";
+  return config;
+}
+
 struct Harness {
   explicit Harness(const std::string& name, uint32_t producer_timeout_ms = 0, uint32_t trainer_timeout_ms = 0,
                    uint32_t max_wait_ms = 20, const std::string& round_trace = "") {
-    dir =
-        std::filesystem::temp_directory_path() / ("odb-daemon-test-" + name + "-" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir);
-    config.rank = 0;
-    config.world_size = 1;
-    config.local_rank = 0;
-    config.local_world_size = 1;
-    config.run_dir = dir;
-    config.ingest.endpoints = {"ipc://" + dir + "/in.sock"};
-    config.trainer.endpoint = "ipc://" + dir + "/out.sock";
+    config = SingleRankConfig(name, dir);
     config.ingest.producer_timeout_ms = producer_timeout_ms;
     config.trainer.trainer_timeout_ms = trainer_timeout_ms;
     config.max_wait_ms = max_wait_ms;
@@ -248,16 +254,8 @@ TEST_CASE("round_trace gets one line per round: its index, wall-clock entry and 
 }
 
 TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and the path") {
-  DaemonConfig config;
-  config.rank = 0;
-  config.world_size = 1;
-  config.local_rank = 0;
-  config.local_world_size = 1;
-  const std::string dir = std::filesystem::temp_directory_path() / ("odb-daemon-test-badtrace-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  config.run_dir = dir;
-  config.ingest.endpoints = {"ipc://" + dir + "/in.sock"};
-  config.trainer.endpoint = "ipc://" + dir + "/out.sock";
+  std::string dir;
+  DaemonConfig config = SingleRankConfig("badtrace", dir);
   config.round_trace = dir + "/no/such/dir/rounds.txt";
   auto peers = ConnectPeers(config);
   REQUIRE(peers.ok());
