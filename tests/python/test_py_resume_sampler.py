@@ -224,3 +224,27 @@ def test_a_position_past_the_list_is_a_clear_error() -> None:
     fresh.load_state_dict(state)
     with pytest.raises(ValueError, match=f"position {len(LIST) + 3} of rank 0's list"):
         fresh.indices()
+
+
+def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> None:
+    """Reproducible mode: the replayed round's list is each rank's list less the positions of the rounds
+    before it. A step names indices, not positions: when another copy of an index taken before the round
+    is still free, which copy was taken is a guess, so the state resumes the ordinary (exactly-once) way."""
+    plain = _loader([4, 1, 6, 0, 2])
+    _taken(plain, [4, 1])  # step 0: round 0
+    _taken(plain, [6])     # step 1: the first of round 1's three steps, the checkpoint
+    plain._last_step = (1, 1, 1, 3, True)
+    state = plain.state_dict()
+    assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
+                               "round_consumed": [{"cursor": 0, "extra": [2]}]}
+    resumed = _loader([4, 1, 6, 0, 2])
+    resumed.load_state_dict(state)
+    assert resumed.indices() == [6, 0, 2]  # the round replays from its first step: 6 is planned (and skipped) again
+
+    repeated = _loader(LIST)
+    _taken(repeated, [0, 3])
+    _taken(repeated, [1])
+    repeated._last_step = (1, 1, 1, 3, True)
+    state = repeated.state_dict()
+    assert state["replay"] is None  # index 0 waits at 4 more positions: which one round 0 took is unknown
+    assert state["consumed"] == [{"cursor": 2, "extra": [3]}]  # positions 0, 1 and 3
