@@ -50,9 +50,8 @@ from .pump import _SendStream as _SendStream
 from .stacks import check_caller_stack
 from .state_codec import STATE_FORMAT as STATE_FORMAT
 from .state_codec import STATE_VERSION as STATE_VERSION
-from .state_codec import assign_positions
 from .state_codec import compress_ints as compress_ints
-from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint
+from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint, take_positions
 from .state_codec import compress_mask as compress_mask
 from .state_codec import expand_ints as expand_ints
 from .step import _MISSING as _MISSING
@@ -63,6 +62,13 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
+
+
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """The distinct values of `ids` (each in [0, n)), sorted, through a mask (O(n + len(ids)), no sort)."""
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return np.flatnonzero(mask)
 
 
 class _SamplerPlan:
@@ -540,7 +546,7 @@ class OdbDataLoader:
             key = "position"
         else:
             key, consumed, round_consumed, extra, exact_replay = self._sampler_consumed(
-                epoch, ids, steps, in_round, loaded_in_round, replay is not None, gathering)
+                epoch, ids, in_round, loaded_in_round, replay is not None, gathering)
             if not exact_replay:
                 replay = None  # the resume is the ordinary exactly-once one (docs/resume.md)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(epoch),
@@ -551,7 +557,7 @@ class OdbDataLoader:
                            dict(replay, world_size=int(world), round_consumed=round_consumed)),
                 "job": self.state_extras()}
 
-    def _sampler_consumed(self, epoch: int, ids: np.ndarray, steps: np.ndarray, in_round: np.ndarray,
+    def _sampler_consumed(self, epoch: int, ids: np.ndarray, in_round: np.ndarray,
                           loaded_in_round: bool, replaying: bool,
                           gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
         """A custom sampler's consumed samples as positions in each rank's list ("rank_position"):
@@ -559,7 +565,7 @@ class OdbDataLoader:
 
         A step names its samples by dataset index, so a rank maps the trained copies of an index that
         came from its own list (their owner rank) to that index's free positions in list order
-        (assign_positions). With samples moving between ranks (global planner) a rank's samples may be
+        (take_positions). With samples moving between ranks (global planner) a rank's samples may be
         trained by another rank: the first all_gather hands every rank all trained samples and their
         owners, the second each rank's positions."""
         plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
@@ -582,23 +588,29 @@ class OdbDataLoader:
                   if self._consumed_owners else np.zeros(0, dtype=np.int64))
         if gathering:
             gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (ids, owners, steps, in_round))
+            torch.distributed.all_gather_object(gathered, (ids, owners, in_round))
             ids = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
             owners = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
-            steps = np.concatenate([np.asarray(g[2], dtype=np.int64) for g in gathered])
-            in_round = np.concatenate([np.asarray(g[3], dtype=bool) for g in gathered])
+            in_round = np.concatenate([np.asarray(g[2], dtype=bool) for g in gathered])
         if owners.size and (owners.min() < 0 or owners.max() >= world):
             raise RuntimeError(f"odb: a step named owner rank {int(owners.max())} in a world of {world}")
-        mine = np.flatnonzero(owners == self.rank)
-        mine = mine[np.argsort(steps[mine], kind="stable")]  # training order: earlier copies, earlier positions
+        n = len(self.dataset)  # type: ignore[arg-type]
+        mine = owners == self.rank
+        # Copies trained in the rounds before the replayed one come first in training order, so they
+        # take an index's first free positions, the replayed round's copies the next ones.
+        before = np.bincount(ids[mine & ~in_round], minlength=n)
         free_ids, free_positions = plan.free()
         try:
-            positions = assign_positions(free_ids, free_positions, ids[mine])
+            positions = take_positions(free_ids, free_positions, before)
+            round_positions = (take_positions(free_ids, free_positions, np.bincount(ids[mine & in_round], minlength=n),
+                                              skip=before) if in_round.any() else np.zeros(0, dtype=np.int64))
         except ValueError as e:
             raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: {e}: did the sampler's list change "
                                f"while the epoch ran?") from None
-        consumed = np.union1d(plan.consumed_before, positions)
-        round_positions = positions[in_round[mine]]
+        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
+        for p in (plan.consumed_before, positions, round_positions):
+            taken[p] = True
+        consumed = np.flatnonzero(taken)
         if loaded_in_round:
             assert self._replay is not None
             round_positions = np.concatenate(
@@ -608,12 +620,10 @@ class OdbDataLoader:
         # index is free. Otherwise the resume must be the ordinary one, or the replayed round could differ.
         exact = True
         if replaying:
-            before = ids[mine][~in_round[mine]]
-            if before.size:
-                index, count = np.unique(before, return_counts=True)
-                free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
-                exact = bool(np.all(free == count))
-        mine_state = (consumed, round_positions, np.unique(plan.full[consumed]), plan.fingerprint, exact)
+            index = np.flatnonzero(before)
+            free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
+            exact = bool(np.all(free == before[index]))
+        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, exact)
         if gathering:
             states: List[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(states, mine_state)
@@ -621,9 +631,11 @@ class OdbDataLoader:
             states = [mine_state if r == self.rank else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                                                           np.zeros(0, dtype=np.int64), None, True)
                       for r in range(world)]
-        consumed_ids = np.unique(np.concatenate([np.asarray(s[2], dtype=np.int64) for s in states]))
+        consumed_ids = np.zeros(n, dtype=bool)  # a mask over the dataset: O(n), no sort (as for "position")
+        for s in states:
+            consumed_ids[np.asarray(s[2], dtype=np.int64)] = True
         return ("rank_position", [compress_ints(s[0]) for s in states], [compress_ints(s[1]) for s in states],
-                {"consumed_ids": compress_ints(consumed_ids), "lists": [s[3] for s in states]},
+                {"consumed_ids": compress_mask(consumed_ids), "lists": [s[3] for s in states]},
                 all(bool(s[4]) for s in states))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

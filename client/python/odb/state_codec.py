@@ -21,19 +21,21 @@ def compress_ints(values: Any) -> Dict[str, Any]:
     below c, plus the sorted extras at or above it. Consumed positions of an
     epoch are nearly a prefix (steps take samples roughly in arrival order),
     so the state stays small however far the epoch got."""
-    arr = np.unique(np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64))
+    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64)
+    if arr.size > 1 and not np.all(arr[1:] > arr[:-1]):  # already sorted and unique: no sort
+        arr = np.unique(arr)
     if arr.size and arr[0] < 0:
         raise ValueError("compress_ints: negative value")
     gaps = np.nonzero(arr != np.arange(arr.size, dtype=np.int64))[0]
     cursor = int(gaps[0]) if gaps.size else int(arr.size)
-    return {"cursor": cursor, "extra": [int(v) for v in arr[cursor:]]}
+    return {"cursor": cursor, "extra": arr[cursor:].tolist()}
 
 
 def compress_mask(consumed: np.ndarray) -> Dict[str, Any]:
     """compress_ints for a boolean mask over 0..n-1 (O(n) vector ops, no sort)."""
     missing = np.flatnonzero(~consumed)
     cursor = int(missing[0]) if missing.size else int(consumed.size)
-    return {"cursor": cursor, "extra": [int(v) for v in np.flatnonzero(consumed[cursor:]) + cursor]}
+    return {"cursor": cursor, "extra": (np.flatnonzero(consumed[cursor:]) + cursor).tolist()}
 
 
 def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
@@ -62,31 +64,33 @@ def decode_rank_positions(codes: np.ndarray, ranks: int, rank: int) -> np.ndarra
     return np.sort(codes[codes % ranks == rank] // ranks)
 
 
-def assign_positions(free_ids: np.ndarray, free_positions: np.ndarray, taken: np.ndarray) -> np.ndarray:
-    """The positions in a rank's list of the samples `taken` (dataset indices, repeats allowed, in the
-    order they were trained). A step names a sample by its index, not by its position, so copies of one
-    index are told apart by order: the k-th trained copy of index i takes the k-th free position of i
-    in list order. That keeps the multiset exact: every position is consumed at most once, and each
-    index as often as it was trained.
+def take_positions(free_ids: np.ndarray, free_positions: np.ndarray, counts: np.ndarray,
+                   skip: "np.ndarray | None" = None) -> np.ndarray:
+    """Positions in a rank's list of trained samples given as counts per dataset index: for each index
+    i, its free positions number skip[i] to skip[i] + counts[i] - 1 in list order. A step names a sample
+    by its index, not by its position, so copies of one index are told apart by order: the copies
+    trained first take the index's first free positions. That keeps the multiset exact: every position
+    is consumed at most once, each index as often as it was trained. Costs O(len(counts)) and a lookup
+    per distinct index: no sort of the trained samples.
 
     free_ids / free_positions: the list's free (not yet consumed) positions and their indices, sorted
-    by (index, position). Returns the positions in `taken`'s order; raises ValueError naming the index
-    when one came back more often than it has free positions."""
-    taken = np.asarray(taken, dtype=np.int64)
-    if not taken.size:
+    by (index, position). Returns the positions grouped by index; raises ValueError naming the index
+    when one was trained more often than it has free positions."""
+    counts = np.asarray(counts, dtype=np.int64)
+    index = np.flatnonzero(counts)
+    if not index.size:
         return np.zeros(0, dtype=np.int64)
-    order = np.argsort(taken, kind="stable")  # stable: copies keep their training order
-    t = taken[order]
-    occurrence = np.arange(t.size, dtype=np.int64) - np.searchsorted(t, t, side="left")
-    slot = np.searchsorted(free_ids, t, side="left") + occurrence
-    over = slot >= np.searchsorted(free_ids, t, side="right")
+    count = counts[index]
+    before = np.zeros(index.size, dtype=np.int64) if skip is None else np.asarray(skip, dtype=np.int64)[index]
+    first = np.searchsorted(free_ids, index, side="left")
+    free = np.searchsorted(free_ids, index, side="right") - first
+    over = before + count > free
     if over.any():
-        index = int(t[np.argmax(over)])
-        raise ValueError(f"index {index} was trained {int(np.count_nonzero(t == index))} times but this rank's "
-                         f"list holds it at {int(np.count_nonzero(free_ids == index))} free positions")
-    out = np.empty(t.size, dtype=np.int64)
-    out[order] = free_positions[slot]
-    return out
+        k = int(np.argmax(over))
+        raise ValueError(f"index {int(index[k])} was trained {int(before[k] + count[k])} times but this rank's "
+                         f"list holds it at {int(free[k])} free positions")
+    within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return free_positions[np.repeat(first + before, count) + within]
 
 
 def list_fingerprint(indices: np.ndarray) -> str:
