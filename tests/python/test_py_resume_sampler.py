@@ -202,6 +202,7 @@ def test_a_state_of_odb_3_keyed_by_index_still_loads_with_its_meaning() -> None:
     (lambda s: s.update(consumed={"cursor": 0, "extra": []}), "malformed consumed"),
     (lambda s: s.update(consumed=[{"cursor": 1, "extra": [0]}]), "malformed consumed set"),
     (lambda s: s.update(lists=["a", "b"]), "malformed lists"),
+    (lambda s: s.update(consumed=[{"cursor": 0, "extra": [1 << 62]}]), "past any list"),
     (lambda s: s.pop("consumed_ids"), "missing \\['consumed_ids'\\]"),
     (lambda s: s.update(consumed_ids={"cursor": 0, "extra": [N_DATASET]}), f"dataset index {N_DATASET}"),
 ])

@@ -770,7 +770,11 @@ class OdbDataLoader:
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
             raise ValueError(f"odb loader state: malformed {name} (a list of one {{cursor, extra}} per rank list, "
                              f"got {type(value).__name__})")
-        return len(value), encode_rank_positions([expand_ints(v) for v in value])
+        per_rank = [expand_ints(v) for v in value]
+        limit = (1 << 62) // len(per_rank)
+        if any(p.size and int(p[-1]) >= limit for p in per_rank):
+            raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+        return len(per_rank), encode_rank_positions(per_rank)
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
