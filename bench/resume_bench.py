@@ -4,6 +4,12 @@ state is. Nothing is replayed: the cost depends on N (one permutation, vector
 ops) and on the state's size, not on the step the job had reached.
 
     /usr/bin/python3 bench/resume_bench.py --n 10000000 --consumed 0.5
+    /usr/bin/python3 bench/resume_bench.py --n 10000000 --consumed 0.5 --sampler
+
+--sampler: a custom sampler instead (a rank's list of n indices drawn with replacement, keyed by
+position in the list): the cost of drawing the list at the epoch's start, of state_dict() (the first
+call of an epoch sorts the list once; later calls only look the new steps up), and of load + this
+rank's list at the same world size.
 """
 from __future__ import annotations
 
@@ -43,7 +49,11 @@ def main() -> None:
     ap.add_argument("--consumed", type=float, default=0.5, help="fraction of the epoch trained before the checkpoint")
     ap.add_argument("--scatter", type=int, default=4096, help="consumed samples beyond the prefix (in flight)")
     ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--sampler", action="store_true", help="a custom sampler with replacement (rank 0 of 1)")
     args = ap.parse_args()
+    if args.sampler:
+        sampler_bench(args)
+        return
     data = Lengths(args.n)
     loader = OdbDataLoader(data, shuffle=True, seed=1, rank=0, world_size=1, run_dir="/tmp/odb-bench-unused")
     order = loader._global_order()
@@ -65,6 +75,40 @@ def main() -> None:
                       "state_dict_s": round(t1 - t0, 3), "state_dict_cpu_s": round(c1 - c0, 3),
                       "load_and_indices_s": round(t3 - t2, 3), "load_and_indices_cpu_s": round(c3 - c2, 3),
                       "rank3_of_world_remaining": len(mine)}))
+
+
+def sampler_bench(args: argparse.Namespace) -> None:
+    data = Lengths(args.n)
+    rng = np.random.default_rng(0)
+    mine = rng.integers(0, args.n, size=args.n).astype(np.int64)  # with replacement: repeats
+    loader = OdbDataLoader(data, sampler=mine, rank=0, world_size=1, run_dir="/tmp/odb-bench-unused")
+    c0 = time.process_time()
+    if hasattr(loader, "_sampler_plan"):  # what the epoch's start does: one draw of the list
+        loader._plan = loader._sampler_plan()
+    else:
+        loader.indices()
+    c1 = time.process_time()
+    k = int(args.n * args.consumed)
+    extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)
+    loader._consumed_ids = [mine[:k], mine[extra]]  # what the loop records: one array per step
+    loader._consumed_owners = [np.zeros(k, dtype=np.int64), np.zeros(extra.size, dtype=np.int64)]
+    loader._consumed_steps = [0, 1]
+    loader._consumed_epoch = 0
+    c2 = time.process_time()
+    state = loader.state_dict()
+    c3 = time.process_time()
+    loader.state_dict()  # a later checkpoint of the same epoch
+    c4 = time.process_time()
+    size = len(pickle.dumps(state))
+    fresh = OdbDataLoader(data, sampler=mine, rank=0, world_size=1, run_dir="/tmp/odb-bench-unused")
+    c5 = time.process_time()
+    fresh.load_state_dict(state)
+    rest = fresh.indices()
+    c6 = time.process_time()
+    print(json.dumps({"n": args.n, "sampler": "with replacement", "consumed": k + len(extra), "state_bytes": size,
+                      "epoch_start_cpu_s": round(c1 - c0, 3), "state_dict_cpu_s": round(c3 - c2, 3),
+                      "state_dict_again_cpu_s": round(c4 - c3, 3), "load_and_indices_cpu_s": round(c6 - c5, 3),
+                      "remaining": len(rest)}))
 
 
 if __name__ == "__main__":

@@ -531,10 +531,13 @@ def main() -> int:
     if args.resume:
         o = r["odb"]
         state = torch.load(args.resume)["loader"]
-        consumed = state["consumed"]
+        # what the checkpoint's epoch had consumed: one packed set, or one per rank's list (a custom
+        # sampler's "rank_position" key, docs/resume.md)
+        packed = state["consumed"] if isinstance(state["consumed"], list) else [state["consumed"]]
+        consumed = sum(c["cursor"] + len(c["extra"]) for c in packed)
         # samples of the epochs before the checkpoint's, plus what its epoch had consumed
         before = (state["epoch"] + (1 if state["epoch_complete"] else 0)) * args.samples + (
-            0 if state["epoch_complete"] else consumed["cursor"] + len(consumed["extra"]))
+            0 if state["epoch_complete"] else consumed)
         print(f"\n== odb resumed from {args.resume}: {before} samples trained before the checkpoint + "
               f"{o['samples']} after the resume = {before + o['samples']} of {args.samples * args.epochs} "
               f"(in {o['steps']} steps, {o['idle_steps']} idle, {o['real_tokens_per_s']:.0f} real tok/s)")

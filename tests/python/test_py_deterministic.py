@@ -53,9 +53,10 @@ def _config(planner: str, target: int = 0) -> dict:
 
 
 def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | None, checkpoint_at: int | None,
-           then: int, out: str) -> dict:
+           then: int, out: str, sampler: bool = False) -> dict:
     """Trains one epoch and returns every step this rank yielded as (index, sample ids, weight). With
-    `checkpoint_at`: saves the loader state after that step, trains `then` more and SIGKILLs itself."""
+    `checkpoint_at`: saves the loader state after that step, trains `then` more and SIGKILLs itself.
+    sampler: a custom sampler (this rank's share of a seeded permutation) instead of shuffle=True."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
@@ -63,7 +64,11 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     corpus = SlowCorpus(delay_seed)
-    loader = odb.OdbDataLoader(corpus, shuffle=True, seed=7, num_workers=2, timeout_s=90)
+    if sampler:
+        mine = torch.randperm(N, generator=torch.Generator().manual_seed(17)).tolist()[rank::world]
+        loader = odb.OdbDataLoader(corpus, sampler=mine, num_workers=2, timeout_s=90)
+    else:
+        loader = odb.OdbDataLoader(corpus, shuffle=True, seed=7, num_workers=2, timeout_s=90)
     if state is not None:
         loader.load_state_dict(state)
     steps: list = []
@@ -98,12 +103,12 @@ def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, target: in
 
 
 def _kill_after_checkpoint(tmp: Path, job_id: str, planner: str, world: int, checkpoint_at: int, then: int,
-                           delay_seed: int, target: int = 0) -> list:
+                           delay_seed: int, target: int = 0, sampler: bool = False) -> list:
     run_dir = tmp / "killed"
     daemons = start_daemons(run_dir, world, job_id + "k", _config(planner, target))
     try:
         run_until_preempted(_train, world, run_dir, 240, delay_seed=delay_seed, state=None,
-                            checkpoint_at=checkpoint_at, then=then, out=str(tmp / "ckpt-{rank}.json"))
+                            checkpoint_at=checkpoint_at, then=then, out=str(tmp / "ckpt-{rank}.json"), sampler=sampler)
     finally:
         for d in daemons:  # the daemons die with the job
             d.proc.send_signal(signal.SIGKILL)
@@ -122,13 +127,15 @@ def test_worker_timing_does_not_change_the_steps(tmp_path, job_id, planner) -> N
     assert len(first[0]) > 8, "the epoch should take many steps (and rounds)"
 
 
-@pytest.mark.parametrize("planner,seed,target", [("local", 11, 0), ("global", 12, 0), ("global", 13, 300)])
-def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed, target) -> None:
+@pytest.mark.parametrize("planner,seed,target,sampler", [("local", 11, 0, False), ("global", 12, 0, False),
+                                                         ("global", 13, 300, False), ("global", 14, 0, True)])
+def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed, target, sampler) -> None:
     """With target: accumulation windows; a checkpoint inside a window resumes the same window (its
-    remaining micro-steps, their weights over the whole window, the same closing step)."""
+    remaining micro-steps, their weights over the whole window, the same closing step). With sampler:
+    a custom sampler (the state keys positions in each rank's list: docs/resume.md)."""
     world = 2
     reference = _run(tmp_path, "ref", job_id, planner, world, target=target, delay_seed=3, state=None,
-                     checkpoint_at=None, then=0, out="")
+                     checkpoint_at=None, then=0, out="", sampler=sampler)
     if target:
         windows = [w for _, _, _, w in reference[0]]
         assert any(w[0] > 1 for w in windows), "no window of several micro-steps"
@@ -137,7 +144,7 @@ def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, pla
     checkpoint_at = rng.randrange(2, len(reference[0]) - 4)
     then = rng.randrange(0, 3)
     saved = _kill_after_checkpoint(tmp_path, job_id, planner, world, checkpoint_at, then, delay_seed=4,
-                                   target=target)
+                                   target=target, sampler=sampler)
     state = saved[0]["state"]
     assert all(s["state"] == state for s in saved), "every rank saves the same (all-rank) state"
     assert state["replay"] is not None and state["replay"]["next_step"] == reference[0][checkpoint_at][0] + 1
@@ -145,7 +152,7 @@ def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, pla
         assert saved[rank]["steps"] == reference[rank][:checkpoint_at + 1]
 
     resumed = _run(tmp_path, "resumed", job_id, planner, world, target=target, delay_seed=5, state=state,
-                   checkpoint_at=None, then=0, out="")
+                   checkpoint_at=None, then=0, out="", sampler=sampler)
     for rank in range(world):
         assert resumed[rank] == reference[rank][checkpoint_at + 1:], (
             f"rank {rank}: after a checkpoint at step {checkpoint_at} the resumed steps differ from the "

@@ -151,6 +151,26 @@ def test_state_is_compact_and_round_trips() -> None:
     assert sorted(shares + loader.indices()[:50]) == list(range(N))
 
 
+def test_a_resume_at_another_world_size_does_not_continue_the_states_round() -> None:
+    """A reproducible state resumed at another world size is not replayed: the new daemons number their
+    rounds from 0, so a round of the new run that has the state's round number is another round, and
+    the state's in-round samples are not part of it (else a later replay would send them again)."""
+    first = _loader(shuffle=True, seed=3)
+    first._consumed_ids, first._consumed_steps, first._consumed_epoch = [first.indices()[:10]], [0], 0
+    first._last_step = (0, 0, 0, 3, True)  # step 0 of round 0 (3 steps)
+    state = first.state_dict()
+    assert expand_ints(state["replay"]["round_consumed"]).size == 10
+    state["replay"]["world_size"] = 2  # taken at 2 ranks, resumed at 1
+    second = _loader(shuffle=True, seed=3)
+    second.load_state_dict(state)
+    mine = second.indices()[:5]
+    second._consumed_ids, second._consumed_steps, second._consumed_epoch = [mine], [0], 0
+    second._last_step = (0, 0, 0, 3, True)  # the new run's round 0
+    again = second.state_dict()
+    order = second._global_order().tolist()
+    assert sorted(expand_ints(again["replay"]["round_consumed"]).tolist()) == sorted(order.index(i) for i in mine)
+
+
 @pytest.mark.parametrize("damage,message", [
     (lambda s: s.pop("consumed"), "truncated"),
     (lambda s: s.update(version=99), "version 99"),

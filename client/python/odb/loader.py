@@ -51,6 +51,7 @@ from .stacks import check_caller_stack
 from .state_codec import STATE_FORMAT as STATE_FORMAT
 from .state_codec import STATE_VERSION as STATE_VERSION
 from .state_codec import compress_ints as compress_ints
+from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint, take_positions
 from .state_codec import compress_mask as compress_mask
 from .state_codec import expand_ints as expand_ints
 from .step import _MISSING as _MISSING
@@ -61,6 +62,42 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
+
+
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """The distinct values of `ids` (each in [0, n)), sorted, through a mask (O(n + len(ids)), no sort)."""
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return np.flatnonzero(mask)
+
+
+class _SamplerPlan:
+    """A custom sampler's list on this rank for one epoch: `full` (every index the sampler gave, in
+    order: a position indexes it), `sent` (the positions sent, in order: their seqs are 0, 1, ...),
+    `consumed_before` (the positions a loaded state counts as trained) and the list's fingerprint."""
+
+    def __init__(self, epoch: int, full: np.ndarray, sent: np.ndarray, consumed_before: np.ndarray,
+                 fingerprint: str) -> None:
+        self.epoch = epoch
+        self.full = full
+        self.sent = sent
+        self.consumed_before = consumed_before
+        self.fingerprint = fingerprint
+        self._free: Optional[Tuple[np.ndarray, np.ndarray]] = None
+
+    def free(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(indices, positions) of the positions sent and not consumed before, sorted by (index,
+        position): built once per epoch (O(list) and a sort), then every checkpoint of the epoch
+        looks its trained samples up in it."""
+        if self._free is None:
+            mask = np.zeros(self.full.size, dtype=bool)
+            mask[self.sent] = True
+            mask[self.consumed_before] = False
+            positions = np.flatnonzero(mask)
+            ids = self.full[positions]
+            order = np.argsort(ids, kind="stable")
+            self._free = (ids[order], positions[order])
+        return self._free
 
 
 class OdbDataLoader:
@@ -200,9 +237,22 @@ class OdbDataLoader:
         self.dropped_trailing_idle = 0
         # Resume (docs/resume.md): sample ids of the current epoch's steps
         # yielded so far, and what a loaded state says was consumed before
-        # (keys: positions in the epoch's order, or ids with a custom sampler).
+        # (keys: positions in the epoch's order; with a custom sampler
+        # (rank, position) pairs of the ranks' lists, or ids from an older state).
         self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
+        self._consumed_owners: List[Any] = []  # per step: the rank whose list each of its samples came from
         self._consumed_steps: List[int] = []  # the step index of each _consumed_ids entry
+        # The loaded state's key: "position", "id" (a custom sampler's state from odb < state version 4:
+        # dataset indices, every position of one consumed) or "rank_position" (_resume_keys then holds
+        # encode_rank_positions codes of _resume_lists ranks' lists, _resume_ids their dataset indices
+        # for a resume at another world size, _resume_fingerprints each list's fingerprint or None).
+        self._resume_key = "position"
+        self._resume_lists = 0
+        self._resume_ids: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._resume_fingerprints: Optional[List[Optional[str]]] = None
+        # Custom sampler: this rank's list of the epoch being iterated and what of it was sent
+        # (_SamplerPlan), and the (index, position)-sorted free positions for state_dict (built once).
+        self._plan: Optional[_SamplerPlan] = None
         self._consumed_epoch: Optional[int] = None
         # The last step yielded (any kind): (step_index, round, round_first_step,
         # round_steps, deterministic), for a deterministic checkpoint.
@@ -249,22 +299,24 @@ class OdbDataLoader:
         """A deterministic state is loaded for this epoch at the same world size:
         the epoch resumes at the round of its checkpoint, step for step."""
         return (self._resume_epoch == self.epoch and self._replay is not None
-                and int(self._replay["world_size"]) == self.world_size)
+                and int(self._replay["world_size"]) == self.world_size
+                and (self._resume_key != "rank_position" or self._resume_lists == self.world_size))
 
     def indices(self) -> List[int]:
         """The sample indices this rank sends in the current epoch (after a
-        resume: those no rank had consumed, split over the current ranks; a
+        resume: those no rank had consumed, split over the current ranks; with
+        a custom sampler this rank's list less its consumed positions; a
         deterministic resume at the same world size keeps each rank's list of
         the uninterrupted run, less what the rounds before the checkpoint's
         round took)."""
+        if self.sampler is not None:
+            plan = self._sampler_plan()
+            return plan.full[plan.sent].tolist()
         resuming = self._resume_epoch == self.epoch
         limit = self._epoch_sample_limit(self.epoch)  # stop_at_samples: the epoch's first `limit` samples
         if self._replaying():
             assert self._replay is not None
             done = self._replay["before_round"]  # keys consumed in rounds before the replayed one
-            if self.sampler is not None:
-                taken = set(done.tolist())
-                return [int(i) for i in self._my_sampled(limit) if int(i) not in taken]
             order = self._global_order()
             positions = np.arange(order.size, dtype=np.int64)[self.rank::self.world_size]
             if limit is not None:
@@ -272,12 +324,6 @@ class OdbDataLoader:
             gone = np.zeros(order.size, dtype=bool)
             gone[done[done < order.size]] = True
             return order[positions[~gone[positions]]].tolist()
-        if self.sampler is not None:
-            mine = self._my_sampled(limit)
-            if resuming:
-                consumed = set(self._resume_keys.tolist())
-                mine = [i for i in mine if i not in consumed]
-            return mine
         order = self._global_order()
         if limit is not None:
             order = order[:limit]
@@ -287,13 +333,52 @@ class OdbDataLoader:
             order = order[keep]
         return order[self.rank::self.world_size].tolist()
 
-    def _my_sampled(self, limit: Optional[int]) -> List[int]:
-        """This rank's sampler list; with a sample budget, its share of the epoch's first `limit` samples
-        (every rank's sampler is taken to give as many: DistributedSampler does)."""
-        mine = [int(i) for i in self.sampler]  # type: ignore[union-attr]
-        if limit is None:
-            return mine
-        return mine[:limit // self.world_size + (1 if self.rank < limit % self.world_size else 0)]
+    def _sampler_plan(self) -> "_SamplerPlan":
+        """This rank's custom-sampler list for the epoch (one draw of the sampler) and the positions of it
+        that are sent: all of them, less those a loaded state counts as trained (a deterministic resume at
+        the same world size: less those of the rounds before the replayed one), within the share of a
+        sample budget."""
+        full = np.asarray([int(i) for i in self.sampler], dtype=np.int64)  # type: ignore[union-attr]
+        limit = self._epoch_sample_limit(self.epoch)
+        send = full.size if limit is None else min(full.size, self._rank_share(limit))
+        fingerprint = list_fingerprint(full)
+        consumed = np.zeros(0, dtype=np.int64)
+        dropped = consumed
+        if self._resume_epoch == self.epoch:
+            consumed = self._consumed_positions(full, self._resume_keys, fingerprint)
+            dropped = consumed
+            if self._replaying():
+                assert self._replay is not None
+                dropped = self._consumed_positions(full, self._replay["before_round"], fingerprint)
+        keep = np.ones(send, dtype=bool)
+        keep[dropped[dropped < send]] = False
+        return _SamplerPlan(self.epoch, full, np.flatnonzero(keep), consumed, fingerprint)
+
+    def _consumed_positions(self, full: np.ndarray, keys: np.ndarray, fingerprint: str) -> np.ndarray:
+        """The positions of this rank's list `full` that loaded keys name: its own (rank, position) pairs
+        when the state's lists are of this world size; otherwise (another world size, or a state of
+        odb < 4 keyed by dataset index) every position of an index the state names as consumed."""
+        if self._resume_key == "rank_position" and self._resume_lists == self.world_size:
+            known = (self._resume_fingerprints or [None] * self.world_size)[self.rank]
+            if known is not None and known != fingerprint:
+                raise ValueError(
+                    f"odb: the loaded state's positions are of another list: rank {self.rank}'s sampler gives "
+                    f"epoch {self.epoch} a different list ({full.size} indices, fingerprint {fingerprint}) than "
+                    f"when the checkpoint was taken ({known}), so its positions would name other samples. Resume "
+                    f"with the same sampler, seeded the same way (a torch.Generator with a fixed seed, or "
+                    f"set_epoch), at the same world size")
+            positions = decode_rank_positions(keys, self._resume_lists, self.rank)
+            if positions.size and int(positions[-1]) >= full.size:
+                raise ValueError(f"odb loader state names position {int(positions[-1])} of rank {self.rank}'s "
+                                 f"list, which holds {full.size} indices: resume with the sampler it was taken with")
+            return positions
+        ids = keys if self._resume_key == "id" else self._resume_ids
+        return np.flatnonzero(np.isin(full, ids))
+
+    def _rank_share(self, limit: int) -> int:
+        """With a sample budget, this rank's share of the epoch's first `limit` samples (every rank's
+        sampler is taken to give as many: DistributedSampler does)."""
+        return limit // self.world_size + (1 if self.rank < limit % self.world_size else 0)
 
     # ----- budgets and schedules (docs/python.md, "Schedules and budgets") ---------
     def samples_per_epoch(self) -> int:
@@ -407,6 +492,32 @@ class OdbDataLoader:
         epoch = self.epoch if self._consumed_epoch is None else self._consumed_epoch
         ids = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_ids])
                if self._consumed_ids else np.zeros(0, dtype=np.int64))
+        steps = np.repeat(np.asarray(self._consumed_steps, dtype=np.int64),
+                          [len(c) for c in self._consumed_ids]).astype(np.int64)
+        # Deterministic epochs replay from the round of the last step: the keys
+        # of that round's steps so far are kept apart (they are trained, and
+        # the resumed daemons plan them again into the same steps, skipped).
+        replay: Optional[Dict[str, Any]] = None
+        first: Optional[int] = None  # the replayed round's first step, when the checkpoint is inside it
+        last = self._last_step if self._consumed_epoch == epoch else None
+        if last is not None and last[4]:
+            step, rnd, first_step, count, _ = last
+            if step + 1 >= first_step + count:  # the round is complete: resume at the next one
+                replay = {"round": rnd + 1, "first_step": step + 1, "next_step": step + 1}
+            else:
+                replay = {"round": rnd, "first_step": first_step, "next_step": step + 1}
+                first = first_step
+        loaded = self._replay
+        # The loaded state's round goes on only when this run replayed it (same world size): a resume at
+        # another world size numbers its rounds from 0 again, and its round R is not the state's.
+        loaded_in_round = (first is not None and replay is not None and loaded is not None and epoch == self.epoch
+                           and self._replaying() and int(loaded["round"]) == replay["round"])
+        in_round = steps >= first if first is not None else np.zeros(ids.size, dtype=bool)
+        world = self.world_size
+        gathering = world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        scope = "all_ranks" if gathering or world == 1 else "this_rank"
+        complete = self.last_summary is not None and self.last_summary.get("epoch") == epoch
+        extra: Dict[str, Any] = {}
         if self.sampler is None:
             if epoch != self.epoch:
                 raise RuntimeError("odb: state_dict() after set_epoch() moved to another epoch; take it "
@@ -416,56 +527,116 @@ class OdbDataLoader:
                 position = np.empty(order.size, dtype=np.int64)
                 position[order] = np.arange(order.size, dtype=np.int64)
                 self._position_cache = (epoch, position)  # one O(n) pass per epoch, reused by later checkpoints
-            position = self._position_cache[1]
-            keys = position[ids] if ids.size else ids
-        else:
-            keys = ids
-        # Deterministic epochs replay from the round of the last step: the keys
-        # of that round's steps so far are kept apart (they are trained, and
-        # the resumed daemons plan them again into the same steps, skipped).
-        replay: Optional[Dict[str, Any]] = None
-        round_keys = np.zeros(0, dtype=np.int64)
-        last = self._last_step if self._consumed_epoch == epoch else None
-        if last is not None and last[4]:
-            step, rnd, first, count, _ = last
-            if step + 1 >= first + count:  # the round is complete: resume at the next one
-                replay = {"round": rnd + 1, "first_step": step + 1, "next_step": step + 1}
-            else:
-                replay = {"round": rnd, "first_step": first, "next_step": step + 1}
-                in_round = [i for i, s in enumerate(self._consumed_steps) if s >= first]
-                if in_round:
-                    ids_in_round = np.concatenate([np.asarray(self._consumed_ids[i], dtype=np.int64) for i in in_round])
-                    round_keys = (self._position_cache[1][ids_in_round]  # type: ignore[index]
-                                  if self.sampler is None else ids_in_round)
-                loaded = self._replay
-                if (loaded is not None and self._resume_epoch == epoch and int(loaded["round"]) == rnd):
-                    round_keys = np.concatenate([round_keys, loaded["in_round"]])  # skipped at the resume
-        if self._resume_epoch == epoch:
-            keys = np.concatenate([keys, self._resume_keys])
-        world = self.world_size
-        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (keys.tolist(), round_keys.tolist()))
-            keys = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
-            round_keys = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
-            scope = "all_ranks"
-        else:
-            scope = "all_ranks" if world == 1 else "this_rank"
-        complete = self.last_summary is not None and self.last_summary.get("epoch") == epoch
-        if self.sampler is None:
+            keys = self._position_cache[1][ids] if ids.size else ids
+            round_keys = keys[in_round]
+            if loaded_in_round:
+                assert loaded is not None
+                round_keys = np.concatenate([round_keys, loaded["in_round"]])  # skipped at the resume
+            if self._resume_epoch == epoch:
+                keys = np.concatenate([keys, self._resume_keys])
+            if gathering:
+                gathered: List[Any] = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(gathered, (keys, round_keys))
+                keys = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
+                round_keys = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
             mask = np.zeros(len(self.dataset), dtype=bool)  # type: ignore[arg-type]
             mask[keys] = True
-            consumed = compress_mask(mask)
+            consumed: Any = compress_mask(mask)
+            round_consumed: Any = compress_ints(round_keys)
+            key = "position"
         else:
-            consumed = compress_ints(keys)
+            key, consumed, round_consumed, extra, exact_replay = self._sampler_consumed(
+                epoch, ids, in_round, loaded_in_round, replay is not None, gathering)
+            if not exact_replay:
+                replay = None  # the resume is the ordinary exactly-once one (docs/resume.md)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(epoch),
                 "epoch_complete": bool(complete), "seed": int(self.seed), "shuffle": bool(self.shuffle),
                 "custom_sampler": self.sampler is not None, "dataset_len": len(self.dataset),  # type: ignore[arg-type]
-                "world_size": int(world), "scope": scope,
-                "consumed": consumed, "key": "id" if self.sampler is not None else "position",
+                "world_size": int(world), "scope": scope, "consumed": consumed, "key": key, **extra,
                 "replay": (None if replay is None or complete else
-                           dict(replay, world_size=int(world), round_consumed=compress_ints(round_keys))),
+                           dict(replay, world_size=int(world), round_consumed=round_consumed)),
                 "job": self.state_extras()}
+
+    def _sampler_consumed(self, epoch: int, ids: np.ndarray, in_round: np.ndarray,
+                          loaded_in_round: bool, replaying: bool,
+                          gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
+        """A custom sampler's consumed samples as positions in each rank's list ("rank_position"):
+        (key, consumed, the replayed round's consumed, the extra state keys, whether a replay is exact).
+
+        A step names its samples by dataset index, so a rank maps the trained copies of an index that
+        came from its own list (their owner rank) to that index's free positions in list order
+        (take_positions). With samples moving between ranks (global planner) a rank's samples may be
+        trained by another rank: the first all_gather hands every rank all trained samples and their
+        owners, the second each rank's positions."""
+        plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
+        world = self.world_size
+        if plan is None:
+            # Not iterated in this epoch since the state was loaded (or at all): nothing was trained
+            # here, the state is the loaded one as it is (its lists may be of another world size).
+            if self._resume_epoch != epoch:
+                empty = [compress_ints([])] * world
+                return ("rank_position", empty, list(empty),
+                        {"consumed_ids": compress_ints([]), "lists": [None] * world}, False)
+            if self._resume_key == "id":  # an older state's, still with its meaning
+                return "id", compress_ints(self._resume_keys), compress_ints([]), {}, False
+            lists = self._resume_lists
+            per_rank = [compress_ints(decode_rank_positions(self._resume_keys, lists, r)) for r in range(lists)]
+            return ("rank_position", per_rank, [compress_ints([])] * lists,
+                    {"consumed_ids": compress_ints(self._resume_ids),
+                     "lists": list(self._resume_fingerprints or [None] * lists)}, False)
+        owners = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_owners])
+                  if self._consumed_owners else np.zeros(0, dtype=np.int64))
+        if gathering:
+            gathered: List[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, (ids, owners, in_round))
+            ids = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
+            owners = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
+            in_round = np.concatenate([np.asarray(g[2], dtype=bool) for g in gathered])
+        if owners.size and (owners.min() < 0 or owners.max() >= world):
+            raise RuntimeError(f"odb: a step named owner rank {int(owners.max())} in a world of {world}")
+        n = len(self.dataset)  # type: ignore[arg-type]
+        mine = owners == self.rank
+        # Copies trained in the rounds before the replayed one come first in training order, so they
+        # take an index's first free positions, the replayed round's copies the next ones.
+        before = np.bincount(ids[mine & ~in_round], minlength=n)
+        free_ids, free_positions = plan.free()
+        try:
+            positions = take_positions(free_ids, free_positions, before)
+            round_positions = (take_positions(free_ids, free_positions, np.bincount(ids[mine & in_round], minlength=n),
+                                              skip=before) if in_round.any() else np.zeros(0, dtype=np.int64))
+        except ValueError as e:
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: {e}: did the sampler's list change "
+                               f"while the epoch ran?") from None
+        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
+        for p in (plan.consumed_before, positions, round_positions):
+            taken[p] = True
+        consumed = np.flatnonzero(taken)
+        if loaded_in_round:
+            assert self._replay is not None
+            round_positions = np.concatenate(
+                [round_positions, self._consumed_positions(plan.full, self._replay["in_round"], plan.fingerprint)])
+        # A replay resends each rank's list less what the rounds before the replayed one took; which copy
+        # of an index those took is a guess (the steps do not say), exact only when no other copy of the
+        # index is free. Otherwise the resume must be the ordinary one, or the replayed round could differ.
+        exact = True
+        if replaying:
+            index = np.flatnonzero(before)
+            free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
+            exact = bool(np.all(free == before[index]))
+        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, exact)
+        if gathering:
+            states: List[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, mine_state)
+        else:  # one rank (or scope this_rank: refused at load, the other ranks' lists stay empty)
+            states = [mine_state if r == self.rank else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                                          np.zeros(0, dtype=np.int64), None, True)
+                      for r in range(world)]
+        consumed_ids = np.zeros(n, dtype=bool)  # a mask over the dataset: O(n), no sort (as for "position")
+        for s in states:
+            consumed_ids[np.asarray(s[2], dtype=np.int64)] = True
+        return ("rank_position", [compress_ints(s[0]) for s in states], [compress_ints(s[1]) for s in states],
+                {"consumed_ids": compress_mask(consumed_ids), "lists": [s[3] for s in states]},
+                all(bool(s[4]) for s in states))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from state_dict(): the next iteration of that epoch sends
@@ -476,9 +647,9 @@ class OdbDataLoader:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                              f"expected {STATE_FORMAT!r})")
-        if state.get("version") not in (1, 2, STATE_VERSION):
+        if state.get("version") not in range(1, STATE_VERSION + 1) or isinstance(state.get("version"), bool):
             raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
-                             f"(it reads version {STATE_VERSION}); resume with the odb that wrote it")
+                             f"(it reads versions 1 to {STATE_VERSION}); resume with the odb that wrote it")
         required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
                     "scope", "consumed", "key")
         missing = [k for k in required if k not in state]
@@ -496,15 +667,47 @@ class OdbDataLoader:
         if state["scope"] != "all_ranks":
             raise ValueError("odb loader state holds one rank's samples only (torch.distributed was not "
                              "initialized when it was taken): it cannot say what the other ranks consumed")
-        keys = expand_ints(state["consumed"])
-        if self.sampler is None and keys.size and int(keys.max()) >= n:
+        key = state["key"]
+        # A custom sampler's state: "rank_position" (version 4), or "id" (versions 1 to 3, loaded with
+        # their meaning: every position of a consumed index counts as consumed).
+        keys_for = ("id", "rank_position") if self.sampler is not None else ("position",)
+        if key not in keys_for or (key == "rank_position" and int(state["version"]) < 4):
+            raise ValueError(f"odb loader state key {key!r} (version {state['version']}) does not go with a loader "
+                             f"{'with' if self.sampler is not None else 'without'} a custom sampler (expected one "
+                             f"of {keys_for}): resume with the loader the state was taken with")
+        lists = 0
+        resume_ids = np.zeros(0, dtype=np.int64)
+        fingerprints: Optional[List[Optional[str]]] = None
+        if key == "rank_position":
+            missing = [k for k in ("consumed_ids", "lists") if k not in state]
+            if missing:
+                raise ValueError(f"odb loader state is truncated: missing {missing}")
+            lists, keys = self._rank_positions(state["consumed"], "consumed")
+            resume_ids = expand_ints(state["consumed_ids"])
+            fingerprints = state["lists"]
+            if (not isinstance(fingerprints, (list, tuple)) or len(fingerprints) != lists
+                    or not all(f is None or isinstance(f, str) for f in fingerprints)):
+                raise ValueError(f"odb loader state: malformed lists (one fingerprint or null per rank list, "
+                                 f"{lists} of them): {fingerprints!r}")
+            fingerprints = list(fingerprints)
+        else:
+            keys = expand_ints(state["consumed"])
+        if key == "position" and keys.size and int(keys.max()) >= n:
             raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
+        named = keys if key == "id" else resume_ids  # dataset indices
+        if named.size and int(named.max()) >= n:
+            raise ValueError(f"odb loader state names dataset index {int(named.max())} in a dataset of {n} samples")
         replay = state.get("replay")
         loaded_replay: Optional[Dict[str, Any]] = None
         if replay is not None:
             try:
                 loaded_replay = {k: int(replay[k]) for k in ("round", "first_step", "next_step", "world_size")}
-                in_round = expand_ints(replay["round_consumed"])
+                if key == "rank_position":
+                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed")
+                    if round_lists != lists:
+                        raise ValueError(f"{round_lists} rank lists, the consumed set has {lists}")
+                else:
+                    in_round = expand_ints(replay["round_consumed"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"odb loader state: malformed replay entry ({e!r})") from None
             if (min(loaded_replay.values()) < 0 or loaded_replay["next_step"] < loaded_replay["first_step"]
@@ -541,6 +744,8 @@ class OdbDataLoader:
             self._epoch_window_tokens = counters["epoch_loss_tokens"]
             self._epoch_from_start = bool(job.get("epoch_from_start", False))
             self._counters_resumed = True
+        self._resume_key, self._resume_lists = key, lists
+        self._resume_ids, self._resume_fingerprints = resume_ids, fingerprints
         if bool(state["epoch_complete"]):
             self.set_epoch(epoch + 1)
             self._resume_epoch = None
@@ -552,9 +757,24 @@ class OdbDataLoader:
             self._resume_keys = keys
             self._replay = loaded_replay
         self._consumed_ids = []
+        self._consumed_owners = []
         self._consumed_steps = []
         self._consumed_epoch = None
+        self._plan = None
         self._last_step = None
+
+    @staticmethod
+    def _rank_positions(value: Any, name: str) -> Tuple[int, np.ndarray]:
+        """A "rank_position" state's per-rank packed positions: (the number of rank lists, their
+        encode_rank_positions codes); ValueError naming `name` when malformed."""
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
+            raise ValueError(f"odb loader state: malformed {name} (a list of one {{cursor, extra}} per rank list, "
+                             f"got {type(value).__name__})")
+        per_rank = [expand_ints(v) for v in value]
+        limit = (1 << 62) // len(per_rank)
+        if any(p.size and int(p[-1]) >= limit for p in per_rank):
+            raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+        return len(per_rank), encode_rank_positions(per_rank)
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
@@ -610,7 +830,13 @@ class OdbDataLoader:
             self._epoch_counted, self._epoch_windows, self._epoch_window_tokens = epoch, 0, 0
             self._epoch_from_start, self._window_offset = True, 0
         consumer = self._connect()
-        indices = self.indices()
+        if self.sampler is not None:
+            # One draw of the sampler for the epoch: what is sent, and what state_dict maps positions in.
+            self._plan = self._sampler_plan()
+            indices = self._plan.full[self._plan.sent].tolist()
+        else:
+            self._plan = None
+            indices = self.indices()
         # Workers see the stop flag too: an Event of their start method's context
         # (handed to them with the dataset when they start).
         stop = threading.Event()
@@ -641,6 +867,7 @@ class OdbDataLoader:
         self.last_summary = None
         self.dropped_trailing_idle = 0
         self._consumed_ids = []
+        self._consumed_owners = []
         self._consumed_steps = []
         self._consumed_epoch = epoch
         self._last_step = None
@@ -717,7 +944,10 @@ class OdbDataLoader:
                     asked = time.monotonic()
                     continue
                 accounted[0] += len(info["sample_ids"])
-                self._consumed_ids.append(np.asarray(info["sample_ids"], dtype=np.int64))
+                ids = np.asarray(info["sample_ids"], dtype=np.int64)
+                owners = np.asarray(info["owner_ranks"], dtype=np.int64)
+                self._consumed_ids.append(ids)
+                self._consumed_owners.append(owners if owners.size == ids.size else np.full(ids.size, self.rank))
                 self._consumed_steps.append(int(info["step_index"]))
                 remember(info)
                 batch = _to_torch(delivery)

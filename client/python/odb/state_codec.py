@@ -10,7 +10,10 @@ import numpy as np
 # The loader's checkpoint state (docs/resume.md). Bump on any change that an
 # older reader would misread; load_state_dict refuses other versions.
 STATE_FORMAT = "odb.OdbDataLoader"
-STATE_VERSION = 3  # 2 adds "replay" (alignment.deterministic), 3 "job" (budgets, schedules); 1 and 2 still load
+# 2 adds "replay" (alignment.deterministic), 3 "job" (budgets, schedules), 4 the custom sampler's key
+# "rank_position" (positions in each rank's list, so a repeated index counts once per position); 1 to 3
+# still load, with their meaning (a custom sampler's "id" key: every position of a consumed index).
+STATE_VERSION = 4
 
 
 def compress_ints(values: Any) -> Dict[str, Any]:
@@ -18,19 +21,21 @@ def compress_ints(values: Any) -> Dict[str, Any]:
     below c, plus the sorted extras at or above it. Consumed positions of an
     epoch are nearly a prefix (steps take samples roughly in arrival order),
     so the state stays small however far the epoch got."""
-    arr = np.unique(np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64))
+    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.int64)
+    if arr.size > 1 and not np.all(arr[1:] > arr[:-1]):  # already sorted and unique: no sort
+        arr = np.unique(arr)
     if arr.size and arr[0] < 0:
         raise ValueError("compress_ints: negative value")
     gaps = np.nonzero(arr != np.arange(arr.size, dtype=np.int64))[0]
     cursor = int(gaps[0]) if gaps.size else int(arr.size)
-    return {"cursor": cursor, "extra": [int(v) for v in arr[cursor:]]}
+    return {"cursor": cursor, "extra": arr[cursor:].tolist()}
 
 
 def compress_mask(consumed: np.ndarray) -> Dict[str, Any]:
     """compress_ints for a boolean mask over 0..n-1 (O(n) vector ops, no sort)."""
     missing = np.flatnonzero(~consumed)
     cursor = int(missing[0]) if missing.size else int(consumed.size)
-    return {"cursor": cursor, "extra": [int(v) for v in np.flatnonzero(consumed[cursor:]) + cursor]}
+    return {"cursor": cursor, "extra": (np.flatnonzero(consumed[cursor:]) + cursor).tolist()}
 
 
 def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
@@ -43,3 +48,55 @@ def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
     if cursor < 0 or extra.ndim != 1 or (extra.size and (extra.min() < cursor or np.any(np.diff(extra) <= 0))):
         raise ValueError("odb loader state: malformed consumed set (cursor/extra out of order)")
     return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
+
+
+def encode_rank_positions(per_rank: "list[np.ndarray]") -> np.ndarray:
+    """(rank, position) pairs of `len(per_rank)` ranks' lists as one int64 array, position * ranks + rank,
+    so that set operations (unique, isin, setdiff1d) work on them as on plain positions."""
+    ranks = len(per_rank)
+    parts = [np.asarray(p, dtype=np.int64) * ranks + r for r, p in enumerate(per_rank)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def decode_rank_positions(codes: np.ndarray, ranks: int, rank: int) -> np.ndarray:
+    """The positions of rank `rank` among encode_rank_positions codes of `ranks` lists (sorted)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    return np.sort(codes[codes % ranks == rank] // ranks)
+
+
+def take_positions(free_ids: np.ndarray, free_positions: np.ndarray, counts: np.ndarray,
+                   skip: "np.ndarray | None" = None) -> np.ndarray:
+    """Positions in a rank's list of trained samples given as counts per dataset index: for each index
+    i, its free positions number skip[i] to skip[i] + counts[i] - 1 in list order. A step names a sample
+    by its index, not by its position, so copies of one index are told apart by order: the copies
+    trained first take the index's first free positions. That keeps the multiset exact: every position
+    is consumed at most once, each index as often as it was trained. Costs O(len(counts)) and a lookup
+    per distinct index: no sort of the trained samples.
+
+    free_ids / free_positions: the list's free (not yet consumed) positions and their indices, sorted
+    by (index, position). Returns the positions grouped by index; raises ValueError naming the index
+    when one was trained more often than it has free positions."""
+    counts = np.asarray(counts, dtype=np.int64)
+    index = np.flatnonzero(counts)
+    if not index.size:
+        return np.zeros(0, dtype=np.int64)
+    count = counts[index]
+    before = np.zeros(index.size, dtype=np.int64) if skip is None else np.asarray(skip, dtype=np.int64)[index]
+    first = np.searchsorted(free_ids, index, side="left")
+    free = np.searchsorted(free_ids, index, side="right") - first
+    over = before + count > free
+    if over.any():
+        k = int(np.argmax(over))
+        raise ValueError(f"index {int(index[k])} was trained {int(before[k] + count[k])} times but this rank's "
+                         f"list holds it at {int(free[k])} free positions")
+    within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return free_positions[np.repeat(first + before, count) + within]
+
+
+def list_fingerprint(indices: np.ndarray) -> str:
+    """A short digest of a rank's list (its indices in order): a resume by position checks that the
+    sampler drew the same list again."""
+    import hashlib
+
+    data = np.ascontiguousarray(np.asarray(indices, dtype="<i8")).tobytes()
+    return f"{len(indices)}:" + hashlib.blake2b(data, digest_size=12).hexdigest()

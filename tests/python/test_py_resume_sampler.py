@@ -1,0 +1,251 @@
+"""Resume with a custom sampler (docs/resume.md): the state keys what was trained by position in each
+rank's list, so a sampler that repeats indices (with replacement, weighted) resumes exactly: every
+position of the epoch is trained once over the interruptions, repeats included. Real daemons, real
+DataLoader workers; the job (trainers with their workers, and the daemons) is SIGKILLed a few steps
+after each checkpoint, as a preempted job is, and a fresh one loads the state.
+
+Also: a state of odb < 4 (a custom sampler's `key: id`) still loads, with its meaning."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import odb
+import tiny_lm
+from odbtest_py import kill_rank, report, run_ranks, run_until_preempted, start_daemons, stop_all
+
+N_DATASET = 12  # a small dataset, oversampled: every index comes back many times
+PER_RANK = 60
+
+
+def _lengths() -> list:
+    return tiny_lm.long_tail_lengths(N_DATASET, seed=5, min_len=4, max_len=60, median=20)
+
+
+def _weighted(rank: int, world: int, n: int) -> list:
+    """This rank's list: indices drawn with replacement, weighted towards a few (the same list on every
+    draw: a seeded generator)."""
+    weights = torch.tensor([8.0, 1, 1, 4, 1, 1, 1, 2, 1, 1, 3, 1][:n])
+    g = torch.Generator().manual_seed(4321 + rank)
+    return [int(i) for i in torch.utils.data.WeightedRandomSampler(weights, PER_RANK, replacement=True,
+                                                                      generator=g)]
+
+
+def _shard(rank: int, world: int, n: int) -> list:
+    """A sampler without repeats: a seeded permutation of the dataset, this rank's share [rank::world]."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(99)).tolist()
+    return order[rank::world]
+
+
+SAMPLERS = {"weighted": _weighted, "shard": _shard}
+
+
+def _train(rank: int, world: int, run_dir: str, sampler: str, n: int, state: dict | None,
+           checkpoint_at: int | None, then: int, out: str) -> dict:
+    """Trains the epoch from `state`; with `checkpoint_at`, saves the loader state after that step,
+    trains `then` more steps (lost with the job) and is preempted."""
+    corpus = tiny_lm.SyntheticCorpus(_lengths() if n == N_DATASET else
+                                     tiny_lm.long_tail_lengths(n, seed=5, min_len=4, max_len=60, median=20), vocab=64)
+    loader = odb.OdbDataLoader(corpus, sampler=SAMPLERS[sampler](rank, world, n), num_workers=1,
+                               idle_policy="zero_step", timeout_s=90)
+    if state is not None:
+        loader.load_state_dict(state)
+    trained: list = []
+    steps = 0
+    saved = False
+    for step in loader:
+        b = step.batch
+        for sid, row, length in zip(step.sample_ids, b["input_ids"], step.lengths):
+            assert torch.equal(row[:length], corpus[sid]["input_ids"]), f"sample {sid}: payload changed"
+        trained.extend(int(i) for i in step.sample_ids)
+        if checkpoint_at is not None and steps == checkpoint_at:
+            Path(out.format(rank=rank)).write_text(json.dumps({"state": loader.state_dict(), "trained": trained}))
+            saved = True
+            report("checkpointed")
+        steps += 1
+        if checkpoint_at is not None and steps > checkpoint_at + then:
+            kill_rank()  # preempted: nothing after this is kept
+    if checkpoint_at is not None:
+        if not saved:
+            raise AssertionError(f"the epoch ended after {steps} steps, before the checkpoint at {checkpoint_at}")
+        kill_rank()
+    return {"trained": trained}
+
+
+def _run_interrupted(tmp_path: Path, job_id: str, config: dict, sampler: str, n: int, worlds: list,
+                     seed: str) -> Counter:
+    """Runs the epoch through len(worlds) - 1 preemptions (world size worlds[k] in run k); returns what
+    was trained over all runs (the samples up to each checkpoint, and the last run's)."""
+    rng = random.Random(seed)
+    state = None
+    trained: Counter = Counter()
+    for k, world in enumerate(worlds):
+        run_dir = tmp_path / f"run{k}"
+        daemons = start_daemons(run_dir, world, f"{job_id}{k}", config)
+        last = k == len(worlds) - 1
+        try:
+            if last:
+                results = run_ranks(_train, world, run_dir, timeout=240, sampler=sampler, n=n, state=state,
+                                    checkpoint_at=None, then=0, out="")
+                trained.update(i for r in results for i in r["trained"])
+                continue
+            out = str(tmp_path / f"ckpt{k}-{{rank}}.json")
+            run_until_preempted(_train, world, run_dir, 240, sampler=sampler, n=n, state=state,
+                                checkpoint_at=rng.randrange(0, 3), then=rng.randrange(0, 3), out=out)
+        finally:
+            if not last:
+                for d in daemons:  # the daemons die with the job
+                    d.proc.send_signal(signal.SIGKILL)
+            stop_all(daemons)
+        saved = [json.loads(Path(out.format(rank=r)).read_text()) for r in range(world)]
+        state = saved[0]["state"]
+        assert all(s["state"] == state for s in saved), "every rank saves the same (all-rank) state"
+        assert state["key"] == "rank_position" and len(state["consumed"]) == world
+        trained.update(i for s in saved for i in s["trained"])
+    return trained
+
+
+@pytest.mark.parametrize("planner,deterministic", [("local", False), ("global", False), ("global", True)])
+def test_a_sampler_with_replacement_resumes_every_position_once(tmp_path, job_id, planner, deterministic) -> None:
+    """Two preemptions at 2 ranks: each of the 120 positions (12 indices, one of them ~1/3 of the list)
+    is trained once over the three runs. Keyed by index (odb < 4), an index trained before a checkpoint
+    was skipped at every later position of it: most of the epoch was lost."""
+    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 12},
+                                   alignment={"planner": planner, "deterministic": deterministic})
+    trained = _run_interrupted(tmp_path, job_id, config, "weighted", N_DATASET, [2, 2, 2],
+                               f"{planner}-{deterministic}")
+    chosen = Counter(_weighted(0, 2, N_DATASET) + _weighted(1, 2, N_DATASET))
+    assert max(chosen.values()) > 10, "the sampler was meant to repeat indices"
+    assert trained == chosen, (f"trained - chosen {sorted((trained - chosen).items())}, "
+                               f"chosen - trained {sorted((chosen - trained).items())}")
+
+
+def test_a_custom_sampler_resumed_at_another_world_size_trains_every_index_once(tmp_path, job_id) -> None:
+    """2 -> 3 ranks: the positions of 2 lists do not name samples of 3 lists; the state's consumed
+    indices do (consumed_ids), so a sampler without repeats still resumes exactly once."""
+    n = 150
+    config = tiny_lm.daemon_config(max_tokens=128, alignment={"planner": "local"})
+    trained = _run_interrupted(tmp_path, job_id, config, "shard", n, [2, 3], "resize")
+    assert trained == Counter(range(n)), (f"trained twice {sorted(i for i, c in trained.items() if c > 1)}, "
+                                          f"missing {sorted(set(range(n)) - set(trained))}")
+
+
+def _loader(sampler: list, rank: int = 0, world: int = 1) -> "odb.OdbDataLoader":
+    return odb.OdbDataLoader(tiny_lm.SyntheticCorpus(_lengths(), vocab=64), sampler=sampler, rank=rank,
+                             world_size=world, run_dir="/tmp/odb-unused")
+
+
+def _taken(loader: "odb.OdbDataLoader", ids: list) -> None:
+    """What the epoch loop records for one yielded step of this rank's own samples."""
+    import numpy as np
+
+    if loader._plan is None:
+        loader._plan = loader._sampler_plan()
+    loader._consumed_epoch = loader.epoch
+    loader._consumed_ids.append(np.asarray(ids, dtype=np.int64))
+    loader._consumed_owners.append(np.full(len(ids), loader.rank, dtype=np.int64))
+    loader._consumed_steps.append(len(loader._consumed_steps))
+
+
+LIST = [0, 3, 0, 1, 0, 3, 7, 0, 2, 0, 3, 5]
+
+
+def test_state_by_position_counts_each_copy_once_and_chains() -> None:
+    first = _loader(LIST)
+    _taken(first, [0, 3, 0])
+    state = first.state_dict()
+    assert state["version"] == 4 and state["key"] == "rank_position"
+    assert state["consumed"] == [{"cursor": 3, "extra": []}]  # positions 0, 1, 2 of the list: a prefix
+    second = _loader(LIST)
+    second.load_state_dict(state)
+    assert Counter(second.indices()) + Counter([0, 3, 0]) == Counter(LIST)
+    second._plan = second._sampler_plan()
+    _taken(second, [0, 1])  # a second run: its copies take the free positions left after the first's
+    third = _loader(LIST)
+    third.load_state_dict(second.state_dict())
+    assert third.indices() == [3, 7, 0, 2, 0, 3, 5]
+    # A sampler that draws another list than the checkpoint's: positions would name other samples.
+    other = _loader(LIST[::-1])
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="another list: rank 0's sampler"):
+        other.indices()
+
+
+def test_a_state_of_odb_3_keyed_by_index_still_loads_with_its_meaning() -> None:
+    """Version 3 (`key: id`, a set of dataset indices): every position of a consumed index counts as
+    consumed, as odb 3 resumed it; the next checkpoint writes positions (version 4)."""
+    state = _loader(LIST).state_dict()
+    for k in ("consumed_ids", "lists"):
+        state.pop(k)
+    state.update(version=3, key="id", consumed={"cursor": 0, "extra": [0, 3]}, replay=None)
+    loader = _loader(LIST)
+    loader.load_state_dict(state)
+    assert loader.indices() == [1, 7, 2, 5]
+    loader._plan = loader._sampler_plan()
+    _taken(loader, [7])
+    again = loader.state_dict()
+    assert again["key"] == "rank_position" and again["consumed"] == [{"cursor": 3, "extra": [4, 5, 6, 7, 9, 10]}]
+    fresh = _loader(LIST)
+    fresh.load_state_dict(again)
+    assert fresh.indices() == [1, 2, 5]
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda s: s.update(key="rank_position", version=3), "key 'rank_position' \\(version 3\\)"),
+    (lambda s: s.update(key="position"), "key 'position'"),
+    (lambda s: s.update(consumed={"cursor": 0, "extra": []}), "malformed consumed"),
+    (lambda s: s.update(consumed=[{"cursor": 1, "extra": [0]}]), "malformed consumed set"),
+    (lambda s: s.update(lists=["a", "b"]), "malformed lists"),
+    (lambda s: s.update(consumed=[{"cursor": 0, "extra": [1 << 62]}]), "past any list"),
+    (lambda s: s.pop("consumed_ids"), "missing \\['consumed_ids'\\]"),
+    (lambda s: s.update(consumed_ids={"cursor": 0, "extra": [N_DATASET]}), f"dataset index {N_DATASET}"),
+])
+def test_a_malformed_position_state_is_a_clear_error(damage, message) -> None:
+    loader = _loader(LIST)
+    _taken(loader, [0, 3])
+    state = loader.state_dict()
+    damage(state)
+    with pytest.raises(ValueError, match=message):
+        _loader(LIST).load_state_dict(state)
+
+
+def test_a_position_past_the_list_is_a_clear_error() -> None:
+    loader = _loader(LIST)
+    _taken(loader, [0])
+    state = loader.state_dict()
+    state["consumed"] = [{"cursor": 0, "extra": [len(LIST) + 3]}]
+    state["lists"] = [None]
+    fresh = _loader(LIST)
+    fresh.load_state_dict(state)
+    with pytest.raises(ValueError, match=f"position {len(LIST) + 3} of rank 0's list"):
+        fresh.indices()
+
+
+def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> None:
+    """Reproducible mode: the replayed round's list is each rank's list less the positions of the rounds
+    before it. A step names indices, not positions: when another copy of an index taken before the round
+    is still free, which copy was taken is a guess, so the state resumes the ordinary (exactly-once) way."""
+    plain = _loader([4, 1, 6, 0, 2])
+    _taken(plain, [4, 1])  # step 0: round 0
+    _taken(plain, [6])     # step 1: the first of round 1's three steps, the checkpoint
+    plain._last_step = (1, 1, 1, 3, True)
+    state = plain.state_dict()
+    assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
+                               "round_consumed": [{"cursor": 0, "extra": [2]}]}
+    resumed = _loader([4, 1, 6, 0, 2])
+    resumed.load_state_dict(state)
+    assert resumed.indices() == [6, 0, 2]  # the round replays from its first step: 6 is planned (and skipped) again
+
+    repeated = _loader(LIST)
+    _taken(repeated, [0, 3])
+    _taken(repeated, [1])
+    repeated._last_step = (1, 1, 1, 3, True)
+    state = repeated.state_dict()
+    assert state["replay"] is None  # index 0 waits at 4 more positions: which one round 0 took is unknown
+    assert state["consumed"] == [{"cursor": 2, "extra": [3]}]  # positions 0, 1 and 3
