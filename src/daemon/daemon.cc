@@ -360,12 +360,14 @@ absl::Status Daemon::RunOneRound() {
     // Wall clock, so that the rounds of several daemons line up (the k-th
     // round is the same collective on every rank).
     auto ns = [](std::chrono::system_clock::time_point t) {
-      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+      return static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
     };
     // The planner thread's CPU time in the round (encode, decode, plan): on
     // a machine with fewer cores than daemons the wall time stretches it.
-    std::fprintf(round_trace_.get(), "%llu %lld %lld %lld\n", static_cast<unsigned long long>(round), ns(entered),
-                 ns(std::chrono::system_clock::now()), static_cast<long long>(ThreadCpuNanos() - cpu_before));
+    std::fprintf(round_trace_.get(), "%llu %lld %lld %lld\n", static_cast<unsigned long long>(round),
+                 ns(entered), ns(std::chrono::system_clock::now()),
+                 static_cast<long long>(ThreadCpuNanos() - cpu_before));
   }
   ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) {

@@ -240,7 +240,7 @@ TEST_CASE("round_trace gets one line per round: its index, wall-clock entry and 
   long long entered = 0, exited = 0, cpu = 0, last_exit = ns(before), cpu_total = 0;
   uint64_t lines = 0;
   while (in >> round >> entered >> exited >> cpu) {
-    CHECK(round == lines);  // the k-th round: the same collective on every rank
+    CHECK(round == lines);        // the k-th round: the same collective on every rank
     CHECK(entered >= last_exit);  // rounds do not overlap, and none started before the samples
     CHECK(exited >= entered);
     CHECK(cpu >= 0);
@@ -250,7 +250,7 @@ TEST_CASE("round_trace gets one line per round: its index, wall-clock entry and 
   }
   CHECK(last_exit <= ns(after));
   CHECK(lines == rounds);  // line-buffered: every finished round is in the file already
-  CHECK(cpu_total > 0);     // planning 200 samples takes some CPU
+  CHECK(cpu_total > 0);    // planning 200 samples takes some CPU
 }
 
 TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and the path") {
@@ -261,7 +261,8 @@ TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and th
   REQUIRE(peers.ok());
   FakeClock clock;
   zmq::context_t context;
-  Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock, &context);
+  Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock,
+                &context);
   const absl::Status s = daemon.Bind();
   CHECK_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("no/such/dir"));
