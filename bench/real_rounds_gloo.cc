@@ -147,13 +147,11 @@ void BruckGather(const std::shared_ptr<gloo::Context>& ctx, const char* in, size
 
 // The same bytes per rank from every rank of `ctx` (Gloo's ring, or Bruck's
 // all-gather with `log`), checked: block r of the output must hold rank r's byte.
-bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32_t& tag, double& took_us,
-                 bool log = false) {
-  const int size = ctx->size;
-  std::vector<char> in(bytes, static_cast<char>(ctx->rank)), out(bytes * static_cast<size_t>(size));
-  const auto t0 = Clock::now();
+// One fixed-size all-gather of `in` into `out`: Bruck's (log) or Gloo's ring.
+void FixedGather(const std::shared_ptr<gloo::Context>& ctx, std::vector<char>& in, std::vector<char>& out,
+                 bool log, uint32_t& tag) {
   if (log) {
-    BruckGather(ctx, in.data(), bytes, out.data(), tag++);
+    BruckGather(ctx, in.data(), in.size(), out.data(), tag++);
   } else {
     gloo::AllgatherOptions opts(ctx);
     opts.setInput(in.data(), in.size());
@@ -161,6 +159,14 @@ bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32
     opts.setTag(tag++);
     gloo::allgather(opts);
   }
+}
+
+bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32_t& tag, double& took_us,
+                 bool log = false) {
+  const int size = ctx->size;
+  std::vector<char> in(bytes, static_cast<char>(ctx->rank)), out(bytes * static_cast<size_t>(size));
+  const auto t0 = Clock::now();
+  FixedGather(ctx, in, out, log, tag);
   took_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   for (int r = 0; r < size; ++r) {
     if (out[static_cast<size_t>(r) * bytes] != static_cast<char>(r)) return false;
@@ -278,14 +284,8 @@ int Gather(int argc, char** argv) {
         opts.setOutput(out.data(), counts);
         opts.setTag(tag++);
         gloo::allgatherv(opts);
-      } else if (log) {
-        BruckGather(ctx, in.data(), bytes, out.data(), tag++);
       } else {
-        gloo::AllgatherOptions opts(ctx);
-        opts.setInput(in.data(), in.size());
-        opts.setOutput(out.data(), out.size());
-        opts.setTag(tag++);
-        gloo::allgather(opts);
+        FixedGather(ctx, in, out, log, tag);
       }
       const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (i >= warmup) {
