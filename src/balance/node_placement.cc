@@ -250,6 +250,14 @@ class Placer {
     return out;
   }
 
+  // cap(L) for this step (no limit on the samples): Cap with a limit n is
+  // min(n, this), since Fits is monotone in the group size.
+  uint32_t CapOf(uint32_t longest) {
+    auto [it, fresh] = cap_of_.try_emplace(longest, 0);
+    if (fresh) it->second = Cap(budget_, model_, longest, capacity_, std::numeric_limits<uint32_t>::max());
+    return it->second;
+  }
+
   uint64_t CostOn(size_t i, uint32_t node) const {
     return OwnerNode(metas_[i], world_, lws_) == static_cast<int32_t>(node) ? 0 : metas_[i].payload_bytes;
   }
@@ -323,13 +331,26 @@ class Placer {
     std::vector<uint32_t> cap(u.size());
     for (size_t k = 0; k < u.size(); ++k) {
       const uint32_t len = metas_[u[k]].lengths.tokens;
-      cap[k] = k > 0 && metas_[u[k - 1]].lengths.tokens == len ? cap[k - 1]
-                                                               : Cap(budget_, model_, len, capacity_, limit);
+      cap[k] = k > 0 && metas_[u[k - 1]].lengths.tokens == len ? cap[k - 1] : std::min(CapOf(len), limit);
     }
 
-    // froms[k]: the `from` of every state after sample k, for the walk back.
-    std::vector<std::vector<uint32_t>> froms(u.size());
-    std::vector<State> layer = {State{}}, next;
+    // forced[k]: the bytes samples k.. cost wherever they go (owned by no
+    // node of the set). A state whose cost plus that is not below `current`
+    // cannot end in a strict improvement: dropping it changes no result (it
+    // is dearer than every state kept) and saves its subtree.
+    std::vector<uint64_t> forced(u.size() + 1, 0);
+    for (size_t k = u.size(); k > 0; --k) {
+      uint64_t least = std::numeric_limits<uint64_t>::max();
+      for (int s = 0; s < count; ++s) least = std::min(least, CostOn(u[k - 1], set[s]));
+      forced[k - 1] = forced[k] + least;
+    }
+    // froms_[begin[k] + s]: the `from` of state s after sample k, for the
+    // walk back (one buffer for all layers, reused across sets).
+    std::vector<State>& layer = layer_;
+    std::vector<State>& next = next_;
+    layer.assign(1, State{});
+    froms_.clear();
+    std::vector<size_t> begin(u.size() + 1, 0);
     for (size_t k = 0; k < u.size(); ++k) {
       next.clear();
       stats_.work += count * layer.size();
@@ -339,6 +360,7 @@ class Placer {
       for (uint32_t p = 0; p < layer.size(); ++p) {
         for (int s = 0; s < count; ++s) {
           State t{layer[p].key, layer[p].cost + on[s], p << 2 | static_cast<uint32_t>(s)};
+          if (t.cost + forced[k + 1] >= current) continue;
           if (Take(t.key, s, ranks[s], cap[k], left)) next.push_back(t);
         }
       }
@@ -350,8 +372,8 @@ class Placer {
         next.resize(beam);
       }
       if (next.empty()) return fail();
-      froms[k].resize(next.size());
-      for (size_t s = 0; s < next.size(); ++s) froms[k][s] = next[s].from;
+      begin[k] = froms_.size();
+      for (const State& t : next) froms_.push_back(t.from);
       layer.swap(next);
     }
     // The cheapest end state where every node has a sample for every rank.
@@ -368,8 +390,8 @@ class Placer {
     if (best == layer.size() || layer[best].cost >= current) return fail();
     std::vector<uint8_t> to(u.size());
     for (size_t k = u.size(), s = best; k > 0; --k) {
-      to[k - 1] = froms[k - 1][s] & 3;
-      s = froms[k - 1][s] >> 2;
+      to[k - 1] = froms_[begin[k - 1] + s] & 3;
+      s = froms_[begin[k - 1] + s] >> 2;
     }
     std::array<std::vector<size_t>, 3> share;
     std::array<std::vector<uint32_t>, 3> share_cap;
@@ -487,6 +509,9 @@ class Placer {
   std::vector<uint64_t> version_;       // per node: how many times Install changed it
   std::map<Memo, Memo> failed_;         // set -> its nodes' versions
   std::vector<uint32_t> slot_, stamp_;  // Dedupe's table
+  std::vector<State> layer_, next_;     // ImproveSet's DP layers, reused
+  std::vector<uint32_t> froms_;         // ImproveSet's back-pointers, reused
+  std::map<uint32_t, uint32_t> cap_of_;  // CapOf's memo: capacity_ is fixed per step
   uint32_t generation_ = 0;
 };
 

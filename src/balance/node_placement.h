@@ -47,7 +47,10 @@ namespace odb::balance {
 // O(c * m * beam) state expansions (at most `beam`, for triples
 // `triple_beam`, states are kept per sample: exact while no layer has more,
 // else the cheapest, a heuristic; either way the set's current placement is
-// kept unless strictly beaten, so the result is never worse). The whole
+// kept unless strictly beaten, so the result is never worse; a partial
+// split whose bytes plus those the rest must cross anyway reach the set's
+// current bytes is dropped, which changes no answer and saves its
+// subtree's work for other sets). The whole
 // step's DP work is capped at max(work_base, work_per_sample * n) state
 // expansions for a step of n samples, and at least small_step_work when n <=
 // small_step_samples (a set that would overrun it runs with a narrower beam,
