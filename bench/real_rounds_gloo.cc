@@ -174,6 +174,24 @@ bool TimedGather(const std::shared_ptr<gloo::Context>& ctx, size_t bytes, uint32
   return true;
 }
 
+// Wall-clock now, in ns: comparable across the ranks' processes (the
+// benchmark times each collective from the last rank's entry).
+long long WallNs() {
+  return static_cast<long long>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+// `, "entry_ns": [...], "exit_ns": [...]` for a JSON line.
+std::string Stamps(const std::vector<long long>& entry_ns, const std::vector<long long>& exit_ns) {
+  std::string stamps;
+  for (const auto* v : {&entry_ns, &exit_ns}) {
+    stamps += v == &entry_ns ? ", \"entry_ns\": [" : "], \"exit_ns\": [";
+    for (size_t k = 0; k < v->size(); ++k) stamps += (k ? "," : "") + std::to_string((*v)[k]);
+  }
+  return stamps + "]";
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -194,11 +212,13 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
   uint32_t block_tag = 1;
   for (const bool log : {false, true}) {
   std::vector<double> total_us, summary_us, block_us, totals_us;
+  std::vector<long long> entry_ns, exit_ns;  // of each timed sequence, as the daemons' round_trace has
   for (int i = 0; i < warmup + iters; ++i) {
     gloo::BarrierOptions b(world_ctx);
     b.setTag(tag++);
     gloo::barrier(b);
     const auto t0 = Clock::now();
+    const long long entered = WallNs();
     double a = 0, m = 0, t = 0;
     bool ok = TimedGather(world_ctx, summary, tag, a, log);
     ok = ok && (end - begin < 2 || TimedGather(block_ctx, msg, block_tag, m, log));
@@ -213,14 +233,17 @@ int Partitioned(const std::shared_ptr<gloo::rendezvous::Context>& world_ctx,
       summary_us.push_back(a);
       block_us.push_back(m);
       totals_us.push_back(t);
+      entry_ns.push_back(entered);
+      exit_ns.push_back(WallNs());
     }
   }
   std::printf(
       "{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"block\": %d, "
       "\"block_size\": %d, \"summary_bytes\": %zu, \"totals_bytes\": %zu, \"iters\": %d, "
-      "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f}\n",
+      "\"p50_us\": %.1f, \"summary_p50_us\": %.1f, \"block_p50_us\": %.1f, \"totals_p50_us\": %.1f%s}\n",
       rank, world, msg, log ? "partitioned_bruck" : "partitioned", block, end - begin, summary, totals, iters,
-      Median(total_us), Median(summary_us), Median(block_us), Median(totals_us));
+      Median(total_us), Median(summary_us), Median(block_us), Median(totals_us),
+      Stamps(entry_ns, exit_ns).c_str());
   std::fflush(stdout);
   }
   return 0;
@@ -257,11 +280,6 @@ int Gather(int argc, char** argv) {
     // benchmark can time each from the last rank's entry, as it does the
     // daemons' rounds (their round_trace).
     std::vector<long long> entry_ns, exit_ns;
-    auto wall_ns = [] {
-      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-    };
     for (int i = 0; i < warmup + iters; ++i) {
       // A barrier first, so that every rank starts the timed collective
       // together, as the daemons do (a round starts when all are ready).
@@ -269,7 +287,7 @@ int Gather(int argc, char** argv) {
       b.setTag(tag++);
       gloo::barrier(b);
       const auto t0 = Clock::now();
-      const long long entered = wall_ns();
+      const long long entered = WallNs();
       if (two_step) {
         int64_t mine = static_cast<int64_t>(bytes);
         std::vector<int64_t> all(static_cast<size_t>(world));
@@ -291,7 +309,7 @@ int Gather(int argc, char** argv) {
       if (i >= warmup) {
         us.push_back(took);
         entry_ns.push_back(entered);
-        exit_ns.push_back(wall_ns());
+        exit_ns.push_back(WallNs());
       }
     }
     for (int r = 0; r < world; ++r) {  // the bytes arrived, not just the timing
@@ -303,12 +321,7 @@ int Gather(int argc, char** argv) {
     std::sort(us.begin(), us.end());
     double sum = 0;
     for (double v : us) sum += v;
-    std::string stamps;
-    for (const auto* v : {&entry_ns, &exit_ns}) {
-      stamps += v == &entry_ns ? ", \"entry_ns\": [" : "], \"exit_ns\": [";
-      for (size_t k = 0; k < v->size(); ++k) stamps += (k ? "," : "") + std::to_string((*v)[k]);
-    }
-    stamps += "]";
+    const std::string stamps = Stamps(entry_ns, exit_ns);
     std::printf("{\"rank\": %d, \"world\": %d, \"bytes\": %zu, \"variant\": \"%s\", \"iters\": %d, "
                 "\"p50_us\": %.1f, \"mean_us\": %.1f, \"min_us\": %.1f%s}\n",
                 rank, world, bytes, variant, iters, us[us.size() / 2],

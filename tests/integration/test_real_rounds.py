@@ -133,8 +133,17 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
         assert scenario["round_ms"] >= extra["planner_decode_cpu_ms"]
         assert scenario["per_planned_step"]["gpu_7b_h100"] == pytest.approx(
             scenario["round_ms"] / extra["steps_per_round"] / extra["step_ms"]["gpu_7b_h100"])
+    # Timed from the last rank's entry like the unpartitioned round: the daemons' round_trace against
+    # the raw sequences' per-iteration entry and exit.
+    last = four["raw_from_last_entry"]
+    for variant in ("partitioned", "partitioned_bruck"):
+        assert last[variant]["collectives"] == 5 and last[variant]["p50_us_median"] > 0
+    assert four["round_over_raw_from_last_entry"] == pytest.approx(
+        four["round_from_last_entry"]["p50_us_median"]
+        / min(last["partitioned"]["p50_us_median"], last["partitioned_bruck"]["p50_us_median"]))
     md = (tmp_path / "part.md").read_text()
     assert "raw partitioned, Bruck" in md and "| 4 | 2 |" in md
+    assert "raw Bruck, from the last entry" in md
 
 
 def test_the_fit_never_gives_a_hop_or_a_byte_a_negative_cost():
