@@ -282,6 +282,32 @@ TEST_CASE("an over-budget sample stays alone and samples of no rank count as int
   REQUIRE(InterNodeBytes(metas, groups, 2) < InterNodeBytes(metas, before, 2));
 }
 
+TEST_CASE("a set that cannot beat its bytes stops where every partial split reaches them",
+          "[node_placement]") {
+  const grouping::Budget budget;
+  const grouping::StepTimeModel model;
+  // Two one-rank nodes. Rank 0 runs x (owned by rank 1, 1000 tokens, 4000
+  // B); rank 1 runs three short samples it owns, each 5000 B. x can go home
+  // only if a short one leaves (a group of x holds one sample within the
+  // step's time, and each node has one rank), which costs more than x: the
+  // placement is optimal. The DP places x first (longest): x on node 0
+  // already costs the current 4000 B; x on node 1 leaves no room for the
+  // next sample on node 1 and putting it on node 0 costs 5000 B. So the
+  // search ends at the second sample: the m samples' set-up plus two
+  // states per layer for two layers.
+  std::vector<SampleMeta> metas = {Meta(0, 1, 1000), Meta(1, 1, 10), Meta(2, 1, 10), Meta(3, 1, 10)};
+  for (size_t i = 1; i < metas.size(); ++i) metas[i].payload_bytes = 5000;
+  Groups groups = {{0}, {1, 2, 3}};
+  const Groups before = groups;
+  NodePlacementOptions options;
+  options.triples = false;
+  const NodePlacementStats stats = PlaceOnNodes(budget, model, metas, groups, 1, options);
+  REQUIRE(groups == before);
+  REQUIRE(stats.pairs_tried == 1);
+  REQUIRE(stats.pairs_improved == 0);
+  CHECK(stats.work <= metas.size() + 2 * 2);
+}
+
 TEST_CASE("the global planner's steps on two nodes are already at the pair minimum",
           "[node_placement][global]") {
   // Two nodes of one rank: PlaceOnNodes is exact there, so on a plan that
