@@ -56,6 +56,10 @@ Aligner's CPU and steps per round from --aligner-json
 its fixed slots (peer_group_collectives), under the fit, under W = 2's hop
 with the link's delay and rate (odb's logarithmic all-gathers, and the same
 bytes through Gloo's rings for comparison).
+--repeat N measures each W N times (the daemons, then the raw collectives, each
+time), so both sides of a ratio see the shared machine in about the same
+state; the repeat with the median ratio from the last entry is the row, and
+every repeat's ratios are listed.
 --from-json FILE refits a recorded run without running anything.
 """
 from __future__ import annotations
@@ -486,6 +490,78 @@ def refit(args) -> int:
     return 0
 
 
+def measure_world(world: int, args, msg_bytes: int, link_delay: float, model_delay: float) -> dict:
+    """One measurement at W = world: the daemons' rounds, then the raw collectives over the same links."""
+    t0 = time.monotonic()
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"rr{world}-", dir="/tmp"))
+    try:
+        with odbtest.bridged_hosts(args.prefix, world, args.subnet, link_delay, args.rate_gbit * 1000) as hosts:
+            row = {"world": world, "msg_bytes": msg_bytes}
+            row.update(daemon_rounds(hosts, world, args, work / "run"))
+            block = block_ranks(args.partition_ranks, args.local_world_size, world)
+            part = None
+            if block < world:
+                # The raw sequence moves the round's payloads, every rank sending its token
+                # totals' bytes (as the daemon does).
+                part = {"partition_ranks": args.partition_ranks, "local_world_size": args.local_world_size,
+                        "block": block, "summary_bytes": SUMMARY_BYTES,
+                        "totals_bytes": totals_bytes(int(np.ceil(row["steps_per_round"])))}
+            row["partition"] = part
+            raw = raw_gather(hosts, world, [msg_bytes, args.big_bytes], args, work / "store", part)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    # Median over ranks of each rank's median, for the daemons and the raw collectives alike.
+    row["raw_p50_us"] = {"msg": raw[(msg_bytes, "allgather")]["p50_us_median"],
+                         "big": raw[(args.big_bytes, "allgather")]["p50_us_median"],
+                         "msg_sizes_allgatherv": raw[(msg_bytes, "sizes+allgatherv")]["p50_us_median"],
+                         "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
+                         "msg_bruck": raw[(msg_bytes, "bruck")]["p50_us_median"],
+                         "big_bruck": raw[(args.big_bytes, "bruck")]["p50_us_median"],
+                         "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
+    # Both timed from the last rank's entry: the collective and its CPU, without the entry skew.
+    row["raw_from_last_entry"] = {"msg": raw[(msg_bytes, "allgather")]["from_last_entry"],
+                                  "msg_bruck": raw[(msg_bytes, "bruck")]["from_last_entry"]}
+    if part:
+        # Hops and bytes one rank sends: summaries and totals world-wide, the metadata in the block.
+        for variant in ("partitioned", "partitioned_bruck"):
+            row["raw_p50_us"][variant] = raw[variant]["p50_us"]
+            row["raw_p50_us"][variant + "_parts"] = {k: raw[variant][k] for k in
+                                                     ("summary_p50_us", "block_p50_us", "totals_p50_us")}
+            row["raw_p50_us"][variant + "_max_over_ranks"] = raw[variant]["p50_us_max"]
+            row["raw_from_last_entry"][variant] = raw[variant]["from_last_entry"]
+        row["hops"] = 2 * peer_group_hops(world) + peer_group_hops(block)  # the daemon's
+        row["raw_ring_hops"] = 2 * (world - 1) + (block - 1)
+        row["raw_log_hops"] = 2 * log_hops(world) + log_hops(block)
+        row["hop_bytes"] = ((world - 1) * (part["summary_bytes"] + part["totals_bytes"])
+                            + (block - 1) * msg_bytes)
+        ring, log = "partitioned", "partitioned_bruck"
+    else:
+        row["hops"] = peer_group_hops(world)
+        row["raw_ring_hops"] = world - 1
+        row["raw_log_hops"] = log_hops(world)
+        row["hop_bytes"] = (world - 1) * msg_bytes
+        ring, log = "msg", "msg_bruck"
+    # The strongest raw baseline: the faster of the ring and Bruck's all-gathers of the same bytes.
+    row["raw_baseline"] = log if row["raw_p50_us"][log] < row["raw_p50_us"][ring] else ring
+    row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"][row["raw_baseline"]]
+    row["round_over_raw_ring"] = row["round_p50_us_median"] / row["raw_p50_us"][ring]
+    row["round_over_raw_bruck"] = row["round_p50_us_median"] / row["raw_p50_us"][log]
+    # The round from the last daemon's entry against the faster raw baseline (the all-gather, or the
+    # partitioned sequence), timed alike.
+    raw_last = min(row["raw_from_last_entry"][k]["p50_us_median"] for k in (ring, log))
+    row["round_over_raw_from_last_entry"] = row["round_from_last_entry"]["p50_us_median"] / raw_last
+    # The round against one world-wide all-gather of every rank's message (the unpartitioned round's).
+    row["round_over_raw_world_msg"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
+    # The round against the two collectives the peer group ran before (kept as a reference point).
+    row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
+    # With the delay in the model, the same ratio once each hop has waited for it.
+    base_hops = row["raw_log_hops"] if row["raw_baseline"] == log else row["raw_ring_hops"]
+    row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + row["hops"] * model_delay)
+                                        / (row["raw_p50_us"][row["raw_baseline"]] + base_hops * model_delay))
+    row["wall_s"] = round(time.monotonic() - t0, 1)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="2,4,8,16,32")
@@ -499,6 +575,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=4, help="small: many rounds per sample, each a full round")
     ap.add_argument("--queue-steps", type=int, default=64, help="emit.queue_steps: a round every queue_steps / 2 steps")
     ap.add_argument("--iters", type=int, default=30, help="raw all-gathers per size")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each W this many times (daemons, then raw, each time); the median repeat is reported")
     ap.add_argument("--big-bytes", type=int, default=65536)
     ap.add_argument("--partition-ranks", type=int, default=0,
                     help="alignment.partition_ranks of the daemons (0 = off: one all-gather of every window)")
@@ -524,6 +602,8 @@ def main() -> int:
     odbtest.require_built()
     if args.partition_ranks < 0 or args.local_world_size < 0:
         sys.exit("--partition-ranks and --local-world-size must be >= 0")
+    if args.repeat < 1:
+        sys.exit("--repeat must be >= 1")
     if args.gloo_bin is None:
         bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
                                  capture_output=True, text=True).stdout.strip()
@@ -541,73 +621,15 @@ def main() -> int:
     msg_bytes = codec_bytes(args.gloo_bin, 2 * args.window, args.max_len)
     rows = []
     for world in worlds:
-        t0 = time.monotonic()
-        work = pathlib.Path(tempfile.mkdtemp(prefix=f"rr{world}-", dir="/tmp"))
-        try:
-            with odbtest.bridged_hosts(args.prefix, world, args.subnet, link_delay, args.rate_gbit * 1000) as hosts:
-                row = {"world": world, "msg_bytes": msg_bytes}
-                row.update(daemon_rounds(hosts, world, args, work / "run"))
-                block = block_ranks(args.partition_ranks, args.local_world_size, world)
-                part = None
-                if block < world:
-                    # The raw sequence moves the round's payloads, every rank sending its token
-                    # totals' bytes (as the daemon does).
-                    part = {"partition_ranks": args.partition_ranks, "local_world_size": args.local_world_size,
-                            "block": block, "summary_bytes": SUMMARY_BYTES,
-                            "totals_bytes": totals_bytes(int(np.ceil(row["steps_per_round"])))}
-                row["partition"] = part
-                raw = raw_gather(hosts, world, [msg_bytes, args.big_bytes], args, work / "store", part)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        # Median over ranks of each rank's median, for the daemons and the raw collectives alike.
-        row["raw_p50_us"] = {"msg": raw[(msg_bytes, "allgather")]["p50_us_median"],
-                             "big": raw[(args.big_bytes, "allgather")]["p50_us_median"],
-                             "msg_sizes_allgatherv": raw[(msg_bytes, "sizes+allgatherv")]["p50_us_median"],
-                             "big_sizes_allgatherv": raw[(args.big_bytes, "sizes+allgatherv")]["p50_us_median"],
-                             "msg_bruck": raw[(msg_bytes, "bruck")]["p50_us_median"],
-                             "big_bruck": raw[(args.big_bytes, "bruck")]["p50_us_median"],
-                             "msg_max_over_ranks": raw[(msg_bytes, "allgather")]["p50_us_max"]}
-        # Both timed from the last rank's entry: the collective and its CPU, without the entry skew.
-        row["raw_from_last_entry"] = {"msg": raw[(msg_bytes, "allgather")]["from_last_entry"],
-                                      "msg_bruck": raw[(msg_bytes, "bruck")]["from_last_entry"]}
-        if part:
-            # Hops and bytes one rank sends: summaries and totals world-wide, the metadata in the block.
-            for variant in ("partitioned", "partitioned_bruck"):
-                row["raw_p50_us"][variant] = raw[variant]["p50_us"]
-                row["raw_p50_us"][variant + "_parts"] = {k: raw[variant][k] for k in
-                                                         ("summary_p50_us", "block_p50_us", "totals_p50_us")}
-                row["raw_p50_us"][variant + "_max_over_ranks"] = raw[variant]["p50_us_max"]
-                row["raw_from_last_entry"][variant] = raw[variant]["from_last_entry"]
-            row["hops"] = 2 * peer_group_hops(world) + peer_group_hops(block)  # the daemon's
-            row["raw_ring_hops"] = 2 * (world - 1) + (block - 1)
-            row["raw_log_hops"] = 2 * log_hops(world) + log_hops(block)
-            row["hop_bytes"] = ((world - 1) * (part["summary_bytes"] + part["totals_bytes"])
-                                + (block - 1) * msg_bytes)
-            ring, log = "partitioned", "partitioned_bruck"
-        else:
-            row["hops"] = peer_group_hops(world)
-            row["raw_ring_hops"] = world - 1
-            row["raw_log_hops"] = log_hops(world)
-            row["hop_bytes"] = (world - 1) * msg_bytes
-            ring, log = "msg", "msg_bruck"
-        # The strongest raw baseline: the faster of the ring and Bruck's all-gathers of the same bytes.
-        row["raw_baseline"] = log if row["raw_p50_us"][log] < row["raw_p50_us"][ring] else ring
-        row["round_over_raw"] = row["round_p50_us_median"] / row["raw_p50_us"][row["raw_baseline"]]
-        row["round_over_raw_ring"] = row["round_p50_us_median"] / row["raw_p50_us"][ring]
-        row["round_over_raw_bruck"] = row["round_p50_us_median"] / row["raw_p50_us"][log]
-        # The round from the last daemon's entry against the faster raw baseline (the all-gather, or the
-        # partitioned sequence), timed alike.
-        raw_last = min(row["raw_from_last_entry"][k]["p50_us_median"] for k in (ring, log))
-        row["round_over_raw_from_last_entry"] = row["round_from_last_entry"]["p50_us_median"] / raw_last
-        # The round against one world-wide all-gather of every rank's message (the unpartitioned round's).
-        row["round_over_raw_world_msg"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg"]
-        # The round against the two collectives the peer group ran before (kept as a reference point).
-        row["round_over_sizes_allgatherv"] = row["round_p50_us_median"] / row["raw_p50_us"]["msg_sizes_allgatherv"]
-        # With the delay in the model, the same ratio once each hop has waited for it.
-        base_hops = row["raw_log_hops"] if row["raw_baseline"] == log else row["raw_ring_hops"]
-        row["round_over_raw_with_delay"] = ((row["round_p50_us_median"] + row["hops"] * model_delay)
-                                            / (row["raw_p50_us"][row["raw_baseline"]] + base_hops * model_delay))
-        row["wall_s"] = round(time.monotonic() - t0, 1)
+        # Each repeat runs the daemons and then the raw collectives again, so that both sides of
+        # every ratio see the machine in about the same state; the row is the repeat with the
+        # median ratio from the last entry, and every repeat's ratios are kept.
+        reps = [measure_world(world, args, msg_bytes, link_delay, model_delay) for _ in range(args.repeat)]
+        reps.sort(key=lambda r: r["round_over_raw_from_last_entry"])
+        row = dict(reps[len(reps) // 2])
+        if len(reps) > 1:
+            row["repeats"] = [{key: r[key] for key in ("round_over_raw", "round_over_raw_from_last_entry",
+                                                       "round_p50_us_median", "wall_s")} for r in reps]
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -630,6 +652,20 @@ def main() -> int:
     (out / f"{args.name}.md").write_text(render(result))
     print(render(result))
     return 0
+
+
+def render_repeats(rows: list[dict]) -> list[str]:
+    """One line per W measured more than once: every repeat's ratios, least first."""
+    out = []
+    for r in rows:
+        reps = r.get("repeats")
+        if not reps:
+            continue
+        last = ", ".join(f"{x['round_over_raw_from_last_entry']:.2f}" for x in reps)
+        own = ", ".join(f"{x['round_over_raw']:.2f}" for x in reps)
+        out.append(f"- W = {r['world']}, {len(reps)} repeats (daemons then raw, each time; the rows above are the "
+                   f"median one): round / raw from the last entry {last}; from its own entry {own}.")
+    return ["", *out] if out else []
 
 
 def render(result: dict) -> str:
@@ -677,6 +713,7 @@ def render(result: dict) -> str:
                          f"{d['skew_p50_us'] / 1e3:.2f} ms | "
                          f"{raw['msg']['p50_us_median'] / 1e3:.2f} ms | {raw['msg_bruck']['p50_us_median'] / 1e3:.2f} ms | "
                          f"**{r['round_over_raw_from_last_entry']:.2f}** |")
+    lines += render_repeats(result["rows"])
     m = result.get("model")
     if m:
         lines += ["", "Model (least squares, H = hops: W - 1 for a ring, ceil(log2 W) for Bruck and the daemons): "
@@ -766,6 +803,7 @@ def render_partitioned(result: dict) -> str:
                          f"{d.get('cpu_p50_us', float('nan')) / 1e3:.2f} ms | {d['skew_p50_us'] / 1e3:.2f} ms | "
                          f"{raw[ring]['p50_us_median'] / 1e3:.2f} ms | {raw[log]['p50_us_median'] / 1e3:.2f} ms | "
                          f"**{r['round_over_raw_from_last_entry']:.2f}** |")
+    lines += render_repeats(result["rows"])
     m = result.get("model")
     if m:
         lines += ["", "Model (least squares over every row, H = sequential hops, B = bytes one rank sends): "

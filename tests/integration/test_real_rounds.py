@@ -97,7 +97,7 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
     samples = 30
     done = subprocess.run(
         ["/usr/bin/python3", str(ROOT / "bench/real_rounds.py"), "--worlds", "2,4", "--samples", str(samples),
-         "--iters", "5", "--partition-ranks", "2", "--local-world-size", "1", "--prefix", "odbrrp",
+         "--iters", "5", "--repeat", "3", "--partition-ranks", "2", "--local-world-size", "1", "--prefix", "odbrrp",
          "--subnet", "10.219.10", "--gloo-bin", gloo_bin(), "--out", str(tmp_path), "--name", "part"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -141,9 +141,14 @@ def test_partitioned_daemons_against_the_raw_partitioned_sequence(tmp_path):
     assert four["round_over_raw_from_last_entry"] == pytest.approx(
         four["round_from_last_entry"]["p50_us_median"]
         / min(last["partitioned"]["p50_us_median"], last["partitioned_bruck"]["p50_us_median"]))
+    # --repeat 3: each W measured three times (daemons, then raw); the row is the median repeat.
+    for row in (two, four):
+        ratios = [r["round_over_raw_from_last_entry"] for r in row["repeats"]]
+        assert len(ratios) == 3 and ratios == sorted(ratios)
+        assert row["round_over_raw_from_last_entry"] == ratios[1]
     md = (tmp_path / "part.md").read_text()
     assert "raw partitioned, Bruck" in md and "| 4 | 2 |" in md
-    assert "raw Bruck, from the last entry" in md
+    assert "raw Bruck, from the last entry" in md and "W = 4, 3 repeats" in md
 
 
 def test_the_fit_never_gives_a_hop_or_a_byte_a_negative_cost():
