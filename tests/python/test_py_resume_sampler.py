@@ -141,8 +141,10 @@ def _loader(sampler: list, rank: int = 0, world: int = 1) -> "odb.OdbDataLoader"
                              world_size=world, run_dir="/tmp/odb-unused")
 
 
-def _taken(loader: "odb.OdbDataLoader", ids: list) -> None:
-    """What the epoch loop records for one yielded step of this rank's own samples."""
+def _taken(loader: "odb.OdbDataLoader", ids: list, seqs: "list | None" = None) -> None:
+    """What the epoch loop records for one yielded step of this rank's own samples. seqs: each sample's
+    seq as the step names it (its index among the positions sent); None: the step gives none (a daemon
+    older than Step.seqs), -1 for each."""
     import numpy as np
 
     if loader._plan is None:
@@ -150,6 +152,7 @@ def _taken(loader: "odb.OdbDataLoader", ids: list) -> None:
     loader._consumed_epoch = loader.epoch
     loader._consumed_ids.append(np.asarray(ids, dtype=np.int64))
     loader._consumed_owners.append(np.full(len(ids), loader.rank, dtype=np.int64))
+    loader._consumed_seqs.append(np.asarray(seqs if seqs is not None else [-1] * len(ids), dtype=np.int64))
     loader._consumed_steps.append(len(loader._consumed_steps))
 
 
@@ -229,8 +232,9 @@ def test_a_position_past_the_list_is_a_clear_error() -> None:
 
 def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> None:
     """Reproducible mode: the replayed round's list is each rank's list less the positions of the rounds
-    before it. A step names indices, not positions: when another copy of an index taken before the round
-    is still free, which copy was taken is a guess, so the state resumes the ordinary (exactly-once) way."""
+    before it. Steps without seqs (a daemon older than Step.seqs) name indices, not positions: when another
+    copy of an index taken before the round is still free, which copy was taken is a guess, so the state
+    resumes the ordinary (exactly-once) way."""
     plain = _loader([4, 1, 6, 0, 2])
     _taken(plain, [4, 1])  # step 0: round 0
     _taken(plain, [6])     # step 1: the first of round 1's three steps, the checkpoint
@@ -249,3 +253,36 @@ def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> N
     state = repeated.state_dict()
     assert state["replay"] is None  # index 0 waits at 4 more positions: which one round 0 took is unknown
     assert state["consumed"] == [{"cursor": 2, "extra": [3]}]  # positions 0, 1 and 3
+
+
+def test_steps_with_seqs_key_the_exact_copy_and_the_replay_stays_exact() -> None:
+    """Each step names its samples' seqs (Step.seqs), so the copy of a repeated index a step took is known:
+    the state names exactly those positions and a reproducible resume replays the round (no guess)."""
+    repeated = _loader(LIST)
+    _taken(repeated, [0, 3], seqs=[2, 1])  # round 0: the second copy of 0 (position 2) and position 1
+    _taken(repeated, [1], seqs=[3])       # round 1's first step, the checkpoint
+    repeated._last_step = (1, 1, 1, 3, True)
+    state = repeated.state_dict()
+    assert state["consumed"] == [{"cursor": 0, "extra": [1, 2, 3]}]  # positions 1, 2, 3: not the first 0
+    assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
+                               "round_consumed": [{"cursor": 0, "extra": [3]}]}
+    resumed = _loader(LIST)
+    resumed.load_state_dict(state)
+    # The uninterrupted list less the positions of round 0 (1 and 2); round 1 replays from its start.
+    assert resumed.indices() == [0, 1, 0, 3, 7, 0, 2, 0, 3, 5]
+    # The resumed run's seqs index its own sent list (positions 0, 3, 4, 5, ...): seq 0 is position 0,
+    # seq 3 position 5 (the second copy of 3).
+    resumed._plan = resumed._sampler_plan()
+    resumed._consumed_epoch = resumed.epoch
+    _taken(resumed, [0, 3], seqs=[0, 3])
+    again = resumed.state_dict()
+    assert again["consumed"] == [{"cursor": 4, "extra": [5]}]
+    # A step that names a seq the rank never sent, or another index than the list holds there, is an error.
+    bad = _loader(LIST)
+    _taken(bad, [0], seqs=[len(LIST)])
+    with pytest.raises(RuntimeError, match=f"seq {len(LIST)} of this rank's list, which sent {len(LIST)}"):
+        bad.state_dict()
+    wrong = _loader(LIST)
+    _taken(wrong, [7], seqs=[0])
+    with pytest.raises(RuntimeError, match="sample 7 at seq 0, where this rank's list holds 0"):
+        wrong.state_dict()

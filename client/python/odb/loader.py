@@ -64,6 +64,17 @@ IDLE_POLICIES = ("zero_step", "join")
 DATA_PLANES = ("auto", "shm", "zmq")
 
 
+def _step_seqs(info: Any, n: int) -> np.ndarray:
+    """A step's per-sample seqs (Step.seqs) as int64, -1 for a sample whose seq the step does not give."""
+    seqs = info.get("seqs")
+    if seqs is None or len(seqs) != n:
+        return np.full(n, -1, dtype=np.int64)
+    try:
+        return np.asarray(seqs, dtype=np.int64)
+    except (TypeError, OverflowError):  # None among them (a sample without seq), or past int64
+        return np.asarray([-1 if q is None or q >= 1 << 63 else q for q in seqs], dtype=np.int64)
+
+
 def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
     """The distinct values of `ids` (each in [0, n)), sorted, through a mask (O(n + len(ids)), no sort)."""
     mask = np.zeros(n, dtype=bool)
@@ -241,6 +252,9 @@ class OdbDataLoader:
         # (rank, position) pairs of the ranks' lists, or ids from an older state).
         self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
         self._consumed_owners: List[Any] = []  # per step: the rank whose list each of its samples came from
+        # per step: each sample's seq (its index among the positions its owner rank sent), -1 where the
+        # step did not say (a daemon older than Step.seqs, or a sample sent without seq)
+        self._consumed_seqs: List[Any] = []
         self._consumed_steps: List[int] = []  # the step index of each _consumed_ids entry
         # The loaded state's key: "position", "id" (a custom sampler's state from odb < state version 4:
         # dataset indices, every position of one consumed) or "rank_position" (_resume_keys then holds
@@ -563,11 +577,13 @@ class OdbDataLoader:
         """A custom sampler's consumed samples as positions in each rank's list ("rank_position"):
         (key, consumed, the replayed round's consumed, the extra state keys, whether a replay is exact).
 
-        A step names its samples by dataset index, so a rank maps the trained copies of an index that
-        came from its own list (their owner rank) to that index's free positions in list order
-        (take_positions). With samples moving between ranks (global planner) a rank's samples may be
-        trained by another rank: the first all_gather hands every rank all trained samples and their
-        owners, the second each rank's positions."""
+        A step names each sample's seq (Step.seqs: the sample's index among the positions its owner rank
+        sent), so a rank maps the trained samples of its own list to their positions exactly:
+        plan.sent[seq]. Only when a step does not give a seq (a daemon older than the field) are the
+        trained copies of an index mapped to its first free positions in list order (take_positions), and
+        a replay is then exact only where no other copy of the index was free. With samples moving between
+        ranks (global planner) a rank's samples may be trained by another rank: the first all_gather hands
+        every rank all trained samples, their owners and seqs, the second each rank's positions."""
         plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
         world = self.world_size
         if plan is None:
@@ -586,16 +602,23 @@ class OdbDataLoader:
                      "lists": list(self._resume_fingerprints or [None] * lists)}, False)
         owners = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_owners])
                   if self._consumed_owners else np.zeros(0, dtype=np.int64))
+        seqs = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_seqs])
+                if self._consumed_seqs else np.zeros(0, dtype=np.int64))
+        if seqs.size != ids.size:  # steps recorded without seqs (a test double): every seq unknown
+            seqs = np.full(ids.size, -1, dtype=np.int64)
         if gathering:
             gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (ids, owners, in_round))
+            torch.distributed.all_gather_object(gathered, (ids, owners, in_round, seqs))
             ids = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
             owners = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
             in_round = np.concatenate([np.asarray(g[2], dtype=bool) for g in gathered])
+            seqs = np.concatenate([np.asarray(g[3], dtype=np.int64) for g in gathered])
         if owners.size and (owners.min() < 0 or owners.max() >= world):
             raise RuntimeError(f"odb: a step named owner rank {int(owners.max())} in a world of {world}")
         n = len(self.dataset)  # type: ignore[arg-type]
         mine = owners == self.rank
+        if not (seqs[mine] < 0).any():
+            return self._sampler_consumed_by_seq(plan, epoch, ids, mine, in_round, seqs, loaded_in_round, gathering)
         # Copies trained in the rounds before the replayed one come first in training order, so they
         # take an index's first free positions, the replayed round's copies the next ones.
         before = np.bincount(ids[mine & ~in_round], minlength=n)
@@ -624,6 +647,47 @@ class OdbDataLoader:
             free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
             exact = bool(np.all(free == before[index]))
         mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, exact)
+        return self._rank_position_state(mine_state, gathering)
+
+    def _sampler_consumed_by_seq(self, plan: "_SamplerPlan", epoch: int, ids: np.ndarray, mine: np.ndarray,
+                                 in_round: np.ndarray, seqs: np.ndarray, loaded_in_round: bool,
+                                 gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
+        """_sampler_consumed when every trained sample of this rank's list came with its seq: its position
+        is plan.sent[seq], exactly (no per-index sort, no guess), so a replay is always exact."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        own = seqs[mine]
+        if own.size and int(own.max()) >= plan.sent.size:
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names seq {int(own.max())} of this "
+                               f"rank's list, which sent {plan.sent.size} samples: did the daemon or the sampler "
+                               f"change while the epoch ran?")
+        positions = plan.sent[own]
+        if own.size and not np.array_equal(plan.full[positions], ids[mine]):
+            k = int(np.argmax(plan.full[positions] != ids[mine]))
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names sample {int(ids[mine][k])} at "
+                               f"seq {int(own[k])}, where this rank's list holds {int(plan.full[positions[k]])}: did "
+                               f"the sampler's list change while the epoch ran?")
+        round_positions = plan.sent[seqs[mine & in_round]]
+        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
+        taken[plan.consumed_before] = True
+        taken[positions] = True
+        consumed = np.flatnonzero(taken)
+        if consumed.size != plan.consumed_before.size + positions.size:
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a position of this rank's list was trained "
+                               f"twice (the steps name {positions.size} samples of it, "
+                               f"{consumed.size - plan.consumed_before.size} distinct new positions)")
+        if loaded_in_round:
+            assert self._replay is not None
+            round_positions = np.concatenate(
+                [round_positions, self._consumed_positions(plan.full, self._replay["in_round"], plan.fingerprint)])
+        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, True)
+        return self._rank_position_state(mine_state, gathering)
+
+    def _rank_position_state(self, mine_state: Tuple[Any, ...],
+                             gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
+        """Every rank's (consumed, round positions, consumed ids, fingerprint, exact) as the state's
+        "rank_position" entries (an all_gather when torch.distributed is initialized)."""
+        world = self.world_size
+        n = len(self.dataset)  # type: ignore[arg-type]
         if gathering:
             states: List[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(states, mine_state)
@@ -758,6 +822,7 @@ class OdbDataLoader:
             self._replay = loaded_replay
         self._consumed_ids = []
         self._consumed_owners = []
+        self._consumed_seqs = []
         self._consumed_steps = []
         self._consumed_epoch = None
         self._plan = None
@@ -868,6 +933,7 @@ class OdbDataLoader:
         self.dropped_trailing_idle = 0
         self._consumed_ids = []
         self._consumed_owners = []
+        self._consumed_seqs = []
         self._consumed_steps = []
         self._consumed_epoch = epoch
         self._last_step = None
@@ -948,6 +1014,7 @@ class OdbDataLoader:
                 owners = np.asarray(info["owner_ranks"], dtype=np.int64)
                 self._consumed_ids.append(ids)
                 self._consumed_owners.append(owners if owners.size == ids.size else np.full(ids.size, self.rank))
+                self._consumed_seqs.append(_step_seqs(info, ids.size))
                 self._consumed_steps.append(int(info["step_index"]))
                 remember(info)
                 batch = _to_torch(delivery)
