@@ -126,6 +126,84 @@ def test_a_sampler_with_replacement_resumes_every_position_once(tmp_path, job_id
                                f"chosen - trained {sorted((chosen - trained).items())}")
 
 
+def _train_steps(rank: int, world: int, run_dir: str, state: dict | None, checkpoint_at: int | None, then: int,
+                 out: str) -> dict:
+    """The weighted sampler's epoch, every step this rank yields as (index, sample ids, weight, owner ranks,
+    seqs); with `checkpoint_at` as _train (saves the state after that step, is preempted `then` later)."""
+    loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(_lengths(), vocab=64),
+                               sampler=_weighted(rank, world, N_DATASET), num_workers=1, timeout_s=90)
+    if state is not None:
+        loader.load_state_dict(state)
+    steps: list = []
+    for count, step in enumerate(loader):
+        if step.idle:
+            continue
+        steps.append([step.step_index, list(step.sample_ids), round(step.loss_weight, 12), list(step.owner_ranks),
+                      list(step.seqs)])
+        if checkpoint_at is not None and count == checkpoint_at:
+            Path(out.format(rank=rank)).write_text(json.dumps({"state": loader.state_dict(), "steps": steps}))
+            report("checkpointed")
+        if checkpoint_at is not None and count >= checkpoint_at + then:
+            kill_rank()
+    return {"steps": steps}
+
+
+def test_a_reproducible_resume_with_repeats_replays_step_for_step(tmp_path, job_id) -> None:
+    """Reproducible mode, global planner, a sampler with replacement: each step names its samples' seqs
+    (their positions in the owner rank's list; moved samples keep theirs), so the state names the exact
+    copies trained and the resumed run trains the uninterrupted run's remaining steps, step for step.
+    Without the seqs the copy of a repeated index was a guess and the state fell back to replay: null
+    (exactly once, but other steps)."""
+    world = 2
+    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 12},
+                                   alignment={"planner": "global", "deterministic": True})
+    lists = [_weighted(r, world, N_DATASET) for r in range(world)]
+
+    def run(name: str, **args) -> list:
+        daemons = start_daemons(tmp_path / name, world, job_id + name, config)
+        try:
+            return [r["steps"] for r in run_ranks(_train_steps, world, tmp_path / name, timeout=240, **args)]
+        finally:
+            stop_all(daemons)
+
+    reference = run("ref", state=None, checkpoint_at=None, then=0, out="")
+    # Step.seqs arrives: every sample names its position in its owner's list, every position exactly once,
+    # also the samples the global planner moved to another rank.
+    positions = [(owner, seq) for steps in reference for step in steps for owner, seq in zip(step[3], step[4])]
+    assert sorted(positions) == [(r, p) for r in range(world) for p in range(len(lists[r]))]
+    for steps in reference:
+        for _, ids, _, owners, seqs in steps:
+            assert [lists[o][q] for o, q in zip(owners, seqs)] == ids
+    moved = sum(o != rank for rank, steps in enumerate(reference) for step in steps for o in step[3])
+    assert moved > 0, "the global planner moved no sample: the test does not cover moved seqs"
+
+    checkpoint_at = random.Random("repeats").randrange(2, len(reference[0]) - 4)
+    daemons = start_daemons(tmp_path / "killed", world, job_id + "k", config)
+    try:
+        run_until_preempted(_train_steps, world, tmp_path / "killed", 240, state=None, checkpoint_at=checkpoint_at,
+                            then=1, out=str(tmp_path / "ckpt-{rank}.json"))
+    finally:
+        for d in daemons:
+            d.proc.send_signal(signal.SIGKILL)
+        stop_all(daemons)
+    saved = [json.loads((tmp_path / f"ckpt-{r}.json").read_text()) for r in range(world)]
+    state = saved[0]["state"]
+    assert state["replay"] is not None, "the state fell back to an ordinary resume"
+    resumed = run("resumed", state=state, checkpoint_at=None, then=0, out="")
+
+    def same(steps: list) -> list:
+        # A step as (index, its samples with their owners, weight). With copies of one index in a step the
+        # rows' order, and which copy (seq) sits in which row, may differ between runs (the rows hold the
+        # same data); the resumed run's seqs index its own lists anyway.
+        return [(s[0], sorted(zip(s[1], s[3])), s[2]) for s in steps]
+
+    for rank in range(world):
+        done = len(saved[rank]["steps"])
+        assert same(saved[rank]["steps"]) == same(reference[rank][:done])
+        assert same(resumed[rank]) == same(reference[rank][done:]), (
+            f"rank {rank}: after the checkpoint the resumed steps differ from the uninterrupted run's")
+
+
 def test_a_custom_sampler_resumed_at_another_world_size_trains_every_index_once(tmp_path, job_id) -> None:
     """2 -> 3 ranks: the positions of 2 lists do not name samples of 3 lists; the state's consumed
     indices do (consumed_ids), so a sampler without repeats still resumes exactly once."""

@@ -41,6 +41,7 @@ class Step:
     # that sent it (owner rank), which tells copies of a repeated index apart;
     # None for a sample sent without one.
     seqs: List[Optional[int]] = field(default_factory=list)
+    owner_ranks: List[int] = field(default_factory=list)  # the rank that received each sample
     _delivery: Any = None
     # The header's per-phase lists (odb.phases.PHASE_FIELDS), kept apart from
     # _delivery: a pinned or dummy step drops its delivery but not its plan.
