@@ -54,6 +54,7 @@ from .state_codec import compress_ints as compress_ints
 from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint, take_positions
 from .state_codec import compress_mask as compress_mask
 from .state_codec import expand_ints as expand_ints
+from .state_codec import is_int, packed_top
 from .step import _MISSING as _MISSING
 from .step import Step as Step
 
@@ -62,6 +63,15 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
+
+
+def _check_int(value: Any, name: str, minimum: Optional[int]) -> int:
+    """A state field that must be an integer (at least `minimum`): its value, or ValueError naming it."""
+    if not is_int(value):
+        raise ValueError(f"odb loader state: {name} must be an integer, got {value!r}")
+    if minimum is not None and int(value) < minimum:
+        raise ValueError(f"odb loader state: {name} is {int(value)}, below {minimum}")
+    return int(value)
 
 
 def _step_seqs(info: Any, n: int) -> np.ndarray:
@@ -711,7 +721,7 @@ class OdbDataLoader:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                              f"expected {STATE_FORMAT!r})")
-        if state.get("version") not in range(1, STATE_VERSION + 1) or isinstance(state.get("version"), bool):
+        if not is_int(state.get("version")) or state.get("version") not in range(1, STATE_VERSION + 1):
             raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
                              f"(it reads versions 1 to {STATE_VERSION}); resume with the odb that wrote it")
         required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
@@ -719,6 +729,16 @@ class OdbDataLoader:
         missing = [k for k in required if k not in state]
         if missing:
             raise ValueError(f"odb loader state is truncated: missing {missing}")
+        # Every field of the type state_dict() writes: int() or bool() of something else (a float, a
+        # string "false") would load a silently different state.
+        for name, minimum in (("epoch", 0), ("seed", None), ("dataset_len", 0), ("world_size", 1)):
+            _check_int(state[name], name, minimum)
+        for name in ("epoch_complete", "shuffle", "custom_sampler"):
+            if not isinstance(state[name], (bool, np.bool_)):
+                raise ValueError(f"odb loader state: {name} must be true or false, got {state[name]!r}")
+        for name in ("scope", "key"):
+            if not isinstance(state[name], str):
+                raise ValueError(f"odb loader state: {name} must be a string, got {state[name]!r}")
         n = len(self.dataset)  # type: ignore[arg-type]
         if int(state["dataset_len"]) != n:
             raise ValueError(f"odb loader state is for a dataset of {state['dataset_len']} samples, this one has {n}")
@@ -746,8 +766,8 @@ class OdbDataLoader:
             missing = [k for k in ("consumed_ids", "lists") if k not in state]
             if missing:
                 raise ValueError(f"odb loader state is truncated: missing {missing}")
-            lists, keys = self._rank_positions(state["consumed"], "consumed")
-            resume_ids = expand_ints(state["consumed_ids"])
+            lists, keys = self._rank_positions(state["consumed"], "consumed", state.get("lists"))
+            resume_ids = expand_ints(state["consumed_ids"], "consumed_ids", n, "dataset index")
             fingerprints = state["lists"]
             if (not isinstance(fingerprints, (list, tuple)) or len(fingerprints) != lists
                     or not all(f is None or isinstance(f, str) for f in fingerprints)):
@@ -755,7 +775,7 @@ class OdbDataLoader:
                                  f"{lists} of them): {fingerprints!r}")
             fingerprints = list(fingerprints)
         else:
-            keys = expand_ints(state["consumed"])
+            keys = expand_ints(state["consumed"], "consumed", n, "position" if key == "position" else "dataset index")
         if key == "position" and keys.size and int(keys.max()) >= n:
             raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
         named = keys if key == "id" else resume_ids  # dataset indices
@@ -765,13 +785,17 @@ class OdbDataLoader:
         loaded_replay: Optional[Dict[str, Any]] = None
         if replay is not None:
             try:
-                loaded_replay = {k: int(replay[k]) for k in ("round", "first_step", "next_step", "world_size")}
+                if not isinstance(replay, Mapping):
+                    raise TypeError(f"a mapping or null, got {type(replay).__name__}")
+                loaded_replay = {k: _check_int(replay[k], f"replay.{k}", 0)
+                                 for k in ("round", "first_step", "next_step", "world_size")}
                 if key == "rank_position":
-                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed")
+                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed",
+                                                                 state.get("lists"))
                     if round_lists != lists:
                         raise ValueError(f"{round_lists} rank lists, the consumed set has {lists}")
                 else:
-                    in_round = expand_ints(replay["round_consumed"])
+                    in_round = expand_ints(replay["round_consumed"], "replay.round_consumed", n)
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"odb loader state: malformed replay entry ({e!r})") from None
             if (min(loaded_replay.values()) < 0 or loaded_replay["next_step"] < loaded_replay["first_step"]
@@ -784,13 +808,19 @@ class OdbDataLoader:
             loaded_replay["before_round"] = np.setdiff1d(consumed_set, in_round)
         job = state.get("job") or {}  # version 3: budgets' and schedules' counters
         try:
-            counters = {k: int(job.get(k, 0)) for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps",
-                                                         "epoch_loss_tokens")}
-            job_epoch = None if job.get("epoch") is None else int(job["epoch"])
+            if not isinstance(job, Mapping):
+                raise TypeError(f"a mapping, got {type(job).__name__}")
+            counters = {k: _check_int(job.get(k, 0), f"job.{k}", None)
+                        for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps", "epoch_loss_tokens")}
+            job_epoch = None if job.get("epoch") is None else _check_int(job["epoch"], "job.epoch", 0)
+            if not isinstance(job.get("epoch_from_start", False), (bool, np.bool_)):
+                raise TypeError(f"job.epoch_from_start must be true or false, got {job['epoch_from_start']!r}")
             completed = job.get("completed_epoch")
+            if completed is not None and not isinstance(completed, Mapping):
+                raise TypeError(f"job.completed_epoch must be a mapping or null, got {completed!r}")
             if completed is not None:
-                completed = {"epoch": int(completed["epoch"]), "optimizer_steps": int(completed["optimizer_steps"]),
-                             "loss_tokens": int(completed["loss_tokens"])}
+                completed = {k: _check_int(completed[k], f"job.completed_epoch.{k}", 0)
+                             for k in ("epoch", "optimizer_steps", "loss_tokens")}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
         if min(counters.values()) < 0:
@@ -829,16 +859,28 @@ class OdbDataLoader:
         self._last_step = None
 
     @staticmethod
-    def _rank_positions(value: Any, name: str) -> Tuple[int, np.ndarray]:
+    def _rank_positions(value: Any, name: str, fingerprints: Any = None) -> Tuple[int, np.ndarray]:
         """A "rank_position" state's per-rank packed positions: (the number of rank lists, their
-        encode_rank_positions codes); ValueError naming `name` when malformed."""
+        encode_rank_positions codes); ValueError naming `name` when malformed, or when a rank's positions
+        go past its list's length (the fingerprint "<len>:<hex>" says it; checked again against the
+        list the sampler draws)."""
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
             raise ValueError(f"odb loader state: malformed {name} (a list of one {{cursor, extra}} per rank list, "
                              f"got {type(value).__name__})")
-        per_rank = [expand_ints(v) for v in value]
-        limit = (1 << 62) // len(per_rank)
-        if any(p.size and int(p[-1]) >= limit for p in per_rank):
-            raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+        limit = (1 << 62) // len(value)
+        per_rank = []
+        for r, v in enumerate(value):
+            known = fingerprints[r] if isinstance(fingerprints, (list, tuple)) and len(fingerprints) == len(value) \
+                else None
+            length = known.partition(":")[0] if isinstance(known, str) else ""
+            top = packed_top(v)  # checked before expanding: a hostile cursor must not become a huge array
+            if top is not None and top > limit:
+                raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+            if top is not None and length.isdigit() and top > int(length):
+                raise ValueError(f"odb loader state: {name}[{r}] names position {top - 1} of rank {r}'s list, "
+                                 f"which held {int(length)} indices when the state was taken (its lists "
+                                 f"fingerprint): a corrupt state")
+            per_rank.append(expand_ints(v, f"{name}[{r}]", limit, f"rank {r}'s list position"))
         return len(per_rank), encode_rank_positions(per_rank)
 
     # ----- iteration -----------------------------------------------------------
