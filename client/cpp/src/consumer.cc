@@ -215,8 +215,8 @@ struct Consumer::Impl {
     while (true) {
       if (absl::Status s = OnMonitor(); !s.ok()) return s;
       if (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) return true;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                              std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
       try {
@@ -274,7 +274,8 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
     // The monitor first, so that the initial connection is its first CONNECTED.
     const char* monitor_endpoint = "inproc://odb-consumer-monitor";  // this consumer's own context
     if (zmq_socket_monitor(impl->socket.handle(), monitor_endpoint, ZMQ_EVENT_CONNECTED) != 0) {
-      return absl::InternalError(std::string("cannot monitor the trainer socket: ") + zmq_strerror(zmq_errno()));
+      return absl::InternalError(std::string("cannot monitor the trainer socket: ") +
+                                 zmq_strerror(zmq_errno()));
     }
     impl->monitor.set(zmq::sockopt::linger, 0);
     impl->monitor.connect(monitor_endpoint);
@@ -304,8 +305,8 @@ absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, u
   return impl_->SendTrainer(m);
 }
 
-absl::Status Consumer::StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
-                                             uint64_t first_step) {
+absl::Status Consumer::StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers,
+                                             uint64_t first_round, uint64_t first_step) {
   if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
   wire::TrainerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
@@ -347,8 +348,8 @@ absl::StatusOr<Delivery> Consumer::Next() {
     absl::StatusOr<bool> readable = impl_->WaitReadable(impl_->options.receive_timeout_ms);
     if (!readable.ok()) return readable.status();
     if (!*readable) {
-      return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint + " within " +
-                                         std::to_string(impl_->options.receive_timeout_ms) +
+      return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
+                                         " within " + std::to_string(impl_->options.receive_timeout_ms) +
                                          " ms: is odbd running, and are its producers sending?");
     }
     do {

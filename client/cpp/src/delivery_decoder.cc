@@ -138,11 +138,10 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   // Consumers index these lists in parallel: they must agree in length.
   const int n = st.sample_ids_size(), e = st.enc_sample_ids_size(), a = st.audio_sample_ids_size();
   if (st.lengths_size() != n || st.owner_ranks_size() != n || (st.seqs_size() != 0 && st.seqs_size() != n) ||
-      st.has_seq_size() != st.seqs_size() ||
-      (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) || st.enc_owner_ranks_size() != e ||
-      st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
-      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) || st.audio_owner_ranks_size() != a ||
-      st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
+      st.has_seq_size() != st.seqs_size() || (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) ||
+      st.enc_owner_ranks_size() != e || st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
+      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) ||
+      st.audio_owner_ranks_size() != a || st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
     return absl::DataLossError(
         "step " + std::to_string(st.step_index()) + " from the daemon at " + endpoint_for_errors +
         ": per-sample lists disagree in length (sample_ids " + std::to_string(n) + ", lengths " +
@@ -150,10 +149,11 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
         ", seqs " + std::to_string(st.seqs_size()) + ", has_seq " + std::to_string(st.has_seq_size()) +
         ", llm_src_rank " + std::to_string(st.llm_src_rank_size()) + ", enc_sample_ids " + std::to_string(e) +
         ", enc_owner_ranks " + std::to_string(st.enc_owner_ranks_size()) + ", enc_dest_rank " +
-        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " + std::to_string(st.enc_dest_index_size()) +
-        ", llm_audio_src_rank " + std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " +
-        std::to_string(a) + ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) +
-        ", audio_dest_rank " + std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
+        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " +
+        std::to_string(st.enc_dest_index_size()) + ", llm_audio_src_rank " +
+        std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " + std::to_string(a) +
+        ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) + ", audio_dest_rank " +
+        std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
         std::to_string(st.audio_dest_index_size()) + ")");
   }
 

@@ -142,8 +142,8 @@ class Consumer {
   // daemon makes of a start_epoch it reads after the connection it came on
   // closed (it ignores it).
   absl::Status ReconnectForTest();
-  absl::Status StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers = 0, uint64_t first_round = 0,
-                                     uint64_t first_step = 0);
+  absl::Status StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers = 0,
+                                     uint64_t first_round = 0, uint64_t first_step = 0);
   // Reconnects seen so far. After each the client announces its session
   // again and re-sends the epoch requests not yet answered (a step or the
   // summary of that epoch).
