@@ -7,9 +7,11 @@ ops) and on the state's size, not on the step the job had reached.
     /usr/bin/python3 bench/resume_bench.py --n 10000000 --consumed 0.5 --sampler
 
 --sampler: a custom sampler instead (a rank's list of n indices drawn with replacement, keyed by
-position in the list): the cost of drawing the list at the epoch's start, of state_dict() (the first
-call of an epoch sorts the list once; later calls only look the new steps up), and of load + this
-rank's list at the same world size.
+position in the list): the cost of drawing the list at the epoch's start, of state_dict() (each step
+names its samples' seqs, so a trained sample's position is a lookup), and of load + this rank's list
+at the same world size. --no-seqs: steps without seqs (a daemon older than Step.seqs): the first
+state_dict() of an epoch sorts the list once and maps trained copies of an index to its first free
+positions.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--scatter", type=int, default=4096, help="consumed samples beyond the prefix (in flight)")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--sampler", action="store_true", help="a custom sampler with replacement (rank 0 of 1)")
+    ap.add_argument("--no-seqs", action="store_true", help="--sampler: steps that do not name their seqs")
     args = ap.parse_args()
     if args.sampler:
         sampler_bench(args)
@@ -92,6 +95,8 @@ def sampler_bench(args: argparse.Namespace) -> None:
     extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)
     loader._consumed_ids = [mine[:k], mine[extra]]  # what the loop records: one array per step
     loader._consumed_owners = [np.zeros(k, dtype=np.int64), np.zeros(extra.size, dtype=np.int64)]
+    if not args.no_seqs:  # a sample's seq is its index in the positions sent (all of them here)
+        loader._consumed_seqs = [np.arange(k, dtype=np.int64), extra.astype(np.int64)]
     loader._consumed_steps = [0, 1]
     loader._consumed_epoch = 0
     c2 = time.process_time()
@@ -105,7 +110,7 @@ def sampler_bench(args: argparse.Namespace) -> None:
     fresh.load_state_dict(state)
     rest = fresh.indices()
     c6 = time.process_time()
-    print(json.dumps({"n": args.n, "sampler": "with replacement", "consumed": k + len(extra), "state_bytes": size,
+    print(json.dumps({"n": args.n, "sampler": "with replacement", "seqs": not args.no_seqs, "consumed": k + len(extra), "state_bytes": size,
                       "epoch_start_cpu_s": round(c1 - c0, 3), "state_dict_cpu_s": round(c3 - c2, 3),
                       "state_dict_again_cpu_s": round(c4 - c3, 3), "load_and_indices_cpu_s": round(c6 - c5, 3),
                       "remaining": len(rest)}))

@@ -39,6 +39,7 @@ void CheckParallelArrays(const odb::client::StepInfo& s) {
   FUZZ_CHECK(s.lengths.size() == n, "step has " + std::to_string(n) + " sample_ids but " +
                                         std::to_string(s.lengths.size()) + " lengths");
   FUZZ_CHECK(s.owner_ranks.empty() || s.owner_ranks.size() == n, "owner_ranks length");
+  FUZZ_CHECK(s.seqs.size() == n, "seqs length");  // one (maybe unknown) seq per sample, always
   FUZZ_CHECK(s.llm_src_rank.empty() || s.llm_src_rank.size() == n, "llm_src_rank length");
   const size_t e = s.enc_sample_ids.size();
   FUZZ_CHECK(s.enc_owner_ranks.size() == e && s.enc_dest_rank.size() == e &&

@@ -137,6 +137,33 @@ TEST_CASE("a step whose per-sample lists disagree in length is refused (consumer
   CHECK(ok->step.llm_audio_src_rank == std::vector<int32_t>{1, 1});
 }
 
+TEST_CASE("each sample's seq arrives in sample order, unknown where the sample had none") {
+  wire::DaemonMessage m = Step();
+  m.mutable_step()->add_seqs(17);
+  m.mutable_step()->add_has_seq(true);
+  m.mutable_step()->add_seqs(0);
+  m.mutable_step()->add_has_seq(false);
+  auto d = DecodeDelivery(Message(m, {48, 48}), "e");
+  REQUIRE(d.ok());
+  REQUIRE(d->step.seqs.size() == 2);
+  CHECK(d->step.seqs[0] == std::optional<uint64_t>(17));
+  CHECK_FALSE(d->step.seqs[1].has_value());
+  // A daemon older than the field: as many unknown seqs as samples.
+  auto old = DecodeDelivery(Message(Step(), {48, 48}), "e");
+  REQUIRE(old.ok());
+  CHECK(old->step.seqs == std::vector<std::optional<uint64_t>>(2));
+  // One seq for two samples (or a mask of another length) is refused, naming the lists.
+  wire::DaemonMessage short_seqs = Step();
+  short_seqs.mutable_step()->add_seqs(1);
+  short_seqs.mutable_step()->add_has_seq(true);
+  auto s = DecodeDelivery(Message(short_seqs, {48, 48}), "e");
+  REQUIRE(s.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(s.status().message()).find("seqs 1, has_seq 1") != std::string::npos);
+  wire::DaemonMessage no_mask = Step();
+  for (int j = 0; j < 2; ++j) no_mask.mutable_step()->add_seqs(j);
+  REQUIRE(DecodeDelivery(Message(no_mask, {48, 48}), "e").status().code() == absl::StatusCode::kDataLoss);
+}
+
 TEST_CASE("control messages and protocol errors") {
   SECTION("epoch end") {
     wire::DaemonMessage m;

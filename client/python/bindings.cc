@@ -297,6 +297,12 @@ class PyConsumer {
     consumer_->ReportDataWait(std::chrono::microseconds(static_cast<int64_t>(std::min(seconds, 1e12) * 1e6)));
   }
 
+  void StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers) {
+    Check(consumer_->StartEpochLostForTest(epoch, expected_producers));
+  }
+  void ReconnectForTest() { Check(consumer_->ReconnectForTest()); }
+  uint64_t Reconnects() const { return consumer_->reconnects(); }
+
   std::string DataPlaneInUse() const { return consumer_->data_plane(); }
   std::string ArenaNote() const { return consumer_->arena_note(); }
   py::object StepArenaStatsDict() const {
@@ -421,6 +427,8 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_readonly("sample_ids", &StepInfo::sample_ids)
       .def_readonly("lengths", &StepInfo::lengths, "LLM tokens per sample, same order as sample_ids")
       .def_readonly("owner_ranks", &StepInfo::owner_ranks, "rank that received each sample")
+      .def_readonly("seqs", &StepInfo::seqs,
+                    "each sample's position in its owner rank's list (its seq), None where it had none")
       .def_readonly("samples_may_move", &StepInfo::samples_may_move)
       .def_readonly("deterministic", &StepInfo::deterministic, "the daemon runs alignment.deterministic")
       .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
@@ -469,6 +477,14 @@ PYBIND11_MODULE(_odb_native, m) {
       .def("next", &PyConsumer::Next,
            "The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a "
            "daemon failure.")
+      .def_property_readonly("reconnects", &PyConsumer::Reconnects,
+                             "connection blips survived: after each the session is announced again and "
+                             "unanswered start_epoch requests are re-sent")
+      .def("_start_epoch_lost_for_test", &PyConsumer::StartEpochLostForTest, py::arg("epoch"),
+           py::arg("expected_producers") = 0,
+           "test seam: records a start_epoch as sent without sending it (what a blip makes of it)")
+      .def("_reconnect_for_test", &PyConsumer::ReconnectForTest,
+           "test seam: drops the connection to the daemon and connects again (a blip)")
       .def("report_data_wait", &PyConsumer::ReportDataWait, py::arg("seconds"),
            "The trainer's wait for the step next() just returned; sent on the next credit, exported by the "
            "daemon as odb_trainer_data_wait_microseconds_total.");

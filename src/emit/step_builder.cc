@@ -216,6 +216,10 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     step.add_sample_ids(s.UserId());
     step.add_lengths(s.meta.lengths.tokens);
     step.add_owner_ranks(s.meta.owner_rank);
+    // The position in the owner rank's list: what tells a trainer which copy
+    // of a repeated id this is (a resume by position needs it exactly).
+    step.add_seqs(s.seq.value_or(0));
+    step.add_has_seq(s.seq.has_value());
   }
   for (size_t p = 0; p < kEncoderPhases; ++p) {
     const EncoderPhase phase = static_cast<EncoderPhase>(p);

@@ -61,6 +61,39 @@ TEST_CASE("a step is built from buffered samples and counted in the epoch's tota
   REQUIRE(state.epoch_totals[0].emitted() == 2);
 }
 
+// The trainer keys a resume by (owner rank, seq): which copy of a repeated
+// dataset index a step took. A sample sent without seq says so (has_seq
+// false), never a made-up position.
+TEST_CASE("each sample's seq goes into the step header in sample order; a sample without seq is marked") {
+  StepBuilderOptions options;
+  options.rank = 0;
+  DaemonState state(1 << 20, 100, 1);
+  DaemonMetrics metrics;
+  Sample with_seq = Tokens(1, 3);
+  with_seq.seq = 41;
+  REQUIRE(!state.buffer.Add(std::move(with_seq)));
+  REQUIRE(!state.buffer.Add(Tokens(2, 5)));  // no seq
+  Sample late = Tokens(3, 2);
+  late.seq = 0;
+  REQUIRE(!state.buffer.Add(std::move(late)));
+  StepBuilder builder(options, state, metrics, nullptr);
+  auto parts = builder.Build(0, PlanOf({3, 1, 2}, 10), [] { return false; });
+  REQUIRE(parts.ok());
+  wire::DaemonMessage m;
+  REQUIRE(m.ParseFromArray(parts->parts[0].data(), static_cast<int>(parts->parts[0].size())));
+  const wire::Step& st = m.step();
+  REQUIRE(st.sample_ids_size() == 3);
+  CHECK(st.sample_ids(0) == 3);
+  REQUIRE(st.seqs_size() == 3);
+  REQUIRE(st.has_seq_size() == 3);
+  CHECK(st.seqs(0) == 0);
+  CHECK(st.has_seq(0));
+  CHECK(st.seqs(1) == 41);
+  CHECK(st.has_seq(1));
+  CHECK_FALSE(st.has_seq(2));
+  CHECK(st.seqs(2) == 0);
+}
+
 TEST_CASE("a step that cannot be collated stops the job instead of breaking the weights") {
   // Before, the rank emitted the step as IDLE with weight 0 while the other
   // ranks' weights counted its tokens: Σ_r w_r fell below W, silently.

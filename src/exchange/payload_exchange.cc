@@ -180,6 +180,10 @@ absl::Status PayloadExchange::SendOutgoing(uint32_t epoch, const RoundOutcome& o
       h->set_tokens(sample.meta.lengths.tokens);
       h->set_vision_patches(sample.meta.lengths.vision_patches);
       h->set_audio_frames(sample.meta.lengths.audio_frames);
+      // Everything the producer said about the sample travels with it: the
+      // step names the seq (the copy of a repeated id) and weighs loss tokens.
+      if (sample.seq) h->set_seq(*sample.seq);
+      if (sample.meta.loss_tokens != kEveryTokenBearsLoss) h->set_loss_tokens(sample.meta.loss_tokens);
       for (size_t i = 0; i < sample.tensors.size(); ++i) {
         const TensorView& t = sample.tensors[i];
         wire::EncodeTensorDesc(t.name, t.dtype, t.shape, static_cast<uint32_t>(i + 1), h->add_tensors());

@@ -139,6 +139,62 @@ TEST_CASE("two copies of one key from a peer are both kept and taken in the orde
   CHECK(x.Parked() == 0);
 }
 
+// A sample that another rank emits keeps what its producer said about it:
+// the trainer names each sample's copy by (owner rank, seq), and weighs its
+// loss tokens. The seq (and loss_tokens) were dropped on the way before.
+TEST_CASE("a moved sample keeps its seq and its loss tokens") {
+  DaemonState state0(1 << 20, 64, 1), state1(1 << 20, 64, 1);
+  DaemonMetrics metrics0, metrics1;
+  SteadyClock steady;
+  ExchangeOptions o0 = RankZeroOfTwo();
+  ExchangeOptions o1 = RankZeroOfTwo();
+  o1.rank = 1;
+  PayloadExchange x0(o0, state0, metrics0, steady), x1(o1, state1, metrics1, steady);
+  REQUIRE(x0.Bind().ok());
+  REQUIRE(x1.Bind().ok());
+  const std::vector<std::string> announcements = {x0.Announcement(), x1.Announcement()};
+  REQUIRE(x0.Connect(announcements).ok());
+  REQUIRE(x1.Connect(announcements).ok());
+  // Rank 1 holds three samples: with a seq and counted loss tokens, a seq
+  // only, and neither.
+  auto sample = [](uint64_t id, std::optional<uint64_t> seq, uint32_t loss_tokens) {
+    static std::vector<std::shared_ptr<std::vector<int64_t>>> keep;
+    auto ids = std::make_shared<std::vector<int64_t>>(4, static_cast<int64_t>(id));
+    keep.push_back(ids);
+    Sample s;
+    s.meta.id = id;
+    s.meta.lengths.tokens = 4;
+    s.meta.loss_tokens = loss_tokens;
+    s.meta.payload_bytes = 32;
+    s.seq = seq;
+    s.producer_id = "w0";
+    s.tensors.push_back({"input_ids", DType::kInt64, {4}, reinterpret_cast<const uint8_t*>(ids->data()), 32});
+    return s;
+  };
+  REQUIRE(!state1.buffer.Add(sample(5, 37, 2)));
+  REQUIRE(!state1.buffer.Add(sample(6, 0, kEveryTokenBearsLoss)));
+  REQUIRE(!state1.buffer.Add(sample(7, std::nullopt, 3)));
+  RoundOutcome outcome;
+  outcome.outgoing = {{0, {5, 6, 7}}};
+  REQUIRE(x1.SendOutgoing(0, outcome).ok());
+  REQUIRE(Pump(x0, [&] { return x0.Parked() >= 3; }).ok());
+  REQUIRE(x0.Parked() == 3);
+  const auto never = [] { return false; };
+  absl::StatusOr<Sample> a = x0.Take(SampleKey{1, 5}, x0.PayloadDeadline(), never);
+  absl::StatusOr<Sample> b = x0.Take(SampleKey{1, 6}, x0.PayloadDeadline(), never);
+  absl::StatusOr<Sample> c = x0.Take(SampleKey{1, 7}, x0.PayloadDeadline(), never);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  CHECK(a->seq == std::optional<uint64_t>(37));
+  CHECK(a->meta.loss_tokens == 2);
+  CHECK(a->meta.owner_rank == 1);
+  CHECK(b->seq == std::optional<uint64_t>(0));
+  CHECK(b->meta.loss_tokens == kEveryTokenBearsLoss);
+  CHECK_FALSE(c->seq.has_value());
+  CHECK(c->meta.loss_tokens == 3);
+}
+
 TEST_CASE("a payload that never comes times out when the injected clock passes collective_timeout_ms") {
   // Rank 1 never sends: only the fake clock's advance ends the wait, however
   // long the timeout (no real waiting, no socket needed).

@@ -126,6 +126,84 @@ def test_a_sampler_with_replacement_resumes_every_position_once(tmp_path, job_id
                                f"chosen - trained {sorted((chosen - trained).items())}")
 
 
+def _train_steps(rank: int, world: int, run_dir: str, state: dict | None, checkpoint_at: int | None, then: int,
+                 out: str) -> dict:
+    """The weighted sampler's epoch, every step this rank yields as (index, sample ids, weight, owner ranks,
+    seqs); with `checkpoint_at` as _train (saves the state after that step, is preempted `then` later)."""
+    loader = odb.OdbDataLoader(tiny_lm.SyntheticCorpus(_lengths(), vocab=64),
+                               sampler=_weighted(rank, world, N_DATASET), num_workers=1, timeout_s=90)
+    if state is not None:
+        loader.load_state_dict(state)
+    steps: list = []
+    for count, step in enumerate(loader):
+        if step.idle:
+            continue
+        steps.append([step.step_index, list(step.sample_ids), round(step.loss_weight, 12), list(step.owner_ranks),
+                      list(step.seqs)])
+        if checkpoint_at is not None and count == checkpoint_at:
+            Path(out.format(rank=rank)).write_text(json.dumps({"state": loader.state_dict(), "steps": steps}))
+            report("checkpointed")
+        if checkpoint_at is not None and count >= checkpoint_at + then:
+            kill_rank()
+    return {"steps": steps}
+
+
+def test_a_reproducible_resume_with_repeats_replays_step_for_step(tmp_path, job_id) -> None:
+    """Reproducible mode, global planner, a sampler with replacement: each step names its samples' seqs
+    (their positions in the owner rank's list; moved samples keep theirs), so the state names the exact
+    copies trained and the resumed run trains the uninterrupted run's remaining steps, step for step.
+    Without the seqs the copy of a repeated index was a guess and the state fell back to replay: null
+    (exactly once, but other steps)."""
+    world = 2
+    config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 12},
+                                   alignment={"planner": "global", "deterministic": True})
+    lists = [_weighted(r, world, N_DATASET) for r in range(world)]
+
+    def run(name: str, **args) -> list:
+        daemons = start_daemons(tmp_path / name, world, job_id + name, config)
+        try:
+            return [r["steps"] for r in run_ranks(_train_steps, world, tmp_path / name, timeout=240, **args)]
+        finally:
+            stop_all(daemons)
+
+    reference = run("ref", state=None, checkpoint_at=None, then=0, out="")
+    # Step.seqs arrives: every sample names its position in its owner's list, every position exactly once,
+    # also the samples the global planner moved to another rank.
+    positions = [(owner, seq) for steps in reference for step in steps for owner, seq in zip(step[3], step[4])]
+    assert sorted(positions) == [(r, p) for r in range(world) for p in range(len(lists[r]))]
+    for steps in reference:
+        for _, ids, _, owners, seqs in steps:
+            assert [lists[o][q] for o, q in zip(owners, seqs)] == ids
+    moved = sum(o != rank for rank, steps in enumerate(reference) for step in steps for o in step[3])
+    assert moved > 0, "the global planner moved no sample: the test does not cover moved seqs"
+
+    checkpoint_at = random.Random("repeats").randrange(2, len(reference[0]) - 4)
+    daemons = start_daemons(tmp_path / "killed", world, job_id + "k", config)
+    try:
+        run_until_preempted(_train_steps, world, tmp_path / "killed", 240, state=None, checkpoint_at=checkpoint_at,
+                            then=1, out=str(tmp_path / "ckpt-{rank}.json"))
+    finally:
+        for d in daemons:
+            d.proc.send_signal(signal.SIGKILL)
+        stop_all(daemons)
+    saved = [json.loads((tmp_path / f"ckpt-{r}.json").read_text()) for r in range(world)]
+    state = saved[0]["state"]
+    assert state["replay"] is not None, "the state fell back to an ordinary resume"
+    resumed = run("resumed", state=state, checkpoint_at=None, then=0, out="")
+
+    def same(steps: list) -> list:
+        # A step as (index, its samples with their owners, weight). With copies of one index in a step the
+        # rows' order, and which copy (seq) sits in which row, may differ between runs (the rows hold the
+        # same data); the resumed run's seqs index its own lists anyway.
+        return [(s[0], sorted(zip(s[1], s[3])), s[2]) for s in steps]
+
+    for rank in range(world):
+        done = len(saved[rank]["steps"])
+        assert same(saved[rank]["steps"]) == same(reference[rank][:done])
+        assert same(resumed[rank]) == same(reference[rank][done:]), (
+            f"rank {rank}: after the checkpoint the resumed steps differ from the uninterrupted run's")
+
+
 def test_a_custom_sampler_resumed_at_another_world_size_trains_every_index_once(tmp_path, job_id) -> None:
     """2 -> 3 ranks: the positions of 2 lists do not name samples of 3 lists; the state's consumed
     indices do (consumed_ids), so a sampler without repeats still resumes exactly once."""
@@ -141,8 +219,10 @@ def _loader(sampler: list, rank: int = 0, world: int = 1) -> "odb.OdbDataLoader"
                              world_size=world, run_dir="/tmp/odb-unused")
 
 
-def _taken(loader: "odb.OdbDataLoader", ids: list) -> None:
-    """What the epoch loop records for one yielded step of this rank's own samples."""
+def _taken(loader: "odb.OdbDataLoader", ids: list, seqs: "list | None" = None) -> None:
+    """What the epoch loop records for one yielded step of this rank's own samples. seqs: each sample's
+    seq as the step names it (its index among the positions sent); None: the step gives none (a daemon
+    older than Step.seqs), -1 for each."""
     import numpy as np
 
     if loader._plan is None:
@@ -150,6 +230,7 @@ def _taken(loader: "odb.OdbDataLoader", ids: list) -> None:
     loader._consumed_epoch = loader.epoch
     loader._consumed_ids.append(np.asarray(ids, dtype=np.int64))
     loader._consumed_owners.append(np.full(len(ids), loader.rank, dtype=np.int64))
+    loader._consumed_seqs.append(np.asarray(seqs if seqs is not None else [-1] * len(ids), dtype=np.int64))
     loader._consumed_steps.append(len(loader._consumed_steps))
 
 
@@ -200,7 +281,7 @@ def test_a_state_of_odb_3_keyed_by_index_still_loads_with_its_meaning() -> None:
     (lambda s: s.update(key="rank_position", version=3), "key 'rank_position' \\(version 3\\)"),
     (lambda s: s.update(key="position"), "key 'position'"),
     (lambda s: s.update(consumed={"cursor": 0, "extra": []}), "malformed consumed"),
-    (lambda s: s.update(consumed=[{"cursor": 1, "extra": [0]}]), "malformed consumed set"),
+    (lambda s: s.update(consumed=[{"cursor": 1, "extra": [0]}]), "malformed consumed\\[0\\] set"),
     (lambda s: s.update(lists=["a", "b"]), "malformed lists"),
     (lambda s: s.update(consumed=[{"cursor": 0, "extra": [1 << 62]}]), "past any list"),
     (lambda s: s.pop("consumed_ids"), "missing \\['consumed_ids'\\]"),
@@ -229,8 +310,9 @@ def test_a_position_past_the_list_is_a_clear_error() -> None:
 
 def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> None:
     """Reproducible mode: the replayed round's list is each rank's list less the positions of the rounds
-    before it. A step names indices, not positions: when another copy of an index taken before the round
-    is still free, which copy was taken is a guess, so the state resumes the ordinary (exactly-once) way."""
+    before it. Steps without seqs (a daemon older than Step.seqs) name indices, not positions: when another
+    copy of an index taken before the round is still free, which copy was taken is a guess, so the state
+    resumes the ordinary (exactly-once) way."""
     plain = _loader([4, 1, 6, 0, 2])
     _taken(plain, [4, 1])  # step 0: round 0
     _taken(plain, [6])     # step 1: the first of round 1's three steps, the checkpoint
@@ -249,3 +331,36 @@ def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> N
     state = repeated.state_dict()
     assert state["replay"] is None  # index 0 waits at 4 more positions: which one round 0 took is unknown
     assert state["consumed"] == [{"cursor": 2, "extra": [3]}]  # positions 0, 1 and 3
+
+
+def test_steps_with_seqs_key_the_exact_copy_and_the_replay_stays_exact() -> None:
+    """Each step names its samples' seqs (Step.seqs), so the copy of a repeated index a step took is known:
+    the state names exactly those positions and a reproducible resume replays the round (no guess)."""
+    repeated = _loader(LIST)
+    _taken(repeated, [0, 3], seqs=[2, 1])  # round 0: the second copy of 0 (position 2) and position 1
+    _taken(repeated, [1], seqs=[3])       # round 1's first step, the checkpoint
+    repeated._last_step = (1, 1, 1, 3, True)
+    state = repeated.state_dict()
+    assert state["consumed"] == [{"cursor": 0, "extra": [1, 2, 3]}]  # positions 1, 2, 3: not the first 0
+    assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
+                               "round_consumed": [{"cursor": 0, "extra": [3]}]}
+    resumed = _loader(LIST)
+    resumed.load_state_dict(state)
+    # The uninterrupted list less the positions of round 0 (1 and 2); round 1 replays from its start.
+    assert resumed.indices() == [0, 1, 0, 3, 7, 0, 2, 0, 3, 5]
+    # The resumed run's seqs index its own sent list (positions 0, 3, 4, 5, ...): seq 0 is position 0,
+    # seq 3 position 5 (the second copy of 3).
+    resumed._plan = resumed._sampler_plan()
+    resumed._consumed_epoch = resumed.epoch
+    _taken(resumed, [0, 3], seqs=[0, 3])
+    again = resumed.state_dict()
+    assert again["consumed"] == [{"cursor": 4, "extra": [5]}]
+    # A step that names a seq the rank never sent, or another index than the list holds there, is an error.
+    bad = _loader(LIST)
+    _taken(bad, [0], seqs=[len(LIST)])
+    with pytest.raises(RuntimeError, match=f"seq {len(LIST)} of this rank's list, which sent {len(LIST)}"):
+        bad.state_dict()
+    wrong = _loader(LIST)
+    _taken(wrong, [7], seqs=[0])
+    with pytest.raises(RuntimeError, match="sample 7 at seq 0, where this rank's list holds 0"):
+        wrong.state_dict()

@@ -90,6 +90,16 @@ struct Consumer::Impl {
   ForkGuard owner;  // see fork_guard.h
   zmq::context_t context{1};
   zmq::socket_t socket{context, zmq::socket_type::dealer};
+  // The socket's connection events (ZMQ_EVENT_CONNECTED): ZeroMQ reconnects
+  // by itself after a blip, and this client must then speak first (below).
+  zmq::socket_t monitor{context, zmq::socket_type::pair};
+  uint64_t connects = 0;  // CONNECTED events: the first is the initial connection
+  uint64_t reconnects = 0;
+  // Epochs asked for whose first step or summary has not come: a start_epoch
+  // the daemon read after its connection closed is ignored (a late message
+  // is no request), so it is sent again after a reconnect. The daemon ignores
+  // a repeat of an epoch it already has (StartEpoch is idempotent).
+  std::map<uint32_t, wire::TrainerMessage> pending_starts;
   bool owe_credit = false;
   uint64_t data_wait_us = 0;  // reported since the last credit (Credit.data_wait_us)
   // The session's routing id: the daemon serves one trainer session and, if
@@ -159,6 +169,66 @@ struct Consumer::Impl {
     return ResolvedBlock{reinterpret_cast<const uint8_t*>(bytes->data()), std::move(holder)};
   }
 
+  // Handles the connection events queued so far: after a reconnect the
+  // daemon revives the session only on a message from the new connection,
+  // and forgets a start_epoch that came on the old one after it closed. So
+  // the client announces itself again (a credit of 0 steps: the daemon
+  // re-sends the steps it had not acknowledged) and re-sends every epoch
+  // request not yet answered, with the same fields.
+  absl::Status OnMonitor() {
+    bool reconnected = false;
+    while (true) {
+      zmq::message_t event;
+      zmq::recv_result_t got;
+      try {
+        got = monitor.recv(event, zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        return absl::OkStatus();  // the monitor is gone (the socket closes): nothing to do
+      }
+      if (!got) break;
+      if (event.more()) {  // the second frame (the endpoint): not needed
+        zmq::message_t endpoint;
+        (void)monitor.recv(endpoint, zmq::recv_flags::dontwait);
+      }
+      if (event.size() < 6) continue;
+      uint16_t id = 0;
+      std::memcpy(&id, event.data(), sizeof(id));
+      if (id == ZMQ_EVENT_CONNECTED && ++connects > 1) reconnected = true;
+    }
+    if (!reconnected) return absl::OkStatus();
+    ++reconnects;
+    wire::TrainerMessage hello;
+    hello.set_version(wire::PROTOCOL_VERSION_CURRENT);
+    hello.mutable_credit()->set_steps(0);
+    if (absl::Status s = SendTrainer(hello); !s.ok()) return s;
+    for (const auto& [epoch, start] : pending_starts) {
+      if (absl::Status s = SendTrainer(start); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until a message is there to read (true) or `timeout_ms` passed
+  // (false), handling connection events meanwhile.
+  absl::StatusOr<bool> WaitReadable(int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      if (absl::Status s = OnMonitor(); !s.ok()) return s;
+      if (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) return true;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 2, left);
+      } catch (const zmq::error_t& e) {
+        // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
+        // exits) interrupts the wait: that is not an error, wait on.
+        if (e.num() != EINTR) throw;
+      }
+    }
+  }
+
   absl::Status SendTrainer(const wire::TrainerMessage& m) {
     std::string bytes = m.SerializeAsString();
     try {
@@ -201,6 +271,14 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
     std::snprintf(id, sizeof(id), "trainer-%08x%08x", random(), random());
     impl->session = id;
     impl->socket.set(zmq::sockopt::routing_id, impl->session);
+    // The monitor first, so that the initial connection is its first CONNECTED.
+    const char* monitor_endpoint = "inproc://odb-consumer-monitor";  // this consumer's own context
+    if (zmq_socket_monitor(impl->socket.handle(), monitor_endpoint, ZMQ_EVENT_CONNECTED) != 0) {
+      return absl::InternalError(std::string("cannot monitor the trainer socket: ") +
+                                 zmq_strerror(zmq_errno()));
+    }
+    impl->monitor.set(zmq::sockopt::linger, 0);
+    impl->monitor.connect(monitor_endpoint);
     impl->socket.connect(options.endpoint);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError("cannot connect to '" + options.endpoint + "': " + e.what());
@@ -223,8 +301,35 @@ absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, u
   m.mutable_start_epoch()->set_expected_producers(expected_producers);
   m.mutable_start_epoch()->set_first_round(first_round);
   m.mutable_start_epoch()->set_first_step(first_step);
+  impl_->pending_starts[epoch] = m;
   return impl_->SendTrainer(m);
 }
+
+absl::Status Consumer::StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers,
+                                             uint64_t first_round, uint64_t first_step) {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
+  wire::TrainerMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_start_epoch()->set_epoch(epoch);
+  m.mutable_start_epoch()->set_expected_producers(expected_producers);
+  m.mutable_start_epoch()->set_first_round(first_round);
+  m.mutable_start_epoch()->set_first_step(first_step);
+  impl_->pending_starts[epoch] = m;  // sent, as far as this client knows; the daemon never acts on it
+  return absl::OkStatus();
+}
+
+absl::Status Consumer::ReconnectForTest() {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
+  try {
+    impl_->socket.disconnect(impl_->options.endpoint);
+    impl_->socket.connect(impl_->options.endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError("reconnect to '" + impl_->options.endpoint + "' failed: " + e.what());
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Consumer::reconnects() const { return impl_->reconnects; }
 
 absl::StatusOr<Delivery> Consumer::Next() {
   if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
@@ -240,6 +345,13 @@ absl::StatusOr<Delivery> Consumer::Next() {
   while (true) {
   auto frames = std::make_shared<std::vector<zmq::message_t>>();
   try {
+    absl::StatusOr<bool> readable = impl_->WaitReadable(impl_->options.receive_timeout_ms);
+    if (!readable.ok()) return readable.status();
+    if (!*readable) {
+      return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
+                                         " within " + std::to_string(impl_->options.receive_timeout_ms) +
+                                         " ms: is odbd running, and are its producers sending?");
+    }
     do {
       zmq::message_t part;
       // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
@@ -280,6 +392,10 @@ absl::StatusOr<Delivery> Consumer::Next() {
       DecodeDelivery(std::move(frames), impl_->options.endpoint,
                      [this](uint64_t g, uint64_t o, uint64_t l) { return impl_->ResolveBlock(g, o, l); });
   if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
+  if (d.ok()) {
+    // The epoch is answered: a reconnect from now on needs no request again.
+    impl_->pending_starts.erase(d->kind == Delivery::Kind::kStep ? d->step.epoch : d->summary.epoch);
+  }
   if (d.ok() && d->kind == Delivery::Kind::kStep) {
     // After a reconnect the daemon re-sends the steps it had no credit for;
     // the ones delivered already are dropped here (steps arrive in order).

@@ -112,6 +112,15 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   d.step.sample_ids.assign(st.sample_ids().begin(), st.sample_ids().end());
   d.step.lengths.assign(st.lengths().begin(), st.lengths().end());
   d.step.owner_ranks.assign(st.owner_ranks().begin(), st.owner_ranks().end());
+  if (st.seqs_size() == st.sample_ids_size() && st.has_seq_size() == st.sample_ids_size()) {
+    d.step.seqs.reserve(st.seqs_size());
+    for (int i = 0; i < st.seqs_size(); ++i) {
+      d.step.seqs.push_back(st.has_seq(i) ? std::optional<uint64_t>(st.seqs(i)) : std::nullopt);
+    }
+  } else {
+    // A daemon older than the fields sends neither list: every seq unknown.
+    d.step.seqs.assign(st.sample_ids_size(), std::nullopt);
+  }
   d.step.samples_may_move = st.samples_may_move();
   d.step.deterministic = st.deterministic();
   d.step.rejections_are_errors = st.rejections_are_errors();
@@ -128,21 +137,23 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   d.step.llm_audio_src_rank.assign(st.llm_audio_src_rank().begin(), st.llm_audio_src_rank().end());
   // Consumers index these lists in parallel: they must agree in length.
   const int n = st.sample_ids_size(), e = st.enc_sample_ids_size(), a = st.audio_sample_ids_size();
-  if (st.lengths_size() != n || st.owner_ranks_size() != n ||
-      (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) || st.enc_owner_ranks_size() != e ||
-      st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
-      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) || st.audio_owner_ranks_size() != a ||
-      st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
+  if (st.lengths_size() != n || st.owner_ranks_size() != n || (st.seqs_size() != 0 && st.seqs_size() != n) ||
+      st.has_seq_size() != st.seqs_size() || (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) ||
+      st.enc_owner_ranks_size() != e || st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
+      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) ||
+      st.audio_owner_ranks_size() != a || st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
     return absl::DataLossError(
         "step " + std::to_string(st.step_index()) + " from the daemon at " + endpoint_for_errors +
         ": per-sample lists disagree in length (sample_ids " + std::to_string(n) + ", lengths " +
         std::to_string(st.lengths_size()) + ", owner_ranks " + std::to_string(st.owner_ranks_size()) +
+        ", seqs " + std::to_string(st.seqs_size()) + ", has_seq " + std::to_string(st.has_seq_size()) +
         ", llm_src_rank " + std::to_string(st.llm_src_rank_size()) + ", enc_sample_ids " + std::to_string(e) +
         ", enc_owner_ranks " + std::to_string(st.enc_owner_ranks_size()) + ", enc_dest_rank " +
-        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " + std::to_string(st.enc_dest_index_size()) +
-        ", llm_audio_src_rank " + std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " +
-        std::to_string(a) + ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) +
-        ", audio_dest_rank " + std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
+        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " +
+        std::to_string(st.enc_dest_index_size()) + ", llm_audio_src_rank " +
+        std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " + std::to_string(a) +
+        ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) + ", audio_dest_rank " +
+        std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
         std::to_string(st.audio_dest_index_size()) + ")");
   }
 

@@ -61,6 +61,9 @@ class StepInfo:
     def owner_ranks(self) -> List[int]:
         """Rank that received each sample."""
     @property
+    def seqs(self) -> List[Optional[int]]:
+        """Each sample's position in its owner rank's list (its seq), None where it had none."""
+    @property
     def real_tokens(self) -> int:
         """This rank's tokens in the step."""
     @property
@@ -233,6 +236,12 @@ class Consumer:
     @property
     def arena_note(self) -> str:
         """Why an offered step arena is not used ('' otherwise)."""
+    @property
+    def reconnects(self) -> int:
+        """Connection blips survived: after each the session is announced again and unanswered start_epoch
+        requests are re-sent."""
+    def _start_epoch_lost_for_test(self, epoch: int, expected_producers: int = 0) -> None: ...
+    def _reconnect_for_test(self) -> None: ...
     def step_arena_stats(self) -> Optional[Dict[str, int]]:
         """The mapped step arena's counters (generation, capacity_bytes, held_steps, returned_steps,
         return_failures), or None without one."""

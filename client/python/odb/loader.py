@@ -54,6 +54,7 @@ from .state_codec import compress_ints as compress_ints
 from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint, take_positions
 from .state_codec import compress_mask as compress_mask
 from .state_codec import expand_ints as expand_ints
+from .state_codec import is_int, packed_top
 from .step import _MISSING as _MISSING
 from .step import Step as Step
 
@@ -62,6 +63,26 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
+
+
+def _check_int(value: Any, name: str, minimum: Optional[int]) -> int:
+    """A state field that must be an integer (at least `minimum`): its value, or ValueError naming it."""
+    if not is_int(value):
+        raise ValueError(f"odb loader state: {name} must be an integer, got {value!r}")
+    if minimum is not None and int(value) < minimum:
+        raise ValueError(f"odb loader state: {name} is {int(value)}, below {minimum}")
+    return int(value)
+
+
+def _step_seqs(info: Any, n: int) -> np.ndarray:
+    """A step's per-sample seqs (Step.seqs) as int64, -1 for a sample whose seq the step does not give."""
+    seqs = info.get("seqs")
+    if seqs is None or len(seqs) != n:
+        return np.full(n, -1, dtype=np.int64)
+    try:
+        return np.asarray(seqs, dtype=np.int64)
+    except (TypeError, OverflowError):  # None among them (a sample without seq), or past int64
+        return np.asarray([-1 if q is None or q >= 1 << 63 else q for q in seqs], dtype=np.int64)
 
 
 def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
@@ -241,6 +262,9 @@ class OdbDataLoader:
         # (rank, position) pairs of the ranks' lists, or ids from an older state).
         self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
         self._consumed_owners: List[Any] = []  # per step: the rank whose list each of its samples came from
+        # per step: each sample's seq (its index among the positions its owner rank sent), -1 where the
+        # step did not say (a daemon older than Step.seqs, or a sample sent without seq)
+        self._consumed_seqs: List[Any] = []
         self._consumed_steps: List[int] = []  # the step index of each _consumed_ids entry
         # The loaded state's key: "position", "id" (a custom sampler's state from odb < state version 4:
         # dataset indices, every position of one consumed) or "rank_position" (_resume_keys then holds
@@ -563,11 +587,13 @@ class OdbDataLoader:
         """A custom sampler's consumed samples as positions in each rank's list ("rank_position"):
         (key, consumed, the replayed round's consumed, the extra state keys, whether a replay is exact).
 
-        A step names its samples by dataset index, so a rank maps the trained copies of an index that
-        came from its own list (their owner rank) to that index's free positions in list order
-        (take_positions). With samples moving between ranks (global planner) a rank's samples may be
-        trained by another rank: the first all_gather hands every rank all trained samples and their
-        owners, the second each rank's positions."""
+        A step names each sample's seq (Step.seqs: the sample's index among the positions its owner rank
+        sent), so a rank maps the trained samples of its own list to their positions exactly:
+        plan.sent[seq]. Only when a step does not give a seq (a daemon older than the field) are the
+        trained copies of an index mapped to its first free positions in list order (take_positions), and
+        a replay is then exact only where no other copy of the index was free. With samples moving between
+        ranks (global planner) a rank's samples may be trained by another rank: the first all_gather hands
+        every rank all trained samples, their owners and seqs, the second each rank's positions."""
         plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
         world = self.world_size
         if plan is None:
@@ -586,16 +612,23 @@ class OdbDataLoader:
                      "lists": list(self._resume_fingerprints or [None] * lists)}, False)
         owners = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_owners])
                   if self._consumed_owners else np.zeros(0, dtype=np.int64))
+        seqs = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_seqs])
+                if self._consumed_seqs else np.zeros(0, dtype=np.int64))
+        if seqs.size != ids.size:  # steps recorded without seqs (a test double): every seq unknown
+            seqs = np.full(ids.size, -1, dtype=np.int64)
         if gathering:
             gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (ids, owners, in_round))
+            torch.distributed.all_gather_object(gathered, (ids, owners, in_round, seqs))
             ids = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
             owners = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
             in_round = np.concatenate([np.asarray(g[2], dtype=bool) for g in gathered])
+            seqs = np.concatenate([np.asarray(g[3], dtype=np.int64) for g in gathered])
         if owners.size and (owners.min() < 0 or owners.max() >= world):
             raise RuntimeError(f"odb: a step named owner rank {int(owners.max())} in a world of {world}")
         n = len(self.dataset)  # type: ignore[arg-type]
         mine = owners == self.rank
+        if not (seqs[mine] < 0).any():
+            return self._sampler_consumed_by_seq(plan, epoch, ids, mine, in_round, seqs, loaded_in_round, gathering)
         # Copies trained in the rounds before the replayed one come first in training order, so they
         # take an index's first free positions, the replayed round's copies the next ones.
         before = np.bincount(ids[mine & ~in_round], minlength=n)
@@ -624,6 +657,47 @@ class OdbDataLoader:
             free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
             exact = bool(np.all(free == before[index]))
         mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, exact)
+        return self._rank_position_state(mine_state, gathering)
+
+    def _sampler_consumed_by_seq(self, plan: "_SamplerPlan", epoch: int, ids: np.ndarray, mine: np.ndarray,
+                                 in_round: np.ndarray, seqs: np.ndarray, loaded_in_round: bool,
+                                 gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
+        """_sampler_consumed when every trained sample of this rank's list came with its seq: its position
+        is plan.sent[seq], exactly (no per-index sort, no guess), so a replay is always exact."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        own = seqs[mine]
+        if own.size and int(own.max()) >= plan.sent.size:
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names seq {int(own.max())} of this "
+                               f"rank's list, which sent {plan.sent.size} samples: did the daemon or the sampler "
+                               f"change while the epoch ran?")
+        positions = plan.sent[own]
+        if own.size and not np.array_equal(plan.full[positions], ids[mine]):
+            k = int(np.argmax(plan.full[positions] != ids[mine]))
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names sample {int(ids[mine][k])} at "
+                               f"seq {int(own[k])}, where this rank's list holds {int(plan.full[positions[k]])}: did "
+                               f"the sampler's list change while the epoch ran?")
+        round_positions = plan.sent[seqs[mine & in_round]]
+        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
+        taken[plan.consumed_before] = True
+        taken[positions] = True
+        consumed = np.flatnonzero(taken)
+        if consumed.size != plan.consumed_before.size + positions.size:
+            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a position of this rank's list was trained "
+                               f"twice (the steps name {positions.size} samples of it, "
+                               f"{consumed.size - plan.consumed_before.size} distinct new positions)")
+        if loaded_in_round:
+            assert self._replay is not None
+            round_positions = np.concatenate(
+                [round_positions, self._consumed_positions(plan.full, self._replay["in_round"], plan.fingerprint)])
+        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, True)
+        return self._rank_position_state(mine_state, gathering)
+
+    def _rank_position_state(self, mine_state: Tuple[Any, ...],
+                             gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
+        """Every rank's (consumed, round positions, consumed ids, fingerprint, exact) as the state's
+        "rank_position" entries (an all_gather when torch.distributed is initialized)."""
+        world = self.world_size
+        n = len(self.dataset)  # type: ignore[arg-type]
         if gathering:
             states: List[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(states, mine_state)
@@ -647,7 +721,7 @@ class OdbDataLoader:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                              f"expected {STATE_FORMAT!r})")
-        if state.get("version") not in range(1, STATE_VERSION + 1) or isinstance(state.get("version"), bool):
+        if not is_int(state.get("version")) or state.get("version") not in range(1, STATE_VERSION + 1):
             raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
                              f"(it reads versions 1 to {STATE_VERSION}); resume with the odb that wrote it")
         required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
@@ -655,6 +729,16 @@ class OdbDataLoader:
         missing = [k for k in required if k not in state]
         if missing:
             raise ValueError(f"odb loader state is truncated: missing {missing}")
+        # Every field of the type state_dict() writes: int() or bool() of something else (a float, a
+        # string "false") would load a silently different state.
+        for name, minimum in (("epoch", 0), ("seed", None), ("dataset_len", 0), ("world_size", 1)):
+            _check_int(state[name], name, minimum)
+        for name in ("epoch_complete", "shuffle", "custom_sampler"):
+            if not isinstance(state[name], (bool, np.bool_)):
+                raise ValueError(f"odb loader state: {name} must be true or false, got {state[name]!r}")
+        for name in ("scope", "key"):
+            if not isinstance(state[name], str):
+                raise ValueError(f"odb loader state: {name} must be a string, got {state[name]!r}")
         n = len(self.dataset)  # type: ignore[arg-type]
         if int(state["dataset_len"]) != n:
             raise ValueError(f"odb loader state is for a dataset of {state['dataset_len']} samples, this one has {n}")
@@ -682,8 +766,8 @@ class OdbDataLoader:
             missing = [k for k in ("consumed_ids", "lists") if k not in state]
             if missing:
                 raise ValueError(f"odb loader state is truncated: missing {missing}")
-            lists, keys = self._rank_positions(state["consumed"], "consumed")
-            resume_ids = expand_ints(state["consumed_ids"])
+            lists, keys = self._rank_positions(state["consumed"], "consumed", state.get("lists"))
+            resume_ids = expand_ints(state["consumed_ids"], "consumed_ids", n, "dataset index")
             fingerprints = state["lists"]
             if (not isinstance(fingerprints, (list, tuple)) or len(fingerprints) != lists
                     or not all(f is None or isinstance(f, str) for f in fingerprints)):
@@ -691,7 +775,7 @@ class OdbDataLoader:
                                  f"{lists} of them): {fingerprints!r}")
             fingerprints = list(fingerprints)
         else:
-            keys = expand_ints(state["consumed"])
+            keys = expand_ints(state["consumed"], "consumed", n, "position" if key == "position" else "dataset index")
         if key == "position" and keys.size and int(keys.max()) >= n:
             raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
         named = keys if key == "id" else resume_ids  # dataset indices
@@ -701,13 +785,17 @@ class OdbDataLoader:
         loaded_replay: Optional[Dict[str, Any]] = None
         if replay is not None:
             try:
-                loaded_replay = {k: int(replay[k]) for k in ("round", "first_step", "next_step", "world_size")}
+                if not isinstance(replay, Mapping):
+                    raise TypeError(f"a mapping or null, got {type(replay).__name__}")
+                loaded_replay = {k: _check_int(replay[k], f"replay.{k}", 0)
+                                 for k in ("round", "first_step", "next_step", "world_size")}
                 if key == "rank_position":
-                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed")
+                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed",
+                                                                 state.get("lists"))
                     if round_lists != lists:
                         raise ValueError(f"{round_lists} rank lists, the consumed set has {lists}")
                 else:
-                    in_round = expand_ints(replay["round_consumed"])
+                    in_round = expand_ints(replay["round_consumed"], "replay.round_consumed", n)
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"odb loader state: malformed replay entry ({e!r})") from None
             if (min(loaded_replay.values()) < 0 or loaded_replay["next_step"] < loaded_replay["first_step"]
@@ -720,13 +808,19 @@ class OdbDataLoader:
             loaded_replay["before_round"] = np.setdiff1d(consumed_set, in_round)
         job = state.get("job") or {}  # version 3: budgets' and schedules' counters
         try:
-            counters = {k: int(job.get(k, 0)) for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps",
-                                                         "epoch_loss_tokens")}
-            job_epoch = None if job.get("epoch") is None else int(job["epoch"])
+            if not isinstance(job, Mapping):
+                raise TypeError(f"a mapping, got {type(job).__name__}")
+            counters = {k: _check_int(job.get(k, 0), f"job.{k}", None)
+                        for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps", "epoch_loss_tokens")}
+            job_epoch = None if job.get("epoch") is None else _check_int(job["epoch"], "job.epoch", 0)
+            if not isinstance(job.get("epoch_from_start", False), (bool, np.bool_)):
+                raise TypeError(f"job.epoch_from_start must be true or false, got {job['epoch_from_start']!r}")
             completed = job.get("completed_epoch")
+            if completed is not None and not isinstance(completed, Mapping):
+                raise TypeError(f"job.completed_epoch must be a mapping or null, got {completed!r}")
             if completed is not None:
-                completed = {"epoch": int(completed["epoch"]), "optimizer_steps": int(completed["optimizer_steps"]),
-                             "loss_tokens": int(completed["loss_tokens"])}
+                completed = {k: _check_int(completed[k], f"job.completed_epoch.{k}", 0)
+                             for k in ("epoch", "optimizer_steps", "loss_tokens")}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
         if min(counters.values()) < 0:
@@ -758,22 +852,35 @@ class OdbDataLoader:
             self._replay = loaded_replay
         self._consumed_ids = []
         self._consumed_owners = []
+        self._consumed_seqs = []
         self._consumed_steps = []
         self._consumed_epoch = None
         self._plan = None
         self._last_step = None
 
     @staticmethod
-    def _rank_positions(value: Any, name: str) -> Tuple[int, np.ndarray]:
+    def _rank_positions(value: Any, name: str, fingerprints: Any = None) -> Tuple[int, np.ndarray]:
         """A "rank_position" state's per-rank packed positions: (the number of rank lists, their
-        encode_rank_positions codes); ValueError naming `name` when malformed."""
+        encode_rank_positions codes); ValueError naming `name` when malformed, or when a rank's positions
+        go past its list's length (the fingerprint "<len>:<hex>" says it; checked again against the
+        list the sampler draws)."""
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
             raise ValueError(f"odb loader state: malformed {name} (a list of one {{cursor, extra}} per rank list, "
                              f"got {type(value).__name__})")
-        per_rank = [expand_ints(v) for v in value]
-        limit = (1 << 62) // len(per_rank)
-        if any(p.size and int(p[-1]) >= limit for p in per_rank):
-            raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+        limit = (1 << 62) // len(value)
+        per_rank = []
+        for r, v in enumerate(value):
+            known = fingerprints[r] if isinstance(fingerprints, (list, tuple)) and len(fingerprints) == len(value) \
+                else None
+            length = known.partition(":")[0] if isinstance(known, str) else ""
+            top = packed_top(v)  # checked before expanding: a hostile cursor must not become a huge array
+            if top is not None and top > limit:
+                raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
+            if top is not None and length.isdigit() and top > int(length):
+                raise ValueError(f"odb loader state: {name}[{r}] names position {top - 1} of rank {r}'s list, "
+                                 f"which held {int(length)} indices when the state was taken (its lists "
+                                 f"fingerprint): a corrupt state")
+            per_rank.append(expand_ints(v, f"{name}[{r}]", limit, f"rank {r}'s list position"))
         return len(per_rank), encode_rank_positions(per_rank)
 
     # ----- iteration -----------------------------------------------------------
@@ -868,6 +975,7 @@ class OdbDataLoader:
         self.dropped_trailing_idle = 0
         self._consumed_ids = []
         self._consumed_owners = []
+        self._consumed_seqs = []
         self._consumed_steps = []
         self._consumed_epoch = epoch
         self._last_step = None
@@ -948,6 +1056,7 @@ class OdbDataLoader:
                 owners = np.asarray(info["owner_ranks"], dtype=np.int64)
                 self._consumed_ids.append(ids)
                 self._consumed_owners.append(owners if owners.size == ids.size else np.full(ids.size, self.rank))
+                self._consumed_seqs.append(_step_seqs(info, ids.size))
                 self._consumed_steps.append(int(info["step_index"]))
                 remember(info)
                 batch = _to_torch(delivery)

@@ -38,16 +38,57 @@ def compress_mask(consumed: np.ndarray) -> Dict[str, Any]:
     return {"cursor": cursor, "extra": (np.flatnonzero(consumed[cursor:]) + cursor).tolist()}
 
 
-def expand_ints(packed: Mapping[str, Any]) -> np.ndarray:
-    """The inverse of compress_ints; raises ValueError on a malformed value."""
+def is_int(value: Any) -> bool:
+    """An integer of the state (Python or numpy), not a bool and not a float that happens to be whole."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def packed_top(packed: Any) -> "int | None":
+    """One past the largest value a well-formed compress_ints value names (0 when empty), without
+    expanding it; None when it is malformed (expand_ints then says how)."""
+    if not isinstance(packed, Mapping) or not is_int(packed.get("cursor")):
+        return None
+    extra = packed.get("extra")
+    if not isinstance(extra, (list, tuple)) or not all(is_int(v) for v in extra[-1:]):
+        return None
+    return max(int(packed["cursor"]), int(extra[-1]) + 1 if len(extra) else 0)
+
+
+def expand_ints(packed: Mapping[str, Any], name: str = "consumed", limit: "int | None" = None,
+                unit: str = "entry") -> np.ndarray:
+    """The inverse of compress_ints; raises ValueError naming `name` on a malformed value (not a
+    {cursor, extra} of non-negative integers in order) or one at or past `limit` (checked before
+    anything is allocated: a hostile cursor must not become a huge array)."""
+    if not isinstance(packed, Mapping) or "cursor" not in packed or "extra" not in packed:
+        raise ValueError(f"odb loader state: malformed {name} set (a {{cursor, extra}} mapping, got "
+                         f"{type(packed).__name__})")
+    cursor, extra_list = packed["cursor"], packed["extra"]
+    if not is_int(cursor) or not isinstance(extra_list, (list, tuple, np.ndarray)):
+        raise ValueError(f"odb loader state: malformed {name} set (cursor {cursor!r} must be an integer, extra "
+                         f"a list of integers)")
+    if isinstance(extra_list, np.ndarray):
+        ok = extra_list.ndim == 1 and (extra_list.size == 0 or np.issubdtype(extra_list.dtype, np.integer))
+    else:
+        ok = all(is_int(v) for v in extra_list)
+    if not ok:
+        raise ValueError(f"odb loader state: malformed {name} set (extra must be a flat list of integers)")
+    cursor = int(cursor)
+    if cursor < 0 or any(int(v) < cursor for v in extra_list[:1]):
+        raise ValueError(f"odb loader state: malformed {name} set (negative, or cursor/extra out of order)")
+    top = max(cursor, int(extra_list[-1]) + 1 if len(extra_list) else 0)
+    if limit is not None and top > limit:
+        raise ValueError(f"odb loader state names {unit} {top - 1} in {name}, past the {limit} there are (a state "
+                         f"of another dataset or list, or a corrupt one)")
     try:
-        cursor = int(packed["cursor"])
-        extra = np.asarray(packed["extra"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"odb loader state: malformed consumed set ({e!r})") from None
-    if cursor < 0 or extra.ndim != 1 or (extra.size and (extra.min() < cursor or np.any(np.diff(extra) <= 0))):
-        raise ValueError("odb loader state: malformed consumed set (cursor/extra out of order)")
-    return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
+        extra = np.asarray(extra_list, dtype=np.int64)
+    except OverflowError:
+        raise ValueError(f"odb loader state: malformed {name} set (a value past int64)") from None
+    if extra.size and (extra.min() < cursor or np.any(np.diff(extra) <= 0)):
+        raise ValueError(f"odb loader state: malformed {name} set (cursor/extra out of order)")
+    try:
+        return np.concatenate([np.arange(cursor, dtype=np.int64), extra])
+    except MemoryError:
+        raise ValueError(f"odb loader state: {name} set of {cursor} entries is too large") from None
 
 
 def encode_rank_positions(per_rank: "list[np.ndarray]") -> np.ndarray:

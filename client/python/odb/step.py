@@ -37,6 +37,11 @@ class Step:
     # native Rejection objects: r.code, r.sample_id (None when unknown),
     # r.producer_id, r.message (r["code"] works too)
     rejections: List[Any] = field(default_factory=list)
+    # Each sample's seq (sample_ids order): its position in the list of the rank
+    # that sent it (owner rank), which tells copies of a repeated index apart;
+    # None for a sample sent without one.
+    seqs: List[Optional[int]] = field(default_factory=list)
+    owner_ranks: List[int] = field(default_factory=list)  # the rank that received each sample
     _delivery: Any = None
     # The header's per-phase lists (odb.phases.PHASE_FIELDS), kept apart from
     # _delivery: a pinned or dummy step drops its delivery but not its plan.

@@ -40,6 +40,10 @@ struct StepInfo : StepHeader {
   std::vector<uint64_t> sample_ids;
   std::vector<uint32_t> lengths;
   std::vector<int32_t> owner_ranks;
+  // Each sample's seq: its position in the list of the rank owner_ranks names
+  // (the producer's SampleHeader.seq), so that copies of a repeated id are
+  // told apart; nullopt for a sample sent without one. As long as sample_ids.
+  std::vector<std::optional<uint64_t>> seqs;
   bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
   bool deterministic = false;     // the daemon runs alignment.deterministic
   std::vector<Rejection> rejections;
@@ -131,6 +135,19 @@ class Consumer {
   // (docs/resume.md); 0 = from its start.
   absl::Status StartEpoch(uint32_t epoch, uint32_t expected_producers = 0, uint64_t first_round = 0,
                           uint64_t first_step = 0);
+  // Test seams (tests/python/test_py_reconnect.py) for a connection blip:
+  // ReconnectForTest drops the connection to the daemon and connects again,
+  // as ZeroMQ does by itself after a network blip; StartEpochLostForTest
+  // records an epoch request as sent without sending it, which is what the
+  // daemon makes of a start_epoch it reads after the connection it came on
+  // closed (it ignores it).
+  absl::Status ReconnectForTest();
+  absl::Status StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers = 0,
+                                     uint64_t first_round = 0, uint64_t first_step = 0);
+  // Reconnects seen so far. After each the client announces its session
+  // again and re-sends the epoch requests not yet answered (a step or the
+  // summary of that epoch).
+  uint64_t reconnects() const;
   // The next step or end of epoch. Each call (after the first step) returns one
   // credit to the daemon for the step delivered before. A fatal daemon error
   // (dead peer, version mismatch) comes back as an error Status with its text.

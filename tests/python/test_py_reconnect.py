@@ -1,0 +1,66 @@
+"""A trainer whose connection blips right after it asked for an epoch still gets the epoch (a real odbd).
+
+The daemon ignores a start_epoch it reads after the connection it came on closed (a late message from a
+closed connection is no reconnect: docs/protocol.md), so the client re-sends its unanswered start_epoch
+requests after a reconnect, and the daemon treats a repeated request for an epoch it already has as a
+no-op. The blip is forced through the client's test seams: `_reconnect_for_test` drops the connection
+and connects again (what ZeroMQ does by itself after a network blip), `_start_epoch_lost_for_test` records
+a request as sent that the daemon never acts on (what it makes of one read after the close)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import odb
+import tiny_lm
+
+N = 40
+
+
+def _send_epoch(daemon, epoch: int) -> None:
+    from odb._native import native
+
+    producer = odb.Producer(daemon.ingest, "p", 0)
+    int64 = native().DTYPES["int64"]
+    for sid in range(N):
+        ids = torch.full((3 + sid % 5,), sid, dtype=torch.int64).numpy()
+        producer.send(sid, epoch, int(ids.size), 0, 0, [("input_ids", int64, (int(ids.size),), ids)], seq=sid)
+    producer.end_stream(epoch)
+    del producer
+
+
+def _receive_epoch(consumer, epoch: int) -> tuple:
+    trained = []
+    while True:
+        delivery = consumer.next()
+        if not delivery.is_step:
+            return trained, delivery.summary
+        assert delivery.step.epoch == epoch
+        trained += list(delivery.step.sample_ids)
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["start_epoch_read_late", "start_epoch_read_in_time"])
+def test_a_blip_after_start_epoch_still_gets_the_epoch_once(run_dir, job_id, lost) -> None:
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(max_tokens=64))
+    try:
+        consumer = odb.Consumer(daemon.trainer, 15000)
+        # Epoch 0 as usual: the session is open and served.
+        consumer.start_epoch(0, 1)
+        _send_epoch(daemon, 0)
+        trained, summary = _receive_epoch(consumer, 0)
+        assert sorted(trained) == list(range(N)) and summary["emitted"] == N
+        # Epoch 1: the request goes, and the connection drops before the daemon has answered it.
+        if lost:
+            consumer._start_epoch_lost_for_test(1, 1)
+        else:
+            consumer.start_epoch(1, 1)
+        consumer._reconnect_for_test()
+        _send_epoch(daemon, 1)
+        trained, summary = _receive_epoch(consumer, 1)  # timed out after 15 s without the re-send
+        assert consumer.reconnects >= 1
+        # Once, whether the daemon had read the first request or not: a repeat starts nothing twice.
+        assert sorted(trained) == list(range(N)), trained
+        assert summary["epoch"] == 1 and summary["emitted"] == N and summary["received"] == N
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
