@@ -102,17 +102,19 @@ void TrainerChannel::OfferStepArena(const std::string& peer) {
   if (!offer->has_value()) return;
   auto parts = EncodeControl(**offer);
   if (!TrySendTo(socket_, peer, parts).ok()) {
-    spdlog::warn("step arena offer not delivered; steps go as frames");
+    if (MayLog(kLogUndelivered)) spdlog::warn("step arena offer not delivered; steps go as frames");
     return;
   }
   arena_.OfferDelivered();
 }
 
 void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
-  spdlog::warn("trainer peer {}: {}", Printable(peer), message);
+  if (MayLog(kLogRefused)) spdlog::warn("trainer peer {}: {}", Printable(peer), message);
   auto parts = FatalMessage(code, message, options_.rank);
   Transfer t = TrySendTo(socket_, peer, parts);
-  if (!t.ok()) spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
+  if (!t.ok() && MayLog(kLogUndelivered)) {
+    spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
+  }
 }
 
 bool TrainerChannel::OnReadable() {
@@ -131,15 +133,19 @@ bool TrainerChannel::OnReadable() {
     const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
     if (parts.size() != 2) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer peer {} sent a message of {} frames; a trainer message is one frame; ignored",
-                   Printable(peer), parts.size() - 1);
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn("trainer peer {} sent a message of {} frames; a trainer message is one frame; ignored",
+                     Printable(peer), parts.size() - 1);
+      }
       continue;
     }
     wire::TrainerMessage msg;
     if (!msg.ParseFromArray(parts[1].data(), static_cast<int>(parts[1].size()))) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer peer {} sent an unreadable message ({} bytes); ignored", Printable(peer),
-                   parts[1].size());
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn("trainer peer {} sent an unreadable message ({} bytes); ignored", Printable(peer),
+                     parts[1].size());
+      }
       continue;
     }
     if (msg.version() != wire::PROTOCOL_VERSION_CURRENT) {
@@ -209,10 +215,36 @@ void TrainerChannel::CountDataWait(const wire::Credit& credit) {
   const uint64_t wait_us = credit.data_wait_us();
   if (wait_us > kMaxDataWaitUs) {
     metrics_.bad_trainer_messages.fetch_add(1);
-    spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
-                 wait_us, kMaxDataWaitUs);
+    if (MayLog(kLogBadValue)) {
+      spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
+                   wait_us, kMaxDataWaitUs);
+    }
   }
   metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
+}
+
+bool TrainerChannel::MayLog(LogKind kind) {
+  LogLimit& limit = log_limits_[kind];
+  const Clock::TimePoint now = clock_.Now();
+  if (!limit.started || now - limit.window_start >= kLogWindow) {
+    limit.started = true;
+    limit.window_start = now;
+    limit.lines = 0;
+  }
+  if (limit.lines >= kLogLinesPerWindow) {
+    ++limit.skipped;
+    return false;
+  }
+  ++limit.lines;
+  if (limit.skipped > 0) {
+    spdlog::warn(
+        "trainer socket: {} more line(s) like the next were not logged (at most {} a minute; "
+        "odb_bad_trainer_messages_total, odb_refused_trainers_total and "
+        "odb_late_trainer_messages_total count every one)",
+        limit.skipped, kLogLinesPerWindow);
+    limit.skipped = 0;
+  }
+  return true;
 }
 
 uint64_t TrainerChannel::ConnectionOf(int fd) {
@@ -262,14 +294,16 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
       fatal_ = {wire::EPOCH_LOST, text};
       return false;
     }
-    if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+    if (!session_.empty() && MayLog(kLogSession)) {
+      spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+    }
     session_ = peer;
     session_fd_ = fd;
     session_connection_ = connection;
     lost_since_.reset();
     credits_ = options_.outstanding_depth;
     in_flight_.clear();
-    spdlog::info("trainer session {} started", Printable(peer));
+    if (MayLog(kLogSession)) spdlog::info("trainer session {} started", Printable(peer));
     OfferStepArena(peer);
   } else if (lost_since_ || connection != session_connection_) {
     // The session's id on a connection other than the one it is bound to:
@@ -313,10 +347,12 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
     CountDataWait(msg.credit());
   } else if (msg.has_start_epoch() && late) {
-    spdlog::info(
-        "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
-        "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
-        Printable(peer), msg.start_epoch().epoch());
+    if (MayLog(kLogLate)) {
+      spdlog::info(
+          "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
+          "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
+          Printable(peer), msg.start_epoch().epoch());
+    }
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
@@ -328,11 +364,13 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
                        state_.requested_epochs.end();
     if (state_.tracker.IsClosed(epoch) || again || state_.current_epoch == epoch) {
-      spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+      if (MayLog(kLogBadValue)) spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
     } else if (waiting >= kMaxRequestedEpochs) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                   waiting, kMaxRequestedEpochs);
+      if (MayLog(kLogBadValue)) {
+        spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
+                     waiting, kMaxRequestedEpochs);
+      }
     } else {
       state_.requested_epochs.push_back(epoch);
       if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
@@ -383,7 +421,7 @@ void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
     lost_since_ = clock_.Now();
     session_connection_ = 0;
     metrics_.trainer_disconnects.fetch_add(1);
-    spdlog::info("trainer session {} disconnected", Printable(session_));
+    if (MayLog(kLogSession)) spdlog::info("trainer session {} disconnected", Printable(session_));
   }
 }
 

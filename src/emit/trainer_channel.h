@@ -144,6 +144,32 @@ class TrainerChannel {
   // Adds a credit's data_wait_us to odb_trainer_data_wait_microseconds_total.
   void CountDataWait(const wire::Credit& credit);
 
+  // Log lines a peer can cause once per message or connection (garbage, a
+  // second trainer that keeps talking, connection churn between epochs):
+  // each kind logs at most kLogLinesPerWindow per kLogWindow on the injected
+  // clock; the rest are counted and the next line logged says how many were
+  // not. The metrics count every occurrence; nothing else is dropped.
+  enum LogKind {
+    kLogMalformed,
+    kLogRefused,
+    kLogUndelivered,
+    kLogBadValue,
+    kLogLate,
+    kLogSession,
+    kLogKinds
+  };
+  struct LogLimit {
+    Clock::TimePoint window_start{};
+    bool started = false;
+    uint32_t lines = 0;    // logged in the current window
+    uint64_t skipped = 0;  // not logged since the last line of this kind
+  };
+  static constexpr auto kLogWindow = std::chrono::seconds(60);
+  static constexpr uint32_t kLogLinesPerWindow = 20;
+  // Whether a line of `kind` may be logged now (after a note of how many of
+  // its kind were not, if any).
+  bool MayLog(LogKind kind);
+
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
   // Sends session_ack to `peer`; false when no such peer is connected.
   bool Acknowledge(const std::string& peer);
@@ -189,6 +215,7 @@ class TrainerChannel {
   std::optional<Contender> contender_;
   static constexpr auto kContenderGrace = std::chrono::seconds(2);
   static constexpr size_t kContenderMessages = 16;
+  LogLimit log_limits_[kLogKinds];
 };
 
 }  // namespace odb::emit
