@@ -517,7 +517,8 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       std::memcpy(&size, out.data() + frame * static_cast<size_t>(r), kHeader);
       if (size > options_.max_message_bytes) {
         return corrupt("rank " + std::to_string(r) + " announced a message of " + std::to_string(size) +
-                       " bytes, over the limit of " + std::to_string(options_.max_message_bytes) + " per rank",
+                           " bytes, over the limit of " + std::to_string(options_.max_message_bytes) +
+                           " per rank",
                        r);
       }
       sizes[r] = static_cast<size_t>(size);
@@ -525,9 +526,9 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       total += sizes[r];
       if (total > options_.max_gather_bytes) {
         return corrupt("ranks 0-" + std::to_string(r) + " announced " + std::to_string(total) +
-                       " bytes together, over the limit of " + std::to_string(options_.max_gather_bytes) +
-                       " for one all-gather (rank " + std::to_string(r) + " announced " +
-                       std::to_string(size) + ")",
+                           " bytes together, over the limit of " + std::to_string(options_.max_gather_bytes) +
+                           " for one all-gather (rank " + std::to_string(r) + " announced " +
+                           std::to_string(size) + ")",
                        r);
       }
       if (sizes[r] > slot) {

@@ -299,7 +299,10 @@ TEST_CASE("gloo: a peer announcing a garbage message size is refused by every ra
 // group stays in step); one byte over the total is refused on every rank.
 // A rank whose own, true message is over the limit is told so (its window),
 // the others name it.
-TEST_CASE("gloo: headers at exactly the limits or empty are taken, one byte over is not; an honest oversized message is named as such", "[gloo]") {
+TEST_CASE(
+    "gloo: headers at exactly the limits or empty are taken, one byte over is not; an honest oversized "
+    "message is named as such",
+    "[gloo]") {
   const size_t kMaxMessage = size_t{1} << 20;
   constexpr size_t kSmall = 300;
   constexpr int kWorld = 3;

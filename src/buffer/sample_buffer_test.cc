@@ -408,8 +408,8 @@ TEST_CASE("the run cap: exactly max_runs runs, the setting named, a closed epoch
   REQUIRE_FALSE(b.Add(AtSeq(10, 1, 10)).has_value());
   CHECK(b.SeqRuns(0) + b.SeqRuns(1) == kMaxRuns);
   // One more run in either epoch (or one more id without seq) is over.
-  for (const auto& [epoch, seq] : std::vector<std::pair<uint32_t, std::optional<uint64_t>>>{
-           {1, 20}, {0, 8}, {1, std::nullopt}}) {
+  for (const auto& [epoch, seq] :
+       std::vector<std::pair<uint32_t, std::optional<uint64_t>>>{{1, 20}, {0, 8}, {1, std::nullopt}}) {
     const uint64_t id = seq.value_or(777);
     auto r = b.Add(AtSeq(id, epoch, seq));
     INFO("epoch " << epoch << " id " << id);

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
   // Checked here: a negative value would read as "not given" below and be
   // ignored silently.
-  app.add_option("--rank", rank, "this rank (default: $RANK or the config)")->check(CLI::Range(0, std::numeric_limits<int>::max()));
+  app.add_option("--rank", rank, "this rank (default: $RANK or the config)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--run-dir", run_dir, "directory for ipc sockets and the FileStore");
