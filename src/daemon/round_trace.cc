@@ -34,8 +34,9 @@ absl::StatusOr<std::unique_ptr<RoundTrace>> RoundTrace::Open(const std::string& 
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode))) {
     ::close(fd);
-    return absl::FailedPreconditionError(what + ": not a regular file (a FIFO or socket would block or refuse "
-                                                "the writes); give a file path");
+    return absl::FailedPreconditionError(what +
+                                         ": not a regular file (a FIFO or socket would block or refuse "
+                                         "the writes); give a file path");
   }
   if (S_ISREG(st.st_mode)) {
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -83,8 +84,8 @@ void RoundTrace::Append(uint64_t round, int64_t entry_ns, int64_t exit_ns, int64
   if (!last_warning_ || now - *last_warning_ >= kWarningInterval) {
     last_warning_ = now;
     spdlog::warn(
-        "round_trace '{}': round {}'s line not written ({}); the round goes on without it ({} line(s) dropped "
-        "so far; told at most once a minute)",
+        "round_trace '{}': round {}'s line not written ({}); the round goes on without it "
+        "({} line(s) dropped so far; told at most once a minute)",
         path_, round, Errno(err), dropped_);
   }
 }

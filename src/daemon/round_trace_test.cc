@@ -55,8 +55,8 @@ TEST_CASE("round_trace: a second writer of the same file is refused and truncate
   REQUIRE_FALSE(second.ok());
   CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(second.status().message()),
-             Catch::Contains("round_trace") && Catch::Contains(path) && Catch::Contains("another process writes it") &&
-                 Catch::Contains("{rank}"));
+             Catch::Contains("round_trace") && Catch::Contains(path) &&
+                 Catch::Contains("another process writes it") && Catch::Contains("{rank}"));
   (*first)->Append(1, 4, 5, 6);
   CHECK(Read(path) == "0 1 2 3\n1 4 5 6\n");
   first->reset();
@@ -74,7 +74,8 @@ TEST_CASE("round_trace: a FIFO, a directory or a missing directory is refused at
     INFO(path);
     auto trace = RoundTrace::Open(path);
     REQUIRE_FALSE(trace.ok());
-    CHECK_THAT(std::string(trace.status().message()), Catch::Contains("round_trace: cannot write '" + path + "'"));
+    CHECK_THAT(std::string(trace.status().message()),
+               Catch::Contains("round_trace: cannot write '" + path + "'"));
   }
   CHECK_THAT(std::string(RoundTrace::Open(fifo).status().message()), Catch::Contains("regular file"));
   std::filesystem::remove_all(dir);
