@@ -65,6 +65,16 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
              clock) {}
 
 absl::Status TrainerChannel::Bind() {
+  // Connection tracking relies on the monitor reporting a connection's
+  // accept before its close: true with one I/O thread (the listener emits
+  // the accept before the new connection's engine first runs, on the same
+  // thread). With more, an engine on another thread may report its close
+  // first, and a closed connection would stay "open" in the table.
+  if (const int io_threads = zmq_ctx_get(context_.handle(), ZMQ_IO_THREADS); io_threads != 1) {
+    return absl::InternalError(
+        "the trainer channel needs a ZeroMQ context with one I/O thread (this one has " +
+        std::to_string(io_threads) + "): its connection events must arrive in order");
+  }
   try {
     EnsureIpcDirectory(options_.endpoint);
     socket_.set(zmq::sockopt::linger, 1000);
@@ -78,7 +88,11 @@ absl::Status TrainerChannel::Bind() {
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-      return absl::InternalError("cannot monitor the trainer socket");
+      // Without it no message could ever open a session: refuse to start.
+      return absl::InternalError(std::string("cannot monitor the trainer socket's connections (") +
+                                 zmq_strerror(zmq_errno()) +
+                                 "); the daemon cannot tell a trainer's messages "
+                                 "from a closed connection's without it");
     }
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);

@@ -432,3 +432,62 @@ TEST_CASE("a second trainer is held for the contender grace of the injected cloc
 
 }  // namespace
 }  // namespace odb::emit
+
+namespace odb::emit {
+namespace {
+
+// With more than one I/O thread a connection's close may be reported before
+// its accept (the engine runs on another thread than the listener): the
+// table would keep a closed connection open. The channel refuses such a
+// context rather than track connections wrongly.
+TEST_CASE("a context with more than one I/O thread is refused at Bind, saying why") {
+  zmq::context_t context(2);
+  DaemonState state(1 << 20, 64, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("odb-trainer-channel-io-" + std::to_string(getpid()));
+  TrainerChannelOptions options;
+  options.endpoint = "ipc://" + dir + "/out.sock";
+  options.step_arena = false;
+  TrainerChannel channel(context, options, state, metrics, clock);
+  const absl::Status s = channel.Bind();
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("one I/O thread") && Catch::Contains("has 2"));
+  std::filesystem::remove_all(dir);
+}
+
+// 1,500 connections that each send a credit and close while the session is
+// open, pumped as the daemon's loop does: the table of open connections
+// comes back to the session's own (one entry per open descriptor, never one
+// per connection ever made), none of them contends for or takes the
+// session, and the session still gets its steps.
+TEST_CASE("connection churn: the open-connection table stays bounded and the session keeps its steps") {
+  Fixture f("churn", /*outstanding_depth=*/2);
+  f.OpenSession();
+  REQUIRE(f.channel->open_connections() == 1);
+  const int session_fd = f.channel->session_fd();
+  for (int batch = 0; batch < 15; ++batch) {
+    std::vector<zmq::socket_t> peers;
+    for (int i = 0; i < 100; ++i) {
+      zmq::socket_t& peer = peers.emplace_back(f.context, zmq::socket_type::dealer);
+      peer.set(zmq::sockopt::linger, 0);
+      peer.connect(f.channel->endpoint());
+      peer.send(zmq::buffer(Credit(1).SerializeAsString()));
+    }
+    f.PumpUntil([&] { return f.channel->open_connections() >= 1 + peers.size(); });
+    peers.clear();  // closes them
+    f.PumpUntil([&] { return f.channel->open_connections() == 1; });
+    INFO("batch " << batch);
+    REQUIRE(f.channel->open_connections() == 1);
+  }
+  CHECK(f.channel->session_fd() == session_fd);
+  f.channel->EnqueueStep(Step(7));
+  f.channel->Flush();
+  auto step = f.Receive();
+  REQUIRE(step);
+  CHECK(step->has_step());
+}
+
+}  // namespace
+}  // namespace odb::emit
