@@ -168,6 +168,18 @@ bool TrainerChannel::OnReadable() {
                  std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
       continue;
     }
+    if (msg.kind_case() == wire::TrainerMessage::KIND_NOT_SET) {
+      // No kind a trainer sends (a daemon's message sent back, a field of a
+      // newer protocol): neither a sign of a trainer nor anything to apply.
+      metrics_.bad_trainer_messages.fetch_add(1);
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn(
+            "trainer peer {} sent a message of no kind this daemon knows ({} bytes; a trainer sends credit, "
+            "start_epoch or step_arena_reply); ignored",
+            Printable(peer), parts[1].size());
+      }
+      continue;
+    }
     // Which connection it came on, judged after the monitor's pending events:
     // a close that happened before this read is known by now.
     OnMonitor();

@@ -436,6 +436,27 @@ TEST_CASE("a second trainer is held for the contender grace of the injected cloc
 namespace odb::emit {
 namespace {
 
+// A message with no kind a trainer sends (a daemon's own message sent back,
+// a field of a newer protocol) opened a session and was then ignored without
+// a count. Now it is counted as a bad message and opens nothing; the real
+// trainer's first message still does.
+TEST_CASE("a message of no known kind is counted, opens no session, and the next trainer message does") {
+  Fixture f("nokind");
+  wire::TrainerMessage empty;
+  empty.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  f.Send(empty);
+  wire::DaemonMessage echoed;  // a daemon's message, sent back
+  echoed.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  echoed.mutable_session_ack();
+  f.trainer.send(zmq::buffer(echoed.SerializeAsString()));
+  f.PumpUntil([&] { return f.metrics.bad_trainer_messages.load() >= 2; });
+  CHECK(f.metrics.bad_trainer_messages.load() == 2);
+  CHECK(f.channel->session_fd() == -1);
+  CHECK_FALSE(f.Receive(milliseconds(200)).has_value());  // no acknowledgement: no session
+  f.OpenSession();
+  CHECK(f.channel->session_fd() != -1);
+}
+
 // With more than one I/O thread a connection's close may be reported before
 // its accept (the engine runs on another thread than the listener): the
 // table would keep a closed connection open. The channel refuses such a
