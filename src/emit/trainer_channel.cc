@@ -183,7 +183,7 @@ bool TrainerChannel::OnReadable() {
     // Which connection it came on, judged after the monitor's pending events:
     // a close that happened before this read is known by now.
     OnMonitor();
-    const uint64_t connection = ConnectionOf(fd);
+    const uint64_t connection = ConnectionOfFrame(fd, parts[1]);
     if (connection == 0 && peer != session_) {
       NoteLate(peer, msg, /*applied=*/false);  // its sender is gone: it neither contends nor opens a session
       continue;
@@ -278,6 +278,37 @@ uint64_t TrainerChannel::ConnectionOf(int fd) {
   return it == open_connections_.end() ? 0 : it->second;
 }
 
+uint64_t TrainerChannel::ConnectionOfFrame(int fd, zmq::message_t& frame) {
+  // "Socket-Type" is in every ZMTP 3 handshake: a pointer into the
+  // connection's metadata object (null without metadata: by descriptor).
+  const void* key = zmq_msg_gets(frame.handle(), "Socket-Type");
+  if (key != nullptr) {
+    auto known = by_metadata_.find(key);
+    if (known != by_metadata_.end()) {
+      return IsOpen(known->second.fd, known->second.serial) ? known->second.serial : 0;
+    }
+  }
+  const uint64_t connection = ConnectionOf(fd);
+  if (connection != 0 && key != nullptr && !metadata_of_.count(connection)) {
+    zmq::message_t keep;
+    keep.copy(frame);
+    by_metadata_.emplace(key, KnownConnection{fd, connection, std::move(keep)});
+    metadata_of_[connection] = key;
+  }
+  return connection;
+}
+
+void TrainerChannel::RetireConnection(uint64_t serial) {
+  auto it = metadata_of_.find(serial);
+  if (it == metadata_of_.end()) return;
+  closed_known_.push_back(it->second);
+  metadata_of_.erase(it);
+  while (closed_known_.size() > kClosedKept) {
+    by_metadata_.erase(closed_known_.front());
+    closed_known_.pop_front();
+  }
+}
+
 bool TrainerChannel::IsOpen(int fd, uint64_t connection) const {
   auto it = open_connections_.find(fd);
   return connection != 0 && it != open_connections_.end() && it->second == connection;
@@ -342,10 +373,9 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // arena answer), so that is applied below; what it asks for is not (a
     // start_epoch of a trainer that is gone: a trainer restarted from a
     // checkpoint asks for that epoch itself, maybe resuming mid-way).
-    // (One case stays open: a late message read after the OS gave its
-    // descriptor to a new connection looks like that connection's; it still
-    // needs the acknowledgement, i.e. the ROUTER not yet done with the old
-    // pipe, and the new connection accepted within that moment.)
+    // (A late message read after the OS gave its descriptor to a new
+    // connection is still known by its connection's metadata: see
+    // ConnectionOfFrame.)
     if (!open || !Acknowledge(session_)) {
       late = true;
       NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());
@@ -435,7 +465,10 @@ void TrainerChannel::OnMonitor() {
 void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
   if (event == ZMQ_EVENT_ACCEPTED) {
     // A new connection; the descriptor may be one a closed connection had.
-    open_connections_[fd] = ++connection_serial_;
+    uint64_t& serial = open_connections_[fd];
+    if (serial != 0)
+      RetireConnection(serial);  // (its close was not reported: one I/O thread reports it first)
+    serial = ++connection_serial_;
     return;
   }
   if (event != ZMQ_EVENT_DISCONNECTED) return;
@@ -443,6 +476,7 @@ void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
   if (it == open_connections_.end()) return;
   const uint64_t closed = it->second;
   open_connections_.erase(it);
+  RetireConnection(closed);
   if (!session_.empty() && closed == session_connection_) {
     lost_since_ = clock_.Now();
     session_connection_ = 0;

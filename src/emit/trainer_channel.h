@@ -138,6 +138,14 @@ class TrainerChannel {
   // (OnReadable drains it first): its serial, 0 when none is open (a message
   // with that ZMQ_SRCFD came on a connection that has closed since).
   uint64_t ConnectionOf(int fd);
+  // The connection a received frame came on: by the connection's ZeroMQ
+  // metadata when one of its messages was seen before (see by_metadata_),
+  // else by its descriptor (ConnectionOf), which then binds the metadata to
+  // that connection. 0 when that connection has closed.
+  uint64_t ConnectionOfFrame(int fd, zmq::message_t& frame);
+  // Forgets the metadata of a connection that closed, once kClosedKept more
+  // have closed after it.
+  void RetireConnection(uint64_t serial);
   bool IsOpen(int fd, uint64_t connection) const;
   // Counts and logs a message its closed connection had left queued.
   void NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied);
@@ -197,6 +205,23 @@ class TrainerChannel {
   // OS reuses them). One entry per open descriptor.
   std::unordered_map<int, uint64_t> open_connections_;
   uint64_t connection_serial_ = 0;
+  // Connections known by their ZeroMQ metadata. Every message of one
+  // connection refers to the one metadata object its handshake made, so its
+  // address names the connection even after the OS has given the descriptor
+  // to a new connection (which gets an object of its own). Bound at the
+  // first message read while the connection is open; kept, with a copy of
+  // that message (which keeps the object, and so the address, alive), while
+  // it is open and for the last kClosedKept closed ones: their late
+  // messages are known as late whatever their descriptor is by then.
+  struct KnownConnection {
+    int fd;
+    uint64_t serial;
+    zmq::message_t keep;
+  };
+  std::unordered_map<const void*, KnownConnection> by_metadata_;
+  std::unordered_map<uint64_t, const void*> metadata_of_;  // open connection's serial -> its key
+  std::deque<const void*> closed_known_;                   // oldest first
+  static constexpr size_t kClosedKept = 64;
   std::string session_;              // routing id of the trainer; empty = none yet
   int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost

@@ -334,6 +334,61 @@ TEST_CASE("a late credit still acknowledges its steps and counts its wait; a lat
   f.trainer = std::move(again);
 }
 
+// The window session 12 left open: the session's connection closes with a
+// credit still queued, and before the daemon reads it the OS gives the
+// descriptor to a new connection (an outsider connecting in a loop gets it
+// often). By descriptor the late credit looked like the new connection's:
+// the session was revived ("reconnected"), its steps re-sent into a dead
+// pipe and its timeout restarted, for as long as the outsider stayed. By the
+// connection's metadata it is known as the closed connection's. The test
+// orders it with the monitor's events (the close, then a new accept on the
+// same descriptor); a real reconnect afterwards is still one.
+TEST_CASE("a late message read after its descriptor went to a new connection does not revive the session") {
+  Fixture f("fd-reuse", /*outstanding_depth=*/2, /*trainer_timeout_ms=*/30000, "trainer-reuse");
+  f.OpenSession();
+  f.channel->EnqueueStep(Step(0));
+  f.channel->EnqueueStep(Step(1));
+  f.channel->Flush();
+  for (int i = 0; i < 2; ++i) REQUIRE(f.Receive());
+  const int fd = f.channel->session_fd();
+  REQUIRE(fd >= 0);
+  f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, fd);
+  f.channel->OnConnectionEvent(ZMQ_EVENT_ACCEPTED, fd);  // another connection got the descriptor
+  REQUIRE(f.channel->open_connections() == 1);
+  f.Send(Credit(1));
+  CHECK_FALSE(ReadOne(f));
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.channel->session_fd() == -1);       // still lost
+  CHECK_FALSE(f.Receive(milliseconds(200)));  // nothing re-sent
+  // The timeout still runs from the close; the late credit acknowledged step 0.
+  f.clock.Advance(milliseconds(30001));
+  auto fatal = f.channel->CheckLiveness();
+  REQUIRE(fatal);
+  CHECK_THAT(fatal->second, Catch::Contains("1 step(s)"));
+
+  // The same session on a really new connection is a reconnect: step 1 again.
+  zmq::socket_t again(f.context, zmq::socket_type::dealer);
+  again.set(zmq::sockopt::linger, 0);
+  again.set(zmq::sockopt::routing_id, std::string("trainer-reuse"));
+  f.trainer.close();
+  again.connect(f.channel->endpoint());
+  again.send(zmq::buffer(Credit(0).SerializeAsString()));
+  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
+  REQUIRE(f.channel->session_fd() >= 0);
+  again.set(zmq::sockopt::rcvtimeo, 10000);
+  std::vector<uint64_t> indices;
+  while (indices.empty()) {
+    zmq::message_t frame;
+    REQUIRE(again.recv(frame));
+    wire::DaemonMessage m;
+    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+    while (frame.more()) REQUIRE(again.recv(frame));
+    if (m.has_step()) indices.push_back(m.step().step_index());
+  }
+  CHECK(indices == std::vector<uint64_t>{1});
+  f.trainer = std::move(again);
+}
+
 TEST_CASE("a message a closed connection left queued neither opens a session nor contends for it") {
   for (const bool with_session : {true, false}) {
     DYNAMIC_SECTION((with_session ? "while a session is served" : "before any session")) {
