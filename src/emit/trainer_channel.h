@@ -36,7 +36,8 @@ namespace odb::emit {
 //    references). If the same session reconnects (the client keeps its routing
 //    id), they are sent again and the client drops the ones it already has.
 //  - Only a message that came on a connection still open (the monitor's
-//    accepted/disconnected events, ZMQ_SRCFD) is a sign of a trainer: one
+//    accepted/disconnected events; the connection by ZMQ_SRCFD and its
+//    metadata, ConnectionOfFrame) is a sign of a trainer: one
 //    that a closed connection left queued (a trainer's last credit before it
 //    exits, read after the close) never opens, revives or contends for a
 //    session. What the session's own late messages report still holds
