@@ -85,6 +85,11 @@ absl::Status TrainerChannel::Bind() {
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
     // The monitor first: a message counts only from a connection whose
     // accept the monitor reported, so none may be accepted before it listens.
+    // Its events are never dropped: when its pipe is full (~2,000 events
+    // the loop has not read: OnMonitor drains it every iteration) libzmq's
+    // I/O thread waits for room, stalling every socket of the context until
+    // the loop reads again (seen with 1,000 connections churned while
+    // nothing read the monitor).
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
