@@ -498,10 +498,18 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
     // size below is taken from them (the overflow buffer, the second
     // collective's sizes). Every rank reads the same headers, so every rank
     // fails here alike and none waits in a second collective alone.
-    const auto corrupt = [&](const std::string& what) {
+    // This rank's own header is its true size (unless a test announces
+    // another): then the message itself is too large, not a peer's header
+    // corrupt, and the other ranks' errors name this rank.
+    const bool own_is_true = !announce_for_test_.has_value();
+    const auto corrupt = [&](const std::string& what, int culprit) {
+      const std::string why =
+          culprit == options_.rank && own_is_true
+              ? " (this rank's own message: a round's message is its pending window of sample records; "
+                "lower grouping.window)"
+              : " (a corrupt header: is every rank running the same odbd?)";
       broken_ = absl::DataLossError("gloo all-gather #" + std::to_string(op) + " on rank " +
-                                    std::to_string(options_.rank) + ": " + what +
-                                    " (a corrupt header: is every rank running the same odbd?)");
+                                    std::to_string(options_.rank) + ": " + what + why);
       return broken_;
     };
     for (int r = 0; r < world; ++r) {
@@ -509,16 +517,19 @@ absl::StatusOr<std::vector<std::string>> GlooPeerGroup::AllGather(std::string_vi
       std::memcpy(&size, out.data() + frame * static_cast<size_t>(r), kHeader);
       if (size > options_.max_message_bytes) {
         return corrupt("rank " + std::to_string(r) + " announced a message of " + std::to_string(size) +
-                       " bytes, over the limit of " + std::to_string(options_.max_message_bytes) + " per rank");
+                           " bytes, over the limit of " + std::to_string(options_.max_message_bytes) +
+                           " per rank",
+                       r);
       }
       sizes[r] = static_cast<size_t>(size);
       largest = std::max(largest, sizes[r]);
       total += sizes[r];
       if (total > options_.max_gather_bytes) {
         return corrupt("ranks 0-" + std::to_string(r) + " announced " + std::to_string(total) +
-                       " bytes together, over the limit of " + std::to_string(options_.max_gather_bytes) +
-                       " for one all-gather (rank " + std::to_string(r) + " announced " +
-                       std::to_string(size) + ")");
+                           " bytes together, over the limit of " + std::to_string(options_.max_gather_bytes) +
+                           " for one all-gather (rank " + std::to_string(r) + " announced " +
+                           std::to_string(size) + ")",
+                       r);
       }
       if (sizes[r] > slot) {
         rest[r] = sizes[r] - slot;

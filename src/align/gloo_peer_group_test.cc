@@ -294,6 +294,99 @@ TEST_CASE("gloo: a peer announcing a garbage message size is refused by every ra
   }
 }
 
+// The limits' edges: a header of exactly max_message_bytes, all headers
+// together exactly max_gather_bytes, and an empty message are taken (and the
+// group stays in step); one byte over the total is refused on every rank.
+// A rank whose own, true message is over the limit is told so (its window),
+// the others name it.
+TEST_CASE(
+    "gloo: headers at exactly the limits or empty are taken, one byte over is not; an honest oversized "
+    "message is named as such",
+    "[gloo]") {
+  const size_t kMaxMessage = size_t{1} << 20;
+  constexpr size_t kSmall = 300;
+  constexpr int kWorld = 3;
+  for (const bool log_gather : {false, true}) {
+    for (const size_t over : {size_t{0}, size_t{1}}) {
+      INFO((log_gather ? "log all-gather" : "ring") << ", total " << over << " byte(s) over");
+      const std::string dir = TempDir();
+      std::vector<absl::Status> status(kWorld);
+      std::vector<std::vector<std::string>> at_max(kWorld), empty(kWorld), after(kWorld);
+      OnRanks(kWorld, [&](int r) {
+        GlooPeerGroupOptions o = Opts(r, kWorld, dir, "edges");
+        o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+        o.max_message_bytes = kMaxMessage;
+        o.max_gather_bytes = kMaxMessage + 2 * kSmall - over;  // rank 1 at the message limit, 0 and 2 small
+        auto g = GlooPeerGroup::Connect(o);
+        if (!g.ok()) {
+          status[r] = g.status();
+          return;
+        }
+        const auto step = [&](std::optional<uint64_t> announce, int round, std::vector<std::string>& out) {
+          if (r == 1) (*g)->AnnounceSizeForTest(announce);
+          auto got = (*g)->AllGather(Message(r, round, kSmall));
+          if (!got.ok()) {
+            status[r] = got.status();
+            return false;
+          }
+          out = *got;
+          return true;
+        };
+        if (!step(kMaxMessage, 0, at_max[r])) return;
+        if (!step(0, 1, empty[r])) return;
+        step(std::nullopt, 2, after[r]);
+      });
+      for (int r = 0; r < kWorld; ++r) {
+        INFO("rank " << r << ": " << status[r].ToString());
+        if (over > 0) {
+          REQUIRE(status[r].code() == absl::StatusCode::kDataLoss);
+          REQUIRE_THAT(std::string(status[r].message()),
+                       Catch::Contains("ranks 0-2 announced " + std::to_string(kMaxMessage + 2 * kSmall) +
+                                       " bytes together, over the limit of " +
+                                       std::to_string(kMaxMessage + 2 * kSmall - 1)));
+          continue;
+        }
+        REQUIRE(status[r].ok());
+        std::string padded = Message(1, 0, kSmall);
+        padded.resize(kMaxMessage, '\0');
+        REQUIRE(at_max[r][1] == padded);
+        REQUIRE(empty[r][1].empty());
+        for (int p = 0; p < kWorld; ++p) {
+          if (p != 1) REQUIRE(at_max[r][p] == Message(p, 0, kSmall));
+          REQUIRE(after[r][p] == Message(p, 2, kSmall));
+        }
+      }
+      std::filesystem::remove_all(dir);
+    }
+    // Rank 0's own message is one byte over: no peer lied.
+    const std::string dir = TempDir();
+    std::vector<absl::Status> status(kWorld);
+    OnRanks(kWorld, [&](int r) {
+      GlooPeerGroupOptions o = Opts(r, kWorld, dir, "honest");
+      o.log_allgather_min_ranks = log_gather ? 1 : 1000;
+      o.max_message_bytes = kMaxMessage;
+      auto g = GlooPeerGroup::Connect(o);
+      if (!g.ok()) {
+        status[r] = g.status();
+        return;
+      }
+      status[r] = (*g)->AllGather(Message(r, 0, r == 0 ? kMaxMessage + 1 : kSmall)).status();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("rank " << r << ": " << status[r].ToString());
+      REQUIRE(status[r].code() == absl::StatusCode::kDataLoss);
+      const std::string msg(status[r].message());
+      REQUIRE_THAT(msg, Catch::Contains("rank 0 announced a message of " + std::to_string(kMaxMessage + 1)));
+      if (r == 0) {
+        REQUIRE_THAT(msg, Catch::Contains("this rank's own message") && Catch::Contains("grouping.window"));
+      } else {
+        REQUIRE_THAT(msg, Catch::Contains("corrupt header"));
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // Within the limits a peer's header is taken at its word: bytes past what
 // it holds are zeros, and every rank agrees on them (no rank reads past a
 // buffer, the group stays in step for the next call).

@@ -145,10 +145,12 @@ wire::Rejection SampleBuffer::TooManyRuns(const Sample& sample) const {
   r.set_message("sample " + std::to_string(id) + " from producer '" + sample.producer_id + "' refused: its " +
                 what + " is apart from every " + (sample.seq ? "seq" : "id") + " received in epoch " +
                 std::to_string(sample.epoch) + ", and the daemon already keeps " + std::to_string(max_runs_) +
-                " such separate runs (the memory that makes delivery exactly once); send " +
+                " such separate runs (the memory that makes delivery exactly once; the limit is the "
+                "setting buffer.max_id_runs); send " +
                 (sample.seq ? "seqs in order (each rank's positions 0, 1, 2, ...)"
                             : "seq=position with each sample (OdbDataLoader does), or ids in order") +
-                "; it was not admitted");
+                ", or raise buffer.max_id_runs (~20 B a run); it was not admitted (the same sample may "
+                "be sent again once there is room: gaps filled, or an earlier epoch closed)");
   return r;
 }
 

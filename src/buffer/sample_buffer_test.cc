@@ -396,6 +396,47 @@ TEST_CASE("seqs spread apart on purpose reach the run cap: refused naming the se
   CHECK(b.BookkeepingEntries() <= kMaxRuns + 64);
 }
 
+// The cap's edges: exactly max_runs separate runs are kept, the next one is
+// refused naming its seq / id and the setting that holds the limit; the
+// runs of all held epochs count together and a closed epoch's runs free, so
+// a refused sample of the next epoch is admitted when sent again.
+TEST_CASE("the run cap: exactly max_runs runs, the setting named, a closed epoch's runs free for a retry") {
+  constexpr size_t kMaxRuns = 4;
+  SampleBuffer b(uint64_t{1} << 40, 1 << 20, kMaxRuns);
+  // Epoch 0: seqs 0, 2, 4 (three runs); epoch 1: seq 10 (the fourth, at the cap).
+  for (uint64_t seq : {0, 2, 4}) REQUIRE_FALSE(b.Add(AtSeq(seq, 0, seq)).has_value());
+  REQUIRE_FALSE(b.Add(AtSeq(10, 1, 10)).has_value());
+  CHECK(b.SeqRuns(0) + b.SeqRuns(1) == kMaxRuns);
+  // One more run in either epoch (or one more id without seq) is over.
+  for (const auto& [epoch, seq] :
+       std::vector<std::pair<uint32_t, std::optional<uint64_t>>>{{1, 20}, {0, 8}, {1, std::nullopt}}) {
+    const uint64_t id = seq.value_or(777);
+    auto r = b.Add(AtSeq(id, epoch, seq));
+    INFO("epoch " << epoch << " id " << id);
+    REQUIRE(r.has_value());
+    CHECK(r->code() == wire::TOO_LARGE);
+    CHECK(r->sample_id() == id);
+    CHECK_THAT(r->message(), Catch::Contains(seq ? "seq " + std::to_string(*seq) + " " : "id 777 ") &&
+                                 Catch::Contains("epoch " + std::to_string(epoch)) &&
+                                 Catch::Contains("4 such separate runs") &&
+                                 Catch::Contains("raise buffer.max_id_runs"));
+  }
+  // Extending a run at the cap is admitted: it starts none.
+  CHECK_FALSE(b.Add(AtSeq(11, 1, 11)).has_value());
+  CHECK(b.SeqRuns(1) == 1);
+  // Epoch 0 ends: its three runs free, and epoch 1's refused seq 20 is
+  // admitted when its producer sends it again, as are two more runs (cap 4).
+  b.CloseEpoch(0);
+  CHECK(b.SeqRuns(0) == 0);
+  CHECK_FALSE(b.Add(AtSeq(20, 1, 20)).has_value());
+  CHECK_FALSE(b.Add(AtSeq(30, 1, 30)).has_value());
+  CHECK_FALSE(b.Add(AtSeq(40, 1, 40)).has_value());
+  auto over = b.Add(AtSeq(50, 1, 50));
+  REQUIRE(over.has_value());
+  CHECK(over->code() == wire::TOO_LARGE);
+  CHECK(b.SeqRuns(1) == kMaxRuns);
+}
+
 // Seqs at the edges of the integer types (2^32 - 1 / 2^32 / 2^32 + 1, 2^64 -
 // 2 / 2^64 - 1) are positions like any other: each admitted once, runs merge
 // across 2^32 and up to 2^64 - 1 without wrapping, and the frontier (the

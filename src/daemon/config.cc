@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -35,6 +37,24 @@ std::string FlowYaml(const T& value) {
   return out.c_str();
 }
 
+// What a field of type T takes, for the error when a value does not read as
+// one (a negative count, 1e30 for an integer, a word for a bool).
+template <typename T>
+std::string Expected() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return "true or false";
+  } else if constexpr (std::is_integral_v<T>) {
+    return std::string("a whole number in ") + std::to_string(std::numeric_limits<T>::min()) + ".." +
+           std::to_string(std::numeric_limits<T>::max());
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return "a number";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "a string";
+  } else {
+    return "a list of strings";
+  }
+}
+
 // Reads a YAML mapping section by section, remembering which keys were used
 // so unknown keys (typos) can be reported with their full path.
 class Section {
@@ -56,8 +76,10 @@ class Section {
     try {
       out = value.as<T>();
     } catch (const YAML::Exception&) {
-      return absl::InvalidArgumentError("config field '" + Path(key) + "': cannot read '" +
-                                        YAML::Dump(value) + "' as the expected type");
+      std::string text = YAML::Dump(value);
+      if (text.size() > 64) text = text.substr(0, 64) + "... [" + std::to_string(text.size()) + " bytes]";
+      return absl::InvalidArgumentError("config field '" + Path(key) + "': cannot read '" + text +
+                                        "' as the expected type; use " + Expected<T>());
     }
     return absl::OkStatus();
   }
@@ -311,6 +333,8 @@ std::string Replace(std::string text, const std::string& from, const std::string
   return text;
 }
 
+std::string Shorten(const std::string& text);
+
 absl::Status IntFromEnv(const std::map<std::string, std::string>& env, const std::string& name,
                         int fallback, int& out) {
   if (out >= 0) return absl::OkStatus();
@@ -319,11 +343,19 @@ absl::Status IntFromEnv(const std::map<std::string, std::string>& env, const std
     out = fallback;
     return absl::OkStatus();
   }
-  char* end = nullptr;
-  long value = std::strtol(it->second.c_str(), &end, 10);
-  if (*end != '\0' || value < 0) {
-    return absl::InvalidArgumentError("environment variable " + name + "='" + it->second +
-                                      "' is not a non-negative integer");
+  // Decimal digits only, and within int: strtol alone would take " 1" and
+  // "+1", clamp 10^20 to LONG_MAX, and a cast would wrap 2^32 to rank 0 (two
+  // daemons of one job both rank 0) or LONG_MAX to -1.
+  const std::string& text = it->second;
+  constexpr size_t kMaxDigits = 10;  // INT_MAX = 2147483647
+  const bool digits = text.size() <= kMaxDigits &&
+                      std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  const long long value = digits ? std::stoll(text) : -1;
+  if (!digits || value > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError("environment variable " + name + "='" + Shorten(text) +
+                                      "' is not a decimal integer in 0.." +
+                                      std::to_string(std::numeric_limits<int>::max()) +
+                                      "; set it to this process's " + name + " or unset it");
   }
   out = static_cast<int>(value);
   return absl::OkStatus();

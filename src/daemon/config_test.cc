@@ -237,6 +237,58 @@ TEST_CASE("cross-field constraints that could only fail later are start-up error
   CHECK_THAT(StartupError("world_size: 0"), Catch::Contains("world_size"));
 }
 
+// Integers from the environment are decimal digits within int: 2^32 must
+// not wrap to rank 0 (two daemons of the job both rank 0), 10^20 must not
+// clamp and wrap to -1, and " 1" / "+1" / "0x1" are typos, not ranks.
+TEST_CASE(
+    "RANK / WORLD_SIZE / LOCAL_* from the environment: digits within int, else an error naming the "
+    "variable") {
+  for (const std::string name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+    for (const std::string value : {"4294967296", "4294967297", "2147483648", "99999999999999999999", " 1",
+                                    "1 ", "+1", "-1", "0x1", "1e3"}) {
+      std::map<std::string, std::string> env = {{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+      env[name] = value;
+      INFO(name << "='" << value << "'");
+      const std::string e = StartupError("", env);
+      CHECK_THAT(e,
+                 Catch::Contains("environment variable " + name + "='") && Catch::Contains("0..2147483647"));
+    }
+  }
+  CHECK(StartupError("", {{"RANK", "1"}, {"WORLD_SIZE", "2"}}).empty());
+  CHECK(StartupError("", {{"RANK", "2147483646"}, {"WORLD_SIZE", "2147483647"}}).empty());
+}
+
+// A value of the wrong type names the field and what it takes, for every
+// kind of field (the settings of sessions 11-12 among them).
+TEST_CASE("a value of the wrong type names the field and what the field takes") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"buffer: {max_id_runs: -1}",
+       "'buffer.max_id_runs': cannot read '-1' as the expected type; use a whole "
+       "number in 0..18446744073709551615"},
+      {"buffer: {max_id_runs: 1e30}", "use a whole number in 0..18446744073709551615"},
+      {"buffer: {max_id_runs: many}", "'buffer.max_id_runs'"},
+      {"buffer: {max_id_runs: [1]}", "'buffer.max_id_runs'"},
+      {"emit: {trainer_timeout_ms: -5}",
+       "'emit.trainer_timeout_ms': cannot read '-5' as the expected type; use "
+       "a whole number in 0..4294967295"},
+      {"emit: {exit_when_trainer_done: maybe}", "'emit.exit_when_trainer_done'"},
+      {"emit: {exit_when_trainer_done: maybe}", "use true or false"},
+      {"round_trace: [a, b]", "'round_trace': cannot read"},
+      {"round_trace: {a: b}", "use a string"},
+      {"grouping: {quadratic_q: fast}", "use a number"},
+      {"ingest_endpoints: 5", "use a list of strings"},
+      {"rank: 99999999999", "use a whole number in -2147483648..2147483647"},
+  };
+  for (const auto& [yaml, expected] : cases) {
+    INFO(yaml);
+    CHECK_THAT(StartupError(yaml), Catch::Contains(expected));
+  }
+  // A long value is shortened in the message.
+  const std::string e = StartupError("buffer: {max_id_runs: " + std::string(1000, '9') + "}");
+  CHECK_THAT(e, Catch::Contains("'buffer.max_id_runs'") && Catch::Contains("[1000 bytes]"));
+  CHECK(e.size() < 300);
+}
+
 TEST_CASE("string fields are bounded") {
   const std::string long_id(129, 'j');
   std::string e = StartupError("alignment: {job_id: " + long_id + "}");

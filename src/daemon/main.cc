@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 
 #include <google/protobuf/stubs/logging.h>
@@ -54,8 +55,12 @@ int main(int argc, char** argv) {
   std::string run_dir, job_id, log_level, ingest, trainer, gloo_hostname, gloo_iface;
   bool print_config = false, print_defaults = false, exit_when_trainer_done = false;
   app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
-  app.add_option("--rank", rank, "this rank (default: $RANK or the config)");
-  app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)");
+  // Checked here: a negative value would read as "not given" below and be
+  // ignored silently.
+  app.add_option("--rank", rank, "this rank (default: $RANK or the config)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+  app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--run-dir", run_dir, "directory for ipc sockets and the FileStore");
   app.add_option("--job-id", job_id, "rendezvous key prefix, unique per job");
   app.add_option("--ingest", ingest, "producer endpoint (replaces ingest_endpoints)");
@@ -69,7 +74,14 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   app.add_flag("--print-default-config", print_defaults,
                "print every config field the parser knows with its default (one 'path: value' line each) and exit");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help is a success; a bad option is a bad configuration (exit 2, as
+    // documented in docs/config.md), not CLI11's own codes.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
   google::protobuf::SetLogHandler(&ProtobufLog);
   if (print_defaults) {
     for (const auto& [path, value] : odb::ConfigFieldDefaults()) std::printf("%s: %s\n", path.c_str(), value.c_str());

@@ -65,6 +65,16 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
              clock) {}
 
 absl::Status TrainerChannel::Bind() {
+  // Connection tracking relies on the monitor reporting a connection's
+  // accept before its close: true with one I/O thread (the listener emits
+  // the accept before the new connection's engine first runs, on the same
+  // thread). With more, an engine on another thread may report its close
+  // first, and a closed connection would stay "open" in the table.
+  if (const int io_threads = zmq_ctx_get(context_.handle(), ZMQ_IO_THREADS); io_threads != 1) {
+    return absl::InternalError(
+        "the trainer channel needs a ZeroMQ context with one I/O thread (this one has " +
+        std::to_string(io_threads) + "): its connection events must arrive in order");
+  }
   try {
     EnsureIpcDirectory(options_.endpoint);
     socket_.set(zmq::sockopt::linger, 1000);
@@ -75,10 +85,19 @@ absl::Status TrainerChannel::Bind() {
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // trainer messages are tiny
     // The monitor first: a message counts only from a connection whose
     // accept the monitor reported, so none may be accepted before it listens.
+    // Its events are never dropped: when its pipe is full (~2,000 events
+    // the loop has not read: OnMonitor drains it every iteration) libzmq's
+    // I/O thread waits for room, stalling every socket of the context until
+    // the loop reads again (seen with 1,000 connections churned while
+    // nothing read the monitor).
     monitor_endpoint_ = "inproc://odb-trainer-monitor-" + std::to_string(g_monitor_count.fetch_add(1));
     if (zmq_socket_monitor(socket_.handle(), monitor_endpoint_.c_str(),
                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-      return absl::InternalError("cannot monitor the trainer socket");
+      // Without it no message could ever open a session: refuse to start.
+      return absl::InternalError(std::string("cannot monitor the trainer socket's connections (") +
+                                 zmq_strerror(zmq_errno()) +
+                                 "); the daemon cannot tell a trainer's messages "
+                                 "from a closed connection's without it");
     }
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_endpoint_);
@@ -102,17 +121,19 @@ void TrainerChannel::OfferStepArena(const std::string& peer) {
   if (!offer->has_value()) return;
   auto parts = EncodeControl(**offer);
   if (!TrySendTo(socket_, peer, parts).ok()) {
-    spdlog::warn("step arena offer not delivered; steps go as frames");
+    if (MayLog(kLogUndelivered)) spdlog::warn("step arena offer not delivered; steps go as frames");
     return;
   }
   arena_.OfferDelivered();
 }
 
 void TrainerChannel::Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message) {
-  spdlog::warn("trainer peer {}: {}", Printable(peer), message);
+  if (MayLog(kLogRefused)) spdlog::warn("trainer peer {}: {}", Printable(peer), message);
   auto parts = FatalMessage(code, message, options_.rank);
   Transfer t = TrySendTo(socket_, peer, parts);
-  if (!t.ok()) spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
+  if (!t.ok() && MayLog(kLogUndelivered)) {
+    spdlog::warn("refusal not delivered ({})", TransferCodeName(t.code));
+  }
 }
 
 bool TrainerChannel::OnReadable() {
@@ -131,15 +152,19 @@ bool TrainerChannel::OnReadable() {
     const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
     if (parts.size() != 2) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer peer {} sent a message of {} frames; a trainer message is one frame; ignored",
-                   Printable(peer), parts.size() - 1);
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn("trainer peer {} sent a message of {} frames; a trainer message is one frame; ignored",
+                     Printable(peer), parts.size() - 1);
+      }
       continue;
     }
     wire::TrainerMessage msg;
     if (!msg.ParseFromArray(parts[1].data(), static_cast<int>(parts[1].size()))) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer peer {} sent an unreadable message ({} bytes); ignored", Printable(peer),
-                   parts[1].size());
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn("trainer peer {} sent an unreadable message ({} bytes); ignored", Printable(peer),
+                     parts[1].size());
+      }
       continue;
     }
     if (msg.version() != wire::PROTOCOL_VERSION_CURRENT) {
@@ -148,10 +173,22 @@ bool TrainerChannel::OnReadable() {
                  std::to_string(wire::PROTOCOL_VERSION_CURRENT) + "; upgrade both together");
       continue;
     }
+    if (msg.kind_case() == wire::TrainerMessage::KIND_NOT_SET) {
+      // No kind a trainer sends (a daemon's message sent back, a field of a
+      // newer protocol): neither a sign of a trainer nor anything to apply.
+      metrics_.bad_trainer_messages.fetch_add(1);
+      if (MayLog(kLogMalformed)) {
+        spdlog::warn(
+            "trainer peer {} sent a message of no kind this daemon knows ({} bytes; a trainer sends credit, "
+            "start_epoch or step_arena_reply); ignored",
+            Printable(peer), parts[1].size());
+      }
+      continue;
+    }
     // Which connection it came on, judged after the monitor's pending events:
     // a close that happened before this read is known by now.
     OnMonitor();
-    const uint64_t connection = ConnectionOf(fd);
+    const uint64_t connection = ConnectionOfFrame(fd, parts[1]);
     if (connection == 0 && peer != session_) {
       NoteLate(peer, msg, /*applied=*/false);  // its sender is gone: it neither contends nor opens a session
       continue;
@@ -209,15 +246,72 @@ void TrainerChannel::CountDataWait(const wire::Credit& credit) {
   const uint64_t wait_us = credit.data_wait_us();
   if (wait_us > kMaxDataWaitUs) {
     metrics_.bad_trainer_messages.fetch_add(1);
-    spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
-                 wait_us, kMaxDataWaitUs);
+    if (MayLog(kLogBadValue)) {
+      spdlog::warn("trainer reported a data wait of {} us on one credit (more than a day); counted as {} us",
+                   wait_us, kMaxDataWaitUs);
+    }
   }
   metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
+}
+
+bool TrainerChannel::MayLog(LogKind kind) {
+  LogLimit& limit = log_limits_[kind];
+  const Clock::TimePoint now = clock_.Now();
+  if (!limit.started || now - limit.window_start >= kLogWindow) {
+    limit.started = true;
+    limit.window_start = now;
+    limit.lines = 0;
+  }
+  if (limit.lines >= kLogLinesPerWindow) {
+    ++limit.skipped;
+    return false;
+  }
+  ++limit.lines;
+  if (limit.skipped > 0) {
+    spdlog::warn(
+        "trainer socket: {} more line(s) like the next were not logged (at most {} a minute; "
+        "odb_bad_trainer_messages_total, odb_refused_trainers_total and "
+        "odb_late_trainer_messages_total count every one)",
+        limit.skipped, kLogLinesPerWindow);
+    limit.skipped = 0;
+  }
+  return true;
 }
 
 uint64_t TrainerChannel::ConnectionOf(int fd) {
   auto it = open_connections_.find(fd);
   return it == open_connections_.end() ? 0 : it->second;
+}
+
+uint64_t TrainerChannel::ConnectionOfFrame(int fd, zmq::message_t& frame) {
+  // "Socket-Type" is in every ZMTP 3 handshake: a pointer into the
+  // connection's metadata object (null without metadata: by descriptor).
+  const void* key = zmq_msg_gets(frame.handle(), "Socket-Type");
+  if (key != nullptr) {
+    auto known = by_metadata_.find(key);
+    if (known != by_metadata_.end()) {
+      return IsOpen(known->second.fd, known->second.serial) ? known->second.serial : 0;
+    }
+  }
+  const uint64_t connection = ConnectionOf(fd);
+  if (connection != 0 && key != nullptr && !metadata_of_.count(connection)) {
+    zmq::message_t keep;
+    keep.copy(frame);
+    by_metadata_.emplace(key, KnownConnection{fd, connection, std::move(keep)});
+    metadata_of_[connection] = key;
+  }
+  return connection;
+}
+
+void TrainerChannel::RetireConnection(uint64_t serial) {
+  auto it = metadata_of_.find(serial);
+  if (it == metadata_of_.end()) return;
+  closed_known_.push_back(it->second);
+  metadata_of_.erase(it);
+  while (closed_known_.size() > kClosedKept) {
+    by_metadata_.erase(closed_known_.front());
+    closed_known_.pop_front();
+  }
 }
 
 bool TrainerChannel::IsOpen(int fd, uint64_t connection) const {
@@ -262,14 +356,16 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
       fatal_ = {wire::EPOCH_LOST, text};
       return false;
     }
-    if (!session_.empty()) spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+    if (!session_.empty() && MayLog(kLogSession)) {
+      spdlog::info("trainer session {} replaced between epochs", Printable(session_));
+    }
     session_ = peer;
     session_fd_ = fd;
     session_connection_ = connection;
     lost_since_.reset();
     credits_ = options_.outstanding_depth;
     in_flight_.clear();
-    spdlog::info("trainer session {} started", Printable(peer));
+    if (MayLog(kLogSession)) spdlog::info("trainer session {} started", Printable(peer));
     OfferStepArena(peer);
   } else if (lost_since_ || connection != session_connection_) {
     // The session's id on a connection other than the one it is bound to:
@@ -282,10 +378,9 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // arena answer), so that is applied below; what it asks for is not (a
     // start_epoch of a trainer that is gone: a trainer restarted from a
     // checkpoint asks for that epoch itself, maybe resuming mid-way).
-    // (One case stays open: a late message read after the OS gave its
-    // descriptor to a new connection looks like that connection's; it still
-    // needs the acknowledgement, i.e. the ROUTER not yet done with the old
-    // pipe, and the new connection accepted within that moment.)
+    // (A late message read after the OS gave its descriptor to a new
+    // connection is still known by its connection's metadata: see
+    // ConnectionOfFrame.)
     if (!open || !Acknowledge(session_)) {
       late = true;
       NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());
@@ -313,10 +408,12 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
     CountDataWait(msg.credit());
   } else if (msg.has_start_epoch() && late) {
-    spdlog::info(
-        "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
-        "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
-        Printable(peer), msg.start_epoch().epoch());
+    if (MayLog(kLogLate)) {
+      spdlog::info(
+          "trainer session {} asked for epoch {} on a connection that closed before the daemon read it; "
+          "ignored (a trainer that is gone asks for nothing; a new one asks for its epoch itself)",
+          Printable(peer), msg.start_epoch().epoch());
+    }
   } else if (msg.has_start_epoch()) {
     MutexLock lock(state_.mu);
     const uint32_t epoch = msg.start_epoch().epoch();
@@ -328,11 +425,13 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
                        state_.requested_epochs.end();
     if (state_.tracker.IsClosed(epoch) || again || state_.current_epoch == epoch) {
-      spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+      if (MayLog(kLogBadValue)) spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
     } else if (waiting >= kMaxRequestedEpochs) {
       metrics_.bad_trainer_messages.fetch_add(1);
-      spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                   waiting, kMaxRequestedEpochs);
+      if (MayLog(kLogBadValue)) {
+        spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
+                     waiting, kMaxRequestedEpochs);
+      }
     } else {
       state_.requested_epochs.push_back(epoch);
       if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
@@ -371,7 +470,10 @@ void TrainerChannel::OnMonitor() {
 void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
   if (event == ZMQ_EVENT_ACCEPTED) {
     // A new connection; the descriptor may be one a closed connection had.
-    open_connections_[fd] = ++connection_serial_;
+    uint64_t& serial = open_connections_[fd];
+    if (serial != 0)
+      RetireConnection(serial);  // (its close was not reported: one I/O thread reports it first)
+    serial = ++connection_serial_;
     return;
   }
   if (event != ZMQ_EVENT_DISCONNECTED) return;
@@ -379,11 +481,12 @@ void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
   if (it == open_connections_.end()) return;
   const uint64_t closed = it->second;
   open_connections_.erase(it);
+  RetireConnection(closed);
   if (!session_.empty() && closed == session_connection_) {
     lost_since_ = clock_.Now();
     session_connection_ = 0;
     metrics_.trainer_disconnects.fetch_add(1);
-    spdlog::info("trainer session {} disconnected", Printable(session_));
+    if (MayLog(kLogSession)) spdlog::info("trainer session {} disconnected", Printable(session_));
   }
 }
 

@@ -36,7 +36,8 @@ namespace odb::emit {
 //    references). If the same session reconnects (the client keeps its routing
 //    id), they are sent again and the client drops the ones it already has.
 //  - Only a message that came on a connection still open (the monitor's
-//    accepted/disconnected events, ZMQ_SRCFD) is a sign of a trainer: one
+//    accepted/disconnected events; the connection by ZMQ_SRCFD and its
+//    metadata, ConnectionOfFrame) is a sign of a trainer: one
 //    that a closed connection left queued (a trainer's last credit before it
 //    exits, read after the close) never opens, revives or contends for a
 //    session. What the session's own late messages report still holds
@@ -138,11 +139,45 @@ class TrainerChannel {
   // (OnReadable drains it first): its serial, 0 when none is open (a message
   // with that ZMQ_SRCFD came on a connection that has closed since).
   uint64_t ConnectionOf(int fd);
+  // The connection a received frame came on: by the connection's ZeroMQ
+  // metadata when one of its messages was seen before (see by_metadata_),
+  // else by its descriptor (ConnectionOf), which then binds the metadata to
+  // that connection. 0 when that connection has closed.
+  uint64_t ConnectionOfFrame(int fd, zmq::message_t& frame);
+  // Forgets the metadata of a connection that closed, once kClosedKept more
+  // have closed after it.
+  void RetireConnection(uint64_t serial);
   bool IsOpen(int fd, uint64_t connection) const;
   // Counts and logs a message its closed connection had left queued.
   void NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied);
   // Adds a credit's data_wait_us to odb_trainer_data_wait_microseconds_total.
   void CountDataWait(const wire::Credit& credit);
+
+  // Log lines a peer can cause once per message or connection (garbage, a
+  // second trainer that keeps talking, connection churn between epochs):
+  // each kind logs at most kLogLinesPerWindow per kLogWindow on the injected
+  // clock; the rest are counted and the next line logged says how many were
+  // not. The metrics count every occurrence; nothing else is dropped.
+  enum LogKind {
+    kLogMalformed,
+    kLogRefused,
+    kLogUndelivered,
+    kLogBadValue,
+    kLogLate,
+    kLogSession,
+    kLogKinds
+  };
+  struct LogLimit {
+    Clock::TimePoint window_start{};
+    bool started = false;
+    uint32_t lines = 0;    // logged in the current window
+    uint64_t skipped = 0;  // not logged since the last line of this kind
+  };
+  static constexpr auto kLogWindow = std::chrono::seconds(60);
+  static constexpr uint32_t kLogLinesPerWindow = 20;
+  // Whether a line of `kind` may be logged now (after a note of how many of
+  // its kind were not, if any).
+  bool MayLog(LogKind kind);
 
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
   // Sends session_ack to `peer`; false when no such peer is connected.
@@ -171,6 +206,23 @@ class TrainerChannel {
   // OS reuses them). One entry per open descriptor.
   std::unordered_map<int, uint64_t> open_connections_;
   uint64_t connection_serial_ = 0;
+  // Connections known by their ZeroMQ metadata. Every message of one
+  // connection refers to the one metadata object its handshake made, so its
+  // address names the connection even after the OS has given the descriptor
+  // to a new connection (which gets an object of its own). Bound at the
+  // first message read while the connection is open; kept, with a copy of
+  // that message (which keeps the object, and so the address, alive), while
+  // it is open and for the last kClosedKept closed ones: their late
+  // messages are known as late whatever their descriptor is by then.
+  struct KnownConnection {
+    int fd;
+    uint64_t serial;
+    zmq::message_t keep;
+  };
+  std::unordered_map<const void*, KnownConnection> by_metadata_;
+  std::unordered_map<uint64_t, const void*> metadata_of_;  // open connection's serial -> its key
+  std::deque<const void*> closed_known_;                   // oldest first
+  static constexpr size_t kClosedKept = 64;
   std::string session_;              // routing id of the trainer; empty = none yet
   int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
@@ -189,6 +241,7 @@ class TrainerChannel {
   std::optional<Contender> contender_;
   static constexpr auto kContenderGrace = std::chrono::seconds(2);
   static constexpr size_t kContenderMessages = 16;
+  LogLimit log_limits_[kLogKinds];
 };
 
 }  // namespace odb::emit

@@ -334,6 +334,61 @@ TEST_CASE("a late credit still acknowledges its steps and counts its wait; a lat
   f.trainer = std::move(again);
 }
 
+// The window session 12 left open: the session's connection closes with a
+// credit still queued, and before the daemon reads it the OS gives the
+// descriptor to a new connection (an outsider connecting in a loop gets it
+// often). By descriptor the late credit looked like the new connection's:
+// the session was revived ("reconnected"), its steps re-sent into a dead
+// pipe and its timeout restarted, for as long as the outsider stayed. By the
+// connection's metadata it is known as the closed connection's. The test
+// orders it with the monitor's events (the close, then a new accept on the
+// same descriptor); a real reconnect afterwards is still one.
+TEST_CASE("a late message read after its descriptor went to a new connection does not revive the session") {
+  Fixture f("fd-reuse", /*outstanding_depth=*/2, /*trainer_timeout_ms=*/30000, "trainer-reuse");
+  f.OpenSession();
+  f.channel->EnqueueStep(Step(0));
+  f.channel->EnqueueStep(Step(1));
+  f.channel->Flush();
+  for (int i = 0; i < 2; ++i) REQUIRE(f.Receive());
+  const int fd = f.channel->session_fd();
+  REQUIRE(fd >= 0);
+  f.channel->OnConnectionEvent(ZMQ_EVENT_DISCONNECTED, fd);
+  f.channel->OnConnectionEvent(ZMQ_EVENT_ACCEPTED, fd);  // another connection got the descriptor
+  REQUIRE(f.channel->open_connections() == 1);
+  f.Send(Credit(1));
+  CHECK_FALSE(ReadOne(f));
+  CHECK(f.metrics.late_trainer_messages.load() == 1);
+  CHECK(f.channel->session_fd() == -1);       // still lost
+  CHECK_FALSE(f.Receive(milliseconds(200)));  // nothing re-sent
+  // The timeout still runs from the close; the late credit acknowledged step 0.
+  f.clock.Advance(milliseconds(30001));
+  auto fatal = f.channel->CheckLiveness();
+  REQUIRE(fatal);
+  CHECK_THAT(fatal->second, Catch::Contains("1 step(s)"));
+
+  // The same session on a really new connection is a reconnect: step 1 again.
+  zmq::socket_t again(f.context, zmq::socket_type::dealer);
+  again.set(zmq::sockopt::linger, 0);
+  again.set(zmq::sockopt::routing_id, std::string("trainer-reuse"));
+  f.trainer.close();
+  again.connect(f.channel->endpoint());
+  again.send(zmq::buffer(Credit(0).SerializeAsString()));
+  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
+  REQUIRE(f.channel->session_fd() >= 0);
+  again.set(zmq::sockopt::rcvtimeo, 10000);
+  std::vector<uint64_t> indices;
+  while (indices.empty()) {
+    zmq::message_t frame;
+    REQUIRE(again.recv(frame));
+    wire::DaemonMessage m;
+    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+    while (frame.more()) REQUIRE(again.recv(frame));
+    if (m.has_step()) indices.push_back(m.step().step_index());
+  }
+  CHECK(indices == std::vector<uint64_t>{1});
+  f.trainer = std::move(again);
+}
+
 TEST_CASE("a message a closed connection left queued neither opens a session nor contends for it") {
   for (const bool with_session : {true, false}) {
     DYNAMIC_SECTION((with_session ? "while a session is served" : "before any session")) {
@@ -428,6 +483,86 @@ TEST_CASE("a second trainer is held for the contender grace of the injected cloc
   CHECK(f.metrics.refused_trainers.load() == 1);
   MutexLock lock(f.state.mu);
   CHECK(f.state.requested_epochs.size() == 1);
+}
+
+}  // namespace
+}  // namespace odb::emit
+
+namespace odb::emit {
+namespace {
+
+// A message with no kind a trainer sends (a daemon's own message sent back,
+// a field of a newer protocol) opened a session and was then ignored without
+// a count. Now it is counted as a bad message and opens nothing; the real
+// trainer's first message still does.
+TEST_CASE("a message of no known kind is counted, opens no session, and the next trainer message does") {
+  Fixture f("nokind");
+  wire::TrainerMessage empty;
+  empty.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  f.Send(empty);
+  wire::DaemonMessage echoed;  // a daemon's message, sent back
+  echoed.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  echoed.mutable_session_ack();
+  f.trainer.send(zmq::buffer(echoed.SerializeAsString()));
+  f.PumpUntil([&] { return f.metrics.bad_trainer_messages.load() >= 2; });
+  CHECK(f.metrics.bad_trainer_messages.load() == 2);
+  CHECK(f.channel->session_fd() == -1);
+  CHECK_FALSE(f.Receive(milliseconds(200)).has_value());  // no acknowledgement: no session
+  f.OpenSession();
+  CHECK(f.channel->session_fd() != -1);
+}
+
+// With more than one I/O thread a connection's close may be reported before
+// its accept (the engine runs on another thread than the listener): the
+// table would keep a closed connection open. The channel refuses such a
+// context rather than track connections wrongly.
+TEST_CASE("a context with more than one I/O thread is refused at Bind, saying why") {
+  zmq::context_t context(2);
+  DaemonState state(1 << 20, 64, 1);
+  DaemonMetrics metrics;
+  FakeClock clock;
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("odb-trainer-channel-io-" + std::to_string(getpid()));
+  TrainerChannelOptions options;
+  options.endpoint = "ipc://" + dir + "/out.sock";
+  options.step_arena = false;
+  TrainerChannel channel(context, options, state, metrics, clock);
+  const absl::Status s = channel.Bind();
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("one I/O thread") && Catch::Contains("has 2"));
+  std::filesystem::remove_all(dir);
+}
+
+// 1,500 connections that each send a credit and close while the session is
+// open, pumped as the daemon's loop does: the table of open connections
+// comes back to the session's own (one entry per open descriptor, never one
+// per connection ever made), none of them contends for or takes the
+// session, and the session still gets its steps.
+TEST_CASE("connection churn: the open-connection table stays bounded and the session keeps its steps") {
+  Fixture f("churn", /*outstanding_depth=*/2);
+  f.OpenSession();
+  REQUIRE(f.channel->open_connections() == 1);
+  const int session_fd = f.channel->session_fd();
+  for (int batch = 0; batch < 15; ++batch) {
+    std::vector<zmq::socket_t> peers;
+    for (int i = 0; i < 100; ++i) {
+      zmq::socket_t& peer = peers.emplace_back(f.context, zmq::socket_type::dealer);
+      peer.set(zmq::sockopt::linger, 0);
+      peer.connect(f.channel->endpoint());
+      peer.send(zmq::buffer(Credit(1).SerializeAsString()));
+    }
+    f.PumpUntil([&] { return f.channel->open_connections() >= 1 + peers.size(); });
+    peers.clear();  // closes them
+    f.PumpUntil([&] { return f.channel->open_connections() == 1; });
+    INFO("batch " << batch);
+    REQUIRE(f.channel->open_connections() == 1);
+  }
+  CHECK(f.channel->session_fd() == session_fd);
+  f.channel->EnqueueStep(Step(7));
+  f.channel->Flush();
+  auto step = f.Receive();
+  REQUIRE(step);
+  CHECK(step->has_step());
 }
 
 }  // namespace
