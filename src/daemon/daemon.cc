@@ -83,12 +83,7 @@ absl::Status Daemon::Bind() {
   ODB_RETURN_IF_ERROR(ingest_.Bind());
   ODB_RETURN_IF_ERROR(trainer_.Bind());
   if (!config_.round_trace.empty()) {
-    round_trace_.reset(std::fopen(config_.round_trace.c_str(), "w"));
-    if (!round_trace_) {
-      return absl::FailedPreconditionError("round_trace: cannot open '" + config_.round_trace +
-                                           "' for writing: " + std::strerror(errno));
-    }
-    std::setvbuf(round_trace_.get(), nullptr, _IOLBF, 0);  // whole lines, readable while the daemon runs
+    ODB_ASSIGN_OR_RETURN(round_trace_, RoundTrace::Open(config_.round_trace));
   }
   if (exchange_) ODB_RETURN_IF_ERROR(exchange_->Bind());
   if (!config_.metrics_endpoint.empty()) {
@@ -365,9 +360,7 @@ absl::Status Daemon::RunOneRound() {
     };
     // The planner thread's CPU time in the round (encode, decode, plan): on
     // a machine with fewer cores than daemons the wall time stretches it.
-    std::fprintf(round_trace_.get(), "%llu %lld %lld %lld\n", static_cast<unsigned long long>(round),
-                 ns(entered), ns(std::chrono::system_clock::now()),
-                 static_cast<long long>(ThreadCpuNanos() - cpu_before));
+    round_trace_->Append(round, ns(entered), ns(std::chrono::system_clock::now()), ThreadCpuNanos() - cpu_before);
   }
   ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) {

@@ -18,6 +18,7 @@
 #include "src/daemon/endpoint_lock.h"
 #include "src/daemon/metrics_server.h"
 #include "src/daemon/round_runner.h"
+#include "src/daemon/round_trace.h"
 #include "src/emit/step_builder.h"
 #include "src/emit/trainer_channel.h"
 #include "src/exchange/payload_exchange.h"
@@ -118,7 +119,7 @@ class Daemon {
   std::vector<uint64_t> round_times_;
   size_t round_time_next_ = 0;
   // config.round_trace, opened by Bind (planner thread writes, one line per round).
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> round_trace_{nullptr, &std::fclose};
+  std::unique_ptr<RoundTrace> round_trace_;
 };
 
 }  // namespace odb

@@ -15,6 +15,7 @@
 #include "src/align/peer_group.h"
 #include "src/daemon/aligned_round_runner.h"
 #include "src/daemon/peers.h"
+#include "src/daemon/round_trace.h"
 
 namespace odb {
 namespace {
@@ -267,6 +268,27 @@ TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and th
   CHECK_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("no/such/dir"));
   daemon.Stop();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a round_trace another daemon writes fails Bind instead of both overwriting it") {
+  std::string dir;
+  DaemonConfig config = SingleRankConfig("sharedtrace", dir);
+  std::filesystem::create_directories(dir);
+  config.round_trace = dir + "/rounds.txt";  // no {rank}: what two daemons of a job would share
+  auto first = RoundTrace::Open(config.round_trace);  // the other daemon's, holding the file
+  REQUIRE(first.ok());
+  auto peers = ConnectPeers(config);
+  REQUIRE(peers.ok());
+  FakeClock clock;
+  zmq::context_t context;
+  Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock,
+                &context);
+  const absl::Status s = daemon.Bind();
+  CHECK_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("rounds.txt"));
+  daemon.Stop();
+  first->reset();
   std::filesystem::remove_all(dir);
 }
 
