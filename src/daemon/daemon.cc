@@ -360,7 +360,8 @@ absl::Status Daemon::RunOneRound() {
     };
     // The planner thread's CPU time in the round (encode, decode, plan): on
     // a machine with fewer cores than daemons the wall time stretches it.
-    round_trace_->Append(round, ns(entered), ns(std::chrono::system_clock::now()), ThreadCpuNanos() - cpu_before);
+    round_trace_->Append(round, ns(entered), ns(std::chrono::system_clock::now()),
+                         ThreadCpuNanos() - cpu_before);
   }
   ReportLongWait(request.epoch, *outcome);
   if (!outcome->outgoing.empty()) {

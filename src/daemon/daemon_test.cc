@@ -275,7 +275,7 @@ TEST_CASE("a round_trace another daemon writes fails Bind instead of both overwr
   std::string dir;
   DaemonConfig config = SingleRankConfig("sharedtrace", dir);
   std::filesystem::create_directories(dir);
-  config.round_trace = dir + "/rounds.txt";  // no {rank}: what two daemons of a job would share
+  config.round_trace = dir + "/rounds.txt";           // no {rank}: what two daemons of a job would share
   auto first = RoundTrace::Open(config.round_trace);  // the other daemon's, holding the file
   REQUIRE(first.ok());
   auto peers = ConnectPeers(config);
