@@ -424,8 +424,11 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     const size_t waiting = state_.requested_epochs.size();
     const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
                        state_.requested_epochs.end();
-    if (state_.tracker.IsClosed(epoch) || again || state_.current_epoch == epoch) {
-      if (MayLog(kLogBadValue)) spdlog::warn("trainer asked for epoch {} again; ignored", epoch);
+    if (state_.tracker.IsClosed(epoch)) {
+      if (MayLog(kLogBadValue)) spdlog::warn("trainer asked for epoch {}, which has ended; ignored", epoch);
+    } else if (again || state_.current_epoch == epoch) {
+      // The client re-sends an unanswered start_epoch after a reconnect: normal.
+      if (MayLog(kLogBadValue)) spdlog::info("trainer asked for epoch {} again; ignored", epoch);
     } else if (waiting >= kMaxRequestedEpochs) {
       metrics_.bad_trainer_messages.fetch_add(1);
       if (MayLog(kLogBadValue)) {
