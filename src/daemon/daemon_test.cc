@@ -254,20 +254,26 @@ TEST_CASE("round_trace gets one line per round: its index, wall-clock entry and 
   CHECK(cpu_total > 0);    // planning 200 samples takes some CPU
 }
 
-TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and the path") {
-  std::string dir;
-  DaemonConfig config = SingleRankConfig("badtrace", dir);
-  config.round_trace = dir + "/no/such/dir/rounds.txt";
+// What Bind says for `config` (a single-rank daemon, stopped again).
+absl::Status BindOnce(const DaemonConfig& config) {
   auto peers = ConnectPeers(config);
   REQUIRE(peers.ok());
   FakeClock clock;
   zmq::context_t context;
   Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock,
                 &context);
-  const absl::Status s = daemon.Bind();
+  absl::Status s = daemon.Bind();
+  daemon.Stop();
+  return s;
+}
+
+TEST_CASE("a round_trace that cannot be opened fails Bind, naming the key and the path") {
+  std::string dir;
+  DaemonConfig config = SingleRankConfig("badtrace", dir);
+  config.round_trace = dir + "/no/such/dir/rounds.txt";
+  const absl::Status s = BindOnce(config);
   CHECK_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("no/such/dir"));
-  daemon.Stop();
   std::filesystem::remove_all(dir);
 }
 
@@ -278,16 +284,9 @@ TEST_CASE("a round_trace another daemon writes fails Bind instead of both overwr
   config.round_trace = dir + "/rounds.txt";           // no {rank}: what two daemons of a job would share
   auto first = RoundTrace::Open(config.round_trace);  // the other daemon's, holding the file
   REQUIRE(first.ok());
-  auto peers = ConnectPeers(config);
-  REQUIRE(peers.ok());
-  FakeClock clock;
-  zmq::context_t context;
-  Daemon daemon(config, std::make_unique<AlignedRoundRunner>(std::move(*peers), config, &clock), &clock,
-                &context);
-  const absl::Status s = daemon.Bind();
+  const absl::Status s = BindOnce(config);
   CHECK_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("round_trace") && Catch::Contains("rounds.txt"));
-  daemon.Stop();
   first->reset();
   std::filesystem::remove_all(dir);
 }

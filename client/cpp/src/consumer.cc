@@ -292,15 +292,25 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }
 
-absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
-                                  uint64_t first_step) {
-  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
+namespace {
+
+wire::TrainerMessage StartEpochMessage(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
+                                       uint64_t first_step) {
   wire::TrainerMessage m;
   m.set_version(wire::PROTOCOL_VERSION_CURRENT);
   m.mutable_start_epoch()->set_epoch(epoch);
   m.mutable_start_epoch()->set_expected_producers(expected_producers);
   m.mutable_start_epoch()->set_first_round(first_round);
   m.mutable_start_epoch()->set_first_step(first_step);
+  return m;
+}
+
+}  // namespace
+
+absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round,
+                                  uint64_t first_step) {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
+  const wire::TrainerMessage m = StartEpochMessage(epoch, expected_producers, first_round, first_step);
   impl_->pending_starts[epoch] = m;
   return impl_->SendTrainer(m);
 }
@@ -308,12 +318,7 @@ absl::Status Consumer::StartEpoch(uint32_t epoch, uint32_t expected_producers, u
 absl::Status Consumer::StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers,
                                              uint64_t first_round, uint64_t first_step) {
   if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
-  wire::TrainerMessage m;
-  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
-  m.mutable_start_epoch()->set_epoch(epoch);
-  m.mutable_start_epoch()->set_expected_producers(expected_producers);
-  m.mutable_start_epoch()->set_first_round(first_round);
-  m.mutable_start_epoch()->set_first_step(first_step);
+  const wire::TrainerMessage m = StartEpochMessage(epoch, expected_producers, first_round, first_step);
   impl_->pending_starts[epoch] = m;  // sent, as far as this client knows; the daemon never acts on it
   return absl::OkStatus();
 }
