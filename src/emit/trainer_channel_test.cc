@@ -106,6 +106,33 @@ struct Fixture {
     REQUIRE(ack->has_session_ack());
   }
 
+  // The session `routing_id` comes back on a new connection (the old one
+  // closes first, so the new one takes the id) and announces itself with a
+  // credit of 0: returns the index of the first step the daemon re-sends,
+  // and keeps the new connection as `trainer`.
+  uint64_t ReconnectAndFirstStep(const std::string& routing_id) {
+    zmq::socket_t again(context, zmq::socket_type::dealer);
+    again.set(zmq::sockopt::linger, 0);
+    again.set(zmq::sockopt::routing_id, routing_id);
+    trainer.close();
+    again.connect(channel->endpoint());
+    again.send(zmq::buffer(Credit(0).SerializeAsString()));
+    PumpUntil([&] { return channel->session_fd() >= 0; });
+    REQUIRE(channel->session_fd() >= 0);
+    again.set(zmq::sockopt::rcvtimeo, 10000);
+    while (true) {
+      zmq::message_t frame;
+      REQUIRE(again.recv(frame));
+      wire::DaemonMessage m;
+      REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
+      while (frame.more()) REQUIRE(again.recv(frame));
+      if (m.has_step()) {
+        trainer = std::move(again);
+        return m.step().step_index();
+      }
+    }
+  }
+
   std::string dir;
   zmq::context_t context;
   DaemonState state;
@@ -312,26 +339,7 @@ TEST_CASE("a late credit still acknowledges its steps and counts its wait; a lat
 
   // The same session on a new connection: a reconnect, and only step 1 (not
   // acknowledged) is sent again.
-  zmq::socket_t again(f.context, zmq::socket_type::dealer);
-  again.set(zmq::sockopt::linger, 0);
-  again.set(zmq::sockopt::routing_id, std::string("trainer-back"));
-  f.trainer.close();  // the old connection really closes; the new one takes the id
-  again.connect(f.channel->endpoint());
-  again.send(zmq::buffer(Credit(0).SerializeAsString()));
-  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
-  REQUIRE(f.channel->session_fd() >= 0);
-  again.set(zmq::sockopt::rcvtimeo, 10000);
-  std::vector<uint64_t> indices;
-  while (indices.size() < 1) {
-    zmq::message_t frame;
-    REQUIRE(again.recv(frame));
-    wire::DaemonMessage m;
-    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
-    while (frame.more()) REQUIRE(again.recv(frame));
-    if (m.has_step()) indices.push_back(m.step().step_index());
-  }
-  CHECK(indices == std::vector<uint64_t>{1});
-  f.trainer = std::move(again);
+  CHECK(f.ReconnectAndFirstStep("trainer-back") == 1);
 }
 
 // The window session 12 left open: the session's connection closes with a
@@ -367,26 +375,7 @@ TEST_CASE("a late message read after its descriptor went to a new connection doe
   CHECK_THAT(fatal->second, Catch::Contains("1 step(s)"));
 
   // The same session on a really new connection is a reconnect: step 1 again.
-  zmq::socket_t again(f.context, zmq::socket_type::dealer);
-  again.set(zmq::sockopt::linger, 0);
-  again.set(zmq::sockopt::routing_id, std::string("trainer-reuse"));
-  f.trainer.close();
-  again.connect(f.channel->endpoint());
-  again.send(zmq::buffer(Credit(0).SerializeAsString()));
-  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
-  REQUIRE(f.channel->session_fd() >= 0);
-  again.set(zmq::sockopt::rcvtimeo, 10000);
-  std::vector<uint64_t> indices;
-  while (indices.empty()) {
-    zmq::message_t frame;
-    REQUIRE(again.recv(frame));
-    wire::DaemonMessage m;
-    REQUIRE(m.ParseFromArray(frame.data(), static_cast<int>(frame.size())));
-    while (frame.more()) REQUIRE(again.recv(frame));
-    if (m.has_step()) indices.push_back(m.step().step_index());
-  }
-  CHECK(indices == std::vector<uint64_t>{1});
-  f.trainer = std::move(again);
+  CHECK(f.ReconnectAndFirstStep("trainer-reuse") == 1);
 }
 
 TEST_CASE("a message a closed connection left queued neither opens a session nor contends for it") {
