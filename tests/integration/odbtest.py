@@ -312,6 +312,19 @@ def collect_epochs(daemons: list[Daemon], consumers: list[subprocess.Popen]) -> 
     return results
 
 
+def raw_trainer_msg(**kind) -> bytes:
+    """A raw trainer message: credit=N steps and/or start=EPOCH (one producer expected)."""
+    import odb_pb2
+
+    m = odb_pb2.TrainerMessage(version=1)
+    if "credit" in kind:
+        m.credit.steps = kind["credit"]
+    if "start" in kind:
+        m.start_epoch.epoch = kind["start"]
+        m.start_epoch.expected_producers = 1
+    return m.SerializeToString()
+
+
 def raw_trainer_next(sock) -> tuple[list[bytes], "odb_pb2.DaemonMessage"]:
     """The next daemon message on a raw trainer socket (a zmq DEALER), with its
     frames, as a client sees it: a step arena offer is declined (a raw test

@@ -11,7 +11,7 @@ import urllib.request
 
 import zmq
 
-from odbtest import Daemon, consume, epochs, finish, metric_value, produce, raw_trainer_next
+from odbtest import Daemon, consume, epochs, finish, metric_value, produce, raw_trainer_msg, raw_trainer_next
 from odbtest import scrape as scrape_metrics
 from rawproducer import RawProducer
 
@@ -205,16 +205,6 @@ def _trainer(ctx, d: Daemon, identity: bytes | None = None) -> zmq.Socket:
     return s
 
 
-def _trainer_msg(**kind) -> bytes:
-    m = odb_pb2.TrainerMessage(version=1)
-    if "credit" in kind:
-        m.credit.steps = kind["credit"]
-    if "start" in kind:
-        m.start_epoch.epoch = kind["start"]
-        m.start_epoch.expected_producers = 1
-    return m.SerializeToString()
-
-
 def _next(s: zmq.Socket) -> odb_pb2.DaemonMessage:
     return raw_trainer_next(s)[1]
 
@@ -230,10 +220,10 @@ def test_malformed_trainer_messages_are_ignored_and_a_second_trainer_is_refused(
         t1 = _trainer(ctx, d)
         t1.send_multipart([b"one", b"two", b"three"])
         t1.send(b"\xff\xfe not a protobuf")
-        t1.send(_trainer_msg(start=0))
+        t1.send(raw_trainer_msg(start=0))
         d.wait_log("trainer started epoch 0")
         t2 = _trainer(ctx, d)
-        t2.send(_trainer_msg(credit=0))
+        t2.send(raw_trainer_msg(credit=0))
         refused = _next(t2)
         assert refused.fatal.code == odb_pb2.SESSION_REFUSED, refused
         assert "one trainer per daemon" in refused.fatal.message
@@ -244,7 +234,7 @@ def test_malformed_trainer_messages_are_ignored_and_a_second_trainer_is_refused(
             if m.HasField("epoch_end"):
                 break
             ids.extend(m.step.sample_ids)
-            t1.send(_trainer_msg(credit=1))
+            t1.send(raw_trainer_msg(credit=1))
         assert sorted(ids) == list(range(300))
         assert "a message of 3 frames" in d.read_log()
         assert d.proc.poll() is None
@@ -262,7 +252,7 @@ def test_a_reconnecting_session_gets_its_unacknowledged_steps_again(tmp_path):
     try:
         d.wait_ready()
         t = _trainer(ctx, d, identity=b"trainer-session-1")
-        t.send(_trainer_msg(start=0))
+        t.send(raw_trainer_msg(start=0))
         assert finish(produce(d.ingest, "p", 400, seed=4))[0] == 0
         got: dict[int, list[int]] = {}
         for _ in range(2):  # two steps received, never acknowledged
@@ -271,7 +261,7 @@ def test_a_reconnecting_session_gets_its_unacknowledged_steps_again(tmp_path):
         t.close()
         d.wait_log("trainer session trainer-session-1 disconnected")
         t = _trainer(ctx, d, identity=b"trainer-session-1")
-        t.send(_trainer_msg(credit=0))
+        t.send(raw_trainer_msg(credit=0))
         while True:
             m = _next(t)
             if m.HasField("epoch_end"):
@@ -279,7 +269,7 @@ def test_a_reconnecting_session_gets_its_unacknowledged_steps_again(tmp_path):
                 break
             if m.step.step_index not in got:
                 got[m.step.step_index] = list(m.step.sample_ids)
-                t.send(_trainer_msg(credit=1))
+                t.send(raw_trainer_msg(credit=1))
         ids = sorted(i for step in got.values() for i in step)
         assert ids == list(range(400))
         assert summary.emitted == 400
@@ -297,13 +287,13 @@ def test_a_new_trainer_mid_epoch_is_told_the_epoch_is_lost(tmp_path):
     try:
         d.wait_ready()
         t = _trainer(ctx, d)
-        t.send(_trainer_msg(start=0))
+        t.send(raw_trainer_msg(start=0))
         assert finish(produce(d.ingest, "p", 400, seed=4))[0] == 0
         _next(t)
         t.close()
         d.wait_log("disconnected")
         t2 = _trainer(ctx, d)
-        t2.send(_trainer_msg(start=0))
+        t2.send(raw_trainer_msg(start=0))
         m = _next(t2)
         assert m.fatal.code == odb_pb2.EPOCH_LOST, m
         assert "restart the job" in m.fatal.message
@@ -472,8 +462,8 @@ def test_a_trainer_that_replaces_its_consumer_between_epochs_is_served(tmp_path)
         d.wait_ready()
         for epoch in range(3):
             t = _trainer(ctx, d)
-            t.send(_trainer_msg(credit=0))
-            t.send(_trainer_msg(start=epoch))
+            t.send(raw_trainer_msg(credit=0))
+            t.send(raw_trainer_msg(start=epoch))
             p = produce(d.ingest, f"p{epoch}", 50, seed=epoch, extra=["--epoch", str(epoch)])
             ids = []
             while True:
@@ -482,7 +472,7 @@ def test_a_trainer_that_replaces_its_consumer_between_epochs_is_served(tmp_path)
                 if m.HasField("epoch_end"):
                     break
                 ids.extend(m.step.sample_ids)
-                t.send(_trainer_msg(credit=1))
+                t.send(raw_trainer_msg(credit=1))
             assert finish(p)[0] == 0
             assert sorted(ids) == list(range(50))
             t.close()  # and the next epoch's consumer connects right away

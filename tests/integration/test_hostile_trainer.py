@@ -9,9 +9,7 @@ import time
 
 import zmq
 
-from odbtest import METRICS_CONFIG, Daemon, finish, metric, produce, raw_trainer_next, wait_metric
-
-import odb_pb2
+from odbtest import METRICS_CONFIG, Daemon, finish, metric, produce, raw_trainer_msg, raw_trainer_next, wait_metric
 
 
 def _socket(ctx, d: Daemon) -> zmq.Socket:
@@ -23,16 +21,6 @@ def _socket(ctx, d: Daemon) -> zmq.Socket:
     return s
 
 
-def _msg(**kind) -> bytes:
-    m = odb_pb2.TrainerMessage(version=1)
-    if "credit" in kind:
-        m.credit.steps = kind["credit"]
-    if "start" in kind:
-        m.start_epoch.epoch = kind["start"]
-        m.start_epoch.expected_producers = 1
-    return m.SerializeToString()
-
-
 def _receive_epoch(t: zmq.Socket) -> list[int]:
     ids = []
     while True:
@@ -41,7 +29,7 @@ def _receive_epoch(t: zmq.Socket) -> list[int]:
             return ids
         if m.HasField("step"):
             ids.extend(m.step.sample_ids)
-            t.send(_msg(credit=1))
+            t.send(raw_trainer_msg(credit=1))
 
 
 def _trainer_lines(log: str) -> list[str]:
@@ -58,17 +46,17 @@ def test_a_flood_on_the_trainer_socket_is_counted_and_logged_in_bounded_lines(tm
     try:
         d.wait_ready()
         t1 = _socket(ctx, d)
-        t1.send(_msg(start=0))
+        t1.send(raw_trainer_msg(start=0))
         d.wait_log("trainer started epoch 0")
         for _ in range(10000):
             t1.send(b"\xff\xfe not a protobuf")
         for _ in range(3000):
             t1.send_multipart([b"one", b"two"])
         t2 = _socket(ctx, d)  # waits as the contender (the session may be closing)
-        t2.send(_msg(credit=1))
+        t2.send(raw_trainer_msg(credit=1))
         t3 = _socket(ctx, d)  # a third peer: refused at every message; it never reads
         for _ in range(3000):
-            t3.send(_msg(credit=1))
+            t3.send(raw_trainer_msg(credit=1))
         wait_metric(d, "odb_bad_trainer_messages_total", 13000)
         refused = wait_metric(d, "odb_refused_trainers_total", 3000)
         assert refused <= 3001  # t3's messages, and t2 once its grace ends
@@ -106,7 +94,7 @@ def test_connection_churn_between_epochs_keeps_descriptors_memory_and_log_bounde
                 s = ctx.socket(zmq.DEALER)
                 s.setsockopt(zmq.LINGER, 100)
                 s.connect(d.trainer)
-                s.send(_msg(credit=1))
+                s.send(raw_trainer_msg(credit=1))
                 s.close()
             ctx.term()
         # Every churned connection's close is seen: the descriptors come back (polled with a deadline, not slept on).
@@ -119,7 +107,7 @@ def test_connection_churn_between_epochs_keeps_descriptors_memory_and_log_bounde
         ctx = zmq.Context()
         try:
             t = _socket(ctx, d)
-            t.send(_msg(start=0))
+            t.send(raw_trainer_msg(start=0))
             assert finish(produce(d.ingest, "p", 200, seed=4))[0] == 0
             assert sorted(_receive_epoch(t)) == list(range(200))
         finally:
