@@ -33,6 +33,20 @@ absl::Status Pump(PayloadExchange& x, const std::function<bool()>& done) {
   return absl::OkStatus();
 }
 
+// A DEALER to the exchange at `endpoint` that says it is `routing_id` and
+// authenticates with `keys` against the exchange's public key.
+zmq::socket_t CurveDealer(zmq::context_t& ctx, const char* routing_id, const std::string& server_key,
+                          const CurveKeypair& keys, const std::string& endpoint) {
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::routing_id, routing_id);
+  s.set(zmq::sockopt::curve_serverkey, server_key);
+  s.set(zmq::sockopt::curve_publickey, keys.public_key);
+  s.set(zmq::sockopt::curve_secretkey, keys.secret_key);
+  s.connect(endpoint);
+  return s;
+}
+
 TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer") {
   ExchangeOptions options = RankZeroOfTwo();
   DaemonState state(1 << 20, 64, 1);
@@ -58,25 +72,14 @@ TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer
   }
   // An outsider with a key of its own (not announced) sends garbage too.
   auto stranger = NewCurveKeypair();
-  zmq::socket_t forged(ctx, zmq::socket_type::dealer);
-  forged.set(zmq::sockopt::linger, 0);
-  forged.set(zmq::sockopt::routing_id, "1");
-  forged.set(zmq::sockopt::curve_serverkey, server_key);
-  forged.set(zmq::sockopt::curve_publickey, stranger->public_key);
-  forged.set(zmq::sockopt::curve_secretkey, stranger->secret_key);
-  forged.connect(x.endpoint());
+  REQUIRE(stranger.ok());
+  zmq::socket_t forged = CurveDealer(ctx, "1", server_key, *stranger, x.endpoint());
   REQUIRE(forged.send(zmq::str_buffer("garbage"), zmq::send_flags::none));
   REQUIRE(Pump(x, [&] { return x.RefusedConnections() >= 1; }).ok());
   CHECK(x.RefusedConnections() >= 1);
 
   // The real rank 1 sends a frame that is no sample: the error names rank 1.
-  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
-  peer.set(zmq::sockopt::linger, 0);
-  peer.set(zmq::sockopt::routing_id, "1");
-  peer.set(zmq::sockopt::curve_serverkey, server_key);
-  peer.set(zmq::sockopt::curve_publickey, rank1->public_key);
-  peer.set(zmq::sockopt::curve_secretkey, rank1->secret_key);
-  peer.connect(x.endpoint());
+  zmq::socket_t peer = CurveDealer(ctx, "1", server_key, *rank1, x.endpoint());
   REQUIRE(peer.send(zmq::str_buffer("not a sample"), zmq::send_flags::none));
   absl::Status s = Pump(x, [] { return false; });
   REQUIRE(!s.ok());
@@ -101,13 +104,7 @@ TEST_CASE("two copies of one key from a peer are both kept and taken in the orde
   REQUIRE(x.Connect({x.Announcement(), EncodeAnnouncement({"tcp://127.0.0.1:9", rank1->public_key})}).ok());
   const std::string server_key = x.Announcement().substr(0, 40);
   zmq::context_t ctx(1);
-  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
-  peer.set(zmq::sockopt::linger, 0);
-  peer.set(zmq::sockopt::routing_id, "1");
-  peer.set(zmq::sockopt::curve_serverkey, server_key);
-  peer.set(zmq::sockopt::curve_publickey, rank1->public_key);
-  peer.set(zmq::sockopt::curve_secretkey, rank1->secret_key);
-  peer.connect(x.endpoint());
+  zmq::socket_t peer = CurveDealer(ctx, "1", server_key, *rank1, x.endpoint());
   // Sample 7 twice, told apart by their lengths (what the plan sized each by).
   for (uint32_t tokens : {3u, 5u}) {
     wire::ProducerMessage m;
