@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -149,6 +150,31 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
 
 }  // namespace
 
+absl::Status CheckWindowTarget(uint64_t tokens_per_step, const RoundPlan& plan) {
+  if (tokens_per_step == 0) return absl::OkStatus();
+  uint64_t samples = 0, loss = 0;
+  for (const RankPlan& rp : plan.ranks) {
+    for (const PlannedStep& s : rp.steps) {
+      samples += s.samples.size();
+      loss += StepLoss(s);
+    }
+  }
+  const uint64_t world = plan.ranks.size();
+  if (samples == 0 || loss == 0) return absl::OkStatus();
+  const uint64_t mean = (loss + samples / 2) / samples;  // loss tokens of a sample, rounded
+  // Below one sample: target * samples < loss, compared without rounding. (Below one sample per
+  // rank is allowed: at a large world a window may be smaller than one sample per rank.)
+  if (static_cast<unsigned __int128>(tokens_per_step) * samples >= loss) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "optimizer.tokens_per_step " + std::to_string(tokens_per_step) +
+      " is less than one sample: the first " + "samples carry " + std::to_string(mean) +
+      " loss tokens on average, so every optimizer step would be a " +
+      "single sample, far over its target. The setting counts loss tokens summed over all " +
+      std::to_string(world) + " rank(s), not samples: for N samples per optimizer step set about N x " +
+      std::to_string(mean) + " (16 samples: " + std::to_string(16 * mean) + "). 0 turns windows off (one " +
+      "optimizer step per micro-step).");
+}
+
 bool InputsOpen(const RoundState& state, uint32_t window) {
   for (const RankRound& rr : state.ranks) {
     if (!rr.stream_finished && !rr.input_blocked && (window == 0 || rr.pending.size() < window)) return true;
@@ -176,7 +202,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     open = out.size();
   } else {
     const uint64_t goal = target;
-    const uint64_t limit = target + target / 10;                     // never more than 10% over if avoidable
+    const uint64_t limit = target + target / 10;  // never more than 10% over if avoidable
     uint64_t acc = 0;
     while (!queue.empty()) {
       GlobalStep g = std::move(queue.front());
@@ -223,7 +249,8 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       if (under && (over->total > limit || under->total == goal)) {
         pick = under;
       } else if (under && over->total > under->total) {
-        const double p_over = static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
+        const double p_over =
+            static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
       }
       switch (pick->choice) {
