@@ -118,8 +118,8 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
   s.stream_started = (flags & 2) != 0;
   s.wait_expired = (flags & 4) != 0;
   if (!in.ok || !in.in.empty() || flags > 7) {
-    return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) +
-                               " bytes, expected " + std::to_string(kRoundSummaryBytes) + ")");
+    return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) + " bytes, expected " +
+                               std::to_string(kRoundSummaryBytes) + ")");
   }
   // A group holds at least one sample, so a bound on a window's groups lies
   // in [0, pending]; anything else (NaN included) would make T garbage.
@@ -170,8 +170,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   const int me = peers_->Rank();
   const int world = peers_->Size();
   if (!epoch_ || epoch_finished_) {
-    return absl::FailedPreconditionError(Prefix(me) +
-                                         "RunRound outside a running epoch; call StartEpoch first");
+    return absl::FailedPreconditionError(Prefix(me) + "RunRound outside a running epoch; call StartEpoch first");
   }
   if (local.epoch != *epoch_) {
     return absl::InvalidArgumentError(Prefix(me) + "round input is for epoch " + std::to_string(local.epoch) +
@@ -179,8 +178,8 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
   }
   for (const SampleMeta& m : local.pending) {
     if (m.owner_rank != me) {
-      return absl::InvalidArgumentError(Prefix(me) + "pending sample " + std::to_string(m.id) +
-                                        " has owner_rank " + std::to_string(m.owner_rank));
+      return absl::InvalidArgumentError(Prefix(me) + "pending sample " + std::to_string(m.id) + " has owner_rank " +
+                                        std::to_string(m.owner_rank));
     }
     if (m.lengths.tokens == 0) {
       return absl::InvalidArgumentError(Prefix(me) + "pending sample " + std::to_string(m.id) +
@@ -235,8 +234,8 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     } else {
       auto gathered = peers_->AllGather(EncodeRankRound(msg));
       if (!gathered.ok()) {
-        return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) +
-                                                          " round " + std::to_string(round_) + ": " +
+        return absl::Status(gathered.status().code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " +
+                                                          std::to_string(round_) + ": " +
                                                           std::string(gathered.status().message()));
       }
       if (static_cast<int>(gathered->size()) != world) {
@@ -247,24 +246,23 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
       for (int r = 0; r < world; ++r) {
         auto decoded = DecodeRankRound((*gathered)[r]);
         if (!decoded.ok()) {
-          return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " +
-                                                           std::to_string(r) + ": " +
-                                                           std::string(decoded.status().message()));
+          return absl::Status(decoded.status().code(), Prefix(me) + "metadata from rank " + std::to_string(r) +
+                                                           ": " + std::string(decoded.status().message()));
         }
         if (decoded->rank != r || decoded->epoch != *epoch_ || decoded->round != round_) {
           return absl::FailedPreconditionError(
               Prefix(me) + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " +
               std::to_string(decoded->rank) + " epoch " + std::to_string(decoded->epoch) + " round " +
-              std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) +
-              " round " + std::to_string(round_));
+              std::to_string(decoded->round) + ", this rank is at epoch " + std::to_string(*epoch_) + " round " +
+              std::to_string(round_));
         }
         state.ranks[r] = std::move(decoded->data);
       }
     }
     plan = planner_->Plan(state);
     if (static_cast<int>(plan.ranks.size()) != world) {
-      return absl::InternalError(Prefix(me) + "planner returned plans for " +
-                                 std::to_string(plan.ranks.size()) + " ranks");
+      return absl::InternalError(Prefix(me) + "planner returned plans for " + std::to_string(plan.ranks.size()) +
+                                 " ranks");
     }
     for (const RankPlan& rp : plan.ranks) {
       if (rp.steps.size() != plan.num_steps) {
@@ -343,8 +341,7 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   const int me = peers_->Rank();
   const int world = peers_->Size();
   const PlannerConfig& config = planner_->config();
-  const std::string where =
-      Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
+  const std::string where = Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
   if (config.tokens_per_step != 0) {
     // Accumulation windows cut steps across every rank's samples, which a
     // block never sees.
@@ -363,9 +360,8 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
                           where + "making the block's peer group: " + std::string(split.status().message()));
     }
     if ((*split)->Size() != end - begin || (*split)->Rank() != me - begin) {
-      return absl::InternalError(where + "the block's peer group has rank " +
-                                 std::to_string((*split)->Rank()) + " of " +
-                                 std::to_string((*split)->Size()) + "; expected " +
+      return absl::InternalError(where + "the block's peer group has rank " + std::to_string((*split)->Rank()) +
+                                 " of " + std::to_string((*split)->Size()) + "; expected " +
                                  std::to_string(me - begin) + " of " + std::to_string(end - begin));
     }
     block_peers_ = std::move(*split);
@@ -399,10 +395,9 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
       if (!decoded.ok()) return failed(decoded.status(), "round summary from rank " + std::to_string(r));
       bs.summaries[r] = *decoded;
       if (rank != r || epoch != *epoch_ || round != round_) {
-        return absl::FailedPreconditionError(where + "rank " + std::to_string(r) +
-                                             " is out of lockstep: it sent rank " + std::to_string(rank) +
-                                             " epoch " + std::to_string(epoch) + " round " +
-                                             std::to_string(round) + " (a round summary)");
+        return absl::FailedPreconditionError(
+            where + "rank " + std::to_string(r) + " is out of lockstep: it sent rank " + std::to_string(rank) +
+            " epoch " + std::to_string(epoch) + " round " + std::to_string(round) + " (a round summary)");
       }
     }
   }
@@ -468,9 +463,8 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
   if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
   if (static_cast<int>(gathered->size()) != world) {
-    return absl::InternalError(where + "token totals all-gather returned " +
-                               std::to_string(gathered->size()) + " entries for " + std::to_string(world) +
-                               " ranks");
+    return absl::InternalError(where + "token totals all-gather returned " + std::to_string(gathered->size()) +
+                               " entries for " + std::to_string(world) + " ranks");
   }
   std::vector<uint64_t> loss_total(t, 0);
   global_real.assign(t, 0);

@@ -202,7 +202,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     open = out.size();
   } else {
     const uint64_t goal = target;
-    const uint64_t limit = target + target / 10;  // never more than 10% over if avoidable
+    const uint64_t limit = target + target / 10;                     // never more than 10% over if avoidable
     uint64_t acc = 0;
     while (!queue.empty()) {
       GlobalStep g = std::move(queue.front());
@@ -249,8 +249,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       if (under && (over->total > limit || under->total == goal)) {
         pick = under;
       } else if (under && over->total > under->total) {
-        const double p_over =
-            static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
+        const double p_over = static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
       }
       switch (pick->choice) {

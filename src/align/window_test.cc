@@ -3,8 +3,8 @@
 // a window split, open windows handed back, short windows at the epoch's end.
 #include "src/align/window.h"
 
-#include <algorithm>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -58,14 +58,12 @@ testing::EpochOutcome RunWindowed(const testing::Scenario& sc) {
   return testing::RunEpoch(sc, planner, checks);
 }
 
-TEST_CASE("randomized epochs with windows: coverage, aligned windows, weights sum to W per window",
-          "[window]") {
+TEST_CASE("randomized epochs with windows: coverage, aligned windows, weights sum to W per window", "[window]") {
   int windows = 0;
   for (int world : {1, 2, 3, 4}) {
     for (uint64_t i = 0; i < 60; ++i) {
       const uint64_t seed = 7000000 + world * 1000 + i;
-      testing::Scenario sc =
-          testing::MakeScenario(seed, world, i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin);
+      testing::Scenario sc = testing::MakeScenario(seed, world, i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin);
       sc.config.tokens_per_step = std::vector<uint64_t>{300, 2000, 10000}[i % 3];
       // A split adds a step to a round (the daemon's rounds may exceed the
       // free slots, PlannerConfig::full_rounds): credit is not what is tested.
@@ -133,8 +131,7 @@ void RequireWindowsHoldTarget(const testing::Scenario& sc, int min_full_windows)
   REQUIRE(std::abs(sum / full - target) <= 0.02 * target);
 }
 
-TEST_CASE("windows hold the target: mean within 2%, none more than 10% over, big micro-steps split",
-          "[window]") {
+TEST_CASE("windows hold the target: mean within 2%, none more than 10% over, big micro-steps split", "[window]") {
   for (int world : {1, 2, 3, 8}) {
     for (uint64_t seed = 1; seed <= 6; ++seed) {
       testing::Scenario sc = UniformScenario(seed * 31 + world, world, 1000, 20, 400);
@@ -266,21 +263,20 @@ TEST_CASE("an open window that stops growing closes short; one that grows is hel
   }
 }
 
-TEST_CASE("inputs are open while a rank with an open stream has buffer room and a window not full",
-          "[window]") {
+TEST_CASE("inputs are open while a rank with an open stream has buffer room and a window not full", "[window]") {
   RoundState state;
   state.ranks.resize(2);
   for (RankRound& rr : state.ranks) rr.pending.resize(4);
   state.ranks[0].stream_finished = true;
   state.ranks[1].stream_finished = false;
   REQUIRE(InputsOpen(state, 8));
-  REQUIRE(InputsOpen(state, 0));        // an unbounded planner window is never full
-  REQUIRE_FALSE(InputsOpen(state, 4));  // rank 1's planner window is full
-  state.ranks[1].input_blocked = true;  // its buffer is full
+  REQUIRE(InputsOpen(state, 0));         // an unbounded planner window is never full
+  REQUIRE_FALSE(InputsOpen(state, 4));   // rank 1's planner window is full
+  state.ranks[1].input_blocked = true;   // its buffer is full
   REQUIRE_FALSE(InputsOpen(state, 8));
   state.ranks[1].input_blocked = false;
   state.ranks[1].stream_finished = true;
-  REQUIRE_FALSE(InputsOpen(state, 8));  // every stream ended
+  REQUIRE_FALSE(InputsOpen(state, 8));   // every stream ended
 }
 
 TEST_CASE("the step that would overshoot a window is split on every rank", "[window]") {
@@ -320,14 +316,14 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   REQUIRE(a.real_tokens == 200);  // the memory side still counts every token
 }
 
+
 // Windows of ~16 samples while samples stream in a few per round (the main
 // job's shape): a micro-step of 1024 padded tokens per rank holds more than a
 // window, so nearly every window ends inside a step, and a window may end
 // under or over its goal by up to one sample. Always ending at the nearest
 // point, with ends >10% over refused, left the mean window 3% under its
 // target (W=2, seed 4: 0.970), i.e. 3% more optimizer steps than the recipe.
-TEST_CASE("windows hold the target when samples stream in and a micro-step is bigger than a window",
-          "[window]") {
+TEST_CASE("windows hold the target when samples stream in and a micro-step is bigger than a window", "[window]") {
   for (int world : {2, 4}) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       testing::Scenario sc;

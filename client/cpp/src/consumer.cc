@@ -81,9 +81,8 @@ absl::StatusOr<shm::UniqueFd> FetchStepArenaFd(const wire::StepArenaOffer& offer
   absl::StatusOr<shm::ReceivedFds> got = shm::RecvFds(sock->get());
   if (!got.ok()) return got.status();
   if (got->fds.size() != 1) {
-    return absl::FailedPreconditionError(
-        "the daemon refused the step arena: " +
-        (got->payload.empty() ? std::string("no reason given") : got->payload));
+    return absl::FailedPreconditionError("the daemon refused the step arena: " +
+                                         (got->payload.empty() ? std::string("no reason given") : got->payload));
   }
   return std::move(got->fds[0]);
 }
@@ -267,8 +266,8 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
     return absl::InvalidArgumentError("data_plane '" + options.data_plane + "' is not one of auto, shm, zmq");
   }
   if (options.data_plane == "shm" && options.endpoint.rfind("ipc://", 0) != 0) {
-    return absl::InvalidArgumentError(
-        "data_plane shm needs an ipc:// endpoint (a daemon on this host), not '" + options.endpoint + "'");
+    return absl::InvalidArgumentError("data_plane shm needs an ipc:// endpoint (a daemon on this host), not '" +
+                                      options.endpoint + "'");
   }
   // ZeroMQ connects lazily: a missing daemon or a stale socket file is told now, not by a timeout.
   if (absl::Status s = client_internal::CheckDaemonReachable(options.endpoint); !s.ok()) return s;
@@ -364,72 +363,73 @@ absl::StatusOr<Delivery> Consumer::Next() {
     impl_->data_wait_us = 0;
   }
   while (true) {
-    auto frames = std::make_shared<std::vector<zmq::message_t>>();
-    try {
-      absl::StatusOr<bool> readable = impl_->WaitReadable(impl_->options.receive_timeout_ms);
-      if (!readable.ok()) return readable.status();
-      if (!*readable) {
-        return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
-                                           " within " + std::to_string(impl_->options.receive_timeout_ms) +
-                                           " ms: is odbd running, and are its producers sending?");
-      }
-      do {
-        zmq::message_t part;
-        // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
-        // exits) interrupts recv with EINTR: that is not an error, retry.
-        zmq::recv_result_t got;
-        while (true) {
-          try {
-            got = impl_->socket.recv(part);
-            break;
-          } catch (const zmq::error_t& e) {
-            if (e.num() != EINTR) throw;
-          }
+  auto frames = std::make_shared<std::vector<zmq::message_t>>();
+  try {
+    absl::StatusOr<bool> readable = impl_->WaitReadable(impl_->options.receive_timeout_ms);
+    if (!readable.ok()) return readable.status();
+    if (!*readable) {
+      return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
+                                         " within " + std::to_string(impl_->options.receive_timeout_ms) +
+                                         " ms: is odbd running, and are its producers sending?");
+    }
+    do {
+      zmq::message_t part;
+      // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
+      // exits) interrupts recv with EINTR: that is not an error, retry.
+      zmq::recv_result_t got;
+      while (true) {
+        try {
+          got = impl_->socket.recv(part);
+          break;
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
         }
-        if (!got) {
-          return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
-                                             " within " + std::to_string(impl_->options.receive_timeout_ms) +
-                                             " ms: is odbd running, and are its producers sending?");
-        }
-        frames->push_back(std::move(part));
-      } while (frames->back().more());
-    } catch (const zmq::error_t& e) {
-      return absl::UnavailableError("receive from daemon at " + impl_->options.endpoint +
-                                    " failed: " + e.what());
-    }
-    if (frames->size() == 1) {
-      // A step arena offer is answered here, never delivered.
-      wire::DaemonMessage head;
-      const zmq::message_t& f = frames->front();
-      if (head.ParseFromArray(f.data(), static_cast<int>(f.size())) && head.has_step_arena() &&
-          head.version() == wire::PROTOCOL_VERSION_CURRENT) {
-        if (absl::Status s = impl_->AcceptStepArena(head.step_arena()); !s.ok()) return s;
-        continue;
       }
-    }
-    impl_->last_holder = nullptr;
-    absl::StatusOr<Delivery> d =
-        DecodeDelivery(std::move(frames), impl_->options.endpoint,
-                       [this](uint64_t g, uint64_t o, uint64_t l) { return impl_->ResolveBlock(g, o, l); });
-    if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
-    if (d.ok()) {
-      // The epoch is answered: a reconnect from now on needs no request again.
-      impl_->pending_starts.erase(d->kind == Delivery::Kind::kStep ? d->step.epoch : d->summary.epoch);
-    }
-    if (d.ok() && d->kind == Delivery::Kind::kStep) {
-      // After a reconnect the daemon re-sends the steps it had no credit for;
-      // the ones delivered already are dropped here (steps arrive in order).
-      // A dropped copy's block is not returned: the first copy's holder does
-      // that (and may have done it already).
-      uint64_t& next = impl_->next_step[d->step.epoch];
-      if (d->step.step_index < next) {
-        if (impl_->last_holder != nullptr) impl_->last_holder->armed = false;
-        continue;
+      if (!got) {
+        return absl::DeadlineExceededError(
+            "no step from the daemon at " + impl_->options.endpoint + " within " +
+            std::to_string(impl_->options.receive_timeout_ms) +
+            " ms: is odbd running, and are its producers sending?");
       }
-      next = d->step.step_index + 1;
-      impl_->owe_credit = true;
+      frames->push_back(std::move(part));
+    } while (frames->back().more());
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError("receive from daemon at " + impl_->options.endpoint +
+                                  " failed: " + e.what());
+  }
+  if (frames->size() == 1) {
+    // A step arena offer is answered here, never delivered.
+    wire::DaemonMessage head;
+    const zmq::message_t& f = frames->front();
+    if (head.ParseFromArray(f.data(), static_cast<int>(f.size())) && head.has_step_arena() &&
+        head.version() == wire::PROTOCOL_VERSION_CURRENT) {
+      if (absl::Status s = impl_->AcceptStepArena(head.step_arena()); !s.ok()) return s;
+      continue;
     }
-    return d;
+  }
+  impl_->last_holder = nullptr;
+  absl::StatusOr<Delivery> d =
+      DecodeDelivery(std::move(frames), impl_->options.endpoint,
+                     [this](uint64_t g, uint64_t o, uint64_t l) { return impl_->ResolveBlock(g, o, l); });
+  if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
+  if (d.ok()) {
+    // The epoch is answered: a reconnect from now on needs no request again.
+    impl_->pending_starts.erase(d->kind == Delivery::Kind::kStep ? d->step.epoch : d->summary.epoch);
+  }
+  if (d.ok() && d->kind == Delivery::Kind::kStep) {
+    // After a reconnect the daemon re-sends the steps it had no credit for;
+    // the ones delivered already are dropped here (steps arrive in order).
+    // A dropped copy's block is not returned: the first copy's holder does
+    // that (and may have done it already).
+    uint64_t& next = impl_->next_step[d->step.epoch];
+    if (d->step.step_index < next) {
+      if (impl_->last_holder != nullptr) impl_->last_holder->armed = false;
+      continue;
+    }
+    next = d->step.step_index + 1;
+    impl_->owe_credit = true;
+  }
+  return d;
   }
 }
 

@@ -12,13 +12,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
+#include <cstdio>
 #include <map>
-#include <numeric>
+#include <string>
 #include <random>
 #include <set>
-#include <string>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -93,8 +93,8 @@ int Produce(const ProduceArgs& a) {
     std::vector<odb::client::TensorInput> tensors = {
         {"input_ids", odb::client::DType::kInt64, {len}, tokens.data(), len * sizeof(int64_t)}};
     if (a.payload_bytes > 0) {
-      tensors.push_back(
-          {"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, BlobOf(ramp, id), a.payload_bytes});
+      tensors.push_back({"blob", odb::client::DType::kUInt8, {1, a.payload_bytes}, BlobOf(ramp, id),
+                         a.payload_bytes});
     }
     const std::optional<uint64_t> seq = a.seq ? std::optional<uint64_t>(i) : std::nullopt;
     if (auto s = (*producer)->Send(id, a.epoch, {len, 0, 0, std::nullopt}, tensors, seq); !s.ok()) {
@@ -187,9 +187,7 @@ int Consume(const ConsumeArgs& a) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         uint64_t dup = 0;
         for (auto& [id, n] : seen) dup += n > 1;
-        if (s.emitted != seen.size())
-          fail("summary emitted " + std::to_string(s.emitted) + " != received " +
-               std::to_string(seen.size()));
+        if (s.emitted != seen.size()) fail("summary emitted " + std::to_string(s.emitted) + " != received " + std::to_string(seen.size()));
         if (s.steps != steps) fail("summary steps mismatch");
         std::printf(
             "{\"epoch\": %u, \"unique_ids\": %zu, \"duplicates\": %lu, \"steps\": %lu, \"idle_steps\": %lu, "
@@ -263,8 +261,7 @@ int Consume(const ConsumeArgs& a) {
       const odb::client::TensorView* blob = d->Find("blob");
       if (blob != nullptr && !st.sample_ids.empty()) {
         const size_t row = blob->size_bytes / st.sample_ids.size();
-        for (size_t i = 0; i < st.sample_ids.size(); ++i)
-          check_blob(st.sample_ids[i], blob->data + i * row, row);
+        for (size_t i = 0; i < st.sample_ids.size(); ++i) check_blob(st.sample_ids[i], blob->data + i * row, row);
       }
       const int64_t* v = reinterpret_cast<const int64_t*>(ids->data);
       int64_t offset = 0;
@@ -326,10 +323,9 @@ int main(int argc, char** argv) {
   consume->add_flag("--step-records", c.step_records,
                     "add each step's [index, idle, weight, real, global real tokens, [lengths]] to the JSON");
   consume->add_option("--rank", c.rank, "this consumer's rank (reports moved_in)");
-  consume
-      ->add_option("--data-plane", c.data_plane,
-                   "auto (the daemon's step arena when offered, else frames) | shm (an arena that cannot be "
-                   "mapped is an error) | zmq (frames)")
+  consume->add_option("--data-plane", c.data_plane,
+                      "auto (the daemon's step arena when offered, else frames) | shm (an arena that cannot be "
+                      "mapped is an error) | zmq (frames)")
       ->check(CLI::IsMember({"auto", "shm", "zmq"}));
   consume->add_option("--verify-payload", c.verify_payload, "blob payload check: full|edges")
       ->check(CLI::IsMember({"full", "edges"}));
