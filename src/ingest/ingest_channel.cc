@@ -446,6 +446,7 @@ void IngestChannel::AdmitSample(Conn& conn, Sample& sample) {
   if (auto r = schema->second->Check(sample)) {
     if (r->code() == wire::CONFIG_MISMATCH) {
       spdlog::error("the config does not fit the data: {} (every such sample is rejected)", r->message());
+      if (!config_mismatch_) config_mismatch_ = "the config does not fit the data: " + r->message();
     }
     Reject(std::move(*r), epoch, true);
     return;
@@ -595,6 +596,8 @@ void IngestChannel::Forget(const ConnKey& key) {
 }
 
 void IngestChannel::NoteEpochRequested() { liveness_.NoteHeard(); }
+
+std::optional<std::string> IngestChannel::TakeConfigMismatch() { return std::exchange(config_mismatch_, std::nullopt); }
 
 std::optional<std::string> IngestChannel::CheckStall() {
   if (!options_.deterministic) return std::nullopt;

@@ -85,6 +85,11 @@ class IngestChannel {
   // credit left, or held at the seq limit): the buffer is too small for
   // the window, and waiting longer cannot help.
   std::optional<std::string> CheckStall();
+  // The first CONFIG_MISMATCH since the last call (the config does not fit
+  // the data: every sample of that schema is rejected alike), for the daemon
+  // to fail the job with at once under bad_input: error, instead of
+  // rejecting a whole epoch sample by sample.
+  std::optional<std::string> TakeConfigMismatch();
 
   // The largest sample a producer may send: half the buffer at most, so a
   // sample always fits once the buffer drains.
@@ -149,6 +154,7 @@ class IngestChannel {
   AdmissionPolicy admission_;
   ProducerLiveness liveness_;
   std::vector<zmq::message_t> parts_;  // reused per message
+  std::optional<std::string> config_mismatch_;  // the first since TakeConfigMismatch (main thread)
 };
 
 }  // namespace odb::ingest

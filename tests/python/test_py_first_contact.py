@@ -108,3 +108,20 @@ def test_progress_gives_no_data_wait_share_for_a_tiny_epoch() -> None:
     long.start = time.monotonic() - 10.0
     long.update(10, 100, 100, False, wait_s=5.0)
     assert "data wait 50% (5.0s)" in long.text(), long.text()
+
+
+def test_a_length_field_no_sample_carries_fails_the_job_at_the_first_sample(run_dir, job_id) -> None:
+    """collate.length_field naming a tensor the samples do not have: the daemon rejected every
+    sample of the epoch one by one, and the trainer learnt it from the epoch's summary."""
+    corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(2000, seed=2))
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config={"collate": {"length_field": "tokens"}})
+    try:
+        loader = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        with pytest.raises(native_error()) as e:
+            for _ in loader:
+                pass
+    finally:
+        daemon.stop()
+    message = str(e.value)
+    assert "failed (CONFIG_MISMATCH)" in message and "collate.length_field: 'tokens'" in message, message
+    assert "epoch summary" not in message, message
