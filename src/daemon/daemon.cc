@@ -205,7 +205,8 @@ absl::Status Daemon::Run() {
     if (auto silent = ingest_.CheckSilence()) Fail(wire::PRODUCER_TIMEOUT, *silent);
     if (auto stalled = ingest_.CheckStall()) Fail(wire::STALLED, *stalled);
     if (auto mismatch = ingest_.TakeConfigMismatch(); mismatch && config_.steps.rejections_are_errors) {
-      Fail(wire::CONFIG_MISMATCH, *mismatch + " (bad_input: error; skip_and_report rejects such samples instead)");
+      Fail(wire::CONFIG_MISMATCH,
+           *mismatch + " (bad_input: error; skip_and_report rejects such samples instead)");
     }
     if (config_.exit_when_trainer_done && !Stopping()) {
       if (auto ended = trainer_.SessionEnded()) {

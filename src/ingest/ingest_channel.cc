@@ -597,7 +597,9 @@ void IngestChannel::Forget(const ConnKey& key) {
 
 void IngestChannel::NoteEpochRequested() { liveness_.NoteHeard(); }
 
-std::optional<std::string> IngestChannel::TakeConfigMismatch() { return std::exchange(config_mismatch_, std::nullopt); }
+std::optional<std::string> IngestChannel::TakeConfigMismatch() {
+  return std::exchange(config_mismatch_, std::nullopt);
+}
 
 std::optional<std::string> IngestChannel::CheckStall() {
   if (!options_.deterministic) return std::nullopt;
