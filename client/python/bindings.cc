@@ -278,15 +278,19 @@ class PyConsumer {
     consumer_ = std::move(*c);
   }
 
+  // Closes the connection now (the daemon sees the session end), not when the
+  // last reference goes: a traceback can keep this object alive for long.
+  void Close() { consumer_.reset(); }
+
   void StartEpoch(uint32_t epoch, uint32_t expected_producers, uint64_t first_round, uint64_t first_step) {
-    Check(consumer_->StartEpoch(epoch, expected_producers, first_round, first_step));
+    Check(Live()->StartEpoch(epoch, expected_producers, first_round, first_step));
   }
 
   PyDelivery Next() {
     absl::StatusOr<Delivery> d;
     {
       py::gil_scoped_release release;
-      d = consumer_->Next();
+      d = Live()->Next();
     }
     if (!d.ok()) Raise(d.status());
     return PyDelivery(std::move(*d));
@@ -294,19 +298,19 @@ class PyConsumer {
 
   void ReportDataWait(double seconds) {
     if (!(seconds > 0.0)) return;  // NaN and negatives count as no wait
-    consumer_->ReportDataWait(std::chrono::microseconds(static_cast<int64_t>(std::min(seconds, 1e12) * 1e6)));
+    Live()->ReportDataWait(std::chrono::microseconds(static_cast<int64_t>(std::min(seconds, 1e12) * 1e6)));
   }
 
   void StartEpochLostForTest(uint32_t epoch, uint32_t expected_producers) {
-    Check(consumer_->StartEpochLostForTest(epoch, expected_producers));
+    Check(Live()->StartEpochLostForTest(epoch, expected_producers));
   }
-  void ReconnectForTest() { Check(consumer_->ReconnectForTest()); }
-  uint64_t Reconnects() const { return consumer_->reconnects(); }
+  void ReconnectForTest() { Check(Live()->ReconnectForTest()); }
+  uint64_t Reconnects() const { return Live()->reconnects(); }
 
-  std::string DataPlaneInUse() const { return consumer_->data_plane(); }
-  std::string ArenaNote() const { return consumer_->arena_note(); }
+  std::string DataPlaneInUse() const { return Live()->data_plane(); }
+  std::string ArenaNote() const { return Live()->arena_note(); }
   py::object StepArenaStatsDict() const {
-    const std::optional<StepArenaStats> s = consumer_->step_arena_stats();
+    const std::optional<StepArenaStats> s = Live()->step_arena_stats();
     if (!s) return py::none();
     py::dict d;
     d["generation"] = s->generation;
@@ -318,6 +322,10 @@ class PyConsumer {
   }
 
  private:
+  Consumer* Live() const {
+    if (!consumer_) throw std::runtime_error("this odb Consumer is closed (close() was called)");
+    return consumer_.get();
+  }
   std::unique_ptr<Consumer> consumer_;
 };
 
@@ -485,6 +493,8 @@ PYBIND11_MODULE(_odb_native, m) {
            "test seam: records a start_epoch as sent without sending it (what a blip makes of it)")
       .def("_reconnect_for_test", &PyConsumer::ReconnectForTest,
            "test seam: drops the connection to the daemon and connects again (a blip)")
+      .def("close", &PyConsumer::Close,
+           "Closes the connection to the daemon now (the trainer session ends); any later call raises")
       .def("report_data_wait", &PyConsumer::ReportDataWait, py::arg("seconds"),
            "The trainer's wait for the step next() just returned; sent on the next credit, exported by the "
            "daemon as odb_trainer_data_wait_microseconds_total.");

@@ -428,7 +428,16 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
                        state_.requested_epochs.end();
     if (state_.tracker.IsClosed(epoch)) {
-      if (MayLog(kLogBadValue)) spdlog::warn("trainer asked for epoch {}, which has ended; ignored", epoch);
+      // Not a reconnect's re-send (the client forgets a start_epoch once the
+      // epoch's first step or summary came): a new trainer (a second loader, a
+      // rerun of a script) on a daemon that already ran this epoch. Told at
+      // once, not after its workers sent the whole epoch for nothing.
+      const uint32_t next = state_.tracker.FirstOpenEpoch();
+      Refuse(peer, wire::WRONG_EPOCH,
+             "epoch " + std::to_string(epoch) + " has already ended on this daemon (an earlier loader or run " +
+                 "used it; epochs on one daemon only go forward): start at epoch " + std::to_string(next) +
+                 " or later (OdbDataLoader.set_epoch(" + std::to_string(next) +
+                 ")), or start a fresh daemon for a new job");
     } else if (again || state_.current_epoch == epoch) {
       // The client re-sends an unanswered start_epoch after a reconnect: normal.
       if (MayLog(kLogBadValue)) spdlog::info("trainer asked for epoch {} again; ignored", epoch);

@@ -125,3 +125,29 @@ def test_a_length_field_no_sample_carries_fails_the_job_at_the_first_sample(run_
     message = str(e.value)
     assert "failed (CONFIG_MISMATCH)" in message and "collate.length_field: 'tokens'" in message, message
     assert "epoch summary" not in message, message
+
+
+def test_a_second_loader_on_a_daemon_that_ran_the_epoch_is_told_how_to_go_on(run_dir, job_id) -> None:
+    """A second OdbDataLoader on the same daemon, starting at epoch 0 again, failed with a bare
+    WRONG_EPOCH from a worker after its whole epoch was sent. Decision (docs/python.md): epochs on a
+    daemon only go forward; the error says so and how to go on, and the way it names works."""
+    corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(30, seed=2))
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id)
+    try:
+        first = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        assert sorted(i for s in first for i in s.sample_ids) == list(range(30))
+        first.close()  # the session ends now (a closed loader's consumer is closed, not just dropped)
+        after = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        after.set_epoch(1)
+        assert sorted(i for s in after for i in s.sample_ids) == list(range(30))
+        after.close()
+        again = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        with pytest.raises(native_error()) as e:
+            for _ in again:
+                pass
+    finally:
+        daemon.stop()
+    message = str(e.value)
+    # The daemon's refusal of the epoch, or (when a worker's end of stream is refused first) the
+    # worker's error with the loader's hint: both say what happened and what to do.
+    assert "WRONG_EPOCH" in message and "already" in message and "set_epoch(" in message, message

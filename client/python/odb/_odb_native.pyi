@@ -227,6 +227,8 @@ class Consumer:
         """first_round / first_step: resume a deterministic epoch at that round (docs/resume.md)."""
     def next(self) -> Delivery:
         """The next step or epoch end; raises OdbTimeout after receive_timeout_ms, OdbError on a daemon failure."""
+    def close(self) -> None:
+        """Closes the connection to the daemon now (the trainer session ends); any later call raises."""
     def report_data_wait(self, seconds: float) -> None:
         """The trainer's wait for the step next() just returned; sent on the next credit, exported by the daemon
         as odb_trainer_data_wait_microseconds_total."""

@@ -1262,5 +1262,11 @@ class OdbDataLoader:
         return self._dummy_batch
 
     def close(self) -> None:
-        """Drops the trainer connection (reconnects on the next epoch)."""
+        """Closes the trainer connection now, ending this loader's session on the daemon (a daemon serves
+        one trainer session: another loader may then connect); reconnects on the next epoch."""
+        draining = getattr(self, "_drain_thread", None)
+        if self._consumer is not None and (draining is None or not draining.is_alive()):
+            # A traceback may still hold the object: close it, not just drop it. (Not under the
+            # join policy's drain thread, which reads it until the epoch's end.)
+            self._consumer.close()
         self._consumer = None

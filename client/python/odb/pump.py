@@ -190,7 +190,13 @@ class _Pump:
             hint = ""
             context = self.loader.multiprocessing_context
             method = context.get_start_method() if context is not None else "fork"
-            if "exited unexpectedly" in str(e) and method != "fork":
+            if "WRONG_EPOCH" in str(e) and "has already ended" in str(e):
+                # A second loader (or a rerun of a script) on a daemon that already ran this epoch.
+                hint = (" (the daemon already ran this epoch: an earlier OdbDataLoader or run used it, and "
+                        "epochs on one daemon only go forward. close() the earlier loader (one trainer session "
+                        "per daemon) and set_epoch(N) on this one with an epoch the daemon has not run, or start "
+                        "a fresh daemon for a new job)")
+            elif "exited unexpectedly" in str(e) and method != "fork":
                 # The usual cause: a worker started by forkserver/spawn imports the
                 # training script again, and an unguarded script re-runs its training
                 # (init_process_group, ...) in the worker.
