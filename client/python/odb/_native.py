@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -56,6 +57,26 @@ def find_built(relative: str, env_var: str) -> Path:
     where = ", ".join(str(p) for p in _candidates(relative)) or "no source checkout"
     raise FileNotFoundError(f"{relative} is not built (looked at ${env_var} and {where}): "
                             f"run ./scripts/build.sh first")
+
+
+def install_hint(package: str, debian_package: str) -> str:
+    """How to get `package` into this interpreter. In a venv: pip into the venv, or Debian's package seen
+    through a venv of /usr/bin/python3 made with --system-site-packages (apt alone does not reach a venv)."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return f"pip install {package} for {sys.executable}, or (Debian's /usr/bin/python3) apt install {debian_package}"
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    sees_debian = sys.base_prefix == "/usr" and cfg.is_file() and re.search(
+        r"^include-system-site-packages\s*=\s*true", cfg.read_text(), re.M | re.I) is not None
+    hint = f"this venv ({sys.prefix}) lacks it: {sys.executable} -m pip install {package}"
+    if sees_debian:
+        return hint + f"; or, offline, apt install {debian_package} (this venv sees Debian's packages)"
+    return hint + (f"; or, offline on Debian, apt install {debian_package} and use a venv that sees it: "
+                   f"/usr/bin/python3 -m venv --system-site-packages DIR (docs/python.md, \"Install\")")
+
+
+# Where find_odbd() looks, in its order: `odbctl --help` and `odbctl find-odbd --help` print this list.
+ODBD_SEARCH_ORDER = ("$ODBD", "the package's own odb/bin/odbd", "`odbd` on PATH",
+                     "the source checkout's .build/src/daemon/odbd")
 
 
 def find_odbd() -> Path:
