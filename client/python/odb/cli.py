@@ -389,7 +389,7 @@ def odbd_main() -> None:
         why = missing.read_text().strip() if missing.is_file() else f"{own} is not there"
         print(f"odbd: this odb package ({own.parent.parent}) has no odbd of its own: {why}", file=sys.stderr)
         sys.exit(1)
-    os.execv(str(own), [str(own), *sys.argv[1:]])
+    os.execv(str(own), ["odbd", *sys.argv[1:]])  # argv[0] as typed: "Usage: odbd [OPTIONS]"
 
 
 if __name__ == "__main__":
