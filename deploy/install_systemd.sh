@@ -71,4 +71,4 @@ fi
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
 fi
-echo "installed odbd ($("$DESTDIR$PREFIX/bin/odbd" --version 2>/dev/null | head -n1 || true)) for systemd under ${DESTDIR:-/}: systemctl enable --now odbd@0"
+echo "installed odbd for systemd under ${DESTDIR:-/} (prefix $PREFIX, user $ODB_USER): systemctl enable --now odbd@0"
