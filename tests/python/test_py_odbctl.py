@@ -2,7 +2,7 @@
 
 * `odbctl demo --samples N` sends N samples in all (it sent 602 for 400: each rank's share was rounded up
   and one added);
-* `odbctl --help` and `odbctl find-odbd --help` list every place odb.find_odbd() looks, in its order, the
+* `odbctl --help`, `odbctl find-odbd --help` and `python -m odb.launch --help` list every place odb.find_odbd() looks, in its order, the
   package's own odb/bin/odbd included (it was left out);
 * in a venv, `odbctl report` without matplotlib and `odb.OdbDataLoader` without torch say how to get them
   into that venv (its pip, or a venv of Debian's python3 made with --system-site-packages), not only
@@ -59,9 +59,12 @@ def _flat(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["find-odbd", "--help"]])
-def test_help_lists_where_find_odbd_looks_in_its_order(args: List[str]) -> None:
-    text = _flat(_odbctl(*args).stdout)
+@pytest.mark.parametrize("module, args", [("odb.cli", ["--help"]), ("odb.cli", ["find-odbd", "--help"]),
+                                          ("odb.launch", ["--help"])])
+def test_help_lists_where_find_odbd_looks_in_its_order(module: str, args: List[str]) -> None:
+    """`odbctl --help`, `odbctl find-odbd --help` and the launcher's --odbd help (the same list)."""
+    text = _flat(subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60,
+                                env=_env(), cwd=ROOT).stdout)
     places = [text.find(_flat(p)) for p in ODBD_SEARCH_ORDER]
     assert -1 not in places and places == sorted(places), (ODBD_SEARCH_ORDER, text)
     assert "package's own odb/bin/odbd" in text, text
