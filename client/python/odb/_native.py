@@ -2,8 +2,8 @@
 
 The extension, in this order:
   1. $ODB_NATIVE_LIB (a path to a `_odb_native*.so`);
-  2. `odb._odb_native`, the extension a `pip install ./client/python` builds into
-     the package (with its shared libraries in odb/.libs);
+  2. `odb._odb_native`, the extension the installed package carries (the wheel of
+     scripts/build.sh, or a from-source pip install; its shared libraries in odb/.libs);
   3. in a source checkout, <repo>/.build/client/python/_odb_native.so (where
      scripts/build.sh copies Bazel's -c opt output). Not bazel-bin/ or bazel-out/:
      bazel-bin follows whichever configuration or output base built last (an
@@ -83,7 +83,7 @@ def find_odbd() -> Path:
     """The odbd binary: $ODBD, then the package's own odb/bin/odbd, then `odbd` on PATH, then
     <repo>/.build/src/daemon/odbd.
 
-    The package's odbd is the one `pip install ./client/python` built with it (same sources, so
+    The package's odbd is the one built with it (the wheel, or a from-source pip install: same sources, so
     the same protocol): it wins over an `odbd` on PATH, which may be of another version. The
     last one only when this package runs from a source checkout (after ./scripts/build.sh).
     $ODB_ODBD, the older name of $ODBD, is honoured too. Raises FileNotFoundError saying what to
@@ -112,8 +112,9 @@ def find_odbd() -> Path:
     package = (f"; this odb package has no odbd of its own: {missing.read_text().strip()}"
                if missing.is_file() else "")
     raise FileNotFoundError(
-        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (`pip install ./client/python` "
-        f"builds it into the package with Bazel; ./scripts/build.sh into .build/src/daemon/odbd){checkout}{package}")
+        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (the wheel ./scripts/build.sh writes "
+        "carries it: `pip install --no-index .build/dist/odb-*.whl`, docs/python.md \"Install\"; ./scripts/build.sh "
+        f"also builds .build/src/daemon/odbd){checkout}{package}")
 
 
 def _load(path: Path) -> ModuleType:

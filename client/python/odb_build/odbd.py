@@ -1,8 +1,9 @@
 """The daemon in the package: odb/bin/odbd, built with Bazel from the checkout, its libraries bundled.
 
-`pip install ./client/python` runs `bazel build -c opt //src/daemon:odbd` in the odb checkout
-(offline with the repo's WORKSPACE; the same configuration as scripts/build.sh, so a built tree is
-a cache hit), copies the binary to odb/bin/odbd, points its DT_RPATH at $ORIGIN/../.libs
+A build of the package (`pip install --no-build-isolation ./client/python`, or the wheel step of
+scripts/build.sh) takes the checkout's fresh .build/src/daemon/odbd (below), else runs
+`bazel build -c opt //src/daemon:odbd` in the odb checkout (offline with the repo's WORKSPACE; the
+same configuration as scripts/build.sh), copies the binary to odb/bin/odbd, points its DT_RPATH at $ORIGIN/../.libs
 (patchelf) and copies the shared libraries it needs beyond glibc and the GCC runtime into
 odb/.libs, beside the extension's. `odb.find_odbd()` finds it there.
 
