@@ -497,12 +497,12 @@ def _failing_tools(tmp: Path, names: tuple = BUILD_TOOLS) -> tuple:
 
 
 def _doc_block(doc: str, heading: str, lang: str) -> str:
-    """The first ```lang block after `heading` in `doc`."""
+    """The first ```lang block after the line that starts with `heading` in `doc` (dedented)."""
     lines = (ROOT / doc).read_text().splitlines()
-    start = lines.index(heading)
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(heading)]
     first = next(i for i in range(start, len(lines)) if lines[i].strip() == f"```{lang}")
     end = next(i for i in range(first + 1, len(lines)) if lines[i].strip().startswith("```"))
-    return "\n".join(lines[first + 1:end]) + "\n"
+    return textwrap.dedent("\n".join(lines[first + 1:end])) + "\n"
 
 
 def _pip_command(block: str) -> str:
@@ -513,8 +513,8 @@ def _pip_command(block: str) -> str:
 def test_the_wheel_installs_with_the_documented_commands_without_bazel_or_a_compiler(tmp_path: Path) -> None:
     """Issue 31's "Done when": after ./scripts/build.sh, docs/python.md's install block (README quotes its
     one pip command) installs the wheel into a new venv of Debian's python3 made with --system-site-packages,
-    with Bazel and every compiler failing first on PATH; then `odbd --help` and the windows loop of
-    docs/python.md run from that venv (Debian's torch, the package's odb and odbd)."""
+    with Bazel and every compiler failing first on PATH; then `odbd --help`, the windows loop and the
+    torchrun command of docs/python.md run from that venv (Debian's torch, the package's odb and odbd)."""
     import time
 
     wheels = sorted((ROOT / ".build" / "dist").glob("odb-*.whl"))
@@ -544,6 +544,7 @@ def test_the_wheel_installs_with_the_documented_commands_without_bazel_or_a_comp
     assert "include-system-site-packages = true" in cfg and "/usr/bin" in cfg, cfg
     in_venv = _clean_env(PATH=f"{venv / 'bin'}{os.pathsep}{shims}{os.pathsep}{_path_without_odbd()}",
                          VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1")
+    in_venv.pop("ODBD", None)  # the package's own odbd, found by odb.find_odbd()
     # `odbd` is a command of the venv, the package's own daemon.
     which = _run(["bash", "-c", "command -v odbd; odbd --help"], env=in_venv, cwd=tmp_path).stdout
     assert which.splitlines()[0] == str(venv / "bin" / "odbd"), which
@@ -556,7 +557,18 @@ def test_the_wheel_installs_with_the_documented_commands_without_bazel_or_a_comp
     (tmp_path / "windows.py").write_text(loop)
     out = _run([venv / "bin/python", tmp_path / "windows.py"], env=in_venv, cwd=tmp_path, timeout=300).stdout
     assert "optimizer steps;" in out, out
-    assert not log.exists(), f"the venv's run called build tools:\n{log.read_text()}"
+    # The torchrun command of docs/python.md ("Daemon"), from the checkout with the venv's python3: its torch
+    # is Debian's (--system-site-packages), its odb and odbd the wheel's.
+    torchrun = _doc_block("docs/python.md", "* torchrun (tested in", "sh")
+    assert torchrun.startswith("python3 -m torch.distributed.run"), torchrun
+    run_dir = Path(f"/tmp/odbwheel-{os.getpid()}")  # short: ipc paths must stay under 108 bytes
+    try:
+        launched = _run(["bash", "-euo", "pipefail", "-c", torchrun], env=dict(in_venv, ODB_RUN_DIR=str(run_dir)),
+                        cwd=ROOT, timeout=600)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert "No module named" not in launched.stdout + launched.stderr, launched.stderr[-3000:]
+    assert not log.exists(), f"the venv's runs called build tools:\n{log.read_text()}"
 
 
 def test_from_source_install_bundles_the_checkouts_build_without_bazel(pip_venv: Dict[str, Path],
