@@ -338,6 +338,11 @@ def test_without_bazel_the_package_has_no_odbd_and_says_why(pip_venv: Dict[str, 
                cwd=tmp_path).stdout
     assert out.startswith("ERROR") and "$ODBD" in out and "PATH" in out, out
     assert "this odb package has no odbd of its own: Bazel is not installed" in out and "ODB_ODBD_BINARY" in out, out
+    # The package's `odbd` command says the same (its console script execs odb/bin/odbd).
+    odbd_cmd = subprocess.run([str(py), "-c", "import sys; sys.argv = ['odbd', '--help']; import odb.cli; "
+                               "odb.cli.odbd_main()"], capture_output=True, text=True, timeout=60,
+                              env=_clean_env(PYTHONPATH=str(target)), cwd=tmp_path)
+    assert odbd_cmd.returncode == 1 and "has no odbd of its own: Bazel is not installed" in odbd_cmd.stderr, odbd_cmd
     fake = tmp_path / "bin" / "odbd"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nexit 0\n")
