@@ -270,6 +270,14 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
                                    " steps instead of " + std::to_string(plan.num_steps));
       }
     }
+    // Before the epoch's first window: a target below one sample is a mistake
+    // (the same plan, so every rank fails alike).
+    if (windows_.next_window == 0) {
+      if (absl::Status s = CheckWindowTarget(config.tokens_per_step, plan); !s.ok()) {
+        return absl::Status(
+            s.code(), Prefix(me) + "epoch " + std::to_string(*epoch_) + ": " + std::string(s.message()));
+      }
+    }
     // Accumulation windows: identical on every rank (the same plan, the same
     // window state); may split steps, and hands an open window's samples back.
     ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_,

@@ -186,8 +186,54 @@ GlooPeerGroup::GlooPeerGroup(GlooPeerGroupOptions options)
     : options_(std::move(options)),
       run_gaps_(std::make_unique<RunGapWatch>()),
       last_ok_start_(Clock::now()),
-      prefix_(options_.job_id + "/" + std::to_string(options_.generation)) {}
+      prefix_(options_.job_id + "/" + std::to_string(options_.generation)) {
+  root_prefix_ = prefix_;
+  for (int r = 0; r < options_.world_size; ++r) root_ranks_.push_back(r);
+}
 GlooPeerGroup::~GlooPeerGroup() = default;
+
+namespace {
+
+// The key of a rank's cause of failure, under the root group's prefix.
+std::string CauseKey(int root_rank) { return "odb_cause_" + std::to_string(root_rank); }
+
+// A store connection of its own (a RedisStore's connection is not shared across threads).
+std::unique_ptr<gloo::rendezvous::Store> OpenStore(const GlooPeerGroupOptions& o) {
+  if (o.store == GlooPeerGroupOptions::StoreKind::kRedis) {
+    return std::make_unique<gloo::rendezvous::RedisStore>(o.redis_host, o.redis_port);
+  }
+  return std::make_unique<gloo::rendezvous::FileStore>(o.file_store_dir);
+}
+
+}  // namespace
+
+void GlooPeerGroup::ReportFailure(const std::string& cause) {
+  {
+    MutexLock lock(causes_->mu);
+    if (!causes_->cause.empty() || cause.empty()) return;  // the first cause sticks
+    causes_->cause = cause;
+  }
+  if (options_.world_size <= 1) return;
+  try {
+    std::unique_ptr<gloo::rendezvous::Store> store = OpenStore(options_);
+    gloo::rendezvous::PrefixStore root(root_prefix_, *store);
+    root.set(CauseKey(root_ranks_[options_.rank]), std::vector<char>(cause.begin(), cause.end()));
+  } catch (const std::exception&) {
+    // The store is unreachable: peers report what they see (a lost peer).
+  }
+}
+
+std::string GlooPeerGroup::PeerCause(int rank_here) {
+  try {
+    gloo::rendezvous::PrefixStore root(root_prefix_, *store_);
+    const std::string key = CauseKey(root_ranks_[rank_here]);
+    root.wait({key}, std::chrono::milliseconds(1));
+    const std::vector<char> bytes = root.get(key);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
 
 std::string GlooPeerGroup::Describe() const {
   const std::string& prefix = prefix_;
@@ -338,6 +384,25 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
     }
   } while (!missing.empty() && Clock::now() < deadline);
 
+  // A rank that failed the job for a reason of its own said why (ReportFailure): that is the
+  // job's first cause, and what every rank reports, before what its own collective saw.
+  {
+    MutexLock lock(causes_->mu);
+    if (!causes_->cause.empty()) return "this rank failed the job: " + causes_->cause;
+  }
+  std::vector<int> caused;
+  std::string first_cause;
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r == me) continue;
+    std::string cause = PeerCause(r);
+    if (cause.empty()) continue;
+    if (first_cause.empty()) first_cause = std::move(cause);
+    caused.push_back(root_ranks_[r]);
+  }
+  if (!caused.empty()) {
+    return "rank " + std::to_string(caused.front()) + " failed the job: " + first_cause +
+           (caused.size() > 1 ? " (rank " + RankList(caused) + " reported causes of their own)" : "");
+  }
   std::vector<int> timed_out_peers, stopped_peers;
   for (const auto& [r, report] : reports) {
     if (report.timed_out) timed_out_peers.push_back(r);
@@ -613,6 +678,15 @@ absl::StatusOr<std::unique_ptr<PeerGroup>> GlooPeerGroup::Split(int color) {
   // Unique per split of this group and per color; the split counter keeps
   // the keys of two splits with the same color apart.
   child->prefix_ = prefix_ + "/split" + std::to_string(split) + "_c" + std::to_string(color);
+  // Causes of failure stay the root group's: a member's is read under its root rank.
+  child->causes_ = causes_;
+  child->root_prefix_ = root_prefix_;
+  child->root_ranks_.clear();
+  for (int r = 0; r < options_.world_size; ++r) {
+    int32_t theirs = 0;
+    std::memcpy(&theirs, (*colors)[r].data(), sizeof(theirs));
+    if (theirs == color) child->root_ranks_.push_back(root_ranks_[r]);
+  }
   const auto deadline = Clock::now() + options_.connect_timeout;
   try {
     if (options_.store == GlooPeerGroupOptions::StoreKind::kFile) {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "src/align/hello.h"
 #include "src/align/peer_group.h"
+#include "src/common/mutex.h"
 
 namespace gloo::rendezvous {
 class Context;
@@ -119,6 +120,10 @@ class GlooPeerGroup final : public PeerGroup {
   // already checked the configuration). A failure to connect the new group
   // is returned and leaves this group usable.
   absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) override;
+  // Writes "odb_cause_<rank>" (rank in the root group) under the root group's prefix, through a
+  // store connection of its own (the planner thread may be using this group's). A split group's
+  // diagnosis reads its members' causes there too.
+  void ReportFailure(const std::string& cause) override;
 
   // The payload bytes a rank's slot holds in the next AllGather (for tests
   // and the benchmark: sizes up to it take one collective).
@@ -178,7 +183,19 @@ class GlooPeerGroup final : public PeerGroup {
   // Leaves this rank's report in the store and drops the connections.
   std::string DiagnoseFailure(bool timed_out);
 
+  // A peer's cause of failure (ReportFailure), read from the root group's keys; "" when it left none.
+  std::string PeerCause(int rank_here);
+
+  // This process's first cause of failure, shared by a group and the groups split from it.
+  struct CauseBoard {
+    Mutex mu;
+    std::string cause ABSL_GUARDED_BY(mu);
+  };
+
   GlooPeerGroupOptions options_;
+  std::shared_ptr<CauseBoard> causes_ = std::make_shared<CauseBoard>();
+  std::string root_prefix_;       // the root group's prefix ("<job_id>/<generation>")
+  std::vector<int> root_ranks_;   // this group's ranks as ranks of the root group
   std::unique_ptr<RunGapWatch> run_gaps_;
   // Start of the last collective that succeeded (or of Connect): a stop of
   // this process since then can explain the failure of the current one.

@@ -25,6 +25,11 @@ class PeerGroup {
   // Ranks passing the same `color` form a new group, ranked in the order of their rank here. Collective:
   // every rank of this group calls it once, in the same order relative to other collectives.
   virtual absl::StatusOr<std::unique_ptr<PeerGroup>> Split(int color) = 0;
+  // This rank fails the job for a reason of its own (a producer that went silent, bad config, ...;
+  // not a failed collective): leaves `cause` where every peer's diagnosis of its next failed
+  // collective reads it, so every rank reports the job's first cause instead of "lost peer".
+  // The first cause sticks; callable from any thread. Groups without peers ignore it.
+  virtual void ReportFailure(const std::string& cause) { (void)cause; }
 };
 
 // W = 1: no network at all.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -148,6 +149,31 @@ void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, Wind
 }
 
 }  // namespace
+
+absl::Status CheckWindowTarget(uint64_t tokens_per_step, const RoundPlan& plan) {
+  if (tokens_per_step == 0) return absl::OkStatus();
+  uint64_t samples = 0, loss = 0;
+  for (const RankPlan& rp : plan.ranks) {
+    for (const PlannedStep& s : rp.steps) {
+      samples += s.samples.size();
+      loss += StepLoss(s);
+    }
+  }
+  const uint64_t world = plan.ranks.size();
+  if (samples == 0 || loss == 0) return absl::OkStatus();
+  const uint64_t mean = (loss + samples / 2) / samples;  // loss tokens of a sample, rounded
+  // Below one sample: target * samples < loss, compared without rounding. (Below one sample per
+  // rank is allowed: at a large world a window may be smaller than one sample per rank.)
+  if (static_cast<unsigned __int128>(tokens_per_step) * samples >= loss) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "optimizer.tokens_per_step " + std::to_string(tokens_per_step) +
+      " is less than one sample: the first " + "samples carry " + std::to_string(mean) +
+      " loss tokens on average, so every optimizer step would be a " +
+      "single sample, far over its target. The setting counts loss tokens summed over all " +
+      std::to_string(world) + " rank(s), not samples: for N samples per optimizer step set about N x " +
+      std::to_string(mean) + " (16 samples: " + std::to_string(16 * mean) + "). 0 turns windows off (one " +
+      "optimizer step per micro-step).");
+}
 
 bool InputsOpen(const RoundState& state, uint32_t window) {
   for (const RankRound& rr : state.ranks) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "src/align/planner.h"
 
 namespace odb::align {
@@ -70,6 +71,14 @@ uint64_t LossTokensOf(const SampleMeta& sample);
 // `inputs_open`: some rank may still receive samples that a later round can
 // plan (InputsOpen); an open window is then held without counting rounds.
 void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows, bool inputs_open);
+
+// A target the windows cannot hold: below one sample (a plausible mistake: a
+// number meant as samples, or 1). `plan` is a round's plan before
+// ApplyWindows; the mean loss tokens of its samples stand for a sample. Every
+// optimizer step would be one sample, not what the setting says. An error names the
+// setting, the samples' mean and what to set (loss tokens over all ranks).
+// OK when tokens_per_step is 0, the plan has no sample, or the target holds.
+absl::Status CheckWindowTarget(uint64_t tokens_per_step, const RoundPlan& plan);
 
 // Whether a later round may see more samples than this one: some rank's
 // stream is open, its buffer has room (input_blocked false) and its planner

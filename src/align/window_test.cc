@@ -357,5 +357,26 @@ TEST_CASE("windows hold the target when samples stream in and a micro-step is bi
   }
 }
 
+// A target below one sample (tokens_per_step: 1, or 16 meant as 16 samples)
+// made every optimizer step one sample, silently (issue 31).
+TEST_CASE("a window target below one sample is refused, naming the setting and what to set", "[window]") {
+  const RoundPlan plan = PlanOf({{{100, 120}, {80}}, {{100}, {90, 110}}});  // 6 samples, mean 100
+  for (uint64_t target : {1, 16, 99}) {
+    INFO("target " << target);
+    const absl::Status s = CheckWindowTarget(target, plan);
+    REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+    const std::string m(s.message());
+    REQUIRE(m.find("optimizer.tokens_per_step " + std::to_string(target)) != std::string::npos);
+    REQUIRE(m.find("100 loss tokens on average") != std::string::npos);
+    REQUIRE(m.find("16 samples: 1600") != std::string::npos);
+  }
+  // One sample or more is a window; below one sample per rank too (a large world).
+  for (uint64_t target : {0, 100, 150, 1000}) {
+    INFO("target " << target);
+    REQUIRE(CheckWindowTarget(target, plan).ok());
+  }
+  REQUIRE(CheckWindowTarget(1, PlanOf({{{}}, {{}}})).ok());  // nothing to judge by yet
+}
+
 }  // namespace
 }  // namespace odb::align

@@ -1,6 +1,9 @@
 #include "src/common/zmq_transfer.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <zmq_addon.hpp>
 
@@ -66,6 +69,15 @@ void EnsureIpcDirectory(const std::string& endpoint) {
   std::filesystem::path path(endpoint.substr(6));
   std::error_code ignored;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ignored);
+}
+
+std::string RestrictIpcSocket(const std::string& bound_endpoint) {
+  if (bound_endpoint.rfind("ipc://", 0) != 0) return "";
+  const std::string path = bound_endpoint.substr(6);
+  if (::chmod(path.c_str(), kIpcSocketMode) != 0) {
+    return "chmod " + path + " to 0660: " + std::strerror(errno);
+  }
+  return "";
 }
 
 const char* TransferCodeName(TransferCode code) {

@@ -39,6 +39,15 @@ Transfer TrySendTo(zmq::socket_t& socket, const std::string& routing_id, std::ve
 // machine; other endpoints are left alone.
 void EnsureIpcDirectory(const std::string& endpoint);
 
+// The mode of the daemon's ipc:// socket files, whatever the umask: the
+// daemon's user and group may connect (a trainer or worker in the daemon's
+// group), nobody else. Under umask 000 a bound socket was world-writable.
+inline constexpr unsigned kIpcSocketMode = 0660;
+
+// Sets kIpcSocketMode on a bound ipc:// endpoint's socket file (other
+// transports: nothing to do). Returns "" or why it failed, for the bind error.
+std::string RestrictIpcSocket(const std::string& bound_endpoint);
+
 // Name of a code, for logs.
 const char* TransferCodeName(TransferCode code);
 

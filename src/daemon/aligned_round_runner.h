@@ -28,6 +28,7 @@ class AlignedRoundRunner final : public RoundRunner {
   absl::StatusOr<std::vector<std::string>> ExchangeEndpoints(const std::string& mine) override {
     return peers_->AllGather(mine);
   }
+  void ReportFailure(const std::string& cause) override { peers_->ReportFailure(cause); }
 
  private:
   // Per-phase plans for the round's steps (alignment.phase_plans).

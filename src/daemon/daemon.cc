@@ -122,6 +122,8 @@ void Daemon::Fail(wire::ErrorCode code, const std::string& message) {
   // fatal message's rank field for the trainer (the clients print "odbd rank
   // N failed"). Messages therefore never start with their own rank.
   spdlog::error("{}", message);
+  // A cause of this rank's own (not a peer's failure seen here): the peers' errors will name it.
+  if (code != wire::PEER_FAILURE) runner_->ReportFailure(wire::ErrorCode_Name(code) + ": " + message);
   trainer_.EnqueueFatal(code, message, config_.rank);
   {
     MutexLock lock(fatal_mu_);

@@ -26,6 +26,9 @@ class RoundRunner {
   // One all-gather of a short string before the first round (the daemons'
   // payload-exchange endpoints). Collective, like Run.
   virtual absl::StatusOr<std::vector<std::string>> ExchangeEndpoints(const std::string& mine) = 0;
+  // This rank fails the job for a reason of its own: the peers' errors name it
+  // (align::PeerGroup::ReportFailure). Any thread; no-op without peers.
+  virtual void ReportFailure(const std::string& cause) { (void)cause; }
 };
 
 }  // namespace odb

@@ -107,6 +107,9 @@ absl::Status TrainerChannel::Bind() {
     return absl::UnavailableError("cannot bind the trainer endpoint " + options_.endpoint + " (" + e.what() +
                                   "); is another odbd using it?");
   }
+  if (const std::string why = RestrictIpcSocket(bound_); !why.empty()) {
+    return absl::PermissionDeniedError("the trainer endpoint " + options_.endpoint + ": " + why);
+  }
   // The step arena: only a local trainer (ipc://) can map the daemon's memory.
   if (absl::Status s = arena_.Listen(bound_); !s.ok()) return s;
   return absl::OkStatus();

@@ -198,7 +198,8 @@ absl::Status ArenaRegistry::Listen(const std::string& path) {
   }
   // Producers of the job's user only: the file is the first gate, SO_PEERCRED the check.
   ::chmod(path.c_str(), 0600);
-  if (::listen(fd.get(), 64) != 0) {
+  // A full backlog refuses connections before the thread sees them: room for a flood of them.
+  if (::listen(fd.get(), SOMAXCONN) != 0) {
     return absl::UnavailableError("cannot listen on the arena registration socket " + path + ": " + Errno(errno));
   }
   listeners_.push_back(std::move(fd));
@@ -262,13 +263,18 @@ void ArenaRegistry::Serve() {
           shm::UniqueFd conn(::accept4(listeners_[i].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
           if (!conn.valid()) break;
           if (clients.size() >= kMaxPendingClients) {
+            // The oldest pending connection gives way, not the new one: a producer
+            // sends its registration right after connecting, so connections that
+            // stay silent (a flood of them) must not lock valid ones out until
+            // client_timeout. The table stays bounded either way.
             refused_.fetch_add(1);
             wire::ArenaRegistered busy;
             busy.set_version(wire::PROTOCOL_VERSION_CURRENT);
-            busy.set_error("the daemon has " + std::to_string(kMaxPendingClients) +
-                           " registrations in progress; try again");
-            Reply(conn.get(), busy);
-            continue;
+            busy.set_error("the daemon had " + std::to_string(kMaxPendingClients) +
+                           " registrations pending and dropped this one, the oldest, which sent nothing; "
+                           "try again");
+            Reply(clients.front().fd.get(), busy);
+            clients.pop_front();
           }
           clients.push_back({std::move(conn), now});
         }

@@ -421,6 +421,22 @@ TEST_CASE("a silent registration connection is dropped after client_timeout of t
   CHECK(RegisterOver(s.path, Request("p0", *writer), writer->arena().fd()).arena_id() > 0);
 }
 
+// 100 silent connections made a producer's valid registration fail (the
+// newest connection was turned away while the silent ones held every slot
+// until client_timeout); the producer fell back to the socket (issue 31).
+TEST_CASE("a flood of silent registration connections does not lock a valid producer out") {
+  ArenaRegistry::Options options;
+  options.client_timeout = std::chrono::hours(1);  // the silent ones never time out here
+  Served s(options);
+  std::vector<shm::UniqueFd> silent;
+  for (int i = 0; i < 100; ++i) silent.push_back(ConnectSilently(s.path));
+  auto writer = MakeWriter();
+  const wire::ArenaRegistered answer = RegisterOver(s.path, Request("p0", *writer), writer->arena().fd());
+  INFO(answer.error());
+  CHECK(answer.arena_id() > 0);
+  CHECK(s.registry.stats().refused >= 100 - 64);  // the oldest silent ones gave way, counted
+}
+
 TEST_CASE("an arena whose producer died is retired after retire_after of the injected clock") {
   TempDir dir("arena-registry");
   const std::string path = dir.path() + "/in.sock.arena";

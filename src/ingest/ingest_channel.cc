@@ -87,6 +87,9 @@ absl::Status IngestChannel::Bind() {
       return absl::UnavailableError("cannot bind the ingest endpoint " + endpoint + " (" + e.what() +
                                     "); is another odbd using it?");
     }
+    if (const std::string why = RestrictIpcSocket(bound_.back()); !why.empty()) {
+      return absl::PermissionDeniedError("the ingest endpoint " + endpoint + ": " + why);
+    }
   }
   return absl::OkStatus();
 }

@@ -43,11 +43,14 @@ class Daemon:
         self.log = open(self.log_path, "w")
         env = dict(os.environ)
         env.update(extra_env or {})
+        # Under a wrapper (unshare, timeout, ...) odbd is the wrapper's child, not ours: a session of
+        # its own lets stop() signal the whole process group, or the daemon outlives the test.
+        self.wrapped = bool(prefix)
         self.proc = subprocess.Popen(
             (prefix or []) + [str(ODBD), "--config", str(self.config_path), "--rank", str(rank), "--world-size",
              str(world), "--run-dir", str(run_dir), "--job-id", job_id or f"t-{uuid.uuid4().hex[:8]}",
              "--log-level", log_level],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=self.wrapped)
 
     @property
     def ingest(self) -> str:
@@ -85,7 +88,9 @@ class Daemon:
         raise TimeoutError(f"odbd rank {self.rank} did not log {text!r} within {timeout}s:\n{self.read_log()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
+        if self.wrapped:
+            stop_group(self.proc, sig, timeout)
+        elif self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
@@ -94,6 +99,43 @@ class Daemon:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids of process group `pgid` (zombies excluded: they are gone but for their parent)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    """Stops a process started with start_new_session=True and everything in its process group
+    (a wrapper's children: `unshare --pid --fork` does not pass SIGTERM on). `sig` to the group,
+    then SIGKILL to whatever is left after `timeout`; returns once the group is empty."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        proc.poll()  # reaps the wrapper
+        time.sleep(0.05)  # polling for exits of processes that are not our children
+    if _group_members(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while _group_members(pgid):
+            proc.poll()
+            time.sleep(0.05)
+    proc.wait()
 
 
 @contextlib.contextmanager

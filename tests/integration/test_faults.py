@@ -102,3 +102,32 @@ def test_a_stopped_peer_is_named_and_says_it_was_stopped_when_resumed(tmp_path):
         assert "network" not in line, line
     assert "timed out waiting for rank 1" in trainer_errors[0], trainer_errors[0]
     assert "this process did not run for" in trainer_errors[1], trainer_errors[1]
+
+
+def test_every_rank_reports_the_first_cause_of_the_jobs_failure(tmp_path):
+    """Rank 0 fails the job (a producer of its went silent: PRODUCER_TIMEOUT). Rank 1 used to say
+    only "lost peer rank 0 (... left no failure report)"; now both trainers read rank 0's cause."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    config = "emit: {producer_timeout_ms: 1500}\ngrouping: {window: 32}\n"
+    daemons = [Daemon(tmp_path, rank=r, world=2, config=config, job_id=job) for r in range(2)]
+    try:
+        for d in daemons:
+            d.wait_ready()
+        # Everything is sent before the trainers open the epoch (their StartEpoch restarts the
+        # producer clock): worker-7 on rank 0 never ends its stream.
+        ok = produce(daemons[1].ingest, "healthy", 50, seed=1, id_offset=5000, extra=["--max-len", "64"])
+        stuck = produce(daemons[0].ingest, "worker-7", 30, seed=2, extra=["--no-end", "--max-len", "64"])
+        assert finish(ok)[0] == 0
+        assert finish(stuck)[0] == 0
+        consumers = [consume(d.trainer, expected_producers=1) for d in daemons]
+        errors = []
+        for c in consumers:
+            rc, _, err = finish(c, timeout=90)
+            assert rc != 0, err
+            errors.append(err)
+    finally:
+        for d in daemons:
+            d.stop()
+    assert "PRODUCER_TIMEOUT" in errors[0] and "worker-7" in errors[0], errors[0]
+    assert "rank 0 failed the job: PRODUCER_TIMEOUT" in errors[1] and "worker-7" in errors[1], errors[1]
+    assert "left no failure report" not in errors[1], errors[1]

@@ -199,3 +199,16 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path):
         assert metric_value(text, "odb_samples_emitted_total") == 300
     finally:
         d.stop()
+
+
+def test_ipc_socket_files_are_0660_whatever_the_umask(tmp_path):
+    """The ingest and trainer sockets took their mode from odbd's umask: under umask 000 any
+    user of the machine could connect, send samples or take the trainer session."""
+    d = Daemon(tmp_path, prefix=["/bin/sh", "-c", 'umask 000; exec "$0" "$@"'])
+    try:
+        d.wait_ready()
+        for endpoint in (d.ingest, d.trainer):
+            mode = os.stat(endpoint[len("ipc://"):]).st_mode & 0o777
+            assert mode == 0o660, (endpoint, oct(mode))
+    finally:
+        d.stop()

@@ -3,16 +3,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <zmq.hpp>
 
+#include "client/cpp/src/daemon_probe.h"
 #include "client/cpp/src/delivery_decoder.h"
 #include "client/cpp/src/fork_guard.h"
 #include "proto/odb.pb.h"
@@ -113,6 +117,10 @@ struct Consumer::Impl {
   std::shared_ptr<StepArenaMapping> arena;
   StepBlockHolder* last_holder = nullptr;
   std::string arena_note;  // why the session has no arena, when it was offered one
+  // The pid of the daemon behind an ipc:// endpoint (its lock file), read at
+  // connect: a wait for a step notices its death within kLivenessSliceMs.
+  std::optional<pid_t> daemon_pid;
+  static constexpr int kLivenessSliceMs = 200;
 
   // Maps the offered arena, answers the daemon. An error only when it
   // cannot be mapped and data_plane is "shm".
@@ -218,9 +226,13 @@ struct Consumer::Impl {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
+      if (daemon_pid) {
+        if (absl::Status s = client_internal::CheckDaemonAlive(options.endpoint, *daemon_pid); !s.ok())
+          return s;
+      }
       zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
       try {
-        zmq::poll(items, 2, left);
+        zmq::poll(items, 2, daemon_pid ? std::min(left, std::chrono::milliseconds(kLivenessSliceMs)) : left);
       } catch (const zmq::error_t& e) {
         // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
         // exits) interrupts the wait: that is not an error, wait on.
@@ -257,8 +269,11 @@ absl::StatusOr<std::unique_ptr<Consumer>> Consumer::Connect(const ConsumerOption
     return absl::InvalidArgumentError("data_plane shm needs an ipc:// endpoint (a daemon on this host), not '" +
                                       options.endpoint + "'");
   }
+  // ZeroMQ connects lazily: a missing daemon or a stale socket file is told now, not by a timeout.
+  if (absl::Status s = client_internal::CheckDaemonReachable(options.endpoint); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->daemon_pid = client_internal::DaemonPid(options.endpoint);
   try {
     // Closing flushes what is queued (the last credit carries the trainer's
     // data wait for the epoch's last step) for at most 1 s: bounded when the

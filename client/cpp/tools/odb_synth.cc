@@ -165,6 +165,7 @@ int Consume(const ConsumeArgs& a) {
                                        std::memcmp(row + n - edge, want + n - edge, edge) == 0;
     if (!ok) fail("sample " + std::to_string(id) + " payload corrupted");
   };
+  int all_rejected = 0;  // epochs whose every received sample was rejected
   for (uint32_t e = a.first_epoch; e < a.first_epoch + a.epochs; ++e) {
     if (auto s = (*consumer)->StartEpoch(e, a.expected_producers); !s.ok()) {
       std::fprintf(stderr, "odb_synth consume: %s\n", std::string(s.message()).c_str());
@@ -211,6 +212,14 @@ int Consume(const ConsumeArgs& a) {
         }
         std::printf("]}\n");
         std::fflush(stdout);
+        if (s.received > 0 && s.emitted == 0 && s.rejected > 0) {
+          // Nothing to consume is not a success: say so, and exit non-zero.
+          ++all_rejected;
+          std::fprintf(stderr,
+                       "odb_synth consume: epoch %u: every sample the daemon received was rejected "
+                       "(%lu of %lu; codes in rejection_codes): nothing was consumed\n",
+                       e, s.rejected, s.received);
+        }
         break;
       }
       ++steps;
@@ -273,7 +282,8 @@ int Consume(const ConsumeArgs& a) {
       if (a.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.slow_ms));
     }
   }
-  return failures == 0 ? 0 : 4;
+  if (failures > 0) return 4;
+  return all_rejected > 0 ? 5 : 0;
 }
 
 }  // namespace

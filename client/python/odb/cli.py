@@ -169,19 +169,21 @@ def _cmd_consume(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _metrics_url(log_path: Path, timeout: float = 30.0, alive: Optional[Callable[[], bool]] = None) -> str:
-    """The http:// address of a daemon's metrics endpoint, from its start-up log line."""
+def _metrics_url(daemon: Any, timeout: float = 30.0) -> str:
+    """The http:// address of a daemon's metrics endpoint, from its start-up log line (this
+    daemon's lines only: the log is appended across runs)."""
     deadline = time.monotonic() + timeout
     pattern = re.compile(r"metrics endpoint tcp://([0-9.]+:\d+)")
+    text = ""
     while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        text = daemon.log_text()
         m = pattern.search(text)
         if m:
             return f"http://{m.group(1)}"
-        if alive is not None and not alive():
+        if daemon.poll() is not None:
             break
         time.sleep(0.05)
-    raise RuntimeError(f"no metrics endpoint in {log_path} after {timeout:g}s:\n{text[-2000:]}")
+    raise RuntimeError(f"no metrics endpoint in {daemon.log_path} after {timeout:g}s:\n{text[-2000:]}")
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
@@ -203,7 +205,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     try:
         for d in daemons:
             d.wait_ready(60)
-        urls = [_metrics_url(d.log_path, alive=lambda d=d: d.poll() is None) for d in daemons]  # type: ignore[misc]
+        urls = [_metrics_url(d) for d in daemons]
         rng = random.Random(a.seed)
         # Rank r gets more and longer samples the higher r is: the view shows the daemons evening it out.
         plans = [[rng.randint(8, 64 * (r + 1)) for _ in range(n)] for r, n in enumerate(demo_counts(a.samples, a.ranks))]

@@ -154,11 +154,13 @@ class DaemonProcess:
     """One odbd child process. Stop it with :meth:`stop` (also a context manager)."""
 
     def __init__(self, proc: subprocess.Popen, rank: int, run_dir: Path, log_path: Path,
-                 eps: Endpoints) -> None:
+                 eps: Endpoints, log_offset: int = 0) -> None:
         self.proc = proc
         self.rank = rank
         self.run_dir = run_dir
         self.log_path = log_path
+        # The log is appended across runs: this daemon's lines start here.
+        self.log_offset = log_offset
         self.ingest = eps.ingest
         self.trainer = eps.trainer
         self._owner_pid = os.getpid()
@@ -183,11 +185,19 @@ class DaemonProcess:
         except (OSError, IndexError):
             return -1
 
-    def log_tail(self, lines: int = 20) -> str:
+    def log_text(self) -> str:
+        """What this daemon wrote to its log (the file is appended across runs: earlier daemons'
+        lines are not this one's); "" when the log cannot be read."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last `lines` lines this daemon wrote (never an earlier run's)."""
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Waits until the daemon accepts connections on its ipc:// sockets;
@@ -323,6 +333,7 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
     args += list(extra_args or [])
     log_file = Path(log_path) if log_path else run_dir / f"odbd-{rank}.log"
     with open(log_file, "ab") as log:
+        log_offset = log.seek(0, os.SEEK_END)  # where this daemon's lines begin
         # The daemon dies with the thread that spawned it (PR_SET_PDEATHSIG): a
         # launcher or script killed with SIGKILL leaves no odbd behind. Only
         # from the main thread, whose exit is the process's.
@@ -331,7 +342,7 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
                                 preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid())
                                 if on_main and die_with_parent else None)
     eps = Endpoints(f"ipc://{run_dir}/odb-{rank}-in.sock", f"ipc://{run_dir}/odb-{rank}-out.sock")
-    daemon = DaemonProcess(proc, rank, run_dir, log_file, eps)
+    daemon = DaemonProcess(proc, rank, run_dir, log_file, eps, log_offset)
     _SPAWNED[daemon.trainer] = daemon
     if wait:
         daemon.wait_ready(ready_timeout)

@@ -1023,7 +1023,8 @@ class OdbDataLoader:
                 self._record(epoch, info, waited)
                 if progress is not None:
                     progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
-                                    waited)
+                                    waited, closes_window=bool(info["closes_window"]),
+                                    windowed=int(info["window_target"]) > 0)
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
                 self._check_window_target(info)

@@ -4,6 +4,7 @@ death surfaces in the trainer as OdbWorkerError."""
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -15,6 +16,29 @@ from .encoding import encode_sample, sample_loss_tokens
 
 class OdbWorkerError(native().OdbError):  # type: ignore[misc]
     """A DataLoader worker failed (an exception in preprocessing, or it died)."""
+
+
+class _ByValue:
+    """A dataset pickled by value (plain pickle), for workers that are not forked.
+
+    multiprocessing's pickler hands every tensor storage to a forkserver or spawn
+    worker as a file descriptor, and a process start may pass only ~250 of them:
+    an in-memory dataset of more tensors (a list of tensor dicts past ~128
+    samples) failed every worker with a bare "ValueError: too many fds". By value,
+    workers get the dataset the way they get a list of numpy arrays: a copy each,
+    whatever its size. Pickled once per epoch, however many workers start."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _pickled_by_value(dataset: Any) -> Any:
+    """`dataset` as a _ByValue, or the dataset itself when plain pickle cannot take it (an object
+    only multiprocessing can share, e.g. a Lock): then multiprocessing's own pickler sends it."""
+    try:
+        return _ByValue(pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - any pickling failure: fall back to multiprocessing's pickler
+        return dataset
 
 
 class _SendStream(IterableDataset):
@@ -38,6 +62,20 @@ class _SendStream(IterableDataset):
         self.progress_every = max(1, progress_every)
         self.stop = stop
         self.data_plane = data_plane
+        self._by_value: Any = None  # the dataset pickled by value, once (for workers not forked)
+
+    def __getstate__(self) -> dict:
+        # Only a worker that is not forked (forkserver, spawn) pickles the stream.
+        if self._by_value is None:
+            self._by_value = _pickled_by_value(self.dataset)
+        state = dict(self.__dict__)
+        state["dataset"], state["_by_value"] = self._by_value, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if isinstance(self.dataset, _ByValue):
+            self.dataset = pickle.loads(self.dataset.data)
 
     def __iter__(self) -> Iterator[int]:
         info = get_worker_info()
@@ -115,7 +153,20 @@ class _Pump:
         self.thread = threading.Thread(target=self._run, name="odb-pump", daemon=True)
 
     def start(self) -> None:
-        self.iterator = iter(self.loader)
+        try:
+            self.iterator = iter(self.loader)  # starts the workers
+        except ValueError as e:
+            if "too many fds" not in str(e):
+                raise
+            # The dataset could not be pickled by value (_ByValue), and multiprocessing's pickler
+            # shares each tensor as a file descriptor: more than a process start can pass.
+            raise OdbWorkerError(
+                "odb: the DataLoader workers could not start: the dataset holds more tensors than "
+                f"multiprocessing can hand a {self.loader.multiprocessing_context.get_start_method()!r} worker "
+                "(one file descriptor each, ~250 at most), and plain pickle cannot copy it (it holds an object "
+                "only multiprocessing can share). Make the dataset picklable, load samples lazily in "
+                "__getitem__, or pass multiprocessing_context=\"fork\" (workers then inherit the dataset)"
+            ) from e
         self.thread.start()
 
     def _run(self) -> None:
