@@ -24,6 +24,12 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# tests/integration/test_deploy.py renders the Kubernetes manifests with `kubectl kustomize`:
+# Debian's kubernetes-client, unless a kubectl is installed already (it would own /usr/bin/kubectl).
+if ! command -v kubectl >/dev/null 2>&1; then
+  missing+=(kubernetes-client)
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -39,7 +39,8 @@ Environment:
                     was made from (checked against proto/odb.proto); bench/gpu_bundle.sh
   ODB_STATIC_DEPS   a folder for (or with) the position-independent static archives
   ODB_STATIC_REQUIRED=1  fail instead of falling back to bundling
-  ODB_ODBD_BINARY, BAZEL, PATCHELF, ODB_REQUIRE_ODBD  the daemon's build (odb_build/odbd.py):
+  ODB_ODBD_BINARY, ODB_REUSE_BUILD, BAZEL, PATCHELF, ODB_REQUIRE_ODBD  the daemon's build (odb_build/odbd.py;
+                    .build/src/daemon/odbd when newer than its sources):
                     without Bazel the package is built without odbd, with a warning
 """
 from __future__ import annotations

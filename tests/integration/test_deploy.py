@@ -3,30 +3,44 @@
 * odbd with emit.exit_when_trainer_done (--exit-when-trainer-done) exits 0 once its
   trainer session has ended between epochs, at W = 1 and W = 2, and non-zero when the
   trainer was lost mid-epoch;
-* deploy/k8s-pod-sidecar.yaml passes a strict offline check against the Kubernetes API
+* docs/deploy.md's install blocks run as written (issue 31): systemd's into a temporary
+  tree (deploy/install_systemd.sh with DESTDIR; `systemctl` stands in, the installed unit
+  passes `systemd-analyze verify`, names only files of the tree, and its ExecStart starts
+  odbd with the installed config and environment); Kubernetes' with `kubectl apply -k`
+  standing in as the real `kubectl kustomize`: the rendered Pod (deploy/k8s/pod.yaml
+  through deploy/k8s/kustomization.yaml) finds every ConfigMap it names, both containers
+  take the rank and world size from one ConfigMap, and the multi-node overlay's Redis is
+  a Service it creates;
+* the rendered Pod passes a strict offline check against the Kubernetes API
   schema (k8s_schema.py), which is shown to refuse a misspelled field and a wrong enum
   value; odbd is a native sidecar, the PID namespace is shared, and its command line parses;
 * deploy/odbd@.service's ExecStart computes the global rank and starts odbd
   (`systemd-analyze verify` runs in tests/python/test_py_docs.py);
 * deploy/slurm_example.sbatch runs through a harness standing in for srun/scontrol: two
   tasks, each `python -m odb.launch` with a real odbd and a real OdbDataLoader trainer;
-* deploy/odbd.yaml parses; deploy/odb_launch.py runs the same launcher (the Slurm test
-  runs the module, test_py_docs.py runs the script).
+* deploy/odbd.yaml (a link to deploy/k8s/odbd.yaml) parses as a one-node FileStore config,
+  deploy/k8s-multinode/odbd.yaml as Redis at odb-redis; the Slurm script on several nodes
+  with the one-node config stops, naming the setting; deploy/odb_launch.py runs the same
+  launcher (the Slurm test runs the module, test_py_docs.py runs the script).
 """
 from __future__ import annotations
 
 import copy
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 import yaml
@@ -115,11 +129,45 @@ def test_two_ranks_both_exit_0_after_the_epoch(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------- Kubernetes
 
-POD = ROOT / "deploy/k8s-pod-sidecar.yaml"
+K8S = ROOT / "deploy/k8s"  # "deploy/k8s/kustomization.yaml" renders "deploy/k8s/pod.yaml" and "deploy/k8s/odbd.yaml"
+# docs/deploy.md's multi-node block renders "deploy/k8s-multinode/kustomization.yaml" with
+# "deploy/k8s-multinode/odbd.yaml" and "deploy/k8s-multinode/redis.yaml".
 
 
-def _pod() -> dict:
-    return yaml.safe_load(POD.read_text())
+def _kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:  # scripts/install_deps.sh installs Debian's kubernetes-client where none is
+        pytest.fail("kubectl is not installed (apt install kubernetes-client): the manifests are rendered with it")
+    return kubectl
+
+
+def _render(folder: Path) -> List[dict]:
+    """`kubectl kustomize folder`: the documents it renders."""
+    p = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def _pod(docs: List[dict] | None = None) -> dict:
+    (pod,) = [d for d in (docs if docs is not None else _render(K8S)) if d["kind"] == "Pod"]
+    return pod
+
+
+def _config_maps(docs: List[dict]) -> Dict[str, dict]:
+    return {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+
+
+def _env(container: dict, maps: Dict[str, dict]) -> Dict[str, str]:
+    """A container's environment as the kubelet would set it (values and configMapKeyRefs resolved)."""
+    env = {}
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref is not None:
+            assert ref["name"] in maps and ref["key"] in maps[ref["name"]], (e, sorted(maps))
+            env[e["name"]] = maps[ref["name"]][ref["key"]]
+        elif "value" in e:
+            env[e["name"]] = e["value"]
+    return env
 
 
 def test_pod_manifest_passes_the_strict_kubernetes_schema() -> None:
@@ -199,7 +247,8 @@ def test_the_schema_check_refuses_a_misspelling_in_every_object_and_a_wrong_valu
             problems = k8s_schema.validate(pod)
             assert any(p.startswith(f"{path}: 'NotInTheEnum' is not one of") for p in problems), (path, problems)
             enums += 1
-    # 23 objects (the Pod, metadata, spec, volumes, containers, env, mounts, the probe...) and 5 enums today
+    # 33 objects (the Pod, metadata, spec, volumes, containers, env and its configMapKeyRefs, mounts, the probe...)
+    # and 5 enums today
     assert objects >= 20 and enums >= 5, (objects, enums)
 
 
@@ -219,20 +268,172 @@ def test_pod_runs_odbd_as_a_native_sidecar_that_keeps_the_shared_memory_paths() 
     mounts = lambda c: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}  # noqa: E731
     shared = [v["name"] for v in spec["volumes"] if "emptyDir" in v]
     assert any(mounts(odbd).get(n) == run_dir and mounts(trainer).get(n) == run_dir for n in shared)
-    odbd_env = {e["name"]: e.get("value") for e in odbd["env"]}
-    assert odbd_env["RANK"] == env["RANK"] and odbd_env["WORLD_SIZE"] == env["WORLD_SIZE"]
+    # The rank and the world size come to both containers from one place: the same ConfigMap keys.
+    refs = lambda c: {e["name"]: e.get("valueFrom", {}).get("configMapKeyRef") for e in c["env"]}  # noqa: E731
+    for name in ("RANK", "WORLD_SIZE"):
+        assert refs(odbd)[name] is not None and refs(odbd)[name] == refs(trainer)[name], (name, odbd, trainer)
 
 
-def test_pod_odbd_command_line_parses_with_the_shipped_config(tmp_path: Path) -> None:
-    odbd = [c for c in _pod()["spec"]["initContainers"] if c["name"] == "odbd"][0]
-    env = {e["name"]: e["value"] for e in odbd["env"] if "value" in e}
+def _pod_odbd_config(docs: List[dict], tmp_path: Path) -> str:
+    """odbd's command line from the rendered Pod, run with --print-config: its environment from the rendered
+    ConfigMaps, its --config the rendered odbd-config's odbd.yaml."""
+    pod, maps = _pod(docs), _config_maps(docs)
+    odbd = [c for c in pod["spec"]["initContainers"] if c["name"] == "odbd"][0]
+    env = _env(odbd, maps)
+    (volume,) = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+    (mount,) = [m for m in odbd["volumeMounts"] if m["name"] == volume["name"]]
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    for key, text in maps[volume["configMap"]["name"]].items():
+        (config_dir / key).write_text(text)
     args = [a.replace("$(JOB_ID)", env["JOB_ID"]) for a in odbd["command"][1:]]
-    args[args.index("--config") + 1] = str(ROOT / "deploy/odbd.yaml")  # the ConfigMap's content
+    config = args[args.index("--config") + 1]
+    assert config.startswith(mount["mountPath"] + "/"), (config, mount)
+    args[args.index("--config") + 1] = str(config_dir / config[len(mount["mountPath"]) + 1:])
     args[args.index("--run-dir") + 1] = str(tmp_path)
     proc = subprocess.run([str(ODBD), *args, "--print-config"], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, **env, ODB_GLOO_HOSTNAME="127.0.0.1"))
     assert proc.returncode == 0, proc.stderr
-    assert "rank=0/16 " in proc.stdout and "job_id=train-2026-11-29" in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def test_pod_odbd_command_line_parses_with_the_shipped_config(tmp_path: Path) -> None:
+    described = _pod_odbd_config(_render(K8S), tmp_path)
+    # One node by default: one rank, the FileStore in the run dir (no Redis to reach).
+    assert "rank=0/1 " in described and f"store={tmp_path}/store " in described, described
+
+
+# ----------------------------------------------------------------- docs/deploy.md's install blocks (issue 31)
+
+def _deploy_block(name: str) -> str:
+    """The sh block right after docs/deploy.md's `<!-- deploy-test: name -->` marker."""
+    lines = (ROOT / "docs/deploy.md").read_text().splitlines()
+    (mark,) = [i for i, line in enumerate(lines) if line.strip() == f"<!-- deploy-test: {name} -->"]
+    assert lines[mark + 1].strip() == "```sh", lines[mark + 1]
+    end = next(i for i in range(mark + 2, len(lines)) if lines[i].strip().startswith("```"))
+    return "\n".join(lines[mark + 2:end]) + "\n"
+
+
+def _stand_in(bindir: Path, name: str, body: str) -> None:
+    bindir.mkdir(exist_ok=True)
+    (bindir / name).write_text("#!/bin/sh\n" + body)
+    (bindir / name).chmod(0o755)
+
+
+def _run_block(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The block, as written, with bash from the checkout; the stand-ins of tmp_path/bin first on PATH."""
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", _deploy_block(name)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT,
+                          env=dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", **env))
+    assert proc.returncode == 0, f"docs/deploy.md block {name!r} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _kubectl_apply_stand_in(tmp_path: Path) -> Path:
+    """`kubectl apply -k DIR` without a cluster: the real `kubectl kustomize DIR`, written to tmp_path/applied.yaml."""
+    out = tmp_path / "applied.yaml"
+    _stand_in(tmp_path / "bin", "kubectl",
+              f'[ "$1 $2" = "apply -k" ] && [ $# -eq 3 ] || {{ echo "kubectl stand-in: unexpected $*" >&2; exit 2; }}\n'
+              f'exec {_kubectl()} kustomize "$3" > {out}\n')
+    return out
+
+
+def test_kubernetes_block_creates_the_pod_and_every_config_map_it_reads(tmp_path: Path) -> None:
+    out = _kubectl_apply_stand_in(tmp_path)
+    _run_block("kubernetes", tmp_path)
+    docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    pod, maps = _pod(docs), _config_maps(docs)
+    assert k8s_schema.validate(pod) == []
+    # Every ConfigMap the Pod names is created: the mounted config, the one the env reads from.
+    (volume,) = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+    assert maps[volume["configMap"]["name"]] == {"odbd.yaml": (ROOT / "deploy/odbd.yaml").read_text()}
+    containers = pod["spec"]["initContainers"] + pod["spec"]["containers"]
+    envs = [_env(c, maps) for c in containers]  # asserts each configMapKeyRef's map and key exist
+    # One place for the rank and the world size: both containers read them from the same map.
+    (job,) = [m for m in maps.values() if "RANK" in m]
+    assert [e["RANK"] for e in envs] == [job["RANK"]] * 2 and [e["WORLD_SIZE"] for e in envs] == ["1"] * 2, envs
+
+
+def test_kubernetes_multinode_block_names_a_redis_it_creates(tmp_path: Path) -> None:
+    out = _kubectl_apply_stand_in(tmp_path)
+    _run_block("kubernetes-multinode", tmp_path)
+    docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    assert k8s_schema.validate(_pod(docs)) == []
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    template = {"apiVersion": "v1", "kind": "Pod", **deployment["spec"]["template"]}
+    assert k8s_schema.validate(template) == []
+    described = _pod_odbd_config(docs, tmp_path)
+    assert "rank=0/2 " in described and "job_id=train-2026-11-29" in described, described
+    store = described.split("store=")[1].split()[0]
+    host, port = store.split(":")
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    assert host == service["metadata"]["name"] == "odb-redis", (store, service)
+    assert int(port) in [p["port"] for p in service["spec"]["ports"]], service
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def _unit_paths(exec_start: str) -> List[str]:
+    return sorted({w for w in re.findall(r"(/[\w./@-]+)", exec_start) if not w.startswith("/run/")})
+
+
+def test_systemd_block_installs_into_a_tree_that_verifies_and_starts_odbd(tmp_path: Path) -> None:
+    """The block runs "deploy/install_systemd.sh" (DESTDIR: the tree) and `systemctl enable --now odbd@0`."""
+    calls = tmp_path / "systemctl.calls"
+    _stand_in(tmp_path / "bin", "systemctl", f'echo "$*" >> {calls}\n')
+    dest = tmp_path / "root"
+    out = _run_block("systemd", tmp_path, DESTDIR=str(dest), ODBD=str(ODBD))
+    assert calls.read_text().split("\n")[0] == "enable --now odbd@0", calls.read_text()
+    assert f"under {dest}" in out.stdout, out.stdout
+    unit = dest / "etc/systemd/system/odbd@.service"
+    # systemd-analyze verify of the installed unit (an instance of the template).
+    check = tmp_path / "verify"
+    check.mkdir()
+    (check / "odbd@.service").write_text(unit.read_text())
+    (check / "odbd@0.service").symlink_to("odbd@.service")
+    verify = subprocess.run(["systemd-analyze", "verify", str(check / "odbd@0.service")], capture_output=True,
+                            text=True, timeout=60)
+    assert verify.returncode == 0 and "odbd@" not in verify.stderr, verify.stderr
+    text = unit.read_text()
+    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    # Every file the unit names is in the tree: its environment file, odbd, its config; its user too.
+    exec_start = " ".join(ln.rstrip("\\").strip() for ln in text.split("ExecStart=", 1)[1].split("\n")[:2])
+    named = [fields["EnvironmentFile"].lstrip("-")] + [p for p in _unit_paths(exec_start) if p != "/bin/sh"]
+    assert "/usr/local/bin/odbd" in named and "/etc/odb/odbd.yaml" in named, named
+    missing = [p for p in named if not (dest / p.lstrip("/")).exists()]
+    assert not missing, f"the unit names files the install did not put in the tree: {missing}"
+    passwd = (dest / "etc/passwd").read_text()
+    assert any(line.split(":")[0] == fields["User"] for line in passwd.splitlines()), passwd
+    assert (dest / "etc/odb/odbd.yaml").read_text() == (ROOT / "deploy/odbd.yaml").read_text()
+    # The instance's ExecStart with the tree's files: odbd serves one rank with the installed config and env.
+    script = shlex.split(exec_start)[2].replace("%i", "0").replace("/run/odb", str(tmp_path / "run"))
+    for p in named:
+        script = script.replace(p, str(dest / p.lstrip("/")))
+    env = dict(os.environ)
+    for line in (dest / "etc/odb/odbd.env").read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            env[key] = value
+    (tmp_path / "run").mkdir()
+    log = open(tmp_path / "odbd.log", "w")
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        socket_path = tmp_path / "run" / "odb-0-out.sock"
+        deadline = time.monotonic() + 60
+        while not socket_path.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the socket, the daemon's "ready" event
+        assert socket_path.exists(), (tmp_path / "odbd.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "odbd.log").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    # A second install keeps what the admin edited.
+    (dest / "etc/odb/odbd.yaml").write_text("grouping: {max_tokens: 512}\n")
+    _run_block("systemd", tmp_path, DESTDIR=str(dest), ODBD=str(ODBD))
+    assert (dest / "etc/odb/odbd.yaml").read_text() == "grouping: {max_tokens: 512}\n"
 
 
 # ----------------------------------------------------------------- systemd
@@ -356,14 +557,35 @@ def test_slurm_script_fails_when_a_rank_fails(tmp_path: Path) -> None:
     assert proc.returncode != 0, proc.stdout + proc.stderr
 
 
+def test_slurm_script_on_several_nodes_with_the_one_node_config_stops_naming_the_setting(tmp_path: Path) -> None:
+    env = dict(os.environ, SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="node[001-002]", SLURM_NTASKS="16",
+               PATH=f"{tmp_path}:{os.environ['PATH']}")
+    env.pop("ODB_CONFIG", None)
+    _stand_in(tmp_path, "srun", f'echo "srun ran" > {tmp_path / "srun.ran"}\n')
+    proc = subprocess.run(["bash", str(ROOT / "deploy/slurm_example.sbatch")], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ODB_CONFIG" in proc.stderr and "alignment.store: redis" in proc.stderr, proc.stderr
+    assert not (tmp_path / "srun.ran").exists()
+
+
 # ----------------------------------------------------------------- the example config
 
-def test_deploy_config_parses() -> None:
-    proc = subprocess.run([str(ODBD), "--config", str(ROOT / "deploy/odbd.yaml"), "--rank", "0", "--world-size", "2",
+@pytest.mark.parametrize("config, store", [("deploy/odbd.yaml", "/tmp/store"),
+                                           ("deploy/k8s/odbd.yaml", "/tmp/store"),
+                                           ("deploy/k8s-multinode/odbd.yaml", "odb-redis:6379")])
+def test_deploy_config_parses(config: str, store: str) -> None:
+    """One node by default (a FileStore in the run dir, nothing to reach); several nodes: the Redis named."""
+    proc = subprocess.run([str(ODBD), "--config", str(ROOT / config), "--rank", "0", "--world-size", "2",
                            "--job-id", "j", "--run-dir", "/tmp", "--print-config"], capture_output=True, text=True,
                           timeout=60, env=dict(os.environ, ODB_GLOO_HOSTNAME="127.0.0.1"))
     assert proc.returncode == 0, proc.stderr
-    assert "store=10.0.0.1:6379" in proc.stdout and "max_tokens=8192" in proc.stdout, proc.stdout
+    assert f"store={store} " in proc.stdout and "max_tokens=8192" in proc.stdout, proc.stdout
+    assert "10.0.0.1" not in (ROOT / config).read_text()
+
+
+def test_deploy_odbd_yaml_is_the_kustomizations_config() -> None:
+    assert (ROOT / "deploy/odbd.yaml").resolve() == (ROOT / "deploy/k8s/odbd.yaml").resolve()
 
 
 # ----------------------------------------------------------------- PID namespaces (the Pod's shareProcessNamespace)

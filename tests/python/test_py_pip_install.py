@@ -177,7 +177,8 @@ def test_wheel_holds_the_extension_and_its_libraries(pip_venv: Dict[str, Path]) 
     assert any(n.endswith(".dist-info/RECORD") for n in names) and "odb/py.typed" in names
     assert "odb/_odb_native.pyi" in names and "odb/cli.py" in names and "odb/launch.py" in names, names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-    assert "odbctl = odb.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "odbctl = odb.cli:main" in scripts and "odbd = odb.cli:odbd_main" in scripts, scripts
 
 
 END_TO_END = textwrap.dedent(r'''
@@ -327,7 +328,7 @@ def test_without_bazel_the_package_has_no_odbd_and_says_why(pip_venv: Dict[str, 
     then PATH; ODB_REQUIRE_ODBD=1 makes it a build error. (Same build folder: the extension is not compiled
     again, and the earlier build's odbd must not leak into this package.)"""
     py, target = pip_venv["python"], tmp_path / "target"
-    env = _clean_env(ODB_BUILD_DIR=str(pip_venv["build"]), BAZEL=str(tmp_path / "no-bazel"))
+    env = _clean_env(ODB_BUILD_DIR=str(pip_venv["build"]), BAZEL=str(tmp_path / "no-bazel"), ODB_REUSE_BUILD="0")
     install = [py, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "--target", target,
                ROOT / "client/python"]
     built = _run(install, env=env, cwd=tmp_path)
@@ -337,6 +338,11 @@ def test_without_bazel_the_package_has_no_odbd_and_says_why(pip_venv: Dict[str, 
                cwd=tmp_path).stdout
     assert out.startswith("ERROR") and "$ODBD" in out and "PATH" in out, out
     assert "this odb package has no odbd of its own: Bazel is not installed" in out and "ODB_ODBD_BINARY" in out, out
+    # The package's `odbd` command says the same (its console script execs odb/bin/odbd).
+    odbd_cmd = subprocess.run([str(py), "-c", "import sys; sys.argv = ['odbd', '--help']; import odb.cli; "
+                               "odb.cli.odbd_main()"], capture_output=True, text=True, timeout=60,
+                              env=_clean_env(PYTHONPATH=str(target)), cwd=tmp_path)
+    assert odbd_cmd.returncode == 1 and "has no odbd of its own: Bazel is not installed" in odbd_cmd.stderr, odbd_cmd
     fake = tmp_path / "bin" / "odbd"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nexit 0\n")
@@ -380,7 +386,7 @@ def test_odbctl_console_script(pip_venv: Dict[str, Path], tmp_path: Path) -> Non
     demo = _odbctl(pip_venv, "demo", "--plain", "--samples", "150", "--delay", "0", PATH=_path_without_odbd()).stdout
     rows = {int(line.split()[0]): line.split() for line in demo.splitlines() if line[:4].strip().isdigit()}
     assert sorted(rows) == [0, 1], demo
-    sent = [len(range(150 * (r + 1) // 2 + 1)) for r in range(2)]
+    sent = [50, 100]  # 150 samples, rank r's share growing as r + 1 (odb.cli.demo_counts)
     assert [int(rows[r][1]) for r in range(2)] == sent, demo              # samples in, per rank
     assert int(rows[0][2]) + int(rows[1][2]) == sum(sent), demo           # all emitted
     assert rows[0][4] == rows[1][4] and int(rows[0][4]) >= 2, demo        # same step count on both ranks
@@ -474,3 +480,120 @@ def test_readme_pip_only_hand_run_from_the_venv_alone(pip_venv: Dict[str, Path],
     # The odbd it started is the venv's own (the block starts "$(odbctl find-odbd)" in this environment).
     found = _run([pip_venv["bin"] / "odbctl", "find-odbd"], env=env, cwd=tmp_path).stdout.strip()
     assert found == str(pip_venv["package"].resolve() / "bin" / "odbd"), found
+
+
+# ----------------------------------------------------------------- the wheel of ./scripts/build.sh (issue 31)
+
+# What a build would run: each stands first on PATH during the install and fails loudly, logging its call.
+BUILD_TOOLS = ("bazel", "bazelisk", "gcc", "g++", "cc", "c++", "clang", "clang++", "gcc-12", "g++-12",
+               "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "x86_64-linux-gnu-gcc-12", "x86_64-linux-gnu-g++-12",
+               "ld", "protoc", "patchelf", "cmake", "make")
+
+
+def _failing_tools(tmp: Path, names: tuple = BUILD_TOOLS) -> tuple:
+    """A folder of stand-ins for `names` that log their call to a file and exit 97, and that log."""
+    shims, log = tmp / "shims", tmp / "build-tools-called.log"
+    shims.mkdir()
+    for name in names:
+        (shims / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n'
+                                  f'echo "{name} ran during an install that must not build anything" >&2\nexit 97\n')
+        (shims / name).chmod(0o755)
+    return shims, log
+
+
+def _doc_block(doc: str, heading: str, lang: str) -> str:
+    """The first ```lang block after the line that starts with `heading` in `doc` (dedented)."""
+    lines = (ROOT / doc).read_text().splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(heading)]
+    first = next(i for i in range(start, len(lines)) if lines[i].strip() == f"```{lang}")
+    end = next(i for i in range(first + 1, len(lines)) if lines[i].strip().startswith("```"))
+    return textwrap.dedent("\n".join(lines[first + 1:end])) + "\n"
+
+
+def _pip_command(block: str) -> str:
+    (line,) = [ln.split("#")[0].strip() for ln in block.splitlines() if ln.startswith("pip install")]
+    return line
+
+
+def test_the_wheel_installs_with_the_documented_commands_without_bazel_or_a_compiler(tmp_path: Path) -> None:
+    """Issue 31's "Done when": after ./scripts/build.sh, docs/python.md's install block (README quotes its
+    one pip command) installs the wheel into a new venv of Debian's python3 made with --system-site-packages,
+    with Bazel and every compiler failing first on PATH; then `odbd --help`, the windows loop and the
+    torchrun command of docs/python.md run from that venv (Debian's torch, the package's odb and odbd)."""
+    import time
+
+    wheels = sorted((ROOT / ".build" / "dist").glob("odb-*.whl"))
+    assert len(wheels) == 1, f"./scripts/build.sh writes one wheel into .build/dist (found {wheels}): run it"
+    block = _doc_block("docs/python.md", "## Install", "sh")
+    lines = block.splitlines()
+    assert lines[0].startswith("./scripts/build.sh"), lines[0]
+    pip = _pip_command(block)
+    assert pip.endswith(".build/dist/odb-*.whl") and "--no-index" in pip, pip
+    assert f"`{pip}`" in (ROOT / "README.md").read_text(), f"README.md does not give the install command `{pip}`"
+    shims, log = _failing_tools(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _clean_env(HOME=str(home), PATH=f"{shims}{os.pathsep}{_path_without_odbd()}", CC=str(shims / "cc"),
+                     CXX=str(shims / "c++"))
+    env.pop("VIRTUAL_ENV", None)
+    script = "\n".join(lines[1:]) + "\n"  # the build line ran before the suite
+    started = time.monotonic()
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=600)
+    took = time.monotonic() - started
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert not log.exists(), f"the install ran build tools:\n{log.read_text()}"
+    print(f"docs/python.md's install block (venv + pip install of the wheel + --help): {took:.1f} s")
+    venv = home / "odb-venv"
+    cfg = (venv / "pyvenv.cfg").read_text()
+    assert "include-system-site-packages = true" in cfg and "/usr/bin" in cfg, cfg
+    in_venv = _clean_env(PATH=f"{venv / 'bin'}{os.pathsep}{shims}{os.pathsep}{_path_without_odbd()}",
+                         VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1")
+    in_venv.pop("ODBD", None)  # the package's own odbd, found by odb.find_odbd()
+    # `odbd` is a command of the venv, the package's own daemon.
+    which = _run(["bash", "-c", "command -v odbd; odbd --help"], env=in_venv, cwd=tmp_path).stdout
+    assert which.splitlines()[0] == str(venv / "bin" / "odbd"), which
+    assert "--rank" in which and "--run-dir" in which, which
+    where = _run([venv / "bin/python", "-c", "import odb, torch; print(odb.__file__); print(odb.find_odbd())"],
+                 env=in_venv, cwd=tmp_path).stdout.split()
+    assert where[0].startswith(str(venv)) and where[1].startswith(str(venv)), where
+    # The windows loop, as docs/python.md gives it, from the venv (outside the checkout).
+    loop = _doc_block("docs/python.md", "## Accumulation windows: the optimizer batch in loss tokens", "python")
+    (tmp_path / "windows.py").write_text(loop)
+    out = _run([venv / "bin/python", tmp_path / "windows.py"], env=in_venv, cwd=tmp_path, timeout=300).stdout
+    assert "optimizer steps;" in out, out
+    # The torchrun command of docs/python.md ("Daemon"), from the checkout with the venv's python3: its torch
+    # is Debian's (--system-site-packages), its odb and odbd the wheel's.
+    torchrun = _doc_block("docs/python.md", "* torchrun (tested in", "sh")
+    assert torchrun.startswith("python3 -m torch.distributed.run"), torchrun
+    run_dir = Path(f"/tmp/odbwheel-{os.getpid()}")  # short: ipc paths must stay under 108 bytes
+    try:
+        launched = _run(["bash", "-euo", "pipefail", "-c", torchrun], env=dict(in_venv, ODB_RUN_DIR=str(run_dir)),
+                        cwd=ROOT, timeout=600)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert "No module named" not in launched.stdout + launched.stderr, launched.stderr[-3000:]
+    assert not log.exists(), f"the venv's runs called build tools:\n{log.read_text()}"
+
+
+def test_from_source_install_bundles_the_checkouts_build_without_bazel(pip_venv: Dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """`pip install --no-build-isolation ./client/python` after ./scripts/build.sh: the checkout's
+    .build/src/daemon/odbd (newer than its sources) goes into the package as is; Bazel, failing first on
+    PATH and as $BAZEL, is never called (before: a Bazel build, ~15 minutes in a fresh clone)."""
+    built = ROOT / ".build/src/daemon/odbd"
+    assert built.is_file(), "run ./scripts/build.sh"
+    shims, log = _failing_tools(tmp_path, ("bazel", "bazelisk"))
+    target = tmp_path / "target"
+    env = _clean_env(ODB_BUILD_DIR=str(pip_venv["build"]), BAZEL=str(shims / "bazel"),
+                     PATH=f"{shims}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run([str(pip_venv["python"]), "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps",
+                        "--target", str(target), str(ROOT / "client/python")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert not log.exists(), f"Bazel ran:\n{log.read_text()}"
+    assert f"odbd: bundling {built}" in out, ("the checkout's odbd was not reused (is it older than an edited "
+                                              "source? run ./scripts/build.sh):\n" + out[-3000:])
+    help_text = _run([target / "odb/bin/odbd", "--help"], env={}).stdout
+    assert "--rank" in help_text

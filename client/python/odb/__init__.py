@@ -53,8 +53,8 @@ def __getattr__(name: str) -> Any:
         if e.name not in ("torch", "numpy") and not (e.name or "").startswith(("torch.", "numpy.")):
             raise
         raise ImportError(
-            f"odb.{name} needs PyTorch (and numpy), which this interpreter cannot import ({e}). Install torch "
-            f"(Debian: apt install python3-torch; pip: pip install torch numpy). odb.Producer, odb.Consumer and "
+            f"odb.{name} needs PyTorch (and numpy), which this interpreter cannot import ({e}): "
+            f"{_native.install_hint('torch numpy', 'python3-torch')}. odb.Producer, odb.Consumer and "
             f"the daemon helpers work without it.", name=e.name) from e
     value = getattr(module, name) if name in _LAZY else module
     globals()[name] = value

@@ -2,8 +2,8 @@
 
 The extension, in this order:
   1. $ODB_NATIVE_LIB (a path to a `_odb_native*.so`);
-  2. `odb._odb_native`, the extension a `pip install ./client/python` builds into
-     the package (with its shared libraries in odb/.libs);
+  2. `odb._odb_native`, the extension the installed package carries (the wheel of
+     scripts/build.sh, or a from-source pip install; its shared libraries in odb/.libs);
   3. in a source checkout, <repo>/.build/client/python/_odb_native.so (where
      scripts/build.sh copies Bazel's -c opt output). Not bazel-bin/ or bazel-out/:
      bazel-bin follows whichever configuration or output base built last (an
@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -58,11 +59,31 @@ def find_built(relative: str, env_var: str) -> Path:
                             f"run ./scripts/build.sh first")
 
 
+def install_hint(package: str, debian_package: str) -> str:
+    """How to get `package` into this interpreter. In a venv: pip into the venv, or Debian's package seen
+    through a venv of /usr/bin/python3 made with --system-site-packages (apt alone does not reach a venv)."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return f"pip install {package} for {sys.executable}, or (Debian's /usr/bin/python3) apt install {debian_package}"
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    sees_debian = sys.base_prefix == "/usr" and cfg.is_file() and re.search(
+        r"^include-system-site-packages\s*=\s*true", cfg.read_text(), re.M | re.I) is not None
+    hint = f"this venv ({sys.prefix}) lacks it: {sys.executable} -m pip install {package}"
+    if sees_debian:
+        return hint + f"; or, offline, apt install {debian_package} (this venv sees Debian's packages)"
+    return hint + (f"; or, offline on Debian, apt install {debian_package} and use a venv that sees it: "
+                   f"/usr/bin/python3 -m venv --system-site-packages DIR (docs/python.md, \"Install\")")
+
+
+# Where find_odbd() looks, in its order: `odbctl --help` and `odbctl find-odbd --help` print this list.
+ODBD_SEARCH_ORDER = ("$ODBD", "the package's own odb/bin/odbd", "`odbd` on PATH",
+                     "the source checkout's .build/src/daemon/odbd")
+
+
 def find_odbd() -> Path:
     """The odbd binary: $ODBD, then the package's own odb/bin/odbd, then `odbd` on PATH, then
     <repo>/.build/src/daemon/odbd.
 
-    The package's odbd is the one `pip install ./client/python` built with it (same sources, so
+    The package's odbd is the one built with it (the wheel, or a from-source pip install: same sources, so
     the same protocol): it wins over an `odbd` on PATH, which may be of another version. The
     last one only when this package runs from a source checkout (after ./scripts/build.sh).
     $ODB_ODBD, the older name of $ODBD, is honoured too. Raises FileNotFoundError saying what to
@@ -91,8 +112,9 @@ def find_odbd() -> Path:
     package = (f"; this odb package has no odbd of its own: {missing.read_text().strip()}"
                if missing.is_file() else "")
     raise FileNotFoundError(
-        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (`pip install ./client/python` "
-        f"builds it into the package with Bazel; ./scripts/build.sh into .build/src/daemon/odbd){checkout}{package}")
+        "odbd not found: set $ODBD to the daemon binary or put `odbd` on PATH (the wheel ./scripts/build.sh writes "
+        "carries it: `pip install --no-index .build/dist/odb-*.whl`, docs/python.md \"Install\"; ./scripts/build.sh "
+        f"also builds .build/src/daemon/odbd){checkout}{package}")
 
 
 def _load(path: Path) -> ModuleType:

@@ -4,17 +4,20 @@
     odbctl demo [--ranks 2] [--samples 400]            a local job with a live view of it
     odbctl report SUMMARY_DIR [--out DIR]               end-of-epoch PNG plots (odb.report)
     odbctl find-odbd                                    where the odbd binary is (odb.find_odbd)
+    odbd ARGS...                                        the package's own daemon (odb/bin/odbd), run as is
     odbctl produce --endpoint E --producer-id P --count N   send synthetic samples to a daemon
     odbctl consume --endpoint E [--expected-producers N]    receive and verify an epoch, print a JSON summary
 
 `python -m odb.cli ...` is the same. Nothing here needs torch; `report` needs
 matplotlib. Exit status: 0 on success, 1 on an error (said on stderr), 2 on a
-usage error.
+usage error. The package installs a second command, `odbd` (odbd_main): the
+daemon it carries, as `pip install ray` puts `ray` on the venv's PATH.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -49,12 +52,14 @@ def _cmd_top(a: argparse.Namespace) -> int:
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
+    from ._native import install_hint
+
     try:
         from .epoch_report import report
         paths = report(a.summary_dir, a.out)
     except ImportError as e:
-        print(f"{PROG} report: needs matplotlib ({e}): apt install python3-matplotlib, or "
-              f"pip install matplotlib", file=sys.stderr)
+        print(f"{PROG} report: needs matplotlib ({e}): {install_hint('matplotlib', 'python3-matplotlib')}",
+              file=sys.stderr)
         return 1
     except FileNotFoundError as e:
         print(f"{PROG} report: {e}", file=sys.stderr)
@@ -203,8 +208,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         urls = [_metrics_url(d) for d in daemons]
         rng = random.Random(a.seed)
         # Rank r gets more and longer samples the higher r is: the view shows the daemons evening it out.
-        plans = [[rng.randint(8, 64 * (r + 1)) for _ in range(a.samples * (r + 1) // a.ranks + 1)]
-                 for r in range(a.ranks)]
+        plans = [[rng.randint(8, 64 * (r + 1)) for _ in range(n)] for r, n in enumerate(demo_counts(a.samples, a.ranks))]
 
         def produce(rank: int) -> None:
             try:
@@ -258,6 +262,14 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def demo_counts(samples: int, ranks: int) -> List[int]:
+    """Samples per rank of `odbctl demo`: rank r's share grows as r + 1, and the shares sum to `samples`
+    exactly (--samples 400 sends 400)."""
+    total = ranks * (ranks + 1) // 2
+    cuts = [samples * (r * (r + 1) // 2) // total for r in range(ranks + 1)]
+    return [cuts[r + 1] - cuts[r] for r in range(ranks)]
+
+
 def _scrape(url: str) -> Union[Dict[str, float], None, str]:
     from . import top
 
@@ -289,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
                                    "ones the higher r), and shows the `odbctl top` view until the epoch ends. "
                                    "Needs odbd (see `odbctl find-odbd`).")
     d.add_argument("--ranks", type=int, default=2, help="ranks (daemons) of the job (default 2)")
-    d.add_argument("--samples", type=int, default=400, help="about how many samples in all (default 400)")
+    d.add_argument("--samples", type=int, default=400, help="samples in all, over the ranks (default 400)")
     d.add_argument("--max-tokens", type=int, default=512, help="token budget of a step (default 512)")
     d.add_argument("--planner", default="global", choices=["global", "local"],
                    help="alignment.planner of the daemons (default global)")
@@ -308,10 +320,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="where to write the PNGs (default: summary_dir)")
     r.set_defaults(func=_cmd_report)
 
-    f = sub.add_parser("find-odbd", help="print the odbd binary odb would start ($ODBD, PATH, the checkout)",
-                       description="Prints the path odb.find_odbd() returns: $ODBD, else `odbd` on PATH, else "
-                                   "the source checkout's .build/src/daemon/odbd; exit 1 saying what to do "
-                                   "when there is none.")
+    from ._native import ODBD_SEARCH_ORDER
+
+    f = sub.add_parser("find-odbd", help=f"print the odbd binary odb would start ({', '.join(ODBD_SEARCH_ORDER)})",
+                       description=f"Prints the path odb.find_odbd() returns, the first of: "
+                                   f"{', '.join(ODBD_SEARCH_ORDER)}; exit 1 saying what to do when there is none.")
     f.set_defaults(func=_cmd_find_odbd)
 
     pr = sub.add_parser("produce", help="send synthetic samples to a daemon (a stand-in for your data pipeline)",
@@ -367,6 +380,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"{PROG} {a.command}: {e}", file=sys.stderr)
         return 1
+
+
+def odbd_main() -> None:
+    """Entry point of the `odbd` console script: execs the package's own odb/bin/odbd with the same
+    arguments (this process becomes the daemon: its pid, signals and exit status are odbd's)."""
+    own = Path(__file__).resolve().parent / "bin" / "odbd"
+    if not os.access(own, os.X_OK):
+        missing = own.with_name("odbd.missing")
+        why = missing.read_text().strip() if missing.is_file() else f"{own} is not there"
+        print(f"odbd: this odb package ({own.parent.parent}) has no odbd of its own: {why}", file=sys.stderr)
+        sys.exit(1)
+    os.execv(str(own), ["odbd", *sys.argv[1:]])  # argv[0] as typed: "Usage: odbd [OPTIONS]"
 
 
 if __name__ == "__main__":

@@ -80,7 +80,9 @@ def gloo_args(a: argparse.Namespace, env: "os._Environ[str] | dict" = os.environ
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m odb.launch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--odbd", help="odbd binary (default: odb.find_odbd(): $ODBD, odbd on PATH, the checkout's build)")
+    from ._native import ODBD_SEARCH_ORDER
+
+    p.add_argument("--odbd", help=f"odbd binary (default: odb.find_odbd(), the first of: {', '.join(ODBD_SEARCH_ORDER)})")
     p.add_argument("--config", help="odbd YAML config file (must exist)")
     p.add_argument("--run-dir", default=os.environ.get("ODB_RUN_DIR", "/tmp/odb"),
                    help="sockets, logs and the FileStore (default $ODB_RUN_DIR or /tmp/odb); shared by the job's ranks")

@@ -1,13 +1,20 @@
 """The daemon in the package: odb/bin/odbd, built with Bazel from the checkout, its libraries bundled.
 
-`pip install ./client/python` runs `bazel build -c opt //src/daemon:odbd` in the odb checkout
-(offline with the repo's WORKSPACE; the same configuration as scripts/build.sh, so a built tree is
-a cache hit), copies the binary to odb/bin/odbd, points its DT_RPATH at $ORIGIN/../.libs
+A build of the package (`pip install --no-build-isolation ./client/python`, or the wheel step of
+scripts/build.sh) takes the checkout's fresh .build/src/daemon/odbd (below), else runs
+`bazel build -c opt //src/daemon:odbd` in the odb checkout (offline with the repo's WORKSPACE; the
+same configuration as scripts/build.sh), copies the binary to odb/bin/odbd, points its DT_RPATH at $ORIGIN/../.libs
 (patchelf) and copies the shared libraries it needs beyond glibc and the GCC runtime into
 odb/.libs, beside the extension's. `odb.find_odbd()` finds it there.
 
+A checkout where `./scripts/build.sh` ran already has odbd: .build/src/daemon/odbd, when it is newer
+than every file it is built from (src/, proto/, third_party/, WORKSPACE, BUILD, .bazelrc), is bundled
+as is, without running Bazel (a from-source install after a build takes no Bazel time; in a fresh
+clone Bazel's cache is cold: ~15 minutes on 2 cores).
+
 Environment:
   ODB_ODBD_BINARY   an odbd built elsewhere: bundled instead of running Bazel
+  ODB_REUSE_BUILD=0 never bundle .build/src/daemon/odbd: build with Bazel (or say why not)
   BAZEL             the bazel binary (default: `bazel` on PATH)
   PATCHELF          the patchelf binary (default: `patchelf` on PATH; Debian: apt install patchelf)
   ODB_REQUIRE_ODBD=1  a package without odbd is an error instead of a warning
@@ -21,9 +28,10 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from .bundle import bundle_shared_libs
+from .static_deps import say
 
 TARGET = "//src/daemon:odbd"
 # What the package's odb/bin/odbd.missing is called (read by odb._native.find_odbd).
@@ -51,6 +59,26 @@ def _bazel_build(root: Path, bazel: str) -> Path:
     return binary
 
 
+# What //src/daemon:odbd is built from, relative to the checkout (a file newer than .build's odbd makes it stale).
+ODBD_INPUTS = ("src", "proto", "third_party", "WORKSPACE", "BUILD", ".bazelrc")
+
+
+def checkout_build(root: Path) -> Tuple[Optional[Path], str]:
+    """The checkout's .build/src/daemon/odbd (scripts/build.sh) when it is newer than every input of
+    //src/daemon:odbd, else None; with a line that says which, and why."""
+    built = root / ".build" / "src" / "daemon" / "odbd"
+    if not os.access(built, os.X_OK):
+        return None, f"{built} is not built (./scripts/build.sh)"
+    when = built.stat().st_mtime
+    for name in ODBD_INPUTS:
+        top = root / name
+        files = [top] if top.is_file() else (p for p in top.rglob("*") if p.is_file()) if top.is_dir() else []
+        for f in files:
+            if f.stat().st_mtime > when:
+                return None, f"{built} is older than {f.relative_to(root)}"
+    return built, f"{built} is newer than its sources ({', '.join(ODBD_INPUTS)})"
+
+
 def build_odbd(root: Path, package: Path) -> Optional[str]:
     """Puts odbd in `package`/bin/odbd with its libraries in `package`/.libs. Returns None when it did, else
     why not (no Bazel, no patchelf); then `package`/bin/odbd.missing holds that reason."""
@@ -59,6 +87,11 @@ def build_odbd(root: Path, package: Path) -> Optional[str]:
     bin_dir.mkdir(parents=True)
     reason = None
     prebuilt = os.environ.get("ODB_ODBD_BINARY")
+    if not prebuilt and os.environ.get("ODB_REUSE_BUILD", "1") != "0":
+        reuse, why = checkout_build(root)
+        say(f"odbd: bundling {reuse}: {why}, no Bazel run" if reuse else
+            f"odbd: building with Bazel: {why}")
+        prebuilt = str(reuse) if reuse else None
     patchelf = _tool("PATCHELF", "patchelf")
     bazel = _tool("BAZEL", "bazel")
     if prebuilt and not (os.path.isfile(prebuilt) and os.access(prebuilt, os.X_OK)):
