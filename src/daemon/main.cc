@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   app.add_option("--world-size", world_size, "number of ranks (default: $WORLD_SIZE or the config)")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
-  app.add_option("--run-dir", run_dir, "directory for ipc sockets and the FileStore");
+  app.add_option("--run-dir", run_dir, "directory for ipc sockets and the FileStore (default: $ODB_RUN_DIR, else the config's run_dir)");
   app.add_option("--job-id", job_id, "rendezvous key prefix, unique per job");
   app.add_option("--ingest", ingest, "producer endpoint (replaces ingest_endpoints)");
   app.add_option("--trainer", trainer, "trainer endpoint");
@@ -95,7 +95,6 @@ int main(int argc, char** argv) {
   }
   if (rank >= 0) config->rank = rank;
   if (world_size >= 0) config->world_size = world_size;
-  if (!run_dir.empty()) config->run_dir = run_dir;
   if (!job_id.empty()) config->job_id = job_id;
   if (!log_level.empty()) config->log_level = log_level;
   if (!ingest.empty()) config->ingest.endpoints = {ingest};
@@ -103,9 +102,12 @@ int main(int argc, char** argv) {
   if (exit_when_trainer_done) config->exit_when_trainer_done = true;
   // Multi-host addresses come from the launcher's environment (the host's
   // address is not known when a config file is written), the command line wins.
+  // So does the run directory: $ODB_RUN_DIR is where the Python client looks
+  // for the sockets, so the daemon puts them there too.
   const auto env = odb::ProcessEnvironment();
   for (const auto& [flag, var, field] : {std::tuple{&gloo_hostname, "ODB_GLOO_HOSTNAME", &config->gloo_hostname},
-                                         std::tuple{&gloo_iface, "ODB_GLOO_IFACE", &config->gloo_iface}}) {
+                                         std::tuple{&gloo_iface, "ODB_GLOO_IFACE", &config->gloo_iface},
+                                         std::tuple{&run_dir, "ODB_RUN_DIR", &config->run_dir}}) {
     auto it = env.find(var);
     if (!flag->empty()) {
       *field = *flag;

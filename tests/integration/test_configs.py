@@ -43,3 +43,24 @@ def test_unreachable_redis_store_fails_startup_not_hangs(tmp_path):
                         "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
     assert "redis" in (r.stdout + r.stderr).lower()
+
+
+def test_run_dir_from_the_environment_as_the_python_client_reads_it(tmp_path):
+    """odbd ignored $ODB_RUN_DIR, which the Python client uses to find the sockets: a daemon started by
+    hand in such an environment put them in /tmp/odb and the client found none. --run-dir > env > file."""
+    require_built()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run_dir: {tmp_path}/file\n")
+
+    def endpoints(extra, env):
+        import os
+
+        r = subprocess.run([str(ODBD), "--config", str(cfg), "--rank", "0", "--world-size", "1", "--print-config",
+                            *extra], capture_output=True, text=True, timeout=30, env=dict(os.environ, **env))
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert f"{tmp_path}/file/odb-0-in.sock" in endpoints([], {})
+    assert f"{tmp_path}/env/odb-0-in.sock" in endpoints([], {"ODB_RUN_DIR": f"{tmp_path}/env"})
+    assert f"{tmp_path}/flag/odb-0-in.sock" in endpoints(["--run-dir", f"{tmp_path}/flag"],
+                                                         {"ODB_RUN_DIR": f"{tmp_path}/env"})
