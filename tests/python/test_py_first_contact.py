@@ -47,16 +47,7 @@ def test_a_window_target_below_one_sample_is_refused_saying_what_was_meant(run_d
     """optimizer.tokens_per_step: 1 (or 16 meant as 16 samples) made every optimizer step one sample,
     silently (56 steps an epoch instead of 2)."""
     corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(60, seed=2, min_len=20, max_len=100, median=40))
-    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id,
-                              config=tiny_lm.daemon_config(256, optimizer={"tokens_per_step": 16}))
-    try:
-        loader = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
-        with pytest.raises(native_error()) as e:
-            for _ in loader:
-                pass
-    finally:
-        daemon.stop()
-    message = str(e.value)
+    message = _epoch_error(run_dir, job_id, corpus, tiny_lm.daemon_config(256, optimizer={"tokens_per_step": 16}))
     assert "optimizer.tokens_per_step 16 is less than one sample" in message, message
     assert "not samples" in message and "16 samples: " in message, message
 
@@ -65,6 +56,19 @@ def native_error() -> type:
     from odb._native import native
 
     return native().OdbError
+
+
+def _epoch_error(run_dir, job_id, corpus, config: dict) -> str:
+    """One epoch of `corpus` through a fresh daemon with `config`, which must fail: the error's text."""
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=config)
+    try:
+        loader = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        with pytest.raises(native_error()) as e:
+            for _ in loader:
+                pass
+    finally:
+        daemon.stop()
+    return str(e.value)
 
 
 def test_a_start_up_error_quotes_this_run_only(run_dir, job_id) -> None:
@@ -114,15 +118,7 @@ def test_a_length_field_no_sample_carries_fails_the_job_at_the_first_sample(run_
     """collate.length_field naming a tensor the samples do not have: the daemon rejected every
     sample of the epoch one by one, and the trainer learnt it from the epoch's summary."""
     corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(2000, seed=2))
-    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config={"collate": {"length_field": "tokens"}})
-    try:
-        loader = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
-        with pytest.raises(native_error()) as e:
-            for _ in loader:
-                pass
-    finally:
-        daemon.stop()
-    message = str(e.value)
+    message = _epoch_error(run_dir, job_id, corpus, {"collate": {"length_field": "tokens"}})
     assert "failed (CONFIG_MISMATCH)" in message and "collate.length_field: 'tokens'" in message, message
     assert "epoch summary" not in message, message
 
