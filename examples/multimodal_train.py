@@ -1,0 +1,618 @@
+"""A three-modality model trained through odb: Standard vs odb, per phase (OrchMLLM's ablation).
+
+The workload (examples/multimodal_data.py): Debian icons decoded at native
+resolution, espeak-ng speech decoded from WAV, README text; 30% text only, 25%
+image + caption, 25% speech + transcript, 20% image + speech + question.
+
+The model (MLLM below): a vision encoder over 8x8 patches (a per-patch MLP
+tower, mean-pooled to one row per image), an audio encoder over 23 ms
+log-spectrum frames (the same shape of tower, one row per clip), each
+projected into a small causal LM that reads the text bytes and takes the
+encoders' rows at its IMG / AUD placeholder positions. Encoder cost follows
+the image's patches and the clip's frames; LLM cost the (padded) text.
+
+Methods, all at the same recipe (the optimizer batch: `--global-batch`
+samples' worth of loss tokens; AdamW with the same LR schedule by loss tokens
+trained; the same epochs; gradients all-reduced once per optimizer step):
+  standard:        fixed micro-batch of --batch samples per rank
+                   (DistributedSampler), padded text, accumulation to the
+                   global batch; each rank encodes its own samples' media.
+  standard_packed: the same, text packed padding-free (attention per sample).
+  odb_llm:         OdbDataLoader; the daemons balance the LLM phase (padded
+                   cost under --max-tokens, global planner, windows of the
+                   same loss tokens); each rank encodes its LLM samples' media
+                   (`alignment.phase_plans` off).
+  odb_phases:      the same plus `alignment.phase_plans`: the vision and the
+                   audio encoder phases are balanced on their own costs; each
+                   rank encodes what its plan says and one all-to-all per
+                   encoder phase (odb.phases) moves the outputs to the LLM
+                   layout; gradients flow back through it.
+
+Measured per rank and step, per phase (vision, audio, llm: forward +
+backward; route: the all-to-alls' own CPU): the thread CPU time of the rank
+(torch.set_num_threads(1), so oversubscribed cores do not hide imbalance).
+Reported: each phase's run total max/mean over ranks; the synchronous step
+time (per step the sum over phases of the slowest rank's time, as if each
+phase ended in a barrier, which the all-to-alls and the gradient all-reduce
+are), summed over the run; peak memory per rank (VmHWM above the rank's own
+VmRSS after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
+
+Run (2 local ranks):  /usr/bin/python3 examples/multimodal_train.py
+W = 4: --world-size 4; a GPU: --device cuda; JSON: --json PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "client/python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import multimodal_data as mmd  # noqa: E402
+
+METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases")
+PHASES = ("vision", "audio", "llm", "route")
+COMPUTE_PHASES = ("vision", "audio", "llm")
+
+
+# ----- the model -----------------------------------------------------------------
+class Tower(torch.nn.Module):
+    """An encoder: input projection, `layers` residual MLP blocks applied to every unit (patch or
+    frame), each sample's units mean-pooled to one row, projected to the LM width."""
+
+    def __init__(self, d_in: int, width: int, layers: int, d_out: int) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(d_in, width)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                torch.nn.Linear(4 * width, width)) for _ in range(layers))
+        self.out = torch.nn.Linear(width, d_out)
+
+    def forward(self, units: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """units [sum(counts), d_in]; returns one row per sample with count > 0, in order."""
+        h = self.inp(units)
+        for block in self.blocks:
+            h = h + block(h)
+        nonzero = [c for c in counts if c > 0]
+        seg = torch.repeat_interleave(torch.arange(len(nonzero), device=units.device),
+                                      torch.tensor(nonzero, dtype=torch.long, device=units.device))
+        pooled = torch.zeros(len(nonzero), h.shape[1], dtype=h.dtype, device=h.device).index_add(0, seg, h)
+        pooled = pooled / torch.tensor(nonzero, dtype=h.dtype, device=h.device).unsqueeze(1)
+        return self.out(pooled)
+
+
+class Block(torch.nn.Module):
+    """Pre-LN causal transformer block over a padded [B, L] batch or packed segments."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def attend(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+        att = att + bias if bias is not None else att
+        return self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor], segments: Optional[List[int]]) -> torch.Tensor:
+        h = self.ln1(x)
+        if segments is None:
+            x = x + self.attend(h, bias)
+        else:  # packed [1, T]: causal attention within each sample, one sample at a time
+            parts, start = [], 0
+            for n in segments:
+                parts.append(self.attend(h[:, start:start + n], _causal(n, x.dtype, x.device)))
+                start += n
+            x = x + torch.cat(parts, dim=1)
+        return x + self.mlp(self.ln2(x))
+
+
+def _causal(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
+
+
+class MLLM(torch.nn.Module):
+    """Vision tower + audio tower + projections into a causal byte-level LM."""
+
+    def __init__(self, d: int = 128, layers: int = 2, heads: int = 4, enc_width: int = 96, enc_layers: int = 2,
+                 max_len: int = 512) -> None:
+        super().__init__()
+        self.vision = Tower(mmd.PATCH_DIM, enc_width, enc_layers, d)
+        self.audio = Tower(mmd.AUDIO_BANDS, enc_width, enc_layers, d)
+        self.tok = torch.nn.Embedding(mmd.VOCAB, d)
+        self.pos = torch.nn.Embedding(max_len, d)
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, 256)  # targets are bytes
+
+    def llm_loss_sum(self, ids: torch.Tensor, labels: torch.Tensor, img: torch.Tensor, aud: torch.Tensor,
+                     mask: Optional[torch.Tensor] = None, segments: Optional[List[int]] = None) -> torch.Tensor:
+        """Summed cross-entropy over the labels != -100. ids/labels: [B, L] padded (mask [B, L]) or
+        [1, T] packed (segments: each sample's length). img / aud: one row per IMG / AUD placeholder,
+        in row-major order of the placeholders (= sample order)."""
+        b, n = ids.shape
+        if segments is None:
+            positions = torch.arange(n, device=ids.device).expand(b, n)
+        else:
+            positions = torch.cat([torch.arange(s, device=ids.device) for s in segments]).unsqueeze(0)
+        x = self.tok(ids) + self.pos(positions)
+        for token, rows in ((mmd.IMG, img), (mmd.AUD, aud)):
+            where = (ids == token).nonzero(as_tuple=True)
+            if where[0].numel() != rows.shape[0]:
+                raise ValueError(f"{where[0].numel()} placeholders {token} but {rows.shape[0]} encoder rows")
+            x = x.index_put(where, rows.to(x.dtype))
+        bias = None
+        if segments is None:
+            bias = _causal(n, x.dtype, x.device).expand(b, 1, n, n)
+            if mask is not None:
+                bias = bias.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+                bias = bias.masked_fill(mask[:, None, :, None] == 0, 0.0)  # padded queries: no all -inf rows
+        for block in self.blocks:
+            x = block(x, bias, segments)
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                 ignore_index=-100, reduction="sum")
+
+
+# ----- batches ---------------------------------------------------------------------
+def counts_from_offsets(offsets: Any) -> List[int]:
+    o = [int(x) for x in offsets.tolist()]
+    return [b - a for a, b in zip(o, o[1:])]
+
+
+def pad_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Standard's collate: text padded to the batch's longest sample, media concatenated."""
+    n = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), n, dtype=torch.long)
+    labels = torch.full((len(samples), n), -100, dtype=torch.long)
+    mask = torch.zeros(len(samples), n, dtype=torch.long)
+    for r, s in enumerate(samples):
+        k = len(s["input_ids"])
+        ids[r, :k] = torch.as_tensor(s["input_ids"])
+        labels[r, :k] = torch.as_tensor(s["labels"])
+        mask[r, :k] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, **_media(samples)}
+
+
+def packed_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Standard packed: the text of the batch concatenated, no padding; `segments` the lengths."""
+    return {"input_ids": torch.cat([torch.as_tensor(s["input_ids"]) for s in samples]).unsqueeze(0),
+            "labels": torch.cat([torch.as_tensor(s["labels"]) for s in samples]).unsqueeze(0),
+            "segments": [len(s["input_ids"]) for s in samples], **_media(samples)}
+
+
+def _media(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"pixel_patches": torch.cat([torch.as_tensor(s["pixel_patches"]) for s in samples]),
+            "pixel_counts": [int(s["vision_patches"]) for s in samples],
+            "audio_features": torch.cat([torch.as_tensor(s["audio_features"]) for s in samples]),
+            "audio_counts": [int(s["audio_frames"]) for s in samples]}
+
+
+def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) -> Dict[str, Any]:
+    """odbd's config for the two odb methods (configs/multimodal_train.yaml is the same as YAML)."""
+    fields = [{"name": "input_ids", "rule": "pad", "pad_value": 0},
+              {"name": "labels", "rule": "pad", "pad_value": -100},
+              {"name": "pixel_patches", "rule": "concat"}, {"name": "audio_features", "rule": "concat"}]
+    config: Dict[str, Any] = {"grouping": {"cost_model": "padded", "max_tokens": args.max_tokens},
+                              "alignment": {"seed": args.seed, "phase_plans": phases},
+                              "collate": {"fields": fields},
+                              "optimizer": {"tokens_per_step": window_tokens}}
+    if phases:
+        config["collate"].update(encoder_fields=["pixel_patches"], audio_fields=["audio_features"])
+    return config
+
+
+# ----- measurement -------------------------------------------------------------------
+class PhaseClock:
+    """Thread CPU time per phase of one step (time.thread_time: this rank's own compute)."""
+
+    def __init__(self) -> None:
+        self.t = dict.fromkeys(PHASES, 0.0)
+        self._phase: Optional[str] = None
+        self._start = 0.0
+
+    def __call__(self, phase: str) -> "PhaseClock":
+        self._phase = phase
+        return self
+
+    def __enter__(self) -> None:
+        self._start = time.thread_time()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.t[self._phase] += time.thread_time() - self._start
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Resets the peak (VmHWM via /proc/self/clear_refs, or CUDA's allocator peak); returns the base in KiB."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device) // 1024
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status_kb("VmRSS")
+
+
+def peak_memory_kb(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) // 1024
+    return _status_kb("VmHWM")
+
+
+# ----- one training step, shared by all methods ------------------------------------------
+def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torch.device, loss_scale: float,
+             plan: Any = None, llm_idle: bool = False) -> Tuple[float, int]:
+    """Forward + backward of one micro-step, timed per phase; returns (loss sum, loss tokens).
+
+    The encoders' outputs are cut from the graph (detach) before the LLM, so the LLM's backward and
+    each encoder's backward run (and are timed) separately; the gradients are the same as one
+    backward through the whole graph. With a phase plan the encoders run on the plan's samples
+    (``enc.*`` / ``audio.*`` fields) and their outputs are routed to the LLM layout."""
+    enc_key, aud_key = ("enc.pixel_patches", "audio.audio_features") if plan is not None else (
+        "pixel_patches", "audio_features")
+    outs = []
+    for phase, tower, key, counts_key, dim in (
+            ("vision", model.vision, enc_key, "pixel_counts", mmd.PATCH_DIM),
+            ("audio", model.audio, aud_key, "audio_counts", mmd.AUDIO_BANDS)):
+        with clock(phase):
+            if key in batch:
+                units = batch[key].to(device, non_blocking=True)
+                # Standard's collate gives the counts; odbd's concat rule gives offsets [B+1].
+                counts = batch[counts_key] if counts_key in batch else counts_from_offsets(batch[key + "_offsets"])
+            else:  # no encoder work this step on this rank
+                units, counts = torch.zeros(0, dim, device=device), []
+            out = tower(units, counts)
+            rows = [1 if c > 0 else 0 for c in counts]
+        det = out.detach().requires_grad_()
+        outs.append((phase, out, det, rows))
+    routed = []
+    with clock("route"):
+        for (phase, _, det, rows) in outs:
+            if plan is None:
+                routed.append(det)
+            elif phase == "vision":
+                routed.append(plan.route(det, rows)[0])
+            else:
+                routed.append(plan.route_audio(det, rows)[0])
+    with clock("llm"):
+        if llm_idle:
+            loss = sum(r.sum() for r in routed) * 0.0
+            loss_sum, loss_tokens = 0.0, 0
+        else:
+            ids = batch["input_ids"].to(device)
+            labels = batch["labels"].to(device)
+            mask = batch["attention_mask"].to(device) if "attention_mask" in batch else None
+            ce = model.llm_loss_sum(ids, labels, routed[0], routed[1], mask, batch.get("segments"))
+            loss = ce * loss_scale + sum(r.sum() for r in routed) * 0.0
+            loss_sum, loss_tokens = float(ce.detach()), int((labels != -100).sum())
+        loss.backward()
+    for (phase, out, det, _) in outs:
+        with clock(phase):
+            if det.grad is not None and out.numel():
+                out.backward(det.grad)
+    return loss_sum, loss_tokens
+
+
+def all_reduce_grads(model: torch.nn.Module) -> None:
+    """One flat all-reduce (sum) of every gradient (what DDP does, without overlap)."""
+    params = [p for p in model.parameters()]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    k = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[k:k + n].view_as(p).clone()
+        k += n
+
+
+def lr_factor(tokens_done: int, job_tokens: int, warmup_tokens: int) -> float:
+    """The same schedule for every method, by loss tokens trained: linear warmup, cosine to 0.1."""
+    if tokens_done < warmup_tokens:
+        return (tokens_done + 1) / max(1, warmup_tokens)
+    progress = min(1.0, (tokens_done - warmup_tokens) / max(1, job_tokens - warmup_tokens))
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ----- the methods' step streams ---------------------------------------------------------
+def standard_steps(method: str, dataset: Any, train_ids: List[int], rank: int, world: int, args: Any,
+                   epoch: int) -> Iterator[Dict[str, Any]]:
+    """Micro-steps of Standard: groups of `accumulate` micro-batches; the loss tokens of the group on
+    all ranks are all-reduced first (token-level loss over the optimizer batch)."""
+    sampler = torch.utils.data.distributed.DistributedSampler(train_ids, num_replicas=world, rank=rank,
+                                                              shuffle=True, seed=args.seed)
+    sampler.set_epoch(epoch)
+    subset = torch.utils.data.Subset(dataset, train_ids)
+    loader = torch.utils.data.DataLoader(subset, batch_size=args.batch, sampler=sampler,
+                                         num_workers=args.workers,
+                                         collate_fn=packed_collate if method == "standard_packed" else pad_collate)
+    accumulate = max(1, round(args.global_batch / (args.batch * world)))
+    it = iter(loader)
+    while True:
+        group = [b for _, b in zip(range(accumulate), it)]
+        if not group:
+            return
+        tokens = torch.tensor([float(sum(int((b["labels"] != -100).sum()) for b in group))], dtype=torch.float64)
+        dist.all_reduce(tokens)
+        for k, b in enumerate(group):
+            yield {"batch": b, "scale": 1.0 / float(tokens), "closes": k + 1 == len(group),
+                   "window_tokens": int(tokens.item()), "plan": None, "idle": False}
+
+
+def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dict[str, Any]]:
+    loader.set_epoch(epoch)
+    for s in loader:
+        total = int(getattr(s, "window_loss_tokens", 0) or 0)
+        # odb.window_loss's weight (w_r / t_r) divided by W: gradients are summed, not averaged.
+        scale = (float(s.loss_weight) / (world * float(s.loss_tokens))) if (s.loss_tokens and not s.idle) else 0.0
+        yield {"batch": s.batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
+               "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids}
+
+
+# ----- one rank ----------------------------------------------------------------------------
+def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, train_ids: List[int],
+                 heldout_ids: List[int], run_dir: str, device: torch.device, window_tokens: int,
+                 job_tokens: int) -> Dict[str, Any]:
+    import odb
+
+    torch.manual_seed(args.seed)
+    model = MLLM(d=args.d_model, layers=args.layers, enc_width=args.enc_width, enc_layers=args.enc_layers).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    daemon = loader = None
+    if method.startswith("odb"):
+        phases = method == "odb_phases"
+        job = f"mm-{method}-{uuid.uuid4().hex[:6]}" if rank == 0 else None
+        box = [job]
+        dist.broadcast_object_list(box)
+        daemon = odb.spawn_daemon(rank, world, run_dir, job_id=box[0], wait=False, log_level="warn",
+                                  config=daemon_config(args, phases, window_tokens))
+        daemon.wait_ready(120)
+        order = list(np.random.default_rng(args.seed).permutation(train_ids))
+        loader = odb.OdbDataLoader(dataset, sampler=[int(i) for i in order[rank::world]], num_workers=args.workers,
+                                   idle_policy="zero_step", timeout_s=300)
+    records: List[Dict[str, Any]] = []
+    tokens_done = optimizer_steps = 0
+    base_kb = peak_kb = 0
+    warm = args.warmup_record_steps
+    try:
+        dist.barrier()
+        start = time.perf_counter()
+        for epoch in range(args.epochs):
+            steps = (standard_steps(method, dataset, train_ids, rank, world, args, epoch) if loader is None
+                     else odb_steps(loader, world, method == "odb_phases", epoch))
+            for st in steps:
+                clock = PhaseClock()
+                b = st["batch"]
+                _, loss_tokens = run_step(model, b, clock, device, st["scale"], st["plan"], llm_idle=st["idle"])
+                rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
+                                                                          else b["attention_mask"].sum()),
+                       "patches": 0, "frames": 0, "loss_tokens": loss_tokens}
+                if not st["idle"]:
+                    rec["patches"] = int((b.get("pixel_patches") if st["plan"] is None else
+                                          b.get("enc.pixel_patches", torch.zeros(0))).shape[0])
+                    rec["frames"] = int((b.get("audio_features") if st["plan"] is None else
+                                         b.get("audio.audio_features", torch.zeros(0))).shape[0])
+                elif st["plan"] is not None:
+                    rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
+                    rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                records.append(rec)
+                if st["closes"]:
+                    all_reduce_grads(model)
+                    for g in opt.param_groups:
+                        g["lr"] = args.lr * lr_factor(tokens_done, job_tokens, args.warmup_batches * window_tokens)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    tokens_done += st["window_tokens"]
+                    optimizer_steps += 1
+                if len(records) == warm:
+                    base_kb = reset_peak_memory(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        wall = time.perf_counter() - start
+        peak_kb = peak_memory_kb(device)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    heldout = heldout_loss(model, dataset, heldout_ids, rank, world, device)
+    return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps,
+            "peak_kb": max(0, peak_kb - base_kb) if len(records) >= warm else None, "heldout_loss": heldout}
+
+
+def heldout_loss(model: MLLM, dataset: Any, ids: List[int], rank: int, world: int, device: torch.device) -> float:
+    """Token-level mean cross-entropy over the held-out samples (each rank its share, all-reduced)."""
+    sums = torch.zeros(2, dtype=torch.float64)
+    mine = ids[rank::world]
+    with torch.no_grad():
+        for k in range(0, len(mine), 16):
+            b = pad_collate([dataset[i] for i in mine[k:k + 16]])
+            img = model.vision(b["pixel_patches"].to(device), b["pixel_counts"])
+            aud = model.audio(b["audio_features"].to(device), b["audio_counts"])
+            ce = model.llm_loss_sum(b["input_ids"].to(device), b["labels"].to(device), img, aud,
+                                    b["attention_mask"].to(device))
+            sums += torch.tensor([float(ce), float((b["labels"] != -100).sum())], dtype=torch.float64)
+    dist.all_reduce(sums)
+    return float(sums[0] / sums[1])
+
+
+def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache) if rank == 0 else None
+    dist.barrier()  # rank 0 synthesised the audio; the others find it in the cache
+    if rank != 0:
+        specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
+    dataset = mmd.MixedModalDataset(specs)
+    ids = list(np.random.default_rng(args.seed + 1).permutation(len(specs)))
+    heldout_ids, train_ids = [int(i) for i in ids[:args.heldout]], [int(i) for i in ids[args.heldout:]]
+    loss_tokens = [len(s.text.encode()) for s in specs]  # every text byte is a target (BOS/IMG/AUD are not)
+    mean_loss = sum(loss_tokens[i] for i in train_ids) / len(train_ids)
+    window_tokens = round(args.global_batch * mean_loss)
+    job_tokens = sum(loss_tokens[i] for i in train_ids) * args.epochs
+    results: Dict[str, Any] = {}
+    for method in args.methods:
+        r = train_method(method, rank, world, args, dataset, train_ids, heldout_ids, run_dir, device,
+                         window_tokens, job_tokens)
+        gathered: List[Any] = [None] * world
+        dist.all_gather_object(gathered, r)
+        results[method] = gathered
+        if rank == 0 and not args.quiet:
+            print(f"[{method}] done in {r['wall_s']:.1f} s", flush=True)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"results": results, "window_tokens": window_tokens,
+                                              "mix": mmd.mix_counts(specs)}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----- the summary -----------------------------------------------------------------------------
+def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One method's figures from its ranks' records (steps aligned by index)."""
+    world = len(per_rank)
+    n = max(len(r["records"]) for r in per_rank)
+    totals = {p: [sum(rec["t"][p] for rec in r["records"]) for r in per_rank] for p in PHASES}
+    sync = 0.0
+    sync_by_phase = dict.fromkeys(PHASES, 0.0)
+    for k in range(n):
+        for p in PHASES:
+            m = max(r["records"][k]["t"][p] if k < len(r["records"]) else 0.0 for r in per_rank)
+            sync_by_phase[p] += m
+            sync += m
+    out: Dict[str, Any] = {"steps": n, "optimizer_steps": per_rank[0]["optimizer_steps"],
+                           "sync_time_s": sync, "sync_by_phase_s": sync_by_phase,
+                           "phase_total_s": {p: sum(v) / world for p, v in totals.items()},
+                           "max_over_mean": {p: (max(v) / (sum(v) / world) if sum(v) > 0 else 1.0)
+                                             for p, v in totals.items() if p in COMPUTE_PHASES},
+                           "per_rank_s": totals}
+    compute = sum(out["phase_total_s"][p] for p in COMPUTE_PHASES)
+    out["encoder_share"] = (out["phase_total_s"]["vision"] + out["phase_total_s"]["audio"]) / compute if compute else 0
+    wall = max(r["wall_s"] for r in per_rank)
+    out["wall_s"] = wall
+    tokens = sum(rec["tokens"] for r in per_rank for rec in r["records"])
+    out["real_tokens_per_s"] = sum(rec["loss_tokens"] for r in per_rank for rec in r["records"]) / wall
+    out["padded_tokens"] = tokens
+    out["patches_per_s"] = sum(rec["patches"] for r in per_rank for rec in r["records"]) / wall
+    out["frames_per_s"] = sum(rec["frames"] for r in per_rank for rec in r["records"]) / wall
+    peaks = [r["peak_kb"] for r in per_rank if r["peak_kb"] is not None]
+    out["peak_mem_mb"] = [p / 1024 for p in peaks]
+    out["peak_mem_max_over_mean"] = (max(peaks) / (sum(peaks) / len(peaks))) if peaks and sum(peaks) else None
+    out["heldout_loss"] = per_rank[0]["heldout_loss"]
+    return out
+
+
+def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
+    summary = {m: summarize(rs) for m, rs in raw["results"].items()}
+    ph = summary.get("odb_phases")
+    if ph:
+        for base, key in (("odb_llm", "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
+                          ("standard_packed", "speedup_over_standard_packed")):
+            if base in summary:
+                ph[key] = summary[base]["sync_time_s"] / ph["sync_time_s"]
+    return summary
+
+
+def table(summary: Dict[str, Any], world: int) -> str:
+    head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  peakMB m/m   tok/s  "
+            f"patch/s  opt  heldout")
+    lines = [head]
+    for m, s in summary.items():
+        mm = s["max_over_mean"]
+        pm = s["peak_mem_max_over_mean"]
+        lines.append(f"      {m:16s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
+                     f"{mm['llm']:7.3f}  {100 * s['encoder_share']:4.0f}  "
+                     f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
+                     f"{s['patches_per_s']:7.0f}  {s['optimizer_steps']:3d}  {s['heldout_loss']:.4f}")
+    ph = summary.get("odb_phases", {})
+    extra = [f"{k} {ph[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
+                                            "speedup_over_standard_packed") if k in ph]
+    if extra:
+        lines.append("odb_phases synchronous step time: " + ", ".join(extra))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=1200, help="training samples (all ranks)")
+    p.add_argument("--heldout", type=int, default=160)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8, help="Standard's micro-batch per rank (samples)")
+    p.add_argument("--global-batch", type=int, default=32, help="optimizer batch in samples (odb: its loss tokens)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="odb's padded-token budget per rank and step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-batches", type=int, default=3, help="LR warmup, in optimizer batches of tokens")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--enc-width", type=int, default=96)
+    p.add_argument("--enc-layers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="data workers per rank")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
+    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
+    p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        p.error(f"unknown methods {bad}; choose from {METHODS}")
+    return args
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Runs every method on --world-size local ranks; returns the summary (and prints the table)."""
+    run_dir = tempfile.mkdtemp(prefix="odbmm-")
+    out_path = os.path.join(run_dir, "raw.json")
+    mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path), nprocs=args.world_size,
+                       start_method="spawn")
+    raw = json.loads(Path(out_path).read_text())
+    summary = report(raw, args.world_size)
+    result = {"world_size": args.world_size, "device": args.device, "mix": raw["mix"],
+              "window_tokens": raw["window_tokens"], "args": {k: v for k, v in vars(args).items() if k != "json"},
+              "methods": summary}
+    if not args.quiet:
+        print(table(summary, args.world_size))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    run(parse_args())
