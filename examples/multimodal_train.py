@@ -134,11 +134,11 @@ def _causal(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 class MLLM(torch.nn.Module):
     """Vision tower + audio tower + projections into a causal byte-level LM."""
 
-    def __init__(self, d: int = 128, layers: int = 2, heads: int = 4, enc_width: int = 96, enc_layers: int = 2,
-                 max_len: int = 512) -> None:
+    def __init__(self, d: int = 128, layers: int = 2, heads: int = 4, vision_width: int = 256,
+                 audio_width: int = 128, enc_layers: int = 3, max_len: int = 512) -> None:
         super().__init__()
-        self.vision = Tower(mmd.PATCH_DIM, enc_width, enc_layers, d)
-        self.audio = Tower(mmd.AUDIO_BANDS, enc_width, enc_layers, d)
+        self.vision = Tower(mmd.PATCH_DIM, vision_width, enc_layers, d)
+        self.audio = Tower(mmd.AUDIO_BANDS, audio_width, enc_layers, d)
         self.tok = torch.nn.Embedding(mmd.VOCAB, d)
         self.pos = torch.nn.Embedding(max_len, d)
         self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
@@ -270,8 +270,9 @@ def peak_memory_kb(device: torch.device) -> int:
 
 # ----- one training step, shared by all methods ------------------------------------------
 def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torch.device, loss_scale: float,
-             plan: Any = None, llm_idle: bool = False) -> Tuple[float, int]:
-    """Forward + backward of one micro-step, timed per phase; returns (loss sum, loss tokens).
+             plan: Any = None, llm_idle: bool = False) -> Tuple[float, int, Dict[str, List[int]]]:
+    """Forward + backward of one micro-step, timed per phase; returns (loss sum, loss tokens, items):
+    items[phase] = the units (patches, frames, tokens) of each item this rank ran in that phase.
 
     The encoders' outputs are cut from the graph (detach) before the LLM, so the LLM's backward and
     each encoder's backward run (and are timed) separately; the gradients are the same as one
@@ -280,6 +281,7 @@ def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torc
     enc_key, aud_key = ("enc.pixel_patches", "audio.audio_features") if plan is not None else (
         "pixel_patches", "audio_features")
     outs = []
+    items: Dict[str, List[int]] = {"llm": []}
     for phase, tower, key, counts_key, dim in (
             ("vision", model.vision, enc_key, "pixel_counts", mmd.PATCH_DIM),
             ("audio", model.audio, aud_key, "audio_counts", mmd.AUDIO_BANDS)):
@@ -287,13 +289,15 @@ def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torc
             if key in batch:
                 units = batch[key].to(device, non_blocking=True)
                 # Standard's collate gives the counts; odbd's concat rule gives offsets [B+1].
-                counts = batch[counts_key] if counts_key in batch else counts_from_offsets(batch[key + "_offsets"])
+                counts = (batch[counts_key] if plan is None and counts_key in batch
+                          else counts_from_offsets(batch[key + "_offsets"]))
             else:  # no encoder work this step on this rank
                 units, counts = torch.zeros(0, dim, device=device), []
             out = tower(units, counts)
             rows = [1 if c > 0 else 0 for c in counts]
         det = out.detach().requires_grad_()
         outs.append((phase, out, det, rows))
+        items[phase] = [int(c) for c in counts if c > 0]
     routed = []
     with clock("route"):
         for (phase, _, det, rows) in outs:
@@ -314,12 +318,14 @@ def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torc
             ce = model.llm_loss_sum(ids, labels, routed[0], routed[1], mask, batch.get("segments"))
             loss = ce * loss_scale + sum(r.sum() for r in routed) * 0.0
             loss_sum, loss_tokens = float(ce.detach()), int((labels != -100).sum())
+            items["llm"] = (list(batch["segments"]) if "segments" in batch else
+                            [int(x) for x in batch["attention_mask"].sum(1).tolist()])
         loss.backward()
     for (phase, out, det, _) in outs:
         with clock(phase):
             if det.grad is not None and out.numel():
                 out.backward(det.grad)
-    return loss_sum, loss_tokens
+    return loss_sum, loss_tokens, items
 
 
 def all_reduce_grads(model: torch.nn.Module) -> None:
@@ -385,7 +391,8 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
     import odb
 
     torch.manual_seed(args.seed)
-    model = MLLM(d=args.d_model, layers=args.layers, enc_width=args.enc_width, enc_layers=args.enc_layers).to(device)
+    model = MLLM(d=args.d_model, layers=args.layers, vision_width=args.vision_width, audio_width=args.audio_width,
+                 enc_layers=args.enc_layers).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     daemon = loader = None
     if method.startswith("odb"):
@@ -412,10 +419,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
             for st in steps:
                 clock = PhaseClock()
                 b = st["batch"]
-                _, loss_tokens = run_step(model, b, clock, device, st["scale"], st["plan"], llm_idle=st["idle"])
+                _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
+                                                 llm_idle=st["idle"])
                 rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
                                                                           else b["attention_mask"].sum()),
-                       "patches": 0, "frames": 0, "loss_tokens": loss_tokens}
+                       "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
+                       "llm_padded": 0 if st["idle"] else int(b["input_ids"].numel())}
                 if not st["idle"]:
                     rec["patches"] = int((b.get("pixel_patches") if st["plan"] is None else
                                           b.get("enc.pixel_patches", torch.zeros(0))).shape[0])
@@ -424,6 +433,9 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                 elif st["plan"] is not None:
                     rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
                     rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                if st["plan"] is not None:  # encoder samples whose output leaves this rank
+                    rec["moved"] = (sum(d != rank for d in st["plan"].enc_dest_rank) +
+                                    sum(d != rank for d in st["plan"].audio_dest_rank))
                 records.append(rec)
                 if st["closes"]:
                     all_reduce_grads(model)
@@ -535,10 +547,60 @@ def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def _features(units: Sequence[int]) -> List[float]:
+    return [1.0, float(len(units)), float(sum(units)), float(sum(u * u for u in units))]
+
+
+def fit_phase_costs(raw: Dict[str, Any]) -> Dict[str, List[float]]:
+    """Per compute phase, a least-squares fit of a rank's step time on [1, items, sum(units),
+    sum(units^2)] over every method's records (units: patches, frames, tokens of each item).
+    `per_step, per_item, per_unit, per_unit_sq` in seconds: the shape of balance::PhaseCost."""
+    fits = {}
+    for phase in COMPUTE_PHASES:
+        xs, ys = [], []
+        for per_rank in raw["results"].values():
+            for r in per_rank:
+                for rec in r["records"]:
+                    units = rec["items"].get(phase, [])
+                    if units:
+                        xs.append(_features(units))
+                        ys.append(rec["t"][phase])
+        if len(xs) < 8:
+            fits[phase] = [0.0, 0.0, 0.0, 0.0]
+            continue
+        coef, *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+        fits[phase] = [float(c) for c in coef]
+    return fits
+
+
+def bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> Dict[str, float]:
+    """Per phase: sum over steps of the step's bound, max(largest item, mean over ranks), over the
+    sum of the slowest rank's time (1.0 = every step at its bound). The mean is measured; the
+    largest item's time is the fitted cost of that item alone."""
+    out = {}
+    n = max(len(r["records"]) for r in per_rank)
+    for phase in COMPUTE_PHASES:
+        c = fits[phase]
+        bound = slowest = 0.0
+        for k in range(n):
+            ts = [r["records"][k]["t"][phase] for r in per_rank if k < len(r["records"])]
+            units = [u for r in per_rank if k < len(r["records"]) for u in r["records"][k]["items"].get(phase, [])]
+            largest = max((c[0] + c[1] + c[2] * u + c[3] * u * u for u in units), default=0.0)
+            slowest += max(ts)
+            bound += max(largest, sum(ts) / len(per_rank))
+        out[phase] = bound / slowest if slowest else 1.0
+    return out
+
+
 def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
     summary = {m: summarize(rs) for m, rs in raw["results"].items()}
+    fits = fit_phase_costs(raw)
+    for m, rs in raw["results"].items():
+        summary[m]["bound_fraction"] = bound_fractions(rs, fits)
+    summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
+                                      for p, c in fits.items()}
     ph = summary.get("odb_phases")
-    if ph:
+    if ph:  # speedups in synchronous step time (the run's sum)
         for base, key in (("odb_llm", "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
                           ("standard_packed", "speedup_over_standard_packed")):
             if base in summary:
@@ -547,14 +609,18 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
 
 
 def table(summary: Dict[str, Any], world: int) -> str:
-    head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  peakMB m/m   tok/s  "
-            f"patch/s  opt  heldout")
+    head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  bound v/a/l     "
+            f"peakMB m/m   tok/s  patch/s  opt  heldout")
     lines = [head]
     for m, s in summary.items():
+        if m.startswith("_"):
+            continue
         mm = s["max_over_mean"]
         pm = s["peak_mem_max_over_mean"]
+        bf = s["bound_fraction"]
         lines.append(f"      {m:16s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
                      f"{mm['llm']:7.3f}  {100 * s['encoder_share']:4.0f}  "
+                     f"{bf['vision']:.2f}/{bf['audio']:.2f}/{bf['llm']:.2f}  "
                      f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
                      f"{s['patches_per_s']:7.0f}  {s['optimizer_steps']:3d}  {s['heldout_loss']:.4f}")
     ph = summary.get("odb_phases", {})
@@ -567,8 +633,8 @@ def table(summary: Dict[str, Any], world: int) -> str:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=1200, help="training samples (all ranks)")
-    p.add_argument("--heldout", type=int, default=160)
+    p.add_argument("--samples", type=int, default=480, help="training samples (all ranks)")
+    p.add_argument("--heldout", type=int, default=96)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--batch", type=int, default=8, help="Standard's micro-batch per rank (samples)")
@@ -578,8 +644,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup-batches", type=int, default=3, help="LR warmup, in optimizer batches of tokens")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--enc-width", type=int, default=96)
-    p.add_argument("--enc-layers", type=int, default=2)
+    p.add_argument("--vision-width", type=int, default=256)
+    p.add_argument("--audio-width", type=int, default=128)
+    p.add_argument("--enc-layers", type=int, default=3)
     p.add_argument("--workers", type=int, default=1, help="data workers per rank")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seed", type=int, default=0)
