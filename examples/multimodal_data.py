@@ -215,6 +215,25 @@ def tokens_of(spec: SampleSpec) -> np.ndarray:
     return np.array(head + list(spec.text.encode("utf-8")), dtype=np.int64)
 
 
+def lengths_of(spec: SampleSpec) -> Tuple[int, int, int]:
+    """(tokens, vision_patches, audio_frames) of a sample without decoding it (image size from the
+    PNG header, frames from the WAV header): the same counts ``__getitem__`` produces."""
+    patches = frames = 0
+    if spec.icon:
+        from PIL import Image
+
+        with Image.open(spec.icon) as im:
+            w, h = im.size
+        if max(w, h) > MAX_SIDE:
+            scale = MAX_SIDE / max(w, h)
+            w, h = max(1, round(w * scale)), max(1, round(h * scale))
+        patches = -(-h // PATCH) * -(-w // PATCH)
+    if spec.audio:
+        with wave.open(spec.audio) as wav:
+            frames = max(1, wav.getnframes() // HOP)
+    return len(tokens_of(spec)), patches, frames
+
+
 class MixedModalDataset:
     """Map-style dataset over prepared specs; ``__getitem__`` decodes (runs in the loader's workers).
 

@@ -47,6 +47,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -476,6 +477,12 @@ def heldout_loss(model: MLLM, dataset: Any, ids: List[int], rank: int, world: in
     return float(sums[0] / sums[1])
 
 
+def split_ids(n: int, args: Any) -> Tuple[List[int], List[int]]:
+    """(held-out ids, training ids): a seeded permutation of the n samples, the first --heldout held out."""
+    ids = [int(i) for i in np.random.default_rng(args.seed + 1).permutation(n)]
+    return ids[:args.heldout], ids[args.heldout:]
+
+
 def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
@@ -490,8 +497,7 @@ def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> 
     if rank != 0:
         specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
     dataset = mmd.MixedModalDataset(specs)
-    ids = list(np.random.default_rng(args.seed + 1).permutation(len(specs)))
-    heldout_ids, train_ids = [int(i) for i in ids[:args.heldout]], [int(i) for i in ids[args.heldout:]]
+    heldout_ids, train_ids = split_ids(len(specs), args)
     loss_tokens = [len(s.text.encode()) for s in specs]  # every text byte is a target (BOS/IMG/AUD are not)
     mean_loss = sum(loss_tokens[i] for i in train_ids) / len(train_ids)
     window_tokens = round(args.global_batch * mean_loss)
@@ -663,13 +669,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
-    """Runs every method on --world-size local ranks; returns the summary (and prints the table)."""
+def run(args: argparse.Namespace, keep_raw: bool = False) -> Dict[str, Any]:
+    """Runs every method on --world-size local ranks; returns the summary (and prints the table);
+    keep_raw: also every rank's per-step records (``result["raw"][method][rank]``)."""
     run_dir = tempfile.mkdtemp(prefix="odbmm-")
     out_path = os.path.join(run_dir, "raw.json")
-    mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path), nprocs=args.world_size,
-                       start_method="spawn")
-    raw = json.loads(Path(out_path).read_text())
+    try:
+        mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path), nprocs=args.world_size,
+                           start_method="spawn")
+        raw = json.loads(Path(out_path).read_text())
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     summary = report(raw, args.world_size)
     result = {"world_size": args.world_size, "device": args.device, "mix": raw["mix"],
               "window_tokens": raw["window_tokens"], "args": {k: v for k, v in vars(args).items() if k != "json"},
@@ -678,6 +688,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         print(table(summary, args.world_size))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    if keep_raw:
+        result["raw"] = raw["results"]
     return result
 
 
