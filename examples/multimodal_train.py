@@ -287,7 +287,8 @@ def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torc
             ("vision", model.vision, enc_key, "pixel_counts", mmd.PATCH_DIM),
             ("audio", model.audio, aud_key, "audio_counts", mmd.AUDIO_BANDS)):
         with clock(phase):
-            if key in batch:
+            # An IDLE step's dummy batch holds no encoder work (with a phase plan: its lists are empty).
+            if key in batch and not (llm_idle and plan is None):
                 units = batch[key].to(device, non_blocking=True)
                 # Standard's collate gives the counts; odbd's concat rule gives offsets [B+1].
                 counts = (batch[counts_key] if plan is None and counts_key in batch
