@@ -209,17 +209,21 @@ def _media(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
             "audio_counts": [int(s["audio_frames"]) for s in samples]}
 
 
+CONFIG = HERE.parent / "configs/multimodal_train.yaml"
+
+
 def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) -> Dict[str, Any]:
-    """odbd's config for the two odb methods (configs/multimodal_train.yaml is the same as YAML)."""
-    fields = [{"name": "input_ids", "rule": "pad", "pad_value": 0},
-              {"name": "labels", "rule": "pad", "pad_value": -100},
-              {"name": "pixel_patches", "rule": "concat"}, {"name": "audio_features", "rule": "concat"}]
-    config: Dict[str, Any] = {"grouping": {"cost_model": "padded", "max_tokens": args.max_tokens},
-                              "alignment": {"seed": args.seed, "phase_plans": phases},
-                              "collate": {"fields": fields},
-                              "optimizer": {"tokens_per_step": window_tokens}}
-    if phases:
-        config["collate"].update(encoder_fields=["pixel_patches"], audio_fields=["audio_features"])
+    """odbd's config for the two odb methods: configs/multimodal_train.yaml with this run's budget,
+    seed, window and (odb_llm) without the per-phase plan."""
+    import yaml
+
+    config: Dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    config["grouping"]["max_tokens"] = args.max_tokens
+    config["alignment"].update(seed=args.seed, phase_plans=phases)
+    config["optimizer"]["tokens_per_step"] = window_tokens
+    if not phases:
+        for key in ("encoder_fields", "audio_fields"):
+            config["collate"].pop(key, None)
     return config
 
 
