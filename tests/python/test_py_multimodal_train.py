@@ -9,7 +9,7 @@ import math
 import multimodal_data as mmd
 import multimodal_train as mt
 
-SAMPLES, HELDOUT = 48, 16
+SAMPLES, HELDOUT = 32, 8
 TINY = ["--d-model", "32", "--layers", "1", "--vision-width", "32", "--audio-width", "16", "--enc-layers", "1",
         "--batch", "4", "--global-batch", "16", "--max-tokens", "512", "--workers", "1"]
 
