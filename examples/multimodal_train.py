@@ -564,22 +564,33 @@ def _features(units: Sequence[int]) -> List[float]:
 
 def fit_phase_costs(raw: Dict[str, Any]) -> Dict[str, List[float]]:
     """Per compute phase, a least-squares fit of a rank's step time on [1, items, sum(units),
-    sum(units^2)] over every method's records (units: patches, frames, tokens of each item).
-    `per_step, per_item, per_unit, per_unit_sq` in seconds: the shape of balance::PhaseCost."""
+    sum(units^2)] (units: patches, frames, tokens of each item), coefficients kept >= 0 (a term that
+    fits negative is dropped and the rest refitted). The LLM's is fitted on the methods without
+    padding (Standard pads to the batch's longest sample: another cost shape). Returns
+    `per_step, per_item, per_unit, per_unit_sq` in seconds: the shape of balance::PhaseCost
+    (alignment.vision_cost / audio_cost take per_item as per_sample; per_step changes no plan)."""
     fits = {}
     for phase in COMPUTE_PHASES:
         xs, ys = [], []
-        for per_rank in raw["results"].values():
+        for method, per_rank in raw["results"].items():
+            if phase == "llm" and method == "standard":
+                continue
             for r in per_rank:
                 for rec in r["records"]:
                     units = rec["items"].get(phase, [])
                     if units:
                         xs.append(_features(units))
                         ys.append(rec["t"][phase])
-        if len(xs) < 8:
-            fits[phase] = [0.0, 0.0, 0.0, 0.0]
-            continue
-        coef, *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+        coef = np.zeros(4)
+        if len(xs) >= 8:
+            x, y = np.array(xs), np.array(ys)
+            keep = list(range(4))
+            while keep:
+                c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+                if (c >= 0).all():
+                    coef[keep] = c
+                    break
+                keep.pop(int(np.argmin(c)))
         fits[phase] = [float(c) for c in coef]
     return fits
 
@@ -691,8 +702,8 @@ def run(args: argparse.Namespace, keep_raw: bool = False) -> Dict[str, Any]:
               "methods": summary}
     if not args.quiet:
         print(table(summary, args.world_size))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.json:  # the per-step records too: figures can be recomputed from the file
+        Path(args.json).write_text(json.dumps({**result, "raw": raw["results"]}))
     if keep_raw:
         result["raw"] = raw["results"]
     return result
