@@ -221,6 +221,12 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) ->
     config["grouping"]["max_tokens"] = args.max_tokens
     config["alignment"].update(seed=args.seed, phase_plans=phases)
     config["optimizer"]["tokens_per_step"] = window_tokens
+    if args.phase_costs:  # bench/phase_calibrate.py --json: the fitted per-phase cost models
+        fits = json.loads(Path(args.phase_costs).read_text())["fits"]
+        for phase in ("vision", "audio"):
+            f = fits[phase]
+            config["alignment"][f"{phase}_cost"] = {"per_sample": f["per_item"], "per_unit": f["per_unit"],
+                                                    "per_unit_sq": f["per_unit_sq"]}
     if not phases:
         for key in ("encoder_fields", "audio_fields"):
             config["collate"].pop(key, None)
@@ -675,6 +681,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
     p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
+    p.add_argument("--phase-costs", default=None,
+                   help="bench/phase_calibrate.py --json output: the daemon balances each encoder phase on "
+                        "these fitted costs (alignment.vision_cost / audio_cost; default: patches, frames)")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
