@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 PHASES = ("vision", "audio", "llm")
 
 
-def method_row(world: int, name: str, s: Dict[str, Any]) -> str:
+def method_row(world: str, name: str, s: Dict[str, Any]) -> str:
     mm, bf = s["max_over_mean"], s["bound_fraction"]
     peak = max(s["peak_mem_mb"] or [0.0])
     speed = " / ".join(f"{s[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
@@ -40,17 +40,17 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
              "(MB, max over ranks, and max/mean); loss tokens/s and patches/s (wall clock); wall seconds; "
              "optimizer steps; held-out loss; for odb_phases its speedup in synchronous step time over "
              "odb_llm / standard / standard_packed.", "",
-             "| W | method | sync s | vision m/m | audio m/m | LLM m/m | bound v/a/l | enc | peak MB (m/m) "
+             "| W (run) | method | sync s | vision m/m | audio m/m | LLM m/m | bound v/a/l | enc | peak MB (m/m) "
              "| tok/s | patch/s | wall s | opt steps | held-out | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for name, s in run["methods"].items():
             if not name.startswith("_"):
-                lines.append(method_row(run["world_size"], name, s))
+                lines.append(method_row(f"{run['world_size']} ({run.get('label', '')})", name, s))
     lines += ["", "Fitted per-phase costs (seconds; per_step, per_item, per_unit, per_unit_sq):", ""]
     for run in runs:
         fits = run["methods"]["_fitted_phase_costs"]
-        lines.append(f"* W = {run['world_size']}: " + "; ".join(
+        lines.append(f"* W = {run['world_size']} ({run.get('label', '')}): " + "; ".join(
             f"{p} " + ", ".join(f"{v:.3g}" for v in fits[p].values()) for p in PHASES))
     if sim:
         lines += ["", f"## Simulator (bench/phase_sim, {sim['trace']}, {sim['samples']} samples, "
@@ -69,10 +69,14 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", required=True, help="comma list of multimodal_train.py --json files")
+    p.add_argument("--labels", default="", help="comma list, one label per run (e.g. the cost model used)")
     p.add_argument("--sim", default=None, help="bench/phase_sim output (JSON)")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
     args = p.parse_args()
     runs = [json.loads(Path(f).read_text()) for f in args.runs.split(",") if f]
+    for run, label in zip(runs, args.labels.split(",")):
+        run["label"] = label
+        run.pop("raw", None)  # the per-step records stay in the run's own file
     sim = json.loads(Path(args.sim).read_text()) if args.sim else None
     Path(args.out + ".json").write_text(json.dumps({"runs": runs, "simulator": sim}, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(runs, sim))
