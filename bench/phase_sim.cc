@@ -107,7 +107,8 @@ Totals Simulate(const Trace& trace, const std::string& policy, int world, int ba
         load[kLlm].assign(world, 0.0);
         for (int r = 0; r < world; ++r) {
           uint32_t longest = 0;
-          for (int i = 0; i < batch; ++i) longest = std::max(longest, trace.samples[start + r * batch + i].tokens);
+          for (int i = 0; i < batch; ++i)
+            longest = std::max(longest, trace.samples[start + r * batch + i].tokens);
           load[kLlm][r] = batch * c.llm.Of(longest);
         }
       }
@@ -148,7 +149,8 @@ int main(int argc, char** argv) {
   std::vector<int> worlds = {2, 4, 8};
   int batch = 8;
   CLI::App app{"phase_sim: per-phase balancing of a multimodal model on modality-mixed traces"};
-  app.add_option("--trace", trace_path, "trace file: tokens vision_patches audio_frames per line")->required();
+  app.add_option("--trace", trace_path, "trace file: tokens vision_patches audio_frames per line")
+      ->required();
   app.add_option("--vision-cost", vision, "per_step,per_sample,per_unit,per_unit_sq (seconds)");
   app.add_option("--audio-cost", audio, "per_step,per_sample,per_unit,per_unit_sq (seconds)");
   app.add_option("--llm-cost", llm, "per_step,per_sample,per_unit,per_unit_sq (seconds; units = tokens)");
@@ -185,7 +187,8 @@ int main(int argc, char** argv) {
                   policies[k].c_str(), t.sync);
       first = false;
       for (int p = 0; p < 3; ++p) {
-        std::printf(", \"%s_bound_fraction\": %.4f", kPhaseNames[p], t.slowest[p] > 0 ? t.bound[p] / t.slowest[p] : 1.0);
+        std::printf(", \"%s_bound_fraction\": %.4f", kPhaseNames[p],
+                    t.slowest[p] > 0 ? t.bound[p] / t.slowest[p] : 1.0);
       }
       double bound_sum = t.bound[0] + t.bound[1] + t.bound[2];
       std::printf(", \"sync_bound_fraction\": %.4f", t.sync > 0 ? bound_sum / t.sync : 1.0);

@@ -139,9 +139,11 @@ TEST_CASE("partitioned rounds with per-phase plans route encoders within the blo
 // per-image cost only (per_unit 0), the ranks encode as many images each.
 TEST_CASE("per-phase plans balance the vision phase on its configured cost model", "[phases]") {
   auto vision_items = [](const std::string& cost) {
-    auto config = ParseConfig("local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
-                              "collate: {encoder_fields: [pixel_values]}\n"
-                              "alignment: {planner: global, phase_plans: true, vision_cost: " + cost + "}\n");
+    auto config = ParseConfig(
+        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
+        "collate: {encoder_fields: [pixel_values]}\n"
+        "alignment: {planner: global, phase_plans: true, vision_cost: " +
+        cost + "}\n");
     REQUIRE(config.ok());
     std::vector<RankRun> runs = RunEpoch(*config, 2, [](int r) {
       std::vector<SampleMeta> pending;
