@@ -21,7 +21,8 @@ trained; the same epochs; gradients all-reduced once per optimizer step):
   odb_llm:         OdbDataLoader; the daemons balance the LLM phase (padded
                    cost under --max-tokens, global planner, windows of the
                    same loss tokens); each rank encodes its LLM samples' media
-                   (`alignment.phase_plans` off).
+                   (`alignment.phase_plans` off). The daemons' config:
+                   configs/multimodal_train.yaml.
   odb_phases:      the same plus `alignment.phase_plans`: the vision and the
                    audio encoder phases are balanced on their own costs; each
                    rank encodes what its plan says and one all-to-all per
@@ -701,8 +702,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
     p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
     p.add_argument("--phase-costs", default=None,
-                   help="bench/phase_calibrate.py --json output: the daemon balances each encoder phase on "
-                        "these fitted costs (alignment.vision_cost / audio_cost; default: patches, frames)")
+                   help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
+                        "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
+                        "configs/multimodal_train.yaml)")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
