@@ -54,9 +54,9 @@ def main() -> None:
         print(f"--{phase}-cost " + ",".join(f"{v:.6g}" for v in c))
     print("alignment:")
     for phase in ("vision", "audio"):
-        c = out[phase]
-        print(f"  {phase}_cost: {{per_sample: {c['per_item']:.6g}, per_unit: {c['per_unit']:.6g}, "
-              f"per_unit_sq: {c['per_unit_sq']:.6g}}}")
+        f = out[phase]
+        print(f"  {phase}_cost: {{per_sample: {f['per_item']:.6g}, per_unit: {f['per_unit']:.6g}, "
+              f"per_unit_sq: {f['per_unit_sq']:.6g}}}")
     if args.json:
         Path(args.json).write_text(json.dumps({"fits": out, "steps": len(records)}, indent=1))
 

@@ -158,14 +158,12 @@ def prepare(n: int, seed: int = 0, cache: Optional[Path] = None, jobs: int = 4) 
             length = int(np.clip(rng.lognormal(np.log(96), 0.8), 16, 384))
             start = int(rng.integers(0, max(1, len(doc) - length)))
             text = doc[start:start + length]
-        elif kind == "image":
-            text = "a picture of " + caption_of(Path(icon))
-        elif kind == "speech":
-            text = sentence
         else:
-            text = "what is shown and said? " + caption_of(Path(icon)) + ": " + sentence
+            caption, said = caption_of(Path(icon)) if icon else "", sentence or ""
+            text = {"image": "a picture of " + caption, "speech": said,
+                    "image_speech": "what is shown and said? " + caption + ": " + said}[kind]
         specs.append(SampleSpec(kind, text, icon, str(audio_path(cache, sentence)) if sentence else None, sentence))
-    todo = sorted({(s.transcript, Path(s.audio)) for s in specs if s.audio and not Path(s.audio).exists()})
+    todo = sorted({(s.transcript or "", Path(s.audio)) for s in specs if s.audio and not Path(s.audio).exists()})
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         list(pool.map(_synthesise, todo))
     return specs
@@ -203,8 +201,8 @@ def audio_frames(path: str) -> np.ndarray:
             pcm = pcm.reshape(-1, w.getnchannels()).mean(axis=1)
     x = pcm.astype(np.float32) / 32768.0
     n = max(1, len(x) // HOP)
-    x = np.pad(x, (0, max(0, n * HOP - len(x))))[:n * HOP].reshape(n, HOP) * np.hanning(HOP).astype(np.float32)
-    mag = np.abs(np.fft.rfft(x, axis=1))[:, :HOP // 2]  # 256 bins
+    windows = np.pad(x, (0, max(0, n * HOP - len(x))))[:n * HOP].reshape(n, HOP) * np.hanning(HOP).astype(np.float32)
+    mag = np.abs(np.fft.rfft(windows, axis=1))[:, :HOP // 2]  # 256 bins
     bands = mag.reshape(n, AUDIO_BANDS, -1).mean(axis=2)
     return np.log1p(10.0 * bands).astype(np.float32)
 

@@ -54,7 +54,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -251,6 +251,7 @@ class PhaseClock:
         self._start = time.thread_time()
 
     def __exit__(self, *exc: Any) -> None:
+        assert self._phase is not None, "use the clock as `with clock(phase):`"
         self.t[self._phase] += time.thread_time() - self._start
 
 
@@ -367,7 +368,7 @@ def standard_steps(method: str, dataset: Any, train_ids: List[int], rank: int, w
                    epoch: int) -> Iterator[Dict[str, Any]]:
     """Micro-steps of Standard: groups of `accumulate` micro-batches; the loss tokens of the group on
     all ranks are all-reduced first (token-level loss over the optimizer batch)."""
-    sampler = torch.utils.data.distributed.DistributedSampler(train_ids, num_replicas=world, rank=rank,
+    sampler: Any = torch.utils.data.distributed.DistributedSampler(cast(Any, train_ids), num_replicas=world, rank=rank,
                                                               shuffle=True, seed=args.seed)
     sampler.set_epoch(epoch)
     subset = torch.utils.data.Subset(dataset, train_ids)
@@ -504,8 +505,9 @@ def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> 
         torch.cuda.set_device(device)
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache) if rank == 0 else None
-    dist.barrier()  # rank 0 synthesised the audio; the others find it in the cache
+    if rank == 0:  # rank 0 synthesises the audio; the others then find it in the cache
+        specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
+    dist.barrier()
     if rank != 0:
         specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
     dataset = mmd.MixedModalDataset(specs)

@@ -77,7 +77,8 @@ def reference(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
     batch["audio_features"] = batch["audio_features"].double()
     loss, tokens, _ = mt.run_step(model, batch, mt.PhaseClock(), torch.device("cpu"),
                                   1.0 / total_loss_tokens(samples))
-    return {"loss": loss, "tokens": tokens, "grads": [p.grad.clone() for p in model.parameters()]}
+    return {"loss": loss, "tokens": tokens,
+            "grads": [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]}
 
 
 def run_rank(samples: List[Dict[str, Any]], header: Dict[str, List[int]]) -> Dict[str, Any]:
