@@ -15,6 +15,7 @@ PACKAGES=(
   spin redis-server iproute2 procps systemd
   patchelf  # client/python/setup.py: the odbd it bundles finds odb/.libs through its RPATH
   coinor-cbc glpk-utils  # bench/exchange_optimum.py and its test: the exact minimum of inter-node bytes
+  espeak-ng python3-pil adwaita-icon-theme  # examples/multimodal_data.py: speech, decoded icons (8-512 px PNGs)
 )
 
 missing=()

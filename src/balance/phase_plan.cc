@@ -107,17 +107,14 @@ std::vector<std::vector<uint32_t>> SendCounts(const std::vector<std::vector<Slot
   return counts;
 }
 
-// An encoder phase's cost: nothing for a sample without that input.
-double EncoderCost(const PhaseCost& cost, uint32_t units) { return units == 0 ? 0.0 : cost.Of(units); }
-
 MultimodalPlan Plan(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
                     const PhaseCost* audio_cost, const PhaseCost& llm_cost) {
   const size_t n = samples.size();
   std::vector<double> vision(n), audio(n, 0.0), llm(n);
   std::vector<int32_t> home(n);
   for (size_t i = 0; i < n; ++i) {
-    vision[i] = EncoderCost(vision_cost, samples[i].lengths.vision_patches);
-    if (audio_cost != nullptr) audio[i] = EncoderCost(*audio_cost, samples[i].lengths.audio_frames);
+    vision[i] = vision_cost.OfInput(samples[i].lengths.vision_patches);
+    if (audio_cost != nullptr) audio[i] = audio_cost->OfInput(samples[i].lengths.audio_frames);
     llm[i] = llm_cost.Of(samples[i].lengths.tokens);
     home[i] = samples[i].home_rank;
   }

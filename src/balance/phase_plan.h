@@ -29,6 +29,8 @@ struct PhaseCost {
     const double u = static_cast<double>(units);
     return per_sample + per_unit * u + per_unit_sq * u * u;
   }
+  // An encoder phase's cost of a sample: nothing without that input (0 units).
+  double OfInput(uint64_t units) const { return units == 0 ? 0.0 : Of(units); }
 };
 
 // One sample of the step: where its payload is (home_rank) and its sizes.

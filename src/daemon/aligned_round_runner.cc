@@ -88,13 +88,12 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
       }
     };
     std::vector<double> cost;
-    for (const Item& item : items) cost.push_back(encoder_cost_per_patch_ * item.meta.lengths.vision_patches);
+    for (const Item& item : items) cost.push_back(vision_cost_.OfInput(item.meta.lengths.vision_patches));
     phase(cost, mine.phase(EncoderPhase::kVision));
     if (audio_phase_) {
-      // Cost: the sample's audio frames. The minimax assignment does not
-      // change when every cost is scaled, so a per-frame weight needs no knob.
+      // Cost: alignment.audio_cost of the sample's audio frames.
       cost.clear();
-      for (const Item& item : items) cost.push_back(static_cast<double>(item.meta.lengths.audio_frames));
+      for (const Item& item : items) cost.push_back(audio_cost_.OfInput(item.meta.lengths.audio_frames));
       phase(cost, mine.phase(EncoderPhase::kAudio));
     }
   }
@@ -120,7 +119,8 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
     : peers_(std::move(peers)),
       aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),
-      encoder_cost_per_patch_(config.encoder_cost_per_patch),
+      vision_cost_(config.vision_cost),
+      audio_cost_(config.audio_cost),
       audio_phase_(!config.audio_fields.empty()) {}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {

@@ -38,7 +38,8 @@ class AlignedRoundRunner final : public RoundRunner {
   align::Aligner aligner_;
   absl::Status start_status_;
   bool phase_plans_;
-  double encoder_cost_per_patch_;
+  balance::PhaseCost vision_cost_;
+  balance::PhaseCost audio_cost_;
   bool audio_phase_;  // collate.audio_fields: an audio encoder phase too
   // Per rank: (owner, id) of the samples it encodes (either encoder) this round.
   std::vector<std::vector<std::pair<int32_t, uint64_t>>> encoder_needs_;

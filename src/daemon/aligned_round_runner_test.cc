@@ -5,6 +5,7 @@
 #include "src/daemon/aligned_round_runner.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -34,28 +35,18 @@ struct RankRun {
   std::set<std::pair<int, int>> moves;  // (from, to)
 };
 
-void RunPartitioned(const std::string& yaml) {
-  constexpr int kWorld = 4;
-  auto config = ParseConfig(yaml);
-  REQUIRE(config.ok());
-  REQUIRE(MakePlanner(*config)->Name().find("partition_ranks=2") != std::string::npos);
-  align::FakeWorld fake(kWorld, std::chrono::seconds(30));
-  std::vector<RankRun> runs(kWorld);
+// Runs one epoch of `world` threaded ranks through AlignedRoundRunner; rank r
+// starts with samples_of(r) pending.
+std::vector<RankRun> RunEpoch(const DaemonConfig& config, int world,
+                              const std::function<std::vector<SampleMeta>(int)>& samples_of) {
+  align::FakeWorld fake(world, std::chrono::seconds(30));
+  std::vector<RankRun> runs(world);
   std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      AlignedRoundRunner runner(std::make_unique<Borrowed>(fake.Rank(r)), *config);
+      AlignedRoundRunner runner(std::make_unique<Borrowed>(fake.Rank(r)), config);
       runner.StartEpoch(0, 0, 0);
-      std::mt19937_64 rng(17 + r);
-      std::vector<SampleMeta> pending;
-      for (uint64_t i = 0; i < (r == 3 ? 0u : 30u + 20u * r); ++i) {
-        SampleMeta m;
-        m.id = i;
-        m.owner_rank = r;
-        m.lengths.tokens = static_cast<uint32_t>(1 + rng() % 900);
-        m.lengths.vision_patches = static_cast<uint32_t>(rng() % 64);
-        pending.push_back(m);
-      }
+      std::vector<SampleMeta> pending = samples_of(r);
       for (int round = 0; round < 500; ++round) {
         RoundRequest req;
         req.pending = pending;
@@ -84,6 +75,27 @@ void RunPartitioned(const std::string& yaml) {
     });
   }
   for (auto& t : threads) t.join();
+  return runs;
+}
+
+void RunPartitioned(const std::string& yaml) {
+  constexpr int kWorld = 4;
+  auto config = ParseConfig(yaml);
+  REQUIRE(config.ok());
+  REQUIRE(MakePlanner(*config)->Name().find("partition_ranks=2") != std::string::npos);
+  std::vector<RankRun> runs = RunEpoch(*config, kWorld, [](int r) {
+    std::mt19937_64 rng(17 + r);
+    std::vector<SampleMeta> pending;
+    for (uint64_t i = 0; i < (r == 3 ? 0u : 30u + 20u * r); ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = r;
+      m.lengths.tokens = static_cast<uint32_t>(1 + rng() % 900);
+      m.lengths.vision_patches = static_cast<uint32_t>(rng() % 64);
+      pending.push_back(m);
+    }
+    return pending;
+  });
   std::set<std::pair<int, uint64_t>> emitted;
   for (int r = 0; r < kWorld; ++r) {
     INFO("rank " << r << ": " << runs[r].status.ToString());
@@ -120,6 +132,50 @@ TEST_CASE("partitioned rounds with per-phase plans route encoders within the blo
   RunPartitioned(
       "local_world_size: 1\ngrouping: {window: 64}\ncollate: {encoder_fields: [pixel_values]}\n"
       "alignment: {planner: global, partition_ranks: 2, phase_plans: true}\n");
+}
+
+// The vision phase is balanced on alignment.vision_cost: with the default
+// (per_unit) one 60-patch image weighs as much as six 10-patch ones; with a
+// per-image cost only (per_unit 0), the ranks encode as many images each.
+TEST_CASE("per-phase plans balance the vision phase on its configured cost model", "[phases]") {
+  auto vision_items = [](const std::string& cost) {
+    auto config = ParseConfig(
+        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
+        "collate: {encoder_fields: [pixel_values]}\n"
+        "alignment: {planner: global, phase_plans: true, vision_cost: " +
+        cost + "}\n");
+    REQUIRE(config.ok());
+    std::vector<RankRun> runs = RunEpoch(*config, 2, [](int r) {
+      std::vector<SampleMeta> pending;
+      for (uint64_t i = 0; r == 0 && i < 8; ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.lengths.tokens = 100;
+        m.lengths.vision_patches = i == 0 ? 60 : 10;
+        pending.push_back(m);
+      }
+      return pending;
+    });
+    std::vector<std::pair<size_t, size_t>> per_step;  // (images of rank 0, of rank 1) per step
+    for (int r = 0; r < 2; ++r) {
+      INFO(runs[r].status.ToString());
+      REQUIRE(runs[r].status.ok());
+      REQUIRE(runs[r].steps.size() == runs[0].steps.size());
+    }
+    for (size_t k = 0; k < runs[0].steps.size(); ++k) {
+      per_step.push_back({runs[0].steps[k].phase(EncoderPhase::kVision).ids.size(),
+                          runs[1].steps[k].phase(EncoderPhase::kVision).ids.size()});
+    }
+    return per_step;
+  };
+  // One step of 8 samples on both ranks: 130 patches; the default splits 60 + 10 | 6 x 10.
+  const auto by_patches = vision_items("{per_unit: 1}");
+  REQUIRE(by_patches.size() == 1);
+  CHECK(std::max(by_patches[0].first, by_patches[0].second) == 6);
+  const auto by_images = vision_items("{per_sample: 1, per_unit: 0}");
+  REQUIRE(by_images.size() == 1);
+  CHECK(by_images[0].first == 4);
+  CHECK(by_images[0].second == 4);
 }
 
 }  // namespace

@@ -185,6 +185,16 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(s.Get("partition_ranks", c.partition_ranks));
   ODB_RETURN_IF_ERROR(s.Get("phase_plans", c.phase_plans));
   ODB_RETURN_IF_ERROR(s.Get("encoder_cost_per_patch", c.encoder_cost_per_patch));
+  // Per-phase cost models; vision's per_unit defaults to encoder_cost_per_patch.
+  c.vision_cost.per_unit = c.encoder_cost_per_patch;
+  for (auto [name, cost] : {std::pair<const char*, balance::PhaseCost*>{"vision_cost", &c.vision_cost},
+                            std::pair<const char*, balance::PhaseCost*>{"audio_cost", &c.audio_cost}}) {
+    ODB_ASSIGN_OR_RETURN(Section pc, s.Child(name));
+    ODB_RETURN_IF_ERROR(pc.Get("per_sample", cost->per_sample));
+    ODB_RETURN_IF_ERROR(pc.Get("per_unit", cost->per_unit));
+    ODB_RETURN_IF_ERROR(pc.Get("per_unit_sq", cost->per_unit_sq));
+    ODB_RETURN_IF_ERROR(pc.CheckNoUnknownKeys());
+  }
   ODB_RETURN_IF_ERROR(s.Get("deterministic", c.deterministic));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.Get("start_wait_ms", c.start_wait_ms));
@@ -580,6 +590,15 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(CheckFinite("alignment.encoder_cost_per_patch", c.encoder_cost_per_patch, 0.0,
                                   kMaxCostCoefficient,
                                   "a finite number >= 0 and <= 1e12 (units of one padded token)"));
+  for (auto [name, cost] : {std::pair<std::string, const balance::PhaseCost*>{"vision_cost", &c.vision_cost},
+                            std::pair<std::string, const balance::PhaseCost*>{"audio_cost", &c.audio_cost}}) {
+    for (auto [term, value] : {std::pair<const char*, double>{"per_sample", cost->per_sample},
+                               std::pair<const char*, double>{"per_unit", cost->per_unit},
+                               std::pair<const char*, double>{"per_unit_sq", cost->per_unit_sq}}) {
+      ODB_RETURN_IF_ERROR(CheckFinite("alignment." + name + "." + term, value, 0.0, kMaxCostCoefficient,
+                                      "a finite number >= 0 and <= 1e12 (any unit: only ratios matter)"));
+    }
+  }
   if (c.partition_ranks != 0 && c.tokens_per_step != 0) {
     return Invalid("alignment.partition_ranks", "needs optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
   }

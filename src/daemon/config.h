@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/align/planner.h"
+#include "src/balance/phase_plan.h"
 #include "src/collate/collator.h"
 #include "src/emit/step_builder_options.h"
 #include "src/emit/trainer_channel_options.h"
@@ -95,9 +96,15 @@ struct DaemonConfig {
   // Multimodal: balance the encoder phase separately from the LLM phase and
   // ship the route between them in each step header (docs/balancing.md). The
   // collate.encoder_fields go to the encoder batch ("enc.<name>") of the rank
-  // chosen to encode the sample; encoder cost = encoder_cost_per_patch * patches.
+  // chosen to encode the sample. Each encoder phase is balanced on its own
+  // cost model (alignment.vision_cost / audio_cost, the shape of
+  // balance::PhaseCost): per_sample + per_unit * u + per_unit_sq * u^2 for a
+  // sample with u > 0 patches (frames), 0 without. encoder_cost_per_patch is
+  // the vision per_unit's default (its older name).
   bool phase_plans = false;
   double encoder_cost_per_patch = 1.0;
+  balance::PhaseCost vision_cost;
+  balance::PhaseCost audio_cost;
   // Reproducible epochs (docs/resume.md): the step sequence depends only on
   // the seed and the samples, never on timing. Each rank plans from the next
   // `window` samples of its list in list order (every sample carries its

@@ -172,6 +172,10 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {partition_ranks: 4}\noptimizer: {tokens_per_step: 4096}", "alignment.partition_ranks"},
       {"alignment: {encoder_cost_per_patch: .nan}", "alignment.encoder_cost_per_patch"},
       {"alignment: {encoder_cost_per_patch: -.inf}", "alignment.encoder_cost_per_patch"},
+      {"alignment: {vision_cost: {per_sample: .nan}}", "alignment.vision_cost.per_sample"},
+      {"alignment: {vision_cost: {per_unit: -1}}", "alignment.vision_cost.per_unit"},
+      {"alignment: {audio_cost: {per_unit_sq: .inf}}", "alignment.audio_cost.per_unit_sq"},
+      {"alignment: {audio_cost: {per_frame: 1}}", "alignment.audio_cost.per_frame"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);
@@ -182,6 +186,22 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
   CHECK(StartupError("grouping: {quadratic_q: 0}").empty());
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
   CHECK(StartupError("alignment: {partition_ranks: 4}").empty());
+  {
+    // Per-phase cost models: vision's per_unit defaults to encoder_cost_per_patch.
+    auto legacy = ParseConfig("alignment: {encoder_cost_per_patch: 2.5}");
+    REQUIRE(legacy.ok());
+    CHECK(legacy->vision_cost.per_unit == 2.5);
+    CHECK(legacy->vision_cost.per_sample == 0.0);
+    CHECK(legacy->audio_cost.per_unit == 1.0);
+    auto fitted = ParseConfig(
+        "alignment: {encoder_cost_per_patch: 2.5, vision_cost: {per_sample: 40, per_unit: 3},\n"
+        "            audio_cost: {per_sample: 7, per_unit: 0.5, per_unit_sq: 0.001}}");
+    REQUIRE(fitted.ok());
+    CHECK(fitted->vision_cost.per_unit == 3.0);
+    CHECK(fitted->vision_cost.Of(10) == 70.0);
+    CHECK(fitted->vision_cost.OfInput(0) == 0.0);
+    CHECK(fitted->audio_cost.Of(100) == 7.0 + 50.0 + 10.0);
+  }
   auto partitioned = ParseConfig("alignment: {partition_ranks: 3}");
   REQUIRE(partitioned.ok());
   CHECK(partitioned->partition_ranks == 3);

@@ -1,0 +1,752 @@
+"""A three-modality model trained through odb: Standard vs odb, per phase (OrchMLLM's ablation).
+
+The workload (examples/multimodal_data.py): Debian icons decoded at native
+resolution, espeak-ng speech decoded from WAV, README text; 30% text only, 25%
+image + caption, 25% speech + transcript, 20% image + speech + question.
+
+The model (MLLM below): a vision encoder over 8x8 patches (a per-patch MLP
+tower, mean-pooled to one row per image), an audio encoder over 23 ms
+log-spectrum frames (the same shape of tower, one row per clip), each
+projected into a small causal LM that reads the text bytes and takes the
+encoders' rows at its IMG / AUD placeholder positions. Encoder cost follows
+the image's patches and the clip's frames; LLM cost the (padded) text.
+
+Methods, all at the same recipe (the optimizer batch: `--global-batch`
+samples' worth of loss tokens; AdamW with the same LR schedule by loss tokens
+trained; the same epochs; gradients all-reduced once per optimizer step):
+  standard:        fixed micro-batch of --batch samples per rank
+                   (DistributedSampler), padded text, accumulation to the
+                   global batch; each rank encodes its own samples' media.
+  standard_packed: the same, text packed padding-free (attention per sample).
+  odb_llm:         OdbDataLoader; the daemons balance the LLM phase (padded
+                   cost under --max-tokens, global planner, windows of the
+                   same loss tokens); each rank encodes its LLM samples' media
+                   (`alignment.phase_plans` off). The daemons' config:
+                   configs/multimodal_train.yaml.
+  odb_phases:      the same plus `alignment.phase_plans`: the vision and the
+                   audio encoder phases are balanced on their own costs; each
+                   rank encodes what its plan says and one all-to-all per
+                   encoder phase (odb.phases) moves the outputs to the LLM
+                   layout; gradients flow back through it.
+
+Measured per rank and step, per phase (vision, audio, llm: forward +
+backward; route: the all-to-alls' own CPU): the thread CPU time of the rank
+(torch.set_num_threads(1), so oversubscribed cores do not hide imbalance).
+Reported: each phase's run total max/mean over ranks; the synchronous step
+time (per step the sum over phases of the slowest rank's time, as if each
+phase ended in a barrier, which the all-to-alls and the gradient all-reduce
+are), summed over the run; peak memory per rank (VmHWM above the rank's own
+VmRSS after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
+
+Run (2 local ranks):  /usr/bin/python3 examples/multimodal_train.py
+W = 4: --world-size 4; a GPU: --device cuda; JSON: --json PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "client/python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import multimodal_data as mmd  # noqa: E402
+
+METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases")
+PHASES = ("vision", "audio", "llm", "route")
+COMPUTE_PHASES = ("vision", "audio", "llm")
+
+
+# ----- the model -----------------------------------------------------------------
+class Tower(torch.nn.Module):
+    """An encoder: input projection, `layers` residual MLP blocks applied to every unit (patch or
+    frame), each sample's units mean-pooled to one row, projected to the LM width."""
+
+    def __init__(self, d_in: int, width: int, layers: int, d_out: int) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(d_in, width)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                torch.nn.Linear(4 * width, width)) for _ in range(layers))
+        self.out = torch.nn.Linear(width, d_out)
+
+    def forward(self, units: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """units [sum(counts), d_in]; returns one row per sample with count > 0, in order."""
+        h = self.inp(units)
+        for block in self.blocks:
+            h = h + block(h)
+        nonzero = [c for c in counts if c > 0]
+        seg = torch.repeat_interleave(torch.arange(len(nonzero), device=units.device),
+                                      torch.tensor(nonzero, dtype=torch.long, device=units.device))
+        pooled = torch.zeros(len(nonzero), h.shape[1], dtype=h.dtype, device=h.device).index_add(0, seg, h)
+        pooled = pooled / torch.tensor(nonzero, dtype=h.dtype, device=h.device).unsqueeze(1)
+        return self.out(pooled)
+
+
+class Block(torch.nn.Module):
+    """Pre-LN causal transformer block over a padded [B, L] batch or packed segments."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def attend(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+        att = att + bias if bias is not None else att
+        return self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor], segments: Optional[List[int]]) -> torch.Tensor:
+        h = self.ln1(x)
+        if segments is None:
+            x = x + self.attend(h, bias)
+        else:  # packed [1, T]: causal attention within each sample, one sample at a time
+            parts, start = [], 0
+            for n in segments:
+                parts.append(self.attend(h[:, start:start + n], _causal(n, x.dtype, x.device)))
+                start += n
+            x = x + torch.cat(parts, dim=1)
+        return x + self.mlp(self.ln2(x))
+
+
+def _causal(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
+
+
+class MLLM(torch.nn.Module):
+    """Vision tower + audio tower + projections into a causal byte-level LM."""
+
+    def __init__(self, d: int = 128, layers: int = 2, heads: int = 4, vision_width: int = 256,
+                 audio_width: int = 128, enc_layers: int = 3, max_len: int = 512) -> None:
+        super().__init__()
+        self.vision = Tower(mmd.PATCH_DIM, vision_width, enc_layers, d)
+        self.audio = Tower(mmd.AUDIO_BANDS, audio_width, enc_layers, d)
+        self.tok = torch.nn.Embedding(mmd.VOCAB, d)
+        self.pos = torch.nn.Embedding(max_len, d)
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, 256)  # targets are bytes
+
+    def llm_loss_sum(self, ids: torch.Tensor, labels: torch.Tensor, img: torch.Tensor, aud: torch.Tensor,
+                     mask: Optional[torch.Tensor] = None, segments: Optional[List[int]] = None) -> torch.Tensor:
+        """Summed cross-entropy over the labels != -100. ids/labels: [B, L] padded (mask [B, L]) or
+        [1, T] packed (segments: each sample's length). img / aud: one row per IMG / AUD placeholder,
+        in row-major order of the placeholders (= sample order)."""
+        b, n = ids.shape
+        if segments is None:
+            positions = torch.arange(n, device=ids.device).expand(b, n)
+        else:
+            positions = torch.cat([torch.arange(s, device=ids.device) for s in segments]).unsqueeze(0)
+        x = self.tok(ids) + self.pos(positions)
+        for token, rows in ((mmd.IMG, img), (mmd.AUD, aud)):
+            where = (ids == token).nonzero(as_tuple=True)
+            if where[0].numel() != rows.shape[0]:
+                raise ValueError(f"{where[0].numel()} placeholders {token} but {rows.shape[0]} encoder rows")
+            x = x.index_put(where, rows.to(x.dtype))
+        bias = None
+        if segments is None:
+            bias = _causal(n, x.dtype, x.device).expand(b, 1, n, n)
+            if mask is not None:
+                bias = bias.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+                bias = bias.masked_fill(mask[:, None, :, None] == 0, 0.0)  # padded queries: no all -inf rows
+        for block in self.blocks:
+            x = block(x, bias, segments)
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                 ignore_index=-100, reduction="sum")
+
+
+# ----- batches ---------------------------------------------------------------------
+def counts_from_offsets(offsets: Any) -> List[int]:
+    o = [int(x) for x in offsets.tolist()]
+    return [b - a for a, b in zip(o, o[1:])]
+
+
+def pad_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Standard's collate: text padded to the batch's longest sample, media concatenated."""
+    n = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), n, dtype=torch.long)
+    labels = torch.full((len(samples), n), -100, dtype=torch.long)
+    mask = torch.zeros(len(samples), n, dtype=torch.long)
+    for r, s in enumerate(samples):
+        k = len(s["input_ids"])
+        ids[r, :k] = torch.as_tensor(s["input_ids"])
+        labels[r, :k] = torch.as_tensor(s["labels"])
+        mask[r, :k] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, **_media(samples)}
+
+
+def packed_collate(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Standard packed: the text of the batch concatenated, no padding; `segments` the lengths."""
+    return {"input_ids": torch.cat([torch.as_tensor(s["input_ids"]) for s in samples]).unsqueeze(0),
+            "labels": torch.cat([torch.as_tensor(s["labels"]) for s in samples]).unsqueeze(0),
+            "segments": [len(s["input_ids"]) for s in samples], **_media(samples)}
+
+
+def _media(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"pixel_patches": torch.cat([torch.as_tensor(s["pixel_patches"]) for s in samples]),
+            "pixel_counts": [int(s["vision_patches"]) for s in samples],
+            "audio_features": torch.cat([torch.as_tensor(s["audio_features"]) for s in samples]),
+            "audio_counts": [int(s["audio_frames"]) for s in samples]}
+
+
+CONFIG = HERE.parent / "configs/multimodal_train.yaml"
+
+
+def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) -> Dict[str, Any]:
+    """odbd's config for the two odb methods: configs/multimodal_train.yaml with this run's budget,
+    seed, window and (odb_llm) without the per-phase plan."""
+    import yaml
+
+    config: Dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    config["grouping"]["max_tokens"] = args.max_tokens
+    config["alignment"].update(seed=args.seed, phase_plans=phases)
+    config["optimizer"]["tokens_per_step"] = window_tokens
+    if args.phase_costs:  # bench/phase_calibrate.py --json: the fitted per-phase cost models
+        fits = json.loads(Path(args.phase_costs).read_text())["fits"]
+        for phase in ("vision", "audio"):
+            f = fits[phase]
+            config["alignment"][f"{phase}_cost"] = {"per_sample": f["per_item"], "per_unit": f["per_unit"],
+                                                    "per_unit_sq": f["per_unit_sq"]}
+    if not phases:
+        for key in ("encoder_fields", "audio_fields"):
+            config["collate"].pop(key, None)
+    return config
+
+
+# ----- measurement -------------------------------------------------------------------
+class PhaseClock:
+    """Thread CPU time per phase of one step (time.thread_time: this rank's own compute)."""
+
+    def __init__(self) -> None:
+        self.t = dict.fromkeys(PHASES, 0.0)
+        self._phase: Optional[str] = None
+        self._start = 0.0
+
+    def __call__(self, phase: str) -> "PhaseClock":
+        self._phase = phase
+        return self
+
+    def __enter__(self) -> None:
+        self._start = time.thread_time()
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._phase is not None, "use the clock as `with clock(phase):`"
+        self.t[self._phase] += time.thread_time() - self._start
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Resets the peak (VmHWM via /proc/self/clear_refs, or CUDA's allocator peak); returns the base in KiB."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device) // 1024
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status_kb("VmRSS")
+
+
+def peak_memory_kb(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) // 1024
+    return _status_kb("VmHWM")
+
+
+# ----- one training step, shared by all methods ------------------------------------------
+def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torch.device, loss_scale: float,
+             plan: Any = None, llm_idle: bool = False) -> Tuple[float, int, Dict[str, List[int]]]:
+    """Forward + backward of one micro-step, timed per phase; returns (loss sum, loss tokens, items):
+    items[phase] = the units (patches, frames, tokens) of each item this rank ran in that phase.
+
+    The encoders' outputs are cut from the graph (detach) before the LLM, so the LLM's backward and
+    each encoder's backward run (and are timed) separately; the gradients are the same as one
+    backward through the whole graph. With a phase plan the encoders run on the plan's samples
+    (``enc.*`` / ``audio.*`` fields) and their outputs are routed to the LLM layout."""
+    enc_key, aud_key = ("enc.pixel_patches", "audio.audio_features") if plan is not None else (
+        "pixel_patches", "audio_features")
+    outs = []
+    items: Dict[str, List[int]] = {"llm": []}
+    for phase, tower, key, counts_key, dim in (
+            ("vision", model.vision, enc_key, "pixel_counts", mmd.PATCH_DIM),
+            ("audio", model.audio, aud_key, "audio_counts", mmd.AUDIO_BANDS)):
+        with clock(phase):
+            # An IDLE step's dummy batch holds no encoder work (with a phase plan: its lists are empty).
+            if key in batch and not (llm_idle and plan is None):
+                units = batch[key].to(device, non_blocking=True)
+                # Standard's collate gives the counts; odbd's concat rule gives offsets [B+1].
+                counts = (batch[counts_key] if plan is None and counts_key in batch
+                          else counts_from_offsets(batch[key + "_offsets"]))
+            else:  # no encoder work this step on this rank
+                units, counts = torch.zeros(0, dim, device=device), []
+            out = tower(units, counts)
+            rows = [1 if c > 0 else 0 for c in counts]
+        det = out.detach().requires_grad_()
+        outs.append((phase, out, det, rows))
+        items[phase] = [int(c) for c in counts if c > 0]
+    routed = []
+    with clock("route"):
+        for (phase, _, det, rows) in outs:
+            if plan is None:
+                routed.append(det)
+            elif phase == "vision":
+                routed.append(plan.route(det, rows)[0])
+            else:
+                routed.append(plan.route_audio(det, rows)[0])
+    with clock("llm"):
+        if llm_idle:
+            loss = sum(r.sum() for r in routed) * 0.0
+            loss_sum, loss_tokens = 0.0, 0
+        else:
+            ids = batch["input_ids"].to(device)
+            labels = batch["labels"].to(device)
+            mask = batch["attention_mask"].to(device) if "attention_mask" in batch else None
+            ce = model.llm_loss_sum(ids, labels, routed[0], routed[1], mask, batch.get("segments"))
+            loss = ce * loss_scale + sum(r.sum() for r in routed) * 0.0
+            loss_sum, loss_tokens = float(ce.detach()), int((labels != -100).sum())
+            items["llm"] = (list(batch["segments"]) if "segments" in batch else
+                            [int(x) for x in batch["attention_mask"].sum(1).tolist()])
+        loss.backward()
+    for (phase, out, det, _) in outs:
+        with clock(phase):
+            if det.grad is not None and out.numel():
+                out.backward(det.grad)
+    return loss_sum, loss_tokens, items
+
+
+def all_reduce_grads(model: torch.nn.Module) -> None:
+    """One flat all-reduce (sum) of every gradient (what DDP does, without overlap)."""
+    params = [p for p in model.parameters()]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    k = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[k:k + n].view_as(p).clone()
+        k += n
+
+
+def lr_factor(tokens_done: int, job_tokens: int, warmup_tokens: int) -> float:
+    """The same schedule for every method, by loss tokens trained: linear warmup, cosine to 0.1."""
+    if tokens_done < warmup_tokens:
+        return (tokens_done + 1) / max(1, warmup_tokens)
+    progress = min(1.0, (tokens_done - warmup_tokens) / max(1, job_tokens - warmup_tokens))
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ----- the methods' step streams ---------------------------------------------------------
+def standard_steps(method: str, dataset: Any, train_ids: List[int], rank: int, world: int, args: Any,
+                   epoch: int) -> Iterator[Dict[str, Any]]:
+    """Micro-steps of Standard: groups of `accumulate` micro-batches; the loss tokens of the group on
+    all ranks are all-reduced first (token-level loss over the optimizer batch)."""
+    sampler: Any = torch.utils.data.distributed.DistributedSampler(cast(Any, train_ids), num_replicas=world, rank=rank,
+                                                              shuffle=True, seed=args.seed)
+    sampler.set_epoch(epoch)
+    subset = torch.utils.data.Subset(dataset, train_ids)
+    loader = torch.utils.data.DataLoader(subset, batch_size=args.batch, sampler=sampler,
+                                         num_workers=args.workers,
+                                         collate_fn=packed_collate if method == "standard_packed" else pad_collate)
+    accumulate = max(1, round(args.global_batch / (args.batch * world)))
+    it = iter(loader)
+    while True:
+        group = [b for _, b in zip(range(accumulate), it)]
+        if not group:
+            return
+        tokens = torch.tensor([float(sum(int((b["labels"] != -100).sum()) for b in group))], dtype=torch.float64)
+        dist.all_reduce(tokens)
+        for k, b in enumerate(group):
+            yield {"batch": b, "scale": 1.0 / float(tokens), "closes": k + 1 == len(group),
+                   "window_tokens": int(tokens.item()), "plan": None, "idle": False}
+
+
+def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dict[str, Any]]:
+    loader.set_epoch(epoch)
+    for s in loader:
+        total = int(getattr(s, "window_loss_tokens", 0) or 0)
+        # odb.window_loss's weight (w_r / t_r) divided by W: gradients are summed, not averaged.
+        scale = (float(s.loss_weight) / (world * float(s.loss_tokens))) if (s.loss_tokens and not s.idle) else 0.0
+        yield {"batch": s.batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
+               "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids}
+
+
+# ----- one rank ----------------------------------------------------------------------------
+def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, train_ids: List[int],
+                 heldout_ids: List[int], run_dir: str, device: torch.device, window_tokens: int,
+                 job_tokens: int) -> Dict[str, Any]:
+    import odb
+
+    torch.manual_seed(args.seed)
+    model = MLLM(d=args.d_model, layers=args.layers, vision_width=args.vision_width, audio_width=args.audio_width,
+                 enc_layers=args.enc_layers).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    daemon = loader = None
+    if method.startswith("odb"):
+        phases = method == "odb_phases"
+        job = f"mm-{method}-{uuid.uuid4().hex[:6]}" if rank == 0 else None
+        box = [job]
+        dist.broadcast_object_list(box)
+        daemon = odb.spawn_daemon(rank, world, run_dir, job_id=box[0], wait=False, log_level="warn",
+                                  config=daemon_config(args, phases, window_tokens))
+        daemon.wait_ready(120)
+        order = list(np.random.default_rng(args.seed).permutation(train_ids))
+        loader = odb.OdbDataLoader(dataset, sampler=[int(i) for i in order[rank::world]], num_workers=args.workers,
+                                   idle_policy="zero_step", timeout_s=300)
+    records: List[Dict[str, Any]] = []
+    tokens_done = optimizer_steps = 0
+    base_kb = peak_kb = 0
+    warm = args.warmup_record_steps
+    try:
+        dist.barrier()
+        start = time.perf_counter()
+        for epoch in range(args.epochs):
+            steps = (standard_steps(method, dataset, train_ids, rank, world, args, epoch) if loader is None
+                     else odb_steps(loader, world, method == "odb_phases", epoch))
+            for st in steps:
+                clock = PhaseClock()
+                b = st["batch"]
+                _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
+                                                 llm_idle=st["idle"])
+                rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
+                                                                          else b["attention_mask"].sum()),
+                       "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
+                       "llm_padded": 0 if st["idle"] else int(b["input_ids"].numel())}
+                if not st["idle"]:
+                    rec["patches"] = int((b.get("pixel_patches") if st["plan"] is None else
+                                          b.get("enc.pixel_patches", torch.zeros(0))).shape[0])
+                    rec["frames"] = int((b.get("audio_features") if st["plan"] is None else
+                                         b.get("audio.audio_features", torch.zeros(0))).shape[0])
+                elif st["plan"] is not None:
+                    rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
+                    rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                if st["plan"] is not None:  # encoder samples whose output leaves this rank
+                    rec["moved"] = (sum(d != rank for d in st["plan"].enc_dest_rank) +
+                                    sum(d != rank for d in st["plan"].audio_dest_rank))
+                records.append(rec)
+                if st["closes"]:
+                    all_reduce_grads(model)
+                    for g in opt.param_groups:
+                        g["lr"] = args.lr * lr_factor(tokens_done, job_tokens, args.warmup_batches * window_tokens)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    tokens_done += st["window_tokens"]
+                    optimizer_steps += 1
+                if len(records) == warm:
+                    base_kb = reset_peak_memory(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        wall = time.perf_counter() - start
+        peak_kb = peak_memory_kb(device)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    heldout = heldout_loss(model, dataset, heldout_ids, rank, world, device)
+    return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps,
+            "peak_kb": max(0, peak_kb - base_kb) if len(records) >= warm else None, "heldout_loss": heldout}
+
+
+def heldout_loss(model: MLLM, dataset: Any, ids: List[int], rank: int, world: int, device: torch.device) -> float:
+    """Token-level mean cross-entropy over the held-out samples (each rank its share, all-reduced)."""
+    sums = torch.zeros(2, dtype=torch.float64)
+    mine = ids[rank::world]
+    with torch.no_grad():
+        for k in range(0, len(mine), 16):
+            b = pad_collate([dataset[i] for i in mine[k:k + 16]])
+            img = model.vision(b["pixel_patches"].to(device), b["pixel_counts"])
+            aud = model.audio(b["audio_features"].to(device), b["audio_counts"])
+            ce = model.llm_loss_sum(b["input_ids"].to(device), b["labels"].to(device), img, aud,
+                                    b["attention_mask"].to(device))
+            sums += torch.tensor([float(ce), float((b["labels"] != -100).sum())], dtype=torch.float64)
+    dist.all_reduce(sums)
+    return float(sums[0] / sums[1])
+
+
+def split_ids(n: int, args: Any) -> Tuple[List[int], List[int]]:
+    """(held-out ids, training ids): a seeded permutation of the n samples, the first --heldout held out."""
+    ids = [int(i) for i in np.random.default_rng(args.seed + 1).permutation(n)]
+    return ids[:args.heldout], ids[args.heldout:]
+
+
+def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-init", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    if rank == 0:  # rank 0 synthesises the audio; the others then find it in the cache
+        specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
+    dist.barrier()
+    if rank != 0:
+        specs = mmd.prepare(args.samples + args.heldout, seed=args.seed, cache=args.cache)
+    dataset = mmd.MixedModalDataset(specs)
+    heldout_ids, train_ids = split_ids(len(specs), args)
+    loss_tokens = [len(s.text.encode()) for s in specs]  # every text byte is a target (BOS/IMG/AUD are not)
+    mean_loss = sum(loss_tokens[i] for i in train_ids) / len(train_ids)
+    window_tokens = round(args.global_batch * mean_loss)
+    job_tokens = sum(loss_tokens[i] for i in train_ids) * args.epochs
+    results: Dict[str, Any] = {}
+    for method in args.methods:
+        r = train_method(method, rank, world, args, dataset, train_ids, heldout_ids, run_dir, device,
+                         window_tokens, job_tokens)
+        gathered: List[Any] = [None] * world
+        dist.all_gather_object(gathered, r)
+        results[method] = gathered
+        if rank == 0 and not args.quiet:
+            print(f"[{method}] done in {r['wall_s']:.1f} s", flush=True)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"results": results, "window_tokens": window_tokens,
+                                              "mix": mmd.mix_counts(specs)}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----- the summary -----------------------------------------------------------------------------
+def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One method's figures from its ranks' records (steps aligned by index)."""
+    world = len(per_rank)
+    n = max(len(r["records"]) for r in per_rank)
+    totals = {p: [sum(rec["t"][p] for rec in r["records"]) for r in per_rank] for p in PHASES}
+    sync = 0.0
+    sync_by_phase = dict.fromkeys(PHASES, 0.0)
+    for k in range(n):
+        for p in PHASES:
+            m = max(r["records"][k]["t"][p] if k < len(r["records"]) else 0.0 for r in per_rank)
+            sync_by_phase[p] += m
+            sync += m
+    out: Dict[str, Any] = {"steps": n, "optimizer_steps": per_rank[0]["optimizer_steps"],
+                           "sync_time_s": sync, "sync_by_phase_s": sync_by_phase,
+                           "phase_total_s": {p: sum(v) / world for p, v in totals.items()},
+                           "max_over_mean": {p: (max(v) / (sum(v) / world) if sum(v) > 0 else 1.0)
+                                             for p, v in totals.items() if p in COMPUTE_PHASES},
+                           "per_rank_s": totals}
+    compute = sum(out["phase_total_s"][p] for p in COMPUTE_PHASES)
+    out["encoder_share"] = (out["phase_total_s"]["vision"] + out["phase_total_s"]["audio"]) / compute if compute else 0
+    wall = max(r["wall_s"] for r in per_rank)
+    out["wall_s"] = wall
+    tokens = sum(rec["tokens"] for r in per_rank for rec in r["records"])
+    out["real_tokens_per_s"] = sum(rec["loss_tokens"] for r in per_rank for rec in r["records"]) / wall
+    out["padded_tokens"] = tokens
+    out["patches_per_s"] = sum(rec["patches"] for r in per_rank for rec in r["records"]) / wall
+    out["frames_per_s"] = sum(rec["frames"] for r in per_rank for rec in r["records"]) / wall
+    peaks = [r["peak_kb"] for r in per_rank if r["peak_kb"] is not None]
+    out["peak_mem_mb"] = [p / 1024 for p in peaks]
+    out["peak_mem_max_over_mean"] = (max(peaks) / (sum(peaks) / len(peaks))) if peaks and sum(peaks) else None
+    out["heldout_loss"] = per_rank[0]["heldout_loss"]
+    return out
+
+
+def _features(units: Sequence[int]) -> List[float]:
+    return [1.0, float(len(units)), float(sum(units)), float(sum(u * u for u in units))]
+
+
+def fit_phase_costs(raw: Dict[str, Any]) -> Dict[str, List[float]]:
+    """Per compute phase, a least-squares fit of a rank's step time on [1, items, sum(units),
+    sum(units^2)] (units: patches, frames, tokens of each item), coefficients kept >= 0 (a term that
+    fits negative is dropped and the rest refitted). The LLM's is fitted on the methods without
+    padding (Standard pads to the batch's longest sample: another cost shape). Returns
+    `per_step, per_item, per_unit, per_unit_sq` in seconds: the shape of balance::PhaseCost
+    (alignment.vision_cost / audio_cost take per_item as per_sample; per_step changes no plan)."""
+    fits = {}
+    for phase in COMPUTE_PHASES:
+        xs, ys = [], []
+        for method, per_rank in raw["results"].items():
+            if phase == "llm" and method == "standard":
+                continue
+            for r in per_rank:
+                for rec in r["records"]:
+                    units = rec["items"].get(phase, [])
+                    if units:
+                        xs.append(_features(units))
+                        ys.append(rec["t"][phase])
+        coef = np.zeros(4)
+        if len(xs) >= 8:
+            x, y = np.array(xs), np.array(ys)
+            keep = list(range(4))
+            while keep:
+                c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+                if (c >= 0).all():
+                    coef[keep] = c
+                    break
+                keep.pop(int(np.argmin(c)))
+        fits[phase] = [float(c) for c in coef]
+    return fits
+
+
+def bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> Dict[str, float]:
+    """Per phase: sum over steps of the step's bound, max(largest item, mean over ranks), over the
+    sum of the slowest rank's time (1.0 = every step at its bound). The mean is measured; the
+    largest item's time is the fitted cost of that item alone."""
+    out = {}
+    n = max(len(r["records"]) for r in per_rank)
+    for phase in COMPUTE_PHASES:
+        c = fits[phase]
+        bound = slowest = 0.0
+        for k in range(n):
+            ts = [r["records"][k]["t"][phase] for r in per_rank if k < len(r["records"])]
+            units = [u for r in per_rank if k < len(r["records"]) for u in r["records"][k]["items"].get(phase, [])]
+            largest = max((c[0] + c[1] + c[2] * u + c[3] * u * u for u in units), default=0.0)
+            slowest += max(ts)
+            bound += max(largest, sum(ts) / len(per_rank))
+        out[phase] = bound / slowest if slowest else 1.0
+    return out
+
+
+def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> float:
+    """The synchronous step time of the run's actual plans under the fitted costs: per step and
+    compute phase the slowest rank's modelled time (its items through the fit), summed. Free of the
+    measurement noise a shared machine adds to every per-step maximum."""
+    total = 0.0
+    n = max(len(r["records"]) for r in per_rank)
+    for k in range(n):
+        for phase in COMPUTE_PHASES:
+            c = fits[phase]
+            total += max(sum(c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u)
+                             for u in [r["records"][k]["items"].get(phase, [])] if u) if k < len(r["records"]) else 0.0
+                         for r in per_rank)
+    return total
+
+
+def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
+    summary = {m: summarize(rs) for m, rs in raw["results"].items()}
+    fits = fit_phase_costs(raw)
+    for m, rs in raw["results"].items():
+        summary[m]["bound_fraction"] = bound_fractions(rs, fits)
+        # Standard's LLM pads: the unpadded fit does not model it.
+        summary[m]["modelled_sync_time_s"] = None if m == "standard" else modelled_sync_time(rs, fits)
+    summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
+                                      for p, c in fits.items()}
+    ph = summary.get("odb_phases")
+    if ph:  # speedups in synchronous step time (the run's sum)
+        for base, key in (("odb_llm", "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
+                          ("standard_packed", "speedup_over_standard_packed")):
+            if base in summary:
+                ph[key] = summary[base]["sync_time_s"] / ph["sync_time_s"]
+                if summary[base]["modelled_sync_time_s"]:
+                    ph["modelled_" + key] = summary[base]["modelled_sync_time_s"] / ph["modelled_sync_time_s"]
+    return summary
+
+
+def table(summary: Dict[str, Any], world: int) -> str:
+    head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  bound v/a/l     "
+            f"peakMB m/m   tok/s  patch/s  opt  heldout")
+    lines = [head]
+    for m, s in summary.items():
+        if m.startswith("_"):
+            continue
+        mm = s["max_over_mean"]
+        pm = s["peak_mem_max_over_mean"]
+        bf = s["bound_fraction"]
+        lines.append(f"      {m:16s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
+                     f"{mm['llm']:7.3f}  {100 * s['encoder_share']:4.0f}  "
+                     f"{bf['vision']:.2f}/{bf['audio']:.2f}/{bf['llm']:.2f}  "
+                     f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
+                     f"{s['patches_per_s']:7.0f}  {s['optimizer_steps']:3d}  {s['heldout_loss']:.4f}")
+    ph = summary.get("odb_phases", {})
+    extra = [f"{k} {ph[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
+                                            "speedup_over_standard_packed") if k in ph]
+    if extra:
+        lines.append("odb_phases synchronous step time: " + ", ".join(extra))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=480, help="training samples (all ranks)")
+    p.add_argument("--heldout", type=int, default=96)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8, help="Standard's micro-batch per rank (samples)")
+    p.add_argument("--global-batch", type=int, default=32, help="optimizer batch in samples (odb: its loss tokens)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="odb's padded-token budget per rank and step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-batches", type=int, default=3, help="LR warmup, in optimizer batches of tokens")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vision-width", type=int, default=256)
+    p.add_argument("--audio-width", type=int, default=128)
+    p.add_argument("--enc-layers", type=int, default=3)
+    p.add_argument("--workers", type=int, default=1, help="data workers per rank")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
+    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
+    p.add_argument("--phase-costs", default=None,
+                   help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
+                        "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
+                        "configs/multimodal_train.yaml)")
+    p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        p.error(f"unknown methods {bad}; choose from {METHODS}")
+    return args
+
+
+def summarize_file(path: str) -> Dict[str, Any]:
+    """Recomputes the summary of a recorded run (--json with its per-step records)."""
+    data = json.loads(Path(path).read_text())
+    data["methods"] = report({"results": data["raw"]}, data["world_size"])
+    return data
+
+
+def run(args: argparse.Namespace, keep_raw: bool = False) -> Dict[str, Any]:
+    """Runs every method on --world-size local ranks; returns the summary (and prints the table);
+    keep_raw: also every rank's per-step records (``result["raw"][method][rank]``)."""
+    run_dir = tempfile.mkdtemp(prefix="odbmm-")
+    out_path = os.path.join(run_dir, "raw.json")
+    try:
+        mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path), nprocs=args.world_size,
+                           start_method="spawn")
+        raw = json.loads(Path(out_path).read_text())
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    summary = report(raw, args.world_size)
+    result = {"world_size": args.world_size, "device": args.device, "mix": raw["mix"],
+              "window_tokens": raw["window_tokens"], "args": {k: v for k, v in vars(args).items() if k != "json"},
+              "methods": summary}
+    if not args.quiet:
+        print(table(summary, args.world_size))
+    if args.json:  # the per-step records too: figures can be recomputed from the file
+        Path(args.json).write_text(json.dumps({**result, "raw": raw["results"]}))
+    if keep_raw:
+        result["raw"] = raw["results"]
+    return result
+
+
+if __name__ == "__main__":
+    run(parse_args())
