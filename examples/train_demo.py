@@ -15,6 +15,24 @@ Prints samples/s, real tokens/s, padding fraction, steps, idle steps, the final
 held-out loss and the odb/Standard throughput ratio (--json: one JSON object
 instead, with each method's loss curve).
 
+What users run instead (`--methods all`, or a comma list; examples/peers.py has
+each one's published description): length_grouped (Hugging Face group_by_length,
+padded), packed (padding-free rows of Standard's samples per step, attention per
+sequence from cu_seqlens), bucketing (lhotse's DynamicBucketingSampler with
+synchronised buckets, windows of the same loss tokens), kk_balanced (verl's
+seqlen_balancing: Karmarkar-Karp over the ranks per global batch, packed
+micro-batches under the token cap), and odb's packed mode (odb_packed:
+collate.packed, grouping.cost_model packed). Every method runs at the same
+recipe (--global-batch G: G samples, or their expected loss tokens, per
+optimizer step; the same LR schedule and epochs) under the same memory budget
+per rank and micro-step (--max-tokens: padded tokens for the padded layout,
+real tokens for packed rows). The table has a row per method: optimizer steps,
+micro-steps (of the busiest rank), IDLE micro-steps, samples/s, real tokens/s,
+padding, the training clock, the held-out loss and every rank's busy time
+(forward, backward and optimizer step; waits for the other ranks excluded)
+as max/mean. --rounds N runs the job N times, every method once per round,
+the order reversed every other round, and adds each method's medians.
+
 Held-out loss: `--heldout` samples of the same distribution (ids drawn with the
 seed from all `--samples + --heldout`) are never trained; every `--eval-every`
 optimizer steps (or `--eval-every-tokens` real tokens), at the start and at the
