@@ -269,16 +269,18 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     for epoch in epochs:
         for step in epoch_steps(epoch):
             b = to_device(step["batch"], device)
-            t0 = time.perf_counter()
-            logits = ddp(*tiny_lm.model_inputs(b))
-            ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
-            loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
             # With --global-batch, micro-steps accumulate (no all-reduce) until the one that closes the
-            # optimizer batch; without, every step closes its own.
-            t1 = time.perf_counter()
-            if clock is not None:
-                clock.ready = None
+            # optimizer batch; without, every step closes its own. DDP decides in the forward pass whether
+            # the backward all-reduces (no_sync must hold the forward too: around the backward alone,
+            # every micro-step would all-reduce, and ranks with different micro-step counts would hang).
             with step.get("sync", contextlib.nullcontext)():
+                t0 = time.perf_counter()
+                logits = ddp(*tiny_lm.model_inputs(b))
+                ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
+                loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
+                t1 = time.perf_counter()
+                if clock is not None:
+                    clock.ready = None
                 loss.backward()
             t2 = time.perf_counter()
             busy += (t1 - t0) + (((clock.ready if clock is not None else None) or t2) - t1)
@@ -633,6 +635,9 @@ def main() -> int:
                         "one alone for a budget grid (bench/loss_at_time.py), where each method's budget differs")
     p.add_argument("--buckets", type=int, default=30,
                    help="bucketing: lhotse's num_buckets (equal-token length buckets)")
+    p.add_argument("--reverse", action="store_true",
+                   help="train the methods in the reverse of the table's order (interleaved rounds run as "
+                        "separate jobs: bench/peers_rounds.py)")
     p.add_argument("--rounds", type=int, default=1, metavar="N",
                    help="run the job N times with the same seed, every method once per round, the order reversed "
                         "every other round (interleaved paired runs): the summary adds each method's median "
@@ -686,7 +691,7 @@ def main() -> int:
     for k in range(args.seeds):  # each seed: its own data draw, split, order and initialisation; fresh daemons
         args.seed = first_seed + k
         for n in range(args.rounds):  # the same job again, every method once, the order reversed every other round
-            args.methods = methods if n % 2 == 0 else methods[::-1]
+            args.methods = methods if (n % 2 == 0) != args.reverse else methods[::-1]
             r = run_job(args)
             if r is None:
                 return 0
