@@ -158,8 +158,8 @@ Schedule RunBucketing(const std::vector<SampleLengths>& arrival, const SimConfig
   if (!lens.empty()) bounds.push_back(lens.back());
   bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   const auto shares = Shares(arrival, world);
-  std::vector<std::vector<std::deque<SampleLengths>>> queues(world,
-                                                             std::vector<std::deque<SampleLengths>>(bounds.size()));
+  std::vector<std::vector<std::deque<SampleLengths>>> queues(
+      world, std::vector<std::deque<SampleLengths>>(bounds.size()));
   for (int r = 0; r < world; ++r) {
     for (const SampleLengths& s : shares[r]) {
       const size_t b = std::lower_bound(bounds.begin(), bounds.end(), s.tokens) - bounds.begin();
@@ -421,7 +421,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   const uint32_t window = spec.window ? spec.window : cfg.window;
   align::PlannerConfig pc;
   pc.budget = cfg.budget;
-  if (spec.packed) pc.budget.model = grouping::CostModel::kPacked;  // collate.packed + grouping.cost_model: packed
+  if (spec.packed)
+    pc.budget.model = grouping::CostModel::kPacked;  // collate.packed + grouping.cost_model: packed
   pc.step_model = cfg.model.PlannerModel();
   pc.mode = align::EpochMode::kJoin;
   pc.seed = cfg.seed;

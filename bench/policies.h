@@ -78,7 +78,7 @@ struct PolicySpec {
   bool deterministic =
       false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
   bool full_rounds = false;  // :full = a round plans every group of its windows (PlannerConfig::full_rounds)
-  bool packed = false;       // :packed = collate.packed with grouping.cost_model: packed (sum of lengths <= L_max)
+  bool packed = false;  // :packed = collate.packed with grouping.cost_model: packed (sum of lengths <= L_max)
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;

@@ -304,7 +304,8 @@ TEST_CASE("no policy beats the bounds on random small traces", "[bound]") {
 namespace odb::bench {
 namespace {
 
-TEST_CASE("the peers' policies: kk_balanced balances ranks, bucketing syncs buckets, odb packs", "[policies]") {
+TEST_CASE("the peers' policies: kk_balanced balances ranks, bucketing syncs buckets, odb packs",
+          "[policies]") {
   SimConfig cfg;
   cfg.world = 8;
   cfg.window = 64;
