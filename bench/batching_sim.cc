@@ -206,7 +206,7 @@ int Main(const Options& o) {
       const double sps = m.samples_per_s();
       const double vs_std = standard > 0 ? sps / standard : 0.0;
       const double of_bound = m.time > 0 ? bounds.any_layout / m.time : 0.0;
-      const bool padded_policy = p != "packing" && m.over_budget_rank_steps == 0;
+      const bool padded_policy = !IsPackedPolicy(p) && m.over_budget_rank_steps == 0;
       const double of_padded = padded_policy && m.time > 0 ? bounds.padded / m.time : 0.0;
       // The bounds hold for every schedule within the budget: a fraction above
       // 1 is a bug in a bound or in a policy, never a result.

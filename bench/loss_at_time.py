@@ -66,6 +66,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = (("standard", "Standard"), ("odb", "odb"))
+# The peers (examples/peers.py) and odb's packed mode, trained in the same joint runs with --peers.
+PEERS = ("length_grouped", "packed", "bucketing", "kk_balanced", "odb_packed")
+ODB_MODES = ("odb", "odb_packed")
 
 
 def crossing(curve: list, target: float, key: str):
@@ -181,6 +184,55 @@ def analyse(runs: dict, margin: float, extra_factors=(1.5, 2.0, 4.0)) -> dict:
                           if row["standard"]["seconds"] and row["odb"]["seconds"] else None)
         out["targets"].append(row)
     return out
+
+
+def analyse_peers(runs: dict, margin: float) -> dict:
+    """Every method of the joint runs (Standard, odb and the --peers): each at its best LR (the lowest
+    final held-out loss of the grid), time and tokens to one target, (1 + margin) x the highest of
+    their best final held-out losses, the real tokens/s at the best LR and its median over the grid.
+    odb's best mode (the faster of odb and odb_packed to the target) against the fastest peer."""
+    methods = [m for m in next(iter(runs.values()))["methods"]]
+    best = {m: min(runs, key=lambda lr: final_loss(runs[lr][m])) for m in methods}
+    worse = max(final_loss(runs[best[m]][m]) for m in methods)
+    target = (1.0 + margin) * worse
+    rows = {}
+    for m in methods:
+        run = runs[best[m]][m]
+        rows[m] = {"lr": float(best[m]), "final_heldout_loss": final_loss(run),
+                   "seconds_to_target": crossing(run["curve"], target, "seconds"),
+                   "tokens_to_target": crossing(run["curve"], target, "tokens"),
+                   "real_tokens_per_s": run["real_tokens_per_s"],
+                   "real_tokens_per_s_grid_median": statistics.median(runs[lr][m]["real_tokens_per_s"] for lr in runs),
+                   "optimizer_steps": run.get("optimizer_steps"), "padding_fraction": run["padding_fraction"]}
+    out = {"methods": rows, "target": target, "reference_loss": worse, "margin": margin}
+    reached = {m: r["seconds_to_target"] for m, r in rows.items() if r["seconds_to_target"] is not None}
+    odb = [m for m in ODB_MODES if m in reached]
+    others = [m for m in reached if m not in ODB_MODES]
+    if odb and others:
+        best_odb = min(odb, key=reached.get)
+        best_peer = min(others, key=reached.get)
+        out.update(best_odb_mode=best_odb, best_peer=best_peer,
+                   time_to_target_speedup_vs_best_peer=reached[best_peer] / reached[best_odb])
+    return out
+
+
+def peers_markdown(result: dict) -> list:
+    p = result["analysis"].get("peers")
+    if not p:
+        return []
+    lines = ["", f"Every method of the joint runs (--peers), each at its best LR; target {p['target']:.3f} = "
+                 f"(1 + {p['margin']:g}) x {p['reference_loss']:.3f}, the highest best final held-out loss:", "",
+             "| method | best LR | final held-out loss | time to target (s) | tokens to target | real tokens/s "
+             "(grid median) | optimizer steps | padding |", "|---|---|---|---|---|---|---|---|"]
+    for m, r in p["methods"].items():
+        lines.append(f"| {m} | {r['lr']:g} | {r['final_heldout_loss']:.3f} | {fmt(r['seconds_to_target'], '.1f')} | "
+                     f"{fmt(r['tokens_to_target'], ',.0f')} | {r['real_tokens_per_s']:.0f} "
+                     f"({r['real_tokens_per_s_grid_median']:.0f}) | {r['optimizer_steps']} | "
+                     f"{r['padding_fraction'] * 100:.1f}% |")
+    if "best_peer" in p:
+        lines += ["", f"odb's best mode ({p['best_odb_mode']}) against the fastest peer ({p['best_peer']}) in time "
+                      f"to target: x{p['time_to_target_speedup_vs_best_peer']:.2f} (above 1: odb is faster)."]
+    return lines
 
 
 def config_key(method: str, budget: int) -> str:
@@ -396,6 +448,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {float(lr):g} | {g['final_heldout_loss']:.3f} | "
                          f"{fmt(g['seconds_to_target'], '.1f')} | {fmt(g['tokens_to_target'], ',.0f')} | "
                          f"{g['real_tokens_per_s']:.0f} | {g['steps']} |")
+    lines += peers_markdown(result)
     lines += budget_markdown(result)
     return "\n".join(lines) + "\n"
 
@@ -511,6 +564,9 @@ def main() -> int:
     p.add_argument("--odb-budgets", default="",
                    help="budget grid: more max_tokens for odb alone (at least --max-len), each over --budget-lrs")
     p.add_argument("--budget-lrs", default="1e-2,3e-2", help="the LR grid of the budget grid's runs")
+    p.add_argument("--peers", default="",
+                   help="also train these methods in every joint run (comma-separated, or all: " + ", ".join(PEERS) +
+                        "; train_demo.py --methods), each at its best LR of the grid against the same target")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--global-batch", type=int, default=16, metavar="G",
                    help="the same recipe for both methods (train_demo.py --global-batch): Standard accumulates to "
@@ -534,10 +590,15 @@ def main() -> int:
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
         result["analysis"] = analyse(result["runs"], result["config"]["margin"])
+        if result["config"].get("peers"):
+            result["analysis"]["peers"] = analyse_peers(result["runs"], result["config"]["margin"])
         add_budgets(result)
         write(result, out)
         return 0
     lrs = [x.strip() for x in args.lrs.split(",") if x.strip()]
+    peers = PEERS if args.peers.strip() == "all" else tuple(x.strip() for x in args.peers.split(",") if x.strip())
+    if any(m not in PEERS for m in peers):
+        p.error(f"--peers: all, or a comma-separated subset of {','.join(PEERS)}")
     budget_lrs = [x.strip() for x in args.budget_lrs.split(",") if x.strip()]
     extra = [(m, int(x)) for m, spec in (("standard", args.standard_budgets), ("odb", args.odb_budgets))
              for x in spec.split(",") if x.strip() and int(x) != args.max_tokens]
@@ -580,7 +641,8 @@ def main() -> int:
     runs, budget_runs, loads, started = {}, {}, [], time.time()
     with open(out / "loss_at_time.log", "w") as log:
         for lr in lrs:
-            cmd = [args.python, str(ROOT / "examples/train_demo.py"), *common, "--lr", lr]
+            cmd = [args.python, str(ROOT / "examples/train_demo.py"), *common, "--lr", lr,
+                   "--methods", ",".join(("standard", "odb") + peers)]
             runs[lr] = demo(cmd, f"budget {args.max_tokens}, lr {lr}", log)
             if runs[lr] is None:
                 return 1
@@ -595,6 +657,8 @@ def main() -> int:
                 by_lr[lr] = dict(summary[method], loadavg_before_after=summary["loadavg_before_after"],
                                  run_seconds=summary["run_seconds"])
     analysis = analyse(runs, args.margin)
+    if peers:
+        analysis["peers"] = analyse_peers(runs, args.margin)
     command = "/usr/bin/python3 bench/loss_at_time.py" + "".join(
         f" {a}" for a in sys.argv[1:])
     result = {"command": command, "config": dict(vars(args), lrs=lrs, budget_lrs_list=budget_lrs),

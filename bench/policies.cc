@@ -1,9 +1,12 @@
 #include "bench/policies.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <queue>
+#include <random>
 #include <span>
 
 #include "absl/status/status.h"
@@ -113,6 +116,210 @@ std::vector<std::vector<SampleLengths>> Shares(const std::vector<SampleLengths>&
   return shares;
 }
 
+uint64_t TokensOf(const Batch& b) {
+  uint64_t t = 0;
+  for (const SampleLengths& s : b) t += s.tokens;
+  return t;
+}
+
+// Schedule rows from per-rank lists of batches run side by side: step j
+// gives rank r its j-th batch (IDLE when it has none).
+Schedule SideBySide(const std::vector<std::vector<Batch>>& per_rank, grouping::CostModel cost_model) {
+  size_t steps = 0;
+  for (const auto& b : per_rank) steps = std::max(steps, b.size());
+  Schedule schedule(steps, std::vector<RankStep>(per_rank.size()));
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    for (size_t j = 0; j < per_rank[r].size(); ++j) schedule[j][r] = StepOf(per_rank[r][j], cost_model);
+  }
+  return schedule;
+}
+
+// lhotse's DynamicBucketingSampler with sync_buckets (examples/peers.py has
+// the Python twin the real training runs): bucket upper bounds holding about
+// equal total tokens each; every rank's share in its own buckets, in arrival
+// order; each step the ranks draw the same bucket from one seeded stream among
+// the buckets non-empty on every rank, and each rank takes the bucket's
+// samples in order while the padded batch fits the budget. When no bucket is
+// non-empty on every rank, each rank batches what it has left, longest first.
+Schedule RunBucketing(const std::vector<SampleLengths>& arrival, const SimConfig& cfg, int buckets) {
+  const int world = cfg.world;
+  std::vector<uint32_t> lens;
+  for (const SampleLengths& s : arrival) lens.push_back(s.tokens);
+  std::sort(lens.begin(), lens.end());
+  const double total = std::accumulate(lens.begin(), lens.end(), 0.0);
+  std::vector<uint32_t> bounds;
+  double acc = 0.0;
+  for (uint32_t x : lens) {
+    acc += x;
+    if (acc >= total / buckets * (bounds.size() + 1) && static_cast<int>(bounds.size()) < buckets - 1) {
+      bounds.push_back(x);
+    }
+  }
+  if (!lens.empty()) bounds.push_back(lens.back());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  const auto shares = Shares(arrival, world);
+  std::vector<std::vector<std::deque<SampleLengths>>> queues(
+      world, std::vector<std::deque<SampleLengths>>(bounds.size()));
+  for (int r = 0; r < world; ++r) {
+    for (const SampleLengths& s : shares[r]) {
+      const size_t b = std::lower_bound(bounds.begin(), bounds.end(), s.tokens) - bounds.begin();
+      queues[r][std::min(b, bounds.size() - 1)].push_back(s);
+    }
+  }
+  auto take = [&](std::deque<SampleLengths>& q) {
+    Batch batch;
+    uint32_t longest = 0;
+    while (!q.empty()) {
+      const uint32_t l = std::max(longest, q.front().tokens);
+      if (!batch.empty() && (batch.size() + 1) * static_cast<uint64_t>(l) > cfg.budget.max_tokens) break;
+      longest = l;
+      batch.push_back(q.front());
+      q.pop_front();
+    }
+    return batch;
+  };
+  std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + 0xB0C7);
+  std::vector<std::vector<Batch>> per_rank(world);
+  Schedule schedule;
+  while (true) {
+    std::vector<size_t> ready;
+    for (size_t b = 0; b < bounds.size(); ++b) {
+      bool all = true;
+      for (int r = 0; r < world && all; ++r) all = !queues[r][b].empty();
+      if (all) ready.push_back(b);
+    }
+    if (ready.empty()) break;
+    const size_t b = ready[rng() % ready.size()];
+    std::vector<RankStep> step(world);
+    for (int r = 0; r < world; ++r) step[r] = StepOf(take(queues[r][b]), cfg.budget.model);
+    schedule.push_back(std::move(step));
+  }
+  std::vector<std::vector<Batch>> tails(world);
+  for (int r = 0; r < world; ++r) {
+    std::vector<SampleLengths> left;
+    for (auto& q : queues[r]) left.insert(left.end(), q.begin(), q.end());
+    std::stable_sort(left.begin(), left.end(),
+                     [](const SampleLengths& a, const SampleLengths& b) { return a.tokens > b.tokens; });
+    std::deque<SampleLengths> rest(left.begin(), left.end());
+    while (!rest.empty()) tails[r].push_back(take(rest));
+  }
+  for (auto& step : SideBySide(tails, cfg.budget.model)) schedule.push_back(std::move(step));
+  return schedule;
+}
+
+// Karmarkar and Karp's largest differencing method, k-way (Korf, "Multi-way
+// number partitioning", 2009), as verl's seqlen_balancing describes it: every
+// item starts as a partial solution of k subsets (itself in one, the others
+// empty; with equal_size the items, sorted, start k at a time, one per
+// subset); the two partial solutions with the largest spread (largest minus
+// smallest subset sum) are merged, the first's largest subset with the
+// second's smallest, and so on, until one is left. Returns k lists of indices.
+std::vector<std::vector<size_t>> KarmarkarKarp(const std::vector<double>& values, size_t k, bool equal_size) {
+  struct Partial {
+    std::vector<std::vector<size_t>> sets;
+    std::vector<double> sums;
+    double spread() const { return sums.front() - sums.back(); }
+    void Sort() {
+      std::vector<size_t> order(sets.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sums[a] > sums[b]; });
+      Partial p;
+      for (size_t i : order) {
+        p.sets.push_back(std::move(sets[i]));
+        p.sums.push_back(sums[i]);
+      }
+      *this = std::move(p);
+    }
+  };
+  std::vector<size_t> order(values.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return values[a] < values[b]; });
+  const size_t start = equal_size ? k : 1;
+  std::vector<Partial> partials;
+  for (size_t i = 0; i < order.size(); i += start) {
+    Partial p;
+    p.sets.assign(k, {});
+    p.sums.assign(k, 0.0);
+    for (size_t j = 0; j < start && i + j < order.size(); ++j) {
+      p.sets[j].push_back(order[i + j]);
+      p.sums[j] = values[order[i + j]];
+    }
+    p.Sort();
+    partials.push_back(std::move(p));
+  }
+  auto less = [&](size_t a, size_t b) { return partials[a].spread() < partials[b].spread(); };
+  std::priority_queue<size_t, std::vector<size_t>, decltype(less)> heap(less);
+  for (size_t i = 0; i < partials.size(); ++i) heap.push(i);
+  if (heap.empty()) return std::vector<std::vector<size_t>>(k);
+  while (heap.size() > 1) {
+    Partial& a = partials[heap.top()];
+    heap.pop();
+    Partial& b = partials[heap.top()];
+    heap.pop();
+    Partial merged;
+    for (size_t j = 0; j < k; ++j) {
+      std::vector<size_t> set = std::move(a.sets[j]);
+      set.insert(set.end(), b.sets[k - 1 - j].begin(), b.sets[k - 1 - j].end());
+      merged.sets.push_back(std::move(set));
+      merged.sums.push_back(a.sums[j] + b.sums[k - 1 - j]);
+    }
+    merged.Sort();
+    partials.push_back(std::move(merged));
+    heap.push(partials.size() - 1);
+  }
+  return partials[heap.top()].sets;
+}
+
+// verl's seqlen_balancing (examples/peers.py, kk_balanced, has the Python twin
+// the real training runs): global batches of `per_rank` x W samples in arrival
+// order; each split over the ranks into equal-size parts by Karmarkar-Karp on
+// the workload estimate s + s^2 x c / b (verl: 24576 s + s^2 for a 7B model,
+// i.e. the linear layers' cost per token over the attention's per token pair;
+// here the step model's own ratio, tokens alone when c = 0); then every rank's
+// part into the same number of packed rows (the maximum over the ranks), the
+// fewest under L_max tokens, by Karmarkar-Karp on tokens. Rows are variable
+// length (no padding: flash-attention varlen).
+Schedule RunKkBalanced(const std::vector<SampleLengths>& arrival, const SimConfig& cfg, uint32_t per_rank) {
+  const int world = cfg.world;
+  const double quad = cfg.model.b > 0 ? cfg.model.c / cfg.model.b : 0.0;
+  const uint64_t cap = cfg.budget.max_tokens;
+  const size_t global = static_cast<size_t>(per_rank) * world;
+  Schedule schedule;
+  for (size_t i = 0; i < arrival.size(); i += global) {
+    const Batch group(arrival.begin() + i, arrival.begin() + std::min(arrival.size(), i + global));
+    std::vector<double> work;
+    for (const SampleLengths& s : group) work.push_back(s.tokens + quad * s.tokens * s.tokens);
+    const auto parts = KarmarkarKarp(work, world, group.size() % world == 0);
+    std::vector<Batch> shares;
+    size_t rows = 1;
+    for (const auto& part : parts) {
+      Batch share;
+      for (size_t j : part) share.push_back(group[j]);
+      rows = std::max<size_t>(rows, (TokensOf(share) + cap - 1) / cap);
+      shares.push_back(std::move(share));
+    }
+    std::vector<std::vector<Batch>> per(world);
+    for (;; ++rows) {
+      bool fits = true;
+      for (int r = 0; r < world; ++r) {
+        per[r].clear();
+        std::vector<double> tokens;
+        for (const SampleLengths& s : shares[r]) tokens.push_back(s.tokens);
+        for (const auto& part : KarmarkarKarp(tokens, std::min(rows, shares[r].size()), false)) {
+          if (part.empty()) continue;
+          Batch row;
+          for (size_t j : part) row.push_back(shares[r][j]);
+          fits &= row.size() == 1 || TokensOf(row) <= cap;
+          per[r].push_back(std::move(row));
+        }
+      }
+      if (fits) break;
+    }
+    for (auto& step : SideBySide(per, grouping::CostModel::kPacked)) schedule.push_back(std::move(step));
+  }
+  return schedule;
+}
+
 // The reference ODB 0.1.x algorithm (DESIGN.md, "Reference facts"): per rank,
 // the reference grouping rule on a window of `window` buffered samples; then
 // T = max(1, min(max_A G_r, min_{N_r>0} N_r)) (free slots are unbounded
@@ -214,6 +421,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   const uint32_t window = spec.window ? spec.window : cfg.window;
   align::PlannerConfig pc;
   pc.budget = cfg.budget;
+  if (spec.packed)
+    pc.budget.model = grouping::CostModel::kPacked;  // collate.packed + grouping.cost_model: packed
   pc.step_model = cfg.model.PlannerModel();
   pc.mode = align::EpochMode::kJoin;
   pc.seed = cfg.seed;
@@ -315,7 +524,7 @@ std::string PolicySpec::Name(const SimConfig& config) const {
          (paced == 0   ? ""
           : paced == 1 ? ":paced"
                        : ":paced" + std::to_string(paced)) +
-         (deterministic ? ":det" : "") + (full_rounds ? ":full" : "");
+         (deterministic ? ":det" : "") + (full_rounds ? ":full" : "") + (packed ? ":packed" : "");
 }
 
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
@@ -329,8 +538,8 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
     from = colon + 1;
   }
   spec.base = parts[0];
-  static const char* kPlain[] = {"standard", "standard_p99",  "sorted",    "length_grouped",
-                                 "packing",  "sorted_greedy", "offline_dp"};
+  static const char* kPlain[] = {"standard",      "standard_p99", "sorted",    "length_grouped", "packing",
+                                 "sorted_greedy", "offline_dp",   "bucketing", "kk_balanced"};
   const bool plain = std::find(std::begin(kPlain), std::end(kPlain), spec.base) != std::end(kPlain);
   if (!plain && spec.base != "odb" && spec.base != "reference_odb") {
     return absl::InvalidArgumentError("unknown policy '" + text + "'");
@@ -359,6 +568,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
       } else if (opt == "full") {
         spec.full_rounds = true;
         ok = true;
+      } else if (opt == "packed") {
+        spec.packed = true;
+        ok = true;
       } else if (opt == "paced") {
         spec.paced = 1;
         ok = true;
@@ -371,6 +583,11 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
     if (!ok) return absl::InvalidArgumentError("policy '" + text + "': bad option '" + opt + "'");
   }
   return spec;
+}
+
+bool IsPackedPolicy(const std::string& name) {
+  return name == "packing" || name == "kk_balanced" ||
+         (name.size() > 7 && name.compare(name.size() - 7, 7, ":packed") == 0);
 }
 
 std::vector<std::string> PolicyNames(uint32_t window) {
@@ -389,6 +606,9 @@ std::vector<std::string> PolicyNames(uint32_t window) {
           "odb:global:q32" + w,
           "odb:global:qinf" + w,
           "odb:global:q32" + w + ":paced16:full",
+          "odb:global:q32" + w + ":paced16:full:packed",
+          "bucketing",
+          "kk_balanced",
           "sorted_greedy",
           "offline_dp"};
 }
@@ -421,6 +641,8 @@ absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<
     SortLongestFirst(batches);
     return FromBatches(batches, cfg.world, cm);
   }
+  if (base == "bucketing") return RunBucketing(arrival, cfg, 30);
+  if (base == "kk_balanced") return RunKkBalanced(arrival, cfg, cfg.window);
   if (base == "reference_odb") return RunReference(arrival, cfg, spec->window ? spec->window : cfg.window);
   return RunOdb(arrival, cfg, *spec);
 }

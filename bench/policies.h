@@ -47,7 +47,8 @@ struct SimConfig {
 //   standard, standard_p99, sorted, length_grouped, packing,
 //   sorted_greedy, offline_dp                     (no options)
 //   reference_odb[:wN]                            window N per rank
-//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN][:det]   the daemon's planners
+//   bucketing, kk_balanced                        the peers of examples/peers.py
+//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN][:det][:full][:packed]   the daemon's planners
 // odb options: planner (alignment.planner, default local), qN = emit.queue_steps
 // (free output slots a round sees; qinf = unbounded; default 32), wN =
 // grouping.window (default SimConfig::window). Pacing: without it every round
@@ -60,6 +61,14 @@ struct SimConfig {
 // planner with alignment.deterministic (credit only delays a round; T is not
 // limited by it). :full plans every group of the windows in each round
 // (PlannerConfig::full_rounds, the daemon's default) without the in-order wait.
+// :packed is odb's packed mode (collate.packed, grouping.cost_model: packed):
+// a rank step is one variable-length row of at most L_max real tokens.
+// bucketing: lhotse's DynamicBucketingSampler (30 equal-token buckets, the
+// bucket drawn the same on every rank); kk_balanced: verl's seqlen_balancing
+// (global batches of `window` samples per rank, Karmarkar-Karp over the ranks
+// on the model's workload, packed rows under L_max, as many on every rank).
+// Packed policies (packing, kk_balanced, odb ...:packed) are outside the
+// padded bound; IsPackedPolicy names them.
 struct PolicySpec {
   std::string base;
   bool global = false;
@@ -69,11 +78,16 @@ struct PolicySpec {
   bool deterministic =
       false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
   bool full_rounds = false;  // :full = a round plans every group of its windows (PlannerConfig::full_rounds)
+  bool packed = false;  // :packed = collate.packed with grouping.cost_model: packed (sum of lengths <= L_max)
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;
 };
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& spec);
+
+// Whether a canonical policy name computes on packed rows (the padded bound
+// does not hold for it).
+bool IsPackedPolicy(const std::string& name);
 
 // The default policy list for a window W0: the baselines, the reference rule
 // at its published default window 16 and at W0, odb with the daemon's

@@ -3,7 +3,7 @@ the demo (examples/train_demo.py) and the tests (tests/python/)."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -25,12 +25,28 @@ class TinyCausalLM(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Padded layout: input_ids [B, L] and attention_mask [B, L] (1: real token).
+        Packed layout (padding-free rows, odb's `collate.packed`): input_ids [1, T], position_ids
+        [1, T] (restarting at 0 in each sequence) and cu_seqlens [n + 1]; a token attends only to
+        earlier tokens of its own sequence (block-diagonal causal mask), so the row trains exactly
+        like its sequences one by one (tests/python/test_py_packed_training.py). The attention is
+        computed densely over the whole row (no variable-length kernel on a CPU): a packed row of T
+        tokens pays T^2 attention where its sequences alone would pay the sum of their squares."""
         b, n = input_ids.shape
-        positions = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(b, n)
-        x = self.tok(input_ids.long()) + self.pos(positions)
+        if position_ids is None:
+            position_ids = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(b, n)
+        x = self.tok(input_ids.long()) + self.pos(position_ids.long())
         causal = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype, device=x.device), diagonal=1)
-        x = self.blocks(x, mask=causal, src_key_padding_mask=attention_mask == 0)
+        if cu_seqlens is not None:
+            segment = torch.bucketize(torch.arange(n, device=x.device), cu_seqlens[1:].to(x.device).long(),
+                                      right=True)  # each token's sequence
+            causal = causal.masked_fill(segment.unsqueeze(0) != segment.unsqueeze(1), float("-inf"))
+            x = self.blocks(x, mask=causal)
+        else:
+            x = self.blocks(x, mask=causal, src_key_padding_mask=attention_mask == 0)
         return self.head(self.norm(x))
 
 
@@ -76,6 +92,26 @@ def pad_collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tenso
         labels[r, :k] = s["labels"]
         mask[r, :k] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def packed_collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """Padding-free collate (the layout of odb's `collate.packed` and of Hugging Face's
+    DataCollatorWithFlattening): the samples concatenated into one row, input_ids / labels
+    [1, T], position_ids [1, T] restarting at 0 per sample, cu_seqlens int32 [n + 1]."""
+    lengths = [s["input_ids"].numel() for s in samples]
+    cu = torch.zeros(len(samples) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return {"input_ids": torch.cat([s["input_ids"] for s in samples]).unsqueeze(0),
+            "labels": torch.cat([s["labels"] for s in samples]).unsqueeze(0),
+            "position_ids": torch.cat([torch.arange(k, dtype=torch.int64) for k in lengths]).unsqueeze(0),
+            "cu_seqlens": cu}
+
+
+def model_inputs(batch: Dict[str, torch.Tensor]) -> tuple:
+    """The positional arguments of TinyCausalLM.forward for a padded or a packed batch."""
+    if "cu_seqlens" in batch:
+        return batch["input_ids"], None, batch["position_ids"], batch["cu_seqlens"]
+    return batch["input_ids"], batch["attention_mask"]
 
 
 # The daemon config the demo and the tests use: labels padded with -100 so

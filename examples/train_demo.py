@@ -15,6 +15,24 @@ Prints samples/s, real tokens/s, padding fraction, steps, idle steps, the final
 held-out loss and the odb/Standard throughput ratio (--json: one JSON object
 instead, with each method's loss curve).
 
+What users run instead (`--methods all`, or a comma list; examples/peers.py has
+each one's published description): length_grouped (Hugging Face group_by_length,
+padded), packed (padding-free rows of Standard's samples per step, attention per
+sequence from cu_seqlens), bucketing (lhotse's DynamicBucketingSampler with
+synchronised buckets, windows of the same loss tokens), kk_balanced (verl's
+seqlen_balancing: Karmarkar-Karp over the ranks per global batch, packed
+micro-batches under the token cap), and odb's packed mode (odb_packed:
+collate.packed, grouping.cost_model packed). Every method runs at the same
+recipe (--global-batch G: G samples, or their expected loss tokens, per
+optimizer step; the same LR schedule and epochs) under the same memory budget
+per rank and micro-step (--max-tokens: padded tokens for the padded layout,
+real tokens for packed rows). The table has a row per method: optimizer steps,
+micro-steps (of the busiest rank), IDLE micro-steps, samples/s, real tokens/s,
+padding, the training clock, the held-out loss and every rank's busy time
+(forward, backward and optimizer step; waits for the other ranks excluded)
+as max/mean. --rounds N runs the job N times, every method once per round,
+the order reversed every other round, and adds each method's medians.
+
 Held-out loss: `--heldout` samples of the same distribution (ids drawn with the
 seed from all `--samples + --heldout`) are never trained; every `--eval-every`
 optimizer steps (or `--eval-every-tokens` real tokens), at the start and at the
@@ -54,12 +72,49 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+import peers  # noqa: E402
 import tiny_lm  # noqa: E402
+
+# Every method --methods knows, in the table's order: Standard, the peers (examples/peers.py), odb padded
+# (the default `collate`) and odb packed (`collate.packed: true`, `grouping.cost_model: packed`).
+METHODS = ("standard", "length_grouped", "packed", "bucketing", "kk_balanced", "odb", "odb_packed")
+LABELS = {"standard": "Standard", "length_grouped": "length_grouped", "packed": "packed", "bucketing": "bucketing",
+          "kk_balanced": "kk_balanced", "odb": "odb", "odb_packed": "odb packed"}
+ODB_MODES = ("odb", "odb_packed")
 
 
 def log(rank: int, quiet: bool, text: str, end: str = "\n") -> None:
     if rank == 0 and not quiet:
         print(text, end=end, file=sys.stderr, flush=True)
+
+
+def progress_line(name: str, epoch: int, optimizer_steps: int, micro_steps: int, idle_steps: int,
+                  step_idle: bool, ce_sum_value: float, step_tokens: int, tokens_per_s: float) -> str:
+    """The progress line after a micro-step: optimizer steps and micro-steps counted apart, and the
+    micro-step's own training loss (its mean cross-entropy per real token on this rank). An IDLE
+    micro-step trains no sample: it has no loss to show, and says so instead of printing 0."""
+    what = ("IDLE (no samples)" if step_idle or not step_tokens
+            else f"train CE {ce_sum_value / step_tokens:7.4f}")
+    return (f"\r[{name}] rank0 epoch {epoch} opt step {optimizer_steps:4d}  micro-step {micro_steps:5d} "
+            f"({idle_steps} idle)  {what:17s}  {tokens_per_s:8.0f} real tok/s (rank 0)")
+
+
+class BusyClock:
+    """This rank's busy time: forward, backward and optimizer step, without the waits for the other
+    ranks (DDP's gradient all-reduce) or for data. A DDP communication hook records when the last
+    gradient bucket of a synchronised backward is ready (the local backward's end); the all-reduce
+    after it, which waits for the slowest rank, is left out. CPU only (a GPU's queued work would need
+    events)."""
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+        self.ready = None
+
+    def hook(self, process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.ready = time.perf_counter()
+        return default_hooks.allreduce_hook(process_group, bucket)
 
 
 def sync(device: torch.device) -> None:
@@ -127,6 +182,10 @@ def collate_with_ids(items):
     return [i for i, _ in items], tiny_lm.pad_collate([s for _, s in items])
 
 
+def packed_collate_with_ids(items):
+    return [i for i, _ in items], tiny_lm.packed_collate([s for _, s in items])
+
+
 def split_ids(samples: int, heldout: int, seed: int):
     """(train ids, held-out ids) of a corpus of samples + heldout: the held-out ids
     are drawn with the seed (a stream of their own), the rest are trained."""
@@ -169,7 +228,7 @@ class HeldOut:
 
 
 def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args, heldout,
-              device=torch.device("cpu")) -> dict:
+              device=torch.device("cpu"), clock=None) -> dict:
     """Trains epochs (a list of epoch numbers; epoch_steps(e) iterates epoch e's steps).
     Returns global counters (all ranks summed), the training clock, the wall time and the
     held-out loss curve.
@@ -177,12 +236,18 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     Evaluation is deferred: at each point the clock is paused while the model's weights are
     copied to host memory (a snapshot), and every snapshot is evaluated after training. The
     training clock therefore excludes evaluation entirely, and the data pipeline (odbd and
-    its workers, or the DataLoader's) never gets untimed evaluation pauses to work ahead in."""
+    its workers, or the DataLoader's) never gets untimed evaluation pauses to work ahead in.
+
+    Ranks may run different numbers of micro-steps (a peer that packs each rank's share on its own);
+    every rank runs the same optimizer steps, and evaluation points fall only after an optimizer
+    step (the same one on every rank). `clock` (a BusyClock hooked into `ddp`) measures this rank's
+    busy time."""
     dist.barrier()
     sync(device)
     start = time.perf_counter()
     resumed, train_s, pause_s = start, 0.0, 0.0
     real = padded = samples = steps = idle = global_tokens = evals_by_tokens = optimizer_steps = 0
+    busy = 0.0
     since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
     since_tokens = 0
     points, snapshots, trained_ids = [], [], []
@@ -195,7 +260,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
         paused = time.perf_counter()
         train_s += paused - resumed
         snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
-        points.append((train_s, steps, real, samples, float(since_ce), since_tokens))
+        points.append((train_s, steps, real, samples, float(since_ce), since_tokens, optimizer_steps))
         since_ce, since_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
         resumed = time.perf_counter()
         pause_s += resumed - paused
@@ -204,18 +269,29 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     for epoch in epochs:
         for step in epoch_steps(epoch):
             b = to_device(step["batch"], device)
-            logits = ddp(b["input_ids"], b["attention_mask"])
-            ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
-            loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
             # With --global-batch, micro-steps accumulate (no all-reduce) until the one that closes the
-            # optimizer batch; without, every step closes its own.
+            # optimizer batch; without, every step closes its own. DDP decides in the forward pass whether
+            # the backward all-reduces (no_sync must hold the forward too: around the backward alone,
+            # every micro-step would all-reduce, and ranks with different micro-step counts would hang).
             with step.get("sync", contextlib.nullcontext)():
+                t0 = time.perf_counter()
+                logits = ddp(*tiny_lm.model_inputs(b))
+                ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
+                loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
+                t1 = time.perf_counter()
+                if clock is not None:
+                    clock.ready = None
                 loss.backward()
-            if step.get("closes", True):
+            t2 = time.perf_counter()
+            busy += (t1 - t0) + (((clock.ready if clock is not None else None) or t2) - t1)
+            closes = step.get("closes", True)
+            if closes:
+                t3 = time.perf_counter()
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
                 optimizer_steps += 1
+                busy += time.perf_counter() - t3
             steps += 1
             idle += step["idle"]
             real += step["real"]
@@ -226,13 +302,14 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                 since_tokens += step["real"]
             if args.record_ids:
                 trained_ids.extend(step["ids"])
-            if steps % 5 == 0:
+            if steps % 5 == 0 and rank == 0 and not args.quiet:
                 elapsed = train_s + time.perf_counter() - resumed
-                log(rank, args.quiet, f"\r[{name}] rank0 epoch {epoch} step {steps:4d}  loss {loss.item():7.4f}  "
-                                      f"{real / max(elapsed, 1e-9):8.0f} real tok/s (rank 0)", end="")
-            global_tokens += step["global_real"]  # the same on every rank: safe to decide a collective on
-            if ((args.eval_every and steps % args.eval_every == 0) or
-                    (args.eval_every_tokens and global_tokens // args.eval_every_tokens > evals_by_tokens)):
+                log(rank, args.quiet, progress_line(name, epoch, optimizer_steps, steps, idle, step["idle"],
+                                                    float(ce), step["real"], real / max(elapsed, 1e-9)), end="")
+            # the same on every rank at an optimizer step: safe to decide a collective on
+            global_tokens += step["global_real"]
+            if closes and ((args.eval_every and optimizer_steps % args.eval_every == 0) or
+                           (args.eval_every_tokens and global_tokens // args.eval_every_tokens > evals_by_tokens)):
                 evals_by_tokens = global_tokens // args.eval_every_tokens if args.eval_every_tokens else 0
                 point()
     if points[-1][1] != steps:
@@ -245,17 +322,22 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     log(rank, args.quiet, "")
     totals = torch.tensor([real, padded, samples, steps, idle], dtype=torch.float64)
     dist.all_reduce(totals)
-    steps_per_rank = torch.tensor([steps], dtype=torch.float64)
-    dist.all_reduce(steps_per_rank, op=dist.ReduceOp.MAX)
+    # max and -min of the micro-steps and optimizer steps, and every rank's busy time
+    extremes = torch.tensor([steps, -steps, optimizer_steps, -optimizer_steps], dtype=torch.float64)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    busy_all = [0.0] * world
+    dist.all_gather_object(busy_all, busy)
     g_real, g_padded, g_samples, _, g_idle = totals.tolist()
-    if int(g_real) != global_tokens or int(steps_per_rank.item()) != steps:  # every rank's view must agree
-        raise RuntimeError(f"[{name}] rank {rank}: {steps} steps and {global_tokens} step tokens, but all ranks "
-                           f"trained {int(g_real)} tokens in up to {int(steps_per_rank.item())} steps")
+    max_steps, min_steps = int(extremes[0]), -int(extremes[1])
+    if int(g_real) != global_tokens or int(extremes[2]) != optimizer_steps or -int(extremes[3]) != optimizer_steps:
+        raise RuntimeError(f"[{name}] rank {rank}: {optimizer_steps} optimizer steps and {global_tokens} step "
+                           f"tokens, but all ranks trained {int(g_real)} tokens in {-int(extremes[3])} to "
+                           f"{int(extremes[2])} optimizer steps")
 
     # The held-out loss of every snapshot: each rank its share, one all-reduce for all points.
     eval_start = time.perf_counter()
     rows = []
-    for snapshot, (_, _, p_real, p_samples, t_ce, t_tok) in zip(snapshots, points):
+    for snapshot, (_, _, p_real, p_samples, t_ce, t_tok, _) in zip(snapshots, points):
         model.load_state_dict(snapshot)  # the last snapshot is the final model: it stays loaded
         ce, tokens = heldout.sums(model, device) if heldout is not None else (0.0, 0)
         rows.append([ce, tokens, t_ce, t_tok, p_real, p_samples])
@@ -265,16 +347,21 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     eval_s = pause_s + time.perf_counter() - eval_start
     per_epoch = g_samples / max(len(epochs), 1)
     curve = []
-    for (p_seconds, p_steps, *_), (h_ce, h_tok, t_ce, t_tok, p_real, p_samples) in zip(points, sums.tolist()):
+    for (p_seconds, p_steps, *_, p_opt), (h_ce, h_tok, t_ce, t_tok, p_real, p_samples) in zip(points, sums.tolist()):
         curve.append({"seconds": p_seconds, "tokens": int(p_real), "samples": int(p_samples), "steps": p_steps,
+                      "optimizer_steps": p_opt,
                       # epochs trained at this point, by samples
                       "epoch": (epochs[0] if epochs else 0) + (p_samples / per_epoch if per_epoch else 0.0),
                       "heldout_loss": h_ce / h_tok if h_tok else None,
                       "train_loss": t_ce / t_tok if t_tok else None})  # mean since the previous point
     wall = time.perf_counter() - start
     result = {"seconds": seconds, "real_tokens": int(g_real), "padded_tokens": int(g_padded),
-              "samples": int(g_samples), "steps": int(steps_per_rank.item()), "idle_steps": int(g_idle),
-              "optimizer_steps": optimizer_steps,
+              "samples": int(g_samples), "steps": max_steps, "min_steps": min_steps, "idle_steps": int(g_idle),
+              "optimizer_steps": optimizer_steps, "loss_tokens_per_optimizer_step": g_real / max(optimizer_steps, 1),
+              # busy time per rank (forward, backward, optimizer step; waits excluded), CPU only
+              "busy_seconds": busy_all if device.type == "cpu" else None,
+              "busy_max_over_mean": (max(busy_all) / (sum(busy_all) / world)
+                                     if device.type == "cpu" and sum(busy_all) > 0 else None),
               "samples_per_s": g_samples / seconds, "real_tokens_per_s": g_real / seconds,
               "padding_fraction": 1.0 - g_real / max(g_padded, 1), "epochs": len(epochs),
               "eval_seconds": eval_s, "wall_seconds": wall, "lr": args.lr, "warmup_steps": args.warmup_steps,
@@ -284,6 +371,47 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
         dist.all_gather_object(gathered, trained_ids)
         result["trained_ids"] = sorted(i for g in gathered for i in g)
     return result
+
+
+def peer_steps(method: str, rank: int, world: int, args, dataset, lengths, train_ids, window_tokens: int,
+               progress, ddp):
+    """epoch_steps for a peer method (examples/peers.py): the epoch's plan, this rank's micro-batches
+    through a DataLoader (the same workers as Standard's), one all-rank loss-token count per optimizer
+    step known from the plan (no collective), DDP no_sync on all but the step's last micro-batch. A
+    rank without a micro-batch where the plan has none for it runs an IDLE micro-step (one short
+    sample, loss x 0) so that its gradient all-reduce still meets the others'."""
+    batch = max(1, args.max_tokens // args.max_len)  # Standard's micro-batch (fits the longest sample)
+    accumulate = max(1, round(args.global_batch / (batch * world))) if args.global_batch else 1
+    packed = method in peers.PACKED_METHODS
+    filler = min(train_ids, key=lambda i: lengths[i])  # the IDLE micro-step's sample
+
+    def padded_tokens(ids) -> int:
+        return sum(lengths[i] for i in ids) if packed else len(ids) * max(lengths[i] for i in ids)
+
+    def epoch_steps(epoch):
+        plan = peers.plan_epoch(method, train_ids, lengths, world, batch=batch, accumulate=accumulate,
+                                budget=args.max_tokens, window_tokens=window_tokens, linear=6.0 * args.d_model,
+                                buckets=args.buckets, seed=args.seed, epoch=epoch)
+        mine = [mb or [filler] for step in plan for mb in (step[rank] or [[]])]
+        loader = torch.utils.data.DataLoader(WithIds(dataset), batch_sampler=mine, num_workers=args.workers,
+                                             pin_memory=args.device == "cuda",
+                                             collate_fn=packed_collate_with_ids if packed else collate_with_ids)
+        it = iter(loader)
+        for step in plan:
+            total = sum(lengths[i] for part in step for mb in part for i in mb)
+            parts = step[rank] or [[]]
+            for k, mb in enumerate(parts):
+                ids, b = next(it)
+                last = k + 1 == len(parts)
+                if last:
+                    progress.job_loss_tokens += total
+                real = sum(lengths[i] for i in mb)
+                yield {"batch": b, "idle": not mb, "real": real, "global_real": total if last else 0,
+                       "padded": padded_tokens(mb) if mb else 0, "samples": len(mb), "ids": list(mb),
+                       "loss_fn": (lambda ce, total=total: ce * (world / total)) if mb else (lambda ce: ce * 0.0),
+                       "closes": last, "sync": contextlib.nullcontext if last else ddp.no_sync}
+
+    return epoch_steps
 
 
 def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
@@ -305,22 +433,39 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     window_tokens = (round(args.global_batch * sum(lengths[i] for i in train_ids) / len(train_ids))
                      if args.global_batch else 0)
     job_tokens = sum(lengths[i] for i in train_ids) * args.epochs  # every token is a loss token here
-    daemon = odb.spawn_daemon(rank, world, run_dir, job_id=job_id, wait=False, log_level="warn",
-                              config=tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
-                                                           alignment={"planner": args.planner,
-                                                                      "deterministic": args.deterministic},
-                                                           optimizer={"tokens_per_step": window_tokens}))
+    daemons = []
+
+    def start_daemon(mode: str):
+        """One odbd per rank for an odb mode, in a run directory of its own (its sockets): padded (the
+        default collate) or packed (`collate.packed`, budgets on real tokens: `grouping.cost_model`)."""
+        packed = mode == "odb_packed"
+        where = os.path.join(run_dir, "packed") if packed else run_dir
+        config = tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
+                                       alignment={"planner": args.planner, "deterministic": args.deterministic},
+                                       optimizer={"tokens_per_step": window_tokens},
+                                       **({"collate": {"packed": True}} if packed else {}))
+        if packed:
+            config["grouping"]["cost_model"] = "packed"
+        d = odb.spawn_daemon(rank, world, where, job_id=f"{job_id}-{mode}", wait=False, log_level="warn",
+                             config=config)
+        daemons.append(d)
+        d.wait_ready(60)
+        return d, where
+
     heldout = (HeldOut(dataset, heldout_ids, rank, world, budget=4 * args.max_tokens, device=device)
                if heldout_ids else None)
     results = {"heldout_ids": heldout_ids}
     try:
-        daemon.wait_ready(60)
         for run in (("odb",) if args.resume else args.methods):
             torch.manual_seed(args.seed)
             model = tiny_lm.TinyCausalLM(vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=4,
                                          max_len=args.max_len + 1).to(device)
             ddp = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
+            clock = None
+            if device.type == "cpu":
+                clock = BusyClock()
+                ddp.register_comm_hook(dist.group.WORLD, clock.hook)
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
             warmup = max(1, args.warmup_steps)
             checkpoint = torch.load(args.resume) if (args.resume and run == "odb") else None
@@ -401,10 +546,17 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                "padded": b["input_ids"].numel(),
                                "samples": b["input_ids"].shape[0], "ids": ids,
                                "loss_fn": lambda ce, total=float(tokens): ce * (world / total)}
+            elif run in peers.PADDED_METHODS + peers.PACKED_METHODS:
+                progress = types.SimpleNamespace(job_loss_tokens=0)
+                sched = make_sched(progress)
+                epoch_steps = peer_steps(run, rank, world, args, dataset, lengths, train_ids, window_tokens,
+                                         progress, ddp)
             else:
+                d, where = start_daemon(run)
                 oloader = odb.OdbDataLoader(dataset, sampler=ShardSampler(train_ids, rank, world, args.seed,
                                                                           pad=False),
-                                            num_workers=args.workers, idle_policy="zero_step", timeout_s=120)
+                                            num_workers=args.workers, idle_policy="zero_step", timeout_s=120,
+                                            run_dir=where, packed=run == "odb_packed")
                 start_step = 0
                 if checkpoint is not None:
                     oloader.load_state_dict(checkpoint["loader"])  # skips what was trained before (and counts it)
@@ -439,15 +591,19 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                         if args.kill_at_step and done == args.kill_at_step:
                             log(rank, args.quiet, f"\n[odb] simulated preemption at step {done}: SIGKILL to "
                                                   f"trainers and daemons; resume with --resume {args.checkpoint}")
-                            daemon.proc.kill()
+                            d.proc.kill()
                             os.kill(os.getpid(), signal.SIGKILL)
             results[run] = train_run(run, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args,
-                                     heldout, device)
+                                     heldout, device, clock)
+            if run in ODB_MODES:
+                dist.barrier()
+                daemons.pop().stop()
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
     finally:
         dist.barrier()
-        daemon.stop()
+        for d in daemons:
+            d.stop()
         dist.destroy_process_group()
 
 
@@ -474,8 +630,18 @@ def main() -> int:
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--epochs", type=int, default=1, help="epochs per method (the clock runs across them)")
     p.add_argument("--methods", default="standard,odb",
-                   help="which methods to train, comma-separated (standard, odb): one alone for a budget grid "
-                        "(bench/loss_at_time.py), where each method's budget differs")
+                   help="which methods to train, comma-separated, or all: " + ", ".join(METHODS) +
+                        " (the peers: examples/peers.py; odb_packed: collate.packed, a model reading cu_seqlens); "
+                        "one alone for a budget grid (bench/loss_at_time.py), where each method's budget differs")
+    p.add_argument("--buckets", type=int, default=30,
+                   help="bucketing: lhotse's num_buckets (equal-token length buckets)")
+    p.add_argument("--reverse", action="store_true",
+                   help="train the methods in the reverse of the table's order (interleaved rounds run as "
+                        "separate jobs: bench/peers_rounds.py)")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="run the job N times with the same seed, every method once per round, the order reversed "
+                        "every other round (interleaved paired runs): the summary adds each method's median "
+                        "real tokens/s and training clock over the rounds")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (both methods)")
     p.add_argument("--global-batch", type=int, default=0, metavar="G",
                    help="the same recipe for both methods: Standard accumulates micro-batches to G samples per "
@@ -507,26 +673,37 @@ def main() -> int:
     p.add_argument("--resume", default="", metavar="PATH",
                    help="resume the odb run from this checkpoint (new daemons; only the untrained samples)")
     args = p.parse_args()
-    args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if not args.methods or any(m not in ("standard", "odb") for m in args.methods) or len(set(args.methods)) != len(
+    args.methods = METHODS if args.methods.strip() == "all" else tuple(
+        m.strip() for m in args.methods.split(",") if m.strip())
+    if not args.methods or any(m not in METHODS for m in args.methods) or len(set(args.methods)) != len(
             args.methods):
-        p.error(f"--methods: a comma-separated subset of standard,odb, got {args.methods!r}")
-    args.methods = tuple(m for m in ("standard", "odb") if m in args.methods)  # always Standard first
+        p.error(f"--methods: all, or a comma-separated subset of {','.join(METHODS)}, got {args.methods!r}")
+    args.methods = tuple(m for m in METHODS if m in args.methods)  # the table's order
+    if args.rounds < 1 or (args.rounds > 1 and args.seeds > 1):
+        p.error("--rounds: at least 1, and not with --seeds > 1")
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.seeds > 1 and (args.resume or args.kill_at_step or args.checkpoint_every):
         p.error("--seeds > 1 does not combine with --resume / --kill-at-step / --checkpoint-every (one job each)")
     first_seed = args.seed
-    per_seed = []
+    per_seed, rounds = [], []
+    methods = args.methods
     for k in range(args.seeds):  # each seed: its own data draw, split, order and initialisation; fresh daemons
         args.seed = first_seed + k
-        r = run_job(args)
-        if r is None:
-            return 0
-        per_seed.append((args.seed, r))
+        for n in range(args.rounds):  # the same job again, every method once, the order reversed every other round
+            args.methods = methods if (n % 2 == 0) != args.reverse else methods[::-1]
+            r = run_job(args)
+            if r is None:
+                return 0
+            rounds.append(r)
+            if args.rounds > 1:
+                log(0, args.quiet, f"[demo] round {n + 1}/{args.rounds} done (order {', '.join(args.methods)})")
+        per_seed.append((args.seed, rounds[-args.rounds]))
         if args.seeds > 1:
             log(0, args.quiet, f"[demo] seed {args.seed} done ({k + 1}/{args.seeds})")
-    args.seed = first_seed
+    args.seed, args.methods = first_seed, methods
+    if args.rounds > 1:
+        args.rounds_results = rounds
     r = per_seed[0][1]
     if args.resume:
         o = r["odb"]
@@ -577,8 +754,30 @@ def spread(values):
     return sum(values) / len(values), (max(values) - min(values)) / 2
 
 
+def median(values):
+    xs = sorted(values)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def over_rounds(rounds, methods) -> dict:
+    """Each method's median real tokens/s and training clock over interleaved rounds of the same job,
+    every round's figures, and the held-out losses (the peers are deterministic; odb's steps depend on
+    timing unless --deterministic)."""
+    out = {}
+    for m in methods:
+        rates = [r[m]["real_tokens_per_s"] for r in rounds]
+        clocks = [r[m]["seconds"] for r in rounds]
+        held = [r[m]["final_heldout_loss"] for r in rounds]
+        out[m] = {"real_tokens_per_s": rates, "seconds": clocks, "final_heldout_loss": held,
+                  "median_real_tokens_per_s": median(rates), "median_seconds": median(clocks),
+                  "median_final_heldout_loss": median(held),
+                  "rate_spread": (max(rates) - min(rates)) / 2}
+    return out
+
+
 def report(args, per_seed) -> int:
-    """Prints the table (or --json) of the first seed and, over all seeds, the held-out loss and clock."""
+    """Prints the table (or --json) of the first seed and, over all seeds, the held-out loss and clock;
+    with --rounds, every method's medians over the rounds and odb's best mode against the best peer."""
     r = per_seed[0][1]
     s, o = r.get("standard"), r.get("odb")
     summary = {
@@ -586,7 +785,8 @@ def report(args, per_seed) -> int:
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
         "global_batch": args.global_batch, "schedule": args.schedule, "seeds": [seed for seed, _ in per_seed],
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
-        "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model, "layers": args.layers, "vocab": args.vocab,
+        "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model,
+        "layers": args.layers, "vocab": args.vocab, "buckets": args.buckets, "rounds": args.rounds,
         "methods": list(args.methods),
         **{m: r[m] for m in args.methods},
     }
@@ -602,36 +802,63 @@ def report(args, per_seed) -> int:
         summary["over_seeds"] = {m: {key: dict(zip(("mean", "spread"), spread([x[m][key] for _, x in per_seed])))
                                      for key in ("final_heldout_loss", "seconds", "real_tokens_per_s")}
                                  for m in args.methods}
+    rounds = getattr(args, "rounds_results", None)
+    if rounds:
+        summary["over_rounds"] = over_rounds(rounds, args.methods)
+    rate_key = "median_real_tokens_per_s" if rounds else None
+    rates = {m: (summary["over_rounds"][m][rate_key] if rounds else r[m]["real_tokens_per_s"]) for m in args.methods}
+    odb_modes = [m for m in ODB_MODES if m in args.methods]
+    others = [m for m in args.methods if m not in ODB_MODES]
+    if odb_modes and others:
+        best_odb = max(odb_modes, key=lambda m: rates[m])
+        best_peer = max(others, key=lambda m: rates[m])
+        summary["best_odb_mode"], summary["best_peer"] = best_odb, best_peer
+        summary["ratio_best_odb_to_best_peer"] = rates[best_odb] / rates[best_peer]
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
     print(f"\n== odb demo: {args.samples} long-tail samples (max {args.max_len} tokens), "
-          f"{args.world_size} ranks, DDP gloo CPU, budget {args.max_tokens} tokens/step/rank, "
+          f"{args.world_size} ranks, DDP gloo {args.device.upper()}, budget {args.max_tokens} tokens/step/rank, "
           f"odbd planner {args.planner}; {args.epochs} epoch(s), AdamW lr {args.lr:g}, "
           f"{args.heldout} held-out samples")
     if args.global_batch:
-        print(f"same recipe: {args.global_batch} samples per optimizer step (Standard: gradient accumulation; "
-              f"odb: windows of the same expected loss tokens)")
-    print(f"{'':10s}{'steps':>7s}{'opt':>6s}{'idle':>6s}{'samples/s':>11s}{'real tok/s':>12s}{'padding':>9s}"
-          f"{'seconds':>9s}{'held-out loss':>15s}")
+        print(f"same recipe: {args.global_batch} samples per optimizer step (Standard, length_grouped, packed, "
+              f"kk_balanced: gradient accumulation of the same samples' count; bucketing and odb: windows of the "
+              f"same expected loss tokens)")
+    print(f"{'':16s}{'opt':>5s}{'micro':>7s}{'idle':>5s}{'samples/s':>10s}{'real tok/s':>11s}{'padding':>8s}"
+          f"{'seconds':>8s}{'held-out':>9s}{'busy max/mean':>15s}")
     for seed, run in per_seed:
-        for name, x in (("Standard", run.get("standard")), ("odb", run.get("odb"))):
+        for m in args.methods:
+            x = run.get(m)
             if x is None:
                 continue
             held = x["final_heldout_loss"]
-            label = name if len(per_seed) == 1 else f"{name} s{seed}"
-            print(f"{label:10s}{x['steps']:7d}{x['optimizer_steps']:6d}{x['idle_steps']:6d}{x['samples_per_s']:11.1f}"
-                  f"{x['real_tokens_per_s']:12.0f}{x['padding_fraction'] * 100:8.1f}%{x['seconds']:9.1f}"
-                  f"{held if held is not None else float('nan'):15.3f}")
+            label = LABELS[m] if len(per_seed) == 1 else f"{LABELS[m]} s{seed}"
+            busy = x.get("busy_seconds")
+            busy_text = (f"{max(busy):5.1f}/{sum(busy) / len(busy):5.1f}s" if busy else "n/a")
+            print(f"{label:16s}{x['optimizer_steps']:5d}{x['steps']:7d}{x['idle_steps']:5d}{x['samples_per_s']:10.1f}"
+                  f"{x['real_tokens_per_s']:11.0f}{x['padding_fraction'] * 100:7.1f}%{x['seconds']:8.1f}"
+                  f"{held if held is not None else float('nan'):9.3f}{busy_text:>15s}")
+    print("(opt: optimizer steps; micro: micro-steps of the busiest rank; idle: IDLE micro-steps, all ranks; "
+          "seconds: the training clock, evaluation excluded; held-out: token-level mean cross-entropy after "
+          "training; busy: forward + backward + optimizer time per rank, waits for the other ranks excluded, "
+          "max and mean over the ranks; loss at equal time: bench/loss_at_time.py)")
     if len(per_seed) > 1:
         over = summary["over_seeds"]
-        for name, m in (("Standard", "standard"), ("odb", "odb")):
-            if m in over:
-                h, c = over[m]["final_heldout_loss"], over[m]["seconds"]
-                print(f"{name} over seeds {summary['seeds']}: held-out loss {h['mean']:.3f} +- {h['spread']:.3f}, "
-                      f"training clock {c['mean']:.1f} +- {c['spread']:.1f} s")
-    print("(seconds: the training clock, evaluation excluded; held-out loss: token-level mean cross-entropy "
-          "after training; loss at equal time: bench/loss_at_time.py)")
+        for m in args.methods:
+            h, c = over[m]["final_heldout_loss"], over[m]["seconds"]
+            print(f"{LABELS[m]} over seeds {summary['seeds']}: held-out loss {h['mean']:.3f} +- {h['spread']:.3f}, "
+                  f"training clock {c['mean']:.1f} +- {c['spread']:.1f} s")
+    if rounds:
+        print(f"\nmedians over {len(rounds)} interleaved rounds (order reversed every other round):")
+        for m in args.methods:
+            x = summary["over_rounds"][m]
+            print(f"{LABELS[m]:16s} real tok/s {x['median_real_tokens_per_s']:8.0f} (rounds "
+                  f"{', '.join(f'{v:.0f}' for v in x['real_tokens_per_s'])})  clock {x['median_seconds']:6.1f} s  "
+                  f"held-out {', '.join(f'{v:.3f}' for v in x['final_heldout_loss'])}")
+    if "best_peer" in summary:
+        print(f"odb's best mode ({LABELS[summary['best_odb_mode']]}) / the best peer ({LABELS[summary['best_peer']]}): "
+              f"real tokens/s x{summary['ratio_best_odb_to_best_peer']:.2f}" + (" (medians)" if rounds else ""))
     if s is not None and o is not None:
         # Over every seed: the held-out loss gap, and Standard's clock over odb's against the tokens/s ratio.
         held_s = [x["standard"]["final_heldout_loss"] for _, x in per_seed]

@@ -269,3 +269,23 @@ def test_demo_seeds_and_token_schedule() -> None:
         mean, half = out["over_seeds"][m]["final_heldout_loss"]["mean"], out["over_seeds"][m]["final_heldout_loss"]["spread"]
         assert mean == pytest.approx(sum(losses) / 2) and half == pytest.approx(abs(losses[0] - losses[1]) / 2)
         assert out[m]["final_heldout_loss"] == losses[0]  # the table's figures are the first seed's
+
+
+def test_every_method_of_the_joint_runs_against_one_target() -> None:
+    """--peers: each method at its best LR, one target for all, odb's best mode against the fastest peer."""
+    import loss_at_time
+
+    runs = {"1e-2": {"methods": ["standard", "packed", "odb", "odb_packed"],
+                     "standard": _run(2.0, 100.0, 100, 10000, 100.0), "packed": _run(2.2, 150.0, 100, 10000, 60.0),
+                     "odb": _run(2.0, 200.0, 100, 10000, 50.0), "odb_packed": _run(2.0, 220.0, 100, 10000, 45.0)},
+            "3e-2": {"methods": ["standard", "packed", "odb", "odb_packed"],
+                     "standard": _run(3.0, 100.0, 100, 10000, 100.0), "packed": _run(2.1, 150.0, 100, 10000, 80.0),
+                     "odb": _run(2.5, 200.0, 100, 10000, 50.0), "odb_packed": _run(2.5, 220.0, 100, 10000, 45.0)}}
+    p = loss_at_time.analyse_peers(runs, margin=0.0)
+    assert p["methods"]["packed"]["lr"] == 3e-2 and p["target"] == pytest.approx(2.1)  # packed's best is the worst
+    assert p["methods"]["standard"]["seconds_to_target"] == pytest.approx(100.0 * 2.9 / 3.0)
+    # packed reaches 2.1 at 80 s (its final point), before Standard (96.7 s); odb_packed at 43.5 s
+    assert p["best_odb_mode"] == "odb_packed" and p["best_peer"] == "packed"
+    assert p["time_to_target_speedup_vs_best_peer"] == pytest.approx(80.0 / (45.0 * 2.9 / 3.0))
+    text = "\n".join(loss_at_time.peers_markdown({"analysis": {"peers": p}}))
+    assert "odb_packed" in text and "fastest peer (packed)" in text
