@@ -62,10 +62,12 @@ def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weight: f
 def window_sync(model: torch.nn.Module, step: Any) -> ContextManager[Any]:
     """Gradient accumulation over odb's windows (``optimizer.tokens_per_step``).
 
-    ``with odb.window_sync(ddp_model, step): loss.backward()`` runs the backward
-    pass of a micro-step that does not close its window under DDP's ``no_sync()``
-    (gradients accumulate locally, no all-reduce) and the closing one normally:
-    one all-reduce per window. Every rank gets the same ``closes_window`` at the
+    ``with odb.window_sync(ddp_model, step):`` around the micro-step's forward
+    AND backward pass runs a micro-step that does not close its window under
+    DDP's ``no_sync()`` (gradients accumulate locally, no all-reduce) and the
+    closing one normally: one all-reduce per window. The forward must be inside:
+    DDP decides in the forward pass whether the backward all-reduces, so a
+    context around ``loss.backward()`` alone all-reduces every micro-step. Every rank gets the same ``closes_window`` at the
     same step index (IDLE and dummy steps too, under both idle policies), so the
     ranks all-reduce together. A model without ``no_sync`` (no DDP, FSDP with
     its own) is left alone. Call ``optimizer.step()`` after a step whose
