@@ -7,18 +7,15 @@ other rank."""
 from __future__ import annotations
 
 import datetime
-import queue
-import time
 import traceback
 from typing import Any, Dict, List
 
 import torch
-import torch.multiprocessing as mp
 
 import multimodal_data as mmd
 import multimodal_train as mt
 from odb.phases import PhasePlan
-from test_py_phases import free_port, headers
+from test_py_phases import free_port, headers, run_ranks_spawned
 
 TOL = 1e-10
 N = 10
@@ -130,29 +127,7 @@ def _rank_main(rank: int, port: int, q: Any) -> None:
 
 
 def test_model_through_phase_routes_equals_one_process() -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results: Dict[int, Any] = {}
-    deadline = time.monotonic() + 120
-    try:
-        while len(results) < 2:
-            assert time.monotonic() < deadline, f"ranks did not finish (hang); done: {sorted(results)}"
-            try:
-                rank, status, value = q.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            assert status == "ok", f"rank {rank} failed:\n{value}"
-            results[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    results = run_ranks_spawned(_rank_main, free_port(), timeout=120)
     for rank in range(2):
         for name, err in results[rank].items():
             assert err["tokens"] == 0, (rank, name, err)

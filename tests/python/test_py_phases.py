@@ -254,17 +254,19 @@ def _rank_main(rank: int, world: int, port: int, q: Any) -> None:
         q.put((rank, "error", traceback.format_exc()))
 
 
-def run_two_ranks(timeout: float = 90.0) -> List[Dict[str, Any]]:
+def run_ranks_spawned(target: Callable[..., None], *args: Any, world: int = 2, timeout: float = 90.0) -> List[Any]:
+    """Runs ``target(rank, *args, q)`` in `world` spawned processes, each of which puts
+    ``(rank, "ok", value)`` or ``(rank, "error", traceback)`` on q; returns the values by rank. A rank's
+    error or a hang (past `timeout`) fails the test; no process is left behind."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, q)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, *args, q)) for r in range(world)]
     for p in procs:
         p.start()
     results: Dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(results) < 2:
+        while len(results) < world:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"ranks did not finish within {timeout}s (hang); done: {sorted(results)}")
@@ -281,7 +283,11 @@ def run_two_ranks(timeout: float = 90.0) -> List[Dict[str, Any]]:
             if p.is_alive():
                 p.kill()
                 p.join()
-    return [results[0], results[1]]
+    return [results[r] for r in range(world)]
+
+
+def run_two_ranks(timeout: float = 90.0) -> List[Dict[str, Any]]:
+    return run_ranks_spawned(_rank_main, 2, free_port(), timeout=timeout)
 
 
 def test_two_ranks_routed_step_equals_one_process() -> None:
