@@ -196,3 +196,26 @@ def run_ranks(fn: Callable, world: int, run_dir: Path, timeout: float = 60.0, **
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world)]
+
+
+def run_train_demo(args: List[str], timeout: float) -> Dict[str, Any]:
+    """examples/train_demo.py --json --quiet `args` in a session of its own (one thread per process); its
+    JSON summary. A hang (past `timeout`: a guard, not a timing check) kills the whole session and fails."""
+    import json
+    import signal
+    import subprocess
+
+    import pytest
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "examples/train_demo.py"), "--json", "--quiet", *args]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the demo hung")
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out)

@@ -22,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+from odbtest_py import run_train_demo  # noqa: E402
 
 SAMPLES, HELDOUT, EPOCHS, EVAL_EVERY = 80, 16, 2, 3
 
@@ -219,19 +220,9 @@ def test_demo_methods_option() -> None:
     bad = subprocess.run([sys.executable, str(ROOT / "examples/train_demo.py"), "--methods", "standard,bogus"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--methods" in bad.stderr
-    cmd = [sys.executable, str(ROOT / "examples/train_demo.py"), "--json", "--quiet", "--methods", "odb",
-           "--samples", "24", "--heldout", "4", "--epochs", "1", "--eval-every", "0", "--max-len", "32",
-           "--max-tokens", "64", "--d-model", "16", "--layers", "1", "--vocab", "32", "--workers", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=600)  # a hang guard, not a timing check
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the demo hung")
-    assert proc.returncode == 0, err[-4000:]
-    summary = json.loads(out)
+    summary = run_train_demo(["--methods", "odb", "--samples", "24", "--heldout", "4", "--epochs", "1",
+                              "--eval-every", "0", "--max-len", "32", "--max-tokens", "64", "--d-model", "16",
+                              "--layers", "1", "--vocab", "32", "--workers", "1"], timeout=600)
     assert summary["methods"] == ["odb"] and "standard" not in summary and "ratio_real_tokens_per_s" not in summary
     assert summary["odb"]["samples"] == 24 and len(summary["odb"]["curve"]) == 2
 

@@ -9,10 +9,6 @@ within 2%, and every sample once. The progress line never shows a loss for an ID
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +19,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import peers  # noqa: E402
 import tiny_lm  # noqa: E402
+from odbtest_py import run_train_demo  # noqa: E402
 
 WORLD, BATCH, ACCUMULATE, BUDGET = 2, 2, 4, 512
 LENGTHS = tiny_lm.long_tail_lengths(1300, seed=5, max_len=256)
@@ -133,20 +130,10 @@ def test_progress_line_shows_no_loss_for_an_idle_micro_step() -> None:
 
 @pytest.fixture(scope="module")
 def all_methods() -> dict:
-    cmd = [sys.executable, str(ROOT / "examples/train_demo.py"), "--json", "--quiet", "--record-ids",
-           "--methods", "all", "--samples", "480", "--heldout", "8", "--global-batch", "8", "--eval-every", "0",
-           "--max-len", "32", "--max-tokens", "64", "--d-model", "16", "--layers", "1", "--vocab", "32",
-           "--workers", "1", "--buckets", "10"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=1200)  # a hang guard, not a timing check
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the demo hung")
-    assert proc.returncode == 0, err[-4000:]
-    return json.loads(out)
+    return run_train_demo(["--record-ids", "--methods", "all", "--samples", "480", "--heldout", "8",
+                           "--global-batch", "8", "--eval-every", "0", "--max-len", "32", "--max-tokens", "64",
+                           "--d-model", "16", "--layers", "1", "--vocab", "32", "--workers", "1", "--buckets",
+                           "10"], timeout=1200)
 
 
 def test_every_method_trains_the_same_recipe(all_methods) -> None:
