@@ -352,7 +352,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
       const std::string text =
           std::string("a new trainer connected while epoch steps were ") +
           "delivered to a previous trainer session that disconnected (" +
-          std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(in_flight_.size()) +
+          std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(UnacknowledgedSteps()) +
           " not acknowledged); the epoch cannot continue with a new session: restart the job "
           "(its daemons and trainers) from a checkpoint";
       Refuse(peer, wire::EPOCH_LOST, text);
@@ -393,10 +393,10 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
       lost_since_.reset();
       session_fd_ = fd;
       session_connection_ = connection;
-      spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s)", Printable(peer),
-                   in_flight_.size());
+      spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s) and {} epoch end(s)",
+                   Printable(peer), UnacknowledgedSteps(), in_flight_.size() - UnacknowledgedSteps());
       for (auto& sent : in_flight_) {
-        auto copy = CopyParts(sent);
+        auto copy = CopyParts(sent.parts);
         if (!TrySendTo(socket_, session_, copy).ok()) break;
       }
     }
@@ -407,7 +407,11 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     }
   } else if (msg.has_credit()) {
     uint32_t steps = msg.credit().steps();
-    for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) in_flight_.pop_front();
+    for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) {
+      // What was sent before a credited step has arrived: summaries too.
+      while (!in_flight_.empty() && !in_flight_.front().is_step) in_flight_.pop_front();
+      if (!in_flight_.empty()) in_flight_.pop_front();
+    }
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
     CountDataWait(msg.credit());
   } else if (msg.has_start_epoch() && late) {
@@ -427,11 +431,18 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     const size_t waiting = state_.requested_epochs.size();
     const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
                        state_.requested_epochs.end();
-    if (state_.tracker.IsClosed(epoch)) {
-      // Not a reconnect's re-send (the client forgets a start_epoch once the
-      // epoch's first step or summary came): a new trainer (a second loader, a
-      // rerun of a script) on a daemon that already ran this epoch. Told at
-      // once, not after its workers sent the whole epoch for nothing.
+    if (state_.tracker.IsClosed(epoch) && msg.start_epoch().resend()) {
+      // A reconnect's re-send of a request this daemon did serve: the epoch
+      // ended while the client reconnected, its steps and summary are sent or
+      // queued to it (the unacknowledged ones again, above).
+      if (MayLog(kLogBadValue))
+        spdlog::info("trainer re-sent its request for epoch {}, which has ended; ignored", epoch);
+    } else if (state_.tracker.IsClosed(epoch)) {
+      // A first request (the client forgets a start_epoch once the epoch's
+      // first step or summary came, and marks re-sends): a new trainer (a
+      // second loader, a rerun of a script) on a daemon that already ran this
+      // epoch. Told at once, not after its workers sent the whole epoch for
+      // nothing.
       const uint32_t next = state_.tracker.FirstOpenEpoch();
       Refuse(peer, wire::WRONG_EPOCH,
              "epoch " + std::to_string(epoch) + " has already ended on this daemon (an earlier loader or run " +
@@ -533,8 +544,7 @@ void TrainerChannel::Flush() {
       message.parts = StepToFrames(message.parts, *message.arena);
       message.arena.reset();
     }
-    std::vector<zmq::message_t> kept;
-    if (message.is_step) kept = CopyParts(message.parts);
+    std::vector<zmq::message_t> kept = CopyParts(message.parts);
     if (!SendToSession(message.parts)) {
       MutexLock lock(mu_);
       out_.push_front(std::move(message));
@@ -543,12 +553,20 @@ void TrainerChannel::Flush() {
     if (message.is_step) {
       --credits_;
       ++delivered_in_epoch_;
-      in_flight_.push_back(std::move(kept));
+      in_flight_.push_back({std::move(kept), true});
       MutexLock lock(mu_);
       --queued_steps_;
     } else {
       // Control messages: an epoch summary closes the epoch's deliveries.
+      // Kept like a step: a blip may lose it, and the trainer would wait for
+      // its epoch's end forever (the client drops a summary it has).
       delivered_in_epoch_ = 0;
+      in_flight_.push_back({std::move(kept), false});
+      if (in_flight_.size() - UnacknowledgedSteps() > kControlsKept) {
+        auto oldest =
+            std::find_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return !m.is_step; });
+        in_flight_.erase(oldest);
+      }
     }
     state_.cv.NotifyAll();
   }
@@ -565,10 +583,11 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
   if (!epoch_open) return std::nullopt;
   if (clock_.Now() - *lost_since_ <= std::chrono::milliseconds(options_.trainer_timeout_ms))
     return std::nullopt;
-  return std::make_pair(wire::INTERNAL,
-                        "the trainer disconnected mid-epoch and did not come back within " +
-                            std::to_string(options_.trainer_timeout_ms) + " ms (emit.trainer_timeout_ms); " +
-                            std::to_string(in_flight_.size()) + " step(s) sent to it were not acknowledged");
+  return std::make_pair(wire::INTERNAL, "the trainer disconnected mid-epoch and did not come back within " +
+                                            std::to_string(options_.trainer_timeout_ms) +
+                                            " ms (emit.trainer_timeout_ms); " +
+                                            std::to_string(UnacknowledgedSteps()) +
+                                            " step(s) sent to it were not acknowledged");
 }
 
 std::optional<std::string> TrainerChannel::SessionEnded() {
@@ -588,6 +607,11 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
   }
   return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
          std::to_string(grace.count()) + " ms (emit.exit_when_trainer_done)";
+}
+
+size_t TrainerChannel::UnacknowledgedSteps() const {
+  return static_cast<size_t>(
+      std::count_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return m.is_step; }));
 }
 
 void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {

@@ -82,6 +82,9 @@ class TrainerChannel {
   // The session's connection (its descriptor on this side); -1 when there is
   // no session or it is lost.
   int session_fd() const { return session_connection_ != 0 ? session_fd_ : -1; }
+  // Messages sent to the session and not known to have arrived (steps and
+  // epoch ends): what a reconnect would send again.
+  size_t unacknowledged() const { return in_flight_.size(); }
   // Connections of the trainer socket open as far as the monitor has told.
   size_t open_connections() const { return open_connections_.size(); }
   // A second peer waits while the session may be closing, then takes over
@@ -228,8 +231,18 @@ class TrainerChannel {
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
   std::optional<Clock::TimePoint> lost_since_;
   uint64_t credits_ = 0;
-  std::deque<std::vector<zmq::message_t>> in_flight_;  // sent, not yet credited
-  uint64_t delivered_in_epoch_ = 0;                    // steps sent since the last epoch end
+  // Sent and not known to have arrived, in the order sent: steps until a
+  // credit counts them, an epoch summary (or fatal) until a credit counts a
+  // step sent after it (ordered delivery: it arrived before that step). A
+  // reconnect re-sends them all; the client drops what it already has.
+  struct Sent {
+    std::vector<zmq::message_t> parts;
+    bool is_step = false;
+  };
+  std::deque<Sent> in_flight_;
+  static constexpr size_t kControlsKept = 16;  // summaries of empty epochs in a row, at most
+  size_t UnacknowledgedSteps() const;
+  uint64_t delivered_in_epoch_ = 0;  // steps sent since the last epoch end
   std::optional<std::pair<wire::ErrorCode, std::string>> fatal_;
   struct Contender {
     std::string peer;

@@ -342,6 +342,62 @@ TEST_CASE("a late credit still acknowledges its steps and counts its wait; a lat
   CHECK(f.ReconnectAndFirstStep("trainer-back") == 1);
 }
 
+std::vector<zmq::message_t> EpochEnd(uint32_t epoch) {
+  wire::DaemonMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_epoch_end()->set_epoch(epoch);
+  return EncodeControl(m);
+}
+
+// What a reconnected session `routing_id` is sent again, in order, as
+// "step N" / "end N" (2 s without a message ends the list).
+std::vector<std::string> ReconnectAndResent(Fixture& f, const std::string& routing_id) {
+  zmq::socket_t again(f.context, zmq::socket_type::dealer);
+  again.set(zmq::sockopt::linger, 0);
+  again.set(zmq::sockopt::routing_id, routing_id);
+  f.trainer.close();
+  f.PumpUntil([&] { return f.channel->session_fd() < 0; });  // the daemon saw the close
+  REQUIRE(f.channel->session_fd() < 0);
+  again.connect(f.channel->endpoint());
+  again.send(zmq::buffer(Credit(0).SerializeAsString()));
+  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
+  REQUIRE(f.channel->session_fd() >= 0);
+  f.trainer = std::move(again);
+  std::vector<std::string> resent;
+  while (auto m = f.Receive(milliseconds(2000))) {
+    if (m->has_step()) resent.push_back("step " + std::to_string(m->step().step_index()));
+    if (m->has_epoch_end()) resent.push_back("end " + std::to_string(m->epoch_end().epoch()));
+  }
+  return resent;
+}
+
+// An epoch's summary lost in a blip left the trainer waiting for the epoch's
+// end forever (steps were re-sent, the summary was not): it is kept like a
+// step until a credit shows that something sent after it arrived.
+TEST_CASE("an epoch's summary is sent again after a reconnect until a later step is acknowledged") {
+  Fixture f("summary-back", /*outstanding_depth=*/4, /*trainer_timeout_ms=*/30000, "trainer-sum");
+  f.OpenSession();
+  f.channel->EnqueueStep(Step(0));
+  f.channel->EnqueueStep(Step(1));
+  f.channel->EnqueueControl(EpochEnd(0));
+  f.channel->Flush();
+  for (int i = 0; i < 3; ++i) REQUIRE(f.Receive());
+  // Both steps acknowledged: the summary after them is not known to have arrived.
+  f.Send(Credit(2));
+  f.PumpUntil([&] { return f.channel->unacknowledged() == 1; });
+  REQUIRE(f.channel->unacknowledged() == 1);
+  CHECK(ReconnectAndResent(f, "trainer-sum") == std::vector<std::string>{"end 0"});
+  // A step of the next epoch sent after it and acknowledged: the summary
+  // arrived before it, and is not sent again.
+  f.channel->EnqueueStep(Step(0));
+  f.channel->Flush();
+  REQUIRE(f.Receive());
+  f.Send(Credit(1));
+  f.PumpUntil([&] { return f.channel->unacknowledged() == 0; });
+  REQUIRE(f.channel->unacknowledged() == 0);
+  CHECK(ReconnectAndResent(f, "trainer-sum").empty());
+}
+
 // The window session 12 left open: the session's connection closes with a
 // credit still queued, and before the daemon reads it the OS gives the
 // descriptor to a new connection (an outsider connecting in a loop gets it

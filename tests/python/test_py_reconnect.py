@@ -8,6 +8,8 @@ and connects again (what ZeroMQ does by itself after a network blip), `_start_ep
 a request as sent that the daemon never acts on (what it makes of one read after the close)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -39,6 +41,15 @@ def _receive_epoch(consumer, epoch: int) -> tuple:
         trained += list(delivery.step.sample_ids)
 
 
+def _wait_log(daemon, text: str, timeout: float = 30.0) -> None:
+    """Waits until the daemon has logged `text` (an event, not a sleep, as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log_text():
+        assert daemon.proc.poll() is None, daemon.log_tail()
+        assert time.monotonic() < deadline, f"odbd did not log {text!r}:\n{daemon.log_tail()}"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("lost", [True, False], ids=["start_epoch_read_late", "start_epoch_read_in_time"])
 def test_a_blip_after_start_epoch_still_gets_the_epoch_once(run_dir, job_id, lost) -> None:
     daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(max_tokens=64))
@@ -61,6 +72,35 @@ def test_a_blip_after_start_epoch_still_gets_the_epoch_once(run_dir, job_id, los
         # Once, whether the daemon had read the first request or not: a repeat starts nothing twice.
         assert sorted(trained) == list(range(N)), trained
         assert summary["epoch"] == 1 and summary["emitted"] == N and summary["received"] == N
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
+
+
+def test_a_blip_while_the_epoch_ends_still_gets_the_epoch_once(run_dir, job_id) -> None:
+    """The epoch ends on the daemon (all its steps and the summary sent) before the client has read any of
+    it, and the connection blips: the client re-sends its request for the epoch (no answer has reached it),
+    and the daemon must take that as the re-send it is, not as a new trainer asking for an ended epoch
+    (WRONG_EPOCH). A race the suite once lost on a loaded machine, made certain here by waiting for the
+    daemon's end-of-epoch line before the blip."""
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(max_tokens=512))
+    try:
+        consumer = odb.Consumer(daemon.trainer, 15000)
+        consumer.start_epoch(0, 1)
+        _send_epoch(daemon, 0)
+        _wait_log(daemon, "rank 0 epoch 0 done")
+        consumer._reconnect_for_test()
+        trained, summary = _receive_epoch(consumer, 0)
+        assert consumer.reconnects >= 1
+        assert sorted(trained) == list(range(N)), trained
+        assert summary["epoch"] == 0 and summary["emitted"] == N
+        assert "which has ended; ignored" in daemon.log_text()
+        # A new trainer's request for the ended epoch (no re-send) is still refused, naming the next epoch.
+        consumer.close()
+        late = odb.Consumer(daemon.trainer, 15000)
+        late.start_epoch(0, 1)
+        with pytest.raises(odb.OdbError, match="WRONG_EPOCH.*start at epoch 1"):
+            late.next()
         assert daemon.proc.poll() is None
     finally:
         daemon.stop()

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <zmq.hpp>
 
@@ -104,6 +105,7 @@ struct Consumer::Impl {
   // is no request), so it is sent again after a reconnect. The daemon ignores
   // a repeat of an epoch it already has (StartEpoch is idempotent).
   std::map<uint32_t, wire::TrainerMessage> pending_starts;
+  std::set<uint32_t> summarized;  // epochs whose summary was delivered
   bool owe_credit = false;
   uint64_t data_wait_us = 0;  // reported since the last credit (Credit.data_wait_us)
   // The session's routing id: the daemon serves one trainer session and, if
@@ -182,7 +184,8 @@ struct Consumer::Impl {
   // and forgets a start_epoch that came on the old one after it closed. So
   // the client announces itself again (a credit of 0 steps: the daemon
   // re-sends the steps it had not acknowledged) and re-sends every epoch
-  // request not yet answered, with the same fields.
+  // request not yet answered, with the same fields and `resend` set (the
+  // epoch may have ended meanwhile, its steps not read yet).
   absl::Status OnMonitor() {
     bool reconnected = false;
     while (true) {
@@ -211,7 +214,9 @@ struct Consumer::Impl {
     hello.mutable_credit()->set_steps(0);
     if (absl::Status s = SendTrainer(hello); !s.ok()) return s;
     for (const auto& [epoch, start] : pending_starts) {
-      if (absl::Status s = SendTrainer(start); !s.ok()) return s;
+      wire::TrainerMessage again = start;
+      again.mutable_start_epoch()->set_resend(true);
+      if (absl::Status s = SendTrainer(again); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -428,6 +433,11 @@ absl::StatusOr<Delivery> Consumer::Next() {
     }
     next = d->step.step_index + 1;
     impl_->owe_credit = true;
+  }
+  if (d.ok() && d->kind == Delivery::Kind::kEpochEnd) {
+    // The daemon re-sends an epoch's summary after a reconnect until a step
+    // sent after it is credited: one delivered already is dropped.
+    if (!impl_->summarized.insert(d->summary.epoch).second) continue;
   }
   return d;
   }
