@@ -110,7 +110,7 @@ struct DaemonConfig {
   // `window` samples of its list in list order (every sample carries its
   // position, `seq`), waits for them however long it takes (max_wait_ms does
   // not apply), and rounds plan as many steps as the window gives (the
-  // trainer's credit only delays them). Costs some throughput (see README).
+  // trainer's credit only delays them). Costs some throughput (docs/benchmarks.md, evidence table).
   bool deterministic = false;
   // optimizer.tokens_per_step: all ranks' loss tokens per optimizer step
   // (accumulation windows, docs/python.md); 0 = one optimizer step per step.

@@ -1,6 +1,6 @@
 """The docs cannot drift from the code (issue 19).
 
-* Every fenced ```sh / ```python block of README.md and docs/python.md runs,
+* Every fenced ```sh / ```python block of README.md, docs/python.md and docs/hand-run.md runs,
   as a user would (the torchrun command and the W > 1 recipe twice in a row
   in the same run_dir), unless the line before it is a
   `<!-- docs-test: skip (reason) -->` marker; the skips are counted.
@@ -27,7 +27,7 @@ from odb._native import find_built
 
 ROOT = Path(__file__).resolve().parents[2]
 ODBD = str(find_built("src/daemon/odbd", "ODB_ODBD"))
-DOCS = ["README.md", "docs/python.md"]
+DOCS = ["README.md", "docs/python.md", "docs/hand-run.md"]
 MARKER = re.compile(r"<!--\s*docs-test:\s*(run|twice|skip)\s*(?:\((.+)\))?\s*-->")
 
 

@@ -22,7 +22,7 @@ comes from Bazel, a cache hit after ./scripts/build.sh), then:
   error quotes it); with ODB_REQUIRE_ODBD=1 that is a build error;
 * the `odbctl` console script works from the venv: --help, find-odbd, a live
   2-rank demo against real daemons, top, report;
-* README's pip-only hand-run block (the one marked "pip-only hand-run") runs
+* docs/hand-run.md's pip-only hand-run block (the one marked "pip-only hand-run") runs
   as written, with bash, from the venv alone (its bin on PATH, no odbd
   elsewhere, not in the checkout): its odbd, `odbctl consume` verifying every
   byte of the 2000 samples `odbctl produce` sent;
@@ -438,8 +438,8 @@ def test_static_extension_end_to_end_without_system_libs(static_venv: Dict[str, 
 
 
 def _readme_pip_block() -> str:
-    """README's pip-only hand-run block: the sh block right after its marker."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """docs/hand-run.md's pip-only hand-run block (the README links it): the sh block right after its marker."""
+    lines = (ROOT / "docs" / "hand-run.md").read_text().splitlines()
     (mark,) = [i for i, line in enumerate(lines) if line.startswith("<!-- pip-only hand-run")]
     assert lines[mark + 1].strip() == "```sh", lines[mark + 1]
     end = next(i for i in range(mark + 2, len(lines)) if lines[i].strip().startswith("```"))
@@ -447,7 +447,7 @@ def _readme_pip_block() -> str:
 
 
 def test_readme_pip_only_hand_run_from_the_venv_alone(pip_venv: Dict[str, Path], tmp_path: Path) -> None:
-    """Issue 23's "Done when": a fresh venv with only `pip install ./client/python` runs the README's
+    """Issue 23's "Done when": a fresh venv with only `pip install ./client/python` runs docs/hand-run.md's
     hand-run example end to end (the pip-only block, as written)."""
     block = _readme_pip_block()
     assert "odbctl produce" in block and "odbctl consume" in block and ".build/" not in block, block
