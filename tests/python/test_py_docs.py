@@ -186,3 +186,30 @@ def test_launcher_refuses_a_config_path_that_does_not_exist(tmp_path: Path) -> N
                               capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
         assert proc.returncode == 2 and "--config odbd.yaml: no such file" in proc.stderr, proc.stderr
         assert "never" not in proc.stdout
+
+
+def test_readme_speaks_to_users_and_its_figures_have_commands() -> None:
+    """README for users (issue 34): under 1,500 words; the training loop and the headline table in its first 60
+    lines; every command of the headline table is in docs/benchmarks.md, where the figure's conditions are."""
+    text = (ROOT / "README.md").read_text()
+    words = len(text.split())
+    assert words < 1500, f"README.md has {words} words: move detail to docs/ (the evidence: docs/benchmarks.md)"
+    first = text.splitlines()[:60]
+    assert any(line.startswith("## The training loop") for line in first), "the training loop is not in 60 lines"
+    assert any("window_loss" in line for line in first), "the loop's code is not in the first 60 lines"
+    start = next(i for i, line in enumerate(first) if line.startswith("## Where it stands"))
+    assert any(line.startswith("| ") for line in first[start:]), "the headline table does not start by line 60"
+    rows = []
+    for line in text.splitlines()[start:]:
+        if line.startswith("## ") and rows:
+            break
+        if line.startswith("| ") and not line.startswith("| what") and not line.startswith("|---"):
+            rows.append(line)
+    assert len(rows) >= 4, rows
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    for row in rows:
+        commands = re.findall(r"`([^`]*(?:\.sh|\.py|bench/run)[^`]*)`", row.split("|")[-2])
+        assert commands, f"a headline row without its command: {row[:80]}"
+        for command in commands:
+            program = command.split(" --")[0].replace("/usr/bin/python3 ", "").strip()
+            assert program in benchmarks, f"{program!r} (README headline) is not in docs/benchmarks.md"
