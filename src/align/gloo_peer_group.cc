@@ -31,59 +31,22 @@
 #endif
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
+
 #include <utility>
 
+#include "src/align/gloo_store.h"
 #include "src/common/mutex.h"
 
 namespace odb::align {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::OpenStore;
+using internal::ProbeTcp;
 
 // Gloo's collectives use slot prefixes 0x01-0x08 (gloo/types.h); the log
 // all-gather's messages get their own, so they never match theirs.
 constexpr uint8_t kLogAllGatherSlotPrefix = 0x4c;
-
-// Bounded TCP reachability check: hiredis' connect has no timeout of its own.
-absl::Status ProbeTcp(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const std::string where = host + ":" + std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    return absl::UnavailableError("redis store " + where + ": cannot resolve host: " + gai_strerror(rc));
-  }
-  std::string last = "no address";
-  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) continue;
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      rc = poll(&p, 1, static_cast<int>(timeout.count()));
-      if (rc == 0) {
-        last = "connect timed out after " + std::to_string(timeout.count()) + " ms";
-        close(fd);
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      rc = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    if (rc == 0) {
-      close(fd);
-      freeaddrinfo(res);
-      return absl::OkStatus();
-    }
-    last = std::strerror(errno);
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return absl::UnavailableError("redis store " + where + " unreachable: " + last);
-}
 
 std::string Seconds(std::chrono::milliseconds ms) {
   char text[32];
@@ -196,14 +159,6 @@ namespace {
 
 // The key of a rank's cause of failure, under the root group's prefix.
 std::string CauseKey(int root_rank) { return "odb_cause_" + std::to_string(root_rank); }
-
-// A store connection of its own (a RedisStore's connection is not shared across threads).
-std::unique_ptr<gloo::rendezvous::Store> OpenStore(const GlooPeerGroupOptions& o) {
-  if (o.store == GlooPeerGroupOptions::StoreKind::kRedis) {
-    return std::make_unique<gloo::rendezvous::RedisStore>(o.redis_host, o.redis_port);
-  }
-  return std::make_unique<gloo::rendezvous::FileStore>(o.file_store_dir);
-}
 
 }  // namespace
 
