@@ -62,7 +62,10 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
       monitor_(context, zmq::socket_type::pair),
       arena_(StepArenaHandshakeOptions{options_.step_arena, options_.step_arena_required,
                                        options_.step_arena_bytes},
-             clock) {}
+             clock),
+      log_limiter_(clock, kLogKinds, "trainer socket",
+                   "odb_bad_trainer_messages_total, odb_refused_trainers_total and "
+                   "odb_late_trainer_messages_total") {}
 
 absl::Status TrainerChannel::Bind() {
   // Connection tracking relies on the monitor reporting a connection's
@@ -191,7 +194,7 @@ bool TrainerChannel::OnReadable() {
     // Which connection it came on, judged after the monitor's pending events:
     // a close that happened before this read is known by now.
     OnMonitor();
-    const uint64_t connection = ConnectionOfFrame(fd, parts[1]);
+    const uint64_t connection = connections_.OfFrame(fd, parts[1]);
     if (connection == 0 && peer != session_) {
       NoteLate(peer, msg, /*applied=*/false);  // its sender is gone: it neither contends nor opens a session
       continue;
@@ -255,71 +258,6 @@ void TrainerChannel::CountDataWait(const wire::Credit& credit) {
     }
   }
   metrics_.trainer_data_wait_us.fetch_add(std::min(wait_us, kMaxDataWaitUs));
-}
-
-bool TrainerChannel::MayLog(LogKind kind) {
-  LogLimit& limit = log_limits_[kind];
-  const Clock::TimePoint now = clock_.Now();
-  if (!limit.started || now - limit.window_start >= kLogWindow) {
-    limit.started = true;
-    limit.window_start = now;
-    limit.lines = 0;
-  }
-  if (limit.lines >= kLogLinesPerWindow) {
-    ++limit.skipped;
-    return false;
-  }
-  ++limit.lines;
-  if (limit.skipped > 0) {
-    spdlog::warn(
-        "trainer socket: {} more line(s) like the next were not logged (at most {} a minute; "
-        "odb_bad_trainer_messages_total, odb_refused_trainers_total and "
-        "odb_late_trainer_messages_total count every one)",
-        limit.skipped, kLogLinesPerWindow);
-    limit.skipped = 0;
-  }
-  return true;
-}
-
-uint64_t TrainerChannel::ConnectionOf(int fd) {
-  auto it = open_connections_.find(fd);
-  return it == open_connections_.end() ? 0 : it->second;
-}
-
-uint64_t TrainerChannel::ConnectionOfFrame(int fd, zmq::message_t& frame) {
-  // "Socket-Type" is in every ZMTP 3 handshake: a pointer into the
-  // connection's metadata object (null without metadata: by descriptor).
-  const void* key = zmq_msg_gets(frame.handle(), "Socket-Type");
-  if (key != nullptr) {
-    auto known = by_metadata_.find(key);
-    if (known != by_metadata_.end()) {
-      return IsOpen(known->second.fd, known->second.serial) ? known->second.serial : 0;
-    }
-  }
-  const uint64_t connection = ConnectionOf(fd);
-  if (connection != 0 && key != nullptr && !metadata_of_.count(connection)) {
-    zmq::message_t keep;
-    keep.copy(frame);
-    by_metadata_.emplace(key, KnownConnection{fd, connection, std::move(keep)});
-    metadata_of_[connection] = key;
-  }
-  return connection;
-}
-
-void TrainerChannel::RetireConnection(uint64_t serial) {
-  auto it = metadata_of_.find(serial);
-  if (it == metadata_of_.end()) return;
-  closed_known_.push_back(it->second);
-  metadata_of_.erase(it);
-  while (closed_known_.size() > kClosedKept) {
-    by_metadata_.erase(closed_known_.front());
-    closed_known_.pop_front();
-  }
-}
-
-bool TrainerChannel::IsOpen(int fd, uint64_t connection) const {
-  auto it = open_connections_.find(fd);
-  return connection != 0 && it != open_connections_.end() && it->second == connection;
 }
 
 void TrainerChannel::NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied) {
@@ -495,20 +433,13 @@ void TrainerChannel::OnMonitor() {
 
 void TrainerChannel::OnConnectionEvent(uint16_t event, int fd) {
   if (event == ZMQ_EVENT_ACCEPTED) {
-    // A new connection; the descriptor may be one a closed connection had.
-    uint64_t& serial = open_connections_[fd];
-    if (serial != 0)
-      RetireConnection(serial);  // (its close was not reported: one I/O thread reports it first)
-    serial = ++connection_serial_;
+    connections_.Accepted(fd);  // the descriptor may be one a closed connection had
     return;
   }
   if (event != ZMQ_EVENT_DISCONNECTED) return;
-  auto it = open_connections_.find(fd);
-  if (it == open_connections_.end()) return;
-  const uint64_t closed = it->second;
-  open_connections_.erase(it);
-  RetireConnection(closed);
-  if (!session_.empty() && closed == session_connection_) {
+  const std::optional<uint64_t> closed = connections_.Closed(fd);
+  if (!closed) return;
+  if (!session_.empty() && *closed == session_connection_) {
     lost_since_ = clock_.Now();
     session_connection_ = 0;
     metrics_.trainer_disconnects.fetch_add(1);

@@ -14,7 +14,9 @@
 #include "absl/status/status.h"
 #include "proto/odb.pb.h"
 #include "src/common/clock.h"
+#include "src/common/log_limiter.h"
 #include "src/common/mutex.h"
+#include "src/emit/connection_table.h"
 #include "src/emit/step_arena.h"
 #include "src/emit/step_arena_handshake.h"
 #include "src/emit/trainer_channel_options.h"
@@ -37,7 +39,7 @@ namespace odb::emit {
 //    id), they are sent again and the client drops the ones it already has.
 //  - Only a message that came on a connection still open (the monitor's
 //    accepted/disconnected events; the connection by ZMQ_SRCFD and its
-//    metadata, ConnectionOfFrame) is a sign of a trainer: one
+//    metadata, ConnectionTable::OfFrame) is a sign of a trainer: one
 //    that a closed connection left queued (a trainer's last credit before it
 //    exits, read after the close) never opens, revives or contends for a
 //    session. What the session's own late messages report still holds
@@ -86,7 +88,7 @@ class TrainerChannel {
   // epoch ends): what a reconnect would send again.
   size_t unacknowledged() const { return in_flight_.size(); }
   // Connections of the trainer socket open as far as the monitor has told.
-  size_t open_connections() const { return open_connections_.size(); }
+  size_t open_connections() const { return connections_.open(); }
   // A second peer waits while the session may be closing, then takes over
   // (the session is gone) or is refused. Returns true when an epoch was
   // requested. Call once per loop.
@@ -136,21 +138,9 @@ class TrainerChannel {
   void OfferStepArena(const std::string& peer);
   void Refuse(const std::string& peer, wire::ErrorCode code, const std::string& message);
   // One trainer message from `peer` (a frame that parsed, current version)
-  // that came on `connection` (ConnectionOf at the time it was read).
+  // that came on `connection` (ConnectionTable::OfFrame at the time it was read).
   bool Handle(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg);
-  // The open connection on descriptor `fd` as far as the monitor has told
-  // (OnReadable drains it first): its serial, 0 when none is open (a message
-  // with that ZMQ_SRCFD came on a connection that has closed since).
-  uint64_t ConnectionOf(int fd);
-  // The connection a received frame came on: by the connection's ZeroMQ
-  // metadata when one of its messages was seen before (see by_metadata_),
-  // else by its descriptor (ConnectionOf), which then binds the metadata to
-  // that connection. 0 when that connection has closed.
-  uint64_t ConnectionOfFrame(int fd, zmq::message_t& frame);
-  // Forgets the metadata of a connection that closed, once kClosedKept more
-  // have closed after it.
-  void RetireConnection(uint64_t serial);
-  bool IsOpen(int fd, uint64_t connection) const;
+  bool IsOpen(int fd, uint64_t connection) const { return connections_.IsOpen(fd, connection); }
   // Counts and logs a message its closed connection had left queued.
   void NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied);
   // Adds a credit's data_wait_us to odb_trainer_data_wait_microseconds_total.
@@ -158,9 +148,9 @@ class TrainerChannel {
 
   // Log lines a peer can cause once per message or connection (garbage, a
   // second trainer that keeps talking, connection churn between epochs):
-  // each kind logs at most kLogLinesPerWindow per kLogWindow on the injected
-  // clock; the rest are counted and the next line logged says how many were
-  // not. The metrics count every occurrence; nothing else is dropped.
+  // each kind logs at most 20 lines a minute on the injected clock (LogLimiter);
+  // the rest are counted and the next line logged says how many were not.
+  // The metrics count every occurrence; nothing else is dropped.
   enum LogKind {
     kLogMalformed,
     kLogRefused,
@@ -170,17 +160,7 @@ class TrainerChannel {
     kLogSession,
     kLogKinds
   };
-  struct LogLimit {
-    Clock::TimePoint window_start{};
-    bool started = false;
-    uint32_t lines = 0;    // logged in the current window
-    uint64_t skipped = 0;  // not logged since the last line of this kind
-  };
-  static constexpr auto kLogWindow = std::chrono::seconds(60);
-  static constexpr uint32_t kLogLinesPerWindow = 20;
-  // Whether a line of `kind` may be logged now (after a note of how many of
-  // its kind were not, if any).
-  bool MayLog(LogKind kind);
+  bool MayLog(LogKind kind) { return log_limiter_.MayLog(kind); }
 
   bool SendToSession(std::vector<zmq::message_t>& parts);  // false: not sent (retry later)
   // Sends session_ack to `peer`; false when no such peer is connected.
@@ -203,29 +183,7 @@ class TrainerChannel {
   StepArenaHandshake arena_;
 
   // I/O thread only.
-  // Open connections of the trainer socket (from the monitor): descriptor ->
-  // a serial of its own, so that the connection a session or contender is
-  // bound to is not confused with a later one on the same descriptor (the
-  // OS reuses them). One entry per open descriptor.
-  std::unordered_map<int, uint64_t> open_connections_;
-  uint64_t connection_serial_ = 0;
-  // Connections known by their ZeroMQ metadata. Every message of one
-  // connection refers to the one metadata object its handshake made, so its
-  // address names the connection even after the OS has given the descriptor
-  // to a new connection (which gets an object of its own). Bound at the
-  // first message read while the connection is open; kept, with a copy of
-  // that message (which keeps the object, and so the address, alive), while
-  // it is open and for the last kClosedKept closed ones: their late
-  // messages are known as late whatever their descriptor is by then.
-  struct KnownConnection {
-    int fd;
-    uint64_t serial;
-    zmq::message_t keep;
-  };
-  std::unordered_map<const void*, KnownConnection> by_metadata_;
-  std::unordered_map<uint64_t, const void*> metadata_of_;  // open connection's serial -> its key
-  std::deque<const void*> closed_known_;                   // oldest first
-  static constexpr size_t kClosedKept = 64;
+  ConnectionTable connections_;
   std::string session_;              // routing id of the trainer; empty = none yet
   int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
@@ -254,7 +212,7 @@ class TrainerChannel {
   std::optional<Contender> contender_;
   static constexpr auto kContenderGrace = std::chrono::seconds(2);
   static constexpr size_t kContenderMessages = 16;
-  LogLimit log_limits_[kLogKinds];
+  LogLimiter log_limiter_;
 };
 
 }  // namespace odb::emit
