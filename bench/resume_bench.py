@@ -63,8 +63,9 @@ def main() -> None:
     k = int(args.n * args.consumed)
     rng = np.random.default_rng(0)
     extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)
-    loader._consumed_ids = [order[:k], order[extra]]  # what the loop records: one array per step
-    loader._consumed_epoch = 0
+    loader._log.reset(0)  # what the loop records: one array per step
+    loader._log.add(order[:k])
+    loader._log.add(order[extra])
     c0, t0 = time.process_time(), time.perf_counter()
     state = loader.state_dict()
     c1, t1 = time.process_time(), time.perf_counter()
@@ -93,12 +94,10 @@ def sampler_bench(args: argparse.Namespace) -> None:
     c1 = time.process_time()
     k = int(args.n * args.consumed)
     extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)
-    loader._consumed_ids = [mine[:k], mine[extra]]  # what the loop records: one array per step
-    loader._consumed_owners = [np.zeros(k, dtype=np.int64), np.zeros(extra.size, dtype=np.int64)]
-    if not args.no_seqs:  # a sample's seq is its index in the positions sent (all of them here)
-        loader._consumed_seqs = [np.arange(k, dtype=np.int64), extra.astype(np.int64)]
-    loader._consumed_steps = [0, 1]
-    loader._consumed_epoch = 0
+    loader._log.reset(0)  # what the loop records: one array per step
+    # with seqs, a sample's seq is its index in the positions sent (all of them here)
+    loader._log.add(mine[:k], seqs=None if args.no_seqs else np.arange(k, dtype=np.int64))
+    loader._log.add(mine[extra], seqs=None if args.no_seqs else extra.astype(np.int64))
     c2 = time.process_time()
     state = loader.state_dict()
     c3 = time.process_time()

@@ -134,8 +134,8 @@ def test_state_is_compact_and_round_trips() -> None:
     assert packed == {"cursor": 4, "extra": [7, 9]}
     assert expand_ints(packed).tolist() == [0, 1, 2, 3, 7, 9]
     loader = _loader(shuffle=True, seed=3)
-    loader._consumed_ids = [loader.indices()[:50]]
-    loader._consumed_epoch = 0
+    loader._log.reset(0)
+    loader._log.add(loader.indices()[:50])
     state = loader.state_dict()
     assert state["consumed"] == {"cursor": 50, "extra": []}  # positions in the epoch's order: a prefix
     fresh = _loader(shuffle=True, seed=3)
@@ -156,16 +156,18 @@ def test_a_resume_at_another_world_size_does_not_continue_the_states_round() -> 
     rounds from 0, so a round of the new run that has the state's round number is another round, and
     the state's in-round samples are not part of it (else a later replay would send them again)."""
     first = _loader(shuffle=True, seed=3)
-    first._consumed_ids, first._consumed_steps, first._consumed_epoch = [first.indices()[:10]], [0], 0
-    first._last_step = (0, 0, 0, 3, True)  # step 0 of round 0 (3 steps)
+    first._log.reset(0)
+    first._log.add(first.indices()[:10], step=0)
+    first._log.last_step = (0, 0, 0, 3, True)  # step 0 of round 0 (3 steps)
     state = first.state_dict()
     assert expand_ints(state["replay"]["round_consumed"]).size == 10
     state["replay"]["world_size"] = 2  # taken at 2 ranks, resumed at 1
     second = _loader(shuffle=True, seed=3)
     second.load_state_dict(state)
     mine = second.indices()[:5]
-    second._consumed_ids, second._consumed_steps, second._consumed_epoch = [mine], [0], 0
-    second._last_step = (0, 0, 0, 3, True)  # the new run's round 0
+    second._log.reset(0)
+    second._log.add(mine, step=0)
+    second._log.last_step = (0, 0, 0, 3, True)  # the new run's round 0
     again = second.state_dict()
     order = second._global_order().tolist()
     assert sorted(expand_ints(again["replay"]["round_consumed"]).tolist()) == sorted(order.index(i) for i in mine)
@@ -184,8 +186,8 @@ def test_a_resume_at_another_world_size_does_not_continue_the_states_round() -> 
 ])
 def test_a_corrupt_truncated_or_foreign_state_is_a_clear_error(damage, message) -> None:
     loader = _loader(shuffle=True, seed=3)
-    loader._consumed_ids = [loader.indices()[:10]]
-    loader._consumed_epoch = 0
+    loader._log.reset(0)
+    loader._log.add(loader.indices()[:10])
     state = loader.state_dict()
     damage(state)
     with pytest.raises(ValueError, match=message):

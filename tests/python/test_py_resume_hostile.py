@@ -25,16 +25,14 @@ def _loader(sampler: "list | None") -> "odb.OdbDataLoader":
 def _state(sampler: "list | None") -> dict:
     """A reproducible state one step into round 0 (so it has a replay entry), with job counters."""
     loader = _loader(sampler)
+    loader._log.reset(0)
     if sampler is None:
-        loader._consumed_ids = [np.asarray(loader.indices()[:10])]
+        loader._log.add(loader.indices()[:10], step=0)
     else:
         loader._plan = loader._sampler_plan()
-        loader._consumed_ids = [np.asarray([0, 3])]
-        loader._consumed_owners = [np.zeros(2, dtype=np.int64)]
-        loader._consumed_seqs = [np.asarray([0, 1])]
-    loader._consumed_steps, loader._consumed_epoch = [0], 0
-    loader._last_step = (0, 0, 0, 3, True)
-    loader._completed_epoch = {"epoch": 0, "optimizer_steps": 4, "loss_tokens": 100}
+        loader._log.add([0, 3], owners=np.zeros(2, dtype=np.int64), seqs=[0, 1], step=0)
+    loader._log.last_step = (0, 0, 0, 3, True)
+    loader._counters.completed_epoch = {"epoch": 0, "optimizer_steps": 4, "loss_tokens": 100}
     state = loader.state_dict()
     assert state["replay"] is not None
     return state

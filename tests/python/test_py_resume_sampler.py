@@ -227,11 +227,9 @@ def _taken(loader: "odb.OdbDataLoader", ids: list, seqs: "list | None" = None) -
 
     if loader._plan is None:
         loader._plan = loader._sampler_plan()
-    loader._consumed_epoch = loader.epoch
-    loader._consumed_ids.append(np.asarray(ids, dtype=np.int64))
-    loader._consumed_owners.append(np.full(len(ids), loader.rank, dtype=np.int64))
-    loader._consumed_seqs.append(np.asarray(seqs if seqs is not None else [-1] * len(ids), dtype=np.int64))
-    loader._consumed_steps.append(len(loader._consumed_steps))
+    if loader._log.epoch != loader.epoch:
+        loader._log.reset(loader.epoch)
+    loader._log.add(ids, owners=np.full(len(ids), loader.rank, dtype=np.int64), seqs=seqs)
 
 
 LIST = [0, 3, 0, 1, 0, 3, 7, 0, 2, 0, 3, 5]
@@ -316,7 +314,7 @@ def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> N
     plain = _loader([4, 1, 6, 0, 2])
     _taken(plain, [4, 1])  # step 0: round 0
     _taken(plain, [6])     # step 1: the first of round 1's three steps, the checkpoint
-    plain._last_step = (1, 1, 1, 3, True)
+    plain._log.last_step = (1, 1, 1, 3, True)
     state = plain.state_dict()
     assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
                                "round_consumed": [{"cursor": 0, "extra": [2]}]}
@@ -327,7 +325,7 @@ def test_a_replay_keeps_positions_and_is_dropped_when_a_copy_is_ambiguous() -> N
     repeated = _loader(LIST)
     _taken(repeated, [0, 3])
     _taken(repeated, [1])
-    repeated._last_step = (1, 1, 1, 3, True)
+    repeated._log.last_step = (1, 1, 1, 3, True)
     state = repeated.state_dict()
     assert state["replay"] is None  # index 0 waits at 4 more positions: which one round 0 took is unknown
     assert state["consumed"] == [{"cursor": 2, "extra": [3]}]  # positions 0, 1 and 3
@@ -339,7 +337,7 @@ def test_steps_with_seqs_key_the_exact_copy_and_the_replay_stays_exact() -> None
     repeated = _loader(LIST)
     _taken(repeated, [0, 3], seqs=[2, 1])  # round 0: the second copy of 0 (position 2) and position 1
     _taken(repeated, [1], seqs=[3])       # round 1's first step, the checkpoint
-    repeated._last_step = (1, 1, 1, 3, True)
+    repeated._log.last_step = (1, 1, 1, 3, True)
     state = repeated.state_dict()
     assert state["consumed"] == [{"cursor": 0, "extra": [1, 2, 3]}]  # positions 1, 2, 3: not the first 0
     assert state["replay"] == {"round": 1, "first_step": 1, "next_step": 2, "world_size": 1,
@@ -351,7 +349,7 @@ def test_steps_with_seqs_key_the_exact_copy_and_the_replay_stays_exact() -> None
     # The resumed run's seqs index its own sent list (positions 0, 3, 4, 5, ...): seq 0 is position 0,
     # seq 3 position 5 (the second copy of 3).
     resumed._plan = resumed._sampler_plan()
-    resumed._consumed_epoch = resumed.epoch
+    resumed._log.reset(resumed.epoch)
     _taken(resumed, [0, 3], seqs=[0, 3])
     again = resumed.state_dict()
     assert again["consumed"] == [{"cursor": 4, "extra": [5]}]

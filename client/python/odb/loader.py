@@ -14,11 +14,17 @@ which re-raises a worker's preprocessing exception or its death; (2) a daemon
 spawned by this process (:func:`odb.spawn_daemon`) exiting; (3) an overall
 `timeout_s` without any step.
 
-This module keeps OdbDataLoader (the epoch loop, checkpoint/resume, IDLE and
-dummy batches). Its units are modules of their own: odb.step (Step),
-odb.encoding (sample encoding, dtype codes), odb.pump (the workers' send
-stream, the pump thread, OdbWorkerError), odb.progress (the progress line) and
-odb.state_codec (the checkpoint state's format and consumed-set codec).
+This module keeps OdbDataLoader: its settings, the epoch loop that combines
+its parts, and the checkpoint state that combines theirs. The parts are modules
+of their own, each with its own state where it has one: odb.epoch_order (which
+samples a rank sends: the seeded order, a custom sampler's list), odb.consumed_log
+(what the loop handed out, for the checkpoint), odb.job_counters (optimizer steps
+and loss tokens for schedules and budgets), odb.resume_state (a loaded state,
+checked per version), odb.sampler_state (a custom sampler's consumed positions),
+odb.dummy (IDLE steps' batches), odb.step (Step), odb.encoding (sample encoding),
+odb.pump (the workers' send stream, the pump thread, OdbWorkerError),
+odb.progress (the progress line) and odb.state_codec (the state's format and
+consumed-set codec).
 """
 from __future__ import annotations
 
@@ -47,14 +53,19 @@ from .pump import OdbWorkerError as OdbWorkerError
 from .pump import _null_collate as _null_collate
 from .pump import _Pump as _Pump
 from .pump import _SendStream as _SendStream
+from .consumed_log import ConsumedLog
+from .dummy import DummyBatches
+from .epoch_order import SamplerPlan, consumed_positions, global_order, rank_share
+from .job_counters import JobCounters
+from .resume_state import LoadedState, parse_state
+from .sampler_state import Trained, sampler_consumed
 from .stacks import check_caller_stack
 from .state_codec import STATE_FORMAT as STATE_FORMAT
 from .state_codec import STATE_VERSION as STATE_VERSION
 from .state_codec import compress_ints as compress_ints
-from .state_codec import decode_rank_positions, encode_rank_positions, list_fingerprint, take_positions
 from .state_codec import compress_mask as compress_mask
 from .state_codec import expand_ints as expand_ints
-from .state_codec import is_int, packed_top
+from .state_codec import list_fingerprint
 from .step import _MISSING as _MISSING
 from .step import Step as Step
 
@@ -63,62 +74,6 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
-
-
-def _check_int(value: Any, name: str, minimum: Optional[int]) -> int:
-    """A state field that must be an integer (at least `minimum`): its value, or ValueError naming it."""
-    if not is_int(value):
-        raise ValueError(f"odb loader state: {name} must be an integer, got {value!r}")
-    if minimum is not None and int(value) < minimum:
-        raise ValueError(f"odb loader state: {name} is {int(value)}, below {minimum}")
-    return int(value)
-
-
-def _step_seqs(info: Any, n: int) -> np.ndarray:
-    """A step's per-sample seqs (Step.seqs) as int64, -1 for a sample whose seq the step does not give."""
-    seqs = info.get("seqs")
-    if seqs is None or len(seqs) != n:
-        return np.full(n, -1, dtype=np.int64)
-    try:
-        return np.asarray(seqs, dtype=np.int64)
-    except (TypeError, OverflowError):  # None among them (a sample without seq), or past int64
-        return np.asarray([-1 if q is None or q >= 1 << 63 else q for q in seqs], dtype=np.int64)
-
-
-def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
-    """The distinct values of `ids` (each in [0, n)), sorted, through a mask (O(n + len(ids)), no sort)."""
-    mask = np.zeros(n, dtype=bool)
-    mask[ids] = True
-    return np.flatnonzero(mask)
-
-
-class _SamplerPlan:
-    """A custom sampler's list on this rank for one epoch: `full` (every index the sampler gave, in
-    order: a position indexes it), `sent` (the positions sent, in order: their seqs are 0, 1, ...),
-    `consumed_before` (the positions a loaded state counts as trained) and the list's fingerprint."""
-
-    def __init__(self, epoch: int, full: np.ndarray, sent: np.ndarray, consumed_before: np.ndarray,
-                 fingerprint: str) -> None:
-        self.epoch = epoch
-        self.full = full
-        self.sent = sent
-        self.consumed_before = consumed_before
-        self.fingerprint = fingerprint
-        self._free: Optional[Tuple[np.ndarray, np.ndarray]] = None
-
-    def free(self) -> Tuple[np.ndarray, np.ndarray]:
-        """(indices, positions) of the positions sent and not consumed before, sorted by (index,
-        position): built once per epoch (O(list) and a sort), then every checkpoint of the epoch
-        looks its trained samples up in it."""
-        if self._free is None:
-            mask = np.zeros(self.full.size, dtype=bool)
-            mask[self.sent] = True
-            mask[self.consumed_before] = False
-            positions = np.flatnonzero(mask)
-            ids = self.full[positions]
-            order = np.argsort(ids, kind="stable")
-            self._free = (ids[order], positions[order])
-        return self._free
 
 
 class OdbDataLoader:
@@ -246,8 +201,7 @@ class OdbDataLoader:
         self.progress_stream: Any = None  # where the lines go (None: stderr, or tqdm)
         self.summary_dir = summary_dir
         self.epoch = 0
-        self._dummy_sample = dummy_sample
-        self._dummy_batch: Optional[Dict[str, torch.Tensor]] = None
+        self._dummy = DummyBatches(dataset, dummy_sample)
         self.packed = None if packed is None else bool(packed)
         self._packed_seen: Optional[bool] = None  # the layout of the real steps received so far
         self._consumer: Any = None
@@ -256,54 +210,28 @@ class OdbDataLoader:
         self.data_wait_s = 0.0  # this epoch's time the trainer spent in next(loader) waiting for steps
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
-        # Resume (docs/resume.md): sample ids of the current epoch's steps
-        # yielded so far, and what a loaded state says was consumed before
-        # (keys: positions in the epoch's order; with a custom sampler
-        # (rank, position) pairs of the ranks' lists, or ids from an older state).
-        self._consumed_ids: List[Any] = []  # per step: an int64 array of its sample ids
-        self._consumed_owners: List[Any] = []  # per step: the rank whose list each of its samples came from
-        # per step: each sample's seq (its index among the positions its owner rank sent), -1 where the
-        # step did not say (a daemon older than Step.seqs, or a sample sent without seq)
-        self._consumed_seqs: List[Any] = []
-        self._consumed_steps: List[int] = []  # the step index of each _consumed_ids entry
-        # The loaded state's key: "position", "id" (a custom sampler's state from odb < state version 4:
-        # dataset indices, every position of one consumed) or "rank_position" (_resume_keys then holds
-        # encode_rank_positions codes of _resume_lists ranks' lists, _resume_ids their dataset indices
-        # for a resume at another world size, _resume_fingerprints each list's fingerprint or None).
-        self._resume_key = "position"
-        self._resume_lists = 0
-        self._resume_ids: np.ndarray = np.zeros(0, dtype=np.int64)
-        self._resume_fingerprints: Optional[List[Optional[str]]] = None
-        # Custom sampler: this rank's list of the epoch being iterated and what of it was sent
-        # (_SamplerPlan), and the (index, position)-sorted free positions for state_dict (built once).
-        self._plan: Optional[_SamplerPlan] = None
-        self._consumed_epoch: Optional[int] = None
-        # The last step yielded (any kind): (step_index, round, round_first_step,
-        # round_steps, deterministic), for a deterministic checkpoint.
-        self._last_step: Optional[Tuple[int, int, int, int, bool]] = None
-        # A loaded deterministic state: where the resumed epoch replays from.
-        self._replay: Optional[Dict[str, Any]] = None
+        # The loader's stateful parts (each with its own state; state_dict() combines them):
+        self._log = ConsumedLog()  # the current epoch's steps handed out
+        self._counters = JobCounters()  # optimizer steps and loss tokens (schedules, budgets)
+        # A loaded state whose epoch resumes (None: none, or its epoch had ended): what it counts as
+        # consumed, and for a reproducible epoch where it replays from.
+        self._resume: Optional[LoadedState] = None
+        # Custom sampler: this rank's list of the epoch being iterated and what of it was sent.
+        self._plan: Optional[SamplerPlan] = None
         self._position_cache: Optional[Tuple[int, np.ndarray]] = None  # (epoch, id -> position)
-        self._resume_epoch: Optional[int] = None
-        self._resume_keys: np.ndarray = np.zeros(0, dtype=np.int64)
-        # Job counters (schedules, budgets, optimizer_steps_per_epoch): optimizer steps (windows) closed and
-        # their loss tokens over all ranks, in the job and in the current epoch. They grow when a step that
-        # closes its window is handed out, from global header fields, so every rank counts the same.
-        self.job_optimizer_steps = 0
-        self.job_loss_tokens = 0
-        self._epoch_windows = 0
-        self._epoch_window_tokens = 0
-        self._epoch_counted: Optional[int] = None  # the epoch the _epoch_* counters are of
-        self._epoch_from_start = False  # those counters cover the epoch since its first step
-        # The last epoch seen to its end from its start: {"epoch", "optimizer_steps", "loss_tokens"}.
-        self._completed_epoch: Optional[Dict[str, Any]] = None
-        # Window index of the uninterrupted run minus the daemon's, for a resumed epoch (new daemons count
-        # their windows from 0): set at the first step after a resume.
-        self._window_offset: Optional[int] = 0
         self._probe_cache: Optional[Tuple[Any, float]] = None
-        self._counters_resumed = False  # load_state_dict restored the current epoch's counters
 
-    # ----- epoch and indices -------------------------------------------------
+    @property
+    def job_optimizer_steps(self) -> int:
+        """Optimizer steps (windows) handed out in the job, on every rank alike."""
+        return self._counters.optimizer_steps
+
+    @property
+    def job_loss_tokens(self) -> int:
+        """Loss tokens (all ranks) of the optimizer steps handed out in the job: what odb.lr_by_tokens reads."""
+        return self._counters.loss_tokens
+
+    # ----- epoch and indices (odb.epoch_order) -------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch (and the sampler's, when it has set_epoch)."""
         self.epoch = int(epoch)
@@ -312,19 +240,19 @@ class OdbDataLoader:
 
     def _global_order(self) -> np.ndarray:
         """Every index of the epoch in its (seeded) order, before the rank split."""
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            return torch.randperm(n, generator=g).numpy().astype(np.int64)
-        return np.arange(n, dtype=np.int64)
+        return global_order(len(self.dataset), self.shuffle, self.seed, self.epoch)  # type: ignore[arg-type]
+
+    def _resuming(self, epoch: int) -> Optional[LoadedState]:
+        """The loaded state when `epoch` is the one it resumes."""
+        return self._resume if self._resume is not None and self._resume.epoch == epoch else None
 
     def _replaying(self) -> bool:
         """A deterministic state is loaded for this epoch at the same world size:
         the epoch resumes at the round of its checkpoint, step for step."""
-        return (self._resume_epoch == self.epoch and self._replay is not None
-                and int(self._replay["world_size"]) == self.world_size
-                and (self._resume_key != "rank_position" or self._resume_lists == self.world_size))
+        loaded = self._resuming(self.epoch)
+        return (loaded is not None and loaded.replay is not None
+                and int(loaded.replay["world_size"]) == self.world_size
+                and (loaded.key != "rank_position" or loaded.lists == self.world_size))
 
     def indices(self) -> List[int]:
         """The sample indices this rank sends in the current epoch (after a
@@ -336,73 +264,48 @@ class OdbDataLoader:
         if self.sampler is not None:
             plan = self._sampler_plan()
             return plan.full[plan.sent].tolist()
-        resuming = self._resume_epoch == self.epoch
+        loaded = self._resuming(self.epoch)
         limit = self._epoch_sample_limit(self.epoch)  # stop_at_samples: the epoch's first `limit` samples
+        order = self._global_order()
         if self._replaying():
-            assert self._replay is not None
-            done = self._replay["before_round"]  # keys consumed in rounds before the replayed one
-            order = self._global_order()
+            assert loaded is not None and loaded.replay is not None
+            done = loaded.replay["before_round"]  # keys consumed in rounds before the replayed one
             positions = np.arange(order.size, dtype=np.int64)[self.rank::self.world_size]
             if limit is not None:
                 positions = positions[positions < limit]
             gone = np.zeros(order.size, dtype=bool)
             gone[done[done < order.size]] = True
             return order[positions[~gone[positions]]].tolist()
-        order = self._global_order()
         if limit is not None:
             order = order[:limit]
-        if resuming:
+        if loaded is not None:
             keep = np.ones(order.size, dtype=bool)
-            keep[self._resume_keys[self._resume_keys < order.size]] = False
+            keep[loaded.keys[loaded.keys < order.size]] = False
             order = order[keep]
         return order[self.rank::self.world_size].tolist()
 
-    def _sampler_plan(self) -> "_SamplerPlan":
+    def _sampler_plan(self) -> SamplerPlan:
         """This rank's custom-sampler list for the epoch (one draw of the sampler) and the positions of it
         that are sent: all of them, less those a loaded state counts as trained (a deterministic resume at
         the same world size: less those of the rounds before the replayed one), within the share of a
         sample budget."""
         full = np.asarray([int(i) for i in self.sampler], dtype=np.int64)  # type: ignore[union-attr]
         limit = self._epoch_sample_limit(self.epoch)
-        send = full.size if limit is None else min(full.size, self._rank_share(limit))
+        send = full.size if limit is None else min(full.size, rank_share(limit, self.rank, self.world_size))
         fingerprint = list_fingerprint(full)
         consumed = np.zeros(0, dtype=np.int64)
         dropped = consumed
-        if self._resume_epoch == self.epoch:
-            consumed = self._consumed_positions(full, self._resume_keys, fingerprint)
+        loaded = self._resuming(self.epoch)
+        if loaded is not None:
+            where = dict(rank=self.rank, world_size=self.world_size, epoch=self.epoch)
+            consumed = consumed_positions(loaded, full, loaded.keys, fingerprint, **where)
             dropped = consumed
             if self._replaying():
-                assert self._replay is not None
-                dropped = self._consumed_positions(full, self._replay["before_round"], fingerprint)
+                assert loaded.replay is not None
+                dropped = consumed_positions(loaded, full, loaded.replay["before_round"], fingerprint, **where)
         keep = np.ones(send, dtype=bool)
         keep[dropped[dropped < send]] = False
-        return _SamplerPlan(self.epoch, full, np.flatnonzero(keep), consumed, fingerprint)
-
-    def _consumed_positions(self, full: np.ndarray, keys: np.ndarray, fingerprint: str) -> np.ndarray:
-        """The positions of this rank's list `full` that loaded keys name: its own (rank, position) pairs
-        when the state's lists are of this world size; otherwise (another world size, or a state of
-        odb < 4 keyed by dataset index) every position of an index the state names as consumed."""
-        if self._resume_key == "rank_position" and self._resume_lists == self.world_size:
-            known = (self._resume_fingerprints or [None] * self.world_size)[self.rank]
-            if known is not None and known != fingerprint:
-                raise ValueError(
-                    f"odb: the loaded state's positions are of another list: rank {self.rank}'s sampler gives "
-                    f"epoch {self.epoch} a different list ({full.size} indices, fingerprint {fingerprint}) than "
-                    f"when the checkpoint was taken ({known}), so its positions would name other samples. Resume "
-                    f"with the same sampler, seeded the same way (a torch.Generator with a fixed seed, or "
-                    f"set_epoch), at the same world size")
-            positions = decode_rank_positions(keys, self._resume_lists, self.rank)
-            if positions.size and int(positions[-1]) >= full.size:
-                raise ValueError(f"odb loader state names position {int(positions[-1])} of rank {self.rank}'s "
-                                 f"list, which holds {full.size} indices: resume with the sampler it was taken with")
-            return positions
-        ids = keys if self._resume_key == "id" else self._resume_ids
-        return np.flatnonzero(np.isin(full, ids))
-
-    def _rank_share(self, limit: int) -> int:
-        """With a sample budget, this rank's share of the epoch's first `limit` samples (every rank's
-        sampler is taken to give as many: DistributedSampler does)."""
-        return limit // self.world_size + (1 if self.rank < limit % self.world_size else 0)
+        return SamplerPlan(self.epoch, full, np.flatnonzero(keep), consumed, fingerprint)
 
     # ----- budgets and schedules (docs/python.md, "Schedules and budgets") ---------
     def samples_per_epoch(self) -> int:
@@ -457,7 +360,7 @@ class OdbDataLoader:
         """(loss tokens of one epoch over all ranks, exact): exact once an epoch was seen from its start to
         its end (every epoch trains the same samples); before that an estimate: the epoch's sample count x
         the mean of `probe` samples drawn with a fixed seed (preprocessed in this process, once)."""
-        done = self._completed_epoch
+        done = self._counters.completed_epoch
         if done is not None:
             return int(done["loss_tokens"]), True
         return int(round(self.samples_per_epoch() * self._probe_loss_tokens_per_sample(probe))), False
@@ -473,7 +376,7 @@ class OdbDataLoader:
         tokens / T (:meth:`loss_tokens_per_epoch`; windows average within 2% of T and the last one may be
         short); without windows, the epoch's steps are known only once one ran (ValueError before).
         Measured error: docs/python.md, "Schedules and budgets"."""
-        done = self._completed_epoch
+        done = self._counters.completed_epoch
         if done is not None:
             return int(done["optimizer_steps"])
         target = self.tokens_per_optimizer_step
@@ -488,24 +391,7 @@ class OdbDataLoader:
 
     def state_extras(self) -> Dict[str, Any]:
         """The job counters a checkpoint carries (inside state_dict()["job"])."""
-        return {"optimizer_steps": int(self.job_optimizer_steps), "loss_tokens": int(self.job_loss_tokens),
-                "epoch": None if self._epoch_counted is None else int(self._epoch_counted),
-                "epoch_optimizer_steps": int(self._epoch_windows),
-                "epoch_loss_tokens": int(self._epoch_window_tokens), "epoch_from_start": bool(self._epoch_from_start),
-                "completed_epoch": None if self._completed_epoch is None else dict(self._completed_epoch)}
-
-    def _count_step(self, info: Any) -> int:
-        """Job and epoch counters, and the window index, of a step handed out (or drained)."""
-        if self._window_offset is None:  # the first step after a resume: windows before it were closed
-            self._window_offset = self._epoch_windows - int(info["window"])
-        window = int(info["window"]) + self._window_offset
-        if info["closes_window"]:
-            tokens = int(info["window_loss_tokens"])
-            self.job_optimizer_steps += 1
-            self.job_loss_tokens += tokens
-            self._epoch_windows += 1
-            self._epoch_window_tokens += tokens
-        return window
+        return self._counters.state_dict()
 
     # ----- checkpoint state (torch.utils.data Stateful protocol) ---------------
     def state_dict(self) -> Dict[str, Any]:
@@ -513,17 +399,15 @@ class OdbDataLoader:
         the samples of every step yielded so far (all ranks', when
         torch.distributed is initialized: call it on every rank at the same
         step, as DDP checkpoints are taken), never tensors. See docs/resume.md."""
-        epoch = self.epoch if self._consumed_epoch is None else self._consumed_epoch
-        ids = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_ids])
-               if self._consumed_ids else np.zeros(0, dtype=np.int64))
-        steps = np.repeat(np.asarray(self._consumed_steps, dtype=np.int64),
-                          [len(c) for c in self._consumed_ids]).astype(np.int64)
+        log = self._log
+        epoch = self.epoch if log.epoch is None else log.epoch
+        ids, owners, seqs, steps = log.arrays()
         # Deterministic epochs replay from the round of the last step: the keys
         # of that round's steps so far are kept apart (they are trained, and
         # the resumed daemons plan them again into the same steps, skipped).
         replay: Optional[Dict[str, Any]] = None
         first: Optional[int] = None  # the replayed round's first step, when the checkpoint is inside it
-        last = self._last_step if self._consumed_epoch == epoch else None
+        last = log.last_step if log.epoch == epoch else None
         if last is not None and last[4]:
             step, rnd, first_step, count, _ = last
             if step + 1 >= first_step + count:  # the round is complete: resume at the next one
@@ -531,11 +415,11 @@ class OdbDataLoader:
             else:
                 replay = {"round": rnd, "first_step": first_step, "next_step": step + 1}
                 first = first_step
-        loaded = self._replay
+        loaded = self._resuming(epoch)
         # The loaded state's round goes on only when this run replayed it (same world size): a resume at
         # another world size numbers its rounds from 0 again, and its round R is not the state's.
         loaded_in_round = (first is not None and replay is not None and loaded is not None and epoch == self.epoch
-                           and self._replaying() and int(loaded["round"]) == replay["round"])
+                           and self._replaying() and int(loaded.replay["round"]) == replay["round"])
         in_round = steps >= first if first is not None else np.zeros(ids.size, dtype=bool)
         world = self.world_size
         gathering = world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -554,10 +438,10 @@ class OdbDataLoader:
             keys = self._position_cache[1][ids] if ids.size else ids
             round_keys = keys[in_round]
             if loaded_in_round:
-                assert loaded is not None
-                round_keys = np.concatenate([round_keys, loaded["in_round"]])  # skipped at the resume
-            if self._resume_epoch == epoch:
-                keys = np.concatenate([keys, self._resume_keys])
+                assert loaded is not None and loaded.replay is not None
+                round_keys = np.concatenate([round_keys, loaded.replay["in_round"]])  # skipped at the resume
+            if loaded is not None:
+                keys = np.concatenate([keys, loaded.keys])
             if gathering:
                 gathered: List[Any] = [None] * torch.distributed.get_world_size()
                 torch.distributed.all_gather_object(gathered, (keys, round_keys))
@@ -569,8 +453,10 @@ class OdbDataLoader:
             round_consumed: Any = compress_ints(round_keys)
             key = "position"
         else:
-            key, consumed, round_consumed, extra, exact_replay = self._sampler_consumed(
-                epoch, ids, in_round, loaded_in_round, replay is not None, gathering)
+            plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
+            trained = Trained(ids, owners, seqs, in_round, self.rank, world, len(self.dataset), epoch)  # type: ignore[arg-type]
+            key, consumed, round_consumed, extra, exact_replay = sampler_consumed(
+                plan, trained, loaded, loaded_in_round, replay is not None, gathering)
             if not exact_replay:
                 replay = None  # the resume is the ordinary exactly-once one (docs/resume.md)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(epoch),
@@ -581,307 +467,24 @@ class OdbDataLoader:
                            dict(replay, world_size=int(world), round_consumed=round_consumed)),
                 "job": self.state_extras()}
 
-    def _sampler_consumed(self, epoch: int, ids: np.ndarray, in_round: np.ndarray,
-                          loaded_in_round: bool, replaying: bool,
-                          gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
-        """A custom sampler's consumed samples as positions in each rank's list ("rank_position"):
-        (key, consumed, the replayed round's consumed, the extra state keys, whether a replay is exact).
-
-        A step names each sample's seq (Step.seqs: the sample's index among the positions its owner rank
-        sent), so a rank maps the trained samples of its own list to their positions exactly:
-        plan.sent[seq]. Only when a step does not give a seq (a daemon older than the field) are the
-        trained copies of an index mapped to its first free positions in list order (take_positions), and
-        a replay is then exact only where no other copy of the index was free. With samples moving between
-        ranks (global planner) a rank's samples may be trained by another rank: the first all_gather hands
-        every rank all trained samples, their owners and seqs, the second each rank's positions."""
-        plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
-        world = self.world_size
-        if plan is None:
-            # Not iterated in this epoch since the state was loaded (or at all): nothing was trained
-            # here, the state is the loaded one as it is (its lists may be of another world size).
-            if self._resume_epoch != epoch:
-                empty = [compress_ints([])] * world
-                return ("rank_position", empty, list(empty),
-                        {"consumed_ids": compress_ints([]), "lists": [None] * world}, False)
-            if self._resume_key == "id":  # an older state's, still with its meaning
-                return "id", compress_ints(self._resume_keys), compress_ints([]), {}, False
-            lists = self._resume_lists
-            per_rank = [compress_ints(decode_rank_positions(self._resume_keys, lists, r)) for r in range(lists)]
-            return ("rank_position", per_rank, [compress_ints([])] * lists,
-                    {"consumed_ids": compress_ints(self._resume_ids),
-                     "lists": list(self._resume_fingerprints or [None] * lists)}, False)
-        owners = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_owners])
-                  if self._consumed_owners else np.zeros(0, dtype=np.int64))
-        seqs = (np.concatenate([np.asarray(c, dtype=np.int64) for c in self._consumed_seqs])
-                if self._consumed_seqs else np.zeros(0, dtype=np.int64))
-        if seqs.size != ids.size:  # steps recorded without seqs (a test double): every seq unknown
-            seqs = np.full(ids.size, -1, dtype=np.int64)
-        if gathering:
-            gathered: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (ids, owners, in_round, seqs))
-            ids = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
-            owners = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
-            in_round = np.concatenate([np.asarray(g[2], dtype=bool) for g in gathered])
-            seqs = np.concatenate([np.asarray(g[3], dtype=np.int64) for g in gathered])
-        if owners.size and (owners.min() < 0 or owners.max() >= world):
-            raise RuntimeError(f"odb: a step named owner rank {int(owners.max())} in a world of {world}")
-        n = len(self.dataset)  # type: ignore[arg-type]
-        mine = owners == self.rank
-        if not (seqs[mine] < 0).any():
-            return self._sampler_consumed_by_seq(plan, epoch, ids, mine, in_round, seqs, loaded_in_round, gathering)
-        # Copies trained in the rounds before the replayed one come first in training order, so they
-        # take an index's first free positions, the replayed round's copies the next ones.
-        before = np.bincount(ids[mine & ~in_round], minlength=n)
-        free_ids, free_positions = plan.free()
-        try:
-            positions = take_positions(free_ids, free_positions, before)
-            round_positions = (take_positions(free_ids, free_positions, np.bincount(ids[mine & in_round], minlength=n),
-                                              skip=before) if in_round.any() else np.zeros(0, dtype=np.int64))
-        except ValueError as e:
-            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: {e}: did the sampler's list change "
-                               f"while the epoch ran?") from None
-        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
-        for p in (plan.consumed_before, positions, round_positions):
-            taken[p] = True
-        consumed = np.flatnonzero(taken)
-        if loaded_in_round:
-            assert self._replay is not None
-            round_positions = np.concatenate(
-                [round_positions, self._consumed_positions(plan.full, self._replay["in_round"], plan.fingerprint)])
-        # A replay resends each rank's list less what the rounds before the replayed one took; which copy
-        # of an index those took is a guess (the steps do not say), exact only when no other copy of the
-        # index is free. Otherwise the resume must be the ordinary one, or the replayed round could differ.
-        exact = True
-        if replaying:
-            index = np.flatnonzero(before)
-            free = np.searchsorted(free_ids, index, side="right") - np.searchsorted(free_ids, index, side="left")
-            exact = bool(np.all(free == before[index]))
-        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, exact)
-        return self._rank_position_state(mine_state, gathering)
-
-    def _sampler_consumed_by_seq(self, plan: "_SamplerPlan", epoch: int, ids: np.ndarray, mine: np.ndarray,
-                                 in_round: np.ndarray, seqs: np.ndarray, loaded_in_round: bool,
-                                 gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
-        """_sampler_consumed when every trained sample of this rank's list came with its seq: its position
-        is plan.sent[seq], exactly (no per-index sort, no guess), so a replay is always exact."""
-        n = len(self.dataset)  # type: ignore[arg-type]
-        own = seqs[mine]
-        if own.size and int(own.max()) >= plan.sent.size:
-            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names seq {int(own.max())} of this "
-                               f"rank's list, which sent {plan.sent.size} samples: did the daemon or the sampler "
-                               f"change while the epoch ran?")
-        positions = plan.sent[own]
-        if own.size and not np.array_equal(plan.full[positions], ids[mine]):
-            k = int(np.argmax(plan.full[positions] != ids[mine]))
-            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a step names sample {int(ids[mine][k])} at "
-                               f"seq {int(own[k])}, where this rank's list holds {int(plan.full[positions[k]])}: did "
-                               f"the sampler's list change while the epoch ran?")
-        round_positions = plan.sent[seqs[mine & in_round]]
-        taken = np.zeros(plan.full.size, dtype=bool)  # O(list), no sort
-        taken[plan.consumed_before] = True
-        taken[positions] = True
-        consumed = np.flatnonzero(taken)
-        if consumed.size != plan.consumed_before.size + positions.size:
-            raise RuntimeError(f"odb: rank {self.rank}, epoch {epoch}: a position of this rank's list was trained "
-                               f"twice (the steps name {positions.size} samples of it, "
-                               f"{consumed.size - plan.consumed_before.size} distinct new positions)")
-        if loaded_in_round:
-            assert self._replay is not None
-            round_positions = np.concatenate(
-                [round_positions, self._consumed_positions(plan.full, self._replay["in_round"], plan.fingerprint)])
-        mine_state = (consumed, round_positions, _distinct(plan.full[consumed], n), plan.fingerprint, True)
-        return self._rank_position_state(mine_state, gathering)
-
-    def _rank_position_state(self, mine_state: Tuple[Any, ...],
-                             gathering: bool) -> Tuple[str, Any, Any, Dict[str, Any], bool]:
-        """Every rank's (consumed, round positions, consumed ids, fingerprint, exact) as the state's
-        "rank_position" entries (an all_gather when torch.distributed is initialized)."""
-        world = self.world_size
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if gathering:
-            states: List[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(states, mine_state)
-        else:  # one rank (or scope this_rank: refused at load, the other ranks' lists stay empty)
-            states = [mine_state if r == self.rank else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                                                          np.zeros(0, dtype=np.int64), None, True)
-                      for r in range(world)]
-        consumed_ids = np.zeros(n, dtype=bool)  # a mask over the dataset: O(n), no sort (as for "position")
-        for s in states:
-            consumed_ids[np.asarray(s[2], dtype=np.int64)] = True
-        return ("rank_position", [compress_ints(s[0]) for s in states], [compress_ints(s[1]) for s in states],
-                {"consumed_ids": compress_mask(consumed_ids), "lists": [s[3] for s in states]},
-                all(bool(s[4]) for s in states))
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from state_dict(): the next iteration of that epoch sends
         only the samples no rank had consumed (also at another world size),
         so each is trained exactly once across the interruption. A state
         that is not one (corrupt, truncated, another version, another
-        dataset or order) is an error, never a silent wrong resume."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not an odb loader state (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
-                             f"expected {STATE_FORMAT!r})")
-        if not is_int(state.get("version")) or state.get("version") not in range(1, STATE_VERSION + 1):
-            raise ValueError(f"odb loader state version {state.get('version')!r} is not supported by this odb "
-                             f"(it reads versions 1 to {STATE_VERSION}); resume with the odb that wrote it")
-        required = ("epoch", "epoch_complete", "seed", "shuffle", "custom_sampler", "dataset_len", "world_size",
-                    "scope", "consumed", "key")
-        missing = [k for k in required if k not in state]
-        if missing:
-            raise ValueError(f"odb loader state is truncated: missing {missing}")
-        # Every field of the type state_dict() writes: int() or bool() of something else (a float, a
-        # string "false") would load a silently different state.
-        for name, minimum in (("epoch", 0), ("seed", None), ("dataset_len", 0), ("world_size", 1)):
-            _check_int(state[name], name, minimum)
-        for name in ("epoch_complete", "shuffle", "custom_sampler"):
-            if not isinstance(state[name], (bool, np.bool_)):
-                raise ValueError(f"odb loader state: {name} must be true or false, got {state[name]!r}")
-        for name in ("scope", "key"):
-            if not isinstance(state[name], str):
-                raise ValueError(f"odb loader state: {name} must be a string, got {state[name]!r}")
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if int(state["dataset_len"]) != n:
-            raise ValueError(f"odb loader state is for a dataset of {state['dataset_len']} samples, this one has {n}")
-        if bool(state["custom_sampler"]) != (self.sampler is not None):
-            raise ValueError("odb loader state was taken with" + ("" if state["custom_sampler"] else "out") +
-                             " a custom sampler; resume with the same kind of sampler")
-        if self.sampler is None and (int(state["seed"]) != self.seed or bool(state["shuffle"]) != self.shuffle):
-            raise ValueError(f"odb loader state has seed={state['seed']} shuffle={state['shuffle']}, this loader "
-                             f"seed={self.seed} shuffle={self.shuffle}: the epoch's order would differ")
-        if state["scope"] != "all_ranks":
-            raise ValueError("odb loader state holds one rank's samples only (torch.distributed was not "
-                             "initialized when it was taken): it cannot say what the other ranks consumed")
-        key = state["key"]
-        # A custom sampler's state: "rank_position" (version 4), or "id" (versions 1 to 3, loaded with
-        # their meaning: every position of a consumed index counts as consumed).
-        keys_for = ("id", "rank_position") if self.sampler is not None else ("position",)
-        if key not in keys_for or (key == "rank_position" and int(state["version"]) < 4):
-            raise ValueError(f"odb loader state key {key!r} (version {state['version']}) does not go with a loader "
-                             f"{'with' if self.sampler is not None else 'without'} a custom sampler (expected one "
-                             f"of {keys_for}): resume with the loader the state was taken with")
-        lists = 0
-        resume_ids = np.zeros(0, dtype=np.int64)
-        fingerprints: Optional[List[Optional[str]]] = None
-        if key == "rank_position":
-            missing = [k for k in ("consumed_ids", "lists") if k not in state]
-            if missing:
-                raise ValueError(f"odb loader state is truncated: missing {missing}")
-            lists, keys = self._rank_positions(state["consumed"], "consumed", state.get("lists"))
-            resume_ids = expand_ints(state["consumed_ids"], "consumed_ids", n, "dataset index")
-            fingerprints = state["lists"]
-            if (not isinstance(fingerprints, (list, tuple)) or len(fingerprints) != lists
-                    or not all(f is None or isinstance(f, str) for f in fingerprints)):
-                raise ValueError(f"odb loader state: malformed lists (one fingerprint or null per rank list, "
-                                 f"{lists} of them): {fingerprints!r}")
-            fingerprints = list(fingerprints)
+        dataset or order) is an error, never a silent wrong resume
+        (odb.resume_state checks it)."""
+        loaded = parse_state(state, dataset_len=len(self.dataset),  # type: ignore[arg-type]
+                             custom_sampler=self.sampler is not None, seed=self.seed, shuffle=self.shuffle)
+        self._counters.load_state_dict(loaded.job, loaded.epoch, loaded.epoch_complete)
+        if loaded.epoch_complete:
+            self.set_epoch(loaded.epoch + 1)
+            self._resume = None
         else:
-            keys = expand_ints(state["consumed"], "consumed", n, "position" if key == "position" else "dataset index")
-        if key == "position" and keys.size and int(keys.max()) >= n:
-            raise ValueError(f"odb loader state names position {int(keys.max())} in an epoch of {n} samples")
-        named = keys if key == "id" else resume_ids  # dataset indices
-        if named.size and int(named.max()) >= n:
-            raise ValueError(f"odb loader state names dataset index {int(named.max())} in a dataset of {n} samples")
-        replay = state.get("replay")
-        loaded_replay: Optional[Dict[str, Any]] = None
-        if replay is not None:
-            try:
-                if not isinstance(replay, Mapping):
-                    raise TypeError(f"a mapping or null, got {type(replay).__name__}")
-                loaded_replay = {k: _check_int(replay[k], f"replay.{k}", 0)
-                                 for k in ("round", "first_step", "next_step", "world_size")}
-                if key == "rank_position":
-                    round_lists, in_round = self._rank_positions(replay["round_consumed"], "replay.round_consumed",
-                                                                 state.get("lists"))
-                    if round_lists != lists:
-                        raise ValueError(f"{round_lists} rank lists, the consumed set has {lists}")
-                else:
-                    in_round = expand_ints(replay["round_consumed"], "replay.round_consumed", n)
-            except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"odb loader state: malformed replay entry ({e!r})") from None
-            if (min(loaded_replay.values()) < 0 or loaded_replay["next_step"] < loaded_replay["first_step"]
-                    or loaded_replay["world_size"] < 1):
-                raise ValueError(f"odb loader state: replay entry out of range {loaded_replay}")
-            consumed_set = np.zeros(0, dtype=np.int64) if not keys.size else np.unique(keys)
-            if in_round.size and not np.isin(in_round, consumed_set).all():
-                raise ValueError("odb loader state: the replayed round's samples are not all in the consumed set")
-            loaded_replay["in_round"] = in_round
-            loaded_replay["before_round"] = np.setdiff1d(consumed_set, in_round)
-        job = state.get("job") or {}  # version 3: budgets' and schedules' counters
-        try:
-            if not isinstance(job, Mapping):
-                raise TypeError(f"a mapping, got {type(job).__name__}")
-            counters = {k: _check_int(job.get(k, 0), f"job.{k}", None)
-                        for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps", "epoch_loss_tokens")}
-            job_epoch = None if job.get("epoch") is None else _check_int(job["epoch"], "job.epoch", 0)
-            if not isinstance(job.get("epoch_from_start", False), (bool, np.bool_)):
-                raise TypeError(f"job.epoch_from_start must be true or false, got {job['epoch_from_start']!r}")
-            completed = job.get("completed_epoch")
-            if completed is not None and not isinstance(completed, Mapping):
-                raise TypeError(f"job.completed_epoch must be a mapping or null, got {completed!r}")
-            if completed is not None:
-                completed = {k: _check_int(completed[k], f"job.completed_epoch.{k}", 0)
-                             for k in ("epoch", "optimizer_steps", "loss_tokens")}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
-        if min(counters.values()) < 0:
-            raise ValueError(f"odb loader state: negative job counters {counters}")
-        epoch = int(state["epoch"])
-        self.job_optimizer_steps = counters["optimizer_steps"]
-        self.job_loss_tokens = counters["loss_tokens"]
-        self._completed_epoch = completed
-        self._epoch_counted, self._epoch_windows, self._epoch_window_tokens = None, 0, 0
-        self._epoch_from_start, self._counters_resumed = False, False
-        if not bool(state["epoch_complete"]) and job_epoch == epoch:
-            # The epoch resumes: its windows so far count on (the window index continues after them).
-            self._epoch_counted = epoch
-            self._epoch_windows = counters["epoch_optimizer_steps"]
-            self._epoch_window_tokens = counters["epoch_loss_tokens"]
-            self._epoch_from_start = bool(job.get("epoch_from_start", False))
-            self._counters_resumed = True
-        self._resume_key, self._resume_lists = key, lists
-        self._resume_ids, self._resume_fingerprints = resume_ids, fingerprints
-        if bool(state["epoch_complete"]):
-            self.set_epoch(epoch + 1)
-            self._resume_epoch = None
-            self._resume_keys = np.zeros(0, dtype=np.int64)
-            self._replay = None
-        else:
-            self.set_epoch(epoch)
-            self._resume_epoch = epoch
-            self._resume_keys = keys
-            self._replay = loaded_replay
-        self._consumed_ids = []
-        self._consumed_owners = []
-        self._consumed_seqs = []
-        self._consumed_steps = []
-        self._consumed_epoch = None
+            self.set_epoch(loaded.epoch)
+            self._resume = loaded
+        self._log.reset(None)
         self._plan = None
-        self._last_step = None
-
-    @staticmethod
-    def _rank_positions(value: Any, name: str, fingerprints: Any = None) -> Tuple[int, np.ndarray]:
-        """A "rank_position" state's per-rank packed positions: (the number of rank lists, their
-        encode_rank_positions codes); ValueError naming `name` when malformed, or when a rank's positions
-        go past its list's length (the fingerprint "<len>:<hex>" says it; checked again against the
-        list the sampler draws)."""
-        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
-            raise ValueError(f"odb loader state: malformed {name} (a list of one {{cursor, extra}} per rank list, "
-                             f"got {type(value).__name__})")
-        limit = (1 << 62) // len(value)
-        per_rank = []
-        for r, v in enumerate(value):
-            known = fingerprints[r] if isinstance(fingerprints, (list, tuple)) and len(fingerprints) == len(value) \
-                else None
-            length = known.partition(":")[0] if isinstance(known, str) else ""
-            top = packed_top(v)  # checked before expanding: a hostile cursor must not become a huge array
-            if top is not None and top > limit:
-                raise ValueError(f"odb loader state: {name} names a position past any list ({limit} or more)")
-            if top is not None and length.isdigit() and top > int(length):
-                raise ValueError(f"odb loader state: {name}[{r}] names position {top - 1} of rank {r}'s list, "
-                                 f"which held {int(length)} indices when the state was taken (its lists "
-                                 f"fingerprint): a corrupt state")
-            per_rank.append(expand_ints(v, f"{name}[{r}]", limit, f"rank {r}'s list position"))
-        return len(per_rank), encode_rank_positions(per_rank)
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
@@ -930,12 +533,7 @@ class OdbDataLoader:
         if self.budget_reached:  # the job's budget is trained: nothing more, on every rank alike
             return
         self.wait_epoch_end()  # a join-mode drain of the previous epoch
-        if getattr(self, "_counters_resumed", False):
-            self._counters_resumed = False
-            self._window_offset = None  # set at the first step: the daemons count windows from 0 again
-        else:
-            self._epoch_counted, self._epoch_windows, self._epoch_window_tokens = epoch, 0, 0
-            self._epoch_from_start, self._window_offset = True, 0
+        self._counters.start_epoch(epoch)
         consumer = self._connect()
         if self.sampler is not None:
             # One draw of the sampler for the epoch: what is sent, and what state_dict maps positions in.
@@ -962,7 +560,8 @@ class OdbDataLoader:
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
                             worker_init_fn=self.worker_init_fn, generator=generator,
                             multiprocessing_context=(self.multiprocessing_context or "forkserver") if self.num_workers else None)
-        replay = self._replay if self._replaying() else None
+        loaded = self._resuming(epoch)
+        replay = loaded.replay if loaded is not None and self._replaying() else None
         if replay is not None:
             consumer.start_epoch(epoch, max(self.num_workers, 1), first_round=int(replay["round"]),
                                  first_step=int(replay["first_step"]))
@@ -973,17 +572,7 @@ class OdbDataLoader:
         self.samples_sent = 0
         self.last_summary = None
         self.dropped_trailing_idle = 0
-        self._consumed_ids = []
-        self._consumed_owners = []
-        self._consumed_seqs = []
-        self._consumed_steps = []
-        self._consumed_epoch = epoch
-        self._last_step = None
-
-        def remember(info: Any) -> None:
-            self._last_step = (int(info["step_index"]), int(info["round"]), int(info["round_first_step"]),
-                               int(info["round_steps"]), bool(info["deterministic"]))
-
+        self._log.reset(epoch)
         accounted = [0]  # this rank's samples seen back (emitted or rejected)
         progress = Progress(self.rank, epoch, len(indices), stream=self.progress_stream) if self.progress else None
 
@@ -1038,7 +627,7 @@ class OdbDataLoader:
                             "the daemon does not run alignment.deterministic: start odbd with the config the "
                             "checkpoint was taken with")
                     accounted[0] += len(info["sample_ids"])
-                    remember(info)
+                    self._log.remember(info)
                     continue
                 if info["idle"]:
                     # Both policies yield it: a rank still in its loop cannot tell a
@@ -1047,19 +636,14 @@ class OdbDataLoader:
                     # that needs this rank, and their daemons' queues fill while
                     # they wait). Join drops only what arrives after this rank is
                     # done (rank_done: the loop is left, the drain thread reads on).
-                    remember(info)
-                    window = self._count_step(info)
+                    self._log.remember(info)
+                    window = self._counters.count_step(info)
                     yield self._dummy_step(info, indices, window, delivery)
                     asked = time.monotonic()
                     continue
                 accounted[0] += len(info["sample_ids"])
-                ids = np.asarray(info["sample_ids"], dtype=np.int64)
-                owners = np.asarray(info["owner_ranks"], dtype=np.int64)
-                self._consumed_ids.append(ids)
-                self._consumed_owners.append(owners if owners.size == ids.size else np.full(ids.size, self.rank))
-                self._consumed_seqs.append(_step_seqs(info, ids.size))
-                self._consumed_steps.append(int(info["step_index"]))
-                remember(info)
+                self._log.add_step(info, self.rank)
+                self._log.remember(info)
                 batch = _to_torch(delivery)
                 self._check_layout(batch, info)
                 if self._pinning():
@@ -1067,7 +651,7 @@ class OdbDataLoader:
                     # pin_memory): the received step's memory goes back now.
                     batch = {k: v.pin_memory() for k, v in batch.items()}
                     delivery = None
-                window = self._count_step(info)
+                window = self._counters.count_step(info)
                 yield Step.from_header(info, batch, _delivery=delivery, window=window)
                 asked = time.monotonic()
             pump.join(timeout=self.timeout_s)
@@ -1116,10 +700,8 @@ class OdbDataLoader:
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
         self.last_summary = summary
-        whole = self._epoch_sample_limit(int(self._epoch_counted or 0)) in (None, self.samples_per_epoch())
-        if self._epoch_from_start and whole and self._epoch_counted == summary.get("epoch", self._epoch_counted):
-            self._completed_epoch = {"epoch": int(self._epoch_counted), "optimizer_steps": int(self._epoch_windows),
-                                     "loss_tokens": int(self._epoch_window_tokens)}
+        whole = self._epoch_sample_limit(int(self._counters.epoch or 0)) in (None, self.samples_per_epoch())
+        self._counters.finish_epoch(summary.get("epoch"), whole)
         self._check_rejections(summary, "epoch summary")
 
     def _start_drain(self, consumer: Any) -> None:
@@ -1132,7 +714,7 @@ class OdbDataLoader:
                         self._finish_epoch(delivery.summary, dropped)
                         return
                     self._record(delivery.step["epoch"], delivery.step)
-                    self._count_step(delivery.step)  # its window closes on every rank: count it here too
+                    self._counters.count_step(delivery.step)  # its window closes on every rank: count it here too
                     if not delivery.step["idle"]:
                         raise native().OdbError(
                             f"rank {self.rank}: a real step {delivery.step['step_index']} arrived after every "
@@ -1209,57 +791,15 @@ class OdbDataLoader:
 
         warnings.warn(f"odbd skipped input ({where}): {text}")
 
-    # ----- dummy steps ---------------------------------------------------------
+    # ----- dummy steps (odb.dummy) ---------------------------------------------
     def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int], window: Optional[int] = None,
                     delivery: Any = None) -> Step:
-        extra: Dict[str, Any] = {} if window is None else {"window": window}
-        batch = self.dummy_batch(indices)
-        if delivery is not None and (list(info.get("enc_sample_ids", [])) or list(info.get("audio_sample_ids", []))):
-            # Encoder work in a step with no LLM samples for this rank (per-phase
-            # plans): other ranks' routes count on its outputs, so the enc.* and
-            # audio.* tensors and the header's plan stay with the dummy LLM batch.
-            batch = dict(batch)
-            enc = {k: v for k, v in _to_torch(delivery).items() if k.startswith(("enc.", "audio."))}
-            if self._pinning():  # as for real steps: page-locked copies, the received memory goes back
-                enc = {k: v.pin_memory() for k, v in enc.items()}
-            else:
-                extra["_delivery"] = delivery
-            batch.update(enc)
-        return Step.from_header(info, batch, loss_weight=0.0, idle=True, dummy=True,
-                                sample_ids=[], lengths=[], real_tokens=0, padded_tokens=0, loss_tokens=0,
-                                rejections=[], **extra)
+        return self._dummy.step(info, self.dummy_batch(indices), window, delivery, self._pinning)
 
     def dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
         """A one-sample batch for IDLE steps (same field names as real batches),
         in the packed layout when the daemon packs (``packed``, or learned)."""
-        packed = self.packed if self.packed is not None else bool(self._packed_seen)
-        batch = self._padded_dummy_batch(indices)
-        if not packed:
-            return batch
-        # One packed sequence: the padded one-row batch without its mask, and the
-        # index tensors the daemon's packed steps carry (dtypes as collate writes them).
-        n = int(batch["input_ids"].shape[1]) if batch["input_ids"].dim() >= 2 else 0
-        out = {k: v for k, v in batch.items() if k != "attention_mask"}
-        out["cu_seqlens"] = torch.tensor([0, n], dtype=torch.int32)
-        out["position_ids"] = torch.arange(n, dtype=torch.int64).unsqueeze(0)
-        return out
-
-    def _padded_dummy_batch(self, indices: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-        if self._dummy_batch is None:
-            sample = self._dummy_sample
-            if sample is None:
-                index = (indices[0] if indices else 0) if indices is not None else 0
-                sample = self.dataset[index]
-            batch: Dict[str, torch.Tensor] = {}
-            for name, value in sample.items():
-                if name in _LENGTH_KEYS and isinstance(value, (int, np.integer)):
-                    continue
-                t = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-                batch[name] = t.unsqueeze(0).clone()
-            if "attention_mask" not in batch and batch["input_ids"].dim() >= 2:
-                batch["attention_mask"] = torch.ones(batch["input_ids"].shape[:2], dtype=torch.int64)
-            self._dummy_batch = batch
-        return self._dummy_batch
+        return self._dummy.batch(self.packed if self.packed is not None else bool(self._packed_seen), indices)
 
     def close(self) -> None:
         """Closes the trainer connection now, ending this loader's session on the daemon (a daemon serves

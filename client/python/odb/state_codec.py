@@ -43,6 +43,15 @@ def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def check_int(value: Any, name: str, minimum: "int | None") -> int:
+    """A state field that must be an integer (at least `minimum`): its value, or ValueError naming it."""
+    if not is_int(value):
+        raise ValueError(f"odb loader state: {name} must be an integer, got {value!r}")
+    if minimum is not None and int(value) < minimum:
+        raise ValueError(f"odb loader state: {name} is {int(value)}, below {minimum}")
+    return int(value)
+
+
 def packed_top(packed: Any) -> "int | None":
     """One past the largest value a well-formed compress_ints value names (0 when empty), without
     expanding it; None when it is malformed (expand_ints then says how)."""

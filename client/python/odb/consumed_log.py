@@ -1,0 +1,75 @@
+"""What the loader has handed out in the current epoch, for its checkpoint (docs/resume.md): the sample
+ids of every real step yielded, the rank whose list each came from, each one's seq (its index among the
+positions its owner rank sent) and the step index, plus the last step of any kind (for a reproducible
+epoch's replay point). A part of OdbDataLoader with its own state; the loader's state_dict() maps it to
+positions."""
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+
+def step_seqs(info: Mapping[str, Any], n: int) -> np.ndarray:
+    """A step's per-sample seqs (Step.seqs) as int64, -1 for a sample whose seq the step does not give."""
+    seqs = info.get("seqs")
+    if seqs is None or len(seqs) != n:
+        return np.full(n, -1, dtype=np.int64)
+    try:
+        return np.asarray(seqs, dtype=np.int64)
+    except (TypeError, OverflowError):  # None among them (a sample without seq), or past int64
+        return np.asarray([-1 if q is None or q >= 1 << 63 else q for q in seqs], dtype=np.int64)
+
+
+class ConsumedLog:
+    """The current epoch's yielded samples, one array per step (appending is O(step))."""
+
+    def __init__(self) -> None:
+        self.reset(None)
+
+    def reset(self, epoch: Optional[int]) -> None:
+        """Starts the log of `epoch` (None: nothing iterated since a state was loaded)."""
+        self.epoch = epoch
+        self.ids: List[np.ndarray] = []
+        self.owners: List[np.ndarray] = []
+        # each sample's seq, -1 where the step did not say (a daemon older than Step.seqs, or a sample
+        # sent without seq)
+        self.seqs: List[np.ndarray] = []
+        self.steps: List[int] = []  # the step index of each ids entry
+        # The last step yielded (any kind): (step_index, round, round_first_step, round_steps,
+        # deterministic), for a deterministic checkpoint.
+        self.last_step: Optional[Tuple[int, int, int, int, bool]] = None
+
+    def add(self, ids: Any, owners: Any = None, seqs: Any = None, step: Optional[int] = None) -> None:
+        """One step's samples: `owners` default to rank 0 (a one-rank job), `seqs` to unknown (-1)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        owners = np.zeros(ids.size, dtype=np.int64) if owners is None else np.asarray(owners, dtype=np.int64)
+        seqs = np.full(ids.size, -1, dtype=np.int64) if seqs is None else np.asarray(seqs, dtype=np.int64)
+        self.ids.append(ids)
+        self.owners.append(owners)
+        self.seqs.append(seqs)
+        self.steps.append(len(self.steps) if step is None else int(step))
+
+    def add_step(self, info: Mapping[str, Any], rank: int) -> None:
+        """A real step yielded on `rank` (its header as the native client gives it)."""
+        ids = np.asarray(info["sample_ids"], dtype=np.int64)
+        owners = np.asarray(info["owner_ranks"], dtype=np.int64)
+        self.add(ids, owners if owners.size == ids.size else np.full(ids.size, rank), step_seqs(info, ids.size),
+                 int(info["step_index"]))
+
+    def remember(self, info: Mapping[str, Any]) -> None:
+        """The last step yielded, of any kind."""
+        self.last_step = (int(info["step_index"]), int(info["round"]), int(info["round_first_step"]),
+                          int(info["round_steps"]), bool(info["deterministic"]))
+
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, owners, seqs, step index of each sample), concatenated over the steps."""
+        def cat(parts: List[np.ndarray]) -> np.ndarray:
+            return np.concatenate([np.asarray(c, dtype=np.int64) for c in parts]) if parts else np.zeros(0, np.int64)
+
+        ids = cat(self.ids)
+        steps = np.repeat(np.asarray(self.steps, dtype=np.int64), [len(c) for c in self.ids]).astype(np.int64)
+        owners, seqs = cat(self.owners), cat(self.seqs)
+        if seqs.size != ids.size:  # steps recorded without seqs: every seq unknown
+            seqs = np.full(ids.size, -1, dtype=np.int64)
+        return ids, owners, seqs, steps
