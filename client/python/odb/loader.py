@@ -29,7 +29,6 @@ consumed-set codec).
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 import time
 import warnings
@@ -40,7 +39,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ._native import native
-from .daemon import check_reachable, daemon_pid, endpoints, env_rank, env_world_size, pid_alive, spawned_daemon
+from .daemon import check_reachable, endpoints, env_rank, env_world_size
+from .delivery import check_layout, check_rejections, check_window_target, next_delivery, record_step
 # The loader's units live in their own modules; every name is re-exported here (``X as X``), so that
 # ``from odb.loader import X`` keeps working for each of them.
 from .encoding import _LENGTH_KEYS as _LENGTH_KEYS
@@ -616,7 +616,7 @@ class OdbDataLoader:
                                     windowed=int(info["window_target"]) > 0)
                 samples_may_move[0] = samples_may_move[0] or bool(info.get("samples_may_move"))
                 self._check_rejections(info, f"step {info['step_index']}")
-                self._check_window_target(info)
+                check_window_target(self.tokens_per_optimizer_step, info, self.trainer_endpoint)
                 accounted[0] += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
                 if info["step_index"] < skip_below:
                     # Replayed round of a deterministic resume: this step was
@@ -662,40 +662,11 @@ class OdbDataLoader:
                 progress.close()
 
     def _check_layout(self, batch: Mapping[str, torch.Tensor], info: Any) -> None:
-        packed = "cu_seqlens" in batch
-        self._packed_seen = packed
-        if self.packed is None or self.packed == packed:
-            return
-        raise native().OdbError(
-            f"odb: OdbDataLoader(packed={self.packed}) but step {info['step_index']} from the daemon at "
-            f"{self.trainer_endpoint} is {'packed' if packed else 'padded'}: pass packed={packed}, or start odbd "
-            f"with collate: {{packed: {str(self.packed).lower()}}} on every rank")
-
-    def _check_window_target(self, info: Any) -> None:
-        want = self.tokens_per_optimizer_step
-        if want is None or int(info["window_target"]) == want:
-            return
-        raise native().OdbError(
-            f"odb: OdbDataLoader(tokens_per_optimizer_step={want}) but the daemon at {self.trainer_endpoint} runs "
-            f"optimizer.tokens_per_step: {int(info['window_target'])}: start odbd with optimizer: "
-            f"{{tokens_per_step: {want}}} on every rank (odb.spawn_daemon(config={{'optimizer': "
-            f"{{'tokens_per_step': {want}}}}}))")
+        self._packed_seen = "cu_seqlens" in batch
+        check_layout(self.packed, self._packed_seen, info, self.trainer_endpoint)
 
     def _record(self, epoch: int, info: Any, wait_s: Optional[float] = None) -> None:
-        """One step record for odb.report (summary_dir set); wait_ms: the trainer's wait in next(loader)
-        for this step (absent for the steps a joined rank drains)."""
-        if self.summary_dir is None:
-            return
-        import json
-
-        os.makedirs(self.summary_dir, exist_ok=True)
-        record = {"epoch": epoch, "rank": self.rank, "step": int(info["step_index"]), "idle": bool(info["idle"]),
-                  "real": int(info["real_tokens"]), "padded": int(info["padded_tokens"]),
-                  "lengths": [int(n) for n in info["lengths"]]}
-        if wait_s is not None:
-            record["wait_ms"] = round(wait_s * 1000.0, 3)
-        with open(os.path.join(self.summary_dir, f"rank{self.rank}-epoch{epoch}.jsonl"), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        record_step(self.summary_dir, self.rank, epoch, info, wait_s)
 
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
@@ -742,54 +713,11 @@ class OdbDataLoader:
         return self.last_summary
 
     def _next(self, consumer: Any, pump: Optional["_Pump"], done: Optional[Callable[[], bool]]) -> Any:
-        """The next delivery, polling in slices; raises instead of hanging.
-        Returns None when `done()` turns true while waiting."""
-        start = time.monotonic()
-        daemon = spawned_daemon(self.trainer_endpoint)
-        # A daemon another process started (odb.launch, systemd): its pid from
-        # the endpoint's lock file, so its death is seen within poll_ms too.
-        other_pid = daemon_pid(self.trainer_endpoint) if daemon is None else None
-        while True:
-            if pump is not None:
-                pump.raise_if_failed()
-            if done is not None and done():
-                return None
-            try:
-                return consumer.next()
-            except native().OdbTimeout:
-                pass
-            if pump is not None:
-                pump.raise_if_failed()
-            if daemon is not None and daemon.poll() is not None:
-                raise native().OdbError(
-                    f"odbd rank {daemon.rank} (pid {daemon.pid}) exited (code {daemon.poll()}) during "
-                    f"epoch {self.epoch}; log {daemon.log_path}:\n{daemon.log_tail()}")
-            if other_pid is not None and not pid_alive(other_pid):
-                raise native().OdbError(
-                    f"odbd (pid {other_pid}) serving {self.trainer_endpoint} is gone (exited or killed) during "
-                    f"epoch {self.epoch} (rank {self.rank}): see its log (odb.launch: $ODB_RUN_DIR/odbd-<rank>.log)")
-            if time.monotonic() - start > self.timeout_s:
-                sent = pump.sent if pump is not None else self.samples_sent
-                raise native().OdbTimeout(
-                    f"no step from odbd at {self.trainer_endpoint} for {self.timeout_s:.0f}s (rank {self.rank}, "
-                    f"epoch {self.epoch}, {sent} samples sent): is the daemon alive, and are all ranks' "
-                    f"producers sending?")
+        return next_delivery(consumer, pump, done, endpoint=self.trainer_endpoint, rank=self.rank, epoch=self.epoch,
+                             timeout_s=self.timeout_s, samples_sent=self.samples_sent)
 
     def _check_rejections(self, info: Mapping[str, Any], where: str) -> None:
-        rejections = info.get("rejections") or []
-        late = [r for r in rejections if r["code"] == "LATE_FOR_CLOSED_EPOCH"]
-        if late:  # Non-Join quota closure: reported, never an error
-            self.late_for_closed_epoch += len(late)
-            rejections = [r for r in rejections if r["code"] != "LATE_FOR_CLOSED_EPOCH"]
-        if not rejections:
-            return
-        text = "; ".join(f"{r['code']} sample {r['sample_id']} from {r['producer_id']}: {r['message']}"
-                         for r in rejections)
-        if info.get("rejections_are_errors", True):
-            raise native().OdbError(f"odbd rejected input ({where}): {text}")
-        import warnings
-
-        warnings.warn(f"odbd skipped input ({where}): {text}")
+        self.late_for_closed_epoch += check_rejections(info, where)
 
     # ----- dummy steps (odb.dummy) ---------------------------------------------
     def _dummy_step(self, info: Mapping[str, Any], indices: Sequence[int], window: Optional[int] = None,
