@@ -56,6 +56,7 @@ from .pump import _SendStream as _SendStream
 from .consumed_log import ConsumedLog
 from .dummy import DummyBatches
 from .epoch_order import SamplerPlan, consumed_positions, global_order, rank_share
+from .budgets import Budgets, optimizer_steps_for
 from .job_counters import JobCounters
 from .resume_state import LoadedState, parse_state
 from .sampler_state import Trained, sampler_consumed
@@ -155,11 +156,7 @@ class OdbDataLoader:
                  tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
                  ignore_index: int = -100, stop_at_samples: Optional[int] = None,
                  stop_at_loss_tokens: Optional[int] = None, packed: Optional[bool] = None) -> None:
-        for name, value in (("stop_at_samples", stop_at_samples), ("stop_at_loss_tokens", stop_at_loss_tokens)):
-            if value is not None and (isinstance(value, bool) or int(value) != value or int(value) < 1):
-                raise ValueError(f"{name} must be a positive int (a job-level budget over all ranks), got {value!r}")
-        self.stop_at_samples = None if stop_at_samples is None else int(stop_at_samples)
-        self.stop_at_loss_tokens = None if stop_at_loss_tokens is None else int(stop_at_loss_tokens)
+        self._budgets = Budgets(stop_at_samples, stop_at_loss_tokens)
         if tokens_per_optimizer_step is not None and int(tokens_per_optimizer_step) < 0:
             raise ValueError(f"tokens_per_optimizer_step must be >= 0, got {tokens_per_optimizer_step}")
         # The optimizer batch in loss tokens over all ranks: the daemons cut the steps into windows of it
@@ -219,7 +216,14 @@ class OdbDataLoader:
         # Custom sampler: this rank's list of the epoch being iterated and what of it was sent.
         self._plan: Optional[SamplerPlan] = None
         self._position_cache: Optional[Tuple[int, np.ndarray]] = None  # (epoch, id -> position)
-        self._probe_cache: Optional[Tuple[Any, float]] = None
+
+    @property
+    def stop_at_samples(self) -> Optional[int]:
+        return self._budgets.stop_at_samples
+
+    @property
+    def stop_at_loss_tokens(self) -> Optional[int]:
+        return self._budgets.stop_at_loss_tokens
 
     @property
     def job_optimizer_steps(self) -> int:
@@ -320,41 +324,19 @@ class OdbDataLoader:
 
     def _epoch_sample_limit(self, epoch: int) -> Optional[int]:
         """stop_at_samples: how many of the epoch's samples (its order's first) the job still trains."""
-        if self.stop_at_samples is None:
-            return None
-        n = self.samples_per_epoch()
-        return int(min(n, max(0, self.stop_at_samples - epoch * n)))
+        return self._budgets.sample_limit(epoch, self.samples_per_epoch()) if self.stop_at_samples else None
 
     @property
     def budget_reached(self) -> bool:
         """True once the job's budget (stop_at_samples / stop_at_loss_tokens) is trained: iterating yields
         nothing, on every rank alike. Leave the epoch loop on it."""
-        if self.stop_at_loss_tokens is not None and self.job_loss_tokens >= self.stop_at_loss_tokens:
+        if self._budgets.tokens_reached(self._counters):
             return True
         limit = self._epoch_sample_limit(self.epoch)
         if limit is None:
             return False
         ended = self.last_summary is not None and self.last_summary.get("epoch") == self.epoch
         return limit == 0 or (ended and limit < self.samples_per_epoch())  # the cut epoch has ended
-
-    def _probe_loss_tokens_per_sample(self, probe: int) -> float:
-        """Mean loss tokens per sample of `probe` samples of the dataset, drawn with a fixed seed (the same
-        on every rank, so that every rank estimates alike); preprocessed here, once."""
-        key = (probe, len(self.dataset))  # type: ignore[arg-type]
-        if self._probe_cache is not None and self._probe_cache[0] == key:
-            return self._probe_cache[1]
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if n == 0:
-            raise ValueError("odb: the dataset is empty: no epoch to estimate")
-        picks = np.random.default_rng(0x0DB5).choice(n, size=min(probe, n), replace=False)
-        total = 0
-        for i in picks.tolist():
-            sample = self.dataset[int(i)]
-            loss = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
-            total += loss if loss is not None else encode_sample(sample, self.lengths_fn)[0][0]
-        mean = total / picks.size
-        self._probe_cache = (key, mean)
-        return mean
 
     def loss_tokens_per_epoch(self, probe: int = 256) -> Tuple[int, bool]:
         """(loss tokens of one epoch over all ranks, exact): exact once an epoch was seen from its start to
@@ -363,7 +345,9 @@ class OdbDataLoader:
         done = self._counters.completed_epoch
         if done is not None:
             return int(done["loss_tokens"]), True
-        return int(round(self.samples_per_epoch() * self._probe_loss_tokens_per_sample(probe))), False
+        mean = self._budgets.loss_tokens_per_sample(self.dataset, probe, self.loss_tokens_from, self.ignore_index,
+                                                    self.lengths_fn)
+        return int(round(self.samples_per_epoch() * mean)), False
 
     def optimizer_steps_per_epoch(self, probe: int = 256) -> int:
         """Optimizer steps (accumulation windows; without windows, aligned steps) in one epoch, the same
@@ -379,15 +363,9 @@ class OdbDataLoader:
         done = self._counters.completed_epoch
         if done is not None:
             return int(done["optimizer_steps"])
-        target = self.tokens_per_optimizer_step
-        if not target:
-            raise ValueError(
-                "odb: without accumulation windows (tokens_per_optimizer_step) every aligned step is an "
-                "optimizer step, and how many an epoch has depends on how the daemons group the lengths: it is "
-                "known after the first epoch. Pass tokens_per_optimizer_step=T (an epoch then has about "
-                "loss_tokens_per_epoch() / T optimizer steps), or schedule by tokens: odb.lr_by_tokens(loader, ...)")
-        tokens, _ = self.loss_tokens_per_epoch(probe)
-        return max(1, int(np.ceil(tokens / target - 0.5)))
+        if not self.tokens_per_optimizer_step:
+            return optimizer_steps_for(0, None)  # raises, saying what to do
+        return optimizer_steps_for(self.loss_tokens_per_epoch(probe)[0], self.tokens_per_optimizer_step)
 
     def state_extras(self) -> Dict[str, Any]:
         """The job counters a checkpoint carries (inside state_dict()["job"])."""
@@ -594,7 +572,7 @@ class OdbDataLoader:
         try:
             pump.start()
             while True:
-                if self.stop_at_loss_tokens is not None and self.job_loss_tokens >= self.stop_at_loss_tokens:
+                if self._budgets.tokens_reached(self._counters):
                     return  # the token budget closed with the last window: every rank stops at this step
                 delivery = self._next(consumer, pump, rank_done)
                 self.samples_sent = pump.sent
