@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import warnings
 from typing import Any, Callable, Mapping, Optional
@@ -98,3 +99,53 @@ def record_step(summary_dir: Optional[str], rank: int, epoch: int, info: Mapping
         record["wait_ms"] = round(wait_s * 1000.0, 3)
     with open(os.path.join(summary_dir, f"rank{rank}-epoch{epoch}.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+class TrailingIdleDrain:
+    """Join policy: once every sample a rank sent came back, its loop ends and the epoch's remaining
+    steps (IDLE ones: other ranks' real steps still run) are read in a background thread up to the
+    epoch's summary; :meth:`wait` returns when they were, raising what the thread raised."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, fetch: Callable[[], Any], on_step: Callable[[Mapping[str, Any]], None],
+              on_end: Callable[[Any, int], None], rank: int) -> None:
+        """`fetch()`: the next delivery; `on_step(header)` for each drained step; `on_end(summary, dropped)`
+        at the summary. A real step among them is an error (samples moved between ranks)."""
+        def drain() -> None:
+            try:
+                dropped = 0
+                while True:
+                    delivery = fetch()
+                    if not delivery.is_step:
+                        on_end(delivery.summary, dropped)
+                        return
+                    on_step(delivery.step)
+                    if not delivery.step["idle"]:
+                        raise native().OdbError(
+                            f"rank {rank}: a real step {delivery.step['step_index']} arrived after every "
+                            f"sample of this rank came back (samples moved between ranks?): use "
+                            f"idle_policy='zero_step'")
+                    dropped += 1
+            except BaseException as e:  # noqa: BLE001 - raised by wait()
+                self._error = e
+
+        self._error = None
+        self._thread = threading.Thread(target=drain, name="odb-drain", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float, rank: int) -> None:
+        """Waits for a started drain to reach the summary (no-op without one)."""
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise native().OdbTimeout(f"rank {rank}: the epoch did not end (trailing IDLE steps)")
+        self._thread = None
+        if self._error is not None:
+            raise self._error

@@ -40,7 +40,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ._native import native
 from .daemon import check_reachable, endpoints, env_rank, env_world_size
-from .delivery import check_layout, check_rejections, check_window_target, next_delivery, record_step
+from .delivery import (TrailingIdleDrain, check_layout, check_rejections, check_window_target, next_delivery,
+                       record_step)
 # The loader's units live in their own modules; every name is re-exported here (``X as X``), so that
 # ``from odb.loader import X`` keeps working for each of them.
 from .encoding import _LENGTH_KEYS as _LENGTH_KEYS
@@ -199,6 +200,7 @@ class OdbDataLoader:
         self.summary_dir = summary_dir
         self.epoch = 0
         self._dummy = DummyBatches(dataset, dummy_sample)
+        self._drain = TrailingIdleDrain()  # join policy: the epoch's trailing IDLE steps
         self.packed = None if packed is None else bool(packed)
         self._packed_seen: Optional[bool] = None  # the layout of the real steps received so far
         self._consumer: Any = None
@@ -654,40 +656,16 @@ class OdbDataLoader:
         self._check_rejections(summary, "epoch summary")
 
     def _start_drain(self, consumer: Any) -> None:
-        def drain() -> None:
-            try:
-                dropped = 0
-                while True:
-                    delivery = self._next(consumer, None, None)
-                    if not delivery.is_step:
-                        self._finish_epoch(delivery.summary, dropped)
-                        return
-                    self._record(delivery.step["epoch"], delivery.step)
-                    self._counters.count_step(delivery.step)  # its window closes on every rank: count it here too
-                    if not delivery.step["idle"]:
-                        raise native().OdbError(
-                            f"rank {self.rank}: a real step {delivery.step['step_index']} arrived after every "
-                            f"sample of this rank came back (samples moved between ranks?): use "
-                            f"idle_policy='zero_step'")
-                    dropped += 1
-            except BaseException as e:  # noqa: BLE001 - raised by wait_epoch_end
-                self._drain_error = e
+        def on_step(header: Mapping[str, Any]) -> None:
+            self._record(header["epoch"], header)
+            self._counters.count_step(header)  # its window closes on every rank: count it here too
 
-        self._drain_error: Optional[BaseException] = None
-        self._drain_thread = threading.Thread(target=drain, name="odb-drain", daemon=True)
-        self._drain_thread.start()
+        self._drain.start(lambda: self._next(consumer, None, None), on_step, self._finish_epoch, self.rank)
 
     def wait_epoch_end(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
         """Join policy: waits for the trailing IDLE steps to drain and returns
         the epoch summary (also in ``last_summary``). No-op otherwise."""
-        thread = getattr(self, "_drain_thread", None)
-        if thread is not None:
-            thread.join(self.timeout_s + 5 if timeout is None else timeout)
-            if thread.is_alive():
-                raise native().OdbTimeout(f"rank {self.rank}: the epoch did not end (trailing IDLE steps)")
-            self._drain_thread = None
-            if self._drain_error is not None:
-                raise self._drain_error
+        self._drain.wait(self.timeout_s + 5 if timeout is None else timeout, self.rank)
         return self.last_summary
 
     def _next(self, consumer: Any, pump: Optional["_Pump"], done: Optional[Callable[[], bool]]) -> Any:
@@ -710,8 +688,7 @@ class OdbDataLoader:
     def close(self) -> None:
         """Closes the trainer connection now, ending this loader's session on the daemon (a daemon serves
         one trainer session: another loader may then connect); reconnects on the next epoch."""
-        draining = getattr(self, "_drain_thread", None)
-        if self._consumer is not None and (draining is None or not draining.is_alive()):
+        if self._consumer is not None and not self._drain.alive():
             # A traceback may still hold the object: close it, not just drop it. (Not under the
             # join policy's drain thread, which reads it until the epoch's end.)
             self._consumer.close()
