@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .resume_state import LoadedState
-from .state_codec import decode_rank_positions
+from .state_codec import decode_rank_positions, list_fingerprint
 
 
 def global_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
@@ -84,3 +84,50 @@ def consumed_positions(loaded: LoadedState, full: np.ndarray, keys: np.ndarray, 
         return positions
     ids = keys if loaded.key == "id" else loaded.ids
     return np.flatnonzero(np.isin(full, ids))
+
+
+def rank_indices(order: np.ndarray, rank: int, world_size: int, limit: Optional[int], loaded: Optional[LoadedState],
+                 replaying: bool) -> np.ndarray:
+    """The indices a rank sends from the epoch's `order` (no custom sampler): its share of the order's
+    first `limit` (stop_at_samples), less what a loaded state counts as consumed (split over the current
+    ranks); a reproducible resume at the same world size (`replaying`) keeps each rank's list of the
+    uninterrupted run, less what the rounds before the checkpoint's round took."""
+    if replaying:
+        assert loaded is not None and loaded.replay is not None
+        done = loaded.replay["before_round"]  # keys consumed in rounds before the replayed one
+        positions = np.arange(order.size, dtype=np.int64)[rank::world_size]
+        if limit is not None:
+            positions = positions[positions < limit]
+        gone = np.zeros(order.size, dtype=bool)
+        gone[done[done < order.size]] = True
+        return order[positions[~gone[positions]]]
+    if limit is not None:
+        order = order[:limit]
+    if loaded is not None:
+        keep = np.ones(order.size, dtype=bool)
+        keep[loaded.keys[loaded.keys < order.size]] = False
+        order = order[keep]
+    return order[rank::world_size]
+
+
+def sampler_plan(full: np.ndarray, epoch: int, rank: int, world_size: int, limit: Optional[int],
+                 loaded: Optional[LoadedState], replaying: bool) -> SamplerPlan:
+    """A rank's custom-sampler list `full` for the epoch (one draw of the sampler) and the positions of it
+    that are sent: all of them, less those a loaded state counts as trained (a reproducible resume at the
+    same world size: less those of the rounds before the replayed one), within the rank's share of a
+    sample budget `limit`."""
+    send = full.size if limit is None else min(full.size, rank_share(limit, rank, world_size))
+    fingerprint = list_fingerprint(full)
+    consumed = np.zeros(0, dtype=np.int64)
+    dropped = consumed
+    if loaded is not None:
+        consumed = consumed_positions(loaded, full, loaded.keys, fingerprint, rank=rank, world_size=world_size,
+                                      epoch=epoch)
+        dropped = consumed
+        if replaying:
+            assert loaded.replay is not None
+            dropped = consumed_positions(loaded, full, loaded.replay["before_round"], fingerprint, rank=rank,
+                                         world_size=world_size, epoch=epoch)
+    keep = np.ones(send, dtype=bool)
+    keep[dropped[dropped < send]] = False
+    return SamplerPlan(epoch, full, np.flatnonzero(keep), consumed, fingerprint)

@@ -28,48 +28,37 @@ consumed-set codec).
 """
 from __future__ import annotations
 
-import multiprocessing
-import threading
 import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset, Sampler
 
 from ._native import native
+from .budgets import Budgets, optimizer_steps_for
+from .consumed_log import ConsumedLog
 from .daemon import check_reachable, endpoints, env_rank, env_world_size
 from .delivery import (TrailingIdleDrain, check_layout, check_rejections, check_window_target, next_delivery,
                        record_step)
-# The loader's units live in their own modules; every name is re-exported here (``X as X``), so that
-# ``from odb.loader import X`` keeps working for each of them.
-from .encoding import _LENGTH_KEYS as _LENGTH_KEYS
-from .encoding import _dtype_codes as _dtype_codes
-from .encoding import _to_torch as _to_torch
-from .encoding import encode_sample as encode_sample
-from .encoding import sample_loss_tokens as sample_loss_tokens
-from .progress import Progress as Progress
-from .pump import OdbWorkerError as OdbWorkerError
-from .pump import _null_collate as _null_collate
-from .pump import _Pump as _Pump
-from .pump import _SendStream as _SendStream
-from .consumed_log import ConsumedLog
 from .dummy import DummyBatches
-from .epoch_order import SamplerPlan, consumed_positions, global_order, rank_share
-from .budgets import Budgets, optimizer_steps_for
+from .encoding import _to_torch
+from .epoch_order import SamplerPlan, global_order, rank_indices, sampler_plan
 from .job_counters import JobCounters
+from .progress import Progress
+from .pump import _Pump, start_pump
 from .resume_state import LoadedState, parse_state
 from .sampler_state import Trained, sampler_consumed
 from .stacks import check_caller_stack
-from .state_codec import STATE_FORMAT as STATE_FORMAT
-from .state_codec import STATE_VERSION as STATE_VERSION
-from .state_codec import compress_ints as compress_ints
-from .state_codec import compress_mask as compress_mask
-from .state_codec import expand_ints as expand_ints
-from .state_codec import list_fingerprint
-from .step import _MISSING as _MISSING
-from .step import Step as Step
+from .state_codec import STATE_FORMAT, STATE_VERSION, compress_ints, compress_mask
+from .step import Step
+
+# Names other code imports from here (``from odb.loader import X``), kept working since the loader's
+# units moved to modules of their own.
+from .encoding import encode_sample, sample_loss_tokens  # noqa: E402,F401  isort: skip
+from .pump import OdbWorkerError  # noqa: E402,F401  isort: skip
+from .state_codec import expand_ints  # noqa: E402,F401  isort: skip
 
 IDLE_POLICIES = ("zero_step", "join")
 # How samples reach the daemon and steps the trainer (docs/shm.md): "auto"
@@ -270,48 +259,14 @@ class OdbDataLoader:
         if self.sampler is not None:
             plan = self._sampler_plan()
             return plan.full[plan.sent].tolist()
-        loaded = self._resuming(self.epoch)
-        limit = self._epoch_sample_limit(self.epoch)  # stop_at_samples: the epoch's first `limit` samples
-        order = self._global_order()
-        if self._replaying():
-            assert loaded is not None and loaded.replay is not None
-            done = loaded.replay["before_round"]  # keys consumed in rounds before the replayed one
-            positions = np.arange(order.size, dtype=np.int64)[self.rank::self.world_size]
-            if limit is not None:
-                positions = positions[positions < limit]
-            gone = np.zeros(order.size, dtype=bool)
-            gone[done[done < order.size]] = True
-            return order[positions[~gone[positions]]].tolist()
-        if limit is not None:
-            order = order[:limit]
-        if loaded is not None:
-            keep = np.ones(order.size, dtype=bool)
-            keep[loaded.keys[loaded.keys < order.size]] = False
-            order = order[keep]
-        return order[self.rank::self.world_size].tolist()
+        return rank_indices(self._global_order(), self.rank, self.world_size, self._epoch_sample_limit(self.epoch),
+                            self._resuming(self.epoch), self._replaying()).tolist()
 
     def _sampler_plan(self) -> SamplerPlan:
-        """This rank's custom-sampler list for the epoch (one draw of the sampler) and the positions of it
-        that are sent: all of them, less those a loaded state counts as trained (a deterministic resume at
-        the same world size: less those of the rounds before the replayed one), within the share of a
-        sample budget."""
+        """This rank's custom-sampler list for the epoch (one draw of the sampler) and what of it is sent."""
         full = np.asarray([int(i) for i in self.sampler], dtype=np.int64)  # type: ignore[union-attr]
-        limit = self._epoch_sample_limit(self.epoch)
-        send = full.size if limit is None else min(full.size, rank_share(limit, self.rank, self.world_size))
-        fingerprint = list_fingerprint(full)
-        consumed = np.zeros(0, dtype=np.int64)
-        dropped = consumed
-        loaded = self._resuming(self.epoch)
-        if loaded is not None:
-            where = dict(rank=self.rank, world_size=self.world_size, epoch=self.epoch)
-            consumed = consumed_positions(loaded, full, loaded.keys, fingerprint, **where)
-            dropped = consumed
-            if self._replaying():
-                assert loaded.replay is not None
-                dropped = consumed_positions(loaded, full, loaded.replay["before_round"], fingerprint, **where)
-        keep = np.ones(send, dtype=bool)
-        keep[dropped[dropped < send]] = False
-        return SamplerPlan(self.epoch, full, np.flatnonzero(keep), consumed, fingerprint)
+        return sampler_plan(full, self.epoch, self.rank, self.world_size, self._epoch_sample_limit(self.epoch),
+                            self._resuming(self.epoch), self._replaying())
 
     # ----- budgets and schedules (docs/python.md, "Schedules and budgets") ---------
     def samples_per_epoch(self) -> int:
@@ -522,24 +477,12 @@ class OdbDataLoader:
         else:
             self._plan = None
             indices = self.indices()
-        # Workers see the stop flag too: an Event of their start method's context
-        # (handed to them with the dataset when they start).
-        stop = threading.Event()
-        wake_workers = None
-        worker_stop: Any = stop
-        if self.num_workers:
-            context = self.multiprocessing_context or "forkserver"
-            if isinstance(context, str):
-                context = multiprocessing.get_context(context)
-            worker_stop, wake_workers = context.Pipe(duplex=False)
-        stream = _SendStream(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, self.lengths_fn,
-                             self.send_timeout_ms, self.progress_every, worker_stop, self.data_plane,
-                             self.loss_tokens_from, self.ignore_index)
-        generator = torch.Generator()
-        generator.manual_seed(self.seed * 1000003 + epoch)
-        loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_null_collate,
-                            worker_init_fn=self.worker_init_fn, generator=generator,
-                            multiprocessing_context=(self.multiprocessing_context or "forkserver") if self.num_workers else None)
+        pump = start_pump(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, lengths_fn=self.lengths_fn,
+                          send_timeout_ms=self.send_timeout_ms, progress_every=self.progress_every,
+                          data_plane=self.data_plane, loss_tokens_from=self.loss_tokens_from,
+                          ignore_index=self.ignore_index, num_workers=self.num_workers,
+                          multiprocessing_context=self.multiprocessing_context, worker_init_fn=self.worker_init_fn,
+                          seed=self.seed)
         loaded = self._resuming(epoch)
         replay = loaded.replay if loaded is not None and self._replaying() else None
         if replay is not None:
@@ -548,7 +491,6 @@ class OdbDataLoader:
         else:
             consumer.start_epoch(epoch, max(self.num_workers, 1))
         skip_below = int(replay["next_step"]) if replay is not None else 0  # trained before the checkpoint
-        pump = _Pump(loader, stop, wake_workers)
         self.samples_sent = 0
         self.last_summary = None
         self.dropped_trailing_idle = 0

@@ -3,11 +3,13 @@ to the daemon) and the pump thread that drives the DataLoader iterator so that a
 death surfaces in the trainer as OdbWorkerError."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ._native import native
@@ -223,3 +225,28 @@ class _Pump:
             # epoch forks its workers can hand them a held lock; wait it out
             # (the read wakes at least every 5 s: MP_STATUS_CHECK_INTERVAL).
             self.thread.join(timeout=10.0)
+
+
+def start_pump(dataset: Any, indices: Any, epoch: int, rank: int, endpoint: str, *, lengths_fn: Any,
+               send_timeout_ms: int, progress_every: int, data_plane: str, loss_tokens_from: Any, ignore_index: int,
+               num_workers: int, multiprocessing_context: Any, worker_init_fn: Any, seed: int) -> "_Pump":
+    """The epoch's send path, not yet started: `indices` of `dataset` preprocessed by a DataLoader's
+    workers (``num_workers`` processes of `multiprocessing_context`, forkserver by default, or a thread
+    when 0) and sent to the daemon at `endpoint`, driven by a pump thread. The workers see its stop
+    flag as a pipe of their start method's context."""
+    stop = threading.Event()
+    wake_workers = None
+    worker_stop: Any = stop
+    if num_workers:
+        context = multiprocessing_context or "forkserver"
+        if isinstance(context, str):
+            context = multiprocessing.get_context(context)
+        worker_stop, wake_workers = context.Pipe(duplex=False)
+    stream = _SendStream(dataset, indices, epoch, rank, endpoint, lengths_fn, send_timeout_ms, progress_every,
+                         worker_stop, data_plane, loss_tokens_from, ignore_index)
+    generator = torch.Generator()
+    generator.manual_seed(seed * 1000003 + epoch)
+    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_null_collate,
+                        worker_init_fn=worker_init_fn, generator=generator,
+                        multiprocessing_context=(multiprocessing_context or "forkserver") if num_workers else None)
+    return _Pump(loader, stop, wake_workers)
