@@ -126,6 +126,25 @@ def test_configs_odbd_yaml_has_every_parser_field_with_its_default() -> None:
     assert not wrong, f"configs/odbd.yaml value vs the parser's default: {wrong}"
 
 
+def test_the_python_packages_daemon_defaults_are_odbds(monkeypatch) -> None:
+    """What the Python side assumes of odbd's defaults (issue 34: a setting said in two places must not drift):
+    the socket names, the run directory, the label value that counts no token, the length field."""
+    from odb import daemon, encoding
+
+    monkeypatch.delenv("ODB_RUN_DIR", raising=False)  # both sides' own default, not the environment's
+    out = subprocess.run([ODBD, "--print-default-config"], capture_output=True, text=True, timeout=30, check=True,
+                         env=dict(os.environ))
+    parser = {path: yaml.safe_load(value) for path, value in (line.split(": ", 1) for line in out.stdout.splitlines())}
+    assert parser["ingest_endpoints"] == [daemon.INGEST_PATTERN]
+    assert parser["trainer_endpoint"] == daemon.TRAINER_PATTERN
+    assert parser["run_dir"] == daemon.default_run_dir()
+    labels = [f for f in parser["collate.fields"] if f["name"] == "labels"]
+    assert labels and labels[0]["pad_value"] == encoding.IGNORE_INDEX, parser["collate.fields"]
+    assert parser["collate.length_field"] == "input_ids"  # odb.encoding requires and measures input_ids
+    eps = daemon.ipc_endpoints("/r", 3)
+    assert (eps.ingest, eps.trainer) == ("ipc:///r/odb-3-in.sock", "ipc:///r/odb-3-out.sock")
+
+
 def _unit(path: Path) -> Dict[str, Dict[str, str]]:
     sections: Dict[str, Dict[str, str]] = {}
     current = None

@@ -5,7 +5,7 @@ epoch's replay point). A part of OdbDataLoader with its own state; the loader's 
 positions."""
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -61,6 +61,19 @@ class ConsumedLog:
         """The last step yielded, of any kind."""
         self.last_step = (int(info["step_index"]), int(info["round"]), int(info["round_first_step"]),
                           int(info["round_steps"]), bool(info["deterministic"]))
+
+    def replay_point(self, epoch: int) -> Tuple[Optional[Dict[str, int]], Optional[int]]:
+        """A reproducible epoch replays from the round of the last step: (its replay entry {round,
+        first_step, next_step}, and the round's first step when the checkpoint is inside the round; the
+        keys of that round's steps so far are kept apart: they are trained, and the resumed daemons plan
+        them again into the same steps, skipped). (None, None) when the last step is not reproducible."""
+        last = self.last_step if self.epoch == epoch else None
+        if last is None or not last[4]:
+            return None, None
+        step, rnd, first_step, count, _ = last
+        if step + 1 >= first_step + count:  # the round is complete: resume at the next one
+            return {"round": rnd + 1, "first_step": step + 1, "next_step": step + 1}, None
+        return {"round": rnd, "first_step": first_step, "next_step": step + 1}, first_step
 
     def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ids, owners, seqs, step index of each sample), concatenated over the steps."""

@@ -67,12 +67,23 @@ def default_run_dir() -> str:
     return os.environ.get("ODB_RUN_DIR", "/tmp/odb")
 
 
+# odbd's default endpoints ({run}: its run_dir), as `odbd --print-default-config` prints them
+# (ingest.endpoints, trainer.endpoint); test_py_docs checks that they agree.
+INGEST_PATTERN = "ipc://{run}/odb-{rank}-in.sock"
+TRAINER_PATTERN = "ipc://{run}/odb-{rank}-out.sock"
+
+
+def ipc_endpoints(run_dir: str, rank: int) -> Endpoints:
+    """The endpoints odbd binds by default for `rank` in `run_dir`."""
+    return Endpoints(INGEST_PATTERN.format(run=run_dir, rank=rank), TRAINER_PATTERN.format(run=run_dir, rank=rank))
+
+
 def endpoints(rank: Optional[int] = None, run_dir: Optional[str] = None) -> Endpoints:
     """The endpoints of `rank`'s daemon. $ODB_INGEST / $ODB_TRAINER override them."""
     rank = env_rank() if rank is None else rank
-    run_dir = run_dir or default_run_dir()
-    ingest = os.environ.get("ODB_INGEST") or f"ipc://{run_dir}/odb-{rank}-in.sock"
-    trainer = os.environ.get("ODB_TRAINER") or f"ipc://{run_dir}/odb-{rank}-out.sock"
+    default = ipc_endpoints(run_dir or default_run_dir(), rank)
+    ingest = os.environ.get("ODB_INGEST") or default.ingest
+    trainer = os.environ.get("ODB_TRAINER") or default.trainer
     return Endpoints(ingest=ingest.replace("{rank}", str(rank)), trainer=trainer.replace("{rank}", str(rank)))
 
 
@@ -341,7 +352,7 @@ def spawn_daemon(rank: Optional[int] = None, world_size: Optional[int] = None,
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid())
                                 if on_main and die_with_parent else None)
-    eps = Endpoints(f"ipc://{run_dir}/odb-{rank}-in.sock", f"ipc://{run_dir}/odb-{rank}-out.sock")
+    eps = ipc_endpoints(run_dir, rank)
     daemon = DaemonProcess(proc, rank, run_dir, log_file, eps, log_offset)
     _SPAWNED[daemon.trainer] = daemon
     if wait:

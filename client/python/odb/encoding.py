@@ -11,6 +11,9 @@ import torch
 from ._native import native
 
 # Sample keys that carry lengths, not tensors.
+# The label value that counts no token, as odbd pads labels by default (collate.fields: labels, pad_value)
+# and torch.nn.CrossEntropyLoss ignores; test_py_docs checks that it agrees with odbd's default.
+IGNORE_INDEX = -100
 _LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames", "loss_tokens")
 
 
@@ -62,7 +65,7 @@ def encode_sample(sample: Mapping[str, Any],
     return lengths, tensors  # type: ignore[return-value]
 
 
-def sample_loss_tokens(sample: Mapping[str, Any], labels: Optional[str], ignore_index: int = -100) -> Optional[int]:
+def sample_loss_tokens(sample: Mapping[str, Any], labels: Optional[str], ignore_index: int = IGNORE_INDEX) -> Optional[int]:
     """A sample's loss-bearing tokens: an int "loss_tokens" entry, else (``labels`` named) the positions of
     that tensor not equal to ``ignore_index`` (prompt-masked SFT), else None (every token bears loss)."""
     given = sample.get("loss_tokens")

@@ -20,7 +20,7 @@ of their own, each with its own state where it has one: odb.epoch_order (which
 samples a rank sends: the seeded order, a custom sampler's list), odb.consumed_log
 (what the loop handed out, for the checkpoint), odb.job_counters (optimizer steps
 and loss tokens for schedules and budgets), odb.resume_state (a loaded state,
-checked per version), odb.sampler_state (a custom sampler's consumed positions),
+checked per version), odb.consumed_state (the state's consumed set),
 odb.dummy (IDLE steps' batches), odb.step (Step), odb.encoding (sample encoding),
 odb.pump (the workers' send stream, the pump thread, OdbWorkerError),
 odb.progress (the progress line) and odb.state_codec (the state's format and
@@ -43,22 +43,22 @@ from .daemon import check_reachable, endpoints, env_rank, env_world_size
 from .delivery import (TrailingIdleDrain, check_layout, check_rejections, check_window_target, next_delivery,
                        record_step)
 from .dummy import DummyBatches
-from .encoding import _to_torch
+from .encoding import IGNORE_INDEX, _to_torch
 from .epoch_order import SamplerPlan, global_order, rank_indices, sampler_plan
 from .job_counters import JobCounters
 from .progress import Progress
 from .pump import _Pump, start_pump
 from .resume_state import LoadedState, parse_state
-from .sampler_state import Trained, sampler_consumed
+from .consumed_state import Trained, position_consumed, sampler_consumed
 from .stacks import check_caller_stack
-from .state_codec import STATE_FORMAT, STATE_VERSION, compress_ints, compress_mask
+from .state_codec import STATE_FORMAT, STATE_VERSION
 from .step import Step
 
 # Names other code imports from here (``from odb.loader import X``), kept working since the loader's
 # units moved to modules of their own.
 from .encoding import encode_sample, sample_loss_tokens  # noqa: E402,F401  isort: skip
 from .pump import OdbWorkerError  # noqa: E402,F401  isort: skip
-from .state_codec import expand_ints  # noqa: E402,F401  isort: skip
+from .state_codec import compress_ints, expand_ints  # noqa: E402,F401  isort: skip
 
 IDLE_POLICIES = ("zero_step", "join")
 # How samples reach the daemon and steps the trainer (docs/shm.md): "auto"
@@ -144,7 +144,7 @@ class OdbDataLoader:
                  pin_memory: bool = False, progress: Optional[bool] = None,
                  summary_dir: Optional[str] = None, data_plane: str = "auto",
                  tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = -100, stop_at_samples: Optional[int] = None,
+                 ignore_index: int = IGNORE_INDEX, stop_at_samples: Optional[int] = None,
                  stop_at_loss_tokens: Optional[int] = None, packed: Optional[bool] = None) -> None:
         self._budgets = Budgets(stop_at_samples, stop_at_loss_tokens)
         if tokens_per_optimizer_step is not None and int(tokens_per_optimizer_step) < 0:
@@ -337,19 +337,7 @@ class OdbDataLoader:
         log = self._log
         epoch = self.epoch if log.epoch is None else log.epoch
         ids, owners, seqs, steps = log.arrays()
-        # Deterministic epochs replay from the round of the last step: the keys
-        # of that round's steps so far are kept apart (they are trained, and
-        # the resumed daemons plan them again into the same steps, skipped).
-        replay: Optional[Dict[str, Any]] = None
-        first: Optional[int] = None  # the replayed round's first step, when the checkpoint is inside it
-        last = log.last_step if log.epoch == epoch else None
-        if last is not None and last[4]:
-            step, rnd, first_step, count, _ = last
-            if step + 1 >= first_step + count:  # the round is complete: resume at the next one
-                replay = {"round": rnd + 1, "first_step": step + 1, "next_step": step + 1}
-            else:
-                replay = {"round": rnd, "first_step": first_step, "next_step": step + 1}
-                first = first_step
+        replay, first = log.replay_point(epoch)
         loaded = self._resuming(epoch)
         # The loaded state's round goes on only when this run replayed it (same world size): a resume at
         # another world size numbers its rounds from 0 again, and its round R is not the state's.
@@ -360,7 +348,7 @@ class OdbDataLoader:
         gathering = world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
         scope = "all_ranks" if gathering or world == 1 else "this_rank"
         complete = self.last_summary is not None and self.last_summary.get("epoch") == epoch
-        extra: Dict[str, Any] = {}
+        trained = Trained(ids, owners, seqs, in_round, self.rank, world, len(self.dataset), epoch)  # type: ignore[arg-type]
         if self.sampler is None:
             if epoch != self.epoch:
                 raise RuntimeError("odb: state_dict() after set_epoch() moved to another epoch; take it "
@@ -370,26 +358,10 @@ class OdbDataLoader:
                 position = np.empty(order.size, dtype=np.int64)
                 position[order] = np.arange(order.size, dtype=np.int64)
                 self._position_cache = (epoch, position)  # one O(n) pass per epoch, reused by later checkpoints
-            keys = self._position_cache[1][ids] if ids.size else ids
-            round_keys = keys[in_round]
-            if loaded_in_round:
-                assert loaded is not None and loaded.replay is not None
-                round_keys = np.concatenate([round_keys, loaded.replay["in_round"]])  # skipped at the resume
-            if loaded is not None:
-                keys = np.concatenate([keys, loaded.keys])
-            if gathering:
-                gathered: List[Any] = [None] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(gathered, (keys, round_keys))
-                keys = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
-                round_keys = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
-            mask = np.zeros(len(self.dataset), dtype=bool)  # type: ignore[arg-type]
-            mask[keys] = True
-            consumed: Any = compress_mask(mask)
-            round_consumed: Any = compress_ints(round_keys)
-            key = "position"
+            key, consumed, round_consumed, extra, _ = position_consumed(self._position_cache[1], trained, loaded,
+                                                                        loaded_in_round, gathering)
         else:
             plan = self._plan if self._plan is not None and self._plan.epoch == epoch else None
-            trained = Trained(ids, owners, seqs, in_round, self.rank, world, len(self.dataset), epoch)  # type: ignore[arg-type]
             key, consumed, round_consumed, extra, exact_replay = sampler_consumed(
                 plan, trained, loaded, loaded_in_round, replay is not None, gathering)
             if not exact_replay:

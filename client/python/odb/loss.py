@@ -23,6 +23,8 @@ from typing import Any, ContextManager, Optional
 import torch
 import torch.nn.functional as F
 
+from .encoding import IGNORE_INDEX
+
 
 def weighted_loss(per_token_loss: torch.Tensor, weight: float, num_tokens: int,
                   mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -47,7 +49,7 @@ def weighted_loss(per_token_loss: torch.Tensor, weight: float, num_tokens: int,
 
 
 def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weight: float, num_tokens: int,
-                           ignore_index: int = -100) -> torch.Tensor:
+                           ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Token cross-entropy summed over positions (labels == ignore_index are
     skipped, e.g. padding), then weighted as in :func:`weighted_loss`.
 

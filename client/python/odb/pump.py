@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ._native import native
-from .encoding import encode_sample, sample_loss_tokens
+from .encoding import IGNORE_INDEX, encode_sample, sample_loss_tokens
 
 
 class OdbWorkerError(native().OdbError):  # type: ignore[misc]
@@ -51,7 +51,7 @@ class _SendStream(IterableDataset):
     def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
                  lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
                  stop: Any, data_plane: str = "auto", loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = -100) -> None:
+                 ignore_index: int = IGNORE_INDEX) -> None:
         self.loss_tokens_from = loss_tokens_from
         self.ignore_index = ignore_index
         self.dataset = dataset

@@ -1,5 +1,7 @@
-"""A custom sampler's consumed samples in a loader state: positions in each rank's list ("rank_position",
-state version 4; docs/resume.md, "Custom samplers"). Used by OdbDataLoader.state_dict."""
+"""The consumed set of a loader state (docs/resume.md): positions in the epoch's seeded order
+("position", no custom sampler), or a custom sampler's positions in each rank's list ("rank_position",
+state version 4, "Custom samplers"). Used by OdbDataLoader.state_dict; all ranks' sets are gathered when
+torch.distributed is initialized."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +30,28 @@ class Trained:
     world_size: int
     dataset_len: int
     epoch: int
+
+
+def position_consumed(position: np.ndarray, trained: Trained, loaded: Optional[LoadedState], loaded_in_round: bool,
+                      gathering: bool) -> Consumed:
+    """Without a custom sampler: the trained samples as positions in the epoch's order (`position`: each
+    dataset index's position), with what a loaded state counted before."""
+    ids = trained.ids
+    keys = position[ids] if ids.size else ids
+    round_keys = keys[trained.in_round]
+    if loaded_in_round:
+        assert loaded is not None and loaded.replay is not None
+        round_keys = np.concatenate([round_keys, loaded.replay["in_round"]])  # skipped at the resume
+    if loaded is not None:
+        keys = np.concatenate([keys, loaded.keys])
+    if gathering:
+        gathered: List[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, (keys, round_keys))
+        keys = np.concatenate([np.asarray(g[0], dtype=np.int64) for g in gathered])
+        round_keys = np.concatenate([np.asarray(g[1], dtype=np.int64) for g in gathered])
+    mask = np.zeros(trained.dataset_len, dtype=bool)
+    mask[keys] = True
+    return "position", compress_mask(mask), compress_ints(round_keys), {}, True
 
 
 def sampler_consumed(plan: Optional[SamplerPlan], trained: Trained, loaded: Optional[LoadedState],
