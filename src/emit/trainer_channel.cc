@@ -345,10 +345,11 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     }
   } else if (msg.has_credit()) {
     uint32_t steps = msg.credit().steps();
-    for (uint32_t i = 0; i < steps && !in_flight_.empty(); ++i) {
-      // What was sent before a credited step has arrived: summaries too.
-      while (!in_flight_.empty() && !in_flight_.front().is_step) in_flight_.pop_front();
-      if (!in_flight_.empty()) in_flight_.pop_front();
+    for (uint32_t i = 0; i < steps; ++i) {
+      // The oldest step sent has arrived, and what was sent before it (ordered delivery): summaries too.
+      auto step = std::find_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return m.is_step; });
+      if (step == in_flight_.end()) break;
+      in_flight_.erase(in_flight_.begin(), step + 1);
     }
     credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
     CountDataWait(msg.credit());
