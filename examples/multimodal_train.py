@@ -232,6 +232,9 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) ->
         per_step, per_token, per_len_sq = (float(v) for v in args.llm_step_time.split(","))
         config["grouping"]["step_time"] = {"per_step": per_step, "per_padded_token": per_token,
                                            "per_len_sq": per_len_sq}
+    if not args.memory_plan:
+        for key in ("vision_memory", "audio_memory", "llm_memory"):
+            config["alignment"].pop(key, None)
     if not phases:
         for key in ("encoder_fields", "audio_fields"):
             config["collate"].pop(key, None)
@@ -802,6 +805,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
                         "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
                         "configs/multimodal_train.yaml)")
+    p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
+                   help="odb_phases: place encoder items by time only (drop the config's alignment.*_memory)")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
