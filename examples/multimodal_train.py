@@ -233,7 +233,7 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) ->
         config["grouping"]["step_time"] = {"per_step": per_step, "per_padded_token": per_token,
                                            "per_len_sq": per_len_sq}
     if not args.memory_plan:
-        for key in ("vision_memory", "audio_memory", "llm_memory"):
+        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
             config["alignment"].pop(key, None)
     if not phases:
         for key in ("encoder_fields", "audio_fields"):

@@ -88,11 +88,11 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
 }
 
 PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
-                                   std::span<const int32_t> home, int world,
-                                   std::vector<double>& rank_memory) {
+                                   std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
+                                   double slack) {
   assert(memory.size() == cost.size() && rank_memory.size() == static_cast<size_t>(world));
   PhaseAssignment by_time = BalancePhase(cost, home, world);
-  const double capacity = by_time.max_load * (1 + 1e-12);
+  const double capacity = by_time.max_load * (1 + slack + 1e-12);
   std::vector<size_t> desc(cost.size());
   std::iota(desc.begin(), desc.end(), size_t{0});
   std::stable_sort(desc.begin(), desc.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });

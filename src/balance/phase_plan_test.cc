@@ -185,6 +185,16 @@ TEST_CASE("BalancePhaseMemory keeps the time capacity and moves memory off the l
   REQUIRE(b.slot_of[0].rank == 0);
   REQUIRE(b.slot_of[1].rank == 1);
   REQUIRE(none == std::vector<double>{2, 2});
+  // Slack: a rank may take up to (1 + slack) x the minimax time to hold less memory.
+  const std::vector<double> pair = {2, 2};
+  const std::vector<int32_t> both_home = {0, 0};
+  std::vector<double> tight = {3, 0}, loose = {3, 0};
+  const PhaseAssignment no_slack = BalancePhaseMemory(pair, pair, both_home, 2, tight);
+  REQUIRE(no_slack.max_load == 2.0);
+  REQUIRE(tight == std::vector<double>{5, 2});
+  const PhaseAssignment slack = BalancePhaseMemory(pair, pair, both_home, 2, loose, 1.0);
+  REQUIRE(slack.max_load == 4.0);
+  REQUIRE(loose == std::vector<double>{3, 4});
   // Random steps: never above BalancePhase's time capacity, never more memory at the peak rank.
   for (uint64_t seed = 0; seed < 50; ++seed) {
     std::mt19937_64 rng(seed);

@@ -78,9 +78,9 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
     }
     auto phase = [&](const std::vector<double>& cost, const std::vector<double>& memory, PhaseRoute& route) {
       const int n = static_cast<int>(active.size());
-      const balance::PhaseAssignment enc = memory_aware_
-                                               ? balance::BalancePhaseMemory(cost, memory, home, n, held)
-                                               : balance::BalancePhase(cost, home, n);
+      const balance::PhaseAssignment enc =
+          memory_aware_ ? balance::BalancePhaseMemory(cost, memory, home, n, held, memory_slack_)
+                        : balance::BalancePhase(cost, home, n);
       route.src_rank.assign(mine.sample_ids.size(), me);
       for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].llm_rank == me) route.src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
@@ -141,7 +141,8 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
       audio_phase_(!config.audio_fields.empty()),
       vision_memory_(config.vision_memory),
       audio_memory_(config.audio_memory),
-      llm_memory_(config.llm_memory) {
+      llm_memory_(config.llm_memory),
+      memory_slack_(config.memory_slack) {
   memory_aware_ = false;
   for (const balance::PhaseCost* m : {&vision_memory_, &audio_memory_, &llm_memory_}) {
     memory_aware_ = memory_aware_ || m->per_sample > 0 || m->per_unit > 0 || m->per_unit_sq > 0;

@@ -198,6 +198,7 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
     ODB_RETURN_IF_ERROR(pc.Get("per_unit_sq", cost->per_unit_sq));
     ODB_RETURN_IF_ERROR(pc.CheckNoUnknownKeys());
   }
+  ODB_RETURN_IF_ERROR(s.Get("memory_slack", c.memory_slack));
   ODB_RETURN_IF_ERROR(s.Get("deterministic", c.deterministic));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.Get("start_wait_ms", c.start_wait_ms));
@@ -606,6 +607,8 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
                                       "a finite number >= 0 and <= 1e12 (any unit: only ratios matter)"));
     }
   }
+  ODB_RETURN_IF_ERROR(
+      CheckFinite("alignment.memory_slack", c.memory_slack, 0.0, 10.0, "a finite number in [0, 10]"));
   if (c.partition_ranks != 0 && c.tokens_per_step != 0) {
     return Invalid("alignment.partition_ranks", "needs optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
   }

@@ -113,6 +113,9 @@ struct DaemonConfig {
   balance::PhaseCost vision_memory{0.0, 0.0, 0.0};
   balance::PhaseCost audio_memory{0.0, 0.0, 0.0};
   balance::PhaseCost llm_memory{0.0, 0.0, 0.0};
+  // ... and may let a phase's slowest rank take up to (1 + memory_slack) x the
+  // minimax time to hold less memory (0: memory only within the time balance).
+  double memory_slack = 0.0;
   // Reproducible epochs (docs/resume.md): the step sequence depends only on
   // the seed and the samples, never on timing. Each rank plans from the next
   // `window` samples of its list in list order (every sample carries its
