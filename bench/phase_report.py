@@ -35,6 +35,8 @@ def method_row(world: str, name: str, s: Dict[str, Any]) -> str:
     return (f"| {world} | {name} | {s['sync_time_s']:.1f} | "
             + " | ".join(f"{mm[p]:.3f}" for p in PHASES)
             + " | " + " / ".join(f"{bf[p]:.2f}" for p in PHASES)
+            + (" (" + " / ".join(f"{s['modelled_bound_fraction'][p]:.2f}" for p in PHASES) + ")"
+               if s.get("modelled_bound_fraction") else "")
             + f" | {100 * s['encoder_share']:.0f}% | {peak:.1f} ({s['peak_mem_max_over_mean'] or 0:.2f}) "
             + (f"| {max(s['act_peak_mb']):.1f} ({s['act_peak_max_over_mean']:.2f}, {s['act_peak_over_bound']:.2f}) "
                if s.get("act_peak_over_bound") else "|  ")
@@ -47,7 +49,7 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
              "Columns: synchronous step time (s, the run's sum over steps of each phase's slowest rank, "
              "thread CPU time); max/mean over ranks of each phase's run total (vision, audio, LLM); each "
              "phase's bound fraction (sum of per-step bounds max(largest item, mean) / sum of the slowest "
-             "rank); the encoders' share of the compute; peak memory above the rank's post-warm-up level "
+             "rank; in parentheses the same for the run's plans under the fitted costs, free of measurement noise); the encoders' share of the compute; peak memory above the rank's post-warm-up level "
              "(MB, max over ranks, and max/mean); loss tokens/s and patches/s (wall clock); wall seconds; "
              "optimizer steps; held-out loss; for odb_phases its speedup in synchronous step time over "
              "odb_llm / standard / standard_packed (modelled: the same ratios of the runs' actual plans under "

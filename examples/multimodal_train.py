@@ -710,6 +710,25 @@ def activation_bound(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]
     return bound
 
 
+def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> Dict[str, float]:
+    """bound_fractions of the run's actual plans under the fitted costs (each rank's step time in a
+    phase modelled from its items): how close the plans are to each phase's bound, free of the
+    noise a loaded machine adds to measured per-step maxima."""
+    out = {}
+    n = max(len(r["records"]) for r in per_rank)
+    for phase in COMPUTE_PHASES:
+        c = fits[phase]
+        bound = slowest = 0.0
+        for k in range(n):
+            units = [r["records"][k]["items"].get(phase, []) if k < len(r["records"]) else [] for r in per_rank]
+            ts = [c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u) if u else 0.0 for u in units]
+            largest = max((item_cost(c, x) for u in units for x in u), default=0.0)
+            slowest += max(ts)
+            bound += max(largest, sum(ts) / len(per_rank))
+        out[phase] = bound / slowest if slowest else 1.0
+    return out
+
+
 def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> float:
     """The synchronous step time of the run's actual plans under the fitted costs: per step and
     compute phase the slowest rank's modelled time (its items through the fit), summed. Free of the
@@ -732,6 +751,7 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
         summary[m]["bound_fraction"] = bound_fractions(rs, fits)
         # Standard's LLM pads: the unpadded fit does not model it.
         summary[m]["modelled_sync_time_s"] = None if m == "standard" else modelled_sync_time(rs, fits)
+        summary[m]["modelled_bound_fraction"] = None if m == "standard" else modelled_bound_fractions(rs, fits)
     summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                       for p, c in fits.items()}
     summary["_fitted_llm_step_time"] = fit_llm_step_time(raw)
