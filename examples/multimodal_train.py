@@ -689,6 +689,27 @@ def fit_llm_step_time(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
             "seconds_per_padded_token": float(c[1])}
 
 
+def fit_llm_memory(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The LLM's activation bytes of a rank's step on the padded batch's shape (n samples at the
+    longest length L: [1, n, n L, n L^2]), fitted on the odb methods' steps: alignment.llm_memory's
+    per_sample / per_unit / per_unit_sq (the daemon charges each sample at the rank's longest under
+    cost_model padded). None without odb steps."""
+    xs, ys = [], []
+    for method, per_rank in raw["results"].items():
+        if method.startswith("odb"):
+            for r in per_rank:
+                for rec in r["records"]:
+                    lens = rec["items"].get("llm", [])
+                    if lens and "act" in rec:
+                        n, top = len(lens), max(lens)
+                        xs.append([1.0, float(n), float(n * top), float(n * top * top)])
+                        ys.append(rec["act"]["llm"])
+    if len(xs) < 8:
+        return None
+    c = nonnegative_lstsq(np.array(xs), np.array(ys))
+    return dict(zip(("per_step", "per_sample", "per_unit", "per_unit_sq"), (float(v) for v in c)))
+
+
 def item_cost(c: Sequence[float], u: int) -> float:
     """One item of u units alone on a rank, under a fit from fit_phase_costs."""
     return c[0] + c[1] + c[2] * u + c[3] * u * u
@@ -761,6 +782,7 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
             bound = activation_bound(rs, act_fits)
             summary[m]["act_bound_mb"] = bound / 2**20
             summary[m]["act_peak_over_bound"] = max(summary[m]["act_peak_mb"]) * 2**20 / bound if bound else None
+        summary["_fitted_llm_memory"] = fit_llm_memory(raw)
         summary["_fitted_activation_bytes"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                                for p, c in act_fits.items()}
     ph = summary.get("odb_phases")

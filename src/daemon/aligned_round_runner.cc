@@ -71,10 +71,16 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
     // the rank that encodes each.
     // Memory-aware placement: what each active rank holds this step, its LLM
     // samples' activations first, then each encoder phase's.
+    // A padded LLM batch holds every sample at the rank's longest length.
     std::vector<double> held(active.size(), 0.0);
     if (memory_aware_) {
-      for (const Item& item : items)
-        held[index_of[item.llm_rank]] += llm_memory_.Of(item.meta.lengths.tokens);
+      for (size_t a = 0; a < active.size(); ++a) {
+        const auto& samples = plan.ranks[active[a]].steps[k].samples;
+        uint32_t longest = 0;
+        for (const SampleMeta& m : samples) longest = std::max(longest, m.lengths.tokens);
+        for (const SampleMeta& m : samples)
+          held[a] += llm_memory_.Of(llm_padded_ ? longest : m.lengths.tokens);
+      }
     }
     auto phase = [&](const std::vector<double>& cost, const std::vector<double>& memory, PhaseRoute& route) {
       const int n = static_cast<int>(active.size());
@@ -142,7 +148,8 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
       vision_memory_(config.vision_memory),
       audio_memory_(config.audio_memory),
       llm_memory_(config.llm_memory),
-      memory_slack_(config.memory_slack) {
+      memory_slack_(config.memory_slack),
+      llm_padded_(config.budget.model == grouping::CostModel::kPadded) {
   memory_aware_ = false;
   for (const balance::PhaseCost* m : {&vision_memory_, &audio_memory_, &llm_memory_}) {
     memory_aware_ = memory_aware_ || m->per_sample > 0 || m->per_unit > 0 || m->per_unit_sq > 0;

@@ -112,7 +112,7 @@ struct DaemonConfig {
   // ranks holding the least memory in that step (balance::BalancePhaseMemory).
   balance::PhaseCost vision_memory{0.0, 0.0, 0.0};
   balance::PhaseCost audio_memory{0.0, 0.0, 0.0};
-  balance::PhaseCost llm_memory{0.0, 0.0, 0.0};
+  balance::PhaseCost llm_memory{0.0, 0.0, 0.0};  // u = tokens (padded: the rank's longest)
   // ... and may let a phase's slowest rank take up to (1 + memory_slack) x the
   // minimax time to hold less memory (0: memory only within the time balance).
   double memory_slack = 0.0;
