@@ -113,6 +113,7 @@ def seed_rows(runs: List[Dict[str, Any]]) -> List[str]:
         figures = [("odb_phases / odb_llm (sync)", "odb_phases", "speedup_over_llm_only"),
                    ("odb_phases / odb_llm (modelled)", "odb_phases", "modelled_speedup_over_llm_only"),
                    ("odb_phases / standard (sync)", "odb_phases", "speedup_over_standard"),
+                   ("odb_phases / standard (modelled, padded LLM)", "odb_phases", "modelled_speedup_over_standard"),
                    ("odb_phases / standard_packed (sync)", "odb_phases", "speedup_over_standard_packed"),
                    ("odb_phases / standard_packed (modelled)", "odb_phases", "modelled_speedup_over_standard_packed"),
                    ("odb_phases activation max/mean", "odb_phases", "act_peak_max_over_mean"),

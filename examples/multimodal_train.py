@@ -750,14 +750,24 @@ def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, Lis
     return out
 
 
-def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> float:
+def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
+                       padded_llm: Optional[Dict[str, float]] = None) -> float:
     """The synchronous step time of the run's actual plans under the fitted costs: per step and
     compute phase the slowest rank's modelled time (its items through the fit), summed. Free of the
-    measurement noise a shared machine adds to every per-step maximum."""
+    measurement noise a shared machine adds to every per-step maximum. padded_llm (a
+    fit_llm_step_time result): the LLM phase on its padded batch's shape instead (for comparing
+    with Standard, whose LLM pads)."""
     total = 0.0
     n = max(len(r["records"]) for r in per_rank)
     for k in range(n):
+        if padded_llm is not None:
+            b = padded_llm["seconds_per_padded_token"]
+            total += max(b * (padded_llm["per_step"] + rec["llm_padded"] + padded_llm["per_len_sq"] *
+                              sum(x * x for x in rec["items"]["llm"])) if rec["items"].get("llm") else 0.0
+                         for rec in (r["records"][k] for r in per_rank if k < len(r["records"])))
         for phase in COMPUTE_PHASES:
+            if phase == "llm" and padded_llm is not None:
+                continue
             c = fits[phase]
             total += max(sum(c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u)
                              for u in [r["records"][k]["items"].get(phase, [])] if u) if k < len(r["records"]) else 0.0
@@ -793,6 +803,10 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
                 ph[key] = summary[base]["sync_time_s"] / ph["sync_time_s"]
                 if summary[base]["modelled_sync_time_s"]:
                     ph["modelled_" + key] = summary[base]["modelled_sync_time_s"] / ph["modelled_sync_time_s"]
+        padded = summary["_fitted_llm_step_time"]
+        if "standard" in summary and padded:  # both LLMs pad: the padded fit for both
+            ph["modelled_speedup_over_standard"] = (modelled_sync_time(raw["results"]["standard"], fits, padded) /
+                                                    modelled_sync_time(raw["results"]["odb_phases"], fits, padded))
     return summary
 
 
