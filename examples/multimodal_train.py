@@ -776,7 +776,7 @@ def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[floa
 
 
 def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
-    summary = {m: summarize(rs) for m, rs in raw["results"].items()}
+    summary: Dict[str, Any] = {m: summarize(rs) for m, rs in raw["results"].items()}
     fits = fit_phase_costs(raw)
     for m, rs in raw["results"].items():
         summary[m]["bound_fraction"] = bound_fractions(rs, fits)
