@@ -7,6 +7,9 @@ Run:
   $BIN/bench/phase_sim --trace bench/phase_trace_debian.txt --vision-cost ... > /tmp/mm/sim.json
   /usr/bin/python3 bench/phase_report.py --runs /tmp/mm/w2.json,/tmp/mm/w4.json --sim /tmp/mm/sim.json \\
       --out bench/results/multimodal
+A run given as a.json+b.json merges files of one W and seed (methods run separately); runs labelled
+"seed N" of the same W get a seeds table (median and range); --previous keeps an earlier results
+file's runs and simulator output.
 """
 from __future__ import annotations
 
@@ -32,8 +35,12 @@ def method_row(world: str, name: str, s: Dict[str, Any]) -> str:
     return (f"| {world} | {name} | {s['sync_time_s']:.1f} | "
             + " | ".join(f"{mm[p]:.3f}" for p in PHASES)
             + " | " + " / ".join(f"{bf[p]:.2f}" for p in PHASES)
+            + (" (" + " / ".join(f"{s['modelled_bound_fraction'][p]:.2f}" for p in PHASES) + ")"
+               if s.get("modelled_bound_fraction") else "")
             + f" | {100 * s['encoder_share']:.0f}% | {peak:.1f} ({s['peak_mem_max_over_mean'] or 0:.2f}) "
-            f"| {s['real_tokens_per_s']:.0f} | {s['patches_per_s']:.0f} | {s['wall_s']:.0f} "
+            + (f"| {max(s['act_peak_mb']):.1f} ({s['act_peak_max_over_mean']:.2f}, {s['act_peak_over_bound']:.2f}) "
+               if s.get("act_peak_over_bound") else "|  ")
+            + f"| {s['real_tokens_per_s']:.0f} | {s['patches_per_s']:.0f} | {s['wall_s']:.0f} "
             f"| {s['optimizer_steps']} | {s['heldout_loss']:.4f} | {speed} |")
 
 
@@ -42,14 +49,18 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
              "Columns: synchronous step time (s, the run's sum over steps of each phase's slowest rank, "
              "thread CPU time); max/mean over ranks of each phase's run total (vision, audio, LLM); each "
              "phase's bound fraction (sum of per-step bounds max(largest item, mean) / sum of the slowest "
-             "rank); the encoders' share of the compute; peak memory above the rank's post-warm-up level "
+             "rank; in parentheses the same for the run's plans under the fitted costs, free of measurement noise); the encoders' share of the compute; peak memory above the rank's post-warm-up level "
              "(MB, max over ranks, and max/mean); loss tokens/s and patches/s (wall clock); wall seconds; "
              "optimizer steps; held-out loss; for odb_phases its speedup in synchronous step time over "
              "odb_llm / standard / standard_packed (modelled: the same ratios of the runs' actual plans under "
              "the fitted costs, free of per-step measurement noise; not for Standard, whose LLM pads).", "",
+             "Activation MB: the largest per-step activation memory of a rank (the bytes autograd saves for "
+             "the backward, all phases of the step; deterministic, unlike VmHWM), max over ranks, with max/mean "
+             "over ranks and max over the bound (the largest over steps of max(mean over ranks, the largest "
+             "single item)).", "",
              "| W (run) | method | sync s | vision m/m | audio m/m | LLM m/m | bound v/a/l | enc | peak MB (m/m) "
-             "| tok/s | patch/s | wall s | opt steps | held-out | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| activation MB (m/m, /bound) | tok/s | patch/s | wall s | opt steps | held-out | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for name, s in run["methods"].items():
             if not name.startswith("_"):
@@ -59,6 +70,7 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
         fits = run["methods"]["_fitted_phase_costs"]
         lines.append(f"* W = {run['world_size']} ({run.get('label', '')}): " + "; ".join(
             f"{p} " + ", ".join(f"{v:.3g}" for v in fits[p].values()) for p in PHASES))
+    lines += seed_rows(runs)
     if sim:
         lines += ["", f"## Simulator (bench/phase_sim, {sim['trace']}, {sim['samples']} samples, "
                       f"{sim['batch']} per rank and step)", "",
@@ -73,14 +85,63 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_runs(paths: List[str]) -> Dict[str, Any]:
+    """One run from several --json files of the same W and seed (methods run separately): their
+    per-step records together, a later file's method replacing an earlier one's."""
+    run = json.loads(Path(paths[0]).read_text())
+    for path in paths[1:]:
+        more = json.loads(Path(path).read_text())
+        assert more["world_size"] == run["world_size"], (path, "another world size")
+        run["raw"].update(more["raw"])
+    return run
+
+
+def seed_rows(runs: List[Dict[str, Any]]) -> List[str]:
+    """Per W with several seeds: each seed's odb_phases speedups and every method's held-out loss,
+    then median and range (the spread the targets are judged against)."""
+    lines: List[str] = []
+    by_world: Dict[int, List[Dict[str, Any]]] = {}
+    for run in runs:
+        if run.get("label", "").startswith("seed"):
+            by_world.setdefault(run["world_size"], []).append(run)
+    for world, group in sorted(by_world.items()):
+        if len(group) < 2:
+            continue
+        lines += ["", f"### W = {world}, {len(group)} seeds", "",
+                  "| figure | " + " | ".join(r["label"] for r in group) + " | median | min-max |",
+                  "|---|" + "---|" * (len(group) + 2)]
+        figures = [("odb_phases / odb_llm (sync)", "odb_phases", "speedup_over_llm_only"),
+                   ("odb_phases / odb_llm (modelled)", "odb_phases", "modelled_speedup_over_llm_only"),
+                   ("odb_phases / standard (sync)", "odb_phases", "speedup_over_standard"),
+                   ("odb_phases / standard (modelled, padded LLM)", "odb_phases", "modelled_speedup_over_standard"),
+                   ("odb_phases / standard_packed (sync)", "odb_phases", "speedup_over_standard_packed"),
+                   ("odb_phases / standard_packed (modelled)", "odb_phases", "modelled_speedup_over_standard_packed"),
+                   ("odb_phases activation max/mean", "odb_phases", "act_peak_max_over_mean"),
+                   ("odb_phases activation peak/bound", "odb_phases", "act_peak_over_bound")]
+        figures += [(f"held-out {m}", m, "heldout_loss") for m in ("standard", "standard_packed", "odb_llm",
+                                                                   "odb_phases")]
+        for name, method, key in figures:
+            vals = [r["methods"].get(method, {}).get(key) for r in group]
+            got = sorted(v for v in vals if v is not None)
+            if not got:
+                continue
+            cells = " | ".join(f"{v:.4g}" if v is not None else "" for v in vals)
+            lines.append(f"| {name} | {cells} | {got[len(got) // 2]:.4g} | {got[0]:.4g}-{got[-1]:.4g} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", required=True, help="comma list of multimodal_train.py --json files")
     p.add_argument("--labels", default="", help="comma list, one label per run (e.g. the cost model used)")
     p.add_argument("--sim", default=None, help="bench/phase_sim output (JSON)")
     p.add_argument("--out", required=True, help="path without suffix: writes .json and .md")
+    p.add_argument("--previous", default=None,
+                   help="an earlier bench/results/multimodal.json: its runs come first (as recorded), and its "
+                        "simulator output unless --sim is given")
+    p.add_argument("--runs-only", action="store_true", help="leave the earlier runs out (keep its simulator)")
     args = p.parse_args()
-    runs = [json.loads(Path(f).read_text()) for f in args.runs.split(",") if f]
+    runs = [merge_runs(item.split("+")) for item in args.runs.split(",") if item]
     for run, label in zip(runs, args.labels.split(",")):
         run["label"] = label
         if "raw" in run:  # recompute with the current summary code (e.g. the modelled sync time)
@@ -89,6 +150,11 @@ def main() -> None:
             run["methods"] = multimodal_train.report({"results": run["raw"]}, run["world_size"])
         run.pop("raw", None)  # the per-step records stay in the run's own file
     sim = json.loads(Path(args.sim).read_text()) if args.sim else None
+    if args.previous:
+        previous = json.loads(Path(args.previous).read_text())
+        if not args.runs_only:
+            runs = previous["runs"] + runs
+        sim = sim or previous.get("simulator")
     Path(args.out + ".json").write_text(json.dumps({"runs": runs, "simulator": sim}, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(runs, sim))
 

@@ -228,6 +228,13 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) ->
             f = fits[phase]
             config["alignment"][f"{phase}_cost"] = {"per_sample": f["per_item"], "per_unit": f["per_unit"],
                                                     "per_unit_sq": f["per_unit_sq"]}
+    if args.llm_step_time:  # fit_llm_step_time's figures (the JSON's _fitted_llm_step_time)
+        per_step, per_token, per_len_sq = (float(v) for v in args.llm_step_time.split(","))
+        config["grouping"]["step_time"] = {"per_step": per_step, "per_padded_token": per_token,
+                                           "per_len_sq": per_len_sq}
+    if not args.memory_plan:
+        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
+            config["alignment"].pop(key, None)
     if not phases:
         for key in ("encoder_fields", "audio_fields"):
             config["collate"].pop(key, None)
@@ -236,23 +243,46 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) ->
 
 # ----- measurement -------------------------------------------------------------------
 class PhaseClock:
-    """Thread CPU time per phase of one step (time.thread_time: this rank's own compute)."""
+    """Thread CPU time per phase of one step (time.thread_time: this rank's own compute), and the
+    activation memory each phase holds for its backward: the bytes of the tensors autograd saves
+    (torch.autograd.graph.saved_tensors_hooks), each storage counted once, parameters left out.
+    Every phase's saved tensors live until the step's last backward (the encoders' runs after the
+    LLM's), so their sum is the step's activation peak; unlike VmHWM it does not depend on what the
+    allocator kept from earlier steps or on the load (what a GPU's allocator peak measures)."""
 
-    def __init__(self) -> None:
+    def __init__(self, param_storages: Optional[set] = None) -> None:
         self.t = dict.fromkeys(PHASES, 0.0)
+        self.saved = dict.fromkeys(PHASES, 0)
         self._phase: Optional[str] = None
         self._start = 0.0
+        self._seen: set = set(param_storages or ())
 
     def __call__(self, phase: str) -> "PhaseClock":
         self._phase = phase
         return self
 
     def __enter__(self) -> None:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
         self._start = time.thread_time()
 
     def __exit__(self, *exc: Any) -> None:
         assert self._phase is not None, "use the clock as `with clock(phase):`"
         self.t[self._phase] += time.thread_time() - self._start
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.storage()
+        key = storage.data_ptr()
+        if key not in self._seen:
+            self._seen.add(key)
+            self.saved[cast(str, self._phase)] += storage.nbytes()
+        return t
+
+
+def param_storages(model: torch.nn.Module) -> set:
+    """The storages of the model's parameters (saved for backward, but not activations)."""
+    return {p.storage().data_ptr() for p in model.parameters()}
 
 
 def _status_kb(key: str) -> int:
@@ -430,15 +460,17 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
         for epoch in range(args.epochs):
             steps = (standard_steps(method, dataset, train_ids, rank, world, args, epoch) if loader is None
                      else odb_steps(loader, world, method == "odb_phases", epoch))
+            params = param_storages(model)
             for st in steps:
-                clock = PhaseClock()
+                clock = PhaseClock(params)
                 b = st["batch"]
                 _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
                                                  llm_idle=st["idle"])
                 rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
                                                                           else b["attention_mask"].sum()),
                        "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
-                       "llm_padded": 0 if st["idle"] else int(b["input_ids"].numel())}
+                       "llm_padded": 0 if st["idle"] else int(b["input_ids"].numel()),
+                       "act": {p: clock.saved[p] for p in COMPUTE_PHASES}}
                 if not st["idle"]:
                     rec["patches"] = int((b.get("pixel_patches") if st["plan"] is None else
                                           b.get("enc.pixel_patches", torch.zeros(0))).shape[0])
@@ -564,6 +596,10 @@ def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     out["peak_mem_mb"] = [p / 1024 for p in peaks]
     out["peak_mem_max_over_mean"] = (max(peaks) / (sum(peaks) / len(peaks))) if peaks and sum(peaks) else None
     out["heldout_loss"] = per_rank[0]["heldout_loss"]
+    if all("act" in rec for r in per_rank for rec in r["records"]):
+        act = [max((sum(rec["act"].values()) for rec in r["records"]), default=0) for r in per_rank]
+        out["act_peak_mb"] = [a / 2**20 for a in act]
+        out["act_peak_max_over_mean"] = max(act) / (sum(act) / world) if sum(act) else None
     return out
 
 
@@ -571,13 +607,14 @@ def _features(units: Sequence[int]) -> List[float]:
     return [1.0, float(len(units)), float(sum(units)), float(sum(u * u for u in units))]
 
 
-def fit_phase_costs(raw: Dict[str, Any]) -> Dict[str, List[float]]:
-    """Per compute phase, a least-squares fit of a rank's step time on [1, items, sum(units),
-    sum(units^2)] (units: patches, frames, tokens of each item), coefficients kept >= 0 (a term that
-    fits negative is dropped and the rest refitted). The LLM's is fitted on the methods without
-    padding (Standard pads to the batch's longest sample: another cost shape). Returns
-    `per_step, per_item, per_unit, per_unit_sq` in seconds: the shape of balance::PhaseCost
-    (alignment.vision_cost / audio_cost take per_item as per_sample; per_step changes no plan)."""
+def fit_phase_costs(raw: Dict[str, Any], value: str = "t") -> Dict[str, List[float]]:
+    """Per compute phase, a least-squares fit of a rank's step time (value "t"; "act": its
+    activation bytes) on [1, items, sum(units), sum(units^2)] (units: patches, frames, tokens of
+    each item), coefficients kept >= 0 (a term that fits negative is dropped and the rest refitted).
+    The LLM's is fitted on the methods without padding (Standard pads to the batch's longest sample:
+    another cost shape). Returns `per_step, per_item, per_unit, per_unit_sq` (seconds or bytes): the
+    shape of balance::PhaseCost (alignment.vision_cost / audio_cost take per_item as per_sample;
+    per_step changes no plan)."""
     fits = {}
     for phase in COMPUTE_PHASES:
         xs, ys = [], []
@@ -587,19 +624,10 @@ def fit_phase_costs(raw: Dict[str, Any]) -> Dict[str, List[float]]:
             for r in per_rank:
                 for rec in r["records"]:
                     units = rec["items"].get(phase, [])
-                    if units:
+                    if units and value in rec:
                         xs.append(_features(units))
-                        ys.append(rec["t"][phase])
-        coef = np.zeros(4)
-        if len(xs) >= 8:
-            x, y = np.array(xs), np.array(ys)
-            keep = list(range(4))
-            while keep:
-                c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-                if (c >= 0).all():
-                    coef[keep] = c
-                    break
-                keep.pop(int(np.argmin(c)))
+                        ys.append(rec[value][phase])
+        coef = nonnegative_lstsq(np.array(xs), np.array(ys)) if len(xs) >= 8 else np.zeros(4)
         fits[phase] = [float(c) for c in coef]
     return fits
 
@@ -616,21 +644,130 @@ def bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]
         for k in range(n):
             ts = [r["records"][k]["t"][phase] for r in per_rank if k < len(r["records"])]
             units = [u for r in per_rank if k < len(r["records"]) for u in r["records"][k]["items"].get(phase, [])]
-            largest = max((c[0] + c[1] + c[2] * u + c[3] * u * u for u in units), default=0.0)
+            largest = max((item_cost(c, u) for u in units), default=0.0)
             slowest += max(ts)
             bound += max(largest, sum(ts) / len(per_rank))
         out[phase] = bound / slowest if slowest else 1.0
     return out
 
 
-def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> float:
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: a term that fits negative is dropped and the rest
+    refitted (the columns are few and positive, so this is the active-set answer in practice)."""
+    coef = np.zeros(x.shape[1])
+    keep = list(range(x.shape[1]))
+    while keep:
+        c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (c >= 0).all():
+            coef[keep] = c
+            break
+        keep.pop(int(np.argmin(c)))
+    return coef
+
+
+def fit_llm_step_time(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The LLM's cost in the shape the daemon's planner balances (`grouping.step_time`, padded cost
+    model): a rank's measured LLM time per step on [1, padded tokens, sum(len^2)], fitted on the odb
+    methods' steps (their LLM batches are the daemon's padded groups), scaled so per_padded_token =
+    1 (the planner's unit; only the ratios change a plan). None without odb steps."""
+    xs, ys = [], []
+    for method, per_rank in raw["results"].items():
+        if not method.startswith("odb"):
+            continue
+        for r in per_rank:
+            for rec in r["records"]:
+                lens = rec["items"].get("llm", [])
+                if lens and rec.get("llm_padded"):
+                    xs.append([1.0, float(rec["llm_padded"]), float(sum(n * n for n in lens))])
+                    ys.append(rec["t"]["llm"])
+    if len(xs) < 8:
+        return None
+    c = nonnegative_lstsq(np.array(xs), np.array(ys))
+    if c[1] <= 0:
+        return None
+    return {"per_step": float(c[0] / c[1]), "per_padded_token": 1.0, "per_len_sq": float(c[2] / c[1]),
+            "seconds_per_padded_token": float(c[1])}
+
+
+def fit_llm_memory(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The LLM's activation bytes of a rank's step on the padded batch's shape (n samples at the
+    longest length L: [1, n, n L, n L^2]), fitted on the odb methods' steps: alignment.llm_memory's
+    per_sample / per_unit / per_unit_sq (the daemon charges each sample at the rank's longest under
+    cost_model padded). None without odb steps."""
+    xs, ys = [], []
+    for method, per_rank in raw["results"].items():
+        if method.startswith("odb"):
+            for r in per_rank:
+                for rec in r["records"]:
+                    lens = rec["items"].get("llm", [])
+                    if lens and "act" in rec:
+                        n, top = len(lens), max(lens)
+                        xs.append([1.0, float(n), float(n * top), float(n * top * top)])
+                        ys.append(rec["act"]["llm"])
+    if len(xs) < 8:
+        return None
+    c = nonnegative_lstsq(np.array(xs), np.array(ys))
+    return dict(zip(("per_step", "per_sample", "per_unit", "per_unit_sq"), (float(v) for v in c)))
+
+
+def item_cost(c: Sequence[float], u: int) -> float:
+    """One item of u units alone on a rank, under a fit from fit_phase_costs."""
+    return c[0] + c[1] + c[2] * u + c[3] * u * u
+
+
+def activation_bound(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> float:
+    """A lower bound (bytes) on the largest per-rank activation peak any assignment of the run's
+    steps could reach: per step max(the mean over ranks of the step's bytes, the largest single
+    item's bytes under the activation fit), the maximum over steps. A rank that holds a 1024-patch
+    icon holds at least that icon's activations, however the rest is placed."""
+    bound = 0.0
+    n = max(len(r["records"]) for r in per_rank)
+    for k in range(n):
+        recs = [r["records"][k] for r in per_rank if k < len(r["records"])]
+        mean = sum(sum(rec["act"].values()) for rec in recs) / len(per_rank)
+        largest = max((item_cost(fits[p], u) for rec in recs for p in COMPUTE_PHASES
+                       for u in rec["items"].get(p, [])), default=0.0)
+        bound = max(bound, mean, largest)
+    return bound
+
+
+def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> Dict[str, float]:
+    """bound_fractions of the run's actual plans under the fitted costs (each rank's step time in a
+    phase modelled from its items): how close the plans are to each phase's bound, free of the
+    noise a loaded machine adds to measured per-step maxima."""
+    out = {}
+    n = max(len(r["records"]) for r in per_rank)
+    for phase in COMPUTE_PHASES:
+        c = fits[phase]
+        bound = slowest = 0.0
+        for k in range(n):
+            units = [r["records"][k]["items"].get(phase, []) if k < len(r["records"]) else [] for r in per_rank]
+            ts = [c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u) if u else 0.0 for u in units]
+            largest = max((item_cost(c, x) for u in units for x in u), default=0.0)
+            slowest += max(ts)
+            bound += max(largest, sum(ts) / len(per_rank))
+        out[phase] = bound / slowest if slowest else 1.0
+    return out
+
+
+def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
+                       padded_llm: Optional[Dict[str, float]] = None) -> float:
     """The synchronous step time of the run's actual plans under the fitted costs: per step and
     compute phase the slowest rank's modelled time (its items through the fit), summed. Free of the
-    measurement noise a shared machine adds to every per-step maximum."""
+    measurement noise a shared machine adds to every per-step maximum. padded_llm (a
+    fit_llm_step_time result): the LLM phase on its padded batch's shape instead (for comparing
+    with Standard, whose LLM pads)."""
     total = 0.0
     n = max(len(r["records"]) for r in per_rank)
     for k in range(n):
+        if padded_llm is not None:
+            b = padded_llm["seconds_per_padded_token"]
+            total += max(b * (padded_llm["per_step"] + rec["llm_padded"] + padded_llm["per_len_sq"] *
+                              sum(x * x for x in rec["items"]["llm"])) if rec["items"].get("llm") else 0.0
+                         for rec in (r["records"][k] for r in per_rank if k < len(r["records"])))
         for phase in COMPUTE_PHASES:
+            if phase == "llm" and padded_llm is not None:
+                continue
             c = fits[phase]
             total += max(sum(c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u)
                              for u in [r["records"][k]["items"].get(phase, [])] if u) if k < len(r["records"]) else 0.0
@@ -639,14 +776,25 @@ def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[floa
 
 
 def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
-    summary = {m: summarize(rs) for m, rs in raw["results"].items()}
+    summary: Dict[str, Any] = {m: summarize(rs) for m, rs in raw["results"].items()}
     fits = fit_phase_costs(raw)
     for m, rs in raw["results"].items():
         summary[m]["bound_fraction"] = bound_fractions(rs, fits)
         # Standard's LLM pads: the unpadded fit does not model it.
         summary[m]["modelled_sync_time_s"] = None if m == "standard" else modelled_sync_time(rs, fits)
+        summary[m]["modelled_bound_fraction"] = None if m == "standard" else modelled_bound_fractions(rs, fits)
     summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                       for p, c in fits.items()}
+    summary["_fitted_llm_step_time"] = fit_llm_step_time(raw)
+    if all("act_peak_mb" in summary[m] for m in raw["results"]):
+        act_fits = fit_phase_costs(raw, "act")
+        for m, rs in raw["results"].items():
+            bound = activation_bound(rs, act_fits)
+            summary[m]["act_bound_mb"] = bound / 2**20
+            summary[m]["act_peak_over_bound"] = max(summary[m]["act_peak_mb"]) * 2**20 / bound if bound else None
+        summary["_fitted_llm_memory"] = fit_llm_memory(raw)
+        summary["_fitted_activation_bytes"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
+                                               for p, c in act_fits.items()}
     ph = summary.get("odb_phases")
     if ph:  # speedups in synchronous step time (the run's sum)
         for base, key in (("odb_llm", "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
@@ -655,12 +803,16 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
                 ph[key] = summary[base]["sync_time_s"] / ph["sync_time_s"]
                 if summary[base]["modelled_sync_time_s"]:
                     ph["modelled_" + key] = summary[base]["modelled_sync_time_s"] / ph["modelled_sync_time_s"]
+        padded = summary["_fitted_llm_step_time"]
+        if "standard" in summary and padded:  # both LLMs pad: the padded fit for both
+            ph["modelled_speedup_over_standard"] = (modelled_sync_time(raw["results"]["standard"], fits, padded) /
+                                                    modelled_sync_time(raw["results"]["odb_phases"], fits, padded))
     return summary
 
 
 def table(summary: Dict[str, Any], world: int) -> str:
     head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  bound v/a/l     "
-            f"peakMB m/m   tok/s  patch/s  opt  heldout")
+            f"peakMB m/m  actMB m/m /bnd   tok/s  patch/s  opt  heldout")
     lines = [head]
     for m, s in summary.items():
         if m.startswith("_"):
@@ -671,7 +823,9 @@ def table(summary: Dict[str, Any], world: int) -> str:
         lines.append(f"      {m:16s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
                      f"{mm['llm']:7.3f}  {100 * s['encoder_share']:4.0f}  "
                      f"{bf['vision']:.2f}/{bf['audio']:.2f}/{bf['llm']:.2f}  "
-                     f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
+                     f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  "
+                     f"{max(s.get('act_peak_mb') or [0]):5.1f} {s.get('act_peak_max_over_mean') or 0:4.2f} "
+                     f"{s.get('act_peak_over_bound') or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
                      f"{s['patches_per_s']:7.0f}  {s['optimizer_steps']:3d}  {s['heldout_loss']:.4f}")
     ph = summary.get("odb_phases", {})
     extra = [f"{k} {ph[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
@@ -707,6 +861,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
                         "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
                         "configs/multimodal_train.yaml)")
+    p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
+                   help="odb_phases: place encoder items by time only (drop the config's alignment.*_memory)")
+    p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
+                   help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
+                        "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
+                        "_fitted_llm_step_time")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

@@ -87,6 +87,46 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
   return Build(cost, best, world);
 }
 
+PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
+                                   std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
+                                   double slack) {
+  assert(memory.size() == cost.size() && rank_memory.size() == static_cast<size_t>(world));
+  PhaseAssignment by_time = BalancePhase(cost, home, world);
+  const double capacity = by_time.max_load * (1 + slack + 1e-12);
+  std::vector<size_t> desc(cost.size());
+  std::iota(desc.begin(), desc.end(), size_t{0});
+  std::stable_sort(desc.begin(), desc.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(world, 0.0), held = rank_memory;
+  std::vector<int32_t> rank_of(cost.size(), 0);
+  bool fits = true;
+  for (size_t i : desc) {
+    int32_t r = home[i];
+    if (cost[i] > 0 || memory[i] > 0) {
+      r = -1;
+      for (int32_t c = 0; c < world; ++c) {
+        if (load[c] + cost[i] > capacity) continue;
+        if (r < 0 || held[c] < held[r] || (held[c] == held[r] && c == home[i])) r = c;
+      }
+    }
+    if (r < 0) {
+      fits = false;
+      break;
+    }
+    load[r] += cost[i];
+    held[r] += memory[i];
+    rank_of[i] = r;
+  }
+  std::vector<double> time_held = rank_memory;
+  for (size_t i = 0; i < cost.size(); ++i) time_held[by_time.slot_of[i].rank] += memory[i];
+  if (!fits ||
+      *std::max_element(held.begin(), held.end()) > *std::max_element(time_held.begin(), time_held.end())) {
+    rank_memory = std::move(time_held);
+    return by_time;
+  }
+  rank_memory = std::move(held);
+  return Build(cost, rank_of, world);
+}
+
 std::vector<std::vector<Slot>> ComposeRoutes(const PhaseAssignment& from, const PhaseAssignment& to) {
   assert(from.slot_of.size() == to.slot_of.size());
   std::vector<std::vector<Slot>> route(from.order.size());

@@ -64,6 +64,20 @@ struct PhaseAssignment {
 PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32_t> home, int world,
                              uint32_t capacity_iters = 24);
 
+// Memory-aware variant (the activation memory a phase's items hold until the
+// step's backward): BalancePhase's minimax capacity C (times 1 + `slack`: the
+// share of the phase's time this may spend on memory), then items by cost,
+// descending, each on the rank holding the least memory (`rank_memory[r]`, what
+// the rank already holds this step, plus this phase's items so far) among the
+// ranks it keeps within C; ties prefer the home rank, an item of cost and
+// memory 0 stays home. With slack 0 the time balance is BalancePhase's; if
+// the greedy does not fit in C, or holds more memory at its peak rank than
+// BalancePhase's layout, BalancePhase's layout is returned. Adds the chosen
+// layout's item memory to `rank_memory` (size world).
+PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
+                                   std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
+                                   double slack = 0.0);
+
 // Lower bound of any assignment's max load: max(max item, sum / W).
 double MinimaxLowerBound(std::span<const double> cost, int world);
 

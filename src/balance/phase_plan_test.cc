@@ -164,5 +164,56 @@ TEST_CASE("BalancePhase covers every item once and prefers home when balanced", 
   for (size_t i = 0; i < seen.size(); ++i) REQUIRE(seen[i] == i);
 }
 
+TEST_CASE("BalancePhaseMemory keeps the time capacity and moves memory off the loaded rank", "[phase]") {
+  // A large item and two small ones; rank 0 already holds 3 units of memory
+  // (its LLM part). By time alone the large item stays home on rank 0 (7
+  // units there); by memory it goes to rank 1 and the small ones to rank 0.
+  const std::vector<double> cost = {4, 1, 1};
+  const std::vector<int32_t> home = {0, 0, 0};
+  std::vector<double> held = {3, 0};
+  const PhaseAssignment by_time = BalancePhase(cost, home, 2);
+  REQUIRE(by_time.slot_of[0].rank == 0);
+  const PhaseAssignment a = BalancePhaseMemory(cost, cost, home, 2, held);
+  REQUIRE(a.max_load == by_time.max_load);
+  REQUIRE(a.slot_of[0].rank == 1);
+  REQUIRE(held == std::vector<double>{5, 4});
+  // Nothing to gain (no memory held, items at home balanced): BalancePhase's layout.
+  std::vector<double> none = {0, 0};
+  const std::vector<double> even = {2, 2};
+  const std::vector<int32_t> split = {0, 1};
+  const PhaseAssignment b = BalancePhaseMemory(even, even, split, 2, none);
+  REQUIRE(b.slot_of[0].rank == 0);
+  REQUIRE(b.slot_of[1].rank == 1);
+  REQUIRE(none == std::vector<double>{2, 2});
+  // Slack: a rank may take up to (1 + slack) x the minimax time to hold less memory.
+  const std::vector<double> pair = {2, 2};
+  const std::vector<int32_t> both_home = {0, 0};
+  std::vector<double> tight = {3, 0}, loose = {3, 0};
+  const PhaseAssignment no_slack = BalancePhaseMemory(pair, pair, both_home, 2, tight);
+  REQUIRE(no_slack.max_load == 2.0);
+  REQUIRE(tight == std::vector<double>{5, 2});
+  const PhaseAssignment slack = BalancePhaseMemory(pair, pair, both_home, 2, loose, 1.0);
+  REQUIRE(slack.max_load == 4.0);
+  REQUIRE(loose == std::vector<double>{3, 4});
+  // Random steps: never above BalancePhase's time capacity, never more memory at the peak rank.
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<double> c(13), m(13);
+    std::vector<int32_t> h(13);
+    for (size_t i = 0; i < c.size(); ++i) {
+      c[i] = static_cast<double>(rng() % 100);
+      m[i] = c[i] * (1 + static_cast<double>(rng() % 3));
+      h[i] = static_cast<int32_t>(rng() % 4);
+    }
+    std::vector<double> pre = {static_cast<double>(rng() % 200), 0, static_cast<double>(rng() % 50), 10};
+    std::vector<double> by_mem = pre, by_t = pre;
+    const PhaseAssignment t = BalancePhase(c, h, 4);
+    for (size_t i = 0; i < c.size(); ++i) by_t[t.slot_of[i].rank] += m[i];
+    const PhaseAssignment got = BalancePhaseMemory(c, m, h, 4, by_mem);
+    REQUIRE(got.max_load <= t.max_load * (1 + 1e-9));
+    REQUIRE(*std::max_element(by_mem.begin(), by_mem.end()) <= *std::max_element(by_t.begin(), by_t.end()));
+  }
+}
+
 }  // namespace
 }  // namespace odb::balance

@@ -69,8 +69,24 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
     // One encoder phase: its balanced layout, this rank's share of it (what it
     // encodes and where each output goes) and, for this rank's LLM samples,
     // the rank that encodes each.
-    auto phase = [&](const std::vector<double>& cost, PhaseRoute& route) {
-      const balance::PhaseAssignment enc = balance::BalancePhase(cost, home, static_cast<int>(active.size()));
+    // Memory-aware placement: what each active rank holds this step, its LLM
+    // samples' activations first, then each encoder phase's.
+    // A padded LLM batch holds every sample at the rank's longest length.
+    std::vector<double> held(active.size(), 0.0);
+    if (memory_aware_) {
+      for (size_t a = 0; a < active.size(); ++a) {
+        const auto& samples = plan.ranks[active[a]].steps[k].samples;
+        uint32_t longest = 0;
+        for (const SampleMeta& m : samples) longest = std::max(longest, m.lengths.tokens);
+        for (const SampleMeta& m : samples)
+          held[a] += llm_memory_.Of(llm_padded_ ? longest : m.lengths.tokens);
+      }
+    }
+    auto phase = [&](const std::vector<double>& cost, const std::vector<double>& memory, PhaseRoute& route) {
+      const int n = static_cast<int>(active.size());
+      const balance::PhaseAssignment enc =
+          memory_aware_ ? balance::BalancePhaseMemory(cost, memory, home, n, held, memory_slack_)
+                        : balance::BalancePhase(cost, home, n);
       route.src_rank.assign(mine.sample_ids.size(), me);
       for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].llm_rank == me) route.src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
@@ -87,14 +103,21 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
         }
       }
     };
-    std::vector<double> cost;
-    for (const Item& item : items) cost.push_back(vision_cost_.OfInput(item.meta.lengths.vision_patches));
-    phase(cost, mine.phase(EncoderPhase::kVision));
+    std::vector<double> cost, memory;
+    for (const Item& item : items) {
+      cost.push_back(vision_cost_.OfInput(item.meta.lengths.vision_patches));
+      memory.push_back(vision_memory_.OfInput(item.meta.lengths.vision_patches));
+    }
+    phase(cost, memory, mine.phase(EncoderPhase::kVision));
     if (audio_phase_) {
       // Cost: alignment.audio_cost of the sample's audio frames.
       cost.clear();
-      for (const Item& item : items) cost.push_back(audio_cost_.OfInput(item.meta.lengths.audio_frames));
-      phase(cost, mine.phase(EncoderPhase::kAudio));
+      memory.clear();
+      for (const Item& item : items) {
+        cost.push_back(audio_cost_.OfInput(item.meta.lengths.audio_frames));
+        memory.push_back(audio_memory_.OfInput(item.meta.lengths.audio_frames));
+      }
+      phase(cost, memory, mine.phase(EncoderPhase::kAudio));
     }
   }
 }
@@ -121,7 +144,17 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
       phase_plans_(config.phase_plans),
       vision_cost_(config.vision_cost),
       audio_cost_(config.audio_cost),
-      audio_phase_(!config.audio_fields.empty()) {}
+      audio_phase_(!config.audio_fields.empty()),
+      vision_memory_(config.vision_memory),
+      audio_memory_(config.audio_memory),
+      llm_memory_(config.llm_memory),
+      memory_slack_(config.memory_slack),
+      llm_padded_(config.budget.model == grouping::CostModel::kPadded) {
+  memory_aware_ = false;
+  for (const balance::PhaseCost* m : {&vision_memory_, &audio_memory_, &llm_memory_}) {
+    memory_aware_ = memory_aware_ || m->per_sample > 0 || m->per_unit > 0 || m->per_unit_sq > 0;
+  }
+}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {
   start_status_ = aligner_.StartEpoch(epoch, first_round, first_step);

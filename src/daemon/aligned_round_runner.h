@@ -41,6 +41,11 @@ class AlignedRoundRunner final : public RoundRunner {
   balance::PhaseCost vision_cost_;
   balance::PhaseCost audio_cost_;
   bool audio_phase_;  // collate.audio_fields: an audio encoder phase too
+  // alignment.*_memory: place encoder items by memory within the time capacity.
+  balance::PhaseCost vision_memory_, audio_memory_, llm_memory_;
+  double memory_slack_;
+  bool llm_padded_;  // grouping.cost_model padded: LLM memory at the rank's longest sample
+  bool memory_aware_;
   // Per rank: (owner, id) of the samples it encodes (either encoder) this round.
   std::vector<std::vector<std::pair<int32_t, uint64_t>>> encoder_needs_;
 };

@@ -178,5 +178,54 @@ TEST_CASE("per-phase plans balance the vision phase on its configured cost model
   CHECK(by_images[0].second == 4);
 }
 
+// With alignment.*_memory the vision phase keeps its time capacity but puts the
+// large image on the rank holding less LLM activation memory in the step (one
+// long sample there, seven short ones on the other), not at its home (the
+// rank running its LLM part), where the time-only layout keeps it.
+TEST_CASE("per-phase plans with memory models place encoder items on the rank holding less", "[phases]") {
+  constexpr uint64_t kBig = 1;  // a short sample with a 60-patch image; 2 and 3 carry 10-patch images
+  auto encoder_and_llm_rank = [](const std::string& memory) {
+    auto config = ParseConfig(
+        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
+        "collate: {encoder_fields: [pixel_values]}\n"
+        "alignment: {planner: global, phase_plans: true" +
+        memory + "}\n");
+    REQUIRE(config.ok());
+    std::vector<RankRun> runs = RunEpoch(*config, 2, [](int r) {
+      std::vector<SampleMeta> pending;
+      for (uint64_t i = 0; r == 0 && i < 8; ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.lengths.tokens = i == 0 ? 980 : 140;
+        m.lengths.vision_patches = i == kBig ? 60 : (i <= 3 ? 10 : 0);
+        pending.push_back(m);
+      }
+      return pending;
+    });
+    std::pair<int, int> where = {-1, -1};  // (rank encoding kBig, rank running its LLM part)
+    for (int r = 0; r < 2; ++r) {
+      INFO(runs[r].status.ToString());
+      REQUIRE(runs[r].status.ok());
+      REQUIRE(runs[r].steps.size() == 1);
+      const StepPlan& step = runs[r].steps[0];
+      for (uint64_t id : step.phase(EncoderPhase::kVision).ids) {
+        if (id == kBig) where.first = r;
+      }
+      for (uint64_t id : step.sample_ids) {
+        if (id == kBig) where.second = r;
+      }
+      // The 980-token sample alone on one rank, the seven short ones on the other.
+      CHECK((step.sample_ids.size() == 1 || step.sample_ids.size() == 7));
+    }
+    return where;
+  };
+  const auto by_time = encoder_and_llm_rank("");
+  CHECK(by_time.first == by_time.second);
+  const auto by_memory = encoder_and_llm_rank(
+      ", llm_memory: {per_sample: 100, per_unit: 0}, "
+      "vision_memory: {per_unit: 1}");
+  CHECK(by_memory.first == 1 - by_memory.second);
+}
+
 }  // namespace
 }  // namespace odb

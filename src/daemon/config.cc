@@ -188,13 +188,17 @@ absl::Status ParseAlignment(Section& s, DaemonConfig& c) {
   // Per-phase cost models; vision's per_unit defaults to encoder_cost_per_patch.
   c.vision_cost.per_unit = c.encoder_cost_per_patch;
   for (auto [name, cost] : {std::pair<const char*, balance::PhaseCost*>{"vision_cost", &c.vision_cost},
-                            std::pair<const char*, balance::PhaseCost*>{"audio_cost", &c.audio_cost}}) {
+                            std::pair<const char*, balance::PhaseCost*>{"audio_cost", &c.audio_cost},
+                            std::pair<const char*, balance::PhaseCost*>{"vision_memory", &c.vision_memory},
+                            std::pair<const char*, balance::PhaseCost*>{"audio_memory", &c.audio_memory},
+                            std::pair<const char*, balance::PhaseCost*>{"llm_memory", &c.llm_memory}}) {
     ODB_ASSIGN_OR_RETURN(Section pc, s.Child(name));
     ODB_RETURN_IF_ERROR(pc.Get("per_sample", cost->per_sample));
     ODB_RETURN_IF_ERROR(pc.Get("per_unit", cost->per_unit));
     ODB_RETURN_IF_ERROR(pc.Get("per_unit_sq", cost->per_unit_sq));
     ODB_RETURN_IF_ERROR(pc.CheckNoUnknownKeys());
   }
+  ODB_RETURN_IF_ERROR(s.Get("memory_slack", c.memory_slack));
   ODB_RETURN_IF_ERROR(s.Get("deterministic", c.deterministic));
   ODB_RETURN_IF_ERROR(s.Get("max_wait_ms", c.max_wait_ms));
   ODB_RETURN_IF_ERROR(s.Get("start_wait_ms", c.start_wait_ms));
@@ -590,8 +594,12 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   ODB_RETURN_IF_ERROR(CheckFinite("alignment.encoder_cost_per_patch", c.encoder_cost_per_patch, 0.0,
                                   kMaxCostCoefficient,
                                   "a finite number >= 0 and <= 1e12 (units of one padded token)"));
-  for (auto [name, cost] : {std::pair<std::string, const balance::PhaseCost*>{"vision_cost", &c.vision_cost},
-                            std::pair<std::string, const balance::PhaseCost*>{"audio_cost", &c.audio_cost}}) {
+  for (auto [name, cost] :
+       {std::pair<std::string, const balance::PhaseCost*>{"vision_cost", &c.vision_cost},
+        std::pair<std::string, const balance::PhaseCost*>{"audio_cost", &c.audio_cost},
+        std::pair<std::string, const balance::PhaseCost*>{"vision_memory", &c.vision_memory},
+        std::pair<std::string, const balance::PhaseCost*>{"audio_memory", &c.audio_memory},
+        std::pair<std::string, const balance::PhaseCost*>{"llm_memory", &c.llm_memory}}) {
     for (auto [term, value] : {std::pair<const char*, double>{"per_sample", cost->per_sample},
                                std::pair<const char*, double>{"per_unit", cost->per_unit},
                                std::pair<const char*, double>{"per_unit_sq", cost->per_unit_sq}}) {
@@ -599,6 +607,8 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
                                       "a finite number >= 0 and <= 1e12 (any unit: only ratios matter)"));
     }
   }
+  ODB_RETURN_IF_ERROR(
+      CheckFinite("alignment.memory_slack", c.memory_slack, 0.0, 10.0, "a finite number in [0, 10]"));
   if (c.partition_ranks != 0 && c.tokens_per_step != 0) {
     return Invalid("alignment.partition_ranks", "needs optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
   }

@@ -105,6 +105,17 @@ struct DaemonConfig {
   double encoder_cost_per_patch = 1.0;
   balance::PhaseCost vision_cost;
   balance::PhaseCost audio_cost;
+  // Activation memory a sample holds until the step's backward, per phase
+  // (alignment.vision_memory / audio_memory / llm_memory, the shape of
+  // balance::PhaseCost, any one unit; default 0: off). When any is set, each
+  // encoder phase puts its items, within its minimax time capacity, on the
+  // ranks holding the least memory in that step (balance::BalancePhaseMemory).
+  balance::PhaseCost vision_memory{0.0, 0.0, 0.0};
+  balance::PhaseCost audio_memory{0.0, 0.0, 0.0};
+  balance::PhaseCost llm_memory{0.0, 0.0, 0.0};  // u = tokens (padded: the rank's longest)
+  // ... and may let a phase's slowest rank take up to (1 + memory_slack) x the
+  // minimax time to hold less memory (0: memory only within the time balance).
+  double memory_slack = 0.0;
   // Reproducible epochs (docs/resume.md): the step sequence depends only on
   // the seed and the samples, never on timing. Each rank plans from the next
   // `window` samples of its list in list order (every sample carries its

@@ -176,6 +176,8 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {vision_cost: {per_unit: -1}}", "alignment.vision_cost.per_unit"},
       {"alignment: {audio_cost: {per_unit_sq: .inf}}", "alignment.audio_cost.per_unit_sq"},
       {"alignment: {audio_cost: {per_frame: 1}}", "alignment.audio_cost.per_frame"},
+      {"alignment: {llm_memory: {per_unit: -1}}", "alignment.llm_memory.per_unit"},
+      {"alignment: {memory_slack: 11}", "alignment.memory_slack"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);

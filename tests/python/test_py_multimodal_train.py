@@ -39,6 +39,31 @@ def test_small_ablation_end_to_end() -> None:
         assert math.isfinite(s["heldout_loss"]) and s["heldout_loss"] > 0, method
         assert s["sync_time_s"] > 0 and s["optimizer_steps"] >= 1, method
         assert set(s["max_over_mean"]) == {"vision", "audio", "llm"}, method
+        assert min(s["act_peak_mb"]) > 0 and s["act_peak_max_over_mean"] >= 1 and s["act_bound_mb"] > 0, method
     for key in ("speedup_over_llm_only", "speedup_over_standard"):
         assert methods["odb_phases"][key] > 0
     assert set(methods["_fitted_phase_costs"]) == {"vision", "audio", "llm"}
+
+
+def test_activation_bytes_are_the_saved_tensors_linear_in_units() -> None:
+    """PhaseClock's activation memory: the bytes autograd saves, linear in the patches of the step
+    (each patch goes through the same tower), parameters not counted (a step that encodes nothing
+    holds nothing), and the step's memory in the summary (peak over steps, max/mean, bound)."""
+    import torch
+
+    model = mt.MLLM(d=16, layers=1, vision_width=16, audio_width=8, enc_layers=1)
+    params = mt.param_storages(model)
+
+    def vision_bytes(units: int) -> int:
+        clock = mt.PhaseClock(params)
+        with clock("vision"):
+            out = model.vision(torch.randn(units, mmd.PATCH_DIM), [units] if units else [])
+        assert out.shape[0] == (1 if units else 0)
+        return clock.saved["vision"]
+
+    b0, b10, b20, b30 = (vision_bytes(u) for u in (0, 10, 20, 30))
+    assert b0 < b10 < b20 < b30
+    assert b20 - b10 == b30 - b20  # linear: the same tensors per patch
+    per_patch = (b30 - b10) / 20
+    assert per_patch >= 4 * (mmd.PATCH_DIM + 16)  # at least the input row and one hidden row (float32)
+    assert b0 < sum(p.numel() * 4 for p in model.vision.parameters()) / 10  # parameters are not activations
