@@ -37,7 +37,7 @@ struct Options {
   std::string models_file = "bench/step_models.yaml";
   std::string model = "cpu_calibrated";
   uint64_t seed = 1;
-  std::string csv, md, steps_csv, stats_csv, save_traces_dir;
+  std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
 };
 
 std::vector<std::string> Split(const std::string& s) {
@@ -116,6 +116,7 @@ int Main(const Options& o) {
   std::FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
   std::FILE* steps_csv = o.steps_csv.empty() ? nullptr : std::fopen(o.steps_csv.c_str(), "w");
   std::FILE* stats_csv = o.stats_csv.empty() ? nullptr : std::fopen(o.stats_csv.c_str(), "w");
+  std::FILE* ranks_csv = o.ranks_csv.empty() ? nullptr : std::fopen(o.ranks_csv.c_str(), "w");
   if (csv) {
     std::fprintf(
         csv,
@@ -124,6 +125,8 @@ int Main(const Options& o) {
         "padded_bound_seconds,batch_size,p99_batch_size\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
+  if (ranks_csv)
+    std::fprintf(ranks_csv, "trace,policy,step,rank,samples,real_tokens,padded_tokens,sum_len_sq,cost\n");
   if (stats_csv)
     std::fprintf(stats_csv,
                  "trace,n,mean,cv,p50,p90,p99,max,short_fraction,vision_fraction,truncated,source\n");
@@ -180,6 +183,18 @@ int Main(const Options& o) {
         return 3;
       }
       Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
+      if (ranks_csv) {
+        // Every rank step, to see what limits a policy (which rank is slowest, and why).
+        for (size_t k = 0; k < schedule->size(); ++k) {
+          for (size_t r = 0; r < (*schedule)[k].size(); ++r) {
+            const RankStep& rs = (*schedule)[k][r];
+            std::fprintf(ranks_csv, "%s,%s,%zu,%zu,%u,%lu,%lu,%.6g,%.6g\n", trace->name.c_str(), p.c_str(), k,
+                         r, rs.samples, static_cast<unsigned long>(rs.real_tokens),
+                         static_cast<unsigned long>(rs.padded_tokens), rs.sum_len_sq,
+                         RankCost(cfg.model, rs));
+          }
+        }
+      }
       if (m.samples != arrival.size()) {
         std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(),
                      trace->name.c_str(), static_cast<unsigned long>(m.samples), arrival.size());
@@ -247,7 +262,7 @@ int Main(const Options& o) {
   md << "Traces (measured):\n\n" << stats_md.str() << tables.str();
   std::printf("%s", md.str().c_str());
   if (!o.md.empty()) std::ofstream(o.md) << md.str();
-  for (std::FILE* f : {csv, steps_csv, stats_csv}) {
+  for (std::FILE* f : {csv, steps_csv, stats_csv, ranks_csv}) {
     if (f) std::fclose(f);
   }
   return violations ? 5 : 0;
@@ -272,6 +287,7 @@ int main(int argc, char** argv) {
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");
   app.add_option("--stats-csv", o.stats_csv, "measured trace statistics");
+  app.add_option("--ranks-csv", o.ranks_csv, "every rank step: samples, tokens, sum(len^2), cost");
   app.add_option("--save-traces-dir", o.save_traces_dir, "write generated traces there");
   CLI11_PARSE(app, argc, argv);
   if (o.world < 1) {
