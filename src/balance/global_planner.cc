@@ -785,7 +785,15 @@ std::optional<std::vector<std::vector<Members>>> LightLastStep(const GlobalPlann
   });
   const std::span<const size_t> all(asc);
   const size_t full = (t - 1) * world;
-  size_t lo = 1, hi = asc.size();  // the smallest k whose rest makes <= full groups is in [lo, hi]
+  // The smallest k whose rest makes <= full groups is in [lo, hi]; one step
+  // holds at most W x L tokens, so the search stops at the first prefix of
+  // the shortest samples above that.
+  size_t lo = 1, hi = 1;
+  const double step_tokens = static_cast<double>(cfg.budget.max_tokens) * static_cast<double>(world);
+  for (double sum = pool.lens[asc[0]].tokens;
+       hi < asc.size() && (cfg.budget.max_tokens == 0 || sum <= step_tokens); ++hi) {
+    sum += pool.lens[asc[hi]].tokens;
+  }
   while (lo < hi) {
     const size_t mid = lo + (hi - lo) / 2;
     if (GroupsOf(cfg, pool, all.subspan(mid)).size() <= full) {
