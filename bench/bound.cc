@@ -134,6 +134,26 @@ Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Bu
     best = std::min(best, steps * model.a + steps * model.Compute(total / steps));
   }
   bounds.any_layout = (best + attention) / world;
+
+  // The step that holds the longest sample (see Bounds::largest_sample).
+  bounds.largest_sample = bounds.any_layout;
+  if (world > 1 && budget.max_tokens != 0) {
+    const double l1 = lens.back(), cap = budget.max_tokens;
+    const double alone = model.Step(l1, l1 * l1);
+    double next = 0.0, rest_sq = 0.0;  // the W - 1 next longest lengths; sum(len^2) of all but x1
+    for (size_t j = 1; j < lens.size(); ++j) {
+      const double l = lens[lens.size() - 1 - j];
+      if (j < static_cast<size_t>(world)) next += l;
+      rest_sq += l * l;
+    }
+    // A rank step within the budget holds sum(len) <= L, so its sum(len^2)
+    // is at most L times its longest; the W - 1 steps' longest are distinct
+    // samples other than x1.
+    const double others =
+        (world - 1) * (model.a + model.Compute(cap)) + model.c * std::min(cap * next, rest_sq);
+    bounds.largest_sample =
+        std::max(bounds.any_layout, bounds.any_layout + alone * (1.0 - 1.0 / world) - others / world);
+  }
   return bounds;
 }
 

@@ -62,6 +62,15 @@ struct Bounds {
   // schedule at all beats it, packing included. Always <= padded.
   double any_layout = 0.0;
   uint64_t min_rank_steps = 0;  // G_min
+  // any_layout tightened by the step that holds the longest sample x1: that
+  // step costs at least x1's rank step alone, a + g(l1) + c * l1^2, while its
+  // other W - 1 rank steps cost at most (W - 1) * (a + g(L)) + c * Q (Q: the
+  // most sum(len^2) W - 1 rank steps without x1 can hold, <= L times the
+  // W - 1 next longest lengths); every other step costs at least its mean.
+  // So T >= any_layout + (1 - 1/W) * cost(x1 alone) - (that maximum) / W.
+  // Never below any_layout; it binds when one sample's attention outweighs
+  // what the other ranks can be given in its step (docs/benchmarks.md).
+  double largest_sample = 0.0;
 };
 
 Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -50,7 +51,47 @@ def table(rounds: list) -> str:
         lines += ["", f"odb's best mode ({LABELS[best_odb]}) / the best peer ({LABELS[best_peer]}): real tokens/s "
                       f"x{ratio:.2f} (medians over {len(rounds)} rounds)" +
                   (": the rounds' ranges overlap, a tie within the spread" if tie else "") + "."]
+        lines.append("Per round, odb's best mode / that round's best peer (real tokens/s): " + ", ".join(
+            f"x{per_round_ratio(r, odb, peers, wall_rate):.2f}" for r in rounds) + ".")
+    lines += cpu_table(rounds, methods, odb, peers)
     return "\n".join(lines) + "\n"
+
+
+def wall_rate(x: dict) -> float:
+    """Real tokens per second of the training clock."""
+    return x["real_tokens_per_s"]
+
+
+def cpu_rate(x: dict) -> float | None:
+    """Real tokens per second of the busiest rank's thread CPU time (forward, backward, optimizer): what
+    the method would train per second on an unloaded machine if nothing but compute took time (no
+    waits for data or the other rank, no fixed per-step overheads outside those intervals)."""
+    cpu = x.get("busy_cpu_seconds")
+    return x["real_tokens"] / max(cpu) if cpu and max(cpu) > 0 else None
+
+
+def per_round_ratio(r: dict, odb: list, peers: list, rate) -> float:
+    """odb's best mode over the best peer of one round, by `rate`."""
+    return max(rate(r[m]) for m in odb) / max(rate(r[m]) for m in peers)
+
+
+def cpu_table(rounds: list, methods: list, odb: list, peers: list) -> list:
+    """The load-robust view: every method's busiest-rank thread CPU time and real tokens per CPU second,
+    medians over the rounds (rounds recorded before busy_cpu_seconds existed have none)."""
+    if not all(r[m].get("busy_cpu_seconds") for r in rounds for m in methods):
+        return []
+    lines = ["", "| method | busy CPU, busiest rank (s), median (rounds) | real tokens per busy CPU second, median |",
+             "|---|---|---|"]
+    for m in methods:
+        cpu = [max(r[m]["busy_cpu_seconds"]) for r in rounds]
+        rates = [cpu_rate(r[m]) for r in rounds]
+        lines.append(f"| {LABELS[m]} | {median(cpu):.1f} ({', '.join(f'{v:.1f}' for v in cpu)}) | "
+                     f"{median(rates):.0f} |")
+    if odb and peers:
+        lines.append("")
+        lines.append("Per round, odb's best mode / the best peer (real tokens per busy CPU second): " + ", ".join(
+            f"x{per_round_ratio(r, odb, peers, cpu_rate):.2f}" for r in rounds) + ".")
+    return lines
 
 
 def main() -> int:

@@ -293,8 +293,37 @@ TEST_CASE("no policy beats the bounds on random small traces", "[bound]") {
       const Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
       if (m.over_budget_rank_steps > 0) continue;  // outside the bounds' premise (standard_p99 only)
       CHECK(bounds.any_layout <= m.time * (1 + 1e-9));
+      CHECK(bounds.largest_sample <= m.time * (1 + 1e-9));
       if (!IsPackedPolicy(p)) CHECK(bounds.padded <= m.time * (1 + 1e-9));
     }
+    CHECK(bounds.largest_sample >= bounds.any_layout);
+  }
+}
+
+TEST_CASE("the largest-sample bound: one long sample whose attention the other ranks cannot match",
+          "[bound]") {
+  // One 4000-token sample and 200 of 100 tokens, attention-heavy, W = 4: the
+  // step holding the long sample costs 4000 + 16000 = 20000 whatever the
+  // other ranks do; the best schedule puts 3 x 40 short samples beside it and
+  // the other 80 in one more step (2200): T = 22200. The any-layout bound
+  // spreads all work evenly (10500); the largest-sample bound gives
+  // 10500 + 0.75 x 20000 - (3 x 4096 + 0.001 x 4096 x 300) / 4 = 22120.8.
+  SimConfig cfg;
+  cfg.world = 4;
+  cfg.budget.max_tokens = 4096;
+  cfg.model = StepModel{0.0, 1.0, 1e-3, 0.0, 0.0};
+  std::vector<SampleLengths> trace(201, SampleLengths{100});
+  trace[37].tokens = 4000;
+  const Bounds bounds = LowerBounds(trace, cfg.budget, cfg.model, cfg.world);
+  CHECK(bounds.any_layout == Approx(10500.0));
+  CHECK(bounds.largest_sample == Approx(22120.8));
+  for (const std::string p : {"packing", "kk_balanced", "odb:global:q32:w64:paced16:full:packed", "sorted"}) {
+    INFO(p);
+    auto schedule = RunPolicy(p, trace, cfg);
+    REQUIRE(schedule.ok());
+    const Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
+    CHECK(m.time >= 22200.0 * (1 - 1e-9));
+    CHECK(bounds.largest_sample <= m.time);
   }
 }
 

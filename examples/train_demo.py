@@ -248,6 +248,9 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     resumed, train_s, pause_s = start, 0.0, 0.0
     real = padded = samples = steps = idle = global_tokens = evals_by_tokens = optimizer_steps = 0
     busy = 0.0
+    # The same intervals in this thread's CPU time: on a shared machine, other jobs' load inflates the
+    # wall-clock figures but not these (the CPU autograd engine runs the backward on this thread).
+    busy_cpu = 0.0
     since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
     since_tokens = 0
     points, snapshots, trained_ids = [], [], []
@@ -274,7 +277,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
             # the backward all-reduces (no_sync must hold the forward too: around the backward alone,
             # every micro-step would all-reduce, and ranks with different micro-step counts would hang).
             with step.get("sync", contextlib.nullcontext)():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 logits = ddp(*tiny_lm.model_inputs(b))
                 ce = ce_sum(logits, b["labels"])  # summed over this rank's real tokens
                 loss = step["loss_fn"](ce)  # token-level weighting: the mean over all ranks' real tokens
@@ -283,15 +286,17 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                     clock.ready = None
                 loss.backward()
             t2 = time.perf_counter()
+            busy_cpu += time.thread_time() - c0
             busy += (t1 - t0) + (((clock.ready if clock is not None else None) or t2) - t1)
             closes = step.get("closes", True)
             if closes:
-                t3 = time.perf_counter()
+                t3, c3 = time.perf_counter(), time.thread_time()
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
                 optimizer_steps += 1
                 busy += time.perf_counter() - t3
+                busy_cpu += time.thread_time() - c3
             steps += 1
             idle += step["idle"]
             real += step["real"]
@@ -325,8 +330,9 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     # max and -min of the micro-steps and optimizer steps, and every rank's busy time
     extremes = torch.tensor([steps, -steps, optimizer_steps, -optimizer_steps], dtype=torch.float64)
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-    busy_all = [0.0] * world
+    busy_all, busy_cpu_all = [0.0] * world, [0.0] * world
     dist.all_gather_object(busy_all, busy)
+    dist.all_gather_object(busy_cpu_all, busy_cpu)
     g_real, g_padded, g_samples, _, g_idle = totals.tolist()
     max_steps, min_steps = int(extremes[0]), -int(extremes[1])
     if int(g_real) != global_tokens or int(extremes[2]) != optimizer_steps or -int(extremes[3]) != optimizer_steps:
@@ -362,6 +368,8 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
               "busy_seconds": busy_all if device.type == "cpu" else None,
               "busy_max_over_mean": (max(busy_all) / (sum(busy_all) / world)
                                      if device.type == "cpu" and sum(busy_all) > 0 else None),
+              # the same in thread CPU time (load-robust; waits for the other rank spend none)
+              "busy_cpu_seconds": busy_cpu_all if device.type == "cpu" else None,
               "samples_per_s": g_samples / seconds, "real_tokens_per_s": g_real / seconds,
               "padding_fraction": 1.0 - g_real / max(g_padded, 1), "epochs": len(epochs),
               "eval_seconds": eval_s, "wall_seconds": wall, "lr": args.lr, "warmup_steps": args.warmup_steps,

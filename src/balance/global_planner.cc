@@ -711,6 +711,105 @@ std::vector<Members> PlaceStep(const GlobalPlannerConfig& gcfg, const Pool& pool
   return by_rank;
 }
 
+// Fills `t` steps of `world` slots with `groups` (at most t * world of them):
+// splits the costliest groups while slots are left, then deals most expensive
+// first, `world` per step (for fixed groups and one group per (step, rank),
+// sorted chunking minimises sum_k max_r cost), balances every full step
+// (BalanceStep) and places a partial one (PlaceStep). Returns steps[k][rank].
+std::vector<std::vector<Members>> DealSteps(const GlobalPlannerConfig& config, const Pool& pool,
+                                            std::vector<Members> groups, size_t t, size_t world) {
+  const align::PlannerConfig& cfg = config.base;
+  const size_t slots = t * world;
+  if (groups.size() < slots) {
+    std::vector<double> cost(groups.size());
+    std::vector<SampleKey> key(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      cost[i] = CostOf(cfg, pool, groups[i]);
+      key[i] = MinKey(pool.metas, groups[i]);
+    }
+    while (groups.size() < slots && SplitCostliest(cfg, pool, groups, cost, key)) {
+    }
+  }
+  std::vector<std::pair<double, size_t>> by_cost;
+  by_cost.reserve(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) by_cost.emplace_back(CostOf(cfg, pool, groups[i]), i);
+  std::vector<SampleKey> min_keys(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool.metas, groups[i]);
+  std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return min_keys[a.second] < min_keys[b.second];
+  });
+  std::vector<std::vector<Members>> steps(t);
+  for (size_t k = 0; k < t; ++k) {
+    std::vector<Members> bins;
+    for (size_t j = k * world; j < std::min((k + 1) * world, by_cost.size()); ++j) {
+      bins.push_back(std::move(groups[by_cost[j].second]));
+    }
+    steps[k] = bins.size() == world ? BalanceStep(config, pool, std::move(bins), static_cast<int>(world))
+                                    : PlaceStep(config, pool, std::move(bins), static_cast<int>(world));
+  }
+  return steps;
+}
+
+// The groups grouping::FormGroups makes of the pool samples `members`, as
+// pool indices.
+std::vector<Members> GroupsOf(const align::PlannerConfig& cfg, const Pool& pool,
+                              std::span<const size_t> members) {
+  std::vector<SampleLengths> lens;
+  lens.reserve(members.size());
+  for (size_t i : members) lens.push_back(pool.lens[i]);
+  std::vector<Members> groups;
+  for (grouping::Group& g : grouping::FormGroups(lens, cfg.budget, cfg.step_model)) {
+    Members m;
+    m.reserve(g.members.size());
+    for (size_t j : g.members) m.push_back(members[j]);
+    groups.push_back(std::move(m));
+  }
+  return groups;
+}
+
+// The last round of an epoch with a partial step: the fewest shortest samples
+// that leave the rest groupable into t - 1 full steps (binary search on their
+// number, FormGroups deciding) make the t-th step, spread over the ranks; the
+// rest is dealt as usual. nullopt when the shortest samples that must go do
+// not fit one step. A partial step then costs what its longest rank holds of
+// short samples, not a lone long sample next to W - 1 nearly empty ranks.
+std::optional<std::vector<std::vector<Members>>> LightLastStep(const GlobalPlannerConfig& config,
+                                                               const Pool& pool, size_t t, size_t world) {
+  const align::PlannerConfig& cfg = config.base;
+  std::vector<size_t> asc(pool.lens.size());
+  for (size_t i = 0; i < asc.size(); ++i) asc[i] = i;
+  std::sort(asc.begin(), asc.end(), [&](size_t x, size_t y) {
+    if (pool.lens[x].tokens != pool.lens[y].tokens) return pool.lens[x].tokens < pool.lens[y].tokens;
+    return KeyOf(pool.metas[x]) < KeyOf(pool.metas[y]);
+  });
+  const std::span<const size_t> all(asc);
+  const size_t full = (t - 1) * world;
+  // The smallest k whose rest makes <= full groups is in [lo, hi]; one step
+  // holds at most W x L tokens, so the search stops at the first prefix of
+  // the shortest samples above that.
+  size_t lo = 1, hi = 1;
+  const double step_tokens = static_cast<double>(cfg.budget.max_tokens) * static_cast<double>(world);
+  for (double sum = pool.lens[asc[0]].tokens;
+       hi < asc.size() && (cfg.budget.max_tokens == 0 || sum <= step_tokens); ++hi) {
+    sum += pool.lens[asc[hi]].tokens;
+  }
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (GroupsOf(cfg, pool, all.subspan(mid)).size() <= full) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<Members> rest = GroupsOf(cfg, pool, all.subspan(lo));
+  std::vector<Members> light = GroupsOf(cfg, pool, all.first(lo));
+  if (rest.size() > full || light.size() > world) return std::nullopt;
+  std::vector<std::vector<Members>> steps = DealSteps(config, pool, std::move(rest), t - 1, world);
+  steps.push_back(DealSteps(config, pool, std::move(light), 1, world)[0]);
+  return steps;
+}
+
 // The step of rank group `g`: members in key order; a lone sample that fits
 // no budget is over budget (dispatch may leave any sample alone).
 PlannedStep StepOf(const align::PlannerConfig& cfg, const Pool& pool, const Members& g) {
@@ -1107,36 +1206,18 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
     }
     groups.resize(slots);
   }
-  if (groups.size() < slots) {
-    std::vector<double> cost(groups.size());
-    std::vector<SampleKey> key(groups.size());
-    for (size_t i = 0; i < groups.size(); ++i) {
-      cost[i] = CostOf(cfg, pool, groups[i]);
-      key[i] = MinKey(pool.metas, groups[i]);
+  std::vector<std::vector<Members>> steps = DealSteps(config, pool, groups, t, world);  // steps[k][rank]
+  // The end of an epoch leaves a step only partly filled. Its cost is its
+  // costliest rank's, so a lone long sample that lands in it costs the whole
+  // step while the other ranks hold little: keep that step for the shortest
+  // samples instead (LightLastStep), when the planner's model says so.
+  if (groups.size() < slots && t >= 2 && !fixed_steps) {
+    if (std::optional<std::vector<std::vector<Members>>> light = LightLastStep(config, pool, t, world)) {
+      double before = 0.0, after = 0.0;
+      for (const auto& step : steps) before += MaxCost(cfg, pool, step);
+      for (const auto& step : *light) after += MaxCost(cfg, pool, step);
+      if (after < before) steps = std::move(*light);
     }
-    while (groups.size() < slots && SplitCostliest(cfg, pool, groups, cost, key)) {
-    }
-  }
-
-  // Deal: most expensive first, W per step. For fixed groups and one group per
-  // (step, rank), sorted chunking minimises sum_k max_r cost.
-  std::vector<std::pair<double, size_t>> by_cost;
-  by_cost.reserve(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) by_cost.emplace_back(CostOf(cfg, pool, groups[i]), i);
-  std::vector<SampleKey> min_keys(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) min_keys[i] = MinKey(pool.metas, groups[i]);
-  std::sort(by_cost.begin(), by_cost.end(), [&](const auto& a, const auto& b) {
-    if (a.first != b.first) return a.first > b.first;
-    return min_keys[a.second] < min_keys[b.second];
-  });
-  std::vector<std::vector<Members>> steps(t);  // steps[k][rank]
-  for (size_t k = 0; k < t; ++k) {
-    std::vector<Members> bins;
-    for (size_t j = k * world; j < std::min((k + 1) * world, by_cost.size()); ++j) {
-      bins.push_back(std::move(groups[by_cost[j].second]));
-    }
-    steps[k] = bins.size() == world ? BalanceStep(config, pool, std::move(bins), static_cast<int>(world))
-                                    : PlaceStep(config, pool, std::move(bins), static_cast<int>(world));
   }
 
   // Locality across steps, within each step's capacity relaxed by the knob

@@ -154,6 +154,30 @@ def test_every_method_trains_the_same_recipe(all_methods) -> None:
         assert run["real_tokens_per_s"] > 0 and run["final_heldout_loss"] is not None
         busy = run["busy_seconds"]
         assert len(busy) == 2 and all(b > 0 for b in busy) and run["busy_max_over_mean"] >= 1.0
+        assert len(run["busy_cpu_seconds"]) == 2 and all(b > 0 for b in run["busy_cpu_seconds"]), m
     for m in peers.PACKED_METHODS + ("odb_packed",):
         assert out[m]["padding_fraction"] == pytest.approx(0.0, abs=1e-9), m
     assert out["best_odb_mode"] in ("odb", "odb_packed") and out["best_peer"] not in ("odb", "odb_packed")
+
+
+def test_peers_rounds_reports_each_round_and_the_cpu_view(all_methods) -> None:
+    """bench/peers_rounds.py over two rounds of the short run: the per-round ratio of odb's best mode to
+    that round's best peer, by the training clock and by busy CPU time (the load-robust view)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import peers_rounds
+
+    second = {**all_methods, "odb": {**all_methods["odb"], "real_tokens_per_s": 1e9}}
+    text = peers_rounds.table([all_methods, second])
+    wall = [line for line in text.splitlines() if line.startswith("Per round") and "CPU" not in line]
+    cpu = [line for line in text.splitlines() if line.startswith("Per round") and "CPU" in line]
+    assert len(wall) == 1 and len(cpu) == 1
+
+    def ratios(line: str) -> list:
+        return [float(x.lstrip("x")) for x in line.rstrip(".").split(": ")[1].split(", ")]
+
+    # a fast odb in the second round only changes that round's training-clock ratio, not the CPU view
+    assert len(ratios(wall[0])) == 2 and ratios(wall[0])[1] > 1e3 > ratios(wall[0])[0] > 0
+    first, again = ratios(cpu[0])
+    assert first == again > 0
+    for m in all_methods["methods"]:
+        assert f"| {peers_rounds.LABELS[m]} | " in text.split("busy CPU, busiest rank")[1]
