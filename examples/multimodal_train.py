@@ -636,15 +636,23 @@ def bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]
     """Per phase: sum over steps of the step's bound, max(largest item, mean over ranks), over the
     sum of the slowest rank's time (1.0 = every step at its bound). The mean is measured; the
     largest item's time is the fitted cost of that item alone."""
+    return _bound_fractions(per_rank, fits, lambda record, phase, c, units: record["t"][phase])
+
+
+def _bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
+                     step_time: Any) -> Dict[str, float]:
+    """bound_fractions with each rank's time in a step and phase from `step_time(record, phase, fit,
+    items)` (a rank without the step: 0)."""
     out = {}
     n = max(len(r["records"]) for r in per_rank)
     for phase in COMPUTE_PHASES:
         c = fits[phase]
         bound = slowest = 0.0
         for k in range(n):
-            ts = [r["records"][k]["t"][phase] for r in per_rank if k < len(r["records"])]
-            units = [u for r in per_rank if k < len(r["records"]) for u in r["records"][k]["items"].get(phase, [])]
-            largest = max((item_cost(c, u) for u in units), default=0.0)
+            records = [r["records"][k] if k < len(r["records"]) else None for r in per_rank]
+            units = [rec["items"].get(phase, []) if rec is not None else [] for rec in records]
+            ts = [step_time(rec, phase, c, u) if rec is not None else 0.0 for rec, u in zip(records, units)]
+            largest = max((item_cost(c, x) for u in units for x in u), default=0.0)
             slowest += max(ts)
             bound += max(largest, sum(ts) / len(per_rank))
         out[phase] = bound / slowest if slowest else 1.0
@@ -735,19 +743,8 @@ def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, Lis
     """bound_fractions of the run's actual plans under the fitted costs (each rank's step time in a
     phase modelled from its items): how close the plans are to each phase's bound, free of the
     noise a loaded machine adds to measured per-step maxima."""
-    out = {}
-    n = max(len(r["records"]) for r in per_rank)
-    for phase in COMPUTE_PHASES:
-        c = fits[phase]
-        bound = slowest = 0.0
-        for k in range(n):
-            units = [r["records"][k]["items"].get(phase, []) if k < len(r["records"]) else [] for r in per_rank]
-            ts = [c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u) if u else 0.0 for u in units]
-            largest = max((item_cost(c, x) for u in units for x in u), default=0.0)
-            slowest += max(ts)
-            bound += max(largest, sum(ts) / len(per_rank))
-        out[phase] = bound / slowest if slowest else 1.0
-    return out
+    return _bound_fractions(per_rank, fits, lambda record, phase, c, u: (
+        c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u) if u else 0.0))
 
 
 def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
