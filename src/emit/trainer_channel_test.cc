@@ -350,8 +350,10 @@ std::vector<zmq::message_t> EpochEnd(uint32_t epoch) {
 }
 
 // What a reconnected session `routing_id` is sent again, in order, as
-// "step N" / "end N" (2 s without a message ends the list).
-std::vector<std::string> ReconnectAndResent(Fixture& f, const std::string& routing_id) {
+// "step N" / "end N": `expected` messages (each waited for up to 10 s), then
+// whatever else comes within 500 ms (the re-send happens before that wait,
+// on this thread, so a longer quiet means nothing more was sent).
+std::vector<std::string> ReconnectAndResent(Fixture& f, const std::string& routing_id, size_t expected) {
   zmq::socket_t again(f.context, zmq::socket_type::dealer);
   again.set(zmq::sockopt::linger, 0);
   again.set(zmq::sockopt::routing_id, routing_id);
@@ -364,7 +366,7 @@ std::vector<std::string> ReconnectAndResent(Fixture& f, const std::string& routi
   REQUIRE(f.channel->session_fd() >= 0);
   f.trainer = std::move(again);
   std::vector<std::string> resent;
-  while (auto m = f.Receive(milliseconds(2000))) {
+  while (auto m = f.Receive(milliseconds(resent.size() < expected ? 10000 : 500))) {
     if (m->has_step()) resent.push_back("step " + std::to_string(m->step().step_index()));
     if (m->has_epoch_end()) resent.push_back("end " + std::to_string(m->epoch_end().epoch()));
   }
@@ -386,7 +388,7 @@ TEST_CASE("an epoch's summary is sent again after a reconnect until a later step
   f.Send(Credit(2));
   f.PumpUntil([&] { return f.channel->unacknowledged() == 1; });
   REQUIRE(f.channel->unacknowledged() == 1);
-  CHECK(ReconnectAndResent(f, "trainer-sum") == std::vector<std::string>{"end 0"});
+  CHECK(ReconnectAndResent(f, "trainer-sum", 1) == std::vector<std::string>{"end 0"});
   // A step of the next epoch sent after it and acknowledged: the summary
   // arrived before it, and is not sent again.
   f.channel->EnqueueStep(Step(0));
@@ -395,7 +397,7 @@ TEST_CASE("an epoch's summary is sent again after a reconnect until a later step
   f.Send(Credit(1));
   f.PumpUntil([&] { return f.channel->unacknowledged() == 0; });
   REQUIRE(f.channel->unacknowledged() == 0);
-  CHECK(ReconnectAndResent(f, "trainer-sum").empty());
+  CHECK(ReconnectAndResent(f, "trainer-sum", 0).empty());
 }
 
 // The window session 12 left open: the session's connection closes with a
