@@ -137,31 +137,41 @@ TEST_CASE("partitioned rounds with per-phase plans route encoders within the blo
 // The vision phase is balanced on alignment.vision_cost: with the default
 // (per_unit) one 60-patch image weighs as much as six 10-patch ones; with a
 // per-image cost only (per_unit 0), the ranks encode as many images each.
+// Two ranks with per-phase plans (`alignment` adds to its section), eight
+// samples on rank 0 described by `describe(i, sample)`: each rank's epoch,
+// every one of them ok.
+std::vector<RankRun> RunPhasesOfEight(const std::string& alignment, void (*describe)(uint64_t, SampleMeta&)) {
+  auto config = ParseConfig(
+      "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
+      "collate: {encoder_fields: [pixel_values]}\n"
+      "alignment: {planner: global, phase_plans: true" +
+      alignment + "}\n");
+  REQUIRE(config.ok());
+  std::vector<RankRun> runs = RunEpoch(*config, 2, [describe](int r) {
+    std::vector<SampleMeta> pending;
+    for (uint64_t i = 0; r == 0 && i < 8; ++i) {
+      SampleMeta m;
+      m.id = i;
+      describe(i, m);
+      pending.push_back(m);
+    }
+    return pending;
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(runs[r].status.ToString());
+    REQUIRE(runs[r].status.ok());
+  }
+  return runs;
+}
+
 TEST_CASE("per-phase plans balance the vision phase on its configured cost model", "[phases]") {
   auto vision_items = [](const std::string& cost) {
-    auto config = ParseConfig(
-        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
-        "collate: {encoder_fields: [pixel_values]}\n"
-        "alignment: {planner: global, phase_plans: true, vision_cost: " +
-        cost + "}\n");
-    REQUIRE(config.ok());
-    std::vector<RankRun> runs = RunEpoch(*config, 2, [](int r) {
-      std::vector<SampleMeta> pending;
-      for (uint64_t i = 0; r == 0 && i < 8; ++i) {
-        SampleMeta m;
-        m.id = i;
-        m.lengths.tokens = 100;
-        m.lengths.vision_patches = i == 0 ? 60 : 10;
-        pending.push_back(m);
-      }
-      return pending;
+    std::vector<RankRun> runs = RunPhasesOfEight(", vision_cost: " + cost, [](uint64_t i, SampleMeta& m) {
+      m.lengths.tokens = 100;
+      m.lengths.vision_patches = i == 0 ? 60 : 10;
     });
     std::vector<std::pair<size_t, size_t>> per_step;  // (images of rank 0, of rank 1) per step
-    for (int r = 0; r < 2; ++r) {
-      INFO(runs[r].status.ToString());
-      REQUIRE(runs[r].status.ok());
-      REQUIRE(runs[r].steps.size() == runs[0].steps.size());
-    }
+    REQUIRE(runs[1].steps.size() == runs[0].steps.size());
     for (size_t k = 0; k < runs[0].steps.size(); ++k) {
       per_step.push_back({runs[0].steps[k].phase(EncoderPhase::kVision).ids.size(),
                           runs[1].steps[k].phase(EncoderPhase::kVision).ids.size()});
@@ -185,27 +195,12 @@ TEST_CASE("per-phase plans balance the vision phase on its configured cost model
 TEST_CASE("per-phase plans with memory models place encoder items on the rank holding less", "[phases]") {
   constexpr uint64_t kBig = 1;  // a short sample with a 60-patch image; 2 and 3 carry 10-patch images
   auto encoder_and_llm_rank = [](const std::string& memory) {
-    auto config = ParseConfig(
-        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 8192}\n"
-        "collate: {encoder_fields: [pixel_values]}\n"
-        "alignment: {planner: global, phase_plans: true" +
-        memory + "}\n");
-    REQUIRE(config.ok());
-    std::vector<RankRun> runs = RunEpoch(*config, 2, [](int r) {
-      std::vector<SampleMeta> pending;
-      for (uint64_t i = 0; r == 0 && i < 8; ++i) {
-        SampleMeta m;
-        m.id = i;
-        m.lengths.tokens = i == 0 ? 980 : 140;
-        m.lengths.vision_patches = i == kBig ? 60 : (i <= 3 ? 10 : 0);
-        pending.push_back(m);
-      }
-      return pending;
+    std::vector<RankRun> runs = RunPhasesOfEight(memory, [](uint64_t i, SampleMeta& m) {
+      m.lengths.tokens = i == 0 ? 980 : 140;
+      m.lengths.vision_patches = i == kBig ? 60 : (i <= 3 ? 10 : 0);
     });
     std::pair<int, int> where = {-1, -1};  // (rank encoding kBig, rank running its LLM part)
     for (int r = 0; r < 2; ++r) {
-      INFO(runs[r].status.ToString());
-      REQUIRE(runs[r].status.ok());
       REQUIRE(runs[r].steps.size() == 1);
       const StepPlan& step = runs[r].steps[0];
       for (uint64_t id : step.phase(EncoderPhase::kVision).ids) {
