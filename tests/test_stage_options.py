@@ -40,7 +40,7 @@ def edit(root: Path, rel: str, old: str, new: str):
 
 
 HWM_FIELD = "  int hwm = 1000;  // ingest_hwm: the ZMQ receive high-water mark of each ingest socket\n"
-HWM_PARSE = '  ODB_RETURN_IF_ERROR(s.Get("ingest_hwm", c.ingest.hwm));\n'
+HWM_ROW = '  add(Field("ingest_hwm", kRank, ODB_FIELD(ingest.hwm),\n'
 HWM_YAML_LINE = "ingest_hwm: 1000"
 INGEST_ROW_KEYS = "`ingest_endpoints`, `ingest_hwm`,"
 
@@ -54,12 +54,12 @@ def test_the_tree_keeps_each_knob_with_its_stage():
     assert problems == [], "\n".join(problems)
 
 
-def test_a_new_one_stage_knob_takes_its_options_the_parser_and_the_docs_only(tmp_path):
+def test_a_new_one_stage_knob_takes_its_options_one_table_row_and_the_docs_only(tmp_path):
     root = copy_tree(tmp_path)
     edit(root, "src/ingest/ingest_options.h", HWM_FIELD,
          HWM_FIELD + "  uint32_t linger_ms = 0;  // ingest_linger_ms: a new knob\n")
-    edit(root, "src/daemon/config.cc", HWM_PARSE,
-         HWM_PARSE + '  ODB_RETURN_IF_ERROR(s.Get("ingest_linger_ms", c.ingest.linger_ms));\n')
+    edit(root, "src/daemon/settings.cc", HWM_ROW,
+         '  add(Field("ingest_linger_ms", kRank, ODB_FIELD(ingest.linger_ms), "a new knob"));\n' + HWM_ROW)
     checker = load_checker()
     # Without its docs: not in configs/odbd.yaml, not in docs/config.md's table.
     problems = checker.check(root)
@@ -75,8 +75,8 @@ def test_a_one_stage_knob_kept_as_a_flat_field_and_copied_in_is_caught(tmp_path)
     root = copy_tree(tmp_path)
     edit(root, "src/daemon/config.h", '  std::string run_dir = "/tmp/odb";\n',
          '  std::string run_dir = "/tmp/odb";\n  uint32_t ingest_linger_ms = 0;\n')
-    edit(root, "src/daemon/config.cc", HWM_PARSE,
-         HWM_PARSE + '  ODB_RETURN_IF_ERROR(s.Get("ingest_linger_ms", c.ingest_linger_ms));\n')
+    edit(root, "src/daemon/settings.cc", HWM_ROW,
+         '  add(Field("ingest_linger_ms", kRank, ODB_FIELD(ingest_linger_ms), "a new knob"));\n' + HWM_ROW)
     edit(root, "src/ingest/ingest_options.h", HWM_FIELD,
          HWM_FIELD + "  uint32_t linger_ms = 0;  // derived (ingest_linger_ms)\n")
     edit(root, "src/daemon/stage_options.cc", "  o.window = c.window;\n",
@@ -92,8 +92,8 @@ def test_a_knob_of_its_own_copied_in_from_a_flat_field_is_caught(tmp_path):
     root = copy_tree(tmp_path)
     edit(root, "src/daemon/config.h", '  std::string run_dir = "/tmp/odb";\n',
          '  std::string run_dir = "/tmp/odb";\n  uint32_t ingest_linger_ms = 0;\n')
-    edit(root, "src/daemon/config.cc", HWM_PARSE,
-         HWM_PARSE + '  ODB_RETURN_IF_ERROR(s.Get("ingest_linger_ms", c.ingest_linger_ms));\n')
+    edit(root, "src/daemon/settings.cc", HWM_ROW,
+         '  add(Field("ingest_linger_ms", kRank, ODB_FIELD(ingest_linger_ms), "a new knob"));\n' + HWM_ROW)
     edit(root, "src/ingest/ingest_options.h", HWM_FIELD,
          HWM_FIELD + "  uint32_t linger_ms = 0;  // ingest_linger_ms: a new knob\n")
     edit(root, "src/daemon/stage_options.cc", "  o.window = c.window;\n",
@@ -144,7 +144,7 @@ def test_a_docs_table_that_drifts_from_the_structs_is_caught(tmp_path):
 
 def test_a_knob_parsed_into_a_flat_field_instead_of_its_member_is_caught(tmp_path):
     root = copy_tree(tmp_path)
-    edit(root, "src/daemon/config.cc", HWM_PARSE, '  ODB_RETURN_IF_ERROR(s.Get("ingest_hwm", c.ingest_hwm));\n')
+    edit(root, "src/daemon/settings.cc", HWM_ROW, '  add(Field("ingest_hwm", kRank, ODB_FIELD(ingest_hwm),\n')
     problems = load_checker().check(root)
     assert any("does not read 'ingest_hwm' straight into c.ingest.hwm" in p for p in problems), problems
 

@@ -13,20 +13,21 @@ value comes from:
              DaemonConfig's top level and src/daemon/stage_options.cc copies it
              in.
 
-So adding a knob that one stage reads touches that stage's options, the
-parser (src/daemon/config.cc) and the docs (configs/odbd.yaml,
-docs/config.md), and nothing else. The rules:
+So adding a knob that one stage reads touches that stage's options, one row
+of the settings table (src/daemon/settings.cc, from which the parser, the
+defaults and configs/odbd.yaml come) and docs/config.md's table, and nothing
+else. The rules:
 
  1. Every options struct is a member of DaemonConfig (src/daemon/config.h),
     declared without an initializer: the defaults live in the struct only.
  2. Every field says "<key>:" or "derived".
  3. A "<key>:" field: the key is in configs/odbd.yaml (which
     tests/python/test_py_docs.py holds equal to `odbd --print-default-config`)
-    and on the struct's row of the table in docs/config.md, and the parser
-    writes the field in the statement that names the key
-    (`Get("ingest_hwm", c.ingest.hwm)`: a Get* call naming the key's last
-    part, then the field, in one statement). stage_options.cc does not
-    assign it.
+    and on the struct's row of the table in docs/config.md, and the settings
+    table's row for the key reads it straight into the field
+    (`Field("ingest_hwm", kRank, ODB_FIELD(ingest.hwm), ...)` in one
+    statement, or a row function naming the key that writes
+    `c.ingest.hwm`). stage_options.cc does not assign it.
     The table lists no key the struct does not parse.
  4. A "derived" field: assigned once in stage_options.cc, by the function
     that builds its struct (starting from a copy of the member), from
@@ -50,6 +51,7 @@ import yaml
 
 CONFIG_H = "src/daemon/config.h"
 CONFIG_CC = "src/daemon/config.cc"
+SETTINGS_CC = "src/daemon/settings.cc"
 BUILDER = "src/daemon/stage_options.cc"
 ODBD_YAML = "configs/odbd.yaml"
 CONFIG_MD = "docs/config.md"
@@ -129,7 +131,7 @@ def daemon_sources(root: Path):
     for path in sorted((root / "src/daemon").glob("*")):
         if path.suffix not in (".cc", ".h") or path.name.endswith("_test.cc"):
             continue
-        if path.name in ("config.cc", "config.h", "stage_options.cc", "stage_options.h", "main.cc"):
+        if path.name in ("config.cc", "config.h", "settings.cc", "stage_options.cc", "stage_options.h", "main.cc"):
             continue
         yield path
 
@@ -149,7 +151,8 @@ def check(root: Path):
                 stages[name] = (package, header.relative_to(root), fields)
 
     config_h = (root / CONFIG_H).read_text()
-    config_cc = (root / CONFIG_CC).read_text()
+    config_cc = (root / CONFIG_CC).read_text() + (root / SETTINGS_CC).read_text()
+    settings_cc = (root / SETTINGS_CC).read_text()
     builder_text = (root / BUILDER).read_text()
     keys = flatten(yaml.safe_load((root / ODBD_YAML).read_text()))
     doc_rows = [ln for ln in (root / CONFIG_MD).read_text().splitlines() if ln.startswith("|")]
@@ -198,13 +201,15 @@ def check(root: Path):
                 if row and f"`{f.key}`" not in row:
                     problems.append(f"{CONFIG_MD}: the row of `{package}::{name}` does not list `{f.key}` "
                                     f"({name}::{f.name})")
-                leaf = re.escape(f.key.split(".")[-1])
-                parsed = rf'\bGet\w*\b[^;]*?"{leaf}"[^;]*\bc\.{member}\.{f.name}\b'
-                if not re.search(parsed, config_cc):
-                    problems.append(f"{CONFIG_CC}: the parser does not read '{f.key}' straight into "
-                                    f"c.{member}.{f.name} ({f.line}); parse it there, not into a flat field")
-            elif f.derived and ref.search(config_cc):
-                problems.append(f"{CONFIG_CC} uses c.{member}.{f.name}, which is derived (unset in "
+                key = re.escape(f.key)
+                in_row = rf'"{key}"[^;]*\bODB_FIELD\(\s*{member}\.{f.name}\s*\)'
+                in_row_function = rf'"{key}"(?:(?!\n\S).)*?\bc\.{member}\.{f.name}\b'
+                if not (re.search(in_row, settings_cc) or re.search(in_row_function, settings_cc, re.S)):
+                    problems.append(f"{SETTINGS_CC}: the settings table does not read '{f.key}' straight into "
+                                    f"c.{member}.{f.name} ({f.line}); give it a row there, not a flat field")
+            elif f.derived and (ref.search(config_cc) or
+                                re.search(rf"ODB_FIELD\(\s*{member}\.{f.name}\b", config_cc)):
+                problems.append(f"{CONFIG_CC} or {SETTINGS_CC} uses c.{member}.{f.name}, which is derived (unset in "
                                 f"DaemonConfig::{member}): use the top-level field it is copied from")
         if row:
             listed = {k for k in re.findall(r"`([a-z0-9_.]+)`", row) if k in keys}

@@ -177,7 +177,8 @@ struct DaemonConfig {
   std::string log_level = "info";
 };
 
-// Parses YAML text. Unknown keys are errors (a typo must not be ignored).
+// Parses YAML text by the settings table (src/daemon/settings.h). Unknown keys
+// are errors (a typo must not be ignored).
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& yaml_text);
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
 
@@ -186,9 +187,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
 absl::Status FinalizeConfig(DaemonConfig& config,
                             const std::map<std::string, std::string>& env);
 
-// Every field the parser reads ("alignment.job_id", ...) with its default as
-// flow YAML, in parse order (odbd --print-default-config; the test that keeps
-// configs/odbd.yaml complete).
+// Every setting ("alignment.job_id", ...) with its default as flow YAML, in
+// the order of the settings table (src/daemon/settings.h; odbd
+// --print-default-config).
 std::vector<std::pair<std::string, std::string>> ConfigFieldDefaults();
 
 // The process environment as a map (for FinalizeConfig).

@@ -1,8 +1,9 @@
 // odbd: the per-rank collation daemon. Parses the config, builds the
 // components, installs the signal handlers and runs.
+#include <google/protobuf/stubs/logging.h>
 #include <signal.h>
-#include <unistd.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -11,13 +12,12 @@
 #include <limits>
 #include <tuple>
 
-#include <google/protobuf/stubs/logging.h>
-
 #include "src/common/fd_budget.h"
 #include "src/daemon/aligned_round_runner.h"
 #include "src/daemon/config.h"
 #include "src/daemon/daemon.h"
 #include "src/daemon/peers.h"
+#include "src/daemon/settings.h"
 #include "src/daemon/store_lease.h"
 
 namespace {
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   int rank = -1, world_size = -1;
   std::string run_dir, job_id, log_level, ingest, trainer, gloo_hostname, gloo_iface;
-  bool print_config = false, print_defaults = false, exit_when_trainer_done = false;
+  bool print_config = false, print_defaults = false, print_template = false, exit_when_trainer_done = false;
   app.add_option("-c,--config", config_path, "YAML config file (see docs/config.md)");
   // Checked here: a negative value would read as "not given" below and be
   // ignored silently.
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   app.add_flag("--print-default-config", print_defaults,
                "print every config field the parser knows with its default (one 'path: value' line each) and exit");
+  app.add_flag(
+      "--print-config-template", print_template,
+      "print a YAML config of every field with its default and what it does (configs/odbd.yaml) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -85,6 +88,10 @@ int main(int argc, char** argv) {
   google::protobuf::SetLogHandler(&ProtobufLog);
   if (print_defaults) {
     for (const auto& [path, value] : odb::ConfigFieldDefaults()) std::printf("%s: %s\n", path.c_str(), value.c_str());
+    return 0;
+  }
+  if (print_template) {
+    std::fputs(odb::ConfigTemplate().c_str(), stdout);
     return 0;
   }
 

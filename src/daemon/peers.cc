@@ -4,7 +4,7 @@
 
 #include "src/align/gloo_peer_group.h"
 #include "src/align/hello.h"
-#include "src/daemon/aligned_round_runner.h"
+#include "src/daemon/settings.h"
 #include "src/daemon/store_lease.h"
 
 namespace odb {
@@ -35,7 +35,8 @@ absl::StatusOr<std::unique_ptr<align::PeerGroup>> ConnectPeers(const DaemonConfi
   o.iface = config.gloo_iface;
   o.connect_timeout = std::chrono::milliseconds(config.connect_timeout_ms);
   o.collective_timeout = std::chrono::milliseconds(config.collective_timeout_ms);
-  o.hello = align::AlignmentHelloFields(*MakePlanner(config), config.world_size);
+  // What every rank must share: the job-wide rows of the settings table.
+  o.hello = JobWideSettings(config);
   auto group = align::GlooPeerGroup::Connect(o);
   if (!group.ok()) return group.status();
   return std::unique_ptr<align::PeerGroup>(std::move(*group));

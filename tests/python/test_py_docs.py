@@ -4,8 +4,8 @@
   as a user would (the torchrun command and the W > 1 recipe twice in a row
   in the same run_dir), unless the line before it is a
   `<!-- docs-test: skip (reason) -->` marker; the skips are counted.
-* configs/odbd.yaml holds every field odbd's parser knows, with its default
-  (from `odbd --print-default-config`, which records what the parser reads).
+* configs/odbd.yaml is `odbd --print-config-template`: the settings table (src/daemon/settings.cc) with
+  every field, its default and its doc.
 * deploy/odbd@.service: per-instance settings checked, `systemd-analyze verify` clean.
 * `odbctl demo` without odbd, `python -m odb.launch` with a missing config: one line.
 """
@@ -112,18 +112,20 @@ def _flatten(node: dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def test_configs_odbd_yaml_has_every_parser_field_with_its_default() -> None:
-    out = subprocess.run([ODBD, "--print-default-config"], capture_output=True, text=True, timeout=30, check=True)
+def test_configs_odbd_yaml_is_the_settings_tables_template() -> None:
+    """configs/odbd.yaml is what `odbd --print-config-template` makes from the settings table (src/daemon/settings.cc):
+    every setting, its default and its doc come from the table's row; regenerate it after changing a row."""
+    out = subprocess.run([ODBD, "--print-config-template"], capture_output=True, text=True, timeout=30, check=True)
+    committed = (ROOT / "configs/odbd.yaml").read_text()
+    assert committed == out.stdout, ("configs/odbd.yaml differs from the settings table: run "
+                                     "`.build/src/daemon/odbd --print-config-template > configs/odbd.yaml`")
+    # ... and it is a config odbd reads as every default, as the flat print says them.
+    flat = subprocess.run([ODBD, "--print-default-config"], capture_output=True, text=True, timeout=30, check=True)
     parser = {path: yaml.safe_load(value) for path, value in
-              (line.split(": ", 1) for line in out.stdout.splitlines())}
-    documented = _flatten(yaml.safe_load((ROOT / "configs/odbd.yaml").read_text()))
+              (line.split(": ", 1) for line in flat.stdout.splitlines())}
+    documented = _flatten(yaml.safe_load(committed))
     assert len(parser) > 50
-    missing = sorted(set(parser) - set(documented))
-    unknown = sorted(set(documented) - set(parser))
-    assert not missing, f"fields the parser knows that configs/odbd.yaml lacks: {missing}"
-    assert not unknown, f"fields in configs/odbd.yaml the parser does not know: {unknown}"
-    wrong = {p: (documented[p], parser[p]) for p in parser if documented[p] != parser[p]}
-    assert not wrong, f"configs/odbd.yaml value vs the parser's default: {wrong}"
+    assert documented == parser
 
 
 def test_the_python_packages_daemon_defaults_are_odbds(monkeypatch) -> None:
