@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # What the checker reads, copied into each broken tree.
-COPIED = ["src/daemon", "src/ingest", "src/emit", "src/exchange", "configs/odbd.yaml", "docs/config.md"]
+COPIED = ["src/daemon", "src/ingest", "src/emit", "src/exchange", "configs/odbd.yaml", "docs/config.md",
+          "src/align/planner.h", "src/align/gloo_peer_group.h", "src/balance/global_planner.h"]
 
 
 def load_checker():
@@ -156,3 +157,20 @@ def test_stage_options_declared_outside_an_options_header_are_caught(tmp_path):
     assert "src/exchange/ has no *_options.h: a stage declares the options it reads there, beside it" in problems
     assert any("builds ExchangeOptions, which no src/<stage>/*_options.h declares" in p for p in problems), problems
     assert any("DaemonConfig holds ExchangeOptions, which no" in p for p in problems), problems
+
+
+def test_a_setting_whose_default_is_written_twice_is_caught(tmp_path):
+    """The daemon copies alignment.* into the planner's and the peer group's own option structs: their defaults
+    must be the daemon's by construction, not two literals that can drift apart (window 256 vs 512 once)."""
+    root = copy_tree(tmp_path)
+    assert load_checker().check(root) == []
+    edit(root, "src/daemon/config.h", "  uint32_t window = align::PlannerConfig{}.window;\n",
+         "  uint32_t window = 512;\n")
+    edit(root, "src/daemon/config.h",
+         "  uint32_t connect_timeout_ms = static_cast<uint32_t>(align::GlooPeerGroupOptions{}.connect_timeout.count());\n",
+         "  uint32_t connect_timeout_ms = 30000;\n")
+    problems = load_checker().check(root)
+    assert any(p.startswith("src/daemon/config.h: DaemonConfig::window has its own default (512)")
+               and "PlannerConfig::window" in p for p in problems), problems
+    assert any("DaemonConfig::connect_timeout_ms has its own default (30000)" in p
+               and "GlooPeerGroupOptions::connect_timeout" in p for p in problems), problems

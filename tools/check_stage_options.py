@@ -37,6 +37,13 @@ else. The rules:
     derived field reads feeds two or more stages, or the daemon itself reads
     it (src/daemon/ other than config.*, stage_options.*, main.cc, tests).
  6. Only stage_options.cc builds stage options in src/daemon/.
+ 7. A setting's default is written once. The planner's and the Gloo peer
+    group's option structs (PlannerConfig, GlobalPlannerConfig,
+    GlooPeerGroupOptions) are not stage options but keep defaults of their
+    own for the code that builds them without a daemon: a DaemonConfig field
+    the daemon copies into one of their fields as it is takes its default
+    from that struct (`window = align::PlannerConfig{}.window`), never a
+    literal that could disagree.
 
 Usage: tools/check_stage_options.py [repo root]; exit status 1 and one line
 per violation when the tree breaks a rule.
@@ -274,6 +281,48 @@ def check(root: Path):
             if re.search(rf"\b{name}\b(?!For)", path.read_text()):
                 problems.append(f"src/daemon/{path.name} builds {name} itself: stage options come from "
                                 f"{BUILDER} only")
+    return problems + check_defaults_written_once(root)
+
+
+# Where the daemon copies settings into option structs that keep defaults of
+# their own (rule 7): file -> {variable: (struct, header)}.
+COPIED_INTO = {
+    "src/daemon/aligned_round_runner.cc": {"p": ("PlannerConfig", "src/align/planner.h"),
+                                           "g": ("GlobalPlannerConfig", "src/balance/global_planner.h")},
+    "src/daemon/peers.cc": {"o": ("GlooPeerGroupOptions", "src/align/gloo_peer_group.h")},
+}
+
+
+# Resolved from the launcher's environment (-1: unset) before anything is copied: not defaults.
+IDENTITY = {"rank", "world_size", "local_rank", "local_world_size"}
+
+
+def initializer(text: str, field: str):
+    """The default written for `field` in a struct body (`T field = x;` or `T field{x};`), None without one."""
+    m = re.search(rf"^\s*[\w:<>, ]+?\s+{field}\s*(?:=\s*([^;]*)|\{{([^;]*)\}})\s*;", text, re.M)
+    return None if m is None else (m.group(1) if m.group(1) is not None else m.group(2)).strip()
+
+
+def check_defaults_written_once(root: Path):
+    """Rule 7: the problems, as lines."""
+    problems = []
+    config_h = (root / CONFIG_H).read_text()
+    for rel, variables in COPIED_INTO.items():
+        for var, (struct, header) in variables.items():
+            body = STRUCT.search("\n".join(m.group(0) for m in STRUCT.finditer((root / header).read_text())
+                                           if m.group(1) == struct))
+            if body is None:
+                problems.append(f"{header}: no struct {struct} (tools/check_stage_options.py COPIED_INTO)")
+                continue
+            for m in re.finditer(rf"\b{var}\.(\w+)\s*=\s*(?:[\w:]+\()?config\.(\w+)\)?;", (root / rel).read_text()):
+                field, setting = m.group(1), m.group(2)
+                if setting in IDENTITY:
+                    continue
+                theirs, ours = initializer(body.group(2), field), initializer(config_h, setting)
+                if theirs is not None and ours is not None and f"{struct}{{}}.{field}" not in ours:
+                    problems.append(f"{CONFIG_H}: DaemonConfig::{setting} has its own default ({ours}) and {rel} "
+                                    f"copies it into {struct}::{field}, whose default is {theirs} ({header}): "
+                                    f"write the default once, as `{setting} = ...{struct}{{}}.{field}`")
     return problems
 
 

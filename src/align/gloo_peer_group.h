@@ -45,10 +45,10 @@ struct GlooPeerGroupOptions {
   std::string iface;
   std::string hostname;
 
-  // Rendezvous + full-mesh connect + hello, end to end. Default 60 s.
-  std::chrono::milliseconds connect_timeout{60000};
-  // Each all-gather. Default 30 s.
-  std::chrono::milliseconds collective_timeout{30000};
+  // Rendezvous + full-mesh connect + hello, end to end (alignment.connect_timeout_ms).
+  std::chrono::milliseconds connect_timeout{30000};
+  // Each all-gather (alignment.collective_timeout_ms).
+  std::chrono::milliseconds collective_timeout{120000};
   // Groups of at least this many ranks all-gather with Bruck's algorithm
   // (ceil(log2 W) rounds of one send and one receive on Gloo's point-to-point
   // buffers); smaller ones use Gloo's ring (W - 1 hops). Both move the same

@@ -30,7 +30,7 @@ TEST_CASE("a mismatch names the rank and field on every rank", "[hello]") {
   absl::Status s = CheckHellos({EncodeHello(0, 2, fa), EncodeHello(1, 2, fb)});
   REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
   const std::string msg(s.message());
-  REQUIRE(msg.find("rank 1 has mode=non_join but rank 0 has mode=join") != std::string::npos);
+  REQUIRE(msg.find("rank 1 has mode=first_dry but rank 0 has mode=every_sample") != std::string::npos);
   REQUIRE(msg.find("rank 1 has seed=9 but rank 0 has seed=0") != std::string::npos);
 }
 

@@ -17,9 +17,9 @@ namespace odb::align {
 const char* EpochModeName(EpochMode mode) {
   switch (mode) {
     case EpochMode::kJoin:
-      return "join";
+      return "every_sample";
     case EpochMode::kNonJoin:
-      return "non_join";
+      return "first_dry";
   }
   return "unknown";
 }

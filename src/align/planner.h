@@ -26,7 +26,10 @@ struct SampleKey {
 
 inline SampleKey KeyOf(const SampleMeta& m) { return SampleKey{m.owner_rank, m.id}; }
 
-// How an epoch ends (docs/alignment.md, "End of epoch").
+// How an epoch ends (docs/alignment.md, "End of epoch"): alignment.mode
+// every_sample (kJoin) or first_dry (kNonJoin); the config reads the older
+// names join / non_join too (not to be confused with the trainer's
+// idle_policy "join", DDP's join()).
 enum class EpochMode : uint8_t {
   // Identity coverage: every sample received in the epoch is emitted exactly
   // once; the epoch ends when every rank's stream finished and nothing is
@@ -145,7 +148,7 @@ struct PlannerConfig {
   // Most pending samples of one rank grouped per round (the first `window` in
   // pending order). Also the wait threshold: a rank with fewer pending
   // samples and an unfinished stream may ask the round to wait.
-  uint32_t window = 256;
+  uint32_t window = 512;
   // Consecutive rounds a rank may hold a round back by waiting, once its
   // stream started (before, only its wait_expired ends its wait); 0 = never
   // wait at all.

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/align/gloo_peer_group.h"
 #include "src/align/planner.h"
+#include "src/balance/global_planner.h"
 #include "src/balance/phase_plan.h"
 #include "src/collate/collator.h"
 #include "src/emit/step_builder_options.h"
@@ -34,7 +36,9 @@ enum class PlannerKind { kLocal, kGlobal };
 // stages); src/daemon/stage_options.cc copies those a stage needs into its
 // options (the fields marked "derived" there), in that one place.
 // tools/check_stage_options.py (tests/test_stage_options.py) enforces this.
-// Top-level defaults are the values below.
+// Top-level defaults are the values below; a setting that the daemon copies
+// into the planner's or the Gloo peer group's options takes its default from
+// that struct (written there once; tools/check_stage_options.py checks it).
 struct DaemonConfig {
   // --- the I/O stages' own knobs, defaults in their options structs (the
   // "derived" fields of these are left unset: the stages get them from
@@ -78,21 +82,21 @@ struct DaemonConfig {
   grouping::StepTimeModel step_time;     // objective for the grouper
   // Samples per rank gathered before a round is planned. Larger windows group
   // better (less padding) but add latency and memory.
-  uint32_t window = 512;
+  uint32_t window = align::PlannerConfig{}.window;
 
   // --- alignment across ranks
   // join: every sample of the epoch is emitted exactly once; non_join: the
   // epoch ends when the first rank runs dry and the rest is reported.
-  align::EpochMode mode = align::EpochMode::kJoin;
-  uint64_t seed = 0;  // shared by all ranks: group order is a seeded shuffle
+  align::EpochMode mode = align::PlannerConfig{}.mode;
+  uint64_t seed = align::PlannerConfig{}.seed;  // shared by all ranks: group order is a seeded shuffle
   // local: each rank groups its own samples (ODB). global: groups across all
   // ranks and moves samples between daemons so every rank of a step costs
   // alike (OrchMLLM post-balancing; see docs/balancing.md).
   PlannerKind planner = PlannerKind::kGlobal;
   // global only: 0 = balance first, 1 = keep every sample on its rank.
-  double locality = 0.0;
+  double locality = balance::GlobalPlannerConfig{}.locality;
   // global only: plan in blocks of this many ranks (rounded up to whole nodes), 0 = one pool (docs/balancing.md).
-  uint32_t partition_ranks = 0;
+  uint32_t partition_ranks = balance::GlobalPlannerConfig{}.partition_ranks;
   // Multimodal: balance the encoder phase separately from the LLM phase and
   // ship the route between them in each step header (docs/balancing.md). The
   // collate.encoder_fields go to the encoder batch ("enc.<name>") of the rank
@@ -122,10 +126,10 @@ struct DaemonConfig {
   // position, `seq`), waits for them however long it takes (max_wait_ms does
   // not apply), and rounds plan as many steps as the window gives (the
   // trainer's credit only delays them). Costs some throughput (docs/benchmarks.md, evidence table).
-  bool deterministic = false;
+  bool deterministic = align::PlannerConfig{}.deterministic;
   // optimizer.tokens_per_step: all ranks' loss tokens per optimizer step
   // (accumulation windows, docs/python.md); 0 = one optimizer step per step.
-  uint64_t tokens_per_step = 0;
+  uint64_t tokens_per_step = align::PlannerConfig{}.tokens_per_step;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;
@@ -136,13 +140,16 @@ struct DaemonConfig {
   uint32_t start_wait_ms = 60000;
   StoreKind store = StoreKind::kFile;
   std::string store_dir = "{run}/store";  // FileStore directory (shared by all ranks)
-  std::string redis_host = "127.0.0.1";
-  int redis_port = 6379;
-  std::string job_id = "odb";  // key prefix in the store: use a new one per job
+  std::string redis_host = align::GlooPeerGroupOptions{}.redis_host;
+  int redis_port = align::GlooPeerGroupOptions{}.redis_port;
+  std::string job_id =
+      align::GlooPeerGroupOptions{}.job_id;  // key prefix in the store: use a new one per job
   std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo listens on
   std::string gloo_iface;  // network interface for Gloo (e.g. "eth0"); wins over gloo_hostname
-  uint32_t connect_timeout_ms = 30000;
-  uint32_t collective_timeout_ms = 120000;  // a dead peer is an error after this
+  uint32_t connect_timeout_ms = static_cast<uint32_t>(align::GlooPeerGroupOptions{}.connect_timeout.count());
+  // a dead peer is an error after this
+  uint32_t collective_timeout_ms =
+      static_cast<uint32_t>(align::GlooPeerGroupOptions{}.collective_timeout.count());
 
   // --- emit
   // Collated steps the daemon may hold ready beyond those in flight. Rounds

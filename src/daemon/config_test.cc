@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
+#include <utility>
+
+#include "src/daemon/settings.h"
 
 namespace odb {
 namespace {
@@ -30,7 +33,7 @@ grouping:
   quadratic_q: 2048
   window: 64
   step_time: {per_step: 100, per_padded_token: 1}
-alignment: {mode: non_join, seed: 7, store: redis, redis_port: 7000}
+alignment: {mode: first_dry, seed: 7, store: redis, redis_port: 7000}
 emit: {outstanding_depth: 2}
 collate:
   packed: true
@@ -60,7 +63,7 @@ TEST_CASE("errors name the field") {
   auto bad_enum = ParseConfig("alignment: {mode: sometimes}");
   REQUIRE_FALSE(bad_enum.ok());
   CHECK_THAT(std::string(bad_enum.status().message()),
-             Catch::Contains("alignment.mode") && Catch::Contains("join, non_join"));
+             Catch::Contains("alignment.mode") && Catch::Contains("every_sample, first_dry"));
 
   auto bad_type = ParseConfig("grouping: {window: lots}");
   REQUIRE_FALSE(bad_type.ok());
@@ -454,6 +457,42 @@ TEST_CASE("config values with which every sample must fail are refused at start-
              Catch::Contains("collate.length_field") && Catch::Contains("has no value"));
   CHECK_THAT(StartupError("collate:\n  length_field:\n"), Catch::Contains("collate.length_field"));
   CHECK_THAT(StartupError("grouping: {max_tokens: ~}"), Catch::Contains("grouping.max_tokens"));
+}
+
+TEST_CASE("alignment.mode's older names still read") {
+  for (const auto& [text, mode] :
+       {std::pair{"every_sample", align::EpochMode::kJoin},
+        std::pair{"first_dry", align::EpochMode::kNonJoin}, std::pair{"join", align::EpochMode::kJoin},
+        std::pair{"non_join", align::EpochMode::kNonJoin}}) {
+    auto c = ParseConfig(std::string("alignment: {mode: ") + text + "}");
+    REQUIRE(c.ok());
+    CHECK(c->mode == mode);
+  }
+  // The defaults print uses the new name.
+  const auto defaults = ConfigFieldDefaults();
+  const std::map<std::string, std::string> fields(defaults.begin(), defaults.end());
+  CHECK(fields.at("alignment.mode") == "every_sample");
+}
+
+TEST_CASE("the job-wide settings are the table's job-wide rows, with their values") {
+  auto a = ParseConfig("alignment: {locality: 0.25}\ngrouping: {max_tokens: 8192}\nrun_dir: /tmp/a");
+  REQUIRE(a.ok());
+  std::map<std::string, std::string> job;
+  for (const auto& [path, value] : JobWideSettings(*a)) job[path] = value;
+  CHECK(job.at("alignment.locality") == "0.25");
+  CHECK(job.at("grouping.max_tokens") == "8192");
+  for (const char* key :
+       {"alignment.phase_plans", "alignment.vision_cost.per_unit", "optimizer.tokens_per_step",
+        "emit.queue_steps", "alignment.mode", "grouping.step_time.per_step"}) {
+    CHECK(job.count(key) == 1);
+  }
+  // Per-rank settings (addresses, directories, logging) may differ between ranks.
+  for (const char* key : {"rank", "run_dir", "alignment.gloo_hostname", "log_level", "trainer_endpoint"}) {
+    CHECK(job.count(key) == 0);
+  }
+  size_t rows = 0;
+  for (const Setting& s : Settings()) rows += !s.is_section && s.scope == Scope::kJob;
+  CHECK(job.size() == rows);
 }
 
 }  // namespace

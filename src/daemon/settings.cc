@@ -259,8 +259,11 @@ std::vector<Setting> BuildTable() {
   add(Choice("alignment.mode", kJob, ODB_FIELD(mode),
              Choices<align::EpochMode>{
                  {align::EpochModeName(align::EpochMode::kJoin), align::EpochMode::kJoin},
-                 {align::EpochModeName(align::EpochMode::kNonJoin), align::EpochMode::kNonJoin}},
-             "join: every sample exactly once | non_join: end with the first dry rank"));
+                 {align::EpochModeName(align::EpochMode::kNonJoin), align::EpochMode::kNonJoin},
+                 {"join", align::EpochMode::kJoin},  // the older names
+                 {"non_join", align::EpochMode::kNonJoin}},
+             "every_sample: every sample exactly once | first_dry: end with the first dry rank, report\n"
+             "the rest (older names: join | non_join)"));
   add(Field("alignment.seed", kJob, ODB_FIELD(seed), "shared seed of the group-order shuffle"));
   add(Choice("alignment.planner", kJob, ODB_FIELD(planner),
              Choices<PlannerKind>{{"local", PlannerKind::kLocal}, {"global", PlannerKind::kGlobal}},

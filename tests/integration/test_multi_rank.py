@@ -163,11 +163,21 @@ def test_two_ranks_non_join_quota_closure(tmp_path):
         assert e["summary_received"] == counts[r]
 
 
-def test_config_mismatch_is_refused_on_every_rank(tmp_path):
+@pytest.mark.parametrize("setting,values", [("grouping.max_tokens", (4096, 8192)),
+                                           # job-wide by its row in the settings table (src/daemon/settings.cc)
+                                           ("alignment.memory_slack", (0.0, 0.5))])
+def test_config_mismatch_is_refused_on_every_rank(tmp_path, setting, values):
+    """A job-wide setting that differs between ranks is refused at connect by every rank, naming the key."""
     job = f"job-{uuid.uuid4().hex[:8]}"
-    daemons = [Daemon(tmp_path, rank=r, world=2, job_id=job,
-                      config=f"grouping: {{max_tokens: {4096 if r == 0 else 8192}}}\n"
-                             "alignment: {connect_timeout_ms: 20000}\n") for r in range(2)]
+    section, key = setting.split(".")
+
+    def config(rank: int) -> str:
+        timeout = "connect_timeout_ms: 20000"
+        if section == "alignment":
+            return f"alignment: {{{key}: {values[rank]}, {timeout}}}\n"
+        return f"{section}: {{{key}: {values[rank]}}}\nalignment: {{{timeout}}}\n"
+
+    daemons = [Daemon(tmp_path, rank=r, world=2, job_id=job, config=config(r)) for r in range(2)]
     try:
         for d in daemons:
             assert d.proc.wait(timeout=60) == 3
@@ -176,7 +186,7 @@ def test_config_mismatch_is_refused_on_every_rank(tmp_path):
             d.stop()
     for d in daemons:
         log = d.log_path.read_text()
-        assert "max_tokens" in log and "rank 1" in log, log
+        assert setting in log and "rank 1" in log, log
 
 
 def test_four_ranks_global_planner_moves_samples_intact(tmp_path):
