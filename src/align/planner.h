@@ -157,13 +157,16 @@ struct PlannerConfig {
   // slots (>= 1). With a trainer slower than the daemon, planning whenever
   // one slot frees would make every round a one-step round that groups one
   // step's worth of samples; waiting for half the queue lets a round group
-  // many steps at once (bench: the `paced` vs `pacedR` rows).
+  // many steps at once (bench: the `paced` vs `pacedR` rows). Not a setting:
+  // the daemon sets emit.queue_steps / 2 (src/daemon/aligned_round_runner.cc);
+  // 1 is a bare planner's (tests, benches).
   uint32_t min_free_slots = 1;
   // A round that passes the gates plans every group its windows give, not
   // just as many steps as there are free slots: free slots only decide when
   // a round runs (the output queue may exceed its size by one round's steps,
   // bounded by the window). Holding groups back round after round piles the
-  // worst-filled ones up in the window (bench: `:full`).
+  // worst-filled ones up in the window (bench: `:full`). Not a setting: the
+  // daemon always plans full rounds; false is a bare planner's.
   bool full_rounds = false;
   // Reproducible rounds (alignment.deterministic). The Aligner hands the
   // planner only what does not depend on timing: each rank's first window+1
