@@ -43,7 +43,7 @@ def test_a_raw_lock_under_src_fails_the_check(tmp_path):
     # comments or strings, test files and the wrapper itself do not count.
     checker = load_checker()
     src = tmp_path / "src"
-    header = "src/emit/trainer_channel.h"
+    header = "src/emit/credit_queue.h"
     text = (ROOT / header).read_text()
     assert "  mutable Mutex mu_;\n" in text, "the copied header no longer declares its lock as expected"
     (src / "emit").mkdir(parents=True)

@@ -22,17 +22,6 @@ std::vector<zmq::message_t> FatalMessage(wire::ErrorCode code, const std::string
   return EncodeControl(message);
 }
 
-std::vector<zmq::message_t> CopyParts(std::vector<zmq::message_t>& parts) {
-  std::vector<zmq::message_t> copy;
-  copy.reserve(parts.size());
-  for (auto& p : parts) {
-    zmq::message_t c;
-    c.copy(p);  // shares the frame's bytes (reference counted), no copy of the payload
-    copy.push_back(std::move(c));
-  }
-  return copy;
-}
-
 std::string Printable(const std::string& routing_id) {
   std::string out;
   for (unsigned char c : routing_id) {
@@ -60,6 +49,7 @@ TrainerChannel::TrainerChannel(zmq::context_t& context, TrainerChannelOptions op
       clock_(clock),
       socket_(context, zmq::socket_type::router),
       monitor_(context, zmq::socket_type::pair),
+      queue_(options_.outstanding_depth),
       arena_(StepArenaHandshakeOptions{options_.step_arena, options_.step_arena_required,
                                        options_.step_arena_bytes},
              clock),
@@ -271,10 +261,8 @@ void TrainerChannel::NoteLate(const std::string& peer, const wire::TrainerMessag
                         : "not applied and not taken as a (re)connect: its sender is gone");
 }
 
-bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection,
-                            const wire::TrainerMessage& msg) {
-  bool requested = false;
-  bool late = false;  // the session's message, from a connection that has closed
+TrainerChannel::Admission TrainerChannel::Admit(const std::string& peer, int fd, uint64_t connection,
+                                                const wire::TrainerMessage& msg) {
   // A contender's held messages are judged when they are handled: its
   // connection may have closed while it waited.
   const bool open = IsOpen(fd, connection);
@@ -283,19 +271,20 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // still knows open, and that takes the acknowledgement.
     if (!open || !Acknowledge(peer)) {
       NoteLate(peer, msg, /*applied=*/false);
-      return false;
+      return Admission::kDropped;
     }
-    if (!session_.empty() && delivered_in_epoch_ > 0) {
+    if (!session_.empty() && queue_.DeliveredInEpoch() > 0) {
       // The lost trainer had steps of an open epoch; nobody knows which it trained.
       const std::string text =
           std::string("a new trainer connected while epoch steps were ") +
           "delivered to a previous trainer session that disconnected (" +
-          std::to_string(delivered_in_epoch_) + " steps sent, " + std::to_string(UnacknowledgedSteps()) +
+          std::to_string(queue_.DeliveredInEpoch()) + " steps sent, " +
+          std::to_string(queue_.UnacknowledgedSteps()) +
           " not acknowledged); the epoch cannot continue with a new session: restart the job "
           "(its daemons and trainers) from a checkpoint";
       Refuse(peer, wire::EPOCH_LOST, text);
       fatal_ = {wire::EPOCH_LOST, text};
-      return false;
+      return Admission::kDropped;
     }
     if (!session_.empty() && MayLog(kLogSession)) {
       spdlog::info("trainer session {} replaced between epochs", Printable(session_));
@@ -304,8 +293,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     session_fd_ = fd;
     session_connection_ = connection;
     lost_since_.reset();
-    credits_ = options_.outstanding_depth;
-    in_flight_.clear();
+    queue_.Reset();
     if (MayLog(kLogSession)) spdlog::info("trainer session {} started", Printable(peer));
     OfferStepArena(peer);
   } else if (lost_since_ || connection != session_connection_) {
@@ -323,8 +311,8 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
     // connection is still known by its connection's metadata: see
     // ConnectionOfFrame.)
     if (!open || !Acknowledge(session_)) {
-      late = true;
       NoteLate(peer, msg, /*applied=*/!msg.has_start_epoch());
+      return Admission::kLate;
     } else {
       // Back: re-send what it may not have received (the client drops the
       // steps it already has).
@@ -332,26 +320,80 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
       session_fd_ = fd;
       session_connection_ = connection;
       spdlog::info("trainer session {} reconnected; re-sending {} unacknowledged step(s) and {} epoch end(s)",
-                   Printable(peer), UnacknowledgedSteps(), in_flight_.size() - UnacknowledgedSteps());
-      for (auto& sent : in_flight_) {
-        auto copy = CopyParts(sent.parts);
-        if (!TrySendTo(socket_, session_, copy).ok()) break;
-      }
+                   Printable(peer), queue_.UnacknowledgedSteps(),
+                   queue_.Unacknowledged() - queue_.UnacknowledgedSteps());
+      queue_.Resend(
+          [this](std::vector<zmq::message_t> copy) { return TrySendTo(socket_, session_, copy).ok(); });
     }
   }
+  return Admission::kSession;
+}
+
+bool TrainerChannel::StartEpoch(const std::string& peer, const wire::StartEpoch& request) {
+  bool requested = false;
+  MutexLock lock(state_.mu);
+  const uint32_t epoch = request.epoch();
+  if (request.expected_producers() > 0) {
+    state_.expected_producers = request.expected_producers();
+  }
+  constexpr size_t kMaxRequestedEpochs = 16;
+  const size_t waiting = state_.requested_epochs.size();
+  const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
+                     state_.requested_epochs.end();
+  if (state_.tracker.IsClosed(epoch) && request.resend()) {
+    // A reconnect's re-send of a request this daemon did serve: the epoch
+    // ended while the client reconnected, its steps and summary are sent or
+    // queued to it (the unacknowledged ones again, above).
+    if (MayLog(kLogBadValue))
+      spdlog::info("trainer re-sent its request for epoch {}, which has ended; ignored", epoch);
+  } else if (state_.tracker.IsClosed(epoch)) {
+    // A first request (the client forgets a start_epoch once the epoch's
+    // first step or summary came, and marks re-sends): a new trainer (a
+    // second loader, a rerun of a script) on a daemon that already ran this
+    // epoch. Told at once, not after its workers sent the whole epoch for
+    // nothing.
+    const uint32_t next = state_.tracker.FirstOpenEpoch();
+    Refuse(peer, wire::WRONG_EPOCH,
+           "epoch " + std::to_string(epoch) + " has already ended on this daemon (an earlier loader or run " +
+               "used it; epochs on one daemon only go forward): start at epoch " + std::to_string(next) +
+               " or later (OdbDataLoader.set_epoch(" + std::to_string(next) +
+               ")), or start a fresh daemon for a new job");
+  } else if (again || state_.current_epoch == epoch) {
+    // The client re-sends an unanswered start_epoch after a reconnect: normal.
+    if (MayLog(kLogBadValue)) spdlog::info("trainer asked for epoch {} again; ignored", epoch);
+  } else if (waiting >= kMaxRequestedEpochs) {
+    metrics_.bad_trainer_messages.fetch_add(1);
+    if (MayLog(kLogBadValue)) {
+      spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
+                   waiting, kMaxRequestedEpochs);
+    }
+  } else {
+    state_.requested_epochs.push_back(epoch);
+    if (request.first_round() > 0 || request.first_step() > 0) {
+      state_.resume_points[epoch] = {request.first_round(), request.first_step()};
+      spdlog::info("trainer resumes epoch {} at round {}, step {}", epoch, request.first_round(),
+                   request.first_step());
+    }
+    requested = true;
+    spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
+  }
+  state_.cv.NotifyAll();
+  return requested;
+}
+
+bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection,
+                            const wire::TrainerMessage& msg) {
+  const Admission admission = Admit(peer, fd, connection, msg);
+  if (admission == Admission::kDropped) return false;
+  const bool late =
+      admission == Admission::kLate;  // the session's message, from a connection that has closed
+  bool requested = false;
   if (msg.has_step_arena_reply()) {
     if (absl::Status s = arena_.OnReply(msg.step_arena_reply()); !s.ok()) {
       fatal_ = {wire::INTERNAL, std::string(s.message())};
     }
   } else if (msg.has_credit()) {
-    uint32_t steps = msg.credit().steps();
-    for (uint32_t i = 0; i < steps; ++i) {
-      // The oldest step sent has arrived, and what was sent before it (ordered delivery): summaries too.
-      auto step = std::find_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return m.is_step; });
-      if (step == in_flight_.end()) break;
-      in_flight_.erase(in_flight_.begin(), step + 1);
-    }
-    credits_ = std::min<uint64_t>(credits_ + steps, options_.outstanding_depth);
+    queue_.Credit(msg.credit().steps());
     CountDataWait(msg.credit());
   } else if (msg.has_start_epoch() && late) {
     if (MayLog(kLogLate)) {
@@ -361,53 +403,7 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
           Printable(peer), msg.start_epoch().epoch());
     }
   } else if (msg.has_start_epoch()) {
-    MutexLock lock(state_.mu);
-    const uint32_t epoch = msg.start_epoch().epoch();
-    if (msg.start_epoch().expected_producers() > 0) {
-      state_.expected_producers = msg.start_epoch().expected_producers();
-    }
-    constexpr size_t kMaxRequestedEpochs = 16;
-    const size_t waiting = state_.requested_epochs.size();
-    const bool again = std::find(state_.requested_epochs.begin(), state_.requested_epochs.end(), epoch) !=
-                       state_.requested_epochs.end();
-    if (state_.tracker.IsClosed(epoch) && msg.start_epoch().resend()) {
-      // A reconnect's re-send of a request this daemon did serve: the epoch
-      // ended while the client reconnected, its steps and summary are sent or
-      // queued to it (the unacknowledged ones again, above).
-      if (MayLog(kLogBadValue))
-        spdlog::info("trainer re-sent its request for epoch {}, which has ended; ignored", epoch);
-    } else if (state_.tracker.IsClosed(epoch)) {
-      // A first request (the client forgets a start_epoch once the epoch's
-      // first step or summary came, and marks re-sends): a new trainer (a
-      // second loader, a rerun of a script) on a daemon that already ran this
-      // epoch. Told at once, not after its workers sent the whole epoch for
-      // nothing.
-      const uint32_t next = state_.tracker.FirstOpenEpoch();
-      Refuse(peer, wire::WRONG_EPOCH,
-             "epoch " + std::to_string(epoch) + " has already ended on this daemon (an earlier loader or run " +
-                 "used it; epochs on one daemon only go forward): start at epoch " + std::to_string(next) +
-                 " or later (OdbDataLoader.set_epoch(" + std::to_string(next) +
-                 ")), or start a fresh daemon for a new job");
-    } else if (again || state_.current_epoch == epoch) {
-      // The client re-sends an unanswered start_epoch after a reconnect: normal.
-      if (MayLog(kLogBadValue)) spdlog::info("trainer asked for epoch {} again; ignored", epoch);
-    } else if (waiting >= kMaxRequestedEpochs) {
-      metrics_.bad_trainer_messages.fetch_add(1);
-      if (MayLog(kLogBadValue)) {
-        spdlog::warn("trainer asked for epoch {} with {} epochs already waiting; ignored (at most {})", epoch,
-                     waiting, kMaxRequestedEpochs);
-      }
-    } else {
-      state_.requested_epochs.push_back(epoch);
-      if (msg.start_epoch().first_round() > 0 || msg.start_epoch().first_step() > 0) {
-        state_.resume_points[epoch] = {msg.start_epoch().first_round(), msg.start_epoch().first_step()};
-        spdlog::info("trainer resumes epoch {} at round {}, step {}", epoch, msg.start_epoch().first_round(),
-                     msg.start_epoch().first_step());
-      }
-      requested = true;
-      spdlog::info("trainer started epoch {} (expecting {} producer(s))", epoch, state_.expected_producers);
-    }
-    state_.cv.NotifyAll();
+    requested = StartEpoch(peer, msg.start_epoch());
   }
   return requested;
 }
@@ -461,45 +457,19 @@ bool TrainerChannel::SendToSession(std::vector<zmq::message_t>& parts) {
 }
 
 void TrainerChannel::Flush() {
-  while (true) {
-    OutMessage message;
-    {
-      MutexLock lock(mu_);
-      if (out_.empty()) return;
-      if (out_.front().is_step && credits_ == 0) return;
-      message = std::move(out_.front());
-      out_.pop_front();
-    }
-    if (message.arena != nullptr && message.arena != ActiveArena()) {
+  while (std::optional<CreditQueue::Message> message = queue_.Next()) {
+    if (message->arena != nullptr && message->arena != ActiveArena()) {
       // Placed in an arena the session no longer reads (a new session, or
       // it declined): its bytes are still mapped here, they go as frames.
-      message.parts = StepToFrames(message.parts, *message.arena);
-      message.arena.reset();
+      message->parts = StepToFrames(message->parts, *message->arena);
+      message->arena.reset();
     }
-    std::vector<zmq::message_t> kept = CopyParts(message.parts);
-    if (!SendToSession(message.parts)) {
-      MutexLock lock(mu_);
-      out_.push_front(std::move(message));
+    std::vector<zmq::message_t> kept = CreditQueue::CopyParts(message->parts);
+    if (!SendToSession(message->parts)) {
+      queue_.Unsend(std::move(*message));
       return;
     }
-    if (message.is_step) {
-      --credits_;
-      ++delivered_in_epoch_;
-      in_flight_.push_back({std::move(kept), true});
-      MutexLock lock(mu_);
-      --queued_steps_;
-    } else {
-      // Control messages: an epoch summary closes the epoch's deliveries.
-      // Kept like a step: a blip may lose it, and the trainer would wait for
-      // its epoch's end forever (the client drops a summary it has).
-      delivered_in_epoch_ = 0;
-      in_flight_.push_back({std::move(kept), false});
-      if (in_flight_.size() - UnacknowledgedSteps() > kControlsKept) {
-        auto oldest =
-            std::find_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return !m.is_step; });
-        in_flight_.erase(oldest);
-      }
-    }
+    queue_.Sent(std::move(kept), message->is_step);
     state_.cv.NotifyAll();
   }
 }
@@ -518,7 +488,7 @@ std::optional<std::pair<wire::ErrorCode, std::string>> TrainerChannel::CheckLive
   return std::make_pair(wire::INTERNAL, "the trainer disconnected mid-epoch and did not come back within " +
                                             std::to_string(options_.trainer_timeout_ms) +
                                             " ms (emit.trainer_timeout_ms); " +
-                                            std::to_string(UnacknowledgedSteps()) +
+                                            std::to_string(queue_.UnacknowledgedSteps()) +
                                             " step(s) sent to it were not acknowledged");
 }
 
@@ -533,38 +503,13 @@ std::optional<std::string> TrainerChannel::SessionEnded() {
     MutexLock lock(state_.mu);
     if (state_.current_epoch.has_value() || !state_.requested_epochs.empty()) return std::nullopt;
   }
-  {
-    MutexLock lock(mu_);
-    if (!out_.empty()) return std::nullopt;
-  }
+  if (!queue_.Empty()) return std::nullopt;
   return "trainer session " + Printable(session_) + " ended between epochs and no trainer came back within " +
          std::to_string(grace.count()) + " ms (emit.exit_when_trainer_done)";
 }
 
-size_t TrainerChannel::UnacknowledgedSteps() const {
-  return static_cast<size_t>(
-      std::count_if(in_flight_.begin(), in_flight_.end(), [](const Sent& m) { return m.is_step; }));
-}
-
-void TrainerChannel::EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena) {
-  MutexLock lock(mu_);
-  out_.push_back({std::move(parts), true, std::move(arena)});
-  ++queued_steps_;
-}
-
-void TrainerChannel::EnqueueControl(std::vector<zmq::message_t>&& parts) {
-  MutexLock lock(mu_);
-  out_.push_back({std::move(parts), false, nullptr});
-}
-
 void TrainerChannel::EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) {
-  MutexLock lock(mu_);
-  out_.push_front({FatalMessage(code, message, rank), false, nullptr});
-}
-
-size_t TrainerChannel::QueuedSteps() const {
-  MutexLock lock(mu_);
-  return queued_steps_;
+  queue_.PushFront(FatalMessage(code, message, rank));
 }
 
 }  // namespace odb::emit

@@ -17,6 +17,7 @@
 #include "src/common/log_limiter.h"
 #include "src/common/mutex.h"
 #include "src/emit/connection_table.h"
+#include "src/emit/credit_queue.h"
 #include "src/emit/step_arena.h"
 #include "src/emit/step_arena_handshake.h"
 #include "src/emit/trainer_channel_options.h"
@@ -25,8 +26,10 @@
 
 namespace odb::emit {
 
-// The trainer's side of the daemon: owns the trainer socket (ROUTER), the
-// queue of encoded steps, the credit window and the trainer session.
+// The trainer's side of the daemon: owns the trainer socket (ROUTER) and the
+// trainer session; what it sends waits in its CreditQueue (the credit window,
+// and what a reconnect sends again), the connections are tracked by its
+// ConnectionTable, its log lines rate-limited by a LogLimiter.
 //
 // Session rules (docs/protocol.md):
 //  - One trainer per daemon. The first peer that talks becomes the session;
@@ -86,7 +89,7 @@ class TrainerChannel {
   int session_fd() const { return session_connection_ != 0 ? session_fd_ : -1; }
   // Messages sent to the session and not known to have arrived (steps and
   // epoch ends): what a reconnect would send again.
-  size_t unacknowledged() const { return in_flight_.size(); }
+  size_t unacknowledged() const { return queue_.Unacknowledged(); }
   // Connections of the trainer socket open as far as the monitor has told.
   size_t open_connections() const { return connections_.open(); }
   // A second peer waits while the session may be closing, then takes over
@@ -94,7 +97,7 @@ class TrainerChannel {
   // requested. Call once per loop.
   bool SettleContender();
   // Sends queued messages while credits last.
-  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  void Flush();
   // A fatal message when the session is lost past trainer_timeout_ms with an
   // epoch open, or when a new trainer asked to continue a lost epoch.
   std::optional<std::pair<wire::ErrorCode, std::string>> CheckLiveness();
@@ -103,17 +106,18 @@ class TrainerChannel {
   // left to send, nobody waiting to take over) and no trainer came back
   // within max(trainer_timeout_ms, kContenderGrace); nullopt otherwise.
   // Never before a session existed.
-  std::optional<std::string> SessionEnded() ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<std::string> SessionEnded();
 
   // `arena`: the step arena the step was placed in (PlaceStepInArena), or
   // null for frames. A step whose arena is not the session's by the time it
   // is sent goes as frames (StepToFrames).
-  void EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void EnqueueControl(std::vector<zmq::message_t>&& parts) ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueStep(std::vector<zmq::message_t>&& parts, std::shared_ptr<StepArena> arena = nullptr) {
+    queue_.PushStep(std::move(parts), std::move(arena));
+  }
+  void EnqueueControl(std::vector<zmq::message_t>&& parts) { queue_.PushControl(std::move(parts)); }
   // Ahead of every queued step: a fatal error does not wait for credits.
-  void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank) ABSL_LOCKS_EXCLUDED(mu_);
-  size_t QueuedSteps() const ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueFatal(wire::ErrorCode code, const std::string& message, int rank);
+  size_t QueuedSteps() const { return queue_.QueuedSteps(); }
   // The session's step arena once the trainer has mapped it; null while steps
   // go as frames (no session yet, a remote trainer, shm.trainer_data_plane:
   // zmq, the trainer declined). Any thread.
@@ -128,11 +132,6 @@ class TrainerChannel {
   void StopArenaServer() { arena_.Stop(); }
 
  private:
-  struct OutMessage {
-    std::vector<zmq::message_t> parts;
-    bool is_step = false;
-    std::shared_ptr<StepArena> arena;  // the step's bytes are in this arena's block
-  };
   // A new session gets a step arena of its own (StepArenaHandshake) and is
   // offered it.
   void OfferStepArena(const std::string& peer);
@@ -140,6 +139,16 @@ class TrainerChannel {
   // One trainer message from `peer` (a frame that parsed, current version)
   // that came on `connection` (ConnectionTable::OfFrame at the time it was read).
   bool Handle(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg);
+  // The session rules for that message: it opens the session (a first or a
+  // replacing trainer, acknowledged), is the session's (its connection, or a
+  // reconnect that re-sends what is unacknowledged), is the session's but
+  // late (a closed connection had left it queued: what it reports still
+  // holds, what it asks for does not), or is dropped (refused, or another
+  // peer's late message).
+  enum class Admission { kSession, kLate, kDropped };
+  Admission Admit(const std::string& peer, int fd, uint64_t connection, const wire::TrainerMessage& msg);
+  // A trainer's request for an epoch; true when it is queued.
+  bool StartEpoch(const std::string& peer, const wire::StartEpoch& request);
   bool IsOpen(int fd, uint64_t connection) const { return connections_.IsOpen(fd, connection); }
   // Counts and logs a message its closed connection had left queued.
   void NoteLate(const std::string& peer, const wire::TrainerMessage& msg, bool applied);
@@ -176,10 +185,7 @@ class TrainerChannel {
   std::string bound_;
   std::string monitor_endpoint_;
 
-  mutable Mutex mu_;
-  std::deque<OutMessage> out_ ABSL_GUARDED_BY(mu_);
-  size_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
-
+  CreditQueue queue_;
   StepArenaHandshake arena_;
 
   // I/O thread only.
@@ -188,19 +194,6 @@ class TrainerChannel {
   int session_fd_ = -1;              // its connection (from ZMQ_SRCFD)
   uint64_t session_connection_ = 0;  // that connection's serial; 0 while the session is lost
   std::optional<Clock::TimePoint> lost_since_;
-  uint64_t credits_ = 0;
-  // Sent and not known to have arrived, in the order sent: steps until a
-  // credit counts them, an epoch summary (or fatal) until a credit counts a
-  // step sent after it (ordered delivery: it arrived before that step). A
-  // reconnect re-sends them all; the client drops what it already has.
-  struct Sent {
-    std::vector<zmq::message_t> parts;
-    bool is_step = false;
-  };
-  std::deque<Sent> in_flight_;
-  static constexpr size_t kControlsKept = 16;  // summaries of empty epochs in a row, at most
-  size_t UnacknowledgedSteps() const;
-  uint64_t delivered_in_epoch_ = 0;  // steps sent since the last epoch end
   std::optional<std::pair<wire::ErrorCode, std::string>> fatal_;
   struct Contender {
     std::string peer;
