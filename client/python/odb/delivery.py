@@ -149,39 +149,3 @@ class TrailingIdleDrain:
         self._thread = None
         if self._error is not None:
             raise self._error
-
-
-
-class EpochRun:
-    """One epoch's iteration, what the loader's loop keeps between steps: its consumer, pump and indices;
-    the first step a deterministic resume trains (`skip_below`: the steps before it were trained before
-    the checkpoint); when the trainer last asked for a step; and, for the join policy, whether this rank
-    is done (:meth:`rank_done`)."""
-
-    def __init__(self, epoch: int, consumer: Any, pump: Any, indices: Any, *, join: bool, skip_below: int,
-                 progress: Any) -> None:
-        self.epoch, self.consumer, self.pump, self.indices = epoch, consumer, pump, indices
-        self.join, self.skip_below, self.progress = join, skip_below, progress
-        self.asked = time.monotonic()  # when the trainer asked for the next step (a data stall: it waits)
-        self.steps = 0  # steps seen: the daemon's samples_may_move flag is known after the first
-        self.samples_may_move = False
-        self.back = 0  # this rank's samples seen back (emitted or rejected)
-
-    def saw(self, info: Mapping[str, Any]) -> None:
-        """A step arrived: its samples_may_move flag and the samples of this rank it rejected."""
-        self.steps += 1
-        self.samples_may_move = self.samples_may_move or bool(info.get("samples_may_move"))
-        self.back += sum(1 for r in info["rejections"] if r["sample_id"] is not None)
-
-    def rank_done(self) -> bool:
-        """Join policy: once every sample this rank sent came back, the remaining steps can only be IDLE:
-        the loop ends so that DDP's join() shadows the other ranks, and TrailingIdleDrain reads the
-        trailing IDLE steps in the background. Not when the daemon's planner moves samples between
-        ranks (then this rank may still get real steps, and the loop runs to the epoch summary)."""
-        return (self.join and self.steps > 0 and not self.samples_may_move and self.pump.finished()
-                and self.back >= self.pump.sent)
-
-    def close(self) -> None:
-        self.pump.close()
-        if self.progress is not None:
-            self.progress.close()

@@ -31,9 +31,8 @@ progress line) and odb.state_codec (the state's typed fields and set codec).
 """
 from __future__ import annotations
 
-import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -42,14 +41,13 @@ from ._native import native
 from .budgets import Budgets, optimizer_steps_for
 from .consumed_log import ConsumedLog
 from .daemon import check_reachable, endpoints, env_rank, env_world_size
-from .delivery import (EpochRun, TrailingIdleDrain, check_layout, check_rejections, check_window_target,
-                       next_delivery, record_step)
+from .delivery import TrailingIdleDrain, check_layout, check_rejections, next_delivery, record_step
 from .dummy import DummyBatches
-from .encoding import IGNORE_INDEX, _to_torch
+from .encoding import IGNORE_INDEX
 from .epoch_order import EpochOrder
+from .epoch_run import EpochRun
 from .job_counters import JobCounters
-from .progress import Progress
-from .pump import _Pump, start_pump
+from .pump import _Pump
 from .resume_state import write_state
 from .stacks import check_caller_stack
 from .step import Step
@@ -65,12 +63,20 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
+T = TypeVar("T")
 
 
-def _order_attribute(name: str) -> Any:
+class _OrderAttribute(Generic[T]):
     """A loader attribute that its EpochOrder part keeps (read and set on the loader as before)."""
-    return property(lambda self: getattr(self._order, name), lambda self, value: setattr(self._order, name, value),
-                    doc=f"The loader's {name} (kept by its EpochOrder part).")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: Any, owner: Optional[type] = None) -> T:
+        return getattr(loader._order, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, loader: Any, value: T) -> None:
+        setattr(loader._order, self.name, value)
 
 
 class OdbDataLoader:
@@ -205,13 +211,13 @@ class OdbDataLoader:
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
         self.dropped_trailing_idle = 0
 
-    dataset = _order_attribute("dataset")
-    sampler = _order_attribute("sampler")
-    shuffle = _order_attribute("shuffle")
-    seed = _order_attribute("seed")
-    rank = _order_attribute("rank")
-    world_size = _order_attribute("world_size")
-    epoch = _order_attribute("epoch")
+    dataset = _OrderAttribute[Dataset]()
+    sampler = _OrderAttribute[Optional[Sampler]]()
+    shuffle = _OrderAttribute[bool]()
+    seed = _OrderAttribute[int]()
+    rank = _OrderAttribute[int]()
+    world_size = _OrderAttribute[int]()
+    epoch = _OrderAttribute[int]()
 
     @property
     def stop_at_samples(self) -> Optional[int]:
@@ -334,8 +340,9 @@ class OdbDataLoader:
         return True
 
     def __iter__(self) -> Iterator[Step]:
+        """The current epoch's steps (odb.epoch_run: the loop that combines the parts)."""
         check_caller_stack(self.idle_policy)  # refuses e.g. FSDP with idle_policy="join" (odb/stacks.py)
-        return self._epoch(self.epoch)
+        return iter(EpochRun(self, self.epoch))
 
     def _pinning(self) -> bool:
         """Whether batches are pinned: pin_memory and a CUDA device (else a warning, once)."""
@@ -346,7 +353,7 @@ class OdbDataLoader:
         if not self._pin_warned:
             self._pin_warned = True
             warnings.warn("OdbDataLoader(pin_memory=True) but no CUDA device is available: batches are not "
-                          "pinned", stacklevel=3)
+                          "pinned", stacklevel=4)  # the trainer's loop: _pinning <- take <- EpochRun
         return False
 
     @property
@@ -361,95 +368,6 @@ class OdbDataLoader:
         if self._consumer is None:
             self._consumer = native().Consumer(self.trainer_endpoint, self.poll_ms, self.data_plane)
         return self._consumer
-
-    def _epoch(self, epoch: int) -> Iterator[Step]:
-        """One epoch: the parts combined. Each delivery is a step (:meth:`_take`), the epoch's summary,
-        or None once a rank under the join policy is done (EpochRun.rank_done)."""
-        if self.budget_reached:  # the job's budget is trained: nothing more, on every rank alike
-            return
-        self.wait_epoch_end()  # a join-mode drain of the previous epoch
-        self._counters.start_epoch(epoch)
-        consumer = self._connect()
-        indices = self._order.start_epoch()
-        pump = start_pump(self.dataset, indices, epoch, self.rank, self.ingest_endpoint, lengths_fn=self.lengths_fn,
-                          send_timeout_ms=self.send_timeout_ms, progress_every=self.progress_every,
-                          data_plane=self.data_plane, loss_tokens_from=self.loss_tokens_from,
-                          ignore_index=self.ignore_index, num_workers=self.num_workers,
-                          multiprocessing_context=self.multiprocessing_context, worker_init_fn=self.worker_init_fn,
-                          seed=self.seed)
-        replay = self._order.replaying()  # a deterministic resume: from the checkpoint's round
-        consumer.start_epoch(epoch, max(self.num_workers, 1), **({} if replay is None else dict(
-            first_round=replay.round, first_step=replay.first_step)))
-        self.samples_sent, self.last_summary, self.dropped_trailing_idle, self.data_wait_s = 0, None, 0, 0.0
-        self._log.reset(epoch)
-        progress = Progress(self.rank, epoch, len(indices), stream=self.progress_stream) if self.progress else None
-        run = EpochRun(epoch, consumer, pump, indices, join=self.idle_policy == "join",
-                       skip_below=0 if replay is None else replay.next_step, progress=progress)
-        try:
-            pump.start()
-            # The token budget closes with a window: every rank stops at the same step.
-            while not self._budgets.tokens_reached(self._counters):
-                delivery = self._next(consumer, pump, run.rank_done)
-                self.samples_sent = pump.sent
-                if delivery is None:  # join: this rank is done, the rest is IDLE
-                    self._start_drain(consumer)
-                    return
-                if not delivery.is_step:
-                    self._finish_epoch(delivery.summary, 0)
-                    pump.join(timeout=self.timeout_s)
-                    pump.raise_if_failed()
-                    return
-                step = self._take(run, delivery)
-                if step is not None and not step.dummy and self._pinning():
-                    delivery = None  # the step holds page-locked copies: the received memory goes back now
-                if step is not None:
-                    yield step
-                    run.asked = time.monotonic()
-        finally:
-            run.close()
-
-    def _take(self, run: EpochRun, delivery: Any) -> Optional[Step]:
-        """A step delivered in `run`: recorded, checked, logged and counted. Returns the Step to yield (a
-        dummy one for an IDLE step), or None for a step a deterministic resume replays."""
-        info = delivery.step
-        waited = time.monotonic() - run.asked
-        self.data_wait_s += waited
-        run.consumer.report_data_wait(waited)  # rides on the next credit: odb.top names a starved rank
-        self._record(run.epoch, info, waited)
-        if run.progress is not None:
-            run.progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
-                                waited, closes_window=bool(info["closes_window"]),
-                                windowed=int(info["window_target"]) > 0)
-        self._check_rejections(info, f"step {info['step_index']}")
-        check_window_target(self.tokens_per_optimizer_step, info, self.trainer_endpoint)
-        run.saw(info)
-        # A replayed round of a deterministic resume: its steps before skip_below were trained before
-        # the checkpoint (their samples are in the state).
-        replayed = info["step_index"] < run.skip_below
-        if replayed and not info["deterministic"]:
-            raise native().OdbError(
-                "odb: the loaded state resumes a reproducible epoch (alignment.deterministic) but "
-                "the daemon does not run alignment.deterministic: start odbd with the config the "
-                "checkpoint was taken with")
-        self._log.remember(info)
-        if replayed:
-            run.back += len(info["sample_ids"])
-            return None
-        if info["idle"]:
-            # Both policies yield it: a rank still in its loop cannot tell a mid-epoch IDLE step from a
-            # trailing one, and holding it back would hang the job (the peers' real step is a DDP
-            # collective that needs this rank, and their daemons' queues fill while they wait). Join
-            # drops only what arrives after this rank is done (the loop is left, the drain reads on).
-            return self._dummy_step(info, run.indices, self._counters.count_step(info), delivery)
-        run.back += len(info["sample_ids"])
-        self._log.add_step(info, self.rank)
-        batch = _to_torch(delivery)
-        self._check_layout(batch, info)
-        if self._pinning():
-            # Page-locked copies (what torch's DataLoader does with pin_memory).
-            batch = {k: v.pin_memory() for k, v in batch.items()}
-            delivery = None
-        return Step.from_header(info, batch, _delivery=delivery, window=self._counters.count_step(info))
 
     def _check_layout(self, batch: Mapping[str, torch.Tensor], info: Any) -> None:
         self._packed_seen = "cu_seqlens" in batch
