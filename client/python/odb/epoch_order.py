@@ -4,7 +4,7 @@ loaded state counts as trained (docs/resume.md). :class:`EpochOrder` is the load
 this: the epoch, the loaded resume state and the sampler plan of the epoch being iterated."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Generic, List, Optional, Tuple, TypeVar, overload
 
 import numpy as np
 import torch
@@ -233,3 +233,26 @@ class EpochOrder:
         self.set_epoch(loaded.epoch + 1 if loaded.epoch_complete else loaded.epoch)
         self.resume = None if loaded.epoch_complete else loaded
         self.plan = None
+
+
+T = TypeVar("T")
+
+
+class OrderAttribute(Generic[T]):
+    """An attribute of OdbDataLoader that its EpochOrder part (``_order``) keeps: dataset, sampler,
+    shuffle, seed, rank, world_size and epoch, read and set on the loader as attributes."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, loader: None, owner: type) -> "OrderAttribute[T]": ...
+
+    @overload
+    def __get__(self, loader: Any, owner: Optional[type] = None) -> T: ...
+
+    def __get__(self, loader: Any, owner: Optional[type] = None) -> Any:
+        return self if loader is None else getattr(loader._order, self.name)
+
+    def __set__(self, loader: Any, value: T) -> None:
+        setattr(loader._order, self.name, value)

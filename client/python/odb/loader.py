@@ -14,25 +14,19 @@ which re-raises a worker's preprocessing exception or its death; (2) a daemon
 spawned by this process (:func:`odb.spawn_daemon`) exiting; (3) an overall
 `timeout_s` without any step.
 
-This module keeps OdbDataLoader: its settings, the epoch loop that combines its
-parts, and the checkpoint state that combines theirs (as torchdata's
-StatefulDataLoader combines its sampler's and fetcher's). The parts, each in a
-module of its own with its own state_dict where it has state:
-odb.epoch_order (EpochOrder: the epoch, its seeded order or a custom sampler's
-plan, a loaded state while its epoch resumes), odb.consumed_log (ConsumedLog:
-what the loop handed out; its state is the checkpoint's consumed set, mapped by
-odb.consumed_state), odb.job_counters (JobCounters: optimizer steps and loss
-tokens for schedules and budgets), odb.budgets, odb.dummy (IDLE steps'
-batches), odb.delivery (waiting for steps and checking them, the epoch run,
-the join policy's drain) and odb.resume_state (the checkpoint, one dataclass
-per version). Also odb.step (Step), odb.encoding (sample encoding), odb.pump
-(the workers' send stream, the pump thread, OdbWorkerError), odb.progress (the
-progress line) and odb.state_codec (the state's typed fields and set codec).
+This module keeps OdbDataLoader: its settings, and its parts combined (as
+torchdata's StatefulDataLoader combines its sampler's and iterator's states),
+each a module with its own state_dict where it has state (docs/architecture.md):
+odb.epoch_order (the epoch's order, a custom sampler's plan, a loaded state
+while its epoch resumes), odb.consumed_log (what the loop handed out: the
+checkpoint's consumed set), odb.job_counters and odb.budgets (schedules and
+budgets), odb.dummy (IDLE steps), odb.resume_state (the checkpoint, one
+dataclass per version) and odb.epoch_run (one epoch's loop, combining them).
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -44,7 +38,7 @@ from .daemon import check_reachable, endpoints, env_rank, env_world_size
 from .delivery import TrailingIdleDrain, check_layout, check_rejections, next_delivery, record_step
 from .dummy import DummyBatches
 from .encoding import IGNORE_INDEX
-from .epoch_order import EpochOrder
+from .epoch_order import EpochOrder, OrderAttribute
 from .epoch_run import EpochRun
 from .job_counters import JobCounters
 from .pump import _Pump
@@ -63,20 +57,6 @@ IDLE_POLICIES = ("zero_step", "join")
 # (shared memory with a local daemon, ZeroMQ frames otherwise), "shm" (shared
 # memory or an error), "zmq" (frames always).
 DATA_PLANES = ("auto", "shm", "zmq")
-T = TypeVar("T")
-
-
-class _OrderAttribute(Generic[T]):
-    """A loader attribute that its EpochOrder part keeps (read and set on the loader as before)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: Any, owner: Optional[type] = None) -> T:
-        return getattr(loader._order, self.name)  # type: ignore[no-any-return]
-
-    def __set__(self, loader: Any, value: T) -> None:
-        setattr(loader._order, self.name, value)
 
 
 class OdbDataLoader:
@@ -182,22 +162,22 @@ class OdbDataLoader:
         self._log = ConsumedLog()
         self._counters = JobCounters()
         eps = endpoints(self.rank, run_dir)
-        self.ingest_endpoint = ingest_endpoint or eps.ingest
-        self.trainer_endpoint = trainer_endpoint or eps.trainer
-        self.lengths_fn = lengths_fn
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.timeout_s = timeout_s
+        self.ingest_endpoint: str = ingest_endpoint or eps.ingest
+        self.trainer_endpoint: str = trainer_endpoint or eps.trainer
+        self.lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, ...]]] = lengths_fn
+        self.worker_init_fn: Optional[Callable[[int], None]] = worker_init_fn
+        self.multiprocessing_context: Any = multiprocessing_context
+        self.timeout_s: float = timeout_s
         self.poll_ms = poll_ms
-        self.send_timeout_ms = send_timeout_ms
-        self.progress_every = progress_every
+        self.send_timeout_ms: int = send_timeout_ms
+        self.progress_every: int = progress_every
         self.pin_memory = pin_memory
         self._pin_warned = False
         if progress is None:
             import sys
 
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        self.progress = progress
+        self.progress: bool = progress
         self.progress_stream: Any = None  # where the lines go (None: stderr, or tqdm)
         self.summary_dir = summary_dir
         self._dummy = DummyBatches(dataset, dummy_sample)
@@ -206,18 +186,18 @@ class OdbDataLoader:
         self._packed_seen: Optional[bool] = None  # the layout of the real steps received so far
         self._consumer: Any = None
         self.last_summary: Optional[Dict[str, Any]] = None
-        self.samples_sent = 0
-        self.data_wait_s = 0.0  # this epoch's time the trainer spent in next(loader) waiting for steps
+        self.samples_sent: int = 0
+        self.data_wait_s: float = 0.0  # this epoch's time the trainer spent in next(loader) waiting for steps
         self.late_for_closed_epoch = 0  # Non-Join: samples that arrived after their epoch closed
-        self.dropped_trailing_idle = 0
+        self.dropped_trailing_idle: int = 0
 
-    dataset = _OrderAttribute[Dataset]()
-    sampler = _OrderAttribute[Optional[Sampler]]()
-    shuffle = _OrderAttribute[bool]()
-    seed = _OrderAttribute[int]()
-    rank = _OrderAttribute[int]()
-    world_size = _OrderAttribute[int]()
-    epoch = _OrderAttribute[int]()
+    dataset = OrderAttribute[Dataset]()
+    sampler = OrderAttribute[Optional[Sampler]]()
+    shuffle = OrderAttribute[bool]()
+    seed = OrderAttribute[int]()
+    rank = OrderAttribute[int]()
+    world_size = OrderAttribute[int]()
+    epoch = OrderAttribute[int]()
 
     @property
     def stop_at_samples(self) -> Optional[int]:

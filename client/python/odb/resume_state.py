@@ -19,7 +19,7 @@ older state means), an entry in VERSIONS, STATE_VERSION bumped, and LoadedState/
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type
 
 import numpy as np
 
@@ -122,8 +122,8 @@ class StateV4(StateV3):
         return read  # type: ignore[return-value]
 
 
-VERSIONS = {cls.VERSION: cls for cls in (StateV1, StateV2, StateV3, StateV4)}
-assert max(VERSIONS) == STATE_VERSION and VERSIONS[STATE_VERSION] is StateV4
+VERSIONS: Dict[int, Type[StateV1]] = {1: StateV1, 2: StateV2, 3: StateV3, 4: StateV4}
+assert all(cls.VERSION == v for v, cls in VERSIONS.items()) and VERSIONS[STATE_VERSION] is StateV4
 
 
 def read_state(state: Any) -> StateV1:
@@ -131,7 +131,7 @@ def read_state(state: Any) -> StateV1:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise ValueError(f"not an odb loader state (format {found!r}, expected {STATE_FORMAT!r})")
-    version = state.get("version")
+    version: Any = state.get("version")
     if not is_int(version) or int(version) not in VERSIONS:
         raise ValueError(f"odb loader state version {version!r} is not supported by this odb "
                          f"(it reads versions 1 to {STATE_VERSION}); resume with the odb that wrote it")
