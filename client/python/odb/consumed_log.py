@@ -94,6 +94,11 @@ class ConsumedLog:
             seqs = np.full(ids.size, -1, dtype=np.int64)
         return ids, owners, seqs, steps
 
+    def load_state_dict(self, loaded: Any) -> None:
+        """A state was loaded: the log starts empty (what the state counts as consumed stays with the
+        order part, EpochOrder.resume, and state_dict() adds it)."""
+        self.reset(None)
+
     def state_dict(self, order: "EpochOrder", epoch: int, complete: bool) -> Dict[str, Any]:
         """The loader state's consumed part (scope, consumed, key, a custom sampler's consumed_ids and
         lists, replay): the samples of every step handed out in `epoch` (every rank's, gathered, when

@@ -303,7 +303,7 @@ class OdbDataLoader:
         loaded = self._order.read_state(state)
         self._counters.load_state_dict(loaded.job, loaded.epoch, loaded.epoch_complete)
         self._order.load_state_dict(loaded)
-        self._log.reset(None)
+        self._log.load_state_dict(loaded)
 
     # ----- iteration -----------------------------------------------------------
     def __len__(self) -> int:
