@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ._native import native
-from .delivery import check_window_target
+from .delivery import check_window_target, record_step
 from .encoding import _to_torch
 from .progress import Progress
 from .pump import start_pump
@@ -106,7 +106,7 @@ class EpochRun:
         waited = time.monotonic() - self.asked
         loader.data_wait_s += waited
         consumer.report_data_wait(waited)  # rides on the next credit: odb.top names a starved rank
-        loader._record(self.epoch, info, waited)
+        record_step(loader.summary_dir, loader.rank, self.epoch, info, waited)
         if self.progress is not None:
             self.progress.update(len(info["sample_ids"]), info["real_tokens"], info["padded_tokens"], info["idle"],
                                  waited, closes_window=bool(info["closes_window"]),

@@ -353,9 +353,6 @@ class OdbDataLoader:
         self._packed_seen = "cu_seqlens" in batch
         check_layout(self.packed, self._packed_seen, info, self.trainer_endpoint)
 
-    def _record(self, epoch: int, info: Any, wait_s: Optional[float] = None) -> None:
-        record_step(self.summary_dir, self.rank, epoch, info, wait_s)
-
     def _finish_epoch(self, summary: Dict[str, Any], dropped_idle: int) -> None:
         self.dropped_trailing_idle += dropped_idle
         self.last_summary = summary
@@ -365,7 +362,7 @@ class OdbDataLoader:
 
     def _start_drain(self, consumer: Any) -> None:
         def on_step(header: Mapping[str, Any]) -> None:
-            self._record(header["epoch"], header)
+            record_step(self.summary_dir, self.rank, header["epoch"], header)
             self._counters.count_step(header)  # its window closes on every rank: count it here too
 
         self._drain.start(lambda: self._next(consumer, None, None), on_step, self._finish_epoch, self.rank)
