@@ -59,7 +59,7 @@ def main() -> None:
         return
     data = Lengths(args.n)
     loader = OdbDataLoader(data, shuffle=True, seed=1, rank=0, world_size=1, run_dir="/tmp/odb-bench-unused")
-    order = loader._global_order()
+    order = loader._order.global_order()
     k = int(args.n * args.consumed)
     rng = np.random.default_rng(0)
     extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)
@@ -87,10 +87,7 @@ def sampler_bench(args: argparse.Namespace) -> None:
     mine = rng.integers(0, args.n, size=args.n).astype(np.int64)  # with replacement: repeats
     loader = OdbDataLoader(data, sampler=mine, rank=0, world_size=1, run_dir="/tmp/odb-bench-unused")
     c0 = time.process_time()
-    if hasattr(loader, "_sampler_plan"):  # what the epoch's start does: one draw of the list
-        loader._plan = loader._sampler_plan()
-    else:
-        loader.indices()
+    loader._order.start_epoch()  # what the epoch's start does: one draw of the list
     c1 = time.process_time()
     k = int(args.n * args.consumed)
     extra = rng.choice(np.arange(k, args.n), size=min(args.scatter, args.n - k), replace=False)

@@ -169,7 +169,7 @@ def test_a_resume_at_another_world_size_does_not_continue_the_states_round() -> 
     second._log.add(mine, step=0)
     second._log.last_step = (0, 0, 0, 3, True)  # the new run's round 0
     again = second.state_dict()
-    order = second._global_order().tolist()
+    order = second._order.global_order().tolist()
     assert sorted(expand_ints(again["replay"]["round_consumed"]).tolist()) == sorted(order.index(i) for i in mine)
 
 

@@ -29,7 +29,7 @@ def _state(sampler: "list | None") -> dict:
     if sampler is None:
         loader._log.add(loader.indices()[:10], step=0)
     else:
-        loader._plan = loader._sampler_plan()
+        loader._order.start_epoch()
         loader._log.add([0, 3], owners=np.zeros(2, dtype=np.int64), seqs=[0, 1], step=0)
     loader._log.last_step = (0, 0, 0, 3, True)
     loader._counters.completed_epoch = {"epoch": 0, "optimizer_steps": 4, "loss_tokens": 100}

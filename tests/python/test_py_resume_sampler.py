@@ -225,8 +225,8 @@ def _taken(loader: "odb.OdbDataLoader", ids: list, seqs: "list | None" = None) -
     older than Step.seqs), -1 for each."""
     import numpy as np
 
-    if loader._plan is None:
-        loader._plan = loader._sampler_plan()
+    if loader._order.plan is None:
+        loader._order.start_epoch()
     if loader._log.epoch != loader.epoch:
         loader._log.reset(loader.epoch)
     loader._log.add(ids, owners=np.full(len(ids), loader.rank, dtype=np.int64), seqs=seqs)
@@ -244,7 +244,7 @@ def test_state_by_position_counts_each_copy_once_and_chains() -> None:
     second = _loader(LIST)
     second.load_state_dict(state)
     assert Counter(second.indices()) + Counter([0, 3, 0]) == Counter(LIST)
-    second._plan = second._sampler_plan()
+    second._order.start_epoch()
     _taken(second, [0, 1])  # a second run: its copies take the free positions left after the first's
     third = _loader(LIST)
     third.load_state_dict(second.state_dict())
@@ -266,7 +266,7 @@ def test_a_state_of_odb_3_keyed_by_index_still_loads_with_its_meaning() -> None:
     loader = _loader(LIST)
     loader.load_state_dict(state)
     assert loader.indices() == [1, 7, 2, 5]
-    loader._plan = loader._sampler_plan()
+    loader._order.start_epoch()
     _taken(loader, [7])
     again = loader.state_dict()
     assert again["key"] == "rank_position" and again["consumed"] == [{"cursor": 3, "extra": [4, 5, 6, 7, 9, 10]}]
@@ -348,7 +348,7 @@ def test_steps_with_seqs_key_the_exact_copy_and_the_replay_stays_exact() -> None
     assert resumed.indices() == [0, 1, 0, 3, 7, 0, 2, 0, 3, 5]
     # The resumed run's seqs index its own sent list (positions 0, 3, 4, 5, ...): seq 0 is position 0,
     # seq 3 position 5 (the second copy of 3).
-    resumed._plan = resumed._sampler_plan()
+    resumed._order.start_epoch()
     resumed._log.reset(resumed.epoch)
     _taken(resumed, [0, 3], seqs=[0, 3])
     again = resumed.state_dict()

@@ -199,7 +199,7 @@ def test_sample_budget_trains_exactly_that_many_across_a_kill(tmp_path, job_id) 
     order = odb.OdbDataLoader(_corpus(), shuffle=True, seed=11, rank=0, world_size=2,
                               ingest_endpoint="ipc:///nonexistent", trainer_endpoint="ipc:///nonexistent")
     order.set_epoch(1)
-    assert epoch1 == sorted(order._global_order()[:budget - N].tolist()), "the epoch order's first samples"
+    assert epoch1 == sorted(order._order.global_order()[:budget - N].tolist()), "the epoch order's first samples"
     assert a["budget_reached"] and b["budget_reached"]
     assert a["per_epoch"][0]["epoch"] == 1 and a["per_epoch"][0]["budget_reached"], "said once the cut epoch ended"
     assert {s["epoch"] for r in (a, b) for s in r["steps"]} == {1}

@@ -1,13 +1,20 @@
 """What the loader has handed out in the current epoch, for its checkpoint (docs/resume.md): the sample
 ids of every real step yielded, the rank whose list each came from, each one's seq (its index among the
 positions its owner rank sent) and the step index, plus the last step of any kind (for a reproducible
-epoch's replay point). A part of OdbDataLoader with its own state; the loader's state_dict() maps it to
-positions."""
+epoch's replay point). A part of OdbDataLoader with its own state: its state_dict() is the loader state's
+consumed part, the samples as keys of the epoch's order (odb.consumed_state), all ranks' when
+torch.distributed is initialized."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+import torch
+
+from .consumed_state import Trained, position_consumed, sampler_consumed
+
+if TYPE_CHECKING:
+    from .epoch_order import EpochOrder
 
 
 def step_seqs(info: Mapping[str, Any], n: int) -> np.ndarray:
@@ -86,3 +93,40 @@ class ConsumedLog:
         if seqs.size != ids.size:  # steps recorded without seqs: every seq unknown
             seqs = np.full(ids.size, -1, dtype=np.int64)
         return ids, owners, seqs, steps
+
+    def load_state_dict(self, loaded: Any) -> None:
+        """A state was loaded: the log starts empty (what the state counts as consumed stays with the
+        order part, EpochOrder.resume, and state_dict() adds it)."""
+        self.reset(None)
+
+    def state_dict(self, order: "EpochOrder", epoch: int, complete: bool) -> Dict[str, Any]:
+        """The loader state's consumed part (scope, consumed, key, a custom sampler's consumed_ids and
+        lists, replay): the samples of every step handed out in `epoch` (every rank's, gathered, when
+        torch.distributed is initialized), with what a state loaded into `order` counted before, as keys
+        of `order`'s epoch. `complete`: the epoch's summary came (no replay entry then)."""
+        ids, owners, seqs, steps = self.arrays()
+        replay, first = self.replay_point(epoch)
+        loaded = order.resuming(epoch)
+        resumed = order.replaying() if epoch == order.epoch else None
+        # The loaded state's round goes on only when this run replayed it (same world size): a resume at
+        # another world size numbers its rounds from 0 again, and its round R is not the state's.
+        loaded_in_round = (first is not None and replay is not None and resumed is not None
+                           and resumed.round == replay["round"])
+        in_round = steps >= first if first is not None else np.zeros(ids.size, dtype=bool)
+        world = order.world_size
+        gathering = world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        trained = Trained(ids, owners, seqs, in_round, order.rank, world, len(order.dataset), epoch)
+        if order.sampler is None:
+            if epoch != order.epoch:
+                raise RuntimeError("odb: state_dict() after set_epoch() moved to another epoch; take it "
+                                   "before set_epoch()")
+            key, consumed, round_consumed, extra, _ = position_consumed(order.positions(epoch), trained, loaded,
+                                                                        loaded_in_round, gathering)
+        else:
+            key, consumed, round_consumed, extra, exact_replay = sampler_consumed(
+                order.plan_of(epoch), trained, loaded, loaded_in_round, replay is not None, gathering)
+            if not exact_replay:
+                replay = None  # the resume is the ordinary exactly-once one (docs/resume.md)
+        return {"scope": "all_ranks" if gathering or world == 1 else "this_rank", "consumed": consumed, "key": key,
+                **extra, "replay": (None if replay is None or complete else
+                                    dict(replay, world_size=int(world), round_consumed=round_consumed))}

@@ -41,7 +41,7 @@ def position_consumed(position: np.ndarray, trained: Trained, loaded: Optional[L
     round_keys = keys[trained.in_round]
     if loaded_in_round:
         assert loaded is not None and loaded.replay is not None
-        round_keys = np.concatenate([round_keys, loaded.replay["in_round"]])  # skipped at the resume
+        round_keys = np.concatenate([round_keys, loaded.replay.in_round])  # skipped at the resume
     if loaded is not None:
         keys = np.concatenate([keys, loaded.keys])
     if gathering:
@@ -97,7 +97,7 @@ def sampler_consumed(plan: Optional[SamplerPlan], trained: Trained, loaded: Opti
     loaded_round = np.zeros(0, dtype=np.int64)
     if loaded_in_round:
         assert loaded is not None and loaded.replay is not None
-        loaded_round = consumed_positions(loaded, plan.full, loaded.replay["in_round"], plan.fingerprint,
+        loaded_round = consumed_positions(loaded, plan.full, loaded.replay.in_round, plan.fingerprint,
                                           rank=t.rank, world_size=world, epoch=t.epoch)
     if not (seqs[mine] < 0).any():
         mine_state = _by_seq(plan, t, ids, mine, in_round, seqs, loaded_round)

@@ -1,14 +1,16 @@
 """Which samples a rank sends in an epoch: the seeded order of the whole dataset and this rank's share
 of it (no sampler), or a custom sampler's list and its positions (:class:`SamplerPlan`), less what a
-loaded state counts as trained (docs/resume.md)."""
+loaded state counts as trained (docs/resume.md). :class:`EpochOrder` is the loader's part that keeps
+this: the epoch, the loaded resume state and the sampler plan of the epoch being iterated."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Generic, List, Optional, Tuple, TypeVar, overload
 
 import numpy as np
 import torch
 
-from .resume_state import LoadedState
+from .budgets import Budgets
+from .resume_state import LoadedState, Replay, parse_state
 from .state_codec import decode_rank_positions, list_fingerprint
 
 
@@ -94,7 +96,7 @@ def rank_indices(order: np.ndarray, rank: int, world_size: int, limit: Optional[
     uninterrupted run, less what the rounds before the checkpoint's round took."""
     if replaying:
         assert loaded is not None and loaded.replay is not None
-        done = loaded.replay["before_round"]  # keys consumed in rounds before the replayed one
+        done = loaded.replay.before_round  # keys consumed in rounds before the replayed one
         positions = np.arange(order.size, dtype=np.int64)[rank::world_size]
         if limit is not None:
             positions = positions[positions < limit]
@@ -126,8 +128,131 @@ def sampler_plan(full: np.ndarray, epoch: int, rank: int, world_size: int, limit
         dropped = consumed
         if replaying:
             assert loaded.replay is not None
-            dropped = consumed_positions(loaded, full, loaded.replay["before_round"], fingerprint, rank=rank,
+            dropped = consumed_positions(loaded, full, loaded.replay.before_round, fingerprint, rank=rank,
                                          world_size=world_size, epoch=epoch)
     keep = np.ones(send, dtype=bool)
     keep[dropped[dropped < send]] = False
     return SamplerPlan(epoch, full, np.flatnonzero(keep), consumed, fingerprint)
+
+
+class EpochOrder:
+    """The loader's epoch order and sampler plan, a part with its own state: the epoch; the loaded
+    state while its epoch resumes (what it counts as consumed, and for a reproducible epoch where it
+    replays); this rank's custom-sampler list of the epoch being iterated (:class:`SamplerPlan`). Its
+    state_dict() is what fixes the order (a state of another order is refused at load)."""
+
+    def __init__(self, dataset: Any, sampler: Any, shuffle: bool, seed: int, rank: int, world_size: int,
+                 budgets: Budgets) -> None:
+        self.dataset, self.sampler, self.shuffle, self.seed = dataset, sampler, shuffle, seed
+        self.rank, self.world_size, self.budgets = rank, world_size, budgets
+        self.epoch = 0
+        self.resume: Optional[LoadedState] = None  # a loaded state whose epoch resumes
+        self.plan: Optional[SamplerPlan] = None  # custom sampler: the list of the epoch being iterated
+        self._positions: Optional[Tuple[int, np.ndarray]] = None  # (epoch, dataset index -> position)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+
+    def samples_per_epoch(self) -> int:
+        """The samples of one epoch over all ranks: len(dataset), or with a sampler its length x world size."""
+        if self.sampler is None:
+            return len(self.dataset)
+        try:
+            n = len(self.sampler)
+        except TypeError:
+            n = sum(1 for _ in self.sampler)
+        return int(n) * self.world_size
+
+    def sample_limit(self, epoch: int) -> Optional[int]:
+        """stop_at_samples: how many of the epoch's samples (its order's first) the job still trains."""
+        return self.budgets.sample_limit(epoch, self.samples_per_epoch()) if self.budgets.stop_at_samples else None
+
+    def global_order(self) -> np.ndarray:
+        """Every index of the epoch in its (seeded) order, before the rank split."""
+        return global_order(len(self.dataset), self.shuffle, self.seed, self.epoch)
+
+    def positions(self, epoch: int) -> np.ndarray:
+        """Each dataset index's position in the epoch's order (one O(n) pass per epoch, then reused)."""
+        if self._positions is None or self._positions[0] != epoch:
+            order = self.global_order()
+            position = np.empty(order.size, dtype=np.int64)
+            position[order] = np.arange(order.size, dtype=np.int64)
+            self._positions = (epoch, position)
+        return self._positions[1]
+
+    def resuming(self, epoch: int) -> Optional[LoadedState]:
+        """The loaded state when `epoch` is the one it resumes."""
+        return self.resume if self.resume is not None and self.resume.epoch == epoch else None
+
+    def replaying(self) -> Optional[Replay]:
+        """The replay entry when a deterministic state is loaded for this epoch at the same world size:
+        the epoch resumes at the round of its checkpoint, step for step."""
+        loaded = self.resuming(self.epoch)
+        if (loaded is None or loaded.replay is None or loaded.replay.world_size != self.world_size
+                or (loaded.key == "rank_position" and loaded.lists != self.world_size)):
+            return None
+        return loaded.replay
+
+    def draw(self) -> SamplerPlan:
+        """This rank's custom-sampler list for the epoch (one draw of the sampler) and what of it is sent."""
+        full = np.asarray([int(i) for i in self.sampler], dtype=np.int64)
+        return sampler_plan(full, self.epoch, self.rank, self.world_size, self.sample_limit(self.epoch),
+                            self.resuming(self.epoch), self.replaying() is not None)
+
+    def indices(self) -> List[int]:
+        """The sample indices this rank sends in the current epoch (OdbDataLoader.indices)."""
+        if self.sampler is not None:
+            plan = self.draw()
+            return plan.full[plan.sent].tolist()
+        return rank_indices(self.global_order(), self.rank, self.world_size, self.sample_limit(self.epoch),
+                            self.resuming(self.epoch), self.replaying() is not None).tolist()
+
+    def start_epoch(self) -> List[int]:
+        """The current epoch's iteration begins: the indices it sends (a custom sampler is drawn once: what
+        is sent, and what state_dict() maps positions in)."""
+        self.plan = self.draw() if self.sampler is not None else None
+        return self.plan.full[self.plan.sent].tolist() if self.plan is not None else self.indices()
+
+    def plan_of(self, epoch: int) -> Optional[SamplerPlan]:
+        """The sampler plan of `epoch` when it is the one iterated (None: not iterated since a load)."""
+        return self.plan if self.plan is not None and self.plan.epoch == epoch else None
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What fixes the epoch's order (a loader state's seed, shuffle, custom_sampler, dataset_len, world_size)."""
+        return {"seed": int(self.seed), "shuffle": bool(self.shuffle), "custom_sampler": self.sampler is not None,
+                "dataset_len": len(self.dataset), "world_size": int(self.world_size)}
+
+    def read_state(self, state: Any) -> LoadedState:
+        """A loader state checked against this order (parse_state); nothing applied yet."""
+        return parse_state(state, self.state_dict())
+
+    def load_state_dict(self, loaded: LoadedState) -> None:
+        """Applies a loaded state: its epoch resumes, or the next one starts when it had ended."""
+        self.set_epoch(loaded.epoch + 1 if loaded.epoch_complete else loaded.epoch)
+        self.resume = None if loaded.epoch_complete else loaded
+        self.plan = None
+
+
+T = TypeVar("T")
+
+
+class OrderAttribute(Generic[T]):
+    """An attribute of OdbDataLoader that its EpochOrder part (``_order``) keeps: dataset, sampler,
+    shuffle, seed, rank, world_size and epoch, read and set on the loader as attributes."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, loader: None, owner: type) -> "OrderAttribute[T]": ...
+
+    @overload
+    def __get__(self, loader: Any, owner: Optional[type] = None) -> T: ...
+
+    def __get__(self, loader: Any, owner: Optional[type] = None) -> Any:
+        return self if loader is None else getattr(loader._order, self.name)
+
+    def __set__(self, loader: Any, value: T) -> None:
+        setattr(loader._order, self.name, value)

@@ -5,11 +5,10 @@ global fields, so every rank counts the same. A part of OdbDataLoader with its o
 (``state_dict()["job"]`` of the loader's checkpoint)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
-import numpy as np
-
-from .state_codec import check_int
+from .state_codec import flag, integer, optional, read_fields, state_field
 
 
 class JobCounters:
@@ -68,36 +67,55 @@ class JobCounters:
                 "completed_epoch": None if self.completed_epoch is None else dict(self.completed_epoch)}
 
     def load_state_dict(self, job: Any, epoch: int, epoch_complete: bool) -> None:
-        """Restores the counters of a loader state's "job" entry (absent before state version 3: zeros);
-        `epoch`/`epoch_complete`: the state's. ValueError naming the field on anything malformed."""
-        job = job or {}
-        try:
-            if not isinstance(job, Mapping):
-                raise TypeError(f"a mapping, got {type(job).__name__}")
-            counters = {k: check_int(job.get(k, 0), f"job.{k}", None)
-                        for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps", "epoch_loss_tokens")}
-            job_epoch = None if job.get("epoch") is None else check_int(job["epoch"], "job.epoch", 0)
-            if not isinstance(job.get("epoch_from_start", False), (bool, np.bool_)):
-                raise TypeError(f"job.epoch_from_start must be true or false, got {job['epoch_from_start']!r}")
-            completed = job.get("completed_epoch")
-            if completed is not None and not isinstance(completed, Mapping):
-                raise TypeError(f"job.completed_epoch must be a mapping or null, got {completed!r}")
-            if completed is not None:
-                completed = {k: check_int(completed[k], f"job.completed_epoch.{k}", 0)
-                             for k in ("epoch", "optimizer_steps", "loss_tokens")}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
-        if min(counters.values()) < 0:
-            raise ValueError(f"odb loader state: negative job counters {counters}")
-        self.optimizer_steps = counters["optimizer_steps"]
-        self.loss_tokens = counters["loss_tokens"]
-        self.completed_epoch = completed
+        """Restores the counters of a loader state's "job" entry (a :class:`JobState`, or what
+        state_dict() wrote: read_job checks it; absent before state version 3: zeros);
+        `epoch`/`epoch_complete`: the state's."""
+        state = job if isinstance(job, JobState) else read_job(job, "job")
+        self.optimizer_steps, self.loss_tokens = state.optimizer_steps, state.loss_tokens
+        self.completed_epoch = None if state.completed_epoch is None else dataclasses.asdict(state.completed_epoch)
         self.epoch, self.epoch_windows, self.epoch_window_tokens = None, 0, 0
         self.epoch_from_start, self.resumed = False, False
-        if not epoch_complete and job_epoch == epoch:
+        if not epoch_complete and state.epoch == epoch:
             # The epoch resumes: its windows so far count on (the window index continues after them).
             self.epoch = epoch
-            self.epoch_windows = counters["epoch_optimizer_steps"]
-            self.epoch_window_tokens = counters["epoch_loss_tokens"]
-            self.epoch_from_start = bool(job.get("epoch_from_start", False))
+            self.epoch_windows = state.epoch_optimizer_steps
+            self.epoch_window_tokens = state.epoch_loss_tokens
+            self.epoch_from_start = state.epoch_from_start
             self.resumed = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletedEpoch:
+    """The last epoch seen whole (``job.completed_epoch`` of a state)."""
+
+    epoch: int = state_field(integer(0))
+    optimizer_steps: int = state_field(integer(0))
+    loss_tokens: int = state_field(integer(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    """A state's "job" entry (state version 3 on; :meth:`JobCounters.state_dict` writes it). A counter
+    it lacks is 0."""
+
+    optimizer_steps: int = state_field(integer(), 0)
+    loss_tokens: int = state_field(integer(), 0)
+    epoch: Optional[int] = state_field(optional(integer(0)), None)  # the epoch the epoch_* counters are of
+    epoch_optimizer_steps: int = state_field(integer(), 0)
+    epoch_loss_tokens: int = state_field(integer(), 0)
+    epoch_from_start: bool = state_field(flag, False)
+    completed_epoch: Optional[CompletedEpoch] = state_field(
+        optional(lambda value, name: read_fields(CompletedEpoch, value, name + ".")), None)
+
+
+def read_job(job: Any, name: str) -> JobState:
+    """A state's "job" entry checked (null or absent: zeros); ValueError naming the field otherwise."""
+    try:
+        state = read_fields(JobState, job or {}, name + ".")
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"odb loader state: malformed job counters ({e!r})") from None
+    counters = {k: getattr(state, k) for k in ("optimizer_steps", "loss_tokens", "epoch_optimizer_steps",
+                                              "epoch_loss_tokens")}
+    if min(counters.values()) < 0:
+        raise ValueError(f"odb loader state: negative job counters {counters}")
+    return state

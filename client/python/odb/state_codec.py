@@ -1,18 +1,21 @@
 """The loader's checkpoint state codec (docs/resume.md): the format tag and version that
-OdbDataLoader.state_dict writes and load_state_dict checks, and the compact encoding of an epoch's
+OdbDataLoader.state_dict writes and load_state_dict checks, the typed fields its versions' dataclasses
+are read with (:func:`state_field`, :func:`read_fields`), and the compact encoding of an epoch's
 consumed sample positions."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Type, TypeVar
 
 import numpy as np
 
 # The loader's checkpoint state (docs/resume.md). Bump on any change that an
 # older reader would misread; load_state_dict refuses other versions.
 STATE_FORMAT = "odb.OdbDataLoader"
-# 2 adds "replay" (alignment.deterministic), 3 "job" (budgets, schedules), 4 the custom sampler's key
-# "rank_position" (positions in each rank's list, so a repeated index counts once per position); 1 to 3
-# still load, with their meaning (a custom sampler's "id" key: every position of a consumed index).
+# One dataclass per version in odb.resume_state (StateV1 to StateV4): 2 adds "replay"
+# (alignment.deterministic), 3 "job" (budgets, schedules), 4 the custom sampler's key "rank_position"
+# (positions in each rank's list, so a repeated index counts once per position); 1 to 3 still load, with
+# their meaning (a custom sampler's "id" key: every position of a consumed index).
 STATE_VERSION = 4
 
 
@@ -50,6 +53,59 @@ def check_int(value: Any, name: str, minimum: "int | None") -> int:
     if minimum is not None and int(value) < minimum:
         raise ValueError(f"odb loader state: {name} is {int(value)}, below {minimum}")
     return int(value)
+
+
+# A field's check: (value, the field's name in the state) -> the value read; ValueError naming the field.
+Check = Callable[[Any, str], Any]
+T = TypeVar("T")
+
+
+def integer(minimum: "int | None" = None) -> Check:
+    """An integer field (check_int), at least `minimum`."""
+    return lambda value, name: check_int(value, name, minimum)
+
+
+def flag(value: Any, name: str) -> bool:
+    """A true/false field: bool or numpy bool only (bool("false") would be True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"odb loader state: {name} must be true or false, got {value!r}")
+    return bool(value)
+
+
+def text(value: Any, name: str) -> str:
+    """A string field."""
+    if not isinstance(value, str):
+        raise ValueError(f"odb loader state: {name} must be a string, got {value!r}")
+    return value
+
+
+def anything(value: Any, name: str) -> Any:
+    """A field read as it is (a consumed set: checked against the loader that loads it)."""
+    return value
+
+
+def optional(check: Check) -> Check:
+    """`check`, or null."""
+    return lambda value, name: None if value is None else check(value, name)
+
+
+def state_field(check: Check, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field of a state read by :func:`read_fields`: its check, and its value when the state
+    lacks it (no default: the state must have it)."""
+    return dataclasses.field(default=default, metadata={"check": check})
+
+
+def read_fields(cls: Type[T], state: Any, prefix: str = "") -> T:
+    """`state` (a mapping) read as dataclass `cls`: every field declared with :func:`state_field` present
+    (or defaulted) and passing its check; keys `cls` does not declare are ignored. ValueError naming the
+    field (with `prefix`, e.g. "replay.") otherwise."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"odb loader state: {prefix.rstrip('.')} must be a mapping, got {type(state).__name__}")
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    missing = [prefix + f.name for f in fields if f.name not in state and f.default is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"odb loader state is truncated: missing {missing}")
+    return cls(**{f.name: f.metadata["check"](state[f.name], prefix + f.name) for f in fields if f.name in state})
 
 
 def packed_top(packed: Any) -> "int | None":
