@@ -116,7 +116,7 @@ std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, con
 
 absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
                                                int32_t& rank) {
-  peer::RoundSummary p;
+  thread_local peer::RoundSummary p;  // reused, as in DecodeRankRound
   if (absl::Status s = ParsePeerMessage(bytes, "round summary", p); !s.ok()) return s;
   if (p.flags() > 7) return absl::DataLossError("round summary: unknown flag bits " + std::to_string(p.flags()));
   epoch = p.epoch();
@@ -151,7 +151,7 @@ std::string EncodeRankTotals(uint32_t epoch, uint64_t round, int32_t rank, const
 }
 
 absl::StatusOr<RankTotalsMessage> DecodeRankTotals(std::string_view bytes) {
-  peer::RankTotals p;
+  thread_local peer::RankTotals p;  // reused, as in DecodeRankRound
   if (absl::Status s = ParsePeerMessage(bytes, "token totals", p); !s.ok()) return s;
   if (p.loss_tokens_size() != p.real_tokens_size()) {
     return absl::DataLossError("token totals: " + std::to_string(p.loss_tokens_size()) + " loss counts but " +

@@ -5,6 +5,11 @@ namespace internal {
 
 absl::Status CheckPeerMessage(std::string_view bytes, std::string_view what, bool parsed, uint32_t version,
                               bool unknown_fields) {
+  // The version field (number 15, varint: tag 0x78) is the last one written.
+  constexpr char kVersionTag = 0x78;
+  const bool ends_with_version = bytes.size() >= 2 && bytes[bytes.size() - 2] == kVersionTag &&
+                                 static_cast<uint8_t>(bytes.back()) == kPeerProtocolVersion;
+  if (parsed && version == kPeerProtocolVersion && ends_with_version && !unknown_fields) return absl::OkStatus();
   const std::string name(what);
   const std::string size = std::to_string(bytes.size()) + " bytes";
   if (!parsed) {
@@ -13,24 +18,18 @@ absl::Status CheckPeerMessage(std::string_view bytes, std::string_view what, boo
   }
   if (version == 0) {
     return absl::DataLossError(name + ": no protocol version at its end (" + size +
-                                   ": truncated, or not an odb peer message)");
+                               ": truncated, or not an odb peer message)");
   }
   if (version != kPeerProtocolVersion) {
     return absl::FailedPreconditionError(name + ": peer protocol version " + std::to_string(version) +
                                          ", this build speaks " + std::to_string(kPeerProtocolVersion) +
                                          " (all daemons of a job must run the same odb version)");
   }
-  // The version field (number 15, varint: tag 0x78) is the last one written.
-  constexpr char kVersionTag = 0x78;
-  if (bytes.size() < 2 || bytes[bytes.size() - 2] != kVersionTag ||
-      static_cast<uint8_t>(bytes.back()) != kPeerProtocolVersion) {
+  if (!ends_with_version) {
     return absl::DataLossError(name + ": " + size + " that do not end with its version (bytes after it?)");
   }
-  if (unknown_fields) {
-    return absl::DataLossError(name + ": fields this build does not know (" + size +
-                                   "; is every daemon of the job the same odbd?)");
-  }
-  return absl::OkStatus();
+  return absl::DataLossError(name + ": fields this build does not know (" + size +
+                             "; is every daemon of the job the same odbd?)");
 }
 
 }  // namespace internal
