@@ -45,13 +45,19 @@ int Run(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
-    if (a == "--world") world = std::atoi(v);
-    else if (a == "--block") block = std::atoi(v);
-    else if (a == "--reps") reps = std::atoi(v);
-    else if (a == "--window") window = static_cast<uint32_t>(std::atoi(v));
-    else if (a == "--steps") steps = std::atoi(v);
-    else if (a == "--preset") preset = v;
-    else {
+    if (a == "--world") {
+      world = std::atoi(v);
+    } else if (a == "--block") {
+      block = std::atoi(v);
+    } else if (a == "--reps") {
+      reps = std::atoi(v);
+    } else if (a == "--window") {
+      window = static_cast<uint32_t>(std::atoi(v));
+    } else if (a == "--steps") {
+      steps = std::atoi(v);
+    } else if (a == "--preset") {
+      preset = v;
+    } else {
       std::fprintf(stderr, "peer_codec_bench: unknown flag %s\n", a.c_str());
       return 2;
     }
@@ -131,8 +137,8 @@ int Run(int argc, char** argv) {
       "\"recv_bytes_per_round\": %.0f, \"block_encode_ms\": %.3f, \"block_decode_ms\": %.3f, "
       "\"summaries_encode_ms\": %.3f, \"summaries_decode_ms\": %.3f}}\n",
       world, block, window, steps, reps, preset.c_str(), static_cast<double>(c_bytes) / block,
-      static_cast<double>(c_sbytes) / world, c_tot, recv(c_bytes, c_sbytes, c_tot), Median(c_enc), Median(c_dec),
-      Median(c_senc), Median(c_sdec));
+      static_cast<double>(c_sbytes) / world, c_tot, recv(c_bytes, c_sbytes, c_tot), Median(c_enc),
+      Median(c_dec), Median(c_senc), Median(c_sdec));
   return 0;
 }
 

@@ -390,13 +390,13 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
     last_received_bytes_ += g.size();
     auto totals = DecodeRankTotals(g);
     if (!totals.ok()) return failed(totals.status(), "token totals of rank " + std::to_string(r));
-    if (totals->epoch != *epoch_ || totals->round != round_ || totals->rank != r || totals->loss.size() != t) {
-      return absl::FailedPreconditionError(where + "token totals of rank " + std::to_string(r) +
-                                           " do not match this round (it sent rank " + std::to_string(totals->rank) +
-                                           " epoch " + std::to_string(totals->epoch) + " round " +
-                                           std::to_string(totals->round) + " and planned " +
-                                           std::to_string(totals->loss.size()) + " steps, this rank " +
-                                           std::to_string(t) + ")");
+    if (totals->epoch != *epoch_ || totals->round != round_ || totals->rank != r ||
+        totals->loss.size() != t) {
+      return absl::FailedPreconditionError(
+          where + "token totals of rank " + std::to_string(r) + " do not match this round (it sent rank " +
+          std::to_string(totals->rank) + " epoch " + std::to_string(totals->epoch) + " round " +
+          std::to_string(totals->round) + " and planned " + std::to_string(totals->loss.size()) +
+          " steps, this rank " + std::to_string(t) + ")");
     }
     for (uint32_t k = 0; k < t; ++k) {
       loss_total[k] += totals->loss[k];

@@ -59,7 +59,8 @@ std::string Seconds(std::chrono::milliseconds ms) {
 // A rank's failure report in the store (peer.proto FailureReport).
 struct FailureReport {
   bool timed_out = false;
-  std::chrono::milliseconds stopped{0};  // how long this process did not run, 0 unless that explains the failure
+  // How long this process did not run, 0 unless that explains the failure.
+  std::chrono::milliseconds stopped{0};
 };
 
 std::string EncodeReport(const FailureReport& r) {
@@ -195,7 +196,8 @@ std::string GlooPeerGroup::PeerCause(int rank_here) {
     root.wait({key}, std::chrono::milliseconds(1));
     const std::vector<char> bytes = root.get(key);
     peer::FailureCause message;
-    if (absl::Status s = ParsePeerMessage(std::string_view(bytes.data(), bytes.size()), "failure cause", message);
+    if (absl::Status s =
+            ParsePeerMessage(std::string_view(bytes.data(), bytes.size()), "failure cause", message);
         !s.ok()) {
       return "a cause this rank cannot read (" + std::string(s.message()) + ")";
     }
@@ -380,8 +382,8 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
            (caused.size() > 1 ? " (rank " + RankList(caused) + " reported causes of their own)" : "");
   }
   if (!unreadable.empty()) {
-    return "rank " + std::to_string(unreadable.begin()->first) + " left a failure report this rank cannot read (" +
-           unreadable.begin()->second + ")";
+    return "rank " + std::to_string(unreadable.begin()->first) +
+           " left a failure report this rank cannot read (" + unreadable.begin()->second + ")";
   }
   std::vector<int> timed_out_peers, stopped_peers;
   for (const auto& [r, report] : reports) {
@@ -634,7 +636,8 @@ absl::StatusOr<std::unique_ptr<PeerGroup>> GlooPeerGroup::Split(int color) {
   peer::SplitColor mine;
   mine.set_color(color);
   auto gathered = AllGather(EncodePeerMessage(mine));
-  if (!gathered.ok()) return absl::Status(gathered.status().code(), me + std::string(gathered.status().message()));
+  if (!gathered.ok())
+    return absl::Status(gathered.status().code(), me + std::string(gathered.status().message()));
   std::vector<int32_t> colors(options_.world_size);
   int new_rank = -1;
   int new_size = 0;

@@ -95,14 +95,16 @@ absl::Status CheckHellos(const std::vector<std::string>& hellos) {
       continue;
     }
     uint32_t version = 0;
-    for (int i = 0; i < 4; ++i) version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + i])) << (8 * i);
     if (version != kPeerProtocolVersion) {
       add("rank " + std::to_string(r) + " speaks peer protocol " + std::to_string(version) + ", this rank " +
           std::to_string(kPeerProtocolVersion) + " (every daemon of a job must run the same odb version)");
       continue;
     }
     peer::Hello p;
-    if (absl::Status s = ParsePeerMessage(std::string_view(bytes).substr(kPrefixBytes), "hello", p); !s.ok()) {
+    if (absl::Status s = ParsePeerMessage(std::string_view(bytes).substr(kPrefixBytes), "hello", p);
+        !s.ok()) {
       add("rank " + std::to_string(r) + " sent a malformed hello (" + std::string(s.message()) + ")");
       continue;
     }

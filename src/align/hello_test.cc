@@ -38,8 +38,8 @@ TEST_CASE("protocol version, world size and garbage are refused", "[hello]") {
   const HelloFields f = AlignmentHelloFields(LocalPlanner(PlannerConfig{}), 2);
   std::string v9 = EncodeHello(1, 2, f);
   v9[4] = 9;  // the prefix's protocol version
-  REQUIRE(std::string(CheckHellos({EncodeHello(0, 2, f), v9}).message()).find("speaks peer protocol 9, this rank 2") !=
-          std::string::npos);
+  REQUIRE(std::string(CheckHellos({EncodeHello(0, 2, f), v9}).message())
+              .find("speaks peer protocol 9, this rank 2") != std::string::npos);
   REQUIRE(std::string(CheckHellos({EncodeHello(0, 2, f), EncodeHello(1, 3, f)}).message())
               .find("rank 1 has world_size=3") != std::string::npos);
   REQUIRE(std::string(CheckHellos({EncodeHello(0, 2, f), "GET / HTTP/1.1"}).message()).find("no odb hello") !=

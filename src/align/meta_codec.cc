@@ -88,8 +88,9 @@ absl::StatusOr<RankRoundMessage> DecodeRankRound(std::string_view bytes) {
     }
     m.loss_tokens = loss == 0 ? kEveryTokenBearsLoss : loss - 1;
     if (m.lengths.tokens == 0) {
-      return absl::InvalidArgumentError("alignment metadata: sample id " + std::to_string(m.id) + " of rank " +
-                                        std::to_string(msg.rank) + " has 0 tokens (must be rejected at ingest)");
+      return absl::InvalidArgumentError("alignment metadata: sample id " + std::to_string(m.id) +
+                                        " of rank " + std::to_string(msg.rank) +
+                                        " has 0 tokens (must be rejected at ingest)");
     }
   }
   std::sort(ids.begin(), ids.end());
@@ -118,7 +119,8 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
                                                int32_t& rank) {
   thread_local peer::RoundSummary p;  // reused, as in DecodeRankRound
   if (absl::Status s = ParsePeerMessage(bytes, "round summary", p); !s.ok()) return s;
-  if (p.flags() > 7) return absl::DataLossError("round summary: unknown flag bits " + std::to_string(p.flags()));
+  if (p.flags() > 7)
+    return absl::DataLossError("round summary: unknown flag bits " + std::to_string(p.flags()));
   epoch = p.epoch();
   round = p.round();
   rank = p.rank();

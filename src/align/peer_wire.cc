@@ -9,7 +9,8 @@ absl::Status CheckPeerMessage(std::string_view bytes, std::string_view what, boo
   constexpr char kVersionTag = 0x78;
   const bool ends_with_version = bytes.size() >= 2 && bytes[bytes.size() - 2] == kVersionTag &&
                                  static_cast<uint8_t>(bytes.back()) == kPeerProtocolVersion;
-  if (parsed && version == kPeerProtocolVersion && ends_with_version && !unknown_fields) return absl::OkStatus();
+  if (parsed && version == kPeerProtocolVersion && ends_with_version && !unknown_fields)
+    return absl::OkStatus();
   const std::string name(what);
   const std::string size = std::to_string(bytes.size()) + " bytes";
   if (!parsed) {

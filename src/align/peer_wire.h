@@ -41,7 +41,8 @@ absl::Status CheckPeerMessage(std::string_view bytes, std::string_view what, boo
 // to check.
 template <typename M>
 absl::Status ParsePeerMessage(std::string_view bytes, std::string_view what, M& m) {
-  const bool parsed = bytes.size() <= (1u << 30) && m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  const bool parsed =
+      bytes.size() <= (1u << 30) && m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
   return internal::CheckPeerMessage(bytes, what, parsed, parsed ? m.version() : 0,
                                     parsed && !m.GetReflection()->GetUnknownFields(m).empty());
 }

@@ -28,7 +28,8 @@ TEST_CASE("a peer message ends with its version and round-trips", "[peer_wire]")
   REQUIRE(r.stopped_ms() == 4200);
 }
 
-TEST_CASE("the reader refuses truncation, trailing bytes, other versions and garbage, naming each", "[peer_wire]") {
+TEST_CASE("the reader refuses truncation, trailing bytes, other versions and garbage, naming each",
+          "[peer_wire]") {
   const std::string good = Report();
   peer::FailureReport r;
   const auto message = [&](std::string_view bytes) {
@@ -43,18 +44,21 @@ TEST_CASE("the reader refuses truncation, trailing bytes, other versions and gar
     REQUIRE(message("").find("no protocol version at its end") != std::string::npos);
   }
   SECTION("bytes after the version") {
-    REQUIRE(message(good + std::string("\x08\x01", 2)).find("do not end with its version") != std::string::npos);
+    REQUIRE(message(good + std::string("\x08\x01", 2)).find("do not end with its version") !=
+            std::string::npos);
   }
   SECTION("another version names both") {
     std::string v9 = good;
     v9.back() = 9;
     const absl::Status s = ParsePeerMessage(v9, "failure report", r);
     REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
-    REQUIRE(std::string(s.message()).find("peer protocol version 9, this build speaks 2") != std::string::npos);
+    REQUIRE(std::string(s.message()).find("peer protocol version 9, this build speaks 2") !=
+            std::string::npos);
   }
   SECTION("fields this build does not know") {
     // Field 9 (varint 5) before the version: a newer build's message.
-    const std::string newer = good.substr(0, good.size() - 2) + std::string("\x48\x05", 2) + good.substr(good.size() - 2);
+    const std::string newer =
+        good.substr(0, good.size() - 2) + std::string("\x48\x05", 2) + good.substr(good.size() - 2);
     REQUIRE(message(newer).find("fields this build does not know") != std::string::npos);
   }
   SECTION("garbage") {

@@ -59,10 +59,10 @@ absl::StatusOr<std::vector<PeerAnnouncement>> DecodeAnnouncements(const std::vec
     }
     PeerAnnouncement a{p.endpoint(), p.public_key()};
     if (!RawKey(a.public_key) || a.endpoint.rfind("tcp://", 0) != 0) {
-      return absl::InvalidArgumentError("rank " + std::to_string(r) +
-                                        " announced an unreadable payload-exchange endpoint or key (endpoint '" +
-                                        a.endpoint.substr(0, 64) + "', a key of " +
-                                        std::to_string(a.public_key.size()) + " characters)");
+      return absl::InvalidArgumentError(
+          "rank " + std::to_string(r) +
+          " announced an unreadable payload-exchange endpoint or key (endpoint '" + a.endpoint.substr(0, 64) +
+          "', a key of " + std::to_string(a.public_key.size()) + " characters)");
     }
     if (!keys.insert(a.public_key).second) {
       return absl::InvalidArgumentError("rank " + std::to_string(r) +
