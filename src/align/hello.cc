@@ -83,6 +83,7 @@ std::string EncodeHello(int rank, int world_size, const HelloFields& fields) {
 absl::Status CheckHellos(const std::vector<std::string>& hellos) {
   std::vector<std::optional<Hello>> parsed(hellos.size());
   std::string problems;
+  bool other_versions = false;  // a rank of another peer protocol version
   auto add = [&problems](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
   for (size_t r = 0; r < hellos.size(); ++r) {
     const std::string& bytes = hellos[r];
@@ -98,6 +99,7 @@ absl::Status CheckHellos(const std::vector<std::string>& hellos) {
     for (int i = 0; i < 4; ++i)
       version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + i])) << (8 * i);
     if (version != kPeerProtocolVersion) {
+      other_versions = true;
       add("rank " + std::to_string(r) + " speaks peer protocol " + std::to_string(version) + ", this rank " +
           std::to_string(kPeerProtocolVersion) + " (every daemon of a job must run the same odb version)");
       continue;
@@ -160,6 +162,10 @@ absl::Status CheckHellos(const std::vector<std::string>& hellos) {
     }
   }
   if (problems.empty()) return absl::OkStatus();
+  if (other_versions) {
+    return absl::FailedPreconditionError("daemons of different odb versions in one job (run one odbd build on "
+                                         "every rank): " + problems);
+  }
   return absl::FailedPreconditionError("alignment config mismatch between daemons (fix the config so all ranks "
                                        "agree): " + problems);
 }

@@ -54,6 +54,7 @@ TEST_CASE("a hello of the hand-written format before peer.proto names both versi
   old += std::string(12, '\0');
   const HelloFields f = AlignmentHelloFields(LocalPlanner(PlannerConfig{}), 2);
   const std::string msg(CheckHellos({EncodeHello(0, 2, f), old}).message());
+  REQUIRE(msg.find("daemons of different odb versions in one job") == 0);
   REQUIRE(msg.find("rank 1 speaks peer protocol 1, this rank 2") != std::string::npos);
 }
 
