@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "proto/peer.pb.h"
+#include "src/align/failure_report.h"
 #include "src/align/gloo_store.h"
 #include "src/align/peer_wire.h"
 #include "src/common/mutex.h"
@@ -54,32 +55,6 @@ std::string Seconds(std::chrono::milliseconds ms) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
   return text;
-}
-
-// A rank's failure report in the store (peer.proto FailureReport).
-struct FailureReport {
-  bool timed_out = false;
-  // How long this process did not run, 0 unless that explains the failure.
-  std::chrono::milliseconds stopped{0};
-};
-
-std::string EncodeReport(const FailureReport& r) {
-  peer::FailureReport p;
-  p.set_timed_out(r.timed_out);
-  p.set_stopped_ms(static_cast<uint64_t>(r.stopped.count()));
-  return EncodePeerMessage(p);
-}
-
-absl::StatusOr<FailureReport> DecodeReport(const std::vector<char>& bytes) {
-  peer::FailureReport p;
-  if (absl::Status s = ParsePeerMessage(std::string_view(bytes.data(), bytes.size()), "failure report", p);
-      !s.ok()) {
-    return s;
-  }
-  FailureReport r;
-  r.timed_out = p.timed_out();
-  r.stopped = std::chrono::milliseconds(static_cast<int64_t>(std::min<uint64_t>(p.stopped_ms(), INT64_MAX)));
-  return r;
 }
 
 std::string RankList(const std::vector<int>& ranks) {
@@ -180,9 +155,7 @@ void GlooPeerGroup::ReportFailure(const std::string& cause) {
   try {
     std::unique_ptr<gloo::rendezvous::Store> store = OpenStore(options_);
     gloo::rendezvous::PrefixStore root(root_prefix_, *store);
-    peer::FailureCause message;
-    message.set_cause(cause);
-    const std::string bytes = EncodePeerMessage(message);
+    const std::string bytes = EncodeFailureCause(cause);
     root.set(CauseKey(root_ranks_[options_.rank]), std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception&) {
     // The store is unreachable: peers report what they see (a lost peer).
@@ -195,13 +168,9 @@ std::string GlooPeerGroup::PeerCause(int rank_here) {
     const std::string key = CauseKey(root_ranks_[rank_here]);
     root.wait({key}, std::chrono::milliseconds(1));
     const std::vector<char> bytes = root.get(key);
-    peer::FailureCause message;
-    if (absl::Status s =
-            ParsePeerMessage(std::string_view(bytes.data(), bytes.size()), "failure cause", message);
-        !s.ok()) {
-      return "a cause this rank cannot read (" + std::string(s.message()) + ")";
-    }
-    return message.cause().empty() ? "an empty cause" : message.cause();
+    auto cause = DecodeFailureCause(std::string_view(bytes.data(), bytes.size()));
+    if (!cause.ok()) return "a cause this rank cannot read (" + std::string(cause.status().message()) + ")";
+    return cause->empty() ? "an empty cause" : *cause;
   } catch (const std::exception&) {
     return "";
   }
@@ -331,7 +300,7 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
                                    " (stopped or suspended? SIGSTOP, a debugger, a paused VM)";
   const auto mark = [](int r) { return "odb_failed_" + std::to_string(r); };
   try {
-    const std::string report = EncodeReport(mine);
+    const std::string report = EncodeFailureReport(mine);
     prefix_store_->set(mark(me), std::vector<char>(report.begin(), report.end()));
   } catch (const std::exception&) {
     if (was_stopped) return stopped_text + "; the rendezvous store is unreachable too";
@@ -350,7 +319,8 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
       if (r == me || reports.count(r) || unreadable.count(r)) continue;
       try {
         prefix_store_->wait({mark(r)}, std::chrono::milliseconds(20));
-        auto report = DecodeReport(prefix_store_->get(mark(r)));
+        const std::vector<char> bytes = prefix_store_->get(mark(r));
+        auto report = DecodeFailureReport(std::string_view(bytes.data(), bytes.size()));
         if (report.ok()) {
           reports[r] = *report;
         } else {

@@ -163,8 +163,10 @@ absl::Status CheckHellos(const std::vector<std::string>& hellos) {
   }
   if (problems.empty()) return absl::OkStatus();
   if (other_versions) {
-    return absl::FailedPreconditionError("daemons of different odb versions in one job (run one odbd build on "
-                                         "every rank): " + problems);
+    return absl::FailedPreconditionError(
+        "daemons of different odb versions in one job (run one odbd build on "
+        "every rank): " +
+        problems);
   }
   return absl::FailedPreconditionError("alignment config mismatch between daemons (fix the config so all ranks "
                                        "agree): " + problems);
