@@ -82,6 +82,36 @@ TEST_CASE("the reader refuses truncation, trailing bytes, other versions and gar
   }
 }
 
+TEST_CASE("every truncation of every per-round message and split colour is refused, naming it",
+          "[peer_wire]") {
+  RankSummary summary;
+  summary.pending = 512;
+  summary.free_slots = 16;
+  summary.group_bound = 37.5;
+  const std::string sum = EncodeRoundSummary(1, 4321, 7, summary);
+  const std::string tot = EncodeRankTotals(1, 4321, 7, {900, 1000}, {3000, 3100});
+  peer::SplitColor color;
+  color.set_color(3);
+  const std::string col = EncodePeerMessage(color);
+  uint32_t epoch = 0;
+  uint64_t round = 0;
+  int32_t rank = 0;
+  REQUIRE(DecodeRoundSummary(sum, epoch, round, rank).ok());
+  REQUIRE(DecodeRankTotals(tot).ok());
+  for (size_t n = 0; n < sum.size(); ++n) {
+    const absl::Status s = DecodeRoundSummary(sum.substr(0, n), epoch, round, rank).status();
+    REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+    REQUIRE(std::string(s.message()).find("round summary") == 0);
+  }
+  for (size_t n = 0; n < tot.size(); ++n) {
+    REQUIRE(std::string(DecodeRankTotals(tot.substr(0, n)).status().message()).find("token totals") == 0);
+  }
+  for (size_t n = 0; n < col.size(); ++n) {
+    peer::SplitColor c;
+    REQUIRE(ParsePeerMessage(col.substr(0, n), "split color", c).code() == absl::StatusCode::kDataLoss);
+  }
+}
+
 TEST_CASE("a round message of the codec before peer.proto is refused", "[peer_wire]") {
   // Version 3 of the hand-written metadata codec: u8 3, varint header, one sample.
   const std::string old("\x03\x01\x02\x00\x10\x04\x00\x01\x02\x64\x00\x00\x80\x03\x00", 15);
