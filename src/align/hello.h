@@ -21,7 +21,8 @@ using HelloFields = std::vector<std::pair<std::string, std::string>>;
 // window, wait rounds, planner name and world size.
 HelloFields AlignmentHelloFields(const Planner& planner, int world_size);
 
-// FNV-1a over the fields, for a one-line log summary.
+// FNV-1a over the fields: a one-line log summary, and (CheckHellos) the check
+// that a hello's fields arrived as they were sent.
 uint64_t HelloFingerprint(const HelloFields& fields);
 
 // Hello message: "ODBH", u32 little-endian kPeerProtocolVersion (the prefix
