@@ -45,8 +45,8 @@ alignment.partition_ranks P (blocks of P ranks rounded up to whole nodes of L;
 a W with one block runs the unpartitioned round). Their round is three
 collectives (src/align/aligner.cc PartitionedRound), so the baseline is
 real_rounds_gloo's partitioned sequence of the same payloads: a world-wide
-all-gather of the 41-B summary, the round message within the block, and a
-world-wide all-gather of the token totals' bytes (20 + 16 x steps per round,
+all-gather of the 26-B summary, the round message within the block, and a
+world-wide all-gather of the token totals' bytes (13 + 4 x steps per round,
 from every rank, as the daemon sends them), with rings and with Bruck. The
 model counts hops H and bytes B over the collectives (raw T = alpha H + beta
 B, round T = c0 + c1 H + beta B), and the round at --target-world (blocks of
@@ -86,10 +86,11 @@ GPU_MODELS = ["gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200"]
 # Collectives per daemon round: the aligner's one AllGather is one fixed-slot all-gather (an
 # overflow of the slot adds a second, not in steady state).
 COLLECTIVES_PER_ROUND = 1
-# A partitioned round's payloads (src/align/aligner.cc PartitionedRound, meta_codec): a rank's
-# RoundSummary, and a rank's token totals (epoch 4 + round 8 + rank 4 + steps 4, then a loss and a
-# real token count of 8 B each per planned step; sent by every rank).
-SUMMARY_BYTES = 41
+# A partitioned round's payloads (src/align/aligner.cc PartitionedRound; proto/peer.proto's
+# RoundSummary and RankTotals, varints): a rank's summary (26 B in a full round), and a rank's token
+# totals, sent by every rank: 13 B of header and about 4 B per planned step (a loss and a real token
+# count of ~1,000-3,000: 2 B each). Both as bench/peer_codec_bench measures them (293 B at 70 steps).
+SUMMARY_BYTES = 26
 # GlooPeerGroupOptions::log_allgather_min_ranks: groups of at least this many ranks run Bruck.
 LOG_ALLGATHER_MIN_RANKS = 3
 
@@ -105,7 +106,7 @@ def peer_group_hops(n: int) -> int:
 
 
 def totals_bytes(steps: int) -> int:
-    return 20 + 16 * steps
+    return 13 + 4 * steps
 
 
 def block_ranks(partition_ranks: int, local_world_size: int, world: int) -> int:
@@ -760,8 +761,8 @@ def render_partitioned(result: dict) -> str:
              f"{w['max_tokens']}, queue_steps {w['queue_steps']}; round message {w['msg_bytes']} B "
              "(2 x window samples, the most a rank offers).", "",
              "Raw partitioned = one real_rounds_gloo sequence per iteration, after a barrier: a world-wide "
-             "all-gather of the 41-B summary, an all-gather of the round message within the block (its own "
-             "Gloo context), a world-wide all-gather of the token totals' bytes (20 + 16 x steps per round, "
+             "all-gather of the 26-B summary, an all-gather of the round message within the block (its own "
+             "Gloo context), a world-wide all-gather of the token totals' bytes (13 + 4 x steps per round, "
              "rounded up; from every rank, as the daemon sends them); once with Gloo's rings, once with "
              "Bruck's all-gathers (ceil(log2 n) hops each, no header or slot). Round / raw = against the "
              "faster of the two sequences. Raw world msg = one world-wide ring all-gather of the round "

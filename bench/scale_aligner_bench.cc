@@ -6,7 +6,8 @@
 // plan (on this 2-core machine W real planners would cost W x rank 0's CPU):
 // rank 0's block-mates send their real metadata in the block all-gather;
 // every rank sends its real summary; the other ranks send token totals of
-// the round's T steps (zeros: they only scale rank 0's weights).
+// the round's T steps (placeholders of a step's magnitude: they only scale
+// rank 0's weights, and their size as varints is what counts).
 // Every rank tops its pending list up to the window before each round (a
 // producer at least as fast as the trainer); what rank 0's block plans
 // leaves its block's lists. Setting as bench/scale_bench.cc: window 512,
@@ -193,8 +194,15 @@ int Run(const Options& o) {
           const align::RoundPlan frame = frame_planner.PlanBlock(bs);  // no block ranks: T only
           const uint32_t t = frame.num_steps;
           if (t > 0) {
-            auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, std::vector<uint64_t>(t, 0),
-                                                                std::vector<uint64_t>(t, 0)));
+            // Placeholders of a real step's magnitude (a few thousand tokens
+            // of an L_max 4096 budget): the totals are varints, so their
+            // values size them.
+            std::vector<uint64_t> loss(t), real(t);
+            for (uint32_t k = 0; k < t; ++k) {
+              real[k] = 3000 + (static_cast<uint64_t>(r) * 31 + k * 17) % 1000;
+              loss[k] = real[k] / 2;
+            }
+            auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, loss, real));
             if (!tot.ok()) std::exit(1);
           }
         }

@@ -90,8 +90,9 @@ struct Options {
 // and the T rule read of a rank outside the reader's block (pending count,
 // free slots, wait rounds and flags, the group lower bound as a double), as
 // fixed-width fields. The benchmark counts these payload bytes; the daemon's
-// summary adds a 16-byte lockstep header (align::kRoundSummaryBytes), and
-// bench/scale_aligner_bench.cc measures the daemon's real round.
+// summary (proto/peer.proto RoundSummary, varints with its lockstep header)
+// is about 26 B (bench/peer_codec_bench), and bench/scale_aligner_bench.cc
+// measures the daemon's real round.
 constexpr uint64_t kSummaryBytes = 8 + 4 + 4 + 1 + 8;
 
 // One rank's endless stream: chunks of `window` samples, chunk c generated

@@ -32,6 +32,9 @@ LIBS=(-lprotobuf -lzmq -lyaml-cpp -lspdlog -lfmt "${ABSL[@]}" -lpthread)
 if [ ! -f "$OUT/gen/proto/odb.pb.cc" ] || [ proto/odb.proto -nt "$OUT/gen/proto/odb.pb.cc" ]; then
   protoc --proto_path=proto --cpp_out="$OUT/gen/proto" proto/odb.proto
 fi
+if [ ! -f "$OUT/gen/proto/peer.pb.cc" ] || [ proto/peer.proto -nt "$OUT/gen/proto/peer.pb.cc" ]; then
+  protoc --proto_path=proto --cpp_out="$OUT/gen/proto" proto/peer.proto
+fi
 
 # Library sources, compiled once with the sanitizers and fuzzer coverage.
 obj() {  # obj SRC -> prints the object path, compiling it when stale
@@ -47,10 +50,12 @@ COMMON=("$PROTO" "$(obj src/common/dtype.cc)" "$(obj src/wire/tensor_codec.cc)")
 # The shared-memory arenas (real memfds) under the arena targets.
 SHM="src/shm/arena.cc src/shm/arena_reader.cc src/shm/arena_writer.cc src/shm/completion_queue.cc \
 src/shm/slot_allocator.cc src/shm/process.cc src/shm/fd_passing.cc"
+# The messages between daemons (proto/peer.proto) and their one reader.
+PEER="$OUT/gen/proto/peer.pb.cc src/align/peer_wire.cc"
 declare -A TARGET_SRCS=(
   [decoder]="src/ingest/decoder.cc"
-  [meta_codec]="src/align/meta_codec.cc"
-  [hello]="src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc"
+  [meta_codec]="src/align/meta_codec.cc $PEER"
+  [hello]="src/align/hello.cc $PEER src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc"
   [config]="src/daemon/config.cc src/grouping/budget.cc src/collate/collator.cc src/common/buffer_pool.cc"
   [delivery_decoder]="client/cpp/src/delivery_decoder.cc"
   [arena_block]="src/ingest/decoder.cc src/ingest/arena_registry.cc $SHM"
@@ -71,7 +76,7 @@ done
 
 if [ "${1:-}" = "--seeds" ]; then
   seed_objs=()
-  for s in src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc; do
+  for s in src/align/meta_codec.cc src/align/hello.cc $PEER src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc src/grouping/grouper.cc; do
     seed_objs+=("$(obj "$s")")
   done
   "$CXX" "${CXXFLAGS[@]}" -fsanitize=fuzzer-no-link fuzz/seed_gen.cc "${seed_objs[@]}" "${COMMON[@]}" \

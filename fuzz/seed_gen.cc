@@ -121,7 +121,7 @@ void MetaCodecSeeds(const fs::path& dir) {
   Write(dir, "one_sample", odb::align::EncodeRankRound(Round(1, 1, true)));
   Write(dir, "thirteen_samples", odb::align::EncodeRankRound(Round(5, 13, false)));
   std::string bad = odb::align::EncodeRankRound(Round(2, 2, false));
-  bad[0] = 1;  // old version
+  bad.back() = 1;  // version 1: the formats before proto/peer.proto
   Write(dir, "old_version", bad);
 }
 

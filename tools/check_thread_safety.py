@@ -153,11 +153,12 @@ def analyse(root: Path, files, jobs: int):
     if not files:
         return [f"no translation unit under {root}/src includes {ANNOTATED}: nothing was checked"]
     with tempfile.TemporaryDirectory() as gen:
-        # The protocol's generated header, as Bazel would generate it.
-        proto = subprocess.run(["protoc", f"--cpp_out={gen}", "-I", str(ROOT), str(ROOT / "proto" / "odb.proto")],
-                               capture_output=True, text=True)
-        if proto.returncode != 0:
-            return ["protoc failed on proto/odb.proto: " + proto.stderr]
+        # The protocols' generated headers (odb.proto, peer.proto), as Bazel would generate them.
+        for name in ("odb.proto", "peer.proto"):
+            proto = subprocess.run(["protoc", f"--cpp_out={gen}", "-I", str(ROOT), str(ROOT / "proto" / name)],
+                                   capture_output=True, text=True)
+            if proto.returncode != 0:
+                return [f"protoc failed on proto/{name}: " + proto.stderr]
 
         def compile_one(rel):
             cmd = [clang, *FLAGS, "-I", str(root), "-I", str(ROOT), "-I", gen, str(root / rel)]

@@ -1,8 +1,10 @@
 // Bytes per alignment round: the hand-written meta codec vs protobuf
 // (array-of-structs and packed struct-of-arrays), and the hello.
+// (the codec column: proto/peer.proto's RankRound, what odbd sends since 2026-12-05)
 //   protoc --cpp_out=/tmp/sc fuzz/size_compare/round_meta.proto
-//   g++ -std=c++20 -O1 -I. -I/tmp/sc fuzz/size_compare/compare.cc /tmp/sc/round_meta.pb.cc \
-//     src/align/meta_codec.cc src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc \
+//   protoc --proto_path=proto --cpp_out=/tmp/sc/proto proto/peer.proto
+//   g++ -std=c++20 -O1 -I. -I/tmp/sc fuzz/size_compare/compare.cc /tmp/sc/round_meta.pb.cc /tmp/sc/proto/peer.pb.cc \
+//     src/align/meta_codec.cc src/align/peer_wire.cc src/align/hello.cc src/align/planner.cc src/align/planned_groups.cc src/align/window.cc src/grouping/budget.cc \
 //     src/grouping/grouper.cc -lprotobuf <absl libs of third_party/BUILD> -o /tmp/sc/compare
 #include <cmath>
 #include <cstdio>

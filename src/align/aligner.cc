@@ -1,7 +1,6 @@
 #include "src/align/aligner.h"
 
 #include <algorithm>
-#include <cstring>
 #include <span>
 #include <utility>
 
@@ -61,89 +60,7 @@ absl::Status CheckAccounting(const RoundPlan& plan, int me, const std::vector<Sa
   return absl::OkStatus();
 }
 
-// Fixed-width little-endian fields of the partitioned round's small messages.
-void Put(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-struct Reader {
-  std::string_view in;
-  bool ok = true;
-  uint64_t Get(int bytes) {
-    if (in.size() < static_cast<size_t>(bytes)) {
-      ok = false;
-      return 0;
-    }
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
-    in.remove_prefix(bytes);
-    return v;
-  }
-};
-
 }  // namespace
-
-// A rank's summary: epoch, round, rank (the lockstep check), then the
-// RankSummary (the bound as its IEEE bits: every rank sums the same doubles).
-std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& s) {
-  std::string out;
-  out.reserve(kRoundSummaryBytes);
-  Put(out, epoch, 4);
-  Put(out, round, 8);
-  Put(out, static_cast<uint32_t>(rank), 4);
-  Put(out, s.pending, 8);
-  Put(out, s.free_slots, 4);
-  Put(out, (s.stream_finished ? 1 : 0) | (s.stream_started ? 2 : 0) | (s.wait_expired ? 4 : 0), 1);
-  Put(out, s.wait_rounds, 4);
-  uint64_t bits = 0;
-  std::memcpy(&bits, &s.group_bound, sizeof(bits));
-  Put(out, bits, 8);
-  return out;
-}
-
-absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
-                                               int32_t& rank) {
-  Reader in{bytes};
-  epoch = static_cast<uint32_t>(in.Get(4));
-  round = in.Get(8);
-  rank = static_cast<int32_t>(in.Get(4));
-  RankSummary s;
-  s.pending = in.Get(8);
-  s.free_slots = static_cast<uint32_t>(in.Get(4));
-  const uint64_t flags = in.Get(1);
-  s.wait_rounds = static_cast<uint32_t>(in.Get(4));
-  const uint64_t bits = in.Get(8);
-  std::memcpy(&s.group_bound, &bits, sizeof(bits));
-  s.stream_finished = (flags & 1) != 0;
-  s.stream_started = (flags & 2) != 0;
-  s.wait_expired = (flags & 4) != 0;
-  if (!in.ok || !in.in.empty() || flags > 7) {
-    return absl::DataLossError("malformed round summary (" + std::to_string(bytes.size()) + " bytes, expected " +
-                               std::to_string(kRoundSummaryBytes) + ")");
-  }
-  // A group holds at least one sample, so a bound on a window's groups lies
-  // in [0, pending]; anything else (NaN included) would make T garbage.
-  if (!(s.group_bound >= 0.0 && s.group_bound <= static_cast<double>(s.pending))) {
-    return absl::DataLossError("round summary with group bound " + std::to_string(s.group_bound) +
-                               " outside [0, pending samples = " + std::to_string(s.pending) + "]");
-  }
-  return s;
-}
-
-// A rank's loss and real tokens in each step of the round.
-std::string EncodeRankTotals(uint32_t epoch, uint64_t round, int32_t rank, const std::vector<uint64_t>& loss,
-                             const std::vector<uint64_t>& real) {
-  std::string out;
-  Put(out, epoch, 4);
-  Put(out, round, 8);
-  Put(out, static_cast<uint32_t>(rank), 4);
-  Put(out, loss.size(), 4);
-  for (size_t k = 0; k < loss.size(); ++k) {
-    Put(out, loss[k], 8);
-    Put(out, real[k], 8);
-  }
-  return out;
-}
 
 Aligner::Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options)
     : peers_(peers), planner_(std::move(planner)), options_(std::move(options)) {
@@ -449,7 +366,7 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   if (t == 0) return absl::OkStatus();
 
   // 3. Every rank's per-step totals, world-wide. Each rank sends its own
-  // (20 + 16 T bytes, the same size on every rank), not one per block: a
+  // (a few bytes per step, about the same size on every rank), not one per block: a
   // collective in which a few ranks send and the rest nothing cannot fit the
   // peer group's slot (sized to a few times the mean message) and would pay
   // a second all-gather every round. The sums are integers, so every rank
@@ -471,21 +388,19 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   for (int r = 0; r < world; ++r) {
     const std::string& g = (*gathered)[r];
     last_received_bytes_ += g.size();
-    Reader in{g};
-    const auto epoch = static_cast<uint32_t>(in.Get(4));
-    const uint64_t round = in.Get(8);
-    const auto from = static_cast<int32_t>(in.Get(4));
-    const uint64_t steps = in.Get(4);
-    if (!in.ok || epoch != *epoch_ || round != round_ || from != r || steps != t ||
-        in.in.size() != steps * 16) {
-      return absl::FailedPreconditionError(where + "token totals of rank " + std::to_string(r) +
-                                           " do not match this round (" + std::to_string(g.size()) +
-                                           " bytes; it planned " + std::to_string(steps) +
-                                           " steps, this rank " + std::to_string(t) + ")");
+    auto totals = DecodeRankTotals(g);
+    if (!totals.ok()) return failed(totals.status(), "token totals of rank " + std::to_string(r));
+    if (totals->epoch != *epoch_ || totals->round != round_ || totals->rank != r ||
+        totals->loss.size() != t) {
+      return absl::FailedPreconditionError(
+          where + "token totals of rank " + std::to_string(r) + " do not match this round (it sent rank " +
+          std::to_string(totals->rank) + " epoch " + std::to_string(totals->epoch) + " round " +
+          std::to_string(totals->round) + " and planned " + std::to_string(totals->loss.size()) +
+          " steps, this rank " + std::to_string(t) + ")");
     }
     for (uint32_t k = 0; k < t; ++k) {
-      loss_total[k] += in.Get(8);
-      global_real[k] += in.Get(8);
+      loss_total[k] += totals->loss[k];
+      global_real[k] += totals->real[k];
     }
   }
   // Exact weights: what ApplyWindows gives the whole plan with every step its

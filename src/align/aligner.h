@@ -67,20 +67,6 @@ struct RoundResult {
   std::vector<std::vector<SampleKey>> not_emitted_by_rank;
 };
 
-// Wire format of a partitioned round's two world-wide messages (fixed-width
-// little-endian; exposed for benchmarks that play other ranks): a rank's
-// summary (epoch u32, round u64, rank u32, then the RankSummary: pending u64,
-// free_slots u32, flags u8, wait_rounds u32, group_bound as IEEE bits u64)
-// and a rank's per-step totals (epoch u32, round u64, rank u32, steps u32,
-// then per step its loss tokens u64 and real tokens u64).
-inline constexpr size_t kRoundSummaryBytes = 4 + 8 + 4 + 8 + 4 + 1 + 4 + 8;
-std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, const RankSummary& summary);
-// Decodes a summary: its header into the three fields, DataLoss when malformed.
-absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t& epoch, uint64_t& round,
-                                               int32_t& rank);
-std::string EncodeRankTotals(uint32_t epoch, uint64_t round, int32_t rank, const std::vector<uint64_t>& loss,
-                             const std::vector<uint64_t>& real);
-
 // The DGAP stage: once per round, all-gathers every rank's pending metadata
 // over the PeerGroup, runs the deterministic Planner on the identical gathered
 // state, and returns this rank's share of the plan. With a partitioned planner

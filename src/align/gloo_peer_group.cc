@@ -34,7 +34,10 @@
 
 #include <utility>
 
+#include "proto/peer.pb.h"
+#include "src/align/failure_report.h"
 #include "src/align/gloo_store.h"
+#include "src/align/peer_wire.h"
 #include "src/common/mutex.h"
 
 namespace odb::align {
@@ -52,26 +55,6 @@ std::string Seconds(std::chrono::milliseconds ms) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
   return text;
-}
-
-// A rank's failure report in the store: "<timeout|error> <ms this process did
-// not run, 0 unless that explains the failure>".
-struct FailureReport {
-  bool timed_out = false;
-  std::chrono::milliseconds stopped{0};
-};
-
-std::string EncodeReport(const FailureReport& r) {
-  return std::string(r.timed_out ? "timeout" : "error") + " " + std::to_string(r.stopped.count());
-}
-
-FailureReport DecodeReport(const std::vector<char>& bytes) {
-  const std::string text(bytes.begin(), bytes.end());
-  FailureReport r;
-  r.timed_out = text.rfind("timeout", 0) == 0;
-  const size_t space = text.find(' ');
-  if (space != std::string::npos) r.stopped = std::chrono::milliseconds(std::atoll(text.c_str() + space + 1));
-  return r;
 }
 
 std::string RankList(const std::vector<int>& ranks) {
@@ -172,7 +155,8 @@ void GlooPeerGroup::ReportFailure(const std::string& cause) {
   try {
     std::unique_ptr<gloo::rendezvous::Store> store = OpenStore(options_);
     gloo::rendezvous::PrefixStore root(root_prefix_, *store);
-    root.set(CauseKey(root_ranks_[options_.rank]), std::vector<char>(cause.begin(), cause.end()));
+    const std::string bytes = EncodeFailureCause(cause);
+    root.set(CauseKey(root_ranks_[options_.rank]), std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception&) {
     // The store is unreachable: peers report what they see (a lost peer).
   }
@@ -184,7 +168,9 @@ std::string GlooPeerGroup::PeerCause(int rank_here) {
     const std::string key = CauseKey(root_ranks_[rank_here]);
     root.wait({key}, std::chrono::milliseconds(1));
     const std::vector<char> bytes = root.get(key);
-    return std::string(bytes.begin(), bytes.end());
+    auto cause = DecodeFailureCause(std::string_view(bytes.data(), bytes.size()));
+    if (!cause.ok()) return "a cause this rank cannot read (" + std::string(cause.status().message()) + ")";
+    return cause->empty() ? "an empty cause" : *cause;
   } catch (const std::exception&) {
     return "";
   }
@@ -314,7 +300,7 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
                                    " (stopped or suspended? SIGSTOP, a debugger, a paused VM)";
   const auto mark = [](int r) { return "odb_failed_" + std::to_string(r); };
   try {
-    const std::string report = EncodeReport(mine);
+    const std::string report = EncodeFailureReport(mine);
     prefix_store_->set(mark(me), std::vector<char>(report.begin(), report.end()));
   } catch (const std::exception&) {
     if (was_stopped) return stopped_text + "; the rendezvous store is unreachable too";
@@ -325,14 +311,21 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
                                                           std::chrono::milliseconds(3000));
   const auto deadline = Clock::now() + window;
   std::map<int, FailureReport> reports;
+  std::map<int, std::string> unreadable;  // rank -> why its report could not be read
   std::vector<int> missing;
   do {
     missing.clear();
     for (int r = 0; r < options_.world_size; ++r) {
-      if (r == me || reports.count(r)) continue;
+      if (r == me || reports.count(r) || unreadable.count(r)) continue;
       try {
         prefix_store_->wait({mark(r)}, std::chrono::milliseconds(20));
-        reports[r] = DecodeReport(prefix_store_->get(mark(r)));
+        const std::vector<char> bytes = prefix_store_->get(mark(r));
+        auto report = DecodeFailureReport(std::string_view(bytes.data(), bytes.size()));
+        if (report.ok()) {
+          reports[r] = *report;
+        } else {
+          unreadable[r] = std::string(report.status().message());
+        }
       } catch (const std::exception&) {
         missing.push_back(r);
       }
@@ -357,6 +350,10 @@ std::string GlooPeerGroup::DiagnoseFailure(bool timed_out) {
   if (!caused.empty()) {
     return "rank " + std::to_string(caused.front()) + " failed the job: " + first_cause +
            (caused.size() > 1 ? " (rank " + RankList(caused) + " reported causes of their own)" : "");
+  }
+  if (!unreadable.empty()) {
+    return "rank " + std::to_string(unreadable.begin()->first) +
+           " left a failure report this rank cannot read (" + unreadable.begin()->second + ")";
   }
   std::vector<int> timed_out_peers, stopped_peers;
   for (const auto& [r, report] : reports) {
@@ -606,21 +603,23 @@ absl::StatusOr<std::unique_ptr<PeerGroup>> GlooPeerGroup::Split(int color) {
   const std::string me = "gloo peer group rank " + std::to_string(options_.rank) + "/" +
                          std::to_string(options_.world_size) + " (" + Describe() + "): split #" +
                          std::to_string(split) + " (color " + std::to_string(color) + "): ";
-  const int32_t mine = color;
-  auto colors = AllGather(std::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
-  if (!colors.ok()) return absl::Status(colors.status().code(), me + std::string(colors.status().message()));
+  peer::SplitColor mine;
+  mine.set_color(color);
+  auto gathered = AllGather(EncodePeerMessage(mine));
+  if (!gathered.ok())
+    return absl::Status(gathered.status().code(), me + std::string(gathered.status().message()));
+  std::vector<int32_t> colors(options_.world_size);
   int new_rank = -1;
   int new_size = 0;
   for (int r = 0; r < options_.world_size; ++r) {
-    const std::string& c = (*colors)[r];
-    if (c.size() != sizeof(int32_t)) {
-      broken_ = absl::DataLossError(me + "rank " + std::to_string(r) + " sent " + std::to_string(c.size()) +
-                                    " bytes for its color, not 4 (is every rank calling Split here?)");
+    peer::SplitColor theirs;
+    if (absl::Status s = ParsePeerMessage((*gathered)[r], "split color", theirs); !s.ok()) {
+      broken_ = absl::Status(s.code(), me + "rank " + std::to_string(r) + ": " + std::string(s.message()) +
+                                           " (is every rank calling Split here?)");
       return broken_;
     }
-    int32_t theirs = 0;
-    std::memcpy(&theirs, c.data(), sizeof(theirs));
-    if (theirs != color) continue;
+    colors[r] = theirs.color();
+    if (colors[r] != color) continue;
     if (r == options_.rank) new_rank = new_size;
     ++new_size;
   }
@@ -638,9 +637,7 @@ absl::StatusOr<std::unique_ptr<PeerGroup>> GlooPeerGroup::Split(int color) {
   child->root_prefix_ = root_prefix_;
   child->root_ranks_.clear();
   for (int r = 0; r < options_.world_size; ++r) {
-    int32_t theirs = 0;
-    std::memcpy(&theirs, (*colors)[r].data(), sizeof(theirs));
-    if (theirs == color) child->root_ranks_.push_back(root_ranks_[r]);
+    if (colors[r] == color) child->root_ranks_.push_back(root_ranks_[r]);
   }
   const auto deadline = Clock::now() + options_.connect_timeout;
   try {

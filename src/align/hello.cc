@@ -4,59 +4,19 @@
 #include <optional>
 #include <sstream>
 
+#include "proto/peer.pb.h"
+
 namespace odb::align {
 namespace {
 
 constexpr char kMagic[4] = {'O', 'D', 'B', 'H'};
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void PutU64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
+constexpr size_t kPrefixBytes = 8;  // the magic, then the version as u32 little-endian
 
 struct Hello {
-  uint32_t version = 0;
   uint32_t rank = 0;
   uint32_t world = 0;
   uint64_t fingerprint = 0;
   HelloFields fields;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::string& b) : b_(b) {}
-  bool U32(uint32_t& v) {
-    if (b_.size() - pos_ < 4) return false;
-    v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return true;
-  }
-  bool U64(uint64_t& v) {
-    uint32_t lo, hi;
-    if (!U32(lo) || !U32(hi)) return false;
-    v = lo | (static_cast<uint64_t>(hi) << 32);
-    return true;
-  }
-  bool Str(std::string& s) {
-    uint32_t n;
-    if (!U32(n) || b_.size() - pos_ < n) return false;
-    s = b_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool Magic() {
-    if (b_.size() < 4 || std::memcmp(b_.data(), kMagic, 4) != 0) return false;
-    pos_ = 4;
-    return true;
-  }
-  bool AtEnd() const { return pos_ == b_.size(); }
-
- private:
-  const std::string& b_;
-  size_t pos_ = 0;
 };
 
 std::string Str(double v) {
@@ -107,50 +67,61 @@ uint64_t HelloFingerprint(const HelloFields& fields) {
 }
 
 std::string EncodeHello(int rank, int world_size, const HelloFields& fields) {
-  std::string out(kMagic, 4);
-  PutU32(out, kAlignProtocolVersion);
-  PutU32(out, static_cast<uint32_t>(rank));
-  PutU32(out, static_cast<uint32_t>(world_size));
-  PutU64(out, HelloFingerprint(fields));
-  PutU32(out, static_cast<uint32_t>(fields.size()));
+  peer::Hello h;
+  h.set_rank(static_cast<uint32_t>(rank));
+  h.set_world_size(static_cast<uint32_t>(world_size));
+  h.set_fingerprint(HelloFingerprint(fields));
   for (const auto& [k, v] : fields) {
-    PutU32(out, static_cast<uint32_t>(k.size()));
-    out += k;
-    PutU32(out, static_cast<uint32_t>(v.size()));
-    out += v;
+    h.add_names(k);
+    h.add_values(v);
   }
-  return out;
+  std::string out(kMagic, 4);
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((kPeerProtocolVersion >> (8 * i)) & 0xff));
+  return out + EncodePeerMessage(h);
 }
 
 absl::Status CheckHellos(const std::vector<std::string>& hellos) {
   std::vector<std::optional<Hello>> parsed(hellos.size());
   std::string problems;
+  bool other_versions = false;  // a rank of another peer protocol version
   auto add = [&problems](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
   for (size_t r = 0; r < hellos.size(); ++r) {
-    Reader rd(hellos[r]);
-    Hello h;
-    if (!rd.Magic()) {
+    const std::string& bytes = hellos[r];
+    if (bytes.size() < 4 || std::memcmp(bytes.data(), kMagic, 4) != 0) {
       add("rank " + std::to_string(r) + " sent no odb hello (wrong program on that port?)");
       continue;
     }
-    if (!rd.U32(h.version)) {
+    if (bytes.size() < kPrefixBytes) {
       add("rank " + std::to_string(r) + " sent a truncated hello");
       continue;
     }
-    if (h.version != kAlignProtocolVersion) {
-      add("rank " + std::to_string(r) + " speaks alignment protocol " + std::to_string(h.version) +
-          ", expected " + std::to_string(kAlignProtocolVersion));
+    uint32_t version = 0;
+    for (int i = 0; i < 4; ++i)
+      version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + i])) << (8 * i);
+    if (version != kPeerProtocolVersion) {
+      other_versions = true;
+      add("rank " + std::to_string(r) + " speaks peer protocol " + std::to_string(version) + ", this rank " +
+          std::to_string(kPeerProtocolVersion) + " (every daemon of a job must run the same odb version)");
       continue;
     }
-    uint32_t n = 0;
-    bool ok = rd.U32(h.rank) && rd.U32(h.world) && rd.U64(h.fingerprint) && rd.U32(n);
-    for (uint32_t i = 0; ok && i < n; ++i) {
-      std::string k, v;
-      ok = rd.Str(k) && rd.Str(v);
-      h.fields.emplace_back(std::move(k), std::move(v));
+    peer::Hello p;
+    if (absl::Status s = ParsePeerMessage(std::string_view(bytes).substr(kPrefixBytes), "hello", p);
+        !s.ok()) {
+      add("rank " + std::to_string(r) + " sent a malformed hello (" + std::string(s.message()) + ")");
+      continue;
     }
-    if (!ok || !rd.AtEnd()) {
-      add("rank " + std::to_string(r) + " sent a malformed hello");
+    if (p.names_size() != p.values_size()) {
+      add("rank " + std::to_string(r) + " sent a malformed hello (" + std::to_string(p.names_size()) +
+          " names, " + std::to_string(p.values_size()) + " values)");
+      continue;
+    }
+    Hello h;
+    h.rank = p.rank();
+    h.world = p.world_size();
+    h.fingerprint = p.fingerprint();
+    for (int i = 0; i < p.names_size(); ++i) h.fields.emplace_back(p.names(i), p.values(i));
+    if (HelloFingerprint(h.fields) != h.fingerprint) {
+      add("rank " + std::to_string(r) + " sent a corrupt hello (its fields do not match its fingerprint)");
       continue;
     }
     if (h.rank != r) add("slot " + std::to_string(r) + " holds a hello from rank " + std::to_string(h.rank));
@@ -191,6 +162,12 @@ absl::Status CheckHellos(const std::vector<std::string>& hellos) {
     }
   }
   if (problems.empty()) return absl::OkStatus();
+  if (other_versions) {
+    return absl::FailedPreconditionError(
+        "daemons of different odb versions in one job (run one odbd build on "
+        "every rank): " +
+        problems);
+  }
   return absl::FailedPreconditionError("alignment config mismatch between daemons (fix the config so all ranks "
                                        "agree): " + problems);
 }

@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "proto/peer.pb.h"
+#include "src/align/peer_wire.h"
+
 namespace odb::align {
 namespace {
 
@@ -81,7 +84,7 @@ TEST_CASE("decode rejects corrupt input with a specific error", "[codec]") {
   const std::string good = EncodeRankRound(Sample());
   SECTION("version") {
     std::string b = good;
-    b[0] = 9;
+    b.back() = 9;  // the version, the message's last field
     auto s = DecodeRankRound(b).status();
     REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
     REQUIRE(std::string(s.message()).find("version 9") != std::string::npos);
@@ -103,11 +106,58 @@ TEST_CASE("decode rejects corrupt input with a specific error", "[codec]") {
     auto s = DecodeRankRound(EncodeRankRound(msg)).status();
     REQUIRE(std::string(s.message()).find("duplicate sample id 10") != std::string::npos);
   }
-  SECTION("absurd count") {
-    std::string b = good.substr(0, 9);  // version + header, then a huge count
-    b += std::string("\xff\xff\xff\xff\x0f", 5);
-    REQUIRE_FALSE(DecodeRankRound(b).ok());
+  SECTION("columns of different lengths") {
+    peer::RankRound p;
+    p.add_id_delta(1);
+    p.add_id_delta(1);
+    p.add_tokens(5);  // one token count for two ids
+    auto s = DecodeRankRound(EncodePeerMessage(p)).status();
+    REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+    REQUIRE(std::string(s.message()).find("columns of different lengths") != std::string::npos);
   }
+  SECTION("loss tokens over the tokens") {
+    RankRoundMessage msg = Sample();
+    msg.data.pending[0].loss_tokens = msg.data.pending[0].lengths.tokens + 1;
+    REQUIRE(DecodeRankRound(EncodeRankRound(msg)).status().code() == absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST_CASE("a bit flip is refused or decodes to a message that keeps the invariants", "[codec]") {
+  const std::string good = EncodeRankRound(Sample());
+  int refused = 0;
+  for (size_t i = 0; i < good.size() * 8; ++i) {
+    std::string b = good;
+    b[i / 8] = static_cast<char>(b[i / 8] ^ (1 << (i % 8)));
+    auto got = DecodeRankRound(b);
+    if (!got.ok()) {
+      ++refused;
+      continue;
+    }
+    // A flip inside a value: still a well-formed round of its rank.
+    for (const SampleMeta& m : got->data.pending) {
+      REQUIRE(m.owner_rank == got->rank);
+      REQUIRE(m.lengths.tokens > 0);
+      REQUIRE((m.loss_tokens == kEveryTokenBearsLoss || m.loss_tokens <= m.lengths.tokens));
+    }
+  }
+  REQUIRE(refused > 0);
+}
+
+TEST_CASE("token totals round-trip; malformed ones are refused", "[codec]") {
+  const std::string bytes = EncodeRankTotals(2, 77, 4, {10, 20, 30}, {100, 200, 300});
+  auto t = DecodeRankTotals(bytes);
+  REQUIRE(t.ok());
+  REQUIRE(t->epoch == 2);
+  REQUIRE(t->round == 77);
+  REQUIRE(t->rank == 4);
+  REQUIRE(t->loss == std::vector<uint64_t>{10, 20, 30});
+  REQUIRE(t->real == std::vector<uint64_t>{100, 200, 300});
+  REQUIRE(bytes.size() < 20 + 16 * 3);  // varints: smaller than the fixed-width format before peer.proto
+  for (size_t n = 0; n < bytes.size(); ++n) REQUIRE_FALSE(DecodeRankTotals(bytes.substr(0, n)).ok());
+  REQUIRE_FALSE(DecodeRankTotals(bytes + "x").ok());
+  auto uneven = DecodeRankTotals(EncodeRankTotals(2, 77, 4, {10, 20}, {100}));
+  REQUIRE(uneven.status().code() == absl::StatusCode::kDataLoss);
+  REQUIRE(std::string(uneven.status().message()).find("2 loss counts but 1 real") != std::string::npos);
 }
 
 }  // namespace

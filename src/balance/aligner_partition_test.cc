@@ -328,7 +328,7 @@ TEST_CASE("round summaries round-trip; malformed ones are refused, naming why", 
   in.wait_expired = true;
   in.group_bound = 12.625;
   const std::string bytes = EncodeRoundSummary(3, 99, 5, in);
-  REQUIRE(bytes.size() == kRoundSummaryBytes);
+  REQUIRE(bytes.size() < 32);  // varints; the bound as a double (9 bytes with its tag)
   uint32_t epoch = 0;
   uint64_t round = 0;
   int32_t rank = 0;

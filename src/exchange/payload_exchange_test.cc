@@ -33,6 +33,13 @@ absl::Status Pump(PayloadExchange& x, const std::function<bool()>& done) {
   return absl::OkStatus();
 }
 
+// The exchange's public key, as its announcement carries it.
+std::string PublicKeyOf(const PayloadExchange& x) {
+  auto announced = DecodeAnnouncements({x.Announcement()});
+  REQUIRE(announced.ok());
+  return (*announced)[0].public_key;
+}
+
 // A DEALER to the exchange at `endpoint` that says it is `routing_id` and
 // authenticates with `keys` against the exchange's public key.
 zmq::socket_t CurveDealer(zmq::context_t& ctx, const char* routing_id, const std::string& server_key,
@@ -59,7 +66,7 @@ TEST_CASE("outsiders never reach the exchange; a peer's bad frame names the peer
   // The job's all-gather: rank 1 listens somewhere nobody answers (this test
   // only receives).
   REQUIRE(x.Connect({x.Announcement(), EncodeAnnouncement({"tcp://127.0.0.1:9", rank1->public_key})}).ok());
-  const std::string server_key = x.Announcement().substr(0, 40);
+  const std::string server_key = PublicKeyOf(x);
 
   zmq::context_t ctx(1);
   // An outsider without a key, claiming to be rank 0 and rank 1, sends garbage.
@@ -102,7 +109,7 @@ TEST_CASE("two copies of one key from a peer are both kept and taken in the orde
   auto rank1 = NewCurveKeypair();
   REQUIRE(rank1.ok());
   REQUIRE(x.Connect({x.Announcement(), EncodeAnnouncement({"tcp://127.0.0.1:9", rank1->public_key})}).ok());
-  const std::string server_key = x.Announcement().substr(0, 40);
+  const std::string server_key = PublicKeyOf(x);
   zmq::context_t ctx(1);
   zmq::socket_t peer = CurveDealer(ctx, "1", server_key, *rank1, x.endpoint());
   // Sample 7 twice, told apart by their lengths (what the plan sized each by).

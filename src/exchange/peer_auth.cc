@@ -6,6 +6,9 @@
 #include <cstring>
 #include <set>
 
+#include "proto/peer.pb.h"
+#include "src/align/peer_wire.h"
+
 namespace odb::exchange {
 namespace {
 
@@ -39,23 +42,27 @@ absl::StatusOr<CurveKeypair> NewCurveKeypair() {
   return CurveKeypair{pub, sec};
 }
 
-std::string EncodeAnnouncement(const PeerAnnouncement& a) { return a.public_key + " " + a.endpoint; }
+std::string EncodeAnnouncement(const PeerAnnouncement& a) {
+  peer::ExchangeAnnouncement p;
+  p.set_endpoint(a.endpoint);
+  p.set_public_key(a.public_key);
+  return align::EncodePeerMessage(p);
+}
 
 absl::StatusOr<std::vector<PeerAnnouncement>> DecodeAnnouncements(const std::vector<std::string>& gathered) {
   std::vector<PeerAnnouncement> out;
   std::set<std::string> keys;
   for (size_t r = 0; r < gathered.size(); ++r) {
-    const std::string& g = gathered[r];
-    const size_t space = g.find(' ');
-    PeerAnnouncement a;
-    if (space != std::string::npos) {
-      a.public_key = g.substr(0, space);
-      a.endpoint = g.substr(space + 1);
+    peer::ExchangeAnnouncement p;
+    if (absl::Status s = align::ParsePeerMessage(gathered[r], "payload-exchange announcement", p); !s.ok()) {
+      return absl::Status(s.code(), "rank " + std::to_string(r) + ": " + std::string(s.message()));
     }
-    if (space == std::string::npos || !RawKey(a.public_key) || a.endpoint.rfind("tcp://", 0) != 0) {
-      return absl::InvalidArgumentError("rank " + std::to_string(r) +
-                                        " announced an unreadable payload-exchange endpoint or key (a "
-                                        "daemon of another odb version in this job?)");
+    PeerAnnouncement a{p.endpoint(), p.public_key()};
+    if (!RawKey(a.public_key) || a.endpoint.rfind("tcp://", 0) != 0) {
+      return absl::InvalidArgumentError(
+          "rank " + std::to_string(r) +
+          " announced an unreadable payload-exchange endpoint or key (endpoint '" + a.endpoint.substr(0, 64) +
+          "', a key of " + std::to_string(a.public_key.size()) + " characters)");
     }
     if (!keys.insert(a.public_key).second) {
       return absl::InvalidArgumentError("rank " + std::to_string(r) +

@@ -60,6 +60,15 @@ TEST_CASE("announcements round-trip and a bad one names its rank") {
   REQUIRE(!old.ok());
   CHECK(old.status().message().find("rank 1") != std::string_view::npos);
 
+  // Every truncation of a good announcement is refused, naming the rank.
+  const std::string good = EncodeAnnouncement({"tcp://10.0.0.2:5001", b->public_key});
+  for (size_t n = 0; n < good.size(); ++n) {
+    gathered[1] = good.substr(0, n);
+    auto cut = DecodeAnnouncements(gathered);
+    REQUIRE(!cut.ok());
+    CHECK(cut.status().message().find("rank 1") != std::string_view::npos);
+  }
+
   gathered[1] = EncodeAnnouncement({"tcp://10.0.0.2:5001", a->public_key});
   auto shared = DecodeAnnouncements(gathered);
   REQUIRE(!shared.ok());
