@@ -429,28 +429,21 @@ PYBIND11_MODULE(_odb_native, m) {
   dict_like(rejection);
   py::class_<StepInfo> step_info(m, "StepInfo", "One step's header, as the daemon sent it (see docs/protocol.md).");
 #define ODB_BIND_STEP_FIELD(type, name, dflt, doc) step_info.def_readonly(#name, &StepInfo::name, doc);
+#define ODB_BIND_SAMPLE_FIELD(type, name, value, always, doc) ODB_BIND_STEP_FIELD(type, name, value, doc)
+#define ODB_BIND_OPTIONAL_SAMPLE_FIELD(type, name, present, value, doc) \
+  ODB_BIND_STEP_FIELD(type, name, value, doc)
+#define ODB_BIND_ROUTE_FIELDS(type, vision, audio, llm_order, value, doc) \
+  ODB_BIND_STEP_FIELD(type, vision, value, doc) ODB_BIND_STEP_FIELD(type, audio, value, doc)
   ODB_STEP_FIELDS(ODB_BIND_STEP_FIELD)
+  ODB_STEP_JOB_FIELDS(ODB_BIND_STEP_FIELD)
+  ODB_STEP_SAMPLE_FIELDS(ODB_BIND_SAMPLE_FIELD, ODB_BIND_OPTIONAL_SAMPLE_FIELD)
+  ODB_STEP_ROUTE_FIELDS(ODB_BIND_ROUTE_FIELDS)
+#undef ODB_BIND_ROUTE_FIELDS
+#undef ODB_BIND_OPTIONAL_SAMPLE_FIELD
+#undef ODB_BIND_SAMPLE_FIELD
 #undef ODB_BIND_STEP_FIELD
   step_info.def_readonly("epoch", &StepInfo::epoch)
-      .def_readonly("sample_ids", &StepInfo::sample_ids)
-      .def_readonly("lengths", &StepInfo::lengths, "LLM tokens per sample, same order as sample_ids")
-      .def_readonly("owner_ranks", &StepInfo::owner_ranks, "rank that received each sample")
-      .def_readonly("seqs", &StepInfo::seqs,
-                    "each sample's position in its owner rank's list (its seq), None where it had none")
-      .def_readonly("samples_may_move", &StepInfo::samples_may_move)
-      .def_readonly("deterministic", &StepInfo::deterministic, "the daemon runs alignment.deterministic")
       .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
-      .def_readonly("rejections_are_errors", &StepInfo::rejections_are_errors)
-      .def_readonly("enc_sample_ids", &StepInfo::enc_sample_ids)
-      .def_readonly("enc_owner_ranks", &StepInfo::enc_owner_ranks)
-      .def_readonly("enc_dest_rank", &StepInfo::enc_dest_rank)
-      .def_readonly("enc_dest_index", &StepInfo::enc_dest_index)
-      .def_readonly("llm_src_rank", &StepInfo::llm_src_rank)
-      .def_readonly("audio_sample_ids", &StepInfo::audio_sample_ids)
-      .def_readonly("audio_owner_ranks", &StepInfo::audio_owner_ranks)
-      .def_readonly("audio_dest_rank", &StepInfo::audio_dest_rank)
-      .def_readonly("audio_dest_index", &StepInfo::audio_dest_index)
-      .def_readonly("llm_audio_src_rank", &StepInfo::llm_audio_src_rank)
       .def("__repr__", [](const StepInfo& s) {
         return "StepInfo(epoch=" + std::to_string(s.epoch) + ", step_index=" + std::to_string(s.step_index) +
                ", idle=" + (s.idle ? "True" : "False") + ", samples=" + std::to_string(s.sample_ids.size()) + ")";

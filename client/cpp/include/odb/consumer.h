@@ -33,38 +33,31 @@ struct Rejection {
   std::string message;
 };
 
-// A step's header: the planned fields (proto/step_fields.h: step_index,
-// idle, real_tokens, loss_weight, the window fields, ...) and these.
+// A step's header: every field of the one list (proto/step_fields.h): the
+// planned scalars (step_index, idle, real_tokens, loss_weight, the window
+// fields, ...), the job's flags, the per-sample lists (sample_ids, lengths,
+// owner_ranks, seqs: nullopt for a sample sent without a seq) and the
+// per-phase route lists (empty unless the daemon runs
+// alignment.phase_plans: this rank encodes enc_sample_ids, the rows of its
+// "enc.*" tensors; encoder sample i's output goes to rank enc_dest_rank[i] as
+// its sample number enc_dest_index[i]; llm_src_rank[j] is the rank that
+// encodes sample_ids[j]; the audio_* lists likewise for "audio.*"), and the
+// epoch and the rejections since the previous step.
 struct StepInfo : StepHeader {
   uint32_t epoch = 0;
-  std::vector<uint64_t> sample_ids;
-  std::vector<uint32_t> lengths;
-  std::vector<int32_t> owner_ranks;
-  // Each sample's seq: its position in the list of the rank owner_ranks names
-  // (the producer's SampleHeader.seq), so that copies of a repeated id are
-  // told apart; nullopt for a sample sent without one. As long as sample_ids.
-  std::vector<std::optional<uint64_t>> seqs;
-  bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
-  bool deterministic = false;     // the daemon runs alignment.deterministic
   std::vector<Rejection> rejections;
-  bool rejections_are_errors = false;
-  // Per-phase plan (empty unless the daemon runs alignment.phase_plans): this
-  // rank encodes enc_sample_ids (the rows of its "enc.*" tensors, received by
-  // enc_owner_ranks); encoder sample i's output goes to rank enc_dest_rank[i]
-  // as its sample number enc_dest_index[i]. llm_src_rank[j] is the rank that
-  // encodes sample_ids[j].
-  std::vector<uint64_t> enc_sample_ids;
-  std::vector<int32_t> enc_owner_ranks;
-  std::vector<int32_t> enc_dest_rank;
-  std::vector<uint32_t> enc_dest_index;
-  std::vector<int32_t> llm_src_rank;
-  // The audio encoder phase (collate.audio_fields), the same lists for it:
-  // this rank encodes the audio of audio_sample_ids (its "audio.*" tensors).
-  std::vector<uint64_t> audio_sample_ids;
-  std::vector<int32_t> audio_owner_ranks;
-  std::vector<int32_t> audio_dest_rank;
-  std::vector<uint32_t> audio_dest_index;
-  std::vector<int32_t> llm_audio_src_rank;
+#define ODB_STEP_JOB_MEMBER(type, name, dflt, doc) type name = dflt;
+#define ODB_STEP_SAMPLE_MEMBER(type, name, value, always, doc) std::vector<type> name;
+#define ODB_STEP_OPTIONAL_SAMPLE_MEMBER(type, name, present, value, doc) \
+  std::vector<std::optional<type>> name;
+#define ODB_STEP_ROUTE_MEMBERS(type, vision, audio, llm_order, value, doc) std::vector<type> vision, audio;
+  ODB_STEP_JOB_FIELDS(ODB_STEP_JOB_MEMBER)
+  ODB_STEP_SAMPLE_FIELDS(ODB_STEP_SAMPLE_MEMBER, ODB_STEP_OPTIONAL_SAMPLE_MEMBER)
+  ODB_STEP_ROUTE_FIELDS(ODB_STEP_ROUTE_MEMBERS)
+#undef ODB_STEP_ROUTE_MEMBERS
+#undef ODB_STEP_OPTIONAL_SAMPLE_MEMBER
+#undef ODB_STEP_SAMPLE_MEMBER
+#undef ODB_STEP_JOB_MEMBER
 };
 
 struct EpochSummary {
