@@ -307,6 +307,24 @@ class PyConsumer {
   void ReconnectForTest() { Check(Live()->ReconnectForTest()); }
   uint64_t Reconnects() const { return Live()->reconnects(); }
 
+  py::object JobSettingsDict(std::optional<int> timeout_ms) {
+    absl::StatusOr<std::optional<JobSettings>> s;
+    {
+      py::gil_scoped_release release;
+      s = Live()->job_settings(timeout_ms);
+    }
+    if (!s.ok()) Raise(s.status());
+    if (!s->has_value()) return py::none();
+    py::dict d;
+    d["tokens_per_step"] = (*s)->tokens_per_step;
+    d["packed"] = (*s)->packed;
+    d["trainer_data_plane"] = (*s)->trainer_data_plane;
+    d["length_field"] = (*s)->length_field;
+    d["ignore_index"] =
+        (*s)->ignore_index ? py::object(py::int_(*(*s)->ignore_index)) : py::object(py::none());
+    return d;
+  }
+
   std::string DataPlaneInUse() const { return Live()->data_plane(); }
   std::string ArenaNote() const { return Live()->arena_note(); }
   py::object StepArenaStatsDict() const {
@@ -470,6 +488,11 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_property_readonly("data_plane", &PyConsumer::DataPlaneInUse,
                              "'shm' once the step arena is mapped (steps are views of it), else 'zmq'")
       .def_property_readonly("arena_note", &PyConsumer::ArenaNote, "why an offered step arena is not used")
+      .def("job_settings", &PyConsumer::JobSettingsDict, py::arg("timeout_ms") = py::none(),
+           "The daemon's job settings from this session's acknowledgement (tokens_per_step, packed, "
+           "trainer_data_plane, length_field, ignore_index), or None from a daemon older than them; waits "
+           "for the acknowledgement at most timeout_ms (None: receive_timeout_ms; docs/protocol.md, "
+           "\"Job settings\")")
       .def("step_arena_stats", &PyConsumer::StepArenaStatsDict,
            "the mapped step arena's counters (held_steps, returned_steps, ...), or None")
       .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0,

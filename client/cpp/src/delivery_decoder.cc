@@ -98,6 +98,15 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   }
   if (message.has_session_ack()) {
     d.kind = Delivery::Kind::kSessionAck;
+    if (message.session_ack().has_settings()) {
+      const wire::JobSettings& s = message.session_ack().settings();
+      JobSettings& out = d.settings.emplace();
+      out.tokens_per_step = s.tokens_per_step();
+      out.packed = s.packed();
+      out.trainer_data_plane = s.trainer_data_plane();
+      out.length_field = s.length_field();
+      if (s.has_ignore_index()) out.ignore_index = s.ignore_index();
+    }
     return d;
   }
   if (!message.has_step()) {

@@ -74,12 +74,24 @@ struct EpochSummary {
   bool rejections_are_errors = false;
 };
 
+// The daemon's settings a trainer must agree with, from the session's
+// acknowledgement (docs/protocol.md, "Job settings").
+struct JobSettings {
+  uint64_t tokens_per_step = 0;         // optimizer.tokens_per_step: the window target (0: no windows)
+  bool packed = false;                  // collate.packed
+  std::string trainer_data_plane;       // shm.trainer_data_plane: "auto", "shm" or "zmq"
+  std::string length_field;             // collate.length_field
+  std::optional<int64_t> ignore_index;  // the collated labels' pad value; nullopt without labels
+};
+
 // What Next() returns: a step (with tensors) or the end of the epoch.
 struct Delivery {
   enum class Kind { kStep, kEpochEnd, kSessionAck };  // kSessionAck: skipped by Consumer::Next
   Kind kind = Kind::kStep;
   StepInfo step;
   EpochSummary summary;
+  // kSessionAck: the job's settings; nullopt from a daemon older than them.
+  std::optional<JobSettings> settings;
   std::vector<TensorView> tensors;
   // Owns the received frames the views point into.
   std::shared_ptr<void> frames;
@@ -150,6 +162,14 @@ class Consumer {
   // the daemon exports the sum (odb_trainer_data_wait_microseconds_total).
   // Reports add up until then; negative values count as 0.
   void ReportDataWait(std::chrono::microseconds wait);
+
+  // The daemon's job settings, from the acknowledgement of this session
+  // (the first message of a session: ask before the first epoch, e.g. for a
+  // schedule). Waits for it at most `timeout_ms` (default: receive_timeout_ms)
+  // if it has not come yet; what arrives meanwhile is kept for Next().
+  // nullopt: a daemon older than the settings. A refused session
+  // (SESSION_REFUSED) is an error.
+  absl::StatusOr<std::optional<JobSettings>> job_settings(std::optional<int> timeout_ms = std::nullopt);
 
   // "shm" once the session's step arena is mapped, else "zmq".
   std::string data_plane() const;
