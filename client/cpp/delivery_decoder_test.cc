@@ -209,5 +209,32 @@ TEST_CASE("control messages and protocol errors") {
   }
 }
 
+TEST_CASE("a session acknowledgement carries the job settings; one from an older daemon has none") {
+  wire::DaemonMessage m;
+  m.set_version(wire::PROTOCOL_VERSION_CURRENT);
+  m.mutable_session_ack();
+  auto old = DecodeDelivery(Message(m, {}), "e");
+  REQUIRE(old.ok());
+  CHECK(old->kind == Delivery::Kind::kSessionAck);
+  CHECK_FALSE(old->settings.has_value());
+  wire::JobSettings* s = m.mutable_session_ack()->mutable_settings();
+  s->set_tokens_per_step(4096);
+  s->set_packed(true);
+  s->set_trainer_data_plane("shm");
+  s->set_length_field("input_ids");
+  auto without_labels = DecodeDelivery(Message(m, {}), "e");
+  REQUIRE(without_labels.ok());
+  REQUIRE(without_labels->settings.has_value());
+  CHECK(without_labels->settings->tokens_per_step == 4096);
+  CHECK(without_labels->settings->packed);
+  CHECK(without_labels->settings->trainer_data_plane == "shm");
+  CHECK(without_labels->settings->length_field == "input_ids");
+  CHECK_FALSE(without_labels->settings->ignore_index.has_value());
+  s->set_ignore_index(-100);
+  auto with_labels = DecodeDelivery(Message(m, {}), "e");
+  REQUIRE(with_labels.ok());
+  CHECK(with_labels->settings->ignore_index == std::optional<int64_t>(-100));
+}
+
 }  // namespace
 }  // namespace odb::client

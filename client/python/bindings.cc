@@ -307,6 +307,24 @@ class PyConsumer {
   void ReconnectForTest() { Check(Live()->ReconnectForTest()); }
   uint64_t Reconnects() const { return Live()->reconnects(); }
 
+  py::object JobSettingsDict(std::optional<int> timeout_ms) {
+    absl::StatusOr<std::optional<JobSettings>> s;
+    {
+      py::gil_scoped_release release;
+      s = Live()->job_settings(timeout_ms);
+    }
+    if (!s.ok()) Raise(s.status());
+    if (!s->has_value()) return py::none();
+    py::dict d;
+    d["tokens_per_step"] = (*s)->tokens_per_step;
+    d["packed"] = (*s)->packed;
+    d["trainer_data_plane"] = (*s)->trainer_data_plane;
+    d["length_field"] = (*s)->length_field;
+    d["ignore_index"] =
+        (*s)->ignore_index ? py::object(py::int_(*(*s)->ignore_index)) : py::object(py::none());
+    return d;
+  }
+
   std::string DataPlaneInUse() const { return Live()->data_plane(); }
   std::string ArenaNote() const { return Live()->arena_note(); }
   py::object StepArenaStatsDict() const {
@@ -429,28 +447,21 @@ PYBIND11_MODULE(_odb_native, m) {
   dict_like(rejection);
   py::class_<StepInfo> step_info(m, "StepInfo", "One step's header, as the daemon sent it (see docs/protocol.md).");
 #define ODB_BIND_STEP_FIELD(type, name, dflt, doc) step_info.def_readonly(#name, &StepInfo::name, doc);
+#define ODB_BIND_SAMPLE_FIELD(type, name, value, always, doc) ODB_BIND_STEP_FIELD(type, name, value, doc)
+#define ODB_BIND_OPTIONAL_SAMPLE_FIELD(type, name, present, value, doc) \
+  ODB_BIND_STEP_FIELD(type, name, value, doc)
+#define ODB_BIND_ROUTE_FIELDS(type, vision, audio, llm_order, value, doc) \
+  ODB_BIND_STEP_FIELD(type, vision, value, doc) ODB_BIND_STEP_FIELD(type, audio, value, doc)
   ODB_STEP_FIELDS(ODB_BIND_STEP_FIELD)
+  ODB_STEP_JOB_FIELDS(ODB_BIND_STEP_FIELD)
+  ODB_STEP_SAMPLE_FIELDS(ODB_BIND_SAMPLE_FIELD, ODB_BIND_OPTIONAL_SAMPLE_FIELD)
+  ODB_STEP_ROUTE_FIELDS(ODB_BIND_ROUTE_FIELDS)
+#undef ODB_BIND_ROUTE_FIELDS
+#undef ODB_BIND_OPTIONAL_SAMPLE_FIELD
+#undef ODB_BIND_SAMPLE_FIELD
 #undef ODB_BIND_STEP_FIELD
   step_info.def_readonly("epoch", &StepInfo::epoch)
-      .def_readonly("sample_ids", &StepInfo::sample_ids)
-      .def_readonly("lengths", &StepInfo::lengths, "LLM tokens per sample, same order as sample_ids")
-      .def_readonly("owner_ranks", &StepInfo::owner_ranks, "rank that received each sample")
-      .def_readonly("seqs", &StepInfo::seqs,
-                    "each sample's position in its owner rank's list (its seq), None where it had none")
-      .def_readonly("samples_may_move", &StepInfo::samples_may_move)
-      .def_readonly("deterministic", &StepInfo::deterministic, "the daemon runs alignment.deterministic")
       .def_readonly("rejections", &StepInfo::rejections, "inputs refused since the previous step")
-      .def_readonly("rejections_are_errors", &StepInfo::rejections_are_errors)
-      .def_readonly("enc_sample_ids", &StepInfo::enc_sample_ids)
-      .def_readonly("enc_owner_ranks", &StepInfo::enc_owner_ranks)
-      .def_readonly("enc_dest_rank", &StepInfo::enc_dest_rank)
-      .def_readonly("enc_dest_index", &StepInfo::enc_dest_index)
-      .def_readonly("llm_src_rank", &StepInfo::llm_src_rank)
-      .def_readonly("audio_sample_ids", &StepInfo::audio_sample_ids)
-      .def_readonly("audio_owner_ranks", &StepInfo::audio_owner_ranks)
-      .def_readonly("audio_dest_rank", &StepInfo::audio_dest_rank)
-      .def_readonly("audio_dest_index", &StepInfo::audio_dest_index)
-      .def_readonly("llm_audio_src_rank", &StepInfo::llm_audio_src_rank)
       .def("__repr__", [](const StepInfo& s) {
         return "StepInfo(epoch=" + std::to_string(s.epoch) + ", step_index=" + std::to_string(s.step_index) +
                ", idle=" + (s.idle ? "True" : "False") + ", samples=" + std::to_string(s.sample_ids.size()) + ")";
@@ -477,6 +488,11 @@ PYBIND11_MODULE(_odb_native, m) {
       .def_property_readonly("data_plane", &PyConsumer::DataPlaneInUse,
                              "'shm' once the step arena is mapped (steps are views of it), else 'zmq'")
       .def_property_readonly("arena_note", &PyConsumer::ArenaNote, "why an offered step arena is not used")
+      .def("job_settings", &PyConsumer::JobSettingsDict, py::arg("timeout_ms") = py::none(),
+           "The daemon's job settings from this session's acknowledgement (tokens_per_step, packed, "
+           "trainer_data_plane, length_field, ignore_index), or None from a daemon older than them; waits "
+           "for the acknowledgement at most timeout_ms (None: receive_timeout_ms; docs/protocol.md, "
+           "\"Job settings\")")
       .def("step_arena_stats", &PyConsumer::StepArenaStatsDict,
            "the mapped step arena's counters (held_steps, returned_steps, ...), or None")
       .def("start_epoch", &PyConsumer::StartEpoch, py::arg("epoch"), py::arg("expected_producers") = 0,

@@ -21,6 +21,8 @@ ingest::IngestOptions IngestOptionsFor(const DaemonConfig& c) {
 emit::TrainerChannelOptions TrainerChannelOptionsFor(const DaemonConfig& c) {
   emit::TrainerChannelOptions o = c.trainer;
   o.rank = c.rank;
+  o.window_target = c.tokens_per_step;
+  o.collate = c.collate;
   return o;
 }
 

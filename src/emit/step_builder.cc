@@ -30,28 +30,6 @@ Sample WithFields(const Sample& sample, const std::vector<std::string>& names, b
   return out;
 }
 
-// One encoder phase's header fields (proto/odb.proto), the wire form of its
-// PhaseRoute.
-struct RouteFields {
-  google::protobuf::RepeatedField<uint64_t>* ids;
-  google::protobuf::RepeatedField<int32_t>* owners;
-  google::protobuf::RepeatedField<int32_t>* dest_rank;
-  google::protobuf::RepeatedField<uint32_t>* dest_index;
-  google::protobuf::RepeatedField<int32_t>* src_rank;
-};
-
-RouteFields RouteFieldsOf(wire::Step& step, EncoderPhase phase) {
-  switch (phase) {
-    case EncoderPhase::kVision:
-      return {step.mutable_enc_sample_ids(), step.mutable_enc_owner_ranks(), step.mutable_enc_dest_rank(),
-              step.mutable_enc_dest_index(), step.mutable_llm_src_rank()};
-    case EncoderPhase::kAudio:
-      return {step.mutable_audio_sample_ids(), step.mutable_audio_owner_ranks(), step.mutable_audio_dest_rank(),
-              step.mutable_audio_dest_index(), step.mutable_llm_audio_src_rank()};
-  }
-  std::abort();  // every EncoderPhase is listed above (-Wswitch)
-}
-
 // The prefix of an encoder phase's batch tensors ("<prefix><field>").
 const char* PhaseBatchPrefix(EncoderPhase phase) {
   switch (phase) {
@@ -190,10 +168,10 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
 #define ODB_SET_STEP_FIELD(type, name, dflt, doc) step.set_##name(plan.name);
   ODB_STEP_FIELDS(ODB_SET_STEP_FIELD)
 #undef ODB_SET_STEP_FIELD
-  step.set_deterministic(options_.deterministic);
-  step.set_rejections_are_errors(options_.rejections_are_errors);
+#define ODB_SET_STEP_JOB_FIELD(type, name, dflt, doc) step.set_##name(options_.name);
+  ODB_STEP_JOB_FIELDS(ODB_SET_STEP_JOB_FIELD)
+#undef ODB_SET_STEP_JOB_FIELD
   const bool phases = options_.phase_plans;
-  step.set_samples_may_move(options_.samples_may_move);
   // With per-phase plans the encoder fields travel in their encoder batch only
   // (filtered views; frames are shared). Without, the samples are used as they are.
   std::vector<std::string> encoder_only;
@@ -213,26 +191,28 @@ absl::StatusOr<StepBuilder::BuiltStep> StepBuilder::Build(uint32_t epoch, const 
     } else {
       llm_group.push_back(&s);
     }
-    step.add_sample_ids(s.UserId());
-    step.add_lengths(s.meta.lengths.tokens);
-    step.add_owner_ranks(s.meta.owner_rank);
-    // The position in the owner rank's list: what tells a trainer which copy
-    // of a repeated id this is (a resume by position needs it exactly).
-    step.add_seqs(s.seq.value_or(0));
-    step.add_has_seq(s.seq.has_value());
+#define ODB_ADD_SAMPLE_FIELD(type, name, value, always, doc) step.add_##name(value);
+#define ODB_ADD_OPTIONAL_SAMPLE_FIELD(type, name, present, value, doc) \
+  step.add_##name((value).value_or(0));                                \
+  step.add_##present((value).has_value());
+    ODB_STEP_SAMPLE_FIELDS(ODB_ADD_SAMPLE_FIELD, ODB_ADD_OPTIONAL_SAMPLE_FIELD)
+#undef ODB_ADD_OPTIONAL_SAMPLE_FIELD
+#undef ODB_ADD_SAMPLE_FIELD
   }
   for (size_t p = 0; p < kEncoderPhases; ++p) {
     const EncoderPhase phase = static_cast<EncoderPhase>(p);
     const PhaseRoute& route = plan.phases[p];
-    const RouteFields wire = RouteFieldsOf(step, phase);
+    const std::vector<const Sample*>& encoded = samples.phases[p];
     for (size_t i = 0; i < route.ids.size(); ++i) {
-      phase_samples[p].push_back(WithFields(*samples.phases[p][i], PhaseFields(phase), true));
-      wire.ids->Add(samples.phases[p][i]->UserId());  // the producer's id (a repeat's key differs)
-      wire.owners->Add(route.owners[i]);
-      wire.dest_rank->Add(route.dest_rank[i]);
-      wire.dest_index->Add(route.dest_index[i]);
+      phase_samples[p].push_back(WithFields(*encoded[i], PhaseFields(phase), true));
     }
-    for (int32_t src : route.src_rank) wire.src_rank->Add(src);
+    const bool vision = phase == EncoderPhase::kVision;
+#define ODB_ADD_ROUTE_FIELD(type, vision_name, audio_name, llm_order, value, doc)         \
+  for (size_t i = 0; i < ((llm_order) ? route.src_rank.size() : route.ids.size()); ++i) { \
+    (vision ? step.mutable_##vision_name() : step.mutable_##audio_name())->Add(value);    \
+  }
+    ODB_STEP_ROUTE_FIELDS(ODB_ADD_ROUTE_FIELD)
+#undef ODB_ADD_ROUTE_FIELD
   }
   // Plan both batches first (every check), so that the step's size is known
   // before its memory is chosen; then write each batch tensor once, into the

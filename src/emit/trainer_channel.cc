@@ -408,10 +408,26 @@ bool TrainerChannel::Handle(const std::string& peer, int fd, uint64_t connection
   return requested;
 }
 
+wire::JobSettings JobSettingsOf(const TrainerChannelOptions& options) {
+  wire::JobSettings s;
+  s.set_tokens_per_step(options.window_target);
+  s.set_packed(options.collate.packed);
+  s.set_trainer_data_plane(!options.step_arena ? "zmq" : options.step_arena_required ? "shm" : "auto");
+  s.set_length_field(options.collate.length_field);
+  // The pad value of the padded `labels` field is what the loss ignores (the
+  // name odb's Python encoding and loss use).
+  for (const collate::FieldSpec& f : options.collate.fields) {
+    if (f.name == "labels" && f.rule == collate::FieldRule::kPad) {
+      s.set_ignore_index(static_cast<int64_t>(f.pad_value));
+    }
+  }
+  return s;
+}
+
 bool TrainerChannel::Acknowledge(const std::string& peer) {
   wire::DaemonMessage ack;
   ack.set_version(wire::PROTOCOL_VERSION_CURRENT);
-  ack.mutable_session_ack();
+  *ack.mutable_session_ack()->mutable_settings() = JobSettingsOf(options_);
   auto parts = EncodeControl(ack);
   return TrySendTo(socket_, peer, parts).ok();
 }

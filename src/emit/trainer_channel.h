@@ -26,13 +26,19 @@
 
 namespace odb::emit {
 
+// What every SessionAck tells the trainer (JobSettings, docs/protocol.md,
+// "Job settings"): the daemon's settings the trainer client must agree with.
+wire::JobSettings JobSettingsOf(const TrainerChannelOptions& options);
+
 // The trainer's side of the daemon: owns the trainer socket (ROUTER) and the
 // trainer session; what it sends waits in its CreditQueue (the credit window,
 // and what a reconnect sends again), the connections are tracked by its
 // ConnectionTable, its log lines rate-limited by a LogLimiter.
 //
 // Session rules (docs/protocol.md):
-//  - One trainer per daemon. The first peer that talks becomes the session;
+//  - One trainer per daemon. The first peer that talks becomes the session
+//    and gets a SessionAck carrying the job's settings (JobSettingsOf; the
+//    daemon waits for no answer, a client that ignores them still works);
 //    any other peer gets a SESSION_REFUSED fatal message and nothing else —
 //    after a grace of kContenderGrace, since a trainer that replaces its
 //    loader between epochs connects anew while the old connection's close may

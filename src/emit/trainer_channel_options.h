@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "src/collate/collator.h"
+
 namespace odb::emit {
 
 // What the trainer channel reads of the daemon's configuration.
@@ -32,6 +34,11 @@ struct TrainerChannelOptions {
   uint32_t trainer_timeout_ms = 30000;            // emit.trainer_timeout_ms: 0 = never
 
   int rank = 0;  // derived (rank): named in fatal messages
+
+  // derived (optimizer.tokens_per_step): with the data plane above and these,
+  // what every SessionAck tells the trainer (JobSettings, docs/protocol.md).
+  uint64_t window_target = 0;
+  collate::CollateOptions collate;  // derived (collate): packed, length_field, the labels' pad value
 };
 
 }  // namespace odb::emit

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,8 @@ std::vector<zmq::message_t> Step(uint64_t index) {
 
 struct Fixture {
   explicit Fixture(const std::string& name, uint32_t outstanding_depth = 2,
-                   uint32_t trainer_timeout_ms = 30000, const std::string& routing_id = "")
+                   uint32_t trainer_timeout_ms = 30000, const std::string& routing_id = "",
+                   const std::function<void(TrainerChannelOptions&)>& configure = nullptr)
       : state(1 << 20, 64, 1), trainer(context, zmq::socket_type::dealer) {
     dir = std::filesystem::temp_directory_path() /
           ("odb-trainer-channel-" + name + "-" + std::to_string(getpid()));
@@ -49,6 +51,7 @@ struct Fixture {
     options.outstanding_depth = outstanding_depth;
     options.step_arena = false;  // frames only: the arena handshake is not under test here
     options.trainer_timeout_ms = trainer_timeout_ms;
+    if (configure) configure(options);
     channel = std::make_unique<TrainerChannel>(context, options, state, metrics, clock);
     REQUIRE(channel->Bind().ok());
     trainer.set(zmq::sockopt::linger, 0);
@@ -148,6 +151,69 @@ TEST_CASE("the first trainer's start_epoch opens the session and requests the ep
   MutexLock lock(f.state.mu);
   REQUIRE(f.state.requested_epochs.size() == 1);
   CHECK(f.state.requested_epochs.front() == 0);
+}
+
+TEST_CASE(
+    "the session's acknowledgement tells the trainer the job's settings, before any epoch and again after a "
+    "reconnect") {
+  Fixture f("settings", 2, 30000, "trainer-settings", [](TrainerChannelOptions& o) {
+    o.window_target = 4096;
+    o.collate.packed = true;
+    o.collate.length_field = "tokens";
+    o.collate.fields.push_back({.name = "labels", .pad_value = -1});
+  });
+  auto check_settings = [](const wire::DaemonMessage& m) {
+    REQUIRE(m.has_session_ack());
+    REQUIRE(m.session_ack().has_settings());
+    const wire::JobSettings& s = m.session_ack().settings();
+    CHECK(s.tokens_per_step() == 4096);
+    CHECK(s.packed());
+    CHECK(s.trainer_data_plane() == "zmq");  // the fixture's step_arena false
+    CHECK(s.length_field() == "tokens");
+    REQUIRE(s.has_ignore_index());
+    CHECK(s.ignore_index() == -1);
+  };
+  // What Consumer::Connect sends: a credit of 0, no epoch asked for.
+  f.Send(Credit(0));
+  REQUIRE_FALSE(f.PumpUntil([&] { return f.channel->session_fd() >= 0; }));
+  auto ack = f.Receive();
+  REQUIRE(ack);
+  check_settings(*ack);
+  // The daemon waits for no answer: a step goes out to a trainer that sent nothing more.
+  f.channel->EnqueueStep(Step(0));
+  f.channel->Flush();
+  auto step = f.Receive();
+  REQUIRE(step);
+  CHECK(step->has_step());
+  // Back on a new connection (the old one closed): the acknowledgement of the
+  // reconnect says them again, ahead of the re-sent step.
+  zmq::socket_t again(f.context, zmq::socket_type::dealer);
+  again.set(zmq::sockopt::linger, 0);
+  again.set(zmq::sockopt::routing_id, "trainer-settings");
+  f.trainer.close();
+  f.PumpUntil([&] { return f.channel->session_fd() < 0; });
+  again.connect(f.channel->endpoint());
+  f.trainer = std::move(again);
+  f.Send(Credit(0));
+  f.PumpUntil([&] { return f.channel->session_fd() >= 0; });
+  auto reack = f.Receive();
+  REQUIRE(reack);
+  check_settings(*reack);
+}
+
+TEST_CASE("the job settings name the data plane and the labels' pad value as configured") {
+  TrainerChannelOptions o;
+  CHECK(JobSettingsOf(o).trainer_data_plane() == "auto");
+  CHECK(JobSettingsOf(o).length_field() == "input_ids");
+  CHECK_FALSE(JobSettingsOf(o).has_ignore_index());  // no labels field collated
+  o.step_arena_required = true;
+  CHECK(JobSettingsOf(o).trainer_data_plane() == "shm");
+  o.step_arena = false;
+  CHECK(JobSettingsOf(o).trainer_data_plane() == "zmq");
+  o.collate.fields.push_back({.name = "labels", .rule = collate::FieldRule::kStack});
+  CHECK_FALSE(JobSettingsOf(o).has_ignore_index());  // not padded: no pad value
+  o.collate.fields.push_back({.name = "labels", .pad_value = -100});
+  CHECK(JobSettingsOf(o).ignore_index() == -100);
 }
 
 TEST_CASE("steps go out outstanding_depth ahead, then one per credit") {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -119,6 +120,12 @@ struct Consumer::Impl {
   std::shared_ptr<StepArenaMapping> arena;
   StepBlockHolder* last_holder = nullptr;
   std::string arena_note;  // why the session has no arena, when it was offered one
+  // The session's acknowledgement: seen (acked), and the job settings it
+  // carried (nullopt from a daemon older than them). job_settings() keeps
+  // the messages it reads before the acknowledgement for Next(), in order.
+  bool acked = false;
+  std::optional<JobSettings> settings;
+  std::deque<std::shared_ptr<std::vector<zmq::message_t>>> early;
   // The pid of the daemon behind an ipc:// endpoint (its lock file), read at
   // connect: a wait for a step notices its death within kLivenessSliceMs.
   std::optional<pid_t> daemon_pid;
@@ -246,6 +253,43 @@ struct Consumer::Impl {
     }
   }
 
+  // One message from the daemon (its frames), waiting at most `timeout_ms`
+  // for it; a timeout says `what` did not come.
+  absl::StatusOr<std::shared_ptr<std::vector<zmq::message_t>>> Receive(const std::string& what,
+                                                                       int timeout_ms) {
+    auto frames = std::make_shared<std::vector<zmq::message_t>>();
+    try {
+      absl::StatusOr<bool> readable = WaitReadable(timeout_ms);
+      if (!readable.ok()) return readable.status();
+      if (!*readable) {
+        return absl::DeadlineExceededError(what + " within " + std::to_string(timeout_ms) +
+                                           " ms: is odbd running, and are its producers sending?");
+      }
+      do {
+        zmq::message_t part;
+        // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
+        // exits) interrupts recv with EINTR: that is not an error, retry.
+        zmq::recv_result_t got;
+        while (true) {
+          try {
+            got = socket.recv(part);
+            break;
+          } catch (const zmq::error_t& e) {
+            if (e.num() != EINTR) throw;
+          }
+        }
+        if (!got) {
+          return absl::DeadlineExceededError(what + " within " + std::to_string(timeout_ms) +
+                                             " ms: is odbd running, and are its producers sending?");
+        }
+        frames->push_back(std::move(part));
+      } while (frames->back().more());
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError("receive from daemon at " + options.endpoint + " failed: " + e.what());
+    }
+    return frames;
+  }
+
   absl::Status SendTrainer(const wire::TrainerMessage& m) {
     std::string bytes = m.SerializeAsString();
     try {
@@ -368,40 +412,16 @@ absl::StatusOr<Delivery> Consumer::Next() {
     impl_->data_wait_us = 0;
   }
   while (true) {
-  auto frames = std::make_shared<std::vector<zmq::message_t>>();
-  try {
-    absl::StatusOr<bool> readable = impl_->WaitReadable(impl_->options.receive_timeout_ms);
-    if (!readable.ok()) return readable.status();
-    if (!*readable) {
-      return absl::DeadlineExceededError("no step from the daemon at " + impl_->options.endpoint +
-                                         " within " + std::to_string(impl_->options.receive_timeout_ms) +
-                                         " ms: is odbd running, and are its producers sending?");
+    std::shared_ptr<std::vector<zmq::message_t>> frames;
+    if (!impl_->early.empty()) {
+      frames = std::move(impl_->early.front());
+      impl_->early.pop_front();
+    } else {
+      absl::StatusOr<std::shared_ptr<std::vector<zmq::message_t>>> received = impl_->Receive(
+          "no step from the daemon at " + impl_->options.endpoint, impl_->options.receive_timeout_ms);
+      if (!received.ok()) return received.status();
+      frames = std::move(*received);
     }
-    do {
-      zmq::message_t part;
-      // A signal (e.g. the SIGCHLD PyTorch's DataLoader gets when a worker
-      // exits) interrupts recv with EINTR: that is not an error, retry.
-      zmq::recv_result_t got;
-      while (true) {
-        try {
-          got = impl_->socket.recv(part);
-          break;
-        } catch (const zmq::error_t& e) {
-          if (e.num() != EINTR) throw;
-        }
-      }
-      if (!got) {
-        return absl::DeadlineExceededError(
-            "no step from the daemon at " + impl_->options.endpoint + " within " +
-            std::to_string(impl_->options.receive_timeout_ms) +
-            " ms: is odbd running, and are its producers sending?");
-      }
-      frames->push_back(std::move(part));
-    } while (frames->back().more());
-  } catch (const zmq::error_t& e) {
-    return absl::UnavailableError("receive from daemon at " + impl_->options.endpoint +
-                                  " failed: " + e.what());
-  }
   if (frames->size() == 1) {
     // A step arena offer is answered here, never delivered.
     wire::DaemonMessage head;
@@ -416,7 +436,11 @@ absl::StatusOr<Delivery> Consumer::Next() {
   absl::StatusOr<Delivery> d =
       DecodeDelivery(std::move(frames), impl_->options.endpoint,
                      [this](uint64_t g, uint64_t o, uint64_t l) { return impl_->ResolveBlock(g, o, l); });
-  if (d.ok() && d->kind == Delivery::Kind::kSessionAck) continue;  // the daemon checking this session
+  if (d.ok() && d->kind == Delivery::Kind::kSessionAck) {  // the daemon checking this session
+    impl_->acked = true;
+    impl_->settings = d->settings;
+    continue;
+  }
   if (d.ok()) {
     // The epoch is answered: a reconnect from now on needs no request again.
     impl_->pending_starts.erase(d->kind == Delivery::Kind::kStep ? d->step.epoch : d->summary.epoch);
@@ -441,6 +465,35 @@ absl::StatusOr<Delivery> Consumer::Next() {
   }
   return d;
   }
+}
+
+absl::StatusOr<std::optional<JobSettings>> Consumer::job_settings(std::optional<int> timeout_ms) {
+  if (absl::Status s = impl_->owner.Check("this odb Consumer"); !s.ok()) return s;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(timeout_ms.value_or(impl_->options.receive_timeout_ms));
+  while (!impl_->acked) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    absl::StatusOr<std::shared_ptr<std::vector<zmq::message_t>>> frames = impl_->Receive(
+        "no session acknowledgement (job settings) from the daemon at " + impl_->options.endpoint,
+        static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (!frames.ok()) return frames.status();
+    wire::DaemonMessage head;
+    const zmq::message_t& f = (*frames)->front();
+    if (head.ParseFromArray(f.data(), static_cast<int>(f.size())) && head.has_session_ack() &&
+        head.version() == wire::PROTOCOL_VERSION_CURRENT) {
+      absl::StatusOr<Delivery> ack = DecodeDelivery(std::move(*frames), impl_->options.endpoint);
+      if (!ack.ok()) return ack.status();
+      impl_->acked = true;
+      impl_->settings = ack->settings;
+    } else if (head.has_fatal() || head.version() != wire::PROTOCOL_VERSION_CURRENT) {
+      // A refused session, a daemon that failed, another protocol: the error Next() would give.
+      return DecodeDelivery(std::move(*frames), impl_->options.endpoint).status();
+    } else {
+      impl_->early.push_back(std::move(*frames));  // Next() delivers it
+    }
+  }
+  return impl_->settings;
 }
 
 void Consumer::ReportDataWait(std::chrono::microseconds wait) {

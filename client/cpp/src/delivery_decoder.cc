@@ -98,6 +98,15 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   }
   if (message.has_session_ack()) {
     d.kind = Delivery::Kind::kSessionAck;
+    if (message.session_ack().has_settings()) {
+      const wire::JobSettings& s = message.session_ack().settings();
+      JobSettings& out = d.settings.emplace();
+      out.tokens_per_step = s.tokens_per_step();
+      out.packed = s.packed();
+      out.trainer_data_plane = s.trainer_data_plane();
+      out.length_field = s.length_field();
+      if (s.has_ignore_index()) out.ignore_index = s.ignore_index();
+    }
     return d;
   }
   if (!message.has_step()) {
@@ -109,52 +118,53 @@ absl::StatusOr<Delivery> DecodeDelivery(std::shared_ptr<std::vector<zmq::message
   ODB_STEP_FIELDS(ODB_GET_STEP_FIELD)
 #undef ODB_GET_STEP_FIELD
   d.step.epoch = st.epoch();
-  d.step.sample_ids.assign(st.sample_ids().begin(), st.sample_ids().end());
-  d.step.lengths.assign(st.lengths().begin(), st.lengths().end());
-  d.step.owner_ranks.assign(st.owner_ranks().begin(), st.owner_ranks().end());
-  if (st.seqs_size() == st.sample_ids_size() && st.has_seq_size() == st.sample_ids_size()) {
-    d.step.seqs.reserve(st.seqs_size());
-    for (int i = 0; i < st.seqs_size(); ++i) {
-      d.step.seqs.push_back(st.has_seq(i) ? std::optional<uint64_t>(st.seqs(i)) : std::nullopt);
-    }
-  } else {
-    // A daemon older than the fields sends neither list: every seq unknown.
-    d.step.seqs.assign(st.sample_ids_size(), std::nullopt);
-  }
-  d.step.samples_may_move = st.samples_may_move();
-  d.step.deterministic = st.deterministic();
-  d.step.rejections_are_errors = st.rejections_are_errors();
   for (const auto& r : st.rejections()) d.step.rejections.push_back(FromWire(r));
-  d.step.enc_sample_ids.assign(st.enc_sample_ids().begin(), st.enc_sample_ids().end());
-  d.step.enc_owner_ranks.assign(st.enc_owner_ranks().begin(), st.enc_owner_ranks().end());
-  d.step.enc_dest_rank.assign(st.enc_dest_rank().begin(), st.enc_dest_rank().end());
-  d.step.enc_dest_index.assign(st.enc_dest_index().begin(), st.enc_dest_index().end());
-  d.step.llm_src_rank.assign(st.llm_src_rank().begin(), st.llm_src_rank().end());
-  d.step.audio_sample_ids.assign(st.audio_sample_ids().begin(), st.audio_sample_ids().end());
-  d.step.audio_owner_ranks.assign(st.audio_owner_ranks().begin(), st.audio_owner_ranks().end());
-  d.step.audio_dest_rank.assign(st.audio_dest_rank().begin(), st.audio_dest_rank().end());
-  d.step.audio_dest_index.assign(st.audio_dest_index().begin(), st.audio_dest_index().end());
-  d.step.llm_audio_src_rank.assign(st.llm_audio_src_rank().begin(), st.llm_audio_src_rank().end());
-  // Consumers index these lists in parallel: they must agree in length.
-  const int n = st.sample_ids_size(), e = st.enc_sample_ids_size(), a = st.audio_sample_ids_size();
-  if (st.lengths_size() != n || st.owner_ranks_size() != n || (st.seqs_size() != 0 && st.seqs_size() != n) ||
-      st.has_seq_size() != st.seqs_size() || (st.llm_src_rank_size() != 0 && st.llm_src_rank_size() != n) ||
-      st.enc_owner_ranks_size() != e || st.enc_dest_rank_size() != e || st.enc_dest_index_size() != e ||
-      (st.llm_audio_src_rank_size() != 0 && st.llm_audio_src_rank_size() != n) ||
-      st.audio_owner_ranks_size() != a || st.audio_dest_rank_size() != a || st.audio_dest_index_size() != a) {
-    return absl::DataLossError(
-        "step " + std::to_string(st.step_index()) + " from the daemon at " + endpoint_for_errors +
-        ": per-sample lists disagree in length (sample_ids " + std::to_string(n) + ", lengths " +
-        std::to_string(st.lengths_size()) + ", owner_ranks " + std::to_string(st.owner_ranks_size()) +
-        ", seqs " + std::to_string(st.seqs_size()) + ", has_seq " + std::to_string(st.has_seq_size()) +
-        ", llm_src_rank " + std::to_string(st.llm_src_rank_size()) + ", enc_sample_ids " + std::to_string(e) +
-        ", enc_owner_ranks " + std::to_string(st.enc_owner_ranks_size()) + ", enc_dest_rank " +
-        std::to_string(st.enc_dest_rank_size()) + ", enc_dest_index " +
-        std::to_string(st.enc_dest_index_size()) + ", llm_audio_src_rank " +
-        std::to_string(st.llm_audio_src_rank_size()) + ", audio_sample_ids " + std::to_string(a) +
-        ", audio_owner_ranks " + std::to_string(st.audio_owner_ranks_size()) + ", audio_dest_rank " +
-        std::to_string(st.audio_dest_rank_size()) + ", audio_dest_index " +
-        std::to_string(st.audio_dest_index_size()) + ")");
+#define ODB_GET_STEP_JOB_FIELD(type, name, dflt, doc) d.step.name = st.name();
+  ODB_STEP_JOB_FIELDS(ODB_GET_STEP_JOB_FIELD)
+#undef ODB_GET_STEP_JOB_FIELD
+  // The lists, from the one list of step fields. Consumers index them in
+  // parallel: they must agree in length (a refusal names every list's size).
+  const int n = st.sample_ids_size();
+  bool agree = true;
+  std::string sizes;
+  auto list_size = [&](const char* name, int size, bool ok) {
+    agree = agree && ok;
+    sizes += (sizes.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(size);
+  };
+#define ODB_GET_SAMPLE_FIELD(type, name, value, always, doc) \
+  d.step.name.assign(st.name().begin(), st.name().end());    \
+  list_size(#name, st.name##_size(), st.name##_size() == n || (!(always) && st.name##_size() == 0));
+  // An optional entry: unknown where absent, and everywhere when a daemon
+  // older than the field sends neither list.
+#define ODB_GET_OPTIONAL_SAMPLE_FIELD(type, name, present, value, doc)                     \
+  list_size(#name, st.name##_size(), st.name##_size() == n || st.name##_size() == 0);      \
+  list_size(#present, st.present##_size(), st.present##_size() == st.name##_size());       \
+  d.step.name.reserve(n);                                                                  \
+  for (int i = 0; i < n; ++i) {                                                            \
+    const bool known = st.name##_size() == n && st.present##_size() == n && st.present(i); \
+    d.step.name.push_back(known ? std::optional<type>(st.name(i)) : std::nullopt);         \
+  }
+  ODB_STEP_SAMPLE_FIELDS(ODB_GET_SAMPLE_FIELD, ODB_GET_OPTIONAL_SAMPLE_FIELD)
+#undef ODB_GET_OPTIONAL_SAMPLE_FIELD
+#undef ODB_GET_SAMPLE_FIELD
+  // Each phase's encoder-order lists are as long as its first; its LLM-order
+  // list is empty or as long as sample_ids.
+  for (const bool vision : {true, false}) {
+    int encoded = -1;
+#define ODB_GET_ROUTE_FIELD(type, vision_name, audio_name, llm_order, value, doc)                        \
+  {                                                                                                      \
+    const auto& wire_list = vision ? st.vision_name() : st.audio_name();                                 \
+    (vision ? d.step.vision_name : d.step.audio_name).assign(wire_list.begin(), wire_list.end());        \
+    if (!(llm_order) && encoded < 0) encoded = wire_list.size();                                         \
+    list_size(vision ? #vision_name : #audio_name, wire_list.size(),                                     \
+              (llm_order) ? (wire_list.empty() || wire_list.size() == n) : wire_list.size() == encoded); \
+  }
+    ODB_STEP_ROUTE_FIELDS(ODB_GET_ROUTE_FIELD)
+#undef ODB_GET_ROUTE_FIELD
+  }
+  if (!agree) {
+    return absl::DataLossError("step " + std::to_string(st.step_index()) + " from the daemon at " +
+                               endpoint_for_errors + ": per-sample lists disagree in length (" + sizes + ")");
   }
 
   const std::string where = "step " + std::to_string(st.step_index()) + " of epoch " +

@@ -162,6 +162,15 @@ class _EpochSummary(TypedDict):
     not_emitted_ids: List[int]
     rejections_are_errors: bool
 
+class _JobSettings(TypedDict):
+    """Consumer.job_settings(): the daemon's settings a trainer must agree with (a dict at run time)."""
+
+    tokens_per_step: int
+    packed: bool
+    trainer_data_plane: str
+    length_field: str
+    ignore_index: Optional[int]
+
 class Delivery:
     """A step or an epoch end, owning its received frames."""
 
@@ -244,6 +253,10 @@ class Consumer:
         requests are re-sent."""
     def _start_epoch_lost_for_test(self, epoch: int, expected_producers: int = 0) -> None: ...
     def _reconnect_for_test(self) -> None: ...
+    def job_settings(self, timeout_ms: Optional[int] = None) -> Optional[_JobSettings]:
+        """The daemon's job settings from this session's acknowledgement (tokens_per_step, packed,
+        trainer_data_plane, length_field, ignore_index), or None from a daemon older than them; waits for the
+        acknowledgement at most timeout_ms (None: receive_timeout_ms; docs/protocol.md, "Job settings")."""
     def step_arena_stats(self) -> Optional[Dict[str, int]]:
         """The mapped step arena's counters (generation, capacity_bytes, held_steps, returned_steps,
         return_failures), or None without one."""

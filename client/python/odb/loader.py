@@ -35,6 +35,7 @@ from ._native import native
 from .budgets import Budgets, optimizer_steps_for
 from .consumed_log import ConsumedLog
 from .daemon import check_reachable, endpoints, env_rank, env_world_size
+from .daemon_settings import reconcile
 from .delivery import TrailingIdleDrain, check_layout, check_rejections, next_delivery, record_step
 from .dummy import DummyBatches
 from .encoding import IGNORE_INDEX
@@ -273,6 +274,8 @@ class OdbDataLoader:
         done = self._counters.completed_epoch
         if done is not None:
             return int(done["optimizer_steps"])
+        if self.tokens_per_optimizer_step is None:
+            self._connect()  # the daemon's optimizer.tokens_per_step (odb.daemon_settings)
         if not self.tokens_per_optimizer_step:
             return optimizer_steps_for(0, None)  # raises, saying what to do
         return optimizer_steps_for(self.loss_tokens_per_epoch(probe)[0], self.tokens_per_optimizer_step)
@@ -346,7 +349,16 @@ class OdbDataLoader:
         check_reachable(self.ingest_endpoint)
         check_reachable(self.trainer_endpoint)
         if self._consumer is None:
-            self._consumer = native().Consumer(self.trainer_endpoint, self.poll_ms, self.data_plane)
+            consumer = native().Consumer(self.trainer_endpoint, self.poll_ms, self.data_plane)
+            try:  # the daemon's settings fill arguments left None (odb.daemon_settings)
+                vars(self).update(reconcile(
+                    consumer.job_settings(int(self.timeout_s * 1000)), self.trainer_endpoint, packed=self.packed,
+                    tokens_per_optimizer_step=self.tokens_per_optimizer_step, data_plane=self.data_plane,
+                    ignore_index=self.ignore_index))
+            except BaseException:
+                consumer.close()  # a refused loader holds no session
+                raise
+            self._consumer = consumer
         return self._consumer
 
     def _check_layout(self, batch: Mapping[str, torch.Tensor], info: Any) -> None:

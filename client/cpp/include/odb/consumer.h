@@ -33,38 +33,31 @@ struct Rejection {
   std::string message;
 };
 
-// A step's header: the planned fields (proto/step_fields.h: step_index,
-// idle, real_tokens, loss_weight, the window fields, ...) and these.
+// A step's header: every field of the one list (proto/step_fields.h): the
+// planned scalars (step_index, idle, real_tokens, loss_weight, the window
+// fields, ...), the job's flags, the per-sample lists (sample_ids, lengths,
+// owner_ranks, seqs: nullopt for a sample sent without a seq) and the
+// per-phase route lists (empty unless the daemon runs
+// alignment.phase_plans: this rank encodes enc_sample_ids, the rows of its
+// "enc.*" tensors; encoder sample i's output goes to rank enc_dest_rank[i] as
+// its sample number enc_dest_index[i]; llm_src_rank[j] is the rank that
+// encodes sample_ids[j]; the audio_* lists likewise for "audio.*"), and the
+// epoch and the rejections since the previous step.
 struct StepInfo : StepHeader {
   uint32_t epoch = 0;
-  std::vector<uint64_t> sample_ids;
-  std::vector<uint32_t> lengths;
-  std::vector<int32_t> owner_ranks;
-  // Each sample's seq: its position in the list of the rank owner_ranks names
-  // (the producer's SampleHeader.seq), so that copies of a repeated id are
-  // told apart; nullopt for a sample sent without one. As long as sample_ids.
-  std::vector<std::optional<uint64_t>> seqs;
-  bool samples_may_move = false;  // a global plan: real steps may come until the epoch ends
-  bool deterministic = false;     // the daemon runs alignment.deterministic
   std::vector<Rejection> rejections;
-  bool rejections_are_errors = false;
-  // Per-phase plan (empty unless the daemon runs alignment.phase_plans): this
-  // rank encodes enc_sample_ids (the rows of its "enc.*" tensors, received by
-  // enc_owner_ranks); encoder sample i's output goes to rank enc_dest_rank[i]
-  // as its sample number enc_dest_index[i]. llm_src_rank[j] is the rank that
-  // encodes sample_ids[j].
-  std::vector<uint64_t> enc_sample_ids;
-  std::vector<int32_t> enc_owner_ranks;
-  std::vector<int32_t> enc_dest_rank;
-  std::vector<uint32_t> enc_dest_index;
-  std::vector<int32_t> llm_src_rank;
-  // The audio encoder phase (collate.audio_fields), the same lists for it:
-  // this rank encodes the audio of audio_sample_ids (its "audio.*" tensors).
-  std::vector<uint64_t> audio_sample_ids;
-  std::vector<int32_t> audio_owner_ranks;
-  std::vector<int32_t> audio_dest_rank;
-  std::vector<uint32_t> audio_dest_index;
-  std::vector<int32_t> llm_audio_src_rank;
+#define ODB_STEP_JOB_MEMBER(type, name, dflt, doc) type name = dflt;
+#define ODB_STEP_SAMPLE_MEMBER(type, name, value, always, doc) std::vector<type> name;
+#define ODB_STEP_OPTIONAL_SAMPLE_MEMBER(type, name, present, value, doc) \
+  std::vector<std::optional<type>> name;
+#define ODB_STEP_ROUTE_MEMBERS(type, vision, audio, llm_order, value, doc) std::vector<type> vision, audio;
+  ODB_STEP_JOB_FIELDS(ODB_STEP_JOB_MEMBER)
+  ODB_STEP_SAMPLE_FIELDS(ODB_STEP_SAMPLE_MEMBER, ODB_STEP_OPTIONAL_SAMPLE_MEMBER)
+  ODB_STEP_ROUTE_FIELDS(ODB_STEP_ROUTE_MEMBERS)
+#undef ODB_STEP_ROUTE_MEMBERS
+#undef ODB_STEP_OPTIONAL_SAMPLE_MEMBER
+#undef ODB_STEP_SAMPLE_MEMBER
+#undef ODB_STEP_JOB_MEMBER
 };
 
 struct EpochSummary {
@@ -81,12 +74,24 @@ struct EpochSummary {
   bool rejections_are_errors = false;
 };
 
+// The daemon's settings a trainer must agree with, from the session's
+// acknowledgement (docs/protocol.md, "Job settings").
+struct JobSettings {
+  uint64_t tokens_per_step = 0;         // optimizer.tokens_per_step: the window target (0: no windows)
+  bool packed = false;                  // collate.packed
+  std::string trainer_data_plane;       // shm.trainer_data_plane: "auto", "shm" or "zmq"
+  std::string length_field;             // collate.length_field
+  std::optional<int64_t> ignore_index;  // the collated labels' pad value; nullopt without labels
+};
+
 // What Next() returns: a step (with tensors) or the end of the epoch.
 struct Delivery {
   enum class Kind { kStep, kEpochEnd, kSessionAck };  // kSessionAck: skipped by Consumer::Next
   Kind kind = Kind::kStep;
   StepInfo step;
   EpochSummary summary;
+  // kSessionAck: the job's settings; nullopt from a daemon older than them.
+  std::optional<JobSettings> settings;
   std::vector<TensorView> tensors;
   // Owns the received frames the views point into.
   std::shared_ptr<void> frames;
@@ -157,6 +162,14 @@ class Consumer {
   // the daemon exports the sum (odb_trainer_data_wait_microseconds_total).
   // Reports add up until then; negative values count as 0.
   void ReportDataWait(std::chrono::microseconds wait);
+
+  // The daemon's job settings, from the acknowledgement of this session
+  // (the first message of a session: ask before the first epoch, e.g. for a
+  // schedule). Waits for it at most `timeout_ms` (default: receive_timeout_ms)
+  // if it has not come yet; what arrives meanwhile is kept for Next().
+  // nullopt: a daemon older than the settings. A refused session
+  // (SESSION_REFUSED) is an error.
+  absl::StatusOr<std::optional<JobSettings>> job_settings(std::optional<int> timeout_ms = std::nullopt);
 
   // "shm" once the session's step arena is mapped, else "zmq".
   std::string data_plane() const;
