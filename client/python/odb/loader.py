@@ -85,9 +85,9 @@ class OdbDataLoader:
         ``dataset[first index]`` (computed once, in this process).
       packed: whether odbd packs steps (``collate.packed``). Dummy batches
         then have the packed layout (one sequence: ``cu_seqlens`` [0, L],
-        ``position_ids`` [1, L], no attention mask). None: learned from the
-        first real step (IDLE steps before it come padded); when given, a
-        real step of the other layout is an error.
+        ``position_ids`` [1, L], no attention mask). None: the daemon's, which
+        it tells the loader when it connects (odb.daemon_settings); when
+        given, it must agree with the daemon's (a clear error otherwise).
       rank, run_dir, ingest_endpoint, trainer_endpoint: where the daemon is
         (default: torch.distributed / $RANK and $ODB_RUN_DIR, see
         :func:`odb.endpoints`).
@@ -110,8 +110,9 @@ class OdbDataLoader:
         padding, ETA by samples; tqdm when installed). Default: on when
         stderr is a terminal, off otherwise (batch jobs, CI).
       tokens_per_optimizer_step: the optimizer batch in loss tokens over all
-        ranks (accumulation windows); the daemon must run the same
-        ``optimizer.tokens_per_step``. None: whatever the daemon runs.
+        ranks (accumulation windows). None: the daemon's
+        ``optimizer.tokens_per_step``, told when the loader connects; when
+        given, it must agree with it (a clear error otherwise).
       stop_at_samples: a job-level budget: training ends once this many
         samples (all ranks, counted over the epochs from epoch 0) are trained:
         the epoch that reaches it sends only its first samples of the epoch's
