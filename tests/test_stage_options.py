@@ -4,11 +4,10 @@ The broken trees are copies of this one with one edit each, as a newcomer
 adding a knob might make it.
 """
 
-import importlib.util
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tree_edit import ROOT, copy_paths, edit, load_tool
 
 # What the checker reads, copied into each broken tree.
 COPIED = ["src/daemon", "src/ingest", "src/emit", "src/exchange", "configs/odbd.yaml", "docs/config.md",
@@ -16,28 +15,11 @@ COPIED = ["src/daemon", "src/ingest", "src/emit", "src/exchange", "configs/odbd.
 
 
 def load_checker():
-    spec = importlib.util.spec_from_file_location("check_stage_options", ROOT / "tools" / "check_stage_options.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("check_stage_options")
 
 
 def copy_tree(tmp_path: Path) -> Path:
-    for rel in COPIED:
-        src, dst = ROOT / rel, tmp_path / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*_test.cc", "BUILD"))
-        else:
-            shutil.copy(src, dst)
-    return tmp_path
-
-
-def edit(root: Path, rel: str, old: str, new: str):
-    path = root / rel
-    text = path.read_text()
-    assert text.count(old) == 1, f"{rel}: {old!r} found {text.count(old)} times (the tree changed: update the test)"
-    path.write_text(text.replace(old, new))
+    return copy_paths(tmp_path, COPIED, ignore=shutil.ignore_patterns("*_test.cc", "BUILD"))
 
 
 HWM_FIELD = "  int hwm = 1000;  // ingest_hwm: the ZMQ receive high-water mark of each ingest socket\n"

@@ -4,35 +4,19 @@ The broken trees are copies of this one with one edit each, as a newcomer
 adding a step field might make it.
 """
 
-import importlib.util
-import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tree_edit import ROOT, copy_paths, edit, load_tool
 
 
 def load_checker():
-    spec = importlib.util.spec_from_file_location("check_step_fields", ROOT / "tools" / "check_step_fields.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("check_step_fields")
 
 
 def copy_tree(tmp_path: Path) -> Path:
     checker = load_checker()
-    for rel in (checker.FIELDS_H, checker.PROTO, checker.BUILDER, checker.CONSUMER_H, checker.DECODER,
-                checker.BINDINGS, checker.STUB, checker.STEP_PY, checker.PHASES_PY):
-        dst = tmp_path / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / rel, dst)
-    return tmp_path
-
-
-def edit(root: Path, rel: str, old: str, new: str):
-    path = root / rel
-    text = path.read_text()
-    assert text.count(old) == 1, f"{rel}: {old!r} found {text.count(old)} times (the tree changed: update the test)"
-    path.write_text(text.replace(old, new))
+    return copy_paths(tmp_path, (checker.FIELDS_H, checker.PROTO, checker.BUILDER, checker.CONSUMER_H,
+                                 checker.DECODER, checker.BINDINGS, checker.STUB, checker.STEP_PY, checker.PHASES_PY))
 
 
 OWNER_RANKS_ENTRY = 'X(int32_t, owner_ranks, s.meta.owner_rank, true, "rank that received each sample")'
