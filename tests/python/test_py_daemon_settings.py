@@ -75,3 +75,21 @@ def test_reconcile_fills_what_is_left_out_and_names_both_sides_of_a_disagreement
         reconcile(dict(daemon, ignore_index=-100), "ipc://d", ignore_index=-1)
     with pytest.raises(TypeError):
         reconcile(daemon, "ipc://d", window=3)
+
+
+def test_the_loader_counts_loss_tokens_with_the_daemons_labels_pad_value(run_dir, job_id) -> None:
+    """ignore_index left None: the pad value odbd gives labels (collate.fields) is the value that bears no loss."""
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id,
+                              config={"collate": {"fields": [{"name": "labels", "pad_value": -1}]}})
+    try:
+        loader = _loader(daemon)
+        assert loader.ignore_index is None
+        loader.loss_tokens_per_epoch()  # before the first epoch: connects and asks the daemon
+        assert loader.ignore_index == -1
+        loader.close()
+        wrong = _loader(daemon, ignore_index=-100)
+        wrong.set_epoch(0)
+        with pytest.raises(ValueError, match=r"OdbDataLoader\(ignore_index=-100\) .* pad_value of labels\): -1"):
+            next(iter(wrong))
+    finally:
+        daemon.stop()

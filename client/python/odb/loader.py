@@ -113,6 +113,11 @@ class OdbDataLoader:
         ranks (accumulation windows). None: the daemon's
         ``optimizer.tokens_per_step``, told when the loader connects; when
         given, it must agree with it (a clear error otherwise).
+      ignore_index: the label value that bears no loss (what the loader
+        counts loss tokens with). None: the pad value of the daemon's padded
+        ``labels`` (``collate.fields``; -100 by default), told when the loader
+        connects (-100 with a daemon that does not say); when given, it must
+        agree with it.
       stop_at_samples: a job-level budget: training ends once this many
         samples (all ranks, counted over the epochs from epoch 0) are trained:
         the epoch that reaches it sends only its first samples of the epoch's
@@ -138,7 +143,7 @@ class OdbDataLoader:
                  pin_memory: bool = False, progress: Optional[bool] = None,
                  summary_dir: Optional[str] = None, data_plane: str = "auto",
                  tokens_per_optimizer_step: Optional[int] = None, loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = IGNORE_INDEX, stop_at_samples: Optional[int] = None,
+                 ignore_index: Optional[int] = None, stop_at_samples: Optional[int] = None,
                  stop_at_loss_tokens: Optional[int] = None, packed: Optional[bool] = None) -> None:
         self._budgets = Budgets(stop_at_samples, stop_at_loss_tokens)
         if tokens_per_optimizer_step is not None and int(tokens_per_optimizer_step) < 0:
@@ -257,7 +262,10 @@ class OdbDataLoader:
         done = self._counters.completed_epoch
         if done is not None:
             return int(done["loss_tokens"]), True
-        mean = self._budgets.loss_tokens_per_sample(self.dataset, probe, self.loss_tokens_from, self.ignore_index,
+        if self.ignore_index is None:
+            self._connect()  # the daemon's labels pad value (odb.daemon_settings)
+        ignore_index = IGNORE_INDEX if self.ignore_index is None else self.ignore_index
+        mean = self._budgets.loss_tokens_per_sample(self.dataset, probe, self.loss_tokens_from, ignore_index,
                                                     self.lengths_fn)
         return int(round(self.samples_per_epoch() * mean)), False
 
@@ -356,6 +364,8 @@ class OdbDataLoader:
                     consumer.job_settings(int(self.timeout_s * 1000)), self.trainer_endpoint, packed=self.packed,
                     tokens_per_optimizer_step=self.tokens_per_optimizer_step, data_plane=self.data_plane,
                     ignore_index=self.ignore_index))
+                if self.ignore_index is None:  # a daemon that does not say (older, or it pads no labels)
+                    self.ignore_index = IGNORE_INDEX
             except BaseException:
                 consumer.close()  # a refused loader holds no session
                 raise
