@@ -259,7 +259,8 @@ def test_frames_when_the_arena_is_turned_off(run_dir: Path, job_id: str, side: s
         producer.join(60)
         assert summary["received"] == 32 and summary["rejected"] == 0
         assert consumer.data_plane == "zmq" and consumer.step_arena_stats() is None
-        assert _arena_ranges(os.getpid()) == mapped_before and _arena_ranges(daemon.pid) == []
+        # No arena mapped by this run; an earlier test's mapping may be released meanwhile (its last step freed).
+        assert set(_arena_ranges(os.getpid())) <= set(mapped_before) and _arena_ranges(daemon.pid) == []
         assert metrics.get()["odb_step_arena_steps_total"] == 0
         if side == "trainer":
             assert consumer.arena_note == "the trainer's data_plane is zmq"
