@@ -77,9 +77,9 @@ import tiny_lm  # noqa: E402
 
 # Every method --methods knows, in the table's order: Standard, the peers (examples/peers.py), odb padded
 # (the default `collate`) and odb packed (`collate.packed: true`, `grouping.cost_model: packed`).
-METHODS = ("standard", "length_grouped", "packed", "bucketing", "kk_balanced", "odb", "odb_packed")
+METHODS = ("standard", "length_grouped", "packed", "bucketing", "kk_balanced", "odb", "odb_packed", "replay")
 LABELS = {"standard": "Standard", "length_grouped": "length_grouped", "packed": "packed", "bucketing": "bucketing",
-          "kk_balanced": "kk_balanced", "odb": "odb", "odb_packed": "odb packed"}
+          "kk_balanced": "kk_balanced", "odb": "odb", "odb_packed": "odb packed", "replay": "replay"}
 ODB_MODES = ("odb", "odb_packed")
 
 
@@ -254,6 +254,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
     since_tokens = 0
     points, snapshots, trained_ids = [], [], []
+    step_log = []  # --record-steps: [epoch, ids, real tokens, closes, idle] per micro-step of this rank
 
     def point() -> None:
         """Pauses the clock, snapshots the weights and this rank's counters, resumes."""
@@ -307,6 +308,9 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                 since_tokens += step["real"]
             if args.record_ids:
                 trained_ids.extend(step["ids"])
+            if args.record_steps:
+                step_log.append([epoch, [int(i) for i in step["ids"]], int(step["real"]), bool(closes),
+                                 bool(step["idle"])])
             if steps % 5 == 0 and rank == 0 and not args.quiet:
                 elapsed = train_s + time.perf_counter() - resumed
                 log(rank, args.quiet, progress_line(name, epoch, optimizer_steps, steps, idle, step["idle"],
@@ -378,6 +382,10 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
         gathered = [None] * world
         dist.all_gather_object(gathered, trained_ids)
         result["trained_ids"] = sorted(i for g in gathered for i in g)
+    if args.record_steps:  # every rank's micro-steps; rank 0 writes them (rank_main), not into the summary
+        gathered = [None] * world
+        dist.all_gather_object(gathered, step_log)
+        result["step_log"] = gathered
     return result
 
 
@@ -416,6 +424,44 @@ def peer_steps(method: str, rank: int, world: int, args, dataset, lengths, train
                 real = sum(lengths[i] for i in mb)
                 yield {"batch": b, "idle": not mb, "real": real, "global_real": total if last else 0,
                        "padded": padded_tokens(mb) if mb else 0, "samples": len(mb), "ids": list(mb),
+                       "loss_fn": (lambda ce, total=total: ce * (world / total)) if mb else (lambda ce: ce * 0.0),
+                       "closes": last, "sync": contextlib.nullcontext if last else ddp.no_sync}
+
+    return epoch_steps
+
+
+def replay_steps(rank: int, world: int, args, dataset, lengths, progress, ddp):
+    """epoch_steps for --replay PLAN (a diagnostic, bench/window_mix.py writes the plans): PLAN's
+    optimizer steps ({"epochs": [[[ids of step k] ...] per epoch]}) trained as given, padded. A step's
+    samples are dealt over the ranks longest first, round robin, and each rank's share is cut into
+    micro-batches of at most --max-tokens padded tokens; the loss is the mean over the step's loss
+    tokens on all ranks (Standard's and odb's objective), so only the steps' membership and order
+    matter, not how they are cut into micro-batches. A rank without samples in a step runs an IDLE
+    micro-step (the shortest sample, loss x 0), as peer_steps does."""
+    plan = json.loads(Path(args.replay).read_text())["epochs"]
+    filler = min(range(len(lengths)), key=lambda i: lengths[i])
+
+    def micro_batches(ids):
+        out, mb = [], []
+        for i in sorted(ids, key=lambda i: -lengths[i]):  # longest first: the first sets the padded width
+            if mb and (len(mb) + 1) * lengths[mb[0]] > args.max_tokens:
+                out.append(mb)
+                mb = []
+            mb.append(i)
+        return out + ([mb] if mb else [])
+
+    def epoch_steps(epoch):
+        for window in plan[epoch % len(plan)]:
+            ordered = sorted(window, key=lambda i: -lengths[i])
+            parts = micro_batches(ordered[rank::world]) or [[]]
+            total = sum(lengths[i] for i in window)
+            progress.job_loss_tokens += total
+            for k, mb in enumerate(parts):
+                last = k + 1 == len(parts)
+                b = tiny_lm.pad_collate([dataset[i] for i in (mb or [filler])])
+                real = sum(lengths[i] for i in mb)
+                yield {"batch": b, "idle": not mb, "real": real, "global_real": total if last else 0,
+                       "padded": b["input_ids"].numel() if mb else 0, "samples": len(mb), "ids": list(mb),
                        "loss_fn": (lambda ce, total=total: ce * (world / total)) if mb else (lambda ce: ce * 0.0),
                        "closes": last, "sync": contextlib.nullcontext if last else ddp.no_sync}
 
@@ -463,6 +509,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
     heldout = (HeldOut(dataset, heldout_ids, rank, world, budget=4 * args.max_tokens, device=device)
                if heldout_ids else None)
     results = {"heldout_ids": heldout_ids}
+    step_logs = {}  # --record-steps: {method: every rank's micro-steps}
     try:
         for run in (("odb",) if args.resume else args.methods):
             torch.manual_seed(args.seed)
@@ -554,6 +601,10 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                "padded": b["input_ids"].numel(),
                                "samples": b["input_ids"].shape[0], "ids": ids,
                                "loss_fn": lambda ce, total=float(tokens): ce * (world / total)}
+            elif run == "replay":
+                progress = types.SimpleNamespace(job_loss_tokens=0)
+                sched = make_sched(progress)
+                epoch_steps = replay_steps(rank, world, args, dataset, lengths, progress, ddp)
             elif run in peers.PADDED_METHODS + peers.PACKED_METHODS:
                 progress = types.SimpleNamespace(job_loss_tokens=0)
                 sched = make_sched(progress)
@@ -603,11 +654,18 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                             os.kill(os.getpid(), signal.SIGKILL)
             results[run] = train_run(run, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args,
                                      heldout, device, clock)
+            if args.record_steps:
+                step_logs[run] = results[run].pop("step_log")
             if run in ODB_MODES:
                 dist.barrier()
                 daemons.pop().stop()
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
+            if args.record_steps:
+                Path(args.record_steps).write_text(json.dumps(
+                    {"lengths": lengths, "train_ids": train_ids, "world": world, "max_tokens": args.max_tokens,
+                     "global_batch": args.global_batch, "window_tokens": window_tokens, "seed": args.seed,
+                     "methods": step_logs}))
     finally:
         dist.barrier()
         for d in daemons:
@@ -671,6 +729,13 @@ def main() -> int:
                         "spacing in tokens for both methods (bench/loss_at_time.py)")
     p.add_argument("--record-ids", action="store_true",
                    help="--json: list every trained sample id per method (trained_ids) next to heldout_ids")
+    p.add_argument("--record-steps", default="", metavar="PATH",
+                   help="diagnostic: write every method's micro-steps (per rank: epoch, sample ids, real tokens, "
+                        "closes the optimizer step, IDLE) and the corpus lengths to PATH as JSON "
+                        "(bench/window_mix.py reads it)")
+    p.add_argument("--replay", default="", metavar="PLAN",
+                   help="diagnostic: method `replay` trains the optimizer steps of PLAN (JSON {\"epochs\": "
+                        "[[[ids] per step] per epoch]}, bench/window_mix.py --write-plan) in their order")
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
@@ -681,12 +746,14 @@ def main() -> int:
     p.add_argument("--resume", default="", metavar="PATH",
                    help="resume the odb run from this checkpoint (new daemons; only the untrained samples)")
     args = p.parse_args()
-    args.methods = METHODS if args.methods.strip() == "all" else tuple(
+    args.methods = tuple(m for m in METHODS if m != "replay") if args.methods.strip() == "all" else tuple(
         m.strip() for m in args.methods.split(",") if m.strip())
     if not args.methods or any(m not in METHODS for m in args.methods) or len(set(args.methods)) != len(
             args.methods):
         p.error(f"--methods: all, or a comma-separated subset of {','.join(METHODS)}, got {args.methods!r}")
     args.methods = tuple(m for m in METHODS if m in args.methods)  # the table's order
+    if ("replay" in args.methods) != bool(args.replay):
+        p.error("--methods replay and --replay PLAN go together")
     if args.rounds < 1 or (args.rounds > 1 and args.seeds > 1):
         p.error("--rounds: at least 1, and not with --seeds > 1")
     if args.seeds < 1:
