@@ -85,8 +85,9 @@ struct DaemonConfig {
   uint32_t window = align::PlannerConfig{}.window;
 
   // --- alignment across ranks
-  // join: every sample of the epoch is emitted exactly once; non_join: the
-  // epoch ends when the first rank runs dry and the rest is reported.
+  // alignment.mode every_sample (kJoin): every sample of the epoch is emitted
+  // exactly once; first_dry (kNonJoin): the epoch ends when the first rank
+  // runs dry and the rest is reported.
   align::EpochMode mode = align::PlannerConfig{}.mode;
   uint64_t seed = align::PlannerConfig{}.seed;  // shared by all ranks: group order is a seeded shuffle
   // local: each rank groups its own samples (ODB). global: groups across all
