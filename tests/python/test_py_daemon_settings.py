@@ -93,3 +93,23 @@ def test_the_loader_counts_loss_tokens_with_the_daemons_labels_pad_value(run_dir
             next(iter(wrong))
     finally:
         daemon.stop()
+
+
+def test_the_loaders_workers_measure_the_daemons_length_field(run_dir, job_id) -> None:
+    """collate.length_field said once: samples without input_ids, measured by the daemon's field."""
+    import torch
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config={"collate": {"length_field": "ids"}})
+    try:
+        lengths = [3, 9, 5, 12, 7, 4]
+        data = [{"ids": torch.arange(n, dtype=torch.int64)} for n in lengths]
+        loader = odb.OdbDataLoader(data, num_workers=1, rank=0, ingest_endpoint=daemon.ingest,
+                                   trainer_endpoint=daemon.trainer, timeout_s=90)
+        assert loader.loss_tokens_per_epoch() == (sum(lengths), False)  # the probe measured "ids"
+        assert loader.length_field == "ids"
+        loader.set_epoch(0)
+        steps = [s for s in loader if not s.idle]
+        assert sorted(n for s in steps for n in s.lengths) == sorted(lengths)
+        assert all("ids" in s.batch and "input_ids" not in s.batch for s in steps)
+        loader.close()
+    finally:
+        daemon.stop()

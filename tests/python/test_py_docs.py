@@ -142,7 +142,7 @@ def test_the_python_packages_daemon_defaults_are_odbds(monkeypatch) -> None:
     assert parser["run_dir"] == daemon.default_run_dir()
     labels = [f for f in parser["collate.fields"] if f["name"] == "labels"]
     assert labels and labels[0]["pad_value"] == encoding.IGNORE_INDEX, parser["collate.fields"]
-    assert parser["collate.length_field"] == "input_ids"  # odb.encoding requires and measures input_ids
+    assert parser["collate.length_field"] == encoding.LENGTH_FIELD  # what the loader measures until odbd says
     eps = daemon.ipc_endpoints("/r", 3)
     assert (eps.ingest, eps.trainer) == ("ipc:///r/odb-3-in.sock", "ipc:///r/odb-3-out.sock")
 

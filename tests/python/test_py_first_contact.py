@@ -115,11 +115,21 @@ def test_progress_gives_no_data_wait_share_for_a_tiny_epoch() -> None:
 
 
 def test_a_length_field_no_sample_carries_fails_the_job_at_the_first_sample(run_dir, job_id) -> None:
-    """collate.length_field naming a tensor the samples do not have: the daemon rejected every
-    sample of the epoch one by one, and the trainer learnt it from the epoch's summary."""
+    """collate.length_field naming a tensor the samples do not have. Before: the daemon rejected every
+    sample of the epoch one by one, and the trainer learnt it from the epoch's summary. Now the loader's
+    workers measure the field the daemon names (odb.daemon_settings), so the first sample fails in its
+    worker, naming the field and the config key, and nothing is sent."""
     corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(2000, seed=2))
-    message = _epoch_error(run_dir, job_id, corpus, {"collate": {"length_field": "tokens"}})
-    assert "failed (CONFIG_MISMATCH)" in message and "collate.length_field: 'tokens'" in message, message
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config={"collate": {"length_field": "lengths"}})
+    try:
+        loader = odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir), timeout_s=60)
+        with pytest.raises(Exception) as e:
+            for _ in loader:
+                pass
+    finally:
+        daemon.stop()
+    message = str(e.value)
+    assert "needs 'lengths' (odbd's collate.length_field)" in message, message
     assert "epoch summary" not in message, message
 
 

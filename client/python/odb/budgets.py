@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
-from .encoding import encode_sample, sample_loss_tokens
+from .encoding import LENGTH_FIELD, encode_sample, sample_loss_tokens
 from .job_counters import JobCounters
 
 
@@ -39,7 +39,7 @@ class Budgets:
         return self.stop_at_loss_tokens is not None and counters.loss_tokens >= self.stop_at_loss_tokens
 
     def loss_tokens_per_sample(self, dataset: Any, probe: int, loss_tokens_from: Optional[str], ignore_index: int,
-                               lengths_fn: Optional[Callable[..., Any]]) -> float:
+                               lengths_fn: Optional[Callable[..., Any]], length_field: str = LENGTH_FIELD) -> float:
         """Mean loss tokens per sample of `probe` samples of the dataset, drawn with a fixed seed (the same
         on every rank, so that every rank estimates alike); preprocessed here, once."""
         n = len(dataset)
@@ -53,7 +53,7 @@ class Budgets:
         for i in picks.tolist():
             sample = dataset[int(i)]
             loss = sample_loss_tokens(sample, loss_tokens_from, ignore_index)
-            total += loss if loss is not None else encode_sample(sample, lengths_fn)[0][0]
+            total += loss if loss is not None else encode_sample(sample, lengths_fn, length_field)[0][0]
         mean = total / picks.size
         self._probe_cache = (key, mean)
         return mean

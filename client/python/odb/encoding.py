@@ -14,6 +14,8 @@ from ._native import native
 # The label value that counts no token, as odbd pads labels by default (collate.fields: labels, pad_value)
 # and torch.nn.CrossEntropyLoss ignores; test_py_docs checks that it agrees with odbd's default.
 IGNORE_INDEX = -100
+# odbd's default collate.length_field: the tensor whose dim 0 is a sample's token length (the daemon tells its own).
+LENGTH_FIELD = "input_ids"
 _LENGTH_KEYS = ("tokens", "vision_patches", "audio_frames", "loss_tokens")
 
 
@@ -22,17 +24,20 @@ def _dtype_codes() -> Dict[str, int]:
 
 
 def encode_sample(sample: Mapping[str, Any],
-                  lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, int, int]]] = None
+                  lengths_fn: Optional[Callable[[Mapping[str, Any]], Tuple[int, int, int]]] = None,
+                  length_field: str = LENGTH_FIELD
                   ) -> Tuple[Tuple[int, int, int], List[Tuple[str, int, Tuple[int, ...], Any]]]:
     """Turns a sample dict into ((tokens, vision_patches, audio_frames), tensors).
 
-    Values may be torch tensors, numpy arrays or lists. "input_ids" is required
-    and its dim 0 is the token length unless `lengths_fn` or an int "tokens"
-    entry says otherwise; int "vision_patches" / "audio_frames" entries are
-    lengths, not tensors.
+    Values may be torch tensors, numpy arrays or lists. `length_field` (the
+    daemon's collate.length_field, "input_ids" by default) is required and its
+    dim 0 is the token length unless `lengths_fn` or an int "tokens" entry says
+    otherwise; int "vision_patches" / "audio_frames" entries are lengths, not
+    tensors.
     """
-    if "input_ids" not in sample:
-        raise ValueError(f"an odb sample needs 'input_ids'; got keys {sorted(sample)}")
+    if length_field not in sample:
+        raise ValueError(f"an odb sample needs '{length_field}' (odbd's collate.length_field); "
+                         f"got keys {sorted(sample)}")
     codes = _dtype_codes()
     tensors: List[Tuple[str, int, Tuple[int, ...], Any]] = []
     meta: Dict[str, int] = {}
@@ -59,7 +64,10 @@ def encode_sample(sample: Mapping[str, Any],
         while len(lengths) < 3:
             lengths = lengths + (0,)
     else:
-        ids = next(t for t in tensors if t[0] == "input_ids")
+        ids = next((t for t in tensors if t[0] == length_field), None)
+        if ids is None:
+            raise ValueError(f"an odb sample's '{length_field}' (odbd's collate.length_field) must be a tensor "
+                             f"whose dim 0 is its token length, not {type(sample[length_field]).__name__}")
         tokens = meta.get("tokens", ids[2][0] if ids[2] else 1)
         lengths = (int(tokens), meta.get("vision_patches", 0), meta.get("audio_frames", 0))
     return lengths, tensors  # type: ignore[return-value]

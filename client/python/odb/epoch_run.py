@@ -58,6 +58,7 @@ class EpochRun:
             loader.dataset, self.indices, epoch, loader.rank, loader.ingest_endpoint, lengths_fn=loader.lengths_fn,
             send_timeout_ms=loader.send_timeout_ms, progress_every=loader.progress_every,
             data_plane=loader.data_plane, loss_tokens_from=loader.loss_tokens_from, ignore_index=loader.ignore_index,
+            length_field=loader.length_field,
             num_workers=loader.num_workers, multiprocessing_context=loader.multiprocessing_context,
             worker_init_fn=loader.worker_init_fn, seed=loader.seed)
         replay = loader._order.replaying()  # a deterministic resume: from the checkpoint's round

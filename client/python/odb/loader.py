@@ -38,7 +38,7 @@ from .daemon import check_reachable, endpoints, env_rank, env_world_size
 from .daemon_settings import reconcile
 from .delivery import TrailingIdleDrain, check_layout, check_rejections, next_delivery, record_step
 from .dummy import DummyBatches
-from .encoding import IGNORE_INDEX
+from .encoding import IGNORE_INDEX, LENGTH_FIELD
 from .epoch_order import EpochOrder, OrderAttribute
 from .epoch_run import EpochRun
 from .job_counters import JobCounters
@@ -65,7 +65,8 @@ class OdbDataLoader:
 
     Args:
       dataset: map-style dataset; ``dataset[i]`` returns a sample dict with
-        "input_ids" (1-D, its length = tokens) and optional extras (labels,
+        "input_ids" (1-D, its length = tokens; the daemon's
+        ``collate.length_field`` when it names another) and optional extras (labels,
         pixel_values, int vision_patches / audio_frames, ...). ``i`` becomes
         the sample id; an index may repeat (a sampler with replacement): each
         position of the rank's list is trained once.
@@ -154,6 +155,7 @@ class OdbDataLoader:
         self.tokens_per_optimizer_step = None if tokens_per_optimizer_step is None else int(tokens_per_optimizer_step)
         self.loss_tokens_from = loss_tokens_from
         self.ignore_index = ignore_index
+        self.length_field = LENGTH_FIELD  # until the daemon tells its collate.length_field
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}, not {idle_policy!r}")
         if data_plane not in DATA_PLANES:
@@ -263,10 +265,10 @@ class OdbDataLoader:
         if done is not None:
             return int(done["loss_tokens"]), True
         if self.ignore_index is None:
-            self._connect()  # the daemon's labels pad value (odb.daemon_settings)
+            self._connect()  # the daemon's labels pad value and length field (odb.daemon_settings)
         ignore_index = IGNORE_INDEX if self.ignore_index is None else self.ignore_index
         mean = self._budgets.loss_tokens_per_sample(self.dataset, probe, self.loss_tokens_from, ignore_index,
-                                                    self.lengths_fn)
+                                                    self.lengths_fn, self.length_field)
         return int(round(self.samples_per_epoch() * mean)), False
 
     def optimizer_steps_per_epoch(self, probe: int = 256) -> int:
@@ -360,10 +362,12 @@ class OdbDataLoader:
         if self._consumer is None:
             consumer = native().Consumer(self.trainer_endpoint, self.poll_ms, self.data_plane)
             try:  # the daemon's settings fill arguments left None (odb.daemon_settings)
-                vars(self).update(reconcile(
+                settled = reconcile(
                     consumer.job_settings(int(self.timeout_s * 1000)), self.trainer_endpoint, packed=self.packed,
                     tokens_per_optimizer_step=self.tokens_per_optimizer_step, data_plane=self.data_plane,
-                    ignore_index=self.ignore_index))
+                    ignore_index=self.ignore_index, length_field=None)
+                self.length_field = settled.pop("length_field") or LENGTH_FIELD  # what the workers measure
+                vars(self).update(settled)
                 if self.ignore_index is None:  # a daemon that does not say (older, or it pads no labels)
                     self.ignore_index = IGNORE_INDEX
             except BaseException:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ._native import native
-from .encoding import IGNORE_INDEX, encode_sample, sample_loss_tokens
+from .encoding import IGNORE_INDEX, LENGTH_FIELD, encode_sample, sample_loss_tokens
 
 
 class OdbWorkerError(native().OdbError):  # type: ignore[misc]
@@ -51,8 +51,9 @@ class _SendStream(IterableDataset):
     def __init__(self, dataset: Dataset, indices: Sequence[int], epoch: int, rank: int, endpoint: str,
                  lengths_fn: Optional[Callable], send_timeout_ms: int, progress_every: int,
                  stop: Any, data_plane: str = "auto", loss_tokens_from: Optional[str] = None,
-                 ignore_index: int = IGNORE_INDEX) -> None:
+                 ignore_index: int = IGNORE_INDEX, length_field: str = LENGTH_FIELD) -> None:
         self.loss_tokens_from = loss_tokens_from
+        self.length_field = length_field
         self.ignore_index = ignore_index
         self.dataset = dataset
         self.indices = list(indices)
@@ -117,7 +118,7 @@ class _SendStream(IterableDataset):
                 return
             index = self.indices[position]
             sample = self.dataset[index]
-            lengths, tensors = encode_sample(sample, self.lengths_fn)
+            lengths, tensors = encode_sample(sample, self.lengths_fn, self.length_field)
             loss_tokens = sample_loss_tokens(sample, self.loss_tokens_from, self.ignore_index)
             try:
                 producer.send(int(index), self.epoch, lengths[0], lengths[1], lengths[2], tensors, seq=position,
@@ -229,7 +230,7 @@ class _Pump:
 
 def start_pump(dataset: Any, indices: Any, epoch: int, rank: int, endpoint: str, *, lengths_fn: Any,
                send_timeout_ms: int, progress_every: int, data_plane: str, loss_tokens_from: Any, ignore_index: int,
-               num_workers: int, multiprocessing_context: Any, worker_init_fn: Any, seed: int) -> "_Pump":
+               length_field: str, num_workers: int, multiprocessing_context: Any, worker_init_fn: Any, seed: int) -> "_Pump":
     """The epoch's send path, not yet started: `indices` of `dataset` preprocessed by a DataLoader's
     workers (``num_workers`` processes of `multiprocessing_context`, forkserver by default, or a thread
     when 0) and sent to the daemon at `endpoint`, driven by a pump thread. The workers see its stop
@@ -243,7 +244,7 @@ def start_pump(dataset: Any, indices: Any, epoch: int, rank: int, endpoint: str,
             context = multiprocessing.get_context(context)
         worker_stop, wake_workers = context.Pipe(duplex=False)
     stream = _SendStream(dataset, indices, epoch, rank, endpoint, lengths_fn, send_timeout_ms, progress_every,
-                         worker_stop, data_plane, loss_tokens_from, ignore_index)
+                         worker_stop, data_plane, loss_tokens_from, ignore_index, length_field)
     generator = torch.Generator()
     generator.manual_seed(seed * 1000003 + epoch)
     loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_null_collate,
