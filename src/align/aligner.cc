@@ -197,8 +197,10 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     }
     // Accumulation windows: identical on every rank (the same plan, the same
     // window state); may split steps, and hands an open window's samples back.
-    ApplyWindows(WindowConfig{config.tokens_per_step, config.budget.model}, plan, windows_,
-                 InputsOpen(state, config.window));
+    WindowConfig window_config{config.tokens_per_step, config.budget.model, std::nullopt};
+    if (planner_->MovesSamples())
+      window_config.balance = WindowBalanceConfig{config.budget, config.step_model};
+    ApplyWindows(window_config, plan, windows_, InputsOpen(state, config.window));
     global_real.assign(plan.num_steps, 0);
     for (const RankPlan& rp : plan.ranks) {
       for (uint32_t k = 0; k < plan.num_steps; ++k) global_real[k] += rp.steps[k].real_tokens;

@@ -193,6 +193,10 @@ class Planner {
   virtual RoundPlan Plan(const RoundState& state) const = 0;
   virtual const PlannerConfig& config() const = 0;
   virtual std::string Name() const = 0;
+  // Whether the planner's steps may hold samples of other ranks (payloads
+  // move through the data plane). Only then does the Aligner lay a window's
+  // samples out again over the ranks (window_balance.h).
+  virtual bool MovesSamples() const { return false; }
 
   // Partitioned planning: the ranks of a world of `world` are cut into
   // blocks of BlockRanks(world) consecutive ranks that plan on their own

@@ -124,6 +124,7 @@ void CheckSteps(const Scenario& sc, const RoundPlan& plan, EpochOutcome& out) {
       std::vector<SampleLengths> lens;
       for (const SampleMeta& m : s.samples) {
         REQUIRE(out.emitted.insert(KeyOf(m)).second);  // never twice, on any rank
+        out.moved_samples += m.owner_rank != r;
         tokens += m.lengths.tokens;
         lens.push_back(m.lengths);
       }

@@ -75,6 +75,7 @@ struct EpochOutcome {
   uint64_t rounds = 0;
   uint64_t steps = 0;
   std::set<SampleKey> emitted;
+  uint64_t moved_samples = 0;       // emitted by a rank other than their owner
   std::set<SampleKey> not_emitted;  // reported by a Non-Join closing round
   std::set<SampleKey> late;         // arrived after a Non-Join closure (the daemon reports them)
   uint64_t unstarted_wait_rounds = 0;  // waiting rounds a not-yet-started rank asked for

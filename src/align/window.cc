@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,8 +16,6 @@ uint64_t LossTokensOf(const SampleMeta& sample) {
 }
 
 namespace {
-
-using GlobalStep = std::vector<PlannedStep>;  // one aligned step: index = rank
 
 uint64_t StepLoss(const PlannedStep& s) {
   uint64_t n = 0;
@@ -125,9 +124,18 @@ double SharedUniform(const GlobalStep& g, uint64_t acc, uint64_t goal) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
-// Sets the window fields and weights of steps [begin, end) of `out`, one window.
-void CloseWindow(std::vector<GlobalStep>& out, size_t begin, bool is_short, WindowState& windows,
-                 uint64_t target) {
+// Closes steps [begin, end) of `out` as one window: lays them out again over
+// the ranks when the config says so (window_balance.h; the step count may
+// drop), then sets their window fields and weights.
+void CloseWindow(const WindowConfig& config, std::vector<GlobalStep>& out, size_t begin, bool is_short,
+                 WindowState& windows, uint64_t target) {
+  if (config.balance && target != 0 && begin < out.size()) {
+    std::vector<GlobalStep> window(std::make_move_iterator(out.begin() + static_cast<std::ptrdiff_t>(begin)),
+                                   std::make_move_iterator(out.end()));
+    BalanceWindow(*config.balance, window);
+    out.resize(begin);
+    for (GlobalStep& g : window) out.push_back(std::move(g));
+  }
   uint64_t total = 0;
   for (size_t k = begin; k < out.size(); ++k) total += GlobalLoss(out[k]);
   const double world = out.empty() ? 0.0 : static_cast<double>(out[begin].size());
@@ -197,7 +205,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     // Every step is its own window: the weights of one step, as without windows.
     for (GlobalStep& g : queue) {
       out.push_back(std::move(g));
-      CloseWindow(out, out.size() - 1, false, windows, 0);
+      CloseWindow(config, out, out.size() - 1, false, windows, 0);
     }
     open = out.size();
   } else {
@@ -254,22 +262,22 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       }
       switch (pick->choice) {
         case kBefore:
-          CloseWindow(out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target);
           queue.push_front(std::move(g));
           break;
         case kSplitDown:
           out.push_back(std::move(down.first));
-          CloseWindow(out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target);
           queue.push_front(std::move(down.second));
           break;
         case kSplitUp:
           out.push_back(std::move(up.first));
-          CloseWindow(out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target);
           queue.push_front(std::move(up.second));
           break;
         case kAfter:
           out.push_back(std::move(g));
-          CloseWindow(out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target);
           break;
       }
       open = out.size();
@@ -290,7 +298,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     const bool no_growth = !closed_any && !inputs_open && tail <= windows.held_tokens;
     const uint32_t held_rounds = no_growth ? windows.held_rounds + 1 : 0;
     if (plan.epoch_finished || held_rounds >= kMaxHeldRounds) {
-      CloseWindow(out, open, true, windows, target);
+      CloseWindow(config, out, open, true, windows, target);
       windows.held_rounds = 0;
       windows.held_tokens = 0;
     } else {

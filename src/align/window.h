@@ -2,9 +2,11 @@
 #define ODB_ALIGN_WINDOW_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "src/align/planner.h"
+#include "src/align/window_balance.h"
 
 namespace odb::align {
 
@@ -58,6 +60,11 @@ inline constexpr uint32_t kMaxHeldRounds = 4;
 struct WindowConfig {
   uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
   grouping::CostModel cost_model = grouping::CostModel::kPadded;
+  // Balance over the window (window_balance.h): every window closed with a
+  // target is laid out again over its ranks and micro-steps under this budget
+  // and step-time model. Only for planners that move samples between ranks
+  // (Planner::MovesSamples); nullopt keeps the planner's layout.
+  std::optional<WindowBalanceConfig> balance;
 };
 
 // A sample's loss-bearing tokens: its labels not equal to the ignore index

@@ -20,12 +20,17 @@ namespace {
 // starts from the state that round started from.
 class WindowedPlanner final : public Planner {
  public:
-  explicit WindowedPlanner(PlannerConfig config) : inner_(std::move(config)) {}
+  // `balance`: windows laid out again over the ranks (window_balance.h), as
+  // the Aligner does for planners that move samples.
+  explicit WindowedPlanner(PlannerConfig config, bool balance = false)
+      : inner_(std::move(config)), balance_(balance) {}
   RoundPlan Plan(const RoundState& state) const override {
     auto it = before_.try_emplace(state.round, current_).first;
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
-    ApplyWindows(WindowConfig{config().tokens_per_step, config().budget.model}, plan, ws, false);
+    WindowConfig wc{config().tokens_per_step, config().budget.model, std::nullopt};
+    if (balance_) wc.balance = WindowBalanceConfig{config().budget, config().step_model};
+    ApplyWindows(wc, plan, ws, false);
     current_ = ws;
     return plan;
   }
@@ -34,14 +39,16 @@ class WindowedPlanner final : public Planner {
 
  private:
   LocalPlanner inner_;
+  bool balance_;
   mutable std::map<uint64_t, WindowState> before_;
   mutable WindowState current_;
 };
 
-testing::EpochOutcome RunWindowed(const testing::Scenario& sc) {
-  WindowedPlanner planner(sc.config);
+testing::EpochOutcome RunWindowed(const testing::Scenario& sc, bool balance = false) {
+  WindowedPlanner planner(sc.config, balance);
   testing::EpochChecks checks;
-  checks.on_plan = [](const RoundState&, const RoundPlan& plan) {
+  checks.on_plan = [balance](const RoundState&, const RoundPlan& plan) {
+    if (balance) return;  // samples move between ranks
     for (size_t r = 0; r < plan.ranks.size(); ++r) {
       for (const PlannedStep& s : plan.ranks[r].steps) {
         for (const SampleMeta& m : s.samples) REQUIRE(m.owner_rank == static_cast<int>(r));
@@ -77,6 +84,28 @@ TEST_CASE("randomized epochs with windows: coverage, aligned windows, weights su
     }
   }
   REQUIRE(windows > 500);
+}
+
+TEST_CASE("randomized epochs with windows balanced over the ranks: the same guarantees", "[window]") {
+  // RunEpoch checks coverage, equal step counts, the budget, weights summing to
+  // W over every window and window fields alike on every rank.
+  int windows = 0, moved = 0;
+  for (int world : {2, 3, 4}) {
+    for (uint64_t i = 0; i < 40; ++i) {
+      const uint64_t seed = 7100000 + world * 1000 + i;
+      testing::Scenario sc =
+          testing::MakeScenario(seed, world, i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin);
+      sc.config.tokens_per_step = std::vector<uint64_t>{300, 2000, 10000}[i % 3];
+      sc.depth = 1u << 20;
+      INFO("seed " << seed << " target " << sc.config.tokens_per_step);
+      const testing::EpochOutcome out = RunWindowed(sc, true);
+      testing::RequireCoverage(sc, out);
+      windows += static_cast<int>(out.windows.size());
+      moved += out.moved_samples;
+    }
+  }
+  REQUIRE(windows > 300);
+  REQUIRE(moved > 0);  // the layouts did change
 }
 
 // W ranks, each with `per_rank` samples of random lengths in [lo, hi], all
@@ -190,7 +219,7 @@ TEST_CASE("without a target every step is its own window with per-step weights",
 }
 
 TEST_CASE("an open window goes back to pending; the epoch's end closes it short", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked};
+  const WindowConfig config{1000, grouping::CostModel::kPacked, std::nullopt};
   WindowState ws;
   RoundPlan plan = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});  // 500 loss tokens < 1000
   ApplyWindows(config, plan, ws, false);
@@ -220,7 +249,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
 }
 
 TEST_CASE("an open window that stops growing closes short; one that grows is held", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked};
+  const WindowConfig config{1000, grouping::CostModel::kPacked, std::nullopt};
   {
     WindowState ws;
     for (uint32_t round = 1; round <= 3 * kMaxHeldRounds; ++round) {
@@ -282,7 +311,7 @@ TEST_CASE("inputs are open while a rank with an open stream has buffer room and 
 TEST_CASE("the step that would overshoot a window is split on every rank", "[window]") {
   // Two micro-steps of 2 x 600 tokens; a 2000-token window: closing after the
   // second would be 20% over, before it 40% under; the split lands at 2000.
-  const WindowConfig config{2000, grouping::CostModel::kPadded};
+  const WindowConfig config{2000, grouping::CostModel::kPadded, std::nullopt};
   WindowState ws;
   std::vector<uint32_t> six(6, 100);
   RoundPlan plan = PlanOf({{six, six}, {six, six}});
@@ -305,7 +334,7 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
   plan.epoch_finished = true;
   WindowState ws;
-  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, plan, ws, false);
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded, std::nullopt}, plan, ws, false);
   const PlannedStep& a = plan.ranks[0].steps[0];
   const PlannedStep& b = plan.ranks[1].steps[0];
   REQUIRE(a.loss_tokens == 110);

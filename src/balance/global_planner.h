@@ -91,6 +91,7 @@ class GlobalPlanner final : public align::Planner {
   // ",exact_assignment_max_world=<m>" when that is not 64 and
   // ",partition_ranks=<p>" when that is not 0.
   std::string Name() const override;
+  bool MovesSamples() const override { return true; }
   const GlobalPlannerConfig& global_config() const { return config_; }
 
  private:

@@ -1,0 +1,238 @@
+#include "src/align/window_balance.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "src/align/planned_groups.h"
+
+namespace odb::align {
+
+namespace {
+
+double Square(uint32_t x) { return static_cast<double>(x) * static_cast<double>(x); }
+
+// One rank's micro-step while a layout is built: its members (indices into
+// the window's samples) and the aggregates its cost and budget need.
+struct Slot {
+  explicit Slot(const grouping::Budget& budget) : tally(budget) {}
+  grouping::GroupTally tally;
+  std::vector<size_t> members;
+  double sum_sq = 0.0;
+};
+
+double SlotCost(const WindowBalanceConfig& c, uint64_t count, uint32_t longest, uint64_t sum_tokens,
+                double sum_sq) {
+  const grouping::StepTimeModel& m = c.step_model;
+  if (count == 0) return m.per_step;
+  const uint64_t padded = c.budget.model == grouping::CostModel::kPadded ? count * longest : sum_tokens;
+  return m.per_step + m.per_padded_token * static_cast<double>(padded) + m.per_len_sq * sum_sq;
+}
+
+double SlotCost(const WindowBalanceConfig& c, const Slot& s) {
+  return SlotCost(c, s.tally.size(), s.tally.longest_tokens(), s.tally.sum_tokens(), s.sum_sq);
+}
+
+// Its cost with `len` added.
+double SlotCostWith(const WindowBalanceConfig& c, const Slot& s, const SampleLengths& len) {
+  return SlotCost(c, s.tally.size() + 1, std::max(s.tally.longest_tokens(), len.tokens),
+                  s.tally.sum_tokens() + len.tokens, s.sum_sq + Square(len.tokens));
+}
+
+using Layout = std::vector<std::vector<Slot>>;  // [rank][micro-step]
+
+// The greedy layout with `m` micro-steps per rank (see BalanceWindow), or
+// nullopt when some sample fits no micro-step left. `order`: the samples,
+// longest first.
+std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
+                          std::span<const size_t> order, size_t world, size_t m, double& cost) {
+  Layout layout(world, std::vector<Slot>(m, Slot(c.budget)));
+  std::vector<double> load(world, static_cast<double>(m) * c.step_model.per_step);
+  for (size_t i : order) {
+    const SampleMeta& s = samples[i];
+    size_t best_r = world, best_k = 0;
+    double best_load = 0.0;
+    for (size_t r = 0; r < world; ++r) {
+      size_t k_min = m;
+      double d_min = 0.0;
+      for (size_t k = 0; k < m; ++k) {
+        const Slot& slot = layout[r][k];
+        if (!slot.tally.CanAdd(s.lengths)) continue;
+        const double d = SlotCostWith(c, slot, s.lengths) - SlotCost(c, slot);
+        if (k_min == m || d < d_min) {
+          k_min = k;
+          d_min = d;
+        }
+      }
+      if (k_min == m) continue;
+      const double v = load[r] + d_min;
+      // Ties: the sample's own rank (no payload move), then the lowest rank.
+      const bool better = best_r == world || v < best_load ||
+                          (v == best_load && static_cast<int32_t>(r) == s.owner_rank &&
+                           static_cast<int32_t>(best_r) != s.owner_rank);
+      if (better) {
+        best_r = r;
+        best_k = k_min;
+        best_load = v;
+      }
+    }
+    if (best_r == world) return std::nullopt;
+    Slot& slot = layout[best_r][best_k];
+    slot.tally.Add(s.lengths);
+    slot.sum_sq += Square(s.lengths.tokens);
+    slot.members.push_back(i);
+    load[best_r] = best_load;
+  }
+  cost = *std::max_element(load.begin(), load.end());
+  return layout;
+}
+
+// Exchanges samples of equal lengths (every micro-step's cost and budget stay
+// as they are) so that as many as possible sit on their owner's rank.
+void KeepHome(std::span<const SampleMeta> samples, Layout& layout) {
+  struct Position {
+    size_t rank, step, slot_index;
+  };
+  using Lengths = std::tuple<uint32_t, uint32_t, uint32_t>;
+  std::map<Lengths, std::vector<Position>> positions;
+  for (size_t r = 0; r < layout.size(); ++r) {
+    for (size_t k = 0; k < layout[r].size(); ++k) {
+      for (size_t j = 0; j < layout[r][k].members.size(); ++j) {
+        const SampleLengths& l = samples[layout[r][k].members[j]].lengths;
+        positions[{l.tokens, l.vision_patches, l.audio_frames}].push_back({r, k, j});
+      }
+    }
+  }
+  for (auto& [lengths, where] : positions) {
+    if (where.size() < 2) continue;
+    std::vector<size_t> who;
+    for (const Position& p : where) who.push_back(layout[p.rank][p.step].members[p.slot_index]);
+    std::sort(who.begin(), who.end(),
+              [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
+    std::vector<bool> taken(where.size(), false), placed(who.size(), false);
+    for (size_t w = 0; w < who.size(); ++w) {
+      for (size_t p = 0; p < where.size(); ++p) {
+        if (!taken[p] && static_cast<int32_t>(where[p].rank) == samples[who[w]].owner_rank) {
+          layout[where[p].rank][where[p].step].members[where[p].slot_index] = who[w];
+          taken[p] = placed[w] = true;
+          break;
+        }
+      }
+    }
+    size_t p = 0;
+    for (size_t w = 0; w < who.size(); ++w) {
+      if (placed[w]) continue;
+      while (taken[p]) ++p;
+      layout[where[p].rank][where[p].step].members[where[p].slot_index] = who[w];
+      taken[p] = true;
+    }
+  }
+}
+
+}  // namespace
+
+double MicroStepCost(const WindowBalanceConfig& config, const PlannedStep& step) {
+  if (step.samples.empty()) return config.step_model.per_step;
+  uint32_t longest = 0;
+  uint64_t sum = 0;
+  double sum_sq = 0.0;
+  for (const SampleMeta& m : step.samples) {
+    longest = std::max(longest, m.lengths.tokens);
+    sum += m.lengths.tokens;
+    sum_sq += Square(m.lengths.tokens);
+  }
+  return SlotCost(config, step.samples.size(), longest, sum, sum_sq);
+}
+
+double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep> window) {
+  if (window.empty()) return 0.0;
+  double worst = 0.0;
+  for (size_t r = 0; r < window.front().size(); ++r) {
+    double sum = 0.0;
+    for (const GlobalStep& g : window) sum += MicroStepCost(config, g[r]);
+    worst = std::max(worst, sum);
+  }
+  return worst;
+}
+
+bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
+  if (window.empty() || window.front().empty()) return false;
+  const size_t world = window.front().size();
+  const size_t steps = window.size();
+  std::vector<SampleMeta> samples;
+  uint64_t tokens = 0;
+  for (const GlobalStep& g : window) {
+    for (const PlannedStep& s : g) {
+      if (s.over_budget) return false;
+      for (const SampleMeta& m : s.samples) {
+        samples.push_back(m);
+        tokens += m.lengths.tokens;
+      }
+    }
+  }
+  if (samples.empty()) return false;
+  std::vector<size_t> order(samples.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const SampleLengths& x = samples[a].lengths;
+    const SampleLengths& y = samples[b].lengths;
+    if (x.tokens != y.tokens) return x.tokens > y.tokens;
+    if (x.vision_patches != y.vision_patches) return x.vision_patches > y.vision_patches;
+    if (x.audio_frames != y.audio_frames) return x.audio_frames > y.audio_frames;
+    return KeyOf(samples[a]) < KeyOf(samples[b]);
+  });
+  // Fewest micro-steps the token budget allows (each holds at most
+  // max_tokens real tokens, padded or packed).
+  size_t first = 1;
+  const uint64_t cap = config.budget.max_tokens;
+  if (cap > 0) first = std::max<size_t>(1, static_cast<size_t>((tokens + world * cap - 1) / (world * cap)));
+  if (config.budget.max_group_size > 0) {
+    const uint64_t per = uint64_t{world} * config.budget.max_group_size;
+    first = std::max<size_t>(first, static_cast<size_t>((samples.size() + per - 1) / per));
+  }
+  uint64_t work = 0;
+  for (size_t m = first; m <= steps; ++m) work += uint64_t{samples.size()} * world * m;
+  if (work > kMaxBalanceWork) return false;
+
+  const double before = WindowCost(config, window);
+  double best_cost = before * (1.0 - 1e-9);  // a new layout must be cheaper, not equal within rounding
+  std::optional<Layout> best;
+  for (size_t m = first; m <= steps; ++m) {
+    double cost = 0.0;
+    std::optional<Layout> layout = Lay(config, samples, order, world, m, cost);
+    if (layout && cost < best_cost) {
+      best_cost = cost;
+      best = std::move(layout);
+    }
+  }
+  if (!best) return false;
+  KeepHome(samples, *best);
+
+  std::vector<GlobalStep> out(best->front().size(), GlobalStep(world));
+  for (size_t r = 0; r < world; ++r) {
+    std::vector<Slot>& slots = (*best)[r];
+    for (Slot& s : slots) {
+      std::sort(s.members.begin(), s.members.end(),
+                [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
+    }
+    std::vector<size_t> by_cost(slots.size());
+    for (size_t k = 0; k < by_cost.size(); ++k) by_cost[k] = k;
+    std::vector<double> cost(slots.size());
+    for (size_t k = 0; k < slots.size(); ++k) cost[k] = SlotCost(config, slots[k]);
+    std::sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) {
+      if (cost[a] != cost[b]) return cost[a] > cost[b];
+      if (slots[a].members.empty() || slots[b].members.empty()) return !slots[a].members.empty();
+      return KeyOf(samples[slots[a].members.front()]) < KeyOf(samples[slots[b].members.front()]);
+    });
+    for (size_t k = 0; k < by_cost.size(); ++k) {
+      out[k][r] = MakeStep(config.budget.model, samples, slots[by_cost[k]].members, false);
+    }
+  }
+  window = std::move(out);
+  return true;
+}
+
+}  // namespace odb::align

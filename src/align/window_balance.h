@@ -1,0 +1,68 @@
+#ifndef ODB_ALIGN_WINDOW_BALANCE_H_
+#define ODB_ALIGN_WINDOW_BALANCE_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "src/align/planner.h"
+#include "src/grouping/budget.h"
+
+namespace odb::align {
+
+// Balance over the window (docs/alignment.md, "Balance over the window").
+//
+// A window is one optimizer step: under DDP its micro-steps but the last run
+// under no_sync, so ranks meet once per window, and a window lasts as long as
+// its slowest rank's sum over its micro-steps. The planner balances each
+// micro-step on its own, and the window cut then splits steps where the
+// target falls: a window of two micro-steps could hold a full step on one
+// rank and a full plus a nearly empty one on the other. Once a window's
+// samples are known (the cut decided them), they are laid out again over
+// the window's ranks and micro-steps, for the objective below.
+//
+// Nothing a trainer sees changes but which rank computes which sample and in
+// which micro-step: the window keeps its samples (so its optimizer step and
+// its exact weights), every rank runs the same number of micro-steps (FSDP and
+// ZeRO issue collectives every micro-step), never more than the planner's, and
+// every micro-step stays within the budget.
+
+// One aligned micro-step: index = rank.
+using GlobalStep = std::vector<PlannedStep>;
+
+struct WindowBalanceConfig {
+  grouping::Budget budget;
+  grouping::StepTimeModel step_model;
+};
+
+// The cost of one rank's micro-step under the step-time model: StepTime of its
+// samples; an IDLE micro-step costs the fixed per_step (the trainer still runs
+// it: a dummy forward and backward).
+double MicroStepCost(const WindowBalanceConfig& config, const PlannedStep& step);
+
+// The window's time as DDP runs it: the largest, over ranks, sum of the rank's
+// micro-step costs.
+double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep> window);
+
+// Lays the samples of `window` (window[k][rank], one closed window) out again
+// when that lowers WindowCost: for every micro-step count m from the fewest
+// the budget allows up to the window's own, samples longest first go to the
+// rank whose sum grows least, into that rank's micro-step whose cost grows
+// least and that keeps the budget; the cheapest layout wins, the planner's
+// kept on ties. Samples of equal lengths are then exchanged so that as many
+// as possible stay on their owner (no payload move), and each rank's
+// micro-steps are ordered costliest first (under FSDP every micro-step is a
+// barrier: like costs meet). A window with an over-budget step (a lone sample
+// no budget holds) is left alone, and so is one whose layout search would
+// take more than kMaxBalanceWork sample placements.
+// Pure function of its input (sorting ties broken by sample key): every rank
+// computes the same layout. Returns whether the window changed.
+bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
+
+// Bound on a window's layout search: samples x ranks x micro-steps summed over
+// the micro-step counts tried.
+inline constexpr uint64_t kMaxBalanceWork = uint64_t{1} << 24;
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_WINDOW_BALANCE_H_

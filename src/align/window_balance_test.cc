@@ -1,0 +1,213 @@
+// Balance over the window (window_balance.h): targeted layouts, and random
+// windows checked for what the re-layout must keep (samples, budget, equal
+// micro-step counts, no more micro-steps, never a costlier window).
+#include "src/align/window_balance.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "src/align/planned_groups.h"
+#include "src/grouping/budget.h"
+
+namespace odb::align {
+namespace {
+
+WindowBalanceConfig Config(uint64_t max_tokens, double per_step = 0.0) {
+  WindowBalanceConfig c;
+  c.budget.model = grouping::CostModel::kPadded;
+  c.budget.max_tokens = max_tokens;
+  c.step_model.per_step = per_step;
+  c.step_model.per_padded_token = 1.0;
+  return c;
+}
+
+// A micro-step of one rank holding samples of these lengths (ids from `next`).
+PlannedStep Step(std::initializer_list<uint32_t> lengths, int32_t owner, uint64_t& next) {
+  std::vector<SampleMeta> metas;
+  for (uint32_t len : lengths) {
+    SampleMeta m;
+    m.id = next++;
+    m.owner_rank = owner;
+    m.lengths.tokens = len;
+    metas.push_back(m);
+  }
+  std::vector<size_t> members(metas.size());
+  for (size_t i = 0; i < members.size(); ++i) members[i] = i;
+  return MakeStep(grouping::CostModel::kPadded, metas, members, false);
+}
+
+std::multiset<std::pair<int32_t, uint64_t>> Keys(const std::vector<GlobalStep>& window) {
+  std::multiset<std::pair<int32_t, uint64_t>> keys;
+  for (const GlobalStep& g : window) {
+    for (const PlannedStep& s : g) {
+      for (const SampleMeta& m : s.samples) keys.insert({m.owner_rank, m.id});
+    }
+  }
+  return keys;
+}
+
+void RequireWithinBudget(const WindowBalanceConfig& c, const std::vector<GlobalStep>& window) {
+  for (const GlobalStep& g : window) {
+    for (const PlannedStep& s : g) {
+      std::vector<SampleLengths> lens;
+      for (const SampleMeta& m : s.samples) lens.push_back(m.lengths);
+      REQUIRE(s.idle == s.samples.empty());
+      REQUIRE(FitsBudget(c.budget, lens));
+      REQUIRE(s.real_tokens ==
+              std::accumulate(lens.begin(), lens.end(), uint64_t{0},
+                              [](uint64_t a, const SampleLengths& l) { return a + l.tokens; }));
+      REQUIRE(s.padded_tokens == grouping::PaddedTokens(c.budget.model, lens));
+    }
+  }
+}
+
+TEST_CASE("a window's samples are spread so that every rank's sum is even", "[window_balance]") {
+  // The planner's layout: rank 0 runs two full micro-steps, rank 1 one and an IDLE one.
+  uint64_t id = 0;
+  std::vector<GlobalStep> window = {
+      {Step({100, 100, 100, 100}, 0, id), Step({100, 100, 100, 100}, 1, id)},
+      {Step({100, 100, 100, 100}, 0, id), PlannedStep{}},
+  };
+  const WindowBalanceConfig c = Config(512);
+  REQUIRE(WindowCost(c, window) == 800.0);
+  const auto keys = Keys(window);
+  REQUIRE(BalanceWindow(c, window));
+  REQUIRE(window.size() == 2);
+  REQUIRE(WindowCost(c, window) == 600.0);
+  REQUIRE(Keys(window) == keys);
+  RequireWithinBudget(c, window);
+  for (size_t r = 0; r < 2; ++r) {
+    size_t n = 0;
+    for (const GlobalStep& g : window) n += g[r].samples.size();
+    REQUIRE(n == 6);
+  }
+}
+
+TEST_CASE("a window takes fewer micro-steps when its samples fit them", "[window_balance]") {
+  // Three micro-steps a rank where two hold everything: the fixed cost of a
+  // micro-step makes the shorter window cheaper.
+  uint64_t id = 0;
+  std::vector<GlobalStep> window = {
+      {Step({200, 200}, 0, id), Step({200}, 1, id)},
+      {Step({200}, 0, id), Step({200}, 1, id)},
+      {PlannedStep{}, Step({200}, 1, id)},
+  };
+  const WindowBalanceConfig c = Config(512, 50.0);
+  REQUIRE(BalanceWindow(c, window));
+  REQUIRE(window.size() == 2);
+  // Each rank: a pair (50 + 400) and a single (50 + 200); before, 750 each.
+  REQUIRE(WindowCost(c, window) == 700.0);
+}
+
+TEST_CASE("a window already even, or one with an over-budget step, is left as it is", "[window_balance]") {
+  uint64_t id = 0;
+  std::vector<GlobalStep> even = {{Step({256, 256}, 0, id), Step({256, 256}, 1, id)}};
+  const std::vector<GlobalStep> before = even;
+  REQUIRE_FALSE(BalanceWindow(Config(512), even));
+  REQUIRE(Keys(even) == Keys(before));
+  REQUIRE(even[0][0].samples[0].id == before[0][0].samples[0].id);
+
+  std::vector<GlobalStep> over = {{Step({900}, 0, id), Step({100}, 1, id)},
+                                  {PlannedStep{}, Step({100}, 1, id)}};
+  over[0][0].over_budget = true;
+  REQUIRE_FALSE(BalanceWindow(Config(512), over));
+  REQUIRE(over.size() == 2);
+  REQUIRE(over[1][1].samples.size() == 1);
+}
+
+TEST_CASE("samples of equal lengths stay on their owner's rank", "[window_balance]") {
+  // Rank 0 runs three of the four samples, two of them rank 1's. The even
+  // layout (two a rank) can keep every sample home: samples of equal lengths
+  // are interchangeable, whatever order they were placed in.
+  uint64_t id = 0;
+  std::vector<GlobalStep> window = {{Step({100, 100}, 0, id), Step({100}, 1, id)}};
+  const PlannedStep other = Step({100}, 1, id);
+  window[0][0].samples.push_back(other.samples[0]);
+  window[0][0].real_tokens += 100;
+  window[0][0].padded_tokens += 100;
+  REQUIRE(BalanceWindow(Config(512), window));
+  for (const GlobalStep& g : window) {
+    for (size_t r = 0; r < g.size(); ++r) {
+      for (const SampleMeta& m : g[r].samples) REQUIRE(m.owner_rank == static_cast<int32_t>(r));
+    }
+  }
+  REQUIRE(Keys(window).size() == 4);
+}
+
+TEST_CASE("random windows: the same samples, within budget, equal counts, never costlier",
+          "[window_balance]") {
+  std::mt19937_64 rng(4242);
+  int changed = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t world = 1 + rng() % 6;
+    const size_t steps = 1 + rng() % 4;
+    const uint64_t budget = 256 + rng() % 1024;
+    WindowBalanceConfig c = Config(budget, static_cast<double>(rng() % 3) * 100.0);
+    if (trial % 3 == 1) {
+      c.budget.model = grouping::CostModel::kPacked;
+      c.step_model.per_len_sq = 0.01;
+    }
+    if (trial % 5 == 2) c.budget.max_group_size = 4;
+    uint64_t id = 0;
+    std::vector<GlobalStep> window(steps, GlobalStep(world));
+    for (size_t k = 0; k < steps; ++k) {
+      for (size_t r = 0; r < world; ++r) {
+        if (rng() % 4 == 0) continue;  // IDLE
+        // A group the budget holds: similar lengths, until the next would not fit.
+        std::vector<SampleMeta> metas;
+        std::vector<SampleLengths> lens;
+        const uint32_t base = 8 + static_cast<uint32_t>(rng() % (budget / 2));
+        for (int n = 0; n < 12; ++n) {
+          SampleMeta m;
+          m.id = id++;
+          m.owner_rank = static_cast<int32_t>(rng() % world);
+          m.lengths.tokens = base + static_cast<uint32_t>(rng() % 16);
+          lens.push_back(m.lengths);
+          if (!FitsBudget(c.budget, lens)) break;
+          metas.push_back(m);
+        }
+        if (metas.empty()) continue;
+        std::vector<size_t> members(metas.size());
+        for (size_t i = 0; i < members.size(); ++i) members[i] = i;
+        window[k][r] = MakeStep(c.budget.model, metas, members, false);
+      }
+    }
+    INFO("trial " << trial);
+    const auto keys = Keys(window);
+    const double before = WindowCost(c, window);
+    std::vector<GlobalStep> balanced = window;
+    const bool did = BalanceWindow(c, balanced);
+    changed += did;
+    REQUIRE(Keys(balanced) == keys);
+    REQUIRE(!balanced.empty());
+    REQUIRE(balanced.size() <= window.size());
+    for (const GlobalStep& g : balanced) REQUIRE(g.size() == world);
+    RequireWithinBudget(c, balanced);
+    if (did) {
+      REQUIRE(WindowCost(c, balanced) < before);
+    } else {
+      REQUIRE(WindowCost(c, balanced) == before);
+    }
+    // A pure function of the samples: the window's steps in another order give the same layout.
+    std::vector<GlobalStep> reversed(window.rbegin(), window.rend());
+    BalanceWindow(c, reversed);
+    if (did) {
+      REQUIRE(reversed.size() == balanced.size());
+      for (size_t k = 0; k < balanced.size(); ++k) {
+        for (size_t r = 0; r < world; ++r) {
+          REQUIRE(reversed[k][r].samples.size() == balanced[k][r].samples.size());
+          for (size_t j = 0; j < balanced[k][r].samples.size(); ++j) {
+            REQUIRE(KeyOf(reversed[k][r].samples[j]) == KeyOf(balanced[k][r].samples[j]));
+          }
+        }
+      }
+    }
+  }
+  REQUIRE(changed > 50);
+}
+
+}  // namespace
+}  // namespace odb::align
