@@ -58,6 +58,9 @@ struct WindowState {
 inline constexpr uint32_t kMaxHeldRounds = 4;
 
 struct WindowConfig {
+  WindowConfig() = default;
+  WindowConfig(uint64_t tokens, grouping::CostModel model) : tokens_per_step(tokens), cost_model(model) {}
+
   uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
   grouping::CostModel cost_model = grouping::CostModel::kPadded;
   // Balance over the window (window_balance.h): every window closed with a

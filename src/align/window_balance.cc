@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -90,9 +92,144 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
   return layout;
 }
 
+// The cheapest way to run `members` (sample indices whose position in the
+// longest-first order is `rank_in_order`, sorted by it) as `m` micro-steps
+// within the budget: the sorted list cut into at most m runs (dynamic
+// programming; for padded costs some cheapest split is such a cut), unused
+// micro-steps IDLE at the fixed per_step. nullopt when no cut keeps the
+// budget. `groups` (optional) receives the runs. `work` counts the DP's steps.
+std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
+                               std::span<const size_t> members, size_t m, uint64_t& work,
+                               std::vector<std::vector<size_t>>* groups = nullptr) {
+  const size_t n = members.size();
+  const double per_step = c.step_model.per_step;
+  if (n == 0) {
+    if (groups) groups->assign(m, {});
+    return static_cast<double>(m) * per_step;
+  }
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  // f[j][i]: the first i samples in j non-empty runs; from[j][i]: where the last run starts.
+  std::vector<std::vector<double>> f(m + 1, std::vector<double>(n + 1, kNone));
+  std::vector<std::vector<size_t>> from(m + 1, std::vector<size_t>(n + 1, 0));
+  f[0][0] = 0.0;
+  for (size_t i = 1; i <= n; ++i) {
+    Slot run(c.budget);
+    for (size_t a = i; a-- > 0;) {
+      const SampleLengths& l = samples[members[a]].lengths;
+      if (!run.tally.CanAdd(l)) break;  // a longer run never fits again
+      run.tally.Add(l);
+      run.sum_sq += Square(l.tokens);
+      const double cost = SlotCost(c, run);
+      for (size_t j = 1; j <= m; ++j) {
+        ++work;
+        if (f[j - 1][a] == kNone) continue;
+        if (f[j - 1][a] + cost < f[j][i]) {
+          f[j][i] = f[j - 1][a] + cost;
+          from[j][i] = a;
+        }
+      }
+    }
+  }
+  size_t best_j = 0;
+  double best = kNone;
+  for (size_t j = 1; j <= m; ++j) {
+    if (f[j][n] == kNone) continue;
+    const double total = f[j][n] + static_cast<double>(m - j) * per_step;
+    if (total < best) {
+      best = total;
+      best_j = j;
+    }
+  }
+  if (best_j == 0) return std::nullopt;
+  if (groups) {
+    groups->assign(m, {});
+    size_t i = n;
+    for (size_t j = best_j; j > 0; --j) {
+      const size_t a = from[j][i];
+      (*groups)[j - 1].assign(members.begin() + static_cast<std::ptrdiff_t>(a),
+                              members.begin() + static_cast<std::ptrdiff_t>(i));
+      i = a;
+    }
+  }
+  return best;
+}
+
+// Improves an assignment of samples to ranks (each rank's list in
+// longest-first order) by moving one sample off the costliest rank, or
+// exchanging one of its samples with another rank's, while that lowers the
+// costliest rank's cost and the other rank stays below it. Stops when no move
+// or exchange helps or `work` passes kMaxBalanceWork. Returns the costliest
+// rank's cost.
+double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
+               std::span<const size_t> position, size_t m, std::vector<std::vector<size_t>>& assign,
+               std::vector<double>& cost, uint64_t& work) {
+  const size_t world = assign.size();
+  auto sorted_with = [&](const std::vector<size_t>& list, size_t drop, size_t add) {
+    std::vector<size_t> out;
+    out.reserve(list.size() + 1);
+    for (size_t x : list) {
+      if (x != drop) out.push_back(x);
+    }
+    if (add != SIZE_MAX) {
+      out.insert(std::upper_bound(out.begin(), out.end(), add,
+                                  [&](size_t a, size_t b) { return position[a] < position[b]; }),
+                 add);
+    }
+    return out;
+  };
+  for (;;) {
+    size_t top = 0;
+    for (size_t r = 1; r < world; ++r) {
+      if (cost[r] > cost[top]) top = r;
+    }
+    double best = cost[top] * (1.0 - 1e-9);
+    size_t best_q = world, best_x = SIZE_MAX, best_y = SIZE_MAX;
+    double best_top = 0.0, best_other = 0.0;
+    auto consider = [&](size_t q, size_t x, size_t y) {
+      const std::optional<double> a = PackRank(c, samples, sorted_with(assign[top], x, y), m, work);
+      if (!a || *a >= best) return;
+      const std::optional<double> b = PackRank(c, samples, sorted_with(assign[q], y, x), m, work);
+      if (!b || std::max(*a, *b) >= best) return;
+      best = std::max(*a, *b);
+      best_q = q;
+      best_x = x;
+      best_y = y;
+      best_top = *a;
+      best_other = *b;
+    };
+    for (size_t x : assign[top]) {
+      for (size_t q = 0; q < world && work <= kMaxBalanceWork; ++q) {
+        if (q != top) consider(q, x, SIZE_MAX);
+      }
+    }
+    if (best_q == world) {
+      for (size_t x : assign[top]) {
+        for (size_t q = 0; q < world && work <= kMaxBalanceWork; ++q) {
+          if (q == top) continue;
+          for (size_t y : assign[q]) {
+            if (samples[y].lengths.tokens != samples[x].lengths.tokens) consider(q, x, y);
+          }
+        }
+      }
+    }
+    if (best_q == world) return cost[top];
+    assign[top] = sorted_with(assign[top], best_x, best_y);
+    assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
+    cost[top] = best_top;
+    cost[best_q] = best_other;
+    if (work > kMaxBalanceWork) {
+      double worst = 0.0;
+      for (double v : cost) worst = std::max(worst, v);
+      return worst;
+    }
+  }
+}
+
 // Exchanges samples of equal lengths (every micro-step's cost and budget stay
 // as they are) so that as many as possible sit on their owner's rank.
-void KeepHome(std::span<const SampleMeta> samples, Layout& layout) {
+using Groups = std::vector<std::vector<std::vector<size_t>>>;  // [rank][micro-step] -> members
+
+void KeepHome(std::span<const SampleMeta> samples, Groups& layout) {
   struct Position {
     size_t rank, step, slot_index;
   };
@@ -100,8 +237,8 @@ void KeepHome(std::span<const SampleMeta> samples, Layout& layout) {
   std::map<Lengths, std::vector<Position>> positions;
   for (size_t r = 0; r < layout.size(); ++r) {
     for (size_t k = 0; k < layout[r].size(); ++k) {
-      for (size_t j = 0; j < layout[r][k].members.size(); ++j) {
-        const SampleLengths& l = samples[layout[r][k].members[j]].lengths;
+      for (size_t j = 0; j < layout[r][k].size(); ++j) {
+        const SampleLengths& l = samples[layout[r][k][j]].lengths;
         positions[{l.tokens, l.vision_patches, l.audio_frames}].push_back({r, k, j});
       }
     }
@@ -109,14 +246,14 @@ void KeepHome(std::span<const SampleMeta> samples, Layout& layout) {
   for (auto& [lengths, where] : positions) {
     if (where.size() < 2) continue;
     std::vector<size_t> who;
-    for (const Position& p : where) who.push_back(layout[p.rank][p.step].members[p.slot_index]);
+    for (const Position& p : where) who.push_back(layout[p.rank][p.step][p.slot_index]);
     std::sort(who.begin(), who.end(),
               [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
     std::vector<bool> taken(where.size(), false), placed(who.size(), false);
     for (size_t w = 0; w < who.size(); ++w) {
       for (size_t p = 0; p < where.size(); ++p) {
         if (!taken[p] && static_cast<int32_t>(where[p].rank) == samples[who[w]].owner_rank) {
-          layout[where[p].rank][where[p].step].members[where[p].slot_index] = who[w];
+          layout[where[p].rank][where[p].step][where[p].slot_index] = who[w];
           taken[p] = placed[w] = true;
           break;
         }
@@ -126,7 +263,7 @@ void KeepHome(std::span<const SampleMeta> samples, Layout& layout) {
     for (size_t w = 0; w < who.size(); ++w) {
       if (placed[w]) continue;
       while (taken[p]) ++p;
-      layout[where[p].rank][where[p].step].members[where[p].slot_index] = who[w];
+      layout[where[p].rank][where[p].step][where[p].slot_index] = who[w];
       taken[p] = true;
     }
   }
@@ -193,19 +330,40 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
     const uint64_t per = uint64_t{world} * config.budget.max_group_size;
     first = std::max<size_t>(first, static_cast<size_t>((samples.size() + per - 1) / per));
   }
-  uint64_t work = 0;
-  for (size_t m = first; m <= steps; ++m) work += uint64_t{samples.size()} * world * m;
-  if (work > kMaxBalanceWork) return false;
+  uint64_t greedy_work = 0;
+  for (size_t m = first; m <= steps; ++m) greedy_work += uint64_t{samples.size()} * world * m;
+  if (greedy_work > kMaxBalanceWork) return false;
 
   const double before = WindowCost(config, window);
   double best_cost = before * (1.0 - 1e-9);  // a new layout must be cheaper, not equal within rounding
-  std::optional<Layout> best;
-  for (size_t m = first; m <= steps; ++m) {
-    double cost = 0.0;
-    std::optional<Layout> layout = Lay(config, samples, order, world, m, cost);
-    if (layout && cost < best_cost) {
-      best_cost = cost;
-      best = std::move(layout);
+  std::optional<Groups> best;
+  std::vector<size_t> position(samples.size());
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  uint64_t work = 0;
+  for (size_t m = first; m <= steps && work <= kMaxBalanceWork; ++m) {
+    double greedy = 0.0;
+    std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy);
+    if (!layout) continue;
+    // Each rank's samples, longest first, packed the cheapest way; then moves.
+    std::vector<std::vector<size_t>> assign(world);
+    std::vector<double> cost(world);
+    bool packed = true;
+    for (size_t r = 0; r < world && packed; ++r) {
+      for (const Slot& slot : (*layout)[r])
+        assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
+      std::sort(assign[r].begin(), assign[r].end(),
+                [&](size_t a, size_t b) { return position[a] < position[b]; });
+      const std::optional<double> c = PackRank(config, samples, assign[r], m, work);
+      packed = c.has_value();
+      if (packed) cost[r] = *c;
+    }
+    if (!packed) continue;  // the greedy's own micro-steps fit: never here
+    const double worst = Improve(config, samples, position, m, assign, cost, work);
+    if (worst < best_cost) {
+      best_cost = worst;
+      Groups groups(world);
+      for (size_t r = 0; r < world; ++r) PackRank(config, samples, assign[r], m, work, &groups[r]);
+      best = std::move(groups);
     }
   }
   if (!best) return false;
@@ -213,24 +371,28 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
 
   std::vector<GlobalStep> out(best->front().size(), GlobalStep(world));
   for (size_t r = 0; r < world; ++r) {
-    std::vector<Slot>& slots = (*best)[r];
-    for (Slot& s : slots) {
-      std::sort(s.members.begin(), s.members.end(),
+    std::vector<std::vector<size_t>>& slots = (*best)[r];
+    std::vector<double> cost(slots.size());
+    for (size_t k = 0; k < slots.size(); ++k) {
+      std::sort(slots[k].begin(), slots[k].end(),
                 [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
+      cost[k] = MicroStepCost(config, MakeStep(config.budget.model, samples, slots[k], false));
     }
     std::vector<size_t> by_cost(slots.size());
     for (size_t k = 0; k < by_cost.size(); ++k) by_cost[k] = k;
-    std::vector<double> cost(slots.size());
-    for (size_t k = 0; k < slots.size(); ++k) cost[k] = SlotCost(config, slots[k]);
     std::sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) {
       if (cost[a] != cost[b]) return cost[a] > cost[b];
-      if (slots[a].members.empty() || slots[b].members.empty()) return !slots[a].members.empty();
-      return KeyOf(samples[slots[a].members.front()]) < KeyOf(samples[slots[b].members.front()]);
+      if (slots[a].empty() || slots[b].empty()) return !slots[a].empty();
+      return KeyOf(samples[slots[a].front()]) < KeyOf(samples[slots[b].front()]);
     });
     for (size_t k = 0; k < by_cost.size(); ++k) {
-      out[k][r] = MakeStep(config.budget.model, samples, slots[by_cost[k]].members, false);
+      out[k][r] = MakeStep(config.budget.model, samples, slots[by_cost[k]], false);
     }
   }
+  // Micro-steps no rank uses (every rank's samples fit fewer) are dropped.
+  std::erase_if(out, [](const GlobalStep& g) {
+    return std::all_of(g.begin(), g.end(), [](const PlannedStep& s) { return s.samples.empty(); });
+  });
   window = std::move(out);
   return true;
 }

@@ -28,7 +28,7 @@ class WindowedPlanner final : public Planner {
     auto it = before_.try_emplace(state.round, current_).first;
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
-    WindowConfig wc{config().tokens_per_step, config().budget.model, std::nullopt};
+    WindowConfig wc{config().tokens_per_step, config().budget.model};
     if (balance_) wc.balance = WindowBalanceConfig{config().budget, config().step_model};
     ApplyWindows(wc, plan, ws, false);
     current_ = ws;
@@ -219,7 +219,7 @@ TEST_CASE("without a target every step is its own window with per-step weights",
 }
 
 TEST_CASE("an open window goes back to pending; the epoch's end closes it short", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked, std::nullopt};
+  const WindowConfig config{1000, grouping::CostModel::kPacked};
   WindowState ws;
   RoundPlan plan = PlanOf({{{100, 100}, {50}}, {{100}, {100, 50}}});  // 500 loss tokens < 1000
   ApplyWindows(config, plan, ws, false);
@@ -249,7 +249,7 @@ TEST_CASE("an open window goes back to pending; the epoch's end closes it short"
 }
 
 TEST_CASE("an open window that stops growing closes short; one that grows is held", "[window]") {
-  const WindowConfig config{1000, grouping::CostModel::kPacked, std::nullopt};
+  const WindowConfig config{1000, grouping::CostModel::kPacked};
   {
     WindowState ws;
     for (uint32_t round = 1; round <= 3 * kMaxHeldRounds; ++round) {
@@ -311,7 +311,7 @@ TEST_CASE("inputs are open while a rank with an open stream has buffer room and 
 TEST_CASE("the step that would overshoot a window is split on every rank", "[window]") {
   // Two micro-steps of 2 x 600 tokens; a 2000-token window: closing after the
   // second would be 20% over, before it 40% under; the split lands at 2000.
-  const WindowConfig config{2000, grouping::CostModel::kPadded, std::nullopt};
+  const WindowConfig config{2000, grouping::CostModel::kPadded};
   WindowState ws;
   std::vector<uint32_t> six(6, 100);
   RoundPlan plan = PlanOf({{six, six}, {six, six}});
@@ -334,7 +334,7 @@ TEST_CASE("weights and windows count loss tokens when samples carry them", "[win
   plan.ranks[1].steps[0].samples[0].loss_tokens = 0;   // nothing to learn from
   plan.epoch_finished = true;
   WindowState ws;
-  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded, std::nullopt}, plan, ws, false);
+  ApplyWindows(WindowConfig{1000, grouping::CostModel::kPadded}, plan, ws, false);
   const PlannedStep& a = plan.ranks[0].steps[0];
   const PlannedStep& b = plan.ranks[1].steps[0];
   REQUIRE(a.loss_tokens == 110);
