@@ -30,6 +30,7 @@ def test_figures_of_a_hand_made_record():
     assert f["padded_tokens"] == 8 + 2 + 2
     assert f["window_max_over_mean"] == 10 / 6  # rank 0: 8 + 2, rank 1: 2; mean 6
     assert f["step_max_over_mean"] == (8 + 2) / 6
+    assert f["window_max_over_bound"] == 10 / 6  # max(4, (4 + 4 + 2 + 2) / 2)
 
 
 def test_main_job_windows_are_even_over_the_ranks(tmp_path):
