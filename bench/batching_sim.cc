@@ -3,7 +3,12 @@
 // data-parallel ranks under a step-time model, and prints per trace x policy
 // the simulated samples/s, the ratio to Standard, the fraction of the lower
 // bounds (bench/bound.h: no schedule beats them), padding, steps, IDLE and
-// over-budget rank-steps and the max/mean rank cost. See docs/benchmarks.md.
+// over-budget rank-steps and the max/mean rank cost. With --window-tokens the
+// odb policies also run with accumulation windows (the daemon's
+// align::ApplyWindows on every round's plan), and a second table per trace
+// gives their fraction of the bounds under both time models (every
+// micro-step synchronised, or only each window's last), IDLE rank-steps and
+// the windows' size over the target. See docs/benchmarks.md.
 //
 //   bazel build -c opt //bench:batching_sim
 //   bazel-bin/bench/batching_sim --model cpu_calibrated --world 8
@@ -37,6 +42,7 @@ struct Options {
   std::string models_file = "bench/step_models.yaml";
   std::string model = "cpu_calibrated";
   uint64_t seed = 1;
+  std::string window_tokens = "0";  // comma list of window targets (WindowTarget spellings)
   std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
 };
 
@@ -103,6 +109,18 @@ int Main(const Options& o) {
   cfg.model = *model;
   cfg.window = o.window;
   cfg.seed = o.seed;
+  // Every policy runs without windows (the first table); the odb policies
+  // again with each window target given.
+  std::vector<WindowTarget> targets;
+  for (const std::string& t : Split(o.window_tokens)) {
+    absl::StatusOr<WindowTarget> target = ParseWindowTarget(t);
+    if (!target.ok()) {
+      std::fprintf(stderr, "batching_sim: --window-tokens: %s\n",
+                   std::string(target.status().message()).c_str());
+      return 2;
+    }
+    if (!target->off()) targets.push_back(*target);
+  }
   std::vector<std::string> policies;
   for (const std::string& p : o.policies.empty() ? PolicyNames(o.window) : Split(o.policies)) {
     absl::StatusOr<PolicySpec> spec = ParsePolicy(p);
@@ -123,7 +141,8 @@ int Main(const Options& o) {
         "trace,policy,world,model,samples,steps,idle_rank_steps,over_budget_rank_steps,padding_fraction,"
         "sim_seconds,samples_per_s,vs_standard,of_bound,of_padded_bound,max_over_mean,bound_seconds,"
         "padded_bound_seconds,batch_size,p99_batch_size,largest_sample_bound_seconds,of_largest_sample_"
-        "bound\n");
+        "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
+        "short_windows,mean_window_over_target,max_window_over_target,idle_share\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -139,6 +158,15 @@ int Main(const Options& o) {
      << "`of bound` = bound / time, the bound no schedule beats (any layout); `of padded bound` = the exact "
         "single-rank padded optimum / W over time, which no padded schedule beats (n/a: packing computes on "
         "rows, and a schedule over budget is outside both bounds). docs/benchmarks.md has the proofs.\n\n";
+  if (!targets.empty()) {
+    md << "Accumulation windows (`--window-tokens " << o.window_tokens
+       << "`): the odb policies again with `optimizer.tokens_per_step` = each target (loss tokens over all "
+          "ranks; `Ns` = N x the trace's mean sample, `Nm` = N x W x L_max), cut by the daemon's "
+          "align::ApplyWindows. (a) = every micro-step synchronised (sum over micro-steps of the slowest "
+          "rank, FSDP/ZeRO), (b) = only a window's last micro-step (sum over windows of the slowest rank's "
+          "summed cost, DDP no_sync). Both are bounded by the same bounds: windows only constrain a "
+          "schedule.\n\n";
+  }
   std::ostringstream stats_md;
   stats_md << "| trace | samples | mean | CV | p50 | p90 | p99 | max | short (<" << o.max_tokens / 16
            << ") | with image | truncated | source |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -175,33 +203,50 @@ int Main(const Options& o) {
                  st.n, st.mean, st.cv, st.max);
     const Bounds bounds = LowerBounds(arrival, cfg.budget, cfg.model, cfg.world);
 
+    // Runs of the windowed policies, by policy and target (in `targets` order).
+    std::map<std::string, std::vector<Metrics>> windowed;
     std::map<std::string, Metrics> results;
     for (const std::string& p : policies) {
-      auto schedule = RunPolicy(p, arrival, cfg);
-      if (!schedule.ok()) {
-        std::fprintf(stderr, "batching_sim: %s on %s: %s\n", p.c_str(), trace->name.c_str(),
-                     std::string(schedule.status().message()).c_str());
-        return 3;
-      }
-      Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
-      if (ranks_csv) {
-        // Every rank step, to see what limits a policy (which rank is slowest, and why).
-        for (size_t k = 0; k < schedule->size(); ++k) {
-          for (size_t r = 0; r < (*schedule)[k].size(); ++r) {
-            const RankStep& rs = (*schedule)[k][r];
-            std::fprintf(ranks_csv, "%s,%s,%zu,%zu,%u,%lu,%lu,%.6g,%.6g\n", trace->name.c_str(), p.c_str(), k,
-                         r, rs.samples, static_cast<unsigned long>(rs.real_tokens),
-                         static_cast<unsigned long>(rs.padded_tokens), rs.sum_len_sq,
-                         RankCost(cfg.model, rs));
+      for (size_t ti_w = 0; ti_w <= (TakesWindows(p) ? targets.size() : 0); ++ti_w) {
+        SimConfig run_cfg = cfg;
+        run_cfg.window_tokens = ti_w == 0 ? 0 : targets[ti_w - 1].Tokens(arrival, o.world, o.max_tokens);
+        auto schedule = RunPolicy(p, arrival, run_cfg);
+        if (!schedule.ok()) {
+          std::fprintf(stderr, "batching_sim: %s on %s: %s\n", p.c_str(), trace->name.c_str(),
+                       std::string(schedule.status().message()).c_str());
+          return 3;
+        }
+        Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens, run_cfg.window_tokens);
+        if (ti_w > 0) {
+          if (m.samples != arrival.size()) {
+            std::fprintf(stderr,
+                         "batching_sim: %s with windows of %lu tokens on %s covered %lu of %zu samples\n",
+                         p.c_str(), static_cast<unsigned long>(run_cfg.window_tokens), trace->name.c_str(),
+                         static_cast<unsigned long>(m.samples), arrival.size());
+            return 4;
+          }
+          windowed[p].push_back(std::move(m));
+          continue;
+        }
+        if (ranks_csv) {
+          // Every rank step, to see what limits a policy (which rank is slowest, and why).
+          for (size_t k = 0; k < schedule->size(); ++k) {
+            for (size_t r = 0; r < (*schedule)[k].size(); ++r) {
+              const RankStep& rs = (*schedule)[k][r];
+              std::fprintf(ranks_csv, "%s,%s,%zu,%zu,%u,%lu,%lu,%.6g,%.6g\n", trace->name.c_str(), p.c_str(),
+                           k, r, rs.samples, static_cast<unsigned long>(rs.real_tokens),
+                           static_cast<unsigned long>(rs.padded_tokens), rs.sum_len_sq,
+                           RankCost(cfg.model, rs));
+            }
           }
         }
+        if (m.samples != arrival.size()) {
+          std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(),
+                       trace->name.c_str(), static_cast<unsigned long>(m.samples), arrival.size());
+          return 4;
+        }
+        results[p] = std::move(m);
       }
-      if (m.samples != arrival.size()) {
-        std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(),
-                     trace->name.c_str(), static_cast<unsigned long>(m.samples), arrival.size());
-        return 4;
-      }
-      results[p] = std::move(m);
     }
     const double standard = results.count("standard") ? results["standard"].samples_per_s() : 0.0;
     const uint32_t batch = FixedBatchSize(arrival, cfg.budget);
@@ -217,51 +262,97 @@ int Main(const Options& o) {
               "rank-steps | "
               "over-budget rank-steps | max/mean rank cost |\n"
            << "|---|---|---|---|---|---|---|---|---|---|\n";
-    for (const std::string& p : policies) {
-      const Metrics& m = results[p];
+    std::ostringstream window_table;  // the odb policies with and without windows
+    // One run's table row and CSV row; checks the bounds under both time
+    // models (they hold for every schedule within the budget: a fraction
+    // above 1 is a bug in a bound or in a policy, never a result).
+    auto report = [&](const std::string& p, const Metrics& m, const std::string& target, uint64_t tokens) {
       const double sps = m.samples_per_s();
       const double vs_std = standard > 0 ? sps / standard : 0.0;
       const double of_bound = m.time > 0 ? bounds.any_layout / m.time : 0.0;
       const bool padded_policy = !IsPackedPolicy(p) && m.over_budget_rank_steps == 0;
       const double of_padded = padded_policy && m.time > 0 ? bounds.padded / m.time : 0.0;
-      // The bounds hold for every schedule within the budget: a fraction above
-      // 1 is a bug in a bound or in a policy, never a result.
-      const double slack = 1e-9;
       const double of_largest = m.time > 0 ? bounds.largest_sample / m.time : 0.0;
+      // Time model (b): the largest-sample bound is a bound on (a) only (a
+      // window's slowest rank may sum many micro-steps besides the longest sample's).
+      const double of_bound_w = m.window_time > 0 ? bounds.any_layout / m.window_time : 0.0;
+      const double of_padded_w = padded_policy && m.window_time > 0 ? bounds.padded / m.window_time : 0.0;
+      const double slack = 1e-9;
       if (m.over_budget_rank_steps == 0 &&
-          (of_bound > 1 + slack || of_padded > 1 + slack || of_largest > 1 + slack)) {
+          (of_bound > 1 + slack || of_padded > 1 + slack || of_largest > 1 + slack ||
+           of_bound_w > 1 + slack || of_padded_w > 1 + slack)) {
         std::fprintf(
             stderr,
-            "batching_sim: BOUND VIOLATED: %s on %s: time %.9g, bound %.9g, largest-sample bound %.9g, "
-            "padded bound %.9g\n",
-            p.c_str(), trace->name.c_str(), m.time, bounds.any_layout, bounds.largest_sample, bounds.padded);
+            "batching_sim: BOUND VIOLATED: %s (windows %s) on %s: time %.9g, per-window time %.9g, bound "
+            "%.9g, largest-sample bound %.9g, padded bound %.9g\n",
+            p.c_str(), target.c_str(), trace->name.c_str(), m.time, m.window_time, bounds.any_layout,
+            bounds.largest_sample, bounds.padded);
         ++violations;
       }
-      char padded_cell[32];
-      if (padded_policy) {
-        std::snprintf(padded_cell, sizeof padded_cell, "%.3f", of_padded);
-      } else {
-        std::snprintf(padded_cell, sizeof padded_cell, "n/a");
+      auto padded_cell = [&](double v) {
+        char cell[32] = "n/a";
+        if (padded_policy) std::snprintf(cell, sizeof cell, "%.3f", v);
+        return std::string(cell);
+      };
+      if (target == "0") {
+        std::snprintf(line, sizeof line,
+                      "| %s | %.4g | %.3f | %.3f | %s | %.1f%% | %lu | %lu | %lu | %.3f |\n", p.c_str(), sps,
+                      vs_std, of_bound, padded_cell(of_padded).c_str(), 100 * m.padding_fraction(),
+                      static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
+                      static_cast<unsigned long>(m.over_budget_rank_steps), m.max_over_mean());
+        tables << line;
       }
-      std::snprintf(line, sizeof line, "| %s | %.4g | %.3f | %.3f | %s | %.1f%% | %lu | %lu | %lu | %.3f |\n",
-                    p.c_str(), sps, vs_std, of_bound, padded_cell, 100 * m.padding_fraction(),
-                    static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
-                    static_cast<unsigned long>(m.over_budget_rank_steps), m.max_over_mean());
-      tables << line;
+      if (TakesWindows(p) && !targets.empty()) {
+        std::snprintf(
+            line, sizeof line,
+            "| %s | %s | %lu | %s | %s | %.3f | %.3f | %lu | %lu (%.1f%%) | %lu (%lu short) | %.3f | "
+            "%.3f |\n",
+            p.c_str(), target.c_str(), static_cast<unsigned long>(tokens), padded_cell(of_padded).c_str(),
+            padded_cell(of_padded_w).c_str(), of_bound, of_bound_w, static_cast<unsigned long>(m.steps),
+            static_cast<unsigned long>(m.idle_rank_steps), 100 * m.idle_share(),
+            static_cast<unsigned long>(m.windows), static_cast<unsigned long>(m.short_windows),
+            m.mean_window_over_target, m.max_window_over_target);
+        window_table << line;
+      }
       if (csv) {
-        std::fprintf(
-            csv, "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f\n",
-            trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
-            static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
-            static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
-            of_bound, padded_policy ? std::to_string(of_padded).c_str() : "", m.max_over_mean(),
-            bounds.any_layout, bounds.padded, batch, p99_batch, bounds.largest_sample, of_largest);
+        std::fprintf(csv,
+                     "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
+                     "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f\n",
+                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(),
+                     static_cast<unsigned long>(m.samples), static_cast<unsigned long>(m.steps),
+                     static_cast<unsigned long>(m.idle_rank_steps),
+                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps,
+                     vs_std, of_bound, padded_policy ? std::to_string(of_padded).c_str() : "",
+                     m.max_over_mean(), bounds.any_layout, bounds.padded, batch, p99_batch,
+                     bounds.largest_sample, of_largest, target.c_str(), static_cast<unsigned long>(tokens),
+                     m.window_time, of_bound_w, padded_policy ? std::to_string(of_padded_w).c_str() : "",
+                     static_cast<unsigned long>(m.windows), static_cast<unsigned long>(m.short_windows),
+                     m.mean_window_over_target, m.max_window_over_target, m.idle_share());
+      }
+    };
+    for (const std::string& p : policies) {
+      const Metrics& m = results[p];
+      report(p, m, "0", 0);
+      for (size_t i = 0; i < windowed[p].size(); ++i) {
+        report(p, windowed[p][i], targets[i].Spelling(), targets[i].Tokens(arrival, o.world, o.max_tokens));
       }
       if (steps_csv) {
         for (size_t k = 0; k < m.step_costs.size(); ++k) {
           std::fprintf(steps_csv, "%s,%s,%zu,%.6g\n", trace->name.c_str(), p.c_str(), k, m.step_costs[k]);
         }
       }
+    }
+    if (!targets.empty()) {
+      tables
+          << "\nWith accumulation windows (target 0: none, every micro-step its own optimizer step). (a): "
+             "every micro-step synchronised; (b): only each window's last. Window/target over the full "
+             "windows (not the epoch's short last one).\n\n"
+          << "| policy | window target | loss tokens | of padded bound (a) | of padded bound (b) | of bound "
+             "(a) "
+             "| of bound (b) | micro-steps | IDLE rank-steps (share) | windows | mean window / target | max "
+             "window / target |\n"
+          << "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+          << window_table.str();
     }
   }
   md << "Traces (measured):\n\n" << stats_md.str() << tables.str();
@@ -288,6 +379,9 @@ int main(int argc, char** argv) {
   app.add_option("--models-file", o.models_file, "step-time models (YAML)");
   app.add_option("--model", o.model, "model name in --models-file");
   app.add_option("--seed", o.seed);
+  app.add_option("--window-tokens", o.window_tokens,
+                 "comma list of accumulation-window targets for the odb policies (optimizer.tokens_per_step: "
+                 "loss tokens, Ns = N samples of the trace's mean, Nm = N x W x L_max; 0 = off)");
   app.add_option("--csv", o.csv, "per trace x policy results");
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");

@@ -1,6 +1,9 @@
 #include "bench/policies.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -414,7 +417,9 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
 // stream_finished once a rank's share has fully arrived, the consecutive
 // waiting-round counter the Aligner keeps; Join mode. The planner is given
 // the model's linear part (StepModel::PlannerModel), as a user would set
-// grouping.step_time.
+// grouping.step_time. With SimConfig::window_tokens each round's plan goes
+// through the daemon's accumulation windows (ApplyRoundWindows) before its
+// steps are taken, and the samples of a window held open stay pending.
 absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const SimConfig& cfg,
                                 const PolicySpec& spec) {
   const int world = cfg.world;
@@ -453,6 +458,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   std::vector<std::vector<SampleMeta>> pending(world);
   uint32_t wait_rounds = 0;
   uint64_t first_step = 0, idle_rounds = 0;
+  align::WindowState windows;
   Schedule schedule;
   for (uint64_t round = 0;; ++round) {
     align::RoundState state;
@@ -474,6 +480,11 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       rr.wait_rounds = wait_rounds;
     }
     align::RoundPlan plan = planner->Plan(state);
+    const uint32_t planned = plan.num_steps;
+    if (absl::Status s = ApplyRoundWindows(cfg.window_tokens, pc.budget.model, state, window, plan, windows);
+        !s.ok()) {
+      return s;
+    }
     AppendRoundSteps(plan, world, &schedule);
     first_step += plan.num_steps;
     if (plan.epoch_finished) break;
@@ -481,9 +492,14 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       // The round queued num_steps. The next round fires as soon as `paced`
       // slots are free (Daemon::RoundDue: one); until then the trainer takes
       // steps off the queue, one at a time.
-      const uint32_t queued = std::min(queue, queue - free_slots + plan.num_steps);
       const uint32_t fire_at = queue - std::min(queue, spec.paced);  // queued steps at which a round fires
-      free_slots = queue - std::min(queued, fire_at);
+      uint32_t queued = std::min({queue, queue - free_slots + plan.num_steps, fire_at});
+      // A round that planned steps but queued none (its accumulation window
+      // held open for more samples) left the queue as it was: the trainer
+      // takes one more step off it before the next round, which sees one
+      // more slot (else every later round would plan the same open window).
+      if (planned > 0 && plan.num_steps == 0 && queued > 0) --queued;
+      free_slots = queue - queued;
     }
     KeepPending(plan, &pending);
     wait_rounds = plan.waiting ? wait_rounds + 1 : 0;
@@ -496,6 +512,63 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
 }
 
 }  // namespace
+
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, grouping::CostModel cost_model,
+                               const align::RoundState& state, uint32_t window, align::RoundPlan& plan,
+                               align::WindowState& windows) {
+  if (tokens_per_step == 0) return absl::OkStatus();
+  if (windows.next_window == 0) {
+    if (absl::Status s = align::CheckWindowTarget(tokens_per_step, plan); !s.ok()) return s;
+  }
+  align::WindowConfig config;
+  config.tokens_per_step = tokens_per_step;
+  config.cost_model = cost_model;
+  align::ApplyWindows(config, plan, windows, align::InputsOpen(state, window));
+  return absl::OkStatus();
+}
+
+uint64_t WindowTarget::Tokens(const std::vector<SampleLengths>& samples, int world,
+                              uint64_t max_tokens) const {
+  if (off()) return 0;
+  double tokens = value;
+  if (unit == Unit::kSamples) {
+    double total = 0;
+    for (const SampleLengths& s : samples) total += s.tokens;
+    tokens = value * (samples.empty() ? 0.0 : total / static_cast<double>(samples.size()));
+  } else if (unit == Unit::kMicroSteps) {
+    tokens = value * world * static_cast<double>(max_tokens);
+  }
+  return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(tokens)));
+}
+
+std::string WindowTarget::Spelling() const {
+  if (off()) return "0";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g%s", value,
+                unit == Unit::kSamples      ? "s"
+                : unit == Unit::kMicroSteps ? "m"
+                                            : "");
+  return buf;
+}
+
+absl::StatusOr<WindowTarget> ParseWindowTarget(const std::string& text) {
+  WindowTarget t;
+  std::string number = text;
+  if (!number.empty() && (number.back() == 's' || number.back() == 'm')) {
+    t.unit = number.back() == 's' ? WindowTarget::Unit::kSamples : WindowTarget::Unit::kMicroSteps;
+    number.pop_back();
+  }
+  char* end = nullptr;
+  t.value = number.empty() ? -1.0 : std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size() || !(t.value >= 0.0) ||
+      !std::isfinite(t.value) || (t.unit == WindowTarget::Unit::kTokens && t.value != std::floor(t.value))) {
+    return absl::InvalidArgumentError(
+        "window target '" + text +
+        "': want loss tokens (65536), samples (16s) or global micro-steps (1m); "
+        "0 = off");
+  }
+  return t;
+}
 
 uint32_t FixedBatchSize(const std::vector<SampleLengths>& samples, const grouping::Budget& budget) {
   uint32_t longest = 1;
@@ -590,6 +663,8 @@ bool IsPackedPolicy(const std::string& name) {
          (name.size() > 7 && name.compare(name.size() - 7, 7, ":packed") == 0);
 }
 
+bool TakesWindows(const std::string& policy) { return policy == "odb" || policy.rfind("odb:", 0) == 0; }
+
 std::vector<std::string> PolicyNames(uint32_t window) {
   const std::string w = ":w" + std::to_string(window);
   return {"standard",
@@ -652,16 +727,25 @@ double RankCost(const StepModel& model, const RankStep& step) {
   return model.Step(static_cast<double>(step.padded_tokens), step.sum_len_sq);
 }
 
-Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens) {
+Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens,
+                 uint64_t window_target) {
   Metrics m;
   m.steps = schedule.size();
   m.step_costs.reserve(schedule.size());
+  std::vector<double> window_rank_cost;  // each rank's summed cost in the open window
+  uint64_t window_tokens = 0, full_windows = 0;
+  double over_sum = 0.0;
   for (const auto& step : schedule) {
     double worst = 0.0, sum = 0.0;
-    for (const RankStep& s : step) {
+    window_rank_cost.resize(step.size(), 0.0);
+    for (size_t r = 0; r < step.size(); ++r) {
+      const RankStep& s = step[r];
       const double c = RankCost(model, s);
       worst = std::max(worst, c);
       sum += c;
+      window_rank_cost[r] += c;
+      window_tokens += s.real_tokens;
+      ++m.rank_steps;
       m.idle_rank_steps += s.idle;
       m.samples += s.samples;
       m.real_tokens += s.real_tokens;
@@ -671,7 +755,28 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
     m.time += worst;
     m.mean_rank_time += step.empty() ? 0.0 : sum / step.size();
     m.step_costs.push_back(worst);
+    if (step.empty() || step[0].closes_window) {
+      m.window_time += *std::max_element(window_rank_cost.begin(), window_rank_cost.end());
+      ++m.windows;
+      if (!step.empty() && step[0].window_short) {
+        ++m.short_windows;
+      } else if (window_target > 0) {
+        const double over = static_cast<double>(window_tokens) / static_cast<double>(window_target);
+        over_sum += over;
+        m.max_window_over_target = std::max(m.max_window_over_target, over);
+        ++full_windows;
+      }
+      std::fill(window_rank_cost.begin(), window_rank_cost.end(), 0.0);
+      window_tokens = 0;
+    }
   }
+  // A schedule that ends inside a window (none of the policies does) counts it as closed there.
+  if (!schedule.empty() && !schedule.back().empty() && !schedule.back()[0].closes_window) {
+    m.window_time += *std::max_element(window_rank_cost.begin(), window_rank_cost.end());
+    ++m.windows;
+    ++m.short_windows;
+  }
+  m.mean_window_over_target = full_windows ? over_sum / static_cast<double>(full_windows) : 0.0;
   return m;
 }
 
@@ -681,8 +786,11 @@ void AppendRoundSteps(const align::RoundPlan& plan, int world, Schedule* schedul
     std::vector<RankStep> step(world);
     for (int r = 0; r < world; ++r) {
       const align::PlannedStep& ps = plan.ranks[r].steps[k];
-      if (ps.idle) continue;
       RankStep& s = step[r];
+      // Without ApplyWindows every planned step closes its own window (the fields' defaults).
+      s.closes_window = ps.closes_window;
+      s.window_short = ps.window_short;
+      if (ps.idle) continue;
       s.idle = false;
       s.samples = static_cast<uint32_t>(ps.samples.size());
       s.real_tokens = ps.real_tokens;

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "bench/bound.h"
 #include "src/align/planner.h"
+#include "src/align/window.h"
 #include "src/common/sample.h"
 #include "src/grouping/budget.h"
 
@@ -20,6 +21,12 @@ struct RankStep {
   uint64_t real_tokens = 0;
   uint64_t padded_tokens = 0;  // what the trainer computes on
   double sum_len_sq = 0.0;     // attention term of the real samples
+  // Accumulation windows (SimConfig::window_tokens): whether the step is the
+  // last micro-step of an optimizer step, and whether that window closed
+  // short (the epoch's last one). The same on every rank of a step. Without
+  // windows every step is its own window.
+  bool closes_window = true;
+  bool window_short = false;
 };
 
 // A policy's whole epoch: steps[k][r] is rank r's work in step k. Every
@@ -28,6 +35,7 @@ using Schedule = std::vector<std::vector<RankStep>>;
 
 // The steps of one planned round as schedule rows, appended to *schedule;
 // the lengths of every sample they emit are appended to *emitted if given.
+// A plan cut into windows (ApplyRoundWindows) carries its window ends.
 void AppendRoundSteps(const align::RoundPlan& plan, int world, Schedule* schedule,
                       std::vector<SampleLengths>* emitted = nullptr);
 
@@ -35,13 +43,47 @@ void AppendRoundSteps(const align::RoundPlan& plan, int world, Schedule* schedul
 // pending list, the kept ones stay in arrival order.
 void KeepPending(const align::RoundPlan& plan, std::vector<std::vector<SampleMeta>>* pending);
 
+// Accumulation windows on a round's plan, as align::Aligner applies them
+// (src/align/aligner.cc, after the planner): before the epoch's first window
+// a target below one sample is refused (align::CheckWindowTarget), then
+// align::ApplyWindows splits steps at window ends, sets the window fields
+// and loss weights and hands the samples of a window still open back
+// through the ranks' keep_pending (KeepPending then keeps them for the next
+// round). `window` is the planner's grouping.window (align::InputsOpen).
+// Nothing happens with `tokens_per_step` 0.
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, grouping::CostModel cost_model,
+                               const align::RoundState& state, uint32_t window, align::RoundPlan& plan,
+                               align::WindowState& windows);
+
 struct SimConfig {
   int world = 8;
   grouping::Budget budget;  // padded, L_max = 4096 unless changed
   StepModel model;          // the simulator's step-time model (bench/bound.h)
   uint32_t window = 256;    // odb and reference specs without ":wN": samples per rank per round
   uint64_t seed = 1;
+  // optimizer.tokens_per_step for the odb policies: loss tokens over all
+  // ranks per optimizer step (0 = off). Their plans go through the daemon's
+  // align::ApplyWindows each round, as align::Aligner calls it; the samples
+  // of a window still open at the end of a round stay pending for the next
+  // round. The other policies ignore it (each of their steps is a window).
+  uint64_t window_tokens = 0;
 };
+
+// A window target as given on a command line: loss tokens ("65536"), N
+// samples' worth ("16s": N x the mean sample length of the trace; every
+// token bears loss in the simulator) or N global micro-steps' token budget
+// ("1m": N x W x L_max). "0" turns windows off.
+struct WindowTarget {
+  enum class Unit { kTokens, kSamples, kMicroSteps };
+  double value = 0.0;
+  Unit unit = Unit::kTokens;
+  bool off() const { return value <= 0.0; }
+  // The target in loss tokens for `samples` on `world` ranks with the
+  // budget's L_max (at least 1 unless off).
+  uint64_t Tokens(const std::vector<SampleLengths>& samples, int world, uint64_t max_tokens) const;
+  std::string Spelling() const;  // "0", "65536", "16s", "1m"
+};
+absl::StatusOr<WindowTarget> ParseWindowTarget(const std::string& text);
 
 // A policy is named by a spec: a base name, then options separated by ':'.
 //   standard, standard_p99, sorted, length_grouped, packing,
@@ -89,6 +131,10 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& spec);
 // does not hold for it).
 bool IsPackedPolicy(const std::string& name);
 
+// Whether a policy cuts accumulation windows (SimConfig::window_tokens):
+// the odb policies, whose plans go through the daemon's ApplyWindows.
+bool TakesWindows(const std::string& policy);
+
 // The default policy list for a window W0: the baselines, the reference rule
 // at its published default window 16 and at W0, odb with the daemon's
 // defaults (local, queue 32) paced (what a trainer-bound job gets) and
@@ -115,6 +161,7 @@ struct Metrics {
   uint64_t samples = 0;
   uint64_t steps = 0;
   uint64_t idle_rank_steps = 0;
+  uint64_t rank_steps = 0;              // steps x W
   uint64_t over_budget_rank_steps = 0;  // padded tokens above L_max (an OOM on a real accelerator)
   uint64_t real_tokens = 0;
   uint64_t padded_tokens = 0;
@@ -126,12 +173,30 @@ struct Metrics {
   }
   double max_over_mean() const { return mean_rank_time > 0 ? time / mean_rank_time : 1.0; }
   std::vector<double> step_costs;  // slowest rank's cost per step
+  double idle_share() const { return rank_steps ? static_cast<double>(idle_rank_steps) / rank_steps : 0.0; }
+
+  // Accumulation windows (RankStep::closes_window; a schedule without them
+  // has one window per step). Two time models:
+  //   time        (a) every micro-step synchronises (FSDP / ZeRO-3: collectives
+  //               in each micro-step): sum over micro-steps of the slowest rank;
+  //   window_time (b) only a window's last micro-step synchronises (DDP under
+  //               no_sync): sum over windows of the slowest rank's summed cost
+  //               over the window's micro-steps. window_time <= time.
+  double window_time = 0.0;
+  uint64_t windows = 0;
+  uint64_t short_windows = 0;  // closed short (the epoch's end)
+  // Loss tokens (real tokens: every token bears loss here) of each full
+  // (not short) window over the target; 0 without a target.
+  double mean_window_over_target = 0.0;
+  double max_window_over_target = 0.0;
 };
 
 // Step cost of one rank under the model; an IDLE step costs a.
 double RankCost(const StepModel& model, const RankStep& step);
-// `max_tokens` (0 = none) only counts over-budget rank steps.
-Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens = 0);
+// `max_tokens` (0 = none) only counts over-budget rank steps; `window_target`
+// (loss tokens, 0 = none) is what the windows' sizes are compared to.
+Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_tokens = 0,
+                 uint64_t window_target = 0);
 
 }  // namespace odb::bench
 
