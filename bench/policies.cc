@@ -544,10 +544,11 @@ uint64_t WindowTarget::Tokens(const std::vector<SampleLengths>& samples, int wor
 std::string WindowTarget::Spelling() const {
   if (off()) return "0";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%g%s", value,
-                unit == Unit::kSamples      ? "s"
-                : unit == Unit::kMicroSteps ? "m"
-                                            : "");
+  if (unit == Unit::kTokens) {
+    std::snprintf(buf, sizeof buf, "%.0f", value);
+  } else {
+    std::snprintf(buf, sizeof buf, "%g%s", value, unit == Unit::kSamples ? "s" : "m");
+  }
   return buf;
 }
 

@@ -37,6 +37,17 @@
 //   decode of rank 0's block's messages, and block_recv_bytes_per_step what
 //   rank 0 would receive: its block's messages plus kSummaryBytes per rank
 //   outside it. Without partitioning they equal the whole-round figures.
+//   --window-tokens T (optimizer.tokens_per_step: loss tokens, or Ns / Nm as
+//   batching_sim takes them; 0 = off) cuts every round's plan into
+//   accumulation windows with the daemon's align::ApplyWindows, as the Aligner
+//   does (bench/policies.h ApplyRoundWindows; the open window's samples stay
+//   pending for the next round). Then window_cpu_ms_per_round is its thread
+//   CPU time, bound_fraction is over the micro-steps it leaves (time model (a):
+//   every micro-step synchronised), bound_fraction_window over the per-window
+//   time (b: the slowest rank's sum over each window, DDP no_sync), and
+//   windows, mean_window_over_target, max_window_over_target, idle_share
+//   (IDLE rank-steps over all rank-steps) describe them. docs/benchmarks.md,
+//   "Accumulation windows in the simulator".
 #include <time.h>
 
 #include <algorithm>
@@ -84,6 +95,7 @@ struct Options {
   uint32_t exact_max_world = balance::GlobalPlannerConfig{}.exact_assignment_max_world;
   uint32_t partition_ranks = 0;
   std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
+  std::string window_tokens = "0";  // --window-tokens: accumulation windows (WindowTarget spelling)
 };
 
 // Bytes of one rank's summary in a partitioned round: what the round gates
@@ -176,7 +188,7 @@ bool DumpPlan(const std::string& path, const align::PlannerConfig& pc, uint32_t 
   return std::fclose(f) == 0;
 }
 
-int Run(const Options& o) {
+int Run(const Options& o, const WindowTarget& window_target) {
   const int world = o.world;
   StepModel sim;  // a = 512, b = 1: the simulator model whose linear part the planner is given
   align::PlannerConfig pc;
@@ -209,6 +221,14 @@ int Run(const Options& o) {
   std::vector<SampleLengths> emitted;
   uint64_t first_step = 0;
   balance::BytesMoved moved;
+  align::WindowState windows;
+  uint64_t window_tokens = 0;  // the target in loss tokens, resolved on the first round's samples
+  double window_ms = 0;
+  // A round sees half the queue free (Daemon::RoundDue). A round whose steps
+  // all went back (its accumulation window held open) queued nothing: the
+  // trainer takes one more step off the queue before the next, which sees one
+  // more slot (the simulator's odb policies do the same).
+  uint32_t free_slots = o.queue / 2;
   for (int round = 0; round < o.rounds; ++round) {
     for (int r = 0; r < world; ++r) {
       while (pending[r].size() < o.window) pending[r].push_back(streams[r].Next());
@@ -221,7 +241,7 @@ int Run(const Options& o) {
       msg.round = static_cast<uint64_t>(round);
       msg.rank = r;
       msg.data.pending = pending[r];
-      msg.data.free_slots = o.queue / 2;
+      msg.data.free_slots = free_slots;
       msg.data.stream_finished = false;
       wire[r] = align::EncodeRankRound(msg);
       total_bytes += wire[r].size();
@@ -266,7 +286,7 @@ int Run(const Options& o) {
     wire.shrink_to_fit();
     // ...then plan.
     const double p0 = ThreadCpuMs();
-    const align::RoundPlan plan = planner.Plan(state);
+    align::RoundPlan plan = planner.Plan(state);
     plan_ms.push_back(ThreadCpuMs() - p0);
     if (block < world) {
       const double b0 = ThreadCpuMs();
@@ -280,18 +300,37 @@ int Run(const Options& o) {
       block_plan_ms.push_back(plan_ms.back());
     }
     steps_per_round.push_back(plan.num_steps);
+    if (!window_target.off()) {
+      if (window_tokens == 0) {
+        std::vector<SampleLengths> first;
+        for (const align::RankRound& rr : state.ranks) {
+          for (const SampleMeta& m : rr.pending) first.push_back(m.lengths);
+        }
+        window_tokens = window_target.Tokens(first, world, pc.budget.max_tokens);
+      }
+      const double w0 = ThreadCpuMs();
+      const absl::Status s =
+          ApplyRoundWindows(window_tokens, pc.budget.model, state, o.window, plan, windows);
+      window_ms += ThreadCpuMs() - w0;
+      if (!s.ok()) {
+        std::fprintf(stderr, "scale_bench: %s\n", s.ToString().c_str());
+        return 2;
+      }
+    }
     if (plan.ranks.size() != static_cast<size_t>(world)) {
       std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
       return 2;
     }
     if (!o.dump_plan.empty() && round + 1 == o.rounds && !DumpPlan(o.dump_plan, pc, o.lws, plan)) return 2;
+    free_slots =
+        steps_per_round.back() > 0 && plan.num_steps == 0 ? std::min(o.queue, free_slots + 1) : o.queue / 2;
     AppendRoundSteps(plan, world, &schedule, &emitted);
     first_step += plan.num_steps;
     moved += balance::ComputeBytesMoved(plan, o.lws);
     KeepPending(plan, &pending);
   }
   const long hwm = VmHwmKb();
-  const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens);
+  const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens, window_tokens);
   const Bounds bounds = LowerBounds(emitted, pc.budget, sim, world);
   double plan_total = 0, steps_total = 0, block_total = 0, block_decode_total = 0;
   for (size_t i = 0; i < plan_ms.size(); ++i) {
@@ -313,8 +352,12 @@ int Run(const Options& o) {
       "\"idle_rank_steps\": %llu, \"over_budget_rank_steps\": %llu, \"vmhwm_kb\": %ld, "
       "\"exact_assignment_max_world\": %u, \"moved_bytes_per_sample\": %.1f, "
       "\"inter_node_bytes_per_sample\": %.1f, \"partition_ranks\": %u, \"block_ranks\": %d, "
-      "\"block_plan_cpu_ms\": %s, \"block_plan_cpu_ms_per_step\": %.4f, \"block_decode_cpu_ms_per_round\": %.4f, "
-      "\"block_recv_bytes_per_step\": %.1f}\n",
+      "\"block_plan_cpu_ms\": %s, \"block_plan_cpu_ms_per_step\": %.4f, \"block_decode_cpu_ms_per_round\": "
+      "%.4f, "
+      "\"block_recv_bytes_per_step\": %.1f, \"window_target\": \"%s\", \"window_tokens\": %llu, "
+      "\"window_cpu_ms_per_round\": %.4f, \"micro_steps\": %llu, \"sim_window_time\": %.1f, "
+      "\"bound_fraction_window\": %.5f, \"idle_share\": %.5f, \"windows\": %llu, \"short_windows\": %llu, "
+      "\"mean_window_over_target\": %.5f, \"max_window_over_target\": %.5f}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
       steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
@@ -325,8 +368,15 @@ int Run(const Options& o) {
       moved.samples() ? static_cast<double>(moved.moved_bytes()) / static_cast<double>(moved.samples()) : 0.0,
       moved.samples() ? static_cast<double>(moved.inter_node_bytes) / static_cast<double>(moved.samples())
                       : 0.0,
-      o.partition_ranks, block, Json(block_plan_ms).c_str(), steps_total > 0 ? block_total / steps_total : 0.0,
-      block_decode_total / n_rounds, steps_total > 0 ? block_recv_sum / steps_total : 0.0);
+      o.partition_ranks, block, Json(block_plan_ms).c_str(),
+      steps_total > 0 ? block_total / steps_total : 0.0, block_decode_total / n_rounds,
+      steps_total > 0 ? block_recv_sum / steps_total : 0.0, window_target.Spelling().c_str(),
+      static_cast<unsigned long long>(window_tokens), window_ms / n_rounds,
+      static_cast<unsigned long long>(metrics.steps), metrics.window_time,
+      metrics.window_time > 0 ? bounds.padded / metrics.window_time : 0.0, metrics.idle_share(),
+      static_cast<unsigned long long>(metrics.windows),
+      static_cast<unsigned long long>(metrics.short_windows), metrics.mean_window_over_target,
+      metrics.max_window_over_target);
   return 0;
 }
 
@@ -362,12 +412,16 @@ int main(int argc, char** argv) {
       o.partition_ranks = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--dump-plan") {
       o.dump_plan = value();
+    } else if (a == "--window-tokens") {
+      o.window_tokens = value();
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
-      std::fprintf(stderr,
-                   "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
-                   "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE]\n");
+      std::fprintf(
+          stderr,
+          "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
+          "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE] "
+          "[--window-tokens T|Ns|Nm]\n");
       return 2;
     }
   }
@@ -376,5 +430,11 @@ int main(int argc, char** argv) {
                  "scale_bench: need world >= 1, rounds >= 1, window >= 1, queue >= 2, a known preset\n");
     return 2;
   }
-  return odb::bench::Run(o);
+  const auto target = odb::bench::ParseWindowTarget(o.window_tokens);
+  if (!target.ok()) {
+    std::fprintf(stderr, "scale_bench: --window-tokens: %s\n",
+                 std::string(target.status().message()).c_str());
+    return 2;
+  }
+  return odb::bench::Run(o, *target);
 }
