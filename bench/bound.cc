@@ -129,11 +129,14 @@ Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Bu
   const double total = std::accumulate(sizes.begin(), sizes.end(), 0.0);
   bounds.min_rank_steps = budget.max_tokens == 0 ? 1 : BinPackingLowerBound(sizes, budget.max_tokens);
   double best = std::numeric_limits<double>::infinity();
+  double compute = std::numeric_limits<double>::infinity();
   for (uint64_t g = std::max<uint64_t>(1, bounds.min_rank_steps); g <= lens.size(); ++g) {
     const double steps = static_cast<double>(g);
     best = std::min(best, steps * model.a + steps * model.Compute(total / steps));
+    compute = std::min(compute, steps * model.Compute(total / steps));
   }
   bounds.any_layout = (best + attention) / world;
+  bounds.compute_floor = (compute + attention) / world;
 
   // The step that holds the longest sample (see Bounds::largest_sample).
   bounds.largest_sample = bounds.any_layout;
@@ -155,6 +158,16 @@ Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Bu
         std::max(bounds.any_layout, bounds.any_layout + alone * (1.0 - 1.0 / world) - others / world);
   }
   return bounds;
+}
+
+WindowBounds WindowedBounds(const Bounds& bounds, const StepModel& model, uint64_t windows, bool padded) {
+  const double n = static_cast<double>(windows);
+  const double base = padded ? std::max(bounds.padded, bounds.any_layout) : bounds.any_layout;
+  WindowBounds w;
+  w.synchronous = std::max(
+      {base, bounds.largest_sample, n * model.a + std::max(n * model.Compute(0.0), bounds.compute_floor)});
+  w.per_window = std::max(base, n * model.a + bounds.compute_floor);
+  return w;
 }
 
 std::vector<std::vector<SampleLengths>> OptimalPaddedGroups(const std::vector<SampleLengths>& samples,

@@ -71,7 +71,28 @@ struct Bounds {
   // Never below any_layout; it binds when one sample's attention outweighs
   // what the other ranks can be given in its step (docs/benchmarks.md).
   double largest_sample = 0.0;
+  // The compute part of any_layout: min over G >= G_min rank steps of
+  // G * g(total / G), plus c * sum(len^2), divided by W (no per-step a).
+  double compute_floor = 0.0;
 };
+
+// Lower bounds on a schedule of the same samples cut into `windows`
+// accumulation windows (optimizer steps; docs/benchmarks.md, "Accumulation
+// windows in the simulator"). Windows only constrain a schedule, so every
+// bound above still holds; and every window holds at least one micro-step,
+// in which every rank runs (equal micro-step counts; an IDLE one costs a):
+//   synchronous (time model (a), the slowest rank per micro-step):
+//     T >= N a + max(N g(0), compute_floor), N micro-steps at least, each
+//     with a non-empty rank step (its compute at least g(0));
+//   per_window (time model (b), the slowest rank's sum per window):
+//     T >= N a + compute_floor (a window's slowest rank is at least its mean).
+// Each is the larger of that and the bounds above that hold for it
+// (`padded`: the padded bound too; the largest-sample bound only for (a)).
+struct WindowBounds {
+  double synchronous = 0.0;
+  double per_window = 0.0;
+};
+WindowBounds WindowedBounds(const Bounds& bounds, const StepModel& model, uint64_t windows, bool padded);
 
 Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
                    const StepModel& model, int world);

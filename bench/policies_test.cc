@@ -151,6 +151,32 @@ TEST_CASE("evaluation: per-window time sums each rank over its window", "[polici
   CHECK(plain.windows == 3u);
 }
 
+TEST_CASE("window bounds: N windows cost at least N per-step costs", "[bound][windows]") {
+  // 16 samples of 100 tokens on one rank, a = 1000, b = 1: without windows
+  // one group of 1600 tokens (2600); cut into 16 windows of one sample, at
+  // least 16 micro-steps: 16 x 1000 + 1600 = 17600, which one sample per
+  // micro-step reaches.
+  const std::vector<SampleLengths> s(16, SampleLengths{100, 0, 0});
+  grouping::Budget budget;
+  budget.max_tokens = 4096;
+  StepModel model;
+  model.a = 1000;
+  model.b = 1;
+  const Bounds b = LowerBounds(s, budget, model, 1);
+  CHECK(b.padded == Approx(2600));
+  CHECK(b.compute_floor == Approx(1600));
+  const WindowBounds w16 = WindowedBounds(b, model, 16, true);
+  CHECK(w16.per_window == Approx(17600));
+  CHECK(w16.synchronous == Approx(17600));
+  CHECK(WindowedBounds(b, model, 1, true).per_window == Approx(2600));  // one window: the padded bound
+  // A floor m on the compute part binds per micro-step under (a) only.
+  model.m = 500;
+  const Bounds bm = LowerBounds(s, budget, model, 4);
+  const WindowBounds wm = WindowedBounds(bm, model, 16, true);
+  CHECK(wm.synchronous == Approx(16 * (1000 + 500)));
+  CHECK(wm.per_window == Approx(std::max(bm.padded, 16 * 1000 + 1600 / 4.0)));
+}
+
 TEST_CASE("window targets parse: tokens, samples, global micro-steps", "[policies][windows]") {
   const std::vector<SampleLengths> s = {{100, 0, 0}, {300, 0, 0}};
   auto tokens = [&](const std::string& text) {
@@ -428,6 +454,10 @@ TEST_CASE("no policy beats the bounds on random small traces", "[bound]") {
       CHECK(w.window_time <= w.time * (1 + 1e-12));
       CHECK(bounds.largest_sample <= w.time * (1 + 1e-9));
       if (!IsPackedPolicy(p)) CHECK(bounds.padded <= w.window_time * (1 + 1e-9));
+      const WindowBounds wb = WindowedBounds(bounds, cfg.model, w.windows, !IsPackedPolicy(p));
+      CHECK(wb.synchronous <= w.time * (1 + 1e-9));
+      CHECK(wb.per_window <= w.window_time * (1 + 1e-9));
+      CHECK(wb.per_window >= bounds.any_layout);
     }
     CHECK(bounds.largest_sample >= bounds.any_layout);
   }

@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""Accumulation windows in the batching simulator (issue 35): the odb policies at W ranks over the traces and step
+models, without windows and with each window target, as one compact table.
+
+Runs `batching_sim --window-tokens 0,T1,T2..` once per step model (every odb policy then runs without windows and
+with each target; the daemon's align::ApplyWindows cuts the windows), writes the CSVs and markdown under --out, and
+prints a row per (model, trace, policy, target):
+
+  /usr/bin/python3 bench/window_sim_table.py --bin "$(bazel info -c opt bazel-bin)" --out bench/results/windows
+  /usr/bin/python3 bench/window_sim_table.py bench/results/windows/win_*_w8.csv     # the table from CSVs only
+
+Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
+windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
+DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
+the windows and their mean and largest size over the target. Then per (model, target) the cells within 2% of the
+unwindowed fraction with IDLE <= 5% (issue 35's mark for window mode). docs/benchmarks.md, "Accumulation windows
+in the simulator", has the bounds and why no windowed schedule beats them.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+MODELS = ("default_tokens", "gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200", "cpu_calibrated", "attention_heavy")
+TRACES = "chat_longtail,image_text,high_variance,production_mix,bench/traces/debian_docs.txt"
+# The daemon's defaults (global planner, window 512, rounds at half the queue, full rounds), its packed mode, and
+# alignment.deterministic (as bench/run runs them).
+POLICIES = "odb:global:q32:w512:paced16:full,odb:global:q32:w512:paced16:full:packed,odb:global:q32:w512:paced16:det"
+
+
+def run_matrix(args: argparse.Namespace) -> list[str]:
+    """Runs batching_sim once per model; returns the CSV paths."""
+    os.makedirs(args.out, exist_ok=True)
+    paths = []
+    for model in args.models.split(","):
+        stem = os.path.join(args.out, f"win_{model}_w{args.world}")
+        cmd = [os.path.join(args.bin, "bench/batching_sim"), "--model", model, "--world", str(args.world),
+               "--samples", str(args.samples), "--window", str(args.window), "--traces", args.traces,
+               "--policies", args.policies, "--window-tokens", "0," + args.targets,
+               "--csv", stem + ".csv", "--md", stem + ".md"]
+        print("+ " + " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        paths.append(stem + ".csv")
+    return paths
+
+
+def fraction(row: dict, suffix: str = "") -> tuple[float, bool]:
+    """The fraction of the padded bound, or of the any-layout bound (True) where the padded one does not apply."""
+    padded = row["of_padded_bound" + suffix]
+    if padded:
+        return float(padded), False
+    return float(row["of_bound" + suffix]), True
+
+
+def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int:
+    """Prints the table and the per-(model, target) summary; returns 0."""
+    runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if not r["policy"].startswith("odb"):
+                    continue
+                runs[(int(r["world"]), r["model"], r["trace"], r["policy"])][r["window_target"]] = r
+    print("| W | model | trace | policy | window target (loss tokens) | no windows | (a) | (b) | (a) - none "
+          "| IDLE share | micro-steps | windows | mean / target | max / target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 1.0, 0.0])
+    for (world, model, trace, policy), by_target in sorted(runs.items()):
+        base = by_target.get("0")
+        if base is None:
+            continue
+        f0, any_layout = fraction(base)
+        star = "*" if any_layout else ""
+        for target, r in by_target.items():
+            if target == "0":
+                continue
+            fa, _ = fraction(r)
+            fb, _ = fraction(r, "_window")
+            idle = float(r["idle_share"])
+            print(f"| {world} | {model} | {trace} | {policy} | {target} ({r['window_tokens']}) | {f0:.3f}{star} "
+                  f"| {fa:.3f}{star} | {fb:.3f}{star} | {fa - f0:+.3f} | {100 * idle:.1f}% "
+                  f"| {int(r['steps'])} / {int(base['steps'])} | {r['windows']} "
+                  f"| {float(r['mean_window_over_target']):.3f} | {float(r['max_window_over_target']):.3f} |")
+            s = summary[(world, model, target, policy)]
+            s[0] += fa >= f0 * (1 - within) and idle <= idle_max
+            s[1] += 1
+            s[2] = min(s[2], fa / f0 if f0 > 0 else 0.0)
+            s[3] = max(s[3], idle)
+    print()
+    for (world, model, target, policy), (ok, n, worst, idle) in sorted(summary.items()):
+        print(f"W {world}, {model}, windows {target}, {policy}: {ok} of {n} traces within {100 * within:.0f}% of "
+              f"the unwindowed fraction with IDLE <= {100 * idle_max:.0f}%; worst (a) / none {worst:.3f}, "
+              f"most IDLE {100 * idle:.1f}%")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("csvs", nargs="*", help="batching_sim CSVs to tabulate (without --bin)")
+    p.add_argument("--bin", help="bazel-bin of a -c opt build: run the matrix first")
+    p.add_argument("--out", default="bench/results/windows", help="where the runs write their CSV and markdown")
+    p.add_argument("--world", type=int, default=8)
+    p.add_argument("--samples", type=int, default=20000)
+    p.add_argument("--window", type=int, default=512, help="grouping.window of policies without :wN")
+    p.add_argument("--targets", default="16s,1m",
+                   help="window targets (loss tokens; Ns = N mean samples of the trace, Nm = N x W x L_max)")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--traces", default=TRACES)
+    p.add_argument("--policies", default=POLICIES)
+    args = p.parse_args()
+    paths = list(args.csvs)
+    if args.bin:
+        paths += run_matrix(args)
+    if not paths:
+        p.error("give --bin to run the matrix, or CSV files")
+    return table(paths)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
