@@ -46,7 +46,9 @@
 //   every micro-step synchronised), bound_fraction_window over the per-window
 //   time (b: the slowest rank's sum over each window, DDP no_sync), and
 //   windows, mean_window_over_target, max_window_over_target, idle_share
-//   (IDLE rank-steps over all rank-steps) describe them. docs/benchmarks.md,
+//   (IDLE rank-steps over all rank-steps) describe them; of_window_bound and
+//   of_window_bound_window are the fractions (a) and (b) of the window bounds
+//   (bench/bound.h WindowedBounds: what no schedule with as many windows beats). docs/benchmarks.md,
 //   "Accumulation windows in the simulator".
 #include <time.h>
 
@@ -332,6 +334,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
   const long hwm = VmHwmKb();
   const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens, window_tokens);
   const Bounds bounds = LowerBounds(emitted, pc.budget, sim, world);
+  const WindowBounds window_bounds = WindowedBounds(bounds, sim, metrics.windows, /*padded=*/true);
   double plan_total = 0, steps_total = 0, block_total = 0, block_decode_total = 0;
   for (size_t i = 0; i < plan_ms.size(); ++i) {
     plan_total += plan_ms[i];
@@ -357,7 +360,8 @@ int Run(const Options& o, const WindowTarget& window_target) {
       "\"block_recv_bytes_per_step\": %.1f, \"window_target\": \"%s\", \"window_tokens\": %llu, "
       "\"window_cpu_ms_per_round\": %.4f, \"micro_steps\": %llu, \"sim_window_time\": %.1f, "
       "\"bound_fraction_window\": %.5f, \"idle_share\": %.5f, \"windows\": %llu, \"short_windows\": %llu, "
-      "\"mean_window_over_target\": %.5f, \"max_window_over_target\": %.5f}\n",
+      "\"mean_window_over_target\": %.5f, \"max_window_over_target\": %.5f, \"of_window_bound\": %.5f, "
+      "\"of_window_bound_window\": %.5f}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
       steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
@@ -376,7 +380,8 @@ int Run(const Options& o, const WindowTarget& window_target) {
       metrics.window_time > 0 ? bounds.padded / metrics.window_time : 0.0, metrics.idle_share(),
       static_cast<unsigned long long>(metrics.windows),
       static_cast<unsigned long long>(metrics.short_windows), metrics.mean_window_over_target,
-      metrics.max_window_over_target);
+      metrics.max_window_over_target, metrics.time > 0 ? window_bounds.synchronous / metrics.time : 0.0,
+      metrics.window_time > 0 ? window_bounds.per_window / metrics.window_time : 0.0);
   return 0;
 }
 

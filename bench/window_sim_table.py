@@ -12,7 +12,9 @@ prints a row per (model, trace, policy, target):
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
-the windows and their mean and largest size over the target. Then per (model, target) the cells within 2% of the
+the windows and their mean and largest size over the target; the fraction of the window bound (a lower bound for
+any schedule with as many windows, bench/bound.h WindowedBounds) under (a) and (b), and the ceiling: the most of
+the padded bound any schedule with these windows can reach under (b) (bound / window bound). Then per (model, target) the cells within 2% of the
 unwindowed fraction with IDLE <= 5% (issue 35's mark for window mode). docs/benchmarks.md, "Accumulation windows
 in the simulator", has the bounds and why no windowed schedule beats them.
 """
@@ -27,9 +29,9 @@ from collections import defaultdict
 
 MODELS = ("default_tokens", "gpu_1b_h100", "gpu_7b_h100", "gpu_70b_h200", "cpu_calibrated", "attention_heavy")
 TRACES = "chat_longtail,image_text,high_variance,production_mix,bench/traces/debian_docs.txt"
-# The daemon's defaults (global planner, window 512, rounds at half the queue, full rounds), its packed mode, and
-# alignment.deterministic (as bench/run runs them).
-POLICIES = "odb:global:q32:w512:paced16:full,odb:global:q32:w512:paced16:full:packed,odb:global:q32:w512:paced16:det"
+# The daemon's defaults (global planner, window 512, rounds at half the queue, full rounds) and its packed mode, as
+# bench/peers_sim_table.py compares them.
+POLICIES = "odb:global:q32:w512:paced16:full,odb:global:q32:w512:paced16:full:packed"
 
 
 def run_matrix(args: argparse.Namespace) -> list[str]:
@@ -66,8 +68,9 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
                     continue
                 runs[(int(r["world"]), r["model"], r["trace"], r["policy"])][r["window_target"]] = r
     print("| W | model | trace | policy | window target (loss tokens) | no windows | (a) | (b) | (a) - none "
-          "| IDLE share | micro-steps | windows | mean / target | max / target |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| of window bound (a) / (b) | ceiling (b) | IDLE share | micro-steps | windows | mean / target "
+          "| max / target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 1.0, 0.0])
     for (world, model, trace, policy), by_target in sorted(runs.items()):
         base = by_target.get("0")
@@ -81,8 +84,13 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
             fa, _ = fraction(r)
             fb, _ = fraction(r, "_window")
             idle = float(r["idle_share"])
+            # The most of the bound a schedule with these windows can reach (per-window time).
+            base_bound = float(base["padded_bound_seconds"] if not any_layout else base["bound_seconds"])
+            ceiling = base_bound / float(r["window_bound_window_seconds"])
             print(f"| {world} | {model} | {trace} | {policy} | {target} ({r['window_tokens']}) | {f0:.3f}{star} "
-                  f"| {fa:.3f}{star} | {fb:.3f}{star} | {fa - f0:+.3f} | {100 * idle:.1f}% "
+                  f"| {fa:.3f}{star} | {fb:.3f}{star} | {fa - f0:+.3f} "
+                  f"| {float(r['of_window_bound']):.3f} / {float(r['of_window_bound_window']):.3f} "
+                  f"| {ceiling:.3f}{star} | {100 * idle:.1f}% "
                   f"| {int(r['steps'])} / {int(base['steps'])} | {r['windows']} "
                   f"| {float(r['mean_window_over_target']):.3f} | {float(r['max_window_over_target']):.3f} |")
             s = summary[(world, model, target, policy)]
