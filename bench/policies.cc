@@ -481,8 +481,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     }
     align::RoundPlan plan = planner->Plan(state);
     const uint32_t planned = plan.num_steps;
-    if (absl::Status s = ApplyRoundWindows(cfg.window_tokens, pc.budget.model, state, window, plan, windows);
-        !s.ok()) {
+    if (absl::Status s = ApplyRoundWindows(cfg.window_tokens, pc, state, plan, windows); !s.ok()) {
       return s;
     }
     AppendRoundSteps(plan, world, &schedule);
@@ -513,8 +512,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
 
 }  // namespace
 
-absl::Status ApplyRoundWindows(uint64_t tokens_per_step, grouping::CostModel cost_model,
-                               const align::RoundState& state, uint32_t window, align::RoundPlan& plan,
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::PlannerConfig& planner,
+                               const align::RoundState& state, align::RoundPlan& plan,
                                align::WindowState& windows) {
   if (tokens_per_step == 0) return absl::OkStatus();
   if (windows.next_window == 0) {
@@ -522,8 +521,8 @@ absl::Status ApplyRoundWindows(uint64_t tokens_per_step, grouping::CostModel cos
   }
   align::WindowConfig config;
   config.tokens_per_step = tokens_per_step;
-  config.cost_model = cost_model;
-  align::ApplyWindows(config, plan, windows, align::InputsOpen(state, window));
+  config.cost_model = planner.budget.model;
+  align::ApplyWindows(config, plan, windows, align::InputsOpen(state, planner.window));
   return absl::OkStatus();
 }
 

@@ -49,10 +49,11 @@ void KeepPending(const align::RoundPlan& plan, std::vector<std::vector<SampleMet
 // align::ApplyWindows splits steps at window ends, sets the window fields
 // and loss weights and hands the samples of a window still open back
 // through the ranks' keep_pending (KeepPending then keeps them for the next
-// round). `window` is the planner's grouping.window (align::InputsOpen).
-// Nothing happens with `tokens_per_step` 0.
-absl::Status ApplyRoundWindows(uint64_t tokens_per_step, grouping::CostModel cost_model,
-                               const align::RoundState& state, uint32_t window, align::RoundPlan& plan,
+// round). `planner` is the planner's configuration (its budget's cost model,
+// its window for align::InputsOpen), as the Aligner passes its own. Nothing
+// happens with `tokens_per_step` 0.
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::PlannerConfig& planner,
+                               const align::RoundState& state, align::RoundPlan& plan,
                                align::WindowState& windows);
 
 struct SimConfig {

@@ -311,8 +311,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
         window_tokens = window_target.Tokens(first, world, pc.budget.max_tokens);
       }
       const double w0 = ThreadCpuMs();
-      const absl::Status s =
-          ApplyRoundWindows(window_tokens, pc.budget.model, state, o.window, plan, windows);
+      const absl::Status s = ApplyRoundWindows(window_tokens, pc, state, plan, windows);
       window_ms += ThreadCpuMs() - w0;
       if (!s.ok()) {
         std::fprintf(stderr, "scale_bench: %s\n", s.ToString().c_str());
