@@ -8,6 +8,8 @@ prints a row per (model, trace, policy, target):
 
   /usr/bin/python3 bench/window_sim_table.py --bin "$(bazel info -c opt bazel-bin)" --out bench/results/windows
   /usr/bin/python3 bench/window_sim_table.py bench/results/windows/win_*_w8.csv     # the table from CSVs only
+  /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/mj --world 2 --max-tokens 512 \
+      --models default_tokens --targets 16s --traces bench/results/windows/main_job_trace.txt   # the main job
 
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
@@ -41,7 +43,8 @@ def run_matrix(args: argparse.Namespace) -> list[str]:
     for model in args.models.split(","):
         stem = os.path.join(args.out, f"win_{model}_w{args.world}")
         cmd = [os.path.join(args.bin, "bench/batching_sim"), "--model", model, "--world", str(args.world),
-               "--samples", str(args.samples), "--window", str(args.window), "--traces", args.traces,
+               "--samples", str(args.samples), "--window", str(args.window), "--max-tokens", str(args.max_tokens),
+               "--traces", args.traces,
                "--policies", args.policies, "--window-tokens", "0," + args.targets,
                "--csv", stem + ".csv", "--md", stem + ".md"]
         print("+ " + " ".join(cmd), file=sys.stderr)
@@ -114,6 +117,7 @@ def main() -> int:
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--samples", type=int, default=20000)
     p.add_argument("--window", type=int, default=512, help="grouping.window of policies without :wN")
+    p.add_argument("--max-tokens", type=int, default=4096, help="L_max: padded tokens per rank step")
     p.add_argument("--targets", default="16s,1m",
                    help="window targets (loss tokens; Ns = N mean samples of the trace, Nm = N x W x L_max)")
     p.add_argument("--models", default=",".join(MODELS))
