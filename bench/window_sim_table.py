@@ -14,7 +14,9 @@ prints a row per (model, trace, policy, target):
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
-the windows and their mean and largest size over the target; the fraction of the window bound (a lower bound for
+the mean-rank time (each micro-step at its ranks' mean cost: what the extra micro-steps cost without the
+imbalance) over the unwindowed one and max/mean (time (a) over the mean-rank time: the imbalance between ranks
+inside micro-steps), the windows and their mean and largest size over the target; the fraction of the window bound (a lower bound for
 any schedule with as many windows, bench/bound.h WindowedBounds) under (a) and (b), and the ceiling: the most of
 the padded bound any schedule with these windows can reach under (b) (bound / window bound). Then per (model, target) the cells within 2% of the
 unwindowed fraction with IDLE <= 5% (issue 35's mark for window mode). docs/benchmarks.md, "Accumulation windows
@@ -61,6 +63,11 @@ def fraction(row: dict, suffix: str = "") -> tuple[float, bool]:
     return float(row["of_bound" + suffix]), True
 
 
+def mean_rank(row: dict) -> float:
+    """Time model (a) with every micro-step at its mean rank's cost (perfect balance inside each micro-step)."""
+    return float(row["sim_seconds"]) / float(row["max_over_mean"])
+
+
 def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int:
     """Prints the table and the per-(model, target) summary; returns 0."""
     runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
@@ -71,9 +78,9 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
                     continue
                 runs[(int(r["world"]), r["model"], r["trace"], r["policy"])][r["window_target"]] = r
     print("| W | model | trace | policy | window target (loss tokens) | no windows | (a) | (b) | (a) - none "
-          "| of window bound (a) / (b) | ceiling (b) | IDLE share | micro-steps | windows | mean / target "
-          "| max / target |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| of window bound (a) / (b) | ceiling (b) | IDLE share | micro-steps | mean-rank time / none | max/mean "
+          "| windows | mean / target | max / target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 1.0, 0.0])
     for (world, model, trace, policy), by_target in sorted(runs.items()):
         base = by_target.get("0")
@@ -94,7 +101,8 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
                   f"| {fa:.3f}{star} | {fb:.3f}{star} | {fa - f0:+.3f} "
                   f"| {float(r['of_window_bound']):.3f} / {float(r['of_window_bound_window']):.3f} "
                   f"| {ceiling:.3f}{star} | {100 * idle:.1f}% "
-                  f"| {int(r['steps'])} / {int(base['steps'])} | {r['windows']} "
+                  f"| {int(r['steps'])} / {int(base['steps'])} | {mean_rank(r) / mean_rank(base):.3f} "
+                  f"| {float(r['max_over_mean']):.3f} | {r['windows']} "
                   f"| {float(r['mean_window_over_target']):.3f} | {float(r['max_window_over_target']):.3f} |")
             s = summary[(world, model, target, policy)]
             s[0] += fa >= f0 * (1 - within) and idle <= idle_max
