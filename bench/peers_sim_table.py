@@ -23,6 +23,8 @@ def rows_of(paths):
     for path in paths:
         with open(path) as f:
             for r in csv.DictReader(f):
+                if r.get("window_target", "0") not in ("", "0"):
+                    continue  # a run with accumulation windows (bench/window_sim_table.py tabulates those)
                 cells[(int(r["world"]), r["model"], r["trace"])][r["policy"]] = r
     return cells
 
