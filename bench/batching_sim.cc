@@ -43,6 +43,7 @@ struct Options {
   std::string model = "cpu_calibrated";
   uint64_t seed = 1;
   std::string window_tokens = "0";  // comma list of window targets (WindowTarget spellings)
+  bool no_window_balance = false;
   std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
 };
 
@@ -109,6 +110,7 @@ int Main(const Options& o) {
   cfg.model = *model;
   cfg.window = o.window;
   cfg.seed = o.seed;
+  cfg.window_balance = !o.no_window_balance;
   // Every policy runs without windows (the first table); the odb policies
   // again with each window target given.
   std::vector<WindowTarget> targets;
@@ -143,7 +145,7 @@ int Main(const Options& o) {
         "padded_bound_seconds,batch_size,p99_batch_size,largest_sample_bound_seconds,of_largest_sample_"
         "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
         "short_windows,mean_window_over_target,max_window_over_target,idle_share,window_bound_seconds,"
-        "window_bound_window_seconds,of_window_bound,of_window_bound_window\n");
+        "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -163,7 +165,10 @@ int Main(const Options& o) {
     md << "Accumulation windows (`--window-tokens " << o.window_tokens
        << "`): the odb policies again with `optimizer.tokens_per_step` = each target (loss tokens over all "
           "ranks; `Ns` = N x the trace's mean sample, `Nm` = N x W x L_max), cut by the daemon's "
-          "align::ApplyWindows. (a) = every micro-step synchronised (sum over micro-steps of the slowest "
+          "align::ApplyWindows, "
+       << (cfg.window_balance ? "with balance over the window for the global planner (as the daemon runs it)"
+                              : "without balance over the window (--no-window-balance: the cut alone)")
+       << ". (a) = every micro-step synchronised (sum over micro-steps of the slowest "
           "rank, FSDP/ZeRO), (b) = only a window's last micro-step (sum over windows of the slowest rank's "
           "summed cost, DDP no_sync). Both are bounded by the same bounds: windows only constrain a "
           "schedule.\n\n";
@@ -321,19 +326,20 @@ int Main(const Options& o) {
         window_table << line;
       }
       if (csv) {
-        std::fprintf(
-            csv,
-            "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
-            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f\n",
-            trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
-            static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
-            static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
-            of_bound, padded_policy ? std::to_string(of_padded).c_str() : "", m.max_over_mean(),
-            bounds.any_layout, bounds.padded, batch, p99_batch, bounds.largest_sample, of_largest,
-            target.c_str(), static_cast<unsigned long>(tokens), m.window_time, of_bound_w,
-            padded_policy ? std::to_string(of_padded_w).c_str() : "", static_cast<unsigned long>(m.windows),
-            static_cast<unsigned long>(m.short_windows), m.mean_window_over_target, m.max_window_over_target,
-            m.idle_share(), wb.synchronous, wb.per_window, of_window_bound, of_window_bound_w);
+        std::fprintf(csv,
+                     "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
+                     "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d\n",
+                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(),
+                     static_cast<unsigned long>(m.samples), static_cast<unsigned long>(m.steps),
+                     static_cast<unsigned long>(m.idle_rank_steps),
+                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps,
+                     vs_std, of_bound, padded_policy ? std::to_string(of_padded).c_str() : "",
+                     m.max_over_mean(), bounds.any_layout, bounds.padded, batch, p99_batch,
+                     bounds.largest_sample, of_largest, target.c_str(), static_cast<unsigned long>(tokens),
+                     m.window_time, of_bound_w, padded_policy ? std::to_string(of_padded_w).c_str() : "",
+                     static_cast<unsigned long>(m.windows), static_cast<unsigned long>(m.short_windows),
+                     m.mean_window_over_target, m.max_window_over_target, m.idle_share(), wb.synchronous,
+                     wb.per_window, of_window_bound, of_window_bound_w, cfg.window_balance ? 1 : 0);
       }
     };
     for (const std::string& p : policies) {
@@ -390,6 +396,9 @@ int main(int argc, char** argv) {
   app.add_option("--window-tokens", o.window_tokens,
                  "comma list of accumulation-window targets for the odb policies (optimizer.tokens_per_step: "
                  "loss tokens, Ns = N samples of the trace's mean, Nm = N x W x L_max; 0 = off)");
+  app.add_flag("--no-window-balance", o.no_window_balance,
+               "windows without balance over the window (the cut alone; the daemon balances for the global "
+               "planner)");
   app.add_option("--csv", o.csv, "per trace x policy results");
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");

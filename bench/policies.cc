@@ -481,7 +481,9 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     }
     align::RoundPlan plan = planner->Plan(state);
     const uint32_t planned = plan.num_steps;
-    if (absl::Status s = ApplyRoundWindows(cfg.window_tokens, pc, state, plan, windows); !s.ok()) {
+    if (absl::Status s =
+            ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance, state, plan, windows);
+        !s.ok()) {
       return s;
     }
     AppendRoundSteps(plan, world, &schedule);
@@ -512,17 +514,20 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
 
 }  // namespace
 
-absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::PlannerConfig& planner,
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& planner, bool balance,
                                const align::RoundState& state, align::RoundPlan& plan,
                                align::WindowState& windows) {
   if (tokens_per_step == 0) return absl::OkStatus();
   if (windows.next_window == 0) {
     if (absl::Status s = align::CheckWindowTarget(tokens_per_step, plan); !s.ok()) return s;
   }
+  const align::PlannerConfig& pc = planner.config();
   align::WindowConfig config;
   config.tokens_per_step = tokens_per_step;
-  config.cost_model = planner.budget.model;
-  align::ApplyWindows(config, plan, windows, align::InputsOpen(state, planner.window));
+  config.cost_model = pc.budget.model;
+  if (balance && planner.MovesSamples())
+    config.balance = align::WindowBalanceConfig{pc.budget, pc.step_model};
+  align::ApplyWindows(config, plan, windows, align::InputsOpen(state, pc.window));
   return absl::OkStatus();
 }
 

@@ -49,10 +49,13 @@ void KeepPending(const align::RoundPlan& plan, std::vector<std::vector<SampleMet
 // align::ApplyWindows splits steps at window ends, sets the window fields
 // and loss weights and hands the samples of a window still open back
 // through the ranks' keep_pending (KeepPending then keeps them for the next
-// round). `planner` is the planner's configuration (its budget's cost model,
-// its window for align::InputsOpen), as the Aligner passes its own. Nothing
-// happens with `tokens_per_step` 0.
-absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::PlannerConfig& planner,
+// round). The window configuration is the Aligner's: the planner's budget
+// and window, and balance over the window (align::BalanceWindow under the
+// planner's budget and step model) when the planner moves samples
+// (Planner::MovesSamples) and `balance` is set (false: the cut alone, as
+// before balance existed, to compare). Nothing happens with
+// `tokens_per_step` 0.
+absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& planner, bool balance,
                                const align::RoundState& state, align::RoundPlan& plan,
                                align::WindowState& windows);
 
@@ -68,6 +71,9 @@ struct SimConfig {
   // of a window still open at the end of a round stay pending for the next
   // round. The other policies ignore it (each of their steps is a window).
   uint64_t window_tokens = 0;
+  // Balance over the window (the daemon's default for the global planner);
+  // false runs the cut alone (ApplyRoundWindows).
+  bool window_balance = true;
 };
 
 // A window target as given on a command line: loss tokens ("65536"), N

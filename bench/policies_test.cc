@@ -265,6 +265,35 @@ TEST_CASE("windows in the simulator: every sample once, the target held on avera
   }
 }
 
+TEST_CASE("windows in the simulator: balance over the window as the Aligner runs it", "[policies][windows]") {
+  // Under the default model the planner's step model is the simulator's, and
+  // balance keeps every window's samples (the same cuts, the same held
+  // windows), so per window it never costs more: per-window time (b) can
+  // only drop, and does here. The local planner moves no samples: the Aligner
+  // (and the simulator) leave its windows as cut.
+  const auto arrival = Arrival("chat_longtail", 1500);
+  SimConfig cfg;
+  cfg.world = 4;
+  cfg.window = 64;
+  cfg.window_tokens = ParseWindowTarget("1m")->Tokens(arrival, cfg.world, cfg.budget.max_tokens);
+  auto run = [&](const std::string& p, bool balance) {
+    SimConfig c = cfg;
+    c.window_balance = balance;
+    auto schedule = RunPolicy(p, arrival, c);
+    REQUIRE(schedule.ok());
+    return Evaluate(*schedule, c.model, c.budget.max_tokens, c.window_tokens);
+  };
+  const Metrics balanced = run("odb:global:q32:w64:paced16:full", true);
+  const Metrics cut = run("odb:global:q32:w64:paced16:full", false);
+  CHECK(balanced.samples == arrival.size());
+  CHECK(balanced.windows == cut.windows);
+  CHECK(balanced.window_time < cut.window_time * 0.99);
+  const Metrics local_on = run("odb:local:q32:w64:paced", true);
+  const Metrics local_off = run("odb:local:q32:w64:paced", false);
+  CHECK(local_on.window_time == local_off.window_time);
+  CHECK(local_on.steps == local_off.steps);
+}
+
 TEST_CASE("odb beats standard on a long-tail trace", "[policies]") {
   SimConfig cfg;
   cfg.world = 2;

@@ -46,7 +46,8 @@
 //   every micro-step synchronised), bound_fraction_window over the per-window
 //   time (b: the slowest rank's sum over each window, DDP no_sync), and
 //   windows, mean_window_over_target, max_window_over_target, idle_share
-//   (IDLE rank-steps over all rank-steps) describe them; of_window_bound and
+//   (IDLE rank-steps over all rank-steps) describe them (balance over the
+//   window as the Aligner runs it; --no-window-balance: the cut alone); of_window_bound and
 //   of_window_bound_window are the fractions (a) and (b) of the window bounds
 //   (bench/bound.h WindowedBounds: what no schedule with as many windows beats). docs/benchmarks.md,
 //   "Accumulation windows in the simulator".
@@ -98,6 +99,7 @@ struct Options {
   uint32_t partition_ranks = 0;
   std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
   std::string window_tokens = "0";  // --window-tokens: accumulation windows (WindowTarget spelling)
+  bool window_balance = true;       // --no-window-balance: the window cut alone
 };
 
 // Bytes of one rank's summary in a partitioned round: what the round gates
@@ -311,7 +313,8 @@ int Run(const Options& o, const WindowTarget& window_target) {
         window_tokens = window_target.Tokens(first, world, pc.budget.max_tokens);
       }
       const double w0 = ThreadCpuMs();
-      const absl::Status s = ApplyRoundWindows(window_tokens, pc, state, plan, windows);
+      const absl::Status s =
+          ApplyRoundWindows(window_tokens, planner, o.window_balance, state, plan, windows);
       window_ms += ThreadCpuMs() - w0;
       if (!s.ok()) {
         std::fprintf(stderr, "scale_bench: %s\n", s.ToString().c_str());
@@ -418,6 +421,8 @@ int main(int argc, char** argv) {
       o.dump_plan = value();
     } else if (a == "--window-tokens") {
       o.window_tokens = value();
+    } else if (a == "--no-window-balance") {
+      o.window_balance = false;
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
@@ -425,7 +430,7 @@ int main(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
           "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE] "
-          "[--window-tokens T|Ns|Nm]\n");
+          "[--window-tokens T|Ns|Nm] [--no-window-balance]\n");
       return 2;
     }
   }

@@ -43,12 +43,12 @@ def run_matrix(args: argparse.Namespace) -> list[str]:
     os.makedirs(args.out, exist_ok=True)
     paths = []
     for model in args.models.split(","):
-        stem = os.path.join(args.out, f"win_{model}_w{args.world}")
+        stem = os.path.join(args.out, f"win_{model}_w{args.world}" + ("_nobal" if args.no_window_balance else ""))
         cmd = [os.path.join(args.bin, "bench/batching_sim"), "--model", model, "--world", str(args.world),
                "--samples", str(args.samples), "--window", str(args.window), "--max-tokens", str(args.max_tokens),
                "--traces", args.traces,
                "--policies", args.policies, "--window-tokens", "0," + args.targets,
-               "--csv", stem + ".csv", "--md", stem + ".md"]
+               "--csv", stem + ".csv", "--md", stem + ".md"] + (["--no-window-balance"] if args.no_window_balance else [])
         print("+ " + " ".join(cmd), file=sys.stderr)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         paths.append(stem + ".csv")
@@ -76,7 +76,10 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
             for r in csv.DictReader(f):
                 if not r["policy"].startswith("odb"):
                     continue
-                runs[(int(r["world"]), r["model"], r["trace"], r["policy"])][r["window_target"]] = r
+                target = r["window_target"]
+                if target != "0" and r.get("window_balance", "1") == "0":
+                    target += " no balance"  # --no-window-balance (CSVs before balance existed have no column)
+                runs[(int(r["world"]), r["model"], r["trace"], r["policy"])][target] = r
     print("| W | model | trace | policy | window target (loss tokens) | no windows | (a) | (b) | (a) - none "
           "| of window bound (a) / (b) | ceiling (b) | IDLE share | micro-steps | mean-rank time / none | max/mean "
           "| windows | mean / target | max / target |")
@@ -129,6 +132,8 @@ def main() -> int:
     p.add_argument("--targets", default="16s,1m",
                    help="window targets (loss tokens; Ns = N mean samples of the trace, Nm = N x W x L_max)")
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--no-window-balance", action="store_true",
+                   help="windows without balance over the window (the cut alone); CSVs named *_nobal")
     p.add_argument("--traces", default=TRACES)
     p.add_argument("--policies", default=POLICIES)
     args = p.parse_args()
