@@ -164,9 +164,9 @@ WindowBounds WindowedBounds(const Bounds& bounds, const StepModel& model, uint64
   const double n = static_cast<double>(windows);
   const double base = padded ? std::max(bounds.padded, bounds.any_layout) : bounds.any_layout;
   WindowBounds w;
-  w.synchronous = std::max(
-      {base, bounds.largest_sample, n * model.a + std::max(n * model.Compute(0.0), bounds.compute_floor)});
-  w.per_window = std::max(base, n * model.a + bounds.compute_floor);
+  const double windows_floor = n * model.a + std::max(n * model.Compute(0.0), bounds.compute_floor);
+  w.synchronous = std::max({base, bounds.largest_sample, windows_floor});
+  w.per_window = std::max(base, windows_floor);
   return w;
 }
 

@@ -80,14 +80,15 @@ struct Bounds {
 // accumulation windows (optimizer steps; docs/benchmarks.md, "Accumulation
 // windows in the simulator"). Windows only constrain a schedule, so every
 // bound above still holds; and every window holds at least one micro-step,
-// in which every rank runs (equal micro-step counts; an IDLE one costs a):
-//   synchronous (time model (a), the slowest rank per micro-step):
-//     T >= N a + max(N g(0), compute_floor), N micro-steps at least, each
-//     with a non-empty rank step (its compute at least g(0));
+// in which every rank runs (equal micro-step counts; an IDLE one costs a),
+// and some rank runs a non-empty one (a + g(p) >= a + g(0)). So under both
+//   synchronous (time model (a), the slowest rank per micro-step) and
 //   per_window (time model (b), the slowest rank's sum per window):
-//     T >= N a + compute_floor (a window's slowest rank is at least its mean).
-// Each is the larger of that and the bounds above that hold for it
-// (`padded`: the padded bound too; the largest-sample bound only for (a)).
+//     T >= N a + max(N g(0), compute_floor)
+// (per window: the slowest rank is at least the mean over ranks, and at
+// least the rank with a non-empty micro-step). Each is the larger of that
+// and the bounds above that hold for it (`padded`: the padded bound too; the
+// largest-sample bound only for (a)).
 struct WindowBounds {
   double synchronous = 0.0;
   double per_window = 0.0;
