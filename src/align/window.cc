@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <iterator>
+#include <queue>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,20 +87,18 @@ std::pair<Cuts, Cuts> BracketCuts(const GlobalStep& g, uint64_t need, uint64_t t
     first += running;
   }
   Cuts under = cut;
-  while (first < need) {
-    size_t pick = g.size();
-    uint64_t smallest = 0;
-    for (size_t r = 0; r < g.size(); ++r) {
-      if (cut[r] >= g[r].samples.size()) continue;
-      const uint64_t t = LossTokensOf(g[r].samples[cut[r]]);
-      if (pick == g.size() || t < smallest) {
-        pick = r;
-        smallest = t;
-      }
-    }
-    if (pick == g.size()) break;  // the whole step is under `need`
+  // Each rank's next sample, smallest first (ties: the lowest rank).
+  using Next = std::pair<uint64_t, size_t>;  // (its loss tokens, rank)
+  std::priority_queue<Next, std::vector<Next>, std::greater<Next>> next;
+  for (size_t r = 0; r < g.size(); ++r) {
+    if (cut[r] < g[r].samples.size()) next.push({LossTokensOf(g[r].samples[cut[r]]), r});
+  }
+  while (first < need && !next.empty()) {  // empty: the whole step is under `need`
+    const auto [smallest, pick] = next.top();
+    next.pop();
     first += smallest;
     ++cut[pick];
+    if (cut[pick] < g[pick].samples.size()) next.push({LossTokensOf(g[pick].samples[cut[pick]]), pick});
     if (first <= need) under = cut;
   }
   return {std::move(under), std::move(cut)};

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <iterator>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -53,11 +55,14 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
                           std::span<const size_t> order, size_t world, size_t m, double& cost) {
   Layout layout(world, std::vector<Slot>(m, Slot(c.budget)));
   std::vector<double> load(world, static_cast<double>(m) * c.step_model.per_step);
+  std::set<std::pair<double, size_t>> by_load;  // (load, rank): the least loaded first
+  for (size_t r = 0; r < world; ++r) by_load.insert({load[r], r});
   for (size_t i : order) {
     const SampleMeta& s = samples[i];
-    size_t best_r = world, best_k = 0;
+    size_t best_r = world, best_k = 0, feasible = 0;
     double best_load = 0.0;
-    for (size_t r = 0; r < world; ++r) {
+    for (auto it = by_load.begin(); it != by_load.end() && feasible < kCandidateRanks; ++it) {
+      const size_t r = it->second;
       size_t k_min = m;
       double d_min = 0.0;
       for (size_t k = 0; k < m; ++k) {
@@ -70,11 +75,13 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
         }
       }
       if (k_min == m) continue;
+      ++feasible;
       const double v = load[r] + d_min;
       // Ties: the sample's own rank (no payload move), then the lowest rank.
+      const bool own = static_cast<int32_t>(r) == s.owner_rank;
+      const bool best_own = best_r != world && static_cast<int32_t>(best_r) == s.owner_rank;
       const bool better = best_r == world || v < best_load ||
-                          (v == best_load && static_cast<int32_t>(r) == s.owner_rank &&
-                           static_cast<int32_t>(best_r) != s.owner_rank);
+                          (v == best_load && (own != best_own ? own : r < best_r));
       if (better) {
         best_r = r;
         best_k = k_min;
@@ -86,7 +93,9 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
     slot.tally.Add(s.lengths);
     slot.sum_sq += Square(s.lengths.tokens);
     slot.members.push_back(i);
+    by_load.erase({load[best_r], best_r});
     load[best_r] = best_load;
+    by_load.insert({load[best_r], best_r});
   }
   cost = *std::max_element(load.begin(), load.end());
   return layout;
@@ -177,10 +186,14 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
     }
     return out;
   };
+  std::set<std::pair<double, size_t>> by_cost;  // (cost, rank)
+  for (size_t r = 0; r < world; ++r) by_cost.insert({cost[r], r});
   for (;;) {
-    size_t top = 0;
-    for (size_t r = 1; r < world; ++r) {
-      if (cost[r] > cost[top]) top = r;
+    const size_t top = std::prev(by_cost.end())->second;
+    // The other ranks a sample may go to: the kCandidateRanks cheapest.
+    std::vector<size_t> others;
+    for (auto it = by_cost.begin(); it != by_cost.end() && others.size() < kCandidateRanks; ++it) {
+      if (it->second != top) others.push_back(it->second);
     }
     double best = cost[top] * (1.0 - 1e-9);
     size_t best_q = world, best_x = SIZE_MAX, best_y = SIZE_MAX;
@@ -198,16 +211,17 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       best_other = *b;
     };
     for (size_t x : assign[top]) {
-      for (size_t q = 0; q < world && work <= kMaxBalanceWork; ++q) {
-        if (q != top) consider(q, x, SIZE_MAX);
+      for (size_t q : others) {
+        if (work <= kMaxBalanceWork) consider(q, x, SIZE_MAX);
       }
     }
     if (best_q == world) {
       for (size_t x : assign[top]) {
-        for (size_t q = 0; q < world && work <= kMaxBalanceWork; ++q) {
-          if (q == top) continue;
+        for (size_t q : others) {
           for (size_t y : assign[q]) {
-            if (samples[y].lengths.tokens != samples[x].lengths.tokens) consider(q, x, y);
+            if (work <= kMaxBalanceWork && samples[y].lengths.tokens != samples[x].lengths.tokens) {
+              consider(q, x, y);
+            }
           }
         }
       }
@@ -215,13 +229,12 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
     if (best_q == world) return cost[top];
     assign[top] = sorted_with(assign[top], best_x, best_y);
     assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
-    cost[top] = best_top;
-    cost[best_q] = best_other;
-    if (work > kMaxBalanceWork) {
-      double worst = 0.0;
-      for (double v : cost) worst = std::max(worst, v);
-      return worst;
+    for (auto [r, v] : {std::pair<size_t, double>{top, best_top}, std::pair<size_t, double>{best_q, best_other}}) {
+      by_cost.erase({cost[r], r});
+      cost[r] = v;
+      by_cost.insert({cost[r], r});
     }
+    if (work > kMaxBalanceWork) return std::prev(by_cost.end())->first;
   }
 }
 
@@ -331,7 +344,9 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
     first = std::max<size_t>(first, static_cast<size_t>((samples.size() + per - 1) / per));
   }
   uint64_t greedy_work = 0;
-  for (size_t m = first; m <= steps; ++m) greedy_work += uint64_t{samples.size()} * world * m;
+  for (size_t m = first; m <= steps; ++m) {
+    greedy_work += uint64_t{samples.size()} * std::min<uint64_t>(world, kCandidateRanks) * m;
+  }
   if (greedy_work > kMaxBalanceWork) return false;
 
   const double before = WindowCost(config, window);

@@ -47,21 +47,31 @@ double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep>
 // Lays the samples of `window` (window[k][rank], one closed window) out again
 // when that lowers WindowCost: for every micro-step count m from the fewest
 // the budget allows up to the window's own, samples longest first go to the
-// rank whose sum grows least, into that rank's micro-step whose cost grows
-// least and that keeps the budget; the cheapest layout wins, the planner's
-// kept on ties. Samples of equal lengths are then exchanged so that as many
-// as possible stay on their owner (no payload move), and each rank's
-// micro-steps are ordered costliest first (under FSDP every micro-step is a
-// barrier: like costs meet). A window with an over-budget step (a lone sample
-// no budget holds) is left alone, and so is one whose layout search would
-// take more than kMaxBalanceWork sample placements.
+// rank whose sum grows least (among the kCandidateRanks least loaded that can
+// take them), into that rank's micro-step whose cost grows least and that
+// keeps the budget; then each rank's samples are packed the cheapest way into
+// its m micro-steps (runs of its length-sorted list, dynamic programming), and
+// samples are moved off the costliest rank, or exchanged with another's, while
+// that makes it cheaper. The cheapest layout wins, the planner's kept on ties.
+// Samples of equal lengths are then exchanged so that as many as possible stay
+// on their owner (no payload move), and each rank's micro-steps are ordered
+// costliest first (under FSDP every micro-step is a barrier: like costs meet);
+// micro-steps no rank uses are dropped. A window with an over-budget step (a
+// lone sample no budget holds) is left alone, and so is one whose greedy
+// layouts alone would take more than kMaxBalanceWork placements; the moves
+// stop at that bound.
 // Pure function of its input (sorting ties broken by sample key): every rank
 // computes the same layout. Returns whether the window changed.
 bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
 
-// Bound on a window's layout search: samples x ranks x micro-steps summed over
-// the micro-step counts tried.
-inline constexpr uint64_t kMaxBalanceWork = uint64_t{1} << 24;
+// Bound on a window's layout search: samples x candidate ranks x micro-steps
+// summed over the micro-step counts tried, and the packing steps of the moves.
+inline constexpr uint64_t kMaxBalanceWork = uint64_t{1} << 21;
+
+// A sample is offered to the least loaded ranks only, this many that can take
+// it (all of them at W <= 16), and moves off the costliest rank go to the
+// cheapest ranks only: the search grows with the window's samples, not with W.
+inline constexpr size_t kCandidateRanks = 16;
 
 }  // namespace odb::align
 

@@ -142,7 +142,8 @@ TEST_CASE("random windows: the same samples, within budget, equal counts, never 
   std::mt19937_64 rng(4242);
   int changed = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    const size_t world = 1 + rng() % 6;
+    // Every tenth window spans more ranks than a sample is offered to (kCandidateRanks).
+    const size_t world = trial % 10 == 0 ? kCandidateRanks + 1 + rng() % 40 : 1 + rng() % 6;
     const size_t steps = 1 + rng() % 4;
     const uint64_t budget = 256 + rng() % 1024;
     WindowBalanceConfig c = Config(budget, static_cast<double>(rng() % 3) * 100.0);
