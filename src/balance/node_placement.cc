@@ -126,6 +126,35 @@ bool Take(Key& key, int side, uint32_t ranks, uint32_t cap, uint32_t left) {
 
 uint32_t Taken(const Key& key, int side) { return Side(key, side) >> 16 & 0xff; }
 
+// Scored triples of nodes handed out best first (most bytes, then node ids),
+// each once: a heap, so that taking the first k of n costs O(n + k log n).
+struct TripleQueue {
+  using Scored = std::pair<uint64_t, std::array<uint32_t, 3>>;
+  // Heap order: x comes after y.
+  static bool After(const Scored& x, const Scored& y) {
+    return x.first != y.first ? x.first < y.first : x.second > y.second;
+  }
+  // The next triple in order, skipping copies of the last one (a triple is
+  // scored from each of its exchanging pairs, always alike: equal entries
+  // leave the heap one after another). False when none is left.
+  bool Next(std::array<uint32_t, 3>& out) {
+    while (!scored.empty()) {
+      std::pop_heap(scored.begin(), scored.end(), After);
+      const Scored top = scored.back();
+      scored.pop_back();
+      if (has_last && top == last) continue;
+      last = top;
+      has_last = true;
+      out = top.second;
+      return true;
+    }
+    return false;
+  }
+  std::vector<Scored> scored;
+  Scored last{};
+  bool has_last = false;
+};
+
 class Placer {
  public:
   Placer(const grouping::Budget& budget, const grouping::StepTimeModel& model,
@@ -165,7 +194,9 @@ class Placer {
       // pairs, triples by the bytes their three pairs exchange.
       if (options_.triples && nodes_ >= 3 && !starved_) {
         uint32_t tried = 0;
-        for (const auto& t : TriplesByExchange()) {
+        TripleQueue queue = TriplesByExchange();
+        std::array<uint32_t, 3> t{};
+        while (queue.Next(t)) {
           if (starved_ || stats_.work >= budget_work_ || tried >= options_.max_triples) break;
           if (KnownToFail(t, 3)) continue;
           ++tried;
@@ -218,36 +249,41 @@ class Placer {
   // Triples of nodes {a, b, c} that contain an exchanging pair (a, b), by
   // the bytes all three of their pairs exchange, most first (ties: node
   // ids); the third node may exchange nothing (it can lend room). From the
-  // first max_triples exchanging pairs: O(max_triples * nodes) triples.
-  std::vector<std::array<uint32_t, 3>> TriplesByExchange() const {
+  // first max_triples exchanging pairs: O(max_triples * nodes) triples,
+  // handed out lazily (a pass tries at most max_triples of them, so sorting
+  // them all cost more than the sets it tried at one-rank nodes).
+  TripleQueue TriplesByExchange() const {
     const auto pairs = PairsByExchange();
-    std::vector<std::pair<uint64_t, uint64_t>> between;  // (a * nodes + b, bytes), sorted
-    between.reserve(pairs.size());
-    for (const auto& [bytes, a, b] : pairs) between.emplace_back(a * nodes_ + b, bytes);
-    std::sort(between.begin(), between.end());
-    auto exchange = [&](uint64_t x, uint64_t y) -> uint64_t {
-      const uint64_t key = std::min(x, y) * nodes_ + std::max(x, y);
-      auto it = std::lower_bound(between.begin(), between.end(), std::make_pair(key, uint64_t{0}));
-      return it != between.end() && it->first == key ? it->second : 0;
-    };
-    std::vector<std::pair<uint64_t, std::array<uint32_t, 3>>> scored;
-    for (size_t p = 0; p < pairs.size() && p < options_.max_triples; ++p) {
+    const size_t top = std::min<size_t>(pairs.size(), options_.max_triples);
+    // exchange(x, c) for the nodes x of the first `top` pairs: a dense row
+    // per such node, filled from every pair once.
+    std::vector<int32_t> row_of(nodes_, -1);
+    size_t rows = 0;
+    for (size_t p = 0; p < top; ++p) {
+      for (uint32_t x : {std::get<1>(pairs[p]), std::get<2>(pairs[p])}) {
+        if (row_of[x] < 0) row_of[x] = static_cast<int32_t>(rows++);
+      }
+    }
+    std::vector<uint64_t> exchange(rows * nodes_, 0);
+    for (const auto& [bytes, a, b] : pairs) {
+      if (row_of[a] >= 0) exchange[row_of[a] * nodes_ + b] = bytes;
+      if (row_of[b] >= 0) exchange[row_of[b] * nodes_ + a] = bytes;
+    }
+    TripleQueue queue;
+    queue.scored.reserve(top * nodes_);
+    for (size_t p = 0; p < top; ++p) {
       const auto& [bytes, a, b] = pairs[p];
+      const uint64_t* row_a = &exchange[row_of[a] * nodes_];
+      const uint64_t* row_b = &exchange[row_of[b] * nodes_];
       for (uint32_t c = 0; c < nodes_; ++c) {
         if (c == a || c == b) continue;
         std::array<uint32_t, 3> t = {a, b, c};
         std::sort(t.begin(), t.end());
-        scored.emplace_back(bytes + exchange(a, c) + exchange(b, c), t);
+        queue.scored.emplace_back(bytes + row_a[c] + row_b[c], t);
       }
     }
-    std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) {
-      return x.first != y.first ? x.first > y.first : x.second < y.second;
-    });
-    scored.erase(std::unique(scored.begin(), scored.end()), scored.end());
-    std::vector<std::array<uint32_t, 3>> out;
-    out.reserve(scored.size());
-    for (const auto& [score, t] : scored) out.push_back(t);
-    return out;
+    std::make_heap(queue.scored.begin(), queue.scored.end(), TripleQueue::After);
+    return queue;
   }
 
   // cap(L) for this step (no limit on the samples): Cap with a limit n is
