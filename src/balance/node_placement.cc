@@ -75,6 +75,8 @@ constexpr uint32_t kMaxRanks = 255;
 constexpr size_t kMaxSetSamples = 65535;
 // Narrower beams than this are not worth a set's setup.
 constexpr uint64_t kMinBeam = 8;
+// One-rank nodes: home flows per step, at most (each on the previous one's longest).
+constexpr int kHomeRounds = 4;
 
 struct Key {
   uint64_t hi = 0;
@@ -173,11 +175,23 @@ class Placer {
     samples_ = n;
     version_.assign(nodes_, 0);
     budget_work_ = std::max(options_.work_base, options_.work_per_sample * n);
-    if (n <= options_.small_step_samples) budget_work_ = std::max(budget_work_, options_.small_step_work);
+    // The small-step allowance is for a few nodes of several ranks; one-rank
+    // nodes have the home flow instead.
+    const bool one_rank = lws_ == 1 && options_.one_rank_homes;
+    if (n <= options_.small_step_samples && !one_rank) {
+      budget_work_ = std::max(budget_work_, options_.small_step_work);
+    }
   }
 
   NodePlacementStats Run() {
     stats_.inter_node_bytes_before = InterNodeBytes(metas_, groups_, lws_);
+    // One rank per node: the home flow first (every exchange cycle within the
+    // ranks' longest at once), then pairs and triples, which may also change a
+    // rank's longest, within the step's work (no small-step allowance).
+    const bool one_rank = lws_ == 1 && options_.one_rank_homes;
+    if (one_rank) {
+      for (int round = 0; round < kHomeRounds && OneRankHomes(); ++round) ++stats_.home_rounds_improved;
+    }
     for (uint32_t pass = 0; pass < options_.passes; ++pass) {
       bool improved = false;
       const auto pairs = PairsByExchange();
@@ -308,6 +322,121 @@ class Placer {
   bool KnownToFail(const std::array<uint32_t, 3>& set, int count) const {
     auto it = failed_.find(MemoKey(set, count));
     return it != failed_.end() && it->second == Versions(set, count);
+  }
+
+  // One-rank nodes (local_world_size 1): each rank runs one group, and a
+  // group of longest L fits iff it holds at most cap(L) samples. With every
+  // rank's longest L_r held (its group may take samples no longer than L_r,
+  // up to c_r = cap(L_r) of them: the current groups qualify), which samples
+  // can stay on their owner? Samples of length >= x can only go to ranks with
+  // L_r >= x, so the samples not at home can be placed iff for every length
+  // x, those of length >= x are at most the room left on the ranks with L_r
+  // >= x (Hall's condition for nested sets). Samples are taken home most
+  // bytes first while that holds (a sample of length l going home to rank o
+  // takes one room of o: the condition loses one of slack at every x in
+  // (l, L_o]); the others are placed longest first (home where there is room,
+  // else on the eligible rank of least L_r). A rank left empty takes the
+  // shortest sample away from home of a rank with two or more. Installs the
+  // result when it has fewer inter-node bytes; true then.
+  bool OneRankHomes() {
+    std::vector<size_t> all;
+    std::vector<uint32_t> limit(world_, 0), room(world_, 0);
+    for (size_t r = 0; r < world_; ++r) {
+      for (size_t i : groups_[r]) {
+        all.push_back(i);
+        limit[r] = std::max(limit[r], metas_[i].lengths.tokens);
+      }
+    }
+    for (size_t r = 0; r < world_; ++r) room[r] = CapOf(limit[r]);
+    // Distinct lengths, ascending; slack[t] for x = lengths[t].
+    std::vector<uint32_t> lengths;
+    for (size_t i : all) lengths.push_back(metas_[i].lengths.tokens);
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    auto index = [&](uint32_t len) {
+      return static_cast<size_t>(std::lower_bound(lengths.begin(), lengths.end(), len) - lengths.begin());
+    };
+    std::vector<int64_t> slack(lengths.size() + 1, 0);  // difference array first
+    for (size_t r = 0; r < world_; ++r) {
+      slack[0] += room[r];
+      slack[index(limit[r]) + 1] -= room[r];
+    }
+    for (size_t i : all) {
+      slack[0] -= 1;
+      slack[index(metas_[i].lengths.tokens) + 1] += 1;
+    }
+    for (size_t t = 1; t < slack.size(); ++t) slack[t] += slack[t - 1];
+    auto key = [&](size_t x, size_t y) {  // longest first, then owner and id
+      const SampleMeta& mx = metas_[x];
+      const SampleMeta& my = metas_[y];
+      if (mx.lengths.tokens != my.lengths.tokens) return mx.lengths.tokens > my.lengths.tokens;
+      return std::tie(mx.owner_rank, mx.id) < std::tie(my.owner_rank, my.id);
+    };
+    std::vector<size_t> by_bytes = all;
+    std::sort(by_bytes.begin(), by_bytes.end(), [&](size_t x, size_t y) {
+      if (metas_[x].payload_bytes != metas_[y].payload_bytes)
+        return metas_[x].payload_bytes > metas_[y].payload_bytes;
+      return key(x, y);
+    });
+    std::vector<std::vector<size_t>> out(world_);
+    std::vector<size_t> away;
+    for (size_t i : by_bytes) {
+      const int32_t owner = OwnerNode(metas_[i], world_, lws_);
+      const uint32_t len = metas_[i].lengths.tokens;
+      bool home = owner >= 0 && room[owner] > 0 && len <= limit[owner];
+      const size_t from = index(len) + 1, to = home ? index(limit[owner]) : 0;
+      for (size_t t = from; home && t <= to; ++t) home = slack[t] >= 1;
+      if (!home) {
+        away.push_back(i);
+        continue;
+      }
+      for (size_t t = from; t <= to; ++t) --slack[t];
+      --room[owner];
+      out[owner].push_back(i);
+    }
+    std::sort(away.begin(), away.end(), key);
+    for (size_t i : away) {
+      const int32_t owner = OwnerNode(metas_[i], world_, lws_);
+      const uint32_t len = metas_[i].lengths.tokens;
+      size_t to = world_;
+      if (owner >= 0 && room[owner] > 0 && len <= limit[owner]) {
+        to = static_cast<size_t>(owner);
+      } else {
+        for (size_t r = 0; r < world_; ++r) {
+          if (room[r] > 0 && len <= limit[r] && (to == world_ || limit[r] < limit[to])) to = r;
+        }
+      }
+      if (to == world_) return false;  // cannot happen: Hall's condition held
+      --room[to];
+      out[to].push_back(i);
+    }
+    for (size_t e = 0; e < world_; ++e) {
+      if (!out[e].empty()) continue;
+      size_t donor = world_, pos = 0;
+      for (size_t r = 0; r < world_; ++r) {
+        if (out[r].size() < 2) continue;
+        for (size_t k = 0; k < out[r].size(); ++k) {
+          const size_t i = out[r][k];
+          if (OwnerNode(metas_[i], world_, lws_) == static_cast<int32_t>(r)) continue;  // at home
+          if (donor == world_ || key(out[donor][pos], i)) {
+            donor = r;
+            pos = k;
+          }
+        }
+      }
+      if (donor == world_) return false;
+      out[e].push_back(out[donor][pos]);
+      out[donor].erase(out[donor].begin() + static_cast<std::ptrdiff_t>(pos));
+    }
+    for (const auto& g : out) {
+      uint32_t longest = 0;
+      for (size_t i : g) longest = std::max(longest, metas_[i].lengths.tokens);
+      if (!Fits(budget_, model_, g.size(), longest, capacity_)) return false;
+    }
+    if (InterNodeBytes(metas_, out, lws_) >= InterNodeBytes(metas_, groups_, lws_)) return false;
+    groups_ = std::move(out);
+    for (auto& v : version_) ++v;
+    return true;
   }
 
   // Re-splits the samples of the first `count` (2 or 3) nodes of `set` (see
