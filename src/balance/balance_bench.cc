@@ -1,9 +1,19 @@
 // Simulated cost of GlobalPlanner vs LocalPlanner vs an offline oracle, balance,
 // bytes moved vs locality, and planner time at W = 64 x 1024.
 //   bazel run -c opt //src/balance:balance_bench
+// The whole-job rounds of bench/real_rounds.py, in process (the planner's
+// thread CPU per round at W = 2 / 16 / 32, one-rank nodes):
+//   bazel run -c opt //src/balance:balance_bench -- --real-rounds 2,16,32
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "src/balance/global_planner.h"
@@ -211,10 +221,113 @@ void PlannerTime() {
   }
 }
 
+double ThreadCpuUs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return 1e6 * static_cast<double>(ts.tv_sec) + 1e-3 * static_cast<double>(ts.tv_nsec);
+}
+
+// The rounds one daemon of bench/real_rounds.py plans (its defaults: 80
+// samples per rank from `odb_synth produce --max-len 32 --min-len 1`, i.e.
+// lognormal lengths of median 4 clamped to [1, 32], int64 token ids; window 4,
+// max_tokens 128, queue_steps 64 (min_free_slots 32, full rounds),
+// local_world_size 1, the global planner unpartitioned). Every stream has
+// finished (the producers send everything at once) and the trainer drains
+// the queue between rounds. Prints the planner's thread CPU per planning
+// round (median, mean) and the plans' inter-node bytes.
+void RealRounds(int world, uint32_t lws, int reps, uint32_t per_rank, uint32_t window) {
+  std::vector<std::vector<SampleMeta>> pending(world);
+  for (int r = 0; r < world; ++r) {
+    std::mt19937_64 rng(r);
+    std::lognormal_distribution<double> lognormal(std::log(32.0 / 8.0), 0.9);
+    for (uint64_t i = 0; i < per_rank; ++i) {
+      SampleMeta m;
+      m.id = static_cast<uint64_t>(r) * 1000000 + i;
+      m.owner_rank = r;
+      m.lengths.tokens = static_cast<uint32_t>(std::clamp<double>(lognormal(rng), 1, 32));
+      m.payload_bytes = 8ull * m.lengths.tokens;
+      pending[r].push_back(m);
+    }
+  }
+  GlobalPlannerConfig g;
+  g.base.budget.max_tokens = 128;
+  g.base.window = window;
+  g.base.min_free_slots = 32;
+  g.base.full_rounds = true;
+  g.local_world_size = lws;
+  GlobalPlanner planner(g);
+  std::vector<double> cpu;
+  uint64_t steps = 0, inter = 0, moved = 0, digest = 0xcbf29ce484222325ull;
+  for (uint64_t round = 0; round < 100000; ++round) {
+    align::RoundState st;
+    st.round = round;
+    st.ranks.resize(world);
+    for (int r = 0; r < world; ++r) {
+      st.ranks[r].pending = pending[r];
+      st.ranks[r].free_slots = 64;
+      st.ranks[r].stream_finished = true;
+    }
+    double best = 1e300;
+    align::RoundPlan plan;
+    for (int i = 0; i < reps; ++i) {
+      const double t0 = ThreadCpuUs();
+      plan = planner.Plan(st);
+      best = std::min(best, ThreadCpuUs() - t0);
+    }
+    if (plan.epoch_finished) break;
+    if (plan.num_steps > 0) cpu.push_back(best);
+    steps += plan.num_steps;
+    for (const auto& rp : plan.ranks) {  // FNV-1a over every step's sample ids, rank by rank
+      for (const auto& step : rp.steps) {
+        for (const auto& m : step.samples) digest = (digest ^ m.id) * 0x100000001b3ull;
+        digest = (digest ^ 0xff) * 0x100000001b3ull;
+      }
+    }
+    const BytesMoved b = ComputeBytesMoved(plan, lws);
+    inter += b.inter_node_bytes;
+    moved += b.moved_bytes();
+    for (int r = 0; r < world; ++r) {
+      std::vector<SampleMeta> kept;
+      for (const auto& key : plan.ranks[r].keep_pending) {
+        for (const auto& m : pending[r]) {
+          if (m.id == key.id) kept.push_back(m);
+        }
+      }
+      pending[r] = std::move(kept);
+    }
+  }
+  std::vector<double> sorted = cpu;
+  std::sort(sorted.begin(), sorted.end());
+  double sum = 0;
+  for (double c : cpu) sum += c;
+  std::printf(
+      "W=%-3d lws=%u: %zu planning rounds, %lu steps; planner CPU per round p50 %.0f us, mean %.0f us, "
+      "max %.0f us; inter-node bytes %lu, moved bytes %lu; plans %016lx\n",
+      world, lws, cpu.size(), static_cast<unsigned long>(steps),
+      sorted.empty() ? 0.0 : sorted[sorted.size() / 2],
+      cpu.empty() ? 0.0 : sum / static_cast<double>(cpu.size()), sorted.empty() ? 0.0 : sorted.back(),
+      static_cast<unsigned long>(inter), static_cast<unsigned long>(moved),
+      static_cast<unsigned long>(digest));
+}
+
 }  // namespace
 }  // namespace odb::balance
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--real-rounds") == 0) {
+    // Optional: repetitions per round (the least CPU counts), local_world_size, samples per rank, window.
+    const int reps = argc >= 4 ? std::atoi(argv[3]) : 5;
+    const auto lws = static_cast<uint32_t>(argc >= 5 ? std::atoi(argv[4]) : 1);
+    const auto per_rank = static_cast<uint32_t>(argc >= 6 ? std::atoi(argv[5]) : 80);
+    const auto window = static_cast<uint32_t>(argc >= 7 ? std::atoi(argv[6]) : 4);
+    for (const char* p = argv[2]; *p != 0;) {
+      char* end = nullptr;
+      const long w = std::strtol(p, &end, 10);
+      odb::balance::RealRounds(static_cast<int>(w), lws, reps, per_rank, window);
+      p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+  }
   odb::balance::CostTable();
   odb::balance::LocalitySweep();
   odb::balance::PlannerTime();

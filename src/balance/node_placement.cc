@@ -75,6 +75,8 @@ constexpr uint32_t kMaxRanks = 255;
 constexpr size_t kMaxSetSamples = 65535;
 // Narrower beams than this are not worth a set's setup.
 constexpr uint64_t kMinBeam = 8;
+// One-rank nodes: home flows per step, at most (each on the previous one's longest).
+constexpr int kHomeRounds = 4;
 
 struct Key {
   uint64_t hi = 0;
@@ -126,6 +128,35 @@ bool Take(Key& key, int side, uint32_t ranks, uint32_t cap, uint32_t left) {
 
 uint32_t Taken(const Key& key, int side) { return Side(key, side) >> 16 & 0xff; }
 
+// Scored triples of nodes handed out best first (most bytes, then node ids),
+// each once: a heap, so that taking the first k of n costs O(n + k log n).
+struct TripleQueue {
+  using Scored = std::pair<uint64_t, std::array<uint32_t, 3>>;
+  // Heap order: x comes after y.
+  static bool After(const Scored& x, const Scored& y) {
+    return x.first != y.first ? x.first < y.first : x.second > y.second;
+  }
+  // The next triple in order, skipping copies of the last one (a triple is
+  // scored from each of its exchanging pairs, always alike: equal entries
+  // leave the heap one after another). False when none is left.
+  bool Next(std::array<uint32_t, 3>& out) {
+    while (!scored.empty()) {
+      std::pop_heap(scored.begin(), scored.end(), After);
+      const Scored top = scored.back();
+      scored.pop_back();
+      if (has_last && top == last) continue;
+      last = top;
+      has_last = true;
+      out = top.second;
+      return true;
+    }
+    return false;
+  }
+  std::vector<Scored> scored;
+  Scored last{};
+  bool has_last = false;
+};
+
 class Placer {
  public:
   Placer(const grouping::Budget& budget, const grouping::StepTimeModel& model,
@@ -144,11 +175,23 @@ class Placer {
     samples_ = n;
     version_.assign(nodes_, 0);
     budget_work_ = std::max(options_.work_base, options_.work_per_sample * n);
-    if (n <= options_.small_step_samples) budget_work_ = std::max(budget_work_, options_.small_step_work);
+    // The small-step allowance is for a few nodes of several ranks; one-rank
+    // nodes have the home flow instead.
+    const bool one_rank = lws_ == 1 && options_.one_rank_homes;
+    if (n <= options_.small_step_samples && !one_rank) {
+      budget_work_ = std::max(budget_work_, options_.small_step_work);
+    }
   }
 
   NodePlacementStats Run() {
     stats_.inter_node_bytes_before = InterNodeBytes(metas_, groups_, lws_);
+    // One rank per node: the home flow first (every exchange cycle within the
+    // ranks' longest at once), then pairs and triples, which may also change a
+    // rank's longest, within the step's work (no small-step allowance).
+    const bool one_rank = lws_ == 1 && options_.one_rank_homes;
+    if (one_rank) {
+      for (int round = 0; round < kHomeRounds && OneRankHomes(); ++round) ++stats_.home_rounds_improved;
+    }
     for (uint32_t pass = 0; pass < options_.passes; ++pass) {
       bool improved = false;
       const auto pairs = PairsByExchange();
@@ -165,7 +208,9 @@ class Placer {
       // pairs, triples by the bytes their three pairs exchange.
       if (options_.triples && nodes_ >= 3 && !starved_) {
         uint32_t tried = 0;
-        for (const auto& t : TriplesByExchange()) {
+        TripleQueue queue = TriplesByExchange();
+        std::array<uint32_t, 3> t{};
+        while (queue.Next(t)) {
           if (starved_ || stats_.work >= budget_work_ || tried >= options_.max_triples) break;
           if (KnownToFail(t, 3)) continue;
           ++tried;
@@ -218,36 +263,41 @@ class Placer {
   // Triples of nodes {a, b, c} that contain an exchanging pair (a, b), by
   // the bytes all three of their pairs exchange, most first (ties: node
   // ids); the third node may exchange nothing (it can lend room). From the
-  // first max_triples exchanging pairs: O(max_triples * nodes) triples.
-  std::vector<std::array<uint32_t, 3>> TriplesByExchange() const {
+  // first max_triples exchanging pairs: O(max_triples * nodes) triples,
+  // handed out lazily (a pass tries at most max_triples of them, so sorting
+  // them all cost more than the sets it tried at one-rank nodes).
+  TripleQueue TriplesByExchange() const {
     const auto pairs = PairsByExchange();
-    std::vector<std::pair<uint64_t, uint64_t>> between;  // (a * nodes + b, bytes), sorted
-    between.reserve(pairs.size());
-    for (const auto& [bytes, a, b] : pairs) between.emplace_back(a * nodes_ + b, bytes);
-    std::sort(between.begin(), between.end());
-    auto exchange = [&](uint64_t x, uint64_t y) -> uint64_t {
-      const uint64_t key = std::min(x, y) * nodes_ + std::max(x, y);
-      auto it = std::lower_bound(between.begin(), between.end(), std::make_pair(key, uint64_t{0}));
-      return it != between.end() && it->first == key ? it->second : 0;
-    };
-    std::vector<std::pair<uint64_t, std::array<uint32_t, 3>>> scored;
-    for (size_t p = 0; p < pairs.size() && p < options_.max_triples; ++p) {
+    const size_t top = std::min<size_t>(pairs.size(), options_.max_triples);
+    // exchange(x, c) for the nodes x of the first `top` pairs: a dense row
+    // per such node, filled from every pair once.
+    std::vector<int32_t> row_of(nodes_, -1);
+    size_t rows = 0;
+    for (size_t p = 0; p < top; ++p) {
+      for (uint32_t x : {std::get<1>(pairs[p]), std::get<2>(pairs[p])}) {
+        if (row_of[x] < 0) row_of[x] = static_cast<int32_t>(rows++);
+      }
+    }
+    std::vector<uint64_t> exchange(rows * nodes_, 0);
+    for (const auto& [bytes, a, b] : pairs) {
+      if (row_of[a] >= 0) exchange[row_of[a] * nodes_ + b] = bytes;
+      if (row_of[b] >= 0) exchange[row_of[b] * nodes_ + a] = bytes;
+    }
+    TripleQueue queue;
+    queue.scored.reserve(top * nodes_);
+    for (size_t p = 0; p < top; ++p) {
       const auto& [bytes, a, b] = pairs[p];
+      const uint64_t* row_a = &exchange[row_of[a] * nodes_];
+      const uint64_t* row_b = &exchange[row_of[b] * nodes_];
       for (uint32_t c = 0; c < nodes_; ++c) {
         if (c == a || c == b) continue;
         std::array<uint32_t, 3> t = {a, b, c};
         std::sort(t.begin(), t.end());
-        scored.emplace_back(bytes + exchange(a, c) + exchange(b, c), t);
+        queue.scored.emplace_back(bytes + row_a[c] + row_b[c], t);
       }
     }
-    std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) {
-      return x.first != y.first ? x.first > y.first : x.second < y.second;
-    });
-    scored.erase(std::unique(scored.begin(), scored.end()), scored.end());
-    std::vector<std::array<uint32_t, 3>> out;
-    out.reserve(scored.size());
-    for (const auto& [score, t] : scored) out.push_back(t);
-    return out;
+    std::make_heap(queue.scored.begin(), queue.scored.end(), TripleQueue::After);
+    return queue;
   }
 
   // cap(L) for this step (no limit on the samples): Cap with a limit n is
@@ -272,6 +322,121 @@ class Placer {
   bool KnownToFail(const std::array<uint32_t, 3>& set, int count) const {
     auto it = failed_.find(MemoKey(set, count));
     return it != failed_.end() && it->second == Versions(set, count);
+  }
+
+  // One-rank nodes (local_world_size 1): each rank runs one group, and a
+  // group of longest L fits iff it holds at most cap(L) samples. With every
+  // rank's longest L_r held (its group may take samples no longer than L_r,
+  // up to c_r = cap(L_r) of them: the current groups qualify), which samples
+  // can stay on their owner? Samples of length >= x can only go to ranks with
+  // L_r >= x, so the samples not at home can be placed iff for every length
+  // x, those of length >= x are at most the room left on the ranks with L_r
+  // >= x (Hall's condition for nested sets). Samples are taken home most
+  // bytes first while that holds (a sample of length l going home to rank o
+  // takes one room of o: the condition loses one of slack at every x in
+  // (l, L_o]); the others are placed longest first (home where there is room,
+  // else on the eligible rank of least L_r). A rank left empty takes the
+  // shortest sample away from home of a rank with two or more. Installs the
+  // result when it has fewer inter-node bytes; true then.
+  bool OneRankHomes() {
+    std::vector<size_t> all;
+    std::vector<uint32_t> limit(world_, 0), room(world_, 0);
+    for (size_t r = 0; r < world_; ++r) {
+      for (size_t i : groups_[r]) {
+        all.push_back(i);
+        limit[r] = std::max(limit[r], metas_[i].lengths.tokens);
+      }
+    }
+    for (size_t r = 0; r < world_; ++r) room[r] = CapOf(limit[r]);
+    // Distinct lengths, ascending; slack[t] for x = lengths[t].
+    std::vector<uint32_t> lengths;
+    for (size_t i : all) lengths.push_back(metas_[i].lengths.tokens);
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    auto index = [&](uint32_t len) {
+      return static_cast<size_t>(std::lower_bound(lengths.begin(), lengths.end(), len) - lengths.begin());
+    };
+    std::vector<int64_t> slack(lengths.size() + 1, 0);  // difference array first
+    for (size_t r = 0; r < world_; ++r) {
+      slack[0] += room[r];
+      slack[index(limit[r]) + 1] -= room[r];
+    }
+    for (size_t i : all) {
+      slack[0] -= 1;
+      slack[index(metas_[i].lengths.tokens) + 1] += 1;
+    }
+    for (size_t t = 1; t < slack.size(); ++t) slack[t] += slack[t - 1];
+    auto key = [&](size_t x, size_t y) {  // longest first, then owner and id
+      const SampleMeta& mx = metas_[x];
+      const SampleMeta& my = metas_[y];
+      if (mx.lengths.tokens != my.lengths.tokens) return mx.lengths.tokens > my.lengths.tokens;
+      return std::tie(mx.owner_rank, mx.id) < std::tie(my.owner_rank, my.id);
+    };
+    std::vector<size_t> by_bytes = all;
+    std::sort(by_bytes.begin(), by_bytes.end(), [&](size_t x, size_t y) {
+      if (metas_[x].payload_bytes != metas_[y].payload_bytes)
+        return metas_[x].payload_bytes > metas_[y].payload_bytes;
+      return key(x, y);
+    });
+    std::vector<std::vector<size_t>> out(world_);
+    std::vector<size_t> away;
+    for (size_t i : by_bytes) {
+      const int32_t owner = OwnerNode(metas_[i], world_, lws_);
+      const uint32_t len = metas_[i].lengths.tokens;
+      bool home = owner >= 0 && room[owner] > 0 && len <= limit[owner];
+      const size_t from = index(len) + 1, to = home ? index(limit[owner]) : 0;
+      for (size_t t = from; home && t <= to; ++t) home = slack[t] >= 1;
+      if (!home) {
+        away.push_back(i);
+        continue;
+      }
+      for (size_t t = from; t <= to; ++t) --slack[t];
+      --room[owner];
+      out[owner].push_back(i);
+    }
+    std::sort(away.begin(), away.end(), key);
+    for (size_t i : away) {
+      const int32_t owner = OwnerNode(metas_[i], world_, lws_);
+      const uint32_t len = metas_[i].lengths.tokens;
+      size_t to = world_;
+      if (owner >= 0 && room[owner] > 0 && len <= limit[owner]) {
+        to = static_cast<size_t>(owner);
+      } else {
+        for (size_t r = 0; r < world_; ++r) {
+          if (room[r] > 0 && len <= limit[r] && (to == world_ || limit[r] < limit[to])) to = r;
+        }
+      }
+      if (to == world_) return false;  // cannot happen: Hall's condition held
+      --room[to];
+      out[to].push_back(i);
+    }
+    for (size_t e = 0; e < world_; ++e) {
+      if (!out[e].empty()) continue;
+      size_t donor = world_, pos = 0;
+      for (size_t r = 0; r < world_; ++r) {
+        if (out[r].size() < 2) continue;
+        for (size_t k = 0; k < out[r].size(); ++k) {
+          const size_t i = out[r][k];
+          if (OwnerNode(metas_[i], world_, lws_) == static_cast<int32_t>(r)) continue;  // at home
+          if (donor == world_ || key(out[donor][pos], i)) {
+            donor = r;
+            pos = k;
+          }
+        }
+      }
+      if (donor == world_) return false;
+      out[e].push_back(out[donor][pos]);
+      out[donor].erase(out[donor].begin() + static_cast<std::ptrdiff_t>(pos));
+    }
+    for (const auto& g : out) {
+      uint32_t longest = 0;
+      for (size_t i : g) longest = std::max(longest, metas_[i].lengths.tokens);
+      if (!Fits(budget_, model_, g.size(), longest, capacity_)) return false;
+    }
+    if (InterNodeBytes(metas_, out, lws_) >= InterNodeBytes(metas_, groups_, lws_)) return false;
+    groups_ = std::move(out);
+    for (auto& v : version_) ++v;
+    return true;
   }
 
   // Re-splits the samples of the first `count` (2 or 3) nodes of `set` (see

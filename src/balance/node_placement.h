@@ -60,6 +60,19 @@ namespace odb::balance {
 // ~9% of the planner's CPU per step at W = 256 and 2560; steps of <= 256
 // samples (a few nodes of few ranks) up to 2^18 expansions, a few ms of one
 // core (docs/balancing.md).
+// One rank per node (local_world_size 1, `one_rank_homes`): each rank runs
+// one group, and the small-step allowance went mostly to searching exchange
+// cycles between ranks (~1-1.7 ms of CPU a step at W = 32 with 128 samples, on
+// every rank of an unpartitioned job). Instead, with every rank's longest
+// sample held (its group may then hold up to cap(longest)), a flow keeps
+// samples on their owner rank, most bytes first, while the samples left away
+// can still be placed (Hall's condition over lengths: those of length >= x
+// fit in the room of the ranks whose longest is >= x), and places the others
+// longest first: every exchange cycle at once, of any length. Up to four such
+// rounds (each on the longest the previous left), then pairs and triples
+// (which may change a rank's longest) within max(work_base, work_per_sample
+// * n) expansions, without the small-step allowance (docs/balancing.md,
+// "The whole-job round at W = 32").
 // Deterministic: a pure function of its inputs (integer byte costs, ties
 // broken by state and sample keys), the same on every rank.
 struct NodePlacementOptions {
@@ -72,6 +85,9 @@ struct NodePlacementOptions {
   uint32_t triple_beam = 128;
   bool triples = true;        // after the pairs, re-split triples of nodes
   uint32_t max_triples = 64;  // triples tried per pass, best scored first
+  // One rank per node (local_world_size 1): the home flow first, then pairs
+  // only (see above).
+  bool one_rank_homes = true;
 };
 
 struct NodePlacementStats {
@@ -82,6 +98,7 @@ struct NodePlacementStats {
   uint64_t triples_tried = 0;
   uint64_t triples_improved = 0;
   uint64_t work = 0;  // state expansions spent
+  uint64_t home_rounds_improved = 0;  // one-rank nodes: home flows that lowered the bytes
 };
 
 // True when the pass is exact-feasible for this budget and step model (see

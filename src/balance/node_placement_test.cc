@@ -233,6 +233,58 @@ TEST_CASE("many nodes: valid, never worse, deterministic", "[node_placement]") {
   REQUIRE(total_after < total_before);
 }
 
+TEST_CASE("one-rank nodes: the home flow brings home more than pairs and triples for the same work",
+          "[node_placement]") {
+  // Steps shaped like bench/real_rounds.py's (one-rank nodes, a few short
+  // samples a rank, max_tokens 128, payload 8 B a token): with
+  // local_world_size 1 the flow runs first and the search gets work_base
+  // expansions. Against the search alone with the same work, every step
+  // stays valid and deterministic, and the steps keep fewer bytes in all.
+  const grouping::StepTimeModel model;
+  grouping::Budget budget;
+  budget.max_tokens = 128;
+  std::mt19937_64 rng(29);
+  uint64_t with_flow = 0, without = 0, before_total = 0;
+  int flow_helped = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t world = 8 + 8 * (trial % 4);
+    std::vector<SampleMeta> metas;
+    Groups groups(world);
+    for (size_t r = 0; r < world; ++r) {
+      const uint32_t longest = 1 + static_cast<uint32_t>(rng() % 32);
+      const size_t n = 1 + rng() % std::min<uint32_t>(6, 128 / longest);
+      for (size_t k = 0; k < n; ++k) {
+        groups[r].push_back(metas.size());
+        SampleMeta m = Meta(metas.size(), static_cast<int32_t>(rng() % world),
+                            k == 0 ? longest : 1 + static_cast<uint32_t>(rng() % longest));
+        m.payload_bytes = 8ull * m.lengths.tokens;
+        metas.push_back(m);
+      }
+    }
+    for (const auto& g : groups) REQUIRE(GroupFits(budget, metas, g));
+    INFO("trial " << trial);
+    const Groups before = groups;
+    Groups again = groups, search = groups;
+    const NodePlacementStats stats = PlaceOnNodes(budget, model, metas, groups, 1);
+    PlaceOnNodes(budget, model, metas, again, 1);
+    RequireValid(budget, model, metas, before, groups, 1);
+    REQUIRE(groups == again);
+    NodePlacementOptions search_only;
+    search_only.one_rank_homes = false;
+    search_only.small_step_work = search_only.work_base;  // the same work as with the flow
+    PlaceOnNodes(budget, model, metas, search, 1, search_only);
+    RequireValid(budget, model, metas, before, search, 1);
+    flow_helped += stats.home_rounds_improved > 0 ? 1 : 0;
+    before_total += InterNodeBytes(metas, before, 1);
+    with_flow += InterNodeBytes(metas, groups, 1);
+    without += InterNodeBytes(metas, search, 1);
+  }
+  INFO("bytes before " << before_total << ", search alone " << without << ", with the flow " << with_flow);
+
+  REQUIRE(flow_helped >= 30);
+  REQUIRE(with_flow < without);
+}
+
 TEST_CASE("models it cannot place exactly are left alone", "[node_placement]") {
   std::vector<SampleMeta> metas = {Meta(0, 2, 100), Meta(1, 0, 100), Meta(2, 3, 100), Meta(3, 1, 100)};
   const Groups before = {{0}, {2}, {1}, {3}};
