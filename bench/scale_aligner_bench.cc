@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -160,6 +161,12 @@ int Run(const Options& o) {
   std::vector<double> cpu_ms, steps, recv;
   std::vector<double> planned(static_cast<size_t>(o.rounds), 0.0);  // T per round (before window splits)
   std::vector<double> windows;  // closed windows / target (rank 0's steps)
+  // The non-planning ranks' window cut and state (--window-tokens), kept by
+  // the last rank for all of them (see there).
+  std::optional<align::PartitionedWindows> shared_cut;
+  align::WindowState shared_windows;
+  bool shared_check = false;
+  std::barrier far_sync(world - 1);
   std::barrier sync(world);
   std::vector<std::thread> threads;
   std::atomic<bool> failed{false};
@@ -167,7 +174,6 @@ int Run(const Options& o) {
     threads.emplace_back([&, r] {
       align::PeerGroup* peers = fake.Rank(r);
       std::unique_ptr<align::PeerGroup> block_peers;
-      align::WindowState window_state;  // as every daemon's Aligner keeps it
       for (int round = 0; round < o.rounds; ++round) {
         if (r < block) {
           while (pending[r].size() < o.window) pending[r].push_back(streams[r].Next());
@@ -244,28 +250,35 @@ int Run(const Options& o) {
             if (!tot.ok()) std::exit(1);
             if (r == world - 1) planned[static_cast<size_t>(round)] = t;
             if (o.window_tokens > 0) {
-              // The window ends, as Aligner::PartitionedWindowRound plays them.
-              std::vector<uint64_t> loss_total(t, 0), real_total(t, 0);
-              for (const std::string& g : *tot) {
-                auto d = align::DecodeRankTotals(g);
-                if (!d.ok()) std::exit(1);
-                for (uint32_t k = 0; k < t; ++k) {
-                  loss_total[k] += d->loss[k];
-                  real_total[k] += d->real[k];
+              // The window ends, as Aligner::PartitionedWindowRound plays
+              // them. Every daemon decodes every rank's totals and offers; here
+              // the last rank does it once for all the non-planning ranks
+              // (W threads each decoding W messages would cost W^2 of this
+              // machine's CPU) and shares the cut and the window state.
+              if (r == world - 1) {
+                std::vector<uint64_t> loss_total(t, 0), real_total(t, 0);
+                for (const std::string& g : *tot) {
+                  auto d = align::DecodeRankTotals(g);
+                  if (!d.ok()) std::exit(1);
+                  for (uint32_t k = 0; k < t; ++k) {
+                    loss_total[k] += d->loss[k];
+                    real_total[k] += d->real[k];
+                  }
                 }
+                shared_cut.emplace(o.window_tokens, loss_total, real_total, static_cast<size_t>(world));
+                shared_check = shared_windows.next_window == 0;
               }
-              align::PartitionedWindows cut(o.window_tokens, loss_total, real_total,
-                                            static_cast<size_t>(world));
+              far_sync.arrive_and_wait();
+              const align::PartitionedWindows& cut = *shared_cut;
               std::vector<std::vector<align::CutOffer>> offers(static_cast<size_t>(world));
-              const bool check = window_state.next_window == 0;
-              if (cut.inside_ends() > 0 || check) {
+              if (cut.inside_ends() > 0 || shared_check) {
                 const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
                 std::vector<uint64_t> a, b;
                 for (const align::CutOffer& c : cut.Offers(synthetic)) {
                   a.insert(a.end(), {c.loss, c.next_loss});
                   b.insert(b.end(), {c.real, c.next_real});
                 }
-                if (check) {
+                if (shared_check) {
                   uint64_t n = 0;
                   for (const align::PlannedStep& st : synthetic) n += st.samples.size();
                   a.push_back(n);
@@ -273,26 +286,30 @@ int Run(const Options& o) {
                 }
                 auto ends = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, a, b));
                 if (!ends.ok()) std::exit(1);
-                for (int q = 0; q < world; ++q) {
-                  auto d = align::DecodeRankTotals((*ends)[q]);
-                  if (!d.ok()) std::exit(1);
-                  offers[q].resize(cut.inside_ends());
-                  for (size_t i = 0; i < cut.inside_ends(); ++i) {
-                    offers[q][i] = align::CutOffer{d->loss[2 * i], d->real[2 * i], d->loss[2 * i + 1],
-                                                   d->real[2 * i + 1]};
+                if (r == world - 1) {
+                  for (int q = 0; q < world; ++q) {
+                    auto d = align::DecodeRankTotals((*ends)[q]);
+                    if (!d.ok()) std::exit(1);
+                    offers[q].resize(cut.inside_ends());
+                    for (size_t i = 0; i < cut.inside_ends(); ++i) {
+                      offers[q][i] = align::CutOffer{d->loss[2 * i], d->real[2 * i], d->loss[2 * i + 1],
+                                                     d->real[2 * i + 1]};
+                    }
                   }
                 }
               }
-              if (!cut.Decide(offers).ok()) std::exit(1);
-              bool inputs_open = false;
-              for (const align::RankSummary& q : bs.summaries) {
-                inputs_open =
-                    inputs_open || (!q.stream_finished && !q.input_blocked && q.pending < pc.window);
+              if (r == world - 1) {
+                if (!shared_cut->Decide(offers).ok()) std::exit(1);
+                bool inputs_open = false;
+                for (const align::RankSummary& q : bs.summaries) {
+                  inputs_open =
+                      inputs_open || (!q.stream_finished && !q.input_blocked && q.pending < pc.window);
+                }
+                align::RoundPlan none;  // no block here: the window state only
+                none.ranks.resize(static_cast<size_t>(world));
+                std::vector<uint64_t> global_real;
+                shared_cut->Apply(none, 0, 0, pc.budget.model, shared_windows, inputs_open, global_real);
               }
-              align::RoundPlan none;  // no block here: the window state only
-              none.ranks.resize(static_cast<size_t>(world));
-              std::vector<uint64_t> global_real;
-              cut.Apply(none, 0, 0, pc.budget.model, window_state, inputs_open, global_real);
             }
           }
         }
