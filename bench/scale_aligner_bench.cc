@@ -165,7 +165,6 @@ int Run(const Options& o) {
   // the last rank for all of them (see there).
   std::optional<align::PartitionedWindows> shared_cut;
   align::WindowState shared_windows;
-  bool shared_check = false;
   std::barrier far_sync(world - 1);
   std::barrier sync(world);
   std::vector<std::thread> threads;
@@ -246,6 +245,14 @@ int Run(const Options& o) {
               // the offers cut these placeholders.
               loss[k] = o.window_tokens > 0 ? real[k] : real[k] / 2;
             }
+            if (o.window_tokens > 0) {
+              // With windows, the count of samples in the rank's steps (the
+              // synthetic steps' below).
+              uint64_t n = 0;
+              for (const align::PlannedStep& st : SyntheticSteps(real)) n += st.samples.size();
+              loss.push_back(n);
+              real.push_back(0);
+            }
             auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, loss, real));
             if (!tot.ok()) std::exit(1);
             if (r == world - 1) planned[static_cast<size_t>(round)] = t;
@@ -266,23 +273,16 @@ int Run(const Options& o) {
                   }
                 }
                 shared_cut.emplace(o.window_tokens, loss_total, real_total, static_cast<size_t>(world));
-                shared_check = shared_windows.next_window == 0;
               }
               far_sync.arrive_and_wait();
               const align::PartitionedWindows& cut = *shared_cut;
               std::vector<std::vector<align::CutOffer>> offers(static_cast<size_t>(world));
-              if (cut.inside_ends() > 0 || shared_check) {
+              if (cut.inside_ends() > 0) {
                 const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
                 std::vector<uint64_t> a, b;
                 for (const align::CutOffer& c : cut.Offers(synthetic)) {
                   a.insert(a.end(), {c.loss, c.next_loss});
                   b.insert(b.end(), {c.real, c.next_real});
-                }
-                if (shared_check) {
-                  uint64_t n = 0;
-                  for (const align::PlannedStep& st : synthetic) n += st.samples.size();
-                  a.push_back(n);
-                  b.push_back(0);
                 }
                 auto ends = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, a, b));
                 if (!ends.ok()) std::exit(1);
@@ -308,7 +308,8 @@ int Run(const Options& o) {
                 align::RoundPlan none;  // no block here: the window state only
                 none.ranks.resize(static_cast<size_t>(world));
                 std::vector<uint64_t> global_real;
-                shared_cut->Apply(none, 0, 0, pc.budget.model, shared_windows, inputs_open, global_real);
+                shared_cut->Apply(none, 0, 0, pc.budget.model, shared_windows, inputs_open, false,
+                                  global_real);
               }
             }
           }

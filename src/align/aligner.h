@@ -113,10 +113,11 @@ class Aligner {
                                 std::vector<uint64_t>& global_real);
   // Its accumulation windows (window_partitioned.h): ranks [begin, end) are
   // the block, `loss_total` and `global_real` each step's totals over all
-  // ranks (the latter replaced by each final micro-step's).
+  // ranks (the latter replaced by each final micro-step's), `planned` the
+  // samples in all ranks' steps.
   absl::Status PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
-                                      const std::vector<uint64_t>& loss_total, RoundPlan& plan,
-                                      std::vector<uint64_t>& global_real);
+                                      const std::vector<uint64_t>& loss_total, uint64_t planned,
+                                      RoundPlan& plan, std::vector<uint64_t>& global_real);
 
   PeerGroup* peers_;
   std::unique_ptr<PeerGroup> block_peers_;  // this rank's block (partitioned rounds)

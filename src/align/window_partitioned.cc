@@ -244,7 +244,8 @@ absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>
 }
 
 void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::CostModel model,
-                               WindowState& windows, bool inputs_open, std::vector<uint64_t>& global_real) {
+                               WindowState& windows, bool inputs_open, bool last_samples,
+                               std::vector<uint64_t>& global_real) {
   closed_.clear();
   const size_t steps = step_loss_.size();
   // The round's micro-steps: each step in parts at its chosen splits; a
@@ -285,10 +286,10 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
     for (size_t i = open; i < pieces.size(); ++i) tail += pieces[i].loss;
     // As ApplyWindows (window.h): a tail that neither grew nor let a window
     // close for kMaxHeldRounds rounds while no input could reach it closes
-    // short; so does every tail at the epoch's end.
+    // short; so does every tail at the epoch's end, or of its last samples.
     const bool no_growth = open == 0 && !inputs_open && tail <= windows.held_tokens;
     const uint32_t held_rounds = no_growth ? windows.held_rounds + 1 : 0;
-    if (plan.epoch_finished || held_rounds >= kMaxHeldRounds) {
+    if (plan.epoch_finished || last_samples || held_rounds >= kMaxHeldRounds) {
       close_open = true;
       windows.held_rounds = 0;
       windows.held_tokens = 0;

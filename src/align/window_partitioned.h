@@ -99,8 +99,10 @@ class PartitionedWindows {
   // block), updates `windows` and fills `global_real` (each final
   // micro-step's real tokens over all ranks). `inputs_open`: InputsOpen over
   // all W ranks (from the round summaries). Call after Decide.
+  // `last_samples`: this round planned every sample the epoch has left, so
+  // an open window closes short now, as at the epoch's end.
   void Apply(RoundPlan& plan, int begin, int end, grouping::CostModel model, WindowState& windows,
-             bool inputs_open, std::vector<uint64_t>& global_real);
+             bool inputs_open, bool last_samples, std::vector<uint64_t>& global_real);
 
   // The loss tokens of every window Apply closed in this round (world-wide),
   // short ones included (for benches and tests).

@@ -68,7 +68,7 @@ struct RoundOutcome {
 // One round as every block would run it: world-wide totals, every rank's
 // offers, the choice on each block's first rank, Apply per block.
 RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const WindowState& before,
-                      bool inputs_open) {
+                      bool inputs_open, bool last_samples = false) {
   const size_t world = in.ranks.size();
   std::vector<uint64_t> loss(in.num_steps, 0), real(in.num_steps, 0);
   for (const RankPlan& rp : in.ranks) {
@@ -96,7 +96,7 @@ RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const 
     WindowState ws = before;
     std::vector<uint64_t> global_real;
     cut.Apply(mine, static_cast<int>(b), static_cast<int>(std::min(world, b + block)),
-              grouping::CostModel::kPacked, ws, inputs_open, global_real);
+              grouping::CostModel::kPacked, ws, inputs_open, last_samples, global_real);
     if (first) {
       out.windows = ws;
       out.global_real = global_real;
@@ -304,6 +304,11 @@ TEST_CASE("a partitioned open window goes back, stops growing and closes short, 
   const RoundOutcome end = RunRound(ending, target, 2, WindowState{}, true);
   REQUIRE(end.plan.num_steps == 2);
   REQUIRE(end.plan.ranks[3].steps.back().window_short);
+  // A round that planned every sample the epoch has left: closed short at once.
+  const RoundOutcome drained = RunRound(in, target, 2, WindowState{}, false, true);
+  REQUIRE(drained.plan.num_steps == 2);
+  REQUIRE(drained.plan.ranks[1].steps.back().window_short);
+  REQUIRE(drained.windows.next_window == 1);
 }
 
 TEST_CASE("partitioned window offers that contradict the totals are refused", "[window][partition]") {
