@@ -16,6 +16,14 @@
 //
 //   bazel run -c opt //bench:scale_aligner_bench -- --world 2560 --partition-ranks 256 --rounds 4
 //
+// With --window-tokens N (optimizer.tokens_per_step, accumulation windows
+// under partitioned planning: src/align/window_partitioned.h) every rank
+// also sends its window-end offers: rank 0 from its real steps, the others
+// from synthetic steps of the placeholders' size (samples of 300 tokens),
+// each tracking the window state as every daemon does. The JSON then adds
+// the closed windows' mean and largest size over the target, counted on rank
+// 0's steps, and the micro-steps per round (windows split steps).
+//
 // Prints one JSON object: rank 0's thread CPU per round of Aligner::RunRound
 // (encode, decode, gates, PlanBlock, weights) and per planned step, the bytes
 // its collectives delivered to it per round and per planned step
@@ -27,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +46,7 @@
 #include "src/align/aligner.h"
 #include "src/align/fake_peer_group.h"
 #include "src/align/meta_codec.h"
+#include "src/align/window_partitioned.h"
 #include "src/balance/global_planner.h"
 
 namespace odb::bench {
@@ -57,7 +67,24 @@ struct Options {
   uint32_t partition_ranks = 256;
   std::string preset = "chat_longtail";
   uint64_t seed = 1;
+  uint64_t window_tokens = 0;  // optimizer.tokens_per_step; 0: no windows
 };
+
+// A non-planning rank's steps for the window-end offers: each step's
+// placeholder real tokens as samples of 300 tokens, every token bearing loss.
+std::vector<align::PlannedStep> SyntheticSteps(const std::vector<uint64_t>& real) {
+  std::vector<align::PlannedStep> steps(real.size());
+  for (size_t k = 0; k < real.size(); ++k) {
+    for (uint64_t left = real[k]; left > 0;) {
+      SampleMeta m;
+      m.lengths.tokens = static_cast<uint32_t>(std::min<uint64_t>(left, 300));
+      left -= m.lengths.tokens;
+      steps[k].samples.push_back(m);
+    }
+    steps[k].idle = steps[k].samples.empty();
+  }
+  return steps;
+}
 
 // One rank's endless stream (the same per rank at every W, as scale_bench).
 class RankStream {
@@ -101,6 +128,7 @@ int Run(const Options& o) {
   pc.window = o.window;
   pc.min_free_slots = std::max<uint32_t>(1, o.queue / 2);  // as the daemon (PlannerConfigFrom)
   pc.full_rounds = true;
+  pc.tokens_per_step = o.window_tokens;
   balance::GlobalPlannerConfig g;
   g.base = pc;
   g.local_world_size = o.lws;
@@ -131,6 +159,13 @@ int Run(const Options& o) {
   if (!aligner.StartEpoch(0).ok()) return 2;
 
   std::vector<double> cpu_ms, steps, recv;
+  std::vector<double> planned(static_cast<size_t>(o.rounds), 0.0);  // T per round (before window splits)
+  std::vector<double> windows;  // closed windows / target (rank 0's steps)
+  // The non-planning ranks' window cut and state (--window-tokens), kept by
+  // the last rank for all of them (see there).
+  std::optional<align::PartitionedWindows> shared_cut;
+  align::WindowState shared_windows;
+  std::barrier far_sync(world - 1);
   std::barrier sync(world);
   std::vector<std::thread> threads;
   std::atomic<bool> failed{false};
@@ -157,6 +192,12 @@ int Run(const Options& o) {
           }
           cpu_ms.push_back(t1 - t0);
           steps.push_back(static_cast<double>(res->steps.size()));
+          for (const align::PlannedStep& st : res->steps) {
+            if (st.closes_window && !st.window_short && o.window_tokens > 0) {
+              windows.push_back(static_cast<double>(st.window_loss_tokens) /
+                                static_cast<double>(o.window_tokens));
+            }
+          }
           recv.push_back(static_cast<double>(aligner.last_round_received_bytes()));
         } else {
           // A rank that plays the protocol without planning.
@@ -200,10 +241,77 @@ int Run(const Options& o) {
             std::vector<uint64_t> loss(t), real(t);
             for (uint32_t k = 0; k < t; ++k) {
               real[k] = 3000 + (static_cast<uint64_t>(r) * 31 + k * 17) % 1000;
-              loss[k] = real[k] / 2;
+              // With windows, every token bears loss (as rank 0's samples):
+              // the offers cut these placeholders.
+              loss[k] = o.window_tokens > 0 ? real[k] : real[k] / 2;
+            }
+            if (o.window_tokens > 0) {
+              // With windows, the count of samples in the rank's steps (the
+              // synthetic steps' below).
+              uint64_t n = 0;
+              for (const align::PlannedStep& st : SyntheticSteps(real)) n += st.samples.size();
+              loss.push_back(n);
+              real.push_back(0);
             }
             auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, loss, real));
             if (!tot.ok()) std::exit(1);
+            if (r == world - 1) planned[static_cast<size_t>(round)] = t;
+            if (o.window_tokens > 0) {
+              // The window ends, as Aligner::PartitionedWindowRound plays
+              // them. Every daemon decodes every rank's totals and offers; here
+              // the last rank does it once for all the non-planning ranks
+              // (W threads each decoding W messages would cost W^2 of this
+              // machine's CPU) and shares the cut and the window state.
+              if (r == world - 1) {
+                std::vector<uint64_t> loss_total(t, 0), real_total(t, 0);
+                for (const std::string& g : *tot) {
+                  auto d = align::DecodeRankTotals(g);
+                  if (!d.ok()) std::exit(1);
+                  for (uint32_t k = 0; k < t; ++k) {
+                    loss_total[k] += d->loss[k];
+                    real_total[k] += d->real[k];
+                  }
+                }
+                shared_cut.emplace(o.window_tokens, loss_total, real_total, static_cast<size_t>(world));
+              }
+              far_sync.arrive_and_wait();
+              const align::PartitionedWindows& cut = *shared_cut;
+              std::vector<std::vector<align::CutOffer>> offers(static_cast<size_t>(world));
+              if (cut.inside_ends() > 0) {
+                const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
+                std::vector<uint64_t> a, b;
+                for (const align::CutOffer& c : cut.Offers(synthetic)) {
+                  a.insert(a.end(), {c.loss, c.next_loss});
+                  b.insert(b.end(), {c.real, c.next_real});
+                }
+                auto ends = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, a, b));
+                if (!ends.ok()) std::exit(1);
+                if (r == world - 1) {
+                  for (int q = 0; q < world; ++q) {
+                    auto d = align::DecodeRankTotals((*ends)[q]);
+                    if (!d.ok()) std::exit(1);
+                    offers[q].resize(cut.inside_ends());
+                    for (size_t i = 0; i < cut.inside_ends(); ++i) {
+                      offers[q][i] = align::CutOffer{d->loss[2 * i], d->real[2 * i], d->loss[2 * i + 1],
+                                                     d->real[2 * i + 1]};
+                    }
+                  }
+                }
+              }
+              if (r == world - 1) {
+                if (!shared_cut->Decide(offers).ok()) std::exit(1);
+                bool inputs_open = false;
+                for (const align::RankSummary& q : bs.summaries) {
+                  inputs_open =
+                      inputs_open || (!q.stream_finished && !q.input_blocked && q.pending < pc.window);
+                }
+                align::RoundPlan none;  // no block here: the window state only
+                none.ranks.resize(static_cast<size_t>(world));
+                std::vector<uint64_t> global_real;
+                shared_cut->Apply(none, 0, 0, pc.budget.model, shared_windows, inputs_open, false,
+                                  global_real);
+              }
+            }
           }
         }
         sync.arrive_and_wait();  // round done: rank 0's block plan is final
@@ -226,19 +334,35 @@ int Run(const Options& o) {
   }
   for (auto& t : threads) t.join();
   if (failed) return 1;
-  double cpu = 0, st = 0, by = 0;
+  double cpu = 0, st = 0, by = 0, t = 0;
   for (size_t i = 0; i < cpu_ms.size(); ++i) {
     cpu += cpu_ms[i];
     st += steps[i];
     by += recv[i];
+    t += planned[i];
   }
   const double rounds = static_cast<double>(cpu_ms.size());
+  // Per planned step: the planner's T (with windows, a round emits more
+  // micro-steps than that: steps split at window ends).
   std::printf(
       "{\"world\": %d, \"partition_ranks\": %u, \"block_ranks\": %d, \"rounds\": %d, \"window\": %u, "
       "\"steps_per_round\": %.2f, \"aligner_cpu_ms_per_round\": %.2f, \"aligner_cpu_ms_per_step\": %.3f, "
-      "\"recv_bytes_per_round\": %.0f, \"recv_bytes_per_step\": %.0f, \"fake_world_recv_bytes\": %llu}\n",
-      world, o.partition_ranks, block, o.rounds, o.window, st / rounds, cpu / rounds, st > 0 ? cpu / st : 0.0,
-      by / rounds, st > 0 ? by / st : 0.0, static_cast<unsigned long long>(fake.ReceivedBytes(0)));
+      "\"recv_bytes_per_round\": %.0f, \"recv_bytes_per_step\": %.0f, \"fake_world_recv_bytes\": %llu",
+      world, o.partition_ranks, block, o.rounds, o.window, t / rounds, cpu / rounds, t > 0 ? cpu / t : 0.0,
+      by / rounds, t > 0 ? by / t : 0.0, static_cast<unsigned long long>(fake.ReceivedBytes(0)));
+  if (o.window_tokens > 0) {
+    double sum = 0, worst = 0;
+    for (double w : windows) {
+      sum += w;
+      worst = std::max(worst, w);
+    }
+    std::printf(
+        ", \"window_tokens\": %llu, \"micro_steps_per_round\": %.2f, \"windows\": %zu, "
+        "\"mean_window_over_target\": %.5f, \"max_window_over_target\": %.5f",
+        static_cast<unsigned long long>(o.window_tokens), st / rounds, windows.size(),
+        windows.empty() ? 0.0 : sum / static_cast<double>(windows.size()), worst);
+  }
+  std::printf("}\n");
   return 0;
 }
 
@@ -266,9 +390,13 @@ int main(int argc, char** argv) {
       o.window = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--lws") {
       o.lws = static_cast<uint32_t>(std::atoi(value().c_str()));
+    } else if (a == "--window-tokens") {
+      o.window_tokens = std::strtoull(value().c_str(), nullptr, 10);
     } else {
-      std::fprintf(stderr,
-                   "usage: scale_aligner_bench [--world W] [--rounds N] [--partition-ranks P] [--window N] [--lws N]\n");
+      std::fprintf(
+          stderr,
+          "usage: scale_aligner_bench [--world W] [--rounds N] [--partition-ranks P] [--window N] [--lws N]"
+          " [--window-tokens N]\n");
       return 2;
     }
   }

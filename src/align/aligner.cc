@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "src/align/meta_codec.h"
 #include "src/align/window.h"
+#include "src/align/window_partitioned.h"
 
 namespace odb::align {
 
@@ -260,14 +261,8 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   const int me = peers_->Rank();
   const int world = peers_->Size();
   const PlannerConfig& config = planner_->config();
-  const std::string where = Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
-  if (config.tokens_per_step != 0) {
-    // Accumulation windows cut steps across every rank's samples, which a
-    // block never sees.
-    return absl::FailedPreconditionError(where +
-                                         "partitioned planning (alignment.partition_ranks) needs "
-                                         "optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
-  }
+  const std::string where =
+      Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
   const auto begin = static_cast<int>(static_cast<size_t>(me) / block * block);
   const int end = std::min(world, begin + static_cast<int>(block));
   if (!block_peers_) {
@@ -374,10 +369,20 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   // a second all-gather every round. The sums are integers, so every rank
   // gets the same totals whoever adds them.
   std::vector<uint64_t> loss(t, 0), real(t, 0);
+  uint64_t planned = 0;  // samples in this rank's steps
   for (uint32_t k = 0; k < t; ++k) {
     const PlannedStep& s = plan.ranks[me].steps[k];
     for (const SampleMeta& m : s.samples) loss[k] += LossTokensOf(m);
     real[k] = s.real_tokens;
+    planned += s.samples.size();
+  }
+  // With accumulation windows, one more entry: the count of samples this
+  // rank's steps hold (the window target check, and whether the round planned
+  // every sample the epoch has left: see PartitionedWindowRound).
+  const bool windowed = config.tokens_per_step != 0;
+  if (windowed) {
+    loss.push_back(planned);
+    real.push_back(0);
   }
   auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
   if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
@@ -387,13 +392,14 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   }
   std::vector<uint64_t> loss_total(t, 0);
   global_real.assign(t, 0);
+  uint64_t planned_total = 0;
   for (int r = 0; r < world; ++r) {
     const std::string& g = (*gathered)[r];
     last_received_bytes_ += g.size();
     auto totals = DecodeRankTotals(g);
     if (!totals.ok()) return failed(totals.status(), "token totals of rank " + std::to_string(r));
     if (totals->epoch != *epoch_ || totals->round != round_ || totals->rank != r ||
-        totals->loss.size() != t) {
+        totals->loss.size() != loss.size()) {
       return absl::FailedPreconditionError(
           where + "token totals of rank " + std::to_string(r) + " do not match this round (it sent rank " +
           std::to_string(totals->rank) + " epoch " + std::to_string(totals->epoch) + " round " +
@@ -404,7 +410,9 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
       loss_total[k] += totals->loss[k];
       global_real[k] += totals->real[k];
     }
+    if (windowed) planned_total += totals->loss[t];
   }
+  if (windowed) return PartitionedWindowRound(bs, begin, end, loss_total, planned_total, plan, global_real);
   // Exact weights: what ApplyWindows gives the whole plan with every step its
   // own window (w_r = W * t_r / sum over all W ranks), the same expression.
   const double w = static_cast<double>(world);
@@ -427,6 +435,96 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   windows_.next_window += t;
   windows_.held_rounds = 0;
   windows_.held_tokens = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
+                                             const std::vector<uint64_t>& loss_total, uint64_t planned,
+                                             RoundPlan& plan, std::vector<uint64_t>& global_real) {
+  const int me = peers_->Rank();
+  const int world = peers_->Size();
+  const PlannerConfig& config = planner_->config();
+  const std::string where =
+      Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
+  PartitionedWindows cut(config.tokens_per_step, loss_total, global_real, static_cast<size_t>(world));
+  std::vector<std::vector<CutOffer>> offers(static_cast<size_t>(world));
+  // Before the epoch's first window: a target below one sample is a mistake
+  // (CheckWindowTarget), judged on the world's planned samples.
+  if (windows_.next_window == 0) {
+    uint64_t total = 0;
+    for (uint64_t l : loss_total) total += l;
+    if (absl::Status s = CheckWindowTargetCounts(config.tokens_per_step, planned, total, world); !s.ok()) {
+      return absl::Status(s.code(),
+                          Prefix(me) + "epoch " + std::to_string(*epoch_) + ": " + std::string(s.message()));
+    }
+  }
+  if (cut.inside_ends() > 0) {
+    // 4. The window ends' offers, world-wide, only in rounds with an end
+    // inside a step. Carried as token totals: loss tokens (the prefix's,
+    // the next sample's) in one list, real tokens in the other, two per end.
+    const std::vector<CutOffer> mine = cut.Offers(plan.ranks[me].steps);
+    std::vector<uint64_t> loss, real;
+    loss.reserve(2 * mine.size());
+    real.reserve(2 * mine.size());
+    for (const CutOffer& o : mine) {
+      loss.insert(loss.end(), {o.loss, o.next_loss});
+      real.insert(real.end(), {o.real, o.next_real});
+    }
+    auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
+    if (!gathered.ok()) {
+      return absl::Status(gathered.status().code(),
+                          where + "window ends all-gather: " + std::string(gathered.status().message()));
+    }
+    if (static_cast<int>(gathered->size()) != world) {
+      return absl::InternalError(where + "window ends all-gather returned " +
+                                 std::to_string(gathered->size()) + " entries for " + std::to_string(world) +
+                                 " ranks");
+    }
+    for (int r = 0; r < world; ++r) {
+      const std::string& g = (*gathered)[r];
+      last_received_bytes_ += g.size();
+      auto got = DecodeRankTotals(g);
+      if (!got.ok()) {
+        return absl::Status(got.status().code(), where + "window ends of rank " + std::to_string(r) + ": " +
+                                                     std::string(got.status().message()));
+      }
+      if (got->epoch != *epoch_ || got->round != round_ || got->rank != r ||
+          got->loss.size() != loss.size()) {
+        return absl::FailedPreconditionError(
+            where + "window ends of rank " + std::to_string(r) + " do not match this round (it sent rank " +
+            std::to_string(got->rank) + " epoch " + std::to_string(got->epoch) + " round " +
+            std::to_string(got->round) + " and " + std::to_string(got->loss.size()) + " numbers, this rank " +
+            std::to_string(loss.size()) + ")");
+      }
+      std::vector<CutOffer>& o = offers[r];
+      o.resize(cut.inside_ends());
+      for (size_t i = 0; i < o.size(); ++i) {
+        o[i] = CutOffer{got->loss[2 * i], got->real[2 * i], got->loss[2 * i + 1], got->real[2 * i + 1]};
+      }
+    }
+  }
+  if (absl::Status s = cut.Decide(offers); !s.ok()) {
+    return absl::Status(s.code(), where + std::string(s.message()));
+  }
+  // InputsOpen (window.h) on the round summaries: some rank's stream is open,
+  // its buffer has room and its planner window is not full. And whether this
+  // round planned every sample the epoch has left (every stream finished,
+  // as many samples planned as were pending world-wide): its open window is
+  // then the epoch's last and closes short now. (The partitioned T comes
+  // from a lower bound on the groups, so a draining round may leave samples
+  // for the next; without this count a held tail that cannot grow would
+  // close short after kMaxHeldRounds rounds and the leftovers make a second
+  // short window.)
+  bool inputs_open = false, all_finished = true;
+  uint64_t pending = 0;
+  for (const RankSummary& r : bs.summaries) {
+    inputs_open = inputs_open || (!r.stream_finished && !r.input_blocked &&
+                                  (config.window == 0 || r.pending < config.window));
+    all_finished = all_finished && r.stream_finished;
+    pending += r.pending;
+  }
+  cut.Apply(plan, begin, end, config.budget.model, windows_, inputs_open, all_finished && planned == pending,
+            global_real);
   return absl::OkStatus();
 }
 

@@ -75,11 +75,12 @@ struct RoundResult {
 // and T), an all-gather of the full metadata within the rank's block only (a
 // PeerGroup::Split sub-group, made at the first such round), and a world-wide
 // all-gather of every rank's per-step loss and real token counts (the same
-// size from every rank, so the peer group's slot fits them), so that loss weights are normalised over all W ranks
-// exactly as the unpartitioned plan's are. Payload moves stay in the block. RunRound is collective:
-// every rank calls it the same number of times per epoch (one call = one
-// round), so the daemon must call it at a steady pace even with nothing to do
-// (e.g. whenever a slot frees or a tick passes). Not thread-safe; one caller.
+// size from every rank, so the peer group's slot fits them), so that loss weights are normalised over all W
+// ranks exactly as the unpartitioned plan's are. With accumulation windows (tokens_per_step) a round with a
+// window end inside a step adds a fourth, world-wide: every rank's cut at each such end
+// (window_partitioned.h). Payload moves stay in the block. RunRound is collective: every rank calls it the
+// same number of times per epoch (one call = one round), so the daemon must call it at a steady pace even
+// with nothing to do (e.g. whenever a slot frees or a tick passes). Not thread-safe; one caller.
 class Aligner {
  public:
   Aligner(PeerGroup* peers, std::unique_ptr<Planner> planner, AlignerOptions options = {});
@@ -110,6 +111,13 @@ class Aligner {
   // over all ranks.
   absl::Status PartitionedRound(const RankRoundMessage& msg, size_t block, RoundPlan& plan,
                                 std::vector<uint64_t>& global_real);
+  // Its accumulation windows (window_partitioned.h): ranks [begin, end) are
+  // the block, `loss_total` and `global_real` each step's totals over all
+  // ranks (the latter replaced by each final micro-step's), `planned` the
+  // samples in all ranks' steps.
+  absl::Status PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
+                                      const std::vector<uint64_t>& loss_total, uint64_t planned,
+                                      RoundPlan& plan, std::vector<uint64_t>& global_real);
 
   PeerGroup* peers_;
   std::unique_ptr<PeerGroup> block_peers_;  // this rank's block (partitioned rounds)

@@ -109,7 +109,8 @@ std::string EncodeRoundSummary(uint32_t epoch, uint64_t round, int32_t rank, con
   p.set_rank(rank);
   p.set_pending(s.pending);
   p.set_free_slots(s.free_slots);
-  p.set_flags((s.stream_finished ? 1 : 0) | (s.stream_started ? 2 : 0) | (s.wait_expired ? 4 : 0));
+  p.set_flags((s.stream_finished ? 1 : 0) | (s.stream_started ? 2 : 0) | (s.wait_expired ? 4 : 0) |
+              (s.input_blocked ? 8 : 0));
   p.set_wait_rounds(s.wait_rounds);
   p.set_group_bound(s.group_bound);
   return EncodePeerMessage(p);
@@ -119,7 +120,7 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
                                                int32_t& rank) {
   thread_local peer::RoundSummary p;  // reused, as in DecodeRankRound
   if (absl::Status s = ParsePeerMessage(bytes, "round summary", p); !s.ok()) return s;
-  if (p.flags() > 7)
+  if (p.flags() > 15)
     return absl::DataLossError("round summary: unknown flag bits " + std::to_string(p.flags()));
   epoch = p.epoch();
   round = p.round();
@@ -132,6 +133,7 @@ absl::StatusOr<RankSummary> DecodeRoundSummary(std::string_view bytes, uint32_t&
   s.stream_finished = (p.flags() & 1) != 0;
   s.stream_started = (p.flags() & 2) != 0;
   s.wait_expired = (p.flags() & 4) != 0;
+  s.input_blocked = (p.flags() & 8) != 0;
   // A group holds at least one sample, so a bound on a window's groups lies
   // in [0, pending]; anything else (NaN included) would make T garbage.
   if (!(s.group_bound >= 0.0 && s.group_bound <= static_cast<double>(s.pending))) {

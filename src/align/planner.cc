@@ -114,6 +114,7 @@ RankSummary SummaryOf(const RankRound& round, double group_bound) {
   s.stream_started = round.stream_started;
   s.wait_rounds = round.wait_rounds;
   s.wait_expired = round.wait_expired;
+  s.input_blocked = round.input_blocked;
   s.group_bound = group_bound;
   return s;
 }

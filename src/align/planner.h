@@ -91,6 +91,9 @@ struct RankSummary {
   bool stream_started = true;
   uint32_t wait_rounds = 0;
   bool wait_expired = false;
+  // RankRound::input_blocked: partitioned accumulation windows need it to
+  // tell whether a held window can still grow (InputsOpen, window.h).
+  bool input_blocked = false;
   // Planner::GroupBound of the rank's round: computed once, by the rank
   // itself, and sent as is, so every rank sums the very same doubles.
   double group_bound = 0.0;

@@ -248,10 +248,6 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
   }
   ODB_RETURN_IF_ERROR(
       CheckFinite("alignment.memory_slack", c.memory_slack, 0.0, 10.0, "a finite number in [0, 10]"));
-  if (c.partition_ranks != 0 && c.tokens_per_step != 0) {
-    return Invalid("alignment.partition_ranks",
-                   "needs optimizer.tokens_per_step 0 (accumulation windows span all ranks)");
-  }
   if (c.phase_plans && c.steps.encoder_fields.empty()) {
     return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
   }

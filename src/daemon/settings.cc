@@ -276,7 +276,7 @@ std::vector<Setting> BuildTable() {
   add(Field(
       "alignment.partition_ranks", kJob, ODB_FIELD(partition_ranks),
       "global only: plan in blocks of this many ranks (whole nodes; samples stay in their block), 0 = all "
-      "ranks as one pool; needs tokens_per_step 0 (docs/balancing.md)"));
+      "ranks as one pool; windows are cut from the world-wide step totals (docs/balancing.md)"));
   add(Field("alignment.phase_plans", kJob, ODB_FIELD(phase_plans),
             "multimodal: balance the encoder phase separately; route in the step header"));
   add(EncoderCostRow());

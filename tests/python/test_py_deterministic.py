@@ -44,12 +44,14 @@ class SlowCorpus(torch.utils.data.Dataset):
         return self.inner[i]
 
 
-def _config(planner: str, target: int = 0) -> dict:
+def _config(planner: str, target: int = 0, partition: int = 0) -> dict:
     # A small window, so an epoch takes many rounds (and a resume lands in the middle of one);
-    # target: optimizer.tokens_per_step (accumulation windows; 0 = none).
+    # target: optimizer.tokens_per_step (accumulation windows; 0 = none); partition:
+    # alignment.partition_ranks (blocks of that many ranks, one rank per node).
+    extra = {"local_world_size": 1} if partition else {}
     return tiny_lm.daemon_config(max_tokens=128, grouping={"window": 12},
-                                 alignment={"planner": planner, "deterministic": True},
-                                 optimizer={"tokens_per_step": target})
+                                 alignment={"planner": planner, "deterministic": True, "partition_ranks": partition},
+                                 optimizer={"tokens_per_step": target}, **extra)
 
 
 def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | None, checkpoint_at: int | None,
@@ -92,9 +94,10 @@ def _train(rank: int, world: int, run_dir: str, delay_seed: int, state: dict | N
     return {"steps": steps}
 
 
-def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, target: int = 0, **args) -> list:
+def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, target: int = 0, partition: int = 0,
+         **args) -> list:
     run_dir = tmp / name
-    daemons = start_daemons(run_dir, world, job_id + name, _config(planner, target))
+    daemons = start_daemons(run_dir, world, job_id + name, _config(planner, target, partition))
     try:
         results = run_ranks(_train, world, run_dir, timeout=300, **args)
     finally:
@@ -103,9 +106,9 @@ def _run(tmp: Path, name: str, job_id: str, planner: str, world: int, target: in
 
 
 def _kill_after_checkpoint(tmp: Path, job_id: str, planner: str, world: int, checkpoint_at: int, then: int,
-                           delay_seed: int, target: int = 0, sampler: bool = False) -> list:
+                           delay_seed: int, target: int = 0, sampler: bool = False, partition: int = 0) -> list:
     run_dir = tmp / "killed"
-    daemons = start_daemons(run_dir, world, job_id + "k", _config(planner, target))
+    daemons = start_daemons(run_dir, world, job_id + "k", _config(planner, target, partition))
     try:
         run_until_preempted(_train, world, run_dir, 240, delay_seed=delay_seed, state=None,
                             checkpoint_at=checkpoint_at, then=then, out=str(tmp / "ckpt-{rank}.json"), sampler=sampler)
@@ -127,15 +130,18 @@ def test_worker_timing_does_not_change_the_steps(tmp_path, job_id, planner) -> N
     assert len(first[0]) > 8, "the epoch should take many steps (and rounds)"
 
 
-@pytest.mark.parametrize("planner,seed,target,sampler", [("local", 11, 0, False), ("global", 12, 0, False),
-                                                         ("global", 13, 300, False), ("global", 14, 0, True)])
-def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed, target, sampler) -> None:
+@pytest.mark.parametrize("planner,seed,target,sampler,partition", [
+    ("local", 11, 0, False, 0), ("global", 12, 0, False, 0), ("global", 13, 300, False, 0), ("global", 14, 0, True, 0),
+    ("global", 15, 300, False, 2)])
+def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, planner, seed, target, sampler,
+                                                           partition) -> None:
     """With target: accumulation windows; a checkpoint inside a window resumes the same window (its
     remaining micro-steps, their weights over the whole window, the same closing step). With sampler:
-    a custom sampler (the state keys positions in each rank's list: docs/resume.md)."""
-    world = 2
+    a custom sampler (the state keys positions in each rank's list: docs/resume.md). With partition:
+    partitioned planning (W = 4 in blocks of 2), whose windows are cut from the world-wide totals."""
+    world = 4 if partition else 2
     reference = _run(tmp_path, "ref", job_id, planner, world, target=target, delay_seed=3, state=None,
-                     checkpoint_at=None, then=0, out="", sampler=sampler)
+                     checkpoint_at=None, then=0, out="", sampler=sampler, partition=partition)
     if target:
         windows = [w for _, _, _, w in reference[0]]
         assert any(w[0] > 1 for w in windows), "no window of several micro-steps"
@@ -144,7 +150,7 @@ def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, pla
     checkpoint_at = rng.randrange(2, len(reference[0]) - 4)
     then = rng.randrange(0, 3)
     saved = _kill_after_checkpoint(tmp_path, job_id, planner, world, checkpoint_at, then, delay_seed=4,
-                                   target=target, sampler=sampler)
+                                   target=target, sampler=sampler, partition=partition)
     state = saved[0]["state"]
     assert all(s["state"] == state for s in saved), "every rank saves the same (all-rank) state"
     assert state["replay"] is not None and state["replay"]["next_step"] == reference[0][checkpoint_at][0] + 1
@@ -152,7 +158,7 @@ def test_a_resumed_run_trains_the_uninterrupted_runs_steps(tmp_path, job_id, pla
         assert saved[rank]["steps"] == reference[rank][:checkpoint_at + 1]
 
     resumed = _run(tmp_path, "resumed", job_id, planner, world, target=target, delay_seed=5, state=state,
-                   checkpoint_at=None, then=0, out="", sampler=sampler)
+                   checkpoint_at=None, then=0, out="", sampler=sampler, partition=partition)
     for rank in range(world):
         assert resumed[rank] == reference[rank][checkpoint_at + 1:], (
             f"rank {rank}: after a checkpoint at step {checkpoint_at} the resumed steps differ from the "

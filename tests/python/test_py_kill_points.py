@@ -25,20 +25,24 @@ KILL_POINTS = int(os.environ.get("ODB_KILL_POINTS", "20"))
 N = 960  # enough steps that KILL_POINTS segments of 1-3 steps stay clear of the epoch's tail
 
 
-@pytest.mark.parametrize("idle_policy,planner,deterministic,target", [
-    ("zero_step", "local", False, 0),
-    ("zero_step", "global", False, 0),
-    ("join", "local", False, 0),
-    ("join", "global", False, 0),
-    ("zero_step", "global", True, 0),
-    ("zero_step", "global", False, 300),  # accumulation windows: open windows handed back, then killed
+@pytest.mark.parametrize("idle_policy,planner,deterministic,target,partition", [
+    ("zero_step", "local", False, 0, 0),
+    ("zero_step", "global", False, 0, 0),
+    ("join", "local", False, 0, 0),
+    ("join", "global", False, 0, 0),
+    ("zero_step", "global", True, 0, 0),
+    ("zero_step", "global", False, 300, 0),  # accumulation windows: open windows handed back, then killed
+    # The same under partitioned planning (blocks of one rank): windows cut from the world-wide totals.
+    ("zero_step", "global", False, 300, 1),
 ])
 def test_every_sample_exactly_once_across_many_kill_points(tmp_path, job_id, idle_policy, planner,
-                                                            deterministic, target) -> None:
-    rng = random.Random(f"{idle_policy}-{planner}-{deterministic}" + (f"-{target}" if target else ""))
-    alignment = {"planner": planner, "deterministic": deterministic}
+                                                            deterministic, target, partition) -> None:
+    rng = random.Random(f"{idle_policy}-{planner}-{deterministic}" + (f"-{target}" if target else "") +
+                        (f"-p{partition}" if partition else ""))
+    alignment = {"planner": planner, "deterministic": deterministic, "partition_ranks": partition}
+    extra = {"local_world_size": 1} if partition else {}
     config = tiny_lm.daemon_config(max_tokens=128, grouping={"window": 16}, alignment=alignment,
-                                   optimizer={"tokens_per_step": target})
+                                   optimizer={"tokens_per_step": target}, **extra)
     world = 2
     state = None
     trained: list = []

@@ -1,0 +1,367 @@
+#include "src/align/window_partitioned.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace odb::align {
+
+namespace {
+
+uint64_t StepLossOf(const PlannedStep& s) {
+  uint64_t n = 0;
+  for (const SampleMeta& m : s.samples) n += LossTokensOf(m);
+  return n;
+}
+
+// splitmix64's finaliser: a number every rank computes alike from shared values.
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return h;
+}
+
+}  // namespace
+
+PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model) {
+  PlannedStep p;
+  p.samples.assign(step.samples.begin() + static_cast<std::ptrdiff_t>(begin),
+                   step.samples.begin() + static_cast<std::ptrdiff_t>(end));
+  p.idle = p.samples.empty();
+  std::vector<SampleLengths> lens;
+  lens.reserve(p.samples.size());
+  for (const SampleMeta& m : p.samples) {
+    p.real_tokens += m.lengths.tokens;
+    lens.push_back(m.lengths);
+  }
+  p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(model, lens);
+  p.over_budget = step.over_budget && !p.idle;
+  return p;
+}
+
+absl::Status CheckWindowTargetCounts(uint64_t tokens_per_step, uint64_t samples, uint64_t loss,
+                                     size_t world) {
+  if (tokens_per_step == 0 || samples == 0 || loss == 0) return absl::OkStatus();
+  if (static_cast<unsigned __int128>(tokens_per_step) * samples >= loss) return absl::OkStatus();
+  // The same verdict and message as CheckWindowTarget: a plan of `samples`
+  // samples carrying `loss` loss tokens, spread as evenly as they go.
+  RoundPlan plan;
+  plan.num_steps = 1;
+  plan.ranks.resize(std::max<size_t>(world, 1));
+  PlannedStep step;
+  step.idle = false;
+  step.samples.resize(samples);
+  for (uint64_t i = 0; i < samples; ++i) {
+    SampleMeta& m = step.samples[i];
+    m.id = i;
+    m.loss_tokens = loss / samples + (i < loss % samples ? 1 : 0);
+    m.lengths.tokens = static_cast<uint32_t>(std::min<uint64_t>(m.loss_tokens, UINT32_MAX));
+  }
+  plan.ranks[0].steps.push_back(std::move(step));
+  for (size_t r = 1; r < plan.ranks.size(); ++r) plan.ranks[r].steps.emplace_back();
+  return CheckWindowTarget(tokens_per_step, plan);
+}
+
+PartitionedWindows::PartitionedWindows(uint64_t target, std::vector<uint64_t> step_loss,
+                                       std::vector<uint64_t> step_real, size_t world)
+    : target_(target), step_loss_(std::move(step_loss)), step_real_(std::move(step_real)), world_(world) {
+  step_begin_.resize(step_loss_.size());
+  uint64_t total = 0;
+  for (size_t k = 0; k < step_loss_.size(); ++k) {
+    step_begin_[k] = total;
+    total += step_loss_[k];
+  }
+  if (target_ == 0) return;
+  // The nominal ends j x target <= total, each in the first step whose end
+  // reaches it (a step of no loss tokens after an end joins the next window).
+  size_t k = 0;
+  for (uint64_t x = target_; x <= total; x += target_) {
+    while (step_begin_[k] + step_loss_[k] < x) ++k;
+    End e;
+    e.step = static_cast<uint32_t>(k);
+    e.offset = x - step_begin_[k];
+    e.inside = e.offset < step_loss_[k];
+    if (e.inside) inside_.push_back(ends_.size());
+    ends_.push_back(e);
+    if (total - x < target_) break;  // no overflow of x
+  }
+}
+
+size_t PartitionedWindows::PrefixAt(const PlannedStep& step, const End& e, CutOffer* offer) const {
+  // The longest prefix with prefix * step_total <= offset * own, compared
+  // without rounding: this rank's share of the nominal end.
+  const uint64_t own = StepLossOf(step);
+  const unsigned __int128 share = static_cast<unsigned __int128>(e.offset) * own;
+  const uint64_t total = step_loss_[e.step];
+  CutOffer o;
+  size_t n = 0;
+  while (n < step.samples.size()) {
+    const SampleMeta& m = step.samples[n];
+    const uint64_t next = o.loss + LossTokensOf(m);
+    if (static_cast<unsigned __int128>(next) * total > share) {
+      o.next_loss = LossTokensOf(m);  // > 0: a sample of 0 loss tokens never crosses the share
+      o.next_real = m.lengths.tokens;
+      break;
+    }
+    o.loss = next;
+    o.real += m.lengths.tokens;
+    ++n;
+  }
+  if (offer) *offer = o;
+  return n;
+}
+
+std::vector<CutOffer> PartitionedWindows::Offers(const std::vector<PlannedStep>& steps) const {
+  std::vector<CutOffer> out(inside_.size());
+  for (size_t i = 0; i < inside_.size(); ++i) {
+    const End& e = ends_[inside_[i]];
+    PrefixAt(steps[e.step], e, &out[i]);
+  }
+  return out;
+}
+
+absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>& offers) {
+  if (offers.size() != world_) {
+    return absl::InvalidArgumentError("window offers of " + std::to_string(offers.size()) + " ranks for " +
+                                      std::to_string(world_));
+  }
+  for (size_t r = 0; r < world_; ++r) {
+    if (offers[r].size() != inside_.size()) {
+      return absl::InvalidArgumentError("rank " + std::to_string(r) + " offered " +
+                                        std::to_string(offers[r].size()) +
+                                        " window ends, this rank expects " + std::to_string(inside_.size()));
+    }
+  }
+  chosen_.assign(ends_.size(), Chosen{});
+  const uint64_t limit = target_ + target_ / 10;  // never more than 10% over if avoidable
+  uint64_t last = 0;                     // the last chosen end, world loss tokens from the round's start
+  std::vector<uint64_t> pos(world_, 0);  // per rank: loss tokens before its last cut in pos_step
+  uint32_t pos_step = std::numeric_limits<uint32_t>::max();
+  std::vector<std::pair<uint64_t, uint32_t>> addable;  // (next sample's loss tokens, rank)
+  size_t inside_index = 0;
+  for (size_t j = 0; j < ends_.size(); ++j) {
+    const End& e = ends_[j];
+    Chosen& c = chosen_[j];
+    c.step = e.step;
+    const uint64_t begin = step_begin_[e.step], total = step_loss_[e.step];
+    const uint64_t x = begin + e.offset;  // the nominal end
+    const size_t in = e.inside ? inside_index++ : 0;
+    if (x <= last) continue;  // the last window already reached it (a sample over a whole target)
+    if (!e.inside) {          // on the step's end: exact
+      c.kind = Kind::kAfter;
+      last = begin + total;
+      continue;
+    }
+    if (pos_step != e.step) {
+      std::fill(pos.begin(), pos.end(), 0);
+      pos_step = e.step;
+    }
+    // Every rank at its prefix within its share (or, where an earlier end of
+    // this step took its next sample already, there: cuts never go back);
+    // then the ranks' next samples, smallest first, until the end is reached.
+    std::vector<uint8_t> over(world_, 0);
+    uint64_t base = 0, base_real = 0;
+    addable.clear();
+    for (size_t r = 0; r < world_; ++r) {
+      const CutOffer& o = offers[r][in];
+      if (pos[r] > o.loss) {
+        over[r] = 1;
+        base += o.loss + o.next_loss;
+        base_real += o.real + o.next_real;
+      } else {
+        base += o.loss;
+        base_real += o.real;
+        if (o.next_loss > 0) addable.emplace_back(o.next_loss, static_cast<uint32_t>(r));
+      }
+    }
+    std::sort(addable.begin(), addable.end());
+    std::optional<size_t> under_m, over_m;  // how many next samples the two sides of the bracket add
+    uint64_t under_loss = 0, over_loss = 0, first = base;
+    if (first <= e.offset) under_m = 0, under_loss = first;
+    if (first >= e.offset) over_m = 0, over_loss = first;
+    for (size_t m = 0; first < e.offset && m < addable.size();) {
+      first += addable[m++].first;
+      if (first <= e.offset) under_m = m, under_loss = first;
+      if (first >= e.offset && !over_m) over_m = m, over_loss = first;
+    }
+    if (!over_m || over_loss > total) {
+      return absl::InvalidArgumentError("the ranks' window offers at step " + std::to_string(e.step) +
+                                        " add up to " + std::to_string(first) +
+                                        " loss tokens, the step's total is " + std::to_string(total));
+    }
+    struct Candidate {
+      Kind kind;
+      uint64_t at;   // world loss tokens from the round's start
+      size_t added;  // kSplit: next samples added
+      uint64_t loss;
+    };
+    std::vector<Candidate> candidates;
+    if (begin > last) candidates.push_back({Kind::kBefore, begin, 0, 0});
+    candidates.push_back({Kind::kAfter, begin + total, 0, 0});
+    auto split_ok = [&](uint64_t l) { return l > 0 && l < total && begin + l > last; };
+    if (under_m && split_ok(under_loss))
+      candidates.push_back({Kind::kSplit, begin + under_loss, *under_m, under_loss});
+    if (split_ok(over_loss)) candidates.push_back({Kind::kSplit, begin + over_loss, *over_m, over_loss});
+    const Candidate* lo = nullptr;  // L: the largest end <= x
+    const Candidate* hi = nullptr;  // H: the smallest end >= x (kAfter is one)
+    for (const Candidate& cand : candidates) {
+      if (cand.at <= x && (!lo || cand.at > lo->at)) lo = &cand;
+      if (cand.at >= x && (!hi || cand.at < hi->at)) hi = &cand;
+    }
+    const Candidate* pick = hi;
+    if (lo && (hi->at - last > limit || lo->at == x)) {
+      pick = lo;
+    } else if (lo && hi->at > lo->at) {
+      const double p_over = static_cast<double>(x - lo->at) / static_cast<double>(hi->at - lo->at);
+      uint64_t h = Mix(0x6f64622d77696e64ULL, e.step);
+      for (uint64_t v : {begin, total, e.offset, base, under_loss, over_loss, uint64_t{addable.size()}})
+        h = Mix(h, v);
+      pick = static_cast<double>(h >> 11) * 0x1.0p-53 < p_over ? hi : lo;
+    }
+    c.kind = pick->kind;
+    last = pick->at;
+    if (pick->kind != Kind::kSplit) continue;
+    c.loss = pick->loss;
+    c.real = base_real;
+    for (size_t m = 0; m < pick->added; ++m) {
+      const auto r = addable[m].second;
+      over[r] = 1;
+      c.real += offers[r][in].next_real;
+    }
+    for (size_t r = 0; r < world_; ++r) {
+      const CutOffer& o = offers[r][in];
+      pos[r] = over[r] ? o.loss + o.next_loss : o.loss;
+    }
+    c.over = std::move(over);
+  }
+  return absl::OkStatus();
+}
+
+void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::CostModel model,
+                               WindowState& windows, bool inputs_open, bool last_samples,
+                               std::vector<uint64_t>& global_real) {
+  closed_.clear();
+  const size_t steps = step_loss_.size();
+  // The round's micro-steps: each step in parts at its chosen splits; a
+  // window closes after a split, after a step with a kAfter end, and before a
+  // step with a kBefore end.
+  struct Piece {
+    uint32_t step;
+    int from, to;  // indices into chosen_ of the splits around it; -1: the step's start or end
+    uint64_t loss, real;
+    bool closes;
+  };
+  std::vector<Piece> pieces;
+  std::vector<bool> closes_after(steps, false);
+  std::vector<std::vector<int>> splits(steps);
+  for (size_t j = 0; j < chosen_.size(); ++j) {
+    const Chosen& c = chosen_[j];
+    if (c.kind == Kind::kAfter) closes_after[c.step] = true;
+    if (c.kind == Kind::kBefore && c.step > 0) closes_after[c.step - 1] = true;
+    if (c.kind == Kind::kSplit) splits[c.step].push_back(static_cast<int>(j));
+  }
+  for (uint32_t k = 0; k < steps; ++k) {
+    int from = -1;
+    uint64_t loss = 0, real = 0;
+    for (int j : splits[k]) {
+      pieces.push_back({k, from, j, chosen_[j].loss - loss, chosen_[j].real - real, true});
+      loss = chosen_[j].loss;
+      real = chosen_[j].real;
+      from = j;
+    }
+    pieces.push_back({k, from, -1, step_loss_[k] - loss, step_real_[k] - real, closes_after[k]});
+  }
+  // The open window: the pieces after the last close.
+  size_t open = pieces.size();
+  while (open > 0 && !pieces[open - 1].closes) --open;
+  bool close_open = false;
+  if (open < pieces.size()) {
+    uint64_t tail = 0;
+    for (size_t i = open; i < pieces.size(); ++i) tail += pieces[i].loss;
+    // As ApplyWindows (window.h): a tail that neither grew nor let a window
+    // close for kMaxHeldRounds rounds while no input could reach it closes
+    // short; so does every tail at the epoch's end, or of its last samples.
+    const bool no_growth = open == 0 && !inputs_open && tail <= windows.held_tokens;
+    const uint32_t held_rounds = no_growth ? windows.held_rounds + 1 : 0;
+    if (plan.epoch_finished || last_samples || held_rounds >= kMaxHeldRounds) {
+      close_open = true;
+      windows.held_rounds = 0;
+      windows.held_tokens = 0;
+    } else {
+      windows.held_rounds = held_rounds;
+      windows.held_tokens = tail;
+    }
+  } else {
+    windows.held_rounds = 0;
+    windows.held_tokens = 0;
+  }
+  const size_t kept = close_open ? pieces.size() : open;
+  // Window of each piece: totals and lengths.
+  std::vector<uint64_t> window_of(pieces.size()), window_total, window_steps;
+  {
+    uint64_t w = 0, total = 0, count = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      window_of[i] = w;
+      total += pieces[i].loss;
+      ++count;
+      if (pieces[i].closes || i + 1 == pieces.size()) {
+        window_total.push_back(total);
+        window_steps.push_back(count);
+        total = count = 0;
+        ++w;
+      }
+    }
+  }
+  const double w = static_cast<double>(world_);
+  for (int r = begin; r < end; ++r) {
+    RankPlan& rp = plan.ranks[r];
+    std::vector<PlannedStep> original = std::move(rp.steps);
+    rp.steps.clear();
+    rp.steps.reserve(kept);
+    std::vector<size_t> cut_at(chosen_.size(), 0);  // this rank's sample index at each split
+    for (uint32_t k = 0; k < steps; ++k) {
+      for (int j : splits[k]) {
+        cut_at[j] = PrefixAt(original[k], ends_[j], nullptr) + chosen_[j].over[r];
+      }
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      const PlannedStep& s = original[p.step];
+      const size_t a = p.from < 0 ? 0 : cut_at[p.from];
+      const size_t b = p.to < 0 ? s.samples.size() : cut_at[p.to];
+      if (i >= kept) {
+        for (size_t n = a; n < b; ++n)
+          plan.ranks[s.samples[n].owner_rank].keep_pending.push_back(KeyOf(s.samples[n]));
+        continue;
+      }
+      PlannedStep part = (a == 0 && b == s.samples.size()) ? s : StepPart(s, a, b, model);
+      const uint64_t wi = window_of[i];
+      const uint64_t total = window_total[wi];
+      part.loss_tokens = StepLossOf(part);
+      part.window = windows.next_window + wi;
+      part.window_steps = static_cast<uint32_t>(window_steps[wi]);
+      part.window_loss_tokens = total;
+      part.closes_window = pieces[i].closes || i + 1 == pieces.size();
+      part.window_short = close_open && i >= open;
+      part.window_target = target_;
+      part.loss_weight = (part.idle || total == 0)
+                             ? 0.0
+                             : w * static_cast<double>(part.loss_tokens) / static_cast<double>(total);
+      rp.steps.push_back(std::move(part));
+    }
+  }
+  const uint64_t closed = kept == 0 ? 0 : window_of[kept - 1] + 1;
+  for (uint64_t i = 0; i < closed; ++i) closed_.push_back(window_total[i]);
+  windows.next_window += closed;
+  global_real.clear();
+  for (size_t i = 0; i < kept; ++i) global_real.push_back(pieces[i].real);
+  plan.num_steps = static_cast<uint32_t>(kept);
+}
+
+}  // namespace odb::align

@@ -1,0 +1,147 @@
+#ifndef ODB_ALIGN_WINDOW_PARTITIONED_H_
+#define ODB_ALIGN_WINDOW_PARTITIONED_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "src/align/planner.h"
+#include "src/align/window.h"
+
+namespace odb::align {
+
+// Accumulation windows under partitioned planning (alignment.partition_ranks
+// with optimizer.tokens_per_step; docs/alignment.md, "Windows with
+// partitioned planning"). A rank sees only its block's steps, and of the
+// other ranks only the world-wide loss and real token totals of each step (the
+// partitioned round's totals all-gather). Windows are cut from those totals:
+//
+// 1. Nominal ends. The round's j-th window ends nominally at j x target loss
+//    tokens from the round's start (world-wide, steps in order). The nominal
+//    ends depend on the totals alone, so every rank knows them, and where an
+//    end falls inside a step, at which fraction of that step's loss tokens.
+// 2. Offers. At each nominal end inside a step, every rank cuts its own
+//    micro-step at that shared fraction of its own loss tokens: the longest
+//    prefix within its share, and the one sample after it. These (a few
+//    numbers per end) are all-gathered once more, only in rounds with an end
+//    inside a step.
+// 3. The choice, identical on every rank (the same offers everywhere): from
+//    every rank's prefix, the ranks' next samples are added smallest first
+//    until the nominal end is reached, which brackets it within one sample
+//    (as window.cc's BracketCuts does with every sample in view). Of the
+//    nearest end under it (L, a step boundary or the bracket's lower side)
+//    and over it (H), H is taken with probability (end - L) / (H - L), drawn
+//    from a hash of the round's totals and offers, so each end holds its
+//    nominal position in expectation. An end that makes a window more than
+//    10% over the target is refused when an end under it exists. Because the
+//    nominal ends are fixed, a window's error (the realised end minus the
+//    nominal one, within a sample or so) is undone by the next window's:
+//    errors never accumulate and the mean window over a round is the target
+//    up to the last end's error.
+// 4. Each rank cuts its block's micro-steps at the chosen ends (a part of a
+//    micro-step is within the memory budget; a rank with nothing in a part
+//    runs it IDLE), and weights every part over its window's realised total:
+//    rank r's weight is W * loss_tokens_r / window_loss_tokens, the sum over
+//    the window's micro-steps and all W ranks is W, exactly as window.h.
+//
+// Windows smaller than a global micro-step (W = 2,560 with an 8k budget holds
+// ~20M tokens a step) are several ends inside one step: every rank's share
+// of each window is a part of its micro-step. The open window at the end of
+// a round goes back to pending or closes short, by the rules of window.h
+// (WindowState, kMaxHeldRounds), and windows depend on the round's plan
+// alone, so a reproducible epoch resumed at a round cuts the same windows.
+// The window state stays identical on every rank: it is updated from
+// world-wide values only.
+
+// What a rank says of its own micro-step at one nominal end inside it.
+struct CutOffer {
+  uint64_t loss = 0;       // loss tokens of the longest prefix within its share
+  uint64_t real = 0;       // real tokens of that prefix
+  uint64_t next_loss = 0;  // loss tokens of the sample after it (0: none; a sample there has > 0)
+  uint64_t next_real = 0;  // its real tokens
+};
+
+// A part [begin, end) of a step's samples, its counts recomputed (a subset of
+// a step within the budget is within the budget); IDLE when empty.
+// (window.cc's anonymous Part does the same for the unpartitioned cut.)
+PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model);
+
+// The windows of one partitioned round, cut in three stages (see above):
+// construct from the world-wide totals, Offers (this rank's numbers for the
+// exchange), Decide (every rank's offers), Apply (the block's steps).
+class PartitionedWindows {
+ public:
+  // `step_loss` and `step_real`: every planned step's loss and real tokens
+  // summed over all W ranks (the totals all-gather); `target`:
+  // tokens_per_step (> 0).
+  PartitionedWindows(uint64_t target, std::vector<uint64_t> step_loss, std::vector<uint64_t> step_real,
+                     size_t world);
+
+  // Nominal ends inside a step: the number of offers each rank sends. 0: no
+  // exchange is needed (every nominal end, if any, is a step boundary).
+  size_t inside_ends() const { return inside_.size(); }
+
+  // This rank's offers, one per inside end, from its own micro-steps
+  // (`steps`: this rank's RankPlan::steps before Apply).
+  std::vector<CutOffer> Offers(const std::vector<PlannedStep>& steps) const;
+
+  // Chooses every end from all ranks' offers (`offers[r]`: rank r's, from
+  // Offers; W empty lists when inside_ends() is 0). Identical on every rank.
+  // Fails (InvalidArgument) when the offers contradict the totals (a peer
+  // that planned something else).
+  absl::Status Decide(const std::vector<std::vector<CutOffer>>& offers);
+
+  // Cuts the steps of ranks [begin, end) of `plan` (the block; the others'
+  // steps are left empty) into the round's micro-steps, sets every part's
+  // loss_tokens, loss_weight and window fields, hands the samples of a window
+  // that must wait back to their owners' keep_pending (owners are in the
+  // block), updates `windows` and fills `global_real` (each final
+  // micro-step's real tokens over all ranks). `inputs_open`: InputsOpen over
+  // all W ranks (from the round summaries). Call after Decide.
+  // `last_samples`: this round planned every sample the epoch has left, so
+  // an open window closes short now, as at the epoch's end.
+  void Apply(RoundPlan& plan, int begin, int end, grouping::CostModel model, WindowState& windows,
+             bool inputs_open, bool last_samples, std::vector<uint64_t>& global_real);
+
+  // The loss tokens of every window Apply closed in this round (world-wide),
+  // short ones included (for benches and tests).
+  const std::vector<uint64_t>& closed_windows() const { return closed_; }
+
+ private:
+  struct End {
+    uint32_t step = 0;
+    uint64_t offset = 0;  // world loss tokens of the step before the nominal end
+    bool inside = false;  // 0 < offset < step_loss[step]
+  };
+  // A chosen end.
+  enum class Kind : uint8_t { kSkip, kBefore, kAfter, kSplit };
+  struct Chosen {
+    Kind kind = Kind::kSkip;
+    uint32_t step = 0;
+    uint64_t loss = 0;          // world loss tokens of the step before it (kSplit)
+    uint64_t real = 0;          // world real tokens of the step before it (kSplit)
+    std::vector<uint8_t> over;  // kSplit: per rank, 1 = its prefix plus its next sample
+  };
+
+  // Index of the longest prefix within rank's share of `offset` of step k, and
+  // its offer.
+  size_t PrefixAt(const PlannedStep& step, const End& e, CutOffer* offer) const;
+
+  uint64_t target_;
+  std::vector<uint64_t> step_loss_, step_real_;
+  std::vector<uint64_t> step_begin_;  // world loss tokens of the round before step k
+  size_t world_;
+  std::vector<End> ends_;
+  std::vector<size_t> inside_;  // indices into ends_ of the inside ones
+  std::vector<Chosen> chosen_;  // per end
+  std::vector<uint64_t> closed_;
+};
+
+// CheckWindowTarget (window.h) on world-wide counts: `samples` planned
+// samples carrying `loss` loss tokens over `world` ranks.
+absl::Status CheckWindowTargetCounts(uint64_t tokens_per_step, uint64_t samples, uint64_t loss, size_t world);
+
+}  // namespace odb::align
+
+#endif  // ODB_ALIGN_WINDOW_PARTITIONED_H_

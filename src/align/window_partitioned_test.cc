@@ -1,0 +1,344 @@
+// Accumulation windows under partitioned planning (window_partitioned.h),
+// with every rank's block simulated in one process: the offers every rank
+// would all-gather, the shared choice, and each block cutting its own steps.
+#include "src/align/window_partitioned.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "src/grouping/budget.h"
+
+namespace odb::align {
+namespace {
+
+// A round's plan of W ranks x T steps: each rank-step filled with samples of
+// lognormal lengths up to `budget` tokens (packed); `idle_every`: every
+// n-th rank-step is IDLE; `masked`: some samples carry fewer loss tokens
+// than tokens (prompt-masked), a few none.
+RoundPlan RandomPlan(std::mt19937_64& rng, size_t world, uint32_t steps, uint32_t budget, double mu,
+                     uint32_t idle_every, bool masked, uint64_t& next_id) {
+  RoundPlan plan;
+  plan.num_steps = steps;
+  plan.ranks.resize(world);
+  std::lognormal_distribution<double> length(mu, 0.8);
+  for (size_t r = 0; r < world; ++r) {
+    for (uint32_t k = 0; k < steps; ++k) {
+      PlannedStep s;
+      if (idle_every == 0 || (r * steps + k) % idle_every != 1) {
+        uint32_t used = 0;
+        for (;;) {
+          const auto n = std::clamp<uint32_t>(static_cast<uint32_t>(length(rng)), 1, budget);
+          if (used + n > budget) break;
+          SampleMeta m;
+          m.id = next_id++;
+          m.owner_rank = static_cast<int32_t>(r);
+          m.lengths.tokens = n;
+          if (masked) {
+            const uint64_t roll = rng() % 10;
+            m.loss_tokens = roll == 0 ? 0 : roll < 5 ? n / 2 : kEveryTokenBearsLoss;
+          }
+          s.samples.push_back(m);
+          used += n;
+        }
+      }
+      s.idle = s.samples.empty();
+      std::vector<SampleLengths> lens;
+      for (const SampleMeta& m : s.samples) {
+        s.real_tokens += m.lengths.tokens;
+        lens.push_back(m.lengths);
+      }
+      s.padded_tokens = s.idle ? 0 : grouping::PaddedTokens(grouping::CostModel::kPacked, lens);
+      plan.ranks[r].steps.push_back(std::move(s));
+    }
+  }
+  return plan;
+}
+
+struct RoundOutcome {
+  RoundPlan plan;  // every block's ranks filled
+  std::vector<uint64_t> global_real;
+  std::vector<uint64_t> closed;  // the windows closed (world loss tokens)
+  WindowState windows;
+};
+
+// One round as every block would run it: world-wide totals, every rank's
+// offers, the choice on each block's first rank, Apply per block.
+RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const WindowState& before,
+                      bool inputs_open, bool last_samples = false) {
+  const size_t world = in.ranks.size();
+  std::vector<uint64_t> loss(in.num_steps, 0), real(in.num_steps, 0);
+  for (const RankPlan& rp : in.ranks) {
+    for (uint32_t k = 0; k < in.num_steps; ++k) {
+      for (const SampleMeta& m : rp.steps[k].samples) loss[k] += LossTokensOf(m);
+      real[k] += rp.steps[k].real_tokens;
+    }
+  }
+  RoundOutcome out;
+  out.plan = in;
+  for (RankPlan& rp : out.plan.ranks) rp.steps.clear();
+  std::vector<std::vector<CutOffer>> offers(world);
+  {
+    PartitionedWindows probe(target, loss, real, world);
+    for (size_t r = 0; r < world; ++r) offers[r] = probe.Offers(in.ranks[r].steps);
+  }
+  bool first = true;
+  for (size_t b = 0; b < world; b += block) {
+    PartitionedWindows cut(target, loss, real, world);
+    REQUIRE(cut.Decide(offers).ok());
+    RoundPlan mine = in;  // this block's view: only its ranks' steps
+    for (size_t r = 0; r < world; ++r) {
+      if (r < b || r >= b + block) mine.ranks[r].steps.clear();
+    }
+    WindowState ws = before;
+    std::vector<uint64_t> global_real;
+    cut.Apply(mine, static_cast<int>(b), static_cast<int>(std::min(world, b + block)),
+              grouping::CostModel::kPacked, ws, inputs_open, last_samples, global_real);
+    if (first) {
+      out.windows = ws;
+      out.global_real = global_real;
+      out.closed = cut.closed_windows();
+      out.plan.num_steps = mine.num_steps;
+      first = false;
+    }
+    // Every block: the same window state, micro-steps and totals.
+    REQUIRE(ws.next_window == out.windows.next_window);
+    REQUIRE(ws.held_tokens == out.windows.held_tokens);
+    REQUIRE(ws.held_rounds == out.windows.held_rounds);
+    REQUIRE(mine.num_steps == out.plan.num_steps);
+    REQUIRE(global_real == out.global_real);
+    for (size_t r = b; r < std::min(world, b + block); ++r) out.plan.ranks[r] = std::move(mine.ranks[r]);
+  }
+  return out;
+}
+
+// The window invariants of one round's result: every rank the same micro-step
+// count and window fields, weights summing to W per window, loss tokens to
+// the window's total, real tokens to global_real; each rank's samples in
+// order, once, across its parts and what went back; every part within budget.
+void RequireRoundInvariants(const RoundPlan& in, const RoundOutcome& out, uint32_t budget) {
+  const size_t world = in.ranks.size();
+  const uint32_t t = out.plan.num_steps;
+  REQUIRE(out.global_real.size() == t);
+  std::map<uint64_t, double> weight;
+  std::map<uint64_t, uint64_t> loss;
+  for (size_t r = 0; r < world; ++r) REQUIRE(out.plan.ranks[r].steps.size() == t);
+  for (uint32_t k = 0; k < t; ++k) {
+    const PlannedStep& s0 = out.plan.ranks[0].steps[k];
+    uint64_t real = 0;
+    for (size_t r = 0; r < world; ++r) {
+      const PlannedStep& s = out.plan.ranks[r].steps[k];
+      REQUIRE(s.window == s0.window);
+      REQUIRE(s.window_loss_tokens == s0.window_loss_tokens);
+      REQUIRE(s.window_steps == s0.window_steps);
+      REQUIRE(s.closes_window == s0.closes_window);
+      REQUIRE(s.window_short == s0.window_short);
+      REQUIRE(s.idle == s.samples.empty());
+      REQUIRE((!s.idle || s.loss_weight == 0.0));
+      REQUIRE(s.padded_tokens <= budget);
+      real += s.real_tokens;
+      weight[s.window] += s.loss_weight;
+      loss[s.window] += s.loss_tokens;
+    }
+    REQUIRE(real == out.global_real[k]);
+    REQUIRE(real > 0);
+  }
+  for (const auto& [w, sum] : weight) {
+    const uint64_t total = out.plan.ranks[0].steps.empty() ? 0 : [&] {
+      for (const PlannedStep& s : out.plan.ranks[0].steps) {
+        if (s.window == w) return s.window_loss_tokens;
+      }
+      return uint64_t{0};
+    }();
+    REQUIRE(loss[w] == total);
+    if (total > 0) REQUIRE(sum == Approx(static_cast<double>(world)).epsilon(1e-12));
+  }
+  // A window's micro-steps are consecutive and it closes at its last.
+  for (uint32_t k = 0; k < t; ++k) {
+    const PlannedStep& s = out.plan.ranks[0].steps[k];
+    const bool last = k + 1 == t || out.plan.ranks[0].steps[k + 1].window != s.window;
+    REQUIRE(s.closes_window == last);
+  }
+  // Each rank's samples: emitted in order across its parts, then kept.
+  for (size_t r = 0; r < world; ++r) {
+    std::vector<uint64_t> want, got;
+    for (const PlannedStep& s : in.ranks[r].steps) {
+      for (const SampleMeta& m : s.samples) want.push_back(m.id);
+    }
+    for (const PlannedStep& s : out.plan.ranks[r].steps) {
+      for (const SampleMeta& m : s.samples) got.push_back(m.id);
+    }
+    std::set<uint64_t> kept;
+    for (const RankPlan& rp : out.plan.ranks) {
+      for (const SampleKey& key : rp.keep_pending) {
+        if (key.owner_rank == static_cast<int32_t>(r)) kept.insert(key.id);
+      }
+    }
+    REQUIRE(got.size() + kept.size() == want.size());
+    REQUIRE(std::equal(got.begin(), got.end(), want.begin()));  // a prefix, in order
+    for (size_t i = got.size(); i < want.size(); ++i) REQUIRE(kept.count(want[i]) == 1);
+  }
+}
+
+TEST_CASE("partitioned windows smaller than a global micro-step: target held, exact weights",
+          "[window][partition]") {
+  // 64 ranks in blocks of 8, an 8k-token budget: a global micro-step holds
+  // ~500k tokens; windows of a fifth of that (the at-scale shape: W = 2560
+  // with an 8k budget and a 4M-token window) end inside every step.
+  constexpr size_t kWorld = 64;
+  constexpr uint32_t kBudget = 8192;
+  for (bool masked : {false, true}) {
+    std::mt19937_64 rng(masked ? 17 : 5);
+    uint64_t next_id = 0;
+    WindowState ws;
+    std::vector<double> sizes;
+    uint64_t target = 0;
+    for (int round = 0; round < 25; ++round) {
+      const RoundPlan in = RandomPlan(rng, kWorld, 6, kBudget, 6.0, 23, masked, next_id);
+      if (target == 0) {
+        uint64_t loss = 0;
+        for (const RankPlan& rp : in.ranks) {
+          for (const PlannedStep& s : rp.steps) {
+            for (const SampleMeta& m : s.samples) loss += LossTokensOf(m);
+          }
+        }
+        target = loss / 6 / 5 + 777;  // about a fifth of a global micro-step
+      }
+      INFO("masked " << masked << " round " << round << " target " << target);
+      const RoundOutcome out = RunRound(in, target, 8, ws, true);
+      RequireRoundInvariants(in, out, kBudget);
+      REQUIRE(out.plan.num_steps > 6);  // steps were split
+      for (uint64_t c : out.closed) sizes.push_back(static_cast<double>(c) / static_cast<double>(target));
+      ws = out.windows;
+      REQUIRE(ws.held_tokens > 0);  // the round's tail waits for the next round
+    }
+    double mean = 0, worst = 0;
+    for (double s : sizes) {
+      mean += s;
+      worst = std::max(worst, s);
+    }
+    mean /= static_cast<double>(sizes.size());
+    INFO("masked " << masked << ": " << sizes.size() << " windows, mean/target " << mean << ", max "
+                   << worst);
+    REQUIRE(sizes.size() > 600);
+    REQUIRE(std::abs(mean - 1.0) <= 0.02);
+    REQUIRE(worst <= 1.1);
+  }
+}
+
+TEST_CASE("partitioned windows larger than a step: ends at step boundaries or split, aligned everywhere",
+          "[window][partition]") {
+  // 8 ranks in blocks of 2 and 4, small steps (budget 1024), windows of
+  // ~1.5-3 global steps; IDLE rank-steps and prompt-masked samples.
+  for (size_t block : {2u, 4u}) {
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      std::mt19937_64 rng(seed * 97 + block);
+      uint64_t next_id = 0;
+      WindowState ws;
+      std::vector<double> sizes;
+      const uint64_t target = 2500 + seed * 1000;
+      for (int round = 0; round < 30; ++round) {
+        const RoundPlan in =
+            RandomPlan(rng, 8, 1 + static_cast<uint32_t>(rng() % 6), 1024, 4.5, 7, seed % 2 == 0, next_id);
+        INFO("block " << block << " seed " << seed << " round " << round);
+        const RoundOutcome out = RunRound(in, target, block, ws, true);
+        RequireRoundInvariants(in, out, 1024);
+        for (uint64_t c : out.closed) sizes.push_back(static_cast<double>(c) / static_cast<double>(target));
+        ws = out.windows;
+      }
+      // Samples here reach 1024 tokens, up to 30% of a target: a window
+      // may end over 10% when no end under it is left (as without
+      // partitions), rarely, and never more than two samples over.
+      double mean = 0;
+      size_t over = 0;
+      for (double s : sizes) {
+        mean += s;
+        over += s > 1.1 ? 1 : 0;
+        REQUIRE(s <= 1.0 + 2048.0 / static_cast<double>(target));
+      }
+      mean /= static_cast<double>(sizes.size());
+      INFO("block " << block << " seed " << seed << ": " << sizes.size() << " windows, mean/target " << mean
+                    << ", over 10%: " << over);
+      REQUIRE(sizes.size() >= 10);
+      REQUIRE(over * 50 <= sizes.size());
+      REQUIRE(std::abs(mean - 1.0) <= 0.02);
+    }
+  }
+}
+
+TEST_CASE("a partitioned open window goes back, stops growing and closes short, or closes at the epoch's end",
+          "[window][partition]") {
+  std::mt19937_64 rng(3);
+  uint64_t next_id = 0;
+  const RoundPlan in = RandomPlan(rng, 4, 2, 512, 4.0, 0, false, next_id);
+  uint64_t loss = 0;
+  for (const RankPlan& rp : in.ranks) {
+    for (const PlannedStep& s : rp.steps) loss += s.real_tokens;
+  }
+  const uint64_t target = loss * 10;  // never reached
+  WindowState ws;
+  // The first round grows the window (from nothing); the next ones count.
+  for (uint32_t held = 0; held < kMaxHeldRounds; ++held) {
+    const RoundOutcome out = RunRound(in, target, 2, ws, false);
+    REQUIRE(out.plan.num_steps == 0);
+    REQUIRE(out.windows.held_rounds == held);
+    REQUIRE(out.windows.held_tokens == loss);
+    size_t kept = 0;
+    for (const RankPlan& rp : out.plan.ranks) kept += rp.keep_pending.size();
+    REQUIRE(kept > 0);
+    ws = out.windows;
+  }
+  // Inputs open: held without counting.
+  REQUIRE(RunRound(in, target, 2, ws, true).windows.held_rounds == 0);
+  const RoundOutcome last = RunRound(in, target, 2, ws, false);
+  RequireRoundInvariants(in, last, 512);
+  REQUIRE(last.plan.num_steps == 2);
+  REQUIRE(last.plan.ranks[0].steps.back().window_short);
+  REQUIRE(last.plan.ranks[0].steps.back().closes_window);
+  REQUIRE(last.windows.next_window == 1);
+  RoundPlan ending = in;
+  ending.epoch_finished = true;
+  const RoundOutcome end = RunRound(ending, target, 2, WindowState{}, true);
+  REQUIRE(end.plan.num_steps == 2);
+  REQUIRE(end.plan.ranks[3].steps.back().window_short);
+  // A round that planned every sample the epoch has left: closed short at once.
+  const RoundOutcome drained = RunRound(in, target, 2, WindowState{}, false, true);
+  REQUIRE(drained.plan.num_steps == 2);
+  REQUIRE(drained.plan.ranks[1].steps.back().window_short);
+  REQUIRE(drained.windows.next_window == 1);
+}
+
+TEST_CASE("partitioned window offers that contradict the totals are refused", "[window][partition]") {
+  std::mt19937_64 rng(9);
+  uint64_t next_id = 0;
+  const RoundPlan in = RandomPlan(rng, 2, 1, 1024, 5.0, 0, false, next_id);
+  std::vector<uint64_t> loss(1, 0), real(1, 0);
+  for (const RankPlan& rp : in.ranks) {
+    loss[0] += rp.steps[0].real_tokens;
+    real[0] += rp.steps[0].real_tokens;
+  }
+  PartitionedWindows cut(loss[0] / 2, loss, real, 2);
+  REQUIRE(cut.inside_ends() == 1);
+  std::vector<std::vector<CutOffer>> offers{cut.Offers(in.ranks[0].steps), cut.Offers(in.ranks[1].steps)};
+  REQUIRE(cut.Decide(offers).ok());
+  offers[1][0] = CutOffer{};  // a peer that cut nothing
+  REQUIRE(cut.Decide(offers).code() == absl::StatusCode::kInvalidArgument);
+  offers.pop_back();
+  REQUIRE(cut.Decide(offers).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a partitioned window target below one sample is refused as without partitions",
+          "[window][partition]") {
+  REQUIRE(CheckWindowTargetCounts(0, 10, 1000, 4).ok());
+  REQUIRE(CheckWindowTargetCounts(100, 10, 1000, 4).ok());
+  const absl::Status s = CheckWindowTargetCounts(16, 10, 1000, 4);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(s.message()), Catch::Contains("optimizer.tokens_per_step 16") &&
+                                             Catch::Contains("4 rank(s)") && Catch::Contains("1600"));
+}
+
+}  // namespace
+}  // namespace odb::align
