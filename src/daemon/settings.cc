@@ -246,9 +246,8 @@ std::vector<Setting> BuildTable() {
   add(Field("grouping.window", kJob, ODB_FIELD(window),
             "samples per rank considered per round (larger: less padding, more latency)"));
   add(Field("grouping.mix_lengths", kJob, ODB_FIELD(mix_lengths),
-            "true: each step's samples drawn across lengths, not of similar length, so optimizer steps "
-            "(accumulation windows) mix lengths as random batches do; free with cost_model packed, costs "
-            "padding with padded"));
+            "true: steps of samples drawn across lengths, so optimizer steps mix lengths as random "
+            "batches do (packed: about free; padded: more steps)"));
   add(Choice("grouping.over_budget", kJob, ODB_FIELD(ingest.reject_over_budget),
              Choices<bool>{{"isolate", false}, {"reject", true}},
              "isolate (own step, flagged) | reject (reported error)"));
