@@ -500,6 +500,8 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                                        **({"collate": {"packed": True}} if packed else {}))
         if packed:
             config["grouping"]["cost_model"] = "packed"
+        if args.mix_lengths:
+            config["grouping"]["mix_lengths"] = True
         d = odb.spawn_daemon(rank, world, where, job_id=f"{job_id}-{mode}", wait=False, log_level="warn",
                              config=config)
         daemons.append(d)
@@ -692,6 +694,9 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: model on the GPU(s), batches copied from pinned memory with non_blocking, "
                         "timings synchronised (bench/gpu_run.sh)")
+    p.add_argument("--mix-lengths", action="store_true",
+                   help="odbd grouping.mix_lengths for the odb modes: each step's samples drawn across lengths "
+                        "(docs/config.md), so optimizer steps mix lengths as Standard's random batches do")
     p.add_argument("--deterministic", action="store_true",
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--epochs", type=int, default=1, help="epochs per method (the clock runs across them)")
@@ -858,6 +863,7 @@ def report(args, per_seed) -> int:
     summary = {
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
+        "mix_lengths": args.mix_lengths,
         "global_batch": args.global_batch, "schedule": args.schedule, "seeds": [seed for seed, _ in per_seed],
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
         "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model,

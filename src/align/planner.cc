@@ -31,6 +31,13 @@ uint64_t MixSeed(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+std::vector<grouping::Group> PlannerGroups(const PlannerConfig& config, std::span<const SampleLengths> lens,
+                                           uint64_t epoch, uint64_t round, uint64_t salt) {
+  if (!config.mix_lengths) return grouping::FormGroups(lens, config.budget, config.step_model);
+  const uint64_t seed = MixSeed(MixSeed(config.seed, epoch), MixSeed(round, MixSeed(salt, 0x6d1c5ULL)));
+  return grouping::FormMixedGroups(lens, config.budget, seed);
+}
+
 void AssignLossWeights(RoundPlan& plan) {
   const size_t world = plan.ranks.size();
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
@@ -254,7 +261,7 @@ RoundPlan LocalPlanner::Plan(const RoundState& state) const {
       assert(m.lengths.tokens > 0 && "length-0 samples must be rejected before alignment");
       lens.push_back(m.lengths);
     }
-    for (grouping::Group& g : grouping::FormGroups(lens, config_.budget, config_.step_model)) {
+    for (grouping::Group& g : PlannerGroups(config_, lens, state.epoch, state.round, r)) {
       groups[r].push_back(WorkGroup{std::move(g.members), g.over_budget});
     }
     max_groups = std::max(max_groups, groups[r].size());

@@ -12,6 +12,7 @@
 #include "proto/step_fields.h"
 #include "src/common/sample.h"
 #include "src/grouping/budget.h"
+#include "src/grouping/grouper.h"
 
 namespace odb::align {
 
@@ -182,6 +183,11 @@ struct PlannerConfig {
   // Accumulation windows (optimizer.tokens_per_step, src/align/window.h): all
   // ranks' loss tokens per optimizer step; 0 = every step is its own window.
   uint64_t tokens_per_step = 0;
+  // grouping.mix_lengths: groups are formed from a seeded random order
+  // (grouping::FormMixedGroups) instead of by length (grouping::FormGroups),
+  // so that the steps, and the accumulation windows cut from them, are not
+  // length-correlated (docs/config.md; issue 35's loss gap).
+  bool mix_lengths = false;
 };
 
 // The contract of a plan, independent of how it was made: `Plan` is a pure
@@ -266,6 +272,13 @@ void AssignLossWeights(RoundPlan& plan);
 
 // Deterministic 64-bit mix (splitmix64) used for shuffle seeds.
 uint64_t MixSeed(uint64_t a, uint64_t b);
+
+// The groups a planner forms of `lens`: grouping::FormGroups, or with
+// config.mix_lengths grouping::FormMixedGroups, its order drawn from the
+// config's seed, the epoch, the round and `salt` (the same on every rank that
+// plans the same pool).
+std::vector<grouping::Group> PlannerGroups(const PlannerConfig& config, std::span<const SampleLengths> lens,
+                                           uint64_t epoch, uint64_t round, uint64_t salt);
 
 }  // namespace odb::align
 

@@ -537,7 +537,7 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
       }
     }
     groups.clear();
-    for (grouping::Group& g : grouping::FormGroups(pool.lens, cfg.budget, cfg.step_model)) {
+    for (grouping::Group& g : align::PlannerGroups(cfg, pool.lens, state.epoch, state.round, 0)) {
       groups.push_back(std::move(g.members));
     }
     // A subset must still fill every slot; otherwise group more of the pool.
@@ -592,7 +592,8 @@ RoundPlan PlanRanks(const GlobalPlannerConfig& config, const RoundState& state, 
   // costliest rank's, so a lone long sample that lands in it costs the whole
   // step while the other ranks hold little: keep that step for the shortest
   // samples instead (LightLastStep), when the planner's model says so.
-  if (groups.size() < slots && t >= 2 && !fixed_steps) {
+  // (Not with mix_lengths: a step of the shortest samples is what it avoids.)
+  if (groups.size() < slots && t >= 2 && !fixed_steps && !cfg.mix_lengths) {
     if (std::optional<std::vector<std::vector<Members>>> light = LightLastStep(config, pool, t, world)) {
       double before = 0.0, after = 0.0;
       for (const auto& step : steps) before += MaxCost(cfg, pool, step);

@@ -163,6 +163,89 @@ TEST_CASE("post-balancing: max/mean rank cost per step <= 1.05 on uniform-ish in
   }
 }
 
+// var(z) of the steps' mean sample lengths (all ranks' samples of step k)
+// against the round's samples: about 1 for random steps, far above for steps
+// of similar lengths (bench/window_mix.py's figure, per step).
+double StepMeanZVariance(const RoundPlan& plan) {
+  std::vector<std::vector<double>> steps(plan.num_steps);
+  std::vector<double> all;
+  for (const auto& rp : plan.ranks) {
+    for (uint32_t k = 0; k < plan.num_steps; ++k) {
+      for (const auto& m : rp.steps[k].samples) {
+        steps[k].push_back(m.lengths.tokens);
+        all.push_back(m.lengths.tokens);
+      }
+    }
+  }
+  double mean = 0.0, var = 0.0;
+  for (double x : all) mean += x;
+  mean /= static_cast<double>(all.size());
+  for (double x : all) var += (x - mean) * (x - mean);
+  var /= static_cast<double>(all.size());
+  double sum_z2 = 0.0;
+  for (const auto& step : steps) {
+    double m = 0.0;
+    for (double x : step) m += x;
+    const double n = static_cast<double>(step.size());
+    sum_z2 += (m / n - mean) * (m / n - mean) / (var / n);
+  }
+  return sum_z2 / static_cast<double>(steps.size());
+}
+
+TEST_CASE("mix_lengths: the round's steps mix lengths like random steps; off, they are length-correlated",
+          "[global][mix]") {
+  for (auto model : {grouping::CostModel::kPacked, grouping::CostModel::kPadded}) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      // The main job's shape: W = 2, budget 512, log-normal lengths (median
+      // 48, at most 256; examples/tiny_lm.py).
+      std::mt19937_64 rng(seed);
+      std::lognormal_distribution<double> length(std::log(48.0), 0.8);
+      RoundState st;
+      st.ranks.resize(2);
+      for (int r = 0; r < 2; ++r) {
+        for (uint64_t i = 0; i < 400; ++i) {
+          SampleMeta m;
+          m.id = i;
+          m.owner_rank = r;
+          m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 8.0, 256.0));
+          m.payload_bytes = 4ull * m.lengths.tokens;
+          st.ranks[r].pending.push_back(m);
+        }
+        st.ranks[r].free_slots = 1000;
+      }
+      GlobalPlannerConfig gcfg;
+      gcfg.base.budget.model = model;
+      gcfg.base.budget.max_tokens = 512;
+      gcfg.base.max_wait_rounds = 0;
+      gcfg.base.seed = seed;
+      const RoundPlan by_length = GlobalPlanner(gcfg).Plan(st);
+      gcfg.base.mix_lengths = true;
+      const RoundPlan mixed = GlobalPlanner(gcfg).Plan(st);
+      REQUIRE(mixed.num_steps >= 20);
+      const double z_length = StepMeanZVariance(by_length);
+      const double z_mixed = StepMeanZVariance(mixed);
+      INFO("model " << static_cast<int>(model) << " seed " << seed << ": var(z) by length " << z_length
+                    << " (" << by_length.num_steps << " steps), mixed " << z_mixed << " (" << mixed.num_steps
+                    << " steps)");
+      CHECK(z_length > 6.0);  // 8.3-11.2 here
+      // Packed 0.8-1.8 at the same step count; padded 2.6-3.5 at 1.6-1.7x the steps.
+      CHECK(z_mixed < (model == grouping::CostModel::kPacked ? 2.5 : 5.0));
+      if (model == grouping::CostModel::kPacked) CHECK(mixed.num_steps <= by_length.num_steps + 1);
+      // Every rank plans the same: the plan is a function of the state.
+      const RoundPlan again = GlobalPlanner(gcfg).Plan(st);
+      REQUIRE(again.num_steps == mixed.num_steps);
+      for (size_t r = 0; r < 2; ++r) {
+        for (uint32_t k = 0; k < mixed.num_steps; ++k) {
+          REQUIRE(again.ranks[r].steps[k].samples.size() == mixed.ranks[r].steps[k].samples.size());
+          for (size_t j = 0; j < mixed.ranks[r].steps[k].samples.size(); ++j) {
+            REQUIRE(KeyOf(again.ranks[r].steps[k].samples[j]) == KeyOf(mixed.ranks[r].steps[k].samples[j]));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("locality: 1 moves nothing and equals LocalPlanner; bytes fall as locality grows", "[global][locality]") {
   for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
     std::vector<uint64_t> moved_by_level;

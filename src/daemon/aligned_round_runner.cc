@@ -14,6 +14,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.mode = config.mode;
   p.seed = config.seed;
   p.window = config.window;
+  p.mix_lengths = config.mix_lengths;
   p.deterministic = config.deterministic;
   p.tokens_per_step = config.tokens_per_step;
   // Rounds wait for half the output queue (docs/config.md, emit.queue_steps).

@@ -83,6 +83,8 @@ struct DaemonConfig {
   // Samples per rank gathered before a round is planned. Larger windows group
   // better (less padding) but add latency and memory.
   uint32_t window = align::PlannerConfig{}.window;
+  // grouping.mix_lengths: groups of length-mixed samples (align::PlannerConfig).
+  bool mix_lengths = align::PlannerConfig{}.mix_lengths;
 
   // --- alignment across ranks
   // alignment.mode every_sample (kJoin): every sample of the epoch is emitted

@@ -245,6 +245,9 @@ std::vector<Setting> BuildTable() {
             "per-step budget on summed audio frames, 0 = unbounded"));
   add(Field("grouping.window", kJob, ODB_FIELD(window),
             "samples per rank considered per round (larger: less padding, more latency)"));
+  add(Field("grouping.mix_lengths", kJob, ODB_FIELD(mix_lengths),
+            "true: steps of samples drawn across lengths, so optimizer steps mix lengths as random "
+            "batches do (packed: about free; padded: more steps)"));
   add(Choice("grouping.over_budget", kJob, ODB_FIELD(ingest.reject_over_budget),
              Choices<bool>{{"isolate", false}, {"reject", true}},
              "isolate (own step, flagged) | reject (reported error)"));

@@ -370,6 +370,31 @@ std::vector<Group> FormGroups(Window window, const Budget& budget, const StepTim
   return Finish(window, std::move(best), std::move(split.over));
 }
 
+std::vector<Group> FormMixedGroups(Window window, const Budget& budget, uint64_t seed) {
+  SplitWindow split = Split(window, budget);
+  // Fisher-Yates over the (tokens, index) order: the draw depends only on the
+  // seed and the window, not on how the window arrived.
+  std::vector<size_t>& order = split.sorted;
+  SplitMix64 rng(seed);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
+  std::vector<Group> groups;
+  std::vector<GroupTally> tallies;
+  size_t first_open = 0;  // groups [first_open, size) are open
+  for (size_t idx : order) {
+    const SampleLengths& s = window[idx];
+    size_t g = first_open;
+    while (g < groups.size() && !tallies[g].CanAdd(s)) ++g;
+    if (g == groups.size()) {
+      groups.push_back(Group{});
+      tallies.emplace_back(budget);
+      if (groups.size() - first_open > kMixOpenGroups) ++first_open;
+    }
+    tallies[g].Add(s);
+    groups[g].members.push_back(idx);
+  }
+  return Finish(window, std::move(groups), std::move(split.over));
+}
+
 std::vector<Group> ReferenceOdbGroups(Window window, const Budget& budget) {
   SplitWindow split = Split(window, budget);
   const std::vector<size_t> desc(split.sorted.rbegin(), split.sorted.rend());

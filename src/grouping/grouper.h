@@ -26,6 +26,22 @@ struct Group {
 std::vector<Group> FormGroups(std::span<const SampleLengths> window, const Budget& budget,
                               const StepTimeModel& model);
 
+// Groups of length-mixed samples (grouping.mix_lengths, docs/config.md): the
+// samples that fit alone, in a random order drawn from `seed`, each go to the
+// first of the most recently opened groups (at most kMixOpenGroups of them)
+// that can still take it, else open a new group (next-k-fit bin packing, the
+// oldest open group closing when a new one would exceed k). Every group
+// respects the budget; over-budget samples are flagged singletons as in
+// FormGroups. Groups then hold samples of every length instead of runs of the
+// length order, so the steps and accumulation windows made of them are not
+// length-correlated. Packed budgets lose little to it (padding is sum(len)
+// whatever the grouping; only the group count may grow); padded budgets pay
+// padding. Same output for the same window and seed; canonical order as
+// FormGroups'.
+inline constexpr size_t kMixOpenGroups = 8;
+std::vector<Group> FormMixedGroups(std::span<const SampleLengths> window, const Budget& budget,
+                                   uint64_t seed);
+
 // The reference ODB 0.1.x rule (DESIGN.md): window sorted by length, walked
 // longest first, target size max(floor(L_max / L), 1). Kept for tests and the
 // simulator as the baseline to beat.

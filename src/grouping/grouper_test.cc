@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -198,6 +199,7 @@ TEST_CASE("All groupers respect every budget on random windows") {
       CheckValid(w, FormGroups(w, b, StepTimeModel{}), b, "form");
       CheckValid(w, ReferenceOdbGroups(w, b), b, "reference");
       CheckValid(w, GreedyFewestSteps(w, b), b, "greedy");
+      CheckValid(w, FormMixedGroups(w, b, seed), b, "mixed");
     }
   }
 }
@@ -242,6 +244,65 @@ TEST_CASE("With a dominant per-step cost FormGroups uses no more steps than the 
       const auto ours = FormGroups(w, b, steps_first);
       REQUIRE(ours.size() <= GreedyFewestSteps(w, b).size());
       REQUIRE(ours.size() <= ReferenceOdbGroups(w, b).size());
+    }
+  }
+}
+
+// The variance over groups of z = (group mean - window mean) / (window sd /
+// sqrt(group size)): about 1 for groups of random members, far above 1 for
+// groups of similar lengths (bench/window_mix.py reports it for windows).
+double GroupMeanZVariance(std::span<const SampleLengths> window, const std::vector<Group>& groups) {
+  double mean = 0.0, sq = 0.0;
+  for (const SampleLengths& s : window) mean += s.tokens;
+  mean /= static_cast<double>(window.size());
+  for (const SampleLengths& s : window) sq += (s.tokens - mean) * (s.tokens - mean);
+  const double sd = std::sqrt(sq / static_cast<double>(window.size()));
+  double sum_z2 = 0.0;
+  for (const Group& g : groups) {
+    double gm = 0.0;
+    for (size_t i : g.members) gm += window[i].tokens;
+    const double n = static_cast<double>(g.members.size());
+    const double z = (gm / n - mean) / (sd / std::sqrt(n));
+    sum_z2 += z * z;
+  }
+  return sum_z2 / static_cast<double>(groups.size());
+}
+
+TEST_CASE("FormMixedGroups mixes lengths within the budget, at a small group count cost when packed") {
+  // The main job's lengths (examples/tiny_lm.py: log-normal, median 48, at
+  // most 256) under its 512-token budget.
+  for (CostModel model : {CostModel::kPacked, CostModel::kPadded}) {
+    Budget b;
+    b.model = model;
+    b.max_tokens = 512;
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      const auto w = SyntheticWindow(LengthDistribution::kLogNormal, 1024, 256, seed);
+      const auto by_length = FormGroups(w, b, StepTimeModel{});
+      const auto mixed = FormMixedGroups(w, b, seed);
+      CheckValid(w, mixed, b, "mixed");
+      const double z_length = GroupMeanZVariance(w, by_length);
+      const double z_mixed = GroupMeanZVariance(w, mixed);
+      INFO("model " << DescribeBudget(b) << " seed " << seed << ": var(z) by length " << z_length
+                    << ", mixed " << z_mixed << "; groups " << by_length.size() << " vs " << mixed.size());
+      CHECK(z_length > 10.0);
+      if (model == CostModel::kPacked) {
+        // Groups cut at a token budget are not quite random draws (fewer
+        // members where they are longer): about 1.5 here, against 16-19.
+        CHECK(z_mixed < 2.0);
+        CHECK(static_cast<double>(mixed.size()) <= 1.05 * static_cast<double>(by_length.size()));
+      } else {
+        // Padded groups that mix lengths close early (n * longest): 3.4-3.8,
+        // at 2.2-2.4x the groups of FormGroups (docs/config.md).
+        CHECK(z_mixed < 5.0);
+      }
+      // Deterministic from the seed, another seed another grouping.
+      auto members = [](const std::vector<Group>& groups) {
+        std::vector<std::vector<size_t>> out;
+        for (const Group& g : groups) out.push_back(g.members);
+        return out;
+      };
+      CHECK(members(FormMixedGroups(w, b, seed)) == members(mixed));
+      CHECK_FALSE(members(FormMixedGroups(w, b, seed + 100)) == members(mixed));
     }
   }
 }
