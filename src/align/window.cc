@@ -17,23 +17,7 @@ uint64_t LossTokensOf(const SampleMeta& sample) {
                                                     : std::min(sample.loss_tokens, sample.lengths.tokens);
 }
 
-namespace {
-
-uint64_t StepLoss(const PlannedStep& s) {
-  uint64_t n = 0;
-  for (const SampleMeta& m : s.samples) n += LossTokensOf(m);
-  return n;
-}
-
-uint64_t GlobalLoss(const GlobalStep& g) {
-  uint64_t n = 0;
-  for (const PlannedStep& s : g) n += StepLoss(s);
-  return n;
-}
-
-// Samples [begin, end) of a step, its counts recomputed (a subset of a step
-// within the budget is within the budget).
-PlannedStep Part(const PlannedStep& s, size_t begin, size_t end, grouping::CostModel model) {
+PlannedStep StepPart(const PlannedStep& s, size_t begin, size_t end, grouping::CostModel model) {
   PlannedStep p;
   p.samples.assign(s.samples.begin() + static_cast<std::ptrdiff_t>(begin),
                    s.samples.begin() + static_cast<std::ptrdiff_t>(end));
@@ -49,6 +33,20 @@ PlannedStep Part(const PlannedStep& s, size_t begin, size_t end, grouping::CostM
   return p;
 }
 
+namespace {
+
+uint64_t StepLoss(const PlannedStep& s) {
+  uint64_t n = 0;
+  for (const SampleMeta& m : s.samples) n += LossTokensOf(m);
+  return n;
+}
+
+uint64_t GlobalLoss(const GlobalStep& g) {
+  uint64_t n = 0;
+  for (const PlannedStep& s : g) n += StepLoss(s);
+  return n;
+}
+
 // Where each rank cuts its part of a step: samples [0, cut[r]) go first.
 using Cuts = std::vector<size_t>;
 
@@ -57,8 +55,8 @@ std::pair<GlobalStep, GlobalStep> SplitAt(const GlobalStep& g, const Cuts& cuts,
   a.reserve(g.size());
   b.reserve(g.size());
   for (size_t r = 0; r < g.size(); ++r) {
-    a.push_back(Part(g[r], 0, cuts[r], model));
-    b.push_back(Part(g[r], cuts[r], g[r].samples.size(), model));
+    a.push_back(StepPart(g[r], 0, cuts[r], model));
+    b.push_back(StepPart(g[r], cuts[r], g[r].samples.size(), model));
   }
   return {std::move(a), std::move(b)};
 }

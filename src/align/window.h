@@ -74,6 +74,11 @@ struct WindowConfig {
 // when the producer said so, else all its tokens.
 uint64_t LossTokensOf(const SampleMeta& sample);
 
+// A part [begin, end) of a step's samples, its counts recomputed (a subset of
+// a step within the budget is within the budget); IDLE when empty. The window
+// cuts split steps with it (unpartitioned and partitioned).
+PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model);
+
 // Cuts `plan` (as the planner made it, every rank's steps) into windows:
 // splits steps that end windows, drops the steps of a window that must wait
 // for the next round (their samples go to their owners' keep_pending), and

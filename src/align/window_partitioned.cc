@@ -29,22 +29,6 @@ uint64_t Mix(uint64_t h, uint64_t v) {
 
 }  // namespace
 
-PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model) {
-  PlannedStep p;
-  p.samples.assign(step.samples.begin() + static_cast<std::ptrdiff_t>(begin),
-                   step.samples.begin() + static_cast<std::ptrdiff_t>(end));
-  p.idle = p.samples.empty();
-  std::vector<SampleLengths> lens;
-  lens.reserve(p.samples.size());
-  for (const SampleMeta& m : p.samples) {
-    p.real_tokens += m.lengths.tokens;
-    lens.push_back(m.lengths);
-  }
-  p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(model, lens);
-  p.over_budget = step.over_budget && !p.idle;
-  return p;
-}
-
 absl::Status CheckWindowTargetCounts(uint64_t tokens_per_step, uint64_t samples, uint64_t loss,
                                      size_t world) {
   if (tokens_per_step == 0 || samples == 0 || loss == 0) return absl::OkStatus();

@@ -62,11 +62,6 @@ struct CutOffer {
   uint64_t next_real = 0;  // its real tokens
 };
 
-// A part [begin, end) of a step's samples, its counts recomputed (a subset of
-// a step within the budget is within the budget); IDLE when empty.
-// (window.cc's anonymous Part does the same for the unpartitioned cut.)
-PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model);
-
 // The windows of one partitioned round, cut in three stages (see above):
 // construct from the world-wide totals, Offers (this rank's numbers for the
 // exchange), Decide (every rank's offers), Apply (the block's steps).
