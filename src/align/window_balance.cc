@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -101,8 +101,8 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
   return layout;
 }
 
-// The cheapest way to run `members` (sample indices whose position in the
-// longest-first order is `rank_in_order`, sorted by it) as `m` micro-steps
+// The cheapest way to run `members` (sample indices, in the window's
+// longest-first order) as `m` micro-steps
 // within the budget: the sorted list cut into at most m runs (dynamic
 // programming; for padded costs some cheapest split is such a cut), unused
 // micro-steps IDLE at the fixed per_step. nullopt when no cut keeps the
