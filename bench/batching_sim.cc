@@ -149,7 +149,9 @@ int Main(const Options& o) {
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
-    std::fprintf(ranks_csv, "trace,policy,step,rank,samples,real_tokens,padded_tokens,sum_len_sq,cost\n");
+    std::fprintf(ranks_csv,
+                 "trace,policy,window_tokens,step,rank,samples,real_tokens,padded_tokens,sum_len_sq,cost,"
+                 "closes_window\n");
   if (stats_csv)
     std::fprintf(stats_csv,
                  "trace,n,mean,cv,p50,p90,p99,max,short_fraction,vision_fraction,truncated,source\n");
@@ -223,6 +225,20 @@ int Main(const Options& o) {
           return 3;
         }
         Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens, run_cfg.window_tokens);
+        if (ranks_csv) {
+          // Every rank step, to see what limits a policy (which rank is slowest, and why); with
+          // windows, where each window closes.
+          for (size_t k = 0; k < schedule->size(); ++k) {
+            for (size_t r = 0; r < (*schedule)[k].size(); ++r) {
+              const RankStep& rs = (*schedule)[k][r];
+              std::fprintf(ranks_csv, "%s,%s,%lu,%zu,%zu,%u,%lu,%lu,%.6g,%.6g,%d\n", trace->name.c_str(),
+                           p.c_str(), static_cast<unsigned long>(run_cfg.window_tokens), k, r, rs.samples,
+                           static_cast<unsigned long>(rs.real_tokens),
+                           static_cast<unsigned long>(rs.padded_tokens), rs.sum_len_sq,
+                           RankCost(cfg.model, rs), rs.closes_window ? 1 : 0);
+            }
+          }
+        }
         if (ti_w > 0) {
           if (m.samples != arrival.size()) {
             std::fprintf(stderr,
@@ -233,18 +249,6 @@ int Main(const Options& o) {
           }
           windowed[p].push_back(std::move(m));
           continue;
-        }
-        if (ranks_csv) {
-          // Every rank step, to see what limits a policy (which rank is slowest, and why).
-          for (size_t k = 0; k < schedule->size(); ++k) {
-            for (size_t r = 0; r < (*schedule)[k].size(); ++r) {
-              const RankStep& rs = (*schedule)[k][r];
-              std::fprintf(ranks_csv, "%s,%s,%zu,%zu,%u,%lu,%lu,%.6g,%.6g\n", trace->name.c_str(), p.c_str(),
-                           k, r, rs.samples, static_cast<unsigned long>(rs.real_tokens),
-                           static_cast<unsigned long>(rs.padded_tokens), rs.sum_len_sq,
-                           RankCost(cfg.model, rs));
-            }
-          }
         }
         if (m.samples != arrival.size()) {
           std::fprintf(stderr, "batching_sim: %s on %s covered %lu of %zu samples\n", p.c_str(),
@@ -403,7 +407,10 @@ int main(int argc, char** argv) {
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");
   app.add_option("--stats-csv", o.stats_csv, "measured trace statistics");
-  app.add_option("--ranks-csv", o.ranks_csv, "every rank step: samples, tokens, sum(len^2), cost");
+  app.add_option(
+      "--ranks-csv", o.ranks_csv,
+      "every rank step of every run (with and without windows): samples, tokens, sum(len^2), cost, "
+      "whether it closes a window");
   app.add_option("--save-traces-dir", o.save_traces_dir, "write generated traces there");
   CLI11_PARSE(app, argc, argv);
   if (o.world < 1) {

@@ -284,6 +284,181 @@ void KeepHome(std::span<const SampleMeta> samples, Groups& layout) {
 
 }  // namespace
 
+// MoveSamples and MergeMicroSteps: window_balance.h.
+bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window) {
+  const size_t world = window.front().size();
+  const size_t m = window.size();
+  if (world < 2) return false;
+  std::vector<SampleMeta> samples;
+  Layout layout(world, std::vector<Slot>(m, Slot(c.budget)));
+  for (size_t k = 0; k < m; ++k) {
+    for (size_t r = 0; r < world; ++r) {
+      std::vector<SampleMeta> in = window[k][r].samples;
+      std::sort(in.begin(), in.end(),
+                [](const SampleMeta& a, const SampleMeta& b) { return KeyOf(a) < KeyOf(b); });
+      for (const SampleMeta& x : in) {
+        Slot& slot = layout[r][k];
+        slot.tally.Add(x.lengths);
+        slot.sum_sq += Square(x.lengths.tokens);
+        slot.members.push_back(samples.size());
+        samples.push_back(x);
+      }
+    }
+  }
+  auto rebuilt = [&](const Slot& from, size_t drop, size_t add) {
+    Slot out(c.budget);
+    auto take = [&](size_t i) {
+      out.tally.Add(samples[i].lengths);
+      out.sum_sq += Square(samples[i].lengths.tokens);
+      out.members.push_back(i);
+    };
+    for (size_t i : from.members) {
+      if (i != drop) take(i);
+    }
+    if (add != SIZE_MAX) take(add);
+    return out;
+  };
+  std::vector<std::vector<double>> cost(world, std::vector<double>(m));
+  std::vector<double> sum(world, 0.0);
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t k = 0; k < m; ++k) sum[r] += cost[r][k] = SlotCost(c, layout[r][k]);
+  }
+  uint64_t work = 0;
+  bool changed = false;
+  while (work <= kMaxBalanceWork) {
+    const size_t top = static_cast<size_t>(std::max_element(sum.begin(), sum.end()) - sum.begin());
+    // Receivers: the kCandidateRanks least loaded ranks (all of them at W <= 16).
+    std::vector<size_t> others;
+    others.reserve(world - 1);
+    for (size_t q = 0; q < world; ++q) {
+      if (q != top) others.push_back(q);
+    }
+    const size_t n = std::min(others.size(), kCandidateRanks);
+    std::partial_sort(others.begin(), others.begin() + static_cast<std::ptrdiff_t>(n), others.end(),
+                      [&](size_t a, size_t b) { return sum[a] != sum[b] ? sum[a] < sum[b] : a < b; });
+    others.resize(n);
+    work += world;
+    double best = sum[top] * (1.0 - 1e-9);
+    size_t best_k = m, best_x = SIZE_MAX, best_q = world, best_k2 = m;
+    for (size_t k = 0; k < m; ++k) {
+      for (size_t x : layout[top][k].members) {
+        ++work;
+        const double left = sum[top] - cost[top][k] + SlotCost(c, rebuilt(layout[top][k], x, SIZE_MAX));
+        if (left >= best) continue;
+        const SampleLengths& len = samples[x].lengths;
+        for (size_t q : others) {
+          for (size_t k2 = 0; k2 < m; ++k2) {
+            ++work;
+            const Slot& to = layout[q][k2];
+            if (!to.tally.CanAdd(len)) continue;
+            const double v = std::max(left, sum[q] - cost[q][k2] + SlotCostWith(c, to, len));
+            if (v < best) {
+              best = v;
+              best_k = k;
+              best_x = x;
+              best_q = q;
+              best_k2 = k2;
+            }
+          }
+        }
+      }
+    }
+    if (best_q == world) break;
+    layout[top][best_k] = rebuilt(layout[top][best_k], best_x, SIZE_MAX);
+    layout[best_q][best_k2] = rebuilt(layout[best_q][best_k2], SIZE_MAX, best_x);
+    for (auto [r, k] : {std::pair<size_t, size_t>{top, best_k}, std::pair<size_t, size_t>{best_q, best_k2}}) {
+      sum[r] -= cost[r][k];
+      cost[r][k] = SlotCost(c, layout[r][k]);
+      sum[r] += cost[r][k];
+    }
+    changed = true;
+  }
+  if (!changed) return false;
+  std::vector<GlobalStep> out(m, GlobalStep(world));
+  for (size_t r = 0; r < world; ++r) {
+    std::vector<size_t> by_cost(m);
+    for (size_t k = 0; k < m; ++k) {
+      by_cost[k] = k;
+      std::sort(layout[r][k].members.begin(), layout[r][k].members.end(),
+                [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
+    }
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [&](size_t a, size_t b) { return cost[r][a] > cost[r][b]; });
+    for (size_t k = 0; k < m; ++k) {
+      out[k][r] = MakeStep(c.budget.model, samples, layout[r][by_cost[k]].members, false);
+    }
+  }
+  std::erase_if(out, [](const GlobalStep& g) {
+    return std::all_of(g.begin(), g.end(), [](const PlannedStep& s) { return s.samples.empty(); });
+  });
+  window = std::move(out);
+  return true;
+}
+
+bool MergeMicroSteps(const WindowBalanceConfig& c, std::vector<GlobalStep>& window) {
+  bool changed = false;
+  while (window.size() >= 2) {
+    const size_t world = window.front().size();
+    const size_t m = window.size();
+    std::vector<std::vector<double>> cost(m, std::vector<double>(world));
+    std::vector<double> sum(world, 0.0);
+    for (size_t k = 0; k < m; ++k) {
+      for (size_t r = 0; r < world; ++r) {
+        cost[k][r] = MicroStepCost(c, window[k][r]);
+        sum[r] += cost[k][r];
+      }
+    }
+    double best = *std::max_element(sum.begin(), sum.end()) * (1.0 - 1e-9);
+    size_t best_a = m, best_b = m;
+    for (size_t a = 0; a < m; ++a) {
+      for (size_t b = a + 1; b < m; ++b) {
+        double worst = 0.0;
+        bool fits = true;
+        for (size_t r = 0; r < world && fits; ++r) {
+          grouping::GroupTally tally(c.budget);
+          uint32_t longest = 0;
+          uint64_t tokens = 0;
+          double sum_sq = 0.0;
+          for (const PlannedStep* s : {&window[a][r], &window[b][r]}) {
+            for (const SampleMeta& x : s->samples) {
+              if (!tally.CanAdd(x.lengths)) {
+                fits = false;
+                break;
+              }
+              tally.Add(x.lengths);
+              longest = std::max(longest, x.lengths.tokens);
+              tokens += x.lengths.tokens;
+              sum_sq += Square(x.lengths.tokens);
+            }
+            if (!fits) break;
+          }
+          if (!fits) break;
+          const double merged = SlotCost(c, tally.size(), longest, tokens, sum_sq);
+          worst = std::max(worst, sum[r] - cost[a][r] - cost[b][r] + merged);
+        }
+        if (fits && worst < best) {
+          best = worst;
+          best_a = a;
+          best_b = b;
+        }
+      }
+    }
+    if (best_a == m) break;
+    for (size_t r = 0; r < world; ++r) {
+      std::vector<SampleMeta> both = window[best_a][r].samples;
+      both.insert(both.end(), window[best_b][r].samples.begin(), window[best_b][r].samples.end());
+      std::sort(both.begin(), both.end(),
+                [](const SampleMeta& x, const SampleMeta& y) { return KeyOf(x) < KeyOf(y); });
+      std::vector<size_t> all(both.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+      window[best_a][r] = MakeStep(c.budget.model, both, all, false);
+    }
+    window.erase(window.begin() + static_cast<std::ptrdiff_t>(best_b));
+    changed = true;
+  }
+  return changed;
+}
+
 double MicroStepCost(const WindowBalanceConfig& config, const PlannedStep& step) {
   if (step.samples.empty()) return config.step_model.per_step;
   uint32_t longest = 0;
@@ -308,8 +483,10 @@ double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep>
   return worst;
 }
 
-bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
-  if (window.empty() || window.front().empty()) return false;
+namespace {
+
+// The layout search of BalanceWindow (its comment in window_balance.h).
+bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
   const size_t world = window.front().size();
   const size_t steps = window.size();
   std::vector<SampleMeta> samples;
@@ -410,6 +587,47 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
   });
   window = std::move(out);
   return true;
+}
+
+}  // namespace
+
+bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
+  if (window.empty() || window.front().empty()) return false;
+  for (const GlobalStep& g : window) {
+    for (const PlannedStep& s : g) {
+      if (s.over_budget) return false;
+    }
+  }
+  const bool searched = SearchLayout(config, window);
+  // Then single moves and merges, on the steps in an order of their own
+  // (by their first sample's key; the search's layout has one already), so
+  // the result depends on the window's samples only.
+  std::vector<GlobalStep> refined = window;
+  if (!searched) {
+    auto first_key = [](const GlobalStep& g) {
+      std::optional<SampleKey> key;
+      for (const PlannedStep& s : g) {
+        for (const SampleMeta& m : s.samples) {
+          if (!key || KeyOf(m) < *key) key = KeyOf(m);
+        }
+      }
+      return key;
+    };
+    std::stable_sort(refined.begin(), refined.end(), [&](const GlobalStep& a, const GlobalStep& b) {
+      const auto ka = first_key(a), kb = first_key(b);
+      if (ka.has_value() != kb.has_value()) return ka.has_value();
+      return ka.has_value() && *ka < *kb;
+    });
+  }
+  const bool moved = MoveSamples(config, refined);
+  const bool merged = MergeMicroSteps(config, refined);
+  // Kept only when the window's slowest rank got cheaper (moves off one of
+  // two equally slow ranks alone do not make it so).
+  if ((moved || merged) && WindowCost(config, refined) < WindowCost(config, window) * (1.0 - 1e-12)) {
+    window = std::move(refined);
+    return true;
+  }
+  return searched;
 }
 
 }  // namespace odb::align

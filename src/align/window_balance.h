@@ -60,9 +60,37 @@ double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep>
 // lone sample no budget holds) is left alone, and so is one whose greedy
 // layouts alone would take more than kMaxBalanceWork placements; the moves
 // stop at that bound.
+// Then MoveSamples and MergeMicroSteps (below) refine the result.
 // Pure function of its input (sorting ties broken by sample key): every rank
 // computes the same layout. Returns whether the window changed.
 bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
+
+// The two refinements BalanceWindow runs after its layout search (on the
+// search's layout, or on the window as given with its micro-steps ordered by
+// their first sample's key); each is a pure function of its input's samples
+// and order, and BalanceWindow keeps their result only when WindowCost fell.
+//
+// MoveSamples: moves single samples off the window's costliest rank into a
+// micro-step of one of the kCandidateRanks least loaded other ranks that
+// holds them within the budget, each time the move that leaves the larger of
+// the two ranks' sums smallest, while that lowers the costliest rank's sum;
+// then orders each rank's micro-steps costliest first and drops micro-steps
+// no rank uses. The search repacks whole ranks and gives up on large windows
+// (kMaxBalanceWork) or when its greedy finds no layout within the
+// micro-steps (padded budgets with long-tailed lengths); a window cut inside
+// planned steps then keeps what the cut made of its first and last
+// micro-steps, where one rank may hold a long sample and the others little.
+// Every rank keeps the window's micro-step count. At most kMaxBalanceWork
+// evaluations; ties go to the first move found (micro-steps in order,
+// members by key, receivers least loaded first, then by rank).
+bool MoveSamples(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
+
+// MergeMicroSteps: merges two micro-steps into one wherever every rank's
+// samples of both fit one micro-step within the budget and the window's
+// slowest rank gets cheaper (each merge saves every rank a micro-step's
+// fixed cost), the pair that saves most first (ties: the lowest indices),
+// until no pair does; merged samples in key order.
+bool MergeMicroSteps(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
 
 // Bound on a window's layout search: samples x candidate ranks x micro-steps
 // summed over the micro-step counts tried, and the packing steps of the moves.
