@@ -225,7 +225,7 @@ std::vector<Group> BestFitDecreasing(Window window, const std::vector<size_t>& s
 // Pool repacking after a packing (the local search of Levine and Ducatelle,
 // "Ant colony optimization and local search for bin packing and cutting stock
 // problems", J. Oper. Res. Soc. 55(7), 2004, applied here without the ants):
-// the kRepackPoolGroups least-filled groups are emptied into a free pool;
+// the kRepackPoolGroups least-filled groups (at most half of them) are emptied into a free pool;
 // every other group with room left is refilled with the fullest subset of its
 // own members and the pool that fits the budget (their search tries swaps of
 // up to two members for up to two free items; here the subset is exact, a
@@ -293,7 +293,9 @@ uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vecto
 }
 
 std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Budget& budget) {
-  if (!RepackApplies(budget) || groups.size() <= kRepackPoolGroups) return groups;
+  // Half the groups at most go to the pool, so that small windows repack too.
+  const size_t pool_groups = std::min(kRepackPoolGroups, groups.size() / 2);
+  if (!RepackApplies(budget) || pool_groups == 0) return groups;
   const uint64_t cap = budget.max_tokens;
   auto tokens_of = [&](const Group& g) {
     uint64_t sum = 0;
@@ -315,12 +317,12 @@ std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Bu
     std::stable_sort(by_fill.begin(), by_fill.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<size_t> pool;
-    for (size_t k = 0; k < kRepackPoolGroups; ++k) {
+    for (size_t k = 0; k < pool_groups; ++k) {
       for (size_t i : groups[by_fill[k].second].members) pool.push_back(i);
     }
     std::vector<Group> kept;
     kept.reserve(groups.size());
-    for (size_t k = kRepackPoolGroups; k < by_fill.size(); ++k) {
+    for (size_t k = pool_groups; k < by_fill.size(); ++k) {
       Group g = groups[by_fill[k].second];
       if (by_fill[k].first < cap && !pool.empty()) {
         members = g.members;
