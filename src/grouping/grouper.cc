@@ -225,25 +225,31 @@ std::vector<Group> BestFitDecreasing(Window window, const std::vector<size_t>& s
 // Pool repacking after a packing (the local search of Levine and Ducatelle,
 // "Ant colony optimization and local search for bin packing and cutting stock
 // problems", J. Oper. Res. Soc. 55(7), 2004, applied here without the ants):
-// the kRepackPoolGroups least-filled groups (at most half of them) are emptied into a free pool;
-// every other group with room left is refilled with the fullest subset of its
-// own members and the pool that fits the budget (their search tries swaps of
-// up to two members for up to two free items; here the subset is exact, a
-// subset-sum over token counts), its other members going to the pool; then
-// the pool is packed best-fit decreasing into the groups' room, else into new
-// groups. A pass is kept only when it ends with fewer groups; passes stop at
-// the first that does not, at ceil(sum of tokens / max_tokens) groups (no
-// packing has fewer), or after kRepackPasses. Best-fit decreasing leaves rows
-// of near-equal samples with a gap no sample of the same size fills (five
-// 717-token samples in 4096 leave 511); refilled groups mix sizes instead
-// (grouper_test, "pool repacking").
+// the least-filled groups (one in kRepackPoolShare, at least
+// kRepackPoolGroups, at most half) are emptied into a free pool; every other
+// group with room left, most room first, is refilled with the fullest subset
+// of its own members and the pool that fits the budget (their search tries
+// swaps of up to two members for up to two free items; here the subset is
+// exact, a subset-sum over token counts), its other members going to the
+// pool; then the pool is packed best-fit decreasing into the groups' room,
+// else into new groups. A pass is kept only when it ends with fewer groups;
+// passes stop at the first that does not, at ceil(sum of tokens / max_tokens)
+// groups (no packing has fewer), or after kRepackPasses. Best-fit decreasing
+// leaves rows of near-equal samples with a gap no sample of that size fills
+// (five 717-token samples in 4096 leave 511); refilled groups mix sizes
+// instead (grouper_test, "pool repacking").
 //
+// Work: a refill's subset-sum costs one bitset of max_tokens bits per item it
+// reads (it stops once a subset fills the budget exactly); a call reads at
+// most kRepackItemsPerSample items per window sample, then ends its pass.
 // Only for budgets a sum of token counts decides (packed, no quadratic term,
 // no modality limit, max_tokens <= kRepackMaxTokens for the bitsets);
 // max_group_size is checked on every refill. Deterministic: every order is a
 // function of the window.
 constexpr size_t kRepackPoolGroups = 8;
-constexpr size_t kRepackPasses = 8;
+constexpr size_t kRepackPoolShare = 64;
+constexpr size_t kRepackPasses = 4;
+constexpr size_t kRepackItemsPerSample = 32;
 constexpr uint64_t kRepackMaxTokens = 1 << 16;
 
 bool RepackApplies(const Budget& budget) {
@@ -257,9 +263,10 @@ bool RepackApplies(const Budget& budget) {
 // reconstruction walks back and leaves out every item it can). `masks` is
 // scratch: one bitset of reachable sums per prefix.
 uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vector<uint64_t>& masks,
-                       std::vector<size_t>& chosen) {
+                       std::vector<size_t>& chosen, size_t& items_read) {
   const size_t words = cap / 64 + 1;
   const uint64_t top_mask = (cap % 64 == 63) ? ~0ULL : ((1ULL << (cap % 64 + 1)) - 1);
+  masks.reserve(words * (items.size() + 1));
   masks.assign(words, 0);
   masks[0] = 1;
   size_t used = 0;  // items processed (prefix length)
@@ -281,6 +288,7 @@ uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vecto
     next[words - 1] &= top_mask;
     ++used;
   }
+  items_read += used;
   uint64_t best = cap;
   while (!bit(used, best)) --best;  // bit 0 is always set
   chosen.clear();
@@ -294,8 +302,11 @@ uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vecto
 
 std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Budget& budget) {
   // Half the groups at most go to the pool, so that small windows repack too.
-  const size_t pool_groups = std::min(kRepackPoolGroups, groups.size() / 2);
+  const size_t pool_groups =
+      std::min(std::max(kRepackPoolGroups, groups.size() / kRepackPoolShare), groups.size() / 2);
   if (!RepackApplies(budget) || pool_groups == 0) return groups;
+  const size_t max_items_read = kRepackItemsPerSample * window.size();
+  size_t items_read = 0;
   const uint64_t cap = budget.max_tokens;
   auto tokens_of = [&](const Group& g) {
     uint64_t sum = 0;
@@ -309,7 +320,7 @@ std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Bu
   std::vector<size_t> chosen;
   std::vector<uint32_t> items;
   std::vector<size_t> members;
-  for (size_t pass = 0; pass < kRepackPasses && groups.size() > lower; ++pass) {
+  for (size_t pass = 0; pass < kRepackPasses && groups.size() > lower && items_read < max_items_read; ++pass) {
     // Least filled first (ties: the current order, itself deterministic).
     std::vector<std::pair<uint64_t, size_t>> by_fill;
     by_fill.reserve(groups.size());
@@ -324,12 +335,12 @@ std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Bu
     kept.reserve(groups.size());
     for (size_t k = pool_groups; k < by_fill.size(); ++k) {
       Group g = groups[by_fill[k].second];
-      if (by_fill[k].first < cap && !pool.empty()) {
+      if (by_fill[k].first < cap && !pool.empty() && items_read < max_items_read) {
         members = g.members;
         members.insert(members.end(), pool.begin(), pool.end());
         items.clear();
         for (size_t i : members) items.push_back(window[i].tokens);
-        const uint64_t fill = FullestSubset(items, cap, masks, chosen);
+        const uint64_t fill = FullestSubset(items, cap, masks, chosen, items_read);
         if (fill > by_fill[k].first &&
             (budget.max_group_size == 0 || chosen.size() <= budget.max_group_size)) {
           std::vector<bool> in(members.size(), false);
