@@ -277,13 +277,19 @@ uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vecto
     uint64_t* next = &masks[(used + 1) * words];
     const uint64_t s = items[used];
     const size_t shift_words = s / 64, shift_bits = s % 64;
-    for (size_t w = 0; w < words; ++w) {
-      uint64_t shifted = 0;
-      if (w >= shift_words) {
-        shifted = prev[w - shift_words] << shift_bits;
-        if (shift_bits != 0 && w > shift_words) shifted |= prev[w - shift_words - 1] >> (64 - shift_bits);
+    // next = prev | (prev << s), in three branch-free runs of words.
+    const size_t low = std::min(shift_words, words);
+    for (size_t w = 0; w < low; ++w) next[w] = prev[w];
+    if (low < words) {
+      next[low] = prev[low] | (prev[0] << shift_bits);
+      if (shift_bits == 0) {
+        for (size_t w = low + 1; w < words; ++w) next[w] = prev[w] | prev[w - shift_words];
+      } else {
+        for (size_t w = low + 1; w < words; ++w) {
+          next[w] = prev[w] | (prev[w - shift_words] << shift_bits) |
+                    (prev[w - shift_words - 1] >> (64 - shift_bits));
+        }
       }
-      next[w] = prev[w] | shifted;
     }
     next[words - 1] &= top_mask;
     ++used;
