@@ -273,13 +273,13 @@ uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vecto
                        std::vector<size_t>& chosen, size_t& items_read) {
   const size_t words = cap / 64 + 1;
   const uint64_t top_mask = (cap % 64 == 63) ? ~0ULL : ((1ULL << (cap % 64 + 1)) - 1);
-  masks.reserve(words * (items.size() + 1));
-  masks.assign(words, 0);
+  // Grown, never shrunk: a prefix's bitset is written whole before it is read.
+  if (masks.size() < words * (items.size() + 1)) masks.resize(words * (items.size() + 1));
+  std::fill(masks.begin(), masks.begin() + static_cast<std::ptrdiff_t>(words), 0);
   masks[0] = 1;
   size_t used = 0;  // items processed (prefix length)
   auto bit = [&](size_t prefix, uint64_t v) { return (masks[prefix * words + v / 64] >> (v % 64)) & 1ULL; };
   while (used < items.size() && !bit(used, cap)) {
-    masks.resize((used + 2) * words);
     const uint64_t* prev = &masks[used * words];
     uint64_t* next = &masks[(used + 1) * words];
     const uint64_t s = items[used];
