@@ -179,22 +179,6 @@ void LocalitySweep() {
 
 double ThreadCpuUs();
 
-// Image + text instruction lengths (batching_sim's image_text trace): 90% one
-// image of 576 tokens plus log-normal text (median 120, sigma 0.8), 10% text
-// only. Best-fit decreasing packs them 3.6% above ceil(sum / L) rows; the
-// grouper's pool repacking works hardest here.
-std::vector<SampleLengths> ImageTextLengths(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::lognormal_distribution<double> text(std::log(120.0), 0.8);
-  std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::vector<SampleLengths> out;
-  for (size_t i = 0; i < n; ++i) {
-    const double image = unit(rng) < 0.9 ? 576.0 : 0.0;
-    out.push_back(SampleLengths{static_cast<uint32_t>(std::clamp(std::round(text(rng) + image), 4.0, 4096.0)), 0, 0});
-  }
-  return out;
-}
-
 void PlannerTime() {
   std::printf("\n== planner time, W=64 x 1024 pending/rank, window 1024, free 8 ==\n");
   struct Case {
@@ -208,9 +192,9 @@ void PlannerTime() {
     align::RoundState st;
     st.ranks.resize(world);
     for (int r = 0; r < world; ++r) {
-      const auto lens =
-          c.image_text ? ImageTextLengths(1024, 99 + r)
-                       : grouping::SyntheticWindow(grouping::LengthDistribution::kLogNormal, 1024, 4096, 99 + r);
+      const auto lens = grouping::SyntheticWindow(
+          c.image_text ? grouping::LengthDistribution::kImageText : grouping::LengthDistribution::kLogNormal,
+          1024, 4096, 99 + r);
       for (size_t i = 0; i < lens.size(); ++i) {
         SampleMeta m;
         m.id = i;
@@ -247,10 +231,11 @@ void PlannerTime() {
     const auto groups = grouping::FormGroups(all, g.base.budget, g.base.step_model);
     const double fg = 1e-3 * (ThreadCpuUs() - c0);
     std::printf(
-        "%-7s %-10s p50 %.2f ms, min %.2f ms, thread CPU p50 %.2f ms (T=%u; of which FormGroups(65536) %.2f ms "
-        "CPU, %zu groups)\n",
-        model == grouping::CostModel::kPadded ? "padded" : "packed", c.image_text ? "image_text" : "lognormal",
-        ms[ms.size() / 2], ms[0], cpu_ms[cpu_ms.size() / 2], steps, fg, groups.size());
+        "%-7s %-10s p50 %.2f ms, min %.2f ms, thread CPU p50 %.2f ms "
+        "(T=%u; of which FormGroups(65536) %.2f ms CPU, %zu groups)\n",
+        model == grouping::CostModel::kPadded ? "padded" : "packed",
+        c.image_text ? "image_text" : "lognormal", ms[ms.size() / 2], ms[0], cpu_ms[cpu_ms.size() / 2], steps,
+        fg, groups.size());
   }
 }
 

@@ -333,7 +333,8 @@ std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Bu
   std::vector<size_t> chosen;
   std::vector<uint32_t> items;
   std::vector<size_t> members;
-  for (size_t pass = 0; pass < kRepackPasses && groups.size() > lower && items_read < max_items_read; ++pass) {
+  for (size_t pass = 0; pass < kRepackPasses && groups.size() > lower && items_read < max_items_read;
+       ++pass) {
     // Least filled first (ties: the current order, itself deterministic).
     std::vector<std::pair<uint64_t, size_t>> by_fill;
     by_fill.reserve(groups.size());

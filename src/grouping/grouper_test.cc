@@ -6,7 +6,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -149,21 +148,6 @@ TEST_CASE("Packed FormGroups keeps best-fit when it beats first-fit") {
   CHECK(GreedyFewestSteps(w, b).size() == 3);
 }
 
-// Image + text instruction lengths, as batching_sim's image_text trace: 90%
-// one image (576 tokens) plus log-normal text (median 120, sigma 0.8), 10%
-// text only.
-std::vector<SampleLengths> ImageTextWindow(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::lognormal_distribution<double> text(std::log(120.0), 0.8);
-  std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::vector<SampleLengths> w;
-  for (size_t i = 0; i < n; ++i) {
-    const double image = unit(rng) < 0.9 ? 576.0 : 0.0;
-    w.push_back(SampleLengths{static_cast<uint32_t>(std::clamp(std::round(text(rng) + image), 4.0, 4096.0)), 0, 0});
-  }
-  return w;
-}
-
 uint64_t CeilTokensOver(std::span<const SampleLengths> w, uint64_t max_tokens) {
   uint64_t sum = 0;
   for (const SampleLengths& s : w) sum += s.tokens;
@@ -174,9 +158,9 @@ TEST_CASE("pool repacking: a window that best-fit and first-fit decreasing pack 
   // Nine groups for best-fit and first-fit decreasing: runs of near-equal
   // samples (five of ~720 leave ~500 that nothing of that size fills).
   // Pool repacking refills groups with mixed sizes: eight, ceil(sum / 4096).
-  const auto w = Tokens({696, 683, 815, 1001, 664, 697, 644, 965, 718, 632,  685, 832, 762, 626,
-                         668, 1240, 614, 829, 770, 808, 720, 784, 728, 794,  394, 613, 783, 771,
-                         712, 604, 716, 720, 619, 1092, 1354, 722, 646, 965, 644, 617, 979});
+  const auto w = Tokens({696, 683,  815, 1001, 664, 697,  644,  965, 718, 632, 685, 832, 762, 626,
+                         668, 1240, 614, 829,  770, 808,  720,  784, 728, 794, 394, 613, 783, 771,
+                         712, 604,  716, 720,  619, 1092, 1354, 722, 646, 965, 644, 617, 979});
   Budget b;
   b.model = CostModel::kPacked;
   b.max_tokens = 4096;
@@ -185,6 +169,13 @@ TEST_CASE("pool repacking: a window that best-fit and first-fit decreasing pack 
   CHECK(CeilTokensOver(w, b.max_tokens) == 8);
   CHECK(ours.size() == 8);
   CHECK(GreedyFewestSteps(w, b).size() == 9);
+  // Not where a group's fixed cost is under 1% of the step time: a saved
+  // group is worth nothing there, and fuller rows leave the planner's balance
+  // less room (grouper.cc, kRepackMinStepShare).
+  StepTimeModel attention_bound;
+  attention_bound.per_step = 1.0;
+  attention_bound.per_len_sq = 1.0;
+  CHECK(FormGroups(w, b, attention_bound).size() == 9);
 }
 
 TEST_CASE("pool repacking: image+text windows within 1% of ceil(sum / L) groups") {
@@ -196,7 +187,7 @@ TEST_CASE("pool repacking: image+text windows within 1% of ceil(sum / L) groups"
   b.max_tokens = 4096;
   for (uint64_t seed = 0; seed < 4; ++seed) {
     const size_t n = 1500 + 1800 * seed;
-    const auto w = ImageTextWindow(n, seed);
+    const auto w = SyntheticWindow(LengthDistribution::kImageText, n, 4096, seed);
     const auto ours = FormGroups(w, b, StepTimeModel{});
     INFO("seed " << seed << " n " << n);
     CheckValid(w, ours, b, "form");
@@ -216,8 +207,9 @@ TEST_CASE("pool repacking keeps every sample once within the budget on large ran
     b.model = CostModel::kPacked;
     b.max_tokens = seed % 3 == 0 ? 2048 : 4096;
     b.max_group_size = seed % 4 == 1 ? 6 : 0;
-    const auto w = seed % 2 == 0 ? SyntheticWindow(kDistributions[seed % 3], 300 + 120 * seed, 4300, seed)
-                                 : ImageTextWindow(300 + 120 * seed, seed);
+    const auto w = seed % 2 == 0
+                       ? SyntheticWindow(kDistributions[seed % 3], 300 + 120 * seed, 4300, seed)
+                       : SyntheticWindow(LengthDistribution::kImageText, 300 + 120 * seed, 4096, seed);
     INFO("seed " << seed << " " << DescribeBudget(b));
     const auto ours = FormGroups(w, b, StepTimeModel{});
     CheckValid(w, ours, b, "form");
