@@ -1,6 +1,8 @@
 // Simulated cost of GlobalPlanner vs LocalPlanner vs an offline oracle, balance,
 // bytes moved vs locality, and planner time at W = 64 x 1024.
 //   bazel run -c opt //src/balance:balance_bench
+// The planner's time alone (wall and thread CPU per round, three workloads):
+//   bazel run -c opt //src/balance:balance_bench -- --planner-time
 // The whole-job rounds of bench/real_rounds.py, in process (the planner's
 // thread CPU per round at W = 2 / 16 / 32, one-rank nodes):
 //   bazel run -c opt //src/balance:balance_bench -- --real-rounds 2,16,32
@@ -175,14 +177,24 @@ void LocalitySweep() {
   }
 }
 
+double ThreadCpuUs();
+
 void PlannerTime() {
   std::printf("\n== planner time, W=64 x 1024 pending/rank, window 1024, free 8 ==\n");
-  for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+  struct Case {
+    grouping::CostModel model;
+    bool image_text;
+  };
+  for (const Case c : {Case{grouping::CostModel::kPadded, false}, Case{grouping::CostModel::kPacked, false},
+                       Case{grouping::CostModel::kPacked, true}}) {
+    const grouping::CostModel model = c.model;
     const int world = 64;
     align::RoundState st;
     st.ranks.resize(world);
     for (int r = 0; r < world; ++r) {
-      const auto lens = grouping::SyntheticWindow(grouping::LengthDistribution::kLogNormal, 1024, 4096, 99 + r);
+      const auto lens = grouping::SyntheticWindow(
+          c.image_text ? grouping::LengthDistribution::kImageText : grouping::LengthDistribution::kLogNormal,
+          1024, 4096, 99 + r);
       for (size_t i = 0; i < lens.size(); ++i) {
         SampleMeta m;
         m.id = i;
@@ -199,25 +211,31 @@ void PlannerTime() {
     g.base.max_wait_rounds = 0;
     g.local_world_size = 8;
     GlobalPlanner planner(g);
-    std::vector<double> ms;
+    std::vector<double> ms, cpu_ms;
     uint32_t steps = 0;
     for (int i = 0; i < 15; ++i) {
+      const double c0 = ThreadCpuUs();
       const auto t0 = std::chrono::steady_clock::now();
       const align::RoundPlan plan = planner.Plan(st);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      cpu_ms.push_back(1e-3 * (ThreadCpuUs() - c0));
       steps = plan.num_steps;
     }
     std::sort(ms.begin(), ms.end());
+    std::sort(cpu_ms.begin(), cpu_ms.end());
     std::vector<SampleLengths> all;
     for (const auto& rr : st.ranks) {
       for (const auto& m : rr.pending) all.push_back(m.lengths);
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = ThreadCpuUs();
     const auto groups = grouping::FormGroups(all, g.base.budget, g.base.step_model);
-    const double fg = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%-7s p50 %.2f ms, min %.2f ms (T=%u; of which FormGroups(65536) %.2f ms, %zu groups)\n",
-                model == grouping::CostModel::kPadded ? "padded" : "packed", ms[ms.size() / 2], ms[0], steps, fg,
-                groups.size());
+    const double fg = 1e-3 * (ThreadCpuUs() - c0);
+    std::printf(
+        "%-7s %-10s p50 %.2f ms, min %.2f ms, thread CPU p50 %.2f ms "
+        "(T=%u; of which FormGroups(65536) %.2f ms CPU, %zu groups)\n",
+        model == grouping::CostModel::kPadded ? "padded" : "packed",
+        c.image_text ? "image_text" : "lognormal", ms[ms.size() / 2], ms[0], cpu_ms[cpu_ms.size() / 2], steps,
+        fg, groups.size());
   }
 }
 
@@ -326,6 +344,10 @@ int main(int argc, char** argv) {
       odb::balance::RealRounds(static_cast<int>(w), lws, reps, per_rank, window);
       p = *end == ',' ? end + 1 : end;
     }
+    return 0;
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "--planner-time") == 0) {
+    odb::balance::PlannerTime();  // the planner's time alone
     return 0;
   }
   odb::balance::CostTable();

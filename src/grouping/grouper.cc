@@ -34,8 +34,10 @@ namespace odb::grouping {
 // objective reduces to the number of groups: bin packing (multi-dimensional
 // when modality budgets are set), where runs of the sorted order are not
 // optimal. Three candidates are built and the one with the lowest total step
-// time wins: best-fit decreasing, the fill-to-budget greedy (for plain bin
-// packing it is first-fit decreasing, within 11/9 OPT + 6/9 bins), and the
+// time wins: best-fit decreasing improved by pool repacking (PoolRepack: the
+// least-filled groups emptied and the others refilled exactly; never more
+// groups than best-fit decreasing alone), the fill-to-budget greedy (for plain
+// bin packing it is first-fit decreasing, within 11/9 OPT + 6/9 bins), and the
 // contiguous DP (rarely better than the others for a pure token budget, but it
 // bounds the result by the best run partition whatever the modality limits do).
 //
@@ -181,18 +183,24 @@ std::vector<Group> GreedyFill(Window window, const std::vector<size_t>& sorted,
   return groups;
 }
 
-// Best-fit decreasing for the packed model: each sample, longest first, goes to
-// the open group with the least token room that can still take it.
-std::vector<Group> BestFitDecreasing(Window window, const std::vector<size_t>& sorted,
-                                     const Budget& budget) {
+// Best-fit decreasing for the packed model: each sample of `sorted`, longest
+// first, goes to the group with the least token room that can still take it,
+// else opens a new one. `groups` are the groups to start from (empty for a
+// plain BFD; PoolRepack passes the groups it keeps).
+std::vector<Group> BestFitDecreasing(Window window, const std::vector<size_t>& sorted, const Budget& budget,
+                                     std::vector<Group> groups = {}) {
   std::vector<GroupTally> tallies;
-  std::vector<Group> groups;
   std::multimap<double, size_t> by_room;  // token room left -> group
   const bool limited = budget.max_tokens != 0;
   const double slack = 1e-9 * (static_cast<double>(budget.max_tokens) + 1.0);
   auto room = [&](const GroupTally& t) {
     return limited ? static_cast<double>(budget.max_tokens) - t.BudgetCost() : 0.0;
   };
+  for (const Group& g : groups) {
+    tallies.emplace_back(budget);
+    for (size_t i : g.members) tallies.back().Add(window[i]);
+    by_room.emplace(room(tallies.back()), tallies.size() - 1);
+  }
   for (auto it = sorted.rbegin(); it != sorted.rend(); ++it) {
     const SampleLengths& s = window[*it];
     auto slot = limited ? by_room.lower_bound(EffectiveLength(budget, s.tokens) - slack)
@@ -210,6 +218,160 @@ std::vector<Group> BestFitDecreasing(Window window, const std::vector<size_t>& s
     tallies[g].Add(s);
     groups[g].members.push_back(*it);
     by_room.emplace(room(tallies[g]), g);
+  }
+  return groups;
+}
+
+// Pool repacking after a packing (the local search of Levine and Ducatelle,
+// "Ant colony optimization and local search for bin packing and cutting stock
+// problems", J. Oper. Res. Soc. 55(7), 2004, applied here without the ants):
+// the least-filled groups (one in kRepackPoolShare, at least
+// kRepackPoolGroups, at most half) are emptied into a free pool; every other
+// group with room left, most room first, is refilled with the fullest subset
+// of its own members and the pool that fits the budget (their search tries
+// swaps of up to two members for up to two free items; here the subset is
+// exact, a subset-sum over token counts), its other members going to the
+// pool; then the pool is packed best-fit decreasing into the groups' room,
+// else into new groups. A pass is kept only when it ends with fewer groups;
+// passes stop at the first that does not, at ceil(sum of tokens / max_tokens)
+// groups (no packing has fewer), or after kRepackPasses. Best-fit decreasing
+// leaves rows of near-equal samples with a gap no sample of that size fills
+// (five 717-token samples in 4096 leave 511); refilled groups mix sizes
+// instead (grouper_test, "pool repacking").
+//
+// Work: a refill's subset-sum costs one bitset of max_tokens bits per item it
+// reads (it stops once a subset fills the budget exactly); a call reads at
+// most kRepackItemsPerSample items per window sample, then ends its pass.
+// Only for budgets a sum of token counts decides (packed, no quadratic term,
+// no modality limit, max_tokens <= kRepackMaxTokens for the bitsets);
+// max_group_size is checked on every refill. Deterministic: every order is a
+// function of the window.
+constexpr size_t kRepackPoolGroups = 8;
+constexpr size_t kRepackPoolShare = 64;
+constexpr size_t kRepackPasses = 4;
+constexpr size_t kRepackItemsPerSample = 32;
+constexpr uint64_t kRepackMaxTokens = 1 << 16;
+// Repacking saves only the fixed per_step of each group it removes, and the
+// fuller rows it leaves give the planner's balance of a step less room. Where
+// per_step is under this share of the grouping's step time it is not run
+// (batching_sim, cpu_calibrated: per_step ~0.3% of a row, repacked rows lost
+// 0.0003-0.0010 of the bound at W = 64; every other step model there has
+// 5% or more and gains).
+constexpr double kRepackMinStepShare = 0.01;
+
+bool RepackApplies(const Budget& budget) {
+  return budget.model == CostModel::kPacked && budget.max_tokens != 0 &&
+         budget.max_tokens <= kRepackMaxTokens && budget.quadratic_q <= 0.0 &&
+         budget.max_vision_patches == 0 && budget.max_audio_frames == 0;
+}
+
+// Subset-sum over `items` (token counts) up to `cap`: the positions of a
+// subset with the largest sum <= cap, preferring the earlier items (the
+// reconstruction walks back and leaves out every item it can). `masks` is
+// scratch: one bitset of reachable sums per prefix.
+uint64_t FullestSubset(std::span<const uint32_t> items, uint64_t cap, std::vector<uint64_t>& masks,
+                       std::vector<size_t>& chosen, size_t& items_read) {
+  const size_t words = cap / 64 + 1;
+  const uint64_t top_mask = (cap % 64 == 63) ? ~0ULL : ((1ULL << (cap % 64 + 1)) - 1);
+  // Grown, never shrunk: a prefix's bitset is written whole before it is read.
+  if (masks.size() < words * (items.size() + 1)) masks.resize(words * (items.size() + 1));
+  std::fill(masks.begin(), masks.begin() + static_cast<std::ptrdiff_t>(words), 0);
+  masks[0] = 1;
+  size_t used = 0;  // items processed (prefix length)
+  auto bit = [&](size_t prefix, uint64_t v) { return (masks[prefix * words + v / 64] >> (v % 64)) & 1ULL; };
+  while (used < items.size() && !bit(used, cap)) {
+    const uint64_t* prev = &masks[used * words];
+    uint64_t* next = &masks[(used + 1) * words];
+    const uint64_t s = items[used];
+    const size_t shift_words = s / 64, shift_bits = s % 64;
+    // next = prev | (prev << s), in three branch-free runs of words.
+    const size_t low = std::min(shift_words, words);
+    for (size_t w = 0; w < low; ++w) next[w] = prev[w];
+    if (low < words) {
+      next[low] = prev[low] | (prev[0] << shift_bits);
+      if (shift_bits == 0) {
+        for (size_t w = low + 1; w < words; ++w) next[w] = prev[w] | prev[w - shift_words];
+      } else {
+        for (size_t w = low + 1; w < words; ++w) {
+          next[w] = prev[w] | (prev[w - shift_words] << shift_bits) |
+                    (prev[w - shift_words - 1] >> (64 - shift_bits));
+        }
+      }
+    }
+    next[words - 1] &= top_mask;
+    ++used;
+  }
+  items_read += used;
+  uint64_t best = cap;
+  while (!bit(used, best)) --best;  // bit 0 is always set
+  chosen.clear();
+  for (uint64_t v = best, i = used; i > 0; --i) {
+    if (bit(i - 1, v)) continue;
+    chosen.push_back(i - 1);
+    v -= items[i - 1];
+  }
+  return best;
+}
+
+std::vector<Group> PoolRepack(Window window, std::vector<Group> groups, const Budget& budget) {
+  // Half the groups at most go to the pool, so that small windows repack too.
+  const size_t pool_groups =
+      std::min(std::max(kRepackPoolGroups, groups.size() / kRepackPoolShare), groups.size() / 2);
+  if (!RepackApplies(budget) || pool_groups == 0) return groups;
+  const size_t max_items_read = kRepackItemsPerSample * window.size();
+  size_t items_read = 0;
+  const uint64_t cap = budget.max_tokens;
+  auto tokens_of = [&](const Group& g) {
+    uint64_t sum = 0;
+    for (size_t i : g.members) sum += window[i].tokens;
+    return sum;
+  };
+  uint64_t total = 0;
+  for (const Group& g : groups) total += tokens_of(g);
+  const uint64_t lower = (total + cap - 1) / cap;
+  std::vector<uint64_t> masks;
+  std::vector<size_t> chosen;
+  std::vector<uint32_t> items;
+  std::vector<size_t> members;
+  for (size_t pass = 0; pass < kRepackPasses && groups.size() > lower && items_read < max_items_read;
+       ++pass) {
+    // Least filled first (ties: the current order, itself deterministic).
+    std::vector<std::pair<uint64_t, size_t>> by_fill;
+    by_fill.reserve(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) by_fill.emplace_back(tokens_of(groups[g]), g);
+    std::stable_sort(by_fill.begin(), by_fill.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<size_t> pool;
+    for (size_t k = 0; k < pool_groups; ++k) {
+      for (size_t i : groups[by_fill[k].second].members) pool.push_back(i);
+    }
+    std::vector<Group> kept;
+    kept.reserve(groups.size());
+    for (size_t k = pool_groups; k < by_fill.size(); ++k) {
+      Group g = groups[by_fill[k].second];
+      if (by_fill[k].first < cap && !pool.empty() && items_read < max_items_read) {
+        members = g.members;
+        members.insert(members.end(), pool.begin(), pool.end());
+        items.clear();
+        for (size_t i : members) items.push_back(window[i].tokens);
+        const uint64_t fill = FullestSubset(items, cap, masks, chosen, items_read);
+        if (fill > by_fill[k].first &&
+            (budget.max_group_size == 0 || chosen.size() <= budget.max_group_size)) {
+          std::vector<bool> in(members.size(), false);
+          for (size_t c : chosen) in[c] = true;
+          g.members.clear();
+          pool.clear();
+          for (size_t c = 0; c < members.size(); ++c) (in[c] ? g.members : pool).push_back(members[c]);
+        }
+      }
+      kept.push_back(std::move(g));
+    }
+    std::sort(pool.begin(), pool.end(), [&](size_t a, size_t b) {
+      return window[a].tokens != window[b].tokens ? window[a].tokens < window[b].tokens : a < b;
+    });
+    std::vector<Group> repacked = BestFitDecreasing(window, pool, budget, std::move(kept));
+    if (repacked.size() >= groups.size()) break;
+    groups = std::move(repacked);
   }
   return groups;
 }
@@ -362,7 +524,12 @@ std::vector<Group> FormGroups(Window window, const Budget& budget, const StepTim
   };
   const bool modalities = budget.max_vision_patches != 0 || budget.max_audio_frames != 0;
   if (budget.model == CostModel::kPacked) {
-    consider(BestFitDecreasing(window, split.sorted, budget));
+    std::vector<Group> bfd = BestFitDecreasing(window, split.sorted, budget);
+    if (model.per_step * static_cast<double>(bfd.size()) >=
+        kRepackMinStepShare * TotalStepTime(window, bfd, model, budget.model)) {
+      bfd = PoolRepack(window, std::move(bfd), budget);
+    }
+    consider(std::move(bfd));
     consider(GreedyFill(window, split.sorted, budget));
   } else if (modalities) {
     consider(GreedyFill(window, split.sorted, budget));

@@ -85,7 +85,8 @@ void Run() {
   std::printf("lb_st: ceil(sum(len) / max_tokens) per window, a floor on any grouping's steps\n");
   std::printf("cost ratio < 1 means FormGroups is cheaper; steps summed over all windows\n\n");
   const LengthDistribution dists[] = {LengthDistribution::kUniform, LengthDistribution::kLogNormal,
-                                      LengthDistribution::kBimodal, LengthDistribution::kShort};
+                                      LengthDistribution::kBimodal, LengthDistribution::kShort,
+                                      LengthDistribution::kImageText};
   for (CostModel cm : {CostModel::kPadded, CostModel::kPacked}) {
     Budget budget;
     budget.model = cm;

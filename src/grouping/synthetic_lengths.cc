@@ -46,6 +46,8 @@ const char* DistributionName(LengthDistribution dist) {
       return "bimodal";
     case LengthDistribution::kShort:
       return "short";
+    case LengthDistribution::kImageText:
+      return "image_text";
   }
   return "unknown";
 }
@@ -71,6 +73,11 @@ std::vector<SampleLengths> SyntheticWindow(LengthDistribution dist, size_t n, ui
       case LengthDistribution::kShort:
         s.tokens = rng.Between(1, std::min<uint32_t>(64, max_len));
         break;
+      case LengthDistribution::kImageText: {
+        const double image = rng.Uniform() < 0.9 ? 576.0 : 0.0;
+        s.tokens = Clip(std::exp(std::log(120.0) + 0.8 * rng.Normal()) + image, max_len);
+        break;
+      }
     }
     if (max_vision != 0 && rng.Uniform() < 0.5) s.vision_patches = rng.Between(1, max_vision);
     if (max_audio != 0 && rng.Uniform() < 0.5) s.audio_frames = rng.Between(1, max_audio);

@@ -15,6 +15,8 @@ enum class LengthDistribution {
   kLogNormal,  // long tail: median ~max_len/16, clipped to [1, max_len]
   kBimodal,    // 70% short chat turns, 30% long documents
   kShort,      // many short samples, uniform in [1, 64]: the DP's slowest case
+  kImageText,  // batching_sim's image_text: 90% one 576-token image plus log-normal
+               // text (median 120, sigma 0.8), 10% text only; clipped to max_len
 };
 
 const char* DistributionName(LengthDistribution dist);
