@@ -84,7 +84,9 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
           "| of window bound (a) / (b) | ceiling (b) | IDLE share | micro-steps | mean-rank time / none | max/mean "
           "| windows | mean / target | max / target |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 1.0, 0.0])
+    # Per (W, model, target, policy): cells within the mark under (a), under (b), cells, worst (a) / none,
+    # worst (b) / none, most IDLE.
+    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 1.0, 1.0, 0.0])
     for (world, model, trace, policy), by_target in sorted(runs.items()):
         base = by_target.get("0")
         if base is None:
@@ -109,14 +111,16 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
                   f"| {float(r['mean_window_over_target']):.3f} | {float(r['max_window_over_target']):.3f} |")
             s = summary[(world, model, target, policy)]
             s[0] += fa >= f0 * (1 - within) and idle <= idle_max
-            s[1] += 1
-            s[2] = min(s[2], fa / f0 if f0 > 0 else 0.0)
-            s[3] = max(s[3], idle)
+            s[1] += fb >= f0 * (1 - within) and idle <= idle_max
+            s[2] += 1
+            s[3] = min(s[3], fa / f0 if f0 > 0 else 0.0)
+            s[4] = min(s[4], fb / f0 if f0 > 0 else 0.0)
+            s[5] = max(s[5], idle)
     print()
-    for (world, model, target, policy), (ok, n, worst, idle) in sorted(summary.items()):
-        print(f"W {world}, {model}, windows {target}, {policy}: {ok} of {n} traces within {100 * within:.0f}% of "
-              f"the unwindowed fraction with IDLE <= {100 * idle_max:.0f}%; worst (a) / none {worst:.3f}, "
-              f"most IDLE {100 * idle:.1f}%")
+    for (world, model, target, policy), (ok_a, ok_b, n, worst_a, worst_b, idle) in sorted(summary.items()):
+        print(f"W {world}, {model}, windows {target}, {policy}: of {n} traces, within {100 * within:.0f}% of the "
+              f"unwindowed fraction with IDLE <= {100 * idle_max:.0f}%: {ok_a} under (a), {ok_b} under (b); worst "
+              f"(a) / none {worst_a:.3f}, (b) / none {worst_b:.3f}, most IDLE {100 * idle:.1f}%")
     return 0
 
 
