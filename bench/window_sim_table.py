@@ -124,6 +124,53 @@ def table(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int
     return 0
 
 
+def digest(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> int:
+    """Prints one row per (target, mode): ranges over the models and traces of the unwindowed fraction, the
+    fractions under (a) and (b) with balance over the window (under (b) also the cut alone), IDLE, and the cells
+    within `within` of the unwindowed fraction with IDLE <= idle_max under (a) and (b). The docs' table."""
+    runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r["policy"].startswith("odb"):
+                    cut_alone = r["window_target"] != "0" and r.get("window_balance", "1") == "0"
+                    runs[(r["model"], r["trace"], r["policy"])][(r["window_target"], cut_alone)] = r
+    cells: dict[tuple, list] = defaultdict(list)
+    targets: list[str] = []
+    for key, by in runs.items():
+        base = by.get(("0", False)) or by.get(("0", True))
+        if base is None:
+            continue
+        f0, _ = fraction(base)
+        mode = "packed" if key[2].endswith(":packed") else "padded"
+        for (target, cut_alone), r in by.items():
+            if target == "0" or cut_alone:
+                continue
+            if target not in targets:
+                targets.append(target)
+            alone = by.get((target, True))
+            cells[(target, mode)].append((f0, fraction(r)[0], fraction(r, "_window")[0],
+                                          fraction(alone, "_window")[0] if alone else None, float(r["idle_share"])))
+
+    def span(values: list, fmt: str = "{:.3f}") -> str:
+        values = [v for v in values if v is not None]
+        return (fmt.format(min(values)) + "-" + fmt.format(max(values))) if values else "n/a"
+
+    print("| target | mode | no windows | (a) | (b), cut alone -> with balance | IDLE | within 2%, (a) / (b) |")
+    print("|---|---|---|---|---|---|---|")
+    for target in targets:  # as the runs list them
+        for mode in ("padded", "packed"):
+            c = cells.get((target, mode))
+            if not c:
+                continue
+            ok_a = sum(fa >= f0 * (1 - within) and idle <= idle_max for f0, fa, _, _, idle in c)
+            ok_b = sum(fb >= f0 * (1 - within) and idle <= idle_max for f0, _, fb, _, idle in c)
+            print(f"| {target} | {mode} | {span([x[0] for x in c])} | {span([x[1] for x in c])} "
+                  f"| {span([x[3] for x in c])} -> **{span([x[2] for x in c])}** "
+                  f"| {span([100 * x[4] for x in c], '{:.1f}')}% | {ok_a} / {ok_b} of {len(c)} |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csvs", nargs="*", help="batching_sim CSVs to tabulate (without --bin)")
@@ -140,13 +187,15 @@ def main() -> int:
                    help="windows without balance over the window (the cut alone); CSVs named *_nobal")
     p.add_argument("--traces", default=TRACES)
     p.add_argument("--policies", default=POLICIES)
+    p.add_argument("--digest", action="store_true",
+                   help="one row per (target, mode) over the models and traces instead (the docs' table)")
     args = p.parse_args()
     paths = list(args.csvs)
     if args.bin:
         paths += run_matrix(args)
     if not paths:
         p.error("give --bin to run the matrix, or CSV files")
-    return table(paths)
+    return digest(paths) if args.digest else table(paths)
 
 
 if __name__ == "__main__":
