@@ -525,6 +525,11 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
   }
   cut.Apply(plan, begin, end, config.budget.model, windows_, inputs_open, all_finished && planned == pending,
             global_real);
+  // Balance over the window, within the block's micro-steps (the world-wide
+  // totals above stay; window_partitioned.h).
+  if (planner_->MovesSamples()) {
+    BalanceBlockWindows(WindowBalanceConfig{config.budget, config.step_model}, plan, begin, end);
+  }
   return absl::OkStatus();
 }
 

@@ -285,7 +285,7 @@ void KeepHome(std::span<const SampleMeta> samples, Groups& layout) {
 }  // namespace
 
 // MoveSamples and MergeMicroSteps: window_balance.h.
-bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window) {
+bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window, bool within_steps) {
   const size_t world = window.front().size();
   const size_t m = window.size();
   if (world < 2) return false;
@@ -347,7 +347,7 @@ bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window) 
         if (left >= best) continue;
         const SampleLengths& len = samples[x].lengths;
         for (size_t q : others) {
-          for (size_t k2 = 0; k2 < m; ++k2) {
+          for (size_t k2 = within_steps ? k : 0; k2 < (within_steps ? k + 1 : m); ++k2) {
             ++work;
             const Slot& to = layout[q][k2];
             if (!to.tally.CanAdd(len)) continue;
@@ -382,15 +382,19 @@ bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window) 
       std::sort(layout[r][k].members.begin(), layout[r][k].members.end(),
                 [&](size_t a, size_t b) { return KeyOf(samples[a]) < KeyOf(samples[b]); });
     }
-    std::stable_sort(by_cost.begin(), by_cost.end(),
-                     [&](size_t a, size_t b) { return cost[r][a] > cost[r][b]; });
+    if (!within_steps) {
+      std::stable_sort(by_cost.begin(), by_cost.end(),
+                       [&](size_t a, size_t b) { return cost[r][a] > cost[r][b]; });
+    }
     for (size_t k = 0; k < m; ++k) {
       out[k][r] = MakeStep(c.budget.model, samples, layout[r][by_cost[k]].members, false);
     }
   }
-  std::erase_if(out, [](const GlobalStep& g) {
-    return std::all_of(g.begin(), g.end(), [](const PlannedStep& s) { return s.samples.empty(); });
-  });
+  if (!within_steps) {
+    std::erase_if(out, [](const GlobalStep& g) {
+      return std::all_of(g.begin(), g.end(), [](const PlannedStep& s) { return s.samples.empty(); });
+    });
+  }
   window = std::move(out);
   return true;
 }

@@ -83,7 +83,13 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
 // Every rank keeps the window's micro-step count. At most kMaxBalanceWork
 // evaluations; ties go to the first move found (micro-steps in order,
 // members by key, receivers least loaded first, then by rank).
-bool MoveSamples(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
+// `within_steps`: a sample moves only to another rank of its own micro-step,
+// and the micro-steps keep their order and count, so every micro-step's
+// totals over the window's ranks stay as they were (partitioned planning
+// balances each block's part of a window this way: the world-wide per-step
+// totals the blocks exchanged still hold).
+bool MoveSamples(const WindowBalanceConfig& config, std::vector<GlobalStep>& window,
+                 bool within_steps = false);
 
 // MergeMicroSteps: merges two micro-steps into one wherever every rank's
 // samples of both fit one micro-step within the budget and the window's

@@ -348,4 +348,45 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
   plan.num_steps = static_cast<uint32_t>(kept);
 }
 
+bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end) {
+  if (begin >= end || plan.num_steps == 0) return false;
+  const double world = static_cast<double>(plan.ranks.size());
+  const uint32_t steps = plan.num_steps;
+  bool changed = false;
+  for (uint32_t first = 0; first < steps;) {
+    // The block's micro-steps of one window: the same window id on every rank.
+    const uint64_t id = plan.ranks[begin].steps[first].window;
+    uint32_t last = first;
+    while (last < steps && plan.ranks[begin].steps[last].window == id) ++last;
+    std::vector<GlobalStep> window(last - first, GlobalStep(static_cast<size_t>(end - begin)));
+    bool over_budget = false;  // a lone sample no budget holds: left as it is (as BalanceWindow does)
+    for (uint32_t k = first; k < last; ++k) {
+      for (int r = begin; r < end; ++r) {
+        window[k - first][static_cast<size_t>(r - begin)] = plan.ranks[r].steps[k];
+        over_budget = over_budget || plan.ranks[r].steps[k].over_budget;
+      }
+    }
+    if (!over_budget && MoveSamples(config, window, /*within_steps=*/true)) {
+      changed = true;
+      for (uint32_t k = first; k < last; ++k) {
+        for (int r = begin; r < end; ++r) {
+          PlannedStep& s = plan.ranks[r].steps[k];
+          PlannedStep& moved = window[k - first][static_cast<size_t>(r - begin)];
+          s.samples = std::move(moved.samples);
+          s.real_tokens = moved.real_tokens;
+          s.padded_tokens = moved.padded_tokens;
+          s.idle = moved.idle;
+          s.loss_tokens = StepLossOf(s);
+          s.loss_weight =
+              (s.idle || s.window_loss_tokens == 0)
+                  ? 0.0
+                  : world * static_cast<double>(s.loss_tokens) / static_cast<double>(s.window_loss_tokens);
+        }
+      }
+    }
+    first = last;
+  }
+  return changed;
+}
+
 }  // namespace odb::align

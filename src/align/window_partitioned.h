@@ -133,6 +133,19 @@ class PartitionedWindows {
   std::vector<uint64_t> closed_;
 };
 
+// Balance over the window for a partitioned round (docs/alignment.md,
+// invariant 6): after Apply, each closed window's part in the block (ranks
+// [begin, end) of `plan`) is evened with MoveSamples within its micro-steps
+// (window_balance.h): a sample moves only to another rank of the block in the
+// same micro-step, so every micro-step's loss and real tokens over the block,
+// hence the world-wide totals the blocks exchanged (the window sums, the
+// steps' global real tokens), stay as they are, and no exchange is needed.
+// Each moved part gets its real and padded tokens, loss tokens and loss
+// weight (W x its loss tokens / the window's) again; the window fields stay.
+// Identical on every rank of the block (a pure function of the block's plan).
+// Returns whether a window changed.
+bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end);
+
 // CheckWindowTarget (window.h) on world-wide counts: `samples` planned
 // samples carrying `loss` loss tokens over `world` ranks.
 absl::Status CheckWindowTargetCounts(uint64_t tokens_per_step, uint64_t samples, uint64_t loss, size_t world);

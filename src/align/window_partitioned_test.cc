@@ -269,6 +269,97 @@ TEST_CASE("partitioned windows larger than a step: ends at step boundaries or sp
   }
 }
 
+TEST_CASE("balance within a block's micro-steps keeps every world-wide total and evens the block",
+          "[window][partition][balance]") {
+  // 8 ranks in blocks of 4 (packed budget 1024): each round cut into windows
+  // as the blocks cut them, then each block's windows evened with
+  // BalanceBlockWindows. A step's samples over the block, its real and loss
+  // tokens, the window fields and the weights' sum per window stay; no
+  // block's slowest rank gets costlier in any window, and some get cheaper.
+  WindowBalanceConfig config;
+  config.budget.model = grouping::CostModel::kPacked;
+  config.budget.max_tokens = 1024;
+  config.step_model.per_step = 10.0;
+  config.step_model.per_padded_token = 1.0;
+  const size_t world = 8, block = 4;
+  size_t improved = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937_64 rng(seed * 131);
+    uint64_t next_id = 0;
+    WindowState ws;
+    for (int round = 0; round < 20; ++round) {
+      const RoundPlan in =
+          RandomPlan(rng, world, 2 + static_cast<uint32_t>(rng() % 5), 1024, 4.5, 9, seed % 2 == 0, next_id);
+      const RoundOutcome out = RunRound(in, 2000 + seed * 700, block, ws, true);
+      ws = out.windows;
+      RoundPlan balanced = out.plan;
+      for (size_t b = 0; b < world; b += block) {
+        BalanceBlockWindows(config, balanced, static_cast<int>(b), static_cast<int>(b + block));
+      }
+      INFO("seed " << seed << " round " << round);
+      const uint32_t t = out.plan.num_steps;
+      std::map<uint64_t, double> weight;
+      for (size_t b = 0; b < world; b += block) {
+        for (uint32_t k = 0; k < t; ++k) {
+          std::multiset<uint64_t> before, after;
+          uint64_t real_before = 0, real_after = 0, loss_before = 0, loss_after = 0;
+          for (size_t r = b; r < b + block; ++r) {
+            const PlannedStep& o = out.plan.ranks[r].steps[k];
+            const PlannedStep& s = balanced.ranks[r].steps[k];
+            for (const SampleMeta& m : o.samples) before.insert(m.id);
+            for (const SampleMeta& m : s.samples) after.insert(m.id);
+            real_before += o.real_tokens;
+            real_after += s.real_tokens;
+            loss_before += o.loss_tokens;
+            loss_after += s.loss_tokens;
+            REQUIRE(s.window == o.window);
+            REQUIRE(s.window_steps == o.window_steps);
+            REQUIRE(s.window_loss_tokens == o.window_loss_tokens);
+            REQUIRE(s.closes_window == o.closes_window);
+            REQUIRE(s.window_short == o.window_short);
+            REQUIRE(s.idle == s.samples.empty());
+            REQUIRE(s.padded_tokens <= 1024);
+            uint64_t loss = 0;
+            for (const SampleMeta& m : s.samples) loss += LossTokensOf(m);
+            REQUIRE(s.loss_tokens == loss);
+            REQUIRE(s.loss_weight == Approx(s.idle || s.window_loss_tokens == 0
+                                                ? 0.0
+                                                : static_cast<double>(world * loss) /
+                                                      static_cast<double>(s.window_loss_tokens)));
+            weight[s.window] += s.loss_weight;
+          }
+          REQUIRE(after == before);
+          REQUIRE(real_after == real_before);
+          REQUIRE(loss_after == loss_before);
+        }
+        // The block's slowest rank, per window.
+        for (uint32_t first = 0; first < t;) {
+          uint32_t last = first;
+          while (last < t && balanced.ranks[b].steps[last].window == balanced.ranks[b].steps[first].window)
+            ++last;
+          double worst_before = 0.0, worst_after = 0.0;
+          for (size_t r = b; r < b + block; ++r) {
+            double sum_before = 0.0, sum_after = 0.0;
+            for (uint32_t k = first; k < last; ++k) {
+              sum_before += MicroStepCost(config, out.plan.ranks[r].steps[k]);
+              sum_after += MicroStepCost(config, balanced.ranks[r].steps[k]);
+            }
+            worst_before = std::max(worst_before, sum_before);
+            worst_after = std::max(worst_after, sum_after);
+          }
+          REQUIRE(worst_after <= worst_before);
+          improved += worst_after < worst_before ? 1 : 0;
+          first = last;
+        }
+      }
+      for (const auto& [w, sum] : weight) {
+        if (sum > 0) REQUIRE(sum == Approx(static_cast<double>(world)).epsilon(1e-12));
+      }
+    }
+  }
+  REQUIRE(improved >= 10);
+}
+
 TEST_CASE("a partitioned open window goes back, stops growing and closes short, or closes at the epoch's end",
           "[window][partition]") {
   std::mt19937_64 rng(3);
