@@ -222,10 +222,12 @@ def _media(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
 CONFIG = HERE.parent / "configs/multimodal_train.yaml"
 
 
-# The packed LLM's step time in the planner's units (one real token = 1): the fit of this model's
-# LLM forward + backward on packed steps, seconds on [1, sum L, sum L^2] (`_fitted_phase_costs` llm of
-# the W = 4 seed runs: about 0.03 s per step, 5.1e-4 s per token, 7e-7 s per token^2) over the
-# per-token term. Attention per sample makes a long sample dearer than its tokens.
+# The packed LLM's step time in the planner's units (one real token = 1; only ratios change a plan):
+# per step ~57 tokens' worth and per token^2 ~0.0015 of a token, from the LLM fits of the 2026-12-05
+# W = 4 seed runs (seconds per step 0.022-0.036, per token 4.6e-4-5.5e-4, per token^2 6.2e-7-8.6e-7).
+# The packed-only fit of later runs (`_fitted_phase_costs` llm) is steeper and adds ~0.03 s per
+# sample (the attention loop runs per sample), which grouping.step_time cannot express; with these
+# figures the plans were already at 0.97 of the LLM's bound (docs/benchmarks.md, section 6).
 PACKED_STEP_TIME = {"per_step": 60.0, "per_padded_token": 1.0, "per_len_sq": 0.0014}
 
 
