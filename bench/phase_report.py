@@ -8,16 +8,17 @@ Run:
   /usr/bin/python3 bench/phase_report.py --runs /tmp/mm/w2.json,/tmp/mm/w4.json --sim /tmp/mm/sim.json \\
       --out bench/results/multimodal
 A run given as a.json+b.json merges files of one W and seed (methods run separately); runs labelled
-"seed N" of the same W get a seeds table (median and range); --previous keeps an earlier results
+"<prefix>seed N" of the same W and prefix get a seeds table (median and range); --previous keeps an earlier results
 file's runs and simulator output.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -104,14 +105,15 @@ def seed_rows(runs: List[Dict[str, Any]]) -> List[str]:
     """Per W with several seeds: each seed's odb_phases speedups and every method's held-out loss,
     then median and range (the spread the targets are judged against)."""
     lines: List[str] = []
-    by_world: Dict[int, List[Dict[str, Any]]] = {}
-    for run in runs:
-        if run.get("label", "").startswith("seed"):
-            by_world.setdefault(run["world_size"], []).append(run)
-    for world, group in sorted(by_world.items()):
+    by_world: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
+    for run in runs:  # labels "<prefix>seed N": one table per W and prefix
+        match = re.fullmatch(r"(.*?)seed \d+", run.get("label", ""))
+        if match:
+            by_world.setdefault((run["world_size"], match.group(1)), []).append(run)
+    for (world, prefix), group in sorted(by_world.items()):
         if len(group) < 2:
             continue
-        lines += ["", f"### W = {world}, {len(group)} seeds", "",
+        lines += ["", f"### W = {world}, {len(group)} seeds{' (' + prefix.strip(' :,') + ')' if prefix else ''}", "",
                   "| figure | " + " | ".join(r["label"] for r in group) + " | median | min-max |",
                   "|---|" + "---|" * (len(group) + 2)]
         figures = []
@@ -126,6 +128,8 @@ def seed_rows(runs: List[Dict[str, Any]]) -> List[str]:
                         (f"{ph} activation max/mean", ph, "act_peak_max_over_mean"),
                         (f"{ph} activation peak/bound", ph, "act_peak_over_bound")]
             figures += [(f"{ph} bound fraction {p} (modelled)", ph, ("modelled_bound_fraction", p)) for p in PHASES]
+        figures += [(f"{m} CPU measured / modelled", m, "measured_over_modelled")
+                    for m in ("standard_packed", "odb_llm_packed", "odb_phases_packed")]
         figures += [(f"held-out {m}", m, "heldout_loss") for m in ("standard", "standard_packed", "odb_llm",
                                                                    "odb_phases", "odb_llm_packed",
                                                                    "odb_phases_packed")]

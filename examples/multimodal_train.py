@@ -830,6 +830,12 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
         ok = model is not None or not llm_pads(m)
         summary[m]["modelled_sync_time_s"] = modelled_sync_time(rs, fits, model) if ok else None
         summary[m]["modelled_bound_fraction"] = modelled_bound_fractions(rs, fits, model) if ok else None
+        # The machine's speed during this method's run: its measured compute over the same steps priced
+        # with the fit (1 = as fast as the run's methods on average; other jobs' load moves it).
+        modelled = sum(modelled_step_time(rec, p, fits, model) for r in rs for rec in r["records"]
+                       for p in COMPUTE_PHASES) if ok else 0.0
+        measured = sum(rec["t"][p] for r in rs for rec in r["records"] for p in COMPUTE_PHASES)
+        summary[m]["measured_over_modelled"] = measured / modelled if modelled else None
     summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                       for p, c in fits.items()}
     summary["_fitted_llm_step_time"] = padded
