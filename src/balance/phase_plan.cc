@@ -37,7 +37,7 @@ double MaxLoad(std::span<const double> cost, const std::vector<int32_t>& rank_of
   return *std::max_element(load.begin(), load.end());
 }
 
-// Work bound of Improve: item pairs looked at, over all its passes.
+// Work bound of Improve: item pairs and (item, rank) moves looked at, over all its passes.
 constexpr uint64_t kMaxImproveWork = uint64_t{1} << 22;
 
 // Local improvement of a layout's max load: while one lowers it, move an item
@@ -46,7 +46,7 @@ constexpr uint64_t kMaxImproveWork = uint64_t{1} << 22;
 // smallest (ties: the first item, rank and partner in index order). With
 // `held` (per rank: the memory it holds, this layout's items included) a
 // change may not raise the most memory any rank holds. Stops after
-// kMaxImproveWork item pairs.
+// kMaxImproveWork candidates looked at.
 void Improve(std::span<const double> cost, std::span<const double> memory, std::vector<int32_t>& rank_of,
              int world, std::vector<double>* held) {
   std::vector<double> load(world, 0.0);
@@ -64,6 +64,7 @@ void Improve(std::span<const double> cost, std::span<const double> memory, std::
     for (size_t i = 0; i < cost.size(); ++i) {
       if (rank_of[i] != top || cost[i] <= 0) continue;
       const double mi = memory.empty() ? 0.0 : memory[i];
+      work += static_cast<uint64_t>(world);
       for (int32_t s = 0; s < world; ++s) {
         if (s == top) continue;
         const double moved = std::max(load[top] - cost[i], load[s] + cost[i]);
