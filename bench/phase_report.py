@@ -8,16 +8,17 @@ Run:
   /usr/bin/python3 bench/phase_report.py --runs /tmp/mm/w2.json,/tmp/mm/w4.json --sim /tmp/mm/sim.json \\
       --out bench/results/multimodal
 A run given as a.json+b.json merges files of one W and seed (methods run separately); runs labelled
-"seed N" of the same W get a seeds table (median and range); --previous keeps an earlier results
+"<prefix>seed N" of the same W and prefix get a seeds table (median and range); --previous keeps an earlier results
 file's runs and simulator output.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -51,9 +52,13 @@ def markdown(runs: List[Dict[str, Any]], sim: Dict[str, Any] | None) -> str:
              "phase's bound fraction (sum of per-step bounds max(largest item, mean) / sum of the slowest "
              "rank; in parentheses the same for the run's plans under the fitted costs, free of measurement noise); the encoders' share of the compute; peak memory above the rank's post-warm-up level "
              "(MB, max over ranks, and max/mean); loss tokens/s and patches/s (wall clock); wall seconds; "
-             "optimizer steps; held-out loss; for odb_phases its speedup in synchronous step time over "
-             "odb_llm / standard / standard_packed (modelled: the same ratios of the runs' actual plans under "
-             "the fitted costs, free of per-step measurement noise; not for Standard, whose LLM pads).", "",
+             "optimizer steps; held-out loss; for odb_phases (odb_phases_packed) its speedup in synchronous step "
+             "time over odb_llm (odb_llm_packed) / standard / standard_packed (modelled: the same ratios of the "
+             "runs' actual plans under the fitted costs, free of per-step measurement noise; a padded LLM on "
+             "the fit of the padded odb steps, a packed one on the fit of the packed methods' steps). Methods "
+             "ending in _packed run the LLM padding-free (attention per sample); standard, odb_llm and "
+             "odb_phases pad it. Rows recorded before 2026-12-05 14:00 UTC kept their figures as recorded: "
+             "modelled with one unpadded LLM fit over every method but Standard.", "",
              "Activation MB: the largest per-step activation memory of a rank (the bytes autograd saves for "
              "the backward, all phases of the step; deterministic, unlike VmHWM), max over ranks, with max/mean "
              "over ranks and max over the bound (the largest over steps of max(mean over ranks, the largest "
@@ -100,28 +105,37 @@ def seed_rows(runs: List[Dict[str, Any]]) -> List[str]:
     """Per W with several seeds: each seed's odb_phases speedups and every method's held-out loss,
     then median and range (the spread the targets are judged against)."""
     lines: List[str] = []
-    by_world: Dict[int, List[Dict[str, Any]]] = {}
-    for run in runs:
-        if run.get("label", "").startswith("seed"):
-            by_world.setdefault(run["world_size"], []).append(run)
-    for world, group in sorted(by_world.items()):
+    by_world: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
+    for run in runs:  # labels "<prefix>seed N": one table per W and prefix
+        match = re.fullmatch(r"(.*?)seed \d+", run.get("label", ""))
+        if match:
+            by_world.setdefault((run["world_size"], match.group(1)), []).append(run)
+    for (world, prefix), group in sorted(by_world.items()):
         if len(group) < 2:
             continue
-        lines += ["", f"### W = {world}, {len(group)} seeds", "",
+        lines += ["", f"### W = {world}, {len(group)} seeds{' (' + prefix.strip(' :,') + ')' if prefix else ''}", "",
                   "| figure | " + " | ".join(r["label"] for r in group) + " | median | min-max |",
                   "|---|" + "---|" * (len(group) + 2)]
-        figures = [("odb_phases / odb_llm (sync)", "odb_phases", "speedup_over_llm_only"),
-                   ("odb_phases / odb_llm (modelled)", "odb_phases", "modelled_speedup_over_llm_only"),
-                   ("odb_phases / standard (sync)", "odb_phases", "speedup_over_standard"),
-                   ("odb_phases / standard (modelled, padded LLM)", "odb_phases", "modelled_speedup_over_standard"),
-                   ("odb_phases / standard_packed (sync)", "odb_phases", "speedup_over_standard_packed"),
-                   ("odb_phases / standard_packed (modelled)", "odb_phases", "modelled_speedup_over_standard_packed"),
-                   ("odb_phases activation max/mean", "odb_phases", "act_peak_max_over_mean"),
-                   ("odb_phases activation peak/bound", "odb_phases", "act_peak_over_bound")]
+        figures = []
+        for ph, llm_only in (("odb_phases", "odb_llm"), ("odb_phases_packed", "odb_llm_packed")):
+            figures += [(f"{ph} / {llm_only} (sync)", ph, "speedup_over_llm_only"),
+                        (f"{ph} / {llm_only} (modelled)", ph, "modelled_speedup_over_llm_only"),
+                        (f"{ph} / standard (sync)", ph, "speedup_over_standard"),
+                        (f"{ph} / standard (modelled, padded fit for a padded LLM)", ph,
+                         "modelled_speedup_over_standard"),
+                        (f"{ph} / standard_packed (sync)", ph, "speedup_over_standard_packed"),
+                        (f"{ph} / standard_packed (modelled)", ph, "modelled_speedup_over_standard_packed"),
+                        (f"{ph} activation max/mean", ph, "act_peak_max_over_mean"),
+                        (f"{ph} activation peak/bound", ph, "act_peak_over_bound")]
+            figures += [(f"{ph} bound fraction {p} (modelled)", ph, ("modelled_bound_fraction", p)) for p in PHASES]
+        figures += [(f"{m} CPU measured / modelled", m, "measured_over_modelled")
+                    for m in ("standard_packed", "odb_llm_packed", "odb_phases_packed")]
         figures += [(f"held-out {m}", m, "heldout_loss") for m in ("standard", "standard_packed", "odb_llm",
-                                                                   "odb_phases")]
+                                                                   "odb_phases", "odb_llm_packed",
+                                                                   "odb_phases_packed")]
         for name, method, key in figures:
-            vals = [r["methods"].get(method, {}).get(key) for r in group]
+            vals = [(r["methods"].get(method, {}).get(key[0]) or {}).get(key[1]) if isinstance(key, tuple)
+                    else r["methods"].get(method, {}).get(key) for r in group]
             got = sorted(v for v in vals if v is not None)
             if not got:
                 continue

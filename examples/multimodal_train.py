@@ -28,6 +28,11 @@ trained; the same epochs; gradients all-reduced once per optimizer step):
                    rank encodes what its plan says and one all-to-all per
                    encoder phase (odb.phases) moves the outputs to the LLM
                    layout; gradients flow back through it.
+  odb_llm_packed, odb_phases_packed: the two above with the LLM packed
+                   padding-free (`collate.packed`, `grouping.cost_model:
+                   packed`: standard_packed's forward, attention per sample;
+                   budgets and the planner's step time on real tokens).
+                   Not in the default --methods.
 
 Measured per rank and step, per phase (vision, audio, llm: forward +
 backward; route: the all-to-alls' own CPU): the thread CPU time of the rank
@@ -67,7 +72,11 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import multimodal_data as mmd  # noqa: E402
 
-METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases")
+METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases", "odb_llm_packed", "odb_phases_packed")
+DEFAULT_METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases")
+# odb's LLM phase packed padding-free (collate.packed: [1, T] with cu_seqlens, attention per sample:
+# standard_packed's forward), budgets and costs on real tokens (grouping.cost_model: packed).
+PACKED_METHODS = ("standard_packed", "odb_llm_packed", "odb_phases_packed")
 PHASES = ("vision", "audio", "llm", "route")
 COMPUTE_PHASES = ("vision", "audio", "llm")
 
@@ -213,12 +222,25 @@ def _media(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
 CONFIG = HERE.parent / "configs/multimodal_train.yaml"
 
 
-def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int) -> Dict[str, Any]:
-    """odbd's config for the two odb methods: configs/multimodal_train.yaml with this run's budget,
-    seed, window and (odb_llm) without the per-phase plan."""
+# The packed LLM's step time in the planner's units (one real token = 1; only ratios change a plan):
+# per step ~57 tokens' worth and per token^2 ~0.0015 of a token, from the LLM fits of the 2026-12-05
+# W = 4 seed runs (seconds per step 0.022-0.036, per token 4.6e-4-5.5e-4, per token^2 6.2e-7-8.6e-7).
+# The packed-only fit of later runs (`_fitted_phase_costs` llm) is steeper and adds ~0.03 s per
+# sample (the attention loop runs per sample), which grouping.step_time cannot express; with these
+# figures the plans were already at 0.97 of the LLM's bound (docs/benchmarks.md, section 6).
+PACKED_STEP_TIME = {"per_step": 60.0, "per_padded_token": 1.0, "per_len_sq": 0.0014}
+
+
+def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, packed: bool = False) -> Dict[str, Any]:
+    """odbd's config for the odb methods: configs/multimodal_train.yaml with this run's budget,
+    seed, window, (odb_llm*) without the per-phase plan and (packed) the LLM packed padding-free
+    (`collate.packed`, `grouping.cost_model: packed`, PACKED_STEP_TIME)."""
     import yaml
 
     config: Dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    if packed:
+        config["collate"]["packed"] = True
+        config["grouping"].update(cost_model="packed", step_time=dict(PACKED_STEP_TIME))
     config["grouping"]["max_tokens"] = args.max_tokens
     config["alignment"].update(seed=args.seed, phase_plans=phases)
     config["optimizer"]["tokens_per_step"] = window_tokens
@@ -424,7 +446,10 @@ def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dic
         total = int(getattr(s, "window_loss_tokens", 0) or 0)
         # odb.window_loss's weight (w_r / t_r) divided by W: gradients are summed, not averaged.
         scale = (float(s.loss_weight) / (world * float(s.loss_tokens))) if (s.loss_tokens and not s.idle) else 0.0
-        yield {"batch": s.batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
+        batch = s.batch
+        if "cu_seqlens" in batch:  # collate.packed: [1, T] with each sample's bounds
+            batch = {**batch, "segments": counts_from_offsets(batch["cu_seqlens"])}
+        yield {"batch": batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
                "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids}
 
 
@@ -440,12 +465,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     daemon = loader = None
     if method.startswith("odb"):
-        phases = method == "odb_phases"
+        phases = method.startswith("odb_phases")
         job = f"mm-{method}-{uuid.uuid4().hex[:6]}" if rank == 0 else None
         box = [job]
         dist.broadcast_object_list(box)
         daemon = odb.spawn_daemon(rank, world, run_dir, job_id=box[0], wait=False, log_level="warn",
-                                  config=daemon_config(args, phases, window_tokens))
+                                  config=daemon_config(args, phases, window_tokens, method in PACKED_METHODS))
         daemon.wait_ready(120)
         order = list(np.random.default_rng(args.seed).permutation(train_ids))
         loader = odb.OdbDataLoader(dataset, sampler=[int(i) for i in order[rank::world]], num_workers=args.workers,
@@ -459,7 +484,7 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
         start = time.perf_counter()
         for epoch in range(args.epochs):
             steps = (standard_steps(method, dataset, train_ids, rank, world, args, epoch) if loader is None
-                     else odb_steps(loader, world, method == "odb_phases", epoch))
+                     else odb_steps(loader, world, method.startswith("odb_phases"), epoch))
             params = param_storages(model)
             for st in steps:
                 clock = PhaseClock(params)
@@ -611,15 +636,17 @@ def fit_phase_costs(raw: Dict[str, Any], value: str = "t") -> Dict[str, List[flo
     """Per compute phase, a least-squares fit of a rank's step time (value "t"; "act": its
     activation bytes) on [1, items, sum(units), sum(units^2)] (units: patches, frames, tokens of
     each item), coefficients kept >= 0 (a term that fits negative is dropped and the rest refitted).
-    The LLM's is fitted on the methods without padding (Standard pads to the batch's longest sample:
-    another cost shape). Returns `per_step, per_item, per_unit, per_unit_sq` (seconds or bytes): the
+    The LLM's is fitted on the methods whose LLM is packed (PACKED_METHODS; a padded batch costs its
+    longest sample times its size: another shape, fit_llm_step_time), or, in a run without them,
+    on every method but Standard. Returns `per_step, per_item, per_unit, per_unit_sq` (seconds or bytes): the
     shape of balance::PhaseCost (alignment.vision_cost / audio_cost take per_item as per_sample;
     per_step changes no plan)."""
     fits = {}
+    any_packed = any(m in PACKED_METHODS for m in raw["results"])
     for phase in COMPUTE_PHASES:
         xs, ys = [], []
         for method, per_rank in raw["results"].items():
-            if phase == "llm" and method == "standard":
+            if phase == "llm" and (llm_pads(method) if any_packed else method == "standard"):
                 continue
             for r in per_rank:
                 for rec in r["records"]:
@@ -640,9 +667,11 @@ def bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]
 
 
 def _bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
-                     step_time: Any) -> Dict[str, float]:
+                     step_time: Any, item_time: Any = None) -> Dict[str, float]:
     """bound_fractions with each rank's time in a step and phase from `step_time(record, phase, fit,
-    items)` (a rank without the step: 0)."""
+    items)` (a rank without the step: 0) and an item's alone from `item_time(phase, units)`
+    (default: item_cost under the phase's fit)."""
+    item_time = item_time or (lambda phase, x: item_cost(fits[phase], x))
     out = {}
     n = max(len(r["records"]) for r in per_rank)
     for phase in COMPUTE_PHASES:
@@ -652,7 +681,7 @@ def _bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]
             records = [r["records"][k] if k < len(r["records"]) else None for r in per_rank]
             units = [rec["items"].get(phase, []) if rec is not None else [] for rec in records]
             ts = [step_time(rec, phase, c, u) if rec is not None else 0.0 for rec, u in zip(records, units)]
-            largest = max((item_cost(c, x) for u in units for x in u), default=0.0)
+            largest = max((item_time(phase, x) for u in units for x in u), default=0.0)
             slowest += max(ts)
             bound += max(largest, sum(ts) / len(per_rank))
         out[phase] = bound / slowest if slowest else 1.0
@@ -675,12 +704,12 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def fit_llm_step_time(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """The LLM's cost in the shape the daemon's planner balances (`grouping.step_time`, padded cost
-    model): a rank's measured LLM time per step on [1, padded tokens, sum(len^2)], fitted on the odb
+    model): a rank's measured LLM time per step on [1, padded tokens, sum(len^2)], fitted on the padded odb
     methods' steps (their LLM batches are the daemon's padded groups), scaled so per_padded_token =
     1 (the planner's unit; only the ratios change a plan). None without odb steps."""
     xs, ys = [], []
     for method, per_rank in raw["results"].items():
-        if not method.startswith("odb"):
+        if not method.startswith("odb") or not llm_pads(method):
             continue
         for r in per_rank:
             for rec in r["records"]:
@@ -699,12 +728,12 @@ def fit_llm_step_time(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
 
 def fit_llm_memory(raw: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """The LLM's activation bytes of a rank's step on the padded batch's shape (n samples at the
-    longest length L: [1, n, n L, n L^2]), fitted on the odb methods' steps: alignment.llm_memory's
+    longest length L: [1, n, n L, n L^2]), fitted on the padded odb methods' steps: alignment.llm_memory's
     per_sample / per_unit / per_unit_sq (the daemon charges each sample at the rank's longest under
     cost_model padded). None without odb steps."""
     xs, ys = [], []
     for method, per_rank in raw["results"].items():
-        if method.startswith("odb"):
+        if method.startswith("odb") and llm_pads(method):
             for r in per_rank:
                 for rec in r["records"]:
                     lens = rec["items"].get("llm", [])
@@ -739,50 +768,77 @@ def activation_bound(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]
     return bound
 
 
-def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]]) -> Dict[str, float]:
+def llm_pads(method: str) -> bool:
+    """Whether the method's LLM runs padded batches (its cost follows the padded shape)."""
+    return method not in PACKED_METHODS
+
+
+def modelled_step_time(record: Dict[str, Any], phase: str, fits: Dict[str, List[float]],
+                       padded_llm: Optional[Dict[str, float]] = None) -> float:
+    """A rank's modelled time in one step and phase: its items through the phase's fit; with
+    padded_llm (a fit_llm_step_time result) the LLM phase on its padded batch's shape."""
+    u = record["items"].get(phase, [])
+    if not u:
+        return 0.0
+    if phase == "llm" and padded_llm is not None:
+        return padded_llm["seconds_per_padded_token"] * (padded_llm["per_step"] + record["llm_padded"] +
+                                                         padded_llm["per_len_sq"] * sum(x * x for x in u))
+    c = fits[phase]
+    return c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u)
+
+
+def modelled_bound_fractions(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
+                             padded_llm: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """bound_fractions of the run's actual plans under the fitted costs (each rank's step time in a
-    phase modelled from its items): how close the plans are to each phase's bound, free of the
-    noise a loaded machine adds to measured per-step maxima."""
-    return _bound_fractions(per_rank, fits, lambda record, phase, c, u: (
-        c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u) if u else 0.0))
+    phase modelled from its items, the LLM's on the padded shape with padded_llm): how close the
+    plans are to each phase's bound, free of the noise a loaded machine adds to measured per-step
+    maxima."""
+    return _bound_fractions(per_rank, fits, lambda record, phase, c, u: modelled_step_time(record, phase, fits,
+                                                                                            padded_llm),
+                            lambda phase, x: modelled_step_time({"items": {phase: [x]}, "llm_padded": x}, phase,
+                                                                fits, padded_llm))
 
 
 def modelled_sync_time(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
                        padded_llm: Optional[Dict[str, float]] = None) -> float:
     """The synchronous step time of the run's actual plans under the fitted costs: per step and
-    compute phase the slowest rank's modelled time (its items through the fit), summed. Free of the
+    compute phase the slowest rank's modelled time (modelled_step_time), summed. Free of the
     measurement noise a shared machine adds to every per-step maximum. padded_llm (a
-    fit_llm_step_time result): the LLM phase on its padded batch's shape instead (for comparing
-    with Standard, whose LLM pads)."""
+    fit_llm_step_time result): the LLM phase on its padded batch's shape (the methods whose LLM
+    pads)."""
     total = 0.0
     n = max(len(r["records"]) for r in per_rank)
     for k in range(n):
-        if padded_llm is not None:
-            b = padded_llm["seconds_per_padded_token"]
-            total += max(b * (padded_llm["per_step"] + rec["llm_padded"] + padded_llm["per_len_sq"] *
-                              sum(x * x for x in rec["items"]["llm"])) if rec["items"].get("llm") else 0.0
-                         for rec in (r["records"][k] for r in per_rank if k < len(r["records"])))
         for phase in COMPUTE_PHASES:
-            if phase == "llm" and padded_llm is not None:
-                continue
-            c = fits[phase]
-            total += max(sum(c[0] + c[1] * len(u) + c[2] * sum(u) + c[3] * sum(x * x for x in u)
-                             for u in [r["records"][k]["items"].get(phase, [])] if u) if k < len(r["records"]) else 0.0
-                         for r in per_rank)
+            total += max(modelled_step_time(r["records"][k], phase, fits, padded_llm) if k < len(r["records"])
+                         else 0.0 for r in per_rank)
     return total
+
+
+# Each per-phase method, with the LLM-only method of the same LLM layout.
+PHASE_METHODS = {"odb_phases": "odb_llm", "odb_phases_packed": "odb_llm_packed"}
 
 
 def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
     summary: Dict[str, Any] = {m: summarize(rs) for m, rs in raw["results"].items()}
     fits = fit_phase_costs(raw)
+    padded = fit_llm_step_time(raw)
     for m, rs in raw["results"].items():
         summary[m]["bound_fraction"] = bound_fractions(rs, fits)
-        # Standard's LLM pads: the unpadded fit does not model it.
-        summary[m]["modelled_sync_time_s"] = None if m == "standard" else modelled_sync_time(rs, fits)
-        summary[m]["modelled_bound_fraction"] = None if m == "standard" else modelled_bound_fractions(rs, fits)
+        # A padded LLM on the padded fit (fitted on odb's padded steps); none without one.
+        model = padded if llm_pads(m) else None
+        ok = model is not None or not llm_pads(m)
+        summary[m]["modelled_sync_time_s"] = modelled_sync_time(rs, fits, model) if ok else None
+        summary[m]["modelled_bound_fraction"] = modelled_bound_fractions(rs, fits, model) if ok else None
+        # The machine's speed during this method's run: its measured compute over the same steps priced
+        # with the fit (1 = as fast as the run's methods on average; other jobs' load moves it).
+        modelled = sum(modelled_step_time(rec, p, fits, model) for r in rs for rec in r["records"]
+                       for p in COMPUTE_PHASES) if ok else 0.0
+        measured = sum(rec["t"][p] for r in rs for rec in r["records"] for p in COMPUTE_PHASES)
+        summary[m]["measured_over_modelled"] = measured / modelled if modelled else None
     summary["_fitted_phase_costs"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                       for p, c in fits.items()}
-    summary["_fitted_llm_step_time"] = fit_llm_step_time(raw)
+    summary["_fitted_llm_step_time"] = padded
     if all("act_peak_mb" in summary[m] for m in raw["results"]):
         act_fits = fit_phase_costs(raw, "act")
         for m, rs in raw["results"].items():
@@ -792,23 +848,22 @@ def report(raw: Dict[str, Any], world: int) -> Dict[str, Any]:
         summary["_fitted_llm_memory"] = fit_llm_memory(raw)
         summary["_fitted_activation_bytes"] = {p: dict(zip(("per_step", "per_item", "per_unit", "per_unit_sq"), c))
                                                for p, c in act_fits.items()}
-    ph = summary.get("odb_phases")
-    if ph:  # speedups in synchronous step time (the run's sum)
-        for base, key in (("odb_llm", "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
+    for method, llm_only in PHASE_METHODS.items():
+        ph = summary.get(method)
+        if not ph:
+            continue
+        # Speedups in synchronous step time (the run's sum), measured and modelled.
+        for base, key in ((llm_only, "speedup_over_llm_only"), ("standard", "speedup_over_standard"),
                           ("standard_packed", "speedup_over_standard_packed")):
             if base in summary:
                 ph[key] = summary[base]["sync_time_s"] / ph["sync_time_s"]
-                if summary[base]["modelled_sync_time_s"]:
+                if summary[base]["modelled_sync_time_s"] and ph["modelled_sync_time_s"]:
                     ph["modelled_" + key] = summary[base]["modelled_sync_time_s"] / ph["modelled_sync_time_s"]
-        padded = summary["_fitted_llm_step_time"]
-        if "standard" in summary and padded:  # both LLMs pad: the padded fit for both
-            ph["modelled_speedup_over_standard"] = (modelled_sync_time(raw["results"]["standard"], fits, padded) /
-                                                    modelled_sync_time(raw["results"]["odb_phases"], fits, padded))
     return summary
 
 
 def table(summary: Dict[str, Any], world: int) -> str:
-    head = (f"W={world}  method           sync s  vision m/m audio m/m llm m/m  enc%  bound v/a/l     "
+    head = (f"W={world}  method             sync s  vision m/m audio m/m llm m/m  enc%  bound v/a/l     "
             f"peakMB m/m  actMB m/m /bnd   tok/s  patch/s  opt  heldout")
     lines = [head]
     for m, s in summary.items():
@@ -817,18 +872,19 @@ def table(summary: Dict[str, Any], world: int) -> str:
         mm = s["max_over_mean"]
         pm = s["peak_mem_max_over_mean"]
         bf = s["bound_fraction"]
-        lines.append(f"      {m:16s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
+        lines.append(f"      {m:18s} {s['sync_time_s']:7.2f}  {mm['vision']:9.3f} {mm['audio']:9.3f} "
                      f"{mm['llm']:7.3f}  {100 * s['encoder_share']:4.0f}  "
                      f"{bf['vision']:.2f}/{bf['audio']:.2f}/{bf['llm']:.2f}  "
                      f"{max(s['peak_mem_mb'] or [0]):6.1f} {pm or 0:4.2f}  "
                      f"{max(s.get('act_peak_mb') or [0]):5.1f} {s.get('act_peak_max_over_mean') or 0:4.2f} "
                      f"{s.get('act_peak_over_bound') or 0:4.2f}  {s['real_tokens_per_s']:6.0f}  "
                      f"{s['patches_per_s']:7.0f}  {s['optimizer_steps']:3d}  {s['heldout_loss']:.4f}")
-    ph = summary.get("odb_phases", {})
-    extra = [f"{k} {ph[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
-                                            "speedup_over_standard_packed") if k in ph]
-    if extra:
-        lines.append("odb_phases synchronous step time: " + ", ".join(extra))
+    for method in PHASE_METHODS:
+        ph = summary.get(method, {})
+        extra = [f"{k} {ph[k]:.2f}x" for k in ("speedup_over_llm_only", "speedup_over_standard",
+                                                "speedup_over_standard_packed") if k in ph]
+        if extra:
+            lines.append(f"{method} synchronous step time: " + ", ".join(extra))
     return "\n".join(lines)
 
 
@@ -849,7 +905,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--audio-width", type=int, default=128)
     p.add_argument("--enc-layers", type=int, default=3)
     p.add_argument("--workers", type=int, default=1, help="data workers per rank")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma list of {', '.join(METHODS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")

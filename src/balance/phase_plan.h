@@ -59,7 +59,13 @@ struct PhaseAssignment {
 // Minimax assignment of items (cost[i], home[i]) to `world` ranks: LPT, then a
 // binary search on the capacity C with a home-first greedy (an item stays on
 // its home rank when that keeps the rank within C, else goes to the
-// least-loaded rank). Deterministic; local order is by item index.
+// least-loaded rank), then local improvement: while it lowers the most loaded
+// rank, one of its items moves to another rank or is exchanged with a cheaper
+// item of another (the change leaving the pair's larger load smallest; work
+// bounded). With a few items per rank the greedy alone stops short: on the
+// multimodal example's audio steps (about 10 clips over 4 ranks) it reached
+// 0.93-0.96 of the bound max(largest item, mean), the moves 0.98.
+// Deterministic; local order is by item index.
 // Preconditions: world >= 1, home[i] in [0, world).
 PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32_t> home, int world,
                              uint32_t capacity_iters = 24);
@@ -70,13 +76,18 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
 // descending, each on the rank holding the least memory (`rank_memory[r]`, what
 // the rank already holds this step, plus this phase's items so far) among the
 // ranks it keeps within C; ties prefer the home rank, an item of cost and
-// memory 0 stays home. With slack 0 the time balance is BalancePhase's; if
-// the greedy does not fit in C, or holds more memory at its peak rank than
-// BalancePhase's layout, BalancePhase's layout is returned. Adds the chosen
-// layout's item memory to `rank_memory` (size world).
+// memory 0 stays home; then BalancePhase's local improvement, each change
+// allowed only if it raises no rank above the layout's peak memory. With
+// slack 0 the time balance is at most BalancePhase's; if the greedy does not
+// fit in C, or holds no less memory at its peak rank than BalancePhase's
+// layout, BalancePhase's layout is returned.
+// memory_cap > 0 (memory as a limit, time as the goal): BalancePhase's layout
+// when its peak rank memory is within the cap; else slack / 4, slack / 2 and
+// slack in turn, the first layout within the cap (or the least peak memory of
+// them). Adds the chosen layout's item memory to `rank_memory` (size world).
 PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
                                    std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
-                                   double slack = 0.0);
+                                   double slack = 0.0, double memory_cap = 0.0);
 
 // Lower bound of any assignment's max load: max(max item, sum / W).
 double MinimaxLowerBound(std::span<const double> cost, int world);

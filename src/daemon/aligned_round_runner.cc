@@ -1,5 +1,6 @@
 #include "src/daemon/aligned_round_runner.h"
 
+#include <algorithm>
 #include <set>
 
 #include "src/balance/global_planner.h"
@@ -83,10 +84,27 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
           held[a] += llm_memory_.Of(llm_padded_ ? longest : m.lengths.tokens);
       }
     }
+    // Memory as a limit, time as the goal: an encoder phase keeps its time
+    // layout unless that raises a rank above the job's peak so far and above
+    // this step's bound (max of the mean and the largest single holding) plus
+    // kMemoryCapMargin; then it spends the least slack that keeps within.
+    double memory_cap = 0.0;
+    if (memory_aware_) {
+      double total = 0.0, largest = 0.0;
+      for (double h : held) total += h, largest = std::max(largest, h);
+      for (const Item& item : items) {
+        const double v = vision_memory_.OfInput(item.meta.lengths.vision_patches);
+        const double a = audio_phase_ ? audio_memory_.OfInput(item.meta.lengths.audio_frames) : 0.0;
+        total += v + a;
+        largest = std::max({largest, v, a});
+      }
+      const double bound = std::max(total / static_cast<double>(active.size()), largest);
+      memory_cap = std::max(memory_peak_, bound * (1 + kMemoryCapMargin));
+    }
     auto phase = [&](const std::vector<double>& cost, const std::vector<double>& memory, PhaseRoute& route) {
       const int n = static_cast<int>(active.size());
       const balance::PhaseAssignment enc =
-          memory_aware_ ? balance::BalancePhaseMemory(cost, memory, home, n, held, memory_slack_)
+          memory_aware_ ? balance::BalancePhaseMemory(cost, memory, home, n, held, memory_slack_, memory_cap)
                         : balance::BalancePhase(cost, home, n);
       route.src_rank.assign(mine.sample_ids.size(), me);
       for (size_t i = 0; i < items.size(); ++i) {
@@ -120,6 +138,7 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
       }
       phase(cost, memory, mine.phase(EncoderPhase::kAudio));
     }
+    if (memory_aware_) memory_peak_ = std::max(memory_peak_, *std::max_element(held.begin(), held.end()));
   }
 }
 

@@ -46,6 +46,12 @@ class AlignedRoundRunner final : public RoundRunner {
   double memory_slack_;
   bool llm_padded_;  // grouping.cost_model padded: LLM memory at the rank's longest sample
   bool memory_aware_;
+  // The most memory any rank held in a step's encoder plans so far (the same
+  // on every rank: the plans are). An encoder phase keeps its time layout when
+  // no rank goes above the larger of this and its step's memory bound times
+  // 1 + kMemoryCapMargin (BalancePhaseMemory's memory_cap).
+  double memory_peak_ = 0.0;
+  static constexpr double kMemoryCapMargin = 0.05;
   // Per rank: (owner, id) of the samples it encodes (either encoder) this round.
   std::vector<std::vector<std::pair<int32_t, uint64_t>>> encoder_needs_;
 };

@@ -220,6 +220,13 @@ TEST_CASE("per-phase plans with memory models place encoder items on the rank ho
       ", llm_memory: {per_sample: 100, per_unit: 0}, "
       "vision_memory: {per_unit: 1}");
   CHECK(by_memory.first == 1 - by_memory.second);
+  // A small image (0.1 per patch): the time layout holds 706 at its peak rank,
+  // within the step's bound (700, the seven samples' LLM memory) + 5%: it stays
+  // home, though the other rank holds less (memory as a limit, not a goal).
+  const auto within_cap = encoder_and_llm_rank(
+      ", llm_memory: {per_sample: 100, per_unit: 0}, "
+      "vision_memory: {per_unit: 0.1}");
+  CHECK(within_cap.first == within_cap.second);
 }
 
 }  // namespace

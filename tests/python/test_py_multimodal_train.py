@@ -1,5 +1,6 @@
 """examples/multimodal_train.py end to end, small: 2 ranks, real odbd daemons, real decoded icons
-and espeak-ng audio, Standard and both odb methods at the same recipe; every training sample is
+and espeak-ng audio, Standard and three odb methods (LLM only, per phase, per phase with the LLM
+packed) at the same recipe; every training sample is
 trained once through odb, every decoded patch and frame reaches an encoder, odb_phases moves
 encoder work between ranks, and the summary carries the ablation's figures."""
 from __future__ import annotations
@@ -16,7 +17,7 @@ TINY = ["--d-model", "32", "--layers", "1", "--vision-width", "32", "--audio-wid
 
 def test_small_ablation_end_to_end() -> None:
     args = mt.parse_args(["--samples", str(SAMPLES), "--heldout", str(HELDOUT), "--quiet",
-                          "--methods", "standard,odb_llm,odb_phases", *TINY])
+                          "--methods", "standard,odb_llm,odb_phases,odb_phases_packed", *TINY])
     result = mt.run(args, keep_raw=True)
     raw, methods = result["raw"], result["methods"]
     specs = mmd.prepare(SAMPLES + HELDOUT, seed=args.seed)
@@ -26,13 +27,20 @@ def test_small_ablation_end_to_end() -> None:
     want_patches = sorted(p for _, p, _ in lengths if p)
     want_frames = sorted(f for _, _, f in lengths if f)
     assert want_patches and want_frames, "the workload must hold images and audio"
-    for method in ("odb_llm", "odb_phases"):
+    for method in ("odb_llm", "odb_phases", "odb_phases_packed"):
         recs = [rec for rank in raw[method] for rec in rank["records"]]
         # Every training sample exactly once in the LLM phase, and its image / audio in an encoder.
         assert sorted(n for rec in recs for n in rec["items"]["llm"]) == sorted(t for t, _, _ in lengths), method
         assert sorted(u for rec in recs for u in rec["items"]["vision"]) == want_patches, method
         assert sorted(u for rec in recs for u in rec["items"]["audio"]) == want_frames, method
-    assert sum(rec.get("moved", 0) for rank in raw["odb_phases"] for rec in rank["records"]) > 0
+    for method in ("odb_phases", "odb_phases_packed"):
+        assert sum(rec.get("moved", 0) for rank in raw[method] for rec in rank["records"]) > 0, method
+    # odb_phases_packed's LLM batches come packed from the daemon (collate.packed): no padding at all,
+    # while the padded odb_phases pads some step.
+    packed = [rec for rank in raw["odb_phases_packed"] for rec in rank["records"] if rec["items"]["llm"]]
+    assert packed and all(rec["llm_padded"] == sum(rec["items"]["llm"]) for rec in packed)
+    padded = [rec for rank in raw["odb_phases"] for rec in rank["records"] if rec["items"]["llm"]]
+    assert any(rec["llm_padded"] > sum(rec["items"]["llm"]) for rec in padded)
     for method, s in methods.items():
         if method.startswith("_"):
             continue
@@ -42,6 +50,7 @@ def test_small_ablation_end_to_end() -> None:
         assert min(s["act_peak_mb"]) > 0 and s["act_peak_max_over_mean"] >= 1 and s["act_bound_mb"] > 0, method
     for key in ("speedup_over_llm_only", "speedup_over_standard"):
         assert methods["odb_phases"][key] > 0
+    assert methods["odb_phases_packed"]["speedup_over_standard"] > 0
     assert set(methods["_fitted_phase_costs"]) == {"vision", "audio", "llm"}
 
 
