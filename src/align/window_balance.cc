@@ -286,6 +286,7 @@ void KeepHome(std::span<const SampleMeta> samples, Groups& layout) {
 
 // MoveSamples and MergeMicroSteps: window_balance.h.
 bool MoveSamples(const WindowBalanceConfig& c, std::vector<GlobalStep>& window, bool within_steps) {
+  if (window.empty()) return false;
   const size_t world = window.front().size();
   const size_t m = window.size();
   if (world < 2) return false;
