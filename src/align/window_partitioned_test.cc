@@ -115,6 +115,16 @@ RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const 
   return out;
 }
 
+// Two micro-steps carry the same window fields (window id, its loss tokens,
+// micro-step count, whether it closes there, whether it is short).
+void RequireSameWindow(const PlannedStep& s, const PlannedStep& other) {
+  REQUIRE(s.window == other.window);
+  REQUIRE(s.window_loss_tokens == other.window_loss_tokens);
+  REQUIRE(s.window_steps == other.window_steps);
+  REQUIRE(s.closes_window == other.closes_window);
+  REQUIRE(s.window_short == other.window_short);
+}
+
 // The window invariants of one round's result: every rank the same micro-step
 // count and window fields, weights summing to W per window, loss tokens to
 // the window's total, real tokens to global_real; each rank's samples in
@@ -131,11 +141,7 @@ void RequireRoundInvariants(const RoundPlan& in, const RoundOutcome& out, uint32
     uint64_t real = 0;
     for (size_t r = 0; r < world; ++r) {
       const PlannedStep& s = out.plan.ranks[r].steps[k];
-      REQUIRE(s.window == s0.window);
-      REQUIRE(s.window_loss_tokens == s0.window_loss_tokens);
-      REQUIRE(s.window_steps == s0.window_steps);
-      REQUIRE(s.closes_window == s0.closes_window);
-      REQUIRE(s.window_short == s0.window_short);
+      RequireSameWindow(s, s0);
       REQUIRE(s.idle == s.samples.empty());
       REQUIRE((!s.idle || s.loss_weight == 0.0));
       REQUIRE(s.padded_tokens <= budget);
@@ -312,11 +318,7 @@ TEST_CASE("balance within a block's micro-steps keeps every world-wide total and
             real_after += s.real_tokens;
             loss_before += o.loss_tokens;
             loss_after += s.loss_tokens;
-            REQUIRE(s.window == o.window);
-            REQUIRE(s.window_steps == o.window_steps);
-            REQUIRE(s.window_loss_tokens == o.window_loss_tokens);
-            REQUIRE(s.closes_window == o.closes_window);
-            REQUIRE(s.window_short == o.window_short);
+            RequireSameWindow(s, o);
             REQUIRE(s.idle == s.samples.empty());
             REQUIRE(s.padded_tokens <= 1024);
             uint64_t loss = 0;
