@@ -193,6 +193,20 @@ struct Consumer::Impl {
   // re-sends the steps it had not acknowledged) and re-sends every epoch
   // request not yet answered, with the same fields and `resend` set (the
   // epoch may have ended meanwhile, its steps not read yet).
+  // A zmq call again while a signal interrupts it (EINTR: e.g. the SIGCHLD a
+  // trainer gets when a DataLoader worker or a spawned odbd exits); any other
+  // error is thrown as before.
+  template <typename F>
+  static auto RetryOnSignal(F&& call) {
+    while (true) {
+      try {
+        return call();
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) throw;
+      }
+    }
+  }
+
   absl::Status OnMonitor() {
     bool reconnected = false;
     while (true) {
@@ -207,7 +221,7 @@ struct Consumer::Impl {
       if (!got) break;
       if (event.more()) {  // the second frame (the endpoint): not needed
         zmq::message_t endpoint;
-        (void)monitor.recv(endpoint, zmq::recv_flags::dontwait);
+        (void)RetryOnSignal([&] { return monitor.recv(endpoint, zmq::recv_flags::dontwait); });
       }
       if (event.size() < 6) continue;
       uint16_t id = 0;
@@ -234,7 +248,7 @@ struct Consumer::Impl {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
       if (absl::Status s = OnMonitor(); !s.ok()) return s;
-      if (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) return true;
+      if (RetryOnSignal([&] { return socket.get(zmq::sockopt::events); }) & ZMQ_POLLIN) return true;
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
