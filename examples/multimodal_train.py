@@ -333,6 +333,17 @@ def peak_memory_kb(device: torch.device) -> int:
     return _status_kb("VmHWM")
 
 
+_LENGTHS: Dict[Tuple[int, int], List[int]] = {}
+
+
+def sample_lengths(dataset: Any, i: int) -> List[int]:
+    """[tokens, vision patches, audio frames] of sample i (read from the files' headers once)."""
+    key = (id(dataset), i)
+    if key not in _LENGTHS:
+        _LENGTHS[key] = list(mmd.lengths_of(dataset.specs[i]))
+    return _LENGTHS[key]
+
+
 # ----- one training step, shared by all methods ------------------------------------------
 def run_step(model: MLLM, batch: Dict[str, Any], clock: PhaseClock, device: torch.device, loss_scale: float,
              plan: Any = None, llm_idle: bool = False) -> Tuple[float, int, Dict[str, List[int]]]:
@@ -450,7 +461,8 @@ def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dic
         if "cu_seqlens" in batch:  # collate.packed: [1, T] with each sample's bounds
             batch = {**batch, "segments": counts_from_offsets(batch["cu_seqlens"])}
         yield {"batch": batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
-               "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids}
+               "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids,
+               "ids": [] if s.idle else [int(i) for i in s.sample_ids]}
 
 
 # ----- one rank ----------------------------------------------------------------------------
@@ -504,6 +516,8 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                 elif st["plan"] is not None:
                     rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
                     rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                if st.get("ids"):  # this rank's LLM samples (bench/phase_replay.py replays the plans on them)
+                    rec["samples"] = [sample_lengths(dataset, i) for i in st["ids"]]
                 if st["plan"] is not None:  # encoder samples whose output leaves this rank
                     rec["moved"] = (sum(d != rank for d in st["plan"].enc_dest_rank) +
                                     sum(d != rank for d in st["plan"].audio_dest_rank))

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 namespace odb::balance {
 namespace {
@@ -45,16 +46,17 @@ constexpr uint64_t kMaxImproveWork = uint64_t{1} << 22;
 // another rank, taking the change that leaves the pair's larger load
 // smallest (ties: the first item, rank and partner in index order). With
 // `held` (per rank: the memory it holds, this layout's items included) a
-// change may not raise the most memory any rank holds. Stops after
-// kMaxImproveWork candidates looked at.
+// change may not raise a rank above the larger of the most memory any rank
+// holds and `memory_limit`. Stops after kMaxImproveWork candidates looked at.
 void Improve(std::span<const double> cost, std::span<const double> memory, std::vector<int32_t>& rank_of,
-             int world, std::vector<double>* held) {
+             int world, std::vector<double>* held, double memory_limit = 0.0) {
   std::vector<double> load(world, 0.0);
   for (size_t i = 0; i < cost.size(); ++i) load[rank_of[i]] += cost[i];
   uint64_t work = 0;
   while (work < kMaxImproveWork) {
     const int32_t top = static_cast<int32_t>(std::max_element(load.begin(), load.end()) - load.begin());
-    const double peak = held == nullptr ? 0.0 : *std::max_element(held->begin(), held->end());
+    const double peak =
+        held == nullptr ? 0.0 : std::max(memory_limit, *std::max_element(held->begin(), held->end()));
     auto mem_ok = [&](int32_t to, double gain_to, double gain_top) {
       return held == nullptr || ((*held)[to] + gain_to <= peak && (*held)[top] + gain_top <= peak);
     };
@@ -183,6 +185,35 @@ std::optional<std::vector<int32_t>> MemoryGreedy(std::span<const double> cost, s
   return rank_of;
 }
 
+// Time as the goal, memory as a limit: items by cost, descending, each on the
+// least loaded rank among those it keeps within `memory_cap` (ties: home, then
+// the lower index); an item no rank takes within the cap goes to the rank
+// holding the least memory; an item of cost and memory 0 stays home. Then
+// Improve, no change raising a rank above the cap (or the layout's peak, when
+// that is above it). `held` gets the layout's memory.
+std::vector<int32_t> CappedGreedy(std::span<const double> cost, std::span<const double> memory,
+                                  std::span<const int32_t> home, const std::vector<size_t>& desc, int world,
+                                  double memory_cap, std::vector<double>& held) {
+  std::vector<double> load(world, 0.0);
+  std::vector<int32_t> rank_of(cost.size(), 0);
+  for (size_t i : desc) {
+    int32_t r = home[i];
+    if (cost[i] > 0 || memory[i] > 0) {
+      r = -1;
+      for (int32_t c = 0; c < world; ++c) {
+        if (held[c] + memory[i] > memory_cap) continue;
+        if (r < 0 || load[c] < load[r] || (load[c] == load[r] && c == home[i])) r = c;
+      }
+      if (r < 0) r = static_cast<int32_t>(std::min_element(held.begin(), held.end()) - held.begin());
+    }
+    load[r] += cost[i];
+    held[r] += memory[i];
+    rank_of[i] = r;
+  }
+  Improve(cost, memory, rank_of, world, &held, memory_cap);
+  return rank_of;
+}
+
 double MaxOf(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 }  // namespace
@@ -198,18 +229,35 @@ PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const
   std::vector<size_t> desc(cost.size());
   std::iota(desc.begin(), desc.end(), size_t{0});
   std::stable_sort(desc.begin(), desc.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
-  // Without a cap: one layout at the full slack. With one: the time layout if
-  // it keeps within the cap, else the least slack that does.
-  std::vector<double> slacks = {slack};
-  if (memory_cap > 0) slacks = {slack / 4, slack / 2, slack};
-  for (size_t k = 0; k < slacks.size(); ++k) {
-    if (memory_cap > 0 && MaxOf(best_held) <= memory_cap) break;
-    if (k > 0 && slacks[k] == slacks[k - 1]) continue;
+  if (memory_cap <= 0) {
+    // One layout at the full slack, kept if it holds less at its peak rank.
     std::vector<double> held = rank_memory;
-    auto got = MemoryGreedy(cost, memory, home, desc, world, time_capacity * (1 + slacks[k] + 1e-12), held);
+    auto got = MemoryGreedy(cost, memory, home, desc, world, time_capacity * (1 + slack + 1e-12), held);
     if (got && MaxOf(held) < MaxOf(best_held)) {
       best = Build(cost, *got, world);
       best_held = std::move(held);
+    }
+  } else if (MaxOf(best_held) > memory_cap) {
+    // The time layout goes above the cap. Candidates: the most balanced layout
+    // within the cap (CappedGreedy) if it takes at most 1 + slack times the
+    // time capacity, and the memory layouts at slack / 4, slack / 2 and slack;
+    // of those within the cap the fastest, else the least peak memory.
+    auto consider = [&](PhaseAssignment a, std::vector<double> held) {
+      const bool within = MaxOf(held) <= memory_cap, best_within = MaxOf(best_held) <= memory_cap;
+      if ((within && (!best_within || a.max_load < best.max_load)) ||
+          (!within && !best_within && MaxOf(held) < MaxOf(best_held))) {
+        best = std::move(a);
+        best_held = std::move(held);
+      }
+    };
+    std::vector<double> held = rank_memory;
+    PhaseAssignment capped =
+        Build(cost, CappedGreedy(cost, memory, home, desc, world, memory_cap, held), world);
+    if (capped.max_load <= time_capacity * (1 + slack + 1e-12)) consider(std::move(capped), std::move(held));
+    for (double s : {slack / 4, slack / 2, slack}) {
+      held = rank_memory;
+      auto got = MemoryGreedy(cost, memory, home, desc, world, time_capacity * (1 + s + 1e-12), held);
+      if (got) consider(Build(cost, *got, world), std::move(held));
     }
   }
   rank_memory = std::move(best_held);
@@ -270,6 +318,125 @@ MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const
 MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
                           const PhaseCost& audio_cost, const PhaseCost& llm_cost) {
   return Plan(samples, world, vision_cost, &audio_cost, llm_cost);
+}
+
+bool EncoderPlanConfig::MemoryAware() const {
+  for (const PhaseCost* m : {&vision_memory, &audio_memory, &llm_memory}) {
+    if (m->per_sample > 0 || m->per_unit > 0 || m->per_unit_sq > 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// Relabels `a`'s ranks by a permutation (each rank's items move together, so
+// every rank's load is one of the layout's and the phase's slowest rank stays)
+// to even the ranks' memory peaks over the run: the ranks' item memory
+// (`held` minus `before`) by size, descending, each onto the free rank where
+// max(its run peak, `before` + that memory) is least (ties: the lower run
+// peak, then less held, then the same rank). Kept only if the step's most held memory does not rise;
+// `held` follows.
+void RelabelForPeaks(PhaseAssignment& a, const std::vector<double>& before, std::vector<double>& held,
+                     const std::vector<double>& run_peak) {
+  const int world = static_cast<int>(held.size());
+  std::vector<double> bucket(world);
+  for (int r = 0; r < world; ++r) bucket[r] = held[r] - before[r];
+  std::vector<int32_t> by_size(world);
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](int32_t x, int32_t y) { return bucket[x] > bucket[y]; });
+  std::vector<int32_t> to(world, -1);
+  std::vector<bool> taken(world, false);
+  std::vector<double> relabeled(world);
+  for (int32_t b : by_size) {
+    int32_t best = -1;
+    auto key = [&](int32_t r) {
+      return std::make_tuple(std::max(run_peak[r], before[r] + bucket[b]), run_peak[r], before[r], r != b);
+    };
+    for (int32_t r = 0; r < world; ++r) {
+      if (!taken[r] && (best < 0 || key(r) < key(best))) best = r;
+    }
+    to[b] = best;
+    taken[best] = true;
+    relabeled[best] = before[best] + bucket[b];
+  }
+  if (MaxOf(relabeled) > MaxOf(held)) return;
+  PhaseAssignment out;
+  out.order.resize(world);
+  out.load.resize(world);
+  for (int r = 0; r < world; ++r) {
+    out.order[to[r]] = std::move(a.order[r]);
+    out.load[to[r]] = a.load[r];
+  }
+  out.max_load = a.max_load;
+  out.slot_of = std::move(a.slot_of);
+  for (Slot& slot : out.slot_of) slot.rank = to[slot.rank];
+  a = std::move(out);
+  held = std::move(relabeled);
+}
+
+}  // namespace
+
+EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
+  const int active = static_cast<int>(ranks.size());
+  std::vector<int32_t> home;
+  home.reserve(items.size());
+  for (const EncoderItem& item : items) home.push_back(item.llm_rank);
+  // What each active rank holds this step: its LLM samples' activations first.
+  std::vector<double> held(active, 0.0);
+  double memory_cap = 0.0, total = 0.0, largest = 0.0;
+  if (memory_aware_) {
+    std::vector<uint32_t> longest(active, 0);
+    for (const EncoderItem& item : items)
+      longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
+    for (const EncoderItem& item : items)
+      held[item.llm_rank] +=
+          config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
+    for (double h : held) total += h, largest = std::max(largest, h);
+    for (const EncoderItem& item : items) {
+      const double v = config_.vision_memory.OfInput(item.lengths.vision_patches);
+      const double a = config_.audio_phase ? config_.audio_memory.OfInput(item.lengths.audio_frames) : 0.0;
+      total += v + a;
+      largest = std::max({largest, v, a});
+    }
+  }
+  // Per active rank: the most memory it held in an earlier step.
+  std::vector<double> run_peak(active, 0.0);
+  for (int a = 0; a < active; ++a) {
+    if (static_cast<size_t>(ranks[a]) < rank_peak_.size()) run_peak[a] = rank_peak_[ranks[a]];
+  }
+  if (memory_aware_) {
+    const double bound = std::max(total / static_cast<double>(active), largest);
+    memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
+  }
+  auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
+    std::vector<double> cost, memory;
+    for (const EncoderItem& item : items) {
+      cost.push_back(cost_model.OfInput(units(item.lengths)));
+      memory.push_back(memory_model.OfInput(units(item.lengths)));
+    }
+    if (!memory_aware_) return BalancePhase(cost, home, active);
+    const std::vector<double> before = held;
+    PhaseAssignment a =
+        BalancePhaseMemory(cost, memory, home, active, held, config_.memory_slack, memory_cap);
+    if (config_.even_peaks) RelabelForPeaks(a, before, held, run_peak);
+    return a;
+  };
+  EncoderStepPlan plan;
+  plan.vision = phase(config_.vision_cost, config_.vision_memory,
+                      [](const SampleLengths& l) { return l.vision_patches; });
+  if (config_.audio_phase) {
+    plan.audio = phase(config_.audio_cost, config_.audio_memory,
+                       [](const SampleLengths& l) { return l.audio_frames; });
+  }
+  if (memory_aware_) {
+    memory_peak_ = std::max(memory_peak_, MaxOf(held));
+    for (int a = 0; a < active; ++a) {
+      if (static_cast<size_t>(ranks[a]) >= rank_peak_.size()) rank_peak_.resize(ranks[a] + 1, 0.0);
+      rank_peak_[ranks[a]] = std::max(rank_peak_[ranks[a]], held[a]);
+    }
+  }
+  return plan;
 }
 
 }  // namespace odb::balance

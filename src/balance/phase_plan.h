@@ -82,9 +82,13 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
 // fit in C, or holds no less memory at its peak rank than BalancePhase's
 // layout, BalancePhase's layout is returned.
 // memory_cap > 0 (memory as a limit, time as the goal): BalancePhase's layout
-// when its peak rank memory is within the cap; else slack / 4, slack / 2 and
-// slack in turn, the first layout within the cap (or the least peak memory of
-// them). Adds the chosen layout's item memory to `rank_memory` (size world).
+// when its peak rank memory is within the cap; else, of the layouts within
+// the cap, the fastest among: the most balanced layout the cap allows (items
+// by cost, each on the least loaded rank it keeps within the cap, then the
+// local improvement under the cap) when it takes at most 1 + slack times the
+// minimax time, and the memory layouts at slack / 4, slack / 2 and slack;
+// none within the cap: the one holding least at its peak rank. Adds the
+// chosen layout's item memory to `rank_memory` (size world).
 PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
                                    std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
                                    double slack = 0.0, double memory_cap = 0.0);
@@ -132,6 +136,62 @@ MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const
 // sample without images (audio frames) costs nothing in that encoder phase.
 MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const PhaseCost& vision_cost,
                           const PhaseCost& audio_cost, const PhaseCost& llm_cost);
+
+// The daemon's per-step encoder plans (alignment.phase_plans): the step's LLM
+// layout is the aligned plan's; each encoder phase (vision, then audio) is
+// balanced on its own cost, each item preferring the rank that runs its LLM
+// part (no move) when that keeps the minimax capacity. With memory costs
+// (alignment.*_memory) the placement is memory-aware: what each rank holds in
+// the step (its LLM samples' activations, then each encoder phase's) is
+// tracked, and memory is a limit, time the goal: an encoder phase keeps its
+// time layout unless that raises a rank above the job's peak so far and above
+// the step's bound (max of the mean and the largest single holding) plus
+// memory_cap_margin (BalancePhaseMemory's memory_cap). Stateful (the job's
+// peak) and deterministic: every rank plans the same steps the same way.
+struct EncoderPlanConfig {
+  PhaseCost vision_cost;
+  PhaseCost audio_cost;
+  bool audio_phase = false;  // an audio encoder phase too
+  PhaseCost vision_memory{0, 0, 0}, audio_memory{0, 0, 0}, llm_memory{0, 0, 0};
+  bool llm_padded = false;  // a padded LLM batch holds every sample at the rank's longest length
+  double memory_slack = 0.0;
+  double memory_cap_margin = 0.05;
+  // After each memory-aware phase, its ranks relabeled (a permutation: the
+  // phase's time unchanged) so that the largest memory lands on the ranks
+  // whose peaks over the run are lowest, as long as the step's peak does not
+  // rise: evens the ranks' peaks, which a time layout leaves wherever the
+  // large items' LLM parts happened to be.
+  bool even_peaks = false;
+  bool MemoryAware() const;
+};
+
+// One sample of a step: the active rank (0..n-1) whose LLM runs it, in LLM order per rank.
+struct EncoderItem {
+  int32_t llm_rank = 0;
+  SampleLengths lengths;
+};
+
+struct EncoderStepPlan {
+  PhaseAssignment vision;  // over the items, ranks = active ranks
+  PhaseAssignment audio;   // empty order without an audio phase
+};
+
+class EncoderStepPlanner {
+ public:
+  explicit EncoderStepPlanner(const EncoderPlanConfig& config)
+      : config_(config), memory_aware_(config.MemoryAware()) {}
+  // The plans of one step whose samples are `items` over its active ranks,
+  // `ranks` (their world ranks, >= 1 of them; EncoderItem::llm_rank indexes it).
+  EncoderStepPlan Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks);
+  // The most memory any rank held in a step's plans so far.
+  double memory_peak() const { return memory_peak_; }
+
+ private:
+  EncoderPlanConfig config_;
+  bool memory_aware_;
+  double memory_peak_ = 0.0;
+  std::vector<double> rank_peak_;  // per world rank: the most it held in a step's plans
+};
 
 }  // namespace odb::balance
 

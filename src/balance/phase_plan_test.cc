@@ -218,6 +218,49 @@ TEST_CASE("BalancePhaseMemory with a memory cap keeps the time layout within it"
   REQUIRE(tight == std::vector<double>{3, 4});
 }
 
+TEST_CASE("BalancePhaseMemory with a memory cap takes the fastest layout within it", "[phase]") {
+  // The time layout (max load 5) puts 17 units on rank 1, above the cap of 14.
+  // The memory layouts (least memory first) need max load 6 to fit; the most
+  // balanced layout under the cap keeps 5.
+  const std::vector<double> cost = {1, 5, 2, 5}, memory = {3, 10, 4, 5};
+  const std::vector<int32_t> home = {1, 1, 2, 2};
+  std::vector<double> held = {0, 7, 8};
+  const PhaseAssignment got = BalancePhaseMemory(cost, memory, home, 3, held, 0.5, 14.0);
+  REQUIRE(got.max_load == 5.0);
+  REQUIRE(*std::max_element(held.begin(), held.end()) <= 14.0);
+  // Here no memory layout at slack <= 0.5 fits the cap of 17 (the least holds
+  // 18 at its peak); the capped layout does, at the minimax time 7.
+  const std::vector<double> cost2 = {3, 1, 7, 5}, memory2 = {6, 3, 7, 15};
+  const std::vector<int32_t> home2 = {1, 2, 1, 0};
+  std::vector<double> held2 = {4, 3, 1};
+  const PhaseAssignment got2 = BalancePhaseMemory(cost2, memory2, home2, 3, held2, 0.5, 17.0);
+  REQUIRE(got2.max_load == 7.0);
+  REQUIRE(*std::max_element(held2.begin(), held2.end()) <= 17.0);
+  // Random steps: within the cap whenever the memory layouts are, never slower than them there.
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<double> c(9), m(9);
+    std::vector<int32_t> h(9);
+    for (size_t i = 0; i < c.size(); ++i) {
+      c[i] = static_cast<double>(1 + rng() % 8);
+      m[i] = c[i] * static_cast<double>(1 + rng() % 3);
+      h[i] = static_cast<int32_t>(rng() % 3);
+    }
+    const std::vector<double> pre = {static_cast<double>(rng() % 10), static_cast<double>(rng() % 10), 0};
+    const double cap = static_cast<double>(12 + rng() % 14);
+    std::vector<double> capped = pre;
+    const PhaseAssignment a = BalancePhaseMemory(c, m, h, 3, capped, 0.5, cap);
+    const double capped_peak = *std::max_element(capped.begin(), capped.end());
+    for (double s : {0.125, 0.25, 0.5}) {
+      std::vector<double> by_mem = pre;
+      const PhaseAssignment b = BalancePhaseMemory(c, m, h, 3, by_mem, s);
+      if (*std::max_element(by_mem.begin(), by_mem.end()) > cap) continue;
+      REQUIRE(capped_peak <= cap);
+      REQUIRE(a.max_load <= b.max_load + 1e-9);
+    }
+  }
+}
+
 TEST_CASE("BalancePhaseMemory keeps the time capacity and moves memory off the loaded rank", "[phase]") {
   // A large item and two small ones; rank 0 already holds 3 units of memory
   // (its LLM part). By time alone the large item stays home on rank 0 (7
@@ -267,6 +310,42 @@ TEST_CASE("BalancePhaseMemory keeps the time capacity and moves memory off the l
     REQUIRE(got.max_load <= t.max_load * (1 + 1e-9));
     REQUIRE(*std::max_element(by_mem.begin(), by_mem.end()) <= *std::max_element(by_t.begin(), by_t.end()));
   }
+}
+
+TEST_CASE("EncoderStepPlanner evens the ranks' memory peaks over the run at the same time", "[phase]") {
+  // Every step: rank 0 runs a sample with a 100-patch image, rank 1 a text
+  // sample. The time layout keeps the image home (rank 0) in every step; with
+  // even_peaks the layout's ranks are relabeled, so the image goes to the rank
+  // whose peak so far is lower: both ranks hold it in turn.
+  EncoderPlanConfig config;
+  config.vision_cost = {0, 1, 0};
+  config.vision_memory = {0, 1, 0};
+  config.llm_memory = {1, 0, 0};
+  config.memory_cap_margin = 10;  // no cap: only the relabeling differs
+  const std::vector<EncoderItem> items = {{0, {10, 100, 0}}, {1, {10, 0, 0}}};
+  const std::vector<int32_t> ranks = {0, 1};
+  for (const bool even : {false, true}) {
+    config.even_peaks = even;
+    EncoderStepPlanner planner(config);
+    std::vector<int32_t> image_rank;
+    for (int step = 0; step < 4; ++step) {
+      const EncoderStepPlan plan = planner.Plan(items, ranks);
+      REQUIRE(plan.vision.max_load == 100.0);
+      REQUIRE(plan.vision.order[plan.vision.slot_of[0].rank] == std::vector<size_t>{0});
+      image_rank.push_back(plan.vision.slot_of[0].rank);
+    }
+    INFO("even_peaks " << even);
+    // Even: rank 1 once its peak is the lower one, then home again on a tie.
+    CHECK(image_rank == (even ? std::vector<int32_t>{0, 1, 0, 0} : std::vector<int32_t>{0, 0, 0, 0}));
+    CHECK(planner.memory_peak() == 101.0);
+  }
+  // Relabeling never raises the step's peak: with rank 1 already holding more
+  // (a long LLM sample), the image stays on rank 0 even after rank 0's peak.
+  config.even_peaks = true;
+  config.llm_memory = {0, 1, 0};
+  EncoderStepPlanner planner(config);
+  const std::vector<EncoderItem> uneven = {{0, {10, 100, 0}}, {1, {50, 0, 0}}};
+  for (int step = 0; step < 3; ++step) CHECK(planner.Plan(uneven, ranks).vision.slot_of[0].rank == 0);
 }
 
 }  // namespace

@@ -8,6 +8,21 @@
 
 namespace odb {
 
+balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config) {
+  balance::EncoderPlanConfig e;
+  e.vision_cost = config.vision_cost;
+  e.audio_cost = config.audio_cost;
+  e.audio_phase = !config.audio_fields.empty();
+  e.vision_memory = config.vision_memory;
+  e.audio_memory = config.audio_memory;
+  e.llm_memory = config.llm_memory;
+  e.llm_padded = config.budget.model == grouping::CostModel::kPadded;
+  e.memory_slack = config.memory_slack;
+  e.memory_cap_margin = config.memory_cap_margin;
+  e.even_peaks = config.even_memory_peaks;
+  return e;
+}
+
 align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   align::PlannerConfig p;
   p.budget = config.budget;
@@ -42,9 +57,7 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
   encoder_needs_.assign(world, {});
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     // The step's LLM layout is the plan's; each encoder layout (vision, then
-    // audio) is balanced on its own cost, each sample preferring the rank that
-    // already runs its LLM part (no move) when that keeps the ranks within the
-    // minimax capacity.
+    // audio) is balanced on its own cost (balance::EncoderStepPlanner).
     struct Item {
       SampleMeta meta;
       int32_t llm_rank;
@@ -65,47 +78,15 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
         active.push_back(r);
       }
     }
-    std::vector<int32_t> home;
-    for (const Item& item : items) home.push_back(index_of[item.llm_rank]);
+    std::vector<balance::EncoderItem> step_items;
+    step_items.reserve(items.size());
+    for (const Item& item : items) step_items.push_back({index_of[item.llm_rank], item.meta.lengths});
+    const balance::EncoderStepPlan step_plan = encoder_planner_.Plan(step_items, active);
     StepPlan& mine = outcome.steps[k];
-    // One encoder phase: its balanced layout, this rank's share of it (what it
-    // encodes and where each output goes) and, for this rank's LLM samples,
-    // the rank that encodes each.
-    // Memory-aware placement: what each active rank holds this step, its LLM
-    // samples' activations first, then each encoder phase's.
-    // A padded LLM batch holds every sample at the rank's longest length.
-    std::vector<double> held(active.size(), 0.0);
-    if (memory_aware_) {
-      for (size_t a = 0; a < active.size(); ++a) {
-        const auto& samples = plan.ranks[active[a]].steps[k].samples;
-        uint32_t longest = 0;
-        for (const SampleMeta& m : samples) longest = std::max(longest, m.lengths.tokens);
-        for (const SampleMeta& m : samples)
-          held[a] += llm_memory_.Of(llm_padded_ ? longest : m.lengths.tokens);
-      }
-    }
-    // Memory as a limit, time as the goal: an encoder phase keeps its time
-    // layout unless that raises a rank above the job's peak so far and above
-    // this step's bound (max of the mean and the largest single holding) plus
-    // kMemoryCapMargin; then it spends the least slack that keeps within.
-    double memory_cap = 0.0;
-    if (memory_aware_) {
-      double total = 0.0, largest = 0.0;
-      for (double h : held) total += h, largest = std::max(largest, h);
-      for (const Item& item : items) {
-        const double v = vision_memory_.OfInput(item.meta.lengths.vision_patches);
-        const double a = audio_phase_ ? audio_memory_.OfInput(item.meta.lengths.audio_frames) : 0.0;
-        total += v + a;
-        largest = std::max({largest, v, a});
-      }
-      const double bound = std::max(total / static_cast<double>(active.size()), largest);
-      memory_cap = std::max(memory_peak_, bound * (1 + kMemoryCapMargin));
-    }
-    auto phase = [&](const std::vector<double>& cost, const std::vector<double>& memory, PhaseRoute& route) {
-      const int n = static_cast<int>(active.size());
-      const balance::PhaseAssignment enc =
-          memory_aware_ ? balance::BalancePhaseMemory(cost, memory, home, n, held, memory_slack_, memory_cap)
-                        : balance::BalancePhase(cost, home, n);
+    // One encoder phase: this rank's share of its layout (what it encodes and
+    // where each output goes) and, for this rank's LLM samples, the rank that
+    // encodes each.
+    auto phase = [&](const balance::PhaseAssignment& enc, PhaseRoute& route) {
       route.src_rank.assign(mine.sample_ids.size(), me);
       for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].llm_rank == me) route.src_rank[items[i].llm_index] = active[enc.slot_of[i].rank];
@@ -122,23 +103,8 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
         }
       }
     };
-    std::vector<double> cost, memory;
-    for (const Item& item : items) {
-      cost.push_back(vision_cost_.OfInput(item.meta.lengths.vision_patches));
-      memory.push_back(vision_memory_.OfInput(item.meta.lengths.vision_patches));
-    }
-    phase(cost, memory, mine.phase(EncoderPhase::kVision));
-    if (audio_phase_) {
-      // Cost: alignment.audio_cost of the sample's audio frames.
-      cost.clear();
-      memory.clear();
-      for (const Item& item : items) {
-        cost.push_back(audio_cost_.OfInput(item.meta.lengths.audio_frames));
-        memory.push_back(audio_memory_.OfInput(item.meta.lengths.audio_frames));
-      }
-      phase(cost, memory, mine.phase(EncoderPhase::kAudio));
-    }
-    if (memory_aware_) memory_peak_ = std::max(memory_peak_, *std::max_element(held.begin(), held.end()));
+    phase(step_plan.vision, mine.phase(EncoderPhase::kVision));
+    if (audio_phase_) phase(step_plan.audio, mine.phase(EncoderPhase::kAudio));
   }
 }
 
@@ -162,19 +128,8 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
     : peers_(std::move(peers)),
       aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),
-      vision_cost_(config.vision_cost),
-      audio_cost_(config.audio_cost),
       audio_phase_(!config.audio_fields.empty()),
-      vision_memory_(config.vision_memory),
-      audio_memory_(config.audio_memory),
-      llm_memory_(config.llm_memory),
-      memory_slack_(config.memory_slack),
-      llm_padded_(config.budget.model == grouping::CostModel::kPadded) {
-  memory_aware_ = false;
-  for (const balance::PhaseCost* m : {&vision_memory_, &audio_memory_, &llm_memory_}) {
-    memory_aware_ = memory_aware_ || m->per_sample > 0 || m->per_unit > 0 || m->per_unit_sq > 0;
-  }
-}
+      encoder_planner_(EncoderPlanConfigFrom(config)) {}
 
 void AlignedRoundRunner::StartEpoch(uint32_t epoch, uint64_t first_round, uint64_t first_step) {
   start_status_ = aligner_.StartEpoch(epoch, first_round, first_step);

@@ -5,6 +5,7 @@
 
 #include "src/align/aligner.h"
 #include "src/align/peer_group.h"
+#include "src/balance/phase_plan.h"
 #include "src/common/clock.h"
 #include "src/daemon/config.h"
 #include "src/daemon/round_runner.h"
@@ -38,23 +39,16 @@ class AlignedRoundRunner final : public RoundRunner {
   align::Aligner aligner_;
   absl::Status start_status_;
   bool phase_plans_;
-  balance::PhaseCost vision_cost_;
-  balance::PhaseCost audio_cost_;
   bool audio_phase_;  // collate.audio_fields: an audio encoder phase too
-  // alignment.*_memory: place encoder items by memory within the time capacity.
-  balance::PhaseCost vision_memory_, audio_memory_, llm_memory_;
-  double memory_slack_;
-  bool llm_padded_;  // grouping.cost_model padded: LLM memory at the rank's longest sample
-  bool memory_aware_;
-  // The most memory any rank held in a step's encoder plans so far (the same
-  // on every rank: the plans are). An encoder phase keeps its time layout when
-  // no rank goes above the larger of this and its step's memory bound times
-  // 1 + kMemoryCapMargin (BalancePhaseMemory's memory_cap).
-  double memory_peak_ = 0.0;
-  static constexpr double kMemoryCapMargin = 0.05;
+  // Each step's encoder layouts (stateful: the job's memory peak so far, the
+  // same on every rank since the plans are).
+  balance::EncoderStepPlanner encoder_planner_;
   // Per rank: (owner, id) of the samples it encodes (either encoder) this round.
   std::vector<std::vector<std::pair<int32_t, uint64_t>>> encoder_needs_;
 };
+
+// The encoder phases' costs and memory models, from the daemon config.
+balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config);
 
 // The planner configuration every rank must share, derived from the daemon config.
 align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config);

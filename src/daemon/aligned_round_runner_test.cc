@@ -221,12 +221,19 @@ TEST_CASE("per-phase plans with memory models place encoder items on the rank ho
       "vision_memory: {per_unit: 1}");
   CHECK(by_memory.first == 1 - by_memory.second);
   // A small image (0.1 per patch): the time layout holds 706 at its peak rank,
-  // within the step's bound (700, the seven samples' LLM memory) + 5%: it stays
-  // home, though the other rank holds less (memory as a limit, not a goal).
+  // within the step's bound (700, the seven samples' LLM memory) + 5%: without
+  // even_memory_peaks it stays home, though the other rank holds less (memory
+  // as a limit, not a goal) ...
   const auto within_cap = encoder_and_llm_rank(
       ", llm_memory: {per_sample: 100, per_unit: 0}, "
-      "vision_memory: {per_unit: 0.1}");
+      "vision_memory: {per_unit: 0.1}, even_memory_peaks: false");
   CHECK(within_cap.first == within_cap.second);
+  // ... with it (the default) the layout's ranks are relabeled, the same time:
+  // the image's rank (its only item) becomes the rank holding less.
+  const auto relabeled = encoder_and_llm_rank(
+      ", llm_memory: {per_sample: 100, per_unit: 0}, "
+      "vision_memory: {per_unit: 0.1}");
+  CHECK(relabeled.first == 1 - relabeled.second);
 }
 
 }  // namespace

@@ -123,6 +123,15 @@ struct DaemonConfig {
   // ... and may let a phase's slowest rank take up to (1 + memory_slack) x the
   // minimax time to hold less memory (0: memory only within the time balance).
   double memory_slack = 0.0;
+  // An encoder phase keeps its time layout unless it puts a rank above the
+  // job's peak so far and above the step's memory bound (max of the mean and
+  // the largest single holding) times 1 + memory_cap_margin: the memory a
+  // phase may add to keep its time balance (balance::EncoderStepPlanner).
+  double memory_cap_margin = 0.05;
+  // After each encoder phase, its ranks relabeled (its time unchanged) so the
+  // most memory lands on the ranks whose peaks over the run are lowest, never
+  // raising the step's peak.
+  bool even_memory_peaks = true;
   // Reproducible epochs (docs/resume.md): the step sequence depends only on
   // the seed and the samples, never on timing. Each rank plans from the next
   // `window` samples of its list in list order (every sample carries its

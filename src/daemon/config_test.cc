@@ -180,6 +180,7 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {audio_cost: {per_frame: 1}}", "alignment.audio_cost.per_frame"},
       {"alignment: {llm_memory: {per_unit: -1}}", "alignment.llm_memory.per_unit"},
       {"alignment: {memory_slack: 11}", "alignment.memory_slack"},
+      {"alignment: {memory_cap_margin: -0.1}", "alignment.memory_cap_margin"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);

@@ -302,6 +302,12 @@ std::vector<Setting> BuildTable() {
   add(Field("alignment.memory_slack", kJob, ODB_FIELD(memory_slack),
             "*_memory set: a phase's slowest rank may take up to (1 + this) x its balanced time to hold less "
             "memory; [0, 10]"));
+  add(Field("alignment.memory_cap_margin", kJob, ODB_FIELD(memory_cap_margin),
+            "*_memory set: an encoder phase keeps its time layout unless a rank goes above the job's peak so "
+            "far and (1 + this) x the step's memory bound; more: faster encoders, higher peaks; [0, 10]"));
+  add(Field("alignment.even_memory_peaks", kJob, ODB_FIELD(even_memory_peaks),
+            "*_memory set: relabel each encoder layout's ranks (time unchanged) so the most memory goes to "
+            "the ranks with the lowest peaks so far"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
       "true: the same steps on every run and after a resume, whatever the workers' timing "

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Replays odbd's encoder phase plans on a multimodal run's recorded steps and prices them.
+
+The multimodal example's odb per-phase runs record, per rank and step, the rank's LLM samples
+(``samples``: [tokens, patches, frames] each). This writes those steps for ``bazel-bin/bench/
+phase_replay`` (the daemon's own balance::EncoderStepPlanner), reads back the vision and audio
+layouts it plans, and prices the run's actual layouts and the replayed ones with the run's fitted
+costs: per phase the sum over steps of the bound max(largest item, mean) over the sum of the
+slowest rank (examples/multimodal_train.py's modelled bound fraction), and the activation memory
+of each rank's step (the fitted activation bytes), whose peak over the run is compared across ranks
+(max / mean) as the example's ``actMB m/m`` does. The LLM layout is the run's in both.
+
+  /usr/bin/python3 bench/phase_replay.py RUN.json [RUN.json ...] [--method odb_phases_packed]
+      [--variant NAME=FLAGS ...]   (FLAGS passed to phase_replay, e.g. "m10=--memory-cap-margin 0.1")
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+import multimodal_train as mt  # noqa: E402
+
+PHASES = ("vision", "audio")
+
+
+def steps_of(per_rank: List[Dict[str, Any]]) -> List[List[int]]:
+    """Per step, the world ranks with LLM samples (the step's active ranks, in rank order)."""
+    n = max(len(r["records"]) for r in per_rank)
+    return [[w for w, r in enumerate(per_rank) if k < len(r["records"]) and r["records"][k].get("samples")]
+            for k in range(n)]
+
+
+def write_steps(per_rank: List[Dict[str, Any]], path: str) -> List[List[int]]:
+    """The phase_replay input; returns each step's active world ranks."""
+    active = steps_of(per_rank)
+    with open(path, "w") as f:
+        f.write("# per step: active ranks' LLM samples (tokens,patches,frames), ranks separated by |\n")
+        for k, ranks in enumerate(active):
+            f.write(" | ".join(f"@{w} " + " ".join(",".join(str(v) for v in s)
+                                                   for s in per_rank[w]["records"][k]["samples"])
+                               for w in ranks) + "\n")
+    return active
+
+
+def replay(binary: str, config: str, steps: str, flags: str) -> List[List[Dict[str, List[int]]]]:
+    """Per step, per active rank: {"vision": [...], "audio": [...]} as phase_replay planned them."""
+    out = subprocess.run([binary, "--config", config, "--steps", steps] + shlex.split(flags), check=True,
+                         capture_output=True, text=True).stdout
+    layouts = []
+    for line in out.splitlines():
+        ranks = []
+        for part in line.split("|"):
+            fields = dict(f.split("=", 1) for f in part.split())
+            ranks.append({"vision": [int(x) for x in fields["v"].split(",") if x],
+                          "audio": [int(x) for x in fields["a"].split(",") if x]})
+        layouts.append(ranks)
+    return layouts
+
+
+def with_layout(per_rank: List[Dict[str, Any]], active: List[List[int]],
+                layouts: List[List[Dict[str, List[int]]]]) -> List[Dict[str, Any]]:
+    """The run's records with each step's encoder items replaced by the replayed layout."""
+    out = [{"records": [dict(rec, items=dict(rec["items"])) for rec in r["records"]]} for r in per_rank]
+    for k, (ranks, layout) in enumerate(zip(active, layouts)):
+        for w in range(len(per_rank)):
+            if k >= len(out[w]["records"]):
+                continue
+            mine = layout[ranks.index(w)] if w in ranks else {"vision": [], "audio": []}
+            for phase in PHASES:
+                out[w]["records"][k]["items"][phase] = mine[phase]
+    return out
+
+
+def price(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]], act: Dict[str, List[float]]
+          ) -> Tuple[Dict[str, float], float, float]:
+    """(modelled bound fraction per phase, activation peak max/mean over ranks, max peak MiB)."""
+    frac = mt.modelled_bound_fractions(per_rank, fits)
+    peaks = []
+    for r in per_rank:
+        peak = 0.0
+        for rec in r["records"]:
+            peak = max(peak, sum(mt.modelled_step_time(rec, p, act) for p in mt.COMPUTE_PHASES))
+        peaks.append(peak)
+    mean = sum(peaks) / len(peaks)
+    return frac, max(peaks) / mean if mean else 1.0, max(peaks) / 2**20
+
+
+def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
+    """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
+    args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
+                              memory_plan=True)
+    return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
+
+
+def fitted(costs: Dict[str, Dict[str, float]]) -> Dict[str, List[float]]:
+    return {p: [c["per_step"], c["per_item"], c["per_unit"], c["per_unit_sq"]] for p, c in costs.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="examples/multimodal_train.py --json outputs (with raw records)")
+    p.add_argument("--method", default="odb_phases_packed")
+    p.add_argument("--bin", default=str(HERE.parent / "bazel-bin/bench/phase_replay"))
+    p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS for phase_replay (repeatable)")
+    a = p.parse_args()
+    variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
+    print(f"{'run':28s} {'layout':12s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}")
+    for path in a.runs:
+        data = json.load(open(path))
+        per_rank = data["raw"][a.method]
+        fits = fitted(data["methods"]["_fitted_phase_costs"])
+        act = fitted(data["methods"]["_fitted_activation_bytes"])
+        rows = [("recorded", per_rank)]
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = os.path.join(tmp, "steps.txt")
+            active = write_steps(per_rank, steps)
+            config = os.path.join(tmp, "odbd.yaml")
+            with open(config, "w") as f:
+                yaml.safe_dump(run_config(data, a.method), f)
+            for name, flags in variants:
+                rows.append((name, with_layout(per_rank, active, replay(a.bin, config, steps, flags))))
+        for name, records in rows:
+            frac, mm, peak = price(records, fits, act)
+            print(f"{Path(path).name[:28]:28s} {name:12s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
+                  f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
