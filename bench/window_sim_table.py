@@ -11,6 +11,14 @@ prints a row per (model, trace, policy, target):
   /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/mj --world 2 --max-tokens 512 \
       --models default_tokens --targets 16s --traces bench/results/windows/main_job_trace.txt   # the main job
 
+With --partition-ranks P the global odb policies plan in blocks of P ranks (CSVs *_p<P>), and with
+--partitioned-windows their windows are cut and balanced as a partitioned daemon does (CSVs *_p<P>pw);
+--partition-table compares the two from the CSVs (docs/benchmarks.md, "Partitioned windows in the simulator"):
+
+  /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/p --partition-ranks 4 --partitioned-windows \
+      --models default_tokens --traces chat_longtail --targets 4m,16m
+  /usr/bin/python3 bench/window_sim_table.py --partition-table /tmp/p/win_*.csv
+
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
@@ -194,23 +202,28 @@ def partition_table(paths: list[str]) -> int:
             for r in csv.DictReader(f):
                 if not r["policy"].startswith("odb:global") or not int(r.get("partition_ranks") or 0):
                     continue
-                if r.get("window_balance", "1") == "0":
+                if r.get("window_balance", "1") == "0" and r["window_target"] == "0":
                     continue
                 mode = "none" if r["window_target"] == "0" else (
                     "partitioned" if r.get("partitioned_windows") == "1" else "whole")
+                if r.get("window_balance", "1") == "0":
+                    mode += " alone"  # --no-window-balance: the cut alone
                 key = (int(r["world"]), int(r["partition_ranks"]), r["model"], r["trace"],
                        "packed" if r["policy"].endswith(":packed") else "padded")
                 runs[key][(r["window_target"], mode)] = r
     print("| W | blocks | model | trace | mode | target | no windows | whole-job (a) / (b) | partitioned (a) / (b) "
-          "| IDLE: none / whole / partitioned | mean window / target: whole / partitioned |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| partitioned, cut alone (a) / (b) | IDLE: none / whole / partitioned | mean window / target: whole / "
+          "partitioned |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    # Per (W, blocks, target, mode): the ranges over models and traces (the docs' table).
+    ranges: dict[tuple, list] = defaultdict(list)
     for key, by in sorted(runs.items()):
         base = by.get(("0", "none"))
         if base is None:
             continue
         targets = sorted({t for t, m in by if t != "0"}, key=lambda t: float(t.rstrip("sm") or 0))
         for t in targets:
-            whole, part = by.get((t, "whole")), by.get((t, "partitioned"))
+            whole, part, alone = by.get((t, "whole")), by.get((t, "partitioned")), by.get((t, "partitioned alone"))
 
             def ab(r: dict | None) -> str:
                 return "n/a" if r is None else f"{fraction(r)[0]:.3f} / {fraction(r, '_window')[0]:.3f}"
@@ -223,8 +236,33 @@ def partition_table(paths: list[str]) -> int:
 
             star = "*" if fraction(base)[1] else ""
             print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {t} | {fraction(base)[0]:.3f}{star} "
-                  f"| {ab(whole)} | {ab(part)} | {idle(base)} / {idle(whole)} / {idle(part)} "
+                  f"| {ab(whole)} | {ab(part)} | {ab(alone)} | {idle(base)} / {idle(whole)} / {idle(part)} "
                   f"| {mean(whole)} / {mean(part)} |")
+            ranges[(key[0], key[1], t, key[4])].append((base, whole, part, alone))
+    print()
+    print("| W | blocks | target | mode | no windows | whole-job (b) | partitioned (a) | partitioned (b) "
+          "| partitioned (b) / none | partitioned, cut alone (b) | IDLE whole / partitioned "
+          "| mean window / target, partitioned |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def span(values: list, fmt: str = "{:.3f}") -> str:
+        values = [v for v in values if v is not None]
+        return (fmt.format(min(values)) + "-" + fmt.format(max(values))) if values else "n/a"
+
+    for (world, blocks, t, mode), cells in sorted(ranges.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                                  float(kv[0][2].rstrip("sm")),
+                                                                                  kv[0][3])):
+        def col(i: int, suffix: str = "") -> str:
+            return span([fraction(c[i], suffix)[0] if c[i] else None for c in cells])
+
+        def idle_col(i: int) -> str:
+            return span([100 * float(c[i]["idle_share"]) if c[i] else None for c in cells], "{:.1f}") + "%"
+
+        print(f"| {world} | {blocks} | {t} | {mode} | {col(0)} | {col(1, '_window')} | {col(2)} | "
+              f"**{col(2, '_window')}** "
+              f"| {span([fraction(c[2], '_window')[0] / fraction(c[0])[0] if c[2] else None for c in cells])} "
+              f"| {col(3, '_window')} | {idle_col(1)} / {idle_col(2)} "
+              f"| {span([float(c[2]['mean_window_over_target']) if c[2] else None for c in cells])} |")
     return 0
 
 
