@@ -545,7 +545,12 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
                                           align::RoundPlan& plan, align::WindowState& windows) {
   const size_t world = plan.ranks.size();
   const uint32_t t = plan.num_steps;
-  if (tokens_per_step == 0 || t == 0 || world == 0) return absl::OkStatus();
+  // A block of the whole job is no partitioned round: the Aligner plans it
+  // as one pool and cuts whole-job windows.
+  if (world < 2 || planner.BlockRanks(world) >= world) {
+    return ApplyRoundWindows(tokens_per_step, planner, balance, state, plan, windows);
+  }
+  if (tokens_per_step == 0 || t == 0) return absl::OkStatus();
   // The totals all-gather: every step's loss and real tokens over all ranks,
   // and the samples the round planned.
   std::vector<uint64_t> loss(t, 0), real(t, 0);

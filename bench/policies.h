@@ -72,7 +72,9 @@ absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& p
 // every rank's: a rank's cut depends on its own steps and the shared values
 // only, so cutting ranks [0, W) at once is what all blocks cut. Nothing
 // happens with `tokens_per_step` 0 or a round of no steps (the Aligner's
-// round returns before the totals then).
+// round returns before the totals then). A planner whose block is the whole
+// job (BlockRanks(W) >= W, or W = 1) runs no partitioned round in the
+// Aligner: ApplyRoundWindows then.
 absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align::Planner& planner,
                                           bool balance, const align::RoundState& state,
                                           align::RoundPlan& plan, align::WindowState& windows);
