@@ -8,7 +8,11 @@
 // align::ApplyWindows on every round's plan), and a second table per trace
 // gives their fraction of the bounds under both time models (every
 // micro-step synchronised, or only each window's last), IDLE rank-steps and
-// the windows' size over the target. See docs/benchmarks.md.
+// the windows' size over the target. --partition-ranks P plans the global odb
+// policies in blocks of P ranks; --partitioned-windows then cuts and balances
+// their windows as a partitioned daemon does (align::PartitionedWindows,
+// align::BalanceBlockWindows; bench/policies.h ApplyRoundPartitionedWindows)
+// instead of over the whole plan. See docs/benchmarks.md.
 //
 //   bazel build -c opt //bench:batching_sim
 //   bazel-bin/bench/batching_sim --model cpu_calibrated --world 8
@@ -44,6 +48,8 @@ struct Options {
   uint64_t seed = 1;
   std::string window_tokens = "0";  // comma list of window targets (WindowTarget spellings)
   bool no_window_balance = false;
+  uint32_t partition_ranks = 0;      // --partition-ranks: blocks of the global odb policies
+  bool partitioned_windows = false;  // --partitioned-windows: windows as a partitioned daemon cuts them
   std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
 };
 
@@ -111,6 +117,8 @@ int Main(const Options& o) {
   cfg.window = o.window;
   cfg.seed = o.seed;
   cfg.window_balance = !o.no_window_balance;
+  cfg.partition_ranks = o.partition_ranks;
+  cfg.partitioned_windows = o.partitioned_windows;
   // Every policy runs without windows (the first table); the odb policies
   // again with each window target given.
   std::vector<WindowTarget> targets;
@@ -145,7 +153,8 @@ int Main(const Options& o) {
         "padded_bound_seconds,batch_size,p99_batch_size,largest_sample_bound_seconds,of_largest_sample_"
         "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
         "short_windows,mean_window_over_target,max_window_over_target,idle_share,window_bound_seconds,"
-        "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance\n");
+        "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance,partition_ranks,"
+        "partitioned_windows\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -159,17 +168,26 @@ int Main(const Options& o) {
   std::ostringstream md;
   md << "Model `" << o.model << "`: " << Describe(cfg.model) << "; IDLE rank step = " << cfg.model.a
      << "; W = " << o.world << " ranks, L_max = " << o.max_tokens << " (padded budget), window = " << o.window
-     << ", seed " << o.seed << ".\n\n"
+     << ", seed " << o.seed;
+  if (o.partition_ranks > 0) md << "; global odb policies in blocks of " << o.partition_ranks << " ranks";
+  md << ".\n\n"
      << "`of bound` = bound / time, the bound no schedule beats (any layout); `of padded bound` = the exact "
         "single-rank padded optimum / W over time, which no padded schedule beats (n/a: packing computes on "
         "rows, and a schedule over budget is outside both bounds). docs/benchmarks.md has the proofs.\n\n";
   if (!targets.empty()) {
     md << "Accumulation windows (`--window-tokens " << o.window_tokens
        << "`): the odb policies again with `optimizer.tokens_per_step` = each target (loss tokens over all "
-          "ranks; `Ns` = N x the trace's mean sample, `Nm` = N x W x L_max), cut by the daemon's "
-          "align::ApplyWindows, "
-       << (cfg.window_balance ? "with balance over the window for the global planner (as the daemon runs it)"
-                              : "without balance over the window (--no-window-balance: the cut alone)")
+          "ranks; `Ns` = N x the trace's mean sample, `Nm` = N x W x L_max), "
+       << (cfg.partitioned_windows
+               ? "cut as a partitioned daemon cuts them (--partitioned-windows: align::PartitionedWindows "
+                 "from "
+                 "the world-wide step totals, then align::BalanceBlockWindows in each block unless "
+                 "--no-window-balance)"
+           : cfg.window_balance ? "cut by the daemon's align::ApplyWindows, with balance over the window for "
+                                  "the global planner "
+                                  "(as the daemon runs it)"
+                                : "cut by the daemon's align::ApplyWindows, without balance over the window "
+                                  "(--no-window-balance: the cut alone)")
        << ". (a) = every micro-step synchronised (sum over micro-steps of the slowest "
           "rank, FSDP/ZeRO), (b) = only a window's last micro-step (sum over windows of the slowest rank's "
           "summed cost, DDP no_sync). Both are bounded by the same bounds: windows only constrain a "
@@ -330,20 +348,20 @@ int Main(const Options& o) {
         window_table << line;
       }
       if (csv) {
-        std::fprintf(csv,
-                     "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
-                     "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d\n",
-                     trace->name.c_str(), p.c_str(), o.world, o.model.c_str(),
-                     static_cast<unsigned long>(m.samples), static_cast<unsigned long>(m.steps),
-                     static_cast<unsigned long>(m.idle_rank_steps),
-                     static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps,
-                     vs_std, of_bound, padded_policy ? std::to_string(of_padded).c_str() : "",
-                     m.max_over_mean(), bounds.any_layout, bounds.padded, batch, p99_batch,
-                     bounds.largest_sample, of_largest, target.c_str(), static_cast<unsigned long>(tokens),
-                     m.window_time, of_bound_w, padded_policy ? std::to_string(of_padded_w).c_str() : "",
-                     static_cast<unsigned long>(m.windows), static_cast<unsigned long>(m.short_windows),
-                     m.mean_window_over_target, m.max_window_over_target, m.idle_share(), wb.synchronous,
-                     wb.per_window, of_window_bound, of_window_bound_w, cfg.window_balance ? 1 : 0);
+        std::fprintf(
+            csv,
+            "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
+            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d\n",
+            trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
+            static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
+            static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
+            of_bound, padded_policy ? std::to_string(of_padded).c_str() : "", m.max_over_mean(),
+            bounds.any_layout, bounds.padded, batch, p99_batch, bounds.largest_sample, of_largest,
+            target.c_str(), static_cast<unsigned long>(tokens), m.window_time, of_bound_w,
+            padded_policy ? std::to_string(of_padded_w).c_str() : "", static_cast<unsigned long>(m.windows),
+            static_cast<unsigned long>(m.short_windows), m.mean_window_over_target, m.max_window_over_target,
+            m.idle_share(), wb.synchronous, wb.per_window, of_window_bound, of_window_bound_w,
+            cfg.window_balance ? 1 : 0, cfg.partition_ranks, cfg.partitioned_windows ? 1 : 0);
       }
     };
     for (const std::string& p : policies) {
@@ -403,6 +421,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-window-balance", o.no_window_balance,
                "windows without balance over the window (the cut alone; the daemon balances for the global "
                "planner)");
+  app.add_option("--partition-ranks", o.partition_ranks,
+                 "partitioned planning for the global odb policies: blocks of this many ranks (0: one pool)");
+  app.add_flag(
+      "--partitioned-windows", o.partitioned_windows,
+      "with --partition-ranks and --window-tokens: windows as a partitioned daemon cuts and balances "
+      "them (align::PartitionedWindows, align::BalanceBlockWindows) instead of whole-job windows");
   app.add_option("--csv", o.csv, "per trace x policy results");
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");
@@ -415,6 +439,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (o.world < 1) {
     std::fprintf(stderr, "batching_sim: --world must be >= 1\n");
+    return 2;
+  }
+  if (o.partitioned_windows && o.partition_ranks == 0) {
+    std::fprintf(stderr, "batching_sim: --partitioned-windows needs --partition-ranks\n");
     return 2;
   }
   return odb::bench::Main(o);

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "src/align/planner.h"
+#include "src/align/window_partitioned.h"
 #include "src/balance/global_planner.h"
 #include "src/grouping/grouper.h"
 
@@ -439,9 +440,15 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     balance::GlobalPlannerConfig g;
     g.base = pc;
     g.locality = 0.0;
+    g.partition_ranks = cfg.partition_ranks;
     planner = std::make_unique<balance::GlobalPlanner>(g);
   } else {
     planner = std::make_unique<align::LocalPlanner>(pc);
+  }
+  // Partitioned windows need the partitioned planner: the local planner has no blocks.
+  const bool partitioned = cfg.partitioned_windows && cfg.window_tokens > 0;
+  if (partitioned && (!spec.global || cfg.partition_ranks == 0)) {
+    return absl::InvalidArgumentError("partitioned windows need the global planner with partition_ranks");
   }
   const uint32_t queue = spec.queue_steps == 0 ? (1u << 20) : spec.queue_steps;
   uint32_t free_slots = queue;
@@ -481,8 +488,10 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
     }
     align::RoundPlan plan = planner->Plan(state);
     const uint32_t planned = plan.num_steps;
-    if (absl::Status s =
-            ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance, state, plan, windows);
+    if (absl::Status s = partitioned ? ApplyRoundPartitionedWindows(cfg.window_tokens, *planner,
+                                                                    cfg.window_balance, state, plan, windows)
+                                     : ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance,
+                                                         state, plan, windows);
         !s.ok()) {
       return s;
     }
@@ -528,6 +537,63 @@ absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& p
   if (balance && planner.MovesSamples())
     config.balance = align::WindowBalanceConfig{pc.budget, pc.step_model};
   align::ApplyWindows(config, plan, windows, align::InputsOpen(state, pc.window));
+  return absl::OkStatus();
+}
+
+absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align::Planner& planner,
+                                          bool balance, const align::RoundState& state,
+                                          align::RoundPlan& plan, align::WindowState& windows) {
+  const size_t world = plan.ranks.size();
+  const uint32_t t = plan.num_steps;
+  // A block of the whole job is no partitioned round: the Aligner plans it
+  // as one pool and cuts whole-job windows.
+  if (world < 2 || planner.BlockRanks(world) >= world) {
+    return ApplyRoundWindows(tokens_per_step, planner, balance, state, plan, windows);
+  }
+  if (tokens_per_step == 0 || t == 0) return absl::OkStatus();
+  // The totals all-gather: every step's loss and real tokens over all ranks,
+  // and the samples the round planned.
+  std::vector<uint64_t> loss(t, 0), real(t, 0);
+  uint64_t planned = 0, loss_sum = 0;
+  for (const align::RankPlan& rp : plan.ranks) {
+    for (uint32_t k = 0; k < t; ++k) {
+      const align::PlannedStep& s = rp.steps[k];
+      for (const SampleMeta& m : s.samples) loss[k] += align::LossTokensOf(m);
+      real[k] += s.real_tokens;
+      planned += s.samples.size();
+    }
+  }
+  for (uint64_t l : loss) loss_sum += l;
+  if (windows.next_window == 0) {
+    if (absl::Status s = align::CheckWindowTargetCounts(tokens_per_step, planned, loss_sum, world); !s.ok())
+      return s;
+  }
+  align::PartitionedWindows cut(tokens_per_step, loss, real, world);
+  // The offers all-gather (only in rounds with an end inside a step).
+  std::vector<std::vector<align::CutOffer>> offers(world);
+  if (cut.inside_ends() > 0) {
+    for (size_t r = 0; r < world; ++r) offers[r] = cut.Offers(plan.ranks[r].steps);
+  }
+  if (absl::Status s = cut.Decide(offers); !s.ok()) return s;
+  // Whether the round planned every sample the epoch has left (the Aligner's
+  // count over the round summaries).
+  const align::PlannerConfig& pc = planner.config();
+  bool all_finished = true;
+  uint64_t pending = 0;
+  for (const align::RankRound& rr : state.ranks) {
+    all_finished = all_finished && rr.stream_finished;
+    pending += rr.pending.size();
+  }
+  std::vector<uint64_t> global_real;
+  cut.Apply(plan, 0, static_cast<int>(world), pc.budget.model, windows, align::InputsOpen(state, pc.window),
+            all_finished && planned == pending, global_real);
+  if (balance && planner.MovesSamples()) {
+    const size_t block = std::max<size_t>(1, planner.BlockRanks(world));
+    for (size_t b = 0; b < world; b += block) {
+      align::BalanceBlockWindows(align::WindowBalanceConfig{pc.budget, pc.step_model}, plan,
+                                 static_cast<int>(b), static_cast<int>(std::min(world, b + block)));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -59,6 +59,26 @@ absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& p
                                const align::RoundState& state, align::RoundPlan& plan,
                                align::WindowState& windows);
 
+// Accumulation windows on a partitioned round's plan (the global planner
+// with partition_ranks), as align::Aligner's partitioned round applies them
+// (src/align/aligner.cc, PartitionedWindowRound): a target below one sample
+// is refused before the epoch's first window
+// (align::CheckWindowTargetCounts), then align::PartitionedWindows cuts the
+// windows from the world-wide per-step loss and real token totals (what the
+// round's totals all-gather carries) and every rank's offers (the offers
+// all-gather), and, when the planner moves samples and `balance` is set,
+// align::BalanceBlockWindows evens each block's part of every closed window
+// within its micro-steps (blocks of Planner::BlockRanks). One call stands for
+// every rank's: a rank's cut depends on its own steps and the shared values
+// only, so cutting ranks [0, W) at once is what all blocks cut. Nothing
+// happens with `tokens_per_step` 0 or a round of no steps (the Aligner's
+// round returns before the totals then). A planner whose block is the whole
+// job (BlockRanks(W) >= W, or W = 1) runs no partitioned round in the
+// Aligner: ApplyRoundWindows then.
+absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align::Planner& planner,
+                                          bool balance, const align::RoundState& state,
+                                          align::RoundPlan& plan, align::WindowState& windows);
+
 struct SimConfig {
   int world = 8;
   grouping::Budget budget;  // padded, L_max = 4096 unless changed
@@ -74,6 +94,15 @@ struct SimConfig {
   // Balance over the window (the daemon's default for the global planner);
   // false runs the cut alone (ApplyRoundWindows).
   bool window_balance = true;
+  // Partitioned planning for the global odb policies (GlobalPlannerConfig::
+  // partition_ranks, nodes of one rank: blocks of partition_ranks ranks; 0 =
+  // one pool). The local planner ignores it.
+  uint32_t partition_ranks = 0;
+  // With partition_ranks and window_tokens: windows as the daemon cuts them
+  // under partitioned planning (ApplyRoundPartitionedWindows) instead of
+  // whole-job windows (ApplyRoundWindows over every block's plan at once,
+  // which no partitioned daemon runs).
+  bool partitioned_windows = false;
 };
 
 // A window target as given on a command line: loss tokens ("65536"), N

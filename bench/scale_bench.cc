@@ -50,7 +50,12 @@
 //   window as the Aligner runs it; --no-window-balance: the cut alone); of_window_bound and
 //   of_window_bound_window are the fractions (a) and (b) of the window bounds
 //   (bench/bound.h WindowedBounds: what no schedule with as many windows beats). docs/benchmarks.md,
-//   "Accumulation windows in the simulator".
+//   "Accumulation windows in the simulator". With --partition-ranks,
+//   --partitioned-windows cuts and balances the windows as a partitioned
+//   daemon does (bench/policies.h ApplyRoundPartitionedWindows:
+//   align::PartitionedWindows from the world-wide step totals, then
+//   align::BalanceBlockWindows per block) instead of over the whole plan
+//   (whole-job windows); the JSON says which ("partitioned_windows").
 #include <time.h>
 
 #include <algorithm>
@@ -100,6 +105,7 @@ struct Options {
   std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
   std::string window_tokens = "0";  // --window-tokens: accumulation windows (WindowTarget spelling)
   bool window_balance = true;       // --no-window-balance: the window cut alone
+  bool partitioned_windows = false;  // --partitioned-windows: as a partitioned daemon cuts them
 };
 
 // Bytes of one rank's summary in a partitioned round: what the round gates
@@ -314,7 +320,9 @@ int Run(const Options& o, const WindowTarget& window_target) {
       }
       const double w0 = ThreadCpuMs();
       const absl::Status s =
-          ApplyRoundWindows(window_tokens, planner, o.window_balance, state, plan, windows);
+          o.partitioned_windows
+              ? ApplyRoundPartitionedWindows(window_tokens, planner, o.window_balance, state, plan, windows)
+              : ApplyRoundWindows(window_tokens, planner, o.window_balance, state, plan, windows);
       window_ms += ThreadCpuMs() - w0;
       if (!s.ok()) {
         std::fprintf(stderr, "scale_bench: %s\n", s.ToString().c_str());
@@ -363,7 +371,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
       "\"window_cpu_ms_per_round\": %.4f, \"micro_steps\": %llu, \"sim_window_time\": %.1f, "
       "\"bound_fraction_window\": %.5f, \"idle_share\": %.5f, \"windows\": %llu, \"short_windows\": %llu, "
       "\"mean_window_over_target\": %.5f, \"max_window_over_target\": %.5f, \"of_window_bound\": %.5f, "
-      "\"of_window_bound_window\": %.5f}\n",
+      "\"of_window_bound_window\": %.5f, \"partitioned_windows\": %s}\n",
       world, o.rounds, o.window, o.queue / 2, o.lws, o.preset.c_str(), Json(plan_ms).c_str(),
       Json(decode_ms).c_str(), Json(steps_per_round).c_str(), plan_total / n_rounds,
       steps_total > 0 ? plan_total / steps_total : 0.0, sent_sum / n_rank_rounds, recv_sum / n_rank_rounds,
@@ -383,7 +391,8 @@ int Run(const Options& o, const WindowTarget& window_target) {
       static_cast<unsigned long long>(metrics.windows),
       static_cast<unsigned long long>(metrics.short_windows), metrics.mean_window_over_target,
       metrics.max_window_over_target, metrics.time > 0 ? window_bounds.synchronous / metrics.time : 0.0,
-      metrics.window_time > 0 ? window_bounds.per_window / metrics.window_time : 0.0);
+      metrics.window_time > 0 ? window_bounds.per_window / metrics.window_time : 0.0,
+      o.partitioned_windows ? "true" : "false");
   return 0;
 }
 
@@ -423,6 +432,8 @@ int main(int argc, char** argv) {
       o.window_tokens = value();
     } else if (a == "--no-window-balance") {
       o.window_balance = false;
+    } else if (a == "--partitioned-windows") {
+      o.partitioned_windows = true;
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
@@ -430,13 +441,17 @@ int main(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
           "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE] "
-          "[--window-tokens T|Ns|Nm] [--no-window-balance]\n");
+          "[--window-tokens T|Ns|Nm] [--no-window-balance] [--partitioned-windows]\n");
       return 2;
     }
   }
   if (o.world < 1 || o.rounds < 1 || o.window < 1 || o.queue < 2 || !odb::bench::IsPreset(o.preset)) {
     std::fprintf(stderr,
                  "scale_bench: need world >= 1, rounds >= 1, window >= 1, queue >= 2, a known preset\n");
+    return 2;
+  }
+  if (o.partitioned_windows && o.partition_ranks == 0) {
+    std::fprintf(stderr, "scale_bench: --partitioned-windows needs --partition-ranks\n");
     return 2;
   }
   const auto target = odb::bench::ParseWindowTarget(o.window_tokens);

@@ -11,6 +11,14 @@ prints a row per (model, trace, policy, target):
   /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/mj --world 2 --max-tokens 512 \
       --models default_tokens --targets 16s --traces bench/results/windows/main_job_trace.txt   # the main job
 
+With --partition-ranks P the global odb policies plan in blocks of P ranks (CSVs *_p<P>), and with
+--partitioned-windows their windows are cut and balanced as a partitioned daemon does (CSVs *_p<P>pw);
+--partition-table compares the two from the CSVs (docs/benchmarks.md, "Partitioned windows in the simulator"):
+
+  /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/p --partition-ranks 4 --partitioned-windows \
+      --models default_tokens --traces chat_longtail --targets 4m,16m
+  /usr/bin/python3 bench/window_sim_table.py --partition-table /tmp/p/win_*.csv
+
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
@@ -43,16 +51,27 @@ def run_matrix(args: argparse.Namespace) -> list[str]:
     os.makedirs(args.out, exist_ok=True)
     paths = []
     for model in args.models.split(","):
-        stem = os.path.join(args.out, f"win_{model}_w{args.world}" + ("_nobal" if args.no_window_balance else ""))
+        stem = os.path.join(args.out, f"win_{model}_w{args.world}" + partition_suffix(args)
+                            + ("_nobal" if args.no_window_balance else ""))
         cmd = [os.path.join(args.bin, "bench/batching_sim"), "--model", model, "--world", str(args.world),
                "--samples", str(args.samples), "--window", str(args.window), "--max-tokens", str(args.max_tokens),
                "--traces", args.traces,
                "--policies", args.policies, "--window-tokens", "0," + args.targets,
                "--csv", stem + ".csv", "--md", stem + ".md"] + (["--no-window-balance"] if args.no_window_balance else [])
+        if args.partition_ranks:
+            cmd += ["--partition-ranks", str(args.partition_ranks)]
+            cmd += ["--partitioned-windows"] if args.partitioned_windows else []
         print("+ " + " ".join(cmd), file=sys.stderr)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         paths.append(stem + ".csv")
     return paths
+
+
+def partition_suffix(args: argparse.Namespace) -> str:
+    """The CSV name's mark of partitioned planning: _p<P> (whole-job windows) or _p<P>pw (partitioned windows)."""
+    if not args.partition_ranks:
+        return ""
+    return f"_p{args.partition_ranks}" + ("pw" if args.partitioned_windows else "")
 
 
 def fraction(row: dict, suffix: str = "") -> tuple[float, bool]:
@@ -171,6 +190,82 @@ def digest(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> in
     return 0
 
 
+def partition_table(paths: list[str]) -> int:
+    """Partitioned planning: per (W, blocks, model, trace, policy, target) the fraction of the bound under (a) and
+    (b), IDLE rank-steps and the mean window over the target, with whole-job windows (ApplyWindows over every
+    block's plan at once, which no partitioned daemon runs) and with partitioned windows (PartitionedWindows and
+    BalanceBlockWindows, what the daemon runs), next to the same plans without windows. Reads the CSVs of runs with
+    --partition-ranks P, with and without --partitioned-windows."""
+    runs: dict[tuple, dict] = defaultdict(dict)
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if not r["policy"].startswith("odb:global") or not int(r.get("partition_ranks") or 0):
+                    continue
+                if r.get("window_balance", "1") == "0" and r["window_target"] == "0":
+                    continue
+                mode = "none" if r["window_target"] == "0" else (
+                    "partitioned" if r.get("partitioned_windows") == "1" else "whole")
+                if r.get("window_balance", "1") == "0":
+                    mode += " alone"  # --no-window-balance: the cut alone
+                key = (int(r["world"]), int(r["partition_ranks"]), r["model"], r["trace"],
+                       "packed" if r["policy"].endswith(":packed") else "padded")
+                runs[key][(r["window_target"], mode)] = r
+    print("| W | blocks | model | trace | mode | target | no windows | whole-job (a) / (b) | partitioned (a) / (b) "
+          "| partitioned, cut alone (a) / (b) | IDLE: none / whole / partitioned | mean window / target: whole / "
+          "partitioned |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    # Per (W, blocks, target, mode): the ranges over models and traces (the docs' table).
+    ranges: dict[tuple, list] = defaultdict(list)
+    for key, by in sorted(runs.items()):
+        base = by.get(("0", "none"))
+        if base is None:
+            continue
+        targets = sorted({t for t, m in by if t != "0"}, key=lambda t: float(t.rstrip("sm") or 0))
+        for t in targets:
+            whole, part, alone = by.get((t, "whole")), by.get((t, "partitioned")), by.get((t, "partitioned alone"))
+
+            def ab(r: dict | None) -> str:
+                return "n/a" if r is None else f"{fraction(r)[0]:.3f} / {fraction(r, '_window')[0]:.3f}"
+
+            def idle(r: dict | None) -> str:
+                return "n/a" if r is None else f"{100 * float(r['idle_share']):.1f}%"
+
+            def mean(r: dict | None) -> str:
+                return "n/a" if r is None else f"{float(r['mean_window_over_target']):.3f}"
+
+            star = "*" if fraction(base)[1] else ""
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {t} | {fraction(base)[0]:.3f}{star} "
+                  f"| {ab(whole)} | {ab(part)} | {ab(alone)} | {idle(base)} / {idle(whole)} / {idle(part)} "
+                  f"| {mean(whole)} / {mean(part)} |")
+            ranges[(key[0], key[1], t, key[4])].append((base, whole, part, alone))
+    print()
+    print("| W | blocks | target | mode | no windows | whole-job (b) | partitioned (a) | partitioned (b) "
+          "| partitioned (b) / none | partitioned, cut alone (b) | IDLE whole / partitioned "
+          "| mean window / target, partitioned |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def span(values: list, fmt: str = "{:.3f}") -> str:
+        values = [v for v in values if v is not None]
+        return (fmt.format(min(values)) + "-" + fmt.format(max(values))) if values else "n/a"
+
+    for (world, blocks, t, mode), cells in sorted(ranges.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                                  float(kv[0][2].rstrip("sm")),
+                                                                                  kv[0][3])):
+        def col(i: int, suffix: str = "") -> str:
+            return span([fraction(c[i], suffix)[0] if c[i] else None for c in cells])
+
+        def idle_col(i: int) -> str:
+            return span([100 * float(c[i]["idle_share"]) if c[i] else None for c in cells], "{:.1f}") + "%"
+
+        print(f"| {world} | {blocks} | {t} | {mode} | {col(0)} | {col(1, '_window')} | {col(2)} | "
+              f"**{col(2, '_window')}** "
+              f"| {span([fraction(c[2], '_window')[0] / fraction(c[0])[0] if c[2] else None for c in cells])} "
+              f"| {col(3, '_window')} | {idle_col(1)} / {idle_col(2)} "
+              f"| {span([float(c[2]['mean_window_over_target']) if c[2] else None for c in cells])} |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csvs", nargs="*", help="batching_sim CSVs to tabulate (without --bin)")
@@ -187,6 +282,13 @@ def main() -> int:
                    help="windows without balance over the window (the cut alone); CSVs named *_nobal")
     p.add_argument("--traces", default=TRACES)
     p.add_argument("--policies", default=POLICIES)
+    p.add_argument("--partition-ranks", type=int, default=0,
+                   help="plan the global odb policies in blocks of this many ranks (batching_sim --partition-ranks); "
+                        "CSVs named *_p<P>")
+    p.add_argument("--partitioned-windows", action="store_true",
+                   help="with --partition-ranks: windows as a partitioned daemon cuts them (CSVs *_p<P>pw)")
+    p.add_argument("--partition-table", action="store_true",
+                   help="the partitioned-planning table (whole-job against partitioned windows) from the CSVs")
     p.add_argument("--digest", action="store_true",
                    help="one row per (target, mode) over the models and traces instead (the docs' table)")
     args = p.parse_args()
@@ -195,6 +297,8 @@ def main() -> int:
         paths += run_matrix(args)
     if not paths:
         p.error("give --bin to run the matrix, or CSV files")
+    if args.partition_table:
+        return partition_table(paths)
     return digest(paths) if args.digest else table(paths)
 
 

@@ -490,6 +490,17 @@ double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep>
 
 namespace {
 
+// Time model (a): the sum over micro-steps of the slowest rank's cost.
+double SyncCost(const WindowBalanceConfig& config, std::span<const GlobalStep> window) {
+  double total = 0.0;
+  for (const GlobalStep& g : window) {
+    double worst = 0.0;
+    for (const PlannedStep& s : g) worst = std::max(worst, MicroStepCost(config, s));
+    total += worst;
+  }
+  return total;
+}
+
 // The layout search of BalanceWindow (its comment in window_balance.h).
 bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
   const size_t world = window.front().size();
@@ -624,11 +635,35 @@ bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& w
       return ka.has_value() && *ka < *kb;
     });
   }
+  // Two refinements, each followed by merges: the free moves alone, and
+  // within-step moves before them (they lower the slowest rank's sum by
+  // moving its samples to other ranks of the same micro-step, which also
+  // evens the micro-steps themselves: under FSDP each waits for its slowest
+  // rank). The free one is kept unless it changed nothing or the other is no
+  // costlier under both time models, the window's slowest rank's sum (b) and
+  // the sum of its micro-steps' slowest ranks (a), and cheaper under one.
+  std::vector<GlobalStep> evened = refined;
   const bool moved = MoveSamples(config, refined);
   const bool merged = MergeMicroSteps(config, refined);
+  const bool evened_moved = MoveSamples(config, evened, /*within_steps=*/true);
+  const bool evened_more = MoveSamples(config, evened);
+  const bool evened_merged = MergeMicroSteps(config, evened);
+  bool changed = moved || merged;
+  if (evened_moved || evened_more || evened_merged) {
+    const double free_cost = WindowCost(config, refined), evened_cost = WindowCost(config, evened);
+    const double tie = 1e-12 * std::max(free_cost, evened_cost);
+    const double free_sync = SyncCost(config, refined), evened_sync = SyncCost(config, evened);
+    const double sync_tie = 1e-12 * std::max(free_sync, evened_sync);
+    const bool take = !changed || (evened_cost <= free_cost + tie && evened_sync <= free_sync + sync_tie &&
+                                   (evened_cost < free_cost - tie || evened_sync < free_sync - sync_tie));
+    if (take) {
+      refined = std::move(evened);
+      changed = true;
+    }
+  }
   // Kept only when the window's slowest rank got cheaper (moves off one of
   // two equally slow ranks alone do not make it so).
-  if ((moved || merged) && WindowCost(config, refined) < WindowCost(config, window) * (1.0 - 1e-12)) {
+  if (changed && WindowCost(config, refined) < WindowCost(config, window) * (1.0 - 1e-12)) {
     window = std::move(refined);
     return true;
   }

@@ -60,7 +60,12 @@ double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep>
 // lone sample no budget holds) is left alone, and so is one whose greedy
 // layouts alone would take more than kMaxBalanceWork placements; the moves
 // stop at that bound.
-// Then MoveSamples and MergeMicroSteps (below) refine the result.
+// Then MoveSamples and MergeMicroSteps (below) refine the result, once with
+// free moves alone and once with moves within micro-steps before them; the
+// second is kept when it is no costlier than the first under both time
+// models (WindowCost, and the sum over micro-steps of the slowest rank's
+// cost: every micro-step a barrier, FSDP) and cheaper under one (or when
+// the first changed nothing).
 // Pure function of its input (sorting ties broken by sample key): every rank
 // computes the same layout. Returns whether the window changed.
 bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window);
