@@ -24,6 +24,8 @@ class TinyCausalLM(nn.Module):
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
+        # Packed rows: attention per sequence (False) or dense over the row with a block mask (True).
+        self.dense_packed_attention = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None,
@@ -33,14 +35,20 @@ class TinyCausalLM(nn.Module):
         [1, T] (restarting at 0 in each sequence) and cu_seqlens [n + 1]; a token attends only to
         earlier tokens of its own sequence (block-diagonal causal mask), so the row trains exactly
         like its sequences one by one (tests/python/test_py_packed_training.py). The attention is
-        computed densely over the whole row (no variable-length kernel on a CPU): a packed row of T
-        tokens pays T^2 attention where its sequences alone would pay the sum of their squares."""
+        computed per sequence (what a variable-length attention kernel does on a GPU, e.g.
+        flash-attn's varlen functions): a packed row pays the sum of its sequences' squared lengths,
+        not the square of the row's length; `dense_packed_attention` restores the whole-row mask."""
         b, n = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(b, n)
         x = self.tok(input_ids.long()) + self.pos(position_ids.long())
         causal = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype, device=x.device), diagonal=1)
-        if cu_seqlens is not None:
+        if cu_seqlens is not None and not self.dense_packed_attention:
+            bounds = [int(v) for v in cu_seqlens.tolist()]
+            for layer in self.blocks.layers:  # pre-norm blocks, dropout 0: TransformerEncoderLayer's forward
+                x = x + per_sequence_attention(layer.self_attn, layer.norm1(x), bounds, causal)
+                x = x + layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
+        elif cu_seqlens is not None:
             segment = torch.bucketize(torch.arange(n, device=x.device), cu_seqlens[1:].to(x.device).long(),
                                       right=True)  # each token's sequence
             causal = causal.masked_fill(segment.unsqueeze(0) != segment.unsqueeze(1), float("-inf"))
@@ -48,6 +56,24 @@ class TinyCausalLM(nn.Module):
         else:
             x = self.blocks(x, mask=causal, src_key_padding_mask=attention_mask == 0)
         return self.head(self.norm(x))
+
+
+def per_sequence_attention(attn: nn.MultiheadAttention, h: torch.Tensor, bounds: List[int],
+                           causal: torch.Tensor) -> torch.Tensor:
+    """`attn` (batch_first) over a packed row h [1, T, d], each sequence [bounds[i], bounds[i+1])
+    attending causally to itself only: nn.MultiheadAttention's projections and scaling, the score
+    matrices per sequence (n_i x n_i) instead of one T x T with a block-diagonal mask."""
+    d = h.shape[-1]
+    heads = attn.num_heads
+    q, k, v = torch.nn.functional.linear(h[0], attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+    q = q * (d // heads) ** -0.5
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        n = b - a
+        qs, ks, vs = (t[a:b].reshape(n, heads, d // heads).transpose(0, 1) for t in (q, k, v))
+        weights = torch.softmax(torch.baddbmm(causal[:n, :n], qs, ks.transpose(1, 2)), dim=-1)
+        out.append(torch.bmm(weights, vs).transpose(0, 1).reshape(n, d))
+    return torch.nn.functional.linear(torch.cat(out), attn.out_proj.weight, attn.out_proj.bias).unsqueeze(0)
 
 
 def long_tail_lengths(n: int, seed: int, min_len: int = 8, max_len: int = 512, median: float = 48.0,
