@@ -501,16 +501,19 @@ def test_skewed_ranks_route_through_idle_steps(run_dir, job_id, idle_policy: str
     assert sum(r["summary"]["emitted"] for r in results) == n
 
 
-@pytest.mark.parametrize("idle_policy", ["zero_step", "join"])
-def test_audio_phase_through_real_daemons_with_skewed_ranks(run_dir, job_id, idle_policy: str) -> None:
+@pytest.mark.parametrize("idle_policy,memory", [("zero_step", False), ("join", False), ("zero_step", True)])
+def test_audio_phase_through_real_daemons_with_skewed_ranks(run_dir, job_id, idle_policy: str, memory: bool) -> None:
     """collate.audio_fields: odbd balances an audio encoder phase on audio_frames, apart from the vision
     phase, and ships its route in the step header (audio_* lists, the "audio.*" batch). Rank 1 feeds a
     fifth of the samples, with little audio, and gets IDLE steps: every rank routes both encoder phases
     every step, each sample's audio frames reach the rank that runs its LLM part, byte for byte, and every
-    sample is audio-encoded exactly once, under both IDLE policies."""
+    sample is audio-encoded exactly once, under both IDLE policies. `memory`: with memory models (the
+    memory-capped layouts and the relabeling of even_memory_peaks) the routes stay exact."""
     from odbtest_py import check_step_invariants, run_ranks, start_daemons, stop_all
 
-    config = {"alignment": {"planner": "local", "phase_plans": True},
+    memory_models = {"vision_memory": {"per_unit": 4}, "audio_memory": {"per_unit": 3},
+                     "llm_memory": {"per_unit": 1}, "memory_cap_margin": 0.0} if memory else {}
+    config = {"alignment": {"planner": "local", "phase_plans": True, **memory_models},
               "grouping": {"max_tokens": 96, "max_vision_patches": 64},
               "collate": {"encoder_fields": ["pixel_values"], "audio_fields": ["audio_features"],
                           "fields": [{"name": "pixel_values", "rule": "concat"},
