@@ -87,9 +87,9 @@ int Main(int argc, char** argv) {
   app.add_option("--steps", steps_path, "recorded steps (see the file's header)")->required();
   app.add_option("--memory-cap-margin", margin, "override EncoderPlanConfig::memory_cap_margin");
   app.add_option("--memory-slack", slack, "override alignment.memory_slack");
-  bool even_peaks = false;
-
+  bool even_peaks = false, no_even_peaks = false;
   app.add_flag("--even-peaks", even_peaks, "EncoderPlanConfig::even_peaks");
+  app.add_flag("--no-even-peaks", no_even_peaks, "EncoderPlanConfig::even_peaks off");
   CLI11_PARSE(app, argc, argv);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -99,7 +99,7 @@ int Main(int argc, char** argv) {
   balance::EncoderPlanConfig e = EncoderPlanConfigFrom(*config);
   if (margin >= 0) e.memory_cap_margin = margin;
   if (slack >= 0) e.memory_slack = slack;
-  e.even_peaks = e.even_peaks || even_peaks;
+  e.even_peaks = (e.even_peaks || even_peaks) && !no_even_peaks;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);

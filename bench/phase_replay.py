@@ -115,7 +115,7 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS for phase_replay (repeatable)")
     a = p.parse_args()
     variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
-    print(f"{'run':28s} {'layout':12s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}")
+    print(f"{'run':28s} {'layout':18s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}")
     for path in a.runs:
         data = json.load(open(path))
         per_rank = data["raw"][a.method]
@@ -132,7 +132,7 @@ def main() -> None:
                 rows.append((name, with_layout(per_rank, active, replay(a.bin, config, steps, flags))))
         for name, records in rows:
             frac, mm, peak = price(records, fits, act)
-            print(f"{Path(path).name[:28]:28s} {name:12s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
+            print(f"{Path(path).name[:28]:28s} {name:18s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
                   f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f}")
 
 
