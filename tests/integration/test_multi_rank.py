@@ -293,7 +293,10 @@ def test_four_ranks_partitioned_planning_with_accumulation_windows(tmp_path):
     config = ("local_world_size: 1\ngrouping: {window: 1024}\n"
               "alignment: {planner: global, locality: 0.0, partition_ranks: 2}\n"
               f"optimizer: {{tokens_per_step: {target}}}\n")
-    _check_windows(tmp_path, config, [1200, 300, 0, 700], target)
+    # The lighter block (ranks 2-3) runs out while the other still streams: IDLE steps inside windows.
+    # (With 700 samples on rank 3 it ran out only around the epoch's end, and the draining round now fills
+    # every step of it: no IDLE step inside a window in some runs.)
+    _check_windows(tmp_path, config, [1200, 300, 0, 200], target)
 
 
 def test_four_ranks_partitioned_planning_keeps_samples_in_their_block(tmp_path):
