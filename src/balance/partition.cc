@@ -178,10 +178,12 @@ double GlobalPlanner::GroupBound(const RankRound& round) const {
   // groups (the planner's grouping of its samples alone; a block's pooled
   // grouping makes about as many, rarely more) instead of the lower bound,
   // which the padded budget undercuts by up to half on long-tailed lengths:
-  // a draining round T of the bound then planned about half of what was
-  // left, the epoch's last samples took several rounds, and an accumulation
-  // window open at their end closed short once per round (docs/alignment.md,
-  // invariant 6). Only at the epoch's end, one grouping of the window per round.
+  // a draining T of the bound planned about half of what was left, the
+  // epoch's last samples took several rounds, and an accumulation window
+  // open at their end closed short after kMaxHeldRounds rounds, once per
+  // such round (docs/alignment.md, invariant 5). The cost: one grouping of
+  // this rank's window per round, only once its stream has finished (at most
+  // 1/ranks of the block's grouping its planning rounds already run).
   std::vector<SampleLengths> lens;
   lens.reserve(n);
   for (size_t i = 0; i < n; ++i) lens.push_back(round.pending[i].lengths);
