@@ -154,7 +154,7 @@ int Main(const Options& o) {
         "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
         "short_windows,mean_window_over_target,max_window_over_target,idle_share,window_bound_seconds,"
         "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance,partition_ranks,"
-        "partitioned_windows\n");
+        "partitioned_windows,windows_under_90\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -351,7 +351,7 @@ int Main(const Options& o) {
         std::fprintf(
             csv,
             "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
-            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d\n",
+            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d,%lu\n",
             trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
             static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
             static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
@@ -361,7 +361,8 @@ int Main(const Options& o) {
             padded_policy ? std::to_string(of_padded_w).c_str() : "", static_cast<unsigned long>(m.windows),
             static_cast<unsigned long>(m.short_windows), m.mean_window_over_target, m.max_window_over_target,
             m.idle_share(), wb.synchronous, wb.per_window, of_window_bound, of_window_bound_w,
-            cfg.window_balance ? 1 : 0, cfg.partition_ranks, cfg.partitioned_windows ? 1 : 0);
+            cfg.window_balance ? 1 : 0, cfg.partition_ranks, cfg.partitioned_windows ? 1 : 0,
+            static_cast<unsigned long>(m.windows_under_90));
       }
     };
     for (const std::string& p : policies) {

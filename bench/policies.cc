@@ -829,6 +829,7 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
     if (step.empty() || step[0].closes_window) {
       m.window_time += *std::max_element(window_rank_cost.begin(), window_rank_cost.end());
       ++m.windows;
+      if (window_target > 0 && window_tokens * 10 < window_target * 9) ++m.windows_under_90;
       if (!step.empty() && step[0].window_short) {
         ++m.short_windows;
       } else if (window_target > 0) {
@@ -846,6 +847,7 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
     m.window_time += *std::max_element(window_rank_cost.begin(), window_rank_cost.end());
     ++m.windows;
     ++m.short_windows;
+    if (window_target > 0 && window_tokens * 10 < window_target * 9) ++m.windows_under_90;
   }
   m.mean_window_over_target = full_windows ? over_sum / static_cast<double>(full_windows) : 0.0;
   return m;

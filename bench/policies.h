@@ -221,6 +221,9 @@ struct Metrics {
   double window_time = 0.0;
   uint64_t windows = 0;
   uint64_t short_windows = 0;  // closed short (the epoch's end)
+  // Windows, short ones included, under 90% of the target (0 without one):
+  // the epoch's remainder, plus whatever else ended low.
+  uint64_t windows_under_90 = 0;
   // Loss tokens (real tokens: every token bears loss here) of each full
   // (not short) window over the target; 0 without a target.
   double mean_window_over_target = 0.0;

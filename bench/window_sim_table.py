@@ -266,6 +266,37 @@ def partition_table(paths: list[str]) -> int:
     return 0
 
 
+def end_table(paths: list[str]) -> int:
+    """How epochs end with windows: per (W, blocks, target, windows cut whole-job or partitioned, padded or
+    packed) the ranges over models and traces of the short windows (closed short: the epoch's remainder, or a
+    held tail that stopped growing), the windows under 90% of the target (short ones included; batching_sim's
+    windows_under_90 column), the fraction of the bound under (b) and IDLE rank-steps. One epoch per run, so
+    "1-1" short windows is one per epoch."""
+    cells: dict[tuple, list] = defaultdict(list)
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if not r["policy"].startswith("odb") or r["window_target"] == "0":
+                    continue
+                blocks = int(r.get("partition_ranks") or 0)
+                cut = "partitioned" if r.get("partitioned_windows") == "1" else "whole-job"
+                key = (int(r["world"]), blocks, r["window_target"], cut,
+                       "packed" if r["policy"].endswith(":packed") else "padded")
+                cells[key].append((int(r["short_windows"]), int(r.get("windows_under_90") or -1),
+                                   fraction(r, "_window")[0], 100 * float(r["idle_share"])))
+
+    def span(values: list, fmt: str = "{:.3f}") -> str:
+        return fmt.format(min(values)) + "-" + fmt.format(max(values))
+
+    print("| W | blocks | target | windows | mode | cells | short windows | under 90% | (b) | IDLE |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key, c in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], float(kv[0][2].rstrip("sm")),
+                                                         kv[0][3], kv[0][4])):
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {len(c)} | {span([x[0] for x in c], '{}')} "
+              f"| {span([x[1] for x in c], '{}')} | {span([x[2] for x in c])} | {span([x[3] for x in c], '{:.1f}')}% |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csvs", nargs="*", help="batching_sim CSVs to tabulate (without --bin)")
@@ -289,6 +320,8 @@ def main() -> int:
                    help="with --partition-ranks: windows as a partitioned daemon cuts them (CSVs *_p<P>pw)")
     p.add_argument("--partition-table", action="store_true",
                    help="the partitioned-planning table (whole-job against partitioned windows) from the CSVs")
+    p.add_argument("--end-table", action="store_true",
+                   help="how the epochs end: short windows, windows under 90%% of the target, (b) and IDLE")
     p.add_argument("--digest", action="store_true",
                    help="one row per (target, mode) over the models and traces instead (the docs' table)")
     args = p.parse_args()
@@ -299,6 +332,8 @@ def main() -> int:
         p.error("give --bin to run the matrix, or CSV files")
     if args.partition_table:
         return partition_table(paths)
+    if args.end_table:
+        return end_table(paths)
     return digest(paths) if args.digest else table(paths)
 
 

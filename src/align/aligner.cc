@@ -510,11 +510,12 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
   // its buffer has room and its planner window is not full. And whether this
   // round planned every sample the epoch has left (every stream finished,
   // as many samples planned as were pending world-wide): its open window is
-  // then the epoch's last and closes short now. (The partitioned T comes
-  // from a lower bound on the groups, so a draining round may leave samples
-  // for the next; without this count a held tail that cannot grow would
-  // close short after kMaxHeldRounds rounds and the leftovers make a second
-  // short window.)
+  // then the epoch's last and closes short now. (A draining round's T counts
+  // each finished rank's own groups, GlobalPlanner::GroupBound, and plans
+  // what is left in one round unless the credit, the planner window or a
+  // block that pools into more groups than its ranks' counts stop it; a
+  // round that leaves samples holds its tail, which grows with them next
+  // round.)
   bool inputs_open = false, all_finished = true;
   uint64_t pending = 0;
   for (const RankSummary& r : bs.summaries) {

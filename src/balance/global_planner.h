@@ -81,8 +81,10 @@ class GlobalPlanner final : public align::Planner {
   align::RoundPlan PlanBlockOf(const align::RoundState& state, int32_t rank) const;
   // Partitioned planning behind align::Planner (the Aligner's partitioned
   // round): blocks of partition_ranks rounded up to whole nodes; a rank's
-  // bound is GroupLowerBound of its window; PlanBlock is PlanBlockOf's plan
-  // from the block's rounds and every rank's summary.
+  // bound is GroupLowerBound of its window while its stream is open, and
+  // the number of groups its window alone makes once the stream has finished
+  // (what a draining round must plan); PlanBlock is PlanBlockOf's plan from
+  // the block's rounds and every rank's summary.
   size_t BlockRanks(size_t world) const override;
   double GroupBound(const align::RankRound& round) const override;
   align::RoundPlan PlanBlock(const align::BlockRoundState& block) const override;

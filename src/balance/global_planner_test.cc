@@ -764,6 +764,67 @@ TEST_CASE("partitioned planning: a drained block does not hold the others back",
   }
 }
 
+TEST_CASE("partitioned planning: once every stream finished, one round plans every sample left",
+          "[global][partition]") {
+  // Long-tailed lengths under the padded budget, where the lower bound on a
+  // block's groups (GroupLowerBound) undercuts the groups the planner makes:
+  // a drain T of that bound left about half of the samples for more rounds
+  // (and an accumulation window open at their end closed short once a round).
+  // A finished rank's bound is its own window's group count, so the drain
+  // round of blocks of 2 and 4 plans everything, in no more steps than that
+  // count allows.
+  for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
+    for (uint32_t block : {2u, 4u}) {
+      for (uint64_t seed = 1; seed <= 3; ++seed) {
+        GlobalPlannerConfig gcfg;
+        gcfg.base.max_wait_rounds = 0;
+        gcfg.base.budget.max_tokens = 4096;
+        gcfg.base.budget.model = model;
+        gcfg.base.window = 512;
+        gcfg.locality = 0.0;
+        gcfg.partition_ranks = block;
+        const GlobalPlanner planner(gcfg);
+        std::mt19937_64 rng(seed);
+        std::lognormal_distribution<double> length(5.5, 1.1);  // median ~245 tokens, a tail to 4096
+        RoundState st;
+        st.ranks.resize(8);
+        size_t samples = 0;
+        for (int r = 0; r < 8; ++r) {
+          const size_t n = 60 + rng() % 200;
+          for (size_t i = 0; i < n; ++i) {
+            SampleMeta m;
+            m.id = i;
+            m.owner_rank = r;
+            m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 1.0, 4096.0));
+            st.ranks[r].pending.push_back(m);
+          }
+          samples += n;
+          st.ranks[r].stream_finished = true;
+          st.ranks[r].free_slots = 1000;
+        }
+        INFO((model == grouping::CostModel::kPacked ? "packed" : "padded")
+             << " blocks of " << block << " seed " << seed);
+        const RoundPlan plan = planner.Plan(st);
+        INFO(plan.reason);
+        size_t planned = 0, kept = 0;
+        for (const auto& rp : plan.ranks) {
+          for (const PlannedStep& s : rp.steps) planned += s.samples.size();
+          kept += rp.keep_pending.size();
+        }
+        CHECK(kept == 0);
+        CHECK(planned == samples);
+        double bound = 0;  // the fullest block's summed bounds over its ranks
+        for (int b = 0; b < 8; b += static_cast<int>(block)) {
+          double sum = 0;
+          for (int r = b; r < b + static_cast<int>(block); ++r) sum += planner.GroupBound(st.ranks[r]);
+          bound = std::max(bound, sum / block);
+        }
+        CHECK(plan.num_steps == static_cast<uint32_t>(std::ceil(bound)));
+      }
+    }
+  }
+}
+
 TEST_CASE("partitioned planning at W = 256: within 1% of the whole-pool balance, a block plans alone",
           "[global][partition][scale]") {
   // The T rule plans as many whole steps as the unpartitioned planner here

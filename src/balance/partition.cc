@@ -56,15 +56,17 @@ double GroupLowerBound(const grouping::Budget& b, const std::vector<SampleMeta>&
   return std::max(tokens, size);
 }
 
-// T of a partitioned round, from the blocks' windows alone (no grouping): the
-// largest T that every block with an open stream can fill with whole steps
-// for sure, min(free, min over such blocks of floor(lower bound / ranks));
+// T of a partitioned round, from the ranks' group bounds alone (no grouping
+// of a block): the largest T that every block with an open stream can fill
+// with whole steps, min(free, min over such blocks of floor(bound / ranks));
 // once every stream has finished (or in deterministic mode, where holding
 // back would wait for ever), the smallest T that drains the fullest block's
 // bound. Grouping every block to count its groups would cost every rank the
-// whole job's grouping; the bound costs one pass over the windows (each rank
-// could send its own in a few bytes). Fills `plan`'s frame (ranks, T,
-// reason); on T = 0, the holding-back plan. Returns T.
+// whole job's grouping; a rank's bound (GlobalPlanner::GroupBound: the lower
+// bound while its stream is open, its own window's group count once it has
+// finished) costs it one pass or one grouping of its own window, and travels
+// in its round summary. Fills `plan`'s frame (ranks, T, reason); on T = 0,
+// the holding-back plan. Returns T.
 size_t PartitionedSteps(const GlobalPlannerConfig& config, std::span<const align::RankSummary> ranks,
                         size_t block, uint32_t min_free, RoundPlan& plan) {
   const align::PlannerConfig& cfg = config.base;
@@ -104,7 +106,7 @@ size_t PartitionedSteps(const GlobalPlannerConfig& config, std::span<const align
   plan.num_steps = static_cast<uint32_t>(t);
   plan.reason = frame + "T=min(free=" + std::to_string(min_free) + ", " +
                 (any_open ? "min over open blocks of floor" : "max over blocks of ceil") +
-                "(group lower bound / ranks))";
+                "(group bound / ranks))";
   return t;
 }
 
@@ -168,8 +170,25 @@ size_t GlobalPlanner::BlockRanks(size_t world) const {
 double GlobalPlanner::GroupBound(const RankRound& round) const {
   const size_t window_cap =
       config_.base.window == 0 ? std::numeric_limits<size_t>::max() : config_.base.window;
-  return internal::GroupLowerBound(config_.base.budget, round.pending,
-                                   std::min(round.pending.size(), window_cap));
+  const size_t n = std::min(round.pending.size(), window_cap);
+  const double lower = internal::GroupLowerBound(config_.base.budget, round.pending, n);
+  if (!round.stream_finished || n == 0) return lower;
+  // A rank whose stream has finished holds all it will ever plan: its count
+  // is what T must drain, not what T can fill for sure. Its own window's
+  // groups (the planner's grouping of its samples alone; a block's pooled
+  // grouping makes about as many, rarely more) instead of the lower bound,
+  // which the padded budget undercuts by up to half on long-tailed lengths:
+  // a draining T of the bound planned about half of what was left, the
+  // epoch's last samples took several rounds, and an accumulation window
+  // open at their end closed short after kMaxHeldRounds rounds, once per
+  // such round (docs/alignment.md, invariant 5). The cost: one grouping of
+  // this rank's window per round, only once its stream has finished (at most
+  // 1/ranks of the block's grouping its planning rounds already run).
+  std::vector<SampleLengths> lens;
+  lens.reserve(n);
+  for (size_t i = 0; i < n; ++i) lens.push_back(round.pending[i].lengths);
+  const size_t groups = align::PlannerGroups(config_.base, lens, 0, 0, 0).size();
+  return std::max(lower, static_cast<double>(groups));
 }
 
 RoundPlan GlobalPlanner::PlanBlock(const align::BlockRoundState& bs) const {

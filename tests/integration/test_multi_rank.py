@@ -249,9 +249,8 @@ def test_a_late_starting_rank_is_waited_for_not_idled(tmp_path, start_wait_ms):
         assert idle[1] >= 12, idle   # the burst the start wait prevents (21 / 23 measured)
 
 
-def _check_windows(tmp_path, config: str, counts: list[int], target: int, short_at_end: int = 1) -> None:
-    """Runs the job and checks its windows (see the tests below); at most `short_at_end` windows at the
-    epoch's end are short."""
+def _check_windows(tmp_path, config: str, counts: list[int], target: int) -> None:
+    """Runs the job and checks its windows (see the tests below); only the epoch's last window is short."""
     daemons, results = _run_job(tmp_path, config, counts)
     all_ids = sorted(i for e in results for i in e["ids"])
     assert all_ids == sorted(r * 1_000_000 + k for r in range(W) for k in range(counts[r]))
@@ -260,11 +259,11 @@ def _check_windows(tmp_path, config: str, counts: list[int], target: int, short_
     for row in rows:
         windows.setdefault(row[0].window, []).append(row)
     sizes = [steps[0][0].window_loss_tokens for _, steps in sorted(windows.items())]
+    print("window loss tokens:", sizes)  # pytest -s: the epoch's windows, the short ones at its end
     assert len(sizes) >= 5, sizes
     assert max(sizes) <= 1.1 * target, sizes
     full = sizes[:-1]
-    while len(sizes) - len(full) < short_at_end and full[-1] < 0.9 * target:
-        full.pop()
+    assert all(t >= 0.9 * target for t in full), sizes  # no short window before the last one
     assert abs(sum(full) / len(full) - target) <= 0.02 * target, sizes
     assert any(len(steps) > 1 for steps in windows.values()), "no window of several micro-steps"
     idle_inside = sum(1 for row in rows if row[2].idle and not row[2].closes_window)
@@ -285,16 +284,19 @@ def test_four_ranks_skewed_with_accumulation_windows(tmp_path):
 def test_four_ranks_partitioned_planning_with_accumulation_windows(tmp_path):
     """The same under partitioned planning (alignment.partition_ranks 2, one rank per node: blocks of
     ranks 0-1 and 2-3): windows cut from the world-wide step totals (src/align/window_partitioned.h)
-    hold the same invariants over real daemons and Gloo; the lighter block idles inside windows. The
-    epoch may end with up to three short windows (three seen once, under the full suite's load): the
-    partitioned T comes from a lower bound on each block's
-    groups, so the round that drains the last stream may leave samples for one more round, after the
-    held tail closed short (docs/balancing.md, "Windows with partitioned planning")."""
+    hold the same invariants over real daemons and Gloo; the lighter block idles inside windows. Only
+    the epoch's last window is short: the round after the last stream finished plans every sample left
+    (a finished rank's group bound is its own window's group count; a drain T from the lower bound on
+    the groups planned part of it, the held tail closed short before the rest, and up to three short
+    windows ended the epoch: docs/balancing.md, "Windows with partitioned planning")."""
     target = 60_000
     config = ("local_world_size: 1\ngrouping: {window: 1024}\n"
               "alignment: {planner: global, locality: 0.0, partition_ranks: 2}\n"
               f"optimizer: {{tokens_per_step: {target}}}\n")
-    _check_windows(tmp_path, config, [1200, 300, 0, 700], target, short_at_end=3)
+    # The lighter block (ranks 2-3) runs out while the other still streams: IDLE steps inside windows.
+    # (With 700 samples on rank 3 it ran out only around the epoch's end, and the draining round now fills
+    # every step of it: no IDLE step inside a window in some runs.)
+    _check_windows(tmp_path, config, [1200, 300, 0, 200], target)
 
 
 def test_four_ranks_partitioned_planning_keeps_samples_in_their_block(tmp_path):
