@@ -156,61 +156,46 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
 
 namespace {
 
-// BalancePhaseMemory's greedy at capacity C: items by cost, descending, each
-// on the rank holding the least memory among those it keeps within C (ties:
-// home); an item of cost and memory 0 stays home. Then Improve under the
-// memory guard. nullopt when an item fits no rank. `held` gets the layout's
-// memory.
-std::optional<std::vector<int32_t>> MemoryGreedy(std::span<const double> cost, std::span<const double> memory,
-                                                 std::span<const int32_t> home,
-                                                 const std::vector<size_t>& desc, int world, double capacity,
-                                                 std::vector<double>& held) {
-  std::vector<double> load(world, 0.0);
-  std::vector<int32_t> rank_of(cost.size(), 0);
-  for (size_t i : desc) {
-    int32_t r = home[i];
-    if (cost[i] > 0 || memory[i] > 0) {
-      r = -1;
-      for (int32_t c = 0; c < world; ++c) {
-        if (load[c] + cost[i] > capacity) continue;
-        if (r < 0 || held[c] < held[r] || (held[c] == held[r] && c == home[i])) r = c;
-      }
-    }
-    if (r < 0) return std::nullopt;
-    load[r] += cost[i];
-    held[r] += memory[i];
-    rank_of[i] = r;
-  }
-  Improve(cost, memory, rank_of, world, &held);
-  return rank_of;
-}
+// The greedies of BalancePhaseMemory: items by cost, descending; an item of
+// cost and memory 0 stays home; then Improve under the memory guard. `held`
+// gets the layout's memory.
+// - kMemoryFirst (`limit` = a time capacity C): each item on the rank holding
+//   the least memory among those it keeps within C (ties: home); nullopt when
+//   an item fits no rank.
+// - kTimeFirst (`limit` = a memory cap, time as the goal, memory as a limit):
+//   each item on the least loaded rank among those it keeps within the cap
+//   (ties: home, then the lower index); an item no rank takes within the cap
+//   goes to the rank holding the least memory. Improve then raises no rank
+//   above the cap (or the layout's peak, when that is above it).
+enum class Goal { kMemoryFirst, kTimeFirst };
 
-// Time as the goal, memory as a limit: items by cost, descending, each on the
-// least loaded rank among those it keeps within `memory_cap` (ties: home, then
-// the lower index); an item no rank takes within the cap goes to the rank
-// holding the least memory; an item of cost and memory 0 stays home. Then
-// Improve, no change raising a rank above the cap (or the layout's peak, when
-// that is above it). `held` gets the layout's memory.
-std::vector<int32_t> CappedGreedy(std::span<const double> cost, std::span<const double> memory,
-                                  std::span<const int32_t> home, const std::vector<size_t>& desc, int world,
-                                  double memory_cap, std::vector<double>& held) {
+std::optional<std::vector<int32_t>> GoalGreedy(Goal goal, std::span<const double> cost,
+                                               std::span<const double> memory, std::span<const int32_t> home,
+                                               const std::vector<size_t>& desc, int world, double limit,
+                                               std::vector<double>& held) {
+  const bool time_first = goal == Goal::kTimeFirst;
+  // What a rank is chosen by and what it must keep within the limit.
   std::vector<double> load(world, 0.0);
+  const std::vector<double>& prefer = time_first ? load : held;
+  const std::vector<double>& limited = time_first ? held : load;
   std::vector<int32_t> rank_of(cost.size(), 0);
   for (size_t i : desc) {
     int32_t r = home[i];
     if (cost[i] > 0 || memory[i] > 0) {
+      const double add = time_first ? memory[i] : cost[i];
       r = -1;
       for (int32_t c = 0; c < world; ++c) {
-        if (held[c] + memory[i] > memory_cap) continue;
-        if (r < 0 || load[c] < load[r] || (load[c] == load[r] && c == home[i])) r = c;
+        if (limited[c] + add > limit) continue;
+        if (r < 0 || prefer[c] < prefer[r] || (prefer[c] == prefer[r] && c == home[i])) r = c;
       }
+      if (r < 0 && !time_first) return std::nullopt;
       if (r < 0) r = static_cast<int32_t>(std::min_element(held.begin(), held.end()) - held.begin());
     }
     load[r] += cost[i];
     held[r] += memory[i];
     rank_of[i] = r;
   }
-  Improve(cost, memory, rank_of, world, &held, memory_cap);
+  Improve(cost, memory, rank_of, world, &held, time_first ? limit : 0.0);
   return rank_of;
 }
 
@@ -232,14 +217,15 @@ PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const
   if (memory_cap <= 0) {
     // One layout at the full slack, kept if it holds less at its peak rank.
     std::vector<double> held = rank_memory;
-    auto got = MemoryGreedy(cost, memory, home, desc, world, time_capacity * (1 + slack + 1e-12), held);
+    auto got = GoalGreedy(Goal::kMemoryFirst, cost, memory, home, desc, world,
+                          time_capacity * (1 + slack + 1e-12), held);
     if (got && MaxOf(held) < MaxOf(best_held)) {
       best = Build(cost, *got, world);
       best_held = std::move(held);
     }
   } else if (MaxOf(best_held) > memory_cap) {
     // The time layout goes above the cap. Candidates: the most balanced layout
-    // within the cap (CappedGreedy) if it takes at most 1 + slack times the
+    // within the cap (GoalGreedy kTimeFirst) if it takes at most 1 + slack times the
     // time capacity, and the memory layouts at slack / 4, slack / 2 and slack;
     // of those within the cap the fastest, else the least peak memory.
     auto consider = [&](PhaseAssignment a, std::vector<double> held) {
@@ -252,11 +238,12 @@ PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const
     };
     std::vector<double> held = rank_memory;
     PhaseAssignment capped =
-        Build(cost, CappedGreedy(cost, memory, home, desc, world, memory_cap, held), world);
+        Build(cost, *GoalGreedy(Goal::kTimeFirst, cost, memory, home, desc, world, memory_cap, held), world);
     if (capped.max_load <= time_capacity * (1 + slack + 1e-12)) consider(std::move(capped), std::move(held));
     for (double s : {slack / 4, slack / 2, slack}) {
       held = rank_memory;
-      auto got = MemoryGreedy(cost, memory, home, desc, world, time_capacity * (1 + s + 1e-12), held);
+      auto got = GoalGreedy(Goal::kMemoryFirst, cost, memory, home, desc, world,
+                            time_capacity * (1 + s + 1e-12), held);
       if (got) consider(Build(cost, *got, world), std::move(held));
     }
   }
