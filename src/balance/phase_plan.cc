@@ -321,8 +321,8 @@ namespace {
 // to even the ranks' memory peaks over the run: the ranks' item memory
 // (`held` minus `before`) by size, descending, each onto the free rank where
 // max(its run peak, `before` + that memory) is least (ties: the lower run
-// peak, then less held, then the same rank). Kept only if the step's most held memory does not rise;
-// `held` follows.
+// peak, then less held, then the same rank). Kept only if the step's most
+// held memory does not rise; `held` follows.
 void RelabelForPeaks(PhaseAssignment& a, const std::vector<double>& before, std::vector<double>& held,
                      const std::vector<double>& run_peak) {
   const int world = static_cast<int>(held.size());
@@ -371,7 +371,7 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
   for (const EncoderItem& item : items) home.push_back(item.llm_rank);
   // What each active rank holds this step: its LLM samples' activations first.
   std::vector<double> held(active, 0.0);
-  double memory_cap = 0.0, total = 0.0, largest = 0.0;
+  double memory_cap = 0.0;
   if (memory_aware_) {
     std::vector<uint32_t> longest(active, 0);
     for (const EncoderItem& item : items)
@@ -379,6 +379,7 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
     for (const EncoderItem& item : items)
       held[item.llm_rank] +=
           config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
+    double total = 0.0, largest = 0.0;
     for (double h : held) total += h, largest = std::max(largest, h);
     for (const EncoderItem& item : items) {
       const double v = config_.vision_memory.OfInput(item.lengths.vision_patches);
@@ -386,15 +387,13 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
       total += v + a;
       largest = std::max({largest, v, a});
     }
+    const double bound = std::max(total / static_cast<double>(active), largest);
+    memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
   }
   // Per active rank: the most memory it held in an earlier step.
   std::vector<double> run_peak(active, 0.0);
   for (int a = 0; a < active; ++a) {
     if (static_cast<size_t>(ranks[a]) < rank_peak_.size()) run_peak[a] = rank_peak_[ranks[a]];
-  }
-  if (memory_aware_) {
-    const double bound = std::max(total / static_cast<double>(active), largest);
-    memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
   }
   auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
     std::vector<double> cost, memory;
