@@ -48,6 +48,7 @@ struct Options {
   uint64_t seed = 1;
   std::string window_tokens = "0";  // comma list of window targets (WindowTarget spellings)
   bool no_window_balance = false;
+  double window_spread = align::PlannerConfig{}.window_spread;
   uint32_t partition_ranks = 0;      // --partition-ranks: blocks of the global odb policies
   bool partitioned_windows = false;  // --partitioned-windows: windows as a partitioned daemon cuts them
   std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
@@ -117,6 +118,7 @@ int Main(const Options& o) {
   cfg.window = o.window;
   cfg.seed = o.seed;
   cfg.window_balance = !o.no_window_balance;
+  cfg.window_spread = o.window_spread;
   cfg.partition_ranks = o.partition_ranks;
   cfg.partitioned_windows = o.partitioned_windows;
   // Every policy runs without windows (the first table); the odb policies
@@ -191,7 +193,8 @@ int Main(const Options& o) {
        << ". (a) = every micro-step synchronised (sum over micro-steps of the slowest "
           "rank, FSDP/ZeRO), (b) = only a window's last micro-step (sum over windows of the slowest rank's "
           "summed cost, DDP no_sync). Both are bounded by the same bounds: windows only constrain a "
-          "schedule.\n\n";
+          "schedule. Window ends: `optimizer.window_spread` "
+       << cfg.window_spread << " (0: the nearest ends).\n\n";
   }
   std::ostringstream stats_md;
   stats_md << "| trace | samples | mean | CV | p50 | p90 | p99 | max | short (<" << o.max_tokens / 16
@@ -422,6 +425,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-window-balance", o.no_window_balance,
                "windows without balance over the window (the cut alone; the daemon balances for the global "
                "planner)");
+  app.add_option("--window-spread", o.window_spread,
+                 "optimizer.window_spread: windows may end this many standard deviations of a random batch's "
+                 "loss tokens from their target when that runs fewer micro-steps (0: the nearest ends)");
   app.add_option("--partition-ranks", o.partition_ranks,
                  "partitioned planning for the global odb policies: blocks of this many ranks (0: one pool)");
   app.add_flag(

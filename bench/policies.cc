@@ -435,6 +435,7 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   pc.window = window;
   pc.deterministic = spec.deterministic;
   pc.full_rounds = spec.full_rounds;
+  pc.window_spread = cfg.window_spread;
   std::unique_ptr<align::Planner> planner;
   if (spec.global) {
     balance::GlobalPlannerConfig g;
@@ -534,6 +535,7 @@ absl::Status ApplyRoundWindows(uint64_t tokens_per_step, const align::Planner& p
   align::WindowConfig config;
   config.tokens_per_step = tokens_per_step;
   config.cost_model = pc.budget.model;
+  config.spread = pc.window_spread;
   if (balance && planner.MovesSamples())
     config.balance = align::WindowBalanceConfig{pc.budget, pc.step_model};
   align::ApplyWindows(config, plan, windows, align::InputsOpen(state, pc.window));

@@ -94,6 +94,8 @@ struct SimConfig {
   // Balance over the window (the daemon's default for the global planner);
   // false runs the cut alone (ApplyRoundWindows).
   bool window_balance = true;
+  // optimizer.window_spread (micro-step-aware window ends; 0 = the nearest).
+  double window_spread = align::PlannerConfig{}.window_spread;
   // Partitioned planning for the global odb policies (GlobalPlannerConfig::
   // partition_ranks, nodes of one rank: blocks of partition_ranks ranks; 0 =
   // one pool). The local planner ignores it.

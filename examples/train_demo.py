@@ -496,7 +496,9 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
         where = os.path.join(run_dir, "packed") if packed else run_dir
         config = tiny_lm.daemon_config(args.max_tokens, seed=args.seed,
                                        alignment={"planner": args.planner, "deterministic": args.deterministic},
-                                       optimizer={"tokens_per_step": window_tokens},
+                                       optimizer={"tokens_per_step": window_tokens,
+                                                  **({} if args.window_spread is None
+                                                     else {"window_spread": args.window_spread})},
                                        **({"collate": {"packed": True}} if packed else {}))
         if packed:
             config["grouping"]["cost_model"] = "packed"
@@ -694,6 +696,10 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: model on the GPU(s), batches copied from pinned memory with non_blocking, "
                         "timings synchronised (bench/gpu_run.sh)")
+    p.add_argument("--window-spread", type=float, default=None,
+                   help="odbd optimizer.window_spread for the odb modes (default: the daemon's, 1): how far, in "
+                        "standard deviations of a random batch's loss tokens, a window may end from its target to run "
+                        "fewer micro-steps; 0 = the nearest ends")
     p.add_argument("--mix-lengths", action="store_true",
                    help="odbd grouping.mix_lengths for the odb modes: each step's samples drawn across lengths "
                         "(docs/config.md), so optimizer steps mix lengths as Standard's random batches do")
@@ -864,6 +870,7 @@ def report(args, per_seed) -> int:
         "world_size": args.world_size, "samples": args.samples, "max_len": args.max_len, "device": args.device,
         "max_tokens": args.max_tokens, "planner": args.planner, "deterministic": args.deterministic,
         "mix_lengths": args.mix_lengths,
+        "window_spread": args.window_spread,
         "global_batch": args.global_batch, "schedule": args.schedule, "seeds": [seed for seed, _ in per_seed],
         "epochs": args.epochs, "lr": args.lr, "warmup_steps": args.warmup_steps, "heldout": args.heldout,
         "eval_every": args.eval_every, "eval_every_tokens": args.eval_every_tokens, "d_model": args.d_model,

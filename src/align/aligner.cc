@@ -199,6 +199,7 @@ absl::StatusOr<RoundResult> Aligner::RunRound(const RoundInput& local) {
     // Accumulation windows: identical on every rank (the same plan, the same
     // window state); may split steps, and hands an open window's samples back.
     WindowConfig window_config{config.tokens_per_step, config.budget.model};
+    window_config.spread = config.window_spread;
     if (planner_->MovesSamples())
       window_config.balance = WindowBalanceConfig{config.budget, config.step_model};
     ApplyWindows(window_config, plan, windows_, InputsOpen(state, config.window));

@@ -39,6 +39,7 @@ HelloFields AlignmentHelloFields(const Planner& planner, int world_size) {
       {"max_wait_rounds", std::to_string(c.max_wait_rounds)},
       {"deterministic", c.deterministic ? "1" : "0"},
       {"tokens_per_step", std::to_string(c.tokens_per_step)},
+      {"window_spread", Str(c.window_spread)},
       {"min_free_slots", std::to_string(c.min_free_slots)},
       {"full_rounds", c.full_rounds ? "1" : "0"},
       {"budget.model", c.budget.model == grouping::CostModel::kPadded ? "padded" : "packed"},

@@ -183,6 +183,10 @@ struct PlannerConfig {
   // Accumulation windows (optimizer.tokens_per_step, src/align/window.h): all
   // ranks' loss tokens per optimizer step; 0 = every step is its own window.
   uint64_t tokens_per_step = 0;
+  // optimizer.window_spread: how far from its target a window may end to
+  // run fewer micro-steps, in standard deviations of a random batch's loss
+  // tokens (src/align/window.h, "Micro-step-aware ends"); 0 = the nearest ends.
+  double window_spread = 1.0;
   // grouping.mix_lengths: groups are formed from a seeded random order
   // (grouping::FormMixedGroups) instead of by length (grouping::FormGroups),
   // so that the steps, and the accumulation windows cut from them, are not

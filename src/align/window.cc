@@ -5,6 +5,8 @@
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <limits>
+#include <optional>
 #include <queue>
 #include <string>
 #include <utility>
@@ -122,6 +124,168 @@ double SharedUniform(const GlobalStep& g, uint64_t acc, uint64_t goal) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
+// The tolerance of micro-step-aware ends (window.h): spread x the standard
+// deviation of the loss tokens of target / mean random samples of the round,
+// at most half the target; 0 without spread or samples.
+uint64_t SpreadTolerance(const RoundPlan& plan, uint64_t target, double spread) {
+  if (spread <= 0.0 || target == 0) return 0;
+  double n = 0.0, sum = 0.0, sum_sq = 0.0;
+  for (const RankPlan& rp : plan.ranks) {
+    for (const PlannedStep& s : rp.steps) {
+      for (const SampleMeta& m : s.samples) {
+        const double l = static_cast<double>(LossTokensOf(m));
+        n += 1.0;
+        sum += l;
+        sum_sq += l * l;
+      }
+    }
+  }
+  if (n < 2.0 || sum <= 0.0) return 0;
+  const double mean = sum / n;
+  const double var = std::max(0.0, sum_sq / n - mean * mean);
+  const double tol = spread * std::sqrt(var * static_cast<double>(target) / mean);
+  return static_cast<uint64_t>(std::min(tol, static_cast<double>(target / 2)));
+}
+
+size_t SampleCount(const GlobalStep& g) {
+  size_t n = 0;
+  for (const PlannedStep& s : g) n += s.samples.size();
+  return n;
+}
+
+uint64_t PrefixLoss(const GlobalStep& g, const Cuts& cut) {
+  uint64_t n = 0;
+  for (size_t r = 0; r < g.size(); ++r) {
+    for (size_t i = 0; i < cut[r]; ++i) n += LossTokensOf(g[r].samples[i]);
+  }
+  return n;
+}
+
+// One way to end the open window at step g: before it, inside it (a split)
+// or after it, and the window's loss tokens then.
+struct WindowEnd {
+  enum Choice { kBefore, kSplit, kAfter };
+  Choice choice = kAfter;
+  uint64_t total = 0;
+  Cuts cut;  // kSplit: rank r's samples [0, cut[r]) of g go into the window
+};
+
+// The ends of the window whose steps so far are out[open..] (`acc` loss
+// tokens) at the step g (`tok` loss tokens) that reaches its goal, and the
+// micro-steps each would run (window.h, "Micro-step-aware ends").
+class WindowEnds {
+ public:
+  WindowEnds(const WindowConfig& config, const std::vector<GlobalStep>& out, size_t open, const GlobalStep& g,
+             uint64_t acc, uint64_t tok)
+      : config_(config), out_(out), open_(open), g_(g), acc_(acc), tok_(tok) {}
+
+  WindowEnd Before() const { return {WindowEnd::kBefore, acc_, {}}; }
+  WindowEnd After() const { return {WindowEnd::kAfter, acc_ + tok_, {}}; }
+  // The end at `cut`: a split when its first part holds some of g's loss
+  // tokens but not all of them, else the end before or after g.
+  WindowEnd Split(const Cuts& cut) const {
+    const uint64_t first = PrefixLoss(g_, cut);
+    if (first == 0) return Before();
+    if (first >= tok_) return After();
+    return {WindowEnd::kSplit, acc_ + first, cut};
+  }
+  // The end of about `x` loss tokens, not above it (x >= acc).
+  WindowEnd At(uint64_t x) const {
+    if (x >= acc_ + tok_) return After();
+    if (x <= acc_) return Before();
+    return Split(BracketCuts(g_, x - acc_, tok_).first);
+  }
+  // What the window with end `e` runs: its micro-steps per rank (its steps
+  // and parts, after BalanceWindow when the window is balanced, as
+  // CloseWindow runs it) and its time, WindowCost under the balance's step
+  // model (without one: the micro-steps). An empty window: none possible.
+  struct Run {
+    size_t micro_steps;
+    double cost;
+  };
+  Run RunOf(const WindowEnd& e) const {
+    if (e.total == 0) return {std::numeric_limits<size_t>::max(), std::numeric_limits<double>::infinity()};
+    std::vector<GlobalStep> window(out_.begin() + static_cast<std::ptrdiff_t>(open_), out_.end());
+    if (e.choice == WindowEnd::kAfter) window.push_back(g_);
+    if (e.choice == WindowEnd::kSplit) window.push_back(SplitAt(g_, e.cut, config_.cost_model).first);
+    if (!config_.balance) return {window.size(), static_cast<double>(window.size())};
+    BalanceWindow(*config_.balance, window);
+    return {window.size(), WindowCost(*config_.balance, window)};
+  }
+  size_t MicroSteps(const WindowEnd& e) const { return RunOf(e).micro_steps; }
+
+  // Of the ends within `tol` of `goal`: the furthest under the goal that
+  // runs fewer micro-steps than `under` and the furthest over it that runs
+  // no more than `over` (both searched by bisection: a window's micro-steps
+  // do not fall as it grows). Returns the pair, of these and the nearest
+  // ends, whose time is least in expectation when dithered to hold the goal
+  // (each pair's windows hold the same tokens in expectation); nullopt when
+  // that is the nearest ends' pair.
+  std::optional<std::pair<WindowEnd, WindowEnd>> FewerMicroSteps(const WindowEnd& under,
+                                                                 const WindowEnd& over, uint64_t goal,
+                                                                 uint64_t tol) const {
+    const Run r_under = RunOf(under), r_over = RunOf(over);
+    const size_t m_under = r_under.micro_steps, m_over = r_over.micro_steps;
+    std::vector<std::pair<WindowEnd, double>> lows{{under, r_under.cost}}, highs{{over, r_over.cost}};
+    const uint64_t lo = goal - std::min(goal, tol);
+    // Under: the largest x in [max(lo, acc), under.total) whose end needs
+    // fewer micro-steps than `under`.
+    uint64_t a = std::max(lo, acc_), b = under.total;
+    if (a < b && MicroSteps(At(a)) < m_under) {
+      while (b - a > 1) {
+        const uint64_t mid = a + (b - a) / 2;
+        (MicroSteps(At(mid)) < m_under ? a : b) = mid;
+      }
+      const WindowEnd e = At(a);
+      if (e.total >= lo && e.total < under.total) lows.push_back({e, RunOf(e).cost});
+    }
+    // Over: the largest x in (over.total, min(goal + tol, acc + tok)] whose
+    // end needs no more micro-steps than `over`.
+    const uint64_t hi = std::min(goal + tol, acc_ + tok_);
+    if (hi > over.total) {
+      a = over.total;
+      b = hi;
+      if (MicroSteps(At(hi)) <= m_over) {
+        a = hi;
+      } else {
+        while (b - a > 1) {
+          const uint64_t mid = a + (b - a) / 2;
+          (MicroSteps(At(mid)) <= m_over ? a : b) = mid;
+        }
+      }
+      const WindowEnd e = At(a);
+      if (e.total > over.total) highs.push_back({e, RunOf(e).cost});
+    }
+    // Expected time of a dithered pair: H with p = (goal - L) / (H - L).
+    auto expected = [goal](const std::pair<WindowEnd, double>& l, const std::pair<WindowEnd, double>& h) {
+      if (h.first.total <= l.first.total) return l.second;
+      const double p =
+          static_cast<double>(goal - l.first.total) / static_cast<double>(h.first.total - l.first.total);
+      return l.second + p * (h.second - l.second);
+    };
+    const double nearest = expected(lows[0], highs[0]);
+    double best = nearest * (1.0 - 1e-9);
+    std::optional<std::pair<WindowEnd, WindowEnd>> pick;
+    for (const auto& l : lows) {
+      for (const auto& h : highs) {
+        const double e = expected(l, h);
+        if (e < best && h.first.total > l.first.total) {
+          best = e;
+          pick = std::make_pair(l.first, h.first);
+        }
+      }
+    }
+    return pick;
+  }
+
+ private:
+  const WindowConfig& config_;
+  const std::vector<GlobalStep>& out_;
+  size_t open_;
+  const GlobalStep& g_;
+  uint64_t acc_, tok_;
+};
+
 // Closes steps [begin, end) of `out` as one window: lays them out again over
 // the ranks when the config says so (window_balance.h; the step count may
 // drop), then sets their window fields and weights.
@@ -191,6 +355,8 @@ bool InputsOpen(const RoundState& state, uint32_t window) {
 void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& windows, bool inputs_open) {
   const size_t world = plan.ranks.size();
   if (plan.num_steps == 0 || world == 0) return;
+  // Before the steps move out of the plan: its samples' spread.
+  const uint64_t tol = SpreadTolerance(plan, config.tokens_per_step, config.spread);
   std::deque<GlobalStep> queue(plan.num_steps, GlobalStep(world));
   for (size_t r = 0; r < world; ++r) {
     for (uint32_t k = 0; k < plan.num_steps; ++k) queue[k][r] = std::move(plan.ranks[r].steps[k]);
@@ -220,12 +386,14 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     const int64_t max_carry = static_cast<int64_t>(target / 10);
     int64_t carry = 0;
     uint64_t acc = 0;
+    size_t acc_samples = 0;
     while (!queue.empty()) {
       const uint64_t goal = static_cast<uint64_t>(static_cast<int64_t>(target) + carry);
       GlobalStep g = std::move(queue.front());
       queue.pop_front();
       const uint64_t tok = GlobalLoss(g);
       if (acc + tok < goal) {
+        acc_samples += SampleCount(g);
         out.push_back(std::move(g));
         acc += tok;
         continue;
@@ -238,33 +406,38 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       // goal in expectation. Always taking the nearest end is biased: an end
       // far over the limit is refused while one far under is not, and on
       // windows of ~16 samples that cost 2-3% of every optimizer batch.
-      enum Choice { kBefore, kSplitDown, kSplitUp, kAfter };
-      struct Candidate {
-        Choice choice;
-        uint64_t total;
-      };
-      std::vector<Candidate> candidates;
-      if (acc > 0) candidates.push_back({kBefore, acc});
-      candidates.push_back({kAfter, acc + tok});
-      std::pair<GlobalStep, GlobalStep> down, up;
+      const WindowEnds ends(config, out, open, g, acc, tok);
+      std::vector<WindowEnd> candidates;
+      if (acc > 0) candidates.push_back(ends.Before());
+      candidates.push_back(ends.After());
       if (acc + tok > goal) {
         const auto [cut_down, cut_up] = BracketCuts(g, goal - acc, tok);
-        down = SplitAt(g, cut_down, config.cost_model);
-        up = SplitAt(g, cut_up, config.cost_model);
-        const uint64_t first_down = GlobalLoss(down.first);
-        const uint64_t first_up = GlobalLoss(up.first);
-        if (first_down > 0 && first_down < tok) candidates.push_back({kSplitDown, acc + first_down});
-        if (first_up > 0 && first_up < tok) candidates.push_back({kSplitUp, acc + first_up});
+        for (const Cuts& cut : {cut_down, cut_up}) {
+          const WindowEnd e = ends.Split(cut);
+          if (e.choice == WindowEnd::kSplit) candidates.push_back(e);
+        }
       }
-      const Candidate* under = nullptr;  // L: the largest total <= goal
-      const Candidate* over = nullptr;   // H: the smallest total >= goal
-      for (const Candidate& c : candidates) {
+      const WindowEnd* under = nullptr;  // L: the largest total <= goal
+      const WindowEnd* over = nullptr;   // H: the smallest total >= goal
+      for (const WindowEnd& c : candidates) {
         if (c.total <= goal && (!under || c.total > under->total)) under = &c;
         if (c.total >= goal && (!over || c.total < over->total)) over = &c;
       }
-      const Candidate* pick = over;  // kAfter always reaches the goal: `over` exists
+      const WindowEnd* pick = over;  // kAfter always reaches the goal: `over` exists
       carry = 0;
-      if (under && (over->total > limit || under->total == goal)) {
+      // Micro-step-aware ends (window.h): a pair further out, within tol,
+      // that runs fewer micro-steps in expectation.
+      std::optional<std::pair<WindowEnd, WindowEnd>> aware;
+      if (tol > 0 && under && under->total + tol >= goal && over->total <= goal + tol &&
+          acc_samples + SampleCount(g) <= kSpreadMaxSamples) {
+        aware = ends.FewerMicroSteps(*under, *over, goal, tol);
+      }
+      if (aware) {
+        const auto& [low, high] = *aware;
+        const double p_over =
+            static_cast<double>(goal - low.total) / static_cast<double>(high.total - low.total);
+        pick = SharedUniform(g, acc, goal) < p_over ? &high : &low;
+      } else if (under && (over->total > limit || under->total == goal)) {
         pick = under;
         carry = std::min(static_cast<int64_t>(goal - under->total), max_carry);
       } else if (under && over->total > under->total) {
@@ -272,27 +445,25 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
       }
       switch (pick->choice) {
-        case kBefore:
+        case WindowEnd::kBefore:
           CloseWindow(config, out, open, false, windows, target);
           queue.push_front(std::move(g));
           break;
-        case kSplitDown:
-          out.push_back(std::move(down.first));
+        case WindowEnd::kSplit: {
+          auto [first, second] = SplitAt(g, pick->cut, config.cost_model);
+          out.push_back(std::move(first));
           CloseWindow(config, out, open, false, windows, target);
-          queue.push_front(std::move(down.second));
+          queue.push_front(std::move(second));
           break;
-        case kSplitUp:
-          out.push_back(std::move(up.first));
-          CloseWindow(config, out, open, false, windows, target);
-          queue.push_front(std::move(up.second));
-          break;
-        case kAfter:
+        }
+        case WindowEnd::kAfter:
           out.push_back(std::move(g));
           CloseWindow(config, out, open, false, windows, target);
           break;
       }
       open = out.size();
       acc = 0;
+      acc_samples = 0;
     }
   }
   const bool closed_any = open > 0;

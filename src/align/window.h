@@ -25,7 +25,25 @@ namespace odb::align {
 // with probability (target - L) / (H - L), drawn from a hash of the step's
 // samples that every rank computes alike, so each window holds the target in
 // expectation. An end more than 10% over the target is taken only when
-// nothing else is possible (one sample per rank over it). Windows
+// nothing else is possible (one sample per rank over it).
+//
+// Micro-step-aware ends (WindowConfig::spread > 0, optimizer.window_spread):
+// a window's time is its micro-steps, and the nearest ends may need one
+// more micro-step per rank than an end a little further from the goal (a
+// target of 1.04 micro-steps per rank runs almost every window as 2, where
+// windows of 1 and 2 mixed to the same mean need ~1.2). So L may also be the
+// furthest end under the goal, within tol, that needs fewer micro-steps than
+// the nearest, and H the furthest over it, within tol, that needs no more
+// than the nearest; tol = spread x the standard deviation of the loss tokens
+// of a random batch of target / mean samples (the round's samples' mean and
+// spread), at most half the target. Of these pairs the one with the fewest
+// micro-steps in expectation is dithered as above (ties: the nearest ends),
+// so each window still holds its goal in expectation and lies within tol of
+// it: windows vary less than random batches of the same mean would. A
+// window's micro-steps are counted as it will run: its steps and parts, laid
+// out again first when the window is balanced (BalanceWindow). Windows of
+// more than kSpreadMaxSamples samples take the nearest ends (one micro-step
+// more is little there). Windows
 // depend on the round's plan alone (no state carried from earlier windows), so
 // a reproducible epoch resumed at a round cuts the same windows again.
 //
@@ -57,12 +75,20 @@ struct WindowState {
 // Rounds an open window may come back without growing before it closes short.
 inline constexpr uint32_t kMaxHeldRounds = 4;
 
+// Largest window (samples) whose ends are chosen by their micro-steps.
+inline constexpr size_t kSpreadMaxSamples = 4096;
+
 struct WindowConfig {
   WindowConfig() = default;
   WindowConfig(uint64_t tokens, grouping::CostModel model) : tokens_per_step(tokens), cost_model(model) {}
 
   uint64_t tokens_per_step = 0;  // 0: every step is its own window (weights per step)
   grouping::CostModel cost_model = grouping::CostModel::kPadded;
+  // Micro-step-aware ends (window.h, above): how far, in standard
+  // deviations of the loss tokens of a random batch of the target's mean
+  // size, a window's two dithered ends may lie from its goal when ends
+  // further out need fewer micro-steps. 0: the nearest ends (within a sample).
+  double spread = 0.0;
   // Balance over the window (window_balance.h): every window closed with a
   // target is laid out again over its ranks and micro-steps under this budget
   // and step-time model. Only for planners that move samples between ranks

@@ -22,14 +22,16 @@ class WindowedPlanner final : public Planner {
  public:
   // `balance`: windows laid out again over the ranks (window_balance.h), as
   // the Aligner does for planners that move samples.
-  explicit WindowedPlanner(PlannerConfig config, bool balance = false)
-      : inner_(std::move(config)), balance_(balance) {}
+  // `spread`: micro-step-aware ends (WindowConfig::spread; 0: the nearest).
+  explicit WindowedPlanner(PlannerConfig config, bool balance = false, double spread = 0.0)
+      : inner_(std::move(config)), balance_(balance), spread_(spread) {}
   RoundPlan Plan(const RoundState& state) const override {
     auto it = before_.try_emplace(state.round, current_).first;
     RoundPlan plan = inner_.Plan(state);
     WindowState ws = it->second;
     WindowConfig wc{config().tokens_per_step, config().budget.model};
     if (balance_) wc.balance = WindowBalanceConfig{config().budget, config().step_model};
+    wc.spread = spread_;
     ApplyWindows(wc, plan, ws, false);
     current_ = ws;
     return plan;
@@ -40,12 +42,13 @@ class WindowedPlanner final : public Planner {
  private:
   LocalPlanner inner_;
   bool balance_;
+  double spread_;
   mutable std::map<uint64_t, WindowState> before_;
   mutable WindowState current_;
 };
 
-testing::EpochOutcome RunWindowed(const testing::Scenario& sc, bool balance = false) {
-  WindowedPlanner planner(sc.config, balance);
+testing::EpochOutcome RunWindowed(const testing::Scenario& sc, bool balance = false, double spread = 0.0) {
+  WindowedPlanner planner(sc.config, balance, spread);
   testing::EpochChecks checks;
   checks.on_plan = [balance](const RoundState&, const RoundPlan& plan) {
     if (balance) return;  // samples move between ranks
@@ -97,8 +100,10 @@ TEST_CASE("randomized epochs with windows balanced over the ranks: the same guar
           testing::MakeScenario(seed, world, i % 2 == 0 ? EpochMode::kJoin : EpochMode::kNonJoin);
       sc.config.tokens_per_step = std::vector<uint64_t>{300, 2000, 10000}[i % 3];
       sc.depth = 1u << 20;
-      INFO("seed " << seed << " target " << sc.config.tokens_per_step);
-      const testing::EpochOutcome out = RunWindowed(sc, true);
+      // Half of them with micro-step-aware ends (the daemon's default).
+      const double spread = i % 4 < 2 ? 1.0 : 0.0;
+      INFO("seed " << seed << " target " << sc.config.tokens_per_step << " spread " << spread);
+      const testing::EpochOutcome out = RunWindowed(sc, true, spread);
       testing::RequireCoverage(sc, out);
       windows += static_cast<int>(out.windows.size());
       moved += out.moved_samples;
@@ -408,6 +413,93 @@ TEST_CASE("a window target below one sample is refused, naming the setting and w
     REQUIRE(CheckWindowTarget(target, plan).ok());
   }
   REQUIRE(CheckWindowTarget(1, PlanOf({{{}}, {{}}})).ok());  // nothing to judge by yet
+}
+
+// Micro-step-aware ends (window.h): W = 2, each rank's micro-steps filled to
+// a packed budget of 512 tokens, a target of 1.04 micro-steps: the nearest
+// ends run almost every window as two micro-steps per rank.
+struct SpreadRun {
+  double micro_steps_per_window = 0.0;
+  double mean_window = 0.0;
+  double sd_window = 0.0;
+  double random_batch_sd = 0.0;  // sd of the loss tokens of a random batch of the target's mean
+  size_t windows = 0;
+};
+
+SpreadRun RunSpread(uint64_t seed, double spread) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> len(3.8, 0.9);
+  const size_t world = 2, steps = 400;
+  const uint32_t budget = 512;
+  std::vector<std::vector<std::vector<uint32_t>>> by_rank(world);
+  double n = 0, sum = 0, sum_sq = 0;
+  for (size_t k = 0; k < steps; ++k) {
+    for (size_t r = 0; r < world; ++r) {
+      std::vector<uint32_t> lens;
+      uint32_t used = 0;
+      for (;;) {
+        uint32_t l = std::clamp<uint32_t>(static_cast<uint32_t>(len(rng)), 2, 256);
+        if (used + l > budget) l = budget - used;  // the planner fills the budget: one sample that fits
+        if (l < 2) break;
+        lens.push_back(l);
+        used += l;
+        n += 1;
+        sum += l;
+        sum_sq += static_cast<double>(l) * l;
+      }
+      by_rank[r].push_back(lens);
+    }
+  }
+  RoundPlan plan = PlanOf(by_rank);
+  plan.epoch_finished = true;
+  const double mean = sum / n;
+  // Just over what one micro-step per rank holds (the main job: 16 samples
+  // of 66 tokens at a 512-token budget).
+  const uint64_t target = static_cast<uint64_t>(1.04 * world * budget);
+  const double batch = static_cast<double>(target) / mean;  // samples of a random batch of the target
+  WindowConfig wc{target, grouping::CostModel::kPacked};
+  wc.spread = spread;
+  WindowBalanceConfig bc;
+  bc.budget.model = grouping::CostModel::kPacked;
+  bc.budget.max_tokens = budget;
+  bc.step_model.per_step = 100.0;
+  bc.step_model.per_padded_token = 1.0;
+  wc.balance = bc;
+  WindowState ws;
+  ApplyWindows(wc, plan, ws, false);
+  std::map<uint64_t, uint64_t> totals;
+  std::map<uint64_t, bool> shorts;
+  for (const PlannedStep& s : plan.ranks[0].steps) {
+    totals[s.window] = s.window_loss_tokens;
+    shorts[s.window] = s.window_short;
+  }
+  SpreadRun out;
+  double ws_sum = 0, ws_sq = 0, m = 0;
+  for (const auto& [w, t] : totals) {
+    if (shorts[w]) continue;
+    m += 1;
+    ws_sum += static_cast<double>(t);
+    ws_sq += static_cast<double>(t) * t;
+  }
+  out.windows = totals.size();
+  out.micro_steps_per_window = static_cast<double>(plan.num_steps) / static_cast<double>(totals.size());
+  out.mean_window = ws_sum / m / static_cast<double>(target);
+  out.sd_window = std::sqrt(std::max(0.0, ws_sq / m - (ws_sum / m) * (ws_sum / m)));
+  out.random_batch_sd = std::sqrt(batch * (sum_sq / n - mean * mean));
+  return out;
+}
+
+TEST_CASE("windows end where they run fewer micro-steps, holding the target on average", "[window]") {
+  for (uint64_t seed : {1, 2, 3}) {
+    const SpreadRun nearest = RunSpread(seed, 0.0), aware = RunSpread(seed, 1.0);
+    INFO("seed " << seed << " micro-steps per window " << nearest.micro_steps_per_window << " -> "
+                 << aware.micro_steps_per_window << ", mean window / target " << nearest.mean_window << " -> "
+                 << aware.mean_window << ", sd " << nearest.sd_window << " -> " << aware.sd_window
+                 << " (random batches " << aware.random_batch_sd << ")");
+    CHECK(aware.micro_steps_per_window < 0.8 * nearest.micro_steps_per_window);
+    CHECK(std::abs(aware.mean_window - 1.0) < 0.02);
+    CHECK(aware.sd_window <= aware.random_batch_sd);
+  }
 }
 
 }  // namespace

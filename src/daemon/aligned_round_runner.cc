@@ -33,6 +33,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.mix_lengths = config.mix_lengths;
   p.deterministic = config.deterministic;
   p.tokens_per_step = config.tokens_per_step;
+  p.window_spread = config.window_spread;
   // Rounds wait for half the output queue (docs/config.md, emit.queue_steps).
   p.min_free_slots = std::max<uint32_t>(1, config.queue_steps / 2);
   p.full_rounds = true;  // ... then plan every group the windows give (bench: `paced16:full`)

@@ -242,7 +242,8 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
   if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;
   if (c.deterministic) out << " deterministic=1";
-  if (c.tokens_per_step > 0) out << " tokens_per_step=" << c.tokens_per_step;
+  if (c.tokens_per_step > 0)
+    out << " tokens_per_step=" << c.tokens_per_step << " window_spread=" << c.window_spread;
   out << " seed=" << c.seed << " queue_steps=" << c.queue_steps << " max_wait_ms=" << c.max_wait_ms
       << " start_wait_ms=" << c.start_wait_ms;
   if (c.world_size > 1) out << " job_id=" << c.job_id << " gloo=" << (c.gloo_iface.empty() ? c.gloo_hostname : "iface:" + c.gloo_iface);

@@ -142,6 +142,10 @@ struct DaemonConfig {
   // optimizer.tokens_per_step: all ranks' loss tokens per optimizer step
   // (accumulation windows, docs/python.md); 0 = one optimizer step per step.
   uint64_t tokens_per_step = align::PlannerConfig{}.tokens_per_step;
+  // optimizer.window_spread: windows may end within this many standard
+  // deviations of a random batch's loss tokens from their target when that
+  // saves micro-steps (docs/config.md); 0 = the nearest ends.
+  double window_spread = align::PlannerConfig{}.window_spread;
   // How long a rank with fewer than `window` samples (and an open stream) waits
   // before planning a round anyway.
   uint32_t max_wait_ms = 200;

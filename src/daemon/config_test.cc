@@ -181,6 +181,9 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {llm_memory: {per_unit: -1}}", "alignment.llm_memory.per_unit"},
       {"alignment: {memory_slack: 11}", "alignment.memory_slack"},
       {"alignment: {memory_cap_margin: -0.1}", "alignment.memory_cap_margin"},
+      {"optimizer: {window_spread: -0.5}", "optimizer.window_spread"},
+      {"optimizer: {window_spread: 4}", "optimizer.window_spread"},
+      {"optimizer: {window_spread: .nan}", "optimizer.window_spread"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);

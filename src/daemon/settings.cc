@@ -344,6 +344,10 @@ std::vector<Setting> BuildTable() {
   add(Field("optimizer.tokens_per_step", kJob, ODB_FIELD(tokens_per_step),
             "all ranks' loss tokens per optimizer step: steps form accumulation windows of about this many "
             "(docs/python.md); 0 = every step is an optimizer step"));
+  add(Field("optimizer.window_spread", kJob, ODB_FIELD(window_spread),
+            "a window may end up to this many standard deviations of a random batch's loss tokens from its "
+            "target when that runs fewer micro-steps, still holding the target on average (docs/config.md); "
+            "0 = the nearest ends; [0, 3]"));
 
   add(Group("emit", "", "\n"));
   add(Field("emit.outstanding_depth", kRank, ODB_FIELD(trainer.outstanding_depth),

@@ -139,7 +139,9 @@ def test_window_gradient_equals_one_batch_over_the_window(run_dir, job_id, world
     assert min(results[0]["per_step_errors"]) > 1e-6, results[0]["per_step_errors"]
     windows = {(s.window, s.window_loss_tokens) for s in results[0]["records"]}
     full = [t for w, t in windows if w < max(w for w, _ in windows)]
-    assert all(t <= 1.1 * target for t in full), sorted(windows)
+    # Never more than 10% over when the nearest ends are taken; micro-step-aware ends (optimizer.window_spread,
+    # on by default, unpartitioned rounds) stay within their tolerance, at most half the target.
+    assert all(t <= (1.1 if partition else 1.5) * target for t in full), sorted(windows)
     check_step_invariants([r["records"] for r in results], world)
     if partition:
         assert sum(r["idle_inside"] for r in results) > 0, "no IDLE step inside a window"
