@@ -214,20 +214,20 @@ class WindowEnds {
   }
   size_t MicroSteps(const WindowEnd& e) const { return RunOf(e).micro_steps; }
 
-  // Of the ends within `tol` of `goal`: the furthest under the goal that
-  // runs fewer micro-steps than `under` and the furthest over it that runs
-  // no more than `over` (both searched by bisection: a window's micro-steps
-  // do not fall as it grows). Returns the pair, of these and the nearest
-  // ends, whose time is least in expectation when dithered to hold the goal
-  // (each pair's windows hold the same tokens in expectation); nullopt when
-  // that is the nearest ends' pair.
+  // Of the ends in [lo, hi]: the furthest under the goal that runs fewer
+  // micro-steps than `under` and the furthest over it that runs no more
+  // than `over` (both searched by bisection: a window's micro-steps do not
+  // fall as it grows). Returns the pair, of these and the nearest ends,
+  // whose time is least per window when its two ends are taken in the
+  // proportions that hold the goal on average (H a share (goal - L) / (H -
+  // L) of the time; every pair then holds the same tokens); nullopt when that
+  // is the nearest ends' pair.
   std::optional<std::pair<WindowEnd, WindowEnd>> FewerMicroSteps(const WindowEnd& under,
                                                                  const WindowEnd& over, uint64_t goal,
-                                                                 uint64_t tol) const {
+                                                                 uint64_t lo, uint64_t hi) const {
     const Run r_under = RunOf(under), r_over = RunOf(over);
     const size_t m_under = r_under.micro_steps, m_over = r_over.micro_steps;
     std::vector<std::pair<WindowEnd, double>> lows{{under, r_under.cost}}, highs{{over, r_over.cost}};
-    const uint64_t lo = goal - std::min(goal, tol);
     // Under: the largest x in [max(lo, acc), under.total) whose end needs
     // fewer micro-steps than `under`.
     uint64_t a = std::max(lo, acc_), b = under.total;
@@ -239,14 +239,14 @@ class WindowEnds {
       const WindowEnd e = At(a);
       if (e.total >= lo && e.total < under.total) lows.push_back({e, RunOf(e).cost});
     }
-    // Over: the largest x in (over.total, min(goal + tol, acc + tok)] whose
-    // end needs no more micro-steps than `over`.
-    const uint64_t hi = std::min(goal + tol, acc_ + tok_);
-    if (hi > over.total) {
+    // Over: the largest x in (over.total, min(hi, acc + tok)] whose end
+    // needs no more micro-steps than `over`.
+    const uint64_t top = std::min(hi, acc_ + tok_);
+    if (top > over.total) {
       a = over.total;
-      b = hi;
-      if (MicroSteps(At(hi)) <= m_over) {
-        a = hi;
+      b = top;
+      if (MicroSteps(At(top)) <= m_over) {
+        a = top;
       } else {
         while (b - a > 1) {
           const uint64_t mid = a + (b - a) / 2;
@@ -256,7 +256,7 @@ class WindowEnds {
       const WindowEnd e = At(a);
       if (e.total > over.total) highs.push_back({e, RunOf(e).cost});
     }
-    // Expected time of a dithered pair: H with p = (goal - L) / (H - L).
+    // Mean time of a pair taken in those proportions.
     auto expected = [goal](const std::pair<WindowEnd, double>& l, const std::pair<WindowEnd, double>& h) {
       if (h.first.total <= l.first.total) return l.second;
       const double p =
@@ -385,10 +385,15 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     // round cuts the same windows).
     const int64_t max_carry = static_cast<int64_t>(target / 10);
     int64_t carry = 0;
+    // With micro-step-aware ends (tol > 0): the round's windows so far minus
+    // their targets; the next window's goal makes up for it (window.h).
+    int64_t drift = 0;
+    const int64_t band = static_cast<int64_t>(tol);
     uint64_t acc = 0;
     size_t acc_samples = 0;
     while (!queue.empty()) {
-      const uint64_t goal = static_cast<uint64_t>(static_cast<int64_t>(target) + carry);
+      const uint64_t goal = static_cast<uint64_t>(static_cast<int64_t>(target) +
+                                                  (tol > 0 ? std::clamp(-drift, -band, band) : carry));
       GlobalStep g = std::move(queue.front());
       queue.pop_front();
       const uint64_t tok = GlobalLoss(g);
@@ -425,18 +430,16 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       }
       const WindowEnd* pick = over;  // kAfter always reaches the goal: `over` exists
       carry = 0;
-      // Micro-step-aware ends (window.h): a pair further out, within tol,
-      // that runs fewer micro-steps in expectation.
+      // Micro-step-aware ends (window.h): a pair further out, within tol of
+      // the target, that runs in less time; of it the end nearer the goal.
       std::optional<std::pair<WindowEnd, WindowEnd>> aware;
-      if (tol > 0 && under && under->total + tol >= goal && over->total <= goal + tol &&
+      if (tol > 0 && under && under->total + tol >= target && over->total <= target + tol &&
           acc_samples + SampleCount(g) <= kSpreadMaxSamples) {
-        aware = ends.FewerMicroSteps(*under, *over, goal, tol);
+        aware = ends.FewerMicroSteps(*under, *over, goal, target - tol, target + tol);
       }
       if (aware) {
         const auto& [low, high] = *aware;
-        const double p_over =
-            static_cast<double>(goal - low.total) / static_cast<double>(high.total - low.total);
-        pick = SharedUniform(g, acc, goal) < p_over ? &high : &low;
+        pick = goal - low.total <= high.total - goal ? &low : &high;
       } else if (under && (over->total > limit || under->total == goal)) {
         pick = under;
         carry = std::min(static_cast<int64_t>(goal - under->total), max_carry);
@@ -444,6 +447,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
         const double p_over = static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
       }
+      const uint64_t pick_total = pick->total;
       switch (pick->choice) {
         case WindowEnd::kBefore:
           CloseWindow(config, out, open, false, windows, target);
@@ -461,6 +465,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
           CloseWindow(config, out, open, false, windows, target);
           break;
       }
+      drift += static_cast<int64_t>(pick_total) - static_cast<int64_t>(target);
       open = out.size();
       acc = 0;
       acc_samples = 0;

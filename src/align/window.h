@@ -32,18 +32,20 @@ namespace odb::align {
 // more micro-step per rank than an end a little further from the goal (a
 // target of 1.04 micro-steps per rank runs almost every window as 2, where
 // windows of 1 and 2 mixed to the same mean need ~1.2). So L may also be the
-// furthest end under the goal, within tol, that needs fewer micro-steps than
-// the nearest, and H the furthest over it, within tol, that needs no more
-// than the nearest; tol = spread x the standard deviation of the loss tokens
-// of a random batch of target / mean samples (the round's samples' mean and
-// spread), at most half the target. Of these pairs the one with the fewest
-// micro-steps in expectation is dithered as above (ties: the nearest ends),
-// so each window still holds its goal in expectation and lies within tol of
-// it: windows vary less than random batches of the same mean would. A
-// window's micro-steps are counted as it will run: its steps and parts, laid
-// out again first when the window is balanced (BalanceWindow). Windows of
-// more than kSpreadMaxSamples samples take the nearest ends (one micro-step
-// more is little there). Windows
+// furthest end under the goal that needs fewer micro-steps than the nearest,
+// and H the furthest over it that needs no more than the nearest, both
+// within tol of the target; tol = spread x the standard deviation of the
+// loss tokens of a random batch of target / mean samples (the round's
+// samples' mean and spread), at most half the target. Of these pairs the one
+// whose time (WindowCost of the window as it will run: laid out again first
+// when the window is balanced; else its micro-steps) is least on average
+// when L and H are taken in the proportions that hold the goal; then the
+// end nearer the goal, no draw. The goal makes up for the round's drift (its
+// windows so far minus their targets, within tol): the round's windows hold
+// the target on average up to one window's tol, and every window lies within
+// tol of the target, so windows vary less than random batches of the same
+// mean would. Windows of more than kSpreadMaxSamples samples take the
+// nearest ends (one micro-step more is little there). Windows
 // depend on the round's plan alone (no state carried from earlier windows), so
 // a reproducible epoch resumed at a round cuts the same windows again.
 //

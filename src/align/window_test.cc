@@ -497,7 +497,7 @@ TEST_CASE("windows end where they run fewer micro-steps, holding the target on a
                  << aware.mean_window << ", sd " << nearest.sd_window << " -> " << aware.sd_window
                  << " (random batches " << aware.random_batch_sd << ")");
     CHECK(aware.micro_steps_per_window < 0.8 * nearest.micro_steps_per_window);
-    CHECK(std::abs(aware.mean_window - 1.0) < 0.02);
+    CHECK(std::abs(aware.mean_window - 1.0) < 0.01);  // the round's drift made up for (0.99996 measured)
     CHECK(aware.sd_window <= aware.random_batch_sd);
   }
 }
