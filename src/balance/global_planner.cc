@@ -351,7 +351,9 @@ class StepPhaseTally {
 // the sorted chunking `dealt` (step k holds the groups dealt[k * world ..
 // (k + 1) * world)), exchanges of two groups between two steps while one
 // lowers the sum over steps of StepPhaseTally::Time (first improvement, in
-// slot order; at most kPasses passes over all pairs, O(1) per pair). The
+// slot order; at most kPasses passes over all pairs and kMaxPairs pairs in
+// all, O(1) per pair, so a round of thousands of groups stops short
+// of a local optimum instead of stalling the round). The
 // LLM-only chunking is the start, so a step's LLM cost rises only where the
 // encoders gain more: in practice large encoder items (a 1024-patch image
 // next to 16-patch icons) gather in the same steps, where the encoder plan
@@ -360,6 +362,7 @@ class StepPhaseTally {
 void ComposeWithPhases(const GlobalPlannerConfig& config, const Pool& pool,
                        const std::vector<Members>& groups, size_t world, std::vector<size_t>& dealt) {
   constexpr int kPasses = 8;
+  constexpr uint64_t kMaxPairs = uint64_t{1} << 24;
   const StepPhaseCosts& pc = config.phase_costs;
   const size_t n = dealt.size();
   if (n <= world) return;
@@ -387,10 +390,12 @@ void ComposeWithPhases(const GlobalPlannerConfig& config, const Pool& pool,
     time[k] = tally[k].Time();
   };
   for (size_t k = 0; k < t; ++k) retally(k);
-  for (int pass = 0; pass < kPasses; ++pass) {
+  uint64_t pairs = 0;
+  for (int pass = 0; pass < kPasses && pairs < kMaxPairs; ++pass) {
     bool improved = false;
-    for (size_t a = 0; a < t; ++a) {
+    for (size_t a = 0; a < t && pairs < kMaxPairs; ++a) {
       for (size_t b = a + 1; b < t; ++b) {
+        pairs += (end(a) - begin(a)) * (end(b) - begin(b));
         for (size_t x = begin(a); x < end(a); ++x) {
           for (size_t y = begin(b); y < end(b); ++y) {
             const double ta = tally[a].TimeSwapped(x, load[x], load[y]);
