@@ -257,6 +257,8 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
     if not args.memory_plan:
         for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
             config["alignment"].pop(key, None)
+    if not phases or not args.phase_steps:  # steps composed on the LLM's cost only
+        config["alignment"].pop("llm_cost_seconds", None)
     if not phases:
         for key in ("encoder_fields", "audio_fields"):
             config["collate"].pop(key, None)
@@ -930,6 +932,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "configs/multimodal_train.yaml)")
     p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
                    help="odb_phases: place encoder items by time only (drop the config's alignment.*_memory)")
+    p.add_argument("--no-phase-steps", dest="phase_steps", action="store_false",
+                   help="odb_phases*: the round planner composes steps on the LLM's cost only (drop the "
+                        "config's alignment.llm_cost_seconds: large images no longer gathered into shared steps)")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -287,10 +288,138 @@ std::vector<Members> BalanceStep(const GlobalPlannerConfig& gcfg, const Pool& po
   return by_rank;
 }
 
+// A group's costs in the step composition of StepPhaseCosts: its LLM cost in
+// seconds, and per encoder phase the sum and the largest of its items.
+struct GroupPhaseLoad {
+  double llm = 0.0;
+  double vision_sum = 0.0, vision_max = 0.0;
+  double audio_sum = 0.0, audio_max = 0.0;
+};
+
+// One step's aggregates over its groups: per maximum the largest and second
+// largest value and the slot holding the largest, so that the step's value
+// without one of its groups is O(1).
+class StepPhaseTally {
+ public:
+  void Reset() { *this = StepPhaseTally(); }
+  void Add(const GroupPhaseLoad& g, size_t slot) {
+    ++n_;
+    vision_sum_ += g.vision_sum;
+    audio_sum_ += g.audio_sum;
+    llm_.Add(g.llm, slot);
+    vision_max_.Add(g.vision_max, slot);
+    audio_max_.Add(g.audio_max, slot);
+  }
+  // The step's modelled time: LLM (its costliest group) plus each encoder
+  // phase's minimax bound over the step's n active ranks.
+  double Time() const {
+    return TimeWith(llm_.first, vision_max_.first, audio_max_.first, vision_sum_, audio_sum_);
+  }
+  // ... with the group in `slot` (load `out`) replaced by `in`.
+  double TimeSwapped(size_t slot, const GroupPhaseLoad& out, const GroupPhaseLoad& in) const {
+    return TimeWith(std::max(llm_.Without(slot), in.llm), std::max(vision_max_.Without(slot), in.vision_max),
+                    std::max(audio_max_.Without(slot), in.audio_max),
+                    vision_sum_ - out.vision_sum + in.vision_sum, audio_sum_ - out.audio_sum + in.audio_sum);
+  }
+
+ private:
+  struct Top2 {
+    double first = 0.0, second = 0.0;
+    size_t first_slot = SIZE_MAX;
+    void Add(double v, size_t slot) {
+      if (first_slot == SIZE_MAX || v > first) {
+        second = first;
+        first = v;
+        first_slot = slot;
+      } else {
+        second = std::max(second, v);
+      }
+    }
+    double Without(size_t slot) const { return slot == first_slot ? second : first; }
+  };
+  double TimeWith(double llm, double vision_max, double audio_max, double vision_sum,
+                  double audio_sum) const {
+    const double n = static_cast<double>(std::max<size_t>(n_, 1));
+    return llm + std::max(vision_max, vision_sum / n) + std::max(audio_max, audio_sum / n);
+  }
+  size_t n_ = 0;
+  double vision_sum_ = 0.0, audio_sum_ = 0.0;
+  Top2 llm_, vision_max_, audio_max_;
+};
+
+// Step composition with the encoder phases in view (StepPhaseCosts): from
+// the sorted chunking `dealt` (step k holds the groups dealt[k * world ..
+// (k + 1) * world)), exchanges of two groups between two steps while one
+// lowers the sum over steps of StepPhaseTally::Time (first improvement, in
+// slot order; at most kPasses passes over all pairs and kMaxPairs pairs in
+// all, O(1) per pair, so a round of thousands of groups stops short
+// of a local optimum instead of stalling the round). The
+// LLM-only chunking is the start, so a step's LLM cost rises only where the
+// encoders gain more: in practice large encoder items (a 1024-patch image
+// next to 16-patch icons) gather in the same steps, where the encoder plan
+// spreads them over the ranks, instead of one per step with the other ranks
+// idle in that phase. Deterministic.
+void ComposeWithPhases(const GlobalPlannerConfig& config, const Pool& pool,
+                       const std::vector<Members>& groups, size_t world, std::vector<size_t>& dealt) {
+  constexpr int kPasses = 8;
+  constexpr uint64_t kMaxPairs = uint64_t{1} << 24;
+  const StepPhaseCosts& pc = config.phase_costs;
+  const size_t n = dealt.size();
+  if (n <= world) return;
+  std::vector<GroupPhaseLoad> load(n);  // by slot (position in dealt)
+  for (size_t j = 0; j < n; ++j) {
+    GroupPhaseLoad& g = load[j];
+    g.llm = pc.llm_seconds * CostOf(config.base, pool, groups[dealt[j]]);
+    for (size_t i : groups[dealt[j]]) {
+      const double v = pc.vision.OfInput(pool.lens[i].vision_patches);
+      const double a = pc.audio.OfInput(pool.lens[i].audio_frames);
+      g.vision_sum += v;
+      g.vision_max = std::max(g.vision_max, v);
+      g.audio_sum += a;
+      g.audio_max = std::max(g.audio_max, a);
+    }
+  }
+  const size_t t = (n + world - 1) / world;
+  auto begin = [&](size_t k) { return k * world; };
+  auto end = [&](size_t k) { return std::min(n, (k + 1) * world); };
+  std::vector<StepPhaseTally> tally(t);
+  std::vector<double> time(t);
+  auto retally = [&](size_t k) {
+    tally[k].Reset();
+    for (size_t j = begin(k); j < end(k); ++j) tally[k].Add(load[j], j);
+    time[k] = tally[k].Time();
+  };
+  for (size_t k = 0; k < t; ++k) retally(k);
+  uint64_t pairs = 0;
+  for (int pass = 0; pass < kPasses && pairs < kMaxPairs; ++pass) {
+    bool improved = false;
+    for (size_t a = 0; a < t && pairs < kMaxPairs; ++a) {
+      for (size_t b = a + 1; b < t; ++b) {
+        pairs += (end(a) - begin(a)) * (end(b) - begin(b));
+        for (size_t x = begin(a); x < end(a); ++x) {
+          for (size_t y = begin(b); y < end(b); ++y) {
+            const double ta = tally[a].TimeSwapped(x, load[x], load[y]);
+            const double tb = tally[b].TimeSwapped(y, load[y], load[x]);
+            // A relative margin: float noise never counts as a gain.
+            if (ta + tb >= (time[a] + time[b]) * (1.0 - 1e-9)) continue;
+            std::swap(load[x], load[y]);
+            std::swap(dealt[x], dealt[y]);
+            retally(a);
+            retally(b);
+            improved = true;
+          }
+        }
+      }
+    }
+    if (!improved) break;
+  }
+}
+
 // Fills `t` steps of `world` slots with `groups` (at most t * world of them):
 // splits the costliest groups while slots are left, then deals most expensive
 // first, `world` per step (for fixed groups and one group per (step, rank),
-// sorted chunking minimises sum_k max_r cost), balances every full step
+// sorted chunking minimises sum_k max_r cost; with config.phase_costs,
+// ComposeWithPhases then exchanges groups between steps), balances every full step
 // (BalanceStep) and places a partial one (PlaceStep). Returns steps[k][rank].
 std::vector<std::vector<Members>> DealSteps(const GlobalPlannerConfig& config, const Pool& pool,
                                             std::vector<Members> groups, size_t t, size_t world) {
@@ -315,11 +444,14 @@ std::vector<std::vector<Members>> DealSteps(const GlobalPlannerConfig& config, c
     if (a.first != b.first) return a.first > b.first;
     return min_keys[a.second] < min_keys[b.second];
   });
+  std::vector<size_t> dealt(by_cost.size());  // step k: dealt[k * world, (k + 1) * world)
+  for (size_t j = 0; j < dealt.size(); ++j) dealt[j] = by_cost[j].second;
+  if (config.phase_costs.enabled()) ComposeWithPhases(config, pool, groups, world, dealt);
   std::vector<std::vector<Members>> steps(t);
   for (size_t k = 0; k < t; ++k) {
     std::vector<Members> bins;
-    for (size_t j = k * world; j < std::min((k + 1) * world, by_cost.size()); ++j) {
-      bins.push_back(std::move(groups[by_cost[j].second]));
+    for (size_t j = k * world; j < std::min((k + 1) * world, dealt.size()); ++j) {
+      bins.push_back(std::move(groups[dealt[j]]));
     }
     steps[k] = bins.size() == world ? BalanceStep(config, pool, std::move(bins), static_cast<int>(world))
                                     : PlaceStep(config, pool, std::move(bins), static_cast<int>(world));
@@ -474,8 +606,9 @@ std::string GlobalPlanner::Name() const {
           : ",exact_assignment_max_world=" + std::to_string(config_.exact_assignment_max_world);
   const std::string partition =
       config_.partition_ranks == 0 ? "" : ",partition_ranks=" + std::to_string(config_.partition_ranks);
+  const std::string phases = config_.phase_costs.enabled() ? ",phase_steps" : "";
   return "global(locality=" + FormatLocality(config_.locality) +
-         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + partition + ")";
+         ",local_world_size=" + std::to_string(config_.local_world_size) + exact + partition + phases + ")";
 }
 
 RoundPlan GlobalPlanner::Plan(const RoundState& state) const {

@@ -5,8 +5,28 @@
 #include <string>
 
 #include "src/align/planner.h"
+#include "src/balance/phase_plan.h"
 
 namespace odb::balance {
+
+// The encoder phases a step's composition accounts for (alignment.phase_plans
+// with alignment.llm_cost_seconds > 0). After each step's encoder items are
+// rebalanced across its ranks (EncoderStepPlanner), an encoder phase takes at
+// least max(largest item, total / n) on n active ranks, whatever the LLM
+// layout: a large item (a 1024-patch image) alone in a step leaves the other
+// ranks idle in that phase, two in one step share it. With llm_seconds > 0 the
+// planner composes steps to lower the sum over steps of
+// llm_seconds x the step's LLM cost (the costliest group's step time) plus
+// each encoder phase's bound, not the LLM cost alone (DealSteps).
+struct StepPhaseCosts {
+  // Seconds per unit of base.step_model (the LLM cost), so that LLM and
+  // encoder costs (PhaseCost, seconds) add up. 0 (default): off, steps are
+  // composed on the LLM cost only.
+  double llm_seconds = 0.0;
+  PhaseCost vision{0.0, 0.0, 0.0};  // of vision_patches; 0 for a sample without
+  PhaseCost audio{0.0, 0.0, 0.0};   // of audio_frames; all 0: no audio phase
+  bool enabled() const { return llm_seconds > 0.0; }
+};
 
 // Knobs of the global planner. Every rank must use the same values: Name()
 // encodes the two balance fields, so the connect-time hello (which carries the
@@ -47,6 +67,10 @@ struct GlobalPlannerConfig {
   // and one block's plan (PlanBlockOf) needs only its block's metadata plus
   // the others' bounds. Name() carries it when non-zero.
   uint32_t partition_ranks = 0;
+  // Multimodal step composition (see StepPhaseCosts); off by default. With
+  // partition_ranks each block composes its own steps. Name() carries it
+  // when on.
+  StepPhaseCosts phase_costs;
 };
 
 // Cross-rank grouping + OrchMLLM-style post-balancing behind align::Planner.
@@ -56,8 +80,9 @@ struct GlobalPlannerConfig {
 // credit can emit, only its oldest samples, taken depth by depth across the
 // ranks: docs/balancing.md, "oldest-first cut"), the groups are dealt to (step, rank)
 // slots minimising sum_k max_r StepTime (sorted chunking, optimal for fixed
-// groups), each step is then re-dispatched by a longest-processing-time greedy
-// under a binary-searched capacity, and finally the W groups of each step are
+// groups; with phase_costs, then exchanges of groups between steps that lower
+// the sum of the steps' LLM and encoder-phase bounds), each step is then re-dispatched by a
+// longest-processing-time greedy under a binary-searched capacity, and finally the W groups of each step are
 // permuted across ranks by an assignment (exact Hungarian up to
 // exact_assignment_max_world ranks, SparseAssignment above) that maximises
 // bytes kept on their owner rank, then node. Protocol rules (end of epoch,
@@ -90,8 +115,9 @@ class GlobalPlanner final : public align::Planner {
   align::RoundPlan PlanBlock(const align::BlockRoundState& block) const override;
   const align::PlannerConfig& config() const override { return config_.base; }
   // "global(locality=<l>,local_world_size=<n>)", plus
-  // ",exact_assignment_max_world=<m>" when that is not 64 and
-  // ",partition_ranks=<p>" when that is not 0.
+  // ",exact_assignment_max_world=<m>" when that is not 64,
+  // ",partition_ranks=<p>" when that is not 0 and ",phase_steps" when
+  // phase_costs is on.
   std::string Name() const override;
   bool MovesSamples() const override { return true; }
   const GlobalPlannerConfig& global_config() const { return config_; }

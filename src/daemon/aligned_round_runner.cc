@@ -49,6 +49,11 @@ std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
   g.local_world_size = static_cast<uint32_t>(config.local_world_size);
   g.locality = config.locality;
   g.partition_ranks = config.partition_ranks;
+  if (config.phase_plans && config.llm_cost_seconds > 0.0) {  // encoder-aware step composition
+    g.phase_costs.llm_seconds = config.llm_cost_seconds;
+    g.phase_costs.vision = config.vision_cost;
+    if (!config.audio_fields.empty()) g.phase_costs.audio = config.audio_cost;
+  }
   return std::make_unique<balance::GlobalPlanner>(g);
 }
 

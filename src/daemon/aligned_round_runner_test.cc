@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "src/align/fake_peer_group.h"
+#include "src/balance/global_planner.h"
 
 namespace odb {
 namespace {
@@ -234,6 +235,35 @@ TEST_CASE("per-phase plans with memory models place encoder items on the rank ho
       ", llm_memory: {per_sample: 100, per_unit: 0}, "
       "vision_memory: {per_unit: 0.1}");
   CHECK(relabeled.first == 1 - relabeled.second);
+}
+
+// alignment.llm_cost_seconds reaches the global planner's step composition
+// (balance::StepPhaseCosts) with phase_plans, and only then.
+TEST_CASE("llm_cost_seconds composes the planner's steps with the encoder phases", "[phases]") {
+  auto phase_costs = [](const std::string& alignment, const std::string& collate) {
+    auto config = ParseConfig("local_world_size: 1\ncollate: {encoder_fields: [pixel_values]" + collate +
+                              "}\nalignment: {planner: global" + alignment + "}\n");
+    REQUIRE(config.ok());
+    std::unique_ptr<align::Planner> planner = MakePlanner(*config);
+    const auto* global = dynamic_cast<const balance::GlobalPlanner*>(planner.get());
+    REQUIRE(global != nullptr);
+    return std::make_pair(global->global_config().phase_costs, global->Name());
+  };
+  const std::string costs = ", vision_cost: {per_unit: 0.002}, audio_cost: {per_sample: 0.02}";
+  const auto [on, on_name] =
+      phase_costs(", phase_plans: true, llm_cost_seconds: 0.0005" + costs, ", audio_fields: [audio_values]");
+  CHECK(on.llm_seconds == 0.0005);
+  CHECK(on.vision.per_unit == 0.002);
+  CHECK(on.audio.per_sample == 0.02);
+  CHECK(on_name.find("phase_steps") != std::string::npos);
+  // Without an audio phase its cost stays 0.
+  CHECK(phase_costs(", phase_plans: true, llm_cost_seconds: 0.0005" + costs, "").first.audio.per_sample ==
+        0.0);
+  // Off without phase_plans or at 0 (the default).
+  CHECK_FALSE(phase_costs(", llm_cost_seconds: 0.0005" + costs, "").first.enabled());
+  const auto [off, off_name] = phase_costs(", phase_plans: true" + costs, "");
+  CHECK_FALSE(off.enabled());
+  CHECK(off_name.find("phase_steps") == std::string::npos);
 }
 
 }  // namespace

@@ -132,6 +132,12 @@ struct DaemonConfig {
   // most memory lands on the ranks whose peaks over the run are lowest, never
   // raising the step's peak.
   bool even_memory_peaks = true;
+  // Seconds per unit of grouping.step_time (the LLM's cost), with phase_plans
+  // and the global planner: > 0, the round planner composes steps with the
+  // encoder phases in view (balance::StepPhaseCosts: the sum over steps of the
+  // LLM's cost plus each encoder phase's bound, so large encoder items share
+  // steps on different ranks); 0 (default): steps composed on the LLM only.
+  double llm_cost_seconds = 0.0;
   // Reproducible epochs (docs/resume.md): the step sequence depends only on
   // the seed and the samples, never on timing. Each rank plans from the next
   // `window` samples of its list in list order (every sample carries its

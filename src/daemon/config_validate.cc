@@ -252,6 +252,9 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
                                   "a finite number in [0, 10]"));
   ODB_RETURN_IF_ERROR(
       CheckFinite("optimizer.window_spread", c.window_spread, 0.0, 3.0, "a finite number in [0, 3]"));
+  ODB_RETURN_IF_ERROR(
+      CheckFinite("alignment.llm_cost_seconds", c.llm_cost_seconds, 0.0, kMaxCostCoefficient,
+                  "a finite number >= 0 and <= 1e12 (seconds per unit of grouping.step_time)"));
   if (c.phase_plans && c.steps.encoder_fields.empty()) {
     return Invalid("alignment.phase_plans", "needs collate.encoder_fields (e.g. [pixel_values])");
   }

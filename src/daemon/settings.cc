@@ -305,6 +305,11 @@ std::vector<Setting> BuildTable() {
   add(Field("alignment.memory_cap_margin", kJob, ODB_FIELD(memory_cap_margin),
             "*_memory set: an encoder phase keeps its time layout unless a rank goes above the job's peak so "
             "far and (1 + this) x the step's memory bound; more: faster encoders, higher peaks; [0, 10]"));
+  add(Field(
+      "alignment.llm_cost_seconds", kJob, ODB_FIELD(llm_cost_seconds),
+      "phase_plans + global planner: seconds per unit of grouping.step_time; > 0: steps composed on the "
+      "LLM's cost plus each encoder phase's bound (*_cost in seconds), so large encoder items share a "
+      "step on different ranks; 0 = LLM only; [0, 1e12]"));
   add(Field("alignment.even_memory_peaks", kJob, ODB_FIELD(even_memory_peaks),
             "*_memory set: relabel each encoder layout's ranks (time unchanged) so the most memory goes to "
             "the ranks with the lowest peaks so far"));
