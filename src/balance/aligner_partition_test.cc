@@ -286,8 +286,9 @@ TEST_CASE("partitioned rounds with accumulation windows: windows aligned everywh
       // plan's mean too, 0.948 here against 0.877).
       Scenario whole_sc = sc;
       whole_sc.config.window_spread = 0.0;
-      const auto whole = RunWorld(
-          whole_sc, [&] { return std::make_unique<FullGatherPlanner>(ConfigOf(whole_sc.config, block, lws)); });
+      const auto whole = RunWorld(whole_sc, [&] {
+        return std::make_unique<FullGatherPlanner>(ConfigOf(whole_sc.config, block, lws));
+      });
       for (const Log& l : whole) REQUIRE(l.status.ok());
       for (uint64_t w : RequireWindowInvariants(whole, sc.config)) {
         whole_sum += static_cast<double>(w) / static_cast<double>(sc.config.tokens_per_step);
