@@ -105,6 +105,7 @@ struct Options {
   std::string dump_plan;  // --dump-plan FILE: the last round's steps as JSON
   std::string window_tokens = "0";  // --window-tokens: accumulation windows (WindowTarget spelling)
   bool window_balance = true;       // --no-window-balance: the window cut alone
+  double window_spread = align::PlannerConfig{}.window_spread;  // --window-spread: optimizer.window_spread
   bool partitioned_windows = false;  // --partitioned-windows: as a partitioned daemon cuts them
 };
 
@@ -208,6 +209,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
   pc.mode = align::EpochMode::kJoin;
   pc.window = o.window;
   pc.max_wait_rounds = 0;
+  pc.window_spread = o.window_spread;
   balance::GlobalPlannerConfig g;
   g.base = pc;
   g.locality = 0.0;
@@ -432,6 +434,8 @@ int main(int argc, char** argv) {
       o.window_tokens = value();
     } else if (a == "--no-window-balance") {
       o.window_balance = false;
+    } else if (a == "--window-spread") {
+      o.window_spread = std::strtod(value().c_str(), nullptr);
     } else if (a == "--partitioned-windows") {
       o.partitioned_windows = true;
     } else if (a == "--seed") {
@@ -441,7 +445,7 @@ int main(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
           "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE] "
-          "[--window-tokens T|Ns|Nm] [--no-window-balance] [--partitioned-windows]\n");
+          "[--window-tokens T|Ns|Nm] [--no-window-balance] [--window-spread S] [--partitioned-windows]\n");
       return 2;
     }
   }

@@ -434,7 +434,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       // the target, that runs in less time; of it the end nearer the goal.
       std::optional<std::pair<WindowEnd, WindowEnd>> aware;
       if (tol > 0 && under && under->total + tol >= target && over->total <= target + tol &&
-          acc_samples + SampleCount(g) <= kSpreadMaxSamples) {
+          (acc_samples + SampleCount(g)) * world <= kSpreadMaxSampleRanks) {
         aware = ends.FewerMicroSteps(*under, *over, goal, target - tol, target + tol);
       }
       if (aware) {

@@ -44,8 +44,9 @@ namespace odb::align {
 // windows so far minus their targets, within tol): the round's windows hold
 // the target on average up to one window's tol, and every window lies within
 // tol of the target, so windows vary less than random batches of the same
-// mean would. Windows of more than kSpreadMaxSamples samples take the
-// nearest ends (one micro-step more is little there). Windows
+// mean would. Windows of more than kSpreadMaxSampleRanks samples x ranks
+// take the nearest ends (the search would cost the round more than it
+// gains there). Windows
 // depend on the round's plan alone (no state carried from earlier windows), so
 // a reproducible epoch resumed at a round cuts the same windows again.
 //
@@ -77,8 +78,12 @@ struct WindowState {
 // Rounds an open window may come back without growing before it closes short.
 inline constexpr uint32_t kMaxHeldRounds = 4;
 
-// Largest window (samples) whose ends are chosen by their micro-steps.
-inline constexpr size_t kSpreadMaxSamples = 4096;
+// Largest window whose ends are chosen by their micro-steps, in samples x
+// ranks: the search runs BalanceWindow ~2 log2(tol) times per window, and
+// above this it costs the round several times the cut for little (W = 64,
+// windows of one global micro-step: 129 -> 797 ms of window CPU per round for
+// 0.801 -> 0.802 of the bound; W = 8 with 16m windows, ~8,500, gains 0.2-0.7%).
+inline constexpr size_t kSpreadMaxSampleRanks = 16384;
 
 struct WindowConfig {
   WindowConfig() = default;
