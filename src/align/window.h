@@ -93,8 +93,8 @@ struct WindowConfig {
   grouping::CostModel cost_model = grouping::CostModel::kPadded;
   // Micro-step-aware ends (window.h, above): how far, in standard
   // deviations of the loss tokens of a random batch of the target's mean
-  // size, a window's two dithered ends may lie from its goal when ends
-  // further out need fewer micro-steps. 0: the nearest ends (within a sample).
+  // size, a window's end may lie from its target when an end further out
+  // runs in less time. 0: the nearest ends (within a sample, dithered).
   double spread = 0.0;
   // Balance over the window (window_balance.h): every window closed with a
   // target is laid out again over its ranks and micro-steps under this budget

@@ -423,7 +423,6 @@ struct SpreadRun {
   double mean_window = 0.0;
   double sd_window = 0.0;
   double random_batch_sd = 0.0;  // sd of the loss tokens of a random batch of the target's mean
-  size_t windows = 0;
 };
 
 SpreadRun RunSpread(uint64_t seed, double spread) {
@@ -481,7 +480,6 @@ SpreadRun RunSpread(uint64_t seed, double spread) {
     ws_sum += static_cast<double>(t);
     ws_sq += static_cast<double>(t) * t;
   }
-  out.windows = totals.size();
   out.micro_steps_per_window = static_cast<double>(plan.num_steps) / static_cast<double>(totals.size());
   out.mean_window = ws_sum / m / static_cast<double>(target);
   out.sd_window = std::sqrt(std::max(0.0, ws_sq / m - (ws_sum / m) * (ws_sum / m)));
