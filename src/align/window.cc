@@ -177,7 +177,16 @@ class WindowEnds {
  public:
   WindowEnds(const WindowConfig& config, const std::vector<GlobalStep>& out, size_t open, const GlobalStep& g,
              uint64_t acc, uint64_t tok)
-      : config_(config), out_(out), open_(open), g_(g), acc_(acc), tok_(tok) {}
+      : config_(config), out_(out), open_(open), g_(g), acc_(acc), tok_(tok) {
+    for (size_t k = open; k < out.size(); ++k) {
+      for (const PlannedStep& s : out[k]) {
+        over_budget_ = over_budget_ || s.over_budget;
+        samples_ += s.samples.size();
+        for (const SampleMeta& m : s.samples) tokens_ += m.lengths.tokens;
+      }
+    }
+    for (const PlannedStep& s : g) over_budget_ = over_budget_ || s.over_budget;
+  }
 
   WindowEnd Before() const { return {WindowEnd::kBefore, acc_, {}}; }
   WindowEnd After() const { return {WindowEnd::kAfter, acc_ + tok_, {}}; }
@@ -197,22 +206,61 @@ class WindowEnds {
   }
   // What the window with end `e` runs: its micro-steps per rank (its steps
   // and parts, after BalanceWindow when the window is balanced, as
-  // CloseWindow runs it) and its time, WindowCost under the balance's step
-  // model (without one: the micro-steps). An empty window: none possible.
+  // CloseWindow runs it), its time, WindowCost under the balance's step
+  // model (without one: the micro-steps), and the window itself. Each end is
+  // balanced once (kept for CloseWindow: Take). An empty window: none
+  // possible.
   struct Run {
     size_t micro_steps;
     double cost;
   };
   Run RunOf(const WindowEnd& e) const {
     if (e.total == 0) return {std::numeric_limits<size_t>::max(), std::numeric_limits<double>::infinity()};
+    for (const Probe& p : probes_) {
+      if (Same(p.end, e)) return p.run;
+    }
     std::vector<GlobalStep> window(out_.begin() + static_cast<std::ptrdiff_t>(open_), out_.end());
     if (e.choice == WindowEnd::kAfter) window.push_back(g_);
     if (e.choice == WindowEnd::kSplit) window.push_back(SplitAt(g_, e.cut, config_.cost_model).first);
     if (!config_.balance) return {window.size(), static_cast<double>(window.size())};
     BalanceWindow(*config_.balance, window);
-    return {window.size(), WindowCost(*config_.balance, window)};
+    const Run run{window.size(), WindowCost(*config_.balance, window)};
+    probes_.push_back({e, run, std::move(window)});
+    return run;
   }
-  size_t MicroSteps(const WindowEnd& e) const { return RunOf(e).micro_steps; }
+  // The balanced window of an end RunOf ran, moved out (nullopt: not run).
+  std::optional<std::vector<GlobalStep>> Take(const WindowEnd& e) const {
+    for (Probe& p : probes_) {
+      if (Same(p.end, e) && !p.taken) {
+        p.taken = true;
+        return std::move(p.window);
+      }
+    }
+    return std::nullopt;
+  }
+  // Whether the end `e`'s window runs fewer than `m` micro-steps (`strict`)
+  // or at most `m`: settled without balancing where the bounds decide it
+  // (BalanceWindow never runs more micro-steps than the planner's steps, and
+  // never fewer than FewestMicroSteps; a window with an over-budget step is
+  // left as it is), else by RunOf.
+  bool RunsWithin(const WindowEnd& e, size_t m, bool strict) const {
+    if (e.total == 0) return false;
+    auto within = [&](size_t n) { return strict ? n < m : n <= m; };
+    const size_t steps = (out_.size() - open_) + (e.choice == WindowEnd::kBefore ? 0 : 1);
+    if (!config_.balance || within(steps)) return within(steps);
+    if (!over_budget_) {
+      uint64_t tokens = tokens_, samples = samples_;
+      if (e.choice != WindowEnd::kBefore) {
+        for (size_t r = 0; r < g_.size(); ++r) {
+          const size_t n = e.choice == WindowEnd::kAfter ? g_[r].samples.size() : e.cut[r];
+          samples += n;
+          for (size_t i = 0; i < n; ++i) tokens += g_[r].samples[i].lengths.tokens;
+        }
+      }
+      if (!within(FewestMicroSteps(config_.balance->budget, g_.size(), tokens, samples))) return false;
+    }
+    return within(RunOf(e).micro_steps);
+  }
 
   // Of the ends in [lo, hi]: the furthest under the goal that runs fewer
   // micro-steps than `under` and the furthest over it that runs no more
@@ -231,10 +279,10 @@ class WindowEnds {
     // Under: the largest x in [max(lo, acc), under.total) whose end needs
     // fewer micro-steps than `under`.
     uint64_t a = std::max(lo, acc_), b = under.total;
-    if (a < b && MicroSteps(At(a)) < m_under) {
+    if (a < b && RunsWithin(At(a), m_under, true)) {
       while (b - a > 1) {
         const uint64_t mid = a + (b - a) / 2;
-        (MicroSteps(At(mid)) < m_under ? a : b) = mid;
+        (RunsWithin(At(mid), m_under, true) ? a : b) = mid;
       }
       const WindowEnd e = At(a);
       if (e.total >= lo && e.total < under.total) lows.push_back({e, RunOf(e).cost});
@@ -245,12 +293,12 @@ class WindowEnds {
     if (top > over.total) {
       a = over.total;
       b = top;
-      if (MicroSteps(At(top)) <= m_over) {
+      if (RunsWithin(At(top), m_over, false)) {
         a = top;
       } else {
         while (b - a > 1) {
           const uint64_t mid = a + (b - a) / 2;
-          (MicroSteps(At(mid)) <= m_over ? a : b) = mid;
+          (RunsWithin(At(mid), m_over, false) ? a : b) = mid;
         }
       }
       const WindowEnd e = At(a);
@@ -284,17 +332,37 @@ class WindowEnds {
   size_t open_;
   const GlobalStep& g_;
   uint64_t acc_, tok_;
+  // The open window's steps so far: real tokens, samples, any over budget.
+  uint64_t tokens_ = 0, samples_ = 0;
+  bool over_budget_ = false;
+  struct Probe {
+    WindowEnd end;
+    Run run;
+    std::vector<GlobalStep> window;
+    bool taken = false;
+  };
+  static bool Same(const WindowEnd& a, const WindowEnd& b) {
+    return a.choice == b.choice && a.total == b.total && (a.choice != WindowEnd::kSplit || a.cut == b.cut);
+  }
+  mutable std::vector<Probe> probes_;  // the ends RunOf balanced
 };
 
 // Closes steps [begin, end) of `out` as one window: lays them out again over
 // the ranks when the config says so (window_balance.h; the step count may
-// drop), then sets their window fields and weights.
+// drop; `balanced`: that layout, already made by WindowEnds::RunOf for these
+// very steps), then sets their window fields and weights.
 void CloseWindow(const WindowConfig& config, std::vector<GlobalStep>& out, size_t begin, bool is_short,
-                 WindowState& windows, uint64_t target) {
+                 WindowState& windows, uint64_t target,
+                 std::optional<std::vector<GlobalStep>> balanced = std::nullopt) {
   if (config.balance && target != 0 && begin < out.size()) {
-    std::vector<GlobalStep> window(std::make_move_iterator(out.begin() + static_cast<std::ptrdiff_t>(begin)),
-                                   std::make_move_iterator(out.end()));
-    BalanceWindow(*config.balance, window);
+    std::vector<GlobalStep> window;
+    if (balanced) {
+      window = std::move(*balanced);
+    } else {
+      window.assign(std::make_move_iterator(out.begin() + static_cast<std::ptrdiff_t>(begin)),
+                    std::make_move_iterator(out.end()));
+      BalanceWindow(*config.balance, window);
+    }
     out.resize(begin);
     for (GlobalStep& g : window) out.push_back(std::move(g));
   }
@@ -448,21 +516,22 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
       }
       const uint64_t pick_total = pick->total;
+      std::optional<std::vector<GlobalStep>> balanced = ends.Take(*pick);
       switch (pick->choice) {
         case WindowEnd::kBefore:
-          CloseWindow(config, out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target, std::move(balanced));
           queue.push_front(std::move(g));
           break;
         case WindowEnd::kSplit: {
           auto [first, second] = SplitAt(g, pick->cut, config.cost_model);
           out.push_back(std::move(first));
-          CloseWindow(config, out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target, std::move(balanced));
           queue.push_front(std::move(second));
           break;
         }
         case WindowEnd::kAfter:
           out.push_back(std::move(g));
-          CloseWindow(config, out, open, false, windows, target);
+          CloseWindow(config, out, open, false, windows, target, std::move(balanced));
           break;
       }
       drift += static_cast<int64_t>(pick_total) - static_cast<int64_t>(target);

@@ -117,10 +117,15 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
     return static_cast<double>(m) * per_step;
   }
   constexpr double kNone = std::numeric_limits<double>::infinity();
-  // f[j][i]: the first i samples in j non-empty runs; from[j][i]: where the last run starts.
-  std::vector<std::vector<double>> f(m + 1, std::vector<double>(n + 1, kNone));
-  std::vector<std::vector<size_t>> from(m + 1, std::vector<size_t>(n + 1, 0));
-  f[0][0] = 0.0;
+  // f[j * (n + 1) + i]: the first i samples in j non-empty runs; from[...]:
+  // where the last run starts. One buffer per thread, reused (this runs
+  // thousands of times per window: Improve evaluates every move with it).
+  thread_local std::vector<double> f;
+  thread_local std::vector<size_t> from;
+  const size_t row = n + 1;
+  f.assign((m + 1) * row, kNone);
+  from.assign((m + 1) * row, 0);
+  f[0] = 0.0;
   for (size_t i = 1; i <= n; ++i) {
     Slot run(c.budget);
     for (size_t a = i; a-- > 0;) {
@@ -129,12 +134,14 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
       run.tally.Add(l);
       run.sum_sq += Square(l.tokens);
       const double cost = SlotCost(c, run);
+      work += m;
       for (size_t j = 1; j <= m; ++j) {
-        ++work;
-        if (f[j - 1][a] == kNone) continue;
-        if (f[j - 1][a] + cost < f[j][i]) {
-          f[j][i] = f[j - 1][a] + cost;
-          from[j][i] = a;
+        const double prev = f[(j - 1) * row + a];
+        if (prev == kNone) continue;
+        double& cell = f[j * row + i];
+        if (prev + cost < cell) {
+          cell = prev + cost;
+          from[j * row + i] = a;
         }
       }
     }
@@ -142,8 +149,8 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   size_t best_j = 0;
   double best = kNone;
   for (size_t j = 1; j <= m; ++j) {
-    if (f[j][n] == kNone) continue;
-    const double total = f[j][n] + static_cast<double>(m - j) * per_step;
+    if (f[j * row + n] == kNone) continue;
+    const double total = f[j * row + n] + static_cast<double>(m - j) * per_step;
     if (total < best) {
       best = total;
       best_j = j;
@@ -154,7 +161,7 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
     groups->assign(m, {});
     size_t i = n;
     for (size_t j = best_j; j > 0; --j) {
-      const size_t a = from[j][i];
+      const size_t a = from[j * row + i];
       (*groups)[j - 1].assign(members.begin() + static_cast<std::ptrdiff_t>(a),
                               members.begin() + static_cast<std::ptrdiff_t>(i));
       i = a;
@@ -198,8 +205,25 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
     double best = cost[top] * (1.0 - 1e-9);
     size_t best_q = world, best_x = SIZE_MAX, best_y = SIZE_MAX;
     double best_top = 0.0, best_other = 0.0;
-    auto consider = [&](size_t q, size_t x, size_t y) {
-      const std::optional<double> a = PackRank(c, samples, sorted_with(assign[top], x, y), m, work);
+    // The top rank's cost without x is the same for every receiver q: packed
+    // once per x (its DP work still counted each time, so the kMaxBalanceWork
+    // bound stops the search where it always did).
+    struct Without {
+      bool known = false;
+      std::optional<double> cost;
+      uint64_t work = 0;
+    };
+    std::vector<Without> without(assign[top].size());
+    auto consider = [&](size_t q, size_t x, size_t y, Without* cached) {
+      std::optional<double> a;
+      if (cached && cached->known) {
+        a = cached->cost;
+        work += cached->work;
+      } else {
+        const uint64_t before = work;
+        a = PackRank(c, samples, sorted_with(assign[top], x, y), m, work);
+        if (cached) *cached = {true, a, work - before};
+      }
       if (!a || *a >= best) return;
       const std::optional<double> b = PackRank(c, samples, sorted_with(assign[q], y, x), m, work);
       if (!b || std::max(*a, *b) >= best) return;
@@ -210,9 +234,9 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       best_top = *a;
       best_other = *b;
     };
-    for (size_t x : assign[top]) {
+    for (size_t i = 0; i < assign[top].size(); ++i) {
       for (size_t q : others) {
-        if (work <= kMaxBalanceWork) consider(q, x, SIZE_MAX);
+        if (work <= kMaxBalanceWork) consider(q, assign[top][i], SIZE_MAX, &without[i]);
       }
     }
     if (best_q == world) {
@@ -220,7 +244,7 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         for (size_t q : others) {
           for (size_t y : assign[q]) {
             if (work <= kMaxBalanceWork && samples[y].lengths.tokens != samples[x].lengths.tokens) {
-              consider(q, x, y);
+              consider(q, x, y, nullptr);
             }
           }
         }
@@ -527,15 +551,7 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
     if (x.audio_frames != y.audio_frames) return x.audio_frames > y.audio_frames;
     return KeyOf(samples[a]) < KeyOf(samples[b]);
   });
-  // Fewest micro-steps the token budget allows (each holds at most
-  // max_tokens real tokens, padded or packed).
-  size_t first = 1;
-  const uint64_t cap = config.budget.max_tokens;
-  if (cap > 0) first = std::max<size_t>(1, static_cast<size_t>((tokens + world * cap - 1) / (world * cap)));
-  if (config.budget.max_group_size > 0) {
-    const uint64_t per = uint64_t{world} * config.budget.max_group_size;
-    first = std::max<size_t>(first, static_cast<size_t>((samples.size() + per - 1) / per));
-  }
+  const size_t first = FewestMicroSteps(config.budget, world, tokens, samples.size());
   uint64_t greedy_work = 0;
   for (size_t m = first; m <= steps; ++m) {
     greedy_work += uint64_t{samples.size()} * std::min<uint64_t>(world, kCandidateRanks) * m;
@@ -606,6 +622,19 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
 }
 
 }  // namespace
+
+size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t tokens, uint64_t samples) {
+  size_t first = 1;
+  const uint64_t cap = budget.max_tokens;
+  if (cap > 0 && world > 0) {
+    first = std::max<size_t>(1, static_cast<size_t>((tokens + world * cap - 1) / (world * cap)));
+  }
+  if (budget.max_group_size > 0 && world > 0) {
+    const uint64_t per = uint64_t{world} * budget.max_group_size;
+    first = std::max<size_t>(first, static_cast<size_t>((samples + per - 1) / per));
+  }
+  return first;
+}
 
 bool BalanceWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
   if (window.empty() || window.front().empty()) return false;

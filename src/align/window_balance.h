@@ -44,6 +44,13 @@ double MicroStepCost(const WindowBalanceConfig& config, const PlannedStep& step)
 // micro-step costs.
 double WindowCost(const WindowBalanceConfig& config, std::span<const GlobalStep> window);
 
+// The fewest micro-steps per rank any layout of `tokens` real tokens in
+// `samples` samples over `world` ranks needs within the budget (each rank's
+// micro-step holds at most max_tokens real tokens, padded or packed, and at
+// most max_group_size samples); at least 1. A lower bound on what
+// BalanceWindow returns for a window without over-budget steps.
+size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t tokens, uint64_t samples);
+
 // Lays the samples of `window` (window[k][rank], one closed window) out again
 // when that lowers WindowCost: for every micro-step count m from the fewest
 // the budget allows up to the window's own, samples longest first go to the

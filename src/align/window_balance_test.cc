@@ -289,7 +289,7 @@ TEST_CASE("within-step moves before the free ones even the micro-steps (time mod
 TEST_CASE("random windows: the same samples, within budget, equal counts, never costlier",
           "[window_balance]") {
   std::mt19937_64 rng(4242);
-  int changed = 0;
+  int changed = 0, tight = 0;
   for (int trial = 0; trial < 400; ++trial) {
     // Every tenth window spans more ranks than a sample is offered to (kCandidateRanks).
     const size_t world = trial % 10 == 0 ? kCandidateRanks + 1 + rng() % 40 : 1 + rng() % 6;
@@ -334,6 +334,18 @@ TEST_CASE("random windows: the same samples, within budget, equal counts, never 
     REQUIRE(Keys(balanced) == keys);
     REQUIRE(!balanced.empty());
     REQUIRE(balanced.size() <= window.size());
+    // FewestMicroSteps bounds the count from below (the window cut's search
+    // skips balancing where the bounds settle a count), and is met by some.
+    uint64_t tokens = 0, count = 0;
+    for (const GlobalStep& g : window) {
+      for (const PlannedStep& s : g) {
+        count += s.samples.size();
+        tokens += s.real_tokens;
+      }
+    }
+    const size_t fewest = FewestMicroSteps(c.budget, world, tokens, count);
+    REQUIRE(balanced.size() >= fewest);
+    tight += balanced.size() == fewest && fewest > 1;
     for (const GlobalStep& g : balanced) REQUIRE(g.size() == world);
     RequireWithinBudget(c, balanced);
     if (did) {
@@ -357,6 +369,7 @@ TEST_CASE("random windows: the same samples, within budget, equal counts, never 
     }
   }
   REQUIRE(changed > 50);
+  REQUIRE(tight > 10);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #ifndef ODB_GROUPING_BUDGET_H_
 #define ODB_GROUPING_BUDGET_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -39,7 +41,7 @@ struct StepTimeModel {
 };
 
 // Effective length of one sample under the budget's quadratic term.
-double EffectiveLength(const Budget& budget, uint32_t tokens);
+inline double EffectiveLength(const Budget& budget, uint32_t tokens);
 
 // Budget-charged size of a group (padded: n * max eff. length; packed: sum).
 double GroupBudgetCost(const Budget& budget, std::span<const SampleLengths> members);
@@ -69,11 +71,11 @@ std::string DescribeBudget(const Budget& budget);
 // last bit).
 
 // Padded budget cost of `group_size` samples whose longest has `longest_tokens`.
-double PaddedBudgetCost(const Budget& budget, uint64_t group_size, uint32_t longest_tokens);
+inline double PaddedBudgetCost(const Budget& budget, uint64_t group_size, uint32_t longest_tokens);
 
 // Packed budget cost from sum(len) and sum(len^2) (the latter saturating at
 // UINT64_MAX; such a group never fits any realistic budget anyway).
-double PackedBudgetCost(const Budget& budget, uint64_t sum_tokens, uint64_t sum_tokens_sq);
+inline double PackedBudgetCost(const Budget& budget, uint64_t sum_tokens, uint64_t sum_tokens_sq);
 
 // Running aggregates of a group, to test "does this group still fit if I add
 // that sample" in O(1). FitsBudget is defined as "a tally of the members fits".
@@ -105,6 +107,63 @@ class GroupTally {
   uint64_t sum_vision_ = 0;
   uint64_t sum_audio_ = 0;
 };
+
+// Inline: the window balance's packing (window_balance.cc) tests a tally
+// millions of times a round.
+inline double PackedBudgetCost(const Budget& budget, uint64_t sum_tokens, uint64_t sum_tokens_sq) {
+  double cost = static_cast<double>(sum_tokens);
+  if (budget.quadratic_q > 0.0) cost += static_cast<double>(sum_tokens_sq) / budget.quadratic_q;
+  return cost;
+}
+
+inline double EffectiveLength(const Budget& budget, uint32_t tokens) {
+  // Same arithmetic as a packed group of one, so singletons agree everywhere.
+  return PackedBudgetCost(budget, tokens, static_cast<uint64_t>(tokens) * tokens);
+}
+
+inline double PaddedBudgetCost(const Budget& budget, uint64_t group_size, uint32_t longest_tokens) {
+  // Effective length is monotone in tokens, so the longest member has the
+  // longest effective length.
+  return static_cast<double>(group_size) * EffectiveLength(budget, longest_tokens);
+}
+
+inline void GroupTally::Add(const SampleLengths& sample) {
+  ++size_;
+  longest_tokens_ = std::max(longest_tokens_, sample.tokens);
+  sum_tokens_ += sample.tokens;
+  const uint64_t sq = static_cast<uint64_t>(sample.tokens) * sample.tokens;
+  sum_tokens_sq_ =
+      sum_tokens_sq_ + sq < sum_tokens_sq_ ? std::numeric_limits<uint64_t>::max() : sum_tokens_sq_ + sq;
+  sum_vision_ += sample.vision_patches;
+  sum_audio_ += sample.audio_frames;
+}
+
+inline bool GroupTally::CanAdd(const SampleLengths& sample) const {
+  GroupTally next = *this;
+  next.Add(sample);
+  return next.Fits();
+}
+
+inline double GroupTally::BudgetCost() const {
+  if (size_ == 0) return 0.0;
+  if (budget_->model == CostModel::kPadded) {
+    return PaddedBudgetCost(*budget_, size_, longest_tokens_);
+  }
+  return PackedBudgetCost(*budget_, sum_tokens_, sum_tokens_sq_);
+}
+
+inline bool GroupTally::FitsTokens() const {
+  return budget_->max_tokens == 0 || BudgetCost() <= static_cast<double>(budget_->max_tokens);
+}
+
+inline bool GroupTally::FitsSize() const {
+  return budget_->max_group_size == 0 || size_ <= budget_->max_group_size;
+}
+
+inline bool GroupTally::FitsModalities() const {
+  return (budget_->max_vision_patches == 0 || sum_vision_ <= budget_->max_vision_patches) &&
+         (budget_->max_audio_frames == 0 || sum_audio_ <= budget_->max_audio_frames);
+}
 
 }  // namespace odb::grouping
 
