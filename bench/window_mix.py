@@ -59,7 +59,7 @@ def optimizer_steps(ranks: list) -> list:
     per_rank = []
     for log in ranks:
         segments, current = [], []
-        for epoch, ids, _real, closes, _idle in log:
+        for epoch, ids, _real, closes, _idle, *_ in log:
             current.extend(ids)
             if closes:
                 segments.append((epoch, current))

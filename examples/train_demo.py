@@ -254,7 +254,8 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
     since_ce = torch.zeros((), dtype=torch.float64, device=device)  # training CE since the last point
     since_tokens = 0
     points, snapshots, trained_ids = [], [], []
-    step_log = []  # --record-steps: [epoch, ids, real tokens, closes, idle] per micro-step of this rank
+    # --record-steps: [epoch, ids, real tokens, closes, idle, busy thread CPU s] per micro-step of this rank
+    step_log = []
 
     def point() -> None:
         """Pauses the clock, snapshots the weights and this rank's counters, resumes."""
@@ -287,7 +288,8 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                     clock.ready = None
                 loss.backward()
             t2 = time.perf_counter()
-            busy_cpu += time.thread_time() - c0
+            step_cpu = time.thread_time() - c0
+            busy_cpu += step_cpu
             busy += (t1 - t0) + (((clock.ready if clock is not None else None) or t2) - t1)
             closes = step.get("closes", True)
             if closes:
@@ -297,6 +299,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                 opt.zero_grad(set_to_none=True)
                 optimizer_steps += 1
                 busy += time.perf_counter() - t3
+                step_cpu += time.thread_time() - c3
                 busy_cpu += time.thread_time() - c3
             steps += 1
             idle += step["idle"]
@@ -310,7 +313,7 @@ def train_run(name, rank, world, model, ddp, opt, sched, epoch_steps, epochs, ar
                 trained_ids.extend(step["ids"])
             if args.record_steps:
                 step_log.append([epoch, [int(i) for i in step["ids"]], int(step["real"]), bool(closes),
-                                 bool(step["idle"])])
+                                 bool(step["idle"]), round(step_cpu, 6)])
             if steps % 5 == 0 and rank == 0 and not args.quiet:
                 elapsed = train_s + time.perf_counter() - resumed
                 log(rank, args.quiet, progress_line(name, epoch, optimizer_steps, steps, idle, step["idle"],
@@ -742,8 +745,8 @@ def main() -> int:
                    help="--json: list every trained sample id per method (trained_ids) next to heldout_ids")
     p.add_argument("--record-steps", default="", metavar="PATH",
                    help="diagnostic: write every method's micro-steps (per rank: epoch, sample ids, real tokens, "
-                        "closes the optimizer step, IDLE) and the corpus lengths to PATH as JSON "
-                        "(bench/window_mix.py reads it)")
+                        "closes the optimizer step, IDLE, the thread CPU seconds of its forward + backward and "
+                        "optimizer step) and the corpus lengths to PATH as JSON (bench/window_mix.py reads it)")
     p.add_argument("--replay", default="", metavar="PLAN",
                    help="diagnostic: method `replay` trains the optimizer steps of PLAN (JSON {\"epochs\": "
                         "[[[ids] per step] per epoch]}, bench/window_mix.py --write-plan) in their order")
