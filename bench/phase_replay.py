@@ -99,7 +99,7 @@ def price(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]], act: Dic
 def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
-                              memory_plan=True)
+                              memory_plan=True, phase_steps=True)
     return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
 
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -162,8 +163,38 @@ struct EncoderPlanConfig {
   // rise: evens the ranks' peaks, which a time layout leaves wherever the
   // large items' LLM parts happened to be.
   bool even_peaks = false;
+  // even_peaks at W <= 8: the step's layouts relabeled once both phases are
+  // planned, by the permutations RelabelForRunPeaks finds (the run's largest
+  // peak least, then the most even); false (or W > 8): each phase's greedily
+  // as it is planned (largest memory onto the lowest run peak, kept when the
+  // step's peak does not rise).
+  bool relabel_search = true;
   bool MemoryAware() const;
 };
+
+// The permutations EncoderStepPlanner's even_peaks applies to a step's
+// encoder layouts (W <= 8): `base[r]` is what rank r holds before the encoder
+// phases (its LLM samples), `buckets[p][r]` the memory of phase p's items on
+// rank r, `run_peak[r]` the most rank r held in an earlier step. Returns per
+// phase `to` (rank r's items go to rank to[r]): of the relabelings whose
+// largest run peak after the step (max(run_peak, held)) is within
+// kRelabelPeakTolerance of the least any gives, the one with the least
+// max / mean of the ranks' run peaks (the lowest run peaks raised where that
+// costs no maximum), then the least maximum, then the fewest ranks relabeled
+// (ties keep the layout). Every combination of the phases' permutations when
+// their product is at most kRelabelSearchMaxEvaluations (two phases: W <= 5;
+// one: W <= 8), else one permutation for all phases (an encoder rank's items
+// of every phase move together), and nullopt when W! is above it (W > 8).
+// The tolerance: a strict least maximum would keep a layout 0.1% lower at
+// its peak over one that evens the others' by 10% (the memory models are not
+// that exact).
+// Time is unchanged: each rank's load is one of the layout's.
+inline constexpr size_t kRelabelSearchMaxEvaluations = 40320;  // 8!
+inline constexpr double kRelabelPeakTolerance = 0.01;
+bool RelabelSearches(int world);  // W! <= kRelabelSearchMaxEvaluations
+std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
+    std::span<const double> base, std::span<const std::vector<double>> buckets,
+    std::span<const double> run_peak);
 
 // One sample of a step: the active rank (0..n-1) whose LLM runs it, in LLM order per rank.
 struct EncoderItem {
