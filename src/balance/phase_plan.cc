@@ -460,18 +460,19 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
   std::vector<int32_t> home;
   home.reserve(items.size());
   for (const EncoderItem& item : items) home.push_back(item.llm_rank);
-  // What each active rank holds this step: its LLM samples' activations first.
-  std::vector<double> held(active, 0.0);
-  double memory_cap = 0.0;
+  // What each active rank holds this step before its encoder phases: its LLM
+  // samples' activations.
+  std::vector<double> base(active, 0.0);
+  double memory_cap = 0.0, floor_cap = 0.0;
   if (memory_aware_) {
     std::vector<uint32_t> longest(active, 0);
     for (const EncoderItem& item : items)
       longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
     for (const EncoderItem& item : items)
-      held[item.llm_rank] +=
+      base[item.llm_rank] +=
           config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
     double total = 0.0, largest = 0.0;
-    for (double h : held) total += h, largest = std::max(largest, h);
+    for (double h : base) total += h, largest = std::max(largest, h);
     for (const EncoderItem& item : items) {
       const double v = config_.vision_memory.OfInput(item.lengths.vision_patches);
       const double a = config_.audio_phase ? config_.audio_memory.OfInput(item.lengths.audio_frames) : 0.0;
@@ -480,6 +481,7 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
     }
     const double bound = std::max(total / static_cast<double>(active), largest);
     memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
+    floor_cap = std::max(memory_peak_, bound);
   }
   // Per active rank: the most memory it held in an earlier step.
   std::vector<double> run_peak(active, 0.0);
@@ -488,49 +490,98 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
   }
   // even_peaks up to W = 8: the step's layouts relabeled together once both are
   // planned (RelabelForRunPeaks); above, each phase's greedily (RelabelForPeaks).
-  const std::vector<double> base = held;
-  std::vector<std::vector<double>> buckets;  // per phase, per rank: its items' memory
   const bool search =
       memory_aware_ && config_.even_peaks && config_.relabel_search && RelabelSearches(active);
-  auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
-    std::vector<double> cost, memory;
-    for (const EncoderItem& item : items) {
-      cost.push_back(cost_model.OfInput(units(item.lengths)));
-      memory.push_back(memory_model.OfInput(units(item.lengths)));
-    }
-    if (!memory_aware_) return BalancePhase(cost, home, active);
-    const std::vector<double> before = held;
-    PhaseAssignment a =
-        BalancePhaseMemory(cost, memory, home, active, held, config_.memory_slack, memory_cap);
-    buckets.emplace_back(active);
-    for (int r = 0; r < active; ++r) buckets.back()[r] = held[r] - before[r];
-    if (config_.even_peaks && !search) RelabelForPeaks(a, before, held, run_peak);
-    return a;
+  // The step's layouts under one memory cap; `held`: what each rank holds
+  // after them; `time`: the sum over the phases of the slowest rank's.
+  struct Candidate {
+    EncoderStepPlan plan;
+    std::vector<double> held;
+    double time = 0.0;
   };
-  EncoderStepPlan plan;
-  plan.vision = phase(config_.vision_cost, config_.vision_memory,
-                      [](const SampleLengths& l) { return l.vision_patches; });
-  if (config_.audio_phase) {
-    plan.audio = phase(config_.audio_cost, config_.audio_memory,
-                       [](const SampleLengths& l) { return l.audio_frames; });
-  }
-  if (search) {
-    const auto to = *RelabelForRunPeaks(base, buckets, run_peak);
-    Relabel(plan.vision, to[0]);
-    if (config_.audio_phase) Relabel(plan.audio, to[1]);
-    held = base;
-    for (size_t p = 0; p < buckets.size(); ++p) {
-      for (int r = 0; r < active; ++r) held[to[p][r]] += buckets[p][r];
+  auto plan_at = [&](double cap) {
+    Candidate c;
+    c.held = base;
+    std::vector<std::vector<double>> buckets;  // per phase, per rank: its items' memory
+    auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
+      std::vector<double> cost, memory;
+      for (const EncoderItem& item : items) {
+        cost.push_back(cost_model.OfInput(units(item.lengths)));
+        memory.push_back(memory_model.OfInput(units(item.lengths)));
+      }
+      if (!memory_aware_) return BalancePhase(cost, home, active);
+      const std::vector<double> before = c.held;
+      PhaseAssignment a = BalancePhaseMemory(cost, memory, home, active, c.held, config_.memory_slack, cap);
+      buckets.emplace_back(active);
+      for (int r = 0; r < active; ++r) buckets.back()[r] = c.held[r] - before[r];
+      if (config_.even_peaks && !search) RelabelForPeaks(a, before, c.held, run_peak);
+      return a;
+    };
+    c.plan.vision = phase(config_.vision_cost, config_.vision_memory,
+                          [](const SampleLengths& l) { return l.vision_patches; });
+    c.time = c.plan.vision.max_load;
+    if (config_.audio_phase) {
+      c.plan.audio = phase(config_.audio_cost, config_.audio_memory,
+                           [](const SampleLengths& l) { return l.audio_frames; });
+      c.time += c.plan.audio.max_load;
+    }
+    if (search) {
+      const auto to = *RelabelForRunPeaks(base, buckets, run_peak);
+      Relabel(c.plan.vision, to[0]);
+      if (config_.audio_phase) Relabel(c.plan.audio, to[1]);
+      c.held = base;
+      for (size_t p = 0; p < buckets.size(); ++p) {
+        for (int r = 0; r < active; ++r) c.held[to[p][r]] += buckets[p][r];
+      }
+    }
+    return c;
+  };
+  Candidate chosen = plan_at(memory_cap);
+  if (memory_aware_ && config_.peak_ratio > 0) {
+    // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
+    auto ratio = [&](const std::vector<double>* held) {
+      double mx = 0.0, sum = 0.0;
+      for (int r = 0; r < active; ++r) {
+        const double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
+        mx = std::max(mx, peak);
+        sum += peak;
+      }
+      return sum > 0 ? mx * active / sum : 1.0;
+    };
+    // A step may leave the run's peaks within peak_ratio of even, or no less
+    // even than before it.
+    const double allowed = std::max(config_.peak_ratio, ratio(nullptr)) * (1 + 1e-12);
+    if (ratio(&chosen.held) > allowed && floor_cap < memory_cap) {
+      // The loosest cap (fastest layouts) in [floor_cap, memory_cap] within
+      // the ratio, by bisection; none within it even at floor_cap: the more
+      // even of the two ends.
+      Candidate tight = plan_at(floor_cap);
+      if (ratio(&tight.held) <= allowed) {
+        double lo = floor_cap, hi = memory_cap;
+        for (int it = 0; it < kPeakRatioBisections; ++it) {
+          const double mid = lo + (hi - lo) / 2;
+          Candidate c = plan_at(mid);
+          if (ratio(&c.held) > allowed) {
+            hi = mid;
+            continue;
+          }
+          lo = mid;
+          if (c.time < tight.time) tight = std::move(c);
+        }
+        chosen = std::move(tight);
+      } else if (ratio(&tight.held) < ratio(&chosen.held)) {
+        chosen = std::move(tight);
+      }
     }
   }
   if (memory_aware_) {
-    memory_peak_ = std::max(memory_peak_, MaxOf(held));
+    memory_peak_ = std::max(memory_peak_, MaxOf(chosen.held));
     for (int a = 0; a < active; ++a) {
       if (static_cast<size_t>(ranks[a]) >= rank_peak_.size()) rank_peak_.resize(ranks[a] + 1, 0.0);
-      rank_peak_[ranks[a]] = std::max(rank_peak_[ranks[a]], held[a]);
+      rank_peak_[ranks[a]] = std::max(rank_peak_[ranks[a]], chosen.held[a]);
     }
   }
-  return plan;
+  return std::move(chosen.plan);
 }
 
 }  // namespace odb::balance

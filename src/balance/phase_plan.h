@@ -169,6 +169,15 @@ struct EncoderPlanConfig {
   // as it is planned (largest memory onto the lowest run peak, kept when the
   // step's peak does not rise).
   bool relabel_search = true;
+  // > 0 (>= 1): the run's activation peaks kept within this max / mean over
+  // the ranks where encoder time can buy it. When the step's layouts at the
+  // margin cap (relabeled as above) would leave the ranks' run peaks more
+  // uneven than this (and than before the step), the cap is lowered, by
+  // bisection between the step's bound (or the job's peak, if higher) and the
+  // margin cap, to the loosest one that keeps them within it (the fastest
+  // such layouts, each phase still within 1 + memory_slack of its balanced
+  // time); none does: the more even of the two ends. 0: the margin cap only.
+  double peak_ratio = 0.0;
   bool MemoryAware() const;
 };
 
@@ -191,6 +200,8 @@ struct EncoderPlanConfig {
 // Time is unchanged: each rank's load is one of the layout's.
 inline constexpr size_t kRelabelSearchMaxEvaluations = 40320;  // 8!
 inline constexpr double kRelabelPeakTolerance = 0.01;
+// EncoderPlanConfig::peak_ratio: the cap's bisection steps.
+inline constexpr int kPeakRatioBisections = 6;
 bool RelabelSearches(int world);  // W! <= kRelabelSearchMaxEvaluations
 std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
     std::span<const double> base, std::span<const std::vector<double>> buckets,
