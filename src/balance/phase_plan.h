@@ -147,8 +147,10 @@ MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const
 // tracked, and memory is a limit, time the goal: an encoder phase keeps its
 // time layout unless that raises a rank above the job's peak so far and above
 // the step's bound (max of the mean and the largest single holding) plus
-// memory_cap_margin (BalancePhaseMemory's memory_cap). Stateful (the job's
-// peak) and deterministic: every rank plans the same steps the same way.
+// memory_cap_margin (BalancePhaseMemory's memory_cap), or, with peak_ratio,
+// unless it leaves the ranks' peaks over the run too uneven. Stateful (the
+// job's and each rank's peak) and deterministic: every rank plans the same
+// steps the same way.
 struct EncoderPlanConfig {
   PhaseCost vision_cost;
   PhaseCost audio_cost;
@@ -157,17 +159,16 @@ struct EncoderPlanConfig {
   bool llm_padded = false;  // a padded LLM batch holds every sample at the rank's longest length
   double memory_slack = 0.0;
   double memory_cap_margin = 0.05;
-  // After each memory-aware phase, its ranks relabeled (a permutation: the
-  // phase's time unchanged) so that the largest memory lands on the ranks
-  // whose peaks over the run are lowest, as long as the step's peak does not
-  // rise: evens the ranks' peaks, which a time layout leaves wherever the
-  // large items' LLM parts happened to be.
+  // The memory-aware layouts' ranks relabeled (permutations: each phase's
+  // time unchanged) so that the largest memory lands on the ranks whose peaks
+  // over the run are lowest: evens the ranks' peaks, which a time layout
+  // leaves wherever the large items' LLM parts happened to be.
   bool even_peaks = false;
   // even_peaks at W <= 8: the step's layouts relabeled once both phases are
-  // planned, by the permutations RelabelForRunPeaks finds (the run's largest
-  // peak least, then the most even); false (or W > 8): each phase's greedily
-  // as it is planned (largest memory onto the lowest run peak, kept when the
-  // step's peak does not rise).
+  // planned, by the permutations RelabelForRunPeaks finds (the most even run
+  // peaks within 1% of the least maximum); false (or W > 8): each phase's
+  // greedily as it is planned (largest memory onto the lowest run peak, kept
+  // when the step's peak does not rise).
   bool relabel_search = true;
   // > 0 (>= 1): the run's activation peaks kept within this max / mean over
   // the ranks where encoder time can buy it. When the step's layouts at the
