@@ -90,6 +90,11 @@ int Main(int argc, char** argv) {
   bool even_peaks = false, no_even_peaks = false;
   app.add_flag("--even-peaks", even_peaks, "EncoderPlanConfig::even_peaks");
   app.add_flag("--no-even-peaks", no_even_peaks, "EncoderPlanConfig::even_peaks off");
+  double peak_ratio = -1;
+  app.add_option("--memory-peak-ratio", peak_ratio, "override alignment.memory_peak_ratio (0: off)");
+  bool greedy_relabel = false;
+  app.add_flag("--greedy-relabel", greedy_relabel,
+               "EncoderPlanConfig::relabel_search off (each phase relabeled greedily, the rule before)");
   CLI11_PARSE(app, argc, argv);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -100,6 +105,8 @@ int Main(int argc, char** argv) {
   if (margin >= 0) e.memory_cap_margin = margin;
   if (slack >= 0) e.memory_slack = slack;
   e.even_peaks = (e.even_peaks || even_peaks) && !no_even_peaks;
+  if (greedy_relabel) e.relabel_search = false;
+  if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);

@@ -8,7 +8,9 @@ layouts it plans, and prices the run's actual layouts and the replayed ones with
 costs: per phase the sum over steps of the bound max(largest item, mean) over the sum of the
 slowest rank (examples/multimodal_train.py's modelled bound fraction), and the activation memory
 of each rank's step (the fitted activation bytes), whose peak over the run is compared across ranks
-(max / mean) as the example's ``actMB m/m`` does. The LLM layout is the run's in both.
+(max / mean) as the example's ``actMB m/m`` does, and ``x llm``: the modelled synchronous step time
+of the run's LLM-only method of the same LLM layout (``odb_llm_packed`` for ``odb_phases_packed``)
+over the layouts' (``modelled_sync_time``). The LLM layout is the run's in both.
 
   /usr/bin/python3 bench/phase_replay.py RUN.json [RUN.json ...] [--method odb_phases_packed]
       [--variant NAME=FLAGS ...]   (FLAGS passed to phase_replay, e.g. "m10=--memory-cap-margin 0.1")
@@ -99,7 +101,7 @@ def price(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]], act: Dic
 def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
-                              memory_plan=True)
+                              memory_plan=True, phase_steps=True)
     return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
 
 
@@ -115,7 +117,8 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS for phase_replay (repeatable)")
     a = p.parse_args()
     variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
-    print(f"{'run':28s} {'layout':18s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}")
+    print(f"{'run':28s} {'layout':18s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}"
+          f" {'x llm':>6s}")
     for path in a.runs:
         data = json.load(open(path))
         per_rank = data["raw"][a.method]
@@ -130,10 +133,13 @@ def main() -> None:
                 yaml.safe_dump(run_config(data, a.method), f)
             for name, flags in variants:
                 rows.append((name, with_layout(per_rank, active, replay(a.bin, config, steps, flags))))
+        # The LLM-only method of the same LLM layout (its modelled synchronous time in the run's summary).
+        baseline = data["methods"].get(mt.PHASE_METHODS.get(a.method, ""), {}).get("modelled_sync_time_s")
         for name, records in rows:
             frac, mm, peak = price(records, fits, act)
+            speedup = f"{baseline / mt.modelled_sync_time(records, fits):6.3f}" if baseline else f"{'-':>6s}"
             print(f"{Path(path).name[:28]:28s} {name:18s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
-                  f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f}")
+                  f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f} {speedup}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -316,6 +317,22 @@ bool EncoderPlanConfig::MemoryAware() const {
 
 namespace {
 
+// `a` with its ranks relabeled: rank r's items (and load) go to rank to[r].
+void Relabel(PhaseAssignment& a, const std::vector<int32_t>& to) {
+  const size_t world = a.order.size();
+  PhaseAssignment out;
+  out.order.resize(world);
+  out.load.resize(world);
+  for (size_t r = 0; r < world; ++r) {
+    out.order[to[r]] = std::move(a.order[r]);
+    out.load[to[r]] = a.load[r];
+  }
+  out.max_load = a.max_load;
+  out.slot_of = std::move(a.slot_of);
+  for (Slot& slot : out.slot_of) slot.rank = to[slot.rank];
+  a = std::move(out);
+}
+
 // Relabels `a`'s ranks by a permutation (each rank's items move together, so
 // every rank's load is one of the layout's and the phase's slowest rank stays)
 // to even the ranks' memory peaks over the run: the ranks' item memory
@@ -348,39 +365,114 @@ void RelabelForPeaks(PhaseAssignment& a, const std::vector<double>& before, std:
     relabeled[best] = before[best] + bucket[b];
   }
   if (MaxOf(relabeled) > MaxOf(held)) return;
-  PhaseAssignment out;
-  out.order.resize(world);
-  out.load.resize(world);
-  for (int r = 0; r < world; ++r) {
-    out.order[to[r]] = std::move(a.order[r]);
-    out.load[to[r]] = a.load[r];
-  }
-  out.max_load = a.max_load;
-  out.slot_of = std::move(a.slot_of);
-  for (Slot& slot : out.slot_of) slot.rank = to[slot.rank];
-  a = std::move(out);
+  Relabel(a, to);
   held = std::move(relabeled);
 }
 
 }  // namespace
+
+bool RelabelSearches(int world) {
+  size_t perms = 1;
+  for (int k = 2; k <= world && perms <= kRelabelSearchMaxEvaluations; ++k) perms *= static_cast<size_t>(k);
+  return perms <= kRelabelSearchMaxEvaluations;
+}
+
+std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
+    std::span<const double> base, std::span<const std::vector<double>> buckets,
+    std::span<const double> run_peak) {
+  const int world = static_cast<int>(base.size());
+  const size_t phases = buckets.size();
+  if (!RelabelSearches(world)) return std::nullopt;
+  std::vector<std::vector<int32_t>> best(phases, std::vector<int32_t>(world));
+  for (auto& p : best) std::iota(p.begin(), p.end(), 0);
+  if (world <= 1 || phases == 0) return best;
+  // The permutations searched: every phase's every one when their product is
+  // at most kRelabelSearchMaxEvaluations, else one permutation for all phases
+  // (an encoder rank's buckets move together, summed), else none (nullopt).
+  size_t perms = 1, product = 1;
+  for (int k = 2; k <= world; ++k) perms *= static_cast<size_t>(k);
+  for (size_t p = 0; p < phases && product <= kRelabelSearchMaxEvaluations; ++p) product *= perms;
+  const bool each = product <= kRelabelSearchMaxEvaluations;
+  std::vector<std::vector<double>> search(buckets.begin(), buckets.end());
+  if (!each) {
+    for (size_t p = 1; p < phases; ++p) {
+      for (int r = 0; r < world; ++r) search[0][r] += search[p][r];
+    }
+    search.resize(1);
+  }
+  // Every combination's run peaks after the step (max(run_peak, held)): its
+  // largest and their sum, and the ranks it relabels.
+  struct Key {
+    double max = 0, sum = 0;
+    int moved = 0;
+  };
+  std::vector<Key> keys;
+  std::vector<std::vector<std::vector<int32_t>>> combos;
+  std::vector<std::vector<int32_t>> cur(search.size(), std::vector<int32_t>(world));
+  for (auto& p : cur) std::iota(p.begin(), p.end(), 0);
+  std::vector<double> held(world);
+  double least_max = std::numeric_limits<double>::infinity();
+  while (true) {  // odometer over the phases' permutations (cur[p]: bucket rank -> rank)
+    std::copy(base.begin(), base.end(), held.begin());
+    Key key;
+    for (size_t p = 0; p < search.size(); ++p) {
+      for (int r = 0; r < world; ++r) {
+        held[cur[p][r]] += search[p][r];
+        key.moved += cur[p][r] != r;
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      const double peak = std::max(run_peak[r], held[r]);
+      key.max = std::max(key.max, peak);
+      key.sum += peak;
+    }
+    least_max = std::min(least_max, key.max);
+    keys.push_back(key);
+    combos.push_back(cur);
+    size_t p = 0;
+    while (p < cur.size() && !std::next_permutation(cur[p].begin(), cur[p].end())) ++p;
+    if (p == cur.size()) break;
+  }
+  // Of those whose largest run peak is within kRelabelPeakTolerance of the
+  // least any gives: the least max / mean, then the least max, then the
+  // fewest ranks relabeled (the identity wins ties); within 1e-12 equal.
+  auto less = [](double x, double y) { return x < y - 1e-12 * std::max(std::abs(x), std::abs(y)); };
+  auto better = [&](const Key& a, const Key& b) {
+    if (less(a.max * b.sum, b.max * a.sum)) return true;  // a.max / a.sum < b.max / b.sum
+    if (less(b.max * a.sum, a.max * b.sum)) return false;
+    if (less(a.max, b.max)) return true;
+    if (less(b.max, a.max)) return false;
+    return a.moved < b.moved;
+  };
+  size_t pick = keys.size();
+  for (size_t c = 0; c < keys.size(); ++c) {
+    if (keys[c].max > least_max * (1 + kRelabelPeakTolerance)) continue;
+    if (pick == keys.size() || better(keys[c], keys[pick])) pick = c;
+  }
+  const std::vector<std::vector<int32_t>>& chosen = combos[pick];
+  if (each) return chosen;
+  for (auto& p : best) p = chosen[0];
+  return best;
+}
 
 EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
   const int active = static_cast<int>(ranks.size());
   std::vector<int32_t> home;
   home.reserve(items.size());
   for (const EncoderItem& item : items) home.push_back(item.llm_rank);
-  // What each active rank holds this step: its LLM samples' activations first.
-  std::vector<double> held(active, 0.0);
-  double memory_cap = 0.0;
+  // What each active rank holds this step before its encoder phases: its LLM
+  // samples' activations.
+  std::vector<double> base(active, 0.0);
+  double memory_cap = 0.0, floor_cap = 0.0;
   if (memory_aware_) {
     std::vector<uint32_t> longest(active, 0);
     for (const EncoderItem& item : items)
       longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
     for (const EncoderItem& item : items)
-      held[item.llm_rank] +=
+      base[item.llm_rank] +=
           config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
     double total = 0.0, largest = 0.0;
-    for (double h : held) total += h, largest = std::max(largest, h);
+    for (double h : base) total += h, largest = std::max(largest, h);
     for (const EncoderItem& item : items) {
       const double v = config_.vision_memory.OfInput(item.lengths.vision_patches);
       const double a = config_.audio_phase ? config_.audio_memory.OfInput(item.lengths.audio_frames) : 0.0;
@@ -389,40 +481,107 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
     }
     const double bound = std::max(total / static_cast<double>(active), largest);
     memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
+    floor_cap = std::max(memory_peak_, bound);
   }
   // Per active rank: the most memory it held in an earlier step.
   std::vector<double> run_peak(active, 0.0);
   for (int a = 0; a < active; ++a) {
     if (static_cast<size_t>(ranks[a]) < rank_peak_.size()) run_peak[a] = rank_peak_[ranks[a]];
   }
-  auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
-    std::vector<double> cost, memory;
-    for (const EncoderItem& item : items) {
-      cost.push_back(cost_model.OfInput(units(item.lengths)));
-      memory.push_back(memory_model.OfInput(units(item.lengths)));
-    }
-    if (!memory_aware_) return BalancePhase(cost, home, active);
-    const std::vector<double> before = held;
-    PhaseAssignment a =
-        BalancePhaseMemory(cost, memory, home, active, held, config_.memory_slack, memory_cap);
-    if (config_.even_peaks) RelabelForPeaks(a, before, held, run_peak);
-    return a;
+  // even_peaks up to W = 8: the step's layouts relabeled together once both are
+  // planned (RelabelForRunPeaks); above, each phase's greedily (RelabelForPeaks).
+  const bool search =
+      memory_aware_ && config_.even_peaks && config_.relabel_search && RelabelSearches(active);
+  // The step's layouts under one memory cap; `held`: what each rank holds
+  // after them; `time`: the sum over the phases of the slowest rank's.
+  struct Candidate {
+    EncoderStepPlan plan;
+    std::vector<double> held;
+    double time = 0.0;
   };
-  EncoderStepPlan plan;
-  plan.vision = phase(config_.vision_cost, config_.vision_memory,
-                      [](const SampleLengths& l) { return l.vision_patches; });
-  if (config_.audio_phase) {
-    plan.audio = phase(config_.audio_cost, config_.audio_memory,
-                       [](const SampleLengths& l) { return l.audio_frames; });
+  auto plan_at = [&](double cap) {
+    Candidate c;
+    c.held = base;
+    std::vector<std::vector<double>> buckets;  // per phase, per rank: its items' memory
+    auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
+      std::vector<double> cost, memory;
+      for (const EncoderItem& item : items) {
+        cost.push_back(cost_model.OfInput(units(item.lengths)));
+        memory.push_back(memory_model.OfInput(units(item.lengths)));
+      }
+      if (!memory_aware_) return BalancePhase(cost, home, active);
+      const std::vector<double> before = c.held;
+      PhaseAssignment a = BalancePhaseMemory(cost, memory, home, active, c.held, config_.memory_slack, cap);
+      buckets.emplace_back(active);
+      for (int r = 0; r < active; ++r) buckets.back()[r] = c.held[r] - before[r];
+      if (config_.even_peaks && !search) RelabelForPeaks(a, before, c.held, run_peak);
+      return a;
+    };
+    c.plan.vision = phase(config_.vision_cost, config_.vision_memory,
+                          [](const SampleLengths& l) { return l.vision_patches; });
+    c.time = c.plan.vision.max_load;
+    if (config_.audio_phase) {
+      c.plan.audio = phase(config_.audio_cost, config_.audio_memory,
+                           [](const SampleLengths& l) { return l.audio_frames; });
+      c.time += c.plan.audio.max_load;
+    }
+    if (search) {
+      const auto to = *RelabelForRunPeaks(base, buckets, run_peak);
+      Relabel(c.plan.vision, to[0]);
+      if (config_.audio_phase) Relabel(c.plan.audio, to[1]);
+      c.held = base;
+      for (size_t p = 0; p < buckets.size(); ++p) {
+        for (int r = 0; r < active; ++r) c.held[to[p][r]] += buckets[p][r];
+      }
+    }
+    return c;
+  };
+  Candidate chosen = plan_at(memory_cap);
+  if (memory_aware_ && config_.peak_ratio > 0) {
+    // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
+    auto ratio = [&](const std::vector<double>* held) {
+      double mx = 0.0, sum = 0.0;
+      for (int r = 0; r < active; ++r) {
+        const double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
+        mx = std::max(mx, peak);
+        sum += peak;
+      }
+      return sum > 0 ? mx * active / sum : 1.0;
+    };
+    // A step may leave the run's peaks within peak_ratio of even, or no less
+    // even than before it.
+    const double allowed = std::max(config_.peak_ratio, ratio(nullptr)) * (1 + 1e-12);
+    if (ratio(&chosen.held) > allowed && floor_cap < memory_cap) {
+      // The loosest cap (fastest layouts) in [floor_cap, memory_cap] within
+      // the ratio, by bisection; none within it even at floor_cap: the more
+      // even of the two ends.
+      Candidate tight = plan_at(floor_cap);
+      if (ratio(&tight.held) <= allowed) {
+        double lo = floor_cap, hi = memory_cap;
+        for (int it = 0; it < kPeakRatioBisections; ++it) {
+          const double mid = lo + (hi - lo) / 2;
+          Candidate c = plan_at(mid);
+          if (ratio(&c.held) > allowed) {
+            hi = mid;
+            continue;
+          }
+          lo = mid;
+          if (c.time < tight.time) tight = std::move(c);
+        }
+        chosen = std::move(tight);
+      } else if (ratio(&tight.held) < ratio(&chosen.held)) {
+        chosen = std::move(tight);
+      }
+    }
   }
   if (memory_aware_) {
-    memory_peak_ = std::max(memory_peak_, MaxOf(held));
+    memory_peak_ = std::max(memory_peak_, MaxOf(chosen.held));
     for (int a = 0; a < active; ++a) {
       if (static_cast<size_t>(ranks[a]) >= rank_peak_.size()) rank_peak_.resize(ranks[a] + 1, 0.0);
-      rank_peak_[ranks[a]] = std::max(rank_peak_[ranks[a]], held[a]);
+      rank_peak_[ranks[a]] = std::max(rank_peak_[ranks[a]], chosen.held[a]);
     }
   }
-  return plan;
+  return std::move(chosen.plan);
 }
 
 }  // namespace odb::balance

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -146,8 +147,10 @@ MultimodalPlan PlanPhases(std::span<const PhaseSample> samples, int world, const
 // tracked, and memory is a limit, time the goal: an encoder phase keeps its
 // time layout unless that raises a rank above the job's peak so far and above
 // the step's bound (max of the mean and the largest single holding) plus
-// memory_cap_margin (BalancePhaseMemory's memory_cap). Stateful (the job's
-// peak) and deterministic: every rank plans the same steps the same way.
+// memory_cap_margin (BalancePhaseMemory's memory_cap), or, with peak_ratio,
+// unless it leaves the ranks' peaks over the run too uneven. Stateful (the
+// job's and each rank's peak) and deterministic: every rank plans the same
+// steps the same way.
 struct EncoderPlanConfig {
   PhaseCost vision_cost;
   PhaseCost audio_cost;
@@ -156,14 +159,54 @@ struct EncoderPlanConfig {
   bool llm_padded = false;  // a padded LLM batch holds every sample at the rank's longest length
   double memory_slack = 0.0;
   double memory_cap_margin = 0.05;
-  // After each memory-aware phase, its ranks relabeled (a permutation: the
-  // phase's time unchanged) so that the largest memory lands on the ranks
-  // whose peaks over the run are lowest, as long as the step's peak does not
-  // rise: evens the ranks' peaks, which a time layout leaves wherever the
-  // large items' LLM parts happened to be.
+  // The memory-aware layouts' ranks relabeled (permutations: each phase's
+  // time unchanged) so that the largest memory lands on the ranks whose peaks
+  // over the run are lowest: evens the ranks' peaks, which a time layout
+  // leaves wherever the large items' LLM parts happened to be.
   bool even_peaks = false;
+  // even_peaks at W <= 8: the step's layouts relabeled once both phases are
+  // planned, by the permutations RelabelForRunPeaks finds (the most even run
+  // peaks within 1% of the least maximum); false (or W > 8): each phase's
+  // greedily as it is planned (largest memory onto the lowest run peak, kept
+  // when the step's peak does not rise).
+  bool relabel_search = true;
+  // > 0 (>= 1): the run's activation peaks kept within this max / mean over
+  // the ranks where encoder time can buy it. When the step's layouts at the
+  // margin cap (relabeled as above) would leave the ranks' run peaks more
+  // uneven than this (and than before the step), the cap is lowered, by
+  // bisection between the step's bound (or the job's peak, if higher) and the
+  // margin cap, to the loosest one that keeps them within it (the fastest
+  // such layouts, each phase still within 1 + memory_slack of its balanced
+  // time); none does: the more even of the two ends. 0: the margin cap only.
+  double peak_ratio = 0.0;
   bool MemoryAware() const;
 };
+
+// The permutations EncoderStepPlanner's even_peaks applies to a step's
+// encoder layouts (W <= 8): `base[r]` is what rank r holds before the encoder
+// phases (its LLM samples), `buckets[p][r]` the memory of phase p's items on
+// rank r, `run_peak[r]` the most rank r held in an earlier step. Returns per
+// phase `to` (rank r's items go to rank to[r]): of the relabelings whose
+// largest run peak after the step (max(run_peak, held)) is within
+// kRelabelPeakTolerance of the least any gives, the one with the least
+// max / mean of the ranks' run peaks (the lowest run peaks raised where that
+// costs no maximum), then the least maximum, then the fewest ranks relabeled
+// (ties keep the layout). Every combination of the phases' permutations when
+// their product is at most kRelabelSearchMaxEvaluations (two phases: W <= 5;
+// one: W <= 8), else one permutation for all phases (an encoder rank's items
+// of every phase move together), and nullopt when W! is above it (W > 8).
+// The tolerance: a strict least maximum would keep a layout 0.1% lower at
+// its peak over one that evens the others' by 10% (the memory models are not
+// that exact).
+// Time is unchanged: each rank's load is one of the layout's.
+inline constexpr size_t kRelabelSearchMaxEvaluations = 40320;  // 8!
+inline constexpr double kRelabelPeakTolerance = 0.01;
+// EncoderPlanConfig::peak_ratio: the cap's bisection steps.
+inline constexpr int kPeakRatioBisections = 6;
+bool RelabelSearches(int world);  // W! <= kRelabelSearchMaxEvaluations
+std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
+    std::span<const double> base, std::span<const std::vector<double>> buckets,
+    std::span<const double> run_peak);
 
 // One sample of a step: the active rank (0..n-1) whose LLM runs it, in LLM order per rank.
 struct EncoderItem {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <numeric>
 #include <random>
 
 namespace odb::balance {
@@ -346,6 +347,102 @@ TEST_CASE("EncoderStepPlanner evens the ranks' memory peaks over the run at the 
   EncoderStepPlanner planner(config);
   const std::vector<EncoderItem> uneven = {{0, {10, 100, 0}}, {1, {50, 0, 0}}};
   for (int step = 0; step < 3; ++step) CHECK(planner.Plan(uneven, ranks).vision.slot_of[0].rank == 0);
+}
+
+TEST_CASE("EncoderStepPlanner relabels for the run's peaks, not the step's by a hair", "[phase]") {
+  // Step 1: LLM samples only; the ranks' run peaks become 60, 54, 52, 55.
+  // Step 2: two images (memory 50) on ranks 0 and 1, whose LLM parts hold 16;
+  // ranks 2 and 3 hold 16.5. Any layout puts two ranks near 66; on ranks 1
+  // and 2 (0.5 above the least step peak) the run's peaks are the most even
+  // (60, 66, 66.5, 55: max / mean 1.075). The greedy per phase (relabel_search
+  // off) kept the images home because moving one raised the step's peak by
+  // 0.5: ranks 0 and 1 at 66, 66, 52, 55 (1.105).
+  EncoderPlanConfig config;
+  config.vision_cost = {0, 1, 0};
+  config.vision_memory = {0, 1, 0};
+  config.llm_memory = {0, 0.5, 0};
+  config.memory_cap_margin = 10;  // no cap: only the relabeling differs
+  config.even_peaks = true;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  const std::vector<EncoderItem> text = {
+      {0, {120, 0, 0}}, {1, {108, 0, 0}}, {2, {104, 0, 0}}, {3, {110, 0, 0}}};
+  const std::vector<EncoderItem> images = {
+      {0, {32, 50, 0}}, {1, {32, 50, 0}}, {2, {33, 0, 0}}, {3, {33, 0, 0}}};
+  for (const bool search : {false, true}) {
+    config.relabel_search = search;
+    EncoderStepPlanner planner(config);
+    planner.Plan(text, ranks);
+    const EncoderStepPlan plan = planner.Plan(images, ranks);
+    REQUIRE(plan.vision.max_load == 50.0);  // the time is the layout's
+    std::vector<double> peak = {60, 54, 52, 55};
+    const std::vector<double> llm = {16, 16, 16.5, 16.5};
+    for (int r = 0; r < 4; ++r) {
+      double held = llm[r];
+      for (size_t i : plan.vision.order[r]) held += static_cast<double>(images[i].lengths.vision_patches);
+      peak[r] = std::max(peak[r], held);
+    }
+    const double mx = *std::max_element(peak.begin(), peak.end());
+    const double ratio = mx * 4 / std::accumulate(peak.begin(), peak.end(), 0.0);
+    INFO("relabel_search " << search << ": run peaks " << peak[0] << " " << peak[1] << " " << peak[2] << " "
+                           << peak[3]);
+    if (search) {
+      CHECK(plan.vision.slot_of[0].rank != 0);  // off the rank with the highest run peak
+      CHECK(plan.vision.slot_of[1].rank != 0);
+      CHECK(mx <= 66.5);
+      CHECK(ratio < 1.08);
+    } else {
+      CHECK(ratio > 1.10);
+    }
+  }
+  // The search's objective alone: the largest bucket onto the lowest run peak
+  // when that costs no maximum; the identity when every choice ties.
+  const std::vector<std::vector<double>> one = {{10, 0, 0}};
+  CHECK((*RelabelForRunPeaks(std::vector<double>{0, 0, 0}, one, std::vector<double>{9, 5, 7}))[0] ==
+        std::vector<int32_t>{1, 0, 2});
+  CHECK((*RelabelForRunPeaks(std::vector<double>{0, 0, 0}, one, std::vector<double>{20, 20, 20}))[0] ==
+        std::vector<int32_t>{0, 1, 2});
+  CHECK_FALSE(RelabelForRunPeaks(std::vector<double>(9), one, std::vector<double>(9)).has_value());
+}
+
+TEST_CASE("EncoderStepPlanner keeps the run's peaks within peak_ratio with encoder time", "[phase]") {
+  // Step 1: each rank's LLM holds 40. Step 2: the LLM parts hold 15 each, rank
+  // 0's sample has an image (memory 30, the vision phase's slowest item) and
+  // every rank's a clip (cost and memory 10). The time layout keeps each clip
+  // home: rank 0 holds 55 against the others' 40 (max / mean 1.26), within
+  // the margin cap. With peak_ratio 1.1 the cap is lowered until rank 0's clip
+  // goes elsewhere (one rank encodes two clips: the audio phase at 2x its
+  // balanced time, within memory_slack 1): rank 0 holds 45 (1.09).
+  EncoderPlanConfig config;
+  config.vision_cost = {0, 1, 0};
+  config.audio_cost = {0, 1, 0};
+  config.audio_phase = true;
+  config.vision_memory = {0, 1, 0};
+  config.audio_memory = {0, 1, 0};
+  config.llm_memory = {0, 1, 0};
+  config.memory_slack = 1.0;
+  config.memory_cap_margin = 1.0;
+  config.even_peaks = true;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
+  const std::vector<EncoderItem> media = {
+      {0, {15, 30, 10}}, {1, {15, 0, 10}}, {2, {15, 0, 10}}, {3, {15, 0, 10}}};
+  for (const double ratio : {0.0, 1.1}) {
+    config.peak_ratio = ratio;
+    EncoderStepPlanner planner(config);
+    planner.Plan(text, ranks);
+    const EncoderStepPlan plan = planner.Plan(media, ranks);
+    INFO("peak_ratio " << ratio);
+    REQUIRE(plan.vision.max_load == 30.0);
+    const int32_t image_rank = plan.vision.slot_of[0].rank;
+    if (ratio == 0) {
+      CHECK(planner.memory_peak() == 55.0);
+      CHECK(plan.audio.max_load == 10.0);
+    } else {
+      CHECK(planner.memory_peak() == 45.0);
+      CHECK(plan.audio.order[image_rank].empty());
+      CHECK(plan.audio.max_load == 20.0);  // (1 + memory_slack) x the balanced 10
+    }
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config) {
   e.memory_slack = config.memory_slack;
   e.memory_cap_margin = config.memory_cap_margin;
   e.even_peaks = config.even_memory_peaks;
+  e.peak_ratio = config.memory_peak_ratio;
   return e;
 }
 

@@ -128,10 +128,18 @@ struct DaemonConfig {
   // the largest single holding) times 1 + memory_cap_margin: the memory a
   // phase may add to keep its time balance (balance::EncoderStepPlanner).
   double memory_cap_margin = 0.05;
-  // After each encoder phase, its ranks relabeled (its time unchanged) so the
-  // most memory lands on the ranks whose peaks over the run are lowest, never
+  // The encoder layouts' ranks relabeled (their time unchanged) so the most
+  // memory lands on the ranks whose peaks over the run are lowest: at W <= 8
+  // the step's layouts together, for the most even run peaks within 1% of the
+  // least maximum (balance::RelabelForRunPeaks); above, each phase's never
   // raising the step's peak.
   bool even_memory_peaks = true;
+  // > 0 (in [1, 10]): the max / mean over ranks of their activation peaks over
+  // the job that the encoder placement keeps to where encoder time can buy it:
+  // a step whose layouts at the margin cap would leave the ranks' peaks more
+  // uneven than this (and than before it) gets the loosest lower cap that
+  // does not (balance::EncoderPlanConfig::peak_ratio). 0: off.
+  double memory_peak_ratio = 0.0;
   // Seconds per unit of grouping.step_time (the LLM's cost), with phase_plans
   // and the global planner: > 0, the round planner composes steps with the
   // encoder phases in view (balance::StepPhaseCosts: the sum over steps of the

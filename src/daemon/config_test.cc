@@ -181,6 +181,9 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {llm_memory: {per_unit: -1}}", "alignment.llm_memory.per_unit"},
       {"alignment: {memory_slack: 11}", "alignment.memory_slack"},
       {"alignment: {memory_cap_margin: -0.1}", "alignment.memory_cap_margin"},
+      {"alignment: {memory_peak_ratio: 0.5}", "alignment.memory_peak_ratio"},
+      {"alignment: {memory_peak_ratio: 11}", "alignment.memory_peak_ratio"},
+      {"alignment: {memory_peak_ratio: .nan}", "alignment.memory_peak_ratio"},
       {"optimizer: {window_spread: -0.5}", "optimizer.window_spread"},
       {"optimizer: {window_spread: 4}", "optimizer.window_spread"},
       {"optimizer: {window_spread: .nan}", "optimizer.window_spread"},
@@ -192,6 +195,8 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
   CHECK_THAT(StartupError("grouping: {quadratic_q: .nan}"), Catch::Contains("nan"));
   CHECK(StartupError("grouping: {quadratic_q: 2048}").empty());
   CHECK(StartupError("grouping: {quadratic_q: 0}").empty());
+  CHECK(StartupError("alignment: {memory_peak_ratio: 1.09}").empty());
+  CHECK(StartupError("alignment: {memory_peak_ratio: 0}").empty());
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
   CHECK(StartupError("alignment: {partition_ranks: 4}").empty());
   // Accumulation windows under partitioned planning (window_partitioned.h).

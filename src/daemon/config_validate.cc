@@ -250,6 +250,12 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
       CheckFinite("alignment.memory_slack", c.memory_slack, 0.0, 10.0, "a finite number in [0, 10]"));
   ODB_RETURN_IF_ERROR(CheckFinite("alignment.memory_cap_margin", c.memory_cap_margin, 0.0, 10.0,
                                   "a finite number in [0, 10]"));
+  ODB_RETURN_IF_ERROR(CheckFinite("alignment.memory_peak_ratio", c.memory_peak_ratio, 0.0, 10.0,
+                                  "0 (off) or a finite number in [1, 10]"));
+  if (c.memory_peak_ratio > 0 && c.memory_peak_ratio < 1) {
+    return Invalid("alignment.memory_peak_ratio",
+                   Num(c.memory_peak_ratio) + " is below 1 (a max over a mean); use 0 (off) or [1, 10]");
+  }
   ODB_RETURN_IF_ERROR(
       CheckFinite("optimizer.window_spread", c.window_spread, 0.0, 3.0, "a finite number in [0, 3]"));
   ODB_RETURN_IF_ERROR(

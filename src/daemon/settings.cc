@@ -313,6 +313,10 @@ std::vector<Setting> BuildTable() {
   add(Field("alignment.even_memory_peaks", kJob, ODB_FIELD(even_memory_peaks),
             "*_memory set: relabel each encoder layout's ranks (time unchanged) so the most memory goes to "
             "the ranks with the lowest peaks so far"));
+  add(Field("alignment.memory_peak_ratio", kJob, ODB_FIELD(memory_peak_ratio),
+            "*_memory set: > 0 keeps the ranks' activation peaks over the job within this max/mean where "
+            "encoder time (within memory_slack) can: a step that would leave them more uneven gets the "
+            "loosest lower memory cap that does not; 0 = off; 0 or [1, 10]"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
       "true: the same steps on every run and after a resume, whatever the workers' timing "
