@@ -49,6 +49,7 @@ W = 4: --world-size 4; a GPU: --device cuda; JSON: --json PATH.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import math
@@ -317,11 +318,18 @@ def _status_kb(key: str) -> int:
 
 
 def reset_peak_memory(device: torch.device) -> int:
-    """Resets the peak (VmHWM via /proc/self/clear_refs, or CUDA's allocator peak); returns the base in KiB."""
+    """Resets the peak (VmHWM via /proc/self/clear_refs, or CUDA's allocator peak); returns the base in KiB.
+    On a CPU the allocator first gives its free memory back to the OS (glibc's malloc_trim), so the base
+    is what the rank holds (parameters, optimizer state, buffers) and not what its warm-up steps left
+    in the heap: VmHWM above it is then the largest step's own memory, as the OS sees it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device) // 1024
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the base keeps what the heap holds
+        pass
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

@@ -715,6 +715,9 @@ def main() -> int:
                         "one alone for a budget grid (bench/loss_at_time.py), where each method's budget differs")
     p.add_argument("--buckets", type=int, default=30,
                    help="bucketing: lhotse's num_buckets (equal-token length buckets)")
+    p.add_argument("--shared-processes", action="store_true",
+                   help="train every method in the same two rank processes, one after the other (the default "
+                        "gives each method fresh rank processes: one method's leftovers do not slow the next)")
     p.add_argument("--reverse", action="store_true",
                    help="train the methods in the reverse of the table's order (interleaved rounds run as "
                         "separate jobs: bench/peers_rounds.py)")
@@ -814,8 +817,33 @@ def main() -> int:
 
 
 def run_job(args):
-    """One seed's job (both methods, 2 ranks, fresh daemons): the rank-0 result dict, or None when the job
-    was killed on purpose (--kill-at-step: the resume command is printed)."""
+    """One seed's job (every method, 2 ranks, fresh daemons): the rank-0 result dict, or None when the job
+    was killed on purpose (--kill-at-step: the resume command is printed). Each method trains in rank
+    processes of its own (fresh trainers, in the order of args.methods), unless --shared-processes:
+    methods run one after the other in the same processes measured each other's leftovers (odb packed's
+    busiest rank computed 29.1 s where `packed` computed 22.6 s for the same tokens in 3-method-per-process
+    rounds, 23.4 against 24.8 s with a process per method; docs/benchmarks.md, "The peers at the same
+    recipe")."""
+    if len(args.methods) > 1 and not args.shared_processes and not (args.resume or args.kill_at_step):
+        merged, logs = {}, {}
+        methods, record = args.methods, args.record_steps
+        try:
+            for m in methods:
+                args.methods = (m,)
+                if record:
+                    args.record_steps = f"{record}.{m}.tmp"
+                r = run_job(args)
+                merged.update(r)
+                if record:
+                    part = json.loads(Path(args.record_steps).read_text())
+                    logs.update(part.pop("methods"))
+                    Path(args.record_steps).unlink()
+        finally:
+            args.methods, args.record_steps = methods, record
+        if record:
+            part["methods"] = logs
+            Path(record).write_text(json.dumps(part))
+        return merged
     run_dir = tempfile.mkdtemp(prefix="odbdemo-")
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
