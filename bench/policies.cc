@@ -566,14 +566,16 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
       real[k] += s.real_tokens;
       planned += s.samples.size();
     }
-    if (pc.window_spread > 0.0) planned_sq = align::SaturatingAdd(planned_sq, align::SquaredLossTokens(rp.steps));
+    if (pc.window_spread > 0.0)
+      planned_sq = align::SaturatingAdd(planned_sq, align::SquaredLossTokens(rp.steps));
   }
   for (uint64_t l : loss) loss_sum += l;
   if (windows.next_window == 0) {
     if (absl::Status s = align::CheckWindowTargetCounts(tokens_per_step, planned, loss_sum, world); !s.ok())
       return s;
   }
-  const uint64_t tol = align::SpreadTolerance(planned, loss_sum, planned_sq, tokens_per_step, pc.window_spread);
+  const uint64_t tol =
+      align::SpreadTolerance(planned, loss_sum, planned_sq, tokens_per_step, pc.window_spread);
   align::PartitionedWindows cut(tokens_per_step, loss, real, world, tol);
   // The offers all-gather (only in rounds with an end inside a step).
   std::vector<std::vector<align::CutOffer>> offers(world);

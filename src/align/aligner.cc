@@ -462,7 +462,8 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
   for (uint64_t l : loss_total) total += l;
   // Micro-step-aware ends: the tol ApplyWindows would take on the whole
   // plan, from the world-wide counts (identical on every rank).
-  const uint64_t tol = SpreadTolerance(planned, total, planned_sq, config.tokens_per_step, config.window_spread);
+  const uint64_t tol =
+      SpreadTolerance(planned, total, planned_sq, config.tokens_per_step, config.window_spread);
   PartitionedWindows cut(config.tokens_per_step, loss_total, global_real, static_cast<size_t>(world), tol);
   std::vector<std::vector<CutOffer>> offers(static_cast<size_t>(world));
   // Before the epoch's first window: a target below one sample is a mistake

@@ -118,7 +118,8 @@ class Aligner {
   // their loss tokens (saturating; 0 without optimizer.window_spread).
   absl::Status PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
                                       const std::vector<uint64_t>& loss_total, uint64_t planned,
-                                      uint64_t planned_sq, RoundPlan& plan, std::vector<uint64_t>& global_real);
+                                      uint64_t planned_sq, RoundPlan& plan,
+                                      std::vector<uint64_t>& global_real);
 
   PeerGroup* peers_;
   std::unique_ptr<PeerGroup> block_peers_;  // this rank's block (partitioned rounds)
