@@ -56,9 +56,9 @@ namespace odb::align {
 // boundary where that one moved there, else its nominal position) stays
 // within [target - tol, target + tol]; of two such boundaries the nearer,
 // the one before on a tie. The nominal ends stay j x target, so the moves do
-// not accumulate either: the mean window over a round is the target up to
-// the last end's error (at most tol), and no window leaves the band by the
-// move. Decided in the constructor from world-wide values alone, so every
+// not accumulate either: the round's windows sum to their targets up to the
+// last end's error (at most tol at a boundary, about a sample at a split),
+// and no window closed at a moved end leaves the band. Decided in the constructor from world-wide values alone, so every
 // rank moves the same ends, before the offers. tol = 0: the ends above.
 //
 // Windows smaller than a global micro-step (W = 2,560 with an 8k budget holds
