@@ -554,9 +554,11 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
   }
   if (tokens_per_step == 0 || t == 0) return absl::OkStatus();
   // The totals all-gather: every step's loss and real tokens over all ranks,
-  // and the samples the round planned.
+  // the samples the round planned and (with window_spread) the sum of the
+  // squares of their loss tokens, each rank's added as the Aligner adds them.
+  const align::PlannerConfig& pc = planner.config();
   std::vector<uint64_t> loss(t, 0), real(t, 0);
-  uint64_t planned = 0, loss_sum = 0;
+  uint64_t planned = 0, loss_sum = 0, planned_sq = 0;
   for (const align::RankPlan& rp : plan.ranks) {
     for (uint32_t k = 0; k < t; ++k) {
       const align::PlannedStep& s = rp.steps[k];
@@ -564,13 +566,17 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
       real[k] += s.real_tokens;
       planned += s.samples.size();
     }
+    if (pc.window_spread > 0.0)
+      planned_sq = align::SaturatingAdd(planned_sq, align::SquaredLossTokens(rp.steps));
   }
   for (uint64_t l : loss) loss_sum += l;
   if (windows.next_window == 0) {
     if (absl::Status s = align::CheckWindowTargetCounts(tokens_per_step, planned, loss_sum, world); !s.ok())
       return s;
   }
-  align::PartitionedWindows cut(tokens_per_step, loss, real, world);
+  const uint64_t tol =
+      align::SpreadTolerance(planned, loss_sum, planned_sq, tokens_per_step, pc.window_spread);
+  align::PartitionedWindows cut(tokens_per_step, loss, real, world, tol);
   // The offers all-gather (only in rounds with an end inside a step).
   std::vector<std::vector<align::CutOffer>> offers(world);
   if (cut.inside_ends() > 0) {
@@ -579,7 +585,6 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
   if (absl::Status s = cut.Decide(offers); !s.ok()) return s;
   // Whether the round planned every sample the epoch has left (the Aligner's
   // count over the round summaries).
-  const align::PlannerConfig& pc = planner.config();
   bool all_finished = true;
   uint64_t pending = 0;
   for (const align::RankRound& rr : state.ranks) {

@@ -379,11 +379,16 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   }
   // With accumulation windows, one more entry: the count of samples this
   // rank's steps hold (the window target check, and whether the round planned
-  // every sample the epoch has left: see PartitionedWindowRound).
+  // every sample the epoch has left: see PartitionedWindowRound), and with
+  // optimizer.window_spread the sum of the squares of their loss tokens
+  // (saturating; with the counts and the loss totals, every rank takes the
+  // same tol of micro-step-aware ends: window_partitioned.h). A rank that
+  // sends 0 there adds nothing: the sums of squares then fall short and the
+  // tol with them (to 0 where every rank sends 0), identically everywhere.
   const bool windowed = config.tokens_per_step != 0;
   if (windowed) {
     loss.push_back(planned);
-    real.push_back(0);
+    real.push_back(config.window_spread > 0.0 ? SquaredLossTokens(plan.ranks[me].steps) : 0);
   }
   auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
   if (!gathered.ok()) return failed(gathered.status(), "token totals all-gather");
@@ -393,7 +398,7 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
   }
   std::vector<uint64_t> loss_total(t, 0);
   global_real.assign(t, 0);
-  uint64_t planned_total = 0;
+  uint64_t planned_total = 0, planned_sq = 0;
   for (int r = 0; r < world; ++r) {
     const std::string& g = (*gathered)[r];
     last_received_bytes_ += g.size();
@@ -411,9 +416,14 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
       loss_total[k] += totals->loss[k];
       global_real[k] += totals->real[k];
     }
-    if (windowed) planned_total += totals->loss[t];
+    if (windowed) {
+      planned_total += totals->loss[t];
+      planned_sq = SaturatingAdd(planned_sq, totals->real[t]);
+    }
   }
-  if (windowed) return PartitionedWindowRound(bs, begin, end, loss_total, planned_total, plan, global_real);
+  if (windowed) {
+    return PartitionedWindowRound(bs, begin, end, loss_total, planned_total, planned_sq, plan, global_real);
+  }
   // Exact weights: what ApplyWindows gives the whole plan with every step its
   // own window (w_r = W * t_r / sum over all W ranks), the same expression.
   const double w = static_cast<double>(world);
@@ -441,19 +451,24 @@ absl::Status Aligner::PartitionedRound(const RankRoundMessage& msg, size_t block
 
 absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
                                              const std::vector<uint64_t>& loss_total, uint64_t planned,
-                                             RoundPlan& plan, std::vector<uint64_t>& global_real) {
+                                             uint64_t planned_sq, RoundPlan& plan,
+                                             std::vector<uint64_t>& global_real) {
   const int me = peers_->Rank();
   const int world = peers_->Size();
   const PlannerConfig& config = planner_->config();
   const std::string where =
       Prefix(me) + "epoch " + std::to_string(*epoch_) + " round " + std::to_string(round_) + ": ";
-  PartitionedWindows cut(config.tokens_per_step, loss_total, global_real, static_cast<size_t>(world));
+  uint64_t total = 0;
+  for (uint64_t l : loss_total) total += l;
+  // Micro-step-aware ends: the tol ApplyWindows would take on the whole
+  // plan, from the world-wide counts (identical on every rank).
+  const uint64_t tol =
+      SpreadTolerance(planned, total, planned_sq, config.tokens_per_step, config.window_spread);
+  PartitionedWindows cut(config.tokens_per_step, loss_total, global_real, static_cast<size_t>(world), tol);
   std::vector<std::vector<CutOffer>> offers(static_cast<size_t>(world));
   // Before the epoch's first window: a target below one sample is a mistake
   // (CheckWindowTarget), judged on the world's planned samples.
   if (windows_.next_window == 0) {
-    uint64_t total = 0;
-    for (uint64_t l : loss_total) total += l;
     if (absl::Status s = CheckWindowTargetCounts(config.tokens_per_step, planned, total, world); !s.ok()) {
       return absl::Status(s.code(),
                           Prefix(me) + "epoch " + std::to_string(*epoch_) + ": " + std::string(s.message()));

@@ -114,10 +114,12 @@ class Aligner {
   // Its accumulation windows (window_partitioned.h): ranks [begin, end) are
   // the block, `loss_total` and `global_real` each step's totals over all
   // ranks (the latter replaced by each final micro-step's), `planned` the
-  // samples in all ranks' steps.
+  // samples in all ranks' steps, `planned_sq` the sum of the squares of
+  // their loss tokens (saturating; 0 without optimizer.window_spread).
   absl::Status PartitionedWindowRound(const BlockRoundState& bs, int begin, int end,
                                       const std::vector<uint64_t>& loss_total, uint64_t planned,
-                                      RoundPlan& plan, std::vector<uint64_t>& global_real);
+                                      uint64_t planned_sq, RoundPlan& plan,
+                                      std::vector<uint64_t>& global_real);
 
   PeerGroup* peers_;
   std::unique_ptr<PeerGroup> block_peers_;  // this rank's block (partitioned rounds)

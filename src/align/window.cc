@@ -19,6 +19,15 @@ uint64_t LossTokensOf(const SampleMeta& sample) {
                                                     : std::min(sample.loss_tokens, sample.lengths.tokens);
 }
 
+uint64_t SpreadTolerance(uint64_t n, uint64_t sum, uint64_t sum_sq, uint64_t target, double spread) {
+  if (spread <= 0.0 || target == 0 || n < 2 || sum == 0) return 0;
+  const double count = static_cast<double>(n);
+  const double mean = static_cast<double>(sum) / count;
+  const double var = std::max(0.0, static_cast<double>(sum_sq) / count - mean * mean);
+  const double tol = spread * std::sqrt(var * static_cast<double>(target) / mean);
+  return static_cast<uint64_t>(std::min(tol, static_cast<double>(target / 2)));
+}
+
 PlannedStep StepPart(const PlannedStep& s, size_t begin, size_t end, grouping::CostModel model) {
   PlannedStep p;
   p.samples.assign(s.samples.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -124,27 +133,22 @@ double SharedUniform(const GlobalStep& g, uint64_t acc, uint64_t goal) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
-// The tolerance of micro-step-aware ends (window.h): spread x the standard
-// deviation of the loss tokens of target / mean random samples of the round,
-// at most half the target; 0 without spread or samples.
-uint64_t SpreadTolerance(const RoundPlan& plan, uint64_t target, double spread) {
+// The tolerance of micro-step-aware ends (window.h) over the whole plan's
+// samples.
+uint64_t PlanSpreadTolerance(const RoundPlan& plan, uint64_t target, double spread) {
   if (spread <= 0.0 || target == 0) return 0;
-  double n = 0.0, sum = 0.0, sum_sq = 0.0;
+  uint64_t n = 0, sum = 0, sum_sq = 0;
   for (const RankPlan& rp : plan.ranks) {
     for (const PlannedStep& s : rp.steps) {
       for (const SampleMeta& m : s.samples) {
-        const double l = static_cast<double>(LossTokensOf(m));
-        n += 1.0;
+        const uint64_t l = LossTokensOf(m);
+        ++n;
         sum += l;
-        sum_sq += l * l;
+        sum_sq = SaturatingAdd(sum_sq, l * l);
       }
     }
   }
-  if (n < 2.0 || sum <= 0.0) return 0;
-  const double mean = sum / n;
-  const double var = std::max(0.0, sum_sq / n - mean * mean);
-  const double tol = spread * std::sqrt(var * static_cast<double>(target) / mean);
-  return static_cast<uint64_t>(std::min(tol, static_cast<double>(target / 2)));
+  return SpreadTolerance(n, sum, sum_sq, target, spread);
 }
 
 size_t SampleCount(const GlobalStep& g) {
@@ -424,7 +428,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
   const size_t world = plan.ranks.size();
   if (plan.num_steps == 0 || world == 0) return;
   // Before the steps move out of the plan: its samples' spread.
-  const uint64_t tol = SpreadTolerance(plan, config.tokens_per_step, config.spread);
+  const uint64_t tol = PlanSpreadTolerance(plan, config.tokens_per_step, config.spread);
   std::deque<GlobalStep> queue(plan.num_steps, GlobalStep(world));
   for (size_t r = 0; r < world; ++r) {
     for (uint32_t k = 0; k < plan.num_steps; ++k) queue[k][r] = std::move(plan.ranks[r].steps[k]);

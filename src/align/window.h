@@ -107,6 +107,23 @@ struct WindowConfig {
 // when the producer said so, else all its tokens.
 uint64_t LossTokensOf(const SampleMeta& sample);
 
+// The tolerance of micro-step-aware ends (above), from the round's samples:
+// `n` samples carrying `sum` loss tokens, `sum_sq` the sum of their squares
+// (saturating). spread x the standard deviation of the loss tokens of a
+// random batch of target / mean samples, at most half the target; 0 without
+// spread, with fewer than 2 samples, no loss tokens or no variance (a
+// `sum_sq` under sum^2 / n, as 0 is). ApplyWindows takes it over the whole
+// plan; partitioned windows (window_partitioned.h) over the world-wide counts
+// of the round's totals all-gather: one definition, the same tol.
+uint64_t SpreadTolerance(uint64_t n, uint64_t sum, uint64_t sum_sq, uint64_t target, double spread);
+
+// a + b, or UINT64_MAX when that overflows (the sums of squares above; a
+// sample's loss tokens are at most 2^32 - 1, so its square fits).
+inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t c = 0;
+  return __builtin_add_overflow(a, b, &c) ? UINT64_MAX : c;
+}
+
 // A part [begin, end) of a step's samples, its counts recomputed (a subset of
 // a step within the budget is within the budget); IDLE when empty. The window
 // cuts split steps with it (unpartitioned and partitioned).

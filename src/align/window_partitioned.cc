@@ -52,9 +52,24 @@ absl::Status CheckWindowTargetCounts(uint64_t tokens_per_step, uint64_t samples,
   return CheckWindowTarget(tokens_per_step, plan);
 }
 
+uint64_t SquaredLossTokens(const std::vector<PlannedStep>& steps) {
+  uint64_t sum_sq = 0;
+  for (const PlannedStep& s : steps) {
+    for (const SampleMeta& m : s.samples) {
+      const uint64_t l = LossTokensOf(m);
+      sum_sq = SaturatingAdd(sum_sq, l * l);
+    }
+  }
+  return sum_sq;
+}
+
 PartitionedWindows::PartitionedWindows(uint64_t target, std::vector<uint64_t> step_loss,
-                                       std::vector<uint64_t> step_real, size_t world)
-    : target_(target), step_loss_(std::move(step_loss)), step_real_(std::move(step_real)), world_(world) {
+                                       std::vector<uint64_t> step_real, size_t world, uint64_t tol)
+    : target_(target),
+      step_loss_(std::move(step_loss)),
+      step_real_(std::move(step_real)),
+      world_(world),
+      tol_(tol) {
   step_begin_.resize(step_loss_.size());
   uint64_t total = 0;
   for (size_t k = 0; k < step_loss_.size(); ++k) {
@@ -64,15 +79,42 @@ PartitionedWindows::PartitionedWindows(uint64_t target, std::vector<uint64_t> st
   if (target_ == 0) return;
   // The nominal ends j x target <= total, each in the first step whose end
   // reaches it (a step of no loss tokens after an end joins the next window).
+  // With tol, an end inside a step may move to the step's start or end
+  // (window_partitioned.h, "Micro-step-aware ends"); `prev` is the previous
+  // end as planned here: its boundary when it moved, else its nominal
+  // position (where a split lands is known only after the offers).
+  const uint64_t band_lo = target_ > tol_ ? target_ - tol_ : 0, band_hi = target_ + tol_;
+  auto in_band = [&](uint64_t from, uint64_t to) {
+    return to > from && to - from >= band_lo && to - from <= band_hi;
+  };
   size_t k = 0;
+  uint64_t prev = 0;
   for (uint64_t x = target_; x <= total; x += target_) {
     while (step_begin_[k] + step_loss_[k] < x) ++k;
     End e;
     e.step = static_cast<uint32_t>(k);
     e.offset = x - step_begin_[k];
     e.inside = e.offset < step_loss_[k];
+    uint64_t at = x;
+    if (e.inside && tol_ > 0) {
+      const uint64_t start = step_begin_[k], stop = step_begin_[k] + step_loss_[k];
+      const bool to_start = x - start <= tol_ && in_band(prev, start);
+      const bool to_stop = stop - x <= tol_ && in_band(prev, stop);
+      if (to_start && (!to_stop || x - start <= stop - x)) {
+        e.moved = -1;
+        at = start;
+      } else if (to_stop) {
+        e.moved = 1;
+        at = stop;
+      }
+      if (e.moved != 0) {
+        e.inside = false;
+        ++moved_;
+      }
+    }
     if (e.inside) inside_.push_back(ends_.size());
     ends_.push_back(e);
+    prev = at;
     if (total - x < target_) break;  // no overflow of x
   }
 }
@@ -137,7 +179,13 @@ absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>
     const uint64_t x = begin + e.offset;  // the nominal end
     const size_t in = e.inside ? inside_index++ : 0;
     if (x <= last) continue;  // the last window already reached it (a sample over a whole target)
-    if (!e.inside) {          // on the step's end: exact
+    if (e.moved < 0) {        // moved to the step's start (micro-step-aware)
+      if (begin <= last) continue;  // a split before it went past it (a sample of over target / 2)
+      c.kind = Kind::kBefore;
+      last = begin;
+      continue;
+    }
+    if (!e.inside) {  // on the step's end: exact, or moved there
       c.kind = Kind::kAfter;
       last = begin + total;
       continue;

@@ -45,6 +45,22 @@ namespace odb::align {
 //    rank r's weight is W * loss_tokens_r / window_loss_tokens, the sum over
 //    the window's micro-steps and all W ranks is W, exactly as window.h.
 //
+// Micro-step-aware ends (optimizer.window_spread > 0; window.h): every
+// nominal end inside a step costs a split (the step runs as two micro-steps
+// on every rank). With tol > 0 (SpreadTolerance of window.h on the round's
+// world-wide sample count, loss tokens and their squares, which the totals
+// all-gather carries: the tol ApplyWindows would take on the whole plan), a
+// nominal end inside a step ends at a boundary of that step instead (its
+// start or its end, no split, no offer) when the boundary lies within tol of
+// the nominal end and the window it closes (from the previous end: a
+// boundary where that one moved there, else its nominal position) stays
+// within [target - tol, target + tol]; of two such boundaries the nearer,
+// the one before on a tie. The nominal ends stay j x target, so the moves do
+// not accumulate either: the round's windows sum to their targets up to the
+// last end's error (at most tol at a boundary, about a sample at a split),
+// and no window closed at a moved end leaves the band. Decided in the constructor from world-wide values alone, so every
+// rank moves the same ends, before the offers. tol = 0: the ends above.
+//
 // Windows smaller than a global micro-step (W = 2,560 with an 8k budget holds
 // ~20M tokens a step) are several ends inside one step: every rank's share
 // of each window is a part of its micro-step. The open window at the end of
@@ -69,13 +85,19 @@ class PartitionedWindows {
  public:
   // `step_loss` and `step_real`: every planned step's loss and real tokens
   // summed over all W ranks (the totals all-gather); `target`:
-  // tokens_per_step (> 0).
+  // tokens_per_step (> 0); `tol`: how far an end may move to a step
+  // boundary (micro-step-aware ends, above; SpreadTolerance of window.h on
+  // the world-wide counts; 0: nominal ends only).
   PartitionedWindows(uint64_t target, std::vector<uint64_t> step_loss, std::vector<uint64_t> step_real,
-                     size_t world);
+                     size_t world, uint64_t tol = 0);
 
-  // Nominal ends inside a step: the number of offers each rank sends. 0: no
-  // exchange is needed (every nominal end, if any, is a step boundary).
+  // Nominal ends inside a step that stay there (not moved to a boundary):
+  // the number of offers each rank sends. 0: no exchange is needed (every
+  // end, if any, is a step boundary).
   size_t inside_ends() const { return inside_.size(); }
+
+  // Nominal ends moved to a step boundary (micro-step-aware ends; 0 without tol).
+  size_t moved_ends() const { return moved_; }
 
   // This rank's offers, one per inside end, from its own micro-steps
   // (`steps`: this rank's RankPlan::steps before Apply).
@@ -107,7 +129,8 @@ class PartitionedWindows {
   struct End {
     uint32_t step = 0;
     uint64_t offset = 0;  // world loss tokens of the step before the nominal end
-    bool inside = false;  // 0 < offset < step_loss[step]
+    bool inside = false;  // 0 < offset < step_loss[step] and not moved: a split, with offers
+    int8_t moved = 0;     // micro-step-aware: -1 ends at the step's start, +1 at its end
   };
   // A chosen end.
   enum class Kind : uint8_t { kSkip, kBefore, kAfter, kSplit };
@@ -127,6 +150,8 @@ class PartitionedWindows {
   std::vector<uint64_t> step_loss_, step_real_;
   std::vector<uint64_t> step_begin_;  // world loss tokens of the round before step k
   size_t world_;
+  uint64_t tol_;
+  size_t moved_ = 0;
   std::vector<End> ends_;
   std::vector<size_t> inside_;  // indices into ends_ of the inside ones
   std::vector<Chosen> chosen_;  // per end
@@ -145,6 +170,10 @@ class PartitionedWindows {
 // Identical on every rank of the block (a pure function of the block's plan).
 // Returns whether a window changed.
 bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end);
+
+// The sum of the squares of the loss tokens of every sample in `steps`
+// (saturating): a rank's entry for the world-wide tol (the totals all-gather).
+uint64_t SquaredLossTokens(const std::vector<PlannedStep>& steps);
 
 // CheckWindowTarget (window.h) on world-wide counts: `samples` planned
 // samples carrying `loss` loss tokens over `world` ranks.

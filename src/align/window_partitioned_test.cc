@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -67,8 +68,9 @@ struct RoundOutcome {
 
 // One round as every block would run it: world-wide totals, every rank's
 // offers, the choice on each block's first rank, Apply per block.
+// `tol`: micro-step-aware ends (0: the nominal ends).
 RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const WindowState& before,
-                      bool inputs_open, bool last_samples = false) {
+                      bool inputs_open, bool last_samples = false, uint64_t tol = 0) {
   const size_t world = in.ranks.size();
   std::vector<uint64_t> loss(in.num_steps, 0), real(in.num_steps, 0);
   for (const RankPlan& rp : in.ranks) {
@@ -81,13 +83,19 @@ RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const 
   out.plan = in;
   for (RankPlan& rp : out.plan.ranks) rp.steps.clear();
   std::vector<std::vector<CutOffer>> offers(world);
+  size_t inside = 0, moved = 0;
   {
-    PartitionedWindows probe(target, loss, real, world);
+    PartitionedWindows probe(target, loss, real, world, tol);
     for (size_t r = 0; r < world; ++r) offers[r] = probe.Offers(in.ranks[r].steps);
+    inside = probe.inside_ends();
+    moved = probe.moved_ends();
   }
   bool first = true;
   for (size_t b = 0; b < world; b += block) {
-    PartitionedWindows cut(target, loss, real, world);
+    PartitionedWindows cut(target, loss, real, world, tol);
+    // Every block moves the same ends and asks for the same offers.
+    REQUIRE(cut.inside_ends() == inside);
+    REQUIRE(cut.moved_ends() == moved);
     REQUIRE(cut.Decide(offers).ok());
     RoundPlan mine = in;  // this block's view: only its ranks' steps
     for (size_t r = 0; r < world; ++r) {
@@ -402,6 +410,337 @@ TEST_CASE("a partitioned open window goes back, stops growing and closes short, 
   REQUIRE(drained.plan.num_steps == 2);
   REQUIRE(drained.plan.ranks[1].steps.back().window_short);
   REQUIRE(drained.windows.next_window == 1);
+}
+
+// A plan of whole-token-loss samples: lengths[r][k] are rank r's samples in
+// step k (packed; an empty list is IDLE).
+RoundPlan PlanOf(const std::vector<std::vector<std::vector<uint32_t>>>& lengths) {
+  RoundPlan plan;
+  plan.ranks.resize(lengths.size());
+  plan.num_steps = static_cast<uint32_t>(lengths[0].size());
+  uint64_t id = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    for (const std::vector<uint32_t>& step : lengths[r]) {
+      PlannedStep s;
+      std::vector<SampleLengths> lens;
+      for (uint32_t n : step) {
+        SampleMeta m;
+        m.id = id++;
+        m.owner_rank = static_cast<int32_t>(r);
+        m.lengths.tokens = n;
+        s.samples.push_back(m);
+        s.real_tokens += n;
+        lens.push_back(m.lengths);
+      }
+      s.idle = s.samples.empty();
+      s.padded_tokens = s.idle ? 0 : grouping::PaddedTokens(grouping::CostModel::kPacked, lens);
+      plan.ranks[r].steps.push_back(std::move(s));
+    }
+  }
+  return plan;
+}
+
+// Two ranks, every step's loss tokens `totals[k]` (each a multiple of 20) in
+// samples of 10 tokens, half on each rank.
+RoundPlan TwoRankPlan(const std::vector<uint32_t>& totals) {
+  std::vector<std::vector<std::vector<uint32_t>>> lengths(2);
+  for (uint32_t t : totals) {
+    for (auto& rank : lengths) rank.emplace_back(t / 20, 10u);
+  }
+  return PlanOf(lengths);
+}
+
+// The world-wide tol as every rank of a partitioned round takes it: each
+// rank's planned samples and the sum of the squares of their loss tokens (the
+// totals all-gather's extra entry; 0 from the ranks in `silent`, as a rank
+// without spread sends), added up, and SpreadTolerance on them.
+uint64_t WorldTol(const RoundPlan& plan, uint64_t target, double spread,
+                  const std::set<size_t>& silent = {}) {
+  uint64_t n = 0, sum = 0, sum_sq = 0;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    for (const PlannedStep& s : plan.ranks[r].steps) {
+      n += s.samples.size();
+      for (const SampleMeta& m : s.samples) sum += LossTokensOf(m);
+    }
+    if (silent.count(r) == 0) sum_sq = SaturatingAdd(sum_sq, SquaredLossTokens(plan.ranks[r].steps));
+  }
+  return SpreadTolerance(n, sum, sum_sq, target, spread);
+}
+
+TEST_CASE("the spread tolerance from world-wide counts", "[window][partition]") {
+  // Samples of 100 and 300 loss tokens: mean 200, sd 100; a target of 2000
+  // is a batch of 10, sd 100 x sqrt(10) = 316.2.
+  REQUIRE(SpreadTolerance(2, 400, 100000, 2000, 1.0) == 316);
+  REQUIRE(SpreadTolerance(2, 400, 100000, 2000, 2.0) == 632);
+  REQUIRE(SpreadTolerance(2, 400, 100000, 800, 3.0) == 400);  // at most half the target
+  REQUIRE(SpreadTolerance(2, 400, 100000, 2000, 0.0) == 0);
+  REQUIRE(SpreadTolerance(2, 400, 0, 2000, 1.0) == 0);  // no squares sent: no spread
+  REQUIRE(SpreadTolerance(1, 400, 160000, 2000, 1.0) == 0);
+  REQUIRE(SpreadTolerance(2, 0, 0, 2000, 1.0) == 0);
+  REQUIRE(SpreadTolerance(2, 400, 100000, 0, 1.0) == 0);
+  REQUIRE(SaturatingAdd(UINT64_MAX - 1, 5) == UINT64_MAX);
+  REQUIRE(SaturatingAdd(7, 5) == 12);
+  // Over a plan: the per-rank entries add up to the squares of every sample.
+  const RoundPlan plan = PlanOf({{{100, 300}, {}}, {{300}, {100, 100, 300}}});
+  REQUIRE(SquaredLossTokens(plan.ranks[0].steps) == 100000);
+  REQUIRE(SquaredLossTokens(plan.ranks[1].steps) == 200000);
+  REQUIRE(WorldTol(plan, 2000, 1.0) == SpreadTolerance(6, 1200, 300000, 2000, 1.0));
+  REQUIRE(WorldTol(plan, 2000, 1.0) == 316);
+  REQUIRE(WorldTol(plan, 2000, 1.0, {1}) == 0);  // a rank that sent 0: less spread, here none
+}
+
+TEST_CASE("micro-step-aware partitioned ends move to the nearer step boundary within tol, in the band",
+          "[window][partition]") {
+  struct Case {
+    std::vector<uint32_t> totals;
+    uint64_t target, tol;
+    size_t moved, inside;
+    std::vector<uint64_t> ends;  // where each closed window ends (0: a split, within a sample of j x target)
+    uint32_t micro_steps;        // kept this round (the open tail goes back)
+  };
+  const std::vector<Case> cases = {
+      // Ends at 1050 and 2100 lie 50 and 100 into steps 1 and 2: both move
+      // back to the steps' starts (windows of 1000, in [950, 1150]); 3150 is
+      // 150 into step 3 and 850 before its end: a split.
+      {{1000, 1000, 1000, 1000}, 1050, 100, 2, 1, {1000, 2000, 0}, 4},
+      {{1000, 1000, 1000, 1000}, 1050, 0, 0, 3, {0, 0, 0}, 6},
+      {{1000, 1000, 1000, 1000}, 1050, 49, 0, 3, {0, 0, 0}, 6},
+      {{1000, 1000, 1000, 1000}, 1050, 50, 1, 2, {1000, 0, 0}, 5},
+      // 1500 halfway through step 1: a tie goes to the boundary before.
+      {{1000, 1000}, 1500, 600, 1, 0, {1000}, 1},
+      // The nearer boundary: 1400 is 400 after step 1's start, 1600 400
+      // before its end (the round's every sample then closes).
+      {{1000, 1000}, 1400, 600, 1, 0, {1000}, 1},
+      {{1000, 1000}, 1600, 600, 1, 0, {2000}, 2},
+      // The band: 1000 moves to 1080 (the end of step 0); 2000 lies 40 past
+      // step 2's start, but that window would be 880, under 1000 - 100: a
+      // split; 3000 moves to 3060, a window of 1060 from the split's
+      // nominal position. With tol 130, 880 is in the band: 2000 moves too.
+      {{1080, 880, 500, 600}, 1000, 100, 2, 1, {1080, 0, 3060}, 5},
+      {{1080, 880, 500, 600}, 1000, 130, 3, 0, {1080, 1960, 3060}, 4},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    INFO("case " << i << " target " << c.target << " tol " << c.tol);
+    const RoundPlan in = TwoRankPlan(c.totals);
+    std::vector<uint64_t> loss(c.totals.begin(), c.totals.end());
+    const PartitionedWindows probe(c.target, loss, loss, 2, c.tol);
+    REQUIRE(probe.moved_ends() == c.moved);
+    REQUIRE(probe.inside_ends() == c.inside);
+    const RoundOutcome out = RunRound(in, c.target, 1, WindowState{}, true, false, c.tol);
+    RequireRoundInvariants(in, out, 1u << 20);
+    REQUIRE(out.plan.num_steps == c.micro_steps);
+    REQUIRE(out.closed.size() == c.ends.size());
+    uint64_t pos = 0;
+    for (size_t j = 0; j < c.ends.size(); ++j) {
+      pos += out.closed[j];
+      if (c.ends[j] != 0) {
+        REQUIRE(pos == c.ends[j]);
+      } else {  // a split: within one sample (10 tokens) of the nominal end
+        REQUIRE(pos + 10 >= (j + 1) * c.target);
+        REQUIRE(pos <= (j + 1) * c.target + 10);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "micro-step-aware partitioned ends: within tol of the nominal ends, in the band, the target on average",
+    "[window][partition]") {
+  // 8 ranks in blocks of 2 and 4, small steps (budget 1024), windows of
+  // ~0.7-3 global steps, the tol of spread 1 and 3 from the world-wide
+  // counts (one rank sending no squares in some rounds). Every round, as the
+  // blocks cut it with tol and without: a realised end at a step boundary
+  // lies within tol of its nominal end j x target, a split within one sample
+  // of it; a window between two step boundaries lies in [target - tol,
+  // target + tol]; the round's windows sum to their targets up to the last
+  // end's error (nothing accumulates); and fewer micro-steps and IDLE
+  // rank-steps than the nominal ends.
+  size_t moved = 0, rounds = 0, steps_tol = 0, steps_nominal = 0, idle_tol = 0, idle_nominal = 0;
+  double sum = 0.0;
+  size_t windows = 0;
+  for (size_t block : {2u, 4u}) {
+    for (double spread : {1.0, 3.0}) {
+      for (uint64_t seed = 1; seed <= 4; ++seed) {
+        std::mt19937_64 rng(seed * 1009 + block * 7 + static_cast<uint64_t>(spread));
+        uint64_t next_id = 0;
+        WindowState ws, ws_nominal;
+        for (int round = 0; round < 40; ++round) {
+          const RoundPlan in =
+              RandomPlan(rng, 8, 1 + static_cast<uint32_t>(rng() % 6), 1024, 4.5, 7, seed % 2 == 0, next_id);
+          uint64_t round_loss = 0, largest = 0;
+          std::set<uint64_t> boundaries{0};
+          for (uint32_t k = 0; k < in.num_steps; ++k) {
+            for (const RankPlan& rp : in.ranks) {
+              for (const SampleMeta& m : rp.steps[k].samples) {
+                round_loss += LossTokensOf(m);
+                largest = std::max(largest, LossTokensOf(m));
+              }
+            }
+            boundaries.insert(round_loss);
+          }
+          const uint64_t step_loss = round_loss / in.num_steps;
+          const uint64_t target = std::max<uint64_t>(2 * largest + 1, step_loss * (7 + rng() % 24) / 10);
+          const uint64_t tol =
+              WorldTol(in, target, spread, round % 5 == 4 ? std::set<size_t>{3} : std::set<size_t>{});
+          INFO("block " << block << " spread " << spread << " seed " << seed << " round " << round
+                        << " target " << target << " tol " << tol);
+          REQUIRE(tol <= target / 2);
+          const RoundOutcome out = RunRound(in, target, block, ws, true, false, tol);
+          RequireRoundInvariants(in, out, 1024);
+          const RoundOutcome nominal = RunRound(in, target, block, ws_nominal, true);
+          ws = out.windows;
+          ws_nominal = nominal.windows;
+          uint64_t pos = 0;
+          bool from_boundary = true;
+          for (size_t j = 0; j < out.closed.size(); ++j) {
+            pos += out.closed[j];
+            const uint64_t x = (j + 1) * target;
+            const uint64_t err = pos > x ? pos - x : x - pos;
+            const bool at_boundary = boundaries.count(pos) > 0;
+            REQUIRE(err <= (at_boundary ? tol : largest));
+            if (at_boundary && from_boundary) {
+              REQUIRE(out.closed[j] + tol >= target);
+              REQUIRE(out.closed[j] <= target + tol);
+            }
+            moved += at_boundary && pos != x ? 1 : 0;
+            from_boundary = at_boundary;
+            sum += static_cast<double>(out.closed[j]) / static_cast<double>(target);
+            ++windows;
+          }
+          ++rounds;
+          steps_tol += out.plan.num_steps;
+          steps_nominal += nominal.plan.num_steps;
+          for (const RankPlan& rp : out.plan.ranks) {
+            for (const PlannedStep& s : rp.steps) idle_tol += s.idle ? 1 : 0;
+          }
+          for (const RankPlan& rp : nominal.plan.ranks) {
+            for (const PlannedStep& s : rp.steps) idle_nominal += s.idle ? 1 : 0;
+          }
+        }
+      }
+    }
+  }
+  const double mean = sum / static_cast<double>(windows);
+  INFO(rounds << " rounds, " << windows << " windows, mean/target " << mean << ", " << moved
+              << " ends moved; micro-steps " << steps_tol << " (nominal ends " << steps_nominal
+              << "), IDLE rank-steps " << idle_tol << " (" << idle_nominal << ")");
+  REQUIRE(moved * 5 >= windows);
+  REQUIRE(std::abs(mean - 1.0) <= 0.01);
+  REQUIRE(steps_tol < steps_nominal);
+  REQUIRE(idle_tol < idle_nominal);
+}
+
+// FNV-1a over 64-bit words.
+struct Fnv {
+  uint64_t h = 1469598103934665603ULL;
+  void Add(uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
+};
+
+// splitmix64: a generator whose numbers do not depend on the standard library.
+uint64_t SplitMix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+TEST_CASE("partitioned windows without spread cut exactly as before micro-step-aware ends",
+          "[window][partition]") {
+  // 60 rounds of 8 ranks (1-6 steps, packed budget 1024, long-tailed lengths,
+  // some prompt-masked, some IDLE rank-steps), targets of 0.3-3 global
+  // steps, cut with tol 0 (the constructor's default, what spread 0 gives):
+  // every rank's micro-steps, samples, window fields and weights hash to what
+  // the cut gave before micro-step-aware ends (main 83fa21c).
+  uint64_t state = 42;
+  Fnv fp;
+  WindowState ws;
+  uint64_t id = 0;
+  for (int round = 0; round < 60; ++round) {
+    const size_t world = 8;
+    const uint32_t steps = 1 + static_cast<uint32_t>(SplitMix(state) % 6);
+    std::vector<std::vector<std::vector<uint32_t>>> lengths(world);
+    std::vector<std::vector<std::vector<uint64_t>>> losses(world);
+    RoundPlan in;
+    in.num_steps = steps;
+    in.ranks.resize(world);
+    uint64_t total = 0;
+    for (size_t r = 0; r < world; ++r) {
+      for (uint32_t k = 0; k < steps; ++k) {
+        PlannedStep s;
+        if (SplitMix(state) % 9 != 0) {
+          uint32_t used = 0;
+          for (;;) {
+            const uint64_t u = SplitMix(state);
+            const auto n = static_cast<uint32_t>(1 + (u % 64) * ((u >> 8) % 16) + (u >> 20) % 8);
+            if (used + n > 1024) break;
+            SampleMeta m;
+            m.id = id++;
+            m.owner_rank = static_cast<int32_t>(r);
+            m.lengths.tokens = n;
+            const uint64_t roll = (u >> 32) % 10;
+            m.loss_tokens = roll == 0 ? 0 : roll < 4 ? n / 2 : kEveryTokenBearsLoss;
+            s.samples.push_back(m);
+            s.real_tokens += n;
+            total += LossTokensOf(m);
+            used += n;
+          }
+        }
+        s.idle = s.samples.empty();
+        std::vector<SampleLengths> lens;
+        for (const SampleMeta& m : s.samples) lens.push_back(m.lengths);
+        s.padded_tokens = s.idle ? 0 : grouping::PaddedTokens(grouping::CostModel::kPacked, lens);
+        in.ranks[r].steps.push_back(std::move(s));
+      }
+    }
+    std::vector<uint64_t> loss(steps, 0), real(steps, 0);
+    for (const RankPlan& rp : in.ranks) {
+      for (uint32_t k = 0; k < steps; ++k) {
+        for (const SampleMeta& m : rp.steps[k].samples) loss[k] += LossTokensOf(m);
+        real[k] += rp.steps[k].real_tokens;
+      }
+    }
+    const uint64_t target = std::max<uint64_t>(1, total / steps * (3 + SplitMix(state) % 28) / 10);
+    PartitionedWindows cut(target, loss, real, world);
+    std::vector<std::vector<CutOffer>> offers(world);
+    for (size_t r = 0; r < world; ++r) offers[r] = cut.Offers(in.ranks[r].steps);
+    REQUIRE(cut.Decide(offers).ok());
+    RoundPlan out = in;
+    std::vector<uint64_t> global_real;
+    cut.Apply(out, 0, static_cast<int>(world), grouping::CostModel::kPacked, ws, round % 7 != 6, false,
+              global_real);
+    fp.Add(out.num_steps);
+    for (const RankPlan& rp : out.ranks) {
+      for (const PlannedStep& s : rp.steps) {
+        fp.Add(s.samples.size());
+        for (const SampleMeta& m : s.samples) fp.Add(m.id);
+        fp.Add(s.real_tokens);
+        fp.Add(s.padded_tokens);
+        fp.Add(s.loss_tokens);
+        fp.Add(s.window);
+        fp.Add(s.window_steps);
+        fp.Add(s.window_loss_tokens);
+        fp.Add(s.closes_window);
+        fp.Add(s.window_short);
+        uint64_t bits = 0;
+        std::memcpy(&bits, &s.loss_weight, sizeof bits);
+        fp.Add(bits);
+      }
+      for (const SampleKey& k : rp.keep_pending) fp.Add(k.id);
+    }
+    for (uint64_t g : global_real) fp.Add(g);
+    for (uint64_t c : cut.closed_windows()) fp.Add(c);
+    fp.Add(ws.next_window);
+    fp.Add(ws.held_tokens);
+    fp.Add(ws.held_rounds);
+  }
+  INFO("fingerprint 0x" << std::hex << fp.h);
+  REQUIRE(fp.h == 0x54f69aee20a9ee84ULL);
 }
 
 TEST_CASE("partitioned window offers that contradict the totals are refused", "[window][partition]") {

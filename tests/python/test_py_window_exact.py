@@ -111,19 +111,25 @@ def _rank(rank: int, world: int, run_dir: str, lengths: list, masked: bool, targ
             "multi_step": multi_step, "summary": loader.last_summary}
 
 
-@pytest.mark.parametrize("world,cost_model,masked,partition", [
-    (2, "padded", True, 0), (3, "packed", True, 0), (3, "padded", False, 0),
+@pytest.mark.parametrize("world,cost_model,masked,partition,spread", [
+    (2, "padded", True, 0, None), (3, "packed", True, 0, None), (3, "padded", False, 0, None),
     # Partitioned planning (window_partitioned.h): blocks plan on their own samples, windows are cut
     # from the world-wide totals. At W = 8 a global micro-step (8 x 128 tokens) holds two windows.
-    # W = 8 (8 daemons, 8 trainers) is not in tests/quick.txt: the full suite runs it.
-    (4, "padded", True, 2), (4, "packed", False, 2), (8, "packed", True, 4), (8, "padded", False, 2)])
+    # W = 8 (8 daemons, 8 trainers) is not in tests/quick.txt: the full suite runs it. spread:
+    # optimizer.window_spread (None: the default, 1). With 0 every window end inside a step splits it, and
+    # the parts a rank has nothing in run IDLE inside the window (checked below); the default moves ends to
+    # step boundaries where it can (micro-step-aware ends), which leaves few or no such parts.
+    (4, "padded", True, 2, 0.0), (4, "padded", True, 2, None), (4, "packed", False, 2, None),
+    (8, "packed", True, 4, None), (8, "padded", False, 2, 0.0)])
 def test_window_gradient_equals_one_batch_over_the_window(run_dir, job_id, world, cost_model, masked,
-                                                           partition) -> None:
+                                                           partition, spread) -> None:
     lengths = tiny_lm.long_tail_lengths(90 if world < 4 else 40 * world, seed=11, min_len=2, max_len=60, median=18)
     target = 500
     partitioned = {"alignment": {"partition_ranks": partition}, "local_world_size": 1} if partition else {}
     config = tiny_lm.daemon_config(max_tokens=128, grouping={"cost_model": cost_model},
-                                   optimizer={"tokens_per_step": target}, **partitioned)
+                                   optimizer={"tokens_per_step": target,
+                                              **({} if spread is None else {"window_spread": spread})},
+                                   **partitioned)
     daemons = start_daemons(run_dir, world, job_id, config)
     try:
         results = run_ranks(_rank, world, run_dir, timeout=300, lengths=lengths, masked=masked, target=target,
@@ -139,11 +145,13 @@ def test_window_gradient_equals_one_batch_over_the_window(run_dir, job_id, world
     assert min(results[0]["per_step_errors"]) > 1e-6, results[0]["per_step_errors"]
     windows = {(s.window, s.window_loss_tokens) for s in results[0]["records"]}
     full = [t for w, t in windows if w < max(w for w, _ in windows)]
-    # Never more than 10% over when the nearest ends are taken; micro-step-aware ends (optimizer.window_spread,
-    # on by default, unpartitioned rounds) stay within their tolerance, at most half the target.
-    assert all(t <= (1.1 if partition else 1.5) * target for t in full), sorted(windows)
+    # Micro-step-aware ends (optimizer.window_spread, on by default) stay within their tolerance, at most half the
+    # target; partitioned rounds take them too since s21-pw (window_partitioned.h: an end moves to a step boundary
+    # within tol), where a window from a moved end to a split may hold one more sample (max_len 60). (Before, the
+    # partitioned windows took the nearest ends, never more than 10% over.)
+    assert all(t <= 1.5 * target + (60 if partition else 0) for t in full), sorted(windows)
     check_step_invariants([r["records"] for r in results], world)
-    if partition:
+    if partition and spread == 0.0:
         assert sum(r["idle_inside"] for r in results) > 0, "no IDLE step inside a window"
     print("idle steps inside windows:", [r["idle_inside"] for r in results], "windows:", sorted(windows))
 
