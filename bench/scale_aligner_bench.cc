@@ -20,7 +20,10 @@
 // under partitioned planning: src/align/window_partitioned.h) every rank
 // also sends its window-end offers: rank 0 from its real steps, the others
 // from synthetic steps of the placeholders' size (samples of 300 tokens),
-// each tracking the window state as every daemon does. The JSON then adds
+// each tracking the window state as every daemon does, and their ends take
+// the tolerance of optimizer.window_spread (--window-spread S, default the
+// daemon's 1; 0: the fixed nominal ends) from the world-wide counts, as the
+// daemons do. The JSON then adds
 // the closed windows' mean and largest size over the target, counted on rank
 // 0's steps, and the micro-steps per round (windows split steps).
 //
@@ -68,6 +71,7 @@ struct Options {
   std::string preset = "chat_longtail";
   uint64_t seed = 1;
   uint64_t window_tokens = 0;  // optimizer.tokens_per_step; 0: no windows
+  double window_spread = align::PlannerConfig{}.window_spread;  // optimizer.window_spread
 };
 
 // A non-planning rank's steps for the window-end offers: each step's
@@ -129,6 +133,7 @@ int Run(const Options& o) {
   pc.min_free_slots = std::max<uint32_t>(1, o.queue / 2);  // as the daemon (PlannerConfigFrom)
   pc.full_rounds = true;
   pc.tokens_per_step = o.window_tokens;
+  pc.window_spread = o.window_spread;
   balance::GlobalPlannerConfig g;
   g.base = pc;
   g.local_world_size = o.lws;
@@ -247,11 +252,13 @@ int Run(const Options& o) {
             }
             if (o.window_tokens > 0) {
               // With windows, the count of samples in the rank's steps (the
-              // synthetic steps' below).
+              // synthetic steps' below) and, with window_spread, the sum of
+              // their squared loss tokens, as Aligner::PartitionedRound sends.
+              const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
               uint64_t n = 0;
-              for (const align::PlannedStep& st : SyntheticSteps(real)) n += st.samples.size();
+              for (const align::PlannedStep& st : synthetic) n += st.samples.size();
               loss.push_back(n);
-              real.push_back(0);
+              real.push_back(pc.window_spread > 0.0 ? align::SquaredLossTokens(synthetic) : 0);
             }
             auto tot = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, loss, real));
             if (!tot.ok()) std::exit(1);
@@ -264,15 +271,22 @@ int Run(const Options& o) {
               // machine's CPU) and shares the cut and the window state.
               if (r == world - 1) {
                 std::vector<uint64_t> loss_total(t, 0), real_total(t, 0);
+                uint64_t samples = 0, loss_sum = 0, loss_sq = 0;
                 for (const std::string& g : *tot) {
                   auto d = align::DecodeRankTotals(g);
                   if (!d.ok()) std::exit(1);
                   for (uint32_t k = 0; k < t; ++k) {
                     loss_total[k] += d->loss[k];
                     real_total[k] += d->real[k];
+                    loss_sum += d->loss[k];
                   }
+                  samples += d->loss[t];
+                  loss_sq = align::SaturatingAdd(loss_sq, d->real[t]);
                 }
-                shared_cut.emplace(o.window_tokens, loss_total, real_total, static_cast<size_t>(world));
+                // The tol the daemons take (Aligner::PartitionedWindowRound).
+                const uint64_t tol =
+                    align::SpreadTolerance(samples, loss_sum, loss_sq, o.window_tokens, pc.window_spread);
+                shared_cut.emplace(o.window_tokens, loss_total, real_total, static_cast<size_t>(world), tol);
               }
               far_sync.arrive_and_wait();
               const align::PartitionedWindows& cut = *shared_cut;
@@ -392,11 +406,13 @@ int main(int argc, char** argv) {
       o.lws = static_cast<uint32_t>(std::atoi(value().c_str()));
     } else if (a == "--window-tokens") {
       o.window_tokens = std::strtoull(value().c_str(), nullptr, 10);
+    } else if (a == "--window-spread") {
+      o.window_spread = std::strtod(value().c_str(), nullptr);
     } else {
       std::fprintf(
           stderr,
           "usage: scale_aligner_bench [--world W] [--rounds N] [--partition-ranks P] [--window N] [--lws N]"
-          " [--window-tokens N]\n");
+          " [--window-tokens N] [--window-spread S]\n");
       return 2;
     }
   }
