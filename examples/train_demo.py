@@ -661,6 +661,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
                             os.kill(os.getpid(), signal.SIGKILL)
             results[run] = train_run(run, rank, world, model, ddp, opt, sched, epoch_steps, epochs, args,
                                      heldout, device, clock)
+            results[run]["trainer_pid"] = os.getpid()  # rank 0's process (one per method unless --shared-processes)
             if args.record_steps:
                 step_logs[run] = results[run].pop("step_log")
             if run in ODB_MODES:

@@ -9,6 +9,8 @@ within 2%, and every sample once. The progress line never shows a loss for an ID
 """
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -155,6 +157,8 @@ def test_every_method_trains_the_same_recipe(all_methods) -> None:
         busy = run["busy_seconds"]
         assert len(busy) == 2 and all(b > 0 for b in busy) and run["busy_max_over_mean"] >= 1.0
         assert len(run["busy_cpu_seconds"]) == 2 and all(b > 0 for b in run["busy_cpu_seconds"]), m
+    # every method trains in rank processes of its own (train_demo's default)
+    assert len({out[m]["trainer_pid"] for m in out["methods"]}) == len(out["methods"])
     for m in peers.PACKED_METHODS + ("odb_packed",):
         assert out[m]["padding_fraction"] == pytest.approx(0.0, abs=1e-9), m
     assert out["best_odb_mode"] in ("odb", "odb_packed") and out["best_peer"] not in ("odb", "odb_packed")
@@ -181,3 +185,28 @@ def test_peers_rounds_reports_each_round_and_the_cpu_view(all_methods) -> None:
     assert first == again > 0
     for m in all_methods["methods"]:
         assert f"| {peers_rounds.LABELS[m]} | " in text.split("busy CPU, busiest rank")[1]
+
+
+def test_recorded_steps_of_methods_in_their_own_processes(tmp_path) -> None:
+    """--record-steps with a process per method: one record holding every method's micro-steps with
+    their thread CPU seconds, which bench/peers_steps.py fits one cost model to."""
+    record = tmp_path / "steps.json"
+    out = run_train_demo(["--methods", "packed,odb_packed", "--samples", "160", "--heldout", "8",
+                          "--global-batch", "8", "--eval-every", "0", "--max-len", "32", "--max-tokens", "64",
+                          "--d-model", "16", "--layers", "1", "--vocab", "32", "--workers", "1",
+                          "--record-steps", str(record)], timeout=600)
+    assert out["packed"]["trainer_pid"] != out["odb_packed"]["trainer_pid"]
+    rec = json.loads(record.read_text())
+    assert sorted(rec["methods"]) == ["odb_packed", "packed"]
+    assert not list(tmp_path.glob("steps.json.*"))  # the per-method parts are merged and removed
+    for m in ("packed", "odb_packed"):
+        ranks = rec["methods"][m]
+        assert len(ranks) == 2 and all(ranks), m
+        assert all(len(e) == 6 and e[5] >= 0 for log in ranks for e in log), m
+        ids = sorted(i for log in ranks for e in log for i in e[1])
+        assert ids == sorted(set(ids)) and len(ids) == 160, m
+    fit = subprocess.run([sys.executable, str(ROOT / "bench/peers_steps.py"), str(record)], capture_output=True,
+                         text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    assert "shared fit" in fit.stdout and "\npacked " in fit.stdout and "\nodb_packed " in fit.stdout
+
