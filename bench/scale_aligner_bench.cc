@@ -250,11 +250,13 @@ int Run(const Options& o) {
               // the offers cut these placeholders.
               loss[k] = o.window_tokens > 0 ? real[k] : real[k] / 2;
             }
+            // The steps the placeholders stand for (samples of 300 tokens),
+            // before the windowed entry below joins `real`.
+            const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
             if (o.window_tokens > 0) {
-              // With windows, the count of samples in the rank's steps (the
-              // synthetic steps' below) and, with window_spread, the sum of
-              // their squared loss tokens, as Aligner::PartitionedRound sends.
-              const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
+              // With windows, the count of samples in the rank's steps and,
+              // with window_spread, the sum of their squared loss tokens, as
+              // Aligner::PartitionedRound sends.
               uint64_t n = 0;
               for (const align::PlannedStep& st : synthetic) n += st.samples.size();
               loss.push_back(n);
@@ -292,7 +294,6 @@ int Run(const Options& o) {
               const align::PartitionedWindows& cut = *shared_cut;
               std::vector<std::vector<align::CutOffer>> offers(static_cast<size_t>(world));
               if (cut.inside_ends() > 0) {
-                const std::vector<align::PlannedStep> synthetic = SyntheticSteps(real);
                 std::vector<uint64_t> a, b;
                 for (const align::CutOffer& c : cut.Offers(synthetic)) {
                   a.insert(a.end(), {c.loss, c.next_loss});
