@@ -822,9 +822,9 @@ def run_job(args):
     was killed on purpose (--kill-at-step: the resume command is printed). Each method trains in rank
     processes of its own (fresh trainers, in the order of args.methods), unless --shared-processes:
     methods run one after the other in the same processes measured each other's leftovers (odb packed's
-    busiest rank computed 29.1 s where `packed` computed 22.6 s for the same tokens in 3-method-per-process
-    rounds, 23.4 against 24.8 s with a process per method; docs/benchmarks.md, "The peers at the same
-    recipe")."""
+    busiest rank computed 29.1 s where `packed` computed 22.6 s for the same tokens in rounds with every
+    method in the same processes, 23.4 against 24.8 s with a process per method; docs/benchmarks.md, "The
+    peers at the same recipe")."""
     if len(args.methods) > 1 and not args.shared_processes and not (args.resume or args.kill_at_step):
         merged, logs = {}, {}
         methods, record = args.methods, args.record_steps
