@@ -31,7 +31,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.mode = config.mode;
   p.seed = config.seed;
   p.window = config.window;
-  p.mix_lengths = config.mix_lengths;
+  p.mix_lengths = MixesLengths(config);
   p.deterministic = config.deterministic;
   p.tokens_per_step = config.tokens_per_step;
   p.window_spread = config.window_spread;

@@ -23,6 +23,9 @@ namespace odb {
 enum class StoreKind { kFile, kRedis };
 
 enum class PlannerKind { kLocal, kGlobal };
+// grouping.mix_lengths (docs/config.md, "Length-mixed steps"): auto = on with
+// the packed cost model (where mixing lengths costs no padding), off with padded.
+enum class LengthMix { kAuto, kOff, kOn };
 
 // The daemon's whole configuration: parsed once from YAML, validated at start
 // with an error naming the field.
@@ -83,8 +86,9 @@ struct DaemonConfig {
   // Samples per rank gathered before a round is planned. Larger windows group
   // better (less padding) but add latency and memory.
   uint32_t window = align::PlannerConfig{}.window;
-  // grouping.mix_lengths: groups of length-mixed samples (align::PlannerConfig).
-  bool mix_lengths = align::PlannerConfig{}.mix_lengths;
+  // grouping.mix_lengths: groups of length-mixed samples (align::PlannerConfig;
+  // MixesLengths resolves auto).
+  LengthMix mix_lengths = LengthMix::kAuto;
 
   // --- alignment across ranks
   // alignment.mode every_sample (kJoin): every sample of the epoch is emitted
@@ -231,6 +235,12 @@ std::vector<std::pair<std::string, std::string>> ConfigFieldDefaults();
 
 // The process environment as a map (for FinalizeConfig).
 std::map<std::string, std::string> ProcessEnvironment();
+
+// grouping.mix_lengths resolved: on, or auto with grouping.cost_model packed.
+inline bool MixesLengths(const DaemonConfig& config) {
+  return config.mix_lengths == LengthMix::kOn ||
+         (config.mix_lengths == LengthMix::kAuto && config.budget.model == grouping::CostModel::kPacked);
+}
 
 // One line per field, for the startup log.
 std::string DescribeConfig(const DaemonConfig& config);

@@ -55,6 +55,31 @@ collate:
   CHECK(c->trainer.endpoint == "ipc:///tmp/x/odb-3-out.sock");
 }
 
+TEST_CASE("grouping.mix_lengths: auto is on with the packed cost model only; true / false force it") {
+  struct Case {
+    const char* yaml;
+    bool mixes;
+  };
+  const Case cases[] = {
+      {"grouping: {cost_model: padded}", false},
+      {"grouping: {cost_model: packed}", true},
+      {"grouping: {cost_model: packed, mix_lengths: auto}", true},
+      {"grouping: {cost_model: packed, mix_lengths: false}", false},
+      {"grouping: {cost_model: padded, mix_lengths: true}", true},
+      {"grouping: {cost_model: padded, mix_lengths: auto}", false},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    auto config = ParseConfig(c.yaml);
+    REQUIRE(config.ok());
+    CHECK(MixesLengths(*config) == c.mixes);
+  }
+  auto bad = ParseConfig("grouping: {mix_lengths: sometimes}");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("grouping.mix_lengths"));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("auto"));
+}
+
 TEST_CASE("errors name the field") {
   auto typo = ParseConfig("grouping: {max_tokns: 5}");
   REQUIRE_FALSE(typo.ok());

@@ -245,9 +245,11 @@ std::vector<Setting> BuildTable() {
             "per-step budget on summed audio frames, 0 = unbounded"));
   add(Field("grouping.window", kJob, ODB_FIELD(window),
             "samples per rank considered per round (larger: less padding, more latency)"));
-  add(Field("grouping.mix_lengths", kJob, ODB_FIELD(mix_lengths),
-            "true: steps of samples drawn across lengths, so optimizer steps mix lengths as random "
-            "batches do (packed: about free; padded: more steps)"));
+  add(Choice(
+      "grouping.mix_lengths", kJob, ODB_FIELD(mix_lengths),
+      Choices<LengthMix>{{"auto", LengthMix::kAuto}, {"true", LengthMix::kOn}, {"false", LengthMix::kOff}},
+      "true: steps of samples drawn across lengths, so optimizer steps mix lengths as random "
+      "batches do (packed: about free; padded: more steps); auto: true with cost_model packed"));
   add(Choice("grouping.over_budget", kJob, ODB_FIELD(ingest.reject_over_budget),
              Choices<bool>{{"isolate", false}, {"reject", true}},
              "isolate (own step, flagged) | reject (reported error)"));
