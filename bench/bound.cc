@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -111,6 +112,63 @@ uint64_t BinPackingLowerBound(std::vector<uint64_t> sizes, uint64_t capacity) {
   return best;
 }
 
+double RowsSumSquaresBound(std::vector<uint32_t> lengths, uint64_t rows, uint64_t cap) {
+  // Only a sample within the budget fits a row; longest first.
+  if (cap != 0) {
+    lengths.erase(std::remove_if(lengths.begin(), lengths.end(), [&](uint32_t l) { return l > cap; }),
+                  lengths.end());
+  }
+  std::sort(lengths.begin(), lengths.end(), std::greater<uint32_t>());
+  const double all = SumSquares(lengths);
+  if (rows == 0 || lengths.empty()) return 0.0;
+  if (cap == 0) return all;
+  const double c = static_cast<double>(cap);
+  // (ii) A row whose longest sample has m tokens holds reals in [0, m] summing
+  // to at most cap: at most psi(m) = q m^2 + r^2 (q = floor(cap / m), r = cap -
+  // q m), non-decreasing in m; the rows' longest are distinct samples.
+  double psi = 0.0;
+  for (size_t j = 0; j < std::min<size_t>(rows, lengths.size()) && lengths[j] > 0; ++j) {
+    const double m = lengths[j], q = std::floor(c / m), r = c - q * m;
+    psi += q * m * m + r * r;
+  }
+  // (iii) For any lambda >= 0: sum len^2 = lambda sum len + sum len (len -
+  // lambda) <= lambda rows cap + the most sum len (len - lambda) over samples
+  // longer than lambda, at most k rows of them longer than cap / (k + 1) (k + 1
+  // of those overflow a row). Those counts are nested caps on prefixes of the
+  // longest-first order, along which len (len - lambda) decreases: taking each
+  // sample the caps admit is optimal (a laminar matroid). Convex in lambda,
+  // linear between sample lengths: searched over them.
+  constexpr uint64_t kCaps = 64;
+  std::vector<uint32_t> candidates = {0};
+  for (auto it = lengths.rbegin(); it != lengths.rend(); ++it) {
+    if (*it != candidates.back()) candidates.push_back(*it);
+  }
+  auto bound_at = [&](double lambda) {
+    uint64_t counts[kCaps + 1] = {};
+    double sum = 0.0;
+    for (uint32_t l : lengths) {
+      if (l <= lambda) break;
+      const uint64_t first = std::max<uint64_t>(1, cap / l);  // in cap k for every k >= first
+      bool admitted = true;
+      for (uint64_t k = first; k <= kCaps && admitted; ++k) admitted = counts[k] < k * rows;
+      if (!admitted) continue;
+      for (uint64_t k = first; k <= kCaps; ++k) ++counts[k];
+      sum += static_cast<double>(l) * (l - lambda);
+    }
+    return lambda * static_cast<double>(rows) * c + sum;
+  };
+  size_t lo = 0, hi = candidates.size() - 1;  // first index whose next value is no smaller
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (bound_at(candidates[mid + 1]) >= bound_at(candidates[mid])) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return std::min({all, psi, bound_at(candidates[lo])});
+}
+
 Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
                    const StepModel& model, int world) {
   Bounds bounds;
@@ -143,17 +201,11 @@ Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Bu
   if (world > 1 && budget.max_tokens != 0) {
     const double l1 = lens.back(), cap = budget.max_tokens;
     const double alone = model.Step(l1, l1 * l1);
-    double next = 0.0, rest_sq = 0.0;  // the W - 1 next longest lengths; sum(len^2) of all but x1
-    for (size_t j = 1; j < lens.size(); ++j) {
-      const double l = lens[lens.size() - 1 - j];
-      if (j < static_cast<size_t>(world)) next += l;
-      rest_sq += l * l;
-    }
-    // A rank step within the budget holds sum(len) <= L, so its sum(len^2)
-    // is at most L times its longest; the W - 1 steps' longest are distinct
-    // samples other than x1.
-    const double others =
-        (world - 1) * (model.a + model.Compute(cap)) + model.c * std::min(cap * next, rest_sq);
+    // The other W - 1 rank steps of that step hold samples other than x1,
+    // each within the budget (docs/benchmarks.md, "Largest-sample bound").
+    std::vector<uint32_t> rest(lens.begin(), lens.end() - 1);
+    const double others = (world - 1) * (model.a + model.Compute(cap)) +
+                          model.c * RowsSumSquaresBound(std::move(rest), world - 1, budget.max_tokens);
     bounds.largest_sample =
         std::max(bounds.any_layout, bounds.any_layout + alone * (1.0 - 1.0 / world) - others / world);
   }

@@ -64,12 +64,12 @@ struct Bounds {
   uint64_t min_rank_steps = 0;  // G_min
   // any_layout tightened by the step that holds the longest sample x1: that
   // step costs at least x1's rank step alone, a + g(l1) + c * l1^2, while its
-  // other W - 1 rank steps cost at most (W - 1) * (a + g(L)) + c * Q (Q: the
-  // most sum(len^2) W - 1 rank steps without x1 can hold, <= L times the
-  // W - 1 next longest lengths); every other step costs at least its mean.
-  // So T >= any_layout + (1 - 1/W) * cost(x1 alone) - (that maximum) / W.
-  // Never below any_layout; it binds when one sample's attention outweighs
-  // what the other ranks can be given in its step (docs/benchmarks.md).
+  // other W - 1 rank steps cost at most (W - 1) * (a + g(L)) + c * Q (Q:
+  // RowsSumSquaresBound of the other samples, W - 1 rows, L); every other
+  // step costs at least its mean. So T >= any_layout + (1 - 1/W) *
+  // cost(x1 alone) - (that maximum) / W. Never below any_layout; it binds
+  // when one sample's attention outweighs what the other ranks can be given
+  // in its step (docs/benchmarks.md).
   double largest_sample = 0.0;
   // The compute part of any_layout: min over G >= G_min rank steps of
   // G * g(total / G), plus c * sum(len^2), divided by W (no per-step a).
@@ -103,6 +103,19 @@ Bounds LowerBounds(const std::vector<SampleLengths>& samples, const grouping::Bu
 std::vector<std::vector<SampleLengths>> OptimalPaddedGroups(const std::vector<SampleLengths>& samples,
                                                             const grouping::Budget& budget,
                                                             const StepModel& model);
+
+// An upper bound on sum(len^2) over `rows` disjoint rank steps, each holding
+// samples of `lengths` (each sample at most once) with sum(len) <= cap (0: no
+// limit). The least of: (i) the sum over all samples; (ii) sum over the
+// `rows` longest m of psi(m) = q m^2 + r^2, q = floor(cap / m), r = cap - q m
+// (a row of reals in [0, m] summing to <= cap; <= cap * m); (iii) min over
+// lambda >= 0 of lambda * rows * cap + the most sum len (len - lambda) over
+// samples longer than lambda of which at most k * rows are longer than
+// cap / (k + 1) for every k (at lambda = the length where the longest samples
+// fill rows * cap tokens, and without the counts, this is the sum of squares
+// of those samples, the last one fractional). docs/benchmarks.md, "The
+// bounds", has the proof.
+double RowsSumSquaresBound(std::vector<uint32_t> lengths, uint64_t rows, uint64_t cap);
 
 // Martello-Toth L2 lower bound on the number of bins of capacity `capacity`
 // holding items of the given sizes (each <= capacity).

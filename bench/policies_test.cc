@@ -681,8 +681,12 @@ TEST_CASE("the largest-sample bound: one long sample whose attention the other r
   // step holding the long sample costs 4000 + 16000 = 20000 whatever the
   // other ranks do; the best schedule puts 3 x 40 short samples beside it and
   // the other 80 in one more step (2200): T = 22200. The any-layout bound
-  // spreads all work evenly (10500); the largest-sample bound gives
-  // 10500 + 0.75 x 20000 - (3 x 4096 + 0.001 x 4096 x 300) / 4 = 22120.8.
+  // spreads all work evenly (10500). The other 3 ranks of the long sample's
+  // step hold at most 40 short samples each (41 x 100 > 4096: the count
+  // caps; psi(100) = 40 x 100^2 + 96^2 for reals), so at most 3 x 40 x 100^2
+  // = 1.2e6 of sum(len^2) (L x the 3 next longest lengths, the old bound's
+  // Q, was 1228800): 10500 + 0.75 x 20000 - (3 x 4096 + 0.001 x 1.2e6) / 4
+  // = 22128 (22120.8 before).
   SimConfig cfg;
   cfg.world = 4;
   cfg.budget.max_tokens = 4096;
@@ -691,7 +695,7 @@ TEST_CASE("the largest-sample bound: one long sample whose attention the other r
   trace[37].tokens = 4000;
   const Bounds bounds = LowerBounds(trace, cfg.budget, cfg.model, cfg.world);
   CHECK(bounds.any_layout == Approx(10500.0));
-  CHECK(bounds.largest_sample == Approx(22120.8));
+  CHECK(bounds.largest_sample == Approx(22128.0));
   for (const std::string p : {"packing", "kk_balanced", "odb:global:q32:w64:paced16:full:packed", "sorted"}) {
     INFO(p);
     auto schedule = RunPolicy(p, trace, cfg);
@@ -700,6 +704,152 @@ TEST_CASE("the largest-sample bound: one long sample whose attention the other r
     CHECK(m.time >= 22200.0 * (1 - 1e-9));
     CHECK(bounds.largest_sample <= m.time);
   }
+}
+
+// The most sum(len^2) `rows` disjoint rows of at most `cap` tokens hold, by
+// trying every assignment of each sample to a row or to none.
+double MaxRowsSumSquares(const std::vector<uint32_t>& lens, uint64_t rows, uint64_t cap) {
+  double best = 0.0;
+  std::vector<uint64_t> fill(rows, 0);
+  std::function<void(size_t, double)> place = [&](size_t i, double sq) {
+    if (i == lens.size()) {
+      best = std::max(best, sq);
+      return;
+    }
+    place(i + 1, sq);
+    for (uint64_t r = 0; r < rows; ++r) {
+      if (fill[r] + lens[i] > cap) continue;
+      fill[r] += lens[i];
+      place(i + 1, sq + static_cast<double>(lens[i]) * lens[i]);
+      fill[r] -= lens[i];
+    }
+  };
+  place(0, 0.0);
+  return best;
+}
+
+TEST_CASE("the rows' sum(len^2) bound: above every packing, below the old L x longest bound", "[bound]") {
+  // By hand: 2 rows of 100 tokens, samples 50, 50 and twenty of 10. Rows can
+  // hold 50 + five 10s each: 2 x (2500 + 500) = 6000. The old bound, L x the
+  // 2 longest, gave 100 x 100 = 10000; psi(50) = 2 x 50^2 = 5000 per row,
+  // 10000; the sum of all squares 7000; lambda = 10: 2 x 50 x 40 + 10 x 200 =
+  // 6000, exact.
+  std::vector<uint32_t> hand = {50, 50};
+  hand.insert(hand.end(), 20, 10);
+  CHECK(RowsSumSquaresBound(hand, 2, 100) == Approx(6000.0));
+  CHECK(MaxRowsSumSquares({50, 50, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, 2, 100) == Approx(6000.0));
+  // psi binds: rows hold at most one of 60, 60, 60 beside a 40 or two 20s.
+  CHECK(RowsSumSquaresBound({60, 60, 60, 50, 40, 20, 20, 20}, 2, 100) == Approx(2 * (3600.0 + 1600.0)));
+  CHECK(RowsSumSquaresBound({}, 3, 100) == 0.0);
+  CHECK(RowsSumSquaresBound({200, 300}, 3, 100) == 0.0);  // over the budget: in no row
+  CHECK(RowsSumSquaresBound({30, 40}, 0, 100) == 0.0);
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint64_t cap = 20 + rng() % 200;
+    const uint64_t rows = 1 + rng() % 3;
+    const size_t n = rng() % 9;
+    std::vector<uint32_t> lens(n);
+    for (uint32_t& l : lens)
+      l = static_cast<uint32_t>(rng() % 3 == 0 ? 1 + rng() % cap : 1 + rng() % (cap / 3));
+    INFO("trial " << trial << ", cap " << cap << ", rows " << rows);
+    const double q = RowsSumSquaresBound(lens, rows, cap);
+    CHECK(q >= MaxRowsSumSquares(lens, rows, cap) * (1 - 1e-12));
+    std::vector<uint32_t> desc = lens;
+    std::sort(desc.begin(), desc.end(), std::greater<uint32_t>());
+    double next = 0.0, all = 0.0;
+    for (size_t j = 0; j < desc.size(); ++j) {
+      if (j < rows) next += desc[j];
+      all += static_cast<double>(desc[j]) * desc[j];
+    }
+    CHECK(q <= std::min(static_cast<double>(cap) * next, all) * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("the largest-sample bound, by hand: the other rows' attention is bounded by the samples there are",
+          "[bound]") {
+  // W = 3, L = 100, a = 0, b = 1, c = 1: a 100-token sample x1, two of 50 and
+  // twenty of 10. x1 alone costs 100 + 10^4 = 10100. The any-layout bound:
+  // (400 tokens + 17000) / 3 = 5800. The other two rows of x1's step hold at
+  // most 6000 of sum(len^2) (50 + five 10s each), so T >= 5800 + (2/3) 10100
+  // - (2 x 100 + 6000) / 3 = 10466.67 (the old bound, with Q = min(L x (50 +
+  // 50), the sum of all but x1) = 7000: 10133.33). The best schedule: x1 | 50 + five 10s | 50 + five 10s
+  // (10100), then ten 10s over three ranks (4 + 3 + 3: 40 + 400 = 440):
+  // 10540.
+  SimConfig cfg;
+  cfg.world = 3;
+  cfg.budget.max_tokens = 100;
+  cfg.model = StepModel{0.0, 1.0, 1.0, 0.0, 0.0};
+  std::vector<SampleLengths> trace(20, SampleLengths{10});
+  trace.insert(trace.begin() + 7, SampleLengths{50});
+  trace.insert(trace.begin() + 3, SampleLengths{100});
+  trace.push_back(SampleLengths{50});
+  const Bounds bounds = LowerBounds(trace, cfg.budget, cfg.model, cfg.world);
+  CHECK(bounds.any_layout == Approx(5800.0));
+  CHECK(bounds.largest_sample == Approx(10466.0 + 2.0 / 3));
+  for (const std::string p : {"packing", "kk_balanced", "odb:global:q32:w64:paced16:full:packed", "sorted",
+                              "odb:global:q32:w64:paced16:full"}) {
+    INFO(p);
+    auto schedule = RunPolicy(p, trace, cfg);
+    REQUIRE(schedule.ok());
+    const Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
+    CHECK(m.time >= 10540.0 * (1 - 1e-9));
+    CHECK(bounds.largest_sample <= m.time);
+  }
+}
+
+TEST_CASE("no policy beats the largest-sample bound on attention-heavy traces with one long sample",
+          "[bound]") {
+  // Where the bound binds: one sample at the budget, c large against b, few
+  // samples per rank. The bound must stay below every policy's time, and at
+  // least the old one (Q = min(L x the W - 1 next longest, sum of all but
+  // x1)).
+  std::mt19937_64 rng(23);
+  const std::vector<std::string> presets = {"chat_longtail", "image_text", "high_variance", "production_mix"};
+  int binds = 0, tighter = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    SimConfig cfg;
+    cfg.world = std::vector<int>{2, 3, 4, 8}[rng() % 4];
+    cfg.window = 16 + static_cast<uint32_t>(rng() % 64);
+    cfg.model = RandomModel(rng);
+    cfg.budget.max_tokens = std::vector<uint64_t>{1024, 4096}[rng() % 2];
+    cfg.model.c = (0.5 + std::uniform_real_distribution<double>(0.0, 1.0)(rng)) * cfg.model.b * 8.0 /
+                  static_cast<double>(cfg.budget.max_tokens);
+    auto trace =
+        GenerateTrace(presets[rng() % presets.size()], 20 + rng() % 200, cfg.budget.max_tokens, rng());
+    REQUIRE(trace.ok());
+    std::vector<SampleLengths> samples = trace->samples;
+    samples[rng() % samples.size()].tokens = static_cast<uint32_t>(cfg.budget.max_tokens);
+    const Bounds bounds = LowerBounds(samples, cfg.budget, cfg.model, cfg.world);
+    std::vector<uint32_t> lens;
+    for (const SampleLengths& x : samples) lens.push_back(x.tokens);
+    std::sort(lens.begin(), lens.end(), std::greater<uint32_t>());
+    const double cap = static_cast<double>(cfg.budget.max_tokens), l1 = lens[0];
+    double next = 0.0, rest_sq = 0.0;
+    for (size_t j = 1; j < lens.size(); ++j) {
+      if (j < static_cast<size_t>(cfg.world)) next += lens[j];
+      rest_sq += static_cast<double>(lens[j]) * lens[j];
+    }
+    const double old_bound = std::max(
+        bounds.any_layout, bounds.any_layout + cfg.model.Step(l1, l1 * l1) * (1.0 - 1.0 / cfg.world) -
+                               ((cfg.world - 1) * (cfg.model.a + cfg.model.Compute(cap)) +
+                                cfg.model.c * std::min(cap * next, rest_sq)) /
+                                   cfg.world);
+    CHECK(bounds.largest_sample >= old_bound * (1 - 1e-12));
+    binds += bounds.largest_sample > bounds.any_layout * 1.001;
+    tighter += bounds.largest_sample > old_bound * 1.001;
+    std::vector<std::string> policies = PolicyNames(cfg.window);
+    policies.push_back("odb:global:q16:paced8:packed");
+    for (const std::string& p : policies) {
+      INFO("trial " << trial << ", W " << cfg.world << ", " << p);
+      auto schedule = RunPolicy(p, samples, cfg);
+      REQUIRE(schedule.ok());
+      const Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens);
+      if (m.over_budget_rank_steps > 0) continue;
+      CHECK(bounds.largest_sample <= m.time * (1 + 1e-9));
+    }
+  }
+  CHECK(binds >= 10);
+  CHECK(tighter >= 8);
 }
 
 }  // namespace
