@@ -539,10 +539,33 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
   Candidate chosen = plan_at(memory_cap);
   if (memory_aware_ && config_.peak_ratio > 0) {
     // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
+    const double step_bound = floor_cap > memory_peak_ ? floor_cap : 0.0;
+    double bound_level = 0.0;
+    {
+      double total = 0.0, largest = 0.0;
+      for (double h : chosen.held) total += h, largest = std::max(largest, h);
+      bound_level = total / active;
+      (void)largest;
+    }
+    (void)step_bound;
+    auto level_of = [&](const std::vector<double>* held) {
+      const int f = config_.peak_forecast;
+      if (f == 0) return 0.0;
+      double level = memory_peak_;
+      if (f == 2) level = std::max(level, bound_level);
+      if (f == 3 && held != nullptr) {
+        std::vector<double> s = *held;
+        std::sort(s.begin(), s.end());
+        if (s.size() >= 2) level = std::max(level, s[s.size() - 2]);
+      }
+      return level;
+    };
     auto ratio = [&](const std::vector<double>* held) {
       double mx = 0.0, sum = 0.0;
+      const double level = level_of(held);
       for (int r = 0; r < active; ++r) {
-        const double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
+        double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
+        peak = std::max(peak, level);
         mx = std::max(mx, peak);
         sum += peak;
       }

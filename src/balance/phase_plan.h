@@ -179,6 +179,7 @@ struct EncoderPlanConfig {
   // such layouts, each phase still within 1 + memory_slack of its balanced
   // time); none does: the more even of the two ends. 0: the margin cap only.
   double peak_ratio = 0.0;
+  int peak_forecast = 0;  // EXPERIMENT
   bool MemoryAware() const;
 };
 
