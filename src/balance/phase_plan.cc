@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -534,8 +536,15 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
         for (int r = 0; r < active; ++r) c.held[to[p][r]] += buckets[p][r];
       }
     }
+    if (std::getenv("ODB_PP_DEBUG")) {
+      std::fprintf(stderr, "cap %.2f v %.3f a %.3f held", cap / 1024, c.plan.vision.max_load,
+                   config_.audio_phase ? c.plan.audio.max_load : 0.0);
+      for (double h : c.held) std::fprintf(stderr, " %.2f", h / 1024);
+      std::fprintf(stderr, "\n");
+    }
     return c;
   };
+  if (std::getenv("ODB_PP_DEBUG")) std::fprintf(stderr, "step floor %.2f margin %.2f\n", floor_cap / 1024, memory_cap / 1024);
   Candidate chosen = plan_at(memory_cap);
   if (memory_aware_ && config_.peak_ratio > 0) {
     // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
@@ -551,9 +560,9 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
     auto level_of = [&](const std::vector<double>* held) {
       const int f = config_.peak_forecast;
       if (f == 0) return 0.0;
-      double level = memory_peak_;
-      if (f == 2) level = std::max(level, bound_level);
-      if (f == 3 && held != nullptr) {
+      double level = f == 5 ? 0.0 : memory_peak_;
+      if (f == 2 || f == 4) level = std::max(level, bound_level);
+      if ((f == 3 || f == 4 || f == 5) && held != nullptr) {
         std::vector<double> s = *held;
         std::sort(s.begin(), s.end());
         if (s.size() >= 2) level = std::max(level, s[s.size() - 2]);
