@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -536,53 +534,43 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
         for (int r = 0; r < active; ++r) c.held[to[p][r]] += buckets[p][r];
       }
     }
-    if (std::getenv("ODB_PP_DEBUG")) {
-      std::fprintf(stderr, "cap %.2f v %.3f a %.3f held", cap / 1024, c.plan.vision.max_load,
-                   config_.audio_phase ? c.plan.audio.max_load : 0.0);
-      for (double h : c.held) std::fprintf(stderr, " %.2f", h / 1024);
-      std::fprintf(stderr, "\n");
-    }
     return c;
   };
-  if (std::getenv("ODB_PP_DEBUG")) std::fprintf(stderr, "step floor %.2f margin %.2f\n", floor_cap / 1024, memory_cap / 1024);
   Candidate chosen = plan_at(memory_cap);
   if (memory_aware_ && config_.peak_ratio > 0) {
-    // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
-    const double step_bound = floor_cap > memory_peak_ ? floor_cap : 0.0;
-    double bound_level = 0.0;
-    {
-      double total = 0.0, largest = 0.0;
-      for (double h : chosen.held) total += h, largest = std::max(largest, h);
-      bound_level = total / active;
-      (void)largest;
-    }
-    (void)step_bound;
+    // Max / mean over the ranks of their run peaks after a step holding
+    // `held` (none: before it). With forecast_peaks, each rank's peak is
+    // forecast to reach at least the level L = max(the job's peak before the
+    // step, the step's second-largest holding): a later step may bring any
+    // rank what one already held (the weight of a step is the data's, which
+    // rank holds it the layout's), and the ranks besides the step's top one
+    // show the level steps like this one bring. Without it, L = 0: the run
+    // so far, a step may also leave the peaks no less even than before it.
     auto level_of = [&](const std::vector<double>* held) {
-      const int f = config_.peak_forecast;
-      if (f == 0) return 0.0;
-      double level = f == 5 ? 0.0 : memory_peak_;
-      if (f == 2 || f == 4) level = std::max(level, bound_level);
-      if ((f == 3 || f == 4 || f == 5) && held != nullptr) {
-        std::vector<double> s = *held;
-        std::sort(s.begin(), s.end());
-        if (s.size() >= 2) level = std::max(level, s[s.size() - 2]);
+      if (!config_.forecast_peaks) return 0.0;
+      double level = memory_peak_;
+      if (held != nullptr && held->size() >= 2) {
+        std::vector<double> sorted = *held;
+        std::nth_element(sorted.begin(), sorted.end() - 2, sorted.end());
+        level = std::max(level, sorted[sorted.size() - 2]);
       }
       return level;
     };
     auto ratio = [&](const std::vector<double>* held) {
-      double mx = 0.0, sum = 0.0;
       const double level = level_of(held);
+      double mx = 0.0, sum = 0.0;
       for (int r = 0; r < active; ++r) {
-        double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
-        peak = std::max(peak, level);
+        const double peak =
+            std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
         mx = std::max(mx, peak);
         sum += peak;
       }
       return sum > 0 ? mx * active / sum : 1.0;
     };
-    // A step may leave the run's peaks within peak_ratio of even, or no less
-    // even than before it.
-    const double allowed = std::max(config_.peak_ratio, ratio(nullptr)) * (1 + 1e-12);
+    // The forecast before the step is even (every rank at least the job's peak).
+    const double allowed =
+        (config_.forecast_peaks ? config_.peak_ratio : std::max(config_.peak_ratio, ratio(nullptr))) *
+        (1 + 1e-12);
     if (ratio(&chosen.held) > allowed && floor_cap < memory_cap) {
       // The loosest cap (fastest layouts) in [floor_cap, memory_cap] within
       // the ratio, by bisection; none within it even at floor_cap: the more
