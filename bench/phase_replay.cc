@@ -93,8 +93,9 @@ int Main(int argc, char** argv) {
   double peak_ratio = -1;
   app.add_option("--memory-peak-ratio", peak_ratio, "override alignment.memory_peak_ratio (0: off)");
   bool run_so_far = false;
-  app.add_flag("--run-so-far-peaks", run_so_far,
-               "EncoderPlanConfig::forecast_peaks off (the peak ratio against the run so far, the rule before)");
+  app.add_flag(
+      "--run-so-far-peaks", run_so_far,
+      "EncoderPlanConfig::forecast_peaks off (the peak ratio against the run so far, the rule before)");
   bool greedy_relabel = false;
   app.add_flag("--greedy-relabel", greedy_relabel,
                "EncoderPlanConfig::relabel_search off (each phase relabeled greedily, the rule before)");
