@@ -92,6 +92,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-even-peaks", no_even_peaks, "EncoderPlanConfig::even_peaks off");
   double peak_ratio = -1;
   app.add_option("--memory-peak-ratio", peak_ratio, "override alignment.memory_peak_ratio (0: off)");
+  bool run_so_far = false;
+  app.add_flag(
+      "--run-so-far-peaks", run_so_far,
+      "EncoderPlanConfig::forecast_peaks off (the peak ratio against the run so far, the rule before)");
   bool greedy_relabel = false;
   app.add_flag("--greedy-relabel", greedy_relabel,
                "EncoderPlanConfig::relabel_search off (each phase relabeled greedily, the rule before)");
@@ -107,6 +111,7 @@ int Main(int argc, char** argv) {
   e.even_peaks = (e.even_peaks || even_peaks) && !no_even_peaks;
   if (greedy_relabel) e.relabel_search = false;
   if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
+  if (run_so_far) e.forecast_peaks = false;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);

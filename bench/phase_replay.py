@@ -14,6 +14,8 @@ over the layouts' (``modelled_sync_time``). The LLM layout is the run's in both.
 
   /usr/bin/python3 bench/phase_replay.py RUN.json [RUN.json ...] [--method odb_phases_packed]
       [--variant NAME=FLAGS ...]   (FLAGS passed to phase_replay, e.g. "m10=--memory-cap-margin 0.1")
+      [--per-step]   (also each step's activation MiB per rank and each encoder phase's slowest rank
+                      over its bound, per layout: where the run's peaks and time go)
 """
 from __future__ import annotations
 
@@ -98,6 +100,26 @@ def price(per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]], act: Dic
     return frac, max(peaks) / mean if mean else 1.0, max(peaks) / 2**20
 
 
+def print_steps(name: str, per_rank: List[Dict[str, Any]], fits: Dict[str, List[float]],
+                act: Dict[str, List[float]]) -> None:
+    """Per step: each rank's modelled activation MiB, then per encoder phase the step's bound over
+    its slowest rank (1: balanced), and the largest image's patches."""
+    print(f"  {name}")
+    for k in range(max(len(r["records"]) for r in per_rank)):
+        recs = [r["records"][k] for r in per_rank if k < len(r["records"])]
+        mib = [sum(mt.modelled_step_time(rec, p, act) for p in mt.COMPUTE_PHASES) / 2**20 for rec in recs]
+        fracs = []
+        for phase in PHASES:
+            times = [mt.modelled_step_time(rec, phase, fits) for rec in recs]
+            items = [u for rec in recs for u in rec["items"].get(phase, [])]
+            bound = max([sum(times) / len(per_rank)] +
+                        [mt.modelled_step_time({"items": {phase: [u]}}, phase, fits) for u in items])
+            fracs.append(f"{phase} {bound / max(times):.2f}" if items and max(times) > 0 else f"{phase}    -")
+        largest = max([u for rec in recs for u in rec["items"].get("vision", [])] + [0])
+        print(f"    step {k:3d}  MiB " + " ".join(f"{m:5.1f}" for m in mib) + "  " + "  ".join(fracs) +
+              f"  largest image {largest}")
+
+
 def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
@@ -115,6 +137,7 @@ def main() -> None:
     p.add_argument("--method", default="odb_phases_packed")
     p.add_argument("--bin", default=str(HERE.parent / "bazel-bin/bench/phase_replay"))
     p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS for phase_replay (repeatable)")
+    p.add_argument("--per-step", action="store_true", help="also each step's peaks and phase balance per layout")
     a = p.parse_args()
     variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
     print(f"{'run':28s} {'layout':18s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}"
@@ -140,6 +163,9 @@ def main() -> None:
             speedup = f"{baseline / mt.modelled_sync_time(records, fits):6.3f}" if baseline else f"{'-':>6s}"
             print(f"{Path(path).name[:28]:28s} {name:18s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
                   f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f} {speedup}")
+        if a.per_step:
+            for name, records in rows:
+                print_steps(name, records, fits, act)
 
 
 if __name__ == "__main__":

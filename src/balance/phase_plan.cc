@@ -538,19 +538,39 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
   };
   Candidate chosen = plan_at(memory_cap);
   if (memory_aware_ && config_.peak_ratio > 0) {
-    // Max / mean of the ranks' run peaks, after a step holding `held` (none: before it).
+    // Max / mean over the ranks of their run peaks after a step holding
+    // `held` (none: before it). With forecast_peaks, each rank's peak is
+    // forecast to reach at least the level L = max(the job's peak before the
+    // step, the step's second-largest holding): a later step may bring any
+    // rank what one already held (the weight of a step is the data's, which
+    // rank holds it the layout's), and the ranks besides the step's top one
+    // show the level steps like this one bring. Without it, L = 0: the run
+    // so far, a step may also leave the peaks no less even than before it.
+    auto level_of = [&](const std::vector<double>* held) {
+      if (!config_.forecast_peaks) return 0.0;
+      double level = memory_peak_;
+      if (held != nullptr && held->size() >= 2) {
+        std::vector<double> sorted = *held;
+        std::nth_element(sorted.begin(), sorted.end() - 2, sorted.end());
+        level = std::max(level, sorted[sorted.size() - 2]);
+      }
+      return level;
+    };
     auto ratio = [&](const std::vector<double>* held) {
+      const double level = level_of(held);
       double mx = 0.0, sum = 0.0;
       for (int r = 0; r < active; ++r) {
-        const double peak = held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]);
+        const double peak =
+            std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
         mx = std::max(mx, peak);
         sum += peak;
       }
       return sum > 0 ? mx * active / sum : 1.0;
     };
-    // A step may leave the run's peaks within peak_ratio of even, or no less
-    // even than before it.
-    const double allowed = std::max(config_.peak_ratio, ratio(nullptr)) * (1 + 1e-12);
+    // The forecast before the step is even (every rank at least the job's peak).
+    const double allowed =
+        (config_.forecast_peaks ? config_.peak_ratio : std::max(config_.peak_ratio, ratio(nullptr))) *
+        (1 + 1e-12);
     if (ratio(&chosen.held) > allowed && floor_cap < memory_cap) {
       // The loosest cap (fastest layouts) in [floor_cap, memory_cap] within
       // the ratio, by bisection; none within it even at floor_cap: the more

@@ -179,6 +179,15 @@ struct EncoderPlanConfig {
   // such layouts, each phase still within 1 + memory_slack of its balanced
   // time); none does: the more even of the two ends. 0: the margin cap only.
   double peak_ratio = 0.0;
+  // peak_ratio against a forecast of the ranks' final run peaks instead of
+  // the run so far: each rank's peak raised to at least the larger of the
+  // job's peak before the step and the step's second-largest holding. A step
+  // that does not raise the job's peak is never capped, and a heavy step
+  // (a large image) is judged by the level it brings the other ranks to, not
+  // by the run's earlier, lighter steps, which later heavy steps raise anyway
+  // (the myopic rule, false, evened the first such steps at the encoder time
+  // the run then lacked).
+  bool forecast_peaks = true;
   bool MemoryAware() const;
 };
 

@@ -445,5 +445,45 @@ TEST_CASE("EncoderStepPlanner keeps the run's peaks within peak_ratio with encod
   }
 }
 
+TEST_CASE("EncoderStepPlanner's peak_ratio judges a heavy step by the level it brings, not the run so far",
+          "[phase]") {
+  // Step 1: each rank's LLM holds 40. Step 2, heavier: the LLM parts hold 30,
+  // 45, 30, 30, rank 0's sample has an image (memory 20) and every rank's a
+  // clip (10). Its time layout holds 60, 55, 40, 40. Against the run so far
+  // (40 each) that is 1.23 max / mean, and the myopic rule spends audio time
+  // lowering rank 0; but the step itself brings rank 1 to 55, and the
+  // forecast (every rank at least 55) gives 60 / 56.25 = 1.07: kept.
+  EncoderPlanConfig config;
+  config.vision_cost = {0, 1, 0};
+  config.audio_cost = {0, 1, 0};
+  config.audio_phase = true;
+  config.vision_memory = {0, 1, 0};
+  config.audio_memory = {0, 1, 0};
+  config.llm_memory = {0, 1, 0};
+  config.memory_slack = 1.0;
+  config.memory_cap_margin = 1.0;
+  config.even_peaks = true;
+  config.peak_ratio = 1.1;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
+  const std::vector<EncoderItem> heavy = {
+      {0, {30, 20, 10}}, {1, {45, 0, 10}}, {2, {30, 0, 10}}, {3, {30, 0, 10}}};
+  for (const bool forecast : {false, true}) {
+    config.forecast_peaks = forecast;
+    EncoderStepPlanner planner(config);
+    planner.Plan(text, ranks);
+    const EncoderStepPlan plan = planner.Plan(heavy, ranks);
+    INFO("forecast_peaks " << forecast);
+    REQUIRE(plan.vision.max_load == 20.0);
+    if (forecast) {
+      CHECK(plan.audio.max_load == 10.0);  // the time layout: each clip on its own rank
+      CHECK(planner.memory_peak() == 60.0);
+    } else {
+      CHECK(plan.audio.max_load > 10.0);
+      CHECK(planner.memory_peak() < 60.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace odb::balance

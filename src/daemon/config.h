@@ -140,9 +140,10 @@ struct DaemonConfig {
   bool even_memory_peaks = true;
   // > 0 (in [1, 10]): the max / mean over ranks of their activation peaks over
   // the job that the encoder placement keeps to where encoder time can buy it:
-  // a step whose layouts at the margin cap would leave the ranks' peaks more
-  // uneven than this (and than before it) gets the loosest lower cap that
-  // does not (balance::EncoderPlanConfig::peak_ratio). 0: off.
+  // a step whose layouts at the margin cap would leave the ranks' forecast
+  // peaks (each at least the job's peak so far and the step's second-largest
+  // holding) more uneven than this gets the loosest lower cap that does not
+  // (balance::EncoderPlanConfig::peak_ratio, forecast_peaks). 0: off.
   double memory_peak_ratio = 0.0;
   // Seconds per unit of grouping.step_time (the LLM's cost), with phase_plans
   // and the global planner: > 0, the round planner composes steps with the

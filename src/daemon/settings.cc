@@ -317,7 +317,8 @@ std::vector<Setting> BuildTable() {
             "the ranks with the lowest peaks so far"));
   add(Field("alignment.memory_peak_ratio", kJob, ODB_FIELD(memory_peak_ratio),
             "*_memory set: > 0 keeps the ranks' activation peaks over the job within this max/mean where "
-            "encoder time (within memory_slack) can: a step that would leave them more uneven gets the "
+            "encoder time (within memory_slack) can: a step that would leave them, forecast (each rank at "
+            "least the job's peak so far and the step's second-largest holding), more uneven gets the "
             "loosest lower memory cap that does not; 0 = off; 0 or [1, 10]"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
