@@ -19,6 +19,7 @@
 // override what it says.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -99,6 +100,14 @@ int Main(int argc, char** argv) {
   bool greedy_relabel = false;
   app.add_flag("--greedy-relabel", greedy_relabel,
                "EncoderPlanConfig::relabel_search off (each phase relabeled greedily, the rule before)");
+  int round_steps = 0;
+  app.add_option("--round-steps", round_steps,
+                 "plan the recorded steps in rounds of this many consecutive steps "
+                 "(EncoderStepPlanner::PlanRound, as the daemon plans a round's steps; the runs do not "
+                 "record their rounds); 0: each step on its own (Plan)");
+  bool round_forecast = false;
+  app.add_flag("--round-forecast", round_forecast,
+               "EncoderPlanConfig::round_forecast (the peak ratio also forecasts the round's later steps)");
   CLI11_PARSE(app, argc, argv);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -112,6 +121,7 @@ int Main(int argc, char** argv) {
   if (greedy_relabel) e.relabel_search = false;
   if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
   if (run_so_far) e.forecast_peaks = false;
+  if (round_forecast) e.round_forecast = true;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);
@@ -119,6 +129,7 @@ int Main(int argc, char** argv) {
     std::cerr << "phase_replay: cannot read " << steps_path << "\n";
     return 2;
   }
+  std::vector<Step> steps;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
@@ -129,24 +140,41 @@ int Main(int argc, char** argv) {
       std::cerr << "phase_replay: " << steps_path << ":" << number << ": " << error << "\n";
       return 2;
     }
-    std::vector<balance::EncoderItem> items;
-    std::vector<uint32_t> patches, frames;
-    for (size_t r = 0; r < step.samples.size(); ++r) {
-      for (const SampleLengths& l : step.samples[r]) {
-        items.push_back({static_cast<int32_t>(r), l});
-        patches.push_back(l.vision_patches);
-        frames.push_back(l.audio_frames);
+    steps.push_back(std::move(step));
+  }
+  // Per step: its items (LLM rank order) and their patches and frames.
+  std::vector<std::vector<balance::EncoderItem>> items(steps.size());
+  std::vector<std::vector<uint32_t>> patches(steps.size()), frames(steps.size());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    for (size_t r = 0; r < steps[k].samples.size(); ++r) {
+      for (const SampleLengths& l : steps[k].samples[r]) {
+        items[k].push_back({static_cast<int32_t>(r), l});
+        patches[k].push_back(l.vision_patches);
+        frames[k].push_back(l.audio_frames);
       }
     }
-    const int active = static_cast<int>(step.ranks.size());
-    const balance::EncoderStepPlan plan = planner.Plan(items, step.ranks);
-    for (int r = 0; r < active; ++r) {
-      std::printf("%sv=", r ? "|" : "");
-      PrintLayout(plan.vision, patches, r);
-      std::printf(" a=");
-      if (e.audio_phase) PrintLayout(plan.audio, frames, r);
+  }
+  const size_t round = round_steps > 0 ? static_cast<size_t>(round_steps) : 1;
+  for (size_t first = 0; first < steps.size(); first += round) {
+    const size_t end = std::min(steps.size(), first + round);
+    std::vector<balance::EncoderStepPlan> plans;
+    if (round_steps > 0) {
+      std::vector<balance::EncoderRoundStep> in_round;
+      for (size_t k = first; k < end; ++k) in_round.push_back({items[k], steps[k].ranks});
+      plans = planner.PlanRound(in_round);
+    } else {
+      plans.push_back(planner.Plan(items[first], steps[first].ranks));
     }
-    std::printf("\n");
+    for (size_t k = first; k < end; ++k) {
+      const balance::EncoderStepPlan& plan = plans[k - first];
+      for (int r = 0; r < static_cast<int>(steps[k].ranks.size()); ++r) {
+        std::printf("%sv=", r ? "|" : "");
+        PrintLayout(plan.vision, patches[k], r);
+        std::printf(" a=");
+        if (e.audio_phase) PrintLayout(plan.audio, frames[k], r);
+      }
+      std::printf("\n");
+    }
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -455,7 +456,29 @@ std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
   return best;
 }
 
-EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
+std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const EncoderRoundStep> steps) {
+  std::vector<std::vector<double>> later(steps.size());
+  if (memory_aware_ && config_.peak_ratio > 0 && config_.round_forecast) {
+    for (size_t k = 1; k < steps.size(); ++k) {
+      PlanStep(steps[k].items, steps[k].ranks, {}, &later[k]);
+      std::sort(later[k].begin(), later[k].end(), std::greater<>());
+    }
+  }
+  std::vector<EncoderStepPlan> plans;
+  plans.reserve(steps.size());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const std::span<const std::vector<double>> rest =
+        config_.round_forecast ? std::span<const std::vector<double>>(later).subspan(k + 1)
+                               : std::span<const std::vector<double>>();
+    plans.push_back(PlanStep(steps[k].items, steps[k].ranks, rest, nullptr));
+  }
+  return plans;
+}
+
+EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
+                                             std::span<const int32_t> ranks,
+                                             std::span<const std::vector<double>> later,
+                                             std::vector<double>* preview) {
   const int active = static_cast<int>(ranks.size());
   std::vector<int32_t> home;
   home.reserve(items.size());
@@ -537,6 +560,10 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
     return c;
   };
   Candidate chosen = plan_at(memory_cap);
+  if (preview != nullptr) {
+    *preview = std::move(chosen.held);
+    return {};
+  }
   if (memory_aware_ && config_.peak_ratio > 0) {
     // Max / mean over the ranks of their run peaks after a step holding
     // `held` (none: before it). With forecast_peaks, each rank's peak is
@@ -556,14 +583,27 @@ EncoderStepPlan EncoderStepPlanner::Plan(std::span<const EncoderItem> items, std
       }
       return level;
     };
+    // With round_forecast, the round's later steps (`later`) raise the
+    // forecast too: each one's holdings, largest first, onto the ranks with
+    // the lowest forecast peaks.
+    std::vector<double> peak(active);
+    std::vector<int32_t> by_peak(active);
     auto ratio = [&](const std::vector<double>* held) {
       const double level = level_of(held);
+      for (int r = 0; r < active; ++r) {
+        peak[r] = std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
+      }
+      for (const std::vector<double>& h : later) {
+        std::iota(by_peak.begin(), by_peak.end(), 0);
+        std::sort(by_peak.begin(), by_peak.end(), [&](int32_t a, int32_t b) { return peak[a] < peak[b]; });
+        for (size_t i = 0; i < h.size() && i < by_peak.size(); ++i) {
+          peak[by_peak[i]] = std::max(peak[by_peak[i]], h[i]);
+        }
+      }
       double mx = 0.0, sum = 0.0;
       for (int r = 0; r < active; ++r) {
-        const double peak =
-            std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
-        mx = std::max(mx, peak);
-        sum += peak;
+        mx = std::max(mx, peak[r]);
+        sum += peak[r];
       }
       return sum > 0 ? mx * active / sum : 1.0;
     };

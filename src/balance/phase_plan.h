@@ -188,6 +188,13 @@ struct EncoderPlanConfig {
   // (the myopic rule, false, evened the first such steps at the encoder time
   // the run then lacked).
   bool forecast_peaks = true;
+  // peak_ratio's forecast also from the round's later steps (PlanRound): each
+  // later step's holdings at its margin cap (planned ahead once per round),
+  // largest onto the rank whose forecast peak is lowest (what even_peaks'
+  // relabeling does), so a heavy step is judged by the peaks the round will
+  // leave, not by the run so far (forecast_peaks false: beyond the round the
+  // run so far; true: also the level above).
+  bool round_forecast = false;
   bool MemoryAware() const;
 };
 
@@ -228,17 +235,34 @@ struct EncoderStepPlan {
   PhaseAssignment audio;   // empty order without an audio phase
 };
 
+// One step of a round for EncoderStepPlanner::PlanRound: Plan's arguments.
+struct EncoderRoundStep {
+  std::span<const EncoderItem> items;
+  std::span<const int32_t> ranks;
+};
+
 class EncoderStepPlanner {
  public:
   explicit EncoderStepPlanner(const EncoderPlanConfig& config)
       : config_(config), memory_aware_(config.MemoryAware()) {}
   // The plans of one step whose samples are `items` over its active ranks,
   // `ranks` (their world ranks, >= 1 of them; EncoderItem::llm_rank indexes it).
-  EncoderStepPlan Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks);
+  EncoderStepPlan Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
+    return PlanStep(items, ranks, {}, nullptr);
+  }
+  // A round's steps in order (each as Plan would, one after the other); with
+  // round_forecast (and peak_ratio, memory models) each step's peak ratio
+  // also forecasts what the round's later steps hold.
+  std::vector<EncoderStepPlan> PlanRound(std::span<const EncoderRoundStep> steps);
   // The most memory any rank held in a step's plans so far.
   double memory_peak() const { return memory_peak_; }
 
  private:
+  // `later`: the round's later steps' holdings at their margin caps (each
+  // sorted, largest first); `preview` non-null: only those of this step, at
+  // its margin cap, into *preview (no state changes, an empty plan).
+  EncoderStepPlan PlanStep(std::span<const EncoderItem> items, std::span<const int32_t> ranks,
+                           std::span<const std::vector<double>> later, std::vector<double>* preview);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;
