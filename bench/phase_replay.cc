@@ -108,6 +108,9 @@ int Main(int argc, char** argv) {
   bool round_forecast = false;
   app.add_flag("--round-forecast", round_forecast,
                "EncoderPlanConfig::round_forecast (the peak ratio also forecasts the round's later steps)");
+  bool round_joint = false;
+  app.add_flag("--round-joint", round_joint,
+               "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
   CLI11_PARSE(app, argc, argv);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -122,6 +125,7 @@ int Main(int argc, char** argv) {
   if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
   if (run_so_far) e.forecast_peaks = false;
   if (round_forecast) e.round_forecast = true;
+  if (round_joint) e.round_joint = true;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);

@@ -457,10 +457,11 @@ std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
 }
 
 std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const EncoderRoundStep> steps) {
+  if (memory_aware_ && config_.peak_ratio > 0 && config_.round_joint) return PlanRoundJoint(steps);
   std::vector<std::vector<double>> later(steps.size());
   if (memory_aware_ && config_.peak_ratio > 0 && config_.round_forecast) {
     for (size_t k = 1; k < steps.size(); ++k) {
-      PlanStep(steps[k].items, steps[k].ranks, {}, &later[k]);
+      PlanStep(steps[k].items, steps[k].ranks, {.later = {}, .preview = &later[k]});
       std::sort(later[k].begin(), later[k].end(), std::greater<>());
     }
   }
@@ -470,15 +471,76 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const Encod
     const std::span<const std::vector<double>> rest =
         config_.round_forecast ? std::span<const std::vector<double>>(later).subspan(k + 1)
                                : std::span<const std::vector<double>>();
-    plans.push_back(PlanStep(steps[k].items, steps[k].ranks, rest, nullptr));
+    plans.push_back(PlanStep(steps[k].items, steps[k].ranks, {.later = rest, .preview = nullptr}));
+  }
+  return plans;
+}
+
+std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const EncoderRoundStep> steps) {
+  const size_t n = steps.size();
+  const double job_peak = memory_peak_;
+  const std::vector<double> rank_peak = rank_peak_;
+  // Max / mean of the run peaks of the ranks that have held anything.
+  auto ratio_of = [](const std::vector<double>& peaks) {
+    double mx = 0.0, sum = 0.0;
+    int count = 0;
+    for (double p : peaks) {
+      if (p <= 0) continue;
+      mx = std::max(mx, p);
+      sum += p;
+      ++count;
+    }
+    return sum > 0 ? mx * count / sum : 1.0;
+  };
+  const double allowed = std::max(config_.peak_ratio, ratio_of(rank_peak)) * (1 + 1e-12);
+  std::vector<double> fraction(n, 1.0);
+  std::vector<EncoderStepPlan> plans(n);
+  std::vector<size_t> raised_at;  // per world rank: the step that set its run peak
+  // The round planned with `fraction`'s caps from the state before it; the
+  // run peaks' ratio after it.
+  auto plan_round = [&] {
+    memory_peak_ = job_peak;
+    rank_peak_ = rank_peak;
+    raised_at.assign(rank_peak_.size(), n);
+    for (size_t k = 0; k < n; ++k) {
+      const std::vector<double> before = rank_peak_;
+      plans[k] = PlanStep(steps[k].items, steps[k].ranks, {.later = {}, .preview = nullptr, .cap_fraction = fraction[k]});
+      raised_at.resize(rank_peak_.size(), n);
+      for (size_t w = 0; w < rank_peak_.size(); ++w) {
+        if (w >= before.size() || rank_peak_[w] > before[w]) raised_at[w] = k;
+      }
+    }
+    return ratio_of(rank_peak_);
+  };
+  double ratio = plan_round();
+  for (size_t round = 0; round < n && ratio > allowed; ++round) {
+    const size_t top = static_cast<size_t>(std::max_element(rank_peak_.begin(), rank_peak_.end()) - rank_peak_.begin());
+    const size_t k = raised_at[top];
+    if (k >= n || fraction[k] <= 0) break;  // the highest peak is from before the round, or already at its floor
+    const double was = fraction[k], ratio_was = ratio;
+    fraction[k] = 0;
+    ratio = plan_round();
+    if (ratio <= allowed) {
+      double lo = 0, hi = was;
+      for (int it = 0; it < kPeakRatioBisections; ++it) {
+        fraction[k] = lo + (hi - lo) / 2;
+        (plan_round() <= allowed ? lo : hi) = fraction[k];
+      }
+      fraction[k] = lo;
+      ratio = plan_round();
+    } else if (ratio >= ratio_was) {
+      fraction[k] = was;  // no more even at the floor: the step keeps its cap
+      ratio = plan_round();
+      break;
+    }
   }
   return plans;
 }
 
 EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
-                                             std::span<const int32_t> ranks,
-                                             std::span<const std::vector<double>> later,
-                                             std::vector<double>* preview) {
+                                             std::span<const int32_t> ranks, const StepOptions& options) {
+  const std::span<const std::vector<double>> later = options.later;
+  std::vector<double>* preview = options.preview;
   const int active = static_cast<int>(ranks.size());
   std::vector<int32_t> home;
   home.reserve(items.size());
@@ -505,6 +567,9 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
     const double bound = std::max(total / static_cast<double>(active), largest);
     memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
     floor_cap = std::max(memory_peak_, bound);
+    if (options.cap_fraction >= 0 && floor_cap < memory_cap) {
+      memory_cap = floor_cap + options.cap_fraction * (memory_cap - floor_cap);
+    }
   }
   // Per active rank: the most memory it held in an earlier step.
   std::vector<double> run_peak(active, 0.0);
@@ -564,7 +629,7 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
     *preview = std::move(chosen.held);
     return {};
   }
-  if (memory_aware_ && config_.peak_ratio > 0) {
+  if (memory_aware_ && config_.peak_ratio > 0 && options.cap_fraction < 0) {
     // Max / mean over the ranks of their run peaks after a step holding
     // `held` (none: before it). With forecast_peaks, each rank's peak is
     // forecast to reach at least the level L = max(the job's peak before the

@@ -195,6 +195,14 @@ struct EncoderPlanConfig {
   // leave, not by the run so far (forecast_peaks false: beyond the round the
   // run so far; true: also the level above).
   bool round_forecast = false;
+  // peak_ratio over a round planned jointly (PlanRound): the round's steps
+  // planned at their margin caps; while the ranks' run peaks after the round
+  // are more uneven than peak_ratio (and than before the round), the step
+  // where the highest rank reached its peak gets the loosest lower cap (by
+  // bisection between its floor and its margin cap, the round re-planned for
+  // each) that keeps them within it. No per-step ratio. Exact for the round;
+  // the steps after it are not seen (the run so far at the round's end).
+  bool round_joint = false;
   bool MemoryAware() const;
 };
 
@@ -248,7 +256,7 @@ class EncoderStepPlanner {
   // The plans of one step whose samples are `items` over its active ranks,
   // `ranks` (their world ranks, >= 1 of them; EncoderItem::llm_rank indexes it).
   EncoderStepPlan Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
-    return PlanStep(items, ranks, {}, nullptr);
+    return PlanStep(items, ranks, {});
   }
   // A round's steps in order (each as Plan would, one after the other); with
   // round_forecast (and peak_ratio, memory models) each step's peak ratio
@@ -258,11 +266,20 @@ class EncoderStepPlanner {
   double memory_peak() const { return memory_peak_; }
 
  private:
-  // `later`: the round's later steps' holdings at their margin caps (each
-  // sorted, largest first); `preview` non-null: only those of this step, at
-  // its margin cap, into *preview (no state changes, an empty plan).
+  struct StepOptions {
+    // The round's later steps' holdings at their margin caps (each sorted,
+    // largest first), for round_forecast.
+    std::span<const std::vector<double>> later;
+    // Non-null: only this step's holdings at its margin cap, into *preview
+    // (no state changes, an empty plan).
+    std::vector<double>* preview = nullptr;
+    // >= 0: the cap at floor + cap_fraction x (margin cap - floor), no peak
+    // ratio (round_joint).
+    double cap_fraction = -1.0;
+  };
   EncoderStepPlan PlanStep(std::span<const EncoderItem> items, std::span<const int32_t> ranks,
-                           std::span<const std::vector<double>> later, std::vector<double>* preview);
+                           const StepOptions& options);
+  std::vector<EncoderStepPlan> PlanRoundJoint(std::span<const EncoderRoundStep> steps);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;
