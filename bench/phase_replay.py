@@ -138,7 +138,12 @@ def main() -> None:
     p.add_argument("--bin", default=str(HERE.parent / "bazel-bin/bench/phase_replay"))
     p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS for phase_replay (repeatable)")
     p.add_argument("--per-step", action="store_true", help="also each step's peaks and phase balance per layout")
+    p.add_argument("--targets", action="store_true",
+                   help="also, per layout, how many runs meet each of issue 32's targets (each encoder phase "
+                        ">= 0.95 of its bound, activation max/mean <= 1.10, x llm >= 1.15 where the run has "
+                        "its LLM-only method) and all three at once")
     a = p.parse_args()
+    met: Dict[str, List[int]] = {}
     variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
     print(f"{'run':28s} {'layout':18s} {'vision':>7s} {'audio':>7s} {'llm':>7s} {'act m/m':>8s} {'peak MiB':>9s}"
           f" {'x llm':>6s}")
@@ -163,9 +168,18 @@ def main() -> None:
             speedup = f"{baseline / mt.modelled_sync_time(records, fits):6.3f}" if baseline else f"{'-':>6s}"
             print(f"{Path(path).name[:28]:28s} {name:18s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
                   f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f} {speedup}")
+            enc = min(frac["vision"], frac["audio"]) >= 0.95
+            x_ok = not baseline or baseline / mt.modelled_sync_time(records, fits) >= 1.15
+            counts = met.setdefault(name, [0, 0, 0, 0, 0])
+            for i, ok in enumerate((enc, mm <= 1.10, x_ok, enc and mm <= 1.10 and x_ok, True)):
+                counts[i] += ok
         if a.per_step:
             for name, records in rows:
                 print_steps(name, records, fits, act)
+    if a.targets:
+        print(f"\n{'layout':18s} {'enc>=0.95':>9s} {'act<=1.10':>9s} {'x>=1.15':>8s} {'all 3':>6s}  (of runs)")
+        for name, (e, m, x, all3, n) in met.items():
+            print(f"{name:18s} {e:9d} {m:9d} {x:8d} {all3:6d}  ({n})")
 
 
 if __name__ == "__main__":

@@ -513,26 +513,42 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     return ratio_of(rank_peak_);
   };
   double ratio = plan_round();
-  for (size_t round = 0; round < n && ratio > allowed; ++round) {
-    const size_t top = static_cast<size_t>(std::max_element(rank_peak_.begin(), rank_peak_.end()) - rank_peak_.begin());
+  // The loosest cap in [0, hi] (as a fraction) for step k that keeps the
+  // round within `allowed`, by bisection (0 is within it).
+  auto loosest = [&](size_t k, double lo, double hi) {
+    for (int it = 0; it < kPeakRatioBisections; ++it) {
+      fraction[k] = lo + (hi - lo) / 2;
+      (plan_round() <= allowed ? lo : hi) = fraction[k];
+    }
+    fraction[k] = lo;
+  };
+  // While over the ratio: the step that set the highest rank's peak to its
+  // floor (kept there even where that alone does not bring the round within
+  // the ratio: the next highest is then lowered too), or, once that brings it
+  // within, to the loosest cap that does.
+  std::vector<size_t> capped;
+  std::vector<double> best_fraction = fraction;
+  double best_ratio = ratio;
+  for (size_t iter = 0; iter < n && ratio > allowed; ++iter) {
+    const size_t top =
+        static_cast<size_t>(std::max_element(rank_peak_.begin(), rank_peak_.end()) - rank_peak_.begin());
     const size_t k = raised_at[top];
-    if (k >= n || fraction[k] <= 0) break;  // the highest peak is from before the round, or already at its floor
-    const double was = fraction[k], ratio_was = ratio;
+    if (k >= n || fraction[k] <= 0) break;  // the highest peak is from before the round, or at its floor
+    const double was = fraction[k];
     fraction[k] = 0;
+    capped.push_back(k);
     ratio = plan_round();
     if (ratio <= allowed) {
-      double lo = 0, hi = was;
-      for (int it = 0; it < kPeakRatioBisections; ++it) {
-        fraction[k] = lo + (hi - lo) / 2;
-        (plan_round() <= allowed ? lo : hi) = fraction[k];
-      }
-      fraction[k] = lo;
+      loosest(k, 0, was);
+      // The steps capped before it to their floors, loosened as far as the ratio allows.
+      for (size_t c = 0; c + 1 < capped.size(); ++c) loosest(capped[c], fraction[capped[c]], 1.0);
       ratio = plan_round();
-    } else if (ratio >= ratio_was) {
-      fraction[k] = was;  // no more even at the floor: the step keeps its cap
-      ratio = plan_round();
-      break;
     }
+    if (ratio < best_ratio) best_ratio = ratio, best_fraction = fraction;
+  }
+  if (ratio > best_ratio) {  // none within the ratio: the most even seen
+    fraction = best_fraction;
+    plan_round();
   }
   return plans;
 }
