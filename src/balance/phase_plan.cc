@@ -481,11 +481,14 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   const double job_peak = memory_peak_;
   const std::vector<double> rank_peak = rank_peak_;
   // Max / mean of the run peaks of the ranks that have held anything.
-  auto ratio_of = [](const std::vector<double>& peaks) {
+  // With forecast_peaks, each rank's at least the job's peak before the round.
+  const double level = config_.forecast_peaks ? job_peak : 0.0;
+  auto ratio_of = [level](const std::vector<double>& peaks) {
     double mx = 0.0, sum = 0.0;
     int count = 0;
     for (double p : peaks) {
       if (p <= 0) continue;
+      p = std::max(p, level);
       mx = std::max(mx, p);
       sum += p;
       ++count;
