@@ -485,5 +485,63 @@ TEST_CASE("EncoderStepPlanner's peak_ratio judges a heavy step by the level it b
   }
 }
 
+TEST_CASE("EncoderStepPlanner's round_joint caps a heavy step only where the round's later steps leave it uneven",
+          "[phase]") {
+  // A round of three steps on 4 ranks. Step 1: each rank's LLM holds 40.
+  // Step 2: the LLM parts hold 15, rank 0's sample has an image (memory 30)
+  // and every rank's a clip (10): its time layout holds 55 on one rank, 25 on
+  // the others. Step 3 either brings every other rank to 55 (three images)
+  // or is text again. A per-step rule (run so far or forecast) sees 55 against
+  // 40, 40, 40 (1.26 > 1.1) and moves a clip off the image's rank in step 2
+  // (audio at 2x its balanced time) in both rounds; planned jointly, step 2
+  // keeps its time layout where step 3 evens the peaks (55 each), and is
+  // capped as before where it does not (45 against 40s: 1.09).
+  EncoderPlanConfig config;
+  config.vision_cost = {0, 1, 0};
+  config.audio_cost = {0, 1, 0};
+  config.audio_phase = true;
+  config.vision_memory = {0, 1, 0};
+  config.audio_memory = {0, 1, 0};
+  config.llm_memory = {0, 1, 0};
+  config.memory_slack = 1.0;
+  config.memory_cap_margin = 1.0;
+  config.even_peaks = true;
+  config.peak_ratio = 1.1;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
+  const std::vector<EncoderItem> media = {
+      {0, {15, 30, 10}}, {1, {15, 0, 10}}, {2, {15, 0, 10}}, {3, {15, 0, 10}}};
+  const std::vector<EncoderItem> images = {
+      {0, {15, 0, 10}}, {1, {15, 30, 10}}, {2, {15, 30, 10}}, {3, {15, 30, 10}}};
+  for (const bool joint : {false, true}) {
+    for (const bool heavy_after : {true, false}) {
+      config.round_joint = joint;
+      EncoderStepPlanner planner(config);
+      const std::vector<EncoderRoundStep> round = {
+          {text, ranks}, {media, ranks}, {heavy_after ? images : text, ranks}};
+      const std::vector<EncoderStepPlan> plans = planner.PlanRound(round);
+      INFO("round_joint " << joint << ", heavy step after " << heavy_after);
+      REQUIRE(plans.size() == 3);
+      REQUIRE(plans[1].vision.max_load == 30.0);
+      if (joint && heavy_after) {
+        CHECK(plans[1].audio.max_load == 10.0);  // the time layout: each clip on its own rank
+        CHECK(planner.memory_peak() == 55.0);
+      } else {
+        CHECK(plans[1].audio.max_load == 20.0);  // (1 + memory_slack) x the balanced 10
+        CHECK(plans[1].audio.order[plans[1].vision.slot_of[0].rank].empty());
+        if (!heavy_after) CHECK(planner.memory_peak() == 45.0);
+      }
+    }
+  }
+  // Without round_joint, PlanRound plans as Plan does, step by step.
+  config.round_joint = false;
+  EncoderStepPlanner by_round(config), by_step(config);
+  const std::vector<EncoderRoundStep> round = {{text, ranks}, {media, ranks}};
+  const std::vector<EncoderStepPlan> plans = by_round.PlanRound(round);
+  by_step.Plan(text, ranks);
+  CHECK(plans[1].audio.max_load == by_step.Plan(media, ranks).audio.max_load);
+  CHECK(by_round.memory_peak() == by_step.memory_peak());
+}
+
 }  // namespace
 }  // namespace odb::balance
