@@ -21,6 +21,7 @@ balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config) {
   e.memory_cap_margin = config.memory_cap_margin;
   e.even_peaks = config.even_memory_peaks;
   e.peak_ratio = config.memory_peak_ratio;
+  e.round_joint = config.memory_peak_round;
   return e;
 }
 
@@ -62,34 +63,51 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
   const int world = static_cast<int>(plan.ranks.size());
   const int me = peers_->Rank();
   encoder_needs_.assign(world, {});
-  for (uint32_t k = 0; k < plan.num_steps; ++k) {
-    // The step's LLM layout is the plan's; each encoder layout (vision, then
-    // audio) is balanced on its own cost (balance::EncoderStepPlanner).
-    struct Item {
-      SampleMeta meta;
-      int32_t llm_rank;
-      uint32_t llm_index;
-    };
+  // The round's steps are planned together (balance::EncoderStepPlanner::
+  // PlanRound: with memory_peak_round their memory caps are chosen for the
+  // ranks' peaks after the round); each step's LLM layout is the plan's, each
+  // encoder layout (vision, then audio) balanced on its own cost.
+  struct Item {
+    SampleMeta meta;
+    int32_t llm_rank;
+    uint32_t llm_index;
+  };
+  struct Step {
+    uint32_t k;
     std::vector<Item> items;
+    std::vector<int32_t> active;
+    std::vector<balance::EncoderItem> step_items;
+  };
+  std::vector<Step> steps;
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    Step step{k, {}, {}, {}};
     for (int r = 0; r < world; ++r) {
       const auto& samples = plan.ranks[r].steps[k].samples;
-      for (uint32_t j = 0; j < samples.size(); ++j) items.push_back({samples[j], r, j});
+      for (uint32_t j = 0; j < samples.size(); ++j) step.items.push_back({samples[j], r, j});
     }
-    if (items.empty()) continue;
+    if (step.items.empty()) continue;
     // Only ranks with LLM work in this step encode: an IDLE rank runs no real
     // forward pass (it may even have left the loop under the join policy).
-    std::vector<int32_t> active, index_of(world, -1);
+    std::vector<int32_t> index_of(world, -1);
     for (int r = 0; r < world; ++r) {
       if (!plan.ranks[r].steps[k].samples.empty()) {
-        index_of[r] = static_cast<int32_t>(active.size());
-        active.push_back(r);
+        index_of[r] = static_cast<int32_t>(step.active.size());
+        step.active.push_back(r);
       }
     }
-    std::vector<balance::EncoderItem> step_items;
-    step_items.reserve(items.size());
-    for (const Item& item : items) step_items.push_back({index_of[item.llm_rank], item.meta.lengths});
-    const balance::EncoderStepPlan step_plan = encoder_planner_.Plan(step_items, active);
-    StepPlan& mine = outcome.steps[k];
+    step.step_items.reserve(step.items.size());
+    for (const Item& item : step.items) step.step_items.push_back({index_of[item.llm_rank], item.meta.lengths});
+    steps.push_back(std::move(step));
+  }
+  std::vector<balance::EncoderRoundStep> round;
+  round.reserve(steps.size());
+  for (const Step& step : steps) round.push_back({step.step_items, step.active});
+  const std::vector<balance::EncoderStepPlan> step_plans = encoder_planner_.PlanRound(round);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const std::vector<Item>& items = steps[s].items;
+    const std::vector<int32_t>& active = steps[s].active;
+    const balance::EncoderStepPlan& step_plan = step_plans[s];
+    StepPlan& mine = outcome.steps[steps[s].k];
     // One encoder phase: this rank's share of its layout (what it encodes and
     // where each output goes) and, for this rank's LLM samples, the rank that
     // encodes each.

@@ -145,6 +145,11 @@ struct DaemonConfig {
   // holding) more uneven than this gets the loosest lower cap that does not
   // (balance::EncoderPlanConfig::peak_ratio, forecast_peaks). 0: off.
   double memory_peak_ratio = 0.0;
+  // With memory_peak_ratio: the ratio kept over each planned round instead of
+  // per step against a forecast: the round's steps' memory caps chosen
+  // together for the ranks' run peaks after the round (the run so far at its
+  // end; balance::EncoderPlanConfig::round_joint).
+  bool memory_peak_round = false;
   // Seconds per unit of grouping.step_time (the LLM's cost), with phase_plans
   // and the global planner: > 0, the round planner composes steps with the
   // encoder phases in view (balance::StepPhaseCosts: the sum over steps of the

@@ -222,6 +222,12 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
   CHECK(StartupError("grouping: {quadratic_q: 0}").empty());
   CHECK(StartupError("alignment: {memory_peak_ratio: 1.09}").empty());
   CHECK(StartupError("alignment: {memory_peak_ratio: 0}").empty());
+  {
+    auto round = ParseConfig("alignment: {memory_peak_ratio: 1.09, memory_peak_round: true}");
+    REQUIRE(round.ok());
+    CHECK(round->memory_peak_round);
+    CHECK_FALSE(ParseConfig("")->memory_peak_round);
+  }
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
   CHECK(StartupError("alignment: {partition_ranks: 4}").empty());
   // Accumulation windows under partitioned planning (window_partitioned.h).

@@ -320,6 +320,10 @@ std::vector<Setting> BuildTable() {
             "encoder time (within memory_slack) can: a step that would leave them, forecast (each rank at "
             "least the job's peak so far and the step's second-largest holding), more uneven gets the "
             "loosest lower memory cap that does not; 0 = off; 0 or [1, 10]"));
+  add(Field("alignment.memory_peak_round", kJob, ODB_FIELD(memory_peak_round),
+            "memory_peak_ratio > 0: true keeps the ratio over each planned round instead (the round's steps' "
+            "memory caps chosen together for the ranks' peaks after it, the job so far at its end; "
+            "docs/balancing.md, Peak ratio)"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
       "true: the same steps on every run and after a resume, whatever the workers' timing "
