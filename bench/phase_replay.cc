@@ -19,6 +19,7 @@
 // override what it says.
 
 #include <CLI/CLI.hpp>
+#include <time.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,9 @@ int Main(int argc, char** argv) {
   bool round_joint = false;
   app.add_flag("--round-joint", round_joint,
                "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
+  bool timing = false;
+  app.add_flag("--timing", timing,
+               "stderr: the planner's thread CPU time per step (mean) and the most one round (or step) took");
   CLI11_PARSE(app, argc, argv);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
@@ -159,9 +163,16 @@ int Main(int argc, char** argv) {
     }
   }
   const size_t round = round_steps > 0 ? static_cast<size_t>(round_steps) : 1;
+  auto thread_cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  double total_cpu = 0.0, most_cpu = 0.0;
   for (size_t first = 0; first < steps.size(); first += round) {
     const size_t end = std::min(steps.size(), first + round);
     std::vector<balance::EncoderStepPlan> plans;
+    const double start = thread_cpu();
     if (round_steps > 0) {
       std::vector<balance::EncoderRoundStep> in_round;
       for (size_t k = first; k < end; ++k) in_round.push_back({items[k], steps[k].ranks});
@@ -169,6 +180,9 @@ int Main(int argc, char** argv) {
     } else {
       plans.push_back(planner.Plan(items[first], steps[first].ranks));
     }
+    const double spent = thread_cpu() - start;
+    total_cpu += spent;
+    most_cpu = std::max(most_cpu, spent);
     for (size_t k = first; k < end; ++k) {
       const balance::EncoderStepPlan& plan = plans[k - first];
       for (int r = 0; r < static_cast<int>(steps[k].ranks.size()); ++r) {
@@ -179,6 +193,11 @@ int Main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+  }
+  if (timing && !steps.empty()) {
+    std::fprintf(stderr, "phase_replay: %zu steps, %.3f ms/step planner thread CPU, at most %.3f ms per %s\n",
+                 steps.size(), 1e3 * total_cpu / static_cast<double>(steps.size()), 1e3 * most_cpu,
+                 round_steps > 0 ? "round" : "step");
   }
   return 0;
 }

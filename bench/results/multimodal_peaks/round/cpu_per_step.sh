@@ -1,5 +1,6 @@
 #!/bin/bash
-# CPU per step of the encoder planner (bazel-bin/bench/phase_replay, process user+sys time / steps) at
+# CPU per step of the encoder planner (bazel-bin/bench/phase_replay --timing: the planner calls' thread CPU
+# time, per step on average and the most one round (or step) took) at
 # W = 4 (the six recent runs' steps, each run 20x in a row: 1800 steps) and W = 8 (two runs' ranks side
 # by side per step: 900 steps), per rule. Run from the repository root after
 # `nice -n 19 bazel build -c opt //bench:phase_replay`.
@@ -12,18 +13,21 @@ runs = ["bench/results/multimodal_peaks/w4_s0.json", "bench/results/multimodal_p
         "bench/results/multimodal_peaks/w4_s2.json", "bench/results/multimodal_peaks/trim/w4_s0.json",
         "bench/results/multimodal_peaks/trim/w4_s1.json", "bench/results/multimodal_peaks/trim/w4_s2.json"]
 per = [json.load(open(r))["raw"]["odb_phases_packed"] for r in runs]
-def rank(r, k, w): return f"@{w} " + " ".join(",".join(map(str, s)) for s in r["records"][k]["samples"])
+def rank(r, k, w):
+    s = r["records"][k].get("samples") if k < len(r["records"]) else None
+    return f"@{w} " + " ".join(",".join(map(str, x)) for x in s) if s else None
+def line(parts): return " | ".join(p for p in parts if p) + "\n"
 with open(f"{tmp}/w4.txt", "w") as f:
     for _ in range(20):
         for p in per:
-            for k in range(len(p[0]["records"])):
-                f.write(" | ".join(rank(p[w], k, w) for w in range(4)) + "\n")
+            for k in range(max(len(r["records"]) for r in p)):
+                f.write(line(rank(p[w], k, w) for w in range(4)))
 with open(f"{tmp}/w8.txt", "w") as f:
     for _ in range(20):
         for a, b in ((0, 3), (1, 4), (2, 5)):
-            for k in range(min(len(per[a][0]["records"]), len(per[b][0]["records"]))):
-                f.write(" | ".join([rank(per[a][w], k, w) for w in range(4)] +
-                                   [rank(per[b][w], k, w + 4) for w in range(4)]) + "\n")
+            for k in range(min(max(len(r["records"]) for r in per[a]), max(len(r["records"]) for r in per[b]))):
+                f.write(line([rank(per[a][w], k, w) for w in range(4)] +
+                             [rank(per[b][w], k, w + 4) for w in range(4)]))
 PY
 /usr/bin/python3 -c "
 import sys, yaml; sys.path.insert(0, 'examples'); import multimodal_train as mt, argparse
@@ -32,10 +36,9 @@ yaml.safe_dump(mt.daemon_config(a, True, 0, True), open('$tmp/odbd.yaml', 'w'))"
 for w in 4 8; do
   n=$(wc -l < "$tmp/w$w.txt")
   for rule in "forecast (default)|" "run so far|--run-so-far-peaks" "no ratio|--memory-peak-ratio 0" \
-              "round joint, R=15|--round-joint --round-steps 15" "round joint, R=4|--round-joint --round-steps 4"; do
+              "round joint, R=15|--round-joint --round-steps 15" "round joint, R=4|--round-joint --round-steps 4" "round joint, R=32|--round-joint --round-steps 32"; do
     flags=${rule#*|}
-    t=$( { /usr/bin/time -f "%U %S" bazel-bin/bench/phase_replay --config "$tmp/odbd.yaml" --steps "$tmp/w$w.txt" $flags > /dev/null; } 2>&1 | tail -1)
-    echo "W=$w ${rule%%|*}: $n steps, $(echo $t | awk -v n=$n '{printf "%.3f ms/step", ($1 + $2) * 1000 / n}')"
+    echo "W=$w ${rule%%|*}: $(bazel-bin/bench/phase_replay --config "$tmp/odbd.yaml" --steps "$tmp/w$w.txt" $flags --timing 2>&1 > /dev/null)"
   done
 done
 rm -r "$tmp"
