@@ -106,9 +106,6 @@ int Main(int argc, char** argv) {
                  "plan the recorded steps in rounds of this many consecutive steps "
                  "(EncoderStepPlanner::PlanRound, as the daemon plans a round's steps; the runs do not "
                  "record their rounds); 0: each step on its own (Plan)");
-  bool round_forecast = false;
-  app.add_flag("--round-forecast", round_forecast,
-               "EncoderPlanConfig::round_forecast (the peak ratio also forecasts the round's later steps)");
   bool round_joint = false;
   app.add_flag("--round-joint", round_joint,
                "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
@@ -128,7 +125,6 @@ int Main(int argc, char** argv) {
   if (greedy_relabel) e.relabel_search = false;
   if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
   if (run_so_far) e.forecast_peaks = false;
-  if (round_forecast) e.round_forecast = true;
   if (round_joint) e.round_joint = true;
 
   balance::EncoderStepPlanner planner(e);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -458,21 +457,9 @@ std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
 
 std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const EncoderRoundStep> steps) {
   if (memory_aware_ && config_.peak_ratio > 0 && config_.round_joint) return PlanRoundJoint(steps);
-  std::vector<std::vector<double>> later(steps.size());
-  if (memory_aware_ && config_.peak_ratio > 0 && config_.round_forecast) {
-    for (size_t k = 1; k < steps.size(); ++k) {
-      PlanStep(steps[k].items, steps[k].ranks, {.later = {}, .preview = &later[k]});
-      std::sort(later[k].begin(), later[k].end(), std::greater<>());
-    }
-  }
   std::vector<EncoderStepPlan> plans;
   plans.reserve(steps.size());
-  for (size_t k = 0; k < steps.size(); ++k) {
-    const std::span<const std::vector<double>> rest =
-        config_.round_forecast ? std::span<const std::vector<double>>(later).subspan(k + 1)
-                               : std::span<const std::vector<double>>();
-    plans.push_back(PlanStep(steps[k].items, steps[k].ranks, {.later = rest, .preview = nullptr}));
-  }
+  for (const EncoderRoundStep& step : steps) plans.push_back(PlanStep(step.items, step.ranks, -1.0));
   return plans;
 }
 
@@ -480,15 +467,13 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   const size_t n = steps.size();
   const double job_peak = memory_peak_;
   const std::vector<double> rank_peak = rank_peak_;
-  // Max / mean of the run peaks of the ranks that have held anything.
-  // With forecast_peaks, each rank's at least the job's peak before the round.
-  const double level = config_.forecast_peaks ? job_peak : 0.0;
-  auto ratio_of = [level](const std::vector<double>& peaks) {
+  // Max / mean of the run peaks of the ranks that have held anything (the
+  // run so far: no forecast beyond the round).
+  auto ratio_of = [](const std::vector<double>& peaks) {
     double mx = 0.0, sum = 0.0;
     int count = 0;
     for (double p : peaks) {
       if (p <= 0) continue;
-      p = std::max(p, level);
       mx = std::max(mx, p);
       sum += p;
       ++count;
@@ -507,7 +492,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     raised_at.assign(rank_peak_.size(), n);
     for (size_t k = 0; k < n; ++k) {
       const std::vector<double> before = rank_peak_;
-      plans[k] = PlanStep(steps[k].items, steps[k].ranks, {.later = {}, .preview = nullptr, .cap_fraction = fraction[k]});
+      plans[k] = PlanStep(steps[k].items, steps[k].ranks, fraction[k]);
       raised_at.resize(rank_peak_.size(), n);
       for (size_t w = 0; w < rank_peak_.size(); ++w) {
         if (w >= before.size() || rank_peak_[w] > before[w]) raised_at[w] = k;
@@ -557,9 +542,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
 }
 
 EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
-                                             std::span<const int32_t> ranks, const StepOptions& options) {
-  const std::span<const std::vector<double>> later = options.later;
-  std::vector<double>* preview = options.preview;
+                                             std::span<const int32_t> ranks, double cap_fraction) {
   const int active = static_cast<int>(ranks.size());
   std::vector<int32_t> home;
   home.reserve(items.size());
@@ -586,8 +569,8 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
     const double bound = std::max(total / static_cast<double>(active), largest);
     memory_cap = std::max(memory_peak_, bound * (1 + config_.memory_cap_margin));
     floor_cap = std::max(memory_peak_, bound);
-    if (options.cap_fraction >= 0 && floor_cap < memory_cap) {
-      memory_cap = floor_cap + options.cap_fraction * (memory_cap - floor_cap);
+    if (cap_fraction >= 0 && floor_cap < memory_cap) {
+      memory_cap = floor_cap + cap_fraction * (memory_cap - floor_cap);
     }
   }
   // Per active rank: the most memory it held in an earlier step.
@@ -644,11 +627,7 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
     return c;
   };
   Candidate chosen = plan_at(memory_cap);
-  if (preview != nullptr) {
-    *preview = std::move(chosen.held);
-    return {};
-  }
-  if (memory_aware_ && config_.peak_ratio > 0 && options.cap_fraction < 0) {
+  if (memory_aware_ && config_.peak_ratio > 0 && cap_fraction < 0) {
     // Max / mean over the ranks of their run peaks after a step holding
     // `held` (none: before it). With forecast_peaks, each rank's peak is
     // forecast to reach at least the level L = max(the job's peak before the
@@ -667,27 +646,14 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
       }
       return level;
     };
-    // With round_forecast, the round's later steps (`later`) raise the
-    // forecast too: each one's holdings, largest first, onto the ranks with
-    // the lowest forecast peaks.
-    std::vector<double> peak(active);
-    std::vector<int32_t> by_peak(active);
     auto ratio = [&](const std::vector<double>* held) {
       const double level = level_of(held);
-      for (int r = 0; r < active; ++r) {
-        peak[r] = std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
-      }
-      for (const std::vector<double>& h : later) {
-        std::iota(by_peak.begin(), by_peak.end(), 0);
-        std::sort(by_peak.begin(), by_peak.end(), [&](int32_t a, int32_t b) { return peak[a] < peak[b]; });
-        for (size_t i = 0; i < h.size() && i < by_peak.size(); ++i) {
-          peak[by_peak[i]] = std::max(peak[by_peak[i]], h[i]);
-        }
-      }
       double mx = 0.0, sum = 0.0;
       for (int r = 0; r < active; ++r) {
-        mx = std::max(mx, peak[r]);
-        sum += peak[r];
+        const double peak =
+            std::max(level, held == nullptr ? run_peak[r] : std::max(run_peak[r], (*held)[r]));
+        mx = std::max(mx, peak);
+        sum += peak;
       }
       return sum > 0 ? mx * active / sum : 1.0;
     };

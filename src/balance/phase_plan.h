@@ -188,20 +188,15 @@ struct EncoderPlanConfig {
   // (the myopic rule, false, evened the first such steps at the encoder time
   // the run then lacked).
   bool forecast_peaks = true;
-  // peak_ratio's forecast also from the round's later steps (PlanRound): each
-  // later step's holdings at its margin cap (planned ahead once per round),
-  // largest onto the rank whose forecast peak is lowest (what even_peaks'
-  // relabeling does), so a heavy step is judged by the peaks the round will
-  // leave, not by the run so far (forecast_peaks false: beyond the round the
-  // run so far; true: also the level above).
-  bool round_forecast = false;
   // peak_ratio over a round planned jointly (PlanRound): the round's steps
   // planned at their margin caps; while the ranks' run peaks after the round
   // are more uneven than peak_ratio (and than before the round), the step
   // where the highest rank reached its peak gets the loosest lower cap (by
   // bisection between its floor and its margin cap, the round re-planned for
-  // each) that keeps them within it. No per-step ratio. Exact for the round;
-  // the steps after it are not seen (the run so far at the round's end).
+  // each) that keeps them within it; kept at the floor where that alone does
+  // not, the next highest then lowered too. No per-step ratio and no
+  // forecast (forecast_peaks unused): exact for the round, the steps after
+  // it unseen (the run so far at the round's end).
   bool round_joint = false;
   bool MemoryAware() const;
 };
@@ -256,29 +251,19 @@ class EncoderStepPlanner {
   // The plans of one step whose samples are `items` over its active ranks,
   // `ranks` (their world ranks, >= 1 of them; EncoderItem::llm_rank indexes it).
   EncoderStepPlan Plan(std::span<const EncoderItem> items, std::span<const int32_t> ranks) {
-    return PlanStep(items, ranks, {});
+    return PlanStep(items, ranks, -1.0);
   }
-  // A round's steps in order (each as Plan would, one after the other); with
-  // round_forecast (and peak_ratio, memory models) each step's peak ratio
-  // also forecasts what the round's later steps hold.
+  // A round's steps in order: as Plan would, one after the other, or with
+  // round_joint (and peak_ratio, memory models) their caps chosen together.
   std::vector<EncoderStepPlan> PlanRound(std::span<const EncoderRoundStep> steps);
   // The most memory any rank held in a step's plans so far.
   double memory_peak() const { return memory_peak_; }
 
  private:
-  struct StepOptions {
-    // The round's later steps' holdings at their margin caps (each sorted,
-    // largest first), for round_forecast.
-    std::span<const std::vector<double>> later;
-    // Non-null: only this step's holdings at its margin cap, into *preview
-    // (no state changes, an empty plan).
-    std::vector<double>* preview = nullptr;
-    // >= 0: the cap at floor + cap_fraction x (margin cap - floor), no peak
-    // ratio (round_joint).
-    double cap_fraction = -1.0;
-  };
+  // cap_fraction >= 0: the step's memory cap at floor + cap_fraction x
+  // (margin cap - floor), no per-step peak ratio (round_joint); < 0: Plan.
   EncoderStepPlan PlanStep(std::span<const EncoderItem> items, std::span<const int32_t> ranks,
-                           const StepOptions& options);
+                           double cap_fraction);
   std::vector<EncoderStepPlan> PlanRoundJoint(std::span<const EncoderRoundStep> steps);
   EncoderPlanConfig config_;
   bool memory_aware_;
