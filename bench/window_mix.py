@@ -35,6 +35,9 @@ one. Per method it reports
   steps-interleaved  the same micro-steps ordered long, short, long, ... (halves by mean sample length,
                   each shuffled), then cut alike: a step order that mixes lengths within a window;
   steps-folded    the same micro-steps paired k-th longest with k-th shortest, the pairs shuffled.
+  groups-folded   each rank's micro-steps (its groups, not the aligned union) paired k-th longest with
+                  k-th shortest, the pairs shuffled, then cut alike: the planner's groups (so its padding)
+                  with a long and a short group in each window, as if one step paired them across ranks.
 
 Examples:
   /usr/bin/python3 examples/train_demo.py --json --quiet --samples 1000 --heldout 100 --epochs 2 \\
@@ -71,6 +74,11 @@ def optimizer_steps(ranks: list) -> list:
     if any(len(s) != count for s in per_rank):
         raise ValueError(f"ranks closed different numbers of optimizer steps: {[len(s) for s in per_rank]}")
     return [(per_rank[0][k][0], [i for s in per_rank for i in s[k][1]]) for k in range(count)]
+
+
+def rank_groups(ranks: list) -> list:
+    """[(epoch, [ids])] per rank micro-step (each rank's group on its own), IDLE ones left out."""
+    return [(entry[0], list(entry[1])) for log in ranks for entry in log if entry[1]]
 
 
 def micro_steps(ranks: list) -> list:
@@ -194,12 +202,13 @@ def write_plan(rec: dict, method: str, mode: str, seed: int, window_tokens: floa
     lengths = rec["lengths"]
     rng = random.Random(seed)
     epochs = []
-    if mode in ("steps-shuffled", "steps-interleaved", "steps-folded"):
-        for epoch, units in sorted(by_epoch(micro_steps(rec["methods"][method])).items()):
+    if mode in ("steps-shuffled", "steps-interleaved", "steps-folded", "groups-folded"):
+        unit_of = rank_groups if mode == "groups-folded" else micro_steps
+        for epoch, units in sorted(by_epoch(unit_of(rec["methods"][method])).items()):
             units = [u for u in units if u]
             if mode == "steps-shuffled":
                 rng.shuffle(units)
-            elif mode == "steps-folded":
+            elif mode in ("steps-folded", "groups-folded"):
                 units = folded(units, lengths, rng)
             else:
                 units = interleaved(units, lengths, rng)
@@ -235,7 +244,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="the random baseline's and the plan's shuffles")
     p.add_argument("--write-plan", default="", choices=("", "same", "shuffle-order", "random-members",
                                                          "random-tokens", "sorted", "sorted-tokens",
-                                                         "steps-shuffled", "steps-interleaved", "steps-folded"))
+                                                         "steps-shuffled", "steps-interleaved", "steps-folded",
+                                                         "groups-folded"))
     p.add_argument("--window-tokens", type=float, default=0.0,
                    help="loss tokens per step for the *-tokens plans (default: the recorded window target)")
     p.add_argument("--out", default="", help="where --write-plan writes")
