@@ -192,6 +192,12 @@ struct PlannerConfig {
   // so that the steps, and the accumulation windows cut from them, are not
   // length-correlated (docs/config.md; issue 35's loss gap).
   bool mix_lengths = false;
+  // grouping.mix_lengths with padded budgets under `auto` (docs/config.md):
+  // the groups stay length-sorted (their padding unchanged), and the global
+  // planner deals them into steps across lengths within bands of near-equal
+  // cost, so that a step, and a window cut from a few steps, holds long and
+  // short groups (balance::internal::FoldByLength).
+  bool mix_steps = false;
 };
 
 // The contract of a plan, independent of how it was made: `Plan` is a pure

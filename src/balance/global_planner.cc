@@ -421,6 +421,50 @@ void ComposeWithPhases(const GlobalPlannerConfig& config, const Pool& pool,
 // sorted chunking minimises sum_k max_r cost; with config.phase_costs,
 // ComposeWithPhases then exchanges groups between steps), balances every full step
 // (BalanceStep) and places a partial one (PlaceStep). Returns steps[k][rank].
+// PlannerConfig::mix_steps: the cost-ordered deal re-dealt inside bands of
+// near-equal cost (each group within kMixStepsBand of the band's costliest),
+// so that each step of a band holds one group from each length stratum of
+// the band (its groups sorted by mean length, cut into `world` strata of
+// `steps in the band` groups; step s takes the s-th of the even strata and
+// the s-th from the end of the odd ones, so long groups meet short ones). The groups are unchanged (the
+// same padding); a step's costliest group, which sets its time, rises by less
+// than the band's width. `dealt` holds the group indices in cost order on
+// entry and the re-dealt order on return.
+constexpr double kMixStepsBand = 0.05;
+
+void FoldByLength(const Pool& pool, const std::vector<Members>& groups,
+                  const std::vector<std::pair<double, size_t>>& by_cost, size_t world,
+                  std::vector<size_t>& dealt) {
+  auto mean_length = [&](size_t g) {
+    uint64_t sum = 0;
+    for (size_t i : groups[g]) sum += pool.lens[i].tokens;
+    return groups[g].empty() ? 0.0 : static_cast<double>(sum) / static_cast<double>(groups[g].size());
+  };
+  size_t start = 0;
+  while (start + 2 * world <= by_cost.size()) {
+    size_t end = start + 1;
+    while (end < by_cost.size() && by_cost[end].first >= (1.0 - kMixStepsBand) * by_cost[start].first) ++end;
+    const size_t steps = (end - start) / world;
+    if (steps < 2) {
+      start += world;  // a band of one step: the deal as it was
+      continue;
+    }
+    std::vector<std::pair<double, size_t>> by_length;
+    by_length.reserve(steps * world);
+    for (size_t j = start; j < start + steps * world; ++j)
+      by_length.emplace_back(mean_length(dealt[j]), dealt[j]);
+    std::stable_sort(by_length.begin(), by_length.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t step = 0; step < steps; ++step) {
+      for (size_t r = 0; r < world; ++r) {
+        const size_t in_stratum = r % 2 == 0 ? step : steps - 1 - step;  // antithetic: long with short
+        dealt[start + step * world + r] = by_length[r * steps + in_stratum].second;
+      }
+    }
+    start += steps * world;
+  }
+}
+
 std::vector<std::vector<Members>> DealSteps(const GlobalPlannerConfig& config, const Pool& pool,
                                             std::vector<Members> groups, size_t t, size_t world) {
   const align::PlannerConfig& cfg = config.base;
@@ -446,6 +490,7 @@ std::vector<std::vector<Members>> DealSteps(const GlobalPlannerConfig& config, c
   });
   std::vector<size_t> dealt(by_cost.size());  // step k: dealt[k * world, (k + 1) * world)
   for (size_t j = 0; j < dealt.size(); ++j) dealt[j] = by_cost[j].second;
+  if (cfg.mix_steps) FoldByLength(pool, groups, by_cost, world, dealt);
   if (config.phase_costs.enabled()) ComposeWithPhases(config, pool, groups, world, dealt);
   std::vector<std::vector<Members>> steps(t);
   for (size_t k = 0; k < t; ++k) {

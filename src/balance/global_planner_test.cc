@@ -246,6 +246,65 @@ TEST_CASE("mix_lengths: the round's steps mix lengths like random steps; off, th
   }
 }
 
+TEST_CASE("mix_steps: length-sorted groups dealt across lengths, the same padding and step count",
+          "[global][mix]") {
+  for (uint32_t world : {2u, 4u}) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      std::mt19937_64 rng(seed);
+      std::lognormal_distribution<double> length(std::log(48.0), 0.8);
+      RoundState st;
+      st.ranks.resize(world);
+      for (uint32_t r = 0; r < world; ++r) {
+        for (uint64_t i = 0; i < 400; ++i) {
+          SampleMeta m;
+          m.id = i;
+          m.owner_rank = r;
+          m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 8.0, 256.0));
+          m.payload_bytes = 4ull * m.lengths.tokens;
+          st.ranks[r].pending.push_back(m);
+        }
+        st.ranks[r].free_slots = 1000;
+      }
+      GlobalPlannerConfig gcfg;
+      gcfg.base.budget.model = grouping::CostModel::kPadded;
+      gcfg.base.budget.max_tokens = 512;
+      gcfg.base.max_wait_rounds = 0;
+      gcfg.base.seed = seed;
+      const RoundPlan by_length = GlobalPlanner(gcfg).Plan(st);
+      gcfg.base.mix_steps = true;
+      const RoundPlan folded = GlobalPlanner(gcfg).Plan(st);
+      auto totals = [&](const RoundPlan& plan) {
+        uint64_t padded = 0;
+        double sum_max = 0.0;
+        for (uint32_t k = 0; k < plan.num_steps; ++k) {
+          double mx = 0.0;
+          for (const auto& rp : plan.ranks) {
+            padded += rp.steps[k].padded_tokens;
+            if (!rp.steps[k].idle) mx = std::max(mx, StepCost(gcfg.base, rp.steps[k]));
+          }
+          sum_max += mx;
+        }
+        return std::make_pair(padded, sum_max);
+      };
+      const auto [padded_length, time_length] = totals(by_length);
+      const auto [padded_folded, time_folded] = totals(folded);
+      const double z_length = StepMeanZVariance(by_length);
+      const double z_folded = StepMeanZVariance(folded);
+      INFO("W " << world << " seed " << seed << ": var(z) " << z_length << " -> " << z_folded << ", steps "
+                << by_length.num_steps << " -> " << folded.num_steps << ", padded " << padded_length << " -> "
+                << padded_folded << ", sum of step maxima " << time_length << " -> " << time_folded);
+      REQUIRE(by_length.num_steps >= 20);
+      CHECK(folded.num_steps == by_length.num_steps);
+      CHECK(z_length > 6.0);
+      CHECK(z_folded < z_length / 2);
+      // The same groups, so the same padding, up to BalanceStep's moves inside a step.
+      CHECK(static_cast<double>(padded_folded) <= 1.01 * static_cast<double>(padded_length));
+      // A step's costliest group rises by less than the band's width (5%).
+      CHECK(time_folded <= 1.05 * time_length);
+    }
+  }
+}
+
 TEST_CASE("locality: 1 moves nothing and equals LocalPlanner; bytes fall as locality grows", "[global][locality]") {
   for (auto model : {grouping::CostModel::kPadded, grouping::CostModel::kPacked}) {
     std::vector<uint64_t> moved_by_level;

@@ -33,6 +33,7 @@ align::PlannerConfig PlannerConfigFrom(const DaemonConfig& config) {
   p.seed = config.seed;
   p.window = config.window;
   p.mix_lengths = MixesLengths(config);
+  p.mix_steps = MixesSteps(config);
   p.deterministic = config.deterministic;
   p.tokens_per_step = config.tokens_per_step;
   p.window_spread = config.window_spread;

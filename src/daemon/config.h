@@ -23,9 +23,11 @@ namespace odb {
 enum class StoreKind { kFile, kRedis };
 
 enum class PlannerKind { kLocal, kGlobal };
-// grouping.mix_lengths (docs/config.md, "Length-mixed steps"): auto = on with
-// the packed cost model (where mixing lengths costs no padding), off with padded.
-enum class LengthMix { kAuto, kOff, kOn };
+// grouping.mix_lengths (docs/config.md, "Length-mixed steps"): groups of mixed
+// lengths (kGroups, `true`), length-sorted groups dealt into steps across
+// lengths (kSteps, `steps`), neither (kOff, `false`); kAuto: groups with the
+// packed cost model (where mixing costs no padding), steps with padded.
+enum class LengthMix { kAuto, kOff, kGroups, kSteps };
 
 // The daemon's whole configuration: parsed once from YAML, validated at start
 // with an error naming the field.
@@ -242,10 +244,17 @@ std::vector<std::pair<std::string, std::string>> ConfigFieldDefaults();
 // The process environment as a map (for FinalizeConfig).
 std::map<std::string, std::string> ProcessEnvironment();
 
-// grouping.mix_lengths resolved: on, or auto with grouping.cost_model packed.
+// grouping.mix_lengths resolved: mixed groups (`true`, or auto with
+// grouping.cost_model packed) ...
 inline bool MixesLengths(const DaemonConfig& config) {
-  return config.mix_lengths == LengthMix::kOn ||
+  return config.mix_lengths == LengthMix::kGroups ||
          (config.mix_lengths == LengthMix::kAuto && config.budget.model == grouping::CostModel::kPacked);
+}
+
+// ... or steps dealt across lengths (`steps`, or auto with padded).
+inline bool MixesSteps(const DaemonConfig& config) {
+  return config.mix_lengths == LengthMix::kSteps ||
+         (config.mix_lengths == LengthMix::kAuto && config.budget.model == grouping::CostModel::kPadded);
 }
 
 // One line per field, for the startup log.

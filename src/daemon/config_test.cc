@@ -55,24 +55,30 @@ collate:
   CHECK(c->trainer.endpoint == "ipc:///tmp/x/odb-3-out.sock");
 }
 
-TEST_CASE("grouping.mix_lengths: auto is on with the packed cost model only; true / false force it") {
+TEST_CASE(
+    "grouping.mix_lengths: auto mixes groups with the packed cost model, steps with padded; the others force "
+    "one") {
   struct Case {
     const char* yaml;
-    bool mixes;
+    bool groups;
+    bool steps;
   };
   const Case cases[] = {
-      {"grouping: {cost_model: padded}", false},
-      {"grouping: {cost_model: packed}", true},
-      {"grouping: {cost_model: packed, mix_lengths: auto}", true},
-      {"grouping: {cost_model: packed, mix_lengths: false}", false},
-      {"grouping: {cost_model: padded, mix_lengths: true}", true},
-      {"grouping: {cost_model: padded, mix_lengths: auto}", false},
+      {"grouping: {cost_model: padded}", false, true},
+      {"grouping: {cost_model: packed}", true, false},
+      {"grouping: {cost_model: packed, mix_lengths: auto}", true, false},
+      {"grouping: {cost_model: packed, mix_lengths: false}", false, false},
+      {"grouping: {cost_model: padded, mix_lengths: false}", false, false},
+      {"grouping: {cost_model: padded, mix_lengths: true}", true, false},
+      {"grouping: {cost_model: padded, mix_lengths: auto}", false, true},
+      {"grouping: {cost_model: packed, mix_lengths: steps}", false, true},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);
     auto config = ParseConfig(c.yaml);
     REQUIRE(config.ok());
-    CHECK(MixesLengths(*config) == c.mixes);
+    CHECK(MixesLengths(*config) == c.groups);
+    CHECK(MixesSteps(*config) == c.steps);
   }
   auto bad = ParseConfig("grouping: {mix_lengths: sometimes}");
   REQUIRE_FALSE(bad.ok());

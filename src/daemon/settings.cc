@@ -247,9 +247,13 @@ std::vector<Setting> BuildTable() {
             "samples per rank considered per round (larger: less padding, more latency)"));
   add(Choice(
       "grouping.mix_lengths", kJob, ODB_FIELD(mix_lengths),
-      Choices<LengthMix>{{"auto", LengthMix::kAuto}, {"true", LengthMix::kOn}, {"false", LengthMix::kOff}},
-      "true: steps of samples drawn across lengths, so optimizer steps mix lengths as random "
-      "batches do (packed: about free; padded: more steps); auto: true with cost_model packed"));
+      Choices<LengthMix>{{"auto", LengthMix::kAuto},
+                         {"true", LengthMix::kGroups},
+                         {"steps", LengthMix::kSteps},
+                         {"false", LengthMix::kOff}},
+      "so that optimizer steps mix lengths as random batches do: true = groups of samples drawn across "
+      "lengths (packed: about free; padded: more steps); steps = length-sorted groups dealt into steps "
+      "across lengths (the same padding); auto: true with cost_model packed, steps with padded"));
   add(Choice("grouping.over_budget", kJob, ODB_FIELD(ingest.reject_over_budget),
              Choices<bool>{{"isolate", false}, {"reject", true}},
              "isolate (own step, flagged) | reject (reported error)"));
