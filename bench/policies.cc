@@ -435,6 +435,8 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
   pc.window = window;
   pc.deterministic = spec.deterministic;
   pc.full_rounds = spec.full_rounds;
+  pc.mix_lengths = spec.mix_groups;
+  pc.mix_steps = spec.mix_steps;
   pc.window_spread = cfg.window_spread;
   std::unique_ptr<align::Planner> planner;
   if (spec.global) {
@@ -675,7 +677,8 @@ std::string PolicySpec::Name(const SimConfig& config) const {
          (paced == 0   ? ""
           : paced == 1 ? ":paced"
                        : ":paced" + std::to_string(paced)) +
-         (deterministic ? ":det" : "") + (full_rounds ? ":full" : "") + (packed ? ":packed" : "");
+         (deterministic ? ":det" : "") + (full_rounds ? ":full" : "") + (packed ? ":packed" : "") +
+         (mix_groups ? ":mix" : "") + (mix_steps ? ":mixsteps" : "");
 }
 
 absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
@@ -722,6 +725,12 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
       } else if (opt == "packed") {
         spec.packed = true;
         ok = true;
+      } else if (opt == "mix") {
+        spec.mix_groups = true;
+        ok = true;
+      } else if (opt == "mixsteps") {
+        spec.mix_steps = true;
+        ok = true;
       } else if (opt == "paced") {
         spec.paced = 1;
         ok = true;
@@ -737,8 +746,9 @@ absl::StatusOr<PolicySpec> ParsePolicy(const std::string& text) {
 }
 
 bool IsPackedPolicy(const std::string& name) {
-  return name == "packing" || name == "kk_balanced" ||
-         (name.size() > 7 && name.compare(name.size() - 7, 7, ":packed") == 0);
+  if (name == "packing" || name == "kk_balanced") return true;
+  const absl::StatusOr<PolicySpec> spec = ParsePolicy(name);
+  return spec.ok() && spec->packed;
 }
 
 bool TakesWindows(const std::string& policy) { return policy == "odb" || policy.rfind("odb:", 0) == 0; }

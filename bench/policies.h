@@ -128,7 +128,8 @@ absl::StatusOr<WindowTarget> ParseWindowTarget(const std::string& text);
 //   sorted_greedy, offline_dp                     (no options)
 //   reference_odb[:wN]                            window N per rank
 //   bucketing, kk_balanced                        the peers of examples/peers.py
-//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN][:det][:full][:packed]   the daemon's planners
+//   odb[:local|:global][:qN|:qinf][:wN][:paced|:pacedN][:det][:full][:packed][:mix|:mixsteps]   the daemon's
+//   planners
 // odb options: planner (alignment.planner, default local), qN = emit.queue_steps
 // (free output slots a round sees; qinf = unbounded; default 32), wN =
 // grouping.window (default SimConfig::window). Pacing: without it every round
@@ -159,6 +160,10 @@ struct PolicySpec {
       false;  // :det = alignment.deterministic (rounds plan `window` steps whatever the credit)
   bool full_rounds = false;  // :full = a round plans every group of its windows (PlannerConfig::full_rounds)
   bool packed = false;  // :packed = collate.packed with grouping.cost_model: packed (sum of lengths <= L_max)
+  // :mix = grouping.mix_lengths true (groups of mixed lengths; the daemon's default with :packed),
+  // :mixsteps = grouping.mix_lengths steps (length-sorted groups dealt across lengths; its default padded).
+  bool mix_groups = false;
+  bool mix_steps = false;
   // Canonical spelling, every option explicit for odb and reference_odb
   // (e.g. "odb:local:q32:w256").
   std::string Name(const SimConfig& config) const;

@@ -890,6 +890,11 @@ TEST_CASE("the peers' policies: kk_balanced balances ranks, bucketing syncs buck
   CHECK(mo.over_budget_rank_steps == 0);
   CHECK(mo.padding_fraction() == 0.0);
   CHECK(IsPackedPolicy("odb:global:q32:w64:paced16:full:packed"));
+  CHECK(IsPackedPolicy("odb:global:q32:w64:paced16:full:packed:mix"));
+  CHECK(!IsPackedPolicy("odb:global:q32:w64:paced16:full:mixsteps"));
+  REQUIRE(ParsePolicy("odb:global:q32:w64:paced16:full:packed:mix").ok());
+  CHECK(ParsePolicy("odb:global:q32:w64:paced16:full:packed:mix")->Name(SimConfig{}) ==
+        "odb:global:q32:w64:paced16:full:packed:mix");
   CHECK(IsPackedPolicy("kk_balanced"));
   CHECK(!IsPackedPolicy("bucketing"));
   CHECK(!IsPackedPolicy("odb:global:q32:w64:paced16:full"));

@@ -506,7 +506,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
         if packed:
             config["grouping"]["cost_model"] = "packed"
         if args.mix_lengths != "auto":
-            config["grouping"]["mix_lengths"] = args.mix_lengths == "true"
+            config["grouping"]["mix_lengths"] = {"true": True, "false": False}.get(args.mix_lengths, args.mix_lengths)
         d = odb.spawn_daemon(rank, world, where, job_id=f"{job_id}-{mode}", wait=False, log_level="warn",
                              config=config)
         daemons.append(d)
@@ -704,10 +704,11 @@ def main() -> int:
                    help="odbd optimizer.window_spread for the odb modes (default: the daemon's, 1): how far, in "
                         "standard deviations of a random batch's loss tokens, a window may end from its target to run "
                         "fewer micro-steps; 0 = the nearest ends")
-    p.add_argument("--mix-lengths", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
+    p.add_argument("--mix-lengths", nargs="?", const="true", default="auto", choices=("auto", "true", "steps", "false"),
                    help="odbd grouping.mix_lengths for the odb modes: each step's samples drawn across lengths "
                         "(docs/config.md), so optimizer steps mix lengths as Standard's random batches do; "
-                        "default auto (the daemon's: on for odb packed, off for padded); bare --mix-lengths = true")
+                        "default auto (the daemon's); steps: length-sorted groups dealt into steps across lengths; "
+                        "bare --mix-lengths = true")
     p.add_argument("--deterministic", action="store_true",
                    help="odbd alignment.deterministic: the same steps on every run, whatever the workers' timing")
     p.add_argument("--epochs", type=int, default=1, help="epochs per method (the clock runs across them)")

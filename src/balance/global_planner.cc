@@ -430,7 +430,7 @@ void ComposeWithPhases(const GlobalPlannerConfig& config, const Pool& pool,
 // same padding); a step's costliest group, which sets its time, rises by less
 // than the band's width. `dealt` holds the group indices in cost order on
 // entry and the re-dealt order on return.
-constexpr double kMixStepsBand = 0.05;
+constexpr double kMixStepsBand = 0.01;
 
 void FoldByLength(const Pool& pool, const std::vector<Members>& groups,
                   const std::vector<std::pair<double, size_t>>& by_cost, size_t world,
