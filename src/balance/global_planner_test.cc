@@ -192,27 +192,32 @@ double StepMeanZVariance(const RoundPlan& plan) {
   return sum_z2 / static_cast<double>(steps.size());
 }
 
+// One round of the main job's shape: `world` ranks with 400 pending samples
+// each, log-normal lengths (median 48, at most 256; examples/tiny_lm.py).
+RoundState MainJobRound(uint32_t world, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> length(std::log(48.0), 0.8);
+  RoundState st;
+  st.ranks.resize(world);
+  for (uint32_t r = 0; r < world; ++r) {
+    for (uint64_t i = 0; i < 400; ++i) {
+      SampleMeta m;
+      m.id = i;
+      m.owner_rank = static_cast<int>(r);
+      m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 8.0, 256.0));
+      m.payload_bytes = 4ull * m.lengths.tokens;
+      st.ranks[r].pending.push_back(m);
+    }
+    st.ranks[r].free_slots = 1000;
+  }
+  return st;
+}
+
 TEST_CASE("mix_lengths: the round's steps mix lengths like random steps; off, they are length-correlated",
           "[global][mix]") {
   for (auto model : {grouping::CostModel::kPacked, grouping::CostModel::kPadded}) {
     for (uint64_t seed = 1; seed <= 3; ++seed) {
-      // The main job's shape: W = 2, budget 512, log-normal lengths (median
-      // 48, at most 256; examples/tiny_lm.py).
-      std::mt19937_64 rng(seed);
-      std::lognormal_distribution<double> length(std::log(48.0), 0.8);
-      RoundState st;
-      st.ranks.resize(2);
-      for (int r = 0; r < 2; ++r) {
-        for (uint64_t i = 0; i < 400; ++i) {
-          SampleMeta m;
-          m.id = i;
-          m.owner_rank = r;
-          m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 8.0, 256.0));
-          m.payload_bytes = 4ull * m.lengths.tokens;
-          st.ranks[r].pending.push_back(m);
-        }
-        st.ranks[r].free_slots = 1000;
-      }
+      const RoundState st = MainJobRound(2, seed);
       GlobalPlannerConfig gcfg;
       gcfg.base.budget.model = model;
       gcfg.base.budget.max_tokens = 512;
@@ -250,21 +255,7 @@ TEST_CASE("mix_steps: length-sorted groups dealt across lengths, the same paddin
           "[global][mix]") {
   for (uint32_t world : {2u, 4u}) {
     for (uint64_t seed = 1; seed <= 3; ++seed) {
-      std::mt19937_64 rng(seed);
-      std::lognormal_distribution<double> length(std::log(48.0), 0.8);
-      RoundState st;
-      st.ranks.resize(world);
-      for (uint32_t r = 0; r < world; ++r) {
-        for (uint64_t i = 0; i < 400; ++i) {
-          SampleMeta m;
-          m.id = i;
-          m.owner_rank = r;
-          m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 8.0, 256.0));
-          m.payload_bytes = 4ull * m.lengths.tokens;
-          st.ranks[r].pending.push_back(m);
-        }
-        st.ranks[r].free_slots = 1000;
-      }
+      const RoundState st = MainJobRound(world, seed);
       GlobalPlannerConfig gcfg;
       gcfg.base.budget.model = grouping::CostModel::kPadded;
       gcfg.base.budget.max_tokens = 512;
