@@ -445,14 +445,10 @@ TEST_CASE("EncoderStepPlanner keeps the run's peaks within peak_ratio with encod
   }
 }
 
-TEST_CASE("EncoderStepPlanner's peak_ratio judges a heavy step by the level it brings, not the run so far",
-          "[phase]") {
-  // Step 1: each rank's LLM holds 40. Step 2, heavier: the LLM parts hold 30,
-  // 45, 30, 30, rank 0's sample has an image (memory 20) and every rank's a
-  // clip (10). Its time layout holds 60, 55, 40, 40. Against the run so far
-  // (40 each) that is 1.23 max / mean, and the myopic rule spends audio time
-  // lowering rank 0; but the step itself brings rank 1 to 55, and the
-  // forecast (every rank at least 55) gives 60 / 56.25 = 1.07: kept.
+// Vision and audio, unit costs and memories (time = memory = units), the
+// audio phase on, slack and cap margin 1, even peaks, peak ratio 1.1: the
+// peak-ratio cases below.
+EncoderPlanConfig UnitPeakRatioConfig() {
   EncoderPlanConfig config;
   config.vision_cost = {0, 1, 0};
   config.audio_cost = {0, 1, 0};
@@ -464,6 +460,18 @@ TEST_CASE("EncoderStepPlanner's peak_ratio judges a heavy step by the level it b
   config.memory_cap_margin = 1.0;
   config.even_peaks = true;
   config.peak_ratio = 1.1;
+  return config;
+}
+
+TEST_CASE("EncoderStepPlanner's peak_ratio judges a heavy step by the level it brings, not the run so far",
+          "[phase]") {
+  // Step 1: each rank's LLM holds 40. Step 2, heavier: the LLM parts hold 30,
+  // 45, 30, 30, rank 0's sample has an image (memory 20) and every rank's a
+  // clip (10). Its time layout holds 60, 55, 40, 40. Against the run so far
+  // (40 each) that is 1.23 max / mean, and the myopic rule spends audio time
+  // lowering rank 0; but the step itself brings rank 1 to 55, and the
+  // forecast (every rank at least 55) gives 60 / 56.25 = 1.07: kept.
+  EncoderPlanConfig config = UnitPeakRatioConfig();
   const std::vector<int32_t> ranks = {0, 1, 2, 3};
   const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
   const std::vector<EncoderItem> heavy = {
@@ -496,17 +504,7 @@ TEST_CASE("EncoderStepPlanner's round_joint caps a heavy step only where the rou
   // (audio at 2x its balanced time) in both rounds; planned jointly, step 2
   // keeps its time layout where step 3 evens the peaks (55 each), and is
   // capped as before where it does not (45 against 40s: 1.09).
-  EncoderPlanConfig config;
-  config.vision_cost = {0, 1, 0};
-  config.audio_cost = {0, 1, 0};
-  config.audio_phase = true;
-  config.vision_memory = {0, 1, 0};
-  config.audio_memory = {0, 1, 0};
-  config.llm_memory = {0, 1, 0};
-  config.memory_slack = 1.0;
-  config.memory_cap_margin = 1.0;
-  config.even_peaks = true;
-  config.peak_ratio = 1.1;
+  EncoderPlanConfig config = UnitPeakRatioConfig();
   const std::vector<int32_t> ranks = {0, 1, 2, 3};
   const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
   const std::vector<EncoderItem> media = {
