@@ -51,7 +51,7 @@ std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
   g.base = PlannerConfigFrom(config);
   g.local_world_size = static_cast<uint32_t>(config.local_world_size);
   g.locality = config.locality;
-  g.partition_ranks = config.partition_ranks;
+  g.partition_ranks = PartitionRanks(config, config.world_size);
   if (config.phase_plans && config.llm_cost_seconds > 0.0) {  // encoder-aware step composition
     g.phase_costs.llm_seconds = config.llm_cost_seconds;
     g.phase_costs.vision = config.vision_cost;

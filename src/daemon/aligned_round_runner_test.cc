@@ -129,6 +129,17 @@ TEST_CASE("partitioned rounds through the daemon's runner keep samples in their 
   RunPartitioned("local_world_size: 1\ngrouping: {window: 64}\nalignment: {planner: global, partition_ranks: 2}\n");
 }
 
+TEST_CASE("the default partition_ranks (auto) plans one pool up to 256 ranks and blocks above", "[partition]") {
+  for (const auto& [world, block] : std::vector<std::pair<int, size_t>>{{2, 2}, {256, 256}, {512, 256}, {520, 176}}) {
+    INFO("world " << world);
+    auto config = ParseConfig("world_size: " + std::to_string(world) + "\nlocal_world_size: 8\n");
+    REQUIRE(config.ok());
+    const auto planner = MakePlanner(*config);
+    CHECK(planner->BlockRanks(static_cast<size_t>(world)) == block);  // 520: 3 blocks of 174, whole nodes
+    CHECK((planner->Name().find("partition_ranks=") != std::string::npos) == (block < static_cast<size_t>(world)));
+  }
+}
+
 TEST_CASE("partitioned rounds with per-phase plans route encoders within the block", "[partition]") {
   RunPartitioned(
       "local_world_size: 1\ngrouping: {window: 64}\ncollate: {encoder_fields: [pixel_values]}\n"

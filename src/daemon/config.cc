@@ -240,7 +240,11 @@ std::string DescribeConfig(const DaemonConfig& c) {
       << (c.store == StoreKind::kFile ? c.store_dir : c.redis_host + ":" + std::to_string(c.redis_port))
       << " packed=" << c.collate.packed
       << " planner=" << (c.planner == PlannerKind::kGlobal ? "global" : "local");
-  if (c.planner == PlannerKind::kGlobal) out << " locality=" << c.locality;
+  if (c.planner == PlannerKind::kGlobal) {
+    out << " locality=" << c.locality;
+    // Blocks of the partitioned planner, as resolved (auto: from the world size).
+    if (const uint32_t p = PartitionRanks(c, c.world_size); p > 0) out << " partition_ranks=" << p;
+  }
   if (c.deterministic) out << " deterministic=1";
   if (c.tokens_per_step > 0)
     out << " tokens_per_step=" << c.tokens_per_step << " window_spread=" << c.window_spread;

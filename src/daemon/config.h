@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,8 +105,10 @@ struct DaemonConfig {
   PlannerKind planner = PlannerKind::kGlobal;
   // global only: 0 = balance first, 1 = keep every sample on its rank.
   double locality = balance::GlobalPlannerConfig{}.locality;
-  // global only: plan in blocks of this many ranks (rounded up to whole nodes), 0 = one pool (docs/balancing.md).
-  uint32_t partition_ranks = balance::GlobalPlannerConfig{}.partition_ranks;
+  // global only: plan in blocks of this many ranks (rounded up to whole nodes), 0 = one pool
+  // (docs/balancing.md); unset (YAML `auto`, the default): PartitionRanks resolves it from the
+  // world size.
+  std::optional<uint32_t> partition_ranks;
   // Multimodal: balance the encoder phase separately from the LLM phase and
   // ship the route between them in each step header (docs/balancing.md). The
   // collate.encoder_fields go to the encoder batch ("enc.<name>") of the rank
@@ -255,6 +258,23 @@ inline bool MixesLengths(const DaemonConfig& config) {
 inline bool MixesSteps(const DaemonConfig& config) {
   return config.mix_lengths == LengthMix::kSteps ||
          (config.mix_lengths == LengthMix::kAuto && config.budget.model == grouping::CostModel::kPadded);
+}
+
+// alignment.partition_ranks `auto` plans one pool up to this many ranks and,
+// above, blocks of at most this many (docs/balancing.md, "Partitioned
+// planning by default"; measured with bench/scale_bench).
+inline constexpr uint32_t kAutoPartitionMaxBlock = 256;
+
+// alignment.partition_ranks resolved for `world` ranks: the configured value,
+// or for `auto` 0 (one pool) up to kAutoPartitionMaxBlock ranks and above it
+// the fewest blocks of at most that many, of equal size (ceil(world / blocks);
+// balance::BlockRanks then rounds it up to whole nodes).
+inline uint32_t PartitionRanks(const DaemonConfig& config, int world) {
+  if (config.partition_ranks.has_value()) return *config.partition_ranks;
+  if (world <= static_cast<int>(kAutoPartitionMaxBlock)) return 0;
+  const uint32_t w = static_cast<uint32_t>(world);
+  const uint32_t blocks = (w + kAutoPartitionMaxBlock - 1) / kAutoPartitionMaxBlock;
+  return (w + blocks - 1) / blocks;
 }
 
 // One line per field, for the startup log.

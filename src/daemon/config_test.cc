@@ -257,6 +257,47 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
   auto partitioned = ParseConfig("alignment: {partition_ranks: 3}");
   REQUIRE(partitioned.ok());
   CHECK(partitioned->partition_ranks == 3);
+  CHECK_THAT(StartupError("alignment: {partition_ranks: many}"), Catch::Contains("alignment.partition_ranks"));
+  CHECK_THAT(StartupError("alignment: {partition_ranks: many}"), Catch::Contains("or auto"));
+}
+
+TEST_CASE("alignment.partition_ranks auto: one pool up to 256 ranks, equal blocks of at most 256 above") {
+  auto defaults = ParseConfig("");
+  REQUIRE(defaults.ok());
+  CHECK_FALSE(defaults->partition_ranks.has_value());  // auto is the default
+  auto spelled = ParseConfig("alignment: {partition_ranks: auto}");
+  REQUIRE(spelled.ok());
+  CHECK_FALSE(spelled->partition_ranks.has_value());
+  const std::vector<std::pair<int, uint32_t>> auto_blocks = {
+      {1, 0},     {2, 0},     {32, 0},    {256, 0},   {257, 129},  {300, 150},
+      {512, 256}, {513, 171}, {1024, 256}, {1100, 220}, {2560, 256}, {2561, 233}};
+  for (const auto& [world, block] : auto_blocks) {
+    INFO("world " << world);
+    CHECK(PartitionRanks(*defaults, world) == block);
+    if (block > 0) {  // at most kAutoPartitionMaxBlock ranks, the fewest such blocks, equal up to one rank
+      const uint32_t blocks = (static_cast<uint32_t>(world) + block - 1) / block;
+      CHECK(block <= kAutoPartitionMaxBlock);
+      CHECK(blocks == (static_cast<uint32_t>(world) + kAutoPartitionMaxBlock - 1) / kAutoPartitionMaxBlock);
+      CHECK(static_cast<uint32_t>(world) > (blocks - 1) * block);
+    }
+  }
+  // A number is kept at every size; 0 keeps one pool.
+  auto off = ParseConfig("alignment: {partition_ranks: 0}");
+  REQUIRE(off.ok());
+  CHECK(PartitionRanks(*off, 2560) == 0);
+  auto eight = ParseConfig("alignment: {partition_ranks: 8}");
+  REQUIRE(eight.ok());
+  CHECK(PartitionRanks(*eight, 16) == 8);
+  CHECK(PartitionRanks(*eight, 2560) == 8);
+  // The default config file and the settings table spell it.
+  bool shown = false;
+  for (const auto& [path, value] : ConfigFieldDefaults()) {
+    if (path == "alignment.partition_ranks") {
+      CHECK(value == "auto");
+      shown = true;
+    }
+  }
+  CHECK(shown);
 }
 
 TEST_CASE("cross-field constraints that could only fail later are start-up errors") {

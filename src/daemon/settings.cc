@@ -115,6 +115,34 @@ Setting EncoderCostRow() {
   return s;
 }
 
+// alignment.partition_ranks: auto (unset, PartitionRanks resolves it from the
+// world size) or a number of ranks per block.
+Setting PartitionRanksRow() {
+  Setting s = Row("alignment.partition_ranks", kJob,
+                  "global only: plan in blocks of this many ranks (whole nodes; samples stay in their block), "
+                  "0 = all ranks as one pool, auto = one pool up to " +
+                      std::to_string(kAutoPartitionMaxBlock) + " ranks, equal blocks of at most " +
+                      std::to_string(kAutoPartitionMaxBlock) +
+                      " above; windows are cut from the world-wide step totals (docs/balancing.md)");
+  s.read = [path = s.path](const YAML::Node& v, DaemonConfig& c) {
+    if (!v) return absl::OkStatus();
+    if (v.IsScalar() && v.Scalar() == "auto") {
+      c.partition_ranks.reset();
+      return absl::OkStatus();
+    }
+    uint32_t ranks = 0;
+    if (absl::Status st = ReadValue(v, path, ranks); !st.ok()) {
+      return v.IsNull() ? st : absl::InvalidArgumentError(std::string(st.message()) + ", or auto");
+    }
+    c.partition_ranks = ranks;
+    return absl::OkStatus();
+  };
+  s.show = [](const DaemonConfig& c) {
+    return c.partition_ranks.has_value() ? FlowYaml(*c.partition_ranks) : std::string("auto");
+  };
+  return s;
+}
+
 const Choices<collate::FieldRule> kRules = {
     {std::string(collate::RuleName(collate::FieldRule::kPad)), collate::FieldRule::kPad},
     {std::string(collate::RuleName(collate::FieldRule::kStack)), collate::FieldRule::kStack},
@@ -282,10 +310,7 @@ std::vector<Setting> BuildTable() {
       "alignment.locality", kJob, ODB_FIELD(locality),
       "global only: 0 = balance first .. 1 = never move a sample; l lets a step cost up to 1/(1-l) x its "
       "balanced max to keep samples home (0.1: ~28% fewer bytes moved, docs/balancing.md)"));
-  add(Field(
-      "alignment.partition_ranks", kJob, ODB_FIELD(partition_ranks),
-      "global only: plan in blocks of this many ranks (whole nodes; samples stay in their block), 0 = all "
-      "ranks as one pool; windows are cut from the world-wide step totals (docs/balancing.md)"));
+  add(PartitionRanksRow());
   add(Field("alignment.phase_plans", kJob, ODB_FIELD(phase_plans),
             "multimodal: balance the encoder phase separately; route in the step header"));
   add(EncoderCostRow());
