@@ -338,6 +338,16 @@ int main(int argc, char** argv) {
     const auto lws = static_cast<uint32_t>(argc >= 5 ? std::atoi(argv[4]) : 1);
     const auto per_rank = static_cast<uint32_t>(argc >= 6 ? std::atoi(argv[5]) : 80);
     const auto window = static_cast<uint32_t>(argc >= 7 ? std::atoi(argv[6]) : 4);
+    // Positional (no flags): a flag or a word here read as 0 and ran nothing sensible.
+    for (int i = 3; i < std::min(argc, 7); ++i) {
+      if (std::atoi(argv[i]) < 1) {
+        std::fprintf(stderr,
+                     "balance_bench: --real-rounds W[,W...] [reps] [local_world_size] [samples_per_rank] "
+                     "[window]: '%s' is not a whole number >= 1\n",
+                     argv[i]);
+        return 2;
+      }
+    }
     for (const char* p = argv[2]; *p != 0;) {
       char* end = nullptr;
       const long w = std::strtol(p, &end, 10);
