@@ -1,6 +1,6 @@
 #!/bin/bash
 # Whole-job vs partitioned planner CPU (thread CPU, the real GlobalPlanner), 3 repeats each.
-B=/work/main/bazel-bin/bench/scale_bench
+B=${B:-$(git rev-parse --show-toplevel)/bazel-bin/bench/scale_bench}
 for W in 128 256 384 512 1024; do
   for P in 0 64 128 192 256; do
     [ $P -ge $W ] && continue
