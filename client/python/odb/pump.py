@@ -3,9 +3,11 @@ to the daemon) and the pump thread that drives the DataLoader iterator so that a
 death surfaces in the trainer as OdbWorkerError."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
+import select
 import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -228,6 +230,29 @@ class _Pump:
             self.thread.join(timeout=10.0)
 
 
+def _send_worker_start(user_init: Optional[Callable[[int], None]], owner: int, worker_id: int) -> None:
+    """A send worker's first call: the worker exits when `owner`, the rank process whose DataLoader
+    started it, exits, however it dies. Torch's worker watchdog watches the worker's parent, which under
+    forkserver (the default) is the rank's forkserver: that outlives a killed rank for as long as any of
+    its children holds the fd it watches, so workers whose rank was killed lived on for good (with the
+    forkserver and multiprocessing's resource tracker); and a worker blocked in a send notices nothing
+    until `send_timeout_ms`."""
+    try:
+        owner_fd = os.pidfd_open(owner)  # readable once `owner` has exited (Linux >= 5.3)
+    except ProcessLookupError:  # the rank is already gone
+        os._exit(1)
+    except (AttributeError, OSError):  # no pidfds here: torch's watchdog only
+        owner_fd = None
+    if owner_fd is not None:
+        def watch() -> None:
+            select.select([owner_fd], [], [])
+            os._exit(1)
+
+        threading.Thread(target=watch, name="odb-rank-watch", daemon=True).start()
+    if user_init is not None:
+        user_init(worker_id)
+
+
 def start_pump(dataset: Any, indices: Any, epoch: int, rank: int, endpoint: str, *, lengths_fn: Any,
                send_timeout_ms: int, progress_every: int, data_plane: str, loss_tokens_from: Any, ignore_index: int,
                length_field: str, num_workers: int, multiprocessing_context: Any, worker_init_fn: Any, seed: int) -> "_Pump":
@@ -243,6 +268,7 @@ def start_pump(dataset: Any, indices: Any, epoch: int, rank: int, endpoint: str,
         if isinstance(context, str):
             context = multiprocessing.get_context(context)
         worker_stop, wake_workers = context.Pipe(duplex=False)
+        worker_init_fn = functools.partial(_send_worker_start, worker_init_fn, os.getpid())
     stream = _SendStream(dataset, indices, epoch, rank, endpoint, lengths_fn, send_timeout_ms, progress_every,
                          worker_stop, data_plane, loss_tokens_from, ignore_index, length_field)
     generator = torch.Generator()

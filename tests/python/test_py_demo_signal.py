@@ -1,0 +1,96 @@
+"""A killed main job leaves nothing behind: SIGTERM to examples/train_demo.py's main process stops its rank
+processes (they die with it), their odbd daemons (they die with their rank) and their DataLoader send
+workers (odb's pump: they exit with the rank that started them; before, forkserver workers lived on for
+good, and the ranks outlived the main process with their two daemons)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes() -> Dict[int, Tuple[int, str, str]]:
+    """pid -> (parent pid, state, command line) of every process /proc shows."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        out[int(entry)] = (int(fields[1]), fields[0], cmd)
+    return out
+
+
+def _descendants(root: int) -> List[int]:
+    procs = _processes()
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _) in procs.items():
+            if ppid == parent:
+                found.append(pid)
+                frontier.append(pid)
+    return found
+
+
+def _alive(pids: List[int]) -> List[str]:
+    procs = _processes()
+    return [f"{pid}: {procs[pid][2][:120]}" for pid in pids if pid in procs and procs[pid][1] != "Z"]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    """Polls `predicate` until it returns something truthy (the event), or fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_sigterm_to_the_main_job_stops_its_ranks_and_daemons():
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               ODB_NATIVE_LIB=str(ROOT / ".build/client/python/_odb_native.so"),
+               ODB_ODBD=str(ROOT / ".build/src/daemon/odbd"))
+    job = subprocess.Popen(
+        ["/usr/bin/python3", str(ROOT / "examples/train_demo.py"), "--methods", "odb", "--samples", "4000",
+         "--epochs", "4", "--workers", "1", "--quiet"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tree: List[int] = []
+    try:
+        def running():  # both daemons, and each rank's forkserver with its send worker (--workers 1)
+            kids = _descendants(job.pid)
+            procs = _processes()
+            daemons = [pid for pid in kids if pid in procs and "odbd" in procs[pid][2].split(" ")[0]]
+            workers = [pid for pid in kids if pid in procs and "multiprocessing.forkserver" in procs[pid][2]]
+            return kids if len(daemons) == 2 and len(workers) >= 4 else None
+
+        tree = _wait_for(running, 180, "the job's two daemons and its ranks' send workers")
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+        # The event: every rank and daemon of the job has exited (reaped or a zombie of init).
+        try:
+            _wait_for(lambda: not _alive(tree), 60, "the ranks and daemons to exit")
+        except AssertionError:
+            raise AssertionError("still running after the job was killed:\n" + "\n".join(_alive(tree)))
+    finally:
+        for pid in [job.pid] + (tree or _descendants(job.pid)):  # what is left, pass or fail
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if job.poll() is None:
+            job.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    sys.exit(subprocess.call(["/usr/bin/python3", "-m", "pytest", "-q", __file__]))
