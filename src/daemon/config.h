@@ -261,8 +261,8 @@ inline bool MixesSteps(const DaemonConfig& config) {
 }
 
 // alignment.partition_ranks `auto` plans one pool up to this many ranks and,
-// above, blocks of at most this many (docs/balancing.md, "Partitioned
-// planning by default"; measured with bench/scale_bench).
+// above, blocks of at most this many (docs/balancing.md, "The default:
+// `auto`"; measured with bench/scale_bench).
 inline constexpr uint32_t kAutoPartitionMaxBlock = 256;
 
 // alignment.partition_ranks resolved for `world` ranks: the configured value,
