@@ -396,6 +396,184 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
   plan.num_steps = static_cast<uint32_t>(kept);
 }
 
+namespace {
+
+// Time model (a) over the block: the sum over micro-steps of the block's
+// slowest rank's cost.
+double BlockSyncCost(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window) {
+  double total = 0.0;
+  for (const GlobalStep& g : window) {
+    double worst = 0.0;
+    for (const PlannedStep& s : g) worst = std::max(worst, MicroStepCost(config, s));
+    total += worst;
+  }
+  return total;
+}
+
+bool LongerFirst(const SampleMeta& a, const SampleMeta& b) {
+  if (a.lengths.tokens != b.lengths.tokens) return a.lengths.tokens > b.lengths.tokens;
+  return KeyOf(a) < KeyOf(b);
+}
+
+// A rank's micro-step of `samples`, its tokens as StepPart sets them.
+PlannedStep MakeStep(const WindowBalanceConfig& config, std::vector<SampleMeta> samples) {
+  PlannedStep p;
+  p.samples = std::move(samples);
+  p.idle = p.samples.empty();
+  std::vector<SampleLengths> lens;
+  lens.reserve(p.samples.size());
+  for (const SampleMeta& m : p.samples) {
+    p.real_tokens += m.lengths.tokens;
+    lens.push_back(m.lengths);
+  }
+  p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(config.budget.model, lens);
+  return p;
+}
+
+double CostOf(const WindowBalanceConfig& config, const std::vector<SampleMeta>& samples) {
+  PlannedStep p;
+  p.samples = samples;
+  return MicroStepCost(config, p);
+}
+
+// The block's samples of one micro-step (`samples`, longest first) in at most
+// `ranks` groups within the budget, the costliest as cheap as the layout
+// finds: padded, contiguous runs of the length-sorted list (the greedy cut of
+// a cap is optimal among contiguous runs; the cap is searched); packed, the
+// longest first onto the cheapest rank that holds it. Then, while a rank is
+// left empty, the costliest group of two or more samples is halved (never
+// costlier). nullopt: no layout within the budget found.
+std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceConfig& config,
+                                                            const std::vector<SampleMeta>& samples,
+                                                            size_t ranks) {
+  std::vector<std::vector<SampleMeta>> groups;
+  if (config.budget.model == grouping::CostModel::kPadded) {
+    auto cut = [&](double cap, std::vector<std::vector<SampleMeta>>* out) -> size_t {
+      size_t used = 0;
+      for (size_t i = 0; i < samples.size();) {
+        grouping::GroupTally tally(config.budget);
+        tally.Add(samples[i].lengths);
+        double sum_sq = static_cast<double>(samples[i].lengths.tokens) * samples[i].lengths.tokens;
+        size_t n = 1;
+        const uint32_t longest = samples[i].lengths.tokens;
+        while (i + n < samples.size()) {
+          const SampleLengths& next = samples[i + n].lengths;
+          const double sq = sum_sq + static_cast<double>(next.tokens) * next.tokens;
+          const double cost = config.step_model.per_step +
+                              config.step_model.per_padded_token * static_cast<double>((n + 1) * longest) +
+                              config.step_model.per_len_sq * sq;
+          if (cost > cap || !tally.CanAdd(next)) break;
+          tally.Add(next);
+          sum_sq = sq;
+          ++n;
+        }
+        if (out)
+          out->emplace_back(samples.begin() + static_cast<std::ptrdiff_t>(i),
+                            samples.begin() + static_cast<std::ptrdiff_t>(i + n));
+        ++used;
+        i += n;
+        if (used > ranks && !out) return used;
+      }
+      return used;
+    };
+    if (cut(std::numeric_limits<double>::infinity(), nullptr) > ranks) return std::nullopt;
+    double lo = 0.0, hi = 0.0;  // lo: infeasible (or 0), hi: feasible
+    for (const SampleMeta& m : samples) {
+      hi = std::max(hi, CostOf(config, {m}));
+    }
+    // hi: the budget's fullest group is feasible; start from the costliest
+    // sample alone and double up to it.
+    lo = hi;
+    while (cut(hi, nullptr) > ranks) {
+      lo = hi;
+      hi *= 2.0;
+    }
+    if (lo < hi) {
+      for (int it = 0; it < 40 && hi - lo > 1e-6 * hi; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        if (cut(mid, nullptr) <= ranks)
+          hi = mid;
+        else
+          lo = mid;
+      }
+    }
+    cut(hi, &groups);
+  } else {
+    groups.assign(ranks, {});
+    std::vector<grouping::GroupTally> tallies(ranks, grouping::GroupTally(config.budget));
+    std::vector<double> cost(ranks, config.step_model.per_step);
+    for (const SampleMeta& m : samples) {
+      size_t best = ranks;
+      for (size_t r = 0; r < ranks; ++r) {
+        if ((tallies[r].size() == 0 || tallies[r].CanAdd(m.lengths)) &&
+            (best == ranks || cost[r] < cost[best]))
+          best = r;
+      }
+      if (best == ranks) return std::nullopt;
+      tallies[best].Add(m.lengths);
+      groups[best].push_back(m);
+      cost[best] = CostOf(config, groups[best]);
+    }
+    std::erase_if(groups, [](const std::vector<SampleMeta>& g) { return g.empty(); });
+  }
+  // Fill the empty ranks: halve the costliest group of two or more.
+  while (groups.size() < ranks) {
+    size_t best = groups.size();
+    double best_cost = 0.0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].size() < 2) continue;
+      const double c = CostOf(config, groups[g]);
+      if (best == groups.size() || c > best_cost) best = g, best_cost = c;
+    }
+    if (best == groups.size()) break;
+    std::vector<SampleMeta>& g = groups[best];
+    const size_t half = (g.size() + 1) / 2;
+    std::vector<SampleMeta> tail(g.begin() + static_cast<std::ptrdiff_t>(half), g.end());
+    g.resize(half);
+    groups.push_back(std::move(tail));
+  }
+  return groups;
+}
+
+// The block's part of one window (window[k][rank], its micro-steps) laid out
+// again: each micro-step's samples by LayPart, its groups handed to the
+// block's ranks costliest first, to the ranks of the least cost so far in
+// the window (ties: the lower rank). Every micro-step keeps its samples over
+// the block. false: some micro-step has no layout within the budget.
+bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
+  if (window.empty()) return false;
+  const size_t ranks = window.front().size();
+  std::vector<double> load(ranks, 0.0);
+  std::vector<GlobalStep> out;
+  out.reserve(window.size());
+  for (const GlobalStep& g : window) {
+    std::vector<SampleMeta> samples;
+    for (const PlannedStep& s : g) samples.insert(samples.end(), s.samples.begin(), s.samples.end());
+    std::sort(samples.begin(), samples.end(), LongerFirst);
+    auto groups = LayPart(config, samples, ranks);
+    if (!groups) return false;
+    std::vector<std::pair<double, size_t>> by_cost;  // (cost, group)
+    for (size_t i = 0; i < groups->size(); ++i) by_cost.emplace_back(CostOf(config, (*groups)[i]), i);
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<size_t> order(ranks);
+    for (size_t r = 0; r < ranks; ++r) order[r] = r;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return load[a] < load[b]; });
+    GlobalStep step(ranks);
+    for (size_t i = 0; i < ranks; ++i) {
+      const size_t r = order[i];
+      step[r] = MakeStep(
+          config, i < by_cost.size() ? std::move((*groups)[by_cost[i].second]) : std::vector<SampleMeta>{});
+      load[r] += MicroStepCost(config, step[r]);
+    }
+    out.push_back(std::move(step));
+  }
+  window = std::move(out);
+  return true;
+}
+
+}  // namespace
+
 bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end) {
   if (begin >= end || plan.num_steps == 0) return false;
   const double world = static_cast<double>(plan.ranks.size());
@@ -414,16 +592,41 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
         over_budget = over_budget || plan.ranks[r].steps[k].over_budget;
       }
     }
-    if (!over_budget && MoveSamples(config, window, /*within_steps=*/true)) {
+    // Candidates, each keeping every micro-step's samples over the block: the
+    // cut as it is, MoveSamples on it, the re-layout (RelayBlockWindow) and
+    // MoveSamples on that. The least (a) + (b) over the block wins (the sum
+    // over micro-steps of the slowest rank's cost, and the slowest rank's sum
+    // over the window); ties keep the earlier.
+    const std::vector<GlobalStep>* best = nullptr;
+    std::vector<GlobalStep> moved, relaid, relaid_moved;
+    if (!over_budget) {
+      auto score = [&](const std::vector<GlobalStep>& w) {
+        return BlockSyncCost(config, w) + WindowCost(config, w);
+      };
+      double best_score = score(window);
+      auto consider = [&](const std::vector<GlobalStep>& w) {
+        const double s = score(w);
+        if (s < best_score) best = &w, best_score = s;
+      };
+      moved = window;
+      if (MoveSamples(config, moved, /*within_steps=*/true)) consider(moved);
+      relaid = window;
+      if (RelayBlockWindow(config, relaid)) {
+        consider(relaid);
+        relaid_moved = relaid;
+        if (MoveSamples(config, relaid_moved, /*within_steps=*/true)) consider(relaid_moved);
+      }
+    }
+    if (best != nullptr) {
       changed = true;
       for (uint32_t k = first; k < last; ++k) {
         for (int r = begin; r < end; ++r) {
           PlannedStep& s = plan.ranks[r].steps[k];
-          PlannedStep& moved = window[k - first][static_cast<size_t>(r - begin)];
-          s.samples = std::move(moved.samples);
-          s.real_tokens = moved.real_tokens;
-          s.padded_tokens = moved.padded_tokens;
-          s.idle = moved.idle;
+          const PlannedStep& laid = (*best)[k - first][static_cast<size_t>(r - begin)];
+          s.samples = laid.samples;
+          s.real_tokens = laid.real_tokens;
+          s.padded_tokens = laid.padded_tokens;
+          s.idle = laid.idle;
           s.loss_tokens = StepLossOf(s);
           s.loss_weight =
               (s.idle || s.window_loss_tokens == 0)
