@@ -537,10 +537,12 @@ std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceC
 
 // The block's part of one window (window[k][rank], its micro-steps) laid out
 // again: each micro-step's samples by LayPart, its groups handed to the
-// block's ranks costliest first, to the ranks of the least cost so far in
-// the window (ties: the lower rank). Every micro-step keeps its samples over
-// the block. false: some micro-step has no layout within the budget.
-bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window) {
+// block's ranks costliest first, each to a rank of the least cost so far in
+// the window, of those the one that owns most of its samples (no payload
+// move; then the lower rank). `begin`: the block's first rank (window[k][r]
+// is rank begin + r). Every micro-step keeps its samples over the block.
+// false: some micro-step has no layout within the budget.
+bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window, int begin) {
   if (window.empty()) return false;
   const size_t ranks = window.front().size();
   std::vector<double> load(ranks, 0.0);
@@ -556,14 +558,32 @@ bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>
     for (size_t i = 0; i < groups->size(); ++i) by_cost.emplace_back(CostOf(config, (*groups)[i]), i);
     std::stable_sort(by_cost.begin(), by_cost.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
-    std::vector<size_t> order(ranks);
-    for (size_t r = 0; r < ranks; ++r) order[r] = r;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return load[a] < load[b]; });
     GlobalStep step(ranks);
-    for (size_t i = 0; i < ranks; ++i) {
-      const size_t r = order[i];
-      step[r] = MakeStep(
-          config, i < by_cost.size() ? std::move((*groups)[by_cost[i].second]) : std::vector<SampleMeta>{});
+    std::vector<bool> taken(ranks, false);
+    std::vector<uint32_t> owned(ranks, 0);  // of the group at hand, samples each rank owns
+    for (const auto& [cost, g] : by_cost) {
+      std::vector<SampleMeta>& group = (*groups)[g];
+      for (const SampleMeta& m : group) {
+        const int64_t r = static_cast<int64_t>(m.owner_rank) - begin;
+        if (r >= 0 && r < static_cast<int64_t>(ranks)) ++owned[static_cast<size_t>(r)];
+      }
+      size_t pick = ranks;
+      for (size_t r = 0; r < ranks; ++r) {
+        if (taken[r]) continue;
+        if (pick == ranks || load[r] < load[pick] || (load[r] == load[pick] && owned[r] > owned[pick]))
+          pick = r;
+      }
+      for (const SampleMeta& m : group) {
+        const int64_t r = static_cast<int64_t>(m.owner_rank) - begin;
+        if (r >= 0 && r < static_cast<int64_t>(ranks)) owned[static_cast<size_t>(r)] = 0;
+      }
+      taken[pick] = true;
+      step[pick] = MakeStep(config, std::move(group));
+      load[pick] += MicroStepCost(config, step[pick]);
+    }
+    for (size_t r = 0; r < ranks; ++r) {
+      if (taken[r]) continue;
+      step[r] = MakeStep(config, {});
       load[r] += MicroStepCost(config, step[r]);
     }
     out.push_back(std::move(step));
@@ -594,24 +614,33 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
     }
     // Candidates, each keeping every micro-step's samples over the block: the
     // cut as it is, MoveSamples on it, the re-layout (RelayBlockWindow) and
-    // MoveSamples on that. The least (a) + (b) over the block wins (the sum
-    // over micro-steps of the slowest rank's cost, and the slowest rank's sum
-    // over the window); ties keep the earlier.
+    // MoveSamples on that. Of those whose block's slowest rank over the
+    // window (time model b) is no costlier than the cut's, the least (a) +
+    // (b) over the block wins ((a): the sum over micro-steps of the slowest
+    // rank's cost); ties keep the earlier.
     const std::vector<GlobalStep>* best = nullptr;
     std::vector<GlobalStep> moved, relaid, relaid_moved;
     if (!over_budget) {
-      auto score = [&](const std::vector<GlobalStep>& w) {
-        return BlockSyncCost(config, w) + WindowCost(config, w);
-      };
-      double best_score = score(window);
+      const double cut_b = WindowCost(config, window);
+      double best_score = BlockSyncCost(config, window) + cut_b;
+      double cap_b = cut_b;
+      moved = window;
+      if (MoveSamples(config, moved, /*within_steps=*/true)) {
+        const double b = WindowCost(config, moved);
+        if (b <= cut_b) {
+          best = &moved;
+          best_score = BlockSyncCost(config, moved) + b;
+          cap_b = b;
+        }
+      }
       auto consider = [&](const std::vector<GlobalStep>& w) {
-        const double s = score(w);
+        const double b = WindowCost(config, w);
+        if (b > cap_b) return;
+        const double s = BlockSyncCost(config, w) + b;
         if (s < best_score) best = &w, best_score = s;
       };
-      moved = window;
-      if (MoveSamples(config, moved, /*within_steps=*/true)) consider(moved);
       relaid = window;
-      if (RelayBlockWindow(config, relaid)) {
+      if (RelayBlockWindow(config, relaid, begin)) {
         consider(relaid);
         relaid_moved = relaid;
         if (MoveSamples(config, relaid_moved, /*within_steps=*/true)) consider(relaid_moved);
