@@ -614,15 +614,25 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
     }
     // Candidates, each keeping every micro-step's samples over the block: the
     // cut as it is, MoveSamples on it, the re-layout (RelayBlockWindow) and
-    // MoveSamples on that. Of those whose block's slowest rank over the
-    // window (time model b) is no costlier than the cut's, the least (a) +
-    // (b) over the block wins ((a): the sum over micro-steps of the slowest
-    // rank's cost); ties keep the earlier.
+    // MoveSamples on that. MoveSamples on the cut is kept as before when its
+    // block's slowest rank over the window (time model b) is no costlier than
+    // the cut's; a re-layout replaces it when its (b) is no costlier than
+    // that and its (a) + (b) over the block is less ((a): the sum over
+    // micro-steps of the slowest rank's cost), or the same (within 1e-9) with
+    // fewer IDLE rank-steps; ties keep the earlier.
     const std::vector<GlobalStep>* best = nullptr;
     std::vector<GlobalStep> moved, relaid, relaid_moved;
     if (!over_budget) {
+      auto idle = [](const std::vector<GlobalStep>& w) {
+        size_t n = 0;
+        for (const GlobalStep& g : w) {
+          for (const PlannedStep& s : g) n += s.samples.empty() ? 1 : 0;
+        }
+        return n;
+      };
       const double cut_b = WindowCost(config, window);
       double best_score = BlockSyncCost(config, window) + cut_b;
+      size_t best_idle = idle(window);
       double cap_b = cut_b;
       moved = window;
       if (MoveSamples(config, moved, /*within_steps=*/true)) {
@@ -630,6 +640,7 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
         if (b <= cut_b) {
           best = &moved;
           best_score = BlockSyncCost(config, moved) + b;
+          best_idle = idle(moved);
           cap_b = b;
         }
       }
@@ -637,7 +648,13 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
         const double b = WindowCost(config, w);
         if (b > cap_b) return;
         const double s = BlockSyncCost(config, w) + b;
-        if (s < best_score) best = &w, best_score = s;
+        const double eps = 1e-9 * best_score;
+        const size_t i = idle(w);
+        if (s < best_score - eps || (s <= best_score + eps && i < best_idle)) {
+          best = &w;
+          best_score = s;
+          best_idle = i;
+        }
       };
       relaid = window;
       if (RelayBlockWindow(config, relaid, begin)) {

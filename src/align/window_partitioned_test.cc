@@ -370,6 +370,122 @@ TEST_CASE("balance within a block's micro-steps keeps every world-wide total and
   REQUIRE(improved >= 10);
 }
 
+// A block's micro-step of one window: rank r's samples `lens[r]` (owned
+// by r), window 0 of one micro-step with its exact weights.
+RoundPlan OneWindowPlan(const std::vector<std::vector<uint32_t>>& lens, grouping::CostModel model) {
+  RoundPlan plan;
+  plan.num_steps = 1;
+  plan.ranks.resize(lens.size());
+  uint64_t id = 0, total = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    PlannedStep s;
+    std::vector<SampleLengths> ls;
+    for (uint32_t n : lens[r]) {
+      SampleMeta m;
+      m.id = id++;
+      m.owner_rank = static_cast<int32_t>(r);
+      m.lengths.tokens = n;
+      s.samples.push_back(m);
+      s.real_tokens += n;
+      ls.push_back(m.lengths);
+      total += n;
+    }
+    s.idle = s.samples.empty();
+    s.padded_tokens = s.idle ? 0 : grouping::PaddedTokens(model, ls);
+    s.loss_tokens = s.real_tokens;
+    plan.ranks[r].steps.push_back(std::move(s));
+  }
+  for (RankPlan& rp : plan.ranks) {
+    PlannedStep& s = rp.steps[0];
+    s.window = 0;
+    s.window_steps = 1;
+    s.window_loss_tokens = total;
+    s.closes_window = true;
+    s.loss_weight =
+        s.idle ? 0.0 : static_cast<double>(lens.size() * s.loss_tokens) / static_cast<double>(total);
+  }
+  return plan;
+}
+
+TEST_CASE("balance within a block lays a window's micro-step out again where single moves stop",
+          "[window][partition][balance]") {
+  // Padded, one micro-step: rank 0 holds 1000 + 100 + 100 (3000 padded),
+  // rank 1 900 + 100 (1800). Single moves off the slowest rank stop at 2700
+  // (a 100 to rank 1, then nothing lowers it); the block's samples laid out
+  // again in length-sorted runs hold 1000 + 900 on one rank and the 100s on
+  // the other (2000 / 300).
+  WindowBalanceConfig config;
+  config.budget.model = grouping::CostModel::kPadded;
+  config.budget.max_tokens = 4096;
+  config.step_model.per_step = 10.0;
+  config.step_model.per_padded_token = 1.0;
+  const RoundPlan in = OneWindowPlan({{1000, 100, 100}, {900, 100}, {}, {}}, config.budget.model);
+  RoundPlan plan = in;
+  // Ranks [0, 2) are one block, [2, 4) another (empty: nothing changes).
+  REQUIRE(BalanceBlockWindows(config, plan, 0, 2));
+  REQUIRE_FALSE(BalanceBlockWindows(config, plan, 2, 4));
+  double worst = 0.0, weight = 0.0;
+  std::multiset<uint32_t> before, after;
+  for (size_t r = 0; r < 2; ++r) {
+    for (const SampleMeta& m : in.ranks[r].steps[0].samples) before.insert(m.lengths.tokens);
+    const PlannedStep& s = plan.ranks[r].steps[0];
+    for (const SampleMeta& m : s.samples) after.insert(m.lengths.tokens);
+    worst = std::max(worst, MicroStepCost(config, s));
+    REQUIRE(s.idle == s.samples.empty());
+    REQUIRE(s.padded_tokens <= config.budget.max_tokens);
+    REQUIRE(s.loss_tokens == s.real_tokens);
+    RequireSameWindow(s, in.ranks[r].steps[0]);
+    weight += s.loss_weight;
+  }
+  REQUIRE(after == before);
+  REQUIRE(worst == Approx(10.0 + 2000.0));
+  REQUIRE(weight == Approx(4.0));
+  // The 1000 + 900 group goes to rank 0, which owns the 1000 (rank 1 owns the
+  // 900 too: a tie, the lower rank); rank 1 gets the 100s. Deterministic:
+  // again, the same layout.
+  RoundPlan again = in;
+  BalanceBlockWindows(config, again, 0, 2);
+  for (size_t r = 0; r < 2; ++r) {
+    REQUIRE(again.ranks[r].steps[0].samples.size() == plan.ranks[r].steps[0].samples.size());
+    for (size_t i = 0; i < plan.ranks[r].steps[0].samples.size(); ++i)
+      REQUIRE(KeyOf(again.ranks[r].steps[0].samples[i]) == KeyOf(plan.ranks[r].steps[0].samples[i]));
+  }
+  REQUIRE(plan.ranks[0].steps[0].samples.front().lengths.tokens == 1000);
+}
+
+TEST_CASE("balance within a block fills ranks a part left empty, padded, within the budget",
+          "[window][partition][balance]") {
+  // Four ranks, two of them empty in this micro-step (a window part that
+  // fell short on them), the slowest a lone 1000-token sample: no move
+  // lowers it, so single moves leave the two IDLE; the re-layout spreads the
+  // 100s over the empty ranks at the same time (a) and (b), never over the
+  // budget.
+  WindowBalanceConfig config;
+  config.budget.model = grouping::CostModel::kPadded;
+  config.budget.max_tokens = 1024;
+  config.step_model.per_step = 10.0;
+  config.step_model.per_padded_token = 1.0;
+  const RoundPlan in = OneWindowPlan({{1000}, {100, 100, 100, 100}, {}, {}}, config.budget.model);
+  RoundPlan plan = in;
+  REQUIRE(BalanceBlockWindows(config, plan, 0, 4));
+  double worst = 0.0, weight = 0.0;
+  size_t idle = 0;
+  for (size_t r = 0; r < 4; ++r) {
+    const PlannedStep& s = plan.ranks[r].steps[0];
+    worst = std::max(worst, MicroStepCost(config, s));
+    idle += s.idle ? 1 : 0;
+    REQUIRE(s.idle == s.samples.empty());
+    REQUIRE(s.padded_tokens <= config.budget.max_tokens);
+    weight += s.loss_weight;
+  }
+  REQUIRE(worst == Approx(10.0 + 1000.0));
+  REQUIRE(idle == 0);
+  REQUIRE(weight == Approx(4.0));
+  // The 1000 stays on its owner.
+  REQUIRE(plan.ranks[0].steps[0].samples.size() == 1);
+  REQUIRE(plan.ranks[0].steps[0].samples[0].lengths.tokens == 1000);
+}
+
 TEST_CASE("a partitioned open window goes back, stops growing and closes short, or closes at the epoch's end",
           "[window][partition]") {
   std::mt19937_64 rng(3);
