@@ -398,16 +398,31 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
 
 namespace {
 
-// Time model (a) over the block: the sum over micro-steps of the block's
-// slowest rank's cost.
-double BlockSyncCost(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window) {
-  double total = 0.0;
+// A layout of the block's part of a window under both time models: (a),
+// the sum over micro-steps of the block's slowest rank's cost; (b), the
+// block's slowest rank's sum over the window (WindowCost); and its IDLE
+// rank-steps.
+struct BlockScore {
+  double sync = 0.0, window = 0.0;
+  size_t idle = 0;
+};
+
+BlockScore ScoreOf(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window) {
+  BlockScore score;
+  if (window.empty()) return score;
+  std::vector<double> sums(window.front().size(), 0.0);
   for (const GlobalStep& g : window) {
     double worst = 0.0;
-    for (const PlannedStep& s : g) worst = std::max(worst, MicroStepCost(config, s));
-    total += worst;
+    for (size_t r = 0; r < g.size(); ++r) {
+      const double c = MicroStepCost(config, g[r]);
+      worst = std::max(worst, c);
+      sums[r] += c;
+      score.idle += g[r].samples.empty() ? 1 : 0;
+    }
+    score.sync += worst;
   }
-  return total;
+  for (double x : sums) score.window = std::max(score.window, x);
+  return score;
 }
 
 bool LongerFirst(const SampleMeta& a, const SampleMeta& b) {
@@ -430,10 +445,21 @@ PlannedStep MakeStep(const WindowBalanceConfig& config, std::vector<SampleMeta> 
   return p;
 }
 
+// MicroStepCost of a micro-step of `samples`, without building it.
 double CostOf(const WindowBalanceConfig& config, const std::vector<SampleMeta>& samples) {
-  PlannedStep p;
-  p.samples = samples;
-  return MicroStepCost(config, p);
+  const grouping::StepTimeModel& m = config.step_model;
+  if (samples.empty()) return m.per_step;
+  uint32_t longest = 0;
+  uint64_t sum = 0;
+  double sum_sq = 0.0;
+  for (const SampleMeta& x : samples) {
+    longest = std::max(longest, x.lengths.tokens);
+    sum += x.lengths.tokens;
+    sum_sq += static_cast<double>(x.lengths.tokens) * static_cast<double>(x.lengths.tokens);
+  }
+  const uint64_t padded =
+      config.budget.model == grouping::CostModel::kPadded ? samples.size() * uint64_t{longest} : sum;
+  return m.per_step + m.per_padded_token * static_cast<double>(padded) + m.per_len_sq * sum_sq;
 }
 
 // The block's samples of one micro-step (`samples`, longest first) in at most
@@ -517,19 +543,21 @@ std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceC
     std::erase_if(groups, [](const std::vector<SampleMeta>& g) { return g.empty(); });
   }
   // Fill the empty ranks: halve the costliest group of two or more.
+  std::vector<double> costs;
+  costs.reserve(ranks);
+  for (const std::vector<SampleMeta>& g : groups) costs.push_back(CostOf(config, g));
   while (groups.size() < ranks) {
     size_t best = groups.size();
-    double best_cost = 0.0;
     for (size_t g = 0; g < groups.size(); ++g) {
-      if (groups[g].size() < 2) continue;
-      const double c = CostOf(config, groups[g]);
-      if (best == groups.size() || c > best_cost) best = g, best_cost = c;
+      if (groups[g].size() >= 2 && (best == groups.size() || costs[g] > costs[best])) best = g;
     }
     if (best == groups.size()) break;
     std::vector<SampleMeta>& g = groups[best];
     const size_t half = (g.size() + 1) / 2;
     std::vector<SampleMeta> tail(g.begin() + static_cast<std::ptrdiff_t>(half), g.end());
     g.resize(half);
+    costs[best] = CostOf(config, g);
+    costs.push_back(CostOf(config, tail));
     groups.push_back(std::move(tail));
   }
   return groups;
@@ -542,11 +570,12 @@ std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceC
 // move; then the lower rank). `begin`: the block's first rank (window[k][r]
 // is rank begin + r). Every micro-step keeps its samples over the block.
 // false: some micro-step has no layout within the budget.
-bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>& window, int begin) {
+bool RelayBlockWindow(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window, int begin,
+                      std::vector<GlobalStep>& out) {
   if (window.empty()) return false;
   const size_t ranks = window.front().size();
   std::vector<double> load(ranks, 0.0);
-  std::vector<GlobalStep> out;
+  out.clear();
   out.reserve(window.size());
   for (const GlobalStep& g : window) {
     std::vector<SampleMeta> samples;
@@ -588,7 +617,6 @@ bool RelayBlockWindow(const WindowBalanceConfig& config, std::vector<GlobalStep>
     }
     out.push_back(std::move(step));
   }
-  window = std::move(out);
   return true;
 }
 
@@ -620,44 +648,33 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
     // that and its (a) + (b) over the block is less ((a): the sum over
     // micro-steps of the slowest rank's cost), or the same (within 1e-9) with
     // fewer IDLE rank-steps; ties keep the earlier.
-    const std::vector<GlobalStep>* best = nullptr;
+    std::vector<GlobalStep>* best = nullptr;
     std::vector<GlobalStep> moved, relaid, relaid_moved;
     if (!over_budget) {
-      auto idle = [](const std::vector<GlobalStep>& w) {
-        size_t n = 0;
-        for (const GlobalStep& g : w) {
-          for (const PlannedStep& s : g) n += s.samples.empty() ? 1 : 0;
-        }
-        return n;
-      };
-      const double cut_b = WindowCost(config, window);
-      double best_score = BlockSyncCost(config, window) + cut_b;
-      size_t best_idle = idle(window);
-      double cap_b = cut_b;
+      const BlockScore cut = ScoreOf(config, window);
+      double best_score = cut.sync + cut.window, cap_b = cut.window;
+      size_t best_idle = cut.idle;
       moved = window;
       if (MoveSamples(config, moved, /*within_steps=*/true)) {
-        const double b = WindowCost(config, moved);
-        if (b <= cut_b) {
+        const BlockScore m = ScoreOf(config, moved);
+        if (m.window <= cut.window) {
           best = &moved;
-          best_score = BlockSyncCost(config, moved) + b;
-          best_idle = idle(moved);
-          cap_b = b;
+          best_score = m.sync + m.window;
+          best_idle = m.idle;
+          cap_b = m.window;
         }
       }
-      auto consider = [&](const std::vector<GlobalStep>& w) {
-        const double b = WindowCost(config, w);
-        if (b > cap_b) return;
-        const double s = BlockSyncCost(config, w) + b;
-        const double eps = 1e-9 * best_score;
-        const size_t i = idle(w);
-        if (s < best_score - eps || (s <= best_score + eps && i < best_idle)) {
+      auto consider = [&](std::vector<GlobalStep>& w) {
+        const BlockScore c = ScoreOf(config, w);
+        if (c.window > cap_b) return;
+        const double score = c.sync + c.window, eps = 1e-9 * best_score;
+        if (score < best_score - eps || (score <= best_score + eps && c.idle < best_idle)) {
           best = &w;
-          best_score = s;
-          best_idle = i;
+          best_score = score;
+          best_idle = c.idle;
         }
       };
-      relaid = window;
-      if (RelayBlockWindow(config, relaid, begin)) {
+      if (RelayBlockWindow(config, window, begin, relaid)) {
         consider(relaid);
         relaid_moved = relaid;
         if (MoveSamples(config, relaid_moved, /*within_steps=*/true)) consider(relaid_moved);
@@ -668,8 +685,8 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
       for (uint32_t k = first; k < last; ++k) {
         for (int r = begin; r < end; ++r) {
           PlannedStep& s = plan.ranks[r].steps[k];
-          const PlannedStep& laid = (*best)[k - first][static_cast<size_t>(r - begin)];
-          s.samples = laid.samples;
+          PlannedStep& laid = (*best)[k - first][static_cast<size_t>(r - begin)];
+          s.samples = std::move(laid.samples);
           s.real_tokens = laid.real_tokens;
           s.padded_tokens = laid.padded_tokens;
           s.idle = laid.idle;
