@@ -56,6 +56,10 @@
 //   align::PartitionedWindows from the world-wide step totals, then
 //   align::BalanceBlockWindows per block) instead of over the whole plan
 //   (whole-job windows); the JSON says which ("partitioned_windows").
+//   --window-parts prints to stderr, for the planned steps and for the
+//   micro-steps the windows leave, where time model (a) goes (PartStats
+//   below; docs/benchmarks.md, "Partitioned windows in the simulator");
+//   --window-parts-steps adds a line per micro-step.
 #include <time.h>
 
 #include <algorithm>
@@ -71,6 +75,7 @@
 #include "bench/trace.h"
 #include "src/align/meta_codec.h"
 #include "src/align/planner.h"
+#include "src/align/window_balance.h"
 #include "src/balance/global_planner.h"
 #include "src/grouping/budget.h"
 
@@ -107,6 +112,124 @@ struct Options {
   bool window_balance = true;       // --no-window-balance: the window cut alone
   double window_spread = align::PlannerConfig{}.window_spread;  // --window-spread: optimizer.window_spread
   bool partitioned_windows = false;  // --partitioned-windows: as a partitioned daemon cuts them
+  bool window_parts = false;         // --window-parts: where the windowed micro-steps' time goes (stderr)
+  bool window_parts_steps = false;   // --window-parts-steps: the same per micro-step of the windows
+};
+
+// --window-parts: per micro-step after the windows (and of the planned steps
+// before them), summed over the run: the slowest rank's cost (time model a),
+// the mean rank's, IDLE ranks, and two per-block lower bounds on what a
+// re-layout of the micro-step's samples within each block could reach: the
+// costliest single sample, and the block's even share (per_step +
+// per_padded_token x real tokens / ranks); and a re-layout of each block's
+// samples of the micro-step onto its ranks, ignoring the budget (padded: the
+// length-sorted list in contiguous runs, one per rank, the largest run's
+// padded tokens least; packed: LPT). forced_idle_rank_steps: the IDLE ranks
+// no layout within a block avoids (a block's micro-step with fewer samples
+// than ranks).
+struct PartStats {
+  bool per_step = false;  // --window-parts-steps: a line per micro-step too
+  uint64_t micro_steps = 0, idle = 0, rank_steps = 0, forced_idle = 0;
+  double max_cost = 0, mean_cost = 0, lb_single = 0, lb_even = 0, lb = 0, lpt = 0;
+  void Add(const align::WindowBalanceConfig& c, const align::RoundPlan& plan, size_t block) {
+    const size_t world = plan.ranks.size();
+    for (uint32_t k = 0; k < plan.num_steps; ++k) {
+      ++micro_steps;
+      double mx = 0, sum = 0, single = 0, even = 0, lpt_max = 0;
+      for (size_t b = 0; b < world; b += block) {
+        const size_t e = std::min(world, b + block);
+        std::vector<SampleMeta> all;
+        uint64_t real = 0;
+        for (size_t r = b; r < e; ++r) {
+          const align::PlannedStep& s = plan.ranks[r].steps[k];
+          const double cost = align::MicroStepCost(c, s);
+          mx = std::max(mx, cost);
+          sum += cost;
+          ++rank_steps;
+          if (s.samples.empty()) ++idle;
+          for (const SampleMeta& m : s.samples) {
+            all.push_back(m);
+            real += m.lengths.tokens;
+            align::PlannedStep one;
+            one.samples.push_back(m);
+            single = std::max(single, align::MicroStepCost(c, one));
+          }
+        }
+        forced_idle += all.size() < e - b ? e - b - all.size() : 0;  // fewer samples than ranks
+        even =
+            std::max(even, c.step_model.per_step + c.step_model.per_padded_token * static_cast<double>(real) /
+                                                       static_cast<double>(e - b));
+        // LPT: longest first onto the least loaded rank (estimated by its
+        // padded or packed tokens) that holds it within the budget.
+        std::sort(all.begin(), all.end(), [](const SampleMeta& x, const SampleMeta& y) {
+          return x.lengths.tokens > y.lengths.tokens;
+        });
+        std::vector<align::PlannedStep> ranks(e - b);
+        const bool padded = c.budget.model == grouping::CostModel::kPadded;
+        if (padded && !all.empty()) {
+          // Padded: contiguous runs of the length-sorted list, the least
+          // largest n x longest that needs no more runs than ranks (binary
+          // search; the greedy run cut is optimal for a given cap).
+          auto runs = [&](uint64_t cap, std::vector<align::PlannedStep>* out) {
+            size_t used = 0, i = 0;
+            while (i < all.size()) {
+              const uint64_t l = all[i].lengths.tokens;
+              size_t n = 1;
+              while (i + n < all.size() && (n + 1) * l <= cap) ++n;
+              if (out && used < out->size())
+                (*out)[used].samples.assign(all.begin() + static_cast<std::ptrdiff_t>(i),
+                                            all.begin() + static_cast<std::ptrdiff_t>(i + n));
+              ++used;
+              i += n;
+            }
+            return used;
+          };
+          uint64_t lo = all.front().lengths.tokens, hi = std::max<uint64_t>(lo, all.size() * lo);
+          while (lo < hi) {
+            const uint64_t mid = lo + (hi - lo) / 2;
+            if (runs(mid, nullptr) <= ranks.size())
+              hi = mid;
+            else
+              lo = mid + 1;
+          }
+          runs(lo, &ranks);
+        } else {
+          std::vector<uint64_t> total(e - b, 0);
+          for (const SampleMeta& m : all) {  // packed: LPT
+            size_t best = 0;
+            for (size_t r = 1; r < ranks.size(); ++r)
+              if (total[r] < total[best]) best = r;
+            ranks[best].samples.push_back(m);
+            total[best] += m.lengths.tokens;
+          }
+        }
+        for (const align::PlannedStep& s : ranks) lpt_max = std::max(lpt_max, align::MicroStepCost(c, s));
+      }
+      if (per_step)
+        std::fprintf(stderr,
+                     "k %u window %llu closes %d: max %.0f mean %.0f single %.0f even %.0f runs %.0f\n", k,
+                     static_cast<unsigned long long>(plan.ranks[0].steps[k].window),
+                     plan.ranks[0].steps[k].closes_window ? 1 : 0, mx, sum / static_cast<double>(world),
+                     single, even, lpt_max);
+      max_cost += mx;
+      mean_cost += sum / static_cast<double>(world);
+      lb_single += single;
+      lb_even += even;
+      lb += std::max(single, even);
+      lpt += lpt_max;
+    }
+  }
+  void Print(const char* what) const {
+    std::fprintf(
+        stderr,
+        "{\"window_parts\": \"%s\", \"micro_steps\": %llu, \"idle_rank_steps\": %llu, \"idle_share\": %.4f, "
+        "\"forced_idle_rank_steps\": %llu, \"sum_max_cost\": %.0f, \"sum_mean_cost\": %.0f, "
+        "\"sum_single_bound\": %.0f, "
+        "\"sum_even_bound\": %.0f, \"sum_block_bound\": %.0f, \"sum_block_lpt\": %.0f}\n",
+        what, static_cast<unsigned long long>(micro_steps), static_cast<unsigned long long>(idle),
+        rank_steps ? static_cast<double>(idle) / static_cast<double>(rank_steps) : 0.0,
+        static_cast<unsigned long long>(forced_idle), max_cost, mean_cost, lb_single, lb_even, lb, lpt);
+  }
 };
 
 // Bytes of one rank's summary in a partitioned round: what the round gates
@@ -217,6 +340,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
   g.exact_assignment_max_world = o.exact_max_world;
   g.partition_ranks = o.partition_ranks;
   const balance::GlobalPlanner planner(g);
+  const align::WindowBalanceConfig balance_config{pc.budget, pc.step_model};
   // Ranks of rank 0's block (all W without partitioning).
   const int block = o.partition_ranks == 0 ? world
                                            : std::min<int>(world, static_cast<int>((o.partition_ranks + o.lws - 1) /
@@ -227,6 +351,8 @@ int Run(const Options& o, const WindowTarget& window_target) {
   for (int r = 0; r < world; ++r) streams.emplace_back(o, r);
   std::vector<std::vector<SampleMeta>> pending(world);
   std::vector<double> plan_ms, decode_ms, steps_per_round, block_plan_ms, block_decode_ms;
+  PartStats parts_before, parts_after;
+  parts_after.per_step = o.window_parts_steps;
   double block_recv_sum = 0;
   double sent_sum = 0, recv_sum = 0, sent_max = 0, recv_max = 0;
   Schedule schedule;
@@ -312,6 +438,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
       block_plan_ms.push_back(plan_ms.back());
     }
     steps_per_round.push_back(plan.num_steps);
+    if (o.window_parts) parts_before.Add(balance_config, plan, static_cast<size_t>(block));
     if (!window_target.off()) {
       if (window_tokens == 0) {
         std::vector<SampleLengths> first;
@@ -331,6 +458,7 @@ int Run(const Options& o, const WindowTarget& window_target) {
         return 2;
       }
     }
+    if (o.window_parts) parts_after.Add(balance_config, plan, static_cast<size_t>(block));
     if (plan.ranks.size() != static_cast<size_t>(world)) {
       std::fprintf(stderr, "scale_bench: plan has %zu ranks, want %d\n", plan.ranks.size(), world);
       return 2;
@@ -342,6 +470,10 @@ int Run(const Options& o, const WindowTarget& window_target) {
     first_step += plan.num_steps;
     moved += balance::ComputeBytesMoved(plan, o.lws);
     KeepPending(plan, &pending);
+  }
+  if (o.window_parts) {
+    parts_before.Print("planned steps");
+    parts_after.Print("micro-steps");
   }
   const long hwm = VmHwmKb();
   const Metrics metrics = Evaluate(schedule, sim, pc.budget.max_tokens, window_tokens);
@@ -438,6 +570,10 @@ int main(int argc, char** argv) {
       o.window_spread = std::strtod(value().c_str(), nullptr);
     } else if (a == "--partitioned-windows") {
       o.partitioned_windows = true;
+    } else if (a == "--window-parts") {
+      o.window_parts = true;
+    } else if (a == "--window-parts-steps") {
+      o.window_parts = o.window_parts_steps = true;
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else {
@@ -445,7 +581,8 @@ int main(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--world W] [--rounds R] [--window N] [--queue Q] [--lws L] "
           "[--preset NAME] [--seed S] [--exact-max-world M] [--partition-ranks P] [--dump-plan FILE] "
-          "[--window-tokens T|Ns|Nm] [--no-window-balance] [--window-spread S] [--partitioned-windows]\n");
+          "[--window-tokens T|Ns|Nm] [--no-window-balance] [--window-spread S] [--partitioned-windows] "
+          "[--window-parts] [--window-parts-steps]\n");
       return 2;
     }
   }

@@ -396,6 +396,232 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
   plan.num_steps = static_cast<uint32_t>(kept);
 }
 
+namespace {
+
+// A layout of the block's part of a window under both time models: (a),
+// the sum over micro-steps of the block's slowest rank's cost; (b), the
+// block's slowest rank's sum over the window (WindowCost); and its IDLE
+// rank-steps.
+struct BlockScore {
+  double sync = 0.0, window = 0.0;
+  size_t idle = 0;
+};
+
+BlockScore ScoreOf(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window) {
+  BlockScore score;
+  if (window.empty()) return score;
+  std::vector<double> sums(window.front().size(), 0.0);
+  for (const GlobalStep& g : window) {
+    double worst = 0.0;
+    for (size_t r = 0; r < g.size(); ++r) {
+      const double c = MicroStepCost(config, g[r]);
+      worst = std::max(worst, c);
+      sums[r] += c;
+      score.idle += g[r].samples.empty() ? 1 : 0;
+    }
+    score.sync += worst;
+  }
+  for (double x : sums) score.window = std::max(score.window, x);
+  return score;
+}
+
+bool LongerFirst(const SampleMeta& a, const SampleMeta& b) {
+  if (a.lengths.tokens != b.lengths.tokens) return a.lengths.tokens > b.lengths.tokens;
+  return KeyOf(a) < KeyOf(b);
+}
+
+// A rank's micro-step of `samples`, its tokens as StepPart sets them.
+PlannedStep MakeStep(const WindowBalanceConfig& config, std::vector<SampleMeta> samples) {
+  PlannedStep p;
+  p.samples = std::move(samples);
+  p.idle = p.samples.empty();
+  std::vector<SampleLengths> lens;
+  lens.reserve(p.samples.size());
+  for (const SampleMeta& m : p.samples) {
+    p.real_tokens += m.lengths.tokens;
+    lens.push_back(m.lengths);
+  }
+  p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(config.budget.model, lens);
+  return p;
+}
+
+// MicroStepCost of a micro-step of `samples`, without building it.
+double CostOf(const WindowBalanceConfig& config, const std::vector<SampleMeta>& samples) {
+  const grouping::StepTimeModel& m = config.step_model;
+  if (samples.empty()) return m.per_step;
+  uint32_t longest = 0;
+  uint64_t sum = 0;
+  double sum_sq = 0.0;
+  for (const SampleMeta& x : samples) {
+    longest = std::max(longest, x.lengths.tokens);
+    sum += x.lengths.tokens;
+    sum_sq += static_cast<double>(x.lengths.tokens) * static_cast<double>(x.lengths.tokens);
+  }
+  const uint64_t padded =
+      config.budget.model == grouping::CostModel::kPadded ? samples.size() * uint64_t{longest} : sum;
+  return m.per_step + m.per_padded_token * static_cast<double>(padded) + m.per_len_sq * sum_sq;
+}
+
+// The block's samples of one micro-step (`samples`, longest first) in at most
+// `ranks` groups within the budget, the costliest as cheap as the layout
+// finds: padded, contiguous runs of the length-sorted list (the greedy cut of
+// a cap is optimal among contiguous runs; the cap is searched); packed, the
+// longest first onto the cheapest rank that holds it. Then, while a rank is
+// left empty, the costliest group of two or more samples is halved (never
+// costlier). nullopt: no layout within the budget found.
+std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceConfig& config,
+                                                            const std::vector<SampleMeta>& samples,
+                                                            size_t ranks) {
+  std::vector<std::vector<SampleMeta>> groups;
+  if (config.budget.model == grouping::CostModel::kPadded) {
+    auto cut = [&](double cap, std::vector<std::vector<SampleMeta>>* out) -> size_t {
+      size_t used = 0;
+      for (size_t i = 0; i < samples.size();) {
+        grouping::GroupTally tally(config.budget);
+        tally.Add(samples[i].lengths);
+        double sum_sq = static_cast<double>(samples[i].lengths.tokens) * samples[i].lengths.tokens;
+        size_t n = 1;
+        const uint32_t longest = samples[i].lengths.tokens;
+        while (i + n < samples.size()) {
+          const SampleLengths& next = samples[i + n].lengths;
+          const double sq = sum_sq + static_cast<double>(next.tokens) * next.tokens;
+          const double cost = config.step_model.per_step +
+                              config.step_model.per_padded_token * static_cast<double>((n + 1) * longest) +
+                              config.step_model.per_len_sq * sq;
+          if (cost > cap || !tally.CanAdd(next)) break;
+          tally.Add(next);
+          sum_sq = sq;
+          ++n;
+        }
+        if (out)
+          out->emplace_back(samples.begin() + static_cast<std::ptrdiff_t>(i),
+                            samples.begin() + static_cast<std::ptrdiff_t>(i + n));
+        ++used;
+        i += n;
+        if (used > ranks && !out) return used;
+      }
+      return used;
+    };
+    if (cut(std::numeric_limits<double>::infinity(), nullptr) > ranks) return std::nullopt;
+    double lo = 0.0, hi = 0.0;  // lo: infeasible (or 0), hi: feasible
+    for (const SampleMeta& m : samples) {
+      hi = std::max(hi, CostOf(config, {m}));
+    }
+    // hi: the budget's fullest group is feasible; start from the costliest
+    // sample alone and double up to it.
+    lo = hi;
+    while (cut(hi, nullptr) > ranks) {
+      lo = hi;
+      hi *= 2.0;
+    }
+    if (lo < hi) {
+      for (int it = 0; it < 40 && hi - lo > 1e-6 * hi; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        if (cut(mid, nullptr) <= ranks)
+          hi = mid;
+        else
+          lo = mid;
+      }
+    }
+    cut(hi, &groups);
+  } else {
+    groups.assign(ranks, {});
+    std::vector<grouping::GroupTally> tallies(ranks, grouping::GroupTally(config.budget));
+    std::vector<double> cost(ranks, config.step_model.per_step);
+    for (const SampleMeta& m : samples) {
+      size_t best = ranks;
+      for (size_t r = 0; r < ranks; ++r) {
+        if ((tallies[r].size() == 0 || tallies[r].CanAdd(m.lengths)) &&
+            (best == ranks || cost[r] < cost[best]))
+          best = r;
+      }
+      if (best == ranks) return std::nullopt;
+      tallies[best].Add(m.lengths);
+      groups[best].push_back(m);
+      cost[best] = CostOf(config, groups[best]);
+    }
+    std::erase_if(groups, [](const std::vector<SampleMeta>& g) { return g.empty(); });
+  }
+  // Fill the empty ranks: halve the costliest group of two or more.
+  std::vector<double> costs;
+  costs.reserve(ranks);
+  for (const std::vector<SampleMeta>& g : groups) costs.push_back(CostOf(config, g));
+  while (groups.size() < ranks) {
+    size_t best = groups.size();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].size() >= 2 && (best == groups.size() || costs[g] > costs[best])) best = g;
+    }
+    if (best == groups.size()) break;
+    std::vector<SampleMeta>& g = groups[best];
+    const size_t half = (g.size() + 1) / 2;
+    std::vector<SampleMeta> tail(g.begin() + static_cast<std::ptrdiff_t>(half), g.end());
+    g.resize(half);
+    costs[best] = CostOf(config, g);
+    costs.push_back(CostOf(config, tail));
+    groups.push_back(std::move(tail));
+  }
+  return groups;
+}
+
+// The block's part of one window (window[k][rank], its micro-steps) laid out
+// again: each micro-step's samples by LayPart, its groups handed to the
+// block's ranks costliest first, each to a rank of the least cost so far in
+// the window, of those the one that owns most of its samples (no payload
+// move; then the lower rank). `begin`: the block's first rank (window[k][r]
+// is rank begin + r). Every micro-step keeps its samples over the block.
+// false: some micro-step has no layout within the budget.
+bool RelayBlockWindow(const WindowBalanceConfig& config, const std::vector<GlobalStep>& window, int begin,
+                      std::vector<GlobalStep>& out) {
+  if (window.empty()) return false;
+  const size_t ranks = window.front().size();
+  std::vector<double> load(ranks, 0.0);
+  out.clear();
+  out.reserve(window.size());
+  for (const GlobalStep& g : window) {
+    std::vector<SampleMeta> samples;
+    for (const PlannedStep& s : g) samples.insert(samples.end(), s.samples.begin(), s.samples.end());
+    std::sort(samples.begin(), samples.end(), LongerFirst);
+    auto groups = LayPart(config, samples, ranks);
+    if (!groups) return false;
+    std::vector<std::pair<double, size_t>> by_cost;  // (cost, group)
+    for (size_t i = 0; i < groups->size(); ++i) by_cost.emplace_back(CostOf(config, (*groups)[i]), i);
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    GlobalStep step(ranks);
+    std::vector<bool> taken(ranks, false);
+    std::vector<uint32_t> owned(ranks, 0);  // of the group at hand, samples each rank owns
+    for (const auto& [cost, g] : by_cost) {
+      std::vector<SampleMeta>& group = (*groups)[g];
+      for (const SampleMeta& m : group) {
+        const int64_t r = static_cast<int64_t>(m.owner_rank) - begin;
+        if (r >= 0 && r < static_cast<int64_t>(ranks)) ++owned[static_cast<size_t>(r)];
+      }
+      size_t pick = ranks;
+      for (size_t r = 0; r < ranks; ++r) {
+        if (taken[r]) continue;
+        if (pick == ranks || load[r] < load[pick] || (load[r] == load[pick] && owned[r] > owned[pick]))
+          pick = r;
+      }
+      for (const SampleMeta& m : group) {
+        const int64_t r = static_cast<int64_t>(m.owner_rank) - begin;
+        if (r >= 0 && r < static_cast<int64_t>(ranks)) owned[static_cast<size_t>(r)] = 0;
+      }
+      taken[pick] = true;
+      step[pick] = MakeStep(config, std::move(group));
+      load[pick] += MicroStepCost(config, step[pick]);
+    }
+    for (size_t r = 0; r < ranks; ++r) {
+      if (taken[r]) continue;
+      step[r] = MakeStep(config, {});
+      load[r] += MicroStepCost(config, step[r]);
+    }
+    out.push_back(std::move(step));
+  }
+  return true;
+}
+
+}  // namespace
+
 bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end) {
   if (begin >= end || plan.num_steps == 0) return false;
   const double world = static_cast<double>(plan.ranks.size());
@@ -414,16 +640,56 @@ bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int
         over_budget = over_budget || plan.ranks[r].steps[k].over_budget;
       }
     }
-    if (!over_budget && MoveSamples(config, window, /*within_steps=*/true)) {
+    // Candidates, each keeping every micro-step's samples over the block: the
+    // cut as it is, MoveSamples on it, the re-layout (RelayBlockWindow) and
+    // MoveSamples on that. MoveSamples on the cut is kept as before when its
+    // block's slowest rank over the window (time model b) is no costlier than
+    // the cut's; a re-layout replaces it when its (b) is no costlier than
+    // that and its (a) + (b) over the block is less ((a): the sum over
+    // micro-steps of the slowest rank's cost), or the same (within 1e-9) with
+    // fewer IDLE rank-steps; ties keep the earlier.
+    std::vector<GlobalStep>* best = nullptr;
+    std::vector<GlobalStep> moved, relaid, relaid_moved;
+    if (!over_budget) {
+      const BlockScore cut = ScoreOf(config, window);
+      double best_score = cut.sync + cut.window, cap_b = cut.window;
+      size_t best_idle = cut.idle;
+      moved = window;
+      if (MoveSamples(config, moved, /*within_steps=*/true)) {
+        const BlockScore m = ScoreOf(config, moved);
+        if (m.window <= cut.window) {
+          best = &moved;
+          best_score = m.sync + m.window;
+          best_idle = m.idle;
+          cap_b = m.window;
+        }
+      }
+      auto consider = [&](std::vector<GlobalStep>& w) {
+        const BlockScore c = ScoreOf(config, w);
+        if (c.window > cap_b) return;
+        const double score = c.sync + c.window, eps = 1e-9 * best_score;
+        if (score < best_score - eps || (score <= best_score + eps && c.idle < best_idle)) {
+          best = &w;
+          best_score = score;
+          best_idle = c.idle;
+        }
+      };
+      if (RelayBlockWindow(config, window, begin, relaid)) {
+        consider(relaid);
+        relaid_moved = relaid;
+        if (MoveSamples(config, relaid_moved, /*within_steps=*/true)) consider(relaid_moved);
+      }
+    }
+    if (best != nullptr) {
       changed = true;
       for (uint32_t k = first; k < last; ++k) {
         for (int r = begin; r < end; ++r) {
           PlannedStep& s = plan.ranks[r].steps[k];
-          PlannedStep& moved = window[k - first][static_cast<size_t>(r - begin)];
-          s.samples = std::move(moved.samples);
-          s.real_tokens = moved.real_tokens;
-          s.padded_tokens = moved.padded_tokens;
-          s.idle = moved.idle;
+          PlannedStep& laid = (*best)[k - first][static_cast<size_t>(r - begin)];
+          s.samples = std::move(laid.samples);
+          s.real_tokens = laid.real_tokens;
+          s.padded_tokens = laid.padded_tokens;
+          s.idle = laid.idle;
           s.loss_tokens = StepLossOf(s);
           s.loss_weight =
               (s.idle || s.window_loss_tokens == 0)

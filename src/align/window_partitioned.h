@@ -160,14 +160,32 @@ class PartitionedWindows {
 
 // Balance over the window for a partitioned round (docs/alignment.md,
 // invariant 6): after Apply, each closed window's part in the block (ranks
-// [begin, end) of `plan`) is evened with MoveSamples within its micro-steps
-// (window_balance.h): a sample moves only to another rank of the block in the
-// same micro-step, so every micro-step's loss and real tokens over the block,
-// hence the world-wide totals the blocks exchanged (the window sums, the
-// steps' global real tokens), stay as they are, and no exchange is needed.
+// [begin, end) of `plan`) is laid out again within its micro-steps: a sample
+// moves only to another rank of the block in the same micro-step, so every
+// micro-step's loss and real tokens over the block, hence the world-wide
+// totals the blocks exchanged (the window sums, the steps' global real
+// tokens), stay as they are, and no exchange is needed. Candidates:
+// MoveSamples on the cut (window_balance.h: single moves off the block's
+// slowest rank), and a re-layout of each micro-step's block samples (padded:
+// contiguous runs of the length-sorted list, the costliest run as cheap as a
+// searched cap allows; packed: longest first onto the cheapest rank; both
+// within the budget; empty ranks then take halves of the costliest groups),
+// its groups handed costliest first to the ranks of least cost so far in the
+// window, of those the one that owns most of the group's samples, alone and
+// followed by MoveSamples. MoveSamples on the cut is kept when its block's
+// slowest rank over the window (time model b) is no costlier than the cut's;
+// a re-layout replaces it when its (b) is no costlier than that and its
+// (a) + (b) over the block is less ((a): the sum over micro-steps of the
+// slowest rank's cost), or the same with fewer IDLE rank-steps. (A window
+// end inside a step cuts every rank's micro-step at a shared fraction of
+// its loss tokens, so a part keeps whatever lengths fell into it: one rank
+// with a long sample, another with short ones or none; single moves stop as
+// soon as the slowest rank holds one sample. docs/benchmarks.md,
+// "Partitioned windows in the simulator".)
 // Each moved part gets its real and padded tokens, loss tokens and loss
 // weight (W x its loss tokens / the window's) again; the window fields stay.
-// Identical on every rank of the block (a pure function of the block's plan).
+// Identical on every rank of the block (a pure function of the block's plan;
+// ties by sample key). A window with an over-budget step is left as cut.
 // Returns whether a window changed.
 bool BalanceBlockWindows(const WindowBalanceConfig& config, RoundPlan& plan, int begin, int end);
 
