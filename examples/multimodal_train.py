@@ -275,7 +275,8 @@ class PhaseClock:
     LLM's), so their sum is the step's activation peak; unlike VmHWM it does not depend on what the
     allocator kept from earlier steps or on the load (what a GPU's allocator peak measures)."""
 
-    def __init__(self, param_storages: Optional[set] = None) -> None:
+    def __init__(self, param_storages: Optional[set] = None, probe: Optional["MemProbe"] = None) -> None:
+        self.probe = probe
         self.t = dict.fromkeys(PHASES, 0.0)
         self.saved = dict.fromkeys(PHASES, 0)
         self._phase: Optional[str] = None
@@ -295,6 +296,8 @@ class PhaseClock:
         assert self._phase is not None, "use the clock as `with clock(phase):`"
         self.t[self._phase] += time.thread_time() - self._start
         self._hooks.__exit__(*exc)
+        if self.probe is not None:
+            self.probe.sample(self._phase)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.storage()
@@ -337,10 +340,74 @@ def reset_peak_memory(device: torch.device) -> int:
     return _status_kb("VmRSS")
 
 
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 128 * 1024  # glibc's own initial threshold, kept fixed
+
+
+def fix_malloc_thresholds(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Makes a CPU rank's resident set follow the bytes it uses, so VmHWM measures a step's memory
+    and not the heap's history: every allocation of `mmap_threshold` bytes or more (a tensor of
+    32K floats: the activations, gradients and batch tensors that make up a step's memory) gets
+    its own mapping, unmapped when freed, and free memory at the heap's top above the same
+    threshold goes back to the OS. glibc's default is dynamic instead: each freed mapping raises
+    the threshold to its size (up to 32 MiB), so after the first steps the tensors go to the heap,
+    whose free chunks stay resident (holes between live chunks are never returned), and a rank's
+    VmHWM depends on the order of its past allocations (measured: docs/benchmarks.md section 6,
+    "Peak memory the OS sees"). Set once per rank, before any method, so every method runs with
+    the same allocator. Returns whether it applied (glibc only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, mmap_threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def peak_memory_kb(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) // 1024
     return _status_kb("VmHWM")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class MemProbe:
+    """Per step, where the resident set goes (--mem-trace): at each phase's end the interval's VmHWM,
+    the resident set split (RssAnon: heap and mmaps; RssShmem: the odb arenas' pages this process
+    touched; RssFile) and glibc's mallinfo2 (bytes in use: heap chunks + mmapped chunks; free in
+    the heap). The interval's high-water mark is reset (clear_refs 5) at every record's end, so the
+    run's VmHWM is the max over the intervals' peaks."""
+
+    def __init__(self) -> None:
+        self.rows: List[Dict[str, int]] = []
+        try:
+            self._mi = ctypes.CDLL("libc.so.6").mallinfo2
+            self._mi.restype = _MallInfo2
+        except (OSError, AttributeError):
+            self._mi = None
+
+    def sample(self, tag: str) -> None:
+        st = {}
+        for line in Path("/proc/self/status").read_text().splitlines():
+            k = line.split(":", 1)[0]
+            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                st[k] = int(line.split()[1])
+        if self._mi is not None:
+            m = self._mi()
+            st["used_kb"] = (m.uordblks + m.hblkhd) // 1024
+            st["mmap_kb"] = m.hblkhd // 1024
+            st["heap_kb"] = m.arena // 1024
+            st["free_kb"] = m.fordblks // 1024
+        st["tag"] = tag  # type: ignore[assignment]
+        self.rows.append(st)
+
+    def take(self) -> List[Dict[str, int]]:
+        rows, self.rows = self.rows, []
+        return rows
 
 
 _LENGTHS: Dict[Tuple[int, int], List[int]] = {}
@@ -499,8 +566,9 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                                    idle_policy="zero_step", timeout_s=300)
     records: List[Dict[str, Any]] = []
     tokens_done = optimizer_steps = 0
-    base_kb = peak_kb = 0
+    base_kb = peak_kb = traced_peak_kb = 0
     warm = args.warmup_record_steps
+    probe = MemProbe() if args.mem_trace and device.type == "cpu" else None
     try:
         dist.barrier()
         start = time.perf_counter()
@@ -509,7 +577,9 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                      else odb_steps(loader, world, method.startswith("odb_phases"), epoch))
             params = param_storages(model)
             for st in steps:
-                clock = PhaseClock(params)
+                if probe is not None:
+                    probe.sample("fetched")
+                clock = PhaseClock(params, probe)
                 b = st["batch"]
                 _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
                                                  llm_idle=st["idle"])
@@ -540,13 +610,20 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                     opt.zero_grad(set_to_none=True)
                     tokens_done += st["window_tokens"]
                     optimizer_steps += 1
+                if probe is not None:
+                    probe.sample("opt")
+                    rec["mem"] = probe.take()
+                    if len(records) > warm:
+                        traced_peak_kb = max([traced_peak_kb] + [m["VmHWM"] for m in rec["mem"]])
                 if len(records) == warm:
                     base_kb = reset_peak_memory(device)
+                elif probe is not None and len(records) > warm:
+                    Path("/proc/self/clear_refs").write_text("5")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier()
         wall = time.perf_counter() - start
-        peak_kb = peak_memory_kb(device)
+        peak_kb = max(peak_memory_kb(device), traced_peak_kb)
     finally:
         if daemon is not None:
             daemon.stop()
@@ -579,6 +656,8 @@ def split_ids(n: int, args: Any) -> Tuple[List[int], List[int]]:
 
 def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
     torch.set_num_threads(1)
+    if args.device == "cpu" and args.malloc == "fixed":
+        fix_malloc_thresholds()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -947,6 +1026,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
                         "_fitted_llm_step_time")
+    p.add_argument("--malloc", default="fixed", choices=("fixed", "dynamic"),
+                   help="CPU ranks' glibc thresholds: fixed (default: allocations >= 128 KiB mapped and "
+                        "unmapped, so VmHWM follows the bytes in use; fix_malloc_thresholds) or dynamic "
+                        "(glibc's default: the heap keeps freed memory, VmHWM carries its history)")
+    p.add_argument("--mem-trace", action="store_true",
+                   help="CPU: record per step and phase the resident set's parts and glibc's heap figures "
+                        "(records' \"mem\"; the interval peaks replace one VmHWM read)")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
