@@ -539,7 +539,17 @@ def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dic
             batch = {**batch, "segments": counts_from_offsets(batch["cu_seqlens"])}
         yield {"batch": batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
                "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids,
-               "ids": [] if s.idle else [int(i) for i in s.sample_ids]}
+               "ids": [] if s.idle else [int(i) for i in s.sample_ids], "round": step_round(loader, s)}
+
+
+def step_round(loader: Any, step: Any) -> Optional[List[int]]:
+    """[round, its first step index, its step count] of the daemon's planning round that made `step`
+    (the step header's round / round_first_step / round_steps; odb.Step does not carry them, the
+    loader's consumed log keeps the last step's), or None where the client does not say."""
+    last = getattr(getattr(loader, "_log", None), "last_step", None)
+    if last is None or int(last[0]) != int(step.step_index):
+        return None
+    return [int(last[1]), int(last[2]), int(last[3])]
 
 
 # ----- one rank ----------------------------------------------------------------------------
@@ -596,6 +606,8 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                 elif st["plan"] is not None:
                     rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
                     rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                if st.get("round") is not None:  # the daemon's round (bench/phase_replay --recorded-rounds)
+                    rec["round"] = st["round"]
                 if st.get("ids"):  # this rank's LLM samples (bench/phase_replay.py replays the plans on them)
                     rec["samples"] = [sample_lengths(dataset, i) for i in st["ids"]]
                 if st["plan"] is not None:  # encoder samples whose output leaves this rank
