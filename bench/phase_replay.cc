@@ -22,8 +22,9 @@
 // configs/multimodal_train.yaml); --memory-cap-margin and --memory-slack
 // override what it says.
 
-#include <CLI/CLI.hpp>
 #include <time.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
