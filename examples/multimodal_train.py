@@ -40,8 +40,10 @@ backward; route: the all-to-alls' own CPU): the thread CPU time of the rank
 Reported: each phase's run total max/mean over ranks; the synchronous step
 time (per step the sum over phases of the slowest rank's time, as if each
 phase ended in a barrier, which the all-to-alls and the gradient all-reduce
-are), summed over the run; peak memory per rank (VmHWM above the rank's own
-VmRSS after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
+are), summed over the run; peak memory per rank (on a CPU its largest step's
+VmHWM above the VmRSS at the step's start, with glibc's thresholds fixed so the
+resident set follows the bytes in use; on a GPU the allocator's peak above the
+rank's level after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
 
 Run (2 local ranks):  /usr/bin/python3 examples/multimodal_train.py
 W = 4: --world-size 4; a GPU: --device cuda; JSON: --json PATH.
@@ -316,10 +318,17 @@ def param_storages(model: torch.nn.Module) -> set:
 
 
 def _status_kb(key: str) -> int:
+    return _status_kbs(key)[0]
+
+
+def _status_kbs(*keys: str) -> List[int]:
+    """/proc/self/status's figures (KiB) for `keys`, in one read (0 where absent)."""
+    found: Dict[str, int] = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
+        key = line.split(":", 1)[0]
+        if key in keys:
+            found[key] = int(line.split()[1])
+    return [found.get(k, 0) for k in keys]
 
 
 def reset_peak_memory(device: torch.device) -> int:
@@ -340,6 +349,27 @@ def reset_peak_memory(device: torch.device) -> int:
     except OSError:
         pass
     return _status_kb("VmRSS")
+
+
+def step_interval() -> Optional[Tuple[int, int]]:
+    """Starts a CPU step's memory interval: VmHWM reset to the current VmRSS (/proc/self/clear_refs 5);
+    returns (that level, RssFile) in KiB, or None where the peak cannot be reset. See step_memory_kb."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    rss, files = _status_kbs("VmRSS", "RssFile")
+    return rss, files
+
+
+def step_memory_kb(start: Tuple[int, int]) -> int:
+    """A CPU step's own memory since step_interval gave `start`: VmHWM above the level then, less the
+    file pages the step mapped in (RssFile's growth: library code run for the first time, e.g. an
+    operator's first backward; not data). What is left is the anonymous and shared memory the step
+    used at its peak: the batch's pages it reads, activations, gradients, temporaries (the per-step
+    figure the activation bytes are; docs/benchmarks.md section 6, "Peak memory the OS sees")."""
+    hwm, files = _status_kbs("VmHWM", "RssFile")
+    return max(0, hwm - start[0] - max(0, files - start[1]))
 
 
 # glibc's mallopt parameters (malloc.h)
@@ -381,8 +411,7 @@ class MemProbe:
     """Per step, where the resident set goes (--mem-trace): at each phase's end the interval's VmHWM,
     the resident set split (RssAnon: heap and mmaps; RssShmem: the odb arenas' pages this process
     touched; RssFile) and glibc's mallinfo2 (bytes in use: heap chunks + mmapped chunks; free in
-    the heap). The interval's high-water mark is reset (clear_refs 5) at every record's end, so the
-    run's VmHWM is the max over the intervals' peaks."""
+    the heap). VmHWM is the step's (step_interval resets it at every record's end)."""
 
     def __init__(self) -> None:
         self.rows: List[Dict[str, int]] = []
@@ -578,9 +607,14 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                                    idle_policy="zero_step", timeout_s=300)
     records: List[Dict[str, Any]] = []
     tokens_done = optimizer_steps = 0
-    base_kb = peak_kb = traced_peak_kb = 0
+    base_kb = peak_kb = 0
     warm = args.warmup_record_steps
     probe = MemProbe() if args.mem_trace and device.type == "cpu" else None
+    # CPU: each step's VmHWM above the VmRSS at its start, from its batch in hand to the end of its
+    # backward (the gradient all-reduce and the optimizer step are the same on every rank; the first
+    # one allocates AdamW's state), every step (the warm-up's too, as the activation figure); else
+    # (CUDA, or no clear_refs) the allocator's peak above the rank's level after the warm-up steps.
+    per_step = device.type == "cpu" and step_interval() is not None
     try:
         dist.barrier()
         start = time.perf_counter()
@@ -591,10 +625,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
             for st in steps:
                 if probe is not None:
                     probe.sample("fetched")
+                level_kb = step_interval() if per_step else None
                 clock = PhaseClock(params, probe)
                 b = st["batch"]
                 _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
                                                  llm_idle=st["idle"])
+                step_kb = None if level_kb is None else step_memory_kb(level_kb)
                 rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
                                                                           else b["attention_mask"].sum()),
                        "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
@@ -627,21 +663,23 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                 if probe is not None:
                     probe.sample("opt")
                     rec["mem"] = probe.take()
-                    if len(records) > warm:
-                        traced_peak_kb = max([traced_peak_kb] + [m["VmHWM"] for m in rec["mem"]])
-                if len(records) == warm:
+                if step_kb is not None:
+                    rec["mem_kb"] = step_kb
+                elif len(records) == warm:
                     base_kb = reset_peak_memory(device)
-                elif probe is not None and len(records) > warm:
-                    Path("/proc/self/clear_refs").write_text("5")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier()
         wall = time.perf_counter() - start
-        peak_kb = max(peak_memory_kb(device), traced_peak_kb)
+        peak_kb = peak_memory_kb(device)
     finally:
         if daemon is not None:
             daemon.stop()
     heldout = heldout_loss(model, dataset, heldout_ids, rank, world, device)
+    if per_step:
+        steps_kb = [rec["mem_kb"] for rec in records]
+        return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps, "peak_kb": max(steps_kb),
+                "peak_kb_after_warmup": max(steps_kb[warm:], default=None), "heldout_loss": heldout}
     return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps,
             "peak_kb": max(0, peak_kb - base_kb) if len(records) >= warm else None, "heldout_loss": heldout}
 
@@ -737,6 +775,10 @@ def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     peaks = [r["peak_kb"] for r in per_rank if r["peak_kb"] is not None]
     out["peak_mem_mb"] = [p / 1024 for p in peaks]
     out["peak_mem_max_over_mean"] = (max(peaks) / (sum(peaks) / len(peaks))) if peaks and sum(peaks) else None
+    warm = [r["peak_kb_after_warmup"] for r in per_rank if r.get("peak_kb_after_warmup") is not None]
+    if len(warm) == len(per_rank) and sum(warm):  # the steps after the warm-up only (the figure before 2026-12-06)
+        out["peak_mem_after_warmup_mb"] = [p / 1024 for p in warm]
+        out["peak_mem_after_warmup_max_over_mean"] = max(warm) / (sum(warm) / len(warm))
     out["heldout_loss"] = per_rank[0]["heldout_loss"]
     if all("act" in rec for r in per_rank for rec in r["records"]):
         act = [max((sum(rec["act"].values()) for rec in r["records"]), default=0) for r in per_rank]
@@ -1026,7 +1068,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
-    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
+    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline (GPU; a CPU's per-step figure also reports "
+                        "the steps after these: peak_mem_after_warmup_*)")
     p.add_argument("--phase-costs", default=None,
                    help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
                         "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
@@ -1049,7 +1092,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(glibc's default: the heap keeps freed memory, VmHWM carries its history)")
     p.add_argument("--mem-trace", action="store_true",
                    help="CPU: record per step and phase the resident set's parts and glibc's heap figures "
-                        "(records' \"mem\"; the interval peaks replace one VmHWM read)")
+                        "(records' \"mem\")")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
