@@ -125,3 +125,43 @@ def test_fixed_malloc_thresholds_make_vmhwm_the_largest_steps_memory() -> None:
     peak_kb, after_kb, largest_kb = (int(x) for x in out.split())
     assert largest_kb <= peak_kb <= 1.15 * largest_kb + 1024, (peak_kb, largest_kb)
     assert after_kb <= 2048, after_kb  # the steps' memory went back to the OS
+
+
+# Four steps of 20, 30, 10 and 25 MiB of 256 KiB tensors, small objects kept between them; prints
+# each step's step_memory_kb.
+_STEP_MEMORY = r"""
+import sys
+import torch
+import multimodal_train as mt
+if sys.argv[1] == "fixed":
+    assert mt.fix_malloc_thresholds()
+kept = []
+def step(mib):
+    start = mt.step_interval()
+    acts = []
+    for _ in range(4 * mib):
+        acts.append(torch.ones(64 << 10))
+        kept.append(torch.ones(8))
+    kb = mt.step_memory_kb(start)
+    del acts
+    return kb
+print(*(step(m) for m in (20, 30, 10, 25)))
+"""
+
+
+def test_step_memory_is_each_steps_bytes() -> None:
+    """The CPU peak-memory figure is per step (step_interval / step_memory_kb: VmHWM above the step's
+    start); with the fixed thresholds each step's figure is its own bytes, whatever the steps before it
+    freed (with glibc's dynamic threshold the heap keeps the earlier steps' memory and a step reusing it
+    reads as 19, 11, 0, 0 MiB)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(mt.__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([examples, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _STEP_MEMORY, "fixed"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    got = [int(x) / 1024 for x in out.split()]
+    assert all(want - 1 <= g <= want + 2 for want, g in zip((20, 30, 10, 25), got)), got
