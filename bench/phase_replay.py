@@ -66,7 +66,8 @@ def recorded_rounds(per_rank: List[Dict[str, Any]]) -> List[int]:
     n = max(len(r["records"]) for r in per_rank)
     labels = []
     for k in range(n):
-        seen = {tuple(r["records"][k]["round"]) for r in per_rank if k < len(r["records"]) and "round" in r["records"][k]}
+        seen = {tuple(r["records"][k]["round"]) for r in per_rank
+                if k < len(r["records"]) and "round" in r["records"][k]}
         if len(seen) != 1:
             raise ValueError(f"step {k}: {'no recorded round' if not seen else f'ranks disagree: {sorted(seen)}'}"
                              " (--recorded-rounds needs a run that records its rounds)")

@@ -411,10 +411,11 @@ class MemProbe:
     """Per step, where the resident set goes (--mem-trace): at each phase's end the interval's VmHWM,
     the resident set split (RssAnon: heap and mmaps; RssShmem: the odb arenas' pages this process
     touched; RssFile) and glibc's mallinfo2 (bytes in use: heap chunks + mmapped chunks; free in
-    the heap). VmHWM is the step's (step_interval resets it at every record's end)."""
+    the heap). VmHWM since the step's start (step_interval resets it after the "fetched" sample,
+    which reads the previous step's interval: its optimizer step and this step's fetch)."""
 
     def __init__(self) -> None:
-        self.rows: List[Dict[str, int]] = []
+        self.rows: List[Dict[str, Any]] = []
         try:
             self._mi = ctypes.CDLL("libc.so.6").mallinfo2
             self._mi.restype = _MallInfo2
@@ -422,21 +423,18 @@ class MemProbe:
             self._mi = None
 
     def sample(self, tag: str) -> None:
-        st = {}
-        for line in Path("/proc/self/status").read_text().splitlines():
-            k = line.split(":", 1)[0]
-            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                st[k] = int(line.split()[1])
+        keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+        st: Dict[str, Any] = dict(zip(keys, _status_kbs(*keys)))
         if self._mi is not None:
             m = self._mi()
             st["used_kb"] = (m.uordblks + m.hblkhd) // 1024
             st["mmap_kb"] = m.hblkhd // 1024
             st["heap_kb"] = m.arena // 1024
             st["free_kb"] = m.fordblks // 1024
-        st["tag"] = tag  # type: ignore[assignment]
+        st["tag"] = tag
         self.rows.append(st)
 
-    def take(self) -> List[Dict[str, int]]:
+    def take(self) -> List[Dict[str, Any]]:
         rows, self.rows = self.rows, []
         return rows
 
@@ -1068,8 +1066,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
-    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline (GPU; a CPU's per-step figure also reports "
-                        "the steps after these: peak_mem_after_warmup_*)")
+    p.add_argument("--warmup-record-steps", type=int, default=3,
+                   help="steps before the memory baseline (GPU; a CPU's per-step figure also reports the "
+                        "steps after these: peak_mem_after_warmup_*)")
     p.add_argument("--phase-costs", default=None,
                    help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
                         "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "

@@ -123,7 +123,8 @@ def test_fixed_malloc_thresholds_make_vmhwm_the_largest_steps_memory() -> None:
     out = subprocess.run([sys.executable, "-c", _GROWING_STEPS, "fixed"], env=env, capture_output=True,
                          text=True, check=True).stdout
     peak_kb, after_kb, largest_kb = (int(x) for x in out.split())
-    assert largest_kb <= peak_kb <= 1.15 * largest_kb + 1024, (peak_kb, largest_kb)
+    # (the kernel's resident-set counters are batched per thread: a few hundred KiB either way)
+    assert largest_kb - 512 <= peak_kb <= 1.15 * largest_kb + 1024, (peak_kb, largest_kb)
     assert after_kb <= 2048, after_kb  # the steps' memory went back to the OS
 
 
