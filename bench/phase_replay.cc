@@ -14,12 +14,17 @@
 // separated by '|'; bench/phase_replay.py prices them with the run's fitted
 // costs.
 //
+// Rounds: each step planned on its own (Plan), or --round-steps K / --round-lengths
+// (the run's own rounds) grouping consecutive steps into rounds (PlanRound, as
+// the daemon plans them).
+//
 // Costs and memory models come from the daemon config (--config, e.g.
 // configs/multimodal_train.yaml); --memory-cap-margin and --memory-slack
 // override what it says.
 
-#include <CLI/CLI.hpp>
 #include <time.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +32,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/balance/phase_plan.h"
@@ -106,6 +112,12 @@ int Main(int argc, char** argv) {
                  "plan the recorded steps in rounds of this many consecutive steps "
                  "(EncoderStepPlanner::PlanRound, as the daemon plans a round's steps; the runs do not "
                  "record their rounds); 0: each step on its own (Plan)");
+  std::vector<int> round_lengths;
+  app.add_option("--round-lengths", round_lengths,
+                 "plan the recorded steps in rounds of these many consecutive steps each (the run's own "
+                 "rounds: bench/phase_replay.py --recorded-rounds; they must add up to the steps)")
+      ->delimiter(',')
+      ->excludes("--round-steps");
   bool round_joint = false;
   app.add_flag("--round-joint", round_joint,
                "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
@@ -158,18 +170,41 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  const size_t round = round_steps > 0 ? static_cast<size_t>(round_steps) : 1;
+  // Each round's first step and its end: --round-lengths, or rounds of --round-steps (1: Plan per step).
+  std::vector<std::pair<size_t, size_t>> rounds;
+  if (!round_lengths.empty()) {
+    size_t first = 0;
+    for (int n : round_lengths) {
+      if (n <= 0 || first + static_cast<size_t>(n) > steps.size()) {
+        std::cerr << "phase_replay: --round-lengths must be positive and add up to the " << steps.size()
+                  << " steps\n";
+        return 2;
+      }
+      rounds.emplace_back(first, first + static_cast<size_t>(n));
+      first += static_cast<size_t>(n);
+    }
+    if (first != steps.size()) {
+      std::cerr << "phase_replay: --round-lengths add up to " << first << ", not the " << steps.size()
+                << " steps\n";
+      return 2;
+    }
+  } else {
+    const size_t round = round_steps > 0 ? static_cast<size_t>(round_steps) : 1;
+    for (size_t first = 0; first < steps.size(); first += round) {
+      rounds.emplace_back(first, std::min(steps.size(), first + round));
+    }
+  }
+  const bool in_rounds = round_steps > 0 || !round_lengths.empty();
   auto thread_cpu = [] {
     timespec t{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
   };
   double total_cpu = 0.0, most_cpu = 0.0;
-  for (size_t first = 0; first < steps.size(); first += round) {
-    const size_t end = std::min(steps.size(), first + round);
+  for (const auto& [first, end] : rounds) {
     std::vector<balance::EncoderStepPlan> plans;
     const double start = thread_cpu();
-    if (round_steps > 0) {
+    if (in_rounds) {
       std::vector<balance::EncoderRoundStep> in_round;
       for (size_t k = first; k < end; ++k) in_round.push_back({items[k], steps[k].ranks});
       plans = planner.PlanRound(in_round);
@@ -193,7 +228,7 @@ int Main(int argc, char** argv) {
   if (timing && !steps.empty()) {
     std::fprintf(stderr, "phase_replay: %zu steps, %.3f ms/step planner thread CPU, at most %.3f ms per %s\n",
                  steps.size(), 1e3 * total_cpu / static_cast<double>(steps.size()), 1e3 * most_cpu,
-                 round_steps > 0 ? "round" : "step");
+                 in_rounds ? "round" : "step");
   }
   return 0;
 }

@@ -13,7 +13,9 @@ of the run's LLM-only method of the same LLM layout (``odb_llm_packed`` for ``od
 over the layouts' (``modelled_sync_time``). The LLM layout is the run's in both.
 
   /usr/bin/python3 bench/phase_replay.py RUN.json [RUN.json ...] [--method odb_phases_packed]
-      [--variant NAME=FLAGS ...]   (FLAGS passed to phase_replay, e.g. "m10=--memory-cap-margin 0.1")
+      [--variant NAME=FLAGS ...]   (FLAGS passed to phase_replay, e.g. "m10=--memory-cap-margin 0.1";
+                                    --recorded-rounds: the run's own rounds, --round-lengths)
+      [--rounds]     (print each run's recorded round lengths)
       [--per-step]   (also each step's activation MiB per rank and each encoder phase's slowest rank
                       over its bound, per layout: where the run's peaks and time go)
 """
@@ -57,9 +59,37 @@ def write_steps(per_rank: List[Dict[str, Any]], path: str) -> List[List[int]]:
     return active
 
 
-def replay(binary: str, config: str, steps: str, flags: str) -> List[List[Dict[str, List[int]]]]:
-    """Per step, per active rank: {"vision": [...], "audio": [...]} as phase_replay planned them."""
-    out = subprocess.run([binary, "--config", config, "--steps", steps] + shlex.split(flags), check=True,
+def recorded_rounds(per_rank: List[Dict[str, Any]]) -> List[int]:
+    """The run's rounds as consecutive step counts: the records' ``round`` ([round, its first step,
+    its steps], examples/multimodal_train.py since 2026-12-06), the same on every rank; a step without
+    one (an older run) raises."""
+    n = max(len(r["records"]) for r in per_rank)
+    labels = []
+    for k in range(n):
+        seen = {tuple(r["records"][k]["round"]) for r in per_rank
+                if k < len(r["records"]) and "round" in r["records"][k]}
+        if len(seen) != 1:
+            raise ValueError(f"step {k}: {'no recorded round' if not seen else f'ranks disagree: {sorted(seen)}'}"
+                             " (--recorded-rounds needs a run that records its rounds)")
+        labels.append(seen.pop()[0])
+    lengths: List[int] = []
+    for k, label in enumerate(labels):
+        if k and label == labels[k - 1]:
+            lengths[-1] += 1
+        else:
+            lengths.append(1)
+    return lengths
+
+
+def replay(binary: str, config: str, steps: str, flags: str,
+           rounds: Any = None) -> List[List[Dict[str, List[int]]]]:
+    """Per step, per active rank: {"vision": [...], "audio": [...]} as phase_replay planned them.
+    A ``--recorded-rounds`` in `flags` becomes ``--round-lengths`` of `rounds()` (the run's rounds)."""
+    args = shlex.split(flags)
+    if "--recorded-rounds" in args:
+        i = args.index("--recorded-rounds")
+        args[i:i + 1] = ["--round-lengths", ",".join(str(n) for n in rounds())]
+    out = subprocess.run([binary, "--config", config, "--steps", steps] + args, check=True,
                          capture_output=True, text=True).stdout
     layouts = []
     for line in out.splitlines():
@@ -123,7 +153,8 @@ def print_steps(name: str, per_rank: List[Dict[str, Any]], fits: Dict[str, List[
 def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
-                              memory_plan=True, phase_steps=True)
+                              memory_plan=True, phase_steps=True,
+                              memory_peak_round=data["args"].get("memory_peak_round", False))
     return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
 
 
@@ -142,6 +173,7 @@ def main() -> None:
                    help="also, per layout, how many runs meet each of issue 32's targets (each encoder phase "
                         ">= 0.95 of its bound, activation max/mean <= 1.10, x llm >= 1.15 where the run has "
                         "its LLM-only method) and all three at once")
+    p.add_argument("--rounds", action="store_true", help="print each run's recorded round lengths")
     a = p.parse_args()
     met: Dict[str, List[int]] = {}
     variants = [("daemon", "")] + [tuple(v.split("=", 1)) for v in a.variant]
@@ -153,6 +185,10 @@ def main() -> None:
         fits = fitted(data["methods"]["_fitted_phase_costs"])
         act = fitted(data["methods"]["_fitted_activation_bytes"])
         rows = [("recorded", per_rank)]
+        # A run with the round rule (--memory-peak-round) is replayed by the "daemon" row in its own rounds.
+        round_rule = data["args"].get("memory_peak_round", False)
+        if a.rounds:
+            print(f"{Path(path).name[:28]:28s} rounds (steps each): {recorded_rounds(per_rank)}")
         with tempfile.TemporaryDirectory() as tmp:
             steps = os.path.join(tmp, "steps.txt")
             active = write_steps(per_rank, steps)
@@ -160,7 +196,10 @@ def main() -> None:
             with open(config, "w") as f:
                 yaml.safe_dump(run_config(data, a.method), f)
             for name, flags in variants:
-                rows.append((name, with_layout(per_rank, active, replay(a.bin, config, steps, flags))))
+                if name == "daemon" and round_rule:
+                    flags = "--recorded-rounds"
+                layouts = replay(a.bin, config, steps, flags, lambda: recorded_rounds(per_rank))
+                rows.append((name, with_layout(per_rank, active, layouts)))
         # The LLM-only method of the same LLM layout (its modelled synchronous time in the run's summary).
         baseline = data["methods"].get(mt.PHASE_METHODS.get(a.method, ""), {}).get("modelled_sync_time_s")
         for name, records in rows:

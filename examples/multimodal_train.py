@@ -40,8 +40,10 @@ backward; route: the all-to-alls' own CPU): the thread CPU time of the rank
 Reported: each phase's run total max/mean over ranks; the synchronous step
 time (per step the sum over phases of the slowest rank's time, as if each
 phase ended in a barrier, which the all-to-alls and the gradient all-reduce
-are), summed over the run; peak memory per rank (VmHWM above the rank's own
-VmRSS after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
+are), summed over the run; peak memory per rank (on a CPU its largest step's
+VmHWM above the VmRSS at the step's start, with glibc's thresholds fixed so the
+resident set follows the bytes in use; on a GPU the allocator's peak above the
+rank's level after warm-up); real tokens/s, patches/s (wall clock); held-out loss.
 
 Run (2 local ranks):  /usr/bin/python3 examples/multimodal_train.py
 W = 4: --world-size 4; a GPU: --device cuda; JSON: --json PATH.
@@ -255,6 +257,8 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
         per_step, per_token, per_len_sq = (float(v) for v in args.llm_step_time.split(","))
         config["grouping"]["step_time"] = {"per_step": per_step, "per_padded_token": per_token,
                                            "per_len_sq": per_len_sq}
+    if getattr(args, "memory_peak_round", False):  # the round rule (docs/balancing.md, "Peak ratio")
+        config["alignment"]["memory_peak_round"] = True
     if not args.memory_plan:
         for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
             config["alignment"].pop(key, None)
@@ -275,7 +279,8 @@ class PhaseClock:
     LLM's), so their sum is the step's activation peak; unlike VmHWM it does not depend on what the
     allocator kept from earlier steps or on the load (what a GPU's allocator peak measures)."""
 
-    def __init__(self, param_storages: Optional[set] = None) -> None:
+    def __init__(self, param_storages: Optional[set] = None, probe: Optional["MemProbe"] = None) -> None:
+        self.probe = probe
         self.t = dict.fromkeys(PHASES, 0.0)
         self.saved = dict.fromkeys(PHASES, 0)
         self._phase: Optional[str] = None
@@ -295,6 +300,8 @@ class PhaseClock:
         assert self._phase is not None, "use the clock as `with clock(phase):`"
         self.t[self._phase] += time.thread_time() - self._start
         self._hooks.__exit__(*exc)
+        if self.probe is not None:
+            self.probe.sample(self._phase)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.storage()
@@ -311,10 +318,17 @@ def param_storages(model: torch.nn.Module) -> set:
 
 
 def _status_kb(key: str) -> int:
+    return _status_kbs(key)[0]
+
+
+def _status_kbs(*keys: str) -> List[int]:
+    """/proc/self/status's figures (KiB) for `keys`, in one read (0 where absent)."""
+    found: Dict[str, int] = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
+        key = line.split(":", 1)[0]
+        if key in keys:
+            found[key] = int(line.split()[1])
+    return [found.get(k, 0) for k in keys]
 
 
 def reset_peak_memory(device: torch.device) -> int:
@@ -337,10 +351,92 @@ def reset_peak_memory(device: torch.device) -> int:
     return _status_kb("VmRSS")
 
 
+def step_interval() -> Optional[Tuple[int, int]]:
+    """Starts a CPU step's memory interval: VmHWM reset to the current VmRSS (/proc/self/clear_refs 5);
+    returns (that level, RssFile) in KiB, or None where the peak cannot be reset. See step_memory_kb."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    rss, files = _status_kbs("VmRSS", "RssFile")
+    return rss, files
+
+
+def step_memory_kb(start: Tuple[int, int]) -> int:
+    """A CPU step's own memory since step_interval gave `start`: VmHWM above the level then, less the
+    file pages the step mapped in (RssFile's growth: library code run for the first time, e.g. an
+    operator's first backward; not data). What is left is the anonymous and shared memory the step
+    used at its peak: the batch's pages it reads, activations, gradients, temporaries (the per-step
+    figure the activation bytes are; docs/benchmarks.md section 6, "Peak memory the OS sees")."""
+    hwm, files = _status_kbs("VmHWM", "RssFile")
+    return max(0, hwm - start[0] - max(0, files - start[1]))
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 128 * 1024  # glibc's own initial threshold, kept fixed
+
+
+def fix_malloc_thresholds(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Makes a CPU rank's resident set follow the bytes it uses, so VmHWM measures a step's memory
+    and not the heap's history: every allocation of `mmap_threshold` bytes or more (a tensor of
+    32K floats: the activations, gradients and batch tensors that make up a step's memory) gets
+    its own mapping, unmapped when freed, and free memory at the heap's top above the same
+    threshold goes back to the OS. glibc's default is dynamic instead: each freed mapping raises
+    the threshold to its size (up to 32 MiB), so after the first steps the tensors go to the heap,
+    whose free chunks stay resident (holes between live chunks are never returned), and a rank's
+    VmHWM depends on the order of its past allocations (measured: docs/benchmarks.md section 6,
+    "Peak memory the OS sees"). Set once per rank, before any method, so every method runs with
+    the same allocator. Returns whether it applied (glibc only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, mmap_threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def peak_memory_kb(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) // 1024
     return _status_kb("VmHWM")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class MemProbe:
+    """Per step, where the resident set goes (--mem-trace): at each phase's end the interval's VmHWM,
+    the resident set split (RssAnon: heap and mmaps; RssShmem: the odb arenas' pages this process
+    touched; RssFile) and glibc's mallinfo2 (bytes in use: heap chunks + mmapped chunks; free in
+    the heap). VmHWM since the step's start (step_interval resets it after the "fetched" sample,
+    which reads the previous step's interval: its optimizer step and this step's fetch)."""
+
+    def __init__(self) -> None:
+        self.rows: List[Dict[str, Any]] = []
+        try:
+            self._mi = ctypes.CDLL("libc.so.6").mallinfo2
+            self._mi.restype = _MallInfo2
+        except (OSError, AttributeError):
+            self._mi = None
+
+    def sample(self, tag: str) -> None:
+        keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+        st: Dict[str, Any] = dict(zip(keys, _status_kbs(*keys)))
+        if self._mi is not None:
+            m = self._mi()
+            st["used_kb"] = (m.uordblks + m.hblkhd) // 1024
+            st["mmap_kb"] = m.hblkhd // 1024
+            st["heap_kb"] = m.arena // 1024
+            st["free_kb"] = m.fordblks // 1024
+        st["tag"] = tag
+        self.rows.append(st)
+
+    def take(self) -> List[Dict[str, Any]]:
+        rows, self.rows = self.rows, []
+        return rows
 
 
 _LENGTHS: Dict[Tuple[int, int], List[int]] = {}
@@ -472,7 +568,17 @@ def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dic
             batch = {**batch, "segments": counts_from_offsets(batch["cu_seqlens"])}
         yield {"batch": batch, "scale": scale, "closes": s.closes_window, "window_tokens": total,
                "plan": s.phase_plan if phases else None, "idle": s.idle or not s.sample_ids,
-               "ids": [] if s.idle else [int(i) for i in s.sample_ids]}
+               "ids": [] if s.idle else [int(i) for i in s.sample_ids], "round": step_round(loader, s)}
+
+
+def step_round(loader: Any, step: Any) -> Optional[List[int]]:
+    """[round, its first step index, its step count] of the daemon's planning round that made `step`
+    (the step header's round / round_first_step / round_steps; odb.Step does not carry them, the
+    loader's consumed log keeps the last step's), or None where the client does not say."""
+    last = getattr(getattr(loader, "_log", None), "last_step", None)
+    if last is None or int(last[0]) != int(step.step_index):
+        return None
+    return [int(last[1]), int(last[2]), int(last[3])]
 
 
 # ----- one rank ----------------------------------------------------------------------------
@@ -501,6 +607,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
     tokens_done = optimizer_steps = 0
     base_kb = peak_kb = 0
     warm = args.warmup_record_steps
+    probe = MemProbe() if args.mem_trace and device.type == "cpu" else None
+    # CPU: each step's VmHWM above the VmRSS at its start, from its batch in hand to the end of its
+    # backward (the gradient all-reduce and the optimizer step are the same on every rank; the first
+    # one allocates AdamW's state), every step (the warm-up's too, as the activation figure); else
+    # (CUDA, or no clear_refs) the allocator's peak above the rank's level after the warm-up steps.
+    per_step = device.type == "cpu" and step_interval() is not None
     try:
         dist.barrier()
         start = time.perf_counter()
@@ -509,10 +621,14 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                      else odb_steps(loader, world, method.startswith("odb_phases"), epoch))
             params = param_storages(model)
             for st in steps:
-                clock = PhaseClock(params)
+                if probe is not None:
+                    probe.sample("fetched")
+                level_kb = step_interval() if per_step else None
+                clock = PhaseClock(params, probe)
                 b = st["batch"]
                 _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
                                                  llm_idle=st["idle"])
+                step_kb = None if level_kb is None else step_memory_kb(level_kb)
                 rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
                                                                           else b["attention_mask"].sum()),
                        "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
@@ -526,6 +642,8 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                 elif st["plan"] is not None:
                     rec["patches"] = int(b.get("enc.pixel_patches", torch.zeros(0)).shape[0])
                     rec["frames"] = int(b.get("audio.audio_features", torch.zeros(0)).shape[0])
+                if st.get("round") is not None:  # the daemon's round (bench/phase_replay --recorded-rounds)
+                    rec["round"] = st["round"]
                 if st.get("ids"):  # this rank's LLM samples (bench/phase_replay.py replays the plans on them)
                     rec["samples"] = [sample_lengths(dataset, i) for i in st["ids"]]
                 if st["plan"] is not None:  # encoder samples whose output leaves this rank
@@ -540,7 +658,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
                     opt.zero_grad(set_to_none=True)
                     tokens_done += st["window_tokens"]
                     optimizer_steps += 1
-                if len(records) == warm:
+                if probe is not None:
+                    probe.sample("opt")
+                    rec["mem"] = probe.take()
+                if step_kb is not None:
+                    rec["mem_kb"] = step_kb
+                elif len(records) == warm:
                     base_kb = reset_peak_memory(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -551,6 +674,10 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
         if daemon is not None:
             daemon.stop()
     heldout = heldout_loss(model, dataset, heldout_ids, rank, world, device)
+    if per_step:
+        steps_kb = [rec["mem_kb"] for rec in records]
+        return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps, "peak_kb": max(steps_kb),
+                "peak_kb_after_warmup": max(steps_kb[warm:], default=None), "heldout_loss": heldout}
     return {"records": records, "wall_s": wall, "optimizer_steps": optimizer_steps,
             "peak_kb": max(0, peak_kb - base_kb) if len(records) >= warm else None, "heldout_loss": heldout}
 
@@ -579,6 +706,8 @@ def split_ids(n: int, args: Any) -> Tuple[List[int], List[int]]:
 
 def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
     torch.set_num_threads(1)
+    if args.device == "cpu" and args.malloc == "fixed":
+        fix_malloc_thresholds()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -644,6 +773,10 @@ def summarize(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
     peaks = [r["peak_kb"] for r in per_rank if r["peak_kb"] is not None]
     out["peak_mem_mb"] = [p / 1024 for p in peaks]
     out["peak_mem_max_over_mean"] = (max(peaks) / (sum(peaks) / len(peaks))) if peaks and sum(peaks) else None
+    warm = [r["peak_kb_after_warmup"] for r in per_rank if r.get("peak_kb_after_warmup") is not None]
+    if len(warm) == len(per_rank) and sum(warm):  # the steps after the warm-up only (the figure before 2026-12-06)
+        out["peak_mem_after_warmup_mb"] = [p / 1024 for p in warm]
+        out["peak_mem_after_warmup_max_over_mean"] = max(warm) / (sum(warm) / len(warm))
     out["heldout_loss"] = per_rank[0]["heldout_loss"]
     if all("act" in rec for r in per_rank for rec in r["records"]):
         act = [max((sum(rec["act"].values()) for rec in r["records"]), default=0) for r in per_rank]
@@ -933,7 +1066,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--cache", default=None, help="audio cache (default $ODB_MM_CACHE or <tmp>/odb-mm-cache)")
-    p.add_argument("--warmup-record-steps", type=int, default=3, help="steps before the memory baseline")
+    p.add_argument("--warmup-record-steps", type=int, default=3,
+                   help="steps before the memory baseline (GPU; a CPU's per-step figure also reports the "
+                        "steps after these: peak_mem_after_warmup_*)")
     p.add_argument("--phase-costs", default=None,
                    help="bench/phase_calibrate.py --json output: the daemons balance each encoder phase on "
                         "these fitted costs (alignment.vision_cost / audio_cost; default: the ones in "
@@ -943,10 +1078,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-phase-steps", dest="phase_steps", action="store_false",
                    help="odb_phases*: the round planner composes steps on the LLM's cost only (drop the "
                         "config's alignment.llm_cost_seconds: large images no longer gathered into shared steps)")
+    p.add_argument("--memory-peak-round", action="store_true",
+                   help="odb_phases*: alignment.memory_peak_round (the peak ratio judged over each planning "
+                        "round's steps together instead of the per-step forecast)")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
                         "_fitted_llm_step_time")
+    p.add_argument("--malloc", default="fixed", choices=("fixed", "dynamic"),
+                   help="CPU ranks' glibc thresholds: fixed (default: allocations >= 128 KiB mapped and "
+                        "unmapped, so VmHWM follows the bytes in use; fix_malloc_thresholds) or dynamic "
+                        "(glibc's default: the heap keeps freed memory, VmHWM carries its history)")
+    p.add_argument("--mem-trace", action="store_true",
+                   help="CPU: record per step and phase the resident set's parts and glibc's heap figures "
+                        "(records' \"mem\")")
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

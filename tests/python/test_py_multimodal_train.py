@@ -76,3 +76,93 @@ def test_activation_bytes_are_the_saved_tensors_linear_in_units() -> None:
     per_patch = (b30 - b10) / 20
     assert per_patch >= 4 * (mmd.PATCH_DIM + 16)  # at least the input row and one hidden row (float32)
     assert b0 < sum(p.numel() * 4 for p in model.vision.parameters()) / 10  # parameters are not activations
+
+
+# Steps whose tensors are each a little larger than the last step's, with small objects kept between
+# them (what a training loop leaves: records, logs), after one large tensor was freed (glibc then
+# raises its dynamic mmap threshold to that size, so the steps' tensors go to the heap). Prints the
+# VmHWM above reset_peak_memory's base, the VmRSS above it after the steps, and the largest step's
+# bytes (KiB).
+_GROWING_STEPS = r"""
+import sys
+import torch
+import multimodal_train as mt
+if sys.argv[1] == "fixed":
+    assert mt.fix_malloc_thresholds()
+cpu = torch.device("cpu")
+big = torch.ones(16 << 20, dtype=torch.uint8)
+del big
+base = mt.reset_peak_memory(cpu)
+kept, largest = [], 0
+for step in range(10):
+    acts = []
+    for _ in range(6):
+        acts.append(torch.ones(int((64 << 10) * (1 + 0.5 * step))))
+        kept.append(torch.ones(8))
+    largest = max(largest, sum(a.numel() * 4 for a in acts))
+    del acts
+print(mt.peak_memory_kb(cpu) - base, mt._status_kb("VmRSS") - base, largest // 1024)
+"""
+
+
+def test_fixed_malloc_thresholds_make_vmhwm_the_largest_steps_memory() -> None:
+    """The example's CPU ranks fix glibc's thresholds (fix_malloc_thresholds, --malloc fixed by
+    default, the same for every method): each tensor >= 128 KiB is its own mapping, returned when
+    freed, so a rank's VmHWM above its base is its largest step's memory, not the holes earlier
+    steps left in the heap (with glibc's dynamic threshold these steps peak at 2-4x the largest
+    step, and the resident set stays there: what made one rank of a real run peak 13% above the
+    others with even activations, docs/benchmarks.md section 6, "Peak memory the OS sees")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert mt.parse_args([]).malloc == "fixed"
+    examples = str(Path(mt.__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([examples, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _GROWING_STEPS, "fixed"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    peak_kb, after_kb, largest_kb = (int(x) for x in out.split())
+    # (the kernel's resident-set counters are batched per thread: a few hundred KiB either way)
+    assert largest_kb - 512 <= peak_kb <= 1.15 * largest_kb + 1024, (peak_kb, largest_kb)
+    assert after_kb <= 2048, after_kb  # the steps' memory went back to the OS
+
+
+# Four steps of 20, 30, 10 and 25 MiB of 256 KiB tensors, small objects kept between them; prints
+# each step's step_memory_kb.
+_STEP_MEMORY = r"""
+import sys
+import torch
+import multimodal_train as mt
+if sys.argv[1] == "fixed":
+    assert mt.fix_malloc_thresholds()
+kept = []
+def step(mib):
+    start = mt.step_interval()
+    acts = []
+    for _ in range(4 * mib):
+        acts.append(torch.ones(64 << 10))
+        kept.append(torch.ones(8))
+    kb = mt.step_memory_kb(start)
+    del acts
+    return kb
+print(*(step(m) for m in (20, 30, 10, 25)))
+"""
+
+
+def test_step_memory_is_each_steps_bytes() -> None:
+    """The CPU peak-memory figure is per step (step_interval / step_memory_kb: VmHWM above the step's
+    start); with the fixed thresholds each step's figure is its own bytes, whatever the steps before it
+    freed (with glibc's dynamic threshold the heap keeps the earlier steps' memory and a step reusing it
+    reads as 19, 11, 0, 0 MiB)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(mt.__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([examples, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _STEP_MEMORY, "fixed"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    got = [int(x) / 1024 for x in out.split()]
+    assert all(want - 1 <= g <= want + 2 for want, g in zip((20, 30, 10, 25), got)), got
