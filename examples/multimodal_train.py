@@ -257,8 +257,8 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
         per_step, per_token, per_len_sq = (float(v) for v in args.llm_step_time.split(","))
         config["grouping"]["step_time"] = {"per_step": per_step, "per_padded_token": per_token,
                                            "per_len_sq": per_len_sq}
-    if getattr(args, "memory_peak_round", False):  # the round rule (docs/balancing.md, "Peak ratio")
-        config["alignment"]["memory_peak_round"] = True
+    if getattr(args, "memory_peak_round", None) is not None:  # the round rule (docs/balancing.md, "Peak ratio")
+        config["alignment"]["memory_peak_round"] = bool(args.memory_peak_round)
     if not args.memory_plan:
         for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
             config["alignment"].pop(key, None)
@@ -1078,9 +1078,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-phase-steps", dest="phase_steps", action="store_false",
                    help="odb_phases*: the round planner composes steps on the LLM's cost only (drop the "
                         "config's alignment.llm_cost_seconds: large images no longer gathered into shared steps)")
-    p.add_argument("--memory-peak-round", action="store_true",
+    p.add_argument("--memory-peak-round", nargs="?", const="on", choices=("on", "off"), default=None,
                    help="odb_phases*: alignment.memory_peak_round (the peak ratio judged over each planning "
-                        "round's steps together instead of the per-step forecast)")
+                        "round's steps together instead of the per-step forecast): on (bare flag) or off; "
+                        "default: configs/multimodal_train.yaml's (on)")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
@@ -1095,6 +1096,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.memory_peak_round is None:  # the config's, recorded as the run's (bench/phase_replay.py reads it)
+        import yaml
+
+        args.memory_peak_round = bool(yaml.safe_load(CONFIG.read_text())["alignment"].get("memory_peak_round"))
+    else:
+        args.memory_peak_round = args.memory_peak_round == "on"
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
