@@ -573,12 +573,10 @@ def odb_steps(loader: Any, world: int, phases: bool, epoch: int) -> Iterator[Dic
 
 def step_round(loader: Any, step: Any) -> Optional[List[int]]:
     """[round, its first step index, its step count] of the daemon's planning round that made `step`
-    (the step header's round / round_first_step / round_steps; odb.Step does not carry them, the
-    loader's consumed log keeps the last step's), or None where the client does not say."""
-    last = getattr(getattr(loader, "_log", None), "last_step", None)
-    if last is None or int(last[0]) != int(step.step_index):
+    (odb.Step's round / round_first_step / round_steps), or None where the client does not say."""
+    if not getattr(step, "round_steps", 0):
         return None
-    return [int(last[1]), int(last[2]), int(last[3])]
+    return [int(step.round), int(step.round_first_step), int(step.round_steps)]
 
 
 # ----- one rank ----------------------------------------------------------------------------

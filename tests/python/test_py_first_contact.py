@@ -101,6 +101,25 @@ def test_progress_counts_optimizer_steps_and_micro_steps_apart_in_a_windows_run(
     assert f"optimizer steps {windows}, micro-steps {len(steps)} (idle 0)" in last, last
 
 
+def test_each_step_says_which_planning_round_made_it(run_dir, job_id) -> None:
+    """odb.Step carries the header's round / round_first_step / round_steps (an example read them from the
+    loader's private log): the rounds tile the epoch's steps in order."""
+    corpus = tiny_lm.SyntheticCorpus(tiny_lm.long_tail_lengths(120, seed=5, min_len=4, max_len=120, median=30))
+    daemon = odb.spawn_daemon(0, 1, run_dir, job_id=job_id, config=tiny_lm.daemon_config(128))
+    try:
+        steps = list(odb.OdbDataLoader(corpus, rank=0, world_size=1, run_dir=str(run_dir)))
+    finally:
+        daemon.stop()
+    rounds = {}
+    for s in steps:
+        assert s.round_steps >= 1 and s.round_first_step <= s.step_index < s.round_first_step + s.round_steps, s
+        rounds.setdefault(s.round, set()).add((s.round_first_step, s.round_steps))
+    assert all(len(v) == 1 for v in rounds.values()), rounds
+    spans = sorted(next(iter(v)) for v in rounds.values())
+    assert spans[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+    assert spans[-1][0] + spans[-1][1] == len(steps), (spans, len(steps))
+
+
 def test_progress_gives_no_data_wait_share_for_a_tiny_epoch() -> None:
     """'data wait 99% (0.0s)': on an epoch of a fraction of a second the share says nothing."""
     tiny = Progress(0, 0, 10, stream=io.StringIO())

@@ -58,6 +58,11 @@ class Step:
     closes_window: bool = True
     window_short: bool = False
     window_target: int = 0
+    # The daemon's planning round that made this step (identical on every rank): its number, its
+    # first step index and its step count (the step header's round / round_first_step / round_steps).
+    round: int = 0
+    round_first_step: int = 0
+    round_steps: int = 0
 
     @classmethod
     def from_header(cls, info: Any, batch: Dict[str, torch.Tensor], **overrides: Any) -> "Step":
