@@ -243,7 +243,10 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
     config: Dict[str, Any] = yaml.safe_load(CONFIG.read_text())
     if packed:
         config["collate"]["packed"] = True
-        config["grouping"].update(cost_model="packed", step_time=dict(PACKED_STEP_TIME))
+        # mix_lengths true: the packed LLM's groups of mixed lengths, as every recorded packed run had them
+        # (the daemon's `auto` deals length-sorted groups into steps since 2026-12-06; this example runs
+        # without windows, where the two cost the same: docs/config.md, "Length-mixed steps").
+        config["grouping"].update(cost_model="packed", step_time=dict(PACKED_STEP_TIME), mix_lengths=True)
     config["grouping"]["max_tokens"] = args.max_tokens
     config["alignment"].update(seed=args.seed, phase_plans=phases)
     config["optimizer"]["tokens_per_step"] = window_tokens

@@ -56,8 +56,8 @@ collate:
 }
 
 TEST_CASE(
-    "grouping.mix_lengths: auto mixes groups with the packed cost model, steps with padded; the others force "
-    "one") {
+    "grouping.mix_lengths: auto deals steps across lengths with the global planner, mixes packed groups with "
+    "the local one; the others force one") {
   struct Case {
     const char* yaml;
     bool groups;
@@ -65,8 +65,11 @@ TEST_CASE(
   };
   const Case cases[] = {
       {"grouping: {cost_model: padded}", false, true},
-      {"grouping: {cost_model: packed}", true, false},
-      {"grouping: {cost_model: packed, mix_lengths: auto}", true, false},
+      {"grouping: {cost_model: packed}", false, true},
+      {"grouping: {cost_model: packed, mix_lengths: auto}", false, true},
+      {"grouping: {cost_model: packed}\nalignment: {planner: local}", true, false},
+      {"grouping: {cost_model: padded}\nalignment: {planner: local}", false, false},
+      {"grouping: {cost_model: packed, mix_lengths: steps}\nalignment: {planner: local}", false, true},
       {"grouping: {cost_model: packed, mix_lengths: false}", false, false},
       {"grouping: {cost_model: padded, mix_lengths: false}", false, false},
       {"grouping: {cost_model: padded, mix_lengths: true}", true, false},

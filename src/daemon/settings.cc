@@ -281,7 +281,8 @@ std::vector<Setting> BuildTable() {
                          {"false", LengthMix::kOff}},
       "so that optimizer steps mix lengths as random batches do: true = groups of samples drawn across "
       "lengths (packed: about free; padded: more steps); steps = length-sorted groups dealt into steps "
-      "across lengths (the same padding); auto: true with cost_model packed, steps with padded"));
+      "across lengths (the same padding; global planner only); auto: steps with the global planner, with the "
+      "local one true under cost_model packed, false under padded"));
   add(Choice("grouping.over_budget", kJob, ODB_FIELD(ingest.reject_over_budget),
              Choices<bool>{{"isolate", false}, {"reject", true}},
              "isolate (own step, flagged) | reject (reported error)"));
