@@ -206,7 +206,11 @@ std::vector<uint8_t> PartitionedWindows::MergeFits(const RoundPlan& plan, int be
   std::vector<uint8_t> out(boundaries_.size(), 0);
   if (!merge_enabled_) return out;
   for (size_t b = 0; b < boundaries_.size(); ++b) {
-    out[b] = MergedLayout(plan, begin, end, boundaries_[b]).has_value() ? 1 : 0;
+    auto layout = MergedLayout(plan, begin, end, boundaries_[b]);
+    out[b] = layout.has_value() ? 1 : 0;
+    // Apply lays the merged micro-step out as judged here: keep it (the
+    // block's plan does not change in between).
+    if (layout) layouts_[{begin, boundaries_[b]}] = std::move(*layout);
   }
   return out;
 }
@@ -533,7 +537,12 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
   if (merge_moves_) {
     for (size_t i = 0; i < kept; ++i) {
       if (pieces[i].segments != 2) continue;
-      auto groups = MergedLayout(plan, begin, end, pieces[i].seg[0].step);
+      std::optional<std::vector<std::vector<SampleMeta>>> groups;
+      if (auto it = layouts_.find({begin, pieces[i].seg[0].step}); it != layouts_.end()) {
+        groups = std::move(it->second);
+      } else {
+        groups = MergedLayout(plan, begin, end, pieces[i].seg[0].step);
+      }
       if (!groups) continue;  // not this block's verdict in MergeFits: cannot happen; kept as cut
       std::set<std::pair<int32_t, uint64_t>> realised;
       for (int r = begin; r < end; ++r) {

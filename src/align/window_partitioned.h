@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -219,6 +221,8 @@ class PartitionedWindows {
   size_t merged_ = 0;
   bool merge_enabled_ = false, merge_moves_ = false;
   WindowBalanceConfig merge_config_;
+  // MergeFits' layouts that fit, by (block's first rank, k), for Apply.
+  mutable std::map<std::pair<int, uint32_t>, std::vector<std::vector<SampleMeta>>> layouts_;
 };
 
 // The merge bits on the wire: appended to the offers' two number lists, 32
