@@ -176,6 +176,13 @@ std::optional<std::vector<std::vector<SampleMeta>>> PartitionedWindows::MergedLa
   }
   std::optional<std::vector<std::vector<SampleMeta>>> groups;
   if (merge_moves_) {
+    // A group's budget cost is at least its tokens: more tokens than the
+    // block's ranks hold never lay out (the common case where a window is
+    // about a step: no layout to search).
+    uint64_t tokens = 0;
+    for (const SampleMeta& m : all) tokens += m.lengths.tokens;
+    if (merge_config_.budget.max_tokens > 0 && tokens > ranks * merge_config_.budget.max_tokens)
+      return std::nullopt;
     std::sort(all.begin(), all.end(), LongerFirst);
     groups = LayPart(merge_config_, all, ranks);
     if (!groups) return std::nullopt;
