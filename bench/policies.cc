@@ -580,11 +580,24 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
       align::SpreadTolerance(planned, loss_sum, planned_sq, tokens_per_step, pc.window_spread);
   align::PartitionedWindows cut(tokens_per_step, loss, real, world, tol);
   // The offers all-gather (only in rounds with an end inside a step).
+  // With the offers, every rank's merge bits (window_partitioned.h, "Merged
+  // parts").
   std::vector<std::vector<align::CutOffer>> offers(world);
+  std::vector<std::vector<uint8_t>> fits;
+  const size_t block = std::max<size_t>(1, planner.BlockRanks(world));
+  cut.EnableMerges(align::WindowBalanceConfig{pc.budget, pc.step_model}, planner.MovesSamples());
   if (cut.inside_ends() > 0) {
-    for (size_t r = 0; r < world; ++r) offers[r] = cut.Offers(plan.ranks[r].steps);
+    fits.resize(world);
+    for (size_t b = 0; b < world; b += block) {
+      const int end = static_cast<int>(std::min(world, b + block));
+      const std::vector<uint8_t> bits = cut.MergeFits(plan, static_cast<int>(b), end);
+      for (size_t r = b; r < static_cast<size_t>(end); ++r) {
+        offers[r] = cut.Offers(plan.ranks[r].steps);
+        fits[r] = bits;
+      }
+    }
   }
-  if (absl::Status s = cut.Decide(offers); !s.ok()) return s;
+  if (absl::Status s = cut.Decide(offers, fits); !s.ok()) return s;
   // Whether the round planned every sample the epoch has left (the Aligner's
   // count over the round summaries).
   bool all_finished = true;
@@ -593,11 +606,17 @@ absl::Status ApplyRoundPartitionedWindows(uint64_t tokens_per_step, const align:
     all_finished = all_finished && rr.stream_finished;
     pending += rr.pending.size();
   }
+  // Each block cuts its own ranks (a merged micro-step is laid out over its
+  // block), from the same window state; every block ends in the same one.
   std::vector<uint64_t> global_real;
-  cut.Apply(plan, 0, static_cast<int>(world), pc.budget.model, windows, align::InputsOpen(state, pc.window),
-            all_finished && planned == pending, global_real);
+  const align::WindowState before = windows;
+  for (size_t b = 0; b < world; b += block) {
+    align::WindowState ws = before;
+    cut.Apply(plan, static_cast<int>(b), static_cast<int>(std::min(world, b + block)), pc.budget.model, ws,
+              align::InputsOpen(state, pc.window), all_finished && planned == pending, global_real);
+    if (b == 0) windows = ws;
+  }
   if (balance && planner.MovesSamples()) {
-    const size_t block = std::max<size_t>(1, planner.BlockRanks(world));
     for (size_t b = 0; b < world; b += block) {
       align::BalanceBlockWindows(align::WindowBalanceConfig{pc.budget, pc.step_model}, plan,
                                  static_cast<int>(b), static_cast<int>(std::min(world, b + block)));

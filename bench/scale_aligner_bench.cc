@@ -299,6 +299,11 @@ int Run(const Options& o) {
                   a.insert(a.end(), {c.loss, c.next_loss});
                   b.insert(b.end(), {c.real, c.next_real});
                 }
+                // The merge bits (window_partitioned.h, "Merged parts"): a
+                // placeholder rank has no block plan to judge; it says 1 for
+                // every candidate (rank 0's block decides; the widest
+                // varints, so the bytes are not undercounted).
+                align::AppendMergeBits(std::vector<uint8_t>(cut.merge_candidates(), 1), a, b);
                 auto ends = peers->AllGather(align::EncodeRankTotals(0, msg.round, r, a, b));
                 if (!ends.ok()) std::exit(1);
                 if (r == world - 1) {
@@ -314,7 +319,10 @@ int Run(const Options& o) {
                 }
               }
               if (r == world - 1) {
-                if (!shared_cut->Decide(offers).ok()) std::exit(1);
+                std::vector<std::vector<uint8_t>> fits;
+                if (cut.inside_ends() > 0)
+                  fits.assign(static_cast<size_t>(world), std::vector<uint8_t>(cut.merge_candidates(), 1));
+                if (!shared_cut->Decide(offers, fits).ok()) std::exit(1);
                 bool inputs_open = false;
                 for (const align::RankSummary& q : bs.summaries) {
                   inputs_open =

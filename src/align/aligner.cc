@@ -465,7 +465,9 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
   const uint64_t tol =
       SpreadTolerance(planned, total, planned_sq, config.tokens_per_step, config.window_spread);
   PartitionedWindows cut(config.tokens_per_step, loss_total, global_real, static_cast<size_t>(world), tol);
+  cut.EnableMerges(WindowBalanceConfig{config.budget, config.step_model}, planner_->MovesSamples());
   std::vector<std::vector<CutOffer>> offers(static_cast<size_t>(world));
+  std::vector<std::vector<uint8_t>> fits;  // per rank: its merge bits (none without offers)
   // Before the epoch's first window: a target below one sample is a mistake
   // (CheckWindowTarget), judged on the world's planned samples.
   if (windows_.next_window == 0) {
@@ -477,15 +479,20 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
   if (cut.inside_ends() > 0) {
     // 4. The window ends' offers, world-wide, only in rounds with an end
     // inside a step. Carried as token totals: loss tokens (the prefix's,
-    // the next sample's) in one list, real tokens in the other, two per end.
+    // the next sample's) in one list, real tokens in the other, two per end;
+    // then this rank's merge bits, one per candidate boundary, 32 in an
+    // entry of each list (window_partitioned.h, "Merged parts").
     const std::vector<CutOffer> mine = cut.Offers(plan.ranks[me].steps);
+    const size_t bits = cut.merge_candidates();
     std::vector<uint64_t> loss, real;
-    loss.reserve(2 * mine.size());
-    real.reserve(2 * mine.size());
+    loss.reserve(2 * mine.size() + MergeBitEntries(bits));
+    real.reserve(2 * mine.size() + MergeBitEntries(bits));
     for (const CutOffer& o : mine) {
       loss.insert(loss.end(), {o.loss, o.next_loss});
       real.insert(real.end(), {o.real, o.next_real});
     }
+    AppendMergeBits(cut.MergeFits(plan, begin, end), loss, real);
+    fits.resize(static_cast<size_t>(world));
     auto gathered = peers_->AllGather(EncodeRankTotals(*epoch_, round_, me, loss, real));
     if (!gathered.ok()) {
       return absl::Status(gathered.status().code(),
@@ -517,9 +524,15 @@ absl::Status Aligner::PartitionedWindowRound(const BlockRoundState& bs, int begi
       for (size_t i = 0; i < o.size(); ++i) {
         o[i] = CutOffer{got->loss[2 * i], got->real[2 * i], got->loss[2 * i + 1], got->real[2 * i + 1]};
       }
+      auto rank_bits = ReadMergeBits(got->loss, got->real, 2 * o.size(), bits);
+      if (!rank_bits.ok()) {
+        return absl::Status(rank_bits.status().code(), where + "window ends of rank " + std::to_string(r) +
+                                                           ": " + std::string(rank_bits.status().message()));
+      }
+      fits[r] = *std::move(rank_bits);
     }
   }
-  if (absl::Status s = cut.Decide(offers); !s.ok()) {
+  if (absl::Status s = cut.Decide(offers, fits); !s.ok()) {
     return absl::Status(s.code(), where + std::string(s.message()));
   }
   // InputsOpen (window.h) on the round summaries: some rank's stream is open,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,13 @@ uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= h >> 31;
   return h;
 }
+
+bool LongerFirst(const SampleMeta& a, const SampleMeta& b);
+double CostOf(const WindowBalanceConfig& config, const std::vector<SampleMeta>& samples);
+PlannedStep MakeStep(const WindowBalanceConfig& config, std::vector<SampleMeta> samples);
+std::optional<std::vector<std::vector<SampleMeta>>> LayPart(const WindowBalanceConfig& config,
+                                                            const std::vector<SampleMeta>& samples,
+                                                            size_t ranks);
 
 }  // namespace
 
@@ -117,6 +125,130 @@ PartitionedWindows::PartitionedWindows(uint64_t target, std::vector<uint64_t> st
     prev = at;
     if (total - x < target_) break;  // no overflow of x
   }
+  // Merge candidates: the boundaries next to a step with an inside end.
+  first_inside_.assign(step_loss_.size(), -1);
+  last_inside_.assign(step_loss_.size(), -1);
+  for (size_t i : inside_) {
+    const uint32_t s = ends_[i].step;
+    if (first_inside_[s] < 0) first_inside_[s] = static_cast<int>(i);
+    last_inside_[s] = static_cast<int>(i);
+  }
+  for (size_t k = 0; k + 1 < step_loss_.size(); ++k) {
+    if (last_inside_[k] >= 0 || first_inside_[k + 1] >= 0) boundaries_.push_back(static_cast<uint32_t>(k));
+  }
+}
+
+void PartitionedWindows::EnableMerges(const WindowBalanceConfig& config, bool move_samples) {
+  merge_config_ = config;
+  merge_moves_ = move_samples;
+  merge_enabled_ = true;
+}
+
+void PartitionedWindows::LargestParts(const RoundPlan& plan, int r, uint32_t k, std::vector<SampleMeta>* left,
+                                      std::vector<SampleMeta>* right) const {
+  // The largest parts either side of k | k+1: from the prefix of step k's
+  // last inside end (its cut is there or one sample later), to one sample
+  // past the prefix of step k+1's first inside end.
+  const PlannedStep& l = plan.ranks[r].steps[k];
+  const PlannedStep& h = plan.ranks[r].steps[k + 1];
+  const size_t from = last_inside_[k] < 0 ? 0 : PrefixAt(l, ends_[last_inside_[k]], nullptr);
+  const size_t to = first_inside_[k + 1] < 0
+                        ? h.samples.size()
+                        : std::min(h.samples.size(), PrefixAt(h, ends_[first_inside_[k + 1]], nullptr) + 1);
+  left->insert(left->end(), l.samples.begin() + static_cast<std::ptrdiff_t>(from), l.samples.end());
+  right->insert(right->end(), h.samples.begin(), h.samples.begin() + static_cast<std::ptrdiff_t>(to));
+}
+
+std::optional<std::vector<std::vector<SampleMeta>>> PartitionedWindows::MergedLayout(const RoundPlan& plan,
+                                                                                     int begin, int end,
+                                                                                     uint32_t k) const {
+  const size_t ranks = static_cast<size_t>(end - begin);
+  double worst_left = 0.0, worst_right = 0.0;
+  std::vector<SampleMeta> all;
+  for (int r = begin; r < end; ++r) {
+    if (plan.ranks[r].steps[k].over_budget || plan.ranks[r].steps[k + 1].over_budget) return std::nullopt;
+    std::vector<SampleMeta> left, right;
+    LargestParts(plan, r, k, &left, &right);
+    worst_left = std::max(worst_left, CostOf(merge_config_, left));
+    worst_right = std::max(worst_right, CostOf(merge_config_, right));
+    all.insert(all.end(), left.begin(), left.end());
+    all.insert(all.end(), right.begin(), right.end());
+  }
+  std::optional<std::vector<std::vector<SampleMeta>>> groups;
+  if (merge_moves_) {
+    // A group's budget cost is at least its tokens: more tokens than the
+    // block's ranks hold never lay out (the common case where a window is
+    // about a step: no layout to search).
+    uint64_t tokens = 0;
+    for (const SampleMeta& m : all) tokens += m.lengths.tokens;
+    if (merge_config_.budget.max_tokens > 0 && tokens > ranks * merge_config_.budget.max_tokens)
+      return std::nullopt;
+    std::sort(all.begin(), all.end(), LongerFirst);
+    groups = LayPart(merge_config_, all, ranks);
+    if (!groups) return std::nullopt;
+  } else {
+    // The planner moves no sample: each rank keeps its own parts.
+    groups.emplace();
+    for (int r = begin; r < end; ++r) {
+      std::vector<SampleMeta> left, right;
+      LargestParts(plan, r, k, &left, &right);
+      left.insert(left.end(), right.begin(), right.end());
+      grouping::GroupTally tally(merge_config_.budget);
+      for (const SampleMeta& m : left) {
+        if (tally.size() > 0 && !tally.CanAdd(m.lengths)) return std::nullopt;
+        tally.Add(m.lengths);
+      }
+      if (!tally.Fits()) return std::nullopt;
+      groups->push_back(std::move(left));
+    }
+  }
+  // One micro-step never costs the block's slowest rank more than the two.
+  for (const std::vector<SampleMeta>& g : *groups) {
+    if (CostOf(merge_config_, g) > worst_left + worst_right) return std::nullopt;
+  }
+  return groups;
+}
+
+std::vector<uint8_t> PartitionedWindows::MergeFits(const RoundPlan& plan, int begin, int end) const {
+  std::vector<uint8_t> out(boundaries_.size(), 0);
+  if (!merge_enabled_) return out;
+  for (size_t b = 0; b < boundaries_.size(); ++b) {
+    auto layout = MergedLayout(plan, begin, end, boundaries_[b]);
+    out[b] = layout.has_value() ? 1 : 0;
+    // Apply lays the merged micro-step out as judged here: keep it (the
+    // block's plan does not change in between).
+    if (layout) layouts_[{begin, boundaries_[b]}] = std::move(*layout);
+  }
+  return out;
+}
+
+size_t MergeBitEntries(size_t bits) { return (bits + 63) / 64; }
+
+void AppendMergeBits(const std::vector<uint8_t>& bits, std::vector<uint64_t>& loss,
+                     std::vector<uint64_t>& real) {
+  for (size_t m = 0; m < MergeBitEntries(bits.size()); ++m) {
+    uint64_t words[2] = {0, 0};
+    for (size_t i = 64 * m; i < std::min(bits.size(), 64 * m + 64); ++i) {
+      if (bits[i]) words[(i - 64 * m) / 32] |= uint64_t{1} << (i % 32);
+    }
+    loss.push_back(words[0]);
+    real.push_back(words[1]);
+  }
+}
+
+absl::StatusOr<std::vector<uint8_t>> ReadMergeBits(const std::vector<uint64_t>& loss,
+                                                   const std::vector<uint64_t>& real, size_t offset,
+                                                   size_t bits) {
+  std::vector<uint8_t> out(bits, 0);
+  for (size_t m = 0; m < MergeBitEntries(bits); ++m) {
+    const uint64_t words[2] = {loss[offset + m], real[offset + m]};
+    if (words[0] >> 32 || words[1] >> 32)
+      return absl::DataLossError("window merge bits over 32 bits an entry");
+    for (size_t i = 64 * m; i < std::min(bits, 64 * m + 64); ++i) {
+      out[i] = (words[(i - 64 * m) / 32] >> (i % 32)) & 1;
+    }
+  }
+  return out;
 }
 
 size_t PartitionedWindows::PrefixAt(const PlannedStep& step, const End& e, CutOffer* offer) const {
@@ -152,7 +284,8 @@ std::vector<CutOffer> PartitionedWindows::Offers(const std::vector<PlannedStep>&
   return out;
 }
 
-absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>& offers) {
+absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>& offers,
+                                        const std::vector<std::vector<uint8_t>>& fits) {
   if (offers.size() != world_) {
     return absl::InvalidArgumentError("window offers of " + std::to_string(offers.size()) + " ranks for " +
                                       std::to_string(world_));
@@ -163,6 +296,19 @@ absl::Status PartitionedWindows::Decide(const std::vector<std::vector<CutOffer>>
                                         std::to_string(offers[r].size()) +
                                         " window ends, this rank expects " + std::to_string(inside_.size()));
     }
+  }
+  if (!fits.empty() && fits.size() != world_) {
+    return absl::InvalidArgumentError("window merge bits of " + std::to_string(fits.size()) + " ranks for " +
+                                      std::to_string(world_));
+  }
+  merge_.assign(boundaries_.size(), fits.empty() ? 0 : 1);
+  for (size_t r = 0; r < fits.size(); ++r) {
+    if (fits[r].size() != boundaries_.size()) {
+      return absl::InvalidArgumentError(
+          "rank " + std::to_string(r) + " sent " + std::to_string(fits[r].size()) +
+          " window merge bits, this rank expects " + std::to_string(boundaries_.size()));
+    }
+    for (size_t b = 0; b < boundaries_.size(); ++b) merge_[b] = merge_[b] && fits[r][b];
   }
   chosen_.assign(ends_.size(), Chosen{});
   const uint64_t limit = target_ + target_ / 10;  // never more than 10% over if avoidable
@@ -283,13 +429,17 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
   // The round's micro-steps: each step in parts at its chosen splits; a
   // window closes after a split, after a step with a kAfter end, and before a
   // step with a kBefore end.
-  struct Piece {
+  struct Segment {
     uint32_t step;
     int from, to;  // indices into chosen_ of the splits around it; -1: the step's start or end
+  };
+  struct Piece {
+    Segment seg[2];
+    int segments;  // 2: a merged micro-step (a part of step k, then one of step k + 1)
     uint64_t loss, real;
     bool closes;
   };
-  std::vector<Piece> pieces;
+  std::vector<Piece> parts;
   std::vector<bool> closes_after(steps, false);
   std::vector<std::vector<int>> splits(steps);
   for (size_t j = 0; j < chosen_.size(); ++j) {
@@ -298,16 +448,51 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
     if (c.kind == Kind::kBefore && c.step > 0) closes_after[c.step - 1] = true;
     if (c.kind == Kind::kSplit) splits[c.step].push_back(static_cast<int>(j));
   }
+  std::vector<size_t> first_part(steps), last_part(steps);
   for (uint32_t k = 0; k < steps; ++k) {
     int from = -1;
     uint64_t loss = 0, real = 0;
+    first_part[k] = parts.size();
     for (int j : splits[k]) {
-      pieces.push_back({k, from, j, chosen_[j].loss - loss, chosen_[j].real - real, true});
+      parts.push_back({{{k, from, j}, {}}, 1, chosen_[j].loss - loss, chosen_[j].real - real, true});
       loss = chosen_[j].loss;
       real = chosen_[j].real;
       from = j;
     }
-    pieces.push_back({k, from, -1, step_loss_[k] - loss, step_real_[k] - real, closes_after[k]});
+    last_part[k] = parts.size();
+    parts.push_back({{{k, from, -1}, {}}, 1, step_loss_[k] - loss, step_real_[k] - real, closes_after[k]});
+  }
+  // Merged parts (window_partitioned.h): left to right, a candidate boundary
+  // every rank fits, inside one window, whose parts are the judged ones and
+  // whose left part is not merged already.
+  merged_ = 0;
+  std::vector<int> absorbs(parts.size(), -1);
+  std::vector<bool> absorbed(parts.size(), false);
+  for (size_t b = 0; b < boundaries_.size() && b < merge_.size(); ++b) {
+    if (!merge_[b]) continue;
+    const uint32_t k = boundaries_[b];
+    const size_t left = last_part[k], right = first_part[k + 1];
+    const bool left_judged = last_inside_[k] < 0 || chosen_[last_inside_[k]].kind == Kind::kSplit;
+    const bool right_judged = first_inside_[k + 1] < 0 || chosen_[first_inside_[k + 1]].kind == Kind::kSplit;
+    if (parts[left].closes || !left_judged || !right_judged || absorbed[left]) continue;
+    absorbs[left] = static_cast<int>(right);
+    absorbed[right] = true;
+    ++merged_;
+  }
+  std::vector<Piece> pieces;
+  pieces.reserve(parts.size() - merged_);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (absorbed[i]) continue;
+    Piece p = parts[i];
+    if (absorbs[i] >= 0) {
+      const Piece& q = parts[static_cast<size_t>(absorbs[i])];
+      p.seg[1] = q.seg[0];
+      p.segments = 2;
+      p.loss += q.loss;
+      p.real += q.real;
+      p.closes = q.closes;
+    }
+    pieces.push_back(p);
   }
   // The open window: the pieces after the last close.
   size_t open = pieces.size();
@@ -350,6 +535,59 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
       }
     }
   }
+  // With moves, a merged micro-step is laid out over the block as MergeFits
+  // judged it (the block's largest parts), then each group keeps only the
+  // samples of the realised parts: a subset of a group within the budget is
+  // within it. Groups go costliest first to the rank that owns most of
+  // their samples (then the lower rank).
+  std::vector<std::vector<std::vector<SampleMeta>>> laid(pieces.size());
+  if (merge_moves_) {
+    for (size_t i = 0; i < kept; ++i) {
+      if (pieces[i].segments != 2) continue;
+      std::optional<std::vector<std::vector<SampleMeta>>> groups;
+      if (auto it = layouts_.find({begin, pieces[i].seg[0].step}); it != layouts_.end()) {
+        groups = std::move(it->second);
+      } else {
+        groups = MergedLayout(plan, begin, end, pieces[i].seg[0].step);
+      }
+      if (!groups) continue;  // not this block's verdict in MergeFits: cannot happen; kept as cut
+      std::set<std::pair<int32_t, uint64_t>> realised;
+      for (int r = begin; r < end; ++r) {
+        for (const Segment& seg : pieces[i].seg) {
+          const PlannedStep& s = plan.ranks[r].steps[seg.step];
+          const size_t a =
+              seg.from < 0 ? 0 : PrefixAt(s, ends_[seg.from], nullptr) + chosen_[seg.from].over[r];
+          const size_t b =
+              seg.to < 0 ? s.samples.size() : PrefixAt(s, ends_[seg.to], nullptr) + chosen_[seg.to].over[r];
+          for (size_t n = a; n < b; ++n) realised.emplace(s.samples[n].owner_rank, s.samples[n].id);
+        }
+      }
+      const size_t ranks = static_cast<size_t>(end - begin);
+      std::vector<std::pair<double, size_t>> by_cost;
+      for (size_t g = 0; g < groups->size(); ++g)
+        by_cost.emplace_back(CostOf(merge_config_, (*groups)[g]), g);
+      std::stable_sort(by_cost.begin(), by_cost.end(),
+                       [](const auto& x, const auto& y) { return x.first > y.first; });
+      std::vector<std::vector<SampleMeta>>& out = laid[i];
+      out.assign(ranks, {});
+      std::vector<bool> taken(ranks, false);
+      for (const auto& [cost, g] : by_cost) {
+        std::vector<uint32_t> owned(ranks, 0);
+        for (const SampleMeta& m : (*groups)[g]) {
+          const int64_t r = static_cast<int64_t>(m.owner_rank) - begin;
+          if (r >= 0 && r < static_cast<int64_t>(ranks)) ++owned[static_cast<size_t>(r)];
+        }
+        size_t pick = ranks;
+        for (size_t r = 0; r < ranks; ++r) {
+          if (!taken[r] && (pick == ranks || owned[r] > owned[pick])) pick = r;
+        }
+        taken[pick] = true;
+        for (const SampleMeta& m : (*groups)[g]) {
+          if (realised.count({m.owner_rank, m.id}) > 0) out[pick].push_back(m);
+        }
+      }
+    }
+  }
   const double w = static_cast<double>(world_);
   for (int r = begin; r < end; ++r) {
     RankPlan& rp = plan.ranks[r];
@@ -364,15 +602,31 @@ void PartitionedWindows::Apply(RoundPlan& plan, int begin, int end, grouping::Co
     }
     for (size_t i = 0; i < pieces.size(); ++i) {
       const Piece& p = pieces[i];
-      const PlannedStep& s = original[p.step];
-      const size_t a = p.from < 0 ? 0 : cut_at[p.from];
-      const size_t b = p.to < 0 ? s.samples.size() : cut_at[p.to];
-      if (i >= kept) {
-        for (size_t n = a; n < b; ++n)
-          plan.ranks[s.samples[n].owner_rank].keep_pending.push_back(KeyOf(s.samples[n]));
-        continue;
+      PlannedStep part;
+      for (int g = 0; g < p.segments; ++g) {
+        const Segment& seg = p.seg[g];
+        const PlannedStep& s = original[seg.step];
+        const size_t a = seg.from < 0 ? 0 : cut_at[seg.from];
+        const size_t b = seg.to < 0 ? s.samples.size() : cut_at[seg.to];
+        if (i >= kept) {
+          for (size_t n = a; n < b; ++n)
+            plan.ranks[s.samples[n].owner_rank].keep_pending.push_back(KeyOf(s.samples[n]));
+          continue;
+        }
+        if (g == 0) {
+          part = (a == 0 && b == s.samples.size()) ? s : StepPart(s, a, b, model);
+        } else {
+          // A merged micro-step: the second part's samples after the first's.
+          const bool over = part.over_budget || (s.over_budget && b > a);
+          part.samples.insert(part.samples.end(), s.samples.begin() + static_cast<std::ptrdiff_t>(a),
+                              s.samples.begin() + static_cast<std::ptrdiff_t>(b));
+          part = StepPart(part, 0, part.samples.size(), model);
+          part.over_budget = over && !part.idle;
+        }
       }
-      PlannedStep part = (a == 0 && b == s.samples.size()) ? s : StepPart(s, a, b, model);
+      if (i >= kept) continue;
+      if (!laid[i].empty())
+        part = MakeStep(merge_config_, std::move(laid[i][static_cast<size_t>(r - begin)]));
       const uint64_t wi = window_of[i];
       const uint64_t total = window_total[wi];
       part.loss_tokens = StepLossOf(part);

@@ -3,9 +3,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "src/align/planner.h"
 #include "src/align/window.h"
 
@@ -58,8 +62,32 @@ namespace odb::align {
 // the one before on a tie. The nominal ends stay j x target, so the moves do
 // not accumulate either: the round's windows sum to their targets up to the
 // last end's error (at most tol at a boundary, about a sample at a split),
-// and no window closed at a moved end leaves the band. Decided in the constructor from world-wide values alone, so every
-// rank moves the same ends, before the offers. tol = 0: the ends above.
+// and no window closed at a moved end leaves the band. Decided in the constructor from world-wide values
+// alone, so every rank moves the same ends, before the offers. tol = 0: the ends above.
+//
+// Merged parts (one micro-step out of two steps' parts). A split costs every
+// rank a micro-step; where a window's part of a split step and its part of the
+// step next to it (in the same window) fit one micro-step on every rank, they
+// run as one. The candidates are the step boundaries k | k+1 next to an
+// inside end (step k or k+1 holds one): the left part is step k's last
+// (after its last inside end's cut, else the whole step), the right part step
+// k+1's first (up to its first inside end's cut, else the whole step). With
+// its offers every rank sends one bit per candidate (MergeFits): 1 when its
+// largest possible left part (the cut at its prefix) and its largest
+// possible right part (the cut past its next sample) together fit the
+// grouping budget (GroupTally, as the planner groups) and cost no more as one
+// micro-step than as two (MicroStepCost; an empty part costs a), so a merge
+// never makes a micro-step's slowest rank slower than the two it replaces.
+// After the choice (identical everywhere) a boundary merges when every rank
+// sent 1, the window does not close there, the parts are the ones the bits
+// judged (the inside ends next to the boundary were split, not moved to a
+// boundary or skipped; the realised parts are subsets of the judged ones,
+// and the budget and the cost are monotone in a part's samples) and its left
+// part did not merge with the boundary before it (left to right). A merged
+// micro-step holds its left part's samples then its right part's, on every
+// rank; it never spans two windows, so the weights, window fields and
+// global real tokens are computed over the merged pieces as over any other.
+// Rounds without an inside end have no candidate (and no offers all-gather).
 //
 // Windows smaller than a global micro-step (W = 2,560 with an 8k budget holds
 // ~20M tokens a step) are several ends inside one step: every rank's share
@@ -103,11 +131,29 @@ class PartitionedWindows {
   // (`steps`: this rank's RankPlan::steps before Apply).
   std::vector<CutOffer> Offers(const std::vector<PlannedStep>& steps) const;
 
+  // The step boundaries that may merge (Merged parts, above): one bit per
+  // rank each, sent with the offers. 0 when inside_ends() is 0.
+  size_t merge_candidates() const { return boundaries_.size(); }
+
+  // Turns merges on (before MergeFits and Apply; off: every bit 0): the
+  // budget and step costs, and whether samples may move to another rank of
+  // their block (Planner::MovesSamples).
+  void EnableMerges(const WindowBalanceConfig& config, bool move_samples);
+
+  // The block's bits, one per candidate, from its ranks' micro-steps before
+  // Apply (ranks [begin, end) of `plan`): 1 when the block's largest parts
+  // either side of the boundary lay out in one micro-step within the budget
+  // and no rank's cost exceeds the block's costliest left part plus its
+  // costliest right part. Every rank of the block sends these bits.
+  std::vector<uint8_t> MergeFits(const RoundPlan& plan, int begin, int end) const;
+
   // Chooses every end from all ranks' offers (`offers[r]`: rank r's, from
-  // Offers; W empty lists when inside_ends() is 0). Identical on every rank.
+  // Offers; W empty lists when inside_ends() is 0) and the merges from all
+  // ranks' MergeFits (`fits[r]`; empty: no merge). Identical on every rank.
   // Fails (InvalidArgument) when the offers contradict the totals (a peer
-  // that planned something else).
-  absl::Status Decide(const std::vector<std::vector<CutOffer>>& offers);
+  // that planned something else) or a rank's bits are not one per candidate.
+  absl::Status Decide(const std::vector<std::vector<CutOffer>>& offers,
+                      const std::vector<std::vector<uint8_t>>& fits = {});
 
   // Cuts the steps of ranks [begin, end) of `plan` (the block; the others'
   // steps are left empty) into the round's micro-steps, sets every part's
@@ -124,6 +170,9 @@ class PartitionedWindows {
   // The loss tokens of every window Apply closed in this round (world-wide),
   // short ones included (for benches and tests).
   const std::vector<uint64_t>& closed_windows() const { return closed_; }
+
+  // The boundaries Apply merged (micro-steps saved) in this round.
+  size_t merged() const { return merged_; }
 
  private:
   struct End {
@@ -142,6 +191,16 @@ class PartitionedWindows {
     std::vector<uint8_t> over;  // kSplit: per rank, 1 = its prefix plus its next sample
   };
 
+  // Rank r's largest parts either side of boundary k | k+1, appended.
+  void LargestParts(const RoundPlan& plan, int r, uint32_t k, std::vector<SampleMeta>* left,
+                    std::vector<SampleMeta>* right) const;
+  // The block's merged micro-step at k | k+1 laid out on the largest parts,
+  // one group per rank of the block (with moves: LayPart's groups, fewer
+  // where it leaves ranks empty; without: each rank's own); nullopt: no
+  // merge (over the budget, costlier, or an over-budget step).
+  std::optional<std::vector<std::vector<SampleMeta>>> MergedLayout(const RoundPlan& plan, int begin, int end,
+                                                                   uint32_t k) const;
+
   // Index of the longest prefix within rank's share of `offset` of step k, and
   // its offer.
   size_t PrefixAt(const PlannedStep& step, const End& e, CutOffer* offer) const;
@@ -156,7 +215,28 @@ class PartitionedWindows {
   std::vector<size_t> inside_;  // indices into ends_ of the inside ones
   std::vector<Chosen> chosen_;  // per end
   std::vector<uint64_t> closed_;
+  std::vector<uint32_t> boundaries_;             // merge candidates: k of k | k+1
+  std::vector<int> first_inside_, last_inside_;  // per step: index into ends_, -1 none
+  std::vector<uint8_t> merge_;                   // per candidate: every rank sent 1
+  size_t merged_ = 0;
+  bool merge_enabled_ = false, merge_moves_ = false;
+  WindowBalanceConfig merge_config_;
+  // MergeFits' layouts that fit, by (block's first rank, k), for Apply.
+  mutable std::map<std::pair<int, uint32_t>, std::vector<std::vector<SampleMeta>>> layouts_;
 };
+
+// The merge bits on the wire: appended to the offers' two number lists, 32
+// bits in each entry (bits [64m, 64m + 32) in loss entry m, the next 32 in
+// real entry m), so both lists grow by MergeBitEntries(bits) entries.
+size_t MergeBitEntries(size_t bits);
+void AppendMergeBits(const std::vector<uint8_t>& bits, std::vector<uint64_t>& loss,
+                     std::vector<uint64_t>& real);
+// Reads `bits` bits from entries [offset, offset + MergeBitEntries(bits)) of
+// both lists (which the caller checked hold them); an entry over 32 bits is
+// refused (DataLoss).
+absl::StatusOr<std::vector<uint8_t>> ReadMergeBits(const std::vector<uint64_t>& loss,
+                                                   const std::vector<uint64_t>& real, size_t offset,
+                                                   size_t bits);
 
 // Balance over the window for a partitioned round (docs/alignment.md,
 // invariant 6): after Apply, each closed window's part in the block (ranks

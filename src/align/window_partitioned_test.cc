@@ -69,8 +69,12 @@ struct RoundOutcome {
 // One round as every block would run it: world-wide totals, every rank's
 // offers, the choice on each block's first rank, Apply per block.
 // `tol`: micro-step-aware ends (0: the nominal ends).
+// `merge`: merged parts on (window_partitioned.h), with this budget and step
+// model, samples moving within their block when `moves`; null: off.
 RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const WindowState& before,
-                      bool inputs_open, bool last_samples = false, uint64_t tol = 0) {
+                      bool inputs_open, bool last_samples = false, uint64_t tol = 0,
+                      const WindowBalanceConfig* merge = nullptr, bool moves = true,
+                      size_t* merged = nullptr) {
   const size_t world = in.ranks.size();
   std::vector<uint64_t> loss(in.num_steps, 0), real(in.num_steps, 0);
   for (const RankPlan& rp : in.ranks) {
@@ -83,20 +87,31 @@ RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const 
   out.plan = in;
   for (RankPlan& rp : out.plan.ranks) rp.steps.clear();
   std::vector<std::vector<CutOffer>> offers(world);
+  std::vector<std::vector<uint8_t>> fits;  // every rank's merge bits: its block's
   size_t inside = 0, moved = 0;
   {
     PartitionedWindows probe(target, loss, real, world, tol);
     for (size_t r = 0; r < world; ++r) offers[r] = probe.Offers(in.ranks[r].steps);
     inside = probe.inside_ends();
     moved = probe.moved_ends();
+    if (merge != nullptr && inside > 0) {
+      probe.EnableMerges(*merge, moves);
+      fits.resize(world);
+      for (size_t b = 0; b < world; b += block) {
+        const std::vector<uint8_t> bits =
+            probe.MergeFits(in, static_cast<int>(b), static_cast<int>(std::min(world, b + block)));
+        for (size_t r = b; r < std::min(world, b + block); ++r) fits[r] = bits;
+      }
+    }
   }
   bool first = true;
   for (size_t b = 0; b < world; b += block) {
     PartitionedWindows cut(target, loss, real, world, tol);
+    if (merge != nullptr) cut.EnableMerges(*merge, moves);
     // Every block moves the same ends and asks for the same offers.
     REQUIRE(cut.inside_ends() == inside);
     REQUIRE(cut.moved_ends() == moved);
-    REQUIRE(cut.Decide(offers).ok());
+    REQUIRE(cut.Decide(offers, fits).ok());
     RoundPlan mine = in;  // this block's view: only its ranks' steps
     for (size_t r = 0; r < world; ++r) {
       if (r < b || r >= b + block) mine.ranks[r].steps.clear();
@@ -105,6 +120,7 @@ RoundOutcome RunRound(const RoundPlan& in, uint64_t target, size_t block, const 
     std::vector<uint64_t> global_real;
     cut.Apply(mine, static_cast<int>(b), static_cast<int>(std::min(world, b + block)),
               grouping::CostModel::kPacked, ws, inputs_open, last_samples, global_real);
+    if (merged != nullptr) *merged = cut.merged();
     if (first) {
       out.windows = ws;
       out.global_real = global_real;
@@ -953,6 +969,228 @@ TEST_CASE("partitioned windows without spread cut exactly as before micro-step-a
   }
   INFO("fingerprint 0x" << std::hex << fp.h);
   REQUIRE(fp.h == 0x54f69aee20a9ee84ULL);
+}
+
+// The invariants of a round whose merged micro-steps may hold samples of
+// other ranks of the block: RequireRoundInvariants without the per-rank
+// order, plus every sample emitted once, in its owner's block.
+void RequireMergedInvariants(const RoundPlan& in, const RoundOutcome& out, uint32_t budget, size_t block) {
+  const size_t world = in.ranks.size();
+  const uint32_t t = out.plan.num_steps;
+  REQUIRE(out.global_real.size() == t);
+  std::map<uint64_t, double> weight;
+  std::map<uint64_t, uint64_t> loss;
+  for (size_t r = 0; r < world; ++r) REQUIRE(out.plan.ranks[r].steps.size() == t);
+  std::multiset<std::pair<int32_t, uint64_t>> want, got;
+  for (size_t r = 0; r < world; ++r) {
+    for (const PlannedStep& s : in.ranks[r].steps) {
+      for (const SampleMeta& m : s.samples) want.emplace(m.owner_rank, m.id);
+    }
+    for (const SampleKey& key : out.plan.ranks[r].keep_pending) got.emplace(key.owner_rank, key.id);
+  }
+  for (uint32_t k = 0; k < t; ++k) {
+    const PlannedStep& s0 = out.plan.ranks[0].steps[k];
+    uint64_t real = 0;
+    for (size_t r = 0; r < world; ++r) {
+      const PlannedStep& s = out.plan.ranks[r].steps[k];
+      RequireSameWindow(s, s0);
+      REQUIRE(s.idle == s.samples.empty());
+      REQUIRE((!s.idle || s.loss_weight == 0.0));
+      REQUIRE(s.padded_tokens <= budget);
+      uint64_t own_loss = 0, own_real = 0;
+      for (const SampleMeta& m : s.samples) {
+        own_loss += LossTokensOf(m);
+        own_real += m.lengths.tokens;
+        REQUIRE(static_cast<size_t>(m.owner_rank) / block == r / block);  // stays in its block
+        got.emplace(m.owner_rank, m.id);
+      }
+      REQUIRE(own_loss == s.loss_tokens);
+      REQUIRE(own_real == s.real_tokens);
+      real += s.real_tokens;
+      weight[s.window] += s.loss_weight;
+      loss[s.window] += s.loss_tokens;
+    }
+    REQUIRE(real == out.global_real[k]);
+    const bool last = k + 1 == t || out.plan.ranks[0].steps[k + 1].window != s0.window;
+    REQUIRE(s0.closes_window == last);
+  }
+  REQUIRE(got == want);  // every sample once: emitted or kept
+  for (const auto& [w, sum] : weight) {
+    uint64_t total = 0;
+    for (const PlannedStep& s : out.plan.ranks[0].steps) {
+      if (s.window == w) total = s.window_loss_tokens;
+    }
+    REQUIRE(loss[w] == total);
+    if (total > 0) REQUIRE(sum == Approx(static_cast<double>(world)).epsilon(1e-12));
+  }
+}
+
+// A round of `steps` steps on `world` ranks, every rank-step `per_step`
+// samples of `tokens` tokens (packed), ids in rank-step order.
+RoundPlan EvenPlan(size_t world, uint32_t steps, uint32_t per_step, uint32_t tokens, uint64_t& next_id) {
+  RoundPlan plan;
+  plan.num_steps = steps;
+  plan.ranks.resize(world);
+  for (size_t r = 0; r < world; ++r) {
+    for (uint32_t k = 0; k < steps; ++k) {
+      PlannedStep s;
+      for (uint32_t i = 0; i < per_step; ++i) {
+        SampleMeta m;
+        m.id = next_id++;
+        m.owner_rank = static_cast<int32_t>(r);
+        m.lengths.tokens = tokens;
+        s.samples.push_back(m);
+        s.real_tokens += tokens;
+      }
+      s.idle = s.samples.empty();
+      s.padded_tokens = s.real_tokens;
+      plan.ranks[r].steps.push_back(std::move(s));
+    }
+  }
+  return plan;
+}
+
+TEST_CASE("a window's parts either side of a split step's boundary run as one micro-step where they fit",
+          "[window][partition][merge]") {
+  // 4 ranks in blocks of 2, 3 steps of 4 x 400 tokens per rank (6,400 loss
+  // tokens a step), budget 4096 packed, target 9,600: the first window ends
+  // in the middle of step 1, the second at step 2's end. Cut alone: step 0,
+  // step 1's head | step 1's tail, step 2 (4 micro-steps, 2 of them parts
+  // of a split step). Merged: each window one micro-step on every rank.
+  constexpr uint32_t kBudget = 4096;
+  WindowBalanceConfig config;
+  config.budget.model = grouping::CostModel::kPacked;
+  config.budget.max_tokens = kBudget;
+  for (bool moves : {true, false}) {
+    INFO("moves " << moves);
+    uint64_t next_id = 0;
+    const RoundPlan in = EvenPlan(4, 3, 4, 400, next_id);
+    const RoundOutcome cut = RunRound(in, 9600, 2, WindowState{}, true);
+    REQUIRE(cut.plan.num_steps == 4);
+    size_t merged = 0;
+    const RoundOutcome out = RunRound(in, 9600, 2, WindowState{}, true, false, 0, &config, moves, &merged);
+    REQUIRE(merged == 2);
+    REQUIRE(out.plan.num_steps == 2);
+    REQUIRE(out.closed == cut.closed);
+    REQUIRE(out.windows.next_window == cut.windows.next_window);
+    REQUIRE(out.plan.ranks[0].steps[0].window_steps == 1);
+    REQUIRE(out.plan.ranks[0].steps[0].window_loss_tokens == 9600);
+    if (moves) {
+      RequireMergedInvariants(in, out, kBudget, 2);
+    } else {
+      RequireRoundInvariants(in, out, kBudget);  // each rank keeps its own samples, in order
+    }
+    // The same round again: the same micro-steps.
+    const RoundOutcome again = RunRound(in, 9600, 2, WindowState{}, true, false, 0, &config, moves);
+    for (size_t r = 0; r < 4; ++r) {
+      for (uint32_t k = 0; k < out.plan.num_steps; ++k) {
+        REQUIRE(again.plan.ranks[r].steps[k].samples.size() == out.plan.ranks[r].steps[k].samples.size());
+        for (size_t i = 0; i < out.plan.ranks[r].steps[k].samples.size(); ++i)
+          REQUIRE(again.plan.ranks[r].steps[k].samples[i].id == out.plan.ranks[r].steps[k].samples[i].id);
+      }
+    }
+  }
+  // One rank that cannot hold its parts together (4 x 700 tokens in each of
+  // its steps: a step and half the next are 4,900 > 4,096): without moves no
+  // boundary merges; with moves its block spreads them, so both merge.
+  {
+    uint64_t next_id = 0;
+    RoundPlan in = EvenPlan(4, 3, 4, 400, next_id);
+    for (PlannedStep& s : in.ranks[3].steps) {
+      s.real_tokens = 0;
+      for (SampleMeta& m : s.samples) {
+        m.lengths.tokens = 700;
+        s.real_tokens += 700;
+      }
+      s.padded_tokens = s.real_tokens;
+    }
+    uint64_t loss = 0;
+    for (const RankPlan& rp : in.ranks) {
+      for (const PlannedStep& s : rp.steps) loss += s.real_tokens;
+    }
+    const uint64_t target = loss / 2;  // one end inside step 1, one at the round's end
+    size_t merged = 0;
+    RoundOutcome out = RunRound(in, target, 2, WindowState{}, true, false, 0, &config, false, &merged);
+    RequireRoundInvariants(in, out, kBudget);
+    REQUIRE(merged == 0);
+    REQUIRE(out.plan.num_steps == 4);
+    out = RunRound(in, target, 2, WindowState{}, true, false, 0, &config, true, &merged);
+    RequireMergedInvariants(in, out, kBudget, 2);
+    REQUIRE(merged == 2);
+    REQUIRE(out.plan.num_steps == 2);
+  }
+  // A budget no merged part fits: the cut as it is.
+  {
+    WindowBalanceConfig tight = config;
+    tight.budget.max_tokens = 1600;
+    uint64_t next_id = 0;
+    const RoundPlan in = EvenPlan(4, 3, 4, 400, next_id);
+    size_t merged = 0;
+    const RoundOutcome out = RunRound(in, 9600, 2, WindowState{}, true, false, 0, &tight, true, &merged);
+    REQUIRE(merged == 0);
+    REQUIRE(out.plan.num_steps == 4);
+  }
+}
+
+TEST_CASE("merged partitioned parts: random rounds keep every window invariant and the budget",
+          "[window][partition][merge]") {
+  // 8 ranks in blocks of 4 (and 2), windows of a third to two steps, IDLE
+  // rank-steps and prompt-masked samples; merges on, with and without moves.
+  constexpr uint32_t kBudget = 2048;
+  WindowBalanceConfig config;
+  config.budget.model = grouping::CostModel::kPacked;
+  config.budget.max_tokens = kBudget;
+  size_t merged_total = 0, steps_total = 0, cut_total = 0;
+  for (size_t block : {2u, 4u}) {
+    for (bool moves : {true, false}) {
+      for (uint64_t seed = 1; seed <= 4; ++seed) {
+        std::mt19937_64 rng(seed * 31 + block + (moves ? 7 : 0));
+        uint64_t next_id = 0;
+        WindowState ws, ws_cut;
+        const uint64_t target = 2000 + seed * 2500;
+        for (int round = 0; round < 20; ++round) {
+          const RoundPlan in = RandomPlan(rng, 8, 1 + static_cast<uint32_t>(rng() % 6), kBudget, 5.0, 9,
+                                          seed % 2 == 0, next_id);
+          INFO("block " << block << " moves " << moves << " seed " << seed << " round " << round);
+          size_t merged = 0;
+          const RoundOutcome out = RunRound(in, target, block, ws, true, false, 0, &config, moves, &merged);
+          const RoundOutcome cut = RunRound(in, target, block, ws, true);
+          if (moves) {
+            RequireMergedInvariants(in, out, kBudget, block);
+          } else {
+            RequireRoundInvariants(in, out, kBudget);
+          }
+          // Merges change micro-steps only: the same windows and state.
+          REQUIRE(out.closed == cut.closed);
+          REQUIRE(out.windows.next_window == cut.windows.next_window);
+          REQUIRE(out.windows.held_tokens == cut.windows.held_tokens);
+          REQUIRE(out.plan.num_steps + merged == cut.plan.num_steps);
+          merged_total += merged;
+          steps_total += out.plan.num_steps;
+          cut_total += cut.plan.num_steps;
+          ws = out.windows;
+        }
+      }
+    }
+  }
+  INFO(merged_total << " merges, " << steps_total << " micro-steps (cut alone " << cut_total << ")");
+  REQUIRE(merged_total > 0);
+}
+
+TEST_CASE("merge bits travel 32 to an entry of each list and are read back", "[window][partition][merge]") {
+  for (size_t n : {0u, 1u, 31u, 32u, 33u, 64u, 65u, 200u}) {
+    std::vector<uint8_t> bits(n);
+    for (size_t i = 0; i < n; ++i) bits[i] = static_cast<uint8_t>((i * 7 + n) % 3 == 0);
+    std::vector<uint64_t> loss{5, 6}, real{7, 8};
+    AppendMergeBits(bits, loss, real);
+    REQUIRE(loss.size() == 2 + MergeBitEntries(n));
+    REQUIRE(real.size() == loss.size());
+    auto back = ReadMergeBits(loss, real, 2, n);
+    REQUIRE(back.ok());
+    REQUIRE(*back == bits);
+  }
+  std::vector<uint64_t> loss{uint64_t{1} << 40}, real{0};
+  REQUIRE(!ReadMergeBits(loss, real, 0, 10).ok());
 }
 
 TEST_CASE("partitioned window offers that contradict the totals are refused", "[window][partition]") {
