@@ -17,7 +17,10 @@ namespace odb::align {
 // planner's rules. Daemons of one job must agree on it (the hello checks it
 // first); bump it on any change that could make two ranks read a message or
 // plan differently. 1: the hand-written formats before proto/peer.proto.
-inline constexpr uint32_t kPeerProtocolVersion = 2;
+// 3 (2026-12-06): the window-ends offers carry merge bits, partitioned
+// windows are laid out again per block, and `auto` settings resolve anew
+// (partition_ranks, mix_lengths), so a version-2 rank would plan otherwise.
+inline constexpr uint32_t kPeerProtocolVersion = 3;
 
 // `m` with its version set, serialized (the version is its last field, so the
 // bytes end with 0x78, kPeerProtocolVersion).
