@@ -28,10 +28,9 @@ uint64_t SpreadTolerance(uint64_t n, uint64_t sum, uint64_t sum_sq, uint64_t tar
   return static_cast<uint64_t>(std::min(tol, static_cast<double>(target / 2)));
 }
 
-PlannedStep StepPart(const PlannedStep& s, size_t begin, size_t end, grouping::CostModel model) {
+PlannedStep StepOf(std::vector<SampleMeta> samples, grouping::CostModel model) {
   PlannedStep p;
-  p.samples.assign(s.samples.begin() + static_cast<std::ptrdiff_t>(begin),
-                   s.samples.begin() + static_cast<std::ptrdiff_t>(end));
+  p.samples = std::move(samples);
   p.idle = p.samples.empty();
   std::vector<SampleLengths> lens;
   lens.reserve(p.samples.size());
@@ -40,6 +39,13 @@ PlannedStep StepPart(const PlannedStep& s, size_t begin, size_t end, grouping::C
     lens.push_back(m.lengths);
   }
   p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(model, lens);
+  return p;
+}
+
+PlannedStep StepPart(const PlannedStep& s, size_t begin, size_t end, grouping::CostModel model) {
+  PlannedStep p = StepOf(std::vector<SampleMeta>(s.samples.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                 s.samples.begin() + static_cast<std::ptrdiff_t>(end)),
+                         model);
   p.over_budget = s.over_budget && !p.idle;
   return p;
 }

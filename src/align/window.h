@@ -129,6 +129,9 @@ inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 // cuts split steps with it (unpartitioned and partitioned).
 PlannedStep StepPart(const PlannedStep& step, size_t begin, size_t end, grouping::CostModel model);
 
+// A micro-step of `samples` (moved in), its counts as StepPart sets them.
+PlannedStep StepOf(std::vector<SampleMeta> samples, grouping::CostModel model);
+
 // Cuts `plan` (as the planner made it, every rank's steps) into windows:
 // splits steps that end windows, drops the steps of a window that must wait
 // for the next round (their samples go to their owners' keep_pending), and

@@ -686,17 +686,7 @@ bool LongerFirst(const SampleMeta& a, const SampleMeta& b) {
 
 // A rank's micro-step of `samples`, its tokens as StepPart sets them.
 PlannedStep MakeStep(const WindowBalanceConfig& config, std::vector<SampleMeta> samples) {
-  PlannedStep p;
-  p.samples = std::move(samples);
-  p.idle = p.samples.empty();
-  std::vector<SampleLengths> lens;
-  lens.reserve(p.samples.size());
-  for (const SampleMeta& m : p.samples) {
-    p.real_tokens += m.lengths.tokens;
-    lens.push_back(m.lengths);
-  }
-  p.padded_tokens = p.idle ? 0 : grouping::PaddedTokens(config.budget.model, lens);
-  return p;
+  return StepOf(std::move(samples), config.budget.model);
 }
 
 // MicroStepCost of a micro-step of `samples`, without building it.

@@ -149,6 +149,61 @@ void RequireSameWindow(const PlannedStep& s, const PlannedStep& other) {
   REQUIRE(s.window_short == other.window_short);
 }
 
+// Over block [b, b + block) of a balanced round: each micro-step keeps its
+// samples, real and loss tokens over the block, and the window fields, weights
+// and idle flags of every rank's part are consistent; `each` checks more of a
+// rank's balanced micro-step k (r, k), and adds its weight to `weight`.
+template <typename Each>
+void RequireBlockTotalsKept(const RoundPlan& before, const RoundPlan& after, size_t b, size_t block,
+                            std::map<uint64_t, double>& weight, Each each) {
+  for (uint32_t k = 0; k < before.num_steps; ++k) {
+    std::multiset<uint64_t> ids_before, ids_after;
+    uint64_t real_before = 0, real_after = 0, loss_before = 0, loss_after = 0;
+    for (size_t r = b; r < b + block; ++r) {
+      const PlannedStep& o = before.ranks[r].steps[k];
+      const PlannedStep& s = after.ranks[r].steps[k];
+      for (const SampleMeta& m : o.samples) ids_before.insert(m.id);
+      for (const SampleMeta& m : s.samples) ids_after.insert(m.id);
+      real_before += o.real_tokens;
+      real_after += s.real_tokens;
+      loss_before += o.loss_tokens;
+      loss_after += s.loss_tokens;
+      RequireSameWindow(s, o);
+      REQUIRE(s.idle == s.samples.empty());
+      weight[s.window] += s.loss_weight;
+      each(s, r, k);
+    }
+    REQUIRE(ids_after == ids_before);
+    REQUIRE(real_after == real_before);
+    REQUIRE(loss_after == loss_before);
+  }
+}
+
+// The block's slowest rank over each window (the sum of its micro-step
+// costs), before and after: one pair per window of the round.
+std::vector<std::pair<double, double>> BlockWindowWorst(const WindowBalanceConfig& config, const RoundPlan& before,
+                                                        const RoundPlan& after, size_t b, size_t block) {
+  std::vector<std::pair<double, double>> worst;
+  const uint32_t t = before.num_steps;
+  for (uint32_t first = 0; first < t;) {
+    uint32_t last = first;
+    while (last < t && after.ranks[b].steps[last].window == after.ranks[b].steps[first].window) ++last;
+    double worst_before = 0.0, worst_after = 0.0;
+    for (size_t r = b; r < b + block; ++r) {
+      double sum_before = 0.0, sum_after = 0.0;
+      for (uint32_t k = first; k < last; ++k) {
+        sum_before += MicroStepCost(config, before.ranks[r].steps[k]);
+        sum_after += MicroStepCost(config, after.ranks[r].steps[k]);
+      }
+      worst_before = std::max(worst_before, sum_before);
+      worst_after = std::max(worst_after, sum_after);
+    }
+    worst.emplace_back(worst_before, worst_after);
+    first = last;
+  }
+  return worst;
+}
+
 // The window invariants of one round's result: every rank the same micro-step
 // count and window fields, weights summing to W per window, loss tokens to
 // the window's total, real tokens to global_real; each rank's samples in
@@ -327,55 +382,21 @@ TEST_CASE("balance within a block's micro-steps keeps every world-wide total and
         BalanceBlockWindows(config, balanced, static_cast<int>(b), static_cast<int>(b + block));
       }
       INFO("seed " << seed << " round " << round);
-      const uint32_t t = out.plan.num_steps;
       std::map<uint64_t, double> weight;
       for (size_t b = 0; b < world; b += block) {
-        for (uint32_t k = 0; k < t; ++k) {
-          std::multiset<uint64_t> before, after;
-          uint64_t real_before = 0, real_after = 0, loss_before = 0, loss_after = 0;
-          for (size_t r = b; r < b + block; ++r) {
-            const PlannedStep& o = out.plan.ranks[r].steps[k];
-            const PlannedStep& s = balanced.ranks[r].steps[k];
-            for (const SampleMeta& m : o.samples) before.insert(m.id);
-            for (const SampleMeta& m : s.samples) after.insert(m.id);
-            real_before += o.real_tokens;
-            real_after += s.real_tokens;
-            loss_before += o.loss_tokens;
-            loss_after += s.loss_tokens;
-            RequireSameWindow(s, o);
-            REQUIRE(s.idle == s.samples.empty());
-            REQUIRE(s.padded_tokens <= 1024);
-            uint64_t loss = 0;
-            for (const SampleMeta& m : s.samples) loss += LossTokensOf(m);
-            REQUIRE(s.loss_tokens == loss);
-            REQUIRE(s.loss_weight == Approx(s.idle || s.window_loss_tokens == 0
-                                                ? 0.0
-                                                : static_cast<double>(world * loss) /
-                                                      static_cast<double>(s.window_loss_tokens)));
-            weight[s.window] += s.loss_weight;
-          }
-          REQUIRE(after == before);
-          REQUIRE(real_after == real_before);
-          REQUIRE(loss_after == loss_before);
-        }
-        // The block's slowest rank, per window.
-        for (uint32_t first = 0; first < t;) {
-          uint32_t last = first;
-          while (last < t && balanced.ranks[b].steps[last].window == balanced.ranks[b].steps[first].window)
-            ++last;
-          double worst_before = 0.0, worst_after = 0.0;
-          for (size_t r = b; r < b + block; ++r) {
-            double sum_before = 0.0, sum_after = 0.0;
-            for (uint32_t k = first; k < last; ++k) {
-              sum_before += MicroStepCost(config, out.plan.ranks[r].steps[k]);
-              sum_after += MicroStepCost(config, balanced.ranks[r].steps[k]);
-            }
-            worst_before = std::max(worst_before, sum_before);
-            worst_after = std::max(worst_after, sum_after);
-          }
+        RequireBlockTotalsKept(out.plan, balanced, b, block, weight, [&](const PlannedStep& s, size_t, uint32_t) {
+          REQUIRE(s.padded_tokens <= 1024);
+          uint64_t loss = 0;
+          for (const SampleMeta& m : s.samples) loss += LossTokensOf(m);
+          REQUIRE(s.loss_tokens == loss);
+          REQUIRE(s.loss_weight == Approx(s.idle || s.window_loss_tokens == 0
+                                              ? 0.0
+                                              : static_cast<double>(world * loss) /
+                                                    static_cast<double>(s.window_loss_tokens)));
+        });
+        for (const auto& [worst_before, worst_after] : BlockWindowWorst(config, out.plan, balanced, b, block)) {
           REQUIRE(worst_after <= worst_before);
           improved += worst_after < worst_before ? 1 : 0;
-          first = last;
         }
       }
       for (const auto& [w, sum] : weight) {
@@ -543,50 +564,18 @@ TEST_CASE("balance within a block, padded: random rounds keep every total, the b
       INFO("seed " << seed << " round " << round);
       std::map<uint64_t, double> weight;
       for (size_t b = 0; b < world; b += block) {
-        for (uint32_t k = 0; k < t; ++k) {
-          std::multiset<uint64_t> before, after;
-          uint64_t real_before = 0, real_after = 0, loss_before = 0, loss_after = 0;
-          for (size_t r = b; r < b + block; ++r) {
-            const PlannedStep& o = out.plan.ranks[r].steps[k];
-            const PlannedStep& s = balanced.ranks[r].steps[k];
-            for (const SampleMeta& m : o.samples) before.insert(m.id);
-            for (const SampleMeta& m : s.samples) after.insert(m.id);
-            real_before += o.real_tokens;
-            real_after += s.real_tokens;
-            loss_before += o.loss_tokens;
-            loss_after += s.loss_tokens;
-            RequireSameWindow(s, o);
-            REQUIRE(s.idle == s.samples.empty());
-            uint64_t longest = 0;
-            for (const SampleMeta& m : s.samples) longest = std::max<uint64_t>(longest, m.lengths.tokens);
-            REQUIRE(longest * s.samples.size() <= config.budget.max_tokens);
-            weight[s.window] += s.loss_weight;
-            const PlannedStep& a = again.ranks[r].steps[k];
-            REQUIRE(a.samples.size() == s.samples.size());
-            for (size_t i = 0; i < s.samples.size(); ++i) REQUIRE(KeyOf(a.samples[i]) == KeyOf(s.samples[i]));
-          }
-          REQUIRE(after == before);
-          REQUIRE(real_after == real_before);
-          REQUIRE(loss_after == loss_before);
-        }
-        for (uint32_t first = 0; first < t;) {
-          uint32_t last = first;
-          while (last < t && balanced.ranks[b].steps[last].window == balanced.ranks[b].steps[first].window)
-            ++last;
-          double worst_before = 0.0, worst_after = 0.0;
-          for (size_t r = b; r < b + block; ++r) {
-            double sum_before = 0.0, sum_after = 0.0;
-            for (uint32_t k = first; k < last; ++k) {
-              sum_before += MicroStepCost(config, out.plan.ranks[r].steps[k]);
-              sum_after += MicroStepCost(config, balanced.ranks[r].steps[k]);
-            }
-            worst_before = std::max(worst_before, sum_before);
-            worst_after = std::max(worst_after, sum_after);
-          }
+        RequireBlockTotalsKept(out.plan, balanced, b, block, weight, [&](const PlannedStep& s, size_t r, uint32_t k) {
+          uint64_t longest = 0;
+          for (const SampleMeta& m : s.samples) longest = std::max<uint64_t>(longest, m.lengths.tokens);
+          REQUIRE(longest * s.samples.size() <= config.budget.max_tokens);
+          const PlannedStep& a = again.ranks[r].steps[k];
+          REQUIRE(a.samples.size() == s.samples.size());
+          for (size_t i = 0; i < s.samples.size(); ++i) REQUIRE(KeyOf(a.samples[i]) == KeyOf(s.samples[i]));
+        });
+        for (const auto& [worst_before, worst_after] : BlockWindowWorst(config, out.plan, balanced, b, block)) {
           REQUIRE(worst_after <= worst_before + 1e-9);
           improved += worst_after < worst_before ? 1 : 0;
           ++windows;
-          first = last;
         }
       }
       for (const auto& [w, sum] : weight) {
