@@ -74,6 +74,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import multimodal_data as mmd  # noqa: E402
+import tiny_lm  # noqa: E402
 
 METHODS = ("standard", "standard_packed", "odb_llm", "odb_phases", "odb_llm_packed", "odb_phases_packed")
 DEFAULT_METHODS = METHODS  # every method: the README command prints the whole ablation
@@ -741,6 +742,7 @@ def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> 
                                               "mix": mmd.mix_counts(specs)}))
     dist.barrier()
     dist.destroy_process_group()
+    tiny_lm.exit_rank()
 
 
 # ----- the summary -----------------------------------------------------------------------------

@@ -693,6 +693,7 @@ def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: 
         for d in daemons:
             d.stop()
         dist.destroy_process_group()
+    tiny_lm.exit_rank()
 
 
 def main() -> int:
