@@ -179,6 +179,17 @@ void RequireBlockTotalsKept(const RoundPlan& before, const RoundPlan& after, siz
   }
 }
 
+// A window balance of `model` under a budget of `max_tokens`, each micro-step
+// costing `per_step` plus one per padded token.
+WindowBalanceConfig BalanceConfig(grouping::CostModel model, uint64_t max_tokens, double per_step) {
+  WindowBalanceConfig config;
+  config.budget.model = model;
+  config.budget.max_tokens = max_tokens;
+  config.step_model.per_step = per_step;
+  config.step_model.per_padded_token = 1.0;
+  return config;
+}
+
 // The block's slowest rank over each window (the sum of its micro-step
 // costs), before and after: one pair per window of the round.
 std::vector<std::pair<double, double>> BlockWindowWorst(const WindowBalanceConfig& config, const RoundPlan& before,
@@ -361,11 +372,7 @@ TEST_CASE("balance within a block's micro-steps keeps every world-wide total and
   // BalanceBlockWindows. A step's samples over the block, its real and loss
   // tokens, the window fields and the weights' sum per window stay; no
   // block's slowest rank gets costlier in any window, and some get cheaper.
-  WindowBalanceConfig config;
-  config.budget.model = grouping::CostModel::kPacked;
-  config.budget.max_tokens = 1024;
-  config.step_model.per_step = 10.0;
-  config.step_model.per_padded_token = 1.0;
+  WindowBalanceConfig config = BalanceConfig(grouping::CostModel::kPacked, 1024, 10.0);
   const size_t world = 8, block = 4;
   size_t improved = 0;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
@@ -451,11 +458,7 @@ TEST_CASE("balance within a block lays a window's micro-step out again where sin
   // (a 100 to rank 1, then nothing lowers it); the block's samples laid out
   // again in length-sorted runs hold 1000 + 900 on one rank and the 100s on
   // the other (2000 / 300).
-  WindowBalanceConfig config;
-  config.budget.model = grouping::CostModel::kPadded;
-  config.budget.max_tokens = 4096;
-  config.step_model.per_step = 10.0;
-  config.step_model.per_padded_token = 1.0;
+  WindowBalanceConfig config = BalanceConfig(grouping::CostModel::kPadded, 4096, 10.0);
   const RoundPlan in = OneWindowPlan({{1000, 100, 100}, {900, 100}, {}, {}}, config.budget.model);
   RoundPlan plan = in;
   // Ranks [0, 2) are one block, [2, 4) another (empty: nothing changes).
@@ -497,11 +500,7 @@ TEST_CASE("balance within a block fills ranks a part left empty, padded, within 
   // lowers it, so single moves leave the two IDLE; the re-layout spreads the
   // 100s over the empty ranks at the same time (a) and (b), never over the
   // budget.
-  WindowBalanceConfig config;
-  config.budget.model = grouping::CostModel::kPadded;
-  config.budget.max_tokens = 1024;
-  config.step_model.per_step = 10.0;
-  config.step_model.per_padded_token = 1.0;
+  WindowBalanceConfig config = BalanceConfig(grouping::CostModel::kPadded, 1024, 10.0);
   const RoundPlan in = OneWindowPlan({{1000}, {100, 100, 100, 100}, {}, {}}, config.budget.model);
   RoundPlan plan = in;
   REQUIRE(BalanceBlockWindows(config, plan, 0, 4));
@@ -541,11 +540,7 @@ TEST_CASE("balance within a block, padded: random rounds keep every total, the b
           RandomPlan(rng, world, 2 + static_cast<uint32_t>(rng() % 4), 1024, 4.5, 7, seed % 2 == 0, next_id);
       const RoundOutcome out = RunRound(in, 1500 + seed * 500, block, ws, true);
       ws = out.windows;
-      WindowBalanceConfig config;
-      config.budget.model = grouping::CostModel::kPadded;
-      config.budget.max_tokens = 1024;
-      config.step_model.per_step = 50.0;
-      config.step_model.per_padded_token = 1.0;
+      WindowBalanceConfig config = BalanceConfig(grouping::CostModel::kPadded, 1024, 50.0);
       const uint32_t t = out.plan.num_steps;
       for (const RankPlan& rp : out.plan.ranks) {
         for (uint32_t k = 0; k < t; ++k) {
