@@ -471,21 +471,7 @@ def replay_steps(rank: int, world: int, args, dataset, lengths, progress, ddp):
     return epoch_steps
 
 
-def die_with_parent(parent: int) -> None:
-    """This rank gets SIGTERM when the job's main process dies, however it dies (SIGTERM, a closed
-    terminal, SIGKILL), and its daemons die with it (odb.spawn_daemon's PR_SET_PDEATHSIG): without it
-    the ranks and their daemons outlived a killed job."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
-        os._exit(1)
-
-
 def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
-    die_with_parent(args.parent_pid)
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
     device = torch.device("cpu")
@@ -866,7 +852,6 @@ def run_job(args):
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
     try:
-        args.parent_pid = os.getpid()
         mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out), nprocs=args.world_size, join=True)
     except mp.ProcessExitedException:
         if not args.kill_at_step:

@@ -1,7 +1,6 @@
-"""A killed main job leaves nothing behind: SIGTERM to examples/train_demo.py's main process stops its rank
-processes (they die with it), their odbd daemons (they die with their rank) and their DataLoader send
-workers (odb's pump: they exit with the rank that started them; before, forkserver workers lived on for
-good, and the ranks outlived the main process with their two daemons)."""
+"""A killed main job leaves nothing behind: after SIGTERM to examples/train_demo.py's main process its rank
+processes, their odbd daemons (they die with their rank) and their DataLoader send workers exit (odb's pump:
+a worker exits with the rank that started it; before, forkserver workers lived on for good)."""
 import os
 import signal
 import subprocess
