@@ -121,6 +121,8 @@ int Main(int argc, char** argv) {
   bool round_joint = false;
   app.add_flag("--round-joint", round_joint,
                "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
+  double time_floor = -1;
+  app.add_option("--memory-time-floor", time_floor, "override alignment.memory_time_floor (0: off)");
   bool timing = false;
   app.add_flag("--timing", timing,
                "stderr: the planner's thread CPU time per step (mean) and the most one round (or step) took");
@@ -138,6 +140,7 @@ int Main(int argc, char** argv) {
   if (peak_ratio >= 0) e.peak_ratio = peak_ratio;
   if (run_so_far) e.forecast_peaks = false;
   if (round_joint) e.round_joint = true;
+  if (time_floor >= 0) e.time_floor = time_floor;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);

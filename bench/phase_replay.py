@@ -154,7 +154,8 @@ def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     """The odbd config the run's method had (examples/multimodal_train.py's daemon_config)."""
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
                               memory_plan=True, phase_steps=True,
-                              memory_peak_round=data["args"].get("memory_peak_round", False))
+                              memory_peak_round=data["args"].get("memory_peak_round", False),
+                              memory_time_floor=data["args"].get("memory_time_floor", 0.0))
     return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
 
 

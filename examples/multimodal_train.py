@@ -263,8 +263,10 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
                                            "per_len_sq": per_len_sq}
     if getattr(args, "memory_peak_round", None) is not None:  # the round rule (docs/balancing.md, "Peak ratio")
         config["alignment"]["memory_peak_round"] = bool(args.memory_peak_round)
+    if getattr(args, "memory_time_floor", None) is not None:  # the encoders' time budget over the run
+        config["alignment"]["memory_time_floor"] = float(args.memory_time_floor)
     if not args.memory_plan:
-        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack"):
+        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack", "memory_time_floor"):
             config["alignment"].pop(key, None)
     if not phases or not args.phase_steps:  # steps composed on the LLM's cost only
         config["alignment"].pop("llm_cost_seconds", None)
@@ -1085,6 +1087,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="odb_phases*: alignment.memory_peak_round (the peak ratio judged over each planning "
                         "round's steps together instead of the per-step forecast): on (bare flag) or off; "
                         "default: configs/multimodal_train.yaml's (on)")
+    p.add_argument("--memory-time-floor", type=float, default=None, metavar="F",
+                   help="odb_phases*: alignment.memory_time_floor (the encoder time spent on memory kept as a "
+                        "budget over the run: each encoder phase's slowest rank summed over the steps within "
+                        "its bounds' sum / F; 0: memory_slack per step); default: configs/multimodal_train.yaml's")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
@@ -1099,12 +1105,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the summary (and the raw per-rank records) here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    if args.memory_peak_round is None:  # the config's, recorded as the run's (bench/phase_replay.py reads it)
-        import yaml
+    import yaml
 
-        args.memory_peak_round = bool(yaml.safe_load(CONFIG.read_text())["alignment"].get("memory_peak_round"))
+    alignment = yaml.safe_load(CONFIG.read_text())["alignment"]
+    if args.memory_peak_round is None:  # the config's, recorded as the run's (bench/phase_replay.py reads it)
+        args.memory_peak_round = bool(alignment.get("memory_peak_round"))
     else:
         args.memory_peak_round = args.memory_peak_round == "on"
+    if args.memory_time_floor is None:  # likewise
+        args.memory_time_floor = float(alignment.get("memory_time_floor", 0.0))
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:

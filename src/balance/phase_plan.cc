@@ -1,6 +1,7 @@
 #include "src/balance/phase_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -206,12 +207,15 @@ double MaxOf(const std::vector<double>& v) { return *std::max_element(v.begin(),
 
 PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
                                    std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
-                                   double slack, double memory_cap) {
+                                   double slack, double memory_cap, double max_time) {
   assert(memory.size() == cost.size() && rank_memory.size() == static_cast<size_t>(world));
   PhaseAssignment best = BalancePhase(cost, home, world);
   std::vector<double> best_held = rank_memory;
   for (size_t i = 0; i < cost.size(); ++i) best_held[best.slot_of[i].rank] += memory[i];
   const double time_capacity = best.max_load;
+  if (time_capacity > 0 && max_time < time_capacity * (1 + slack)) {
+    slack = std::max(0.0, max_time / time_capacity - 1);
+  }
   std::vector<size_t> desc(cost.size());
   std::iota(desc.begin(), desc.end(), size_t{0});
   std::stable_sort(desc.begin(), desc.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
@@ -467,6 +471,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   const size_t n = steps.size();
   const double job_peak = memory_peak_;
   const std::vector<double> rank_peak = rank_peak_;
+  const std::array<double, 2> bound_sum = bound_sum_, time_sum = time_sum_;
   // Max / mean of the run peaks of the ranks that have held anything (the
   // run so far: no forecast beyond the round).
   auto ratio_of = [](const std::vector<double>& peaks) {
@@ -489,6 +494,8 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   auto plan_round = [&] {
     memory_peak_ = job_peak;
     rank_peak_ = rank_peak;
+    bound_sum_ = bound_sum;
+    time_sum_ = time_sum;
     raised_at.assign(rank_peak_.size(), n);
     for (size_t k = 0; k < n; ++k) {
       const std::vector<double> before = rank_peak_;
@@ -589,29 +596,36 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
     std::vector<double> held;
     double time = 0.0;
   };
+  std::array<double, 2> bounds{};  // per encoder phase: the step's bound (the same under every cap)
   auto plan_at = [&](double cap) {
     Candidate c;
     c.held = base;
     std::vector<std::vector<double>> buckets;  // per phase, per rank: its items' memory
-    auto phase = [&](const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
+    auto phase = [&](size_t p, const PhaseCost& cost_model, const PhaseCost& memory_model, auto units) {
       std::vector<double> cost, memory;
       for (const EncoderItem& item : items) {
         cost.push_back(cost_model.OfInput(units(item.lengths)));
         memory.push_back(memory_model.OfInput(units(item.lengths)));
       }
+      bounds[p] = MinimaxLowerBound(cost, active);
       if (!memory_aware_) return BalancePhase(cost, home, active);
+      // time_floor: what the job's budget leaves this step's slowest rank.
+      const double max_time = config_.time_floor > 0
+                                  ? (bound_sum_[p] + bounds[p]) / config_.time_floor - time_sum_[p]
+                                  : std::numeric_limits<double>::infinity();
       const std::vector<double> before = c.held;
-      PhaseAssignment a = BalancePhaseMemory(cost, memory, home, active, c.held, config_.memory_slack, cap);
+      PhaseAssignment a =
+          BalancePhaseMemory(cost, memory, home, active, c.held, config_.memory_slack, cap, max_time);
       buckets.emplace_back(active);
       for (int r = 0; r < active; ++r) buckets.back()[r] = c.held[r] - before[r];
       if (config_.even_peaks && !search) RelabelForPeaks(a, before, c.held, run_peak);
       return a;
     };
-    c.plan.vision = phase(config_.vision_cost, config_.vision_memory,
+    c.plan.vision = phase(0, config_.vision_cost, config_.vision_memory,
                           [](const SampleLengths& l) { return l.vision_patches; });
     c.time = c.plan.vision.max_load;
     if (config_.audio_phase) {
-      c.plan.audio = phase(config_.audio_cost, config_.audio_memory,
+      c.plan.audio = phase(1, config_.audio_cost, config_.audio_memory,
                            [](const SampleLengths& l) { return l.audio_frames; });
       c.time += c.plan.audio.max_load;
     }
@@ -683,6 +697,12 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
         chosen = std::move(tight);
       }
     }
+  }
+  bound_sum_[0] += bounds[0];
+  time_sum_[0] += chosen.plan.vision.max_load;
+  if (config_.audio_phase) {
+    bound_sum_[1] += bounds[1];
+    time_sum_[1] += chosen.plan.audio.max_load;
   }
   if (memory_aware_) {
     memory_peak_ = std::max(memory_peak_, MaxOf(chosen.held));

@@ -1,8 +1,10 @@
 #ifndef ODB_BALANCE_PHASE_PLAN_H_
 #define ODB_BALANCE_PHASE_PLAN_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -90,9 +92,13 @@ PhaseAssignment BalancePhase(std::span<const double> cost, std::span<const int32
 // minimax time, and the memory layouts at slack / 4, slack / 2 and slack;
 // none within the cap: the one holding least at its peak rank. Adds the
 // chosen layout's item memory to `rank_memory` (size world).
+// max_time: no layout slower than this is taken for memory (the slack is cut
+// to max_time / minimax time - 1, at least 0); BalancePhase's layout is never
+// refused.
 PhaseAssignment BalancePhaseMemory(std::span<const double> cost, std::span<const double> memory,
                                    std::span<const int32_t> home, int world, std::vector<double>& rank_memory,
-                                   double slack = 0.0, double memory_cap = 0.0);
+                                   double slack = 0.0, double memory_cap = 0.0,
+                                   double max_time = std::numeric_limits<double>::infinity());
 
 // Lower bound of any assignment's max load: max(max item, sum / W).
 double MinimaxLowerBound(std::span<const double> cost, int world);
@@ -198,6 +204,15 @@ struct EncoderPlanConfig {
   // forecast (forecast_peaks unused): exact for the round, the steps after
   // it unseen (the run so far at the round's end).
   bool round_joint = false;
+  // In (0, 1): the time each encoder phase spends on memory is a budget kept
+  // over the job: the phase's slowest rank summed over the steps planned so
+  // far stays within (sum of the steps' bounds, max(largest item, mean)) /
+  // time_floor, as far as the time layouts allow. A step's layouts may take
+  // up to (1 + memory_slack) x their balanced time only while what the earlier
+  // steps left of that budget pays for it; the rest of the step's memory
+  // placement keeps its balanced time. Steps near their bounds save budget
+  // for the heavy ones. 0: no budget, memory_slack per step.
+  double time_floor = 0.0;
   bool MemoryAware() const;
 };
 
@@ -269,6 +284,9 @@ class EncoderStepPlanner {
   bool memory_aware_;
   double memory_peak_ = 0.0;
   std::vector<double> rank_peak_;  // per world rank: the most it held in a step's plans
+  // time_floor's budget, per encoder phase (vision, audio): the steps' bounds
+  // and their slowest ranks' times, summed over the job.
+  std::array<double, 2> bound_sum_{}, time_sum_{};
 };
 
 }  // namespace odb::balance

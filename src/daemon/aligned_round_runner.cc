@@ -22,6 +22,7 @@ balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config) {
   e.even_peaks = config.even_memory_peaks;
   e.peak_ratio = config.memory_peak_ratio;
   e.round_joint = config.memory_peak_round;
+  e.time_floor = config.memory_time_floor;
   return e;
 }
 

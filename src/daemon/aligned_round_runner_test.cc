@@ -204,6 +204,17 @@ TEST_CASE("per-phase plans balance the vision phase on its configured cost model
 // large image on the rank holding less LLM activation memory in the step (one
 // long sample there, seven short ones on the other), not at its home (the
 // rank running its LLM part), where the time-only layout keeps it.
+TEST_CASE("the encoder planner gets the config's memory settings", "[phases]") {
+  auto config =
+      ParseConfig("alignment: {memory_slack: 0.3, memory_time_floor: 0.97, memory_peak_round: true}");
+  REQUIRE(config.ok());
+  const balance::EncoderPlanConfig e = EncoderPlanConfigFrom(*config);
+  CHECK(e.memory_slack == 0.3);
+  CHECK(e.time_floor == 0.97);
+  CHECK(e.round_joint);
+  CHECK(EncoderPlanConfigFrom(*ParseConfig("")).time_floor == 0.0);
+}
+
 TEST_CASE("per-phase plans with memory models place encoder items on the rank holding less", "[phases]") {
   constexpr uint64_t kBig = 1;  // a short sample with a 60-patch image; 2 and 3 carry 10-patch images
   auto encoder_and_llm_rank = [](const std::string& memory) {

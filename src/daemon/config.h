@@ -157,6 +157,12 @@ struct DaemonConfig {
   // together for the ranks' run peaks after the round (the run so far at its
   // end; balance::EncoderPlanConfig::round_joint).
   bool memory_peak_round = false;
+  // In (0, 1): the encoder time the memory placement spends (memory_slack)
+  // is a budget over the job: each encoder phase's slowest rank, summed over
+  // the steps so far, stays within (their bounds' sum) / this where its time
+  // layouts allow; 0 (default): memory_slack per step, no job budget
+  // (balance::EncoderPlanConfig::time_floor).
+  double memory_time_floor = 0.0;
   // Seconds per unit of grouping.step_time (the LLM's cost), with phase_plans
   // and the global planner: > 0, the round planner composes steps with the
   // encoder phases in view (balance::StepPhaseCosts: the sum over steps of the

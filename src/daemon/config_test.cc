@@ -218,6 +218,10 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {memory_peak_ratio: 0.5}", "alignment.memory_peak_ratio"},
       {"alignment: {memory_peak_ratio: 11}", "alignment.memory_peak_ratio"},
       {"alignment: {memory_peak_ratio: .nan}", "alignment.memory_peak_ratio"},
+      {"alignment: {memory_time_floor: 0.3}", "alignment.memory_time_floor"},
+      {"alignment: {memory_time_floor: 1}", "alignment.memory_time_floor"},
+      {"alignment: {memory_time_floor: -0.1}", "alignment.memory_time_floor"},
+      {"alignment: {memory_time_floor: .nan}", "alignment.memory_time_floor"},
       {"optimizer: {window_spread: -0.5}", "optimizer.window_spread"},
       {"optimizer: {window_spread: 4}", "optimizer.window_spread"},
       {"optimizer: {window_spread: .nan}", "optimizer.window_spread"},
@@ -236,6 +240,13 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
     REQUIRE(round.ok());
     CHECK(round->memory_peak_round);
     CHECK_FALSE(ParseConfig("")->memory_peak_round);
+  }
+  {
+    auto floor = ParseConfig("alignment: {memory_time_floor: 0.97}");
+    REQUIRE(floor.ok());
+    CHECK(floor->memory_time_floor == 0.97);
+    CHECK(ParseConfig("")->memory_time_floor == 0.0);
+    CHECK(StartupError("alignment: {memory_time_floor: 0.5}").empty());
   }
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
   CHECK(StartupError("alignment: {partition_ranks: 4}").empty());

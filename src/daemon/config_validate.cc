@@ -256,6 +256,14 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
     return Invalid("alignment.memory_peak_ratio",
                    Num(c.memory_peak_ratio) + " is below 1 (a max over a mean); use 0 (off) or [1, 10]");
   }
+  ODB_RETURN_IF_ERROR(CheckFinite("alignment.memory_time_floor", c.memory_time_floor, 0.0, 1.0,
+                                  "0 (off) or a finite number in [0.5, 1)"));
+  if ((c.memory_time_floor > 0 && c.memory_time_floor < 0.5) || c.memory_time_floor >= 1) {
+    return Invalid("alignment.memory_time_floor",
+                   Num(c.memory_time_floor) +
+                       " is outside [0.5, 1) (a fraction of the encoders' bound); use 0 "
+                       "(off) or [0.5, 1)");
+  }
   ODB_RETURN_IF_ERROR(
       CheckFinite("optimizer.window_spread", c.window_spread, 0.0, 3.0, "a finite number in [0, 3]"));
   ODB_RETURN_IF_ERROR(

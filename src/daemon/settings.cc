@@ -354,6 +354,10 @@ std::vector<Setting> BuildTable() {
             "memory_peak_ratio > 0: true keeps the ratio over each planned round instead (the round's steps' "
             "memory caps chosen together for the ranks' peaks after it, the job so far at its end; "
             "docs/balancing.md, Peak ratio)"));
+  add(Field("alignment.memory_time_floor", kJob, ODB_FIELD(memory_time_floor),
+            "*_memory set: > 0 makes memory_slack a budget over the job: each encoder phase's slowest rank, "
+            "summed over the steps, stays within the sum of its bounds / this (a step spends on memory only "
+            "what earlier steps saved); 0 = memory_slack per step; 0 or [0.5, 1)"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
       "true: the same steps on every run and after a resume, whatever the workers' timing "
