@@ -357,9 +357,15 @@ def reset_peak_memory(device: torch.device) -> int:
     return _status_kb("VmRSS")
 
 
-def step_interval() -> Optional[Tuple[int, int]]:
-    """Starts a CPU step's memory interval: VmHWM reset to the current VmRSS (/proc/self/clear_refs 5);
-    returns (that level, RssFile) in KiB, or None where the peak cannot be reset. See step_memory_kb."""
+def step_interval(device: Optional[torch.device] = None) -> Optional[Tuple[int, int]]:
+    """Starts a step's memory interval: on a CPU VmHWM reset to the current VmRSS (/proc/self/clear_refs
+    5), returns (that level, RssFile) in KiB, or None where the peak cannot be reset; on a GPU the
+    allocator's peak reset to what it holds now (torch.cuda.reset_peak_memory_stats), returns
+    (memory_allocated, 0) in KiB. See step_memory_kb."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device) // 1024, 0
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -368,12 +374,16 @@ def step_interval() -> Optional[Tuple[int, int]]:
     return rss, files
 
 
-def step_memory_kb(start: Tuple[int, int]) -> int:
-    """A CPU step's own memory since step_interval gave `start`: VmHWM above the level then, less the
+def step_memory_kb(start: Tuple[int, int], device: Optional[torch.device] = None) -> int:
+    """A step's own memory since step_interval gave `start`. CPU: VmHWM above the level then, less the
     file pages the step mapped in (RssFile's growth: library code run for the first time, e.g. an
     operator's first backward; not data). What is left is the anonymous and shared memory the step
     used at its peak: the batch's pages it reads, activations, gradients, temporaries (the per-step
-    figure the activation bytes are; docs/benchmarks.md section 6, "Peak memory the OS sees")."""
+    figure the activation bytes are; docs/benchmarks.md section 6, "Peak memory the OS sees"). GPU:
+    the allocator's peak since then above what it held then (the step's tensors at their peak)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) // 1024 - start[0])
     hwm, files = _status_kbs("VmHWM", "RssFile")
     return max(0, hwm - start[0] - max(0, files - start[1]))
 
@@ -612,11 +622,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
     base_kb = peak_kb = 0
     warm = args.warmup_record_steps
     probe = MemProbe() if args.mem_trace and device.type == "cpu" else None
-    # CPU: each step's VmHWM above the VmRSS at its start, from its batch in hand to the end of its
-    # backward (the gradient all-reduce and the optimizer step are the same on every rank; the first
-    # one allocates AdamW's state), every step (the warm-up's too, as the activation figure); else
-    # (CUDA, or no clear_refs) the allocator's peak above the rank's level after the warm-up steps.
-    per_step = device.type == "cpu" and step_interval() is not None
+    # Each step's peak above the level at its start (CPU: VmHWM above VmRSS; CUDA: the allocator's
+    # peak above what it holds), from its batch in hand to the end of its backward (the gradient
+    # all-reduce and the optimizer step are the same on every rank; the first one allocates AdamW's
+    # state), every step (the warm-up's too, as the activation figure); without clear_refs (a CPU
+    # that cannot reset VmHWM) VmHWM above the rank's level after the warm-up steps.
+    per_step = step_interval(device) is not None
     try:
         dist.barrier()
         start = time.perf_counter()
@@ -627,12 +638,12 @@ def train_method(method: str, rank: int, world: int, args: Any, dataset: Any, tr
             for st in steps:
                 if probe is not None:
                     probe.sample("fetched")
-                level_kb = step_interval() if per_step else None
+                level_kb = step_interval(device) if per_step else None
                 clock = PhaseClock(params, probe)
                 b = st["batch"]
                 _, loss_tokens, items = run_step(model, b, clock, device, st["scale"], st["plan"],
                                                  llm_idle=st["idle"])
-                step_kb = None if level_kb is None else step_memory_kb(level_kb)
+                step_kb = None if level_kb is None else step_memory_kb(level_kb, device)
                 rec = {"t": clock.t, "tokens": 0 if st["idle"] else int(b["input_ids"].numel() if "segments" in b
                                                                           else b["attention_mask"].sum()),
                        "patches": 0, "frames": 0, "loss_tokens": loss_tokens, "items": items,
