@@ -459,11 +459,48 @@ std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
   return best;
 }
 
+std::array<EncoderStepPlanner::PhaseTimes, 2> EncoderStepPlanner::TimeLayouts(
+    const EncoderRoundStep& step) const {
+  const int active = static_cast<int>(step.ranks.size());
+  std::vector<int32_t> home;
+  for (const EncoderItem& item : step.items) home.push_back(item.llm_rank);
+  std::array<PhaseTimes, 2> out{};
+  auto phase = [&](const PhaseCost& model, auto units) {
+    std::vector<double> cost;
+    for (const EncoderItem& item : step.items) cost.push_back(model.OfInput(units(item.lengths)));
+    return PhaseTimes{MinimaxLowerBound(cost, active), BalancePhase(cost, home, active).max_load};
+  };
+  out[0] = phase(config_.vision_cost, [](const SampleLengths& l) { return l.vision_patches; });
+  if (config_.audio_phase)
+    out[1] = phase(config_.audio_cost, [](const SampleLengths& l) { return l.audio_frames; });
+  return out;
+}
+
+std::vector<std::array<EncoderStepPlanner::PhaseTimes, 2>> EncoderStepPlanner::RoundAhead(
+    std::span<const EncoderRoundStep> steps) const {
+  // after[k]: the bounds and time layouts of the steps after k, summed.
+  std::vector<std::array<PhaseTimes, 2>> after(steps.size());
+  if (!memory_aware_ || config_.time_floor <= 0) return after;
+  for (size_t k = steps.size(); k-- > 1;) {
+    const std::array<PhaseTimes, 2> t = TimeLayouts(steps[k]);
+    for (size_t p = 0; p < 2; ++p) {
+      after[k - 1][p].bound = after[k][p].bound + t[p].bound;
+      after[k - 1][p].time = after[k][p].time + t[p].time;
+    }
+  }
+  return after;
+}
+
 std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const EncoderRoundStep> steps) {
   if (memory_aware_ && config_.peak_ratio > 0 && config_.round_joint) return PlanRoundJoint(steps);
+  const std::vector<std::array<PhaseTimes, 2>> after = RoundAhead(steps);
   std::vector<EncoderStepPlan> plans;
   plans.reserve(steps.size());
-  for (const EncoderRoundStep& step : steps) plans.push_back(PlanStep(step.items, step.ranks, -1.0));
+  for (size_t k = 0; k < steps.size(); ++k) {
+    ahead_ = after[k];
+    plans.push_back(PlanStep(steps[k].items, steps[k].ranks, -1.0));
+  }
+  ahead_ = {};
   return plans;
 }
 
@@ -472,6 +509,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   const double job_peak = memory_peak_;
   const std::vector<double> rank_peak = rank_peak_;
   const std::array<double, 2> bound_sum = bound_sum_, time_sum = time_sum_;
+  const std::vector<std::array<PhaseTimes, 2>> after = RoundAhead(steps);
   // Max / mean of the run peaks of the ranks that have held anything (the
   // run so far: no forecast beyond the round).
   auto ratio_of = [](const std::vector<double>& peaks) {
@@ -499,6 +537,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     raised_at.assign(rank_peak_.size(), n);
     for (size_t k = 0; k < n; ++k) {
       const std::vector<double> before = rank_peak_;
+      ahead_ = after[k];
       plans[k] = PlanStep(steps[k].items, steps[k].ranks, fraction[k]);
       raised_at.resize(rank_peak_.size(), n);
       for (size_t w = 0; w < rank_peak_.size(); ++w) {
@@ -545,6 +584,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     fraction = best_fraction;
     plan_round();
   }
+  ahead_ = {};
   return plans;
 }
 
@@ -609,9 +649,11 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
       }
       bounds[p] = MinimaxLowerBound(cost, active);
       if (!memory_aware_) return BalancePhase(cost, home, active);
-      // time_floor: what the job's budget leaves this step's slowest rank.
+      // time_floor: what the job's budget leaves this step's slowest rank, the
+      // round's later steps counted at their time layouts.
       const double max_time = config_.time_floor > 0
-                                  ? (bound_sum_[p] + bounds[p]) / config_.time_floor - time_sum_[p]
+                                  ? (bound_sum_[p] + bounds[p] + ahead_[p].bound) / config_.time_floor -
+                                        time_sum_[p] - ahead_[p].time
                                   : std::numeric_limits<double>::infinity();
       const std::vector<double> before = c.held;
       PhaseAssignment a =

@@ -208,10 +208,11 @@ struct EncoderPlanConfig {
   // over the job: the phase's slowest rank summed over the steps planned so
   // far stays within (sum of the steps' bounds, max(largest item, mean)) /
   // time_floor, as far as the time layouts allow. A step's layouts may take
-  // up to (1 + memory_slack) x their balanced time only while what the earlier
-  // steps left of that budget pays for it; the rest of the step's memory
-  // placement keeps its balanced time. Steps near their bounds save budget
-  // for the heavy ones. 0: no budget, memory_slack per step.
+  // up to (1 + memory_slack) x their balanced time only while the budget
+  // pays for it: what the earlier steps left, plus what the round's later
+  // steps (PlanRound) leave at their time layouts; otherwise the step's
+  // memory placement keeps its balanced time. Steps near their bounds save
+  // budget for the heavy ones. 0: no budget, memory_slack per step.
   double time_floor = 0.0;
   bool MemoryAware() const;
 };
@@ -280,6 +281,15 @@ class EncoderStepPlanner {
   EncoderStepPlan PlanStep(std::span<const EncoderItem> items, std::span<const int32_t> ranks,
                            double cap_fraction);
   std::vector<EncoderStepPlan> PlanRoundJoint(std::span<const EncoderRoundStep> steps);
+  // time_floor's view of a step without memory: per encoder phase its bound
+  // and its time layout's slowest rank.
+  struct PhaseTimes {
+    double bound = 0.0, time = 0.0;
+  };
+  std::array<PhaseTimes, 2> TimeLayouts(const EncoderRoundStep& step) const;
+  // Per step of a round: its later steps' TimeLayouts summed (all 0 without
+  // time_floor).
+  std::vector<std::array<PhaseTimes, 2>> RoundAhead(std::span<const EncoderRoundStep> steps) const;
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;
@@ -287,6 +297,9 @@ class EncoderStepPlanner {
   // time_floor's budget, per encoder phase (vision, audio): the steps' bounds
   // and their slowest ranks' times, summed over the job.
   std::array<double, 2> bound_sum_{}, time_sum_{};
+  // ... and the round's steps after the one being planned, at their time
+  // layouts: their savings (or excess) count in its budget.
+  std::array<PhaseTimes, 2> ahead_{};
 };
 
 }  // namespace odb::balance

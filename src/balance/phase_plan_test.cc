@@ -466,48 +466,55 @@ EncoderPlanConfig UnitPeakRatioConfig() {
 TEST_CASE("EncoderStepPlanner's time_floor lets a phase spend on memory only what the job's steps saved",
           "[phase]") {
   // The peak-ratio case above (rank 0's clip moved off the image's rank: the
-  // audio phase at 20 against its bound 10), after k light steps whose clips
+  // audio phase at 20 against its bound 10), with k light steps whose clips
   // sit at their bound (each rank's one clip: 10 = max(largest, mean)). With
   // time_floor 0.8 the audio phase's slowest rank summed over the job stays
   // within its bounds' sum / 0.8: each light step saves 10 / 0.8 - 10 = 2.5,
   // so the heavy step may take 12.5 + 2.5 k, 20 from k = 3 on. Without the
-  // floor it takes 20 whatever came before. Per step and over a round
-  // planned jointly alike (the round's re-plans start from the budget before
-  // it).
+  // floor it takes 20 whatever the other steps. Light steps before the heavy
+  // one count however it is planned (step by step, a round, a joint round:
+  // a joint round's re-plans start from the budget before it); light steps
+  // after it count only when they are in its round.
   EncoderPlanConfig config = UnitPeakRatioConfig();
   const std::vector<int32_t> ranks = {0, 1, 2, 3};
   const std::vector<EncoderItem> text = {{0, {40, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
   const std::vector<EncoderItem> light = {{0, {5, 0, 10}}, {1, {5, 0, 10}}, {2, {5, 0, 10}}, {3, {5, 0, 10}}};
   const std::vector<EncoderItem> media = {
       {0, {15, 30, 10}}, {1, {15, 0, 10}}, {2, {15, 0, 10}}, {3, {15, 0, 10}}};
-  for (const bool joint : {false, true}) {
-    for (const double floor : {0.0, 0.8}) {
-      for (const int k : {0, 2, 3, 4}) {
-        config.round_joint = joint;
-        config.time_floor = floor;
-        EncoderStepPlanner planner(config);
-        std::vector<EncoderRoundStep> round = {{text, ranks}};
-        for (int i = 0; i < k; ++i) round.push_back({light, ranks});
-        round.push_back({media, ranks});
-        std::vector<EncoderStepPlan> plans;
-        if (joint) {
-          plans = planner.PlanRound(round);
-        } else {
-          for (const EncoderRoundStep& step : round) plans.push_back(planner.Plan(step.items, step.ranks));
+  enum class How { kStepByStep, kRound, kJointRound };
+  for (const How how : {How::kStepByStep, How::kRound, How::kJointRound}) {
+    for (const bool light_first : {true, false}) {
+      for (const double floor : {0.0, 0.8}) {
+        for (const int k : {0, 2, 3, 4}) {
+          config.round_joint = how == How::kJointRound;
+          config.time_floor = floor;
+          EncoderStepPlanner planner(config);
+          std::vector<EncoderRoundStep> round = {{text, ranks}};
+          if (!light_first) round.push_back({media, ranks});
+          for (int i = 0; i < k; ++i) round.push_back({light, ranks});
+          if (light_first) round.push_back({media, ranks});
+          std::vector<EncoderStepPlan> plans;
+          if (how == How::kStepByStep) {
+            for (const EncoderRoundStep& step : round) plans.push_back(planner.Plan(step.items, step.ranks));
+          } else {
+            plans = planner.PlanRound(round);
+          }
+          INFO("how " << static_cast<int>(how) << ", light steps first " << light_first << ", time_floor "
+                      << floor << ", light steps " << k);
+          double audio_time = 0.0;
+          for (const EncoderStepPlan& plan : plans) audio_time += plan.audio.max_load;
+          const EncoderStepPlan& heavy = plans[light_first ? plans.size() - 1 : 1];
+          REQUIRE(heavy.vision.max_load == 30.0);
+          const bool saved = light_first || how != How::kStepByStep;
+          if (floor == 0 || (k >= 3 && saved)) {
+            CHECK(heavy.audio.max_load == 20.0);  // the clip moved off the image's rank
+            CHECK(planner.memory_peak() == 45.0);
+          } else {
+            CHECK(heavy.audio.max_load == 10.0);  // the time layout: the budget does not pay for the move
+            CHECK(planner.memory_peak() == 55.0);
+          }
+          if (floor > 0) CHECK(audio_time <= 10.0 * (k + 1) / floor);
         }
-        INFO("round_joint " << joint << ", time_floor " << floor << ", light steps " << k);
-        double audio_time = 0.0;
-        for (const EncoderStepPlan& plan : plans) audio_time += plan.audio.max_load;
-        const EncoderStepPlan& heavy = plans.back();
-        REQUIRE(heavy.vision.max_load == 30.0);
-        if (floor == 0 || k >= 3) {
-          CHECK(heavy.audio.max_load == 20.0);  // the clip moved off the image's rank
-          CHECK(planner.memory_peak() == 45.0);
-        } else {
-          CHECK(heavy.audio.max_load == 10.0);  // the time layout: the budget does not pay for the move
-          CHECK(planner.memory_peak() == 55.0);
-        }
-        if (floor > 0) CHECK(audio_time <= 10.0 * (k + 1) / floor);
       }
     }
   }
