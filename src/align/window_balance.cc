@@ -170,6 +170,102 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   return best;
 }
 
+// The length-sorted start of a padded layout with `m` micro-steps per rank:
+// the window's samples, longest first (`order`), cut into at most world x m
+// runs within the budget with the least total cost (a run costs SlotCost;
+// every one of the world x m micro-steps pays per_step whether it holds a
+// run or not, so this is the least padding in at most world x m groups: a
+// Lagrangian cut, each run charged `lambda` on top of its cost beyond
+// per_step, lambda bisected to the smallest that keeps the count within
+// world x m), then the runs dealt to ranks costliest first, each to the
+// least loaded rank with fewer than m runs (ties: the lowest rank). nullopt
+// when no cut into world x m runs keeps the budget. Returns each rank's
+// members (in `order`'s order) and counts its work in `work`.
+std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceConfig& c,
+                                                           std::span<const SampleMeta> samples,
+                                                           std::span<const size_t> order, size_t world, size_t m,
+                                                           uint64_t& work) {
+  const size_t n = order.size();
+  const size_t slots = world * m;
+  const double per_step = c.step_model.per_step;
+  // The cut for one lambda: from[i] = where the last run of the first i
+  // samples starts; returns the number of runs (SIZE_MAX: none fits).
+  std::vector<double> f(n + 1);
+  std::vector<size_t> from(n + 1), count(n + 1);
+  auto cut = [&](double lambda) {
+    f[0] = 0.0;
+    count[0] = 0;
+    for (size_t i = 1; i <= n; ++i) {
+      f[i] = std::numeric_limits<double>::infinity();
+      count[i] = SIZE_MAX;
+      Slot run(c.budget);
+      for (size_t a = i; a-- > 0;) {
+        const SampleLengths& l = samples[order[a]].lengths;
+        if (!run.tally.CanAdd(l)) break;
+        run.tally.Add(l);
+        run.sum_sq += Square(l.tokens);
+        ++work;
+        if (count[a] == SIZE_MAX) continue;
+        const double v = f[a] + (SlotCost(c, run) - per_step) + lambda;
+        // Ties: fewer runs.
+        if (v < f[i] || (v == f[i] && count[a] + 1 < count[i])) {
+          f[i] = v;
+          from[i] = a;
+          count[i] = count[a] + 1;
+        }
+      }
+    }
+    return count[n];
+  };
+  if (n == 0) return std::nullopt;
+  if (cut(0.0) > slots) {
+    // The largest lambda that matters: one run's cost can exceed another's by
+    // at most the costliest run, so a larger charge only trades runs away.
+    double hi = per_step + 1.0;
+    for (size_t i = 0; i < n; ++i) {
+      Slot one(c.budget);
+      one.tally.Add(samples[order[i]].lengths);
+      one.sum_sq = Square(samples[order[i]].lengths.tokens);
+      hi = std::max(hi, 2.0 * SlotCost(c, one) * static_cast<double>(n));
+    }
+    if (cut(hi) > slots) return std::nullopt;
+    double lo = 0.0;
+    for (int it = 0; it < 40 && hi - lo > 1e-9 * hi; ++it) {
+      const double mid = lo + (hi - lo) / 2;
+      (cut(mid) > slots ? lo : hi) = mid;
+    }
+    if (cut(hi) > slots) return std::nullopt;
+  }
+  struct Run {
+    size_t begin, end;
+    double cost;
+  };
+  std::vector<Run> runs;
+  for (size_t i = n; i > 0; i = from[i]) {
+    Slot run(c.budget);
+    for (size_t a = from[i]; a < i; ++a) {
+      run.tally.Add(samples[order[a]].lengths);
+      run.sum_sq += Square(samples[order[a]].lengths.tokens);
+    }
+    runs.push_back({from[i], i, SlotCost(c, run)});
+  }
+  std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.cost > y.cost; });
+  std::vector<double> load(world, static_cast<double>(m) * per_step);
+  std::vector<size_t> used(world, 0);
+  std::vector<std::vector<size_t>> assign(world);
+  for (const Run& run : runs) {
+    size_t best = world;
+    for (size_t r = 0; r < world; ++r) {
+      if (used[r] < m && (best == world || load[r] < load[best])) best = r;
+    }
+    if (best == world) return std::nullopt;
+    ++used[best];
+    load[best] += run.cost - per_step;
+    for (size_t a = run.begin; a < run.end; ++a) assign[best].push_back(order[a]);
+  }
+  return assign;
+}
+
 // Improves an assignment of samples to ranks (each rank's list in
 // longest-first order) by moving one sample off the costliest rank, or
 // exchanging one of its samples with another rank's, while that lowers the
@@ -565,29 +661,35 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
   uint64_t work = 0;
   for (size_t m = first; m <= steps && work <= kMaxBalanceWork; ++m) {
-    double greedy = 0.0;
-    std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy);
-    if (!layout) continue;
     // Each rank's samples, longest first, packed the cheapest way; then moves.
-    std::vector<std::vector<size_t>> assign(world);
-    std::vector<double> cost(world);
-    bool packed = true;
-    for (size_t r = 0; r < world && packed; ++r) {
-      for (const Slot& slot : (*layout)[r])
-        assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
-      std::sort(assign[r].begin(), assign[r].end(),
-                [&](size_t a, size_t b) { return position[a] < position[b]; });
-      const std::optional<double> c = PackRank(config, samples, assign[r], m, work);
-      packed = c.has_value();
-      if (packed) cost[r] = *c;
+    auto try_assign = [&](std::vector<std::vector<size_t>> assign) {
+      std::vector<double> cost(world);
+      for (size_t r = 0; r < world; ++r) {
+        std::sort(assign[r].begin(), assign[r].end(),
+                  [&](size_t a, size_t b) { return position[a] < position[b]; });
+        const std::optional<double> c = PackRank(config, samples, assign[r], m, work);
+        if (!c) return;  // the start's own micro-steps fit: never here
+        cost[r] = *c;
+      }
+      const double worst = Improve(config, samples, position, m, assign, cost, work);
+      if (worst < best_cost) {
+        best_cost = worst;
+        Groups groups(world);
+        for (size_t r = 0; r < world; ++r) PackRank(config, samples, assign[r], m, work, &groups[r]);
+        best = std::move(groups);
+      }
+    };
+    double greedy = 0.0;
+    if (std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy)) {
+      std::vector<std::vector<size_t>> assign(world);
+      for (size_t r = 0; r < world; ++r) {
+        for (const Slot& slot : (*layout)[r])
+          assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
+      }
+      try_assign(std::move(assign));
     }
-    if (!packed) continue;  // the greedy's own micro-steps fit: never here
-    const double worst = Improve(config, samples, position, m, assign, cost, work);
-    if (worst < best_cost) {
-      best_cost = worst;
-      Groups groups(world);
-      for (size_t r = 0; r < world; ++r) PackRank(config, samples, assign[r], m, work, &groups[r]);
-      best = std::move(groups);
+    if (config.budget.model == grouping::CostModel::kPadded && work <= kMaxBalanceWork) {
+      if (auto assign = SortedRuns(config, samples, order, world, m, work)) try_assign(std::move(*assign));
     }
   }
   if (!best) return false;
