@@ -181,6 +181,8 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
 // least loaded rank with fewer than m runs (ties: the lowest rank). nullopt
 // when no cut into world x m runs keeps the budget. Returns each rank's
 // members (in `order`'s order) and counts its work in `work`.
+constexpr int kSortedRunsBisections = 24;
+
 std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceConfig& c,
                                                            std::span<const SampleMeta> samples,
                                                            std::span<const size_t> order, size_t world, size_t m,
@@ -230,11 +232,15 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
     }
     if (cut(hi) > slots) return std::nullopt;
     double lo = 0.0;
-    for (int it = 0; it < 40 && hi - lo > 1e-9 * hi; ++it) {
+    bool at_hi = true;  // the arrays hold cut(hi)
+    for (int it = 0; it < kSortedRunsBisections; ++it) {
       const double mid = lo + (hi - lo) / 2;
-      (cut(mid) > slots ? lo : hi) = mid;
+      const size_t runs = cut(mid);
+      at_hi = runs <= slots;
+      (at_hi ? hi : lo) = mid;
+      if (runs == slots) break;  // no cut within the slots has less padding
     }
-    if (cut(hi) > slots) return std::nullopt;
+    if (!at_hi) cut(hi);
   }
   struct Run {
     size_t begin, end;
@@ -679,6 +685,13 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
         best = std::move(groups);
       }
     };
+    // Padded: the length-sorted start alone (the greedy when it finds none).
+    std::optional<std::vector<std::vector<size_t>>> sorted;
+    if (config.budget.model == grouping::CostModel::kPadded) sorted = SortedRuns(config, samples, order, world, m, work);
+    if (sorted) {
+      try_assign(std::move(*sorted));
+      continue;
+    }
     double greedy = 0.0;
     if (std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy)) {
       std::vector<std::vector<size_t>> assign(world);
@@ -687,9 +700,6 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
           assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
       }
       try_assign(std::move(assign));
-    }
-    if (config.budget.model == grouping::CostModel::kPadded && work <= kMaxBalanceWork) {
-      if (auto assign = SortedRuns(config, samples, order, world, m, work)) try_assign(std::move(*assign));
     }
   }
   if (!best) return false;
