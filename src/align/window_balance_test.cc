@@ -102,6 +102,34 @@ TEST_CASE("a window takes fewer micro-steps when its samples fit them", "[window
   REQUIRE(WindowCost(c, window) == 700.0);
 }
 
+TEST_CASE("a padded window's samples are cut into length-sorted runs: fewer micro-steps",
+          "[window_balance]") {
+  // 12 samples of 1000 tokens, 24 of 500 and 32 of 250 over 4 ranks, budget
+  // 4096: 32000 tokens, 8000 a rank. Sorted by length they make 8 full runs
+  // (4 x 1000, 8 x 500, 16 x 250), two micro-steps a rank. Samples dealt
+  // longest first to the least loaded rank's cheapest micro-step end with
+  // three 1000s in one micro-step and six 500s in the other, where three
+  // 250s a rank fit: no layout with two micro-steps, the planner's three
+  // kept (8000 + 3 x 512 a rank).
+  uint64_t id = 0;
+  std::vector<GlobalStep> window(3);
+  for (int32_t r = 0; r < 4; ++r) {
+    window[0].push_back(Step({1000, 1000, 1000}, r, id));
+    window[1].push_back(Step({500, 500, 500, 500, 500, 500}, r, id));
+    window[2].push_back(Step({250, 250, 250, 250, 250, 250, 250, 250}, r, id));
+  }
+  const WindowBalanceConfig c = Config(4096, 512.0);
+  REQUIRE(WindowCost(c, window) == 8000.0 + 3 * 512.0);
+  REQUIRE(FewestMicroSteps(c.budget, 4, 32000, 68) == 2);
+  const auto keys = Keys(window);
+  REQUIRE(BalanceWindow(c, window));
+  REQUIRE(Keys(window) == keys);
+  REQUIRE(window.size() == 2);
+  for (const GlobalStep& g : window) REQUIRE(g.size() == 4);
+  RequireWithinBudget(c, window);
+  REQUIRE(WindowCost(c, window) == 8000.0 + 2 * 512.0);
+}
+
 TEST_CASE("a window already even, or one with an over-budget step, is left as it is", "[window_balance]") {
   uint64_t id = 0;
   std::vector<GlobalStep> even = {{Step({256, 256}, 0, id), Step({256, 256}, 1, id)}};
