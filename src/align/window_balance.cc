@@ -667,31 +667,28 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
   uint64_t work = 0;
   for (size_t m = first; m <= steps && work <= kMaxBalanceWork; ++m) {
-    // Each rank's samples, longest first, packed the cheapest way; then moves.
-    auto try_assign = [&](std::vector<std::vector<size_t>> assign) {
-      std::vector<double> cost(world);
-      for (size_t r = 0; r < world; ++r) {
-        std::sort(assign[r].begin(), assign[r].end(),
-                  [&](size_t a, size_t b) { return position[a] < position[b]; });
-        const std::optional<double> c = PackRank(config, samples, assign[r], m, work);
-        if (!c) return;  // the start's own micro-steps fit: never here
-        cost[r] = *c;
-      }
-      const double worst = Improve(config, samples, position, m, assign, cost, work);
-      if (worst < best_cost) {
-        best_cost = worst;
-        Groups groups(world);
-        for (size_t r = 0; r < world; ++r) PackRank(config, samples, assign[r], m, work, &groups[r]);
-        best = std::move(groups);
-      }
+    // The starts: the greedy's layout and, padded, the length-sorted runs;
+    // each rank's samples, longest first, packed the cheapest way. The moves
+    // (Improve) then run on the start whose slowest rank is cheaper (the
+    // greedy's on ties).
+    struct Start {
+      std::vector<std::vector<size_t>> assign;
+      std::vector<double> cost;
+      double worst = 0.0;
     };
-    // Padded: the length-sorted start alone (the greedy when it finds none).
-    std::optional<std::vector<std::vector<size_t>>> sorted;
-    if (config.budget.model == grouping::CostModel::kPadded) sorted = SortedRuns(config, samples, order, world, m, work);
-    if (sorted) {
-      try_assign(std::move(*sorted));
-      continue;
-    }
+    auto packed = [&](std::vector<std::vector<size_t>> assign) -> std::optional<Start> {
+      Start s{std::move(assign), std::vector<double>(world), 0.0};
+      for (size_t r = 0; r < world; ++r) {
+        std::sort(s.assign[r].begin(), s.assign[r].end(),
+                  [&](size_t a, size_t b) { return position[a] < position[b]; });
+        const std::optional<double> c = PackRank(config, samples, s.assign[r], m, work);
+        if (!c) return std::nullopt;  // the start's own micro-steps fit: never here
+        s.cost[r] = *c;
+        s.worst = std::max(s.worst, *c);
+      }
+      return s;
+    };
+    std::optional<Start> start;
     double greedy = 0.0;
     if (std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy)) {
       std::vector<std::vector<size_t>> assign(world);
@@ -699,7 +696,21 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
         for (const Slot& slot : (*layout)[r])
           assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
       }
-      try_assign(std::move(assign));
+      start = packed(std::move(assign));
+    }
+    if (config.budget.model == grouping::CostModel::kPadded) {
+      if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
+        std::optional<Start> sorted = packed(std::move(*assign));
+        if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
+      }
+    }
+    if (!start) continue;
+    const double worst = Improve(config, samples, position, m, start->assign, start->cost, work);
+    if (worst < best_cost) {
+      best_cost = worst;
+      Groups groups(world);
+      for (size_t r = 0; r < world; ++r) PackRank(config, samples, start->assign[r], m, work, &groups[r]);
+      best = std::move(groups);
     }
   }
   if (!best) return false;
