@@ -185,8 +185,8 @@ constexpr int kSortedRunsBisections = 24;
 
 std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceConfig& c,
                                                            std::span<const SampleMeta> samples,
-                                                           std::span<const size_t> order, size_t world, size_t m,
-                                                           uint64_t& work) {
+                                                           std::span<const size_t> order, size_t world,
+                                                           size_t m, uint64_t& work) {
   const size_t n = order.size();
   const size_t slots = world * m;
   const double per_step = c.step_model.per_step;
