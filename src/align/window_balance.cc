@@ -246,14 +246,39 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
     size_t begin, end;
     double cost;
   };
-  std::vector<Run> runs;
-  for (size_t i = n; i > 0; i = from[i]) {
+  auto cost_of = [&](size_t begin, size_t end) {
     Slot run(c.budget);
-    for (size_t a = from[i]; a < i; ++a) {
+    for (size_t a = begin; a < end; ++a) {
       run.tally.Add(samples[order[a]].lengths);
       run.sum_sq += Square(samples[order[a]].lengths.tokens);
     }
-    runs.push_back({from[i], i, SlotCost(c, run)});
+    ++work;
+    return SlotCost(c, run);
+  };
+  std::vector<Run> runs;
+  for (size_t i = n; i > 0; i = from[i]) runs.push_back({from[i], i, cost_of(from[i], i)});
+  // Slots left over (runs of equal lengths gain nothing from a split, so the
+  // cut keeps them whole): the costliest run of two or more samples is split
+  // where its costlier part is cheapest, until every slot holds a run. A
+  // part never pads more than the whole, and smaller runs even the ranks.
+  while (runs.size() < slots) {
+    size_t top = runs.size();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].end - runs[i].begin >= 2 && (top == runs.size() || runs[i].cost > runs[top].cost)) top = i;
+    }
+    if (top == runs.size()) break;
+    const Run whole = runs[top];
+    size_t best_at = whole.begin + 1;
+    double best_max = std::numeric_limits<double>::infinity();
+    for (size_t at = whole.begin + 1; at < whole.end; ++at) {
+      const double v = std::max(cost_of(whole.begin, at), cost_of(at, whole.end));
+      if (v < best_max) {
+        best_max = v;
+        best_at = at;
+      }
+    }
+    runs[top] = {whole.begin, best_at, cost_of(whole.begin, best_at)};
+    runs.push_back({best_at, whole.end, cost_of(best_at, whole.end)});
   }
   std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.cost > y.cost; });
   std::vector<double> load(world, static_cast<double>(m) * per_step);

@@ -130,6 +130,60 @@ TEST_CASE("a padded window's samples are cut into length-sorted runs: fewer micr
   REQUIRE(WindowCost(c, window) == 8000.0 + 2 * 512.0);
 }
 
+TEST_CASE("a wide padded window's length-sorted runs fill the micro-steps: few IDLE ones",
+          "[window_balance]") {
+  // 64 ranks, one global micro-step's budget of long-tailed lengths (many
+  // short samples of equal lengths), planned as three micro-steps a rank.
+  // The least-padding cut into at most 128 runs keeps runs of equal lengths
+  // whole and leaves slots over; unless the costliest runs are split into
+  // them, ranks dealt one run run an IDLE micro-step.
+  const WindowBalanceConfig c = Config(4096, 512.0);
+  const size_t world = 64;
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> length(5.8, 1.0);
+  std::vector<SampleMeta> pool;
+  uint64_t tokens = 0;
+  for (uint64_t id = 0; tokens < 230000; ++id) {
+    SampleMeta m;
+    m.id = id;
+    m.owner_rank = static_cast<int32_t>(id % world);
+    m.lengths.tokens = std::clamp<uint32_t>(static_cast<uint32_t>(length(rng)) / 16 * 16, 16, 4096);
+    tokens += m.lengths.tokens;
+    pool.push_back(m);
+  }
+  // The planner's layout: arrival order, each rank's micro-step filled to the budget, three a rank.
+  std::vector<GlobalStep> window(3, GlobalStep(world));
+  size_t next = 0;
+  for (size_t slot = 0; slot < 3 * world && next < pool.size(); ++slot) {
+    std::vector<SampleMeta> run;
+    std::vector<SampleLengths> lens;
+    while (next < pool.size()) {
+      lens.push_back(pool[next].lengths);
+      if (!FitsBudget(c.budget, lens)) break;
+      run.push_back(pool[next++]);
+    }
+    std::vector<size_t> members(run.size());
+    std::iota(members.begin(), members.end(), size_t{0});
+    window[slot % 3][slot / 3] = MakeStep(c.budget.model, run, members, false);
+  }
+  REQUIRE(next == pool.size());
+  const auto keys = Keys(window);
+  const double before = WindowCost(c, window);
+  REQUIRE(BalanceWindow(c, window));
+  REQUIRE(Keys(window) == keys);
+  RequireWithinBudget(c, window);
+  size_t idle = 0;
+  for (const GlobalStep& g : window) {
+    REQUIRE(g.size() == world);
+    for (const PlannedStep& s : g) idle += s.samples.empty();
+  }
+  INFO("micro-steps " << window.size() << ", IDLE " << idle << ", cost " << before << " -> "
+                      << WindowCost(c, window) << ", samples " << pool.size());
+  REQUIRE(window.size() == 2);
+  // At most 5% of the rank-steps IDLE (issue 35's mark; 3 here, 20 without the splits).
+  REQUIRE(idle * 20 <= window.size() * world);
+}
+
 TEST_CASE("a window already even, or one with an over-budget step, is left as it is", "[window_balance]") {
   uint64_t id = 0;
   std::vector<GlobalStep> even = {{Step({256, 256}, 0, id), Step({256, 256}, 1, id)}};
