@@ -177,8 +177,9 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
 // run or not, so this is the least padding in at most world x m groups: a
 // Lagrangian cut, each run charged `lambda` on top of its cost beyond
 // per_step, lambda bisected to the smallest that keeps the count within
-// world x m), then the runs dealt to ranks costliest first, each to the
-// least loaded rank with fewer than m runs (ties: the lowest rank). nullopt
+// world x m; the slots it leaves over filled by splitting the costliest
+// runs), then the runs dealt to ranks costliest first, each to the least
+// loaded rank with fewer than m runs (ties: the lowest rank). nullopt
 // when no cut into world x m runs keeps the budget. Returns each rank's
 // members (in `order`'s order) and counts its work in `work`.
 constexpr int kSortedRunsBisections = 24;
@@ -221,8 +222,9 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
   };
   if (n == 0) return std::nullopt;
   if (cut(0.0) > slots) {
-    // The largest lambda that matters: one run's cost can exceed another's by
-    // at most the costliest run, so a larger charge only trades runs away.
+    // A charge above which the cut with the fewest runs wins: any cut's cost
+    // beyond per_step a run is at most n x the costliest sample's (every row
+    // is padded to at most the longest sample), so two cuts differ by less.
     double hi = per_step + 1.0;
     for (size_t i = 0; i < n; ++i) {
       Slot one(c.budget);
