@@ -170,6 +170,135 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   return best;
 }
 
+// The length-sorted start of a padded layout with `m` micro-steps per rank:
+// the window's samples, longest first (`order`), cut into at most world x m
+// runs within the budget with the least total cost (a run costs SlotCost;
+// every one of the world x m micro-steps pays per_step whether it holds a
+// run or not, so this is the least padding in at most world x m groups: a
+// Lagrangian cut, each run charged `lambda` on top of its cost beyond
+// per_step, lambda bisected to the smallest that keeps the count within
+// world x m; the slots it leaves over filled by splitting the costliest
+// runs), then the runs dealt to ranks costliest first, each to the least
+// loaded rank with fewer than m runs (ties: the lowest rank). nullopt
+// when no cut into world x m runs keeps the budget. Returns each rank's
+// members (in `order`'s order) and counts its work in `work`.
+constexpr int kSortedRunsBisections = 24;
+
+std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceConfig& c,
+                                                           std::span<const SampleMeta> samples,
+                                                           std::span<const size_t> order, size_t world,
+                                                           size_t m, uint64_t& work) {
+  const size_t n = order.size();
+  const size_t slots = world * m;
+  const double per_step = c.step_model.per_step;
+  // The cut for one lambda: from[i] = where the last run of the first i
+  // samples starts; returns the number of runs (SIZE_MAX: none fits).
+  std::vector<double> f(n + 1);
+  std::vector<size_t> from(n + 1), count(n + 1);
+  auto cut = [&](double lambda) {
+    f[0] = 0.0;
+    count[0] = 0;
+    for (size_t i = 1; i <= n; ++i) {
+      f[i] = std::numeric_limits<double>::infinity();
+      count[i] = SIZE_MAX;
+      Slot run(c.budget);
+      for (size_t a = i; a-- > 0;) {
+        const SampleLengths& l = samples[order[a]].lengths;
+        if (!run.tally.CanAdd(l)) break;
+        run.tally.Add(l);
+        run.sum_sq += Square(l.tokens);
+        ++work;
+        if (count[a] == SIZE_MAX) continue;
+        const double v = f[a] + (SlotCost(c, run) - per_step) + lambda;
+        // Ties: fewer runs.
+        if (v < f[i] || (v == f[i] && count[a] + 1 < count[i])) {
+          f[i] = v;
+          from[i] = a;
+          count[i] = count[a] + 1;
+        }
+      }
+    }
+    return count[n];
+  };
+  if (n == 0) return std::nullopt;
+  if (cut(0.0) > slots) {
+    // A charge above which the cut with the fewest runs wins: any cut's cost
+    // beyond per_step a run is at most n x the costliest sample's (every row
+    // is padded to at most the longest sample), so two cuts differ by less.
+    double hi = per_step + 1.0;
+    for (size_t i = 0; i < n; ++i) {
+      Slot one(c.budget);
+      one.tally.Add(samples[order[i]].lengths);
+      one.sum_sq = Square(samples[order[i]].lengths.tokens);
+      hi = std::max(hi, 2.0 * SlotCost(c, one) * static_cast<double>(n));
+    }
+    if (cut(hi) > slots) return std::nullopt;
+    double lo = 0.0;
+    bool at_hi = true;  // the arrays hold cut(hi)
+    for (int it = 0; it < kSortedRunsBisections; ++it) {
+      const double mid = lo + (hi - lo) / 2;
+      const size_t runs = cut(mid);
+      at_hi = runs <= slots;
+      (at_hi ? hi : lo) = mid;
+      if (runs == slots) break;  // no cut within the slots has less padding
+    }
+    if (!at_hi) cut(hi);
+  }
+  struct Run {
+    size_t begin, end;
+    double cost;
+  };
+  auto cost_of = [&](size_t begin, size_t end) {
+    Slot run(c.budget);
+    for (size_t a = begin; a < end; ++a) {
+      run.tally.Add(samples[order[a]].lengths);
+      run.sum_sq += Square(samples[order[a]].lengths.tokens);
+    }
+    ++work;
+    return SlotCost(c, run);
+  };
+  std::vector<Run> runs;
+  for (size_t i = n; i > 0; i = from[i]) runs.push_back({from[i], i, cost_of(from[i], i)});
+  // Slots left over (runs of equal lengths gain nothing from a split, so the
+  // cut keeps them whole): the costliest run of two or more samples is split
+  // where its costlier part is cheapest, until every slot holds a run. A
+  // part never pads more than the whole, and smaller runs even the ranks.
+  while (runs.size() < slots) {
+    size_t top = runs.size();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].end - runs[i].begin >= 2 && (top == runs.size() || runs[i].cost > runs[top].cost)) top = i;
+    }
+    if (top == runs.size()) break;
+    const Run whole = runs[top];
+    size_t best_at = whole.begin + 1;
+    double best_max = std::numeric_limits<double>::infinity();
+    for (size_t at = whole.begin + 1; at < whole.end; ++at) {
+      const double v = std::max(cost_of(whole.begin, at), cost_of(at, whole.end));
+      if (v < best_max) {
+        best_max = v;
+        best_at = at;
+      }
+    }
+    runs[top] = {whole.begin, best_at, cost_of(whole.begin, best_at)};
+    runs.push_back({best_at, whole.end, cost_of(best_at, whole.end)});
+  }
+  std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.cost > y.cost; });
+  std::vector<double> load(world, static_cast<double>(m) * per_step);
+  std::vector<size_t> used(world, 0);
+  std::vector<std::vector<size_t>> assign(world);
+  for (const Run& run : runs) {
+    size_t best = world;
+    for (size_t r = 0; r < world; ++r) {
+      if (used[r] < m && (best == world || load[r] < load[best])) best = r;
+    }
+    if (best == world) return std::nullopt;
+    ++used[best];
+    load[best] += run.cost - per_step;
+    for (size_t a = run.begin; a < run.end; ++a) assign[best].push_back(order[a]);
+  }
+  return assign;
+}
+
 // Improves an assignment of samples to ranks (each rank's list in
 // longest-first order) by moving one sample off the costliest rank, or
 // exchanging one of its samples with another rank's, while that lowers the
@@ -565,28 +694,49 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
   uint64_t work = 0;
   for (size_t m = first; m <= steps && work <= kMaxBalanceWork; ++m) {
+    // The starts: the greedy's layout and, padded, the length-sorted runs;
+    // each rank's samples, longest first, packed the cheapest way. The moves
+    // (Improve) then run on the start whose slowest rank is cheaper (the
+    // greedy's on ties).
+    struct Start {
+      std::vector<std::vector<size_t>> assign;
+      std::vector<double> cost;
+      double worst = 0.0;
+    };
+    auto packed = [&](std::vector<std::vector<size_t>> assign) -> std::optional<Start> {
+      Start s{std::move(assign), std::vector<double>(world), 0.0};
+      for (size_t r = 0; r < world; ++r) {
+        std::sort(s.assign[r].begin(), s.assign[r].end(),
+                  [&](size_t a, size_t b) { return position[a] < position[b]; });
+        const std::optional<double> c = PackRank(config, samples, s.assign[r], m, work);
+        if (!c) return std::nullopt;  // the start's own micro-steps fit: never here
+        s.cost[r] = *c;
+        s.worst = std::max(s.worst, *c);
+      }
+      return s;
+    };
+    std::optional<Start> start;
     double greedy = 0.0;
-    std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy);
-    if (!layout) continue;
-    // Each rank's samples, longest first, packed the cheapest way; then moves.
-    std::vector<std::vector<size_t>> assign(world);
-    std::vector<double> cost(world);
-    bool packed = true;
-    for (size_t r = 0; r < world && packed; ++r) {
-      for (const Slot& slot : (*layout)[r])
-        assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
-      std::sort(assign[r].begin(), assign[r].end(),
-                [&](size_t a, size_t b) { return position[a] < position[b]; });
-      const std::optional<double> c = PackRank(config, samples, assign[r], m, work);
-      packed = c.has_value();
-      if (packed) cost[r] = *c;
+    if (std::optional<Layout> layout = Lay(config, samples, order, world, m, greedy)) {
+      std::vector<std::vector<size_t>> assign(world);
+      for (size_t r = 0; r < world; ++r) {
+        for (const Slot& slot : (*layout)[r])
+          assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
+      }
+      start = packed(std::move(assign));
     }
-    if (!packed) continue;  // the greedy's own micro-steps fit: never here
-    const double worst = Improve(config, samples, position, m, assign, cost, work);
+    if (config.budget.model == grouping::CostModel::kPadded) {
+      if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
+        std::optional<Start> sorted = packed(std::move(*assign));
+        if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
+      }
+    }
+    if (!start) continue;
+    const double worst = Improve(config, samples, position, m, start->assign, start->cost, work);
     if (worst < best_cost) {
       best_cost = worst;
       Groups groups(world);
-      for (size_t r = 0; r < world; ++r) PackRank(config, samples, assign[r], m, work, &groups[r]);
+      for (size_t r = 0; r < world; ++r) PackRank(config, samples, start->assign[r], m, work, &groups[r]);
       best = std::move(groups);
     }
   }

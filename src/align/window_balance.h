@@ -56,10 +56,17 @@ size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t t
 // the budget allows up to the window's own, samples longest first go to the
 // rank whose sum grows least (among the kCandidateRanks least loaded that can
 // take them), into that rank's micro-step whose cost grows least and that
-// keeps the budget; then each rank's samples are packed the cheapest way into
-// its m micro-steps (runs of its length-sorted list, dynamic programming), and
-// samples are moved off the costliest rank, or exchanged with another's, while
-// that makes it cheaper. The cheapest layout wins, the planner's kept on ties.
+// keeps the budget; with a padded budget a second start cuts the window's
+// samples, sorted by length, into at most world x m runs with the least
+// padding (a padded micro-step of mixed lengths pays its longest on every
+// row; the greedy above mixes them, and often finds no layout with fewer
+// micro-steps) and deals the runs costliest first to the least loaded rank
+// with fewer than m. Each rank's samples are packed the cheapest way into
+// its m micro-steps (runs of its length-sorted list, dynamic programming);
+// the start whose slowest rank is cheaper is kept (the greedy's on ties),
+// and samples are moved off the costliest rank, or exchanged with another's,
+// while that makes it cheaper. The cheapest layout wins, the planner's kept
+// on ties.
 // Samples of equal lengths are then exchanged so that as many as possible stay
 // on their owner (no payload move), and each rank's micro-steps are ordered
 // costliest first (under FSDP every micro-step is a barrier: like costs meet);
