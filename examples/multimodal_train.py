@@ -719,7 +719,8 @@ def split_ids(n: int, args: Any) -> Tuple[List[int], List[int]]:
     return ids[:args.heldout], ids[args.heldout:]
 
 
-def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str) -> None:
+def rank_main(rank: int, world: int, args: Any, run_dir: str, out_path: str, parent: int) -> None:
+    tiny_lm.die_with_parent(parent)
     torch.set_num_threads(1)
     if args.device == "cpu" and args.malloc == "fixed":
         fix_malloc_thresholds()
@@ -1145,8 +1146,8 @@ def run(args: argparse.Namespace, keep_raw: bool = False) -> Dict[str, Any]:
     run_dir = tempfile.mkdtemp(prefix="odbmm-")
     out_path = os.path.join(run_dir, "raw.json")
     try:
-        mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path), nprocs=args.world_size,
-                           start_method="spawn")
+        mp.start_processes(rank_main, args=(args.world_size, args, run_dir, out_path, os.getpid()),
+                           nprocs=args.world_size, start_method="spawn")
         raw = json.loads(Path(out_path).read_text())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

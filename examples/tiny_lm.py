@@ -152,6 +152,25 @@ def daemon_config(max_tokens: int, seed: int = 1, **extra) -> dict:
         config.setdefault(key, {}).update(value) if isinstance(value, dict) else config.__setitem__(key, value)
     return config
 
+def die_with_parent(parent: int) -> None:
+    """This rank process gets SIGTERM when the job's main process `parent` dies, however it dies (SIGTERM,
+    SIGKILL, a closed terminal), and with it its odbd daemons (odb.spawn_daemon's PR_SET_PDEATHSIG) and
+    send workers (odb's pump). Without it a rank of a killed job trained on: nothing tells a spawned
+    process that its parent is gone (a rank that happened to start a DataLoader's workers then died of
+    the broken resource tracker; one in the middle of its steps did not). Call it first in the rank."""
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl: nobody would stop us
+        os._exit(1)
+
+
 def exit_rank() -> None:
     """A DDP rank process that finished leaves without the interpreter's finalization: torch 1.13 can hang
     there (the garbage collector at exit destroys a DDP Reducer, whose ProcessGroupGloo joins a thread that

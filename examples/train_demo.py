@@ -471,7 +471,8 @@ def replay_steps(rank: int, world: int, args, dataset, lengths, progress, ddp):
     return epoch_steps
 
 
-def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str) -> None:
+def rank_main(rank: int, world: int, args, run_dir: str, job_id: str, out_path: str, parent: int) -> None:
+    tiny_lm.die_with_parent(parent)
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), ODB_RUN_DIR=run_dir)
     device = torch.device("cpu")
@@ -852,7 +853,8 @@ def run_job(args):
     out = os.path.join(run_dir, "result.json")
     job_id = f"demo-{uuid.uuid4().hex[:10]}"
     try:
-        mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out), nprocs=args.world_size, join=True)
+        mp.spawn(rank_main, args=(args.world_size, args, run_dir, job_id, out, os.getpid()), nprocs=args.world_size,
+                 join=True)
     except mp.ProcessExitedException:
         if not args.kill_at_step:
             raise
