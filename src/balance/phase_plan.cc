@@ -523,7 +523,10 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     }
     return sum > 0 ? mx * count / sum : 1.0;
   };
-  const double allowed = std::max(config_.peak_ratio, ratio_of(rank_peak)) * (1 + 1e-12);
+  // The target is the ratio itself, also when the run so far is more uneven: a round that holds the
+  // highest peak can still bring it down (its step is capped until it is no longer the highest, or
+  // the ratio holds); one whose highest peak is from before stops at once (below).
+  const double allowed = config_.peak_ratio * (1 + 1e-12);
   std::vector<double> fraction(n, 1.0);
   std::vector<EncoderStepPlan> plans(n);
   std::vector<size_t> raised_at;  // per world rank: the step that set its run peak

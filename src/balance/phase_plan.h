@@ -196,7 +196,8 @@ struct EncoderPlanConfig {
   bool forecast_peaks = true;
   // peak_ratio over a round planned jointly (PlanRound): the round's steps
   // planned at their margin caps; while the ranks' run peaks after the round
-  // are more uneven than peak_ratio (and than before the round), the step
+  // are more uneven than peak_ratio (also when the run so far is more uneven
+  // than that: a round holding the highest peak can still lower it), the step
   // where the highest rank reached its peak gets the loosest lower cap (by
   // bisection between its floor and its margin cap, the round re-planned for
   // each) that keeps them within it; kept at the floor where that alone does

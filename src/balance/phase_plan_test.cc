@@ -463,6 +463,35 @@ EncoderPlanConfig UnitPeakRatioConfig() {
   return config;
 }
 
+TEST_CASE("EncoderStepPlanner's round_joint aims at peak_ratio also when the run so far is more uneven",
+          "[phase]") {
+  // Round 1: the LLM parts alone hold 60, 40, 40, 40 (max / mean 1.33: no
+  // encoder time can change it). Round 2, one step: the LLM parts hold 20
+  // each, one sample has an image (memory 35), every rank's a clip (10). Its
+  // time layout holds 65 on the image's rank: a new highest peak, though the
+  // ratio after it (65 / 51.25 = 1.27) is below the run's 1.33. Judged
+  // against the target 1.1 the step is capped at the job's peak (60): the
+  // image's rank sends its clip to another (the audio phase at 2x its
+  // balanced time, within memory_slack 1), the run's peaks end at 60, 55, 40,
+  // 40 (1.23). Judged against the run so far (the rule before) it kept 65.
+  EncoderPlanConfig config = UnitPeakRatioConfig();
+  config.round_joint = true;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  const std::vector<EncoderItem> uneven = {
+      {0, {60, 0, 0}}, {1, {40, 0, 0}}, {2, {40, 0, 0}}, {3, {40, 0, 0}}};
+  const std::vector<EncoderItem> media = {
+      {0, {20, 0, 10}}, {1, {20, 35, 10}}, {2, {20, 0, 10}}, {3, {20, 0, 10}}};
+  EncoderStepPlanner planner(config);
+  planner.PlanRound(std::vector<EncoderRoundStep>{{uneven, ranks}});
+  REQUIRE(planner.memory_peak() == 60.0);
+  const std::vector<EncoderStepPlan> plans = planner.PlanRound(std::vector<EncoderRoundStep>{{media, ranks}});
+  REQUIRE(plans.size() == 1);
+  CHECK(plans[0].vision.max_load == 35.0);
+  CHECK(planner.memory_peak() == 60.0);
+  CHECK(plans[0].audio.max_load == 20.0);
+  CHECK(plans[0].audio.order[plans[0].vision.slot_of[1].rank].empty());
+}
+
 TEST_CASE("EncoderStepPlanner's time_floor lets a phase spend on memory only what the job's steps saved",
           "[phase]") {
   // The peak-ratio case above (rank 0's clip moved off the image's rank: the
