@@ -199,45 +199,154 @@ WindowLayout OwnCounts(const UnequalConfig& config, const WindowLayout& window) 
   return out;
 }
 
-WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window, bool lpt_only) {
+namespace {
+
+// The window's samples, heaviest first (b-part plus attention; ties: longer first).
+std::vector<SampleLengths> AllSamples(const UnequalConfig& config, const WindowLayout& window) {
   std::vector<SampleLengths> all;
   for (const auto& rank : window) {
     for (const auto& s : rank) all.insert(all.end(), s.begin(), s.end());
   }
-  auto weight = [&](const SampleLengths& l) {
-    const double t = l.tokens;
-    return config.model.b * t + config.model.c * t * t;
-  };
-  std::stable_sort(all.begin(), all.end(), [&](const SampleLengths& x, const SampleLengths& y) {
-    return weight(x) > weight(y) || (weight(x) == weight(y) && x.tokens > y.tokens);
-  });
-  const size_t world = window.size();
-  std::vector<std::vector<SampleLengths>> dealt(world);
-  std::vector<double> load(world, 0.0);
-  for (const SampleLengths& l : all) {
-    const size_t r = std::min_element(load.begin(), load.end()) - load.begin();
-    dealt[r].push_back(l);
-    load[r] += weight(l);
+  std::stable_sort(all.begin(), all.end(),
+                   [](const SampleLengths& x, const SampleLengths& y) { return x.tokens > y.tokens; });
+  return all;
+}
+
+// A first layout of `samples` (longest first) within the budget: runs cut
+// where the next sample no longer fits.
+std::vector<std::vector<SampleLengths>> Runs(const UnequalConfig& config, const std::vector<SampleLengths>& samples) {
+  std::vector<std::vector<SampleLengths>> runs;
+  for (const SampleLengths& l : samples) {
+    if (!runs.empty()) {
+      runs.back().push_back(l);
+      if (Fits(config.budget, runs.back())) continue;
+      runs.back().pop_back();
+    }
+    runs.push_back({l});
   }
-  WindowLayout lpt(world);
-  for (size_t r = 0; r < world; ++r) {
-    // A first layout within the budget (each rank's samples longest first,
-    // cut where the next one no longer fits), one IDLE micro-step more so
-    // that the packing may also try one more micro-step; then PackRank.
-    std::vector<std::vector<SampleLengths>> start(1);
-    for (const SampleLengths& l : dealt[r]) {
-      start.back().push_back(l);
-      if (!Fits(config.budget, start.back()) && start.back().size() > 1) {
-        start.back().pop_back();
-        start.push_back({l});
+  return runs;
+}
+
+// Each rank's dealt micro-steps packed (PackRank), with one IDLE micro-step
+// more so that the packing may also try one more micro-step.
+WindowLayout PackAll(const UnequalConfig& config, std::vector<std::vector<std::vector<SampleLengths>>> dealt) {
+  WindowLayout out(dealt.size());
+  for (size_t r = 0; r < dealt.size(); ++r) {
+    dealt[r].emplace_back();
+    out[r] = PackRank(config, dealt[r]);
+  }
+  return out;
+}
+
+// Single moves off the slowest rank with unequal counts: a sample of the
+// slowest rank goes into the micro-step of another rank (or a new one there)
+// where the larger of the two ranks' sums is smallest, while that lowers the
+// slowest rank's sum (a rank whose last sample leaves keeps one IDLE
+// micro-step); each changed rank is packed again (PackRank). At most `limit`
+// moves.
+WindowLayout MoveOffSlowest(const UnequalConfig& config, WindowLayout w, int limit = 4096) {
+  const size_t world = w.size();
+  std::vector<double> sums(world);
+  for (size_t r = 0; r < world; ++r) sums[r] = RankSum(config, w[r]);
+  for (int move = 0; move < limit; ++move) {
+    const size_t slow = std::max_element(sums.begin(), sums.end()) - sums.begin();
+    double best = sums[slow];
+    size_t best_i = 0, best_j = 0, best_q = world, best_k = 0;
+    for (size_t i = 0; i < w[slow].size(); ++i) {
+      const double step_cost = MicroCost(config, w[slow][i]);
+      for (size_t j = 0; j < w[slow][i].size(); ++j) {
+        std::vector<SampleLengths> rest = w[slow][i];
+        const SampleLengths l = rest[j];
+        rest.erase(rest.begin() + j);
+        // An emptied micro-step is dropped unless it was the rank's only one.
+        const double rest_cost = rest.empty() && w[slow].size() > 1 ? 0.0 : MicroCost(config, rest);
+        const double slow_after = sums[slow] - step_cost + rest_cost;
+        if (slow_after >= best) continue;
+        for (size_t q = 0; q < world; ++q) {
+          if (q == slow || sums[q] >= best) continue;
+          // k == size: a new micro-step; an IDLE-only rank's step is filled.
+          for (size_t k = 0; k <= w[q].size(); ++k) {
+            std::vector<SampleLengths> to = k < w[q].size() ? w[q][k] : std::vector<SampleLengths>{};
+            const double before = k < w[q].size() ? MicroCost(config, to) : 0.0;
+            to.push_back(l);
+            if (!Fits(config.budget, to)) continue;
+            const double q_after = sums[q] - before + MicroCost(config, to);
+            const double worst = std::max(slow_after, q_after);
+            if (worst < best - 1e-9) {
+              best = worst;
+              best_i = i, best_j = j, best_q = q, best_k = k;
+            }
+          }
+        }
       }
     }
-    start.emplace_back();
-    lpt[r] = PackRank(config, start);
+    if (best_q == world) break;
+    const SampleLengths l = w[slow][best_i][best_j];
+    w[slow][best_i].erase(w[slow][best_i].begin() + best_j);
+    if (w[slow][best_i].empty() && w[slow].size() > 1) w[slow].erase(w[slow].begin() + best_i);
+    if (best_k == w[best_q].size()) {
+      // A new micro-step, unless the rank's only one is IDLE.
+      if (w[best_q].size() == 1 && w[best_q][0].empty()) {
+        w[best_q][0].push_back(l);
+      } else {
+        w[best_q].push_back({l});
+      }
+    } else {
+      w[best_q][best_k].push_back(l);
+    }
+    for (size_t r : {slow, best_q}) {
+      w[r] = PackRank(config, w[r]);
+      sums[r] = RankSum(config, w[r]);
+    }
   }
-  if (lpt_only) return lpt;
+  return w;
+}
+
+}  // namespace
+
+WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window, RedealMode mode) {
+  const size_t world = window.size();
+  const std::vector<SampleLengths> all = AllSamples(config, window);
+  WindowLayout best;
+  if (mode == RedealMode::kSamples || mode == RedealMode::kBest) {
+    // Samples LPT by their weight (longest first is heaviest first: the
+    // weight b t + c t^2 grows with t), then each rank's samples in runs.
+    auto weight = [&](const SampleLengths& l) {
+      const double t = l.tokens;
+      return config.model.b * t + config.model.c * t * t;
+    };
+    std::vector<std::vector<SampleLengths>> dealt(world);
+    std::vector<double> load(world, 0.0);
+    for (const SampleLengths& l : all) {
+      const size_t r = std::min_element(load.begin(), load.end()) - load.begin();
+      dealt[r].push_back(l);
+      load[r] += weight(l);
+    }
+    std::vector<std::vector<std::vector<SampleLengths>>> steps(world);
+    for (size_t r = 0; r < world; ++r) steps[r] = Runs(config, dealt[r]);
+    best = PackAll(config, std::move(steps));
+    if (mode == RedealMode::kSamples) return best;
+  }
+  if (mode == RedealMode::kSteps || mode == RedealMode::kBest) {
+    // The window's samples in length-sorted runs within the budget (padded
+    // micro-steps of like lengths), the runs dealt LPT by their cost.
+    std::vector<std::vector<SampleLengths>> runs = Runs(config, all);
+    std::vector<std::vector<std::vector<SampleLengths>>> steps(world);
+    std::vector<double> load(world, 0.0);
+    for (auto& run : runs) {  // longest first; costs fall roughly with them
+      const size_t r = std::min_element(load.begin(), load.end()) - load.begin();
+      load[r] += MicroCost(config, run);
+      steps[r].push_back(std::move(run));
+    }
+    WindowLayout by_steps = PackAll(config, std::move(steps));
+    if (mode == RedealMode::kSteps) return by_steps;
+    if (WindowTimeB(config, by_steps) < WindowTimeB(config, best)) best = std::move(by_steps);
+  }
+  if (mode == RedealMode::kMoves) return MoveOffSlowest(config, OwnCounts(config, window));
   WindowLayout own = OwnCounts(config, window);
-  return WindowTimeB(config, lpt) < WindowTimeB(config, own) ? lpt : own;
+  WindowLayout moved = MoveOffSlowest(config, own);
+  if (WindowTimeB(config, moved) < WindowTimeB(config, own)) own = std::move(moved);
+  return WindowTimeB(config, best) < WindowTimeB(config, own) ? best : own;
 }
 
 UnequalMetrics EvaluateUnequal(const TracedSchedule& traced, const UnequalConfig& config) {
@@ -263,14 +372,22 @@ UnequalMetrics EvaluateUnequal(const TracedSchedule& traced, const UnequalConfig
       for (size_t r = 0; r < world; ++r) w[r].push_back(traced.members[k][r]);
     }
     const WindowLayout own = OwnCounts(config, w);
-    const WindowLayout lpt = Redealt(config, w, /*lpt_only=*/true);
+    const WindowLayout by_samples = Redealt(config, w, RedealMode::kSamples);
+    const WindowLayout by_steps = Redealt(config, w, RedealMode::kSteps);
+    const WindowLayout& lpt =
+        WindowTimeB(config, by_steps) < WindowTimeB(config, by_samples) ? by_steps : by_samples;
+    const WindowLayout moved = MoveOffSlowest(config, own);
+    const double moved_t = WindowTimeB(config, moved);
+    m.moves_time += std::min(moved_t, WindowTimeB(config, own));
     const double own_t = WindowTimeB(config, own), lpt_t = WindowTimeB(config, lpt);
-    const WindowLayout& re = lpt_t < own_t ? lpt : own;
+    const WindowLayout& own_or_moved = moved_t < own_t ? moved : own;
+    const double om_t = std::min(moved_t, own_t);
+    const WindowLayout& re = lpt_t < om_t ? lpt : own_or_moved;
     ++m.windows;
     m.equal_time += WindowTimeB(config, w);
     m.own_time += own_t;
     m.lpt_time += lpt_t;
-    m.redealt_time += std::min(own_t, lpt_t);
+    m.redealt_time += std::min(om_t, lpt_t);
     m.own_differ += CountsDiffer(own);
     m.redealt_differ += CountsDiffer(re);
     m.equal_rank_steps += world * (end - begin);

@@ -15,9 +15,10 @@
 //     the rank's own), without IDLE micro-steps; a rank with no samples in the
 //     window runs one IDLE micro-step (the closing all-reduce).
 //   re-dealt: the window's samples dealt again over the ranks, longest
-//     processing time first (heaviest sample, by its compute b-part plus
-//     attention, to the least loaded rank), then packed per rank as above;
-//     per window the cheaper of this and own counts is kept.
+//     processing time first (samples, or length-sorted runs of them), then
+//     packed per rank as above, or own counts refined by single moves off
+//     the slowest rank (see Redealt); per window the cheapest of these and
+//     own counts is kept.
 //
 // Neither changes which samples a window holds (its optimizer step and exact
 // weights), only which rank computes them and in how many micro-steps, and
@@ -73,16 +74,27 @@ double WindowTimeB(const UnequalConfig& config, const WindowLayout& window);
 // Own counts (see above): each rank's samples packed into its own number of
 // micro-steps, at least one.
 WindowLayout OwnCounts(const UnequalConfig& config, const WindowLayout& window);
-// Re-dealt by LPT, packed per rank; only: the deal alone; otherwise the
-// cheaper under (b) of it and OwnCounts.
-WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window, bool lpt_only = false);
+// The window's samples dealt again over the ranks, then packed per rank
+// (PackRank: the window balance's packing, own counts): kSamples deals the
+// samples longest first to the rank with the least summed weight (b t +
+// c t^2, LPT), each rank's samples then cut into length-sorted runs within
+// the budget; kSteps cuts the window's samples, sorted by length, into runs
+// within the budget (padded micro-steps of like lengths, as the planner
+// fills them) and deals the runs LPT by their cost; kMoves starts from
+// OwnCounts and moves single samples off the slowest rank to another rank's
+// micro-step (or a new one) while that lowers the slowest rank's sum, each
+// changed rank packed again; kBest keeps the cheapest under (b) of these
+// and OwnCounts.
+enum class RedealMode { kBest, kSamples, kSteps, kMoves };
+WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window, RedealMode mode = RedealMode::kBest);
 
 struct UnequalMetrics {
   uint64_t windows = 0;
   double equal_time = 0.0;    // T_b of the schedule as planned (equal counts): Evaluate's window_time
   double own_time = 0.0;      // T_b with own counts
   double redealt_time = 0.0;  // T_b re-dealt (the cheaper of LPT and own counts per window)
-  double lpt_time = 0.0;      // T_b with the LPT deal alone
+  double lpt_time = 0.0;      // T_b with the cheaper LPT deal alone (samples or runs), without own counts
+  double moves_time = 0.0;    // T_b with own counts and single moves off the slowest rank
   uint64_t own_differ = 0;    // windows whose ranks' micro-step counts differ
   uint64_t redealt_differ = 0;
   uint64_t equal_rank_steps = 0, own_rank_steps = 0, redealt_rank_steps = 0;
