@@ -399,6 +399,45 @@ UnequalMetrics EvaluateUnequal(const TracedSchedule& traced, const UnequalConfig
       m.redealt_rank_steps += rank.size();
       m.redealt_idle_rank_steps += rank.size() == 1 && rank[0].empty();
     }
+    // No layout of this window's samples on W ranks, whatever the counts,
+    // beats its own bound (T_b,w >= the mean rank's sum >= the window's
+    // padded / any-layout optimum over W; and see below).
+    std::vector<SampleLengths> samples;
+    for (const auto& rank : w) {
+      for (const auto& s : rank) samples.insert(samples.end(), s.begin(), s.end());
+    }
+    if (!samples.empty()) {
+      const Bounds b = LowerBounds(samples, config.budget, config.model, static_cast<int>(world));
+      // And some rank runs at least ceil(G_min / W) micro-steps (G_min: the
+      // bin-packing bound on the window's non-IDLE rank-steps), each >= a.
+      const double steps = static_cast<double>((b.min_rank_steps + world - 1) / world);
+      double bound = std::max(config.budget.model == grouping::CostModel::kPacked ? b.any_layout : b.padded,
+                              steps * config.model.a);
+      // Two micro-steps: when one micro-step per rank cannot hold the window
+      // (G_min > W), the s >= 1 ranks that run two or more carry all the
+      // compute the one-step ranks cannot. With a linear model (m = 0: a
+      // step costs a' + b p + c sum l^2, a' = a + b k), the compute is at
+      // least X = b R + c Q (R real tokens, Q their squares: padding only
+      // adds) and a one-step rank carries at most X1 = b L + c L l_max; so
+      // some rank costs >= 2 a' + (X - (W - s) X1) / s, whose least over
+      // s in [1, W] is at s = W when X >= W X1 and at s = 1 otherwise.
+      if (config.model.m == 0 && b.min_rank_steps > world) {
+        double real = 0, sq = 0, longest = 0;
+        for (const SampleLengths& l : samples) {
+          real += l.tokens;
+          sq += static_cast<double>(l.tokens) * l.tokens;
+          longest = std::max(longest, static_cast<double>(l.tokens));
+        }
+        const double a1 = config.model.a + config.model.b * config.model.k;
+        const double x = config.model.b * real + config.model.c * sq;
+        const double l_max = static_cast<double>(config.budget.max_tokens);
+        const double x1 = config.model.b * l_max + config.model.c * l_max * longest;
+        const double w_ranks = static_cast<double>(world);
+        const double rest = x >= w_ranks * x1 ? x / w_ranks : x - (w_ranks - 1) * x1;
+        bound = std::max(bound, 2 * a1 + std::max(0.0, rest));
+      }
+      m.per_window_bound += bound;
+    }
     tally(0, w);
     tally(1, own);
     tally(2, re);

@@ -95,6 +95,13 @@ struct UnequalMetrics {
   double redealt_time = 0.0;  // T_b re-dealt (the cheaper of LPT and own counts per window)
   double lpt_time = 0.0;      // T_b with the cheaper LPT deal alone (samples or runs), without own counts
   double moves_time = 0.0;    // T_b with own counts and single moves off the slowest rank
+  // Sum over windows of the largest of the padded bound (any-layout for a
+  // packed budget) of the window's own samples on W ranks, ceil(G_min / W) x
+  // a (G_min: the bin-packing bound on its rank-steps; some rank runs that
+  // many) and, for a linear model, the two-micro-step bound (EvaluateUnequal):
+  // no schedule of these windows, with any micro-step counts, is faster
+  // under (b).
+  double per_window_bound = 0.0;
   uint64_t own_differ = 0;    // windows whose ranks' micro-step counts differ
   uint64_t redealt_differ = 0;
   uint64_t equal_rank_steps = 0, own_rank_steps = 0, redealt_rank_steps = 0;
