@@ -415,13 +415,14 @@ UnequalMetrics EvaluateUnequal(const TracedSchedule& traced, const UnequalConfig
                               steps * config.model.a);
       // Two micro-steps: when one micro-step per rank cannot hold the window
       // (G_min > W), the s >= 1 ranks that run two or more carry all the
-      // compute the one-step ranks cannot. With a linear model (m = 0: a
-      // step costs a' + b p + c sum l^2, a' = a + b k), the compute is at
-      // least X = b R + c Q (R real tokens, Q their squares: padding only
-      // adds) and a one-step rank carries at most X1 = b L + c L l_max; so
-      // some rank costs >= 2 a' + (X - (W - s) X1) / s, whose least over
-      // s in [1, W] is at s = W when X >= W X1 and at s = 1 otherwise.
-      if (config.model.m == 0 && b.min_rank_steps > world) {
+      // compute the one-step ranks cannot. A step costs at least a' + b p +
+      // c sum l^2 (a' = a + b k; the floor m only adds), so with x = b p +
+      // c sum l^2 per step the ranks' x add up to at least X = b R + c Q (R
+      // real tokens, Q their squares: padding only adds), a one-step rank's
+      // x is at most X1 = b L + c L l_max, and some rank costs >= 2 a' + (X -
+      // (W - s) X1) / s, whose least over s in [1, W] is at s = W when X >=
+      // W X1 and at s = 1 otherwise.
+      if (b.min_rank_steps > world) {
         double real = 0, sq = 0, longest = 0;
         for (const SampleLengths& l : samples) {
           real += l.tokens;

@@ -98,7 +98,7 @@ struct UnequalMetrics {
   // Sum over windows of the largest of the padded bound (any-layout for a
   // packed budget) of the window's own samples on W ranks, ceil(G_min / W) x
   // a (G_min: the bin-packing bound on its rank-steps; some rank runs that
-  // many) and, for a linear model, the two-micro-step bound (EvaluateUnequal):
+  // many) and the two-micro-step bound (EvaluateUnequal):
   // no schedule of these windows, with any micro-step counts, is faster
   // under (b).
   double per_window_bound = 0.0;
