@@ -158,9 +158,10 @@ int Main(const Options& o) {
         "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
         "short_windows,mean_window_over_target,max_window_over_target,idle_share,window_bound_seconds,"
         "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance,partition_ranks,"
-        "partitioned_windows,windows_under_90,uneq_equal_seconds,uneq_own_seconds,uneq_redealt_seconds,uneq_lpt_"
-        "seconds,uneq_own_differ,uneq_redealt_differ,uneq_equal_rank_steps,uneq_own_rank_steps,uneq_redealt_rank_"
-        "steps,uneq_own_idle,uneq_redealt_idle,uneq_moves_seconds,uneq_per_window_bound_seconds\n");
+        "partitioned_windows,windows_under_90,uneq_equal_seconds,uneq_own_seconds,uneq_redealt_seconds,"
+        "uneq_lpt_seconds,uneq_own_differ,uneq_redealt_differ,uneq_equal_rank_steps,uneq_own_rank_steps,"
+        "uneq_redealt_rank_steps,uneq_own_idle,uneq_redealt_idle,uneq_moves_seconds,"
+        "uneq_per_window_bound_seconds\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -337,13 +338,13 @@ int Main(const Options& o) {
     auto uneq_cells = [](const UnequalMetrics* u) {
       if (u == nullptr) return std::string(",,,,,,,,,,,,");
       char cells[512];
-      std::snprintf(cells, sizeof cells, "%.9g,%.9g,%.9g,%.9g,%lu,%lu,%lu,%lu,%lu,%lu,%lu,%.9g,%.9g", u->equal_time,
-                    u->own_time, u->redealt_time, u->lpt_time, static_cast<unsigned long>(u->own_differ),
-                    static_cast<unsigned long>(u->redealt_differ), static_cast<unsigned long>(u->equal_rank_steps),
-                    static_cast<unsigned long>(u->own_rank_steps), static_cast<unsigned long>(u->redealt_rank_steps),
-                    static_cast<unsigned long>(u->own_idle_rank_steps),
-                    static_cast<unsigned long>(u->redealt_idle_rank_steps), u->moves_time,
-                    u->per_window_bound);
+      std::snprintf(
+          cells, sizeof cells, "%.9g,%.9g,%.9g,%.9g,%lu,%lu,%lu,%lu,%lu,%lu,%lu,%.9g,%.9g", u->equal_time,
+          u->own_time, u->redealt_time, u->lpt_time, static_cast<unsigned long>(u->own_differ),
+          static_cast<unsigned long>(u->redealt_differ), static_cast<unsigned long>(u->equal_rank_steps),
+          static_cast<unsigned long>(u->own_rank_steps), static_cast<unsigned long>(u->redealt_rank_steps),
+          static_cast<unsigned long>(u->own_idle_rank_steps),
+          static_cast<unsigned long>(u->redealt_idle_rank_steps), u->moves_time, u->per_window_bound);
       return std::string(cells);
     };
     // One run's table row and CSV row; checks the bounds under both time
@@ -385,7 +386,8 @@ int Main(const Options& o) {
         for (double t : {u->own_time, u->redealt_time, u->lpt_time, u->moves_time, u->equal_time}) {
           if (t > 0 && (bound_b / t > 1 + slack || wb.per_window / t > 1 + slack ||
                         u->per_window_bound / t > 1 + slack)) {
-            std::fprintf(stderr, "batching_sim: BOUND VIOLATED: %s (windows %s, unequal counts) on %s: %.9g\n",
+            std::fprintf(stderr,
+                         "batching_sim: BOUND VIOLATED: %s (windows %s, unequal counts) on %s: %.9g\n",
                          p.c_str(), target.c_str(), trace->name.c_str(), t);
             ++violations;
           }
@@ -396,11 +398,11 @@ int Main(const Options& o) {
           ++violations;
         }
         std::snprintf(line, sizeof line,
-                      "| %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %lu / %lu / %lu | %.1f%% / %.1f%% | %lu |\n",
+                      "| %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %lu / %lu / %lu | %.1f%% / "
+                      "%.1f%% | %lu |\n",
                       p.c_str(), target.c_str(), bound_b / u->equal_time, bound_b / u->own_time,
                       bound_b / u->moves_time, bound_b / u->redealt_time, bound_b / u->lpt_time,
-                      bound_b / u->per_window_bound,
-                      static_cast<unsigned long>(u->equal_rank_steps),
+                      bound_b / u->per_window_bound, static_cast<unsigned long>(u->equal_rank_steps),
                       static_cast<unsigned long>(u->own_rank_steps),
                       static_cast<unsigned long>(u->redealt_rank_steps),
                       u->windows ? 100.0 * u->own_differ / u->windows : 0.0,
@@ -478,19 +480,24 @@ int Main(const Options& o) {
              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
              << window_table.str();
       if (o.unequal_microsteps) {
-        tables << "\nUnequal micro-step counts in a window (--unequal-microsteps, time model (b) only): the "
-                  "windows above re-evaluated with each rank's samples packed into its own number of "
-                  "micro-steps (>= 1), own counts with single moves off the slowest rank, and re-dealt over the "
-                  "ranks (LPT of samples or of length-sorted runs, then the same packing; per window the "
-                  "cheapest of these, own counts and the moves). Ceiling: the bound over the sum over windows of the "
-                  "larger of the padded (any-layout) bound of each window's own samples on W ranks and "
-                  "ceil(G_min / W) a, which no layout of these windows beats, whatever its counts. Fractions of the padded bound (any-layout for "
-                  "packed).\n\n"
-               << "| policy | window target | equal counts (b) | own counts (b) | own + moves (b) | re-dealt (b) | LPT alone (b) "
-                  "| ceiling: these windows' samples, any counts "
-                  "| rank-steps equal / own / re-dealt | windows with unequal counts, own / re-dealt | windows |\n"
-               << "|---|---|---|---|---|---|---|---|---|---|---|\n"
-               << unequal_table.str();
+        tables
+            << "\nUnequal micro-step counts in a window (--unequal-microsteps, time model (b) only): the "
+               "windows above re-evaluated with each rank's samples packed into its own number of "
+               "micro-steps (>= 1), own counts with single moves off the slowest rank, and re-dealt over the "
+               "ranks (LPT of samples or of length-sorted runs, then the same packing; per window the "
+               "cheapest of these, own counts and the moves). Ceiling: the bound over the sum over windows "
+               "of the "
+               "larger of the padded (any-layout) bound of each window's own samples on W ranks and "
+               "ceil(G_min / W) a, which no layout of these windows beats, whatever its counts. Fractions of "
+               "the padded bound (any-layout for "
+               "packed).\n\n"
+            << "| policy | window target | equal counts (b) | own counts (b) | own + moves (b) | re-dealt "
+               "(b) | LPT alone (b) "
+               "| ceiling: these windows' samples, any counts "
+               "| rank-steps equal / own / re-dealt | windows with unequal counts, own / re-dealt | windows "
+               "|\n"
+            << "|---|---|---|---|---|---|---|---|---|---|---|\n"
+            << unequal_table.str();
       }
     }
   }

@@ -10,8 +10,8 @@
 
 namespace odb::bench {
 
-absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy, const std::vector<SampleLengths>& arrival,
-                                            const SimConfig& cfg) {
+absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy,
+                                            const std::vector<SampleLengths>& arrival, const SimConfig& cfg) {
   absl::StatusOr<PolicySpec> parsed = ParsePolicy(policy);
   if (!parsed.ok()) return parsed.status();
   const PolicySpec& spec = *parsed;
@@ -70,16 +70,19 @@ absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy, const std
     state.ranks.resize(world);
     for (int r = 0; r < world; ++r) {
       const size_t fill = spec.deterministic ? window + 1 : window;
-      while (pending[r].size() < fill && next[r] < shares[r].size()) pending[r].push_back(shares[r][next[r]++]);
+      while (pending[r].size() < fill && next[r] < shares[r].size())
+        pending[r].push_back(shares[r][next[r]++]);
       align::RankRound& rr = state.ranks[r];
       rr.pending = pending[r];
       rr.free_slots = free_slots;
-      rr.stream_finished = next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
+      rr.stream_finished =
+          next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
       rr.wait_rounds = wait_rounds;
     }
     align::RoundPlan plan = planner->Plan(state);
     const uint32_t planned = plan.num_steps;
-    if (absl::Status s = ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance, state, plan, windows);
+    if (absl::Status s =
+            ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance, state, plan, windows);
         !s.ok()) {
       return s;
     }
@@ -214,7 +217,8 @@ std::vector<SampleLengths> AllSamples(const UnequalConfig& config, const WindowL
 
 // A first layout of `samples` (longest first) within the budget: runs cut
 // where the next sample no longer fits.
-std::vector<std::vector<SampleLengths>> Runs(const UnequalConfig& config, const std::vector<SampleLengths>& samples) {
+std::vector<std::vector<SampleLengths>> Runs(const UnequalConfig& config,
+                                             const std::vector<SampleLengths>& samples) {
   std::vector<std::vector<SampleLengths>> runs;
   for (const SampleLengths& l : samples) {
     if (!runs.empty()) {
@@ -229,7 +233,8 @@ std::vector<std::vector<SampleLengths>> Runs(const UnequalConfig& config, const 
 
 // Each rank's dealt micro-steps packed (PackRank), with one IDLE micro-step
 // more so that the packing may also try one more micro-step.
-WindowLayout PackAll(const UnequalConfig& config, std::vector<std::vector<std::vector<SampleLengths>>> dealt) {
+WindowLayout PackAll(const UnequalConfig& config,
+                     std::vector<std::vector<std::vector<SampleLengths>>> dealt) {
   WindowLayout out(dealt.size());
   for (size_t r = 0; r < dealt.size(); ++r) {
     dealt[r].emplace_back();

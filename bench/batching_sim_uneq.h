@@ -51,7 +51,8 @@ struct TracedSchedule {
 // simulation as bench/policies.cc RunOdb (a copy of its loop: RunOdb is not
 // exported and RankStep carries no lengths); policies_test checks that the
 // schedules are identical. Partitioned windows are not supported.
-absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy, const std::vector<SampleLengths>& arrival,
+absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy,
+                                            const std::vector<SampleLengths>& arrival,
                                             const SimConfig& config);
 
 // One window: layout[r][i] = the lengths rank r computes in its i-th
@@ -86,7 +87,8 @@ WindowLayout OwnCounts(const UnequalConfig& config, const WindowLayout& window);
 // changed rank packed again; kBest keeps the cheapest under (b) of these
 // and OwnCounts.
 enum class RedealMode { kBest, kSamples, kSteps, kMoves };
-WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window, RedealMode mode = RedealMode::kBest);
+WindowLayout Redealt(const UnequalConfig& config, const WindowLayout& window,
+                     RedealMode mode = RedealMode::kBest);
 
 struct UnequalMetrics {
   uint64_t windows = 0;
@@ -102,7 +104,7 @@ struct UnequalMetrics {
   // no schedule of these windows, with any micro-step counts, is faster
   // under (b).
   double per_window_bound = 0.0;
-  uint64_t own_differ = 0;    // windows whose ranks' micro-step counts differ
+  uint64_t own_differ = 0;  // windows whose ranks' micro-step counts differ
   uint64_t redealt_differ = 0;
   uint64_t equal_rank_steps = 0, own_rank_steps = 0, redealt_rank_steps = 0;
   uint64_t own_idle_rank_steps = 0, redealt_idle_rank_steps = 0;

@@ -534,8 +534,8 @@ TEST_CASE("unequal micro-steps: the same schedule, every sample once, T_b never 
     tokens += s.tokens;
     sq += static_cast<double>(s.tokens) * s.tokens;
   }
-  for (const std::string p : {"odb:global:q32:w64:paced16:full:mixsteps", "odb:global:q32:w64:paced16:full:packed",
-                              "odb:local:q32:w64:paced"}) {
+  for (const std::string p : {"odb:global:q32:w64:paced16:full:mixsteps",
+                              "odb:global:q32:w64:paced16:full:packed", "odb:local:q32:w64:paced"}) {
     for (const char* target : {"1m", "16s"}) {
       INFO(p << ", windows " << target);
       SimConfig cfg;
