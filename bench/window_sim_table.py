@@ -19,6 +19,14 @@ With --partition-ranks P the global odb policies plan in blocks of P ranks (CSVs
       --models default_tokens --traces chat_longtail --targets 4m,16m
   /usr/bin/python3 bench/window_sim_table.py --partition-table /tmp/p/win_*.csv
 
+With --unequal-microsteps, batching_sim --unequal-microsteps (CSVs *_uneq) and the table of unequal micro-step
+counts per window (own counts, own + moves, re-dealt, the ceiling for any counts; docs/benchmarks.md, "Unequal
+micro-step counts"); --unequal-table prints it from such CSVs:
+
+  /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/u --models default_tokens --targets 1m \
+      --unequal-microsteps
+  /usr/bin/python3 bench/window_sim_table.py --unequal-table bench/results/windows/s24_uneq/win_*_w8_uneq.csv
+
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
