@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/batching_sim_uneq.h"
 #include "bench/policies.h"
 #include "bench/trace.h"
 
@@ -51,6 +52,7 @@ struct Options {
   double window_spread = align::PlannerConfig{}.window_spread;
   uint32_t partition_ranks = 0;      // --partition-ranks: blocks of the global odb policies
   bool partitioned_windows = false;  // --partitioned-windows: windows as a partitioned daemon cuts them
+  bool unequal_microsteps = false;   // --unequal-microsteps: windowed runs re-evaluated with own counts
   std::string csv, md, steps_csv, stats_csv, ranks_csv, save_traces_dir;
 };
 
@@ -156,7 +158,10 @@ int Main(const Options& o) {
         "bound,window_target,window_tokens,window_seconds,of_bound_window,of_padded_bound_window,windows,"
         "short_windows,mean_window_over_target,max_window_over_target,idle_share,window_bound_seconds,"
         "window_bound_window_seconds,of_window_bound,of_window_bound_window,window_balance,partition_ranks,"
-        "partitioned_windows,windows_under_90\n");
+        "partitioned_windows,windows_under_90,uneq_equal_seconds,uneq_own_seconds,uneq_redealt_seconds,"
+        "uneq_lpt_seconds,uneq_own_differ,uneq_redealt_differ,uneq_equal_rank_steps,uneq_own_rank_steps,"
+        "uneq_redealt_rank_steps,uneq_own_idle,uneq_redealt_idle,uneq_moves_seconds,"
+        "uneq_per_window_bound_seconds\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -234,12 +239,25 @@ int Main(const Options& o) {
 
     // Runs of the windowed policies, by policy and target (in `targets` order).
     std::map<std::string, std::vector<Metrics>> windowed;
+    // --unequal-microsteps: the windowed runs re-evaluated (batching_sim_uneq.h), same order.
+    std::map<std::string, std::vector<UnequalMetrics>> unequal;
     std::map<std::string, Metrics> results;
     for (const std::string& p : policies) {
       for (size_t ti_w = 0; ti_w <= (TakesWindows(p) ? targets.size() : 0); ++ti_w) {
         SimConfig run_cfg = cfg;
         run_cfg.window_tokens = ti_w == 0 ? 0 : targets[ti_w - 1].Tokens(arrival, o.world, o.max_tokens);
-        auto schedule = RunPolicy(p, arrival, run_cfg);
+        // With --unequal-microsteps the windowed odb runs keep each rank step's samples (the same
+        // schedule: policies_test checks it).
+        const bool traced = o.unequal_microsteps && ti_w > 0;
+        absl::StatusOr<TracedSchedule> traced_schedule =
+            traced ? RunOdbTraced(p, arrival, run_cfg) : absl::StatusOr<TracedSchedule>(TracedSchedule{});
+        if (!traced_schedule.ok()) {
+          std::fprintf(stderr, "batching_sim: %s on %s: %s\n", p.c_str(), trace->name.c_str(),
+                       std::string(traced_schedule.status().message()).c_str());
+          return 3;
+        }
+        auto schedule = traced ? absl::StatusOr<Schedule>(std::move(traced_schedule->schedule))
+                               : RunPolicy(p, arrival, run_cfg);
         if (!schedule.ok()) {
           std::fprintf(stderr, "batching_sim: %s on %s: %s\n", p.c_str(), trace->name.c_str(),
                        std::string(schedule.status().message()).c_str());
@@ -268,6 +286,28 @@ int Main(const Options& o) {
                          static_cast<unsigned long>(m.samples), arrival.size());
             return 4;
           }
+          if (traced) {
+            UnequalConfig uc;
+            uc.model = cfg.model;
+            uc.budget = cfg.budget;
+            if (IsPackedPolicy(p)) uc.budget.model = grouping::CostModel::kPacked;
+            traced_schedule->schedule = std::move(*schedule);
+            UnequalMetrics u = EvaluateUnequal(*traced_schedule, uc);
+            for (int i : {1, 2}) {
+              if (u.samples[i] != u.samples[0] || u.tokens[i] != u.tokens[0] || u.sum_sq[i] != u.sum_sq[0] ||
+                  u.samples[0] != arrival.size()) {
+                std::fprintf(stderr, "batching_sim: unequal micro-steps lost samples: %s on %s\n", p.c_str(),
+                             trace->name.c_str());
+                return 4;
+              }
+            }
+            if (std::abs(u.equal_time - m.window_time) > 1e-9 * m.window_time) {
+              std::fprintf(stderr, "batching_sim: unequal micro-steps: equal-count time %.9g != %.9g\n",
+                           u.equal_time, m.window_time);
+              return 4;
+            }
+            unequal[p].push_back(u);
+          }
           windowed[p].push_back(std::move(m));
           continue;
         }
@@ -294,10 +334,24 @@ int Main(const Options& o) {
               "over-budget rank-steps | max/mean rank cost |\n"
            << "|---|---|---|---|---|---|---|---|---|---|\n";
     std::ostringstream window_table;  // the odb policies with and without windows
+    std::ostringstream unequal_table;  // --unequal-microsteps
+    auto uneq_cells = [](const UnequalMetrics* u) {
+      if (u == nullptr) return std::string(",,,,,,,,,,,,");
+      char cells[512];
+      std::snprintf(
+          cells, sizeof cells, "%.9g,%.9g,%.9g,%.9g,%lu,%lu,%lu,%lu,%lu,%lu,%lu,%.9g,%.9g", u->equal_time,
+          u->own_time, u->redealt_time, u->lpt_time, static_cast<unsigned long>(u->own_differ),
+          static_cast<unsigned long>(u->redealt_differ), static_cast<unsigned long>(u->equal_rank_steps),
+          static_cast<unsigned long>(u->own_rank_steps), static_cast<unsigned long>(u->redealt_rank_steps),
+          static_cast<unsigned long>(u->own_idle_rank_steps),
+          static_cast<unsigned long>(u->redealt_idle_rank_steps), u->moves_time, u->per_window_bound);
+      return std::string(cells);
+    };
     // One run's table row and CSV row; checks the bounds under both time
     // models (they hold for every schedule within the budget: a fraction
     // above 1 is a bug in a bound or in a policy, never a result).
-    auto report = [&](const std::string& p, const Metrics& m, const std::string& target, uint64_t tokens) {
+    auto report = [&](const std::string& p, const Metrics& m, const std::string& target, uint64_t tokens,
+                      const UnequalMetrics* u = nullptr) {
       const double sps = m.samples_per_s();
       const double vs_std = standard > 0 ? sps / standard : 0.0;
       const double of_bound = m.time > 0 ? bounds.any_layout / m.time : 0.0;
@@ -324,6 +378,37 @@ int Main(const Options& o) {
             p.c_str(), target.c_str(), trace->name.c_str(), m.time, m.window_time, bounds.any_layout,
             bounds.largest_sample, bounds.padded, wb.synchronous, wb.per_window);
         ++violations;
+      }
+      if (u != nullptr) {
+        // Unequal counts are schedules of the same samples with every rank >= 1 micro-step per window:
+        // the bounds under (b) hold for them too (batching_sim_uneq.h).
+        const double bound_b = padded_policy ? bounds.padded : bounds.any_layout;
+        for (double t : {u->own_time, u->redealt_time, u->lpt_time, u->moves_time, u->equal_time}) {
+          if (t > 0 && (bound_b / t > 1 + slack || wb.per_window / t > 1 + slack ||
+                        u->per_window_bound / t > 1 + slack)) {
+            std::fprintf(stderr,
+                         "batching_sim: BOUND VIOLATED: %s (windows %s, unequal counts) on %s: %.9g\n",
+                         p.c_str(), target.c_str(), trace->name.c_str(), t);
+            ++violations;
+          }
+        }
+        if (u->own_time > u->equal_time * (1 + 1e-12) || u->redealt_time > u->own_time * (1 + 1e-12)) {
+          std::fprintf(stderr, "batching_sim: unequal counts raised T_b: %s (windows %s) on %s\n", p.c_str(),
+                       target.c_str(), trace->name.c_str());
+          ++violations;
+        }
+        std::snprintf(line, sizeof line,
+                      "| %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %lu / %lu / %lu | %.1f%% / "
+                      "%.1f%% | %lu |\n",
+                      p.c_str(), target.c_str(), bound_b / u->equal_time, bound_b / u->own_time,
+                      bound_b / u->moves_time, bound_b / u->redealt_time, bound_b / u->lpt_time,
+                      bound_b / u->per_window_bound, static_cast<unsigned long>(u->equal_rank_steps),
+                      static_cast<unsigned long>(u->own_rank_steps),
+                      static_cast<unsigned long>(u->redealt_rank_steps),
+                      u->windows ? 100.0 * u->own_differ / u->windows : 0.0,
+                      u->windows ? 100.0 * u->redealt_differ / u->windows : 0.0,
+                      static_cast<unsigned long>(u->windows));
+        unequal_table << line;
       }
       auto padded_cell = [&](double v) {
         char cell[32] = "n/a";
@@ -354,7 +439,7 @@ int Main(const Options& o) {
         std::fprintf(
             csv,
             "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
-            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d,%lu\n",
+            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d,%lu,%s\n",
             trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
             static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
             static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
@@ -365,14 +450,15 @@ int Main(const Options& o) {
             static_cast<unsigned long>(m.short_windows), m.mean_window_over_target, m.max_window_over_target,
             m.idle_share(), wb.synchronous, wb.per_window, of_window_bound, of_window_bound_w,
             cfg.window_balance ? 1 : 0, cfg.partition_ranks, cfg.partitioned_windows ? 1 : 0,
-            static_cast<unsigned long>(m.windows_under_90));
+            static_cast<unsigned long>(m.windows_under_90), uneq_cells(u).c_str());
       }
     };
     for (const std::string& p : policies) {
       const Metrics& m = results[p];
       report(p, m, "0", 0);
       for (size_t i = 0; i < windowed[p].size(); ++i) {
-        report(p, windowed[p][i], targets[i].Spelling(), targets[i].Tokens(arrival, o.world, o.max_tokens));
+        report(p, windowed[p][i], targets[i].Spelling(), targets[i].Tokens(arrival, o.world, o.max_tokens),
+               unequal.count(p) ? &unequal[p][i] : nullptr);
       }
       if (steps_csv) {
         for (size_t k = 0; k < m.step_costs.size(); ++k) {
@@ -393,6 +479,26 @@ int Main(const Options& o) {
                 "| windows | mean window / target | max window / target |\n"
              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
              << window_table.str();
+      if (o.unequal_microsteps) {
+        tables
+            << "\nUnequal micro-step counts in a window (--unequal-microsteps, time model (b) only): the "
+               "windows above re-evaluated with each rank's samples packed into its own number of "
+               "micro-steps (>= 1), own counts with single moves off the slowest rank, and re-dealt over the "
+               "ranks (LPT of samples or of length-sorted runs, then the same packing; per window the "
+               "cheapest of these, own counts and the moves). Ceiling: the bound over the sum over windows "
+               "of the "
+               "larger of the padded (any-layout) bound of each window's own samples on W ranks and "
+               "ceil(G_min / W) a, which no layout of these windows beats, whatever its counts. Fractions of "
+               "the padded bound (any-layout for "
+               "packed).\n\n"
+            << "| policy | window target | equal counts (b) | own counts (b) | own + moves (b) | re-dealt "
+               "(b) | LPT alone (b) "
+               "| ceiling: these windows' samples, any counts "
+               "| rank-steps equal / own / re-dealt | windows with unequal counts, own / re-dealt | windows "
+               "|\n"
+            << "|---|---|---|---|---|---|---|---|---|---|---|\n"
+            << unequal_table.str();
+      }
     }
   }
   md << "Traces (measured):\n\n" << stats_md.str() << tables.str();
@@ -434,6 +540,9 @@ int main(int argc, char** argv) {
       "--partitioned-windows", o.partitioned_windows,
       "with --partition-ranks and --window-tokens: windows as a partitioned daemon cuts and balances "
       "them (align::PartitionedWindows, align::BalanceBlockWindows) instead of whole-job windows");
+  app.add_flag("--unequal-microsteps", o.unequal_microsteps,
+               "re-evaluate the windowed odb runs with unequal micro-step counts per rank (DDP no_sync; time "
+               "model (b); simulator only): own counts and re-dealt (bench/batching_sim_uneq.h)");
   app.add_option("--csv", o.csv, "per trace x policy results");
   app.add_option("--md", o.md, "markdown report");
   app.add_option("--steps-csv", o.steps_csv, "slowest-rank cost of every step");
@@ -446,6 +555,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (o.world < 1) {
     std::fprintf(stderr, "batching_sim: --world must be >= 1\n");
+    return 2;
+  }
+  if (o.unequal_microsteps && o.partitioned_windows) {
+    std::fprintf(stderr, "batching_sim: --unequal-microsteps does not support --partitioned-windows\n");
     return 2;
   }
   if (o.partitioned_windows && o.partition_ranks == 0) {

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "bench/batching_sim_uneq.h"
 #include "bench/bound.h"
 #include "bench/trace.h"
 #include "src/balance/global_planner.h"
@@ -471,6 +472,135 @@ TEST_CASE("partitioned planning ends an epoch with one short window, as a whole 
           CHECK(under == 0);
           CHECK(flagged <= 1);
           CHECK(windows.back() < cfg.window_tokens + cfg.window_tokens / 10);
+        }
+      }
+    }
+  }
+}
+
+// A window from token counts: t[rank][micro-step] = the samples' lengths.
+WindowLayout Layout(const std::vector<std::vector<std::vector<uint32_t>>>& t) {
+  WindowLayout w(t.size());
+  for (size_t r = 0; r < t.size(); ++r) {
+    for (const auto& step : t[r]) {
+      w[r].emplace_back();
+      for (uint32_t len : step) w[r].back().push_back(SampleLengths{len});
+    }
+  }
+  return w;
+}
+
+TEST_CASE("unequal micro-steps: own counts, re-deals and moves by hand", "[policies][windows][uneq]") {
+  // Default model: a = 512, b = 1, padded budget 4096. Rank 0 runs two
+  // micro-steps of 2000 tokens, rank 1 one of 4000 and an IDLE one: equal
+  // counts cost 2 x 2512 = 512 + 4000 + 512 = 5024 on both ranks. Each rank
+  // on its own packs into one micro-step (2 x 2000 <= 4096; IDLE dropped):
+  // 4512.
+  UnequalConfig uc;
+  const WindowLayout w = Layout({{{2000}, {2000}}, {{4000}, {}}});
+  CHECK(WindowTimeB(uc, w) == 5024);
+  const WindowLayout own = OwnCounts(uc, w);
+  CHECK(WindowTimeB(uc, own) == 4512);
+  CHECK(own[0].size() == 1);
+  CHECK(own[1].size() == 1);
+  // Two 4000s on rank 0 (no micro-step holds both), rank 1 one sample of
+  // 100: own counts leave 2 x 4512 on rank 0; a move gives rank 1 a second
+  // micro-step (612 + 4512): counts 1 and 2, 5124.
+  const WindowLayout w2 = Layout({{{4000}, {4000}}, {{100}, {}}});
+  CHECK(WindowTimeB(uc, OwnCounts(uc, w2)) == 9024);
+  const WindowLayout moved = Redealt(uc, w2, RedealMode::kMoves);
+  CHECK(WindowTimeB(uc, moved) == 5124);
+  CHECK(WindowTimeB(uc, Redealt(uc, w2)) == 5124);
+  CHECK(moved[0].size() + moved[1].size() == 3);
+  // A rank with no samples keeps one (IDLE) micro-step: the closing all-reduce.
+  const WindowLayout w3 = Layout({{{1000}, {1000}}, {{}, {}}});
+  const WindowLayout own3 = OwnCounts(uc, w3);
+  REQUIRE(own3[1].size() == 1);
+  CHECK(own3[1][0].empty());
+  CHECK(WindowTimeB(uc, own3) == 512 + 2000);
+}
+
+TEST_CASE("unequal micro-steps: the same schedule, every sample once, T_b never above equal counts",
+          "[policies][windows][uneq]") {
+  // RunOdbTraced is a copy of RunOdb's loop that keeps each rank step's
+  // samples: its schedule must be RunPolicy's. Own counts, moves and the
+  // re-deals keep every window's samples and never raise a window's slowest
+  // rank (T_b), and no bound is beaten: every rank runs >= 1 micro-step a
+  // window, each within the budget.
+  const auto arrival = Arrival("chat_longtail", 1200);
+  uint64_t tokens = 0;
+  double sq = 0;
+  for (const SampleLengths& s : arrival) {
+    tokens += s.tokens;
+    sq += static_cast<double>(s.tokens) * s.tokens;
+  }
+  for (const std::string p : {"odb:global:q32:w64:paced16:full:mixsteps",
+                              "odb:global:q32:w64:paced16:full:packed", "odb:local:q32:w64:paced"}) {
+    for (const char* target : {"1m", "16s"}) {
+      INFO(p << ", windows " << target);
+      SimConfig cfg;
+      cfg.world = 4;
+      cfg.window = 64;
+      cfg.model.c = 1e-4;  // an attention term: costs not linear in tokens
+      cfg.window_tokens = ParseWindowTarget(target)->Tokens(arrival, cfg.world, cfg.budget.max_tokens);
+      auto schedule = RunPolicy(p, arrival, cfg);
+      auto traced = RunOdbTraced(p, arrival, cfg);
+      REQUIRE(schedule.ok());
+      REQUIRE(traced.ok());
+      REQUIRE(traced->schedule.size() == schedule->size());
+      REQUIRE(traced->members.size() == schedule->size());
+      for (size_t k = 0; k < schedule->size(); ++k) {
+        for (int r = 0; r < cfg.world; ++r) {
+          const RankStep& a = (*schedule)[k][r];
+          const RankStep& b = traced->schedule[k][r];
+          REQUIRE(a.samples == b.samples);
+          REQUIRE(a.padded_tokens == b.padded_tokens);
+          REQUIRE(a.closes_window == b.closes_window);
+          REQUIRE(traced->members[k][r].size() == a.samples);
+        }
+      }
+      UnequalConfig uc;
+      uc.model = cfg.model;
+      uc.budget = cfg.budget;
+      if (IsPackedPolicy(p)) uc.budget.model = grouping::CostModel::kPacked;
+      const Metrics m = Evaluate(*schedule, cfg.model, cfg.budget.max_tokens, cfg.window_tokens);
+      const UnequalMetrics u = EvaluateUnequal(*traced, uc);
+      CHECK(u.windows == m.windows);
+      CHECK(u.equal_time == Approx(m.window_time).epsilon(1e-12));
+      for (int i = 0; i < 3; ++i) {
+        CHECK(u.samples[i] == arrival.size());
+        CHECK(u.tokens[i] == tokens);
+        CHECK(u.sum_sq[i] == Approx(sq));
+      }
+      CHECK(u.own_time <= u.equal_time * (1 + 1e-12));
+      CHECK(u.moves_time <= u.own_time * (1 + 1e-12));
+      CHECK(u.redealt_time <= u.moves_time * (1 + 1e-12));
+      CHECK(u.redealt_time <= u.lpt_time * (1 + 1e-12));
+      CHECK(u.own_rank_steps <= u.equal_rank_steps);
+      const Bounds bounds = LowerBounds(arrival, uc.budget, cfg.model, cfg.world);
+      const WindowBounds wb = WindowedBounds(bounds, cfg.model, m.windows, !IsPackedPolicy(p));
+      for (double t : {u.own_time, u.moves_time, u.redealt_time, u.lpt_time}) {
+        CHECK(t >= (IsPackedPolicy(p) ? bounds.any_layout : bounds.padded) * (1 - 1e-9));
+        CHECK(t >= wb.per_window * (1 - 1e-9));
+      }
+      // Every layout within the budget, every rank at least one micro-step.
+      size_t begin = 0;
+      for (size_t k = 0; k < schedule->size(); ++k) {
+        if (!(*schedule)[k][0].closes_window) continue;
+        WindowLayout w(cfg.world);
+        for (size_t j = begin; j <= k; ++j) {
+          for (int r = 0; r < cfg.world; ++r) w[r].push_back(traced->members[j][r]);
+        }
+        begin = k + 1;
+        for (const WindowLayout& l : {OwnCounts(uc, w), Redealt(uc, w)}) {
+          REQUIRE(l.size() == w.size());
+          for (const auto& rank : l) {
+            CHECK(rank.size() >= 1);
+            for (const auto& step : rank) {
+              CHECK(grouping::PaddedTokens(uc.budget.model, step) <= uc.budget.max_tokens);
+            }
+          }
+          CHECK(WindowTimeB(uc, l) <= WindowTimeB(uc, w) * (1 + 1e-12));
         }
       }
     }

@@ -19,6 +19,14 @@ With --partition-ranks P the global odb policies plan in blocks of P ranks (CSVs
       --models default_tokens --traces chat_longtail --targets 4m,16m
   /usr/bin/python3 bench/window_sim_table.py --partition-table /tmp/p/win_*.csv
 
+With --unequal-microsteps, batching_sim --unequal-microsteps (CSVs *_uneq) and the table of unequal micro-step
+counts per window (own counts, own + moves, re-dealt, the ceiling for any counts; docs/benchmarks.md, "Unequal
+micro-step counts"); --unequal-table prints it from such CSVs:
+
+  /usr/bin/python3 bench/window_sim_table.py --bin "$BIN" --out /tmp/u --models default_tokens --targets 1m \
+      --unequal-microsteps
+  /usr/bin/python3 bench/window_sim_table.py --unequal-table bench/results/windows/s24_uneq/win_*_w8_uneq.csv
+
 Columns: the fraction of the padded bound (any-layout bound for packed policies, marked *) without windows, with
 windows under time model (a) (every micro-step synchronised: FSDP/ZeRO) and (b) (only a window's last micro-step:
 DDP with no_sync), the change of (a), IDLE rank-steps over all rank-steps, micro-steps with windows over without,
@@ -52,12 +60,14 @@ def run_matrix(args: argparse.Namespace) -> list[str]:
     paths = []
     for model in args.models.split(","):
         stem = os.path.join(args.out, f"win_{model}_w{args.world}" + partition_suffix(args)
-                            + ("_nobal" if args.no_window_balance else ""))
+                            + ("_nobal" if args.no_window_balance else "")
+                            + ("_uneq" if args.unequal_microsteps else ""))
         cmd = [os.path.join(args.bin, "bench/batching_sim"), "--model", model, "--world", str(args.world),
                "--samples", str(args.samples), "--window", str(args.window), "--max-tokens", str(args.max_tokens),
                "--traces", args.traces,
                "--policies", args.policies, "--window-tokens", "0," + args.targets,
                "--csv", stem + ".csv", "--md", stem + ".md"] + (["--no-window-balance"] if args.no_window_balance else [])
+        cmd += ["--unequal-microsteps"] if args.unequal_microsteps else []
         if args.partition_ranks:
             cmd += ["--partition-ranks", str(args.partition_ranks)]
             cmd += ["--partitioned-windows"] if args.partitioned_windows else []
@@ -297,6 +307,60 @@ def end_table(paths: list[str]) -> int:
     return 0
 
 
+def unequal_table(paths: list[str], within: float = 0.02) -> int:
+    """Unequal micro-step counts (batching_sim --unequal-microsteps; time model (b) only): per (model, trace,
+    policy, target) the fraction of the padded bound (any-layout for packed, *) without windows, with equal counts
+    (the daemon's windows), with each rank's own count, own counts with single moves off the slowest rank, and
+    re-dealt (the cheapest per window of those and the LPT deals); the rank-steps and the windows whose counts
+    differ. Then per (model, target, policy) the traces within `within` of the unwindowed fraction under each."""
+    runs: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r["policy"].startswith("odb"):
+                    runs[(r["model"], r["trace"], r["policy"])][r["window_target"]] = r
+    print("| model | trace | policy | target | no windows | equal counts (b) | own counts (b) | own + moves (b) "
+          "| re-dealt (b) | ceiling, any counts | rank-steps equal / own / re-dealt "
+          "| windows with unequal counts, own / re-dealt |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0, 0, [], [], [], [], [], 0])
+    for (model, trace, policy), by in sorted(runs.items()):
+        base = by.get("0")
+        if base is None:
+            continue
+        f0, any_layout = fraction(base)
+        star = "*" if any_layout else ""
+        bound = float(base["bound_seconds"] if any_layout else base["padded_bound_seconds"])
+        for target, r in by.items():
+            if target == "0" or not r.get("uneq_own_seconds"):
+                continue
+            fe, fo, fm, fr = (bound / float(r[c]) for c in ("uneq_equal_seconds", "uneq_own_seconds",
+                                                            "uneq_moves_seconds", "uneq_redealt_seconds"))
+            n = int(r["windows"])
+            ceiling = bound / float(r["uneq_per_window_bound_seconds"])
+            print(f"| {model} | {trace} | {'packed' if ':packed' in policy else 'padded'} "
+                  f"| {target} | {f0:.3f}{star} | {fe:.3f} | {fo:.3f} | {fm:.3f} | {fr:.3f} | {ceiling:.3f} "
+                  f"| {r['uneq_equal_rank_steps']} / {r['uneq_own_rank_steps']} / {r['uneq_redealt_rank_steps']} "
+                  f"| {100 * int(r['uneq_own_differ']) / n:.1f}% / {100 * int(r['uneq_redealt_differ']) / n:.1f}% |")
+            s = summary[(model, target, "packed" if ":packed" in policy else "padded")]
+            for i, f in enumerate((fe, fo, fm, fr)):
+                s[i] += f >= f0 * (1 - within)
+                s[5 + i].append(f)
+            s[4] += 1
+            s[9].append(ceiling)
+            s[10] += ceiling >= f0 * (1 - within)
+    print()
+    print(f"| model | target | mode | equal counts (b) | own counts (b) | own + moves (b) | re-dealt (b) "
+          f"| ceiling, any counts | traces within {100 * within:.0f}% of unwindowed: equal / own / moves / re-dealt "
+          f"/ ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (model, target, mode), s in sorted(summary.items(), key=lambda kv: (kv[0][0], float(kv[0][1].rstrip("sm")),
+                                                                              kv[0][2])):
+        spans = [f"{min(v):.3f}-{max(v):.3f}" for v in s[5:10]]
+        print(f"| {model} | {target} | {mode} | {' | '.join(spans)} | {s[0]} / {s[1]} / {s[2]} / {s[3]} / {s[10]} of {s[4]} |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csvs", nargs="*", help="batching_sim CSVs to tabulate (without --bin)")
@@ -322,6 +386,10 @@ def main() -> int:
                    help="the partitioned-planning table (whole-job against partitioned windows) from the CSVs")
     p.add_argument("--end-table", action="store_true",
                    help="how the epochs end: short windows, windows under 90%% of the target, (b) and IDLE")
+    p.add_argument("--unequal-microsteps", action="store_true",
+                   help="batching_sim --unequal-microsteps (CSVs *_uneq), then the unequal-counts table")
+    p.add_argument("--unequal-table", action="store_true",
+                   help="the unequal micro-step counts table from CSVs of --unequal-microsteps runs")
     p.add_argument("--digest", action="store_true",
                    help="one row per (target, mode) over the models and traces instead (the docs' table)")
     args = p.parse_args()
@@ -334,6 +402,8 @@ def main() -> int:
         return partition_table(paths)
     if args.end_table:
         return end_table(paths)
+    if args.unequal_microsteps or args.unequal_table:
+        return unequal_table(paths)
     return digest(paths) if args.digest else table(paths)
 
 
