@@ -12,103 +12,14 @@ namespace odb::bench {
 
 absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy,
                                             const std::vector<SampleLengths>& arrival, const SimConfig& cfg) {
-  absl::StatusOr<PolicySpec> parsed = ParsePolicy(policy);
-  if (!parsed.ok()) return parsed.status();
-  const PolicySpec& spec = *parsed;
   if (!TakesWindows(policy)) return absl::InvalidArgumentError("not an odb policy: " + policy);
   if (cfg.partitioned_windows && cfg.window_tokens > 0) {
     return absl::InvalidArgumentError("unequal micro-steps: partitioned windows are not supported");
   }
-  // From here to the end of the loop: bench/policies.cc RunOdb (its loop, the
-  // partitioned windows left out), with each step's samples recorded.
-  const int world = cfg.world;
-  const uint32_t window = spec.window ? spec.window : cfg.window;
-  align::PlannerConfig pc;
-  pc.budget = cfg.budget;
-  if (spec.packed) pc.budget.model = grouping::CostModel::kPacked;
-  pc.step_model = cfg.model.PlannerModel();
-  pc.mode = align::EpochMode::kJoin;
-  pc.seed = cfg.seed;
-  pc.window = window;
-  pc.deterministic = spec.deterministic;
-  pc.full_rounds = spec.full_rounds;
-  pc.mix_lengths = spec.mix_groups;
-  pc.mix_steps = spec.mix_steps;
-  pc.window_spread = cfg.window_spread;
-  std::unique_ptr<align::Planner> planner;
-  if (spec.global) {
-    balance::GlobalPlannerConfig g;
-    g.base = pc;
-    g.locality = 0.0;
-    g.partition_ranks = cfg.partition_ranks;
-    planner = std::make_unique<balance::GlobalPlanner>(g);
-  } else {
-    planner = std::make_unique<align::LocalPlanner>(pc);
-  }
-  const uint32_t queue = spec.queue_steps == 0 ? (1u << 20) : spec.queue_steps;
-  uint32_t free_slots = queue;
-  std::vector<std::vector<SampleMeta>> shares(world);
-  for (size_t i = 0; i < arrival.size(); ++i) {
-    const int r = static_cast<int>(i % world);
-    SampleMeta m;
-    m.id = i;
-    m.owner_rank = r;
-    m.lengths = arrival[i];
-    shares[r].push_back(m);
-  }
-  std::vector<size_t> next(world, 0);
-  std::vector<std::vector<SampleMeta>> pending(world);
-  uint32_t wait_rounds = 0;
-  uint64_t first_step = 0, idle_rounds = 0;
-  align::WindowState windows;
   TracedSchedule out;
-  for (uint64_t round = 0;; ++round) {
-    align::RoundState state;
-    state.epoch = 0;
-    state.round = round;
-    state.first_step = first_step;
-    state.ranks.resize(world);
-    for (int r = 0; r < world; ++r) {
-      const size_t fill = spec.deterministic ? window + 1 : window;
-      while (pending[r].size() < fill && next[r] < shares[r].size())
-        pending[r].push_back(shares[r][next[r]++]);
-      align::RankRound& rr = state.ranks[r];
-      rr.pending = pending[r];
-      rr.free_slots = free_slots;
-      rr.stream_finished =
-          next[r] == shares[r].size() && (!spec.deterministic || pending[r].size() <= window);
-      rr.wait_rounds = wait_rounds;
-    }
-    align::RoundPlan plan = planner->Plan(state);
-    const uint32_t planned = plan.num_steps;
-    if (absl::Status s =
-            ApplyRoundWindows(cfg.window_tokens, *planner, cfg.window_balance, state, plan, windows);
-        !s.ok()) {
-      return s;
-    }
-    AppendRoundSteps(plan, world, &out.schedule);
-    for (uint32_t k = 0; k < plan.num_steps; ++k) {
-      std::vector<std::vector<SampleLengths>> step(world);
-      for (int r = 0; r < world; ++r) {
-        for (const SampleMeta& m : plan.ranks[r].steps[k].samples) step[r].push_back(m.lengths);
-      }
-      out.members.push_back(std::move(step));
-    }
-    first_step += plan.num_steps;
-    if (plan.epoch_finished) break;
-    if (spec.paced > 0 && spec.queue_steps != 0) {
-      const uint32_t fire_at = queue - std::min(queue, spec.paced);
-      uint32_t queued = std::min({queue, queue - free_slots + plan.num_steps, fire_at});
-      if (planned > 0 && plan.num_steps == 0 && queued > 0) --queued;
-      free_slots = queue - queued;
-    }
-    KeepPending(plan, &pending);
-    wait_rounds = plan.waiting ? wait_rounds + 1 : 0;
-    idle_rounds = plan.num_steps == 0 ? idle_rounds + 1 : 0;
-    if (idle_rounds > 1000) {
-      return absl::InternalError("odb simulation made no progress for 1000 rounds: " + plan.reason);
-    }
-  }
+  absl::StatusOr<Schedule> schedule = RunPolicy(policy, arrival, cfg, &out.members);
+  if (!schedule.ok()) return schedule.status();
+  out.schedule = *std::move(schedule);
   return out;
 }
 

@@ -44,13 +44,11 @@ namespace odb::bench {
 // lengths rank r computes in step k (empty: IDLE).
 struct TracedSchedule {
   Schedule schedule;
-  std::vector<std::vector<std::vector<SampleLengths>>> members;
+  StepMembers members;
 };
 
-// RunPolicy for an odb policy, with each rank step's samples. The same
-// simulation as bench/policies.cc RunOdb (a copy of its loop: RunOdb is not
-// exported and RankStep carries no lengths); policies_test checks that the
-// schedules are identical. Partitioned windows are not supported.
+// RunPolicy for an odb policy, with each rank step's samples (RunPolicy's
+// members). Partitioned windows are not supported.
 absl::StatusOr<TracedSchedule> RunOdbTraced(const std::string& policy,
                                             const std::vector<SampleLengths>& arrival,
                                             const SimConfig& config);

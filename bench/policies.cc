@@ -422,7 +422,7 @@ Schedule RunReference(const std::vector<SampleLengths>& arrival, const SimConfig
 // through the daemon's accumulation windows (ApplyRoundWindows) before its
 // steps are taken, and the samples of a window held open stay pending.
 absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const SimConfig& cfg,
-                                const PolicySpec& spec) {
+                                const PolicySpec& spec, StepMembers* members) {
   const int world = cfg.world;
   const uint32_t window = spec.window ? spec.window : cfg.window;
   align::PlannerConfig pc;
@@ -499,6 +499,12 @@ absl::StatusOr<Schedule> RunOdb(const std::vector<SampleLengths>& arrival, const
       return s;
     }
     AppendRoundSteps(plan, world, &schedule);
+    for (uint32_t k = 0; members != nullptr && k < plan.num_steps; ++k) {
+      std::vector<std::vector<SampleLengths>>& step = members->emplace_back(world);
+      for (int r = 0; r < world; ++r) {
+        for (const SampleMeta& m : plan.ranks[r].steps[k].samples) step[r].push_back(m.lengths);
+      }
+    }
     first_step += plan.num_steps;
     if (plan.epoch_finished) break;
     if (spec.paced > 0 && spec.queue_steps != 0) {
@@ -796,7 +802,7 @@ std::vector<std::string> PolicyNames(uint32_t window) {
 }
 
 absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<SampleLengths>& arrival,
-                                   const SimConfig& cfg) {
+                                   const SimConfig& cfg, StepMembers* members) {
   absl::StatusOr<PolicySpec> spec = ParsePolicy(policy);
   if (!spec.ok()) return spec.status();
   const std::string& base = spec->base;
@@ -826,7 +832,7 @@ absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<
   if (base == "bucketing") return RunBucketing(arrival, cfg, 30);
   if (base == "kk_balanced") return RunKkBalanced(arrival, cfg, cfg.window);
   if (base == "reference_odb") return RunReference(arrival, cfg, spec->window ? spec->window : cfg.window);
-  return RunOdb(arrival, cfg, *spec);
+  return RunOdb(arrival, cfg, *spec, members);
 }
 
 double RankCost(const StepModel& model, const RankStep& step) {

@@ -190,8 +190,11 @@ std::vector<std::string> PolicyNames(uint32_t window = 256);
 // packing, sorted_greedy, offline_dp) form one global list of batches; step k
 // gives batches k*W .. k*W+W-1 to ranks 0..W-1 (the last step may leave ranks
 // IDLE).
+// members (odb policies only, else left empty): (*members)[k][r] = the
+// lengths rank r computes in step k (empty: IDLE).
+using StepMembers = std::vector<std::vector<std::vector<SampleLengths>>>;
 absl::StatusOr<Schedule> RunPolicy(const std::string& policy, const std::vector<SampleLengths>& arrival,
-                                   const SimConfig& config);
+                                   const SimConfig& config, StepMembers* members = nullptr);
 
 // Standard/sorted fixed batch size: the largest that fits the longest sample
 // (never over budget).

@@ -522,8 +522,8 @@ TEST_CASE("unequal micro-steps: own counts, re-deals and moves by hand", "[polic
 
 TEST_CASE("unequal micro-steps: the same schedule, every sample once, T_b never above equal counts",
           "[policies][windows][uneq]") {
-  // RunOdbTraced is a copy of RunOdb's loop that keeps each rank step's
-  // samples: its schedule must be RunPolicy's. Own counts, moves and the
+  // RunOdbTraced keeps each rank step's samples (RunPolicy's members): its
+  // schedule must be RunPolicy's, its members the steps' samples. Own counts, moves and the
   // re-deals keep every window's samples and never raise a window's slowest
   // rank (T_b), and no bound is beaten: every rank runs >= 1 micro-step a
   // window, each within the budget.
