@@ -196,6 +196,18 @@ TEST_CASE("window targets parse: tokens, samples, global micro-steps", "[policie
   for (const char* bad : {"", "s", "-1", "1.5", "16x", "m1"}) CHECK_FALSE(ParseWindowTarget(bad).ok());
 }
 
+// Tokens and sum(len^2) of a trace (what Coverage of a schedule that runs
+// every sample once gives).
+std::pair<uint64_t, double> TraceSums(const std::vector<SampleLengths>& arrival) {
+  uint64_t tokens = 0;
+  double sq = 0;
+  for (const SampleLengths& s : arrival) {
+    tokens += s.tokens;
+    sq += static_cast<double>(s.tokens) * s.tokens;
+  }
+  return {tokens, sq};
+}
+
 // Samples, tokens and sum(len^2) of a schedule: equal to the trace's when it
 // runs every sample exactly once (a dropped sample and a repeated one would
 // have to match in all three).
@@ -218,12 +230,7 @@ TEST_CASE("windows in the simulator: every sample once, the target held on avera
   // round hands an open window back: without KeepPending keeping those
   // samples for the next round they would be lost.
   const auto arrival = Arrival("production_mix", 1500);
-  uint64_t tokens = 0;
-  double sq = 0;
-  for (const SampleLengths& s : arrival) {
-    tokens += s.tokens;
-    sq += static_cast<double>(s.tokens) * s.tokens;
-  }
+  const auto [tokens, sq] = TraceSums(arrival);
   // Measured means at the time of writing: 0.996-1.002 of the target with
   // windows of 64 samples; 0.93-0.95 with 16 (production_mix's long tail: a
   // window end more than 10% over the target is refused, so one long sample
@@ -528,12 +535,7 @@ TEST_CASE("unequal micro-steps: the same schedule, every sample once, T_b never 
   // rank (T_b), and no bound is beaten: every rank runs >= 1 micro-step a
   // window, each within the budget.
   const auto arrival = Arrival("chat_longtail", 1200);
-  uint64_t tokens = 0;
-  double sq = 0;
-  for (const SampleLengths& s : arrival) {
-    tokens += s.tokens;
-    sq += static_cast<double>(s.tokens) * s.tokens;
-  }
+  const auto [tokens, sq] = TraceSums(arrival);
   for (const std::string p : {"odb:global:q32:w64:paced16:full:mixsteps",
                               "odb:global:q32:w64:paced16:full:packed", "odb:local:q32:w64:paced"}) {
     for (const char* target : {"1m", "16s"}) {

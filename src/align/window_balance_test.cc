@@ -64,6 +64,21 @@ void RequireWithinBudget(const WindowBalanceConfig& c, const std::vector<GlobalS
   }
 }
 
+// The next micro-step of `pool` from `next` on: as many samples as the
+// budget holds, in order (the planner's layout of a rank's micro-step).
+PlannedStep FillToBudget(const WindowBalanceConfig& c, const std::vector<SampleMeta>& pool, size_t& next) {
+  std::vector<SampleMeta> run;
+  std::vector<SampleLengths> lens;
+  while (next < pool.size()) {
+    lens.push_back(pool[next].lengths);
+    if (!FitsBudget(c.budget, lens)) break;
+    run.push_back(pool[next++]);
+  }
+  std::vector<size_t> members(run.size());
+  std::iota(members.begin(), members.end(), size_t{0});
+  return MakeStep(c.budget.model, run, members, false);
+}
+
 TEST_CASE("a window's samples are spread so that every rank's sum is even", "[window_balance]") {
   // The planner's layout: rank 0 runs two full micro-steps, rank 1 one and an IDLE one.
   uint64_t id = 0;
@@ -155,16 +170,7 @@ TEST_CASE("a wide padded window's length-sorted runs fill the micro-steps: few I
   std::vector<GlobalStep> window(3, GlobalStep(world));
   size_t next = 0;
   for (size_t slot = 0; slot < 3 * world && next < pool.size(); ++slot) {
-    std::vector<SampleMeta> run;
-    std::vector<SampleLengths> lens;
-    while (next < pool.size()) {
-      lens.push_back(pool[next].lengths);
-      if (!FitsBudget(c.budget, lens)) break;
-      run.push_back(pool[next++]);
-    }
-    std::vector<size_t> members(run.size());
-    std::iota(members.begin(), members.end(), size_t{0});
-    window[slot % 3][slot / 3] = MakeStep(c.budget.model, run, members, false);
+    window[slot % 3][slot / 3] = FillToBudget(c, pool, next);
   }
   REQUIRE(next == pool.size());
   const auto keys = Keys(window);
@@ -282,16 +288,7 @@ std::vector<GlobalStep> LongTailedWindow(const WindowBalanceConfig& c, size_t st
   std::vector<GlobalStep> window(steps, GlobalStep(world));
   size_t next = 0, slot = 0;
   while (next < pool.size() && slot < (steps - 1) * world) {
-    std::vector<SampleMeta> run;
-    std::vector<SampleLengths> lens;
-    while (next < pool.size()) {
-      lens.push_back(pool[next].lengths);
-      if (!FitsBudget(c.budget, lens)) break;
-      run.push_back(pool[next++]);
-    }
-    std::vector<size_t> members(run.size());
-    std::iota(members.begin(), members.end(), size_t{0});
-    window[slot / world][slot % world] = MakeStep(c.budget.model, run, members, false);
+    window[slot / world][slot % world] = FillToBudget(c, pool, next);
     ++slot;
   }
   uint64_t last = pool.size();
