@@ -1042,9 +1042,8 @@ TEST_CASE("a window's parts either side of a split step's boundary run as one mi
   // step 1's head | step 1's tail, step 2 (4 micro-steps, 2 of them parts
   // of a split step). Merged: each window one micro-step on every rank.
   constexpr uint32_t kBudget = 4096;
-  WindowBalanceConfig config;
-  config.budget.model = grouping::CostModel::kPacked;
-  config.budget.max_tokens = kBudget;
+  const WindowBalanceConfig config =
+      BalanceConfig(grouping::CostModel::kPacked, kBudget, 512.0);  // per_step: the default
   for (bool moves : {true, false}) {
     INFO("moves " << moves);
     uint64_t next_id = 0;
@@ -1121,9 +1120,8 @@ TEST_CASE("merged partitioned parts: random rounds keep every window invariant a
   // 8 ranks in blocks of 4 (and 2), windows of a third to two steps, IDLE
   // rank-steps and prompt-masked samples; merges on, with and without moves.
   constexpr uint32_t kBudget = 2048;
-  WindowBalanceConfig config;
-  config.budget.model = grouping::CostModel::kPacked;
-  config.budget.max_tokens = kBudget;
+  const WindowBalanceConfig config =
+      BalanceConfig(grouping::CostModel::kPacked, kBudget, 512.0);  // per_step: the default
   size_t merged_total = 0, steps_total = 0, cut_total = 0;
   for (size_t block : {2u, 4u}) {
     for (bool moves : {true, false}) {
