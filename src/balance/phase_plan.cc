@@ -4,6 +4,7 @@
 #include <array>
 #include <cassert>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -504,8 +505,36 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRound(std::span<const Encod
   return plans;
 }
 
-std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const EncoderRoundStep> steps) {
-  const size_t n = steps.size();
+std::vector<double> EncoderStepPlanner::LlmHeld(std::span<const EncoderItem> items, int active) const {
+  std::vector<double> base(active, 0.0);
+  std::vector<uint32_t> longest(active, 0);
+  for (const EncoderItem& item : items)
+    longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
+  for (const EncoderItem& item : items)
+    base[item.llm_rank] += config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
+  return base;
+}
+
+std::vector<double> EncoderStepPlanner::Held(std::span<const EncoderItem> items, int active,
+                                             const EncoderStepPlan& plan) const {
+  std::vector<double> held = LlmHeld(items, active);
+  for (size_t i = 0; i < items.size(); ++i) {
+    held[plan.vision.slot_of[i].rank] += config_.vision_memory.OfInput(items[i].lengths.vision_patches);
+    if (config_.audio_phase)
+      held[plan.audio.slot_of[i].rank] += config_.audio_memory.OfInput(items[i].lengths.audio_frames);
+  }
+  return held;
+}
+
+std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const EncoderRoundStep> given) {
+  const size_t n = given.size();
+  // The steps' items, whose LLM ranks the memory moves (llm_slack) change.
+  std::vector<std::vector<EncoderItem>> items(n);
+  std::vector<EncoderRoundStep> steps(n);
+  for (size_t k = 0; k < n; ++k) {
+    items[k].assign(given[k].items.begin(), given[k].items.end());
+    steps[k] = {items[k], given[k].ranks};
+  }
   const double job_peak = memory_peak_;
   const std::vector<double> rank_peak = rank_peak_;
   const std::array<double, 2> bound_sum = bound_sum_, time_sum = time_sum_;
@@ -585,10 +614,103 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   }
   if (ratio > best_ratio) {  // none within the ratio: the most even seen
     fraction = best_fraction;
-    plan_round();
+    ratio = plan_round();
+  }
+  if (config_.llm_slack > 0 && ratio > allowed) {
+    ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, ratio, allowed);
   }
   ahead_ = {};
+  for (size_t k = 0; k < n; ++k) {
+    bool moved = false;
+    for (size_t i = 0; i < items[k].size(); ++i) moved = moved || items[k][i].llm_rank != given[k].items[i].llm_rank;
+    if (!moved) continue;
+    plans[k].llm_rank.reserve(items[k].size());
+    for (const EncoderItem& item : items[k]) plans[k].llm_rank.push_back(item.llm_rank);
+  }
   return plans;
+}
+
+double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items,
+                                           std::span<const EncoderRoundStep> steps,
+                                           const std::vector<EncoderStepPlan>& plans,
+                                           const std::function<double()>& plan_round,
+                                           const std::vector<size_t>& raised_at, double ratio, double allowed) {
+  const size_t n = steps.size();
+  const grouping::CostModel model = config_.llm_budget.model;
+  // The ranks' run peaks after the round, highest first: a move is kept when
+  // it lowers them in that order (the highest first; two ranks at one peak
+  // come down one after the other, through a ratio that rises in between).
+  auto sorted_peaks = [&] {
+    std::vector<double> p = rank_peak_;
+    std::sort(p.begin(), p.end(), std::greater<>());
+    return p;
+  };
+  auto members_of = [&](size_t k, int a) {
+    std::vector<SampleLengths> m;
+    for (const EncoderItem& item : items[k])
+      if (item.llm_rank == a) m.push_back(item.lengths);
+    return m;
+  };
+  // Per step: its slowest LLM rank before any move (-1: not yet needed).
+  std::vector<double> llm_before(n, -1.0);
+  std::vector<double> peaks = sorted_peaks();
+  std::vector<std::vector<EncoderItem>> best_items = items;
+  double best_ratio = ratio;
+  const size_t max_moves = 8 * n + 8;
+  for (size_t move = 0; move < max_moves && ratio > allowed; ++move) {
+    const size_t top =
+        static_cast<size_t>(std::max_element(rank_peak_.begin(), rank_peak_.end()) - rank_peak_.begin());
+    const size_t k = raised_at[top];  // plan_round keeps it
+    if (k >= n) break;  // the highest peak is from before the round
+    const int active = static_cast<int>(steps[k].ranks.size());
+    const int from = static_cast<int>(std::find(steps[k].ranks.begin(), steps[k].ranks.end(),
+                                                static_cast<int32_t>(top)) - steps[k].ranks.begin());
+    if (llm_before[k] < 0) {
+      llm_before[k] = 0;
+      for (int a = 0; a < active; ++a)
+        llm_before[k] = std::max(llm_before[k], grouping::StepTime(config_.llm_time, model, members_of(k, a)));
+    }
+    const double time_cap = llm_before[k] * (1 + config_.llm_slack);
+    // The step's holdings as planned, and what each candidate move leaves:
+    // the larger of the two ranks' holdings, least first.
+    const std::vector<double> held = Held(items[k], active, plans[k]);
+    const std::vector<double> llm = LlmHeld(items[k], active);
+    size_t best_i = items[k].size();
+    int best_to = -1;
+    double best_pair = held[from];
+    std::vector<SampleLengths> from_members = members_of(k, from);
+    if (from_members.size() < 2) break;  // a rank keeps one sample
+    for (size_t i = 0; i < items[k].size(); ++i) {
+      if (items[k][i].llm_rank != from) continue;
+      for (int to = 0; to < active; ++to) {
+        if (to == from) continue;
+        std::vector<SampleLengths> to_members = members_of(k, to);
+        to_members.push_back(items[k][i].lengths);
+        if (!grouping::FitsBudget(config_.llm_budget, to_members) ||
+            grouping::StepTime(config_.llm_time, model, to_members) > time_cap)
+          continue;
+        items[k][i].llm_rank = to;
+        const std::vector<double> moved = LlmHeld(items[k], active);
+        items[k][i].llm_rank = from;
+        const double pair = std::max(held[from] - llm[from] + moved[from], held[to] - llm[to] + moved[to]);
+        if (pair < best_pair) best_pair = pair, best_i = i, best_to = to;
+      }
+    }
+    if (best_to < 0) break;
+    items[k][best_i].llm_rank = best_to;
+    const double r = plan_round();
+    std::vector<double> p = sorted_peaks();
+    if (!std::lexicographical_compare(p.begin(), p.end(), peaks.begin(), peaks.end())) {
+      items[k][best_i].llm_rank = from;  // the peaks did not fall: undone, and the moves end
+      break;
+    }
+    peaks = std::move(p);
+    ratio = r;
+    if (ratio < best_ratio) best_ratio = ratio, best_items = items;
+  }
+  // In place: `steps` views each step's items.
+  for (size_t k = 0; k < n; ++k) std::copy(best_items[k].begin(), best_items[k].end(), items[k].begin());
+  return plan_round();
 }
 
 EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,

@@ -4,12 +4,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "src/align/planner.h"
+#include "src/grouping/budget.h"
 
 namespace odb::balance {
 
@@ -215,6 +217,21 @@ struct EncoderPlanConfig {
   // memory placement keeps its balanced time. Steps near their bounds save
   // budget for the heavy ones. 0: no budget, memory_slack per step.
   double time_floor = 0.0;
+  // > 0 (round_joint with peak_ratio): the LLM's layout may serve memory too.
+  // Where the encoder caps leave the ranks' run peaks after a round more
+  // uneven than peak_ratio (a large image's rank holds the image on top of a
+  // full LLM share, which no encoder placement moves), the LLM samples of the
+  // step that set the highest run peak move off that rank, one at a time,
+  // each onto the step's rank where the pair's larger holding is least,
+  // while the round's run peaks fall (sorted, highest first); the most even
+  // round seen is kept. A receiving rank keeps its samples within llm_budget
+  // and its LLM time (llm_time) within (1 + llm_slack) x the step's slowest
+  // LLM rank before any move; a rank keeps at least one sample. The moved
+  // samples' ranks are EncoderStepPlan::llm_rank. 0: the LLM layout is the
+  // round plan's.
+  double llm_slack = 0.0;
+  grouping::Budget llm_budget;      // the round plan's budget (its model: llm_padded)
+  grouping::StepTimeModel llm_time;  // the LLM's step time (grouping.step_time)
   bool MemoryAware() const;
 };
 
@@ -253,6 +270,11 @@ struct EncoderItem {
 struct EncoderStepPlan {
   PhaseAssignment vision;  // over the items, ranks = active ranks
   PhaseAssignment audio;   // empty order without an audio phase
+  // EncoderPlanConfig::llm_slack: per item, the active rank that runs its LLM
+  // part once the memory moves are made (an item keeps its place among the
+  // rank's own, moved ones follow in item order); empty: every item's
+  // EncoderItem::llm_rank.
+  std::vector<int32_t> llm_rank;
 };
 
 // One step of a round for EncoderStepPlanner::PlanRound: Plan's arguments.
@@ -291,6 +313,17 @@ class EncoderStepPlanner {
   // Per step of a round: its later steps' TimeLayouts summed (all 0 without
   // time_floor).
   std::vector<std::array<PhaseTimes, 2>> RoundAhead(std::span<const EncoderRoundStep> steps) const;
+  // Per active rank: its LLM samples' memory (what it holds before the
+  // encoder phases), and with a step's encoder layouts.
+  std::vector<double> LlmHeld(std::span<const EncoderItem> items, int active) const;
+  std::vector<double> Held(std::span<const EncoderItem> items, int active, const EncoderStepPlan& plan) const;
+  // llm_slack: PlanRoundJoint's LLM moves on `items` (the steps' own, which
+  // `steps` view), `plans` re-planned by `plan_round` (which returns the
+  // ratio and keeps `raised_at`: per world rank the step that set its run
+  // peak). Returns the ratio of the round it leaves planned.
+  double MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items, std::span<const EncoderRoundStep> steps,
+                         const std::vector<EncoderStepPlan>& plans, const std::function<double()>& plan_round,
+                         const std::vector<size_t>& raised_at, double ratio, double allowed);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;

@@ -627,5 +627,65 @@ TEST_CASE("EncoderStepPlanner's round_joint caps a heavy step only where the rou
   CHECK(by_round.memory_peak() == by_step.memory_peak());
 }
 
+TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that hold large images", "[phase]") {
+  // One step on 4 ranks, each rank's LLM four samples of 5 tokens (memory 1
+  // a token: 20 each); the samples of ranks 1 and 2 carry an image each
+  // (memory 30, no audio). Each image is alone on a rank whatever the
+  // encoder layout (the vision bound is the image), so the step holds 50, 50,
+  // 20, 20: max / mean 1.43, which no encoder cap changes. With llm_slack the
+  // image ranks' LLM samples move to the others (each receiver's LLM within
+  // 1 + llm_slack of the step's slowest, 20, and the packed budget of 40)
+  // until the peaks are within peak_ratio 1.1; without it the layout stays.
+  EncoderPlanConfig config = UnitPeakRatioConfig();
+  config.round_joint = true;
+  config.llm_budget = {grouping::CostModel::kPacked, 40};
+  config.llm_time = {0.0, 1.0, 0.0};
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  std::vector<EncoderItem> step;
+  for (int32_t r = 0; r < 4; ++r) {
+    for (int i = 0; i < 4; ++i) step.push_back({r, {5, static_cast<uint32_t>(i == 0 && (r == 1 || r == 2) ? 30 : 0), 0}});
+  }
+  auto ratio = [](const std::vector<double>& held) {
+    return *std::max_element(held.begin(), held.end()) * held.size() /
+           std::accumulate(held.begin(), held.end(), 0.0);
+  };
+  for (const double slack : {0.0, 1.0, 0.25}) {
+    INFO("llm_slack " << slack);
+    config.llm_slack = slack;
+    EncoderStepPlanner planner(config);
+    const std::vector<EncoderStepPlan> plans = planner.PlanRound(std::vector<EncoderRoundStep>{{step, ranks}});
+    REQUIRE(plans.size() == 1);
+    const EncoderStepPlan& plan = plans[0];
+    CHECK(plan.vision.max_load == 30.0);
+    std::vector<int32_t> llm_rank(step.size());
+    for (size_t i = 0; i < step.size(); ++i) llm_rank[i] = step[i].llm_rank;
+    if (slack == 0) {
+      CHECK(plan.llm_rank.empty());
+    } else {
+      REQUIRE(plan.llm_rank.size() == step.size());
+      llm_rank = plan.llm_rank;
+    }
+    std::vector<double> held(4, 0.0), tokens(4, 0.0);
+    for (size_t i = 0; i < step.size(); ++i) {
+      held[llm_rank[i]] += step[i].lengths.tokens;
+      tokens[llm_rank[i]] += step[i].lengths.tokens;
+      held[plan.vision.slot_of[i].rank] += step[i].lengths.vision_patches;
+    }
+    for (int r = 0; r < 4; ++r) {
+      CHECK(tokens[r] >= 5);                    // every rank keeps a sample
+      CHECK(tokens[r] <= 20 * (1 + slack));     // the LLM time cap
+      CHECK(tokens[r] <= 40);                   // the budget
+    }
+    CHECK(planner.memory_peak() == *std::max_element(held.begin(), held.end()));
+    if (slack == 0) {
+      CHECK(ratio(held) == Approx(50.0 / 35.0));
+    } else if (slack == 1.0) {
+      CHECK(ratio(held) <= 1.1);
+    } else {  // receivers at most 25 tokens: one sample each, the images' ranks 45
+      CHECK(ratio(held) == Approx(45.0 / 35.0));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace odb::balance

@@ -23,6 +23,9 @@ balance::EncoderPlanConfig EncoderPlanConfigFrom(const DaemonConfig& config) {
   e.peak_ratio = config.memory_peak_ratio;
   e.round_joint = config.memory_peak_round;
   e.time_floor = config.memory_time_floor;
+  e.llm_slack = config.memory_llm_slack;
+  e.llm_budget = config.budget;
+  e.llm_time = config.step_time;
   return e;
 }
 
@@ -61,7 +64,8 @@ std::unique_ptr<align::Planner> MakePlanner(const DaemonConfig& config) {
   return std::make_unique<balance::GlobalPlanner>(g);
 }
 
-void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome) {
+bool AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome,
+                                       align::RoundPlan& moved_plan) {
   const int world = static_cast<int>(plan.ranks.size());
   const int me = peers_->Rank();
   encoder_needs_.assign(world, {});
@@ -105,6 +109,59 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
   round.reserve(steps.size());
   for (const Step& step : steps) round.push_back({step.step_items, step.active});
   const std::vector<balance::EncoderStepPlan> step_plans = encoder_planner_.PlanRound(round);
+  // Memory moves of LLM samples (alignment.memory_llm_slack), the same on
+  // every rank: the step's samples laid out again over its active ranks (a
+  // rank keeps its own in order, moved ones follow in item order), each
+  // rank's planned figures recomputed (the step's and window's totals are
+  // unchanged, so are the weights' denominators), this rank's step too.
+  const double weight_world = static_cast<double>(world);
+  bool moved = false;
+  for (Step& step : steps) {
+    const std::vector<int32_t>& to = step_plans[&step - steps.data()].llm_rank;
+    if (to.empty()) continue;
+    if (!moved) moved_plan = plan;
+    moved = true;
+    std::vector<align::PlannedStep*> rank_steps;
+    for (int32_t r : step.active) rank_steps.push_back(&moved_plan.ranks[r].steps[step.k]);
+    std::vector<std::vector<size_t>> order(step.active.size());
+    for (int pass = 0; pass < 2; ++pass) {  // the rank's own, then the moved ones
+      for (size_t i = 0; i < step.items.size(); ++i) {
+        const bool own = step.active[to[i]] == step.items[i].llm_rank;
+        if (own == (pass == 0)) order[to[i]].push_back(i);
+      }
+    }
+    for (size_t a = 0; a < step.active.size(); ++a) {
+      align::PlannedStep& s = *rank_steps[a];
+      s.samples.clear();
+      s.real_tokens = s.loss_tokens = 0;
+      std::vector<SampleLengths> lens;
+      for (size_t i : order[a]) {
+        Item& item = step.items[i];
+        item.llm_rank = step.active[a];
+        item.llm_index = static_cast<uint32_t>(s.samples.size());
+        s.samples.push_back(item.meta);
+        s.real_tokens += item.meta.lengths.tokens;
+        s.loss_tokens += align::LossTokensOf(item.meta);
+        lens.push_back(item.meta.lengths);
+      }
+      s.padded_tokens = grouping::PaddedTokens(budget_model_, lens);
+      s.loss_weight = s.window_loss_tokens == 0 ? 0.0
+                                                : weight_world * static_cast<double>(s.loss_tokens) /
+                                                      static_cast<double>(s.window_loss_tokens);
+      if (step.active[a] != me) continue;
+      StepPlan& mine = outcome.steps[step.k];
+      mine.real_tokens = s.real_tokens;
+      mine.padded_tokens = s.padded_tokens;
+      mine.loss_tokens = s.loss_tokens;
+      mine.loss_weight = s.loss_weight;
+      mine.sample_ids.clear();
+      mine.sample_owners.clear();
+      for (const SampleMeta& meta : s.samples) {
+        mine.sample_ids.push_back(meta.id);
+        mine.sample_owners.push_back(meta.owner_rank);
+      }
+    }
+  }
   for (size_t s = 0; s < steps.size(); ++s) {
     const std::vector<Item>& items = steps[s].items;
     const std::vector<int32_t>& active = steps[s].active;
@@ -133,6 +190,7 @@ void AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
     phase(step_plan.vision, mine.phase(EncoderPhase::kVision));
     if (audio_phase_) phase(step_plan.audio, mine.phase(EncoderPhase::kAudio));
   }
+  return moved;
 }
 
 namespace {
@@ -155,6 +213,7 @@ AlignedRoundRunner::AlignedRoundRunner(std::unique_ptr<align::PeerGroup> peers, 
     : peers_(std::move(peers)),
       aligner_(peers_.get(), MakePlanner(config), AlignerOptionsFrom(config, clock)),
       phase_plans_(config.phase_plans),
+      budget_model_(config.budget.model),
       audio_phase_(!config.audio_fields.empty()),
       encoder_planner_(EncoderPlanConfigFrom(config)) {}
 
@@ -174,7 +233,8 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
   auto result = aligner_.RunRound(input);
   if (!result.ok()) return result.status();
 
-  const align::RoundPlan& plan = aligner_.last_plan();
+  const align::RoundPlan* plan = &aligner_.last_plan();
+  align::RoundPlan moved;  // the plan with the phase plans' LLM moves, if any
   RoundOutcome outcome;
   outcome.epoch_finished = result->epoch_finished;
   outcome.waiting = result->waiting;
@@ -196,24 +256,23 @@ absl::StatusOr<RoundOutcome> AlignedRoundRunner::Run(const RoundRequest& request
     // ranks count as IDLE here, so the encoder phase balances within the
     // block (their samples never reach this rank).
     bool partial = false;
-    for (const auto& rp : plan.ranks) partial = partial || rp.steps.size() != plan.num_steps;
-    if (!partial) {
-      AddPhasePlans(plan, outcome);
-    } else {
-      align::RoundPlan filled = plan;
+    for (const auto& rp : plan->ranks) partial = partial || rp.steps.size() != plan->num_steps;
+    align::RoundPlan filled;
+    if (partial) {
+      filled = *plan;
       for (auto& rp : filled.ranks) {
-        if (rp.steps.size() != plan.num_steps) rp.steps.assign(plan.num_steps, align::PlannedStep{});
+        if (rp.steps.size() != plan->num_steps) rp.steps.assign(plan->num_steps, align::PlannedStep{});
       }
-      AddPhasePlans(filled, outcome);
     }
+    if (AddPhasePlans(partial ? filled : *plan, outcome, moved)) plan = &moved;
   }
   // Payloads this rank holds that other ranks need: samples another rank emits
   // (a global planner moves them) or encodes (per-phase plans).
   const int me = peers_->Rank();
-  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
+  for (int r = 0; r < static_cast<int>(plan->ranks.size()); ++r) {
     if (r == me) continue;
     std::set<uint64_t> ids;
-    for (const auto& step : plan.ranks[r].steps) {
+    for (const auto& step : plan->ranks[r].steps) {
       for (const auto& meta : step.samples) {
         if (meta.owner_rank == me) ids.insert(meta.id);
       }

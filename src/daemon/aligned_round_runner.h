@@ -32,13 +32,18 @@ class AlignedRoundRunner final : public RoundRunner {
   void ReportFailure(const std::string& cause) override { peers_->ReportFailure(cause); }
 
  private:
-  // Per-phase plans for the round's steps (alignment.phase_plans).
-  void AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome);
+  // Per-phase plans for the round's steps (alignment.phase_plans); `plan`
+  // holds every rank's steps (all num_steps of them). True when the encoder
+  // planner moved LLM samples for memory (alignment.memory_llm_slack):
+  // `moved_plan` is then `plan` with the moves, and this rank's `outcome`
+  // steps have them too.
+  bool AddPhasePlans(const align::RoundPlan& plan, RoundOutcome& outcome, align::RoundPlan& moved_plan);
 
   std::unique_ptr<align::PeerGroup> peers_;
   align::Aligner aligner_;
   absl::Status start_status_;
   bool phase_plans_;
+  grouping::CostModel budget_model_;  // grouping.cost_model
   bool audio_phase_;  // collate.audio_fields: an audio encoder phase too
   // Each step's encoder layouts (stateful: the job's memory peak so far, the
   // same on every rank since the plans are).

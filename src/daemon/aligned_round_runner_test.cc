@@ -4,9 +4,11 @@
 // step sum to W over all ranks.
 #include "src/daemon/aligned_round_runner.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -34,6 +36,7 @@ struct RankRun {
   absl::Status status;
   std::vector<StepPlan> steps;
   std::set<std::pair<int, int>> moves;  // (from, to)
+  std::set<std::pair<int, uint64_t>> sent;  // (to, id): the payloads this rank sent
 };
 
 // Runs one epoch of `world` threaded ranks through AlignedRoundRunner; rank r
@@ -67,6 +70,7 @@ std::vector<RankRun> RunEpoch(const DaemonConfig& config, int world,
         }
         for (const auto& [to, ids] : out->outgoing) {
           runs[r].moves.insert({r, to});
+          for (uint64_t id : ids) runs[r].sent.insert({to, id});
           gone.insert(ids.begin(), ids.end());
         }
         std::erase_if(pending, [&](const SampleMeta& m) { return gone.count(m.id) > 0; });
@@ -205,14 +209,22 @@ TEST_CASE("per-phase plans balance the vision phase on its configured cost model
 // long sample there, seven short ones on the other), not at its home (the
 // rank running its LLM part), where the time-only layout keeps it.
 TEST_CASE("the encoder planner gets the config's memory settings", "[phases]") {
-  auto config =
-      ParseConfig("alignment: {memory_slack: 0.3, memory_time_floor: 0.97, memory_peak_round: true}");
+  auto config = ParseConfig(
+      "grouping: {cost_model: packed, max_tokens: 777, step_time: {per_step: 3, per_padded_token: 2}}\n"
+      "alignment: {memory_slack: 0.3, memory_time_floor: 0.97, memory_peak_round: true, memory_llm_slack: 0.2}");
   REQUIRE(config.ok());
   const balance::EncoderPlanConfig e = EncoderPlanConfigFrom(*config);
   CHECK(e.memory_slack == 0.3);
   CHECK(e.time_floor == 0.97);
   CHECK(e.round_joint);
+  CHECK(e.llm_slack == 0.2);
+  CHECK(e.llm_budget.model == grouping::CostModel::kPacked);
+  CHECK(e.llm_budget.max_tokens == 777);
+  CHECK(e.llm_time.per_step == 3.0);
+  CHECK(e.llm_time.per_padded_token == 2.0);
+  CHECK_FALSE(e.llm_padded);
   CHECK(EncoderPlanConfigFrom(*ParseConfig("")).time_floor == 0.0);
+  CHECK(EncoderPlanConfigFrom(*ParseConfig("")).llm_slack == 0.0);
 }
 
 TEST_CASE("per-phase plans with memory models place encoder items on the rank holding less", "[phases]") {
@@ -286,6 +298,105 @@ TEST_CASE("llm_cost_seconds composes the planner's steps with the encoder phases
   const auto [off, off_name] = phase_costs(", phase_plans: true" + costs, "");
   CHECK_FALSE(off.enabled());
   CHECK(off_name.find("phase_steps") == std::string::npos);
+}
+
+}  // namespace
+}  // namespace odb
+
+namespace odb {
+namespace {
+
+// alignment.memory_llm_slack through the daemon's runner: the encoder
+// planner's LLM moves reach every rank's steps alike (each sample once, on
+// one rank; payload moves to where it runs; per-rank figures and weights
+// recomputed).
+TEST_CASE("memory_llm_slack moves LLM samples off the ranks holding large images, on every rank alike",
+          "[phases]") {
+  constexpr int kWorld = 4;
+  auto run = [](double slack) {
+    auto config = ParseConfig(
+        "local_world_size: 1\ngrouping: {window: 64, max_tokens: 1000, cost_model: packed}\n"
+        "collate: {encoder_fields: [pixel_values]}\n"
+        "alignment: {planner: global, phase_plans: true, vision_memory: {per_unit: 1}, "
+        "llm_memory: {per_unit: 1}, memory_slack: 1, memory_cap_margin: 1, memory_peak_ratio: 1.1, "
+        "memory_peak_round: true, memory_llm_slack: " +
+        std::to_string(slack) + "}\n");
+    REQUIRE(config.ok());
+    std::vector<RankRun> runs = RunEpoch(*config, kWorld, [](int r) {
+      std::vector<SampleMeta> pending;
+      for (uint64_t i = 0; r == 0 && i < 28; ++i) {
+        SampleMeta m;
+        m.id = i;
+        m.lengths.tokens = 100 + static_cast<uint32_t>(i % 5) * 10;
+        m.lengths.vision_patches = (i == 3 || i == 17) ? 600 : 0;
+        m.loss_tokens = m.lengths.tokens - 7;
+        pending.push_back(m);
+      }
+      return pending;
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      INFO(runs[r].status.ToString());
+      REQUIRE(runs[r].status.ok());
+    }
+    return runs;
+  };
+  // Per slack: (sample id -> LLM rank) of the one step, and the ranks' memory
+  // max / mean (LLM tokens + 600 per image encoded).
+  std::map<double, std::map<uint64_t, int>> llm_rank_of;
+  std::map<double, double> ratio;
+  for (const double slack : {0.0, 1.0}) {
+    INFO("memory_llm_slack " << slack);
+    std::vector<RankRun> runs = run(slack);
+    REQUIRE(runs[0].steps.size() == 1);
+    std::vector<double> held(kWorld, 0.0);
+    std::set<uint64_t> emitted;
+    double weights = 0.0;
+    for (int r = 0; r < kWorld; ++r) {
+      REQUIRE(runs[r].steps.size() == 1);
+      const StepPlan& s = runs[r].steps[0];
+      REQUIRE(!s.idle);
+      uint64_t real = 0, loss = 0;
+      for (size_t i = 0; i < s.sample_ids.size(); ++i) {
+        const uint64_t id = s.sample_ids[i];
+        REQUIRE(emitted.insert(id).second);  // each sample once, on one rank
+        llm_rank_of[slack][id] = r;
+        real += 100 + (id % 5) * 10;
+        loss += 100 + (id % 5) * 10 - 7;
+        REQUIRE(s.sample_owners[i] == 0);
+        if (r != 0) REQUIRE(runs[0].sent.count({r, id}) == 1);  // its payload comes here
+      }
+      CHECK(s.real_tokens == real);
+      CHECK(s.padded_tokens == real);
+      CHECK(s.loss_tokens == loss);
+      CHECK(s.loss_weight == Approx(kWorld * static_cast<double>(loss) / s.window_loss_tokens));
+      weights += s.loss_weight;
+      held[r] += static_cast<double>(real);
+      // The vision route lands where each sample's LLM part runs now.
+      const PhaseRoute& route = s.phase(EncoderPhase::kVision);
+      for (size_t i = 0; i < route.ids.size(); ++i) {
+        const StepPlan& dest = runs[route.dest_rank[i]].steps[0];
+        REQUIRE(route.dest_index[i] < dest.sample_ids.size());
+        CHECK(dest.sample_ids[route.dest_index[i]] == route.ids[i]);
+        if (route.ids[i] == 3 || route.ids[i] == 17) held[r] += 600;
+        if (r != 0) REQUIRE(runs[0].sent.count({r, route.ids[i]}) == 1);
+      }
+      REQUIRE(route.src_rank.size() == s.sample_ids.size());
+      for (size_t j = 0; j < s.sample_ids.size(); ++j) {
+        const PhaseRoute& src = runs[route.src_rank[j]].steps[0].phase(EncoderPhase::kVision);
+        CHECK(std::count(src.ids.begin(), src.ids.end(), s.sample_ids[j]) == 1);
+      }
+    }
+    CHECK(emitted.size() == 28);
+    CHECK(weights == Approx(kWorld).epsilon(1e-12));
+    ratio[slack] = *std::max_element(held.begin(), held.end()) * kWorld /
+                   std::accumulate(held.begin(), held.end(), 0.0);
+  }
+  // Without the slack the two images sit on ranks with a full LLM share (1430
+  // against 830-840: 1.26); with it each gives a sample to a rank without
+  // one, as far as the budget (1000 tokens) lets them (1290 against 970-980).
+  CHECK(ratio[0.0] > 1.25);
+  CHECK(ratio[1.0] < 1.15);
+  CHECK(llm_rank_of[0.0] != llm_rank_of[1.0]);
 }
 
 }  // namespace

@@ -222,6 +222,9 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
       {"alignment: {memory_time_floor: 1}", "alignment.memory_time_floor"},
       {"alignment: {memory_time_floor: -0.1}", "alignment.memory_time_floor"},
       {"alignment: {memory_time_floor: .nan}", "alignment.memory_time_floor"},
+      {"alignment: {memory_llm_slack: -0.1}", "alignment.memory_llm_slack"},
+      {"alignment: {memory_llm_slack: 11}", "alignment.memory_llm_slack"},
+      {"alignment: {memory_llm_slack: .inf}", "alignment.memory_llm_slack"},
       {"optimizer: {window_spread: -0.5}", "optimizer.window_spread"},
       {"optimizer: {window_spread: 4}", "optimizer.window_spread"},
       {"optimizer: {window_spread: .nan}", "optimizer.window_spread"},
@@ -247,6 +250,12 @@ TEST_CASE("every float of the config is finite and in range, named in the error"
     CHECK(floor->memory_time_floor == 0.97);
     CHECK(ParseConfig("")->memory_time_floor == 0.0);
     CHECK(StartupError("alignment: {memory_time_floor: 0.5}").empty());
+  }
+  {
+    auto slack = ParseConfig("alignment: {memory_llm_slack: 0.25}");
+    REQUIRE(slack.ok());
+    CHECK(slack->memory_llm_slack == 0.25);
+    CHECK(ParseConfig("")->memory_llm_slack == 0.0);
   }
   CHECK(StartupError("grouping: {step_time: {per_step: 0}}").empty());
   CHECK(StartupError("alignment: {partition_ranks: 4}").empty());

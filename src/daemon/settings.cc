@@ -358,6 +358,10 @@ std::vector<Setting> BuildTable() {
             "*_memory set: > 0 makes memory_slack a budget over the job: each encoder phase's slowest rank, "
             "summed over the steps, stays within the sum of its bounds / this (a step spends on memory only "
             "what earlier steps saved); 0 = memory_slack per step; 0 or [0.5, 1)"));
+  add(Field("alignment.memory_llm_slack", kJob, ODB_FIELD(memory_llm_slack),
+            "memory_peak_round: > 0 lets LLM samples move off the rank that sets the round's highest memory "
+            "peak (where the encoder caps cannot keep memory_peak_ratio), each receiving rank within the "
+            "budget and its LLM time within 1 + this of the step's slowest; 0 = off; [0, 10]"));
   add(Field(
       "alignment.deterministic", kJob, ODB_FIELD(deterministic),
       "true: the same steps on every run and after a resume, whatever the workers' timing "
