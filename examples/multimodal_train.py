@@ -265,8 +265,11 @@ def daemon_config(args: argparse.Namespace, phases: bool, window_tokens: int, pa
         config["alignment"]["memory_peak_round"] = bool(args.memory_peak_round)
     if getattr(args, "memory_time_floor", None) is not None:  # the encoders' time budget over the run
         config["alignment"]["memory_time_floor"] = float(args.memory_time_floor)
+    if getattr(args, "memory_llm_slack", None) is not None:  # LLM samples moved off the highest peak's rank
+        config["alignment"]["memory_llm_slack"] = float(args.memory_llm_slack)
     if not args.memory_plan:
-        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack", "memory_time_floor"):
+        for key in ("vision_memory", "audio_memory", "llm_memory", "memory_slack", "memory_time_floor",
+                    "memory_llm_slack"):
             config["alignment"].pop(key, None)
     if not phases or not args.phase_steps:  # steps composed on the LLM's cost only
         config["alignment"].pop("llm_cost_seconds", None)
@@ -1103,6 +1106,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="odb_phases*: alignment.memory_time_floor (the encoder time spent on memory kept as a "
                         "budget over the run: each encoder phase's slowest rank summed over the steps within "
                         "its bounds' sum / F; 0: memory_slack per step); default: configs/multimodal_train.yaml's")
+    p.add_argument("--memory-llm-slack", type=float, default=None, metavar="S",
+                   help="odb_phases*: alignment.memory_llm_slack (where the encoder caps cannot keep the round's "
+                        "memory peaks within the ratio, LLM samples move off the highest peak's rank, each "
+                        "receiving rank's LLM time within 1 + S of the step's slowest; 0: the round plan's LLM "
+                        "layout); default: configs/multimodal_train.yaml's")
     p.add_argument("--llm-step-time", default=None, metavar="PER_STEP,PER_PADDED_TOKEN,PER_LEN_SQ",
                    help="the odb methods' grouping.step_time (the LLM's cost model the planner balances; "
                         "default: configs/multimodal_train.yaml's); a run's JSON fits it in "
@@ -1126,6 +1134,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.memory_peak_round = args.memory_peak_round == "on"
     if args.memory_time_floor is None:  # likewise
         args.memory_time_floor = float(alignment.get("memory_time_floor", 0.0))
+    if args.memory_llm_slack is None:  # likewise
+        args.memory_llm_slack = float(alignment.get("memory_llm_slack", 0.0))
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:

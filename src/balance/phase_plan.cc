@@ -579,6 +579,25 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     return ratio_of(rank_peak_);
   };
   double ratio = plan_round();
+  // llm_slack: the LLM's layout serves memory first (the LLM phase is the one
+  // with time to spare: the encoder phases' memory trades are what the time
+  // floor rations), then the encoder caps for what it leaves; and once more
+  // after them.
+  std::vector<double> llm_time_cap;
+  if (config_.llm_slack > 0) {
+    for (size_t k = 0; k < n; ++k) {
+      const int active = static_cast<int>(steps[k].ranks.size());
+      double slowest = 0.0;
+      for (int a = 0; a < active; ++a) {
+        std::vector<SampleLengths> members;
+        for (const EncoderItem& item : items[k])
+          if (item.llm_rank == a) members.push_back(item.lengths);
+        slowest = std::max(slowest, grouping::StepTime(config_.llm_time, config_.llm_budget.model, members));
+      }
+      llm_time_cap.push_back(slowest * (1 + config_.llm_slack));
+    }
+    if (ratio > allowed) ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm_time_cap, ratio, allowed);
+  }
   // The loosest cap in [0, hi] (as a fraction) for step k that keeps the
   // round within `allowed`, by bisection (0 is within it).
   auto loosest = [&](size_t k, double lo, double hi) {
@@ -617,7 +636,7 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     ratio = plan_round();
   }
   if (config_.llm_slack > 0 && ratio > allowed) {
-    ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, ratio, allowed);
+    ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm_time_cap, ratio, allowed);
   }
   ahead_ = {};
   for (size_t k = 0; k < n; ++k) {
@@ -634,7 +653,8 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
                                            std::span<const EncoderRoundStep> steps,
                                            const std::vector<EncoderStepPlan>& plans,
                                            const std::function<double()>& plan_round,
-                                           const std::vector<size_t>& raised_at, double ratio, double allowed) {
+                                           const std::vector<size_t>& raised_at,
+                                           const std::vector<double>& llm_time_cap, double ratio, double allowed) {
   const size_t n = steps.size();
   const grouping::CostModel model = config_.llm_budget.model;
   // The ranks' run peaks after the round, highest first: a move is kept when
@@ -651,8 +671,6 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
       if (item.llm_rank == a) m.push_back(item.lengths);
     return m;
   };
-  // Per step: its slowest LLM rank before any move (-1: not yet needed).
-  std::vector<double> llm_before(n, -1.0);
   std::vector<double> peaks = sorted_peaks();
   std::vector<std::vector<EncoderItem>> best_items = items;
   double best_ratio = ratio;
@@ -665,12 +683,7 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
     const int active = static_cast<int>(steps[k].ranks.size());
     const int from = static_cast<int>(std::find(steps[k].ranks.begin(), steps[k].ranks.end(),
                                                 static_cast<int32_t>(top)) - steps[k].ranks.begin());
-    if (llm_before[k] < 0) {
-      llm_before[k] = 0;
-      for (int a = 0; a < active; ++a)
-        llm_before[k] = std::max(llm_before[k], grouping::StepTime(config_.llm_time, model, members_of(k, a)));
-    }
-    const double time_cap = llm_before[k] * (1 + config_.llm_slack);
+    const double time_cap = llm_time_cap[k];
     // The step's holdings as planned, and what each candidate move leaves:
     // the larger of the two ranks' holdings, least first.
     const std::vector<double> held = Held(items[k], active, plans[k]);

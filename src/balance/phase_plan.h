@@ -217,11 +217,13 @@ struct EncoderPlanConfig {
   // memory placement keeps its balanced time. Steps near their bounds save
   // budget for the heavy ones. 0: no budget, memory_slack per step.
   double time_floor = 0.0;
-  // > 0 (round_joint with peak_ratio): the LLM's layout may serve memory too.
-  // Where the encoder caps leave the ranks' run peaks after a round more
-  // uneven than peak_ratio (a large image's rank holds the image on top of a
-  // full LLM share, which no encoder placement moves), the LLM samples of the
-  // step that set the highest run peak move off that rank, one at a time,
+  // > 0 (round_joint with peak_ratio): the LLM's layout may serve memory too
+  // (a large image's rank holds the image on top of a full LLM share, which
+  // no encoder placement moves). Where the round's layouts at their margin
+  // caps leave the ranks' run peaks more uneven than peak_ratio, first (the
+  // LLM phase has time to spare where the encoders' memory trades are
+  // rationed by time_floor) and again after the encoder caps, the LLM
+  // samples of the step that set the highest run peak move off that rank, one at a time,
   // each onto the step's rank where the pair's larger holding is least,
   // while the round's run peaks fall (sorted, highest first); the most even
   // round seen is kept. A receiving rank keeps its samples within llm_budget
@@ -320,10 +322,12 @@ class EncoderStepPlanner {
   // llm_slack: PlanRoundJoint's LLM moves on `items` (the steps' own, which
   // `steps` view), `plans` re-planned by `plan_round` (which returns the
   // ratio and keeps `raised_at`: per world rank the step that set its run
-  // peak). Returns the ratio of the round it leaves planned.
+  // peak), a receiving rank's LLM time within `llm_time_cap` of its step.
+  // Returns the ratio of the round it leaves planned.
   double MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items, std::span<const EncoderRoundStep> steps,
                          const std::vector<EncoderStepPlan>& plans, const std::function<double()>& plan_round,
-                         const std::vector<size_t>& raised_at, double ratio, double allowed);
+                         const std::vector<size_t>& raised_at, const std::vector<double>& llm_time_cap,
+                         double ratio, double allowed);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;

@@ -163,9 +163,9 @@ struct DaemonConfig {
   // layouts allow; 0 (default): memory_slack per step, no job budget
   // (balance::EncoderPlanConfig::time_floor).
   double memory_time_floor = 0.0;
-  // With memory_peak_round: > 0 lets the LLM's layout serve memory where the
-  // encoder caps cannot keep the ratio (a large image on top of a full LLM
-  // share): the LLM samples of the step that set the highest run peak move
+  // With memory_peak_round: > 0 lets the LLM's layout serve memory, before
+  // the encoder caps and where they cannot keep the ratio (a large image on
+  // top of a full LLM share): the LLM samples of the step that set the highest run peak move
   // off that rank, one at a time, while the round's peaks fall, each
   // receiving rank within the budget and its LLM time within 1 + this of the
   // step's slowest LLM rank (balance::EncoderPlanConfig::llm_slack); 0
