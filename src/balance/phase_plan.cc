@@ -515,6 +515,14 @@ std::vector<double> EncoderStepPlanner::LlmHeld(std::span<const EncoderItem> ite
   return base;
 }
 
+std::vector<double> EncoderStepPlanner::LlmTimes(std::span<const EncoderItem> items, int active) const {
+  std::vector<std::vector<SampleLengths>> members(active);
+  for (const EncoderItem& item : items) members[item.llm_rank].push_back(item.lengths);
+  std::vector<double> time(active, 0.0);
+  for (int a = 0; a < active; ++a) time[a] = grouping::StepTime(config_.llm_time, config_.llm_budget.model, members[a]);
+  return time;
+}
+
 std::vector<double> EncoderStepPlanner::Held(std::span<const EncoderItem> items, int active,
                                              const EncoderStepPlan& plan) const {
   std::vector<double> held = LlmHeld(items, active);
@@ -583,20 +591,29 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   // with time to spare: the encoder phases' memory trades are what the time
   // floor rations), then the encoder caps for what it leaves; and once more
   // after them.
-  std::vector<double> llm_time_cap;
+  LlmRound llm;
   if (config_.llm_slack > 0) {
+    double bound = 0.0;
     for (size_t k = 0; k < n; ++k) {
       const int active = static_cast<int>(steps[k].ranks.size());
-      double slowest = 0.0;
-      for (int a = 0; a < active; ++a) {
-        std::vector<SampleLengths> members;
-        for (const EncoderItem& item : items[k])
-          if (item.llm_rank == a) members.push_back(item.lengths);
-        slowest = std::max(slowest, grouping::StepTime(config_.llm_time, config_.llm_budget.model, members));
+      const std::vector<double> rank_time = LlmTimes(items[k], active);
+      const double slowest = *std::max_element(rank_time.begin(), rank_time.end());
+      double largest = 0.0;
+      for (const EncoderItem& item : items[k]) {
+        largest = std::max(largest, grouping::StepTime(config_.llm_time, config_.llm_budget.model,
+                                                       std::span<const SampleLengths>(&item.lengths, 1)));
       }
-      llm_time_cap.push_back(slowest * (1 + config_.llm_slack));
+      llm.bound.push_back(std::max(
+          largest, std::accumulate(rank_time.begin(), rank_time.end(), 0.0) / static_cast<double>(active)));
+      llm.time.push_back(slowest);
+      llm.cap.push_back(slowest * (1 + config_.llm_slack));
+      bound += llm.bound.back();
     }
-    if (ratio > allowed) ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm_time_cap, ratio, allowed);
+    // time_floor: the LLM's slowest ranks summed over the job within its bounds' sum / f, as the
+    // encoder phases' are: the round's steps may sum to what the steps before left.
+    llm.budget = config_.time_floor > 0 ? (llm_sum_.bound + bound) / config_.time_floor - llm_sum_.time
+                                        : std::numeric_limits<double>::infinity();
+    if (ratio > allowed) ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm, ratio, allowed);
   }
   // The loosest cap in [0, hi] (as a fraction) for step k that keeps the
   // round within `allowed`, by bisection (0 is within it).
@@ -636,9 +653,13 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     ratio = plan_round();
   }
   if (config_.llm_slack > 0 && ratio > allowed) {
-    ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm_time_cap, ratio, allowed);
+    ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm, ratio, allowed);
   }
   ahead_ = {};
+  for (size_t k = 0; k < llm.time.size(); ++k) {
+    llm_sum_.bound += llm.bound[k];
+    llm_sum_.time += llm.time[k];
+  }
   for (size_t k = 0; k < n; ++k) {
     bool moved = false;
     for (size_t i = 0; i < items[k].size(); ++i) moved = moved || items[k][i].llm_rank != given[k].items[i].llm_rank;
@@ -654,26 +675,39 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
                                            const std::vector<EncoderStepPlan>& plans,
                                            const std::function<double()>& plan_round,
                                            const std::vector<size_t>& raised_at,
-                                           const std::vector<double>& llm_time_cap, double ratio, double allowed) {
+                                           LlmRound& llm, double ratio, double allowed) {
   const size_t n = steps.size();
   const grouping::CostModel model = config_.llm_budget.model;
-  // The ranks' run peaks after the round, highest first: a move is kept when
-  // it lowers them in that order (the highest first; two ranks at one peak
-  // come down one after the other, through a ratio that rises in between).
-  auto sorted_peaks = [&] {
-    std::vector<double> p = rank_peak_;
-    std::sort(p.begin(), p.end(), std::greater<>());
-    return p;
-  };
   auto members_of = [&](size_t k, int a) {
     std::vector<SampleLengths> m;
     for (const EncoderItem& item : items[k])
       if (item.llm_rank == a) m.push_back(item.lengths);
     return m;
   };
-  std::vector<double> peaks = sorted_peaks();
+  // How even a round leaves the ranks' run peaks: their max / mean, then the
+  // peaks from the highest down (two ranks at the top come down one at a
+  // time, a move that lowers the third keeps the ratio).
+  struct Evenness {
+    double ratio = std::numeric_limits<double>::infinity();
+    std::vector<double> peaks;
+    bool operator<(const Evenness& o) const {
+      if (ratio != o.ratio) return ratio < o.ratio;
+      return std::lexicographical_compare(peaks.begin(), peaks.end(), o.peaks.begin(), o.peaks.end());
+    }
+  };
+  auto evenness = [&](double r) {
+    Evenness e{r, rank_peak_};
+    std::sort(e.peaks.begin(), e.peaks.end(), std::greater<>());
+    return e;
+  };
   std::vector<std::vector<EncoderItem>> best_items = items;
-  double best_ratio = ratio;
+  std::vector<double> best_time = llm.time;
+  Evenness best_score = evenness(ratio);
+  size_t since_best = 0;
+  auto slowest_of = [&](size_t k) {
+    const std::vector<double> t = LlmTimes(items[k], static_cast<int>(steps[k].ranks.size()));
+    return *std::max_element(t.begin(), t.end());
+  };
   const size_t max_moves = 8 * n + 8;
   for (size_t move = 0; move < max_moves && ratio > allowed; ++move) {
     const size_t top =
@@ -683,46 +717,74 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
     const int active = static_cast<int>(steps[k].ranks.size());
     const int from = static_cast<int>(std::find(steps[k].ranks.begin(), steps[k].ranks.end(),
                                                 static_cast<int32_t>(top)) - steps[k].ranks.begin());
-    const double time_cap = llm_time_cap[k];
-    // The step's holdings as planned, and what each candidate move leaves:
-    // the larger of the two ranks' holdings, least first.
+    // The step's slowest LLM rank may reach its cap as far as the round's
+    // other steps leave it room in the budget (time_floor); a move that does
+    // not slow the step is always allowed.
+    const double round_time = std::accumulate(llm.time.begin(), llm.time.end(), 0.0);
+    const double time_cap =
+        std::max(llm.time[k], std::min(llm.cap[k], llm.budget - (round_time - llm.time[k])));
+    // Per receiving rank, the sample of `from` whose move leaves the pair's
+    // larger holding least (as the step is planned now); each such move is
+    // then tried by re-planning the round (the encoder layouts follow the
+    // LLM's: a relieved rank may attract a large image), and the one leaving
+    // the most even run peaks is made.
     const std::vector<double> held = Held(items[k], active, plans[k]);
-    const std::vector<double> llm = LlmHeld(items[k], active);
-    size_t best_i = items[k].size();
-    int best_to = -1;
-    double best_pair = held[from];
-    std::vector<SampleLengths> from_members = members_of(k, from);
-    if (from_members.size() < 2) break;  // a rank keeps one sample
-    for (size_t i = 0; i < items[k].size(); ++i) {
-      if (items[k][i].llm_rank != from) continue;
-      for (int to = 0; to < active; ++to) {
-        if (to == from) continue;
-        std::vector<SampleLengths> to_members = members_of(k, to);
-        to_members.push_back(items[k][i].lengths);
-        if (!grouping::FitsBudget(config_.llm_budget, to_members) ||
-            grouping::StepTime(config_.llm_time, model, to_members) > time_cap)
+    const std::vector<double> llm_held = LlmHeld(items[k], active);
+    if (members_of(k, from).size() < 2) break;  // a rank keeps one sample
+    std::vector<std::pair<size_t, int>> candidates;  // (item, receiving rank)
+    for (int to = 0; to < active; ++to) {
+      if (to == from) continue;
+      size_t best_i = items[k].size();
+      double best_pair = std::numeric_limits<double>::infinity();
+      const std::vector<SampleLengths> to_members = members_of(k, to);
+      for (size_t i = 0; i < items[k].size(); ++i) {
+        if (items[k][i].llm_rank != from) continue;
+        std::vector<SampleLengths> with = to_members;
+        with.push_back(items[k][i].lengths);
+        if (!grouping::FitsBudget(config_.llm_budget, with) ||
+            grouping::StepTime(config_.llm_time, model, with) > time_cap)
           continue;
         items[k][i].llm_rank = to;
         const std::vector<double> moved = LlmHeld(items[k], active);
+        const double slowest = slowest_of(k);
         items[k][i].llm_rank = from;
-        const double pair = std::max(held[from] - llm[from] + moved[from], held[to] - llm[to] + moved[to]);
-        if (pair < best_pair) best_pair = pair, best_i = i, best_to = to;
+        if (slowest > time_cap) continue;
+        const double pair =
+            std::max(held[from] - llm_held[from] + moved[from], held[to] - llm_held[to] + moved[to]);
+        if (pair < best_pair) best_pair = pair, best_i = i;
+      }
+      if (best_i < items[k].size()) candidates.emplace_back(best_i, to);
+    }
+    if (candidates.empty()) break;
+    std::pair<size_t, int> chosen = candidates[0];
+    Evenness chosen_score;
+    for (const auto& [i, to] : candidates) {
+      items[k][i].llm_rank = to;
+      const double r = plan_round();
+      Evenness score = evenness(r);
+      items[k][i].llm_rank = from;
+      if (score < chosen_score) {
+        chosen = {i, to}, chosen_score = std::move(score);
       }
     }
-    if (best_to < 0) break;
-    items[k][best_i].llm_rank = best_to;
-    const double r = plan_round();
-    std::vector<double> p = sorted_peaks();
-    if (!std::lexicographical_compare(p.begin(), p.end(), peaks.begin(), peaks.end())) {
-      items[k][best_i].llm_rank = from;  // the peaks did not fall: undone, and the moves end
+    items[k][chosen.first].llm_rank = chosen.second;
+    llm.time[k] = slowest_of(k);
+    ratio = plan_round();
+    // The most even round seen is kept. One move may not lower the ratio
+    // (two ranks at one peak come down one after the other; the relabeling
+    // may put a large image on another rank than the one relieved), so the
+    // moves go on a few past the best.
+    Evenness score = evenness(ratio);
+    if (score < best_score) {
+      best_score = std::move(score), best_items = items, best_time = llm.time;
+      since_best = 0;
+    } else if (++since_best > kLlmMovePatience) {
       break;
     }
-    peaks = std::move(p);
-    ratio = r;
-    if (ratio < best_ratio) best_ratio = ratio, best_items = items;
   }
   // In place: `steps` views each step's items.
   for (size_t k = 0; k < n; ++k) std::copy(best_items[k].begin(), best_items[k].end(), items[k].begin());
+  llm.time = std::move(best_time);
   return plan_round();
 }
 

@@ -258,6 +258,9 @@ inline constexpr size_t kRelabelSearchMaxEvaluations = 40320;  // 8!
 inline constexpr double kRelabelPeakTolerance = 0.01;
 // EncoderPlanConfig::peak_ratio: the cap's bisection steps.
 inline constexpr int kPeakRatioBisections = 6;
+// EncoderPlanConfig::llm_slack: LLM moves past the most even round seen
+// before they stop.
+inline constexpr size_t kLlmMovePatience = 4;
 bool RelabelSearches(int world);  // W! <= kRelabelSearchMaxEvaluations
 std::optional<std::vector<std::vector<int32_t>>> RelabelForRunPeaks(
     std::span<const double> base, std::span<const std::vector<double>> buckets,
@@ -318,16 +321,24 @@ class EncoderStepPlanner {
   // Per active rank: its LLM samples' memory (what it holds before the
   // encoder phases), and with a step's encoder layouts.
   std::vector<double> LlmHeld(std::span<const EncoderItem> items, int active) const;
+  std::vector<double> LlmTimes(std::span<const EncoderItem> items, int active) const;  // llm_time
   std::vector<double> Held(std::span<const EncoderItem> items, int active, const EncoderStepPlan& plan) const;
+  // llm_slack's view of a round's LLM phase, per step: the most LLM time a
+  // receiving rank may reach (1 + llm_slack of the slowest before), the
+  // bound max(largest sample, mean rank) and the slowest rank now; and what
+  // the round's slowest ranks may sum to (time_floor; +inf without).
+  struct LlmRound {
+    std::vector<double> cap, bound, time;
+    double budget = std::numeric_limits<double>::infinity();
+  };
   // llm_slack: PlanRoundJoint's LLM moves on `items` (the steps' own, which
   // `steps` view), `plans` re-planned by `plan_round` (which returns the
   // ratio and keeps `raised_at`: per world rank the step that set its run
-  // peak), a receiving rank's LLM time within `llm_time_cap` of its step.
-  // Returns the ratio of the round it leaves planned.
+  // peak), within `llm`'s caps and budget (its times kept). Returns the
+  // ratio of the round it leaves planned.
   double MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items, std::span<const EncoderRoundStep> steps,
                          const std::vector<EncoderStepPlan>& plans, const std::function<double()>& plan_round,
-                         const std::vector<size_t>& raised_at, const std::vector<double>& llm_time_cap,
-                         double ratio, double allowed);
+                         const std::vector<size_t>& raised_at, LlmRound& llm, double ratio, double allowed);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;
@@ -338,6 +349,9 @@ class EncoderStepPlanner {
   // ... and the round's steps after the one being planned, at their time
   // layouts: their savings (or excess) count in its budget.
   std::array<PhaseTimes, 2> ahead_{};
+  // time_floor with llm_slack: the LLM phase's bounds and slowest ranks
+  // summed over the job's rounds.
+  PhaseTimes llm_sum_{};
 };
 
 }  // namespace odb::balance

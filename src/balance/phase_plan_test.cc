@@ -687,5 +687,47 @@ TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that h
   }
 }
 
+TEST_CASE("EncoderStepPlanner's llm_slack spends on memory only the LLM time time_floor leaves", "[phase]") {
+  // The images' step above (LLM 20 on each rank, its bound 20) with
+  // time_floor 0.9: its slowest LLM rank may reach 20 / 0.9 = 22.2, and a
+  // move (a receiver at 25) is refused; each balanced text step before it
+  // (LLM 20 at its bound 20) leaves 2.2 more, so after three, in the same
+  // round or in earlier ones, the step may reach 28.9: one sample to each
+  // receiver (25), the images' ranks at 45 (max / mean 1.29 against 1.43).
+  EncoderPlanConfig config = UnitPeakRatioConfig();
+  config.round_joint = true;
+  config.llm_budget = {grouping::CostModel::kPacked, 40};
+  config.llm_time = {0.0, 1.0, 0.0};
+  config.llm_slack = 1.0;
+  config.time_floor = 0.9;
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  std::vector<EncoderItem> images, text;
+  for (int32_t r = 0; r < 4; ++r) {
+    for (int i = 0; i < 4; ++i) {
+      images.push_back({r, {5, static_cast<uint32_t>(i == 0 && (r == 1 || r == 2) ? 30 : 0), 0}});
+      text.push_back({r, {5, 0, 0}});
+    }
+  }
+  auto moved = [](const EncoderStepPlan& plan) {
+    int count = 0;
+    for (size_t i = 0; i < plan.llm_rank.size(); ++i) count += plan.llm_rank[i] != static_cast<int32_t>(i / 4);
+    return count;
+  };
+  enum class Before { kNone, kSameRound, kEarlierRounds };
+  for (const Before before : {Before::kNone, Before::kSameRound, Before::kEarlierRounds}) {
+    INFO("text steps before: " << static_cast<int>(before));
+    EncoderStepPlanner planner(config);
+    std::vector<EncoderRoundStep> round;
+    for (int t = 0; t < 3 && before != Before::kNone; ++t) {
+      if (before == Before::kSameRound) round.push_back({text, ranks});
+      else planner.PlanRound(std::vector<EncoderRoundStep>{{text, ranks}});
+    }
+    round.push_back({images, ranks});
+    const std::vector<EncoderStepPlan> plans = planner.PlanRound(round);
+    CHECK(moved(plans.back()) == (before == Before::kNone ? 0 : 2));
+    CHECK(planner.memory_peak() == (before == Before::kNone ? 50.0 : 45.0));
+  }
+}
+
 }  // namespace
 }  // namespace odb::balance
