@@ -203,3 +203,17 @@ def test_gpu_step_memory_is_each_steps_allocator_peak(monkeypatch) -> None:
         got.append(mt.step_memory_kb(start, gpu) // 1024)
     assert got == [20, 10, 30]
     assert fake.resets == 3
+
+
+def test_daemon_config_carries_the_memory_llm_slack() -> None:
+    """--memory-llm-slack reaches odbd's alignment.memory_llm_slack (the config's by default, recorded in the
+    run's args), and --no-memory-plan drops it with the other memory settings."""
+    import yaml
+
+    configured = yaml.safe_load(mt.CONFIG.read_text())["alignment"]["memory_llm_slack"]
+    assert configured > 0
+    default = mt.parse_args([])
+    assert default.memory_llm_slack == configured
+    assert mt.daemon_config(default, True, 0)["alignment"]["memory_llm_slack"] == configured
+    assert mt.daemon_config(mt.parse_args(["--memory-llm-slack", "0"]), True, 0)["alignment"]["memory_llm_slack"] == 0
+    assert "memory_llm_slack" not in mt.daemon_config(mt.parse_args(["--no-memory-plan"]), True, 0)["alignment"]
