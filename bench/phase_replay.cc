@@ -123,6 +123,9 @@ int Main(int argc, char** argv) {
                "EncoderPlanConfig::round_joint (the round's caps chosen together for its run peaks)");
   double time_floor = -1;
   app.add_option("--memory-time-floor", time_floor, "override alignment.memory_time_floor (0: off)");
+  double llm_slack = -1;
+  app.add_option("--memory-llm-slack", llm_slack,
+                 "override alignment.memory_llm_slack (0: off; the LLM samples' moves are printed as l=)");
   bool timing = false;
   app.add_flag("--timing", timing,
                "stderr: the planner's thread CPU time per step (mean) and the most one round (or step) took");
@@ -141,6 +144,7 @@ int Main(int argc, char** argv) {
   if (run_so_far) e.forecast_peaks = false;
   if (round_joint) e.round_joint = true;
   if (time_floor >= 0) e.time_floor = time_floor;
+  if (llm_slack >= 0) e.llm_slack = llm_slack;
 
   balance::EncoderStepPlanner planner(e);
   std::ifstream in(steps_path);
@@ -224,6 +228,18 @@ int Main(int argc, char** argv) {
         PrintLayout(plan.vision, patches[k], r);
         std::printf(" a=");
         if (e.audio_phase) PrintLayout(plan.audio, frames[k], r);
+        // The rank's LLM samples' tokens (memory_llm_slack's moves: its own in order, then the moved ones,
+        // as the daemon lays them out).
+        std::printf(" l=");
+        bool first_sample = true;
+        for (int own = 1; own >= 0; --own) {
+          for (size_t i = 0; i < items[k].size(); ++i) {
+            const int32_t at = plan.llm_rank.empty() ? items[k][i].llm_rank : plan.llm_rank[i];
+            if (at != r || (items[k][i].llm_rank == r) != (own == 1)) continue;
+            std::printf("%s%u", first_sample ? "" : ",", items[k][i].lengths.tokens);
+            first_sample = false;
+          }
+        }
       }
       std::printf("\n");
     }

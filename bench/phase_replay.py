@@ -97,7 +97,8 @@ def replay(binary: str, config: str, steps: str, flags: str,
         for part in line.split("|"):
             fields = dict(f.split("=", 1) for f in part.split())
             ranks.append({"vision": [int(x) for x in fields["v"].split(",") if x],
-                          "audio": [int(x) for x in fields["a"].split(",") if x]})
+                          "audio": [int(x) for x in fields["a"].split(",") if x],
+                          "llm": [int(x) for x in fields.get("l", "").split(",") if x]})
         layouts.append(ranks)
     return layouts
 
@@ -110,9 +111,12 @@ def with_layout(per_rank: List[Dict[str, Any]], active: List[List[int]],
         for w in range(len(per_rank)):
             if k >= len(out[w]["records"]):
                 continue
-            mine = layout[ranks.index(w)] if w in ranks else {"vision": [], "audio": []}
+            mine = layout[ranks.index(w)] if w in ranks else {"vision": [], "audio": [], "llm": []}
             for phase in PHASES:
                 out[w]["records"][k]["items"][phase] = mine[phase]
+            if mine["llm"] and sorted(mine["llm"]) != sorted(out[w]["records"][k]["items"]["llm"]):
+                # memory_llm_slack moved LLM samples (a packed LLM: its cost and memory are the samples')
+                out[w]["records"][k]["items"]["llm"] = mine["llm"]
     return out
 
 
@@ -155,7 +159,8 @@ def run_config(data: Dict[str, Any], method: str) -> Dict[str, Any]:
     args = argparse.Namespace(max_tokens=data["args"]["max_tokens"], seed=0, phase_costs=None, llm_step_time=None,
                               memory_plan=True, phase_steps=True,
                               memory_peak_round=data["args"].get("memory_peak_round", False),
-                              memory_time_floor=data["args"].get("memory_time_floor", 0.0))
+                              memory_time_floor=data["args"].get("memory_time_floor", 0.0),
+                              memory_llm_slack=data["args"].get("memory_llm_slack", 0.0))
     return mt.daemon_config(args, True, 0, method in mt.PACKED_METHODS)
 
 
@@ -172,8 +177,8 @@ def main() -> None:
     p.add_argument("--per-step", action="store_true", help="also each step's peaks and phase balance per layout")
     p.add_argument("--targets", action="store_true",
                    help="also, per layout, how many runs meet each of issue 32's targets (each encoder phase "
-                        ">= 0.95 of its bound, activation max/mean <= 1.10, x llm >= 1.15 where the run has "
-                        "its LLM-only method) and all three at once")
+                        ">= 0.95 of its bound, and the LLM's too, activation max/mean <= 1.10, x llm >= 1.15 "
+                        "where the run has its LLM-only method) and all three at once (every phase)")
     p.add_argument("--rounds", action="store_true", help="print each run's recorded round lengths")
     a = p.parse_args()
     met: Dict[str, List[int]] = {}
@@ -209,17 +214,19 @@ def main() -> None:
             print(f"{Path(path).name[:28]:28s} {name:18s} {frac['vision']:7.3f} {frac['audio']:7.3f} "
                   f"{frac['llm']:7.3f} {mm:8.3f} {peak:9.1f} {speedup}")
             enc = min(frac["vision"], frac["audio"]) >= 0.95
+            every = enc and frac["llm"] >= 0.95  # memory_llm_slack spends LLM time too
             x_ok = not baseline or baseline / mt.modelled_sync_time(records, fits) >= 1.15
-            counts = met.setdefault(name, [0, 0, 0, 0, 0])
-            for i, ok in enumerate((enc, mm <= 1.10, x_ok, enc and mm <= 1.10 and x_ok, True)):
+            counts = met.setdefault(name, [0, 0, 0, 0, 0, 0])
+            for i, ok in enumerate((enc, every, mm <= 1.10, x_ok, every and mm <= 1.10 and x_ok, True)):
                 counts[i] += ok
         if a.per_step:
             for name, records in rows:
                 print_steps(name, records, fits, act)
     if a.targets:
-        print(f"\n{'layout':18s} {'enc>=0.95':>9s} {'act<=1.10':>9s} {'x>=1.15':>8s} {'all 3':>6s}  (of runs)")
-        for name, (e, m, x, all3, n) in met.items():
-            print(f"{name:18s} {e:9d} {m:9d} {x:8d} {all3:6d}  ({n})")
+        print(f"\n{'layout':18s} {'enc>=0.95':>9s} {'all>=0.95':>9s} {'act<=1.10':>9s} {'x>=1.15':>8s} {'all 3':>6s}"
+              "  (of runs; all 3: every phase incl. the LLM, memory, x)")
+        for name, (e, every, m, x, all3, n) in met.items():
+            print(f"{name:18s} {e:9d} {every:9d} {m:9d} {x:8d} {all3:6d}  ({n})")
 
 
 if __name__ == "__main__":
