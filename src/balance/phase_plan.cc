@@ -511,7 +511,8 @@ std::vector<double> EncoderStepPlanner::LlmHeld(std::span<const EncoderItem> ite
   for (const EncoderItem& item : items)
     longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
   for (const EncoderItem& item : items)
-    base[item.llm_rank] += config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
+    base[item.llm_rank] +=
+        config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
   return base;
 }
 
@@ -519,7 +520,8 @@ std::vector<double> EncoderStepPlanner::LlmTimes(std::span<const EncoderItem> it
   std::vector<std::vector<SampleLengths>> members(active);
   for (const EncoderItem& item : items) members[item.llm_rank].push_back(item.lengths);
   std::vector<double> time(active, 0.0);
-  for (int a = 0; a < active; ++a) time[a] = grouping::StepTime(config_.llm_time, config_.llm_budget.model, members[a]);
+  for (int a = 0; a < active; ++a)
+    time[a] = grouping::StepTime(config_.llm_time, config_.llm_budget.model, members[a]);
   return time;
 }
 
@@ -613,7 +615,8 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
     // encoder phases' are: the round's steps may sum to what the steps before left.
     llm.budget = config_.time_floor > 0 ? (llm_sum_.bound + bound) / config_.time_floor - llm_sum_.time
                                         : std::numeric_limits<double>::infinity();
-    if (ratio > allowed) ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm, ratio, allowed);
+    if (ratio > allowed)
+      ratio = MoveLlmForPeaks(items, steps, plans, plan_round, raised_at, llm, ratio, allowed);
   }
   // The loosest cap in [0, hi] (as a fraction) for step k that keeps the
   // round within `allowed`, by bisection (0 is within it).
@@ -662,7 +665,8 @@ std::vector<EncoderStepPlan> EncoderStepPlanner::PlanRoundJoint(std::span<const 
   }
   for (size_t k = 0; k < n; ++k) {
     bool moved = false;
-    for (size_t i = 0; i < items[k].size(); ++i) moved = moved || items[k][i].llm_rank != given[k].items[i].llm_rank;
+    for (size_t i = 0; i < items[k].size(); ++i)
+      moved = moved || items[k][i].llm_rank != given[k].items[i].llm_rank;
     if (!moved) continue;
     plans[k].llm_rank.reserve(items[k].size());
     for (const EncoderItem& item : items[k]) plans[k].llm_rank.push_back(item.llm_rank);
@@ -674,8 +678,8 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
                                            std::span<const EncoderRoundStep> steps,
                                            const std::vector<EncoderStepPlan>& plans,
                                            const std::function<double()>& plan_round,
-                                           const std::vector<size_t>& raised_at,
-                                           LlmRound& llm, double ratio, double allowed) {
+                                           const std::vector<size_t>& raised_at, LlmRound& llm, double ratio,
+                                           double allowed) {
   const size_t n = steps.size();
   const grouping::CostModel model = config_.llm_budget.model;
   auto members_of = [&](size_t k, int a) {
@@ -713,10 +717,12 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
     const size_t top =
         static_cast<size_t>(std::max_element(rank_peak_.begin(), rank_peak_.end()) - rank_peak_.begin());
     const size_t k = raised_at[top];  // plan_round keeps it
-    if (k >= n) break;  // the highest peak is from before the round
+    if (k >= n) break;                // the highest peak is from before the round
     const int active = static_cast<int>(steps[k].ranks.size());
-    const int from = static_cast<int>(std::find(steps[k].ranks.begin(), steps[k].ranks.end(),
-                                                static_cast<int32_t>(top)) - steps[k].ranks.begin());
+    const int from =
+        static_cast<int>(std::find(steps[k].ranks.begin(), steps[k].ranks.end(), static_cast<int32_t>(top)) -
+                         steps[k].ranks.begin());
+    if (from == active) break;  // (it is active where its peak rose)
     // The step's slowest LLM rank may reach its cap as far as the round's
     // other steps leave it room in the budget (time_floor); a move that does
     // not slow the step is always allowed.
@@ -730,7 +736,7 @@ double EncoderStepPlanner::MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>
     // the most even run peaks is made.
     const std::vector<double> held = Held(items[k], active, plans[k]);
     const std::vector<double> llm_held = LlmHeld(items[k], active);
-    if (members_of(k, from).size() < 2) break;  // a rank keeps one sample
+    if (members_of(k, from).size() < 2) break;       // a rank keeps one sample
     std::vector<std::pair<size_t, int>> candidates;  // (item, receiving rank)
     for (int to = 0; to < active; ++to) {
       if (to == from) continue;
@@ -799,12 +805,7 @@ EncoderStepPlan EncoderStepPlanner::PlanStep(std::span<const EncoderItem> items,
   std::vector<double> base(active, 0.0);
   double memory_cap = 0.0, floor_cap = 0.0;
   if (memory_aware_) {
-    std::vector<uint32_t> longest(active, 0);
-    for (const EncoderItem& item : items)
-      longest[item.llm_rank] = std::max(longest[item.llm_rank], item.lengths.tokens);
-    for (const EncoderItem& item : items)
-      base[item.llm_rank] +=
-          config_.llm_memory.Of(config_.llm_padded ? longest[item.llm_rank] : item.lengths.tokens);
+    base = LlmHeld(items, active);
     double total = 0.0, largest = 0.0;
     for (double h : base) total += h, largest = std::max(largest, h);
     for (const EncoderItem& item : items) {

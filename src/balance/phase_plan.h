@@ -232,7 +232,7 @@ struct EncoderPlanConfig {
   // samples' ranks are EncoderStepPlan::llm_rank. 0: the LLM layout is the
   // round plan's.
   double llm_slack = 0.0;
-  grouping::Budget llm_budget;      // the round plan's budget (its model: llm_padded)
+  grouping::Budget llm_budget;       // the round plan's budget (its model: llm_padded)
   grouping::StepTimeModel llm_time;  // the LLM's step time (grouping.step_time)
   bool MemoryAware() const;
 };
@@ -336,9 +336,10 @@ class EncoderStepPlanner {
   // ratio and keeps `raised_at`: per world rank the step that set its run
   // peak), within `llm`'s caps and budget (its times kept). Returns the
   // ratio of the round it leaves planned.
-  double MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items, std::span<const EncoderRoundStep> steps,
-                         const std::vector<EncoderStepPlan>& plans, const std::function<double()>& plan_round,
-                         const std::vector<size_t>& raised_at, LlmRound& llm, double ratio, double allowed);
+  double MoveLlmForPeaks(std::vector<std::vector<EncoderItem>>& items,
+                         std::span<const EncoderRoundStep> steps, const std::vector<EncoderStepPlan>& plans,
+                         const std::function<double()>& plan_round, const std::vector<size_t>& raised_at,
+                         LlmRound& llm, double ratio, double allowed);
   EncoderPlanConfig config_;
   bool memory_aware_;
   double memory_peak_ = 0.0;

@@ -627,7 +627,8 @@ TEST_CASE("EncoderStepPlanner's round_joint caps a heavy step only where the rou
   CHECK(by_round.memory_peak() == by_step.memory_peak());
 }
 
-TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that hold large images", "[phase]") {
+TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that hold large images",
+          "[phase]") {
   // One step on 4 ranks, each rank's LLM four samples of 5 tokens (memory 1
   // a token: 20 each); the samples of ranks 1 and 2 carry an image each
   // (memory 30, no audio). Each image is alone on a rank whatever the
@@ -643,7 +644,8 @@ TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that h
   const std::vector<int32_t> ranks = {0, 1, 2, 3};
   std::vector<EncoderItem> step;
   for (int32_t r = 0; r < 4; ++r) {
-    for (int i = 0; i < 4; ++i) step.push_back({r, {5, static_cast<uint32_t>(i == 0 && (r == 1 || r == 2) ? 30 : 0), 0}});
+    for (int i = 0; i < 4; ++i)
+      step.push_back({r, {5, static_cast<uint32_t>(i == 0 && (r == 1 || r == 2) ? 30 : 0), 0}});
   }
   auto ratio = [](const std::vector<double>& held) {
     return *std::max_element(held.begin(), held.end()) * held.size() /
@@ -653,7 +655,8 @@ TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that h
     INFO("llm_slack " << slack);
     config.llm_slack = slack;
     EncoderStepPlanner planner(config);
-    const std::vector<EncoderStepPlan> plans = planner.PlanRound(std::vector<EncoderRoundStep>{{step, ranks}});
+    const std::vector<EncoderStepPlan> plans =
+        planner.PlanRound(std::vector<EncoderRoundStep>{{step, ranks}});
     REQUIRE(plans.size() == 1);
     const EncoderStepPlan& plan = plans[0];
     CHECK(plan.vision.max_load == 30.0);
@@ -672,9 +675,9 @@ TEST_CASE("EncoderStepPlanner's llm_slack moves LLM samples off the ranks that h
       held[plan.vision.slot_of[i].rank] += step[i].lengths.vision_patches;
     }
     for (int r = 0; r < 4; ++r) {
-      CHECK(tokens[r] >= 5);                    // every rank keeps a sample
-      CHECK(tokens[r] <= 20 * (1 + slack));     // the LLM time cap
-      CHECK(tokens[r] <= 40);                   // the budget
+      CHECK(tokens[r] >= 5);                 // every rank keeps a sample
+      CHECK(tokens[r] <= 20 * (1 + slack));  // the LLM time cap
+      CHECK(tokens[r] <= 40);                // the budget
     }
     CHECK(planner.memory_peak() == *std::max_element(held.begin(), held.end()));
     if (slack == 0) {
@@ -710,7 +713,8 @@ TEST_CASE("EncoderStepPlanner's llm_slack spends on memory only the LLM time tim
   }
   auto moved = [](const EncoderStepPlan& plan) {
     int count = 0;
-    for (size_t i = 0; i < plan.llm_rank.size(); ++i) count += plan.llm_rank[i] != static_cast<int32_t>(i / 4);
+    for (size_t i = 0; i < plan.llm_rank.size(); ++i)
+      count += plan.llm_rank[i] != static_cast<int32_t>(i / 4);
     return count;
   };
   enum class Before { kNone, kSameRound, kEarlierRounds };
@@ -719,8 +723,10 @@ TEST_CASE("EncoderStepPlanner's llm_slack spends on memory only the LLM time tim
     EncoderStepPlanner planner(config);
     std::vector<EncoderRoundStep> round;
     for (int t = 0; t < 3 && before != Before::kNone; ++t) {
-      if (before == Before::kSameRound) round.push_back({text, ranks});
-      else planner.PlanRound(std::vector<EncoderRoundStep>{{text, ranks}});
+      if (before == Before::kSameRound)
+        round.push_back({text, ranks});
+      else
+        planner.PlanRound(std::vector<EncoderRoundStep>{{text, ranks}});
     }
     round.push_back({images, ranks});
     const std::vector<EncoderStepPlan> plans = planner.PlanRound(round);

@@ -211,7 +211,8 @@ TEST_CASE("per-phase plans balance the vision phase on its configured cost model
 TEST_CASE("the encoder planner gets the config's memory settings", "[phases]") {
   auto config = ParseConfig(
       "grouping: {cost_model: packed, max_tokens: 777, step_time: {per_step: 3, per_padded_token: 2}}\n"
-      "alignment: {memory_slack: 0.3, memory_time_floor: 0.97, memory_peak_round: true, memory_llm_slack: 0.2}");
+      "alignment: {memory_slack: 0.3, memory_time_floor: 0.97, memory_peak_round: true, memory_llm_slack: "
+      "0.2}");
   REQUIRE(config.ok());
   const balance::EncoderPlanConfig e = EncoderPlanConfigFrom(*config);
   CHECK(e.memory_slack == 0.3);
@@ -388,8 +389,8 @@ TEST_CASE("memory_llm_slack moves LLM samples off the ranks holding large images
     }
     CHECK(emitted.size() == 28);
     CHECK(weights == Approx(kWorld).epsilon(1e-12));
-    ratio[slack] = *std::max_element(held.begin(), held.end()) * kWorld /
-                   std::accumulate(held.begin(), held.end(), 0.0);
+    ratio[slack] =
+        *std::max_element(held.begin(), held.end()) * kWorld / std::accumulate(held.begin(), held.end(), 0.0);
   }
   // Without the slack the two images sit on ranks with a full LLM share (1430
   // against 830-840: 1.26); with it each gives a sample to a rank without

@@ -264,8 +264,8 @@ absl::Status ValidateAlignment(const DaemonConfig& c) {
                        " is outside [0.5, 1) (a fraction of the encoders' bound); use 0 "
                        "(off) or [0.5, 1)");
   }
-  ODB_RETURN_IF_ERROR(CheckFinite("alignment.memory_llm_slack", c.memory_llm_slack, 0.0, 10.0,
-                                  "a finite number in [0, 10]"));
+  ODB_RETURN_IF_ERROR(
+      CheckFinite("alignment.memory_llm_slack", c.memory_llm_slack, 0.0, 10.0, "a finite number in [0, 10]"));
   ODB_RETURN_IF_ERROR(
       CheckFinite("optimizer.window_spread", c.window_spread, 0.0, 3.0, "a finite number in [0, 3]"));
   ODB_RETURN_IF_ERROR(
