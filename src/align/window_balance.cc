@@ -114,7 +114,7 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
 std::optional<std::vector<std::vector<size_t>>> BestFit(const WindowBalanceConfig& c,
                                                         std::span<const SampleMeta> samples,
                                                         std::span<const size_t> order, size_t world, size_t m,
-                                                        uint64_t& work) {
+                                                        uint64_t& work, bool spread = false) {
   std::vector<std::vector<grouping::GroupTally>> slots(world,
                                                        std::vector<grouping::GroupTally>(m, grouping::GroupTally(c.budget)));
   std::vector<double> load(world, 0.0);
@@ -125,12 +125,19 @@ std::optional<std::vector<std::vector<size_t>>> BestFit(const WindowBalanceConfi
     double best_fill = -1.0;
     work += uint64_t{world} * m;
     if (work > kMaxBalanceWork) return std::nullopt;
+    const SampleLengths& smallest = samples[order.back()].lengths;
     for (size_t r = 0; r < world; ++r) {
       for (size_t k = 0; k < m; ++k) {
         grouping::GroupTally next = slots[r][k];
         next.Add(len);
         if (!next.Fits()) continue;
-        const double fill = next.BudgetCost();
+        double fill = next.BudgetCost();
+        if (spread) {
+          // Lay's least loaded rank, unless the sample leaves a gap no sample fills:
+          // fill = -(wasted room), then -(load).
+          const double waste = next.CanAdd(smallest) ? 0.0 : static_cast<double>(c.budget.max_tokens) - fill;
+          fill = -waste * 1e9 - (load[r] + static_cast<double>(len.tokens));
+        }
         if (best_r == world || fill > best_fill || (fill == best_fill && load[r] < load[best_r])) {
           best_r = r;
           best_k = k;
@@ -167,10 +174,19 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   // thousands of times per window: Improve evaluates every move with it).
   thread_local std::vector<double> f;
   thread_local std::vector<size_t> from;
+  // With `groups`: of the cuts that cost the same (a linear step model
+  // charges every split of a rank's samples into j runs alike), the one
+  // whose costliest run is cheapest, in top[...]: else the DP keeps the
+  // first it finds, a last run of one sample (a micro-step far below the
+  // budget, which pays an accelerator's fixed floors for little work, and
+  // under FSDP waits as long as the full one on the other ranks).
+  thread_local std::vector<double> top;
   const size_t row = n + 1;
   f.assign((m + 1) * row, kNone);
   from.assign((m + 1) * row, 0);
+  if (groups) top.assign((m + 1) * row, kNone);
   f[0] = 0.0;
+  if (groups) top[0] = 0.0;
   for (size_t i = 1; i <= n; ++i) {
     Slot run(c.budget);
     for (size_t a = i; a-- > 0;) {
@@ -185,8 +201,20 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
         if (prev == kNone) continue;
         double& cell = f[j * row + i];
         if (prev + cost < cell) {
+          if (groups) {
+            const bool tie = cell != kNone && cell - (prev + cost) <= 1e-12 * cell;
+            const double highest = std::max(top[(j - 1) * row + a], cost);
+            if (tie && highest >= top[j * row + i]) continue;
+            top[j * row + i] = highest;
+          }
           cell = prev + cost;
           from[j * row + i] = a;
+        } else if (groups && prev + cost - cell <= 1e-12 * cell) {
+          const double highest = std::max(top[(j - 1) * row + a], cost);
+          if (highest < top[j * row + i]) {
+            top[j * row + i] = highest;
+            from[j * row + i] = a;
+          }
         }
       }
     }
@@ -813,6 +841,10 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
           assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
       }
       start = packed(std::move(assign));
+    }
+    if (!start) {
+      if (auto assign = BestFit(config, samples, order, world, m, work, true))
+        start = packed(std::move(*assign));
     }
     if (!start) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
