@@ -114,7 +114,7 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
 std::optional<std::vector<std::vector<size_t>>> BestFit(const WindowBalanceConfig& c,
                                                         std::span<const SampleMeta> samples,
                                                         std::span<const size_t> order, size_t world, size_t m,
-                                                        uint64_t& work, bool spread = false) {
+                                                        uint64_t& work) {
   std::vector<std::vector<grouping::GroupTally>> slots(world,
                                                        std::vector<grouping::GroupTally>(m, grouping::GroupTally(c.budget)));
   std::vector<double> load(world, 0.0);
@@ -125,19 +125,12 @@ std::optional<std::vector<std::vector<size_t>>> BestFit(const WindowBalanceConfi
     double best_fill = -1.0;
     work += uint64_t{world} * m;
     if (work > kMaxBalanceWork) return std::nullopt;
-    const SampleLengths& smallest = samples[order.back()].lengths;
     for (size_t r = 0; r < world; ++r) {
       for (size_t k = 0; k < m; ++k) {
         grouping::GroupTally next = slots[r][k];
         next.Add(len);
         if (!next.Fits()) continue;
-        double fill = next.BudgetCost();
-        if (spread) {
-          // Lay's least loaded rank, unless the sample leaves a gap no sample fills:
-          // fill = -(wasted room), then -(load).
-          const double waste = next.CanAdd(smallest) ? 0.0 : static_cast<double>(c.budget.max_tokens) - fill;
-          fill = -waste * 1e9 - (load[r] + static_cast<double>(len.tokens));
-        }
+        const double fill = next.BudgetCost();
         if (best_r == world || fill > best_fill || (fill == best_fill && load[r] < load[best_r])) {
           best_r = r;
           best_k = k;
@@ -841,10 +834,6 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
           assign[r].insert(assign[r].end(), slot.members.begin(), slot.members.end());
       }
       start = packed(std::move(assign));
-    }
-    if (!start) {
-      if (auto assign = BestFit(config, samples, order, world, m, work, true))
-        start = packed(std::move(*assign));
     }
     if (!start) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
