@@ -101,9 +101,10 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
   return layout;
 }
 
-// The best-fit start with `m` micro-steps per rank, for windows the greedy
-// (Lay) finds no layout for: samples longest first (`order`), each into the
-// micro-step, over all ranks, that it leaves fullest under the budget
+// The best-fit start with `m` micro-steps per rank, for packed windows the
+// greedy (Lay) finds no layout for (padded ones have SortedRuns): samples
+// longest first (`order`), each into the micro-step, over all ranks, that it
+// leaves fullest under the budget
 // (GroupTally::BudgetCost after adding it; ties: the least loaded rank, then
 // the lowest rank and micro-step). Lay sends each sample to a least loaded
 // rank, which spreads the window evenly but, with micro-steps nearly as full
@@ -835,7 +836,7 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
       }
       start = packed(std::move(assign));
     }
-    if (!start) {
+    if (!start && config.budget.model == grouping::CostModel::kPacked) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
     }
     if (config.budget.model == grouping::CostModel::kPadded) {
