@@ -839,21 +839,29 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
     if (!start && config.budget.model == grouping::CostModel::kPacked) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
     }
+    std::optional<Start> even;
     if (config.budget.model == grouping::CostModel::kPadded) {
-      for (bool even : {false, true}) {
-        if (auto assign = SortedRuns(config, samples, order, world, m, work, even)) {
-          std::optional<Start> sorted = packed(std::move(*assign));
-          if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
-        }
+      if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
+        std::optional<Start> sorted = packed(std::move(*assign));
+        if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
       }
+      if (auto assign = SortedRuns(config, samples, order, world, m, work, /*even=*/true))
+        even = packed(std::move(*assign));
     }
-    if (!start) continue;
-    const double worst = Improve(config, samples, position, m, start->assign, start->cost, work);
-    if (worst < best_cost) {
-      best_cost = worst;
-      Groups groups(world);
-      for (size_t r = 0; r < world; ++r) PackRank(config, samples, start->assign[r], m, work, &groups[r]);
-      best = std::move(groups);
+    // The moves run on the cheaper start and, on their own budget, on the
+    // even runs; the cheaper result is kept.
+    const uint64_t work_before = work;
+    for (std::optional<Start>* s : {&start, &even}) {
+      if (!*s) continue;
+      uint64_t own = s == &even ? work_before + kMaxBalanceWork / 2 : work_before;
+      const double worst = Improve(config, samples, position, m, (*s)->assign, (*s)->cost, own);
+      work = std::max(work, own);
+      if (worst < best_cost) {
+        best_cost = worst;
+        Groups groups(world);
+        for (size_t r = 0; r < world; ++r) PackRank(config, samples, (*s)->assign[r], m, work, &groups[r]);
+        best = std::move(groups);
+      }
     }
   }
   if (!best) return false;

@@ -244,43 +244,57 @@ TEST_CASE("a rank's micro-steps of equal cost are split evenly, not one nearly e
 }
 
 TEST_CASE("a padded window's length-sorted runs are cut to even costs: even ranks", "[window_balance]") {
-  // 8 ranks, four micro-steps' budget of lengths around 700 (image_text's
-  // shape), planned as six micro-steps a rank. The least-padding cut fills
-  // most of the 40 micro-steps to the budget and leaves a few light: a rank
-  // dealt a light run sums far below one dealt only full ones. Runs cut to
-  // even costs (at a little more padding) even the ranks.
+  // A window of batching_sim's image_text trace (W = 8, padded budget 4096,
+  // 4m windows, default_tokens: 220 samples, four global micro-steps'
+  // budget, five micro-steps a rank), planned here as six a rank. Its
+  // lengths come in clusters of equal ones: the least-padding cut fills
+  // most runs to the budget and leaves a few light, and a rank dealt a light
+  // run sums far below one dealt only full ones; the moves then stop at a
+  // local optimum. Runs cut to even costs (at a little more padding), moved
+  // on their own budget, make the slowest rank ~4% cheaper.
+  const std::vector<uint32_t> lengths = {
+      1537, 1507, 1502, 1480, 1035, 1035, 1035, 1030, 1030, 1030, 1029, 1029, 1028, 1028, 1028, 1027, 1027,
+      1022, 1017, 958,  957,  880,  880,  880,  879,  875,  874,  874,  873,  809,  808,  808,  808,  808,
+      808,  808,  808,  808,  807,  807,  807,  807,  806,  806,  806,  806,  806,  806,  806,  803,  802,
+      802,  802,  802,  766,  766,  763,  760,  760,  760,  704,  704,  704,  704,  704,  704,  704,  703,
+      703,  703,  701,  701,  701,  701,  701,  700,  700,  700,  700,  700,  699,  699,  699,  699,  699,
+      698,  698,  698,  698,  698,  675,  675,  675,  675,  675,  675,  674,  674,  674,  674,  674,  674,
+      674,  674,  674,  674,  674,  674,  673,  673,  673,  673,  672,  672,  672,  672,  672,  672,  672,
+      672,  672,  672,  672,  672,  672,  672,  672,  672,  672,  672,  671,  671,  670,  670,  670,  670,
+      669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,  669,
+      669,  668,  668,  637,  637,  636,  636,  636,  636,  636,  635,  635,  635,  635,  635,  634,  634,
+      634,  633,  633,  62,   62,   62,   62,   62,   61,   61,   60,   60,   58,   58,   57,   56,   55,
+      55,   54,   54,   53,   53,   53,   53,   53,   53,   52,   52,   52,   52,   52,   52,   52,   51,
+      51,   51,   51,   50,   50,   49,   48,   47,   47,   46,   45,   43,   43,   43,   42,   41};
   const WindowBalanceConfig c = Config(4096, 512.0);
   const size_t world = 8;
-  std::mt19937_64 rng(7);
-  std::normal_distribution<double> length(683.0, 232.0);
   std::vector<SampleMeta> pool;
-  uint64_t tokens = 0;
-  for (uint64_t id = 0; tokens < 4 * world * 4096 * 9 / 10; ++id) {
+  for (uint32_t len : lengths) {
     SampleMeta m;
-    m.id = id;
-    m.owner_rank = static_cast<int32_t>(id % world);
-    m.lengths.tokens = static_cast<uint32_t>(std::clamp(length(rng), 64.0, 3652.0));
-    tokens += m.lengths.tokens;
+    m.id = pool.size();
+    m.owner_rank = static_cast<int32_t>(pool.size() % world);
+    m.lengths.tokens = len;
     pool.push_back(m);
   }
-  std::vector<GlobalStep> window(6, GlobalStep(world));
+  std::vector<GlobalStep> window(5, GlobalStep(world));
   size_t next = 0;
-  for (size_t slot = 0; slot < 6 * world && next < pool.size(); ++slot) {
-    window[slot % 6][slot / 6] = FillToBudget(c, pool, next);
+  for (size_t slot = 0; slot < 5 * world && next < pool.size(); ++slot) {
+    window[slot % 5][slot / 5] = FillToBudget(c, pool, next);
   }
   REQUIRE(next == pool.size());
   const auto keys = Keys(window);
   REQUIRE(BalanceWindow(c, window));
   REQUIRE(Keys(window) == keys);
   RequireWithinBudget(c, window);
+  for (const GlobalStep& g : window) REQUIRE(g.size() == world);
   double sum = 0.0;
   for (size_t r = 0; r < world; ++r) {
     for (const GlobalStep& g : window) sum += MicroStepCost(c, g[r]);
   }
   const double mean = sum / static_cast<double>(world);
-  INFO("micro-steps " << window.size() << ", slowest rank " << WindowCost(c, window) << ", mean " << mean
-                      << ", samples " << pool.size() << ", tokens " << tokens);
-  REQUIRE(WindowCost(c, window) <= 1.004 * mean);
+  INFO("micro-steps " << window.size() << ", slowest rank " << WindowCost(c, window) << ", mean " << mean);
+  // 19514 over a mean of 19382 (1.007); without the even runs 20304 over 19306 (1.052).
+  REQUIRE(WindowCost(c, window) <= 1.01 * mean);
 }
 
 TEST_CASE("a wide padded window's length-sorted runs fill the micro-steps: few IDLE ones",
