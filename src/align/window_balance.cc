@@ -101,6 +101,52 @@ std::optional<Layout> Lay(const WindowBalanceConfig& c, std::span<const SampleMe
   return layout;
 }
 
+// The best-fit start with `m` micro-steps per rank, for packed windows the
+// greedy (Lay) finds no layout for (padded ones have SortedRuns): samples
+// longest first (`order`), each into the micro-step, over all ranks, that it
+// leaves fullest under the budget
+// (GroupTally::BudgetCost after adding it; ties: the least loaded rank, then
+// the lowest rank and micro-step). Lay sends each sample to a least loaded
+// rank, which spreads the window evenly but, with micro-steps nearly as full
+// as the budget allows (a window of one budget per rank, packed), strands
+// the last samples where no micro-step has room; best-fit decreasing leaves
+// the room in fewer, larger gaps. Returns each rank's members (nullopt when
+// some sample fits no micro-step, or `work` passes kMaxBalanceWork).
+std::optional<std::vector<std::vector<size_t>>> BestFit(const WindowBalanceConfig& c,
+                                                        std::span<const SampleMeta> samples,
+                                                        std::span<const size_t> order, size_t world, size_t m,
+                                                        uint64_t& work) {
+  std::vector<std::vector<grouping::GroupTally>> slots(world,
+                                                       std::vector<grouping::GroupTally>(m, grouping::GroupTally(c.budget)));
+  std::vector<double> load(world, 0.0);
+  std::vector<std::vector<size_t>> assign(world);
+  for (size_t i : order) {
+    const SampleLengths& len = samples[i].lengths;
+    size_t best_r = world, best_k = 0;
+    double best_fill = -1.0;
+    work += uint64_t{world} * m;
+    if (work > kMaxBalanceWork) return std::nullopt;
+    for (size_t r = 0; r < world; ++r) {
+      for (size_t k = 0; k < m; ++k) {
+        grouping::GroupTally next = slots[r][k];
+        next.Add(len);
+        if (!next.Fits()) continue;
+        const double fill = next.BudgetCost();
+        if (best_r == world || fill > best_fill || (fill == best_fill && load[r] < load[best_r])) {
+          best_r = r;
+          best_k = k;
+          best_fill = fill;
+        }
+      }
+    }
+    if (best_r == world) return std::nullopt;
+    slots[best_r][best_k].Add(len);
+    load[best_r] += static_cast<double>(len.tokens);
+    assign[best_r].push_back(i);
+  }
+  return assign;
+}
+
 // The cheapest way to run `members` (sample indices, in the window's
 // longest-first order) as `m` micro-steps
 // within the budget: the sorted list cut into at most m runs (dynamic
@@ -122,10 +168,19 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   // thousands of times per window: Improve evaluates every move with it).
   thread_local std::vector<double> f;
   thread_local std::vector<size_t> from;
+  // With `groups`: of the cuts that cost the same (a linear step model
+  // charges every split of a rank's samples into j runs alike), the one
+  // whose costliest run is cheapest, in top[...]: else the DP keeps the
+  // first it finds, a last run of one sample (a micro-step far below the
+  // budget, which pays an accelerator's fixed floors for little work, and
+  // under FSDP waits as long as the full one on the other ranks).
+  thread_local std::vector<double> top;
   const size_t row = n + 1;
   f.assign((m + 1) * row, kNone);
   from.assign((m + 1) * row, 0);
+  if (groups) top.assign((m + 1) * row, kNone);
   f[0] = 0.0;
+  if (groups) top[0] = 0.0;
   for (size_t i = 1; i <= n; ++i) {
     Slot run(c.budget);
     for (size_t a = i; a-- > 0;) {
@@ -140,8 +195,20 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
         if (prev == kNone) continue;
         double& cell = f[j * row + i];
         if (prev + cost < cell) {
+          if (groups) {
+            const bool tie = cell != kNone && cell - (prev + cost) <= 1e-12 * cell;
+            const double highest = std::max(top[(j - 1) * row + a], cost);
+            if (tie && highest >= top[j * row + i]) continue;
+            top[j * row + i] = highest;
+          }
           cell = prev + cost;
           from[j * row + i] = a;
+        } else if (groups && prev + cost - cell <= 1e-12 * cell) {
+          const double highest = std::max(top[(j - 1) * row + a], cost);
+          if (highest < top[j * row + i]) {
+            top[j * row + i] = highest;
+            from[j * row + i] = a;
+          }
         }
       }
     }
@@ -187,7 +254,7 @@ constexpr int kSortedRunsBisections = 24;
 std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceConfig& c,
                                                            std::span<const SampleMeta> samples,
                                                            std::span<const size_t> order, size_t world,
-                                                           size_t m, uint64_t& work) {
+                                                           size_t m, uint64_t& work, bool even = false) {
   const size_t n = order.size();
   const size_t slots = world * m;
   const double per_step = c.step_model.per_step;
@@ -220,8 +287,52 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
     }
     return count[n];
   };
+  // The even cut: the longest-first list cut greedily into runs whose cost
+  // beyond per_step stays within a cap (a run is closed when the next sample
+  // would pass the cap or the budget), the cap bisected to the least that
+  // needs at most world x m runs. Where the cut with the least padding fills
+  // most micro-steps to the budget and leaves a few nearly empty (a rank
+  // dealt one of those runs is light, one dealt only full ones heavy: with
+  // m runs per rank the ranks' sums then differ by most of a run), these
+  // runs cost about the same, at a little more padding.
+  auto even_cut = [&](double cap) {
+    size_t runs = 0;
+    size_t i = 0;
+    while (i < n) {
+      Slot run(c.budget);
+      const size_t a = i;
+      while (i < n) {
+        const SampleLengths& l = samples[order[i]].lengths;
+        if (!run.tally.CanAdd(l)) break;
+        if (i > a && SlotCostWith(c, run, l) - per_step > cap) break;
+        run.tally.Add(l);
+        run.sum_sq += Square(l.tokens);
+        ++i;
+        ++work;
+      }
+      if (i == a) return SIZE_MAX;  // a sample no micro-step holds
+      from[i] = a;
+      ++runs;
+    }
+    return runs;
+  };
   if (n == 0) return std::nullopt;
-  if (cut(0.0) > slots) {
+  if (even) {
+    double lo = 0.0, hi = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      Slot one(c.budget);
+      one.tally.Add(samples[order[i]].lengths);
+      one.sum_sq = Square(samples[order[i]].lengths.tokens);
+      hi += SlotCost(c, one);
+    }
+    // With no cap but the budget: the fewest runs a greedy cut needs.
+    if (even_cut(hi) > slots) return std::nullopt;
+    for (int it = 0; it < kSortedRunsBisections; ++it) {
+      const double mid = lo + (hi - lo) / 2;
+      (even_cut(mid) <= slots ? hi : lo) = mid;
+    }
+    even_cut(hi);
+  } else if (cut(0.0) > slots) {
     // A charge above which the cut with the fewest runs wins: any cut's cost
     // beyond per_step a run is at most n x the costliest sample's (every row
     // is padded to at most the longest sample), so two cuts differ by less.
@@ -725,19 +836,32 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
       }
       start = packed(std::move(assign));
     }
+    if (!start && config.budget.model == grouping::CostModel::kPacked) {
+      if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
+    }
+    std::optional<Start> even;
     if (config.budget.model == grouping::CostModel::kPadded) {
       if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
         std::optional<Start> sorted = packed(std::move(*assign));
         if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
       }
+      if (auto assign = SortedRuns(config, samples, order, world, m, work, /*even=*/true))
+        even = packed(std::move(*assign));
     }
-    if (!start) continue;
-    const double worst = Improve(config, samples, position, m, start->assign, start->cost, work);
-    if (worst < best_cost) {
-      best_cost = worst;
-      Groups groups(world);
-      for (size_t r = 0; r < world; ++r) PackRank(config, samples, start->assign[r], m, work, &groups[r]);
-      best = std::move(groups);
+    // The moves run on the cheaper start and, on their own budget, on the
+    // even runs; the cheaper result is kept.
+    const uint64_t work_before = work;
+    for (std::optional<Start>* s : {&start, &even}) {
+      if (!*s) continue;
+      uint64_t own = s == &even ? work_before + kMaxBalanceWork / 2 : work_before;
+      const double worst = Improve(config, samples, position, m, (*s)->assign, (*s)->cost, own);
+      work = std::max(work, own);
+      if (worst < best_cost) {
+        best_cost = worst;
+        Groups groups(world);
+        for (size_t r = 0; r < world; ++r) PackRank(config, samples, (*s)->assign[r], m, work, &groups[r]);
+        best = std::move(groups);
+      }
     }
   }
   if (!best) return false;

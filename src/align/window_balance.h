@@ -61,12 +61,22 @@ size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t t
 // padding (a padded micro-step of mixed lengths pays its longest on every
 // row; the greedy above mixes them, and often finds no layout with fewer
 // micro-steps) and deals the runs costliest first to the least loaded rank
-// with fewer than m. Each rank's samples are packed the cheapest way into
-// its m micro-steps (runs of its length-sorted list, dynamic programming);
-// the start whose slowest rank is cheaper is kept (the greedy's on ties),
-// and samples are moved off the costliest rank, or exchanged with another's,
-// while that makes it cheaper. The cheapest layout wins, the planner's kept
-// on ties.
+// with fewer than m; with a packed budget, where the greedy strands a
+// sample (micro-steps nearly as full as the budget allows: a window of one
+// budget per rank), a best-fit start (longest first, each into the fullest
+// micro-step that holds it) takes its place. Each rank's samples are packed
+// the cheapest way into its m micro-steps (runs of its length-sorted list,
+// dynamic programming; of cuts that cost the same, the one whose costliest
+// run is cheapest, not one nearly empty micro-step); the start whose
+// slowest rank is cheaper is kept (the greedy's on ties), and samples are
+// moved off the costliest rank, or exchanged with another's, while that
+// makes it cheaper. Padded, the length-sorted samples are also cut into
+// runs of even cost (the least cap on a run's cost that needs at most
+// world x m runs: the least-padding cut fills most micro-steps to the
+// budget and leaves a few light, and a rank dealt one of those sums far
+// below one dealt only full ones), dealt the same way and moved on a work
+// bound of their own (half of kMaxBalanceWork); the cheaper result is kept.
+// The cheapest layout wins, the planner's kept on ties.
 // Samples of equal lengths are then exchanged so that as many as possible stay
 // on their owner (no payload move), and each rank's micro-steps are ordered
 // costliest first (under FSDP every micro-step is a barrier: like costs meet);
