@@ -79,6 +79,20 @@ PlannedStep FillToBudget(const WindowBalanceConfig& c, const std::vector<SampleM
   return MakeStep(c.budget.model, run, members, false);
 }
 
+// The planner's layout of `pool` in arrival order: each rank's micro-steps
+// filled to the budget in turn, `steps` a rank over `world` ranks; every
+// sample placed.
+std::vector<GlobalStep> FilledWindow(const WindowBalanceConfig& c, const std::vector<SampleMeta>& pool,
+                                     size_t world, size_t steps) {
+  std::vector<GlobalStep> window(steps, GlobalStep(world));
+  size_t next = 0;
+  for (size_t slot = 0; slot < steps * world && next < pool.size(); ++slot) {
+    window[slot % steps][slot / steps] = FillToBudget(c, pool, next);
+  }
+  REQUIRE(next == pool.size());
+  return window;
+}
+
 TEST_CASE("a window's samples are spread so that every rank's sum is even", "[window_balance]") {
   // The planner's layout: rank 0 runs two full micro-steps, rank 1 one and an IDLE one.
   uint64_t id = 0;
@@ -197,12 +211,7 @@ TEST_CASE("packed windows of one budget a rank are laid best-fit where the greed
       total -= pool.back().lengths.tokens;
       pool.pop_back();
     }
-    std::vector<GlobalStep> window(2, GlobalStep(world));
-    size_t next = 0;
-    for (size_t slot = 0; slot < 2 * world && next < pool.size(); ++slot) {
-      window[slot % 2][slot / 2] = FillToBudget(c, pool, next);
-    }
-    REQUIRE(next == pool.size());
+    std::vector<GlobalStep> window = FilledWindow(c, pool, world, 2);
     const auto keys = Keys(window);
     const double before = WindowCost(c, window);
     BalanceWindow(c, window);
@@ -276,12 +285,7 @@ TEST_CASE("a padded window's length-sorted runs are cut to even costs: even rank
     m.lengths.tokens = len;
     pool.push_back(m);
   }
-  std::vector<GlobalStep> window(5, GlobalStep(world));
-  size_t next = 0;
-  for (size_t slot = 0; slot < 5 * world && next < pool.size(); ++slot) {
-    window[slot % 5][slot / 5] = FillToBudget(c, pool, next);
-  }
-  REQUIRE(next == pool.size());
+  std::vector<GlobalStep> window = FilledWindow(c, pool, world, 5);
   const auto keys = Keys(window);
   REQUIRE(BalanceWindow(c, window));
   REQUIRE(Keys(window) == keys);
@@ -319,12 +323,7 @@ TEST_CASE("a wide padded window's length-sorted runs fill the micro-steps: few I
     pool.push_back(m);
   }
   // The planner's layout: arrival order, each rank's micro-step filled to the budget, three a rank.
-  std::vector<GlobalStep> window(3, GlobalStep(world));
-  size_t next = 0;
-  for (size_t slot = 0; slot < 3 * world && next < pool.size(); ++slot) {
-    window[slot % 3][slot / 3] = FillToBudget(c, pool, next);
-  }
-  REQUIRE(next == pool.size());
+  std::vector<GlobalStep> window = FilledWindow(c, pool, world, 3);
   const auto keys = Keys(window);
   const double before = WindowCost(c, window);
   REQUIRE(BalanceWindow(c, window));
