@@ -223,14 +223,18 @@ struct EncoderPlanConfig {
   // caps leave the ranks' run peaks more uneven than peak_ratio, first (the
   // LLM phase has time to spare where the encoders' memory trades are
   // rationed by time_floor) and again after the encoder caps, the LLM
-  // samples of the step that set the highest run peak move off that rank, one at a time,
-  // each onto the step's rank where the pair's larger holding is least,
-  // while the round's run peaks fall (sorted, highest first); the most even
-  // round seen is kept. A receiving rank keeps its samples within llm_budget
-  // and its LLM time (llm_time) within (1 + llm_slack) x the step's slowest
-  // LLM rank before any move; a rank keeps at least one sample. The moved
-  // samples' ranks are EncoderStepPlan::llm_rank. 0: the LLM layout is the
-  // round plan's.
+  // samples of the step that set the highest run peak move off that rank,
+  // one at a time: per receiving rank the sample whose move leaves the
+  // pair's larger holding least, each such move tried by re-planning the
+  // round, the one leaving the run peaks most even made (max / mean, then the
+  // peaks from the highest down); moves go on while the round is above the
+  // ratio, at most kLlmMovePatience past the most even round seen, which is
+  // kept. A receiving rank keeps its samples within llm_budget and its LLM
+  // time (llm_time) within (1 + llm_slack) x the step's slowest LLM rank
+  // before any move; a rank keeps at least one sample; with time_floor the
+  // LLM's slowest ranks summed over the job stay within its bounds' sum /
+  // time_floor. The moved samples' ranks are EncoderStepPlan::llm_rank. 0:
+  // the LLM layout is the round plan's.
   double llm_slack = 0.0;
   grouping::Budget llm_budget;       // the round plan's budget (its model: llm_padded)
   grouping::StepTimeModel llm_time;  // the LLM's step time (grouping.step_time)
