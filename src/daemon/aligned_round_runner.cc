@@ -116,8 +116,9 @@ bool AlignedRoundRunner::AddPhasePlans(const align::RoundPlan& plan, RoundOutcom
   // unchanged, so are the weights' denominators), this rank's step too.
   const double weight_world = static_cast<double>(world);
   bool moved = false;
-  for (Step& step : steps) {
-    const std::vector<int32_t>& to = step_plans[&step - steps.data()].llm_rank;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    Step& step = steps[k];
+    const std::vector<int32_t>& to = step_plans[k].llm_rank;
     if (to.empty()) continue;
     if (!moved) moved_plan = plan;
     moved = true;
