@@ -467,11 +467,21 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
     // their targets; the next window's goal makes up for it (window.h).
     int64_t drift = 0;
     const int64_t band = static_cast<int64_t>(tol);
+    // The round's loss tokens not yet in a closed window: the windows it has
+    // left are about round_left / target.
+    uint64_t round_left = 0;
+    if (tol > 0) {
+      for (const GlobalStep& q : queue) round_left += GlobalLoss(q);
+    }
     uint64_t acc = 0;
     size_t acc_samples = 0;
     while (!queue.empty()) {
-      const uint64_t goal = static_cast<uint64_t>(static_cast<int64_t>(target) +
-                                                  (tol > 0 ? std::clamp(-drift, -band, band) : carry));
+      // With micro-step-aware ends the drift is made up over the windows the
+      // round has left, not by the next one alone (window.h).
+      const int64_t shift = tol > 0 ? std::clamp(-drift, -band, band) /
+                                          static_cast<int64_t>(std::max<uint64_t>(1, round_left / target))
+                                    : carry;
+      const uint64_t goal = static_cast<uint64_t>(static_cast<int64_t>(target) + shift);
       GlobalStep g = std::move(queue.front());
       queue.pop_front();
       const uint64_t tok = GlobalLoss(g);
@@ -518,6 +528,31 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       if (aware) {
         const auto& [low, high] = *aware;
         pick = goal - low.total <= high.total - goal ? &low : &high;
+        // The round's drift after an end: the other end of the pair when the
+        // nearer one would leave it past the band and the other less far.
+        auto drift_after = [&](const WindowEnd& e) {
+          return std::abs(drift + static_cast<int64_t>(e.total) - static_cast<int64_t>(target));
+        };
+        const WindowEnd* other = pick == &low ? &high : &low;
+        if (drift_after(*pick) > band && drift_after(*other) < drift_after(*pick)) pick = other;
+        // An end inside a step gives way to the step's start or end (the
+        // nearer the goal) when that lies within tol of the target, keeps the
+        // drift within the band and runs no more micro-steps: the next window
+        // then starts on a whole planner step (window.h).
+        if (pick->choice == WindowEnd::kSplit) {
+          const size_t m = ends.RunOf(*pick).micro_steps;
+          const WindowEnd* boundary = nullptr;
+          auto off = [goal](const WindowEnd& e) { return e.total > goal ? e.total - goal : goal - e.total; };
+          for (const WindowEnd& c : candidates) {
+            if (c.choice == WindowEnd::kSplit || c.total + tol < target || c.total > target + tol ||
+                drift_after(c) > band || (boundary && off(c) >= off(*boundary)) ||
+                !ends.RunsWithin(c, m, false)) {
+              continue;
+            }
+            boundary = &c;
+          }
+          if (boundary) pick = boundary;
+        }
       } else if (under && (over->total > limit || under->total == goal)) {
         pick = under;
         carry = std::min(static_cast<int64_t>(goal - under->total), max_carry);
@@ -545,6 +580,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
           break;
       }
       drift += static_cast<int64_t>(pick_total) - static_cast<int64_t>(target);
+      round_left -= std::min(round_left, pick_total);
       open = out.size();
       acc = 0;
       acc_samples = 0;
