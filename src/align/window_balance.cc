@@ -19,6 +19,10 @@ namespace {
 
 double Square(uint32_t x) { return static_cast<double>(x) * static_cast<double>(x); }
 
+bool SameLengths(const SampleLengths& a, const SampleLengths& b) {
+  return a.tokens == b.tokens && a.vision_patches == b.vision_patches && a.audio_frames == b.audio_frames;
+}
+
 // One rank's micro-step while a layout is built: its members (indices into
 // the window's samples) and the aggregates its cost and budget need.
 struct Slot {
@@ -454,6 +458,11 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       uint64_t work = 0;
     };
     std::vector<Without> without(assign[top].size());
+    const bool padded = c.budget.model == grouping::CostModel::kPadded;
+    auto Own = [&](size_t i) {
+      const double t = samples[i].lengths.tokens;
+      return c.step_model.per_padded_token * t + c.step_model.per_len_sq * t * t;
+    };
     auto consider = [&](size_t q, size_t x, size_t y, Without* cached) {
       std::optional<double> a;
       if (cached && cached->known) {
@@ -465,6 +474,9 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         if (cached) *cached = {true, a, work - before};
       }
       if (!a || *a >= best) return;
+      // Padded, a rank's cheapest packing grows by at least the added
+      // sample's own cost (taking it out of its run saves that much).
+      if (y == SIZE_MAX && padded && cost[q] + Own(x) >= best) return;
       const std::optional<double> b = PackRank(c, samples, sorted_with(assign[q], y, x), m, work);
       if (!b || std::max(*a, *b) >= best) return;
       best = std::max(*a, *b);
@@ -474,15 +486,29 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       best_top = *a;
       best_other = *b;
     };
+    // Samples of equal lengths cost the same wherever they go: of each run
+    // of them in a rank's list (longest first, so they are adjacent) only
+    // the first is tried, which is the one the search would pick anyway.
+    auto repeats = [&](const std::vector<size_t>& list, size_t i) {
+      return i > 0 && SameLengths(samples[list[i]].lengths, samples[list[i - 1]].lengths);
+    };
     for (size_t i = 0; i < assign[top].size(); ++i) {
+      if (repeats(assign[top], i)) continue;
       for (size_t q : others) {
         if (work <= kMaxBalanceWork) consider(q, assign[top][i], SIZE_MAX, &without[i]);
       }
     }
     if (best_q == world) {
-      for (size_t x : assign[top]) {
+      for (size_t i = 0; i < assign[top].size(); ++i) {
+        if (repeats(assign[top], i)) continue;
+        const size_t x = assign[top][i];
         for (size_t q : others) {
-          for (size_t y : assign[q]) {
+          for (size_t j = 0; j < assign[q].size(); ++j) {
+            const size_t y = assign[q][j];
+            if (repeats(assign[q], j)) continue;
+            // The top rank's packing with y for x costs at least its packing
+            // without x (known from the single moves) and y's own cost.
+            if (padded && without[i].known && without[i].cost && *without[i].cost + Own(y) >= best) continue;
             if (work <= kMaxBalanceWork && samples[y].lengths.tokens != samples[x].lengths.tokens) {
               consider(q, x, y, nullptr);
             }
