@@ -516,9 +516,72 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         }
       }
     }
+    // Padded, at a local optimum of single moves and exchanges: one sample
+    // of the top rank for two of another's, or two for one (whole samples
+    // over a rank's few micro-steps: no single exchange evens them).
+    std::vector<size_t> best_xs, best_ys;
+    if (best_q == world && padded) {
+      auto consider_group = [&](size_t q, const std::vector<size_t>& xs, const std::vector<size_t>& ys) {
+        std::vector<size_t> t = assign[top];
+        for (size_t x : xs) t = sorted_with(t, x, SIZE_MAX);
+        for (size_t y : ys) t = sorted_with(t, SIZE_MAX, y);
+        const std::optional<double> a = PackRank(c, samples, t, m, work);
+        if (!a || *a >= best) return;
+        std::vector<size_t> u = assign[q];
+        for (size_t y : ys) u = sorted_with(u, y, SIZE_MAX);
+        for (size_t x : xs) u = sorted_with(u, SIZE_MAX, x);
+        const std::optional<double> b = PackRank(c, samples, u, m, work);
+        if (!b || std::max(*a, *b) >= best) return;
+        best = std::max(*a, *b);
+        best_q = q;
+        best_xs = xs;
+        best_ys = ys;
+        best_top = *a;
+        best_other = *b;
+      };
+      const std::vector<size_t>& tl = assign[top];
+      for (size_t i = 0; i < tl.size(); ++i) {
+        if (repeats(tl, i)) continue;
+        for (size_t q : others) {
+          const std::vector<size_t>& ql = assign[q];
+          for (size_t j1 = 0; j1 < ql.size(); ++j1) {
+            if (repeats(ql, j1)) continue;
+            for (size_t j2 = j1 + 1; j2 < ql.size(); ++j2) {
+              if (j2 > j1 + 1 && repeats(ql, j2)) continue;
+              if (work > kMaxBalanceWork) break;
+              // one for two
+              if (!without[i].known || !without[i].cost ||
+                  *without[i].cost + Own(ql[j1]) + Own(ql[j2]) < best) {
+                consider_group(q, {tl[i]}, {ql[j1], ql[j2]});
+              }
+            }
+          }
+          // two for one
+          for (size_t i2 = i + 1; i2 < tl.size(); ++i2) {
+            if (i2 > i + 1 && repeats(tl, i2)) continue;
+            for (size_t j = 0; j < ql.size(); ++j) {
+              if (repeats(ql, j)) continue;
+              if (work > kMaxBalanceWork) break;
+              consider_group(q, {tl[i], tl[i2]}, {ql[j]});
+            }
+          }
+        }
+      }
+    }
     if (best_q == world) return cost[top];
-    assign[top] = sorted_with(assign[top], best_x, best_y);
-    assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
+    if (!best_xs.empty()) {
+      for (size_t x : best_xs) {
+        assign[top] = sorted_with(assign[top], x, SIZE_MAX);
+        assign[best_q] = sorted_with(assign[best_q], SIZE_MAX, x);
+      }
+      for (size_t y : best_ys) {
+        assign[best_q] = sorted_with(assign[best_q], y, SIZE_MAX);
+        assign[top] = sorted_with(assign[top], SIZE_MAX, y);
+      }
+    } else {
+      assign[top] = sorted_with(assign[top], best_x, best_y);
+      assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
+    }
     for (auto [r, v] : {std::pair<size_t, double>{top, best_top}, std::pair<size_t, double>{best_q, best_other}}) {
       by_cost.erase({cost[r], r});
       cost[r] = v;
