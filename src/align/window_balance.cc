@@ -416,10 +416,14 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
 
 // Improves an assignment of samples to ranks (each rank's list in
 // longest-first order) by moving one sample off the costliest rank, or
-// exchanging one of its samples with another rank's, while that lowers the
-// costliest rank's cost and the other rank stays below it. Stops when no move
-// or exchange helps or `work` passes kMaxBalanceWork. Returns the costliest
-// rank's cost.
+// exchanging one of its samples with another rank's (padded, where neither
+// helps: one of its samples for two of another rank's, or two for one),
+// while that lowers the costliest rank's cost and the other rank stays below
+// it. Samples of equal lengths are tried once per rank, and padded moves
+// whose receiver's cost bound (its packing without the move plus the added
+// samples' own costs) already reaches the best found are not packed: the
+// work they save goes to further moves. Stops when no move or exchange helps
+// or `work` passes kMaxBalanceWork. Returns the costliest rank's cost.
 double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
                std::span<const size_t> position, size_t m, std::vector<std::vector<size_t>>& assign,
                std::vector<double>& cost, uint64_t& work) {
@@ -540,6 +544,7 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         best_other = *b;
       };
       const std::vector<size_t>& tl = assign[top];
+      std::vector<std::vector<std::optional<double>>> rank_without(world);
       for (size_t i = 0; i < tl.size(); ++i) {
         if (repeats(tl, i)) continue;
         for (size_t q : others) {
@@ -556,12 +561,18 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
               }
             }
           }
-          // two for one
+          // two for one: the other rank's packing costs at least its
+          // packing without y (once per y) and the two samples' own costs.
+          std::vector<std::optional<double>>& q_without = rank_without[q];
+          if (q_without.empty()) q_without.assign(ql.size(), std::nullopt);
           for (size_t i2 = i + 1; i2 < tl.size(); ++i2) {
             if (i2 > i + 1 && repeats(tl, i2)) continue;
             for (size_t j = 0; j < ql.size(); ++j) {
               if (repeats(ql, j)) continue;
               if (work > kMaxBalanceWork) break;
+              if (!q_without[j])
+                q_without[j] = PackRank(c, samples, sorted_with(ql, ql[j], SIZE_MAX), m, work);
+              if (q_without[j] && *q_without[j] + Own(tl[i]) + Own(tl[i2]) >= best) continue;
               consider_group(q, {tl[i], tl[i2]}, {ql[j]});
             }
           }
@@ -928,21 +939,24 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
     if (!start && config.budget.model == grouping::CostModel::kPacked) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
     }
-    std::optional<Start> even;
+    std::optional<Start> even, other;
     if (config.budget.model == grouping::CostModel::kPadded) {
       if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
         std::optional<Start> sorted = packed(std::move(*assign));
-        if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
+        if (sorted && (!start || sorted->worst < start->worst)) std::swap(start, sorted);
+        other = std::move(sorted);
       }
       if (auto assign = SortedRuns(config, samples, order, world, m, work, /*even=*/true))
         even = packed(std::move(*assign));
     }
     // The moves run on the cheaper start and, on their own budget, on the
-    // even runs; the cheaper result is kept.
+    // even runs and on the costlier of the greedy's and the length-sorted
+    // runs (padded: the moves often end at a local optimum, not at the work
+    // bound, so another start is another optimum); the cheapest is kept.
     const uint64_t work_before = work;
-    for (std::optional<Start>* s : {&start, &even}) {
+    for (std::optional<Start>* s : {&start, &even, &other}) {
       if (!*s) continue;
-      uint64_t own = s == &even ? work_before + kMaxBalanceWork / 2 : work_before;
+      uint64_t own = s != &start ? work_before + kMaxBalanceWork / 2 : work_before;
       const double worst = Improve(config, samples, position, m, (*s)->assign, (*s)->cost, own);
       work = std::max(work, own);
       if (worst < best_cost) {
