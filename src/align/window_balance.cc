@@ -19,6 +19,10 @@ namespace {
 
 double Square(uint32_t x) { return static_cast<double>(x) * static_cast<double>(x); }
 
+bool SameLengths(const SampleLengths& a, const SampleLengths& b) {
+  return a.tokens == b.tokens && a.vision_patches == b.vision_patches && a.audio_frames == b.audio_frames;
+}
+
 // One rank's micro-step while a layout is built: its members (indices into
 // the window's samples) and the aggregates its cost and budget need.
 struct Slot {
@@ -412,10 +416,14 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
 
 // Improves an assignment of samples to ranks (each rank's list in
 // longest-first order) by moving one sample off the costliest rank, or
-// exchanging one of its samples with another rank's, while that lowers the
-// costliest rank's cost and the other rank stays below it. Stops when no move
-// or exchange helps or `work` passes kMaxBalanceWork. Returns the costliest
-// rank's cost.
+// exchanging one of its samples with another rank's (padded, where neither
+// helps: one of its samples for two of another rank's, or two for one),
+// while that lowers the costliest rank's cost and the other rank stays below
+// it. Samples of equal lengths are tried once per rank, and padded moves
+// whose receiver's cost bound (its packing without the move plus the added
+// samples' own costs) already reaches the best found are not packed: the
+// work they save goes to further moves. Stops when no move or exchange helps
+// or `work` passes kMaxBalanceWork. Returns the costliest rank's cost.
 double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
                std::span<const size_t> position, size_t m, std::vector<std::vector<size_t>>& assign,
                std::vector<double>& cost, uint64_t& work) {
@@ -454,6 +462,11 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       uint64_t work = 0;
     };
     std::vector<Without> without(assign[top].size());
+    const bool padded = c.budget.model == grouping::CostModel::kPadded;
+    auto Own = [&](size_t i) {
+      const double t = samples[i].lengths.tokens;
+      return c.step_model.per_padded_token * t + c.step_model.per_len_sq * t * t;
+    };
     auto consider = [&](size_t q, size_t x, size_t y, Without* cached) {
       std::optional<double> a;
       if (cached && cached->known) {
@@ -465,6 +478,9 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         if (cached) *cached = {true, a, work - before};
       }
       if (!a || *a >= best) return;
+      // Padded, a rank's cheapest packing grows by at least the added
+      // sample's own cost (taking it out of its run saves that much).
+      if (y == SIZE_MAX && padded && cost[q] + Own(x) >= best) return;
       const std::optional<double> b = PackRank(c, samples, sorted_with(assign[q], y, x), m, work);
       if (!b || std::max(*a, *b) >= best) return;
       best = std::max(*a, *b);
@@ -474,15 +490,29 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
       best_top = *a;
       best_other = *b;
     };
+    // Samples of equal lengths cost the same wherever they go: of each run
+    // of them in a rank's list (longest first, so they are adjacent) only
+    // the first is tried, which is the one the search would pick anyway.
+    auto repeats = [&](const std::vector<size_t>& list, size_t i) {
+      return i > 0 && SameLengths(samples[list[i]].lengths, samples[list[i - 1]].lengths);
+    };
     for (size_t i = 0; i < assign[top].size(); ++i) {
+      if (repeats(assign[top], i)) continue;
       for (size_t q : others) {
         if (work <= kMaxBalanceWork) consider(q, assign[top][i], SIZE_MAX, &without[i]);
       }
     }
     if (best_q == world) {
-      for (size_t x : assign[top]) {
+      for (size_t i = 0; i < assign[top].size(); ++i) {
+        if (repeats(assign[top], i)) continue;
+        const size_t x = assign[top][i];
         for (size_t q : others) {
-          for (size_t y : assign[q]) {
+          for (size_t j = 0; j < assign[q].size(); ++j) {
+            const size_t y = assign[q][j];
+            if (repeats(assign[q], j)) continue;
+            // The top rank's packing with y for x costs at least its packing
+            // without x (known from the single moves) and y's own cost.
+            if (padded && without[i].known && without[i].cost && *without[i].cost + Own(y) >= best) continue;
             if (work <= kMaxBalanceWork && samples[y].lengths.tokens != samples[x].lengths.tokens) {
               consider(q, x, y, nullptr);
             }
@@ -490,9 +520,79 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         }
       }
     }
+    // Padded, at a local optimum of single moves and exchanges: one sample
+    // of the top rank for two of another's, or two for one (whole samples
+    // over a rank's few micro-steps: no single exchange evens them).
+    std::vector<size_t> best_xs, best_ys;
+    if (best_q == world && padded) {
+      auto consider_group = [&](size_t q, const std::vector<size_t>& xs, const std::vector<size_t>& ys) {
+        std::vector<size_t> t = assign[top];
+        for (size_t x : xs) t = sorted_with(t, x, SIZE_MAX);
+        for (size_t y : ys) t = sorted_with(t, SIZE_MAX, y);
+        const std::optional<double> a = PackRank(c, samples, t, m, work);
+        if (!a || *a >= best) return;
+        std::vector<size_t> u = assign[q];
+        for (size_t y : ys) u = sorted_with(u, y, SIZE_MAX);
+        for (size_t x : xs) u = sorted_with(u, SIZE_MAX, x);
+        const std::optional<double> b = PackRank(c, samples, u, m, work);
+        if (!b || std::max(*a, *b) >= best) return;
+        best = std::max(*a, *b);
+        best_q = q;
+        best_xs = xs;
+        best_ys = ys;
+        best_top = *a;
+        best_other = *b;
+      };
+      const std::vector<size_t>& tl = assign[top];
+      std::vector<std::vector<std::optional<double>>> rank_without(world);
+      for (size_t i = 0; i < tl.size(); ++i) {
+        if (repeats(tl, i)) continue;
+        for (size_t q : others) {
+          const std::vector<size_t>& ql = assign[q];
+          for (size_t j1 = 0; j1 < ql.size(); ++j1) {
+            if (repeats(ql, j1)) continue;
+            for (size_t j2 = j1 + 1; j2 < ql.size(); ++j2) {
+              if (j2 > j1 + 1 && repeats(ql, j2)) continue;
+              if (work > kMaxBalanceWork) break;
+              // one for two
+              if (!without[i].known || !without[i].cost ||
+                  *without[i].cost + Own(ql[j1]) + Own(ql[j2]) < best) {
+                consider_group(q, {tl[i]}, {ql[j1], ql[j2]});
+              }
+            }
+          }
+          // two for one: the other rank's packing costs at least its
+          // packing without y (once per y) and the two samples' own costs.
+          std::vector<std::optional<double>>& q_without = rank_without[q];
+          if (q_without.empty()) q_without.assign(ql.size(), std::nullopt);
+          for (size_t i2 = i + 1; i2 < tl.size(); ++i2) {
+            if (i2 > i + 1 && repeats(tl, i2)) continue;
+            for (size_t j = 0; j < ql.size(); ++j) {
+              if (repeats(ql, j)) continue;
+              if (work > kMaxBalanceWork) break;
+              if (!q_without[j])
+                q_without[j] = PackRank(c, samples, sorted_with(ql, ql[j], SIZE_MAX), m, work);
+              if (q_without[j] && *q_without[j] + Own(tl[i]) + Own(tl[i2]) >= best) continue;
+              consider_group(q, {tl[i], tl[i2]}, {ql[j]});
+            }
+          }
+        }
+      }
+    }
     if (best_q == world) return cost[top];
-    assign[top] = sorted_with(assign[top], best_x, best_y);
-    assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
+    if (!best_xs.empty()) {
+      for (size_t x : best_xs) {
+        assign[top] = sorted_with(assign[top], x, SIZE_MAX);
+        assign[best_q] = sorted_with(assign[best_q], SIZE_MAX, x);
+      }
+      for (size_t y : best_ys) {
+        assign[best_q] = sorted_with(assign[best_q], y, SIZE_MAX);
+        assign[top] = sorted_with(assign[top], SIZE_MAX, y);
+      }
+    } else {
+      assign[top] = sorted_with(assign[top], best_x, best_y);
+      assign[best_q] = sorted_with(assign[best_q], best_y, best_x);
+    }
     for (auto [r, v] : {std::pair<size_t, double>{top, best_top}, std::pair<size_t, double>{best_q, best_other}}) {
       by_cost.erase({cost[r], r});
       cost[r] = v;
@@ -839,21 +939,24 @@ bool SearchLayout(const WindowBalanceConfig& config, std::vector<GlobalStep>& wi
     if (!start && config.budget.model == grouping::CostModel::kPacked) {
       if (auto assign = BestFit(config, samples, order, world, m, work)) start = packed(std::move(*assign));
     }
-    std::optional<Start> even;
+    std::optional<Start> even, other;
     if (config.budget.model == grouping::CostModel::kPadded) {
       if (auto assign = SortedRuns(config, samples, order, world, m, work)) {
         std::optional<Start> sorted = packed(std::move(*assign));
-        if (sorted && (!start || sorted->worst < start->worst)) start = std::move(sorted);
+        if (sorted && (!start || sorted->worst < start->worst)) std::swap(start, sorted);
+        other = std::move(sorted);
       }
       if (auto assign = SortedRuns(config, samples, order, world, m, work, /*even=*/true))
         even = packed(std::move(*assign));
     }
     // The moves run on the cheaper start and, on their own budget, on the
-    // even runs; the cheaper result is kept.
+    // even runs and on the costlier of the greedy's and the length-sorted
+    // runs (padded: the moves often end at a local optimum, not at the work
+    // bound, so another start is another optimum); the cheapest is kept.
     const uint64_t work_before = work;
-    for (std::optional<Start>* s : {&start, &even}) {
+    for (std::optional<Start>* s : {&start, &even, &other}) {
       if (!*s) continue;
-      uint64_t own = s == &even ? work_before + kMaxBalanceWork / 2 : work_before;
+      uint64_t own = s != &start ? work_before + kMaxBalanceWork / 2 : work_before;
       const double worst = Improve(config, samples, position, m, (*s)->assign, (*s)->cost, own);
       work = std::max(work, own);
       if (worst < best_cost) {

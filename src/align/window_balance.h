@@ -69,13 +69,16 @@ size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t t
 // dynamic programming; of cuts that cost the same, the one whose costliest
 // run is cheapest, not one nearly empty micro-step); the start whose
 // slowest rank is cheaper is kept (the greedy's on ties), and samples are
-// moved off the costliest rank, or exchanged with another's, while that
-// makes it cheaper. Padded, the length-sorted samples are also cut into
-// runs of even cost (the least cap on a run's cost that needs at most
-// world x m runs: the least-padding cut fills most micro-steps to the
-// budget and leaves a few light, and a rank dealt one of those sums far
-// below one dealt only full ones), dealt the same way and moved on a work
-// bound of their own (half of kMaxBalanceWork); the cheaper result is kept.
+// moved off the costliest rank, or exchanged with another's (padded, where
+// no single move or exchange helps: one of its samples for two of
+// another's, or two for one), while that makes it cheaper. Padded, the
+// length-sorted samples are also cut into runs of even cost (the least cap
+// on a run's cost that needs at most world x m runs: the least-padding cut
+// fills most micro-steps to the budget and leaves a few light, and a rank
+// dealt one of those sums far below one dealt only full ones), dealt the
+// same way; the moves run on them, and on the start not kept above, each on
+// a work bound of its own (half of kMaxBalanceWork); the cheapest result is
+// kept.
 // The cheapest layout wins, the planner's kept on ties.
 // Samples of equal lengths are then exchanged so that as many as possible stay
 // on their owner (no payload move), and each rank's micro-steps are ordered
