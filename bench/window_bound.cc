@@ -1,6 +1,7 @@
 #include "bench/window_bound.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 
@@ -46,6 +47,14 @@ namespace odb::bench {
 //     g(s_t) + c q_t, s_t and q_t the sum and the sum of squares of the t + 1
 //     shortest of the t W + 1 longest (any t + 1 of them are no shorter,
 //     term by term). t = 0 is the longest sample alone.
+// (B') Makespan: a rank holding samples costs >= n a + g(R_r) + c Q_r >= n a
+//     + b k + sum over its samples of w_i = b l_i + c l_i^2 (as in (B), and
+//     g(R) >= b (R + k)), so T_w >= n a + b k + the least makespan of the
+//     weights w_i on W machines. That makespan exceeds every C for which the
+//     weights cannot be packed into W bins of capacity C, in particular every
+//     C whose Martello-Toth bin-packing bound exceeds W (or below the largest
+//     weight). The weights are scaled to integers rounded down and C rounded
+//     up (both only lower the bin-packing bound of the true weights).
 // (C) n >= n_0: padded, the W n micro-steps hold the samples, so W n >= the
 //     fewest groups within the budget (greedy runs of the sorted samples are
 //     the fewest: a run from a later, shorter sample can hold at least as
@@ -117,6 +126,39 @@ class PaddedRuns {
   bool settled_ = false;
 };
 
+// A lower bound on the least makespan of `weights` on `world` machines:
+// the largest C found (bisection) whose bin-packing bound exceeds `world`,
+// at least the largest weight and the mean.
+double MakespanLowerBound(const std::vector<double>& weights, uint64_t world) {
+  double total = 0.0, largest = 0.0;
+  for (double w : weights) {
+    total += w;
+    largest = std::max(largest, w);
+  }
+  const double mean = total / static_cast<double>(world);
+  double lo = std::max(largest, mean);
+  if (weights.size() <= world || total <= 0.0) return largest;
+  const double scale = std::ldexp(1.0, 40) / total;
+  std::vector<uint64_t> sizes;
+  sizes.reserve(weights.size());
+  for (double w : weights) sizes.push_back(static_cast<uint64_t>(std::floor(w * scale)));
+  auto exceeds = [&](double c) {  // no packing into `world` bins of capacity c
+    const uint64_t cap = static_cast<uint64_t>(std::ceil(c * scale));
+    return BinPackingLowerBound(sizes, cap) > world;
+  };
+  if (!exceeds(lo)) return lo;
+  double hi = total;  // one bin holds everything
+  for (int it = 0; it < 40; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (exceeds(mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 std::vector<uint32_t> SortedLongestFirst(const std::vector<SampleLengths>& samples) {
   std::vector<uint32_t> sorted;
   sorted.reserve(samples.size());
@@ -163,6 +205,13 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
       q += Square(sorted[i]);
     }
     pigeon = std::max(pigeon, model.Compute(s) + model.c * q);
+  }
+  // (B') the makespan of the linear weights.
+  {
+    std::vector<double> weights;
+    weights.reserve(n);
+    for (uint32_t l : sorted) weights.push_back(model.b * l + model.c * Square(l));
+    pigeon = std::max(pigeon, model.b * model.k + MakespanLowerBound(weights, w));
   }
   auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
   if (budget.model == grouping::CostModel::kPacked) {
