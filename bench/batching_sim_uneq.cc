@@ -4,6 +4,7 @@
 #include <memory>
 #include <numeric>
 
+#include "bench/window_bound.h"
 #include "src/align/planner.h"
 #include "src/align/window_balance.h"
 #include "src/balance/global_planner.h"
@@ -354,6 +355,12 @@ UnequalMetrics EvaluateUnequal(const TracedSchedule& traced, const UnequalConfig
         bound = std::max(bound, 2 * a1 + std::max(0.0, rest));
       }
       m.per_window_bound += bound;
+      // Equal counts (the daemon's): the schedule as planned is one such
+      // layout, so it is never below the bound.
+      const double equal = std::max(
+          bound, EqualCountsWindowBound(samples, config.budget, config.model, static_cast<int>(world)).bound);
+      m.equal_counts_bound += equal;
+      m.equal_counts_violations += equal > WindowTimeB(config, w) * (1 + 1e-9);
     }
     tally(0, w);
     tally(1, own);

@@ -102,6 +102,13 @@ struct UnequalMetrics {
   // no schedule of these windows, with any micro-step counts, is faster
   // under (b).
   double per_window_bound = 0.0;
+  // Sum over windows of the larger of that and the equal-counts bound
+  // (bench/window_bound.h): no layout of these windows with EQUAL micro-step
+  // counts per rank (as the daemon runs them) is faster under (b).
+  double equal_counts_bound = 0.0;
+  // Windows whose equal-count layout as planned beats that bound (never, if
+  // the bound holds: batching_sim fails on it).
+  uint64_t equal_counts_violations = 0;
   uint64_t own_differ = 0;  // windows whose ranks' micro-step counts differ
   uint64_t redealt_differ = 0;
   uint64_t equal_rank_steps = 0, own_rank_steps = 0, redealt_rank_steps = 0;

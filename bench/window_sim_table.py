@@ -320,10 +320,10 @@ def unequal_table(paths: list[str], within: float = 0.02) -> int:
                 if r["policy"].startswith("odb"):
                     runs[(r["model"], r["trace"], r["policy"])][r["window_target"]] = r
     print("| model | trace | policy | target | no windows | equal counts (b) | own counts (b) | own + moves (b) "
-          "| re-dealt (b) | ceiling, any counts | rank-steps equal / own / re-dealt "
+          "| re-dealt (b) | ceiling, any counts | ceiling, equal counts | rank-steps equal / own / re-dealt "
           "| windows with unequal counts, own / re-dealt |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0, 0, [], [], [], [], [], 0])
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    summary: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0, 0, [], [], [], [], [], 0, [], 0])
     for (model, trace, policy), by in sorted(runs.items()):
         base = by.get("0")
         if base is None:
@@ -338,8 +338,12 @@ def unequal_table(paths: list[str], within: float = 0.02) -> int:
                                                             "uneq_moves_seconds", "uneq_redealt_seconds"))
             n = int(r["windows"])
             ceiling = bound / float(r["uneq_per_window_bound_seconds"])
+            # The per-window bound for equal counts (bench/window_bound.h; CSVs from s26_ceil on).
+            equal = bound / float(r["uneq_equal_counts_bound_seconds"]) if r.get("uneq_equal_counts_bound_seconds") \
+                else None
             print(f"| {model} | {trace} | {'packed' if ':packed' in policy else 'padded'} "
                   f"| {target} | {f0:.3f}{star} | {fe:.3f} | {fo:.3f} | {fm:.3f} | {fr:.3f} | {ceiling:.3f} "
+                  f"| {'-' if equal is None else f'{equal:.3f}'} "
                   f"| {r['uneq_equal_rank_steps']} / {r['uneq_own_rank_steps']} / {r['uneq_redealt_rank_steps']} "
                   f"| {100 * int(r['uneq_own_differ']) / n:.1f}% / {100 * int(r['uneq_redealt_differ']) / n:.1f}% |")
             s = summary[(model, target, "packed" if ":packed" in policy else "padded")]
@@ -349,15 +353,20 @@ def unequal_table(paths: list[str], within: float = 0.02) -> int:
             s[4] += 1
             s[9].append(ceiling)
             s[10] += ceiling >= f0 * (1 - within)
+            if equal is not None:
+                s[11].append(equal)
+                s[12] += equal >= f0 * (1 - within)
     print()
     print(f"| model | target | mode | equal counts (b) | own counts (b) | own + moves (b) | re-dealt (b) "
-          f"| ceiling, any counts | traces within {100 * within:.0f}% of unwindowed: equal / own / moves / re-dealt "
-          f"/ ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"| ceiling, any counts | ceiling, equal counts | traces within {100 * within:.0f}% of unwindowed: equal / "
+          f"own / moves / re-dealt / ceiling any / ceiling equal |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (model, target, mode), s in sorted(summary.items(), key=lambda kv: (kv[0][0], float(kv[0][1].rstrip("sm")),
                                                                               kv[0][2])):
-        spans = [f"{min(v):.3f}-{max(v):.3f}" for v in s[5:10]]
-        print(f"| {model} | {target} | {mode} | {' | '.join(spans)} | {s[0]} / {s[1]} / {s[2]} / {s[3]} / {s[10]} of {s[4]} |")
+        spans = [f"{min(v):.3f}-{max(v):.3f}" if v else "-" for v in s[5:10] + [s[11]]]
+        eq = str(s[12]) if s[11] else "-"
+        print(f"| {model} | {target} | {mode} | {' | '.join(spans)} | {s[0]} / {s[1]} / {s[2]} / {s[3]} / {s[10]} / {eq} "
+              f"of {s[4]} |")
     return 0
 
 
