@@ -374,7 +374,7 @@ constexpr int64_t kRealignDriftTols = 2;
 constexpr int64_t kRealignGoalShare = 128;
 
 std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g, const std::deque<GlobalStep>& queue,
-                                 uint64_t acc, uint64_t tok, uint64_t goal, uint64_t target, uint64_t tol,
+                                 uint64_t acc, uint64_t tok, uint64_t target, uint64_t tol,
                                  int64_t drift, uint64_t round_left) {
   const uint64_t lo = target - tol, hi = target + tol;
   struct Best {
@@ -404,13 +404,22 @@ std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g, co
       return;
     }
   };
-  if (acc > 0) consider(acc);
-  uint64_t b = acc + tok;
-  consider(b);
+  // The boundaries ahead, one window further than the last considered: a
+  // boundary qualifies only when whole steps after it make a window within
+  // tol (else the windows after it would be cut inside steps again).
+  std::vector<uint64_t> bounds;
+  if (acc > 0) bounds.push_back(acc);
+  bounds.push_back(acc + tok);
   for (const GlobalStep& q : queue) {
-    if (b > kRealignMaxWindows * hi) break;
-    b += GlobalLoss(q);
-    consider(b);
+    if (bounds.back() > (kRealignMaxWindows + 1) * hi) break;
+    bounds.push_back(bounds.back() + GlobalLoss(q));
+  }
+  for (size_t i = 0; i < bounds.size() && bounds[i] <= kRealignMaxWindows * hi; ++i) {
+    bool whole_after = false;
+    for (size_t j = i + 1; j < bounds.size() && bounds[j] - bounds[i] <= hi; ++j) {
+      whole_after = whole_after || bounds[j] - bounds[i] >= lo;
+    }
+    if (whole_after) consider(bounds[i]);
   }
   if (!best) return std::nullopt;
   if (best->n == 1) {
@@ -429,7 +438,6 @@ std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g, co
     const uint64_t off = e.total > want ? e.total - want : want - e.total;
     if (!pick || off < (pick->total > want ? pick->total - want : want - pick->total)) pick = e;
   }
-  (void)goal;
   return pick;
 }
 
@@ -643,7 +651,7 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       WindowEnd realigned;
       if (tol > 0 && pick->choice == WindowEnd::kSplit && under && under->total + tol >= target &&
           over->total <= target + tol && (acc_samples + SampleCount(g)) * world <= kSpreadMaxSampleRanks) {
-        if (std::optional<WindowEnd> r = Realign(ends, g, queue, acc, tok, goal, target, tol, drift, round_left)) {
+        if (std::optional<WindowEnd> r = Realign(ends, g, queue, acc, tok, target, tol, drift, round_left)) {
           realigned = std::move(*r);
           pick = &realigned;
         }
