@@ -373,9 +373,9 @@ constexpr uint64_t kRealignMaxWindows = 3;
 constexpr int64_t kRealignDriftTols = 2;
 constexpr int64_t kRealignGoalShare = 128;
 
-std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g, const std::deque<GlobalStep>& queue,
-                                 uint64_t acc, uint64_t tok, uint64_t target, uint64_t tol,
-                                 int64_t drift, uint64_t round_left) {
+std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g,
+                                 const std::deque<GlobalStep>& queue, uint64_t acc, uint64_t tok,
+                                 uint64_t target, uint64_t tol, int64_t drift, uint64_t round_left) {
   const uint64_t lo = target - tol, hi = target + tol;
   struct Best {
     uint64_t n = 0, x_lo = 0, x_hi = 0, b = 0;

@@ -546,9 +546,9 @@ TEST_CASE("windows of one budget per rank stay on the planner's steps after a pa
 TEST_CASE("windows get back onto the planner's steps after a partial step beyond tol", "[window]") {
   for (uint64_t seed : {1, 2, 3}) {
     const SpreadRun aware = RunSpread(seed, 1.0, 1.0, 400, 150, true);
-    INFO("seed " << seed << " micro-steps per window " << aware.micro_steps_per_window << ", mean window / target "
-                 << aware.mean_window << ", sd " << aware.sd_window << " (random batches " << aware.random_batch_sd
-                 << ")");
+    INFO("seed " << seed << " micro-steps per window " << aware.micro_steps_per_window
+                 << ", mean window / target " << aware.mean_window << ", sd " << aware.sd_window
+                 << " (random batches " << aware.random_batch_sd << ")");
     CHECK(aware.micro_steps_per_window < 1.03);
     CHECK(std::abs(aware.mean_window - 1.0) < 0.01);
     CHECK(aware.sd_window <= aware.random_batch_sd);
