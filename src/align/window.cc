@@ -357,6 +357,90 @@ class WindowEnds {
   mutable std::vector<Probe> probes_;  // the ends RunOf balanced
 };
 
+// Realignment (window.h, "Micro-step-aware ends"): the open window (`acc`
+// loss tokens so far) would end inside the step g (`tok` loss tokens; the
+// steps after it in `queue`) with no step boundary in its stead. The step
+// boundaries ahead, B from the window's start, each reachable in n windows
+// of [target - tol, target + tol] (n = 1: B is itself such an end), the
+// round's drift after them within kRealignDriftTols tols and repaid over
+// the round's remaining windows by at most 1/kRealignGoalShare of the
+// target each: of these the fewest windows, then the least drift after. The
+// end returned lies in g, within tol of the target, and leaves B - end for
+// n - 1 windows within tol each (the next window finds the same B); nullopt
+// when no boundary qualifies or no end of g lands in that range (samples
+// coarser than the range).
+constexpr uint64_t kRealignMaxWindows = 3;
+constexpr int64_t kRealignDriftTols = 2;
+constexpr int64_t kRealignGoalShare = 128;
+
+std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g,
+                                 const std::deque<GlobalStep>& queue, uint64_t acc, uint64_t tok,
+                                 uint64_t target, uint64_t tol, int64_t drift, uint64_t round_left) {
+  const uint64_t lo = target - tol, hi = target + tol;
+  struct Best {
+    uint64_t n = 0, x_lo = 0, x_hi = 0, b = 0;
+    int64_t drift_after = 0;
+  };
+  std::optional<Best> best;
+  auto consider = [&](uint64_t b) {
+    // n windows within tol each: n x lo <= b <= n x hi.
+    for (uint64_t n = std::max<uint64_t>(1, (b + hi - 1) / hi); n <= kRealignMaxWindows && n * lo <= b; ++n) {
+      if (b > n * hi) continue;
+      const int64_t drift_after = drift + static_cast<int64_t>(b) - static_cast<int64_t>(n * target);
+      const uint64_t left = round_left > b ? round_left - b : 0;
+      const int64_t mag = std::abs(drift_after);
+      if (mag > static_cast<int64_t>(tol) &&
+          (mag > kRealignDriftTols * static_cast<int64_t>(tol) ||
+           static_cast<unsigned __int128>(mag) * kRealignGoalShare > left)) {
+        continue;
+      }
+      // This window's end x: within tol, and b - x for n - 1 windows within tol.
+      const uint64_t x_lo = std::max(lo, b > (n - 1) * hi ? b - (n - 1) * hi : 0);
+      const uint64_t x_hi = std::min(hi, b - (n - 1) * lo);
+      if (x_lo > x_hi) continue;
+      if (!best || n < best->n || (n == best->n && mag < std::abs(best->drift_after))) {
+        best = Best{n, x_lo, x_hi, b, drift_after};
+      }
+      return;
+    }
+  };
+  // The boundaries ahead, one window further than the last considered: a
+  // boundary qualifies only when whole steps after it make a window within
+  // tol (else the windows after it would be cut inside steps again).
+  std::vector<uint64_t> bounds;
+  if (acc > 0) bounds.push_back(acc);
+  bounds.push_back(acc + tok);
+  for (const GlobalStep& q : queue) {
+    if (bounds.back() > (kRealignMaxWindows + 1) * hi) break;
+    bounds.push_back(bounds.back() + GlobalLoss(q));
+  }
+  for (size_t i = 0; i < bounds.size() && bounds[i] <= kRealignMaxWindows * hi; ++i) {
+    bool whole_after = false;
+    for (size_t j = i + 1; j < bounds.size() && bounds[j] - bounds[i] <= hi; ++j) {
+      whole_after = whole_after || bounds[j] - bounds[i] >= lo;
+    }
+    if (whole_after) consider(bounds[i]);
+  }
+  if (!best) return std::nullopt;
+  if (best->n == 1) {
+    if (best->b == acc) return ends.Before();
+    if (best->b == acc + tok) return ends.After();
+    return std::nullopt;  // the boundary lies past g: not this window's end
+  }
+  // The end of g nearest b / n (clamped to the range) that lies in the range.
+  const uint64_t want = std::clamp(best->b / best->n, best->x_lo, best->x_hi);
+  if (want <= acc || want >= acc + tok) return std::nullopt;
+  const auto [down, up] = BracketCuts(g, want - acc, tok);
+  std::optional<WindowEnd> pick;
+  for (const Cuts& cut : {down, up}) {
+    const WindowEnd e = ends.Split(cut);
+    if (e.total < best->x_lo || e.total > best->x_hi) continue;
+    const uint64_t off = e.total > want ? e.total - want : want - e.total;
+    if (!pick || off < (pick->total > want ? pick->total - want : want - pick->total)) pick = e;
+  }
+  return pick;
+}
+
 // Closes steps [begin, end) of `out` as one window: lays them out again over
 // the ranks when the config says so (window_balance.h; the step count may
 // drop; `balanced`: that layout, already made by WindowEnds::RunOf for these
@@ -559,6 +643,18 @@ void ApplyWindows(const WindowConfig& config, RoundPlan& plan, WindowState& wind
       } else if (under && over->total > under->total) {
         const double p_over = static_cast<double>(goal - under->total) / static_cast<double>(over->total - under->total);
         pick = SharedUniform(g, acc, goal) < p_over ? over : under;
+      }
+      // Back onto the planner's steps (window.h): an end inside a step, when
+      // no step boundary could take its place, gives way to the end from which
+      // the fewest windows, each within tol of the target, reach a step
+      // boundary.
+      WindowEnd realigned;
+      if (tol > 0 && pick->choice == WindowEnd::kSplit && under && under->total + tol >= target &&
+          over->total <= target + tol && (acc_samples + SampleCount(g)) * world <= kSpreadMaxSampleRanks) {
+        if (std::optional<WindowEnd> r = Realign(ends, g, queue, acc, tok, target, tol, drift, round_left)) {
+          realigned = std::move(*r);
+          pick = &realigned;
+        }
       }
       const uint64_t pick_total = pick->total;
       std::optional<std::vector<GlobalStep>> balanced = ends.Take(*pick);
