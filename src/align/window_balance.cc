@@ -229,6 +229,19 @@ std::optional<double> PackRank(const WindowBalanceConfig& c, std::span<const Sam
   }
   if (best_j == 0) return std::nullopt;
   if (groups) {
+    // Of the run counts that cost the same, the most: an unused micro-step
+    // is an IDLE one (the trainer runs a dummy step for it), and where a
+    // step costs nothing per micro-step beyond per_step (no compute floor),
+    // a split of the rank's samples over one more micro-step costs exactly
+    // what the IDLE one did (final layout only: the search's costs stay).
+    for (size_t j = m; j > best_j; --j) {
+      if (f[j * row + n] == kNone) continue;
+      const double total = f[j * row + n] + static_cast<double>(m - j) * per_step;
+      if (total - best <= 1e-12 * best) {
+        best_j = j;
+        break;
+      }
+    }
     groups->assign(m, {});
     size_t i = n;
     for (size_t j = best_j; j > 0; --j) {

@@ -67,7 +67,11 @@ size_t FewestMicroSteps(const grouping::Budget& budget, size_t world, uint64_t t
 // micro-step that holds it) takes its place. Each rank's samples are packed
 // the cheapest way into its m micro-steps (runs of its length-sorted list,
 // dynamic programming; of cuts that cost the same, the one whose costliest
-// run is cheapest, not one nearly empty micro-step); the start whose
+// run is cheapest, not one nearly empty micro-step, and of run counts that
+// cost the same, the most: an IDLE micro-step costs per_step, as a
+// micro-step's fixed part does, so with no other per-micro-step cost
+// (packed budgets) a rank's samples fill its m micro-steps rather than
+// leave IDLE ones, which the trainer runs as dummy steps); the start whose
 // slowest rank is cheaper is kept (the greedy's on ties), and samples are
 // moved off the costliest rank, or exchanged with another's (padded, where
 // no single move or exchange helps: one of its samples for two of

@@ -252,6 +252,36 @@ TEST_CASE("a rank's micro-steps of equal cost are split evenly, not one nearly e
   }
 }
 
+TEST_CASE("a rank whose samples fit fewer micro-steps splits them over the window's, not IDLE ones",
+          "[window_balance]") {
+  // Packed, attention-heavy (cost 1 + tokens + len^2 a micro-step): three
+  // 9s and four 1s over three ranks of budget 10 need two micro-steps a
+  // rank, and the even layout gives each rank a 9 and the 1s 2, 1, 1. Ranks
+  // 1 and 2 could run {9, 1} and an IDLE micro-step or {9} and {1}: the
+  // same cost (an IDLE micro-step costs per_step, as a micro-step's fixed
+  // part does); the split is kept (the trainer runs a dummy step for IDLE).
+  uint64_t id = 0;
+  std::vector<GlobalStep> window = {
+      {PackedStep({9, 1}, 0, id), PackedStep({9, 1}, 1, id), PackedStep({1}, 2, id)},
+      {PackedStep({9}, 0, id), PackedStep({1}, 1, id), PlannedStep{}},
+  };
+  WindowBalanceConfig c = PackedConfig(10, 1.0);
+  c.step_model.per_len_sq = 1.0;
+  const auto keys = Keys(window);
+  REQUIRE(WindowCost(c, window) == 2.0 + 19.0 + 163.0);
+  REQUIRE(BalanceWindow(c, window));
+  REQUIRE(Keys(window) == keys);
+  RequireWithinBudget(c, window);
+  REQUIRE(window.size() == 2);
+  REQUIRE(WindowCost(c, window) == 2.0 + 11.0 + 83.0);
+  for (const GlobalStep& g : window) {
+    for (size_t r = 0; r < g.size(); ++r) {
+      INFO("rank " << r);
+      REQUIRE(!g[r].samples.empty());
+    }
+  }
+}
+
 TEST_CASE("a padded window's length-sorted runs are cut to even costs: even ranks", "[window_balance]") {
   // A window of batching_sim's image_text trace (W = 8, padded budget 4096,
   // 4m windows, default_tokens: 220 samples, four global micro-steps'
