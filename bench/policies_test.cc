@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "bench/batching_sim_uneq.h"
+#include "bench/partitions_testing.h"
 #include "bench/bound.h"
 #include "bench/trace.h"
 #include "src/balance/global_planner.h"
@@ -629,26 +630,6 @@ TEST_CASE("generated presets match their documented statistics", "[trace]") {
 }
 
 // --- Lower bounds ------------------------------------------------------------
-
-// Every partition of `lens` into blocks (restricted growth strings).
-void ForEachPartition(size_t n, const std::function<void(const std::vector<std::vector<size_t>>&)>& visit) {
-  std::vector<std::vector<size_t>> blocks;
-  std::function<void(size_t)> place = [&](size_t i) {
-    if (i == n) {
-      visit(blocks);
-      return;
-    }
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      blocks[b].push_back(i);
-      place(i + 1);
-      blocks[b].pop_back();
-    }
-    blocks.push_back({i});
-    place(i + 1);
-    blocks.pop_back();
-  };
-  place(0);
-}
 
 struct BruteForce {
   double padded = std::numeric_limits<double>::infinity();   // exact padded optimum (W = 1)

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "bench/batching_sim_uneq.h"
+#include "bench/partitions_testing.h"
 #include "bench/policies.h"
 #include "bench/trace.h"
 
@@ -14,26 +15,6 @@ namespace odb::bench {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Every partition of n items into blocks (restricted growth strings).
-void ForEachPartition(size_t n, const std::function<void(const std::vector<std::vector<size_t>>&)>& visit) {
-  std::vector<std::vector<size_t>> blocks;
-  std::function<void(size_t)> place = [&](size_t i) {
-    if (i == n) {
-      visit(blocks);
-      return;
-    }
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      blocks[b].push_back(i);
-      place(i + 1);
-      blocks[b].pop_back();
-    }
-    blocks.push_back({i});
-    place(i + 1);
-    blocks.pop_back();
-  };
-  place(0);
-}
 
 struct Brute {
   double equal_counts = kInf;       // the fastest equal-count layout on `world` ranks (T_b of one window)
