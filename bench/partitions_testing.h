@@ -11,7 +11,8 @@ namespace odb::bench {
 // Calls `visit` once for every partition of the items 0..n-1 into non-empty
 // blocks (restricted growth strings: item i joins one of the blocks so far or
 // opens a new one), so a test can check a bound against every layout.
-inline void ForEachPartition(size_t n, const std::function<void(const std::vector<std::vector<size_t>>&)>& visit) {
+inline void ForEachPartition(size_t n,
+                             const std::function<void(const std::vector<std::vector<size_t>>&)>& visit) {
   std::vector<std::vector<size_t>> blocks;
   std::function<void(size_t)> place = [&](size_t i) {
     if (i == n) {

@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "bench/batching_sim_uneq.h"
-#include "bench/partitions_testing.h"
 #include "bench/bound.h"
+#include "bench/partitions_testing.h"
 #include "bench/trace.h"
 #include "src/balance/global_planner.h"
 
