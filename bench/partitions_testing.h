@@ -1,10 +1,13 @@
 #pragma once
-// Test helper shared by the bound tests (policies_test, window_bound_test):
-// brute force over every way to split items into groups.
+// Test helpers shared by the bound tests (policies_test, window_bound_test):
+// brute force over every way to split items into groups, random step models.
 
 #include <cstddef>
 #include <functional>
+#include <random>
 #include <vector>
+
+#include "bench/bound.h"
 
 namespace odb::bench {
 
@@ -29,6 +32,19 @@ inline void ForEachPartition(size_t n,
     blocks.pop_back();
   };
   place(0);
+}
+
+// A random step model with each of a, c, k, m sometimes 0 (the bounds must
+// hold at the edges of the model too).
+inline StepModel RandomModel(std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  StepModel m;
+  m.a = rng() % 4 == 0 ? 0.0 : 200.0 * u(rng);
+  m.b = 0.1 + u(rng);
+  m.c = rng() % 2 ? 0.0 : 1e-3 * u(rng);
+  m.k = rng() % 2 ? 0.0 : 100.0 * u(rng);
+  m.m = rng() % 2 ? 0.0 : 300.0 * u(rng);
+  return m;
 }
 
 }  // namespace odb::bench

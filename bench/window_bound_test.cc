@@ -75,17 +75,6 @@ Brute Solve(const std::vector<SampleLengths>& s, const grouping::Budget& budget,
   return out;
 }
 
-StepModel RandomModel(std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  StepModel m;
-  m.a = rng() % 4 == 0 ? 0.0 : 200.0 * u(rng);
-  m.b = 0.1 + u(rng);
-  m.c = rng() % 2 ? 0.0 : 1e-3 * u(rng);
-  m.k = rng() % 2 ? 0.0 : 100.0 * u(rng);
-  m.m = rng() % 2 ? 0.0 : 300.0 * u(rng);
-  return m;
-}
-
 TEST_CASE("equal-counts window bound: never above brute force over equal-count layouts, often equal",
           "[bound][windows]") {
   std::mt19937_64 rng(26);
