@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 
 namespace odb::bench {
 
@@ -61,6 +62,52 @@ namespace odb::bench {
 //     many, so the greedy's k-th run ends no earlier than any other's; and
 //     the exchange above keeps the number of groups); packed, W n >= G.
 // A layout with its own n is >= max(A(n), B(n)) >= the min over n >= n_0.
+// (A) with (D), the bound in use (s27; the above alone is LooseEqualCountsWindowBound):
+//     the mean term (A) counts each micro-step at what it computes, but lets
+//     the least compute use any number of groups up to W n. Every non-empty
+//     micro-step pays at least b k (and m), so a cut into fewer groups than
+//     the layout's non-empty micro-steps skips that cost; and (A) spreads the
+//     compute evenly over the ranks, while a rank that holds many tokens must
+//     hold them in enough micro-steps. So split by J, the layout's number of
+//     non-empty micro-steps, and j_r <= n, rank r's share of them (its other
+//     n - j_r micro-steps are IDLE at a; sum j_r = J, Jmin <= J <= N).
+//     (A_J) T_w - n a >= (E(J) + c Q) / W, E(J) a lower bound on the sum of g
+//         over EXACTLY J groups within the budget. Padded: the least such sum,
+//         exact: the exchange of (A) keeps every group's size, so runs of the
+//         sorted samples reach it with the same number of groups (a dynamic
+//         programme over the sorted samples, one layer per group). Packed:
+//         J g(R / J) (Jensen, as in (A)).
+//     (D) every non-empty micro-step holds at most pmax real tokens: padded,
+//         its real tokens are <= count x longest, which is <= the largest run
+//         of the sorted samples the budget allows from any sample (the
+//         samples no longer than the longest, as many as fit); packed,
+//         max_tokens (and the max_group_size longest samples), or one sample,
+//         <= the longest. So rank r's real tokens R_r <= j_r pmax, and its
+//         sum is >= n a + sum over its micro-steps of (b (p + k) + c sum of
+//         squares) >= n a + b (R_r + k j_r) + c l_min R_r (g(p) >= b (p + k),
+//         p >= real tokens, len^2 >= l_min len). With b' = b + c l_min, rank
+//         r has R_r <= h(j_r, T') := min(j_r pmax, (T' - b k j_r) / b'),
+//         T' = T_w - n a; the R_r sum to R, so sum_r h(j_r, T') >= R, and T'
+//         is at least the least T' where that holds, D(j).
+//     For a fixed J only D depends on how J is shared. h is concave in j (the
+//     least of two affine functions), so moving one micro-step from a rank
+//     with j_x to one with j_y <= j_x - 2 does not lower sum_r h at any T';
+//     the even share (J div W or one more) thus has the largest sum at every
+//     T' and the smallest D(j) over all shares of J, D(J); its largest share
+//     ceil(J / W) <= n whenever J <= W n, so it is one of the shares allowed.
+//     D(J) is solved in closed form (sum_r h is piecewise linear in T', with
+//     a kink where each of the two share sizes saturates at j pmax).
+//     So T_w >= n a + max(B, min over Jmin <= J <= min(W n, N) of
+//     max((E(J) + c Q) / W, D(J))), and the bound is the min of that over
+//     n >= n_0. It is never below the loose bound: min over J <= W n of E(J)
+//     is (A)'s least compute in at most W n groups (packed: J g(R / J) is
+//     non-decreasing in J).
+//     The search: both terms are taken J by J as n grows (a larger n only
+//     adds J up to W n). E(J) >= b (R + J k), J m and the least over any
+//     number of groups, a lower bound non-decreasing in J (packed: E
+//     itself); once n a plus it (or B) reaches the best so far, no larger J
+//     or n can give less, and once n a plus the least any J can give does,
+//     no larger n can.
 
 namespace {
 
@@ -167,20 +214,104 @@ std::vector<uint32_t> SortedLongestFirst(const std::vector<SampleLengths>& sampl
   return sorted;
 }
 
-}  // namespace
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
-double LeastPaddedCompute(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
-                          const StepModel& model, uint64_t groups, std::vector<double>* out) {
-  PaddedRuns dp(SortedLongestFirst(samples), budget, model);
-  if (out != nullptr) {
-    out->clear();
-    for (uint64_t j = 1; j <= groups; ++j) out->push_back(dp.At(j));
+// The dynamic programme of (A_J) padded, one layer (one more run) at a time:
+// cur_[i] = the least sum of g over exactly `layers_` runs covering the i
+// longest samples.
+class ExactRuns {
+ public:
+  ExactRuns(const std::vector<uint32_t>& sorted, const std::vector<size_t>& run, const StepModel& model)
+      : sorted_(sorted), run_(run), model_(model) {
+    cur_.assign(sorted_.size() + 1, kInf);
+    cur_[0] = 0.0;
   }
-  return dp.At(groups);
+  // The least sum of g over exactly `groups` runs (+infinity past N).
+  double At(uint64_t groups) {
+    if (groups == 0 || groups > sorted_.size()) return groups == 0 ? 0.0 : kInf;
+    while (values_.size() < groups) Step();
+    return values_[groups - 1];
+  }
+
+ private:
+  void Step() {
+    std::vector<double> next(sorted_.size() + 1, kInf);
+    for (size_t i = values_.size(); i < sorted_.size(); ++i) {  // i >= runs so far
+      if (cur_[i] == kInf) continue;
+      for (size_t len = 1; len <= run_[i]; ++len) {
+        const double v = cur_[i] + model_.Compute(static_cast<double>(len) * sorted_[i]);
+        if (v < next[i + len]) next[i + len] = v;
+      }
+    }
+    cur_ = std::move(next);
+    values_.push_back(cur_.back());
+  }
+  const std::vector<uint32_t>& sorted_;
+  const std::vector<size_t>& run_;
+  StepModel model_;
+  std::vector<double> cur_;
+  std::vector<double> values_;
+};
+
+// D(J) of (D): the least T' with sum_r min(j_r pmax, (T' - b k j_r) / b') >=
+// R for the even share of J micro-steps on W ranks (q = J div W on W - r
+// ranks, q + 1 on r = J mod W). +infinity when J pmax < R.
+double CapsBound(uint64_t groups, uint64_t world, const StepModel& model, double real, double lmin,
+                 double pmax) {
+  const uint64_t q = groups / world, r = groups % world;
+  const double qd = static_cast<double>(q), rd = static_cast<double>(r);
+  const double wd = static_cast<double>(world), gd = static_cast<double>(groups);
+  if (gd * pmax < real) return kInf;
+  const double bk = model.b * model.k;
+  const double slope = model.b + model.c * lmin;
+  if (slope <= 0.0) return bk * (r > 0 ? qd + 1.0 : qd);  // only T' >= b k j_r is left
+  // A share j saturates (j pmax) from T' = j (b k + b' pmax) on.
+  const double tq = qd * (bk + slope * pmax);
+  const double t1 = (slope * real + bk * gd) / wd;  // no share saturated: sum = (W T' - b k J) / b'
+  if (r == 0) return std::min(t1, tq);              // (t1 <= tq: J pmax >= R)
+  if (t1 <= tq) return t1;
+  // The q shares saturated: (W - r) q pmax + r (T' - b k (q + 1)) / b' = R.
+  const double t2 = bk * (qd + 1.0) + slope * (real - (wd - rd) * qd * pmax) / rd;
+  return std::min(t2, (qd + 1.0) * (bk + slope * pmax));
 }
 
-EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& samples,
-                                        const grouping::Budget& budget, const StepModel& model, int world) {
+// The search of (A_J) and (D) over n >= out.fewest and J (see the proofs):
+// `exact(J)` is E(J), `lower(J)` a lower bound on it non-decreasing in J.
+template <class Exact, class Lower>
+void SearchCounts(EqualCountsBound& out, uint64_t jmin, uint64_t samples, uint64_t world,
+                  const StepModel& model, double real, double sq, double lmin, double pmax, double pigeon,
+                  Exact exact, Lower lower) {
+  const double wd = static_cast<double>(world);
+  auto mean = [&](double compute) { return (compute + model.c * sq) / wd; };
+  const double floor_rest = std::max(pigeon, mean(lower(jmin)));
+  double best_rest = kInf;  // min over the J taken so far of max(mean, D)
+  uint64_t next = jmin;     // the next J
+  bool done = false;        // no larger J can help
+  out.bound = kInf;
+  for (uint64_t count = out.fewest;; ++count) {
+    const double base = static_cast<double>(count) * model.a;
+    if (base + floor_rest >= out.bound) break;
+    const uint64_t last = std::min<uint64_t>(count * world, samples);
+    for (; !done && next <= last; ++next) {
+      if (base + std::max(pigeon, mean(lower(next))) >= out.bound) {
+        done = true;
+        break;
+      }
+      best_rest =
+          std::min(best_rest, std::max(mean(exact(next)), CapsBound(next, world, model, real, lmin, pmax)));
+    }
+    const double v = base + std::max(pigeon, best_rest);
+    if (v < out.bound) {
+      out.bound = v;
+      out.best_count = count;
+    }
+    if (done || next > samples) break;  // the rest no longer falls; n a only grows
+  }
+}
+
+// Both bounds; `loose`: session 26's (A) and (B) only.
+EqualCountsBound WindowBound(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
+                             const StepModel& model, int world, bool loose) {
   EqualCountsBound out;
   const uint64_t w = static_cast<uint64_t>(std::max(world, 1));
   const double wd = static_cast<double>(w);
@@ -196,6 +327,7 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
     real += l;
     sq += Square(l);
   }
+  const double lmin = static_cast<double>(sorted.back());
   // (B) without its n a.
   double pigeon = 0.0;
   for (uint64_t t = 0; t * w + 1 <= n; ++t) {
@@ -215,8 +347,7 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
   }
   auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
   if (budget.model == grouping::CostModel::kPacked) {
-    // (C) and (A) packed: the A(n) - n a part does not depend on n, so the
-    // least n is the best.
+    // (C) and (A) packed.
     uint64_t g = 1;
     if (budget.max_tokens != 0) {
       std::vector<uint64_t> sizes;
@@ -226,9 +357,24 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
     }
     if (budget.max_group_size != 0) g = std::max<uint64_t>(g, ceil_div(n, budget.max_group_size));
     out.fewest = out.best_count = std::max<uint64_t>(1, ceil_div(g, w));
-    const double gd = static_cast<double>(g);
-    const double mean = (gd * model.Compute(real / gd) + model.c * sq) / wd;
-    out.bound = static_cast<double>(out.fewest) * model.a + std::max(mean, pigeon);
+    auto compute = [&](uint64_t groups) {  // J g(R / J), non-decreasing in J
+      const double gd = static_cast<double>(groups);
+      return gd * model.Compute(real / gd);
+    };
+    if (loose) {  // the (A) - n a part does not depend on n: the least n is the best
+      out.bound =
+          static_cast<double>(out.fewest) * model.a + std::max((compute(g) + model.c * sq) / wd, pigeon);
+      return out;
+    }
+    // (D) packed.
+    double cap = budget.max_tokens != 0 ? static_cast<double>(budget.max_tokens) : real;
+    if (budget.max_group_size != 0) {
+      double top = 0.0;
+      for (size_t i = 0; i < std::min<size_t>(n, budget.max_group_size); ++i) top += sorted[i];
+      cap = std::min(cap, top);
+    }
+    const double pmax = std::max(cap, static_cast<double>(sorted.front()));
+    SearchCounts(out, g, n, w, model, real, sq, lmin, pmax, pigeon, compute, compute);
     return out;
   }
   // Padded. (C): the fewest runs, greedy.
@@ -236,10 +382,9 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
   uint64_t fewest_runs = 0;
   for (size_t i = 0; i < n; i += run[i]) ++fewest_runs;
   out.fewest = std::max<uint64_t>(1, ceil_div(fewest_runs, w));
-  PaddedRuns dp(sorted, budget, model);
   // The least the compute can be with any number of runs (n runs: singletons
   // are always allowed), to know when a larger n can no longer help.
-  std::vector<double> unlimited(n + 1, std::numeric_limits<double>::infinity());
+  std::vector<double> unlimited(n + 1, kInf);
   unlimited[0] = 0.0;
   for (size_t i = 0; i < n; ++i) {
     for (size_t len = 1; len <= run[i]; ++len) {
@@ -247,20 +392,69 @@ EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& sample
           std::min(unlimited[i + len], unlimited[i] + model.Compute(static_cast<double>(len) * sorted[i]));
     }
   }
-  const double floor_rest = std::max(pigeon, (unlimited[n] + model.c * sq) / wd);
-  out.bound = std::numeric_limits<double>::infinity();
-  for (uint64_t count = out.fewest;; ++count) {
-    const double base = static_cast<double>(count) * model.a;
-    if (base + floor_rest >= out.bound) break;
-    const double mean = (dp.At(count * w) + model.c * sq) / wd;
-    const double v = base + std::max(mean, pigeon);
-    if (v < out.bound) {
-      out.bound = v;
-      out.best_count = count;
+  if (loose) {
+    PaddedRuns dp(sorted, budget, model);
+    const double floor_rest = std::max(pigeon, (unlimited[n] + model.c * sq) / wd);
+    out.bound = kInf;
+    for (uint64_t count = out.fewest;; ++count) {
+      const double base = static_cast<double>(count) * model.a;
+      if (base + floor_rest >= out.bound) break;
+      const double mean = (dp.At(count * w) + model.c * sq) / wd;
+      const double v = base + std::max(mean, pigeon);
+      if (v < out.bound) {
+        out.bound = v;
+        out.best_count = count;
+      }
+      if (model.a <= 0.0 && count * w >= n) break;  // no more runs help
     }
-    if (model.a <= 0.0 && count * w >= n) break;  // no more runs help
+    return out;
   }
+  // (D) padded: the largest run's padded tokens.
+  double pmax = 0.0;
+  for (size_t i = 0; i < n; ++i) pmax = std::max(pmax, static_cast<double>(run[i]) * sorted[i]);
+  ExactRuns exact(sorted, run, model);
+  const double least = unlimited[n];
+  SearchCounts(
+      out, fewest_runs, n, w, model, real, sq, lmin, pmax, pigeon, [&](uint64_t j) { return exact.At(j); },
+      [&](uint64_t j) {
+        const double jd = static_cast<double>(j);
+        return std::max({least, model.b * (real + jd * model.k), jd * model.m});
+      });
   return out;
+}
+
+}  // namespace
+
+double LeastPaddedCompute(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
+                          const StepModel& model, uint64_t groups, std::vector<double>* out) {
+  PaddedRuns dp(SortedLongestFirst(samples), budget, model);
+  if (out != nullptr) {
+    out->clear();
+    for (uint64_t j = 1; j <= groups; ++j) out->push_back(dp.At(j));
+  }
+  return dp.At(groups);
+}
+
+std::vector<double> LeastPaddedComputeExact(const std::vector<SampleLengths>& samples,
+                                            const grouping::Budget& budget, const StepModel& model,
+                                            uint64_t groups) {
+  const std::vector<uint32_t> sorted = SortedLongestFirst(samples);
+  const std::vector<size_t> run = LongestRuns(sorted, budget);
+  ExactRuns exact(sorted, run, model);
+  std::vector<double> out;
+  for (uint64_t j = 1; j <= groups; ++j) out.push_back(exact.At(j));
+  return out;
+}
+
+EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& samples,
+                                        const grouping::Budget& budget, const StepModel& model, int world) {
+  return WindowBound(samples, budget, model, world, /*loose=*/false);
+}
+
+EqualCountsBound LooseEqualCountsWindowBound(const std::vector<SampleLengths>& samples,
+                                             const grouping::Budget& budget, const StepModel& model,
+                                             int world) {
+  return WindowBound(samples, budget, model, world, /*loose=*/true);
 }
 
 }  // namespace odb::bench

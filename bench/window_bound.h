@@ -23,8 +23,17 @@
 //       squares) of the t + 1 shortest of them (t = 0: the longest alone);
 //   (C) n >= the fewest micro-steps per rank the budget allows (padded: the
 //       fewest runs / W; packed: the bin-packing bound / W; at least 1).
-// The bound is min over n >= n_0 of max(A(n), B(n)).
-
+// LooseEqualCountsWindowBound (session 26) is min over n >= n_0 of
+// max(A(n), B(n)). EqualCountsWindowBound (session 27) tightens (A): with J
+// non-empty micro-steps in all (j_r <= n on rank r),
+//   (A_J) T >= n a + (E(J) + c Q) / W, E(J) the least sum of g over EXACTLY J
+//       groups (padded, exact, by runs; packed, J g(R / J)): every non-empty
+//       micro-step pays its b k;
+//   (D) a micro-step holds at most pmax real tokens (the largest padded group
+//       the budget allows), so R_r <= j_r pmax, and T - n a >= b (R_r + k
+//       j_r) + c l_min R_r on every rank; the even share of J is the best;
+// and the bound is min over n >= n_0 of max(B(n), min over J <= W n of
+// max(A_J, D(J))). It is never below the loose one.
 #include <cstdint>
 #include <vector>
 
@@ -42,8 +51,15 @@ namespace odb::bench {
 double LeastPaddedCompute(const std::vector<SampleLengths>& samples, const grouping::Budget& budget,
                           const StepModel& model, uint64_t groups, std::vector<double>* out = nullptr);
 
+// The least sum of g(count x longest) over partitions of `samples` into
+// EXACTLY j groups within the budget (or single samples), for j = 1..groups
+// (out[j - 1]; +infinity past the number of samples).
+std::vector<double> LeastPaddedComputeExact(const std::vector<SampleLengths>& samples,
+                                            const grouping::Budget& budget, const StepModel& model,
+                                            uint64_t groups);
+
 struct EqualCountsBound {
-  double bound = 0.0;       // min over n of the larger of (A) and (B)
+  double bound = 0.0;       // min over n of the bound for n
   uint64_t fewest = 0;      // n_0 of (C)
   uint64_t best_count = 0;  // the n where the minimum is reached
 };
@@ -52,6 +68,12 @@ struct EqualCountsBound {
 // counts (budget.model: padded or packed).
 EqualCountsBound EqualCountsWindowBound(const std::vector<SampleLengths>& samples,
                                         const grouping::Budget& budget, const StepModel& model, int world);
+
+// Session 26's bound ((A) and (B) only), never above EqualCountsWindowBound;
+// kept for the tests that show the tighter one is tighter.
+EqualCountsBound LooseEqualCountsWindowBound(const std::vector<SampleLengths>& samples,
+                                             const grouping::Budget& budget, const StepModel& model,
+                                             int world);
 
 }  // namespace odb::bench
 
