@@ -106,8 +106,9 @@ namespace odb::bench {
 //     adds J up to W n). E(J) >= b (R + J k), J m and the least over any
 //     number of groups, a lower bound non-decreasing in J (packed: E
 //     itself); once n a plus it (or B) reaches the best so far, no larger J
-//     or n can give less, and once n a plus the least any J can give does,
-//     no larger n can.
+//     or n can give less; and once n a plus the lesser of the best over the
+//     J taken and that lower bound at the next J (or B) reaches it, no larger
+//     n can (its J are those taken and larger ones).
 
 namespace {
 
@@ -283,14 +284,15 @@ void SearchCounts(EqualCountsBound& out, uint64_t jmin, uint64_t samples, uint64
                   Exact exact, Lower lower) {
   const double wd = static_cast<double>(world);
   auto mean = [&](double compute) { return (compute + model.c * sq) / wd; };
-  const double floor_rest = std::max(pigeon, mean(lower(jmin)));
   double best_rest = kInf;  // min over the J taken so far of max(mean, D)
   uint64_t next = jmin;     // the next J
   bool done = false;        // no larger J can help
   out.bound = kInf;
   for (uint64_t count = out.fewest;; ++count) {
     const double base = static_cast<double>(count) * model.a;
-    if (base + floor_rest >= out.bound) break;
+    // What this n or a larger one can give at best: the J taken, or a J
+    // still to take (E >= lower, non-decreasing).
+    if (base + std::max(pigeon, std::min(best_rest, mean(lower(next)))) >= out.bound) break;
     const uint64_t last = std::min<uint64_t>(count * world, samples);
     for (; !done && next <= last; ++next) {
       if (base + std::max(pigeon, mean(lower(next))) >= out.bound) {
