@@ -73,8 +73,9 @@ namespace odb::align {
 // cpu_calibrated high_variance round, one step of 13,231 tokens against
 // 32,768 and tol 4,816 (2.7 tol to make up), had cut every one of its 74
 // later windows inside a step, each a step's tail and the next one's head
-// (1.15x the planner's steps' time: their long samples no longer together),
-// 0.9725 of the unwindowed run; 1.0003 with this. The round's windows hold
+// (1.15x the planner's steps' time: a tail and a head mix two steps'
+// lengths in proportions no layout evens), (b) / none 0.9725; 1.0003 with
+// this. The round's windows hold
 // the target on average up to two windows' tol, or half a window where the
 // round has at least 64 windows left to repay it, and every window lies
 // within tol of the target, so windows vary less than random batches of the
