@@ -362,8 +362,11 @@ class WindowEnds {
 // steps after it in `queue`) with no step boundary in its stead. The step
 // boundaries ahead, B from the window's start, each reachable in n windows
 // of [target - tol, target + tol] (n = 1: B is itself such an end), the
-// round's drift after them within kRealignDriftTols tols and repaid over
-// the round's remaining windows by at most 1/kRealignGoalShare of the
+// round's drift after them within tol, or no larger than before, or within
+// kRealignDriftTols tols (half the target where that is more and the steps
+// after B are full: the next kRealignFullSteps of them, one window each,
+// each within tol of the target and the drift within that cap) and repaid
+// over the round's remaining windows by at most 1/kRealignGoalShare of the
 // target each: of these the fewest windows, then the least drift after. The
 // end returned lies in g, within tol of the target, and leaves B - end for
 // n - 1 windows within tol each (the next window finds the same B); nullopt
@@ -372,25 +375,60 @@ class WindowEnds {
 constexpr uint64_t kRealignMaxWindows = 3;
 constexpr int64_t kRealignDriftTols = 2;
 constexpr int64_t kRealignGoalShare = 128;
+constexpr size_t kRealignFullSteps = 8;
 
 std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g,
                                  const std::deque<GlobalStep>& queue, uint64_t acc, uint64_t tok,
                                  uint64_t target, uint64_t tol, int64_t drift, uint64_t round_left) {
   const uint64_t lo = target - tol, hi = target + tol;
+  // The drift a realignment may take on beyond two tols: up to half the
+  // target (a partial step of p loss tokens leaves p or target - p to make
+  // up on the way back to the planner's steps, the smaller at most half the
+  // target), where the steps after the boundary are full (below).
+  const int64_t two_tols = kRealignDriftTols * static_cast<int64_t>(tol);
+  const int64_t cap = std::max(two_tols, static_cast<int64_t>(target / 2));
+  // Loss tokens of g and of the steps queued after it, as far as the
+  // boundaries considered below and kRealignFullSteps steps beyond them.
+  std::vector<uint64_t> losses{tok};
+  {
+    uint64_t sum = acc + tok;
+    size_t beyond = 0;
+    for (const GlobalStep& q : queue) {
+      if (sum > (kRealignMaxWindows + 1) * hi && ++beyond > kRealignFullSteps) break;
+      losses.push_back(GlobalLoss(q));
+      sum += losses.back();
+    }
+  }
+  // Whether the steps from losses[s] on are full: the next
+  // kRealignFullSteps of them (or all the round has left), one window each,
+  // each within tol of the target, keep the drift (`d` after the
+  // realignment) within the cap, so the windows can stay on them.
+  auto full_ahead = [&](size_t s, int64_t d) {
+    for (size_t j = s; j < losses.size() && j < s + kRealignFullSteps; ++j) {
+      if (losses[j] < lo || losses[j] > hi) return false;
+      d += static_cast<int64_t>(losses[j]) - static_cast<int64_t>(target);
+      if (std::abs(d) > cap) return false;
+    }
+    return true;
+  };
   struct Best {
     uint64_t n = 0, x_lo = 0, x_hi = 0, b = 0;
     int64_t drift_after = 0;
   };
   std::optional<Best> best;
-  auto consider = [&](uint64_t b) {
+  auto consider = [&](uint64_t b, size_t s) {
     // n windows within tol each: n x lo <= b <= n x hi.
     for (uint64_t n = std::max<uint64_t>(1, (b + hi - 1) / hi); n <= kRealignMaxWindows && n * lo <= b; ++n) {
       if (b > n * hi) continue;
       const int64_t drift_after = drift + static_cast<int64_t>(b) - static_cast<int64_t>(n * target);
       const uint64_t left = round_left > b ? round_left - b : 0;
       const int64_t mag = std::abs(drift_after);
-      if (mag > static_cast<int64_t>(tol) &&
-          (mag > kRealignDriftTols * static_cast<int64_t>(tol) ||
+      // A boundary that leaves the drift no larger than it is qualifies
+      // (whole steps after a realignment: the drift it took on stays, the
+      // windows stay on the planner's steps); else within tol, or within the
+      // cap where the round's remaining windows repay it.
+      if (mag > static_cast<int64_t>(tol) && mag > std::abs(drift) &&
+          (mag > (full_ahead(s, drift_after) ? cap : two_tols) ||
            static_cast<unsigned __int128>(mag) * kRealignGoalShare > left)) {
         continue;
       }
@@ -407,19 +445,24 @@ std::optional<WindowEnd> Realign(const WindowEnds& ends, const GlobalStep& g,
   // The boundaries ahead, one window further than the last considered: a
   // boundary qualifies only when whole steps after it make a window within
   // tol (else the windows after it would be cut inside steps again).
-  std::vector<uint64_t> bounds;
-  if (acc > 0) bounds.push_back(acc);
+  std::vector<uint64_t> bounds;  // and where the steps after each start in `losses`
+  std::vector<size_t> starts;
+  if (acc > 0) {
+    bounds.push_back(acc);
+    starts.push_back(0);
+  }
   bounds.push_back(acc + tok);
-  for (const GlobalStep& q : queue) {
-    if (bounds.back() > (kRealignMaxWindows + 1) * hi) break;
-    bounds.push_back(bounds.back() + GlobalLoss(q));
+  starts.push_back(1);
+  for (size_t k = 1; k < losses.size() && bounds.back() <= (kRealignMaxWindows + 1) * hi; ++k) {
+    bounds.push_back(bounds.back() + losses[k]);
+    starts.push_back(k + 1);
   }
   for (size_t i = 0; i < bounds.size() && bounds[i] <= kRealignMaxWindows * hi; ++i) {
     bool whole_after = false;
     for (size_t j = i + 1; j < bounds.size() && bounds[j] - bounds[i] <= hi; ++j) {
       whole_after = whole_after || bounds[j] - bounds[i] >= lo;
     }
-    if (whole_after) consider(bounds[i]);
+    if (whole_after) consider(bounds[i], starts[i]);
   }
   if (!best) return std::nullopt;
   if (best->n == 1) {

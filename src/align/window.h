@@ -63,10 +63,23 @@ namespace odb::align {
 // before). Two windows 5k over the target each, then whole steps again,
 // where every window after the partial step had been cut inside a step and
 // one in a few ran two micro-steps (gpu_7b_h100, packed 1m windows: 220 ->
-// 202 micro-steps, IDLE 5.6% -> 0.6%). The round's windows hold the target
-// on average up to two windows' tol, and every window lies within tol of
-// the target, so windows vary less than random batches of the same mean
-// would. Windows of more than kSpreadMaxSampleRanks samples x ranks
+// 202 micro-steps, IDLE 5.6% -> 0.6%). Where the steps after that boundary
+// are full (the next 8, one window each, within tol of the target, keeping
+// the drift within the cap), the drift may reach half the target instead of
+// 2 tol (a partial step of p leaves p or target - p to make up, the smaller
+// at most half the target), and a boundary that leaves the drift no larger
+// than it was qualifies too, so the windows stay on those steps (the drift
+// is repaid by the round's last windows, the goal's shift): batching_sim's
+// cpu_calibrated high_variance round, one step of 13,231 tokens against
+// 32,768 and tol 4,816 (2.7 tol to make up), had cut every one of its 74
+// later windows inside a step, each a step's tail and the next one's head
+// (1.15x the planner's steps' time: a tail and a head mix two steps'
+// lengths in proportions no layout evens), (b) / none 0.9725; 1.0003 with
+// this. The round's windows hold
+// the target on average up to two windows' tol, or half a window where the
+// round has at least 64 windows left to repay it, and every window lies
+// within tol of the target, so windows vary less than random batches of the
+// same mean would. Windows of more than kSpreadMaxSampleRanks samples x ranks
 // take the nearest ends (the search would cost the round more than it
 // gains there). Windows
 // depend on the round's plan alone (no state carried from earlier windows), so
