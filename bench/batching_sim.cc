@@ -161,7 +161,7 @@ int Main(const Options& o) {
         "partitioned_windows,windows_under_90,uneq_equal_seconds,uneq_own_seconds,uneq_redealt_seconds,"
         "uneq_lpt_seconds,uneq_own_differ,uneq_redealt_differ,uneq_equal_rank_steps,uneq_own_rank_steps,"
         "uneq_redealt_rank_steps,uneq_own_idle,uneq_redealt_idle,uneq_moves_seconds,"
-        "uneq_per_window_bound_seconds,uneq_equal_counts_bound_seconds\n");
+        "uneq_per_window_bound_seconds,uneq_equal_counts_bound_seconds,window_sd_over_random\n");
   }
   if (steps_csv) std::fprintf(steps_csv, "trace,policy,step,cost\n");
   if (ranks_csv)
@@ -451,7 +451,7 @@ int Main(const Options& o) {
         std::fprintf(
             csv,
             "%s,%s,%d,%s,%lu,%lu,%lu,%lu,%.6f,%.6g,%.6g,%.6f,%.6f,%s,%.6f,%.6g,%.6g,%u,%u,%.6g,%.6f,"
-            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d,%lu,%s\n",
+            "%s,%lu,%.6g,%.6f,%s,%lu,%lu,%.6f,%.6f,%.6f,%.6g,%.6g,%.6f,%.6f,%d,%u,%d,%lu,%s,%.4f\n",
             trace->name.c_str(), p.c_str(), o.world, o.model.c_str(), static_cast<unsigned long>(m.samples),
             static_cast<unsigned long>(m.steps), static_cast<unsigned long>(m.idle_rank_steps),
             static_cast<unsigned long>(m.over_budget_rank_steps), m.padding_fraction(), m.time, sps, vs_std,
@@ -462,7 +462,7 @@ int Main(const Options& o) {
             static_cast<unsigned long>(m.short_windows), m.mean_window_over_target, m.max_window_over_target,
             m.idle_share(), wb.synchronous, wb.per_window, of_window_bound, of_window_bound_w,
             cfg.window_balance ? 1 : 0, cfg.partition_ranks, cfg.partitioned_windows ? 1 : 0,
-            static_cast<unsigned long>(m.windows_under_90), uneq_cells(u).c_str());
+            static_cast<unsigned long>(m.windows_under_90), uneq_cells(u).c_str(), m.window_sd_over_random);
       }
     };
     for (const std::string& p : policies) {

@@ -846,8 +846,9 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
   m.steps = schedule.size();
   m.step_costs.reserve(schedule.size());
   std::vector<double> window_rank_cost;  // each rank's summed cost in the open window
-  uint64_t window_tokens = 0, full_windows = 0;
-  double over_sum = 0.0;
+  uint64_t window_tokens = 0, window_samples = 0, full_windows = 0, full_samples = 0;
+  double over_sum = 0.0, len_sq_sum = 0.0;
+  std::vector<double> full_tokens;  // each full window's loss tokens
   for (const auto& step : schedule) {
     double worst = 0.0, sum = 0.0;
     window_rank_cost.resize(step.size(), 0.0);
@@ -858,6 +859,8 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
       sum += c;
       window_rank_cost[r] += c;
       window_tokens += s.real_tokens;
+      window_samples += s.samples;
+      if (!s.idle) len_sq_sum += s.sum_len_sq;
       ++m.rank_steps;
       m.idle_rank_steps += s.idle;
       m.samples += s.samples;
@@ -879,9 +882,11 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
         over_sum += over;
         m.max_window_over_target = std::max(m.max_window_over_target, over);
         ++full_windows;
+        full_samples += window_samples;
+        full_tokens.push_back(static_cast<double>(window_tokens));
       }
       std::fill(window_rank_cost.begin(), window_rank_cost.end(), 0.0);
-      window_tokens = 0;
+      window_tokens = window_samples = 0;
     }
   }
   // A schedule that ends inside a window (none of the policies does) counts it as closed there.
@@ -892,6 +897,18 @@ Metrics Evaluate(const Schedule& schedule, const StepModel& model, uint64_t max_
     if (window_target > 0 && window_tokens * 10 < window_target * 9) ++m.windows_under_90;
   }
   m.mean_window_over_target = full_windows ? over_sum / static_cast<double>(full_windows) : 0.0;
+  if (full_tokens.size() >= 2 && m.samples > 0) {
+    double mean = 0.0, var = 0.0;
+    for (double t : full_tokens) mean += t;
+    mean /= static_cast<double>(full_tokens.size());
+    for (double t : full_tokens) var += (t - mean) * (t - mean);
+    var /= static_cast<double>(full_tokens.size() - 1);
+    const double n = static_cast<double>(m.samples);
+    const double len_mean = static_cast<double>(m.real_tokens) / n;
+    const double len_var = std::max(0.0, len_sq_sum / n - len_mean * len_mean);
+    const double per_window = static_cast<double>(full_samples) / static_cast<double>(full_tokens.size());
+    if (len_var > 0.0) m.window_sd_over_random = std::sqrt(var / (per_window * len_var));
+  }
   return m;
 }
 

@@ -238,6 +238,13 @@ struct Metrics {
   // (not short) window over the target; 0 without a target.
   double mean_window_over_target = 0.0;
   double max_window_over_target = 0.0;
+  // The standard deviation of the full windows' loss tokens over that of a
+  // random batch of their mean sample count drawn from the run's samples
+  // (sqrt(n) s, s the samples' length deviation): what a fixed-sample
+  // optimizer step varies by. Below 1, odb's windows vary less than such a
+  // batch (docs/config.md, "Window ends"); 0 without a target or with fewer
+  // than two full windows.
+  double window_sd_over_random = 0.0;
 };
 
 // Step cost of one rank under the model; an IDLE step costs a.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
@@ -152,6 +153,35 @@ TEST_CASE("evaluation: per-window time sums each rank over its window", "[polici
   const Metrics plain = Evaluate(s, m);
   CHECK(plain.window_time == Approx(plain.time));
   CHECK(plain.windows == 3u);
+}
+
+TEST_CASE("evaluation: the windows' loss-token deviation over a random batch's", "[policies][windows]") {
+  StepModel m;
+  m.b = 1.0;
+  auto one = [](uint64_t len, bool short_window = false) {
+    RankStep s;
+    s.idle = false;
+    s.samples = 1;
+    s.real_tokens = s.padded_tokens = len;
+    s.sum_len_sq = static_cast<double>(len) * len;
+    s.window_short = short_window;
+    return s;
+  };
+  // Full windows of 2 + 4, 1 + 3 and 5 + 3 loss tokens (6, 4, 8: variance 4), two samples each; the
+  // samples' lengths 2, 4, 1, 3, 5, 3 have variance 64 / 6 - 9 = 5 / 3, so a random batch of two
+  // varies by 10 / 3 and the windows by sqrt(4 / (10 / 3)). The short window (the epoch's end, 40
+  // tokens) weighs in the samples' lengths but not in the windows' deviation.
+  Schedule s = {{one(2), one(4)}, {one(1), one(3)}, {one(5), one(3)}};
+  const Metrics full = Evaluate(s, m, 0, 6);
+  CHECK(full.window_sd_over_random == Approx(std::sqrt(1.2)));
+  s.push_back({one(20, true), one(20, true)});
+  const Metrics with_short = Evaluate(s, m, 0, 6);
+  const double len_var = (64.0 + 800.0) / 8 - (58.0 / 8) * (58.0 / 8);
+  CHECK(with_short.window_sd_over_random == Approx(std::sqrt(4.0 / (2 * len_var))));
+  // Windows of one size vary by nothing; without a target or a second full window there is no figure.
+  const Metrics even = Evaluate({{one(2), one(4)}, {one(4), one(2)}}, m, 0, 6);
+  CHECK(even.window_sd_over_random == 0.0);
+  CHECK(Evaluate({{one(2), one(4)}}, m, 0, 6).window_sd_over_random == 0.0);
 }
 
 TEST_CASE("window bounds: N windows cost at least N per-step costs", "[bound][windows]") {

@@ -281,8 +281,9 @@ def end_table(paths: list[str]) -> int:
     """How epochs end with windows: per (W, blocks, target, windows cut whole-job or partitioned, padded or
     packed) the ranges over models and traces of the short windows (closed short: the epoch's remainder, or a
     held tail that stopped growing), the windows under 90% of the target (short ones included; batching_sim's
-    windows_under_90 column), the fraction of the bound under (b) and IDLE rank-steps. One epoch per run, so
-    "1-1" short windows is one per epoch."""
+    windows_under_90 column), the full windows' loss-token deviation over a random batch's of their mean sample
+    count (window_sd_over_random: below 1 they vary less than a fixed-sample optimizer step), the fraction of the
+    bound under (b) and IDLE rank-steps. One epoch per run, so "1-1" short windows is one per epoch."""
     cells: dict[tuple, list] = defaultdict(list)
     for path in paths:
         with open(path) as f:
@@ -294,17 +295,20 @@ def end_table(paths: list[str]) -> int:
                 key = (int(r["world"]), blocks, r["window_target"], cut,
                        "packed" if r["policy"].endswith(":packed") else "padded")
                 cells[key].append((int(r["short_windows"]), int(r.get("windows_under_90") or -1),
-                                   fraction(r, "_window")[0], 100 * float(r["idle_share"])))
+                                   fraction(r, "_window")[0], 100 * float(r["idle_share"]),
+                                   float(r.get("window_sd_over_random") or "nan")))
 
     def span(values: list, fmt: str = "{:.3f}") -> str:
         return fmt.format(min(values)) + "-" + fmt.format(max(values))
 
-    print("| W | blocks | target | windows | mode | cells | short windows | under 90% | (b) | IDLE |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| W | blocks | target | windows | mode | cells | short windows | under 90% | sd / random batch's | (b) "
+          "| IDLE |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key, c in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], float(kv[0][2].rstrip("sm")),
                                                          kv[0][3], kv[0][4])):
         print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {len(c)} | {span([x[0] for x in c], '{}')} "
-              f"| {span([x[1] for x in c], '{}')} | {span([x[2] for x in c])} | {span([x[3] for x in c], '{:.1f}')}% |")
+              f"| {span([x[1] for x in c], '{}')} | {span([x[4] for x in c], '{:.2f}')} | {span([x[2] for x in c])} "
+              f"| {span([x[3] for x in c], '{:.1f}')}% |")
     return 0
 
 
