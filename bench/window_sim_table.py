@@ -172,7 +172,7 @@ def digest(paths: list[str], within: float = 0.02, idle_max: float = 0.05) -> in
         if base is None:
             continue
         f0, _ = fraction(base)
-        mode = "packed" if key[2].endswith(":packed") else "padded"
+        mode = "packed" if ":packed" in key[2] else "padded"
         for (target, cut_alone), r in by.items():
             if target == "0" or cut_alone:
                 continue
@@ -220,7 +220,7 @@ def partition_table(paths: list[str]) -> int:
                 if r.get("window_balance", "1") == "0":
                     mode += " alone"  # --no-window-balance: the cut alone
                 key = (int(r["world"]), int(r["partition_ranks"]), r["model"], r["trace"],
-                       "packed" if r["policy"].endswith(":packed") else "padded")
+                       "packed" if ":packed" in r["policy"] else "padded")
                 runs[key][(r["window_target"], mode)] = r
     print("| W | blocks | model | trace | mode | target | no windows | whole-job (a) / (b) | partitioned (a) / (b) "
           "| partitioned, cut alone (a) / (b) | IDLE: none / whole / partitioned | mean window / target: whole / "
@@ -293,7 +293,7 @@ def end_table(paths: list[str]) -> int:
                 blocks = int(r.get("partition_ranks") or 0)
                 cut = "partitioned" if r.get("partitioned_windows") == "1" else "whole-job"
                 key = (int(r["world"]), blocks, r["window_target"], cut,
-                       "packed" if r["policy"].endswith(":packed") else "padded")
+                       "packed" if ":packed" in r["policy"] else "padded")
                 cells[key].append((int(r["short_windows"]), int(r.get("windows_under_90") or -1),
                                    fraction(r, "_window")[0], 100 * float(r["idle_share"]),
                                    float(r.get("window_sd_over_random") or "nan")))

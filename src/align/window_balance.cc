@@ -433,10 +433,11 @@ std::optional<std::vector<std::vector<size_t>>> SortedRuns(const WindowBalanceCo
 // helps: one of its samples for two of another rank's, or two for one),
 // while that lowers the costliest rank's cost and the other rank stays below
 // it. Samples of equal lengths are tried once per rank, and padded moves
-// whose receiver's cost bound (its packing without the move plus the added
-// samples' own costs) already reaches the best found are not packed: the
-// work they save goes to further moves. Stops when no move or exchange helps
-// or `work` passes kMaxBalanceWork. Returns the costliest rank's cost.
+// and exchanges whose receiver's cost bound (its packing without what it
+// gives, plus the added samples' own costs) already reaches the best found
+// are not packed: the work they save goes to further moves. Stops when no
+// move or exchange helps or `work` passes kMaxBalanceWork. Returns the
+// costliest rank's cost.
 double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples,
                std::span<const size_t> position, size_t m, std::vector<std::vector<size_t>>& assign,
                std::vector<double>& cost, uint64_t& work) {
@@ -515,6 +516,19 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         if (work <= kMaxBalanceWork) consider(q, assign[top][i], SIZE_MAX, &without[i]);
       }
     }
+    // Padded: each other rank's packing without its j-th sample, packed once
+    // per sample when first needed (for exchanges and the two-for-one below).
+    std::vector<std::vector<Without>> rank_without(world);
+    auto other_without = [&](size_t q, size_t j) -> const Without& {
+      std::vector<Without>& q_without = rank_without[q];
+      if (q_without.empty()) q_without.resize(assign[q].size());
+      Without& w = q_without[j];
+      if (!w.known) {
+        w.cost = PackRank(c, samples, sorted_with(assign[q], assign[q][j], SIZE_MAX), m, work);
+        w.known = true;
+      }
+      return w;
+    };
     if (best_q == world) {
       for (size_t i = 0; i < assign[top].size(); ++i) {
         if (repeats(assign[top], i)) continue;
@@ -526,9 +540,14 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
             // The top rank's packing with y for x costs at least its packing
             // without x (known from the single moves) and y's own cost.
             if (padded && without[i].known && without[i].cost && *without[i].cost + Own(y) >= best) continue;
-            if (work <= kMaxBalanceWork && samples[y].lengths.tokens != samples[x].lengths.tokens) {
-              consider(q, x, y, nullptr);
+            if (work > kMaxBalanceWork || samples[y].lengths.tokens == samples[x].lengths.tokens) continue;
+            // Likewise the other rank's with x for y: its packing without y
+            // (once per y, shared by every x) and x's own cost.
+            if (padded) {
+              const Without& w = other_without(q, j);
+              if (w.cost && *w.cost + Own(x) >= best) continue;
             }
+            consider(q, x, y, nullptr);
           }
         }
       }
@@ -557,7 +576,6 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
         best_other = *b;
       };
       const std::vector<size_t>& tl = assign[top];
-      std::vector<std::vector<std::optional<double>>> rank_without(world);
       for (size_t i = 0; i < tl.size(); ++i) {
         if (repeats(tl, i)) continue;
         for (size_t q : others) {
@@ -576,16 +594,13 @@ double Improve(const WindowBalanceConfig& c, std::span<const SampleMeta> samples
           }
           // two for one: the other rank's packing costs at least its
           // packing without y (once per y) and the two samples' own costs.
-          std::vector<std::optional<double>>& q_without = rank_without[q];
-          if (q_without.empty()) q_without.assign(ql.size(), std::nullopt);
           for (size_t i2 = i + 1; i2 < tl.size(); ++i2) {
             if (i2 > i + 1 && repeats(tl, i2)) continue;
             for (size_t j = 0; j < ql.size(); ++j) {
               if (repeats(ql, j)) continue;
               if (work > kMaxBalanceWork) break;
-              if (!q_without[j])
-                q_without[j] = PackRank(c, samples, sorted_with(ql, ql[j], SIZE_MAX), m, work);
-              if (q_without[j] && *q_without[j] + Own(tl[i]) + Own(tl[i2]) >= best) continue;
+              const Without& w = other_without(q, j);
+              if (w.cost && *w.cost + Own(tl[i]) + Own(tl[i2]) >= best) continue;
               consider_group(q, {tl[i], tl[i2]}, {ql[j]});
             }
           }
