@@ -69,6 +69,7 @@ def run_matrix(args: argparse.Namespace) -> list[str]:
                "--csv", stem + ".csv", "--md", stem + ".md"] + (["--no-window-balance"] if args.no_window_balance else [])
         cmd += ["--unequal-microsteps"] if args.unequal_microsteps else []
         cmd += ["--window-spread", str(args.window_spread)] if args.window_spread is not None else []
+        cmd += ["--seed", str(args.seed)] if args.seed is not None else []
         if args.partition_ranks:
             cmd += ["--partition-ranks", str(args.partition_ranks)]
             cmd += ["--partitioned-windows"] if args.partitioned_windows else []
@@ -402,6 +403,8 @@ def main() -> int:
                    help="how the epochs end: short windows, windows under 90%% of the target, (b) and IDLE")
     p.add_argument("--window-spread", type=float, default=None,
                    help="batching_sim --window-spread (optimizer.window_spread; default: batching_sim's, the daemon's 1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="batching_sim --seed (the traces' and arrival order's; default: batching_sim's, 1)")
     p.add_argument("--unequal-microsteps", action="store_true",
                    help="batching_sim --unequal-microsteps (CSVs *_uneq), then the unequal-counts table")
     p.add_argument("--unequal-table", action="store_true",
